@@ -1,0 +1,27 @@
+# `make run`: set up and run the main job; `make test`: set up and run the tests.
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: run test setup vulkan clean
+
+run: setup
+	$(VENV)/bin/vkrt devices
+
+test: setup
+	$(VPY) -m pytest -q $(PYTEST_ARGS) tests
+
+setup: vulkan $(STAMP)
+
+vulkan:
+	@scripts/ensure_vulkan.sh
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

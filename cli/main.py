@@ -1,0 +1,43 @@
+"""The `vkrt` command: a thin click layer over the runtime."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from vkrt import __version__
+from vkrt.errors import VkrtError
+
+
+class VkrtGroup(click.Group):
+    """Turns vkrt errors into one clear line on stderr and exit status 1, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except VkrtError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=VkrtGroup)
+@click.version_option(__version__, prog_name="vkrt")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def cli(verbose: int) -> None:
+    """Run and serve GGUF language models on Vulkan GPUs."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _register() -> None:
+    from .devices import devices
+
+    cli.add_command(devices)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="vkrt")

@@ -1,0 +1,64 @@
+"""`vkrt devices` output, JSON, and clear errors for bad settings or missing Vulkan."""
+
+import json
+import os
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from vkrt.cli.main import cli
+
+
+def test_devices_table(device):
+    result = CliRunner().invoke(cli, ["devices"])
+    assert result.exit_code == 0, result.output
+    assert device.profile.name in result.output and "[selected]" in result.output
+    for row in ("architecture", "subgroup", "fp16 math", "int8 dot", "matrix cores", "shared memory", "VRAM",
+                "host import", "transfer queue"):
+        assert row in result.output
+
+
+def test_devices_json(device):
+    result = CliRunner().invoke(cli, ["devices", "--json"])
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["selected"] == device.profile.index
+    first = data["devices"][0]
+    assert first["architecture"] == device.profile.architecture.value
+    assert first["tuning"]["wg_size"] == device.tuning.wg_size
+
+
+def test_arch_override_is_shown(device, monkeypatch):
+    monkeypatch.setenv("VKRT_ARCH", "gcn")
+    result = CliRunner().invoke(cli, ["devices"])
+    assert "AMD_GCN (VKRT_ARCH override" in result.output
+
+
+def test_bad_arch_is_one_clear_line(monkeypatch):
+    monkeypatch.setenv("VKRT_ARCH", "vega")
+    result = CliRunner().invoke(cli, ["devices"])
+    assert result.exit_code == 1
+    assert "VKRT_ARCH='vega'" in result.output and "Traceback" not in result.output
+
+
+def _run_vkrt(env_extra, tmp_path):
+    env = {**os.environ, **env_extra}
+    return subprocess.run([sys.executable, "-m", "vkrt.cli", "devices"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+
+
+def test_no_driver_says_what_to_install(tmp_path):
+    proc = _run_vkrt({"VK_DRIVER_FILES": str(tmp_path / "none.json"), "VK_ICD_FILENAMES": str(tmp_path / "none.json")},
+                     tmp_path)
+    assert proc.returncode == 1
+    assert "apt-get install" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_no_loader_says_what_to_install(tmp_path):
+    fake = tmp_path / "fake" / "vulkan"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise OSError('Cannot find Vulkan SDK version')\n")
+    proc = _run_vkrt({"PYTHONPATH": str(tmp_path / "fake")}, tmp_path)
+    assert proc.returncode == 1
+    assert "libvulkan" in proc.stderr and "apt-get install" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,82 @@
+"""In-process GLSL -> SPIR-V: success, errors with file and line, includes, defines, the cache."""
+
+import struct
+
+import pytest
+
+from vkrt.errors import ShaderCompileError
+from vkrt.pipeline.compiler import CompileStats, compile_shader
+from vkrt.pipeline.spirv import MAGIC
+
+OK = """#version 450
+layout(local_size_x = 8) in;
+layout(binding = 0) buffer O { uint o[]; };
+void main() { o[gl_GlobalInvocationID.x] = VALUE; }
+"""
+
+
+def test_compiles_to_spirv(spirv_cache):
+    spirv = compile_shader("ok", {"VALUE": 7}, source=OK)
+    assert len(spirv) % 4 == 0
+    assert struct.unpack("<I", spirv[:4])[0] == MAGIC
+
+
+def test_shipped_shaders_compile(spirv_cache):
+    for name in ("fill", "add"):
+        assert struct.unpack("<I", compile_shader(name)[:4])[0] == MAGIC
+
+
+def test_error_names_line(spirv_cache):
+    bad = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {\n    undefined_thing = 1;\n}\n"
+    with pytest.raises(ShaderCompileError) as info:
+        compile_shader("bad_kernel", source=bad)
+    err = info.value
+    assert err.line == 4
+    assert err.errors[0][0] == "bad_kernel"
+    assert "undefined_thing" in str(err) and "bad_kernel:4" in str(err)
+
+
+def test_error_inside_an_include_names_the_include(spirv_cache, tmp_path):
+    inc = tmp_path / "broken.glsl"
+    inc.write_text("float helper() {\n    return missing_value;\n}\n")
+    src = f'#version 450\n#include "{inc}"\nlayout(local_size_x = 1) in;\nvoid main() {{}}\n'
+    with pytest.raises(ShaderCompileError) as info:
+        compile_shader("uses_include", source=src)
+    assert info.value.errors[0][0].endswith("broken.glsl")
+    assert info.value.line == 2
+
+
+def test_missing_include_is_an_error(spirv_cache):
+    src = '#version 450\n#include "no_such_file.glsl"\nlayout(local_size_x = 1) in;\nvoid main() {}\n'
+    with pytest.raises(ShaderCompileError, match="no_such_file.glsl"):
+        compile_shader("missing_include", source=src)
+
+
+def test_define_missing_is_an_error(spirv_cache):
+    with pytest.raises(ShaderCompileError, match="VALUE"):
+        compile_shader("ok", source=OK)
+
+
+def test_cache_hit_on_second_compile(spirv_cache):
+    hits, misses = CompileStats.hits, CompileStats.misses
+    a = compile_shader("ok", {"VALUE": 1}, source=OK)
+    assert (CompileStats.hits, CompileStats.misses) == (hits, misses + 1)
+    b = compile_shader("ok", {"VALUE": 1}, source=OK)
+    assert (CompileStats.hits, CompileStats.misses) == (hits + 1, misses + 1)
+    assert a == b
+    assert len(list(spirv_cache.glob("*.spv"))) == 1
+    compile_shader("ok", {"VALUE": 2}, source=OK)  # other defines: another entry
+    assert CompileStats.misses == misses + 2
+
+
+def test_cache_key_covers_includes(spirv_cache, tmp_path):
+    inc = tmp_path / "value.glsl"
+    src = f'#version 450\n#include "{inc}"\nlayout(local_size_x = 1) in;\n' \
+          'layout(binding = 0) buffer O { uint o[]; };\nvoid main() { o[0] = V; }\n'
+    inc.write_text("#define V 1\n")
+    first = compile_shader("inc_key", source=src)
+    misses = CompileStats.misses
+    inc.write_text("#define V 2\n")
+    second = compile_shader("inc_key", source=src)
+    assert CompileStats.misses == misses + 1
+    assert first != second

@@ -1,0 +1,32 @@
+"""Every object created on a device is closed with it; live counts return to where they were."""
+
+import numpy as np
+
+from vkrt.commands import CommandSequence, download, upload
+from vkrt.device import Device
+from vkrt.memory import Buffer, MemoryKind, allocate
+from vkrt.ops.elementwise import add
+from vkrt.owned import live_objects
+
+
+def test_counts_return_to_zero_after_with_device(device):
+    before = live_objects()
+    with Device() as dev:
+        a = allocate(dev, 400, label="a")
+        Buffer(dev, 4096, MemoryKind.HOST, label="forgotten")  # never closed by hand
+        upload(dev, a, np.ones(100, np.float32))
+        seq = CommandSequence(dev)
+        with seq.record():
+            add(seq, a, a, a, 100)
+        seq.run()
+        assert download(dev, a, np.float32)[0] == 2
+        during = live_objects()
+        assert during["Kernel"] >= before.get("Kernel", 0) + 1
+    assert live_objects() == before
+
+
+def test_close_is_idempotent(device):
+    b = Buffer(device, 64)
+    b.close()
+    b.close()
+    assert b.closed

@@ -1,0 +1,75 @@
+"""Descriptor sets for recorded dispatches, from pools that grow on demand and reset together."""
+
+from __future__ import annotations
+
+from ..device.vk import ffi, lib, vk, vk_call, vk_error
+from ..owned import Owned
+
+SETS_PER_POOL = 256
+BUFFERS_PER_SET = 8
+
+
+class DescriptorArena(Owned):
+    """Allocates storage-buffer descriptor sets; reset() frees them all at once."""
+
+    def __init__(self, device, label: str = "descriptors"):
+        super().__init__(label)
+        self.device = device
+        self._pools: list = []
+        self._current = 0
+        device.adopt(self)
+
+    def _new_pool(self):
+        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       descriptorCount=SETS_PER_POOL * BUFFERS_PER_SET)
+        info = vk.VkDescriptorPoolCreateInfo(maxSets=SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size])
+        with vk_call(f"creating a descriptor pool for {self.label}"):
+            self._pools.append(vk.vkCreateDescriptorPool(self.device.handle, info, None))
+
+    def allocate(self, set_layout, ranges) -> object:
+        """A descriptor set of `set_layout` whose binding i points at ranges[i]."""
+        out = ffi.new("VkDescriptorSet*")
+        layouts = ffi.new("VkDescriptorSetLayout[1]", [set_layout])
+        info = ffi.new("VkDescriptorSetAllocateInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO
+        info.descriptorSetCount = 1
+        info.pSetLayouts = layouts
+        while True:
+            fresh = self._current >= len(self._pools)
+            if fresh:
+                self._new_pool()
+            info.descriptorPool = self._pools[self._current]
+            result = lib.vkAllocateDescriptorSets(self.device.handle, info, out)
+            if result == vk.VK_SUCCESS:
+                break
+            if result in (vk.VK_ERROR_OUT_OF_POOL_MEMORY, vk.VK_ERROR_FRAGMENTED_POOL) and not fresh:
+                self._current += 1  # this pool is full: move on to the next (or a new) one
+                continue
+            raise vk_error("allocating a descriptor set", vk.exception_codes[result]())
+        n = len(ranges)
+        infos = ffi.new("VkDescriptorBufferInfo[]", n)
+        writes = ffi.new("VkWriteDescriptorSet[]", n)
+        for i, r in enumerate(ranges):
+            infos[i].buffer = r.buffer.handle
+            infos[i].offset = r.offset
+            infos[i].range = r.size
+            w = writes[i]
+            w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+            w.dstSet = out[0]
+            w.dstBinding = i
+            w.descriptorCount = 1
+            w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+            w.pBufferInfo = infos + i
+        lib.vkUpdateDescriptorSets(self.device.handle, n, writes, 0, ffi.NULL)
+        return out
+
+    def reset(self) -> None:
+        for pool in self._pools:
+            lib.vkResetDescriptorPool(self.device.handle, pool, 0)
+        self._current = 0
+
+    def _release(self) -> None:
+        self.device.forget(self)
+        for pool in self._pools:
+            vk.vkDestroyDescriptorPool(self.device.handle, pool, None)
+        self._pools.clear()

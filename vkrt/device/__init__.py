@@ -1,0 +1,10 @@
+"""Lowest layer: instance, physical-device choice, DeviceProfile, tuning table, queues."""
+
+from .architecture import Arch, detect_architecture, parse_arch
+from .device import Device
+from .instance import Instance
+from .profile import DeviceProfile
+from .tuning import TABLE, Tuning, tuning_for
+
+__all__ = ["Arch", "Device", "DeviceProfile", "Instance", "TABLE", "Tuning", "detect_architecture",
+           "parse_arch", "tuning_for"]

@@ -1,0 +1,145 @@
+"""Device: the logical device, its queues, and the owner of everything created on it."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Callable, TypeVar
+
+from ..errors import ValidationError
+from ..owned import Owned
+from .instance import Instance
+from .profile import DeviceProfile
+from .queue import Queue
+from .selection import select_device
+from .tuning import Tuning, tuning_for
+from .vk import vk, vk_call
+
+log = logging.getLogger("vkrt")
+
+T = TypeVar("T")
+
+OPTIONAL_EXTENSIONS = (
+    "VK_EXT_external_memory_host",
+    "VK_KHR_external_memory",
+    "VK_EXT_memory_budget",
+    "VK_EXT_subgroup_size_control",
+)
+
+
+class Device(Owned):
+    """An opened GPU: `profile` (what it is), `tuning` (how kernels are shaped for it),
+    `compute` and `transfer` queues (the same queue when there is no DMA-only family).
+
+    Objects created on the device register with it (`adopt`) and are closed, newest first,
+    when the device closes; per-device helpers (kernel cache, staging) live in `service()`.
+    """
+
+    def __init__(self, spec: str | None = None, *, instance: Instance | None = None,
+                 validate: bool | None = None, label: str | None = None):
+        self._owns_instance = instance is None
+        self.instance = instance or Instance(validate=validate)
+        self.handle = None
+        try:
+            self.profile: DeviceProfile = select_device(self.instance.profiles(), spec)
+        except Exception:
+            if self._owns_instance:
+                self.instance.close()
+            raise
+        super().__init__(label or self.profile.name)
+        self.physical = self.instance.physical_devices[self.profile.index]
+        self.tuning: Tuning = tuning_for(self.profile)
+        self._children: dict[int, weakref.ref] = {}
+        self._serial = 0
+        self._services: dict[str, Owned] = {}
+        self.heap_used = [0] * len(self.profile.heaps)
+        self._create()
+        log.info("opened %s (%s, %s, arch %s)", self.profile.name, self.profile.device_type,
+                 self.profile.driver_info or self.profile.driver_name, self.profile.architecture.value)
+
+    def _create(self) -> None:
+        p = self.profile
+        compute = p.compute_family
+        transfer = p.transfer_family
+        families = [compute.index] + ([transfer.index] if transfer else [])
+        queue_infos = [vk.VkDeviceQueueCreateInfo(queueFamilyIndex=f, queueCount=1, pQueuePriorities=[1.0])
+                       for f in families]
+        self.extensions = [e for e in OPTIONAL_EXTENSIONS if e in p.extensions]
+        if p.api >= (1, 3) and "VK_EXT_subgroup_size_control" in self.extensions:
+            self.extensions.remove("VK_EXT_subgroup_size_control")
+        f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=p.storage_16bit,
+                                                  uniformAndStorageBuffer16BitAccess=p.storage_16bit)
+        f12 = vk.VkPhysicalDeviceVulkan12Features(
+            pNext=f11, timelineSemaphore=True, shaderFloat16=p.fp16_math, shaderInt8=p.int8_math,
+            storageBuffer8BitAccess=p.storage_8bit, uniformAndStorageBuffer8BitAccess=p.storage_8bit,
+            storagePushConstant8=False)
+        head = f12
+        if p.api >= (1, 3):
+            head = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, subgroupSizeControl=p.subgroup_size_control,
+                                                       computeFullSubgroups=p.subgroup_size_control)
+        base = vk.VkPhysicalDeviceFeatures(shaderInt16=p.int16_math, shaderInt64=p.int64_math)
+        feats = vk.VkPhysicalDeviceFeatures2(pNext=head, features=base)
+        info = vk.VkDeviceCreateInfo(pNext=feats, queueCreateInfoCount=len(queue_infos),
+                                     pQueueCreateInfos=queue_infos, enabledExtensionCount=len(self.extensions),
+                                     ppEnabledExtensionNames=self.extensions)
+        with vk_call(f"creating the logical device on {p.name}"):
+            self.handle = vk.vkCreateDevice(self.physical, info, None)
+        self.compute = Queue(self, compute.index, 0, "compute")
+        self.transfer = Queue(self, transfer.index, 0, "transfer") if transfer else self.compute
+
+    @property
+    def has_transfer_queue(self) -> bool:
+        return self.transfer is not self.compute
+
+    # -- ownership -------------------------------------------------------------------------
+
+    def adopt(self, child: Owned) -> None:
+        """Register `child` to be closed (newest first) when the device closes."""
+        self._serial += 1
+        self._children[self._serial] = weakref.ref(child)
+        child._device_serial = self._serial
+
+    def forget(self, child: Owned) -> None:
+        self._children.pop(getattr(child, "_device_serial", None), None)
+
+    def service(self, key: str, factory: Callable[["Device"], T]) -> T:
+        """A per-device helper, created on first use and closed with the device."""
+        svc = self._services.get(key)
+        if svc is None:
+            svc = self._services[key] = factory(self)
+        return svc
+
+    def check_validation(self) -> None:
+        """Raise ValidationError if the validation layer reported errors (then forget them)."""
+        errors = self.instance.validation_errors
+        if errors:
+            first, count = errors[0], len(errors)
+            errors.clear()
+            raise ValidationError(f"{count} Vulkan validation error(s); first: {first}")
+
+    def wait_idle(self) -> None:
+        with vk_call("waiting for the device to go idle"):
+            vk.vkDeviceWaitIdle(self.handle)
+
+    def _release(self) -> None:
+        if self.handle is not None:
+            try:
+                vk.vkDeviceWaitIdle(self.handle)
+            except (vk.VkError, vk.VkException):
+                pass
+            for serial in sorted(self._children, reverse=True):
+                child = self._children.get(serial)
+                child = child() if child is not None else None
+                if child is not None:
+                    child.close()
+            self._children.clear()
+            for svc in reversed(list(self._services.values())):
+                svc.close()
+            self._services.clear()
+            self.compute.close()
+            if self.transfer is not self.compute:
+                self.transfer.close()
+            vk.vkDestroyDevice(self.handle, None)
+            self.handle = None
+        if self._owns_instance:
+            self.instance.close()

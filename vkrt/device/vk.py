@@ -1,0 +1,58 @@
+"""The `vulkan` cffi binding, imported once, with Vulkan failures turned into vkrt errors."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+from ..errors import DeviceLost, GpuTimeout, OutOfDeviceMemory, VulkanError, VulkanUnavailable
+
+INSTALL_HINT = (
+    "install a Vulkan loader and driver, e.g. on Debian/Ubuntu: "
+    "apt-get install -y libvulkan1 mesa-vulkan-drivers (Mesa lavapipe runs on any CPU)"
+)
+
+try:
+    import vulkan as vk  # noqa: F401  (re-exported)
+    from vulkan import ffi, lib  # noqa: F401
+except OSError as exc:  # the binding dlopens libvulkan.so.1 at import time
+    raise VulkanUnavailable(f"no Vulkan loader (libvulkan.so.1) found: {exc}; {INSTALL_HINT}") from None
+except ImportError as exc:
+    raise VulkanUnavailable(f"the `vulkan` Python package is missing ({exc}); pip install vulkan") from None
+
+
+def result_name(exc: BaseException) -> str:
+    # VkErrorOutOfDeviceMemory -> VK_ERROR_OUT_OF_DEVICE_MEMORY
+    return "VK_" + re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__[2:]).upper()
+
+
+@contextlib.contextmanager
+def vk_call(what: str):
+    """Re-raise errors of the Vulkan calls inside the block as vkrt errors naming `what`."""
+    try:
+        yield
+    except (vk.VkError, vk.VkException) as exc:
+        raise vk_error(what, exc) from None
+
+
+def vk_error(what: str, exc: BaseException) -> VulkanError:
+    name = result_name(exc)
+    message = f"{what} failed: {name}"
+    if isinstance(exc, vk.VkErrorDeviceLost):
+        return DeviceLost(message + " (the GPU stopped executing; the device must be reopened)", name)
+    if isinstance(exc, vk.VkTimeout):
+        return GpuTimeout(message, name)
+    if isinstance(exc, (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory)):
+        return OutOfDeviceMemory(message, name)
+    return VulkanError(message, name)
+
+
+def cstr(value) -> str:
+    """A char[] field of a cffi struct as a Python string."""
+    if isinstance(value, str):
+        return value
+    return ffi.string(value).decode("utf-8", "replace")
+
+
+def version_str(packed: int) -> str:
+    return f"{packed >> 22}.{(packed >> 12) & 0x3FF}.{packed & 0xFFF}"

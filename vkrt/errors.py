@@ -1,0 +1,69 @@
+"""Errors raised by vkrt. Each one says what was being done and with which sizes."""
+
+
+class VkrtError(Exception):
+    """Base class of every error vkrt raises on purpose."""
+
+
+class VulkanUnavailable(VkrtError):
+    """No Vulkan loader, or no Vulkan device, on this machine."""
+
+
+class ConfigError(VkrtError, ValueError):
+    """A setting (environment variable or option) has a value vkrt cannot use."""
+
+
+class OutOfRange(VkrtError, ValueError):
+    """A byte range does not fit inside the buffer or range it refers to."""
+
+
+class DeviceNotFound(VkrtError):
+    """VKRT_DEVICE (or a requested device) matches no physical device."""
+
+
+class UnsupportedDevice(VkrtError):
+    """The device lacks something vkrt cannot work without (e.g. Vulkan 1.2)."""
+
+
+class VulkanError(VkrtError):
+    """A Vulkan call failed; the message names the call and what it was for."""
+
+    def __init__(self, message: str, result: str | None = None):
+        super().__init__(message)
+        self.result = result
+
+
+class DeviceLost(VulkanError):
+    """VK_ERROR_DEVICE_LOST: the GPU stopped executing our work."""
+
+
+class GpuTimeout(VulkanError):
+    """Waiting for the GPU took longer than the configured timeout."""
+
+
+class OutOfDeviceMemory(VulkanError, MemoryError):
+    """An allocation failed; the message gives requested bytes, heap, and what is in use."""
+
+
+class ShaderCompileError(VkrtError):
+    """glslang rejected a shader. `errors` holds (file, line, message) tuples."""
+
+    def __init__(self, name: str, log: str, errors: list[tuple[str, int, str]]):
+        first = errors[0] if errors else None
+        where = f"{first[0]}:{first[1]}: {first[2]}" if first else log.strip()
+        super().__init__(f"compiling {name} failed: {where}\n{log.strip()}")
+        self.name = name
+        self.log = log
+        self.errors = errors
+
+    @property
+    def line(self) -> int | None:
+        return self.errors[0][1] if self.errors else None
+
+
+class KernelInterfaceError(VkrtError):
+    """The Python description of a kernel disagrees with the compiled shader."""
+
+
+class ValidationError(VkrtError):
+    """The Vulkan validation layer reported an error."""
