@@ -17,6 +17,10 @@ class OutOfRange(VkrtError, ValueError):
     """A byte range does not fit inside the buffer or range it refers to."""
 
 
+class GGMLTypeError(VkrtError, ValueError):
+    """An unknown GGML type, or a shape that does not fit the type's block size."""
+
+
 class DeviceNotFound(VkrtError):
     """VKRT_DEVICE (or a requested device) matches no physical device."""
 

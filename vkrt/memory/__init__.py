@@ -1,7 +1,10 @@
-"""Buffers, memory kinds and suballocation."""
+"""Buffers, memory kinds, suballocation, GGML types and tensors."""
 
 from .allocator import Allocation, Allocator, allocate, allocator
 from .buffer import Buffer, BufferRange
+from .ggml_types import BF16, F16, F32, I32, TYPES, GGMLType, ggml_type
 from .memory_types import MemoryKind
+from .tensor import Tensor
 
-__all__ = ["Allocation", "Allocator", "Buffer", "BufferRange", "MemoryKind", "allocate", "allocator"]
+__all__ = ["Allocation", "Allocator", "BF16", "Buffer", "BufferRange", "F16", "F32", "GGMLType", "I32",
+           "MemoryKind", "TYPES", "Tensor", "allocate", "allocator", "ggml_type"]
