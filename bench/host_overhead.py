@@ -19,14 +19,15 @@ import numpy as np
 
 from vkrt.commands import CommandSequence, upload
 from vkrt.device import Device
-from vkrt.memory import Buffer
+from vkrt.memory import F32, Buffer, Tensor
 from vkrt.ops.elementwise import add
 
 
 def record_chain(seq, x, y, n, dispatches):
+    tx, ty = Tensor.on(x.range(), F32, (n,)), Tensor.on(y.range(), F32, (n,))
     with seq.record():
         for _ in range(dispatches):
-            add(seq, x, y, x, n)
+            add(seq, tx, ty, tx)
 
 
 def measure(dispatches: int, iters: int, n: int) -> dict:

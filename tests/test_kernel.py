@@ -81,7 +81,8 @@ def test_push_constant_pack_errors():
 
 
 def test_kernel_cache_returns_the_same_pipeline(device):
-    from vkrt.ops.elementwise import ADD_PUSH
-    a = kernel(device, "add", push=ADD_PUSH, workgroup=(device.tuning.wg_size,))
-    b = kernel(device, "add", push=ADD_PUSH, workgroup=(device.tuning.wg_size,))
-    assert a is b
+    from vkrt.ops.elementwise import BINARY_PUSH
+    a = kernel(device, "binary", defines={"OP": 0}, push=BINARY_PUSH, workgroup=(device.tuning.wg_size,))
+    b = kernel(device, "binary", defines={"OP": 0}, push=BINARY_PUSH, workgroup=(device.tuning.wg_size,))
+    c = kernel(device, "binary", defines={"OP": 1}, push=BINARY_PUSH, workgroup=(device.tuning.wg_size,))
+    assert a is b and c is not a

@@ -5,8 +5,12 @@ import pytest
 
 from vkrt.commands import CommandSequence, download, upload
 from vkrt.errors import VkrtError
-from vkrt.memory import Buffer, allocate
+from vkrt.memory import F32, Buffer, Tensor, allocate
 from vkrt.ops.elementwise import add, fill
+
+
+def f32(buf, n):
+    return Tensor.on(buf.range(), F32, (n,))
 
 
 def test_replay_gives_the_same_result(device):
@@ -16,7 +20,7 @@ def test_replay_gives_the_same_result(device):
         upload(device, acc, np.zeros(n, np.float32))
         upload(device, inc, a)
         with seq.record():
-            add(seq, acc, inc, acc, n)  # acc += inc
+            add(seq, f32(acc, n), f32(inc, n), f32(acc, n))  # acc += inc
         for _ in range(5):
             seq.run()  # replayed, not re-recorded
         np.testing.assert_array_equal(download(device, acc, np.float32), a + a + a + a + a)
@@ -36,9 +40,9 @@ def test_barriers_only_where_needed(device):
             fill(seq, x, n, 0x3F800000)  # x = 1
             fill(seq, y, n, 0x40000000)  # y = 2: independent, no barrier
             assert seq.barrier_count == 0
-            add(seq, x, y, z, n)         # reads x, y after their writes: one barrier
+            add(seq, f32(x, n), f32(y, n), f32(z, n))  # reads x, y after their writes: one barrier
             assert seq.barrier_count == 1
-            add(seq, x, y, x, n)         # writes x which the last add read (WAR): barrier
+            add(seq, f32(x, n), f32(y, n), f32(x, n))  # writes x which the last add read (WAR): barrier
             assert seq.barrier_count == 2
         seq.run()
         np.testing.assert_array_equal(download(device, z, np.float32), np.full(n, 3, np.float32))
@@ -77,6 +81,9 @@ def test_timestamps(device):
         assert all(t >= 0 for _, t in times) and seq.gpu_time() > 0
 
 
+PUSH = {"n": 1, "nb": 1, "a_off": 0, "b_off": 0, "d_off": 0, "scale": 1.0}
+
+
 def test_misuse_is_reported(device):
     with Buffer(device, 64) as x, CommandSequence(device) as seq:
         with pytest.raises(VkrtError, match="nothing recorded"):
@@ -84,20 +91,19 @@ def test_misuse_is_reported(device):
         with pytest.raises(VkrtError, match="between begin"):
             fill(seq, x, 4, 0)
         from vkrt.pipeline import kernel
-        from vkrt.ops.elementwise import ADD_PUSH
-        k = kernel(device, "add", push=ADD_PUSH, workgroup=(device.tuning.wg_size,))
+        from vkrt.ops.elementwise import BINARY_PUSH
+        k = kernel(device, "binary", defines={"OP": 0}, push=BINARY_PUSH, workgroup=(device.tuning.wg_size,))
         with seq.record():
             with pytest.raises(VkrtError, match="3 bindings, got 1"):
-                seq.dispatch(k, [x], push={"n": 1})
+                seq.dispatch(k, [x], push=PUSH)
             with pytest.raises(VkrtError, match="offset alignment"):
-                seq.dispatch(k, [x.range(4, 8), x, x], push={"n": 1})
+                seq.dispatch(k, [x.range(4, 8), x, x], push=PUSH)
             with pytest.raises(VkrtError, match="outside"):
                 seq.copy(x.range(0, 64), type(x.range())(x, 32, 64))
             with pytest.raises(VkrtError, match="workgroup count"):
-                seq.dispatch(k, [x, x, x], push={"n": 1}, groups=(0, 1, 1))
-        with pytest.raises(VkrtError, match="fewer than"):
-            with seq.record():
-                add(seq, x, x, x, 1000)
+                seq.dispatch(k, [x, x, x], push=PUSH, groups=(0, 1, 1))
+        with pytest.raises(VkrtError, match="needs 4000 bytes"):
+            add(seq, f32(x, 1000), f32(x, 1000), f32(x, 1000))
 
 
 def test_large_launch_folds_into_two_dimensions(device):

@@ -35,6 +35,6 @@ def test_reflection(spirv_cache):
 
 
 def test_local_size_id(spirv_cache):
-    iface = reflect(compile_shader("add"))
+    iface = reflect(compile_shader("binary", {"OP": 0}))
     assert iface.local_size_spec_ids[0] == 0
     assert sorted(iface.bindings) == [0, 1, 2]

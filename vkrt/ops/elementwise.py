@@ -1,29 +1,82 @@
-"""Elementwise kernels on contiguous f32 / 32-bit ranges: fill and add."""
+"""Elementwise kernels on contiguous f32 tensors: fill, add/mul (b broadcast by repetition),
+scale, and the (gated) SiLU/GELU activations."""
 
 from __future__ import annotations
 
-from ..errors import VkrtError
+from ..errors import OutOfRange, VkrtError
+from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
+from .rows import f32_binding
 
 FILL_PUSH = PushConstants(("n", "u32"), ("value", "u32"))
-ADD_PUSH = PushConstants(("n", "u32"),)
-
-
-def _need(rng, n: int, what: str) -> None:
-    if rng.size < 4 * n:
-        raise VkrtError(f"{what}: range of {rng.size} bytes holds fewer than {n} 32-bit elements")
+BINARY_PUSH = PushConstants(("n", "u32"), ("nb", "u32"), ("a_off", "u32"), ("b_off", "u32"), ("d_off", "u32"),
+                            ("scale", "f32"))
+GLU_PUSH = PushConstants(("n", "u32"), ("g_off", "u32"), ("u_off", "u32"), ("d_off", "u32"))
+_OPS = {"add": 0, "mul": 1, "scale": 2}
+_ACTS = {"silu": 0, "gelu": 1}
 
 
 def fill(seq, dst, n: int, value: int) -> None:
-    """Record dst[i] = value (a 32-bit pattern) for i < n."""
-    _need(dst, n, "fill")
+    """Record dst[i] = value (a 32-bit pattern) for i < n; dst is a buffer range."""
+    if dst.size < 4 * n:
+        raise VkrtError(f"fill: range of {dst.size} bytes holds fewer than {n} 32-bit elements")
     k = kernel(seq.device, "fill", push=FILL_PUSH, workgroup=(seq.device.tuning.wg_size,))
     seq.dispatch(k, [dst], push={"n": n, "value": value & 0xFFFFFFFF}, groups=k.groups_for(n))
 
 
-def add(seq, a, b, out, n: int) -> None:
-    """Record out[i] = a[i] + b[i] (f32) for i < n."""
-    for rng, name in ((a, "a"), (b, "b"), (out, "out")):
-        _need(rng, n, f"add: {name}")
-    k = kernel(seq.device, "add", push=ADD_PUSH, workgroup=(seq.device.tuning.wg_size,))
-    seq.dispatch(k, [a, b, out], push={"n": n}, groups=k.groups_for(n))
+def _flat(t: Tensor, what: str):
+    if not t.is_contiguous():
+        raise OutOfRange(f"{what}: needs a contiguous tensor, got {t!r}")
+    rng, off, _ = f32_binding(t, what)
+    return rng, off
+
+
+def _binary(seq, op: str, a: Tensor, b: Tensor | None, out: Tensor, scale: float = 1.0) -> None:
+    n = a.nelements
+    if out.nelements != n:
+        raise OutOfRange(f"{op}: output has {out.nelements} elements, input {n}")
+    ar, ao = _flat(a, f"{op} a")
+    dr, do = _flat(out, f"{op} out")
+    if b is not None:
+        if n % b.nelements:
+            raise OutOfRange(f"{op}: b with {b.nelements} elements does not tile a with {n}")
+        br, bo = _flat(b, f"{op} b")
+        nb = b.nelements
+    else:
+        br, bo, nb = ar, 0, 1
+    k = kernel(seq.device, "binary", defines={"OP": _OPS[op]}, push=BINARY_PUSH,
+               workgroup=(seq.device.tuning.wg_size,))
+    seq.dispatch(k, [ar, br, dr], push=dict(n=n, nb=nb, a_off=ao, b_off=bo, d_off=do, scale=float(scale)),
+                 groups=k.groups_for(n), label=op)
+
+
+def add(seq, a: Tensor, b: Tensor, out: Tensor) -> None:
+    """Record out = a + b (b repeated to a's size: same shape, or a bias broadcast over rows)."""
+    _binary(seq, "add", a, b, out)
+
+
+def mul(seq, a: Tensor, b: Tensor, out: Tensor) -> None:
+    """Record out = a * b (b repeated to a's size)."""
+    _binary(seq, "mul", a, b, out)
+
+
+def scale(seq, a: Tensor, factor: float, out: Tensor) -> None:
+    """Record out = a * factor."""
+    _binary(seq, "scale", a, None, out, factor)
+
+
+def activation(seq, act: str, g: Tensor, out: Tensor, up: Tensor | None = None) -> None:
+    """Record out = act(g) * up (or act(g) without `up`); act is 'silu' or 'gelu'."""
+    if act not in _ACTS:
+        raise VkrtError(f"activation {act!r} is not supported (supported: {', '.join(_ACTS)})")
+    n = g.nelements
+    if out.nelements != n or (up is not None and up.nelements != n):
+        raise OutOfRange(f"{act}: element counts differ: g {n}, out {out.nelements}"
+                         + (f", up {up.nelements}" if up is not None else ""))
+    gr, go = _flat(g, f"{act} g")
+    dr, do = _flat(out, f"{act} out")
+    ur, uo = _flat(up, f"{act} up") if up is not None else (gr, 0)
+    k = kernel(seq.device, "glu", defines={"ACT": _ACTS[act], "GATED": int(up is not None)}, push=GLU_PUSH,
+               workgroup=(seq.device.tuning.wg_size,))
+    seq.dispatch(k, [gr, ur, dr], push=dict(n=n, g_off=go, u_off=uo, d_off=do), groups=k.groups_for(n),
+                 label=act)

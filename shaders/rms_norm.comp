@@ -1,0 +1,54 @@
+#version 450
+// y[row] = x[row] / sqrt(mean(x[row]^2) + eps) * w   (w broadcast over rows; optional)
+// One workgroup per row; rows run over dims 1..3 with element strides.
+#include "common.glsl"
+
+layout(constant_id = 0) const uint WG = 64;
+layout(local_size_x_id = 0) in;
+
+layout(binding = 0) readonly buffer X { float x[]; };
+layout(binding = 1) readonly buffer W { float w[]; };
+layout(binding = 2) writeonly buffer Y { float y[]; };
+
+layout(push_constant) uniform Push {
+    uint ncols;
+    uint ne1;
+    uint ne2;
+    uint nrows;
+    uint x_off;
+    uint x_s1;
+    uint x_s2;
+    uint x_s3;
+    uint y_off;
+    uint y_s1;
+    uint y_s2;
+    uint y_s3;
+    uint w_off;
+    uint use_w;
+    float eps;
+} p;
+
+#include "reduce.glsl"
+
+void main() {
+    const uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (row >= p.nrows) {
+        return;
+    }
+    const uint i1 = row % p.ne1;
+    const uint i2 = (row / p.ne1) % p.ne2;
+    const uint i3 = row / (p.ne1 * p.ne2);
+    const uint xb = p.x_off + i1 * p.x_s1 + i2 * p.x_s2 + i3 * p.x_s3;
+    const uint yb = p.y_off + i1 * p.y_s1 + i2 * p.y_s2 + i3 * p.y_s3;
+    float sum = 0.0;
+    for (uint c = gl_LocalInvocationID.x; c < p.ncols; c += WG) {
+        const float v = x[xb + c];
+        sum += v * v;
+    }
+    sum = workgroup_sum(sum);
+    const float scale = inversesqrt(sum / float(p.ncols) + p.eps);
+    for (uint c = gl_LocalInvocationID.x; c < p.ncols; c += WG) {
+        const float v = x[xb + c] * scale;
+        y[yb + c] = p.use_w != 0 ? v * w[p.w_off + c] : v;
+    }
+}

@@ -1,0 +1,64 @@
+#version 450
+// Rotary position embedding on x [head_dim, n_head, n_tokens] (f32), positions pos[n_tokens] (i32).
+// NORMAL rotates pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); dims >= n_dims pass through.
+// theta = pos * freq_base^(-2i/n_dims) * freq_scale / freq_factor[i]
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+
+layout(binding = 0) readonly buffer X { float x[]; };
+layout(binding = 1) readonly buffer Pos { int pos[]; };
+layout(binding = 2) readonly buffer FF { float freq_factors[]; };
+layout(binding = 3) writeonly buffer Y { float y[]; };
+
+layout(push_constant) uniform Push {
+    uint head_dim;
+    uint n_dims;
+    uint n_head;
+    uint n_tokens;
+    uint x_off;
+    uint x_s1;
+    uint x_s2;
+    uint y_off;
+    uint y_s1;
+    uint y_s2;
+    uint pos_off;
+    uint ff_off;
+    uint use_ff;
+    uint neox;
+    float theta_scale;
+    float freq_scale;
+    float attn_factor;
+} p;
+
+void main() {
+    const uint half_dim = p.head_dim / 2;
+    const uint idx = global_index();
+    if (idx >= half_dim * p.n_head * p.n_tokens) {
+        return;
+    }
+    const uint i = idx % half_dim;
+    const uint h = (idx / half_dim) % p.n_head;
+    const uint t = idx / (half_dim * p.n_head);
+    const uint xb = p.x_off + h * p.x_s1 + t * p.x_s2;
+    const uint yb = p.y_off + h * p.y_s1 + t * p.y_s2;
+
+    const uint rot_pairs = p.n_dims / 2;
+    if (i >= rot_pairs) {  // dims past n_dims pass through unchanged
+        y[yb + 2 * i] = x[xb + 2 * i];
+        y[yb + 2 * i + 1] = x[xb + 2 * i + 1];
+        return;
+    }
+    const uint a = p.neox != 0 ? i : 2 * i;
+    const uint b = p.neox != 0 ? i + rot_pairs : 2 * i + 1;
+    const float x0 = x[xb + a];
+    const float x1 = x[xb + b];
+    float theta = float(pos[p.pos_off + t]) * pow(p.theta_scale, float(i)) * p.freq_scale;
+    if (p.use_ff != 0) {
+        theta /= freq_factors[p.ff_off + i];
+    }
+    const float c = cos(theta) * p.attn_factor;
+    const float s = sin(theta) * p.attn_factor;
+    y[yb + a] = x0 * c - x1 * s;
+    y[yb + b] = x0 * s + x1 * c;
+}
