@@ -106,7 +106,9 @@ class Tensor:
         return self.type.type_size
 
     def is_contiguous(self) -> bool:
-        return self.nb == contiguous_strides(self.type, self.ne)
+        """Elements packed in GGML order with no gaps; strides of size-1 dims do not matter."""
+        want = contiguous_strides(self.type, self.ne)
+        return all(n == 1 or nb == w for n, nb, w in zip(self.ne, self.nb, want))
 
     def is_transposed(self) -> bool:
         """2-D with dim 1 innermost: nb[1] is one element, nb[0] a column of ne[1] elements."""
