@@ -31,9 +31,11 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
+    from .bench_h2d import bench_h2d
     from .devices import devices
 
     cli.add_command(devices)
+    cli.add_command(bench_h2d)
 
 
 _register()

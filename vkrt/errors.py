@@ -21,6 +21,10 @@ class GGMLTypeError(VkrtError, ValueError):
     """An unknown GGML type, or a shape that does not fit the type's block size."""
 
 
+class GGUFError(VkrtError, ValueError):
+    """A GGUF file is unreadable, inconsistent, or lacks what the model needs; names the file."""
+
+
 class DeviceNotFound(VkrtError):
     """VKRT_DEVICE (or a requested device) matches no physical device."""
 
@@ -49,6 +53,10 @@ class OutOfDeviceMemory(VulkanError, MemoryError):
     """An allocation failed; the message gives requested bytes, heap, and what is in use."""
 
 
+class HostImportError(VkrtError):
+    """Registering, looking up or using imported host memory failed (e.g. after unregister)."""
+
+
 class ShaderCompileError(VkrtError):
     """glslang rejected a shader. `errors` holds (file, line, message) tuples."""
 
@@ -71,3 +79,7 @@ class KernelInterfaceError(VkrtError):
 
 class ValidationError(VkrtError):
     """The Vulkan validation layer reported an error."""
+
+
+class UnsupportedShape(VkrtError, ValueError):
+    """An op was given a shape, type or layout it does not handle; the message says what it does."""

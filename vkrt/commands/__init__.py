@@ -2,6 +2,8 @@
 
 from .sequence import CommandSequence
 from .tensor_io import read_tensor, tensor_from_numpy, write_tensor
-from .transfer import download, upload
+from .transfer import download, upload, upload_async
+from .uploader import Upload, Uploader, uploader
 
-__all__ = ["CommandSequence", "download", "read_tensor", "tensor_from_numpy", "upload", "write_tensor"]
+__all__ = ["CommandSequence", "Upload", "Uploader", "download", "read_tensor", "tensor_from_numpy", "upload",
+           "upload_async", "uploader", "write_tensor"]

@@ -11,9 +11,11 @@ from ..device.vk import ffi, lib, vk, vk_call
 from .descriptors import DescriptorArena
 from .hazards import HazardTracker
 
-_ALL_WRITES = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT
-_ALL_ACCESS = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
-               | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT)
+_TRANSFER_WRITES = vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT
+_TRANSFER_ACCESS = (vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_MEMORY_READ_BIT
+                    | vk.VK_ACCESS_MEMORY_WRITE_BIT)
+_SHADER_WRITES = vk.VK_ACCESS_SHADER_WRITE_BIT
+_SHADER_ACCESS = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
 
 
 class CommandSequence(Owned):
@@ -45,10 +47,13 @@ class CommandSequence(Owned):
         self._last_pipeline = None
         self.dispatch_count = 0
         self.barrier_count = 0
-        stage_all = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        # stages and access kinds this queue's family supports (a DMA-only queue has no shaders)
+        self._stages = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        self._writes, self._access = _TRANSFER_WRITES, _TRANSFER_ACCESS
         if self.compute_capable:
-            stage_all |= vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        self._stages = stage_all
+            self._stages |= vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+            self._writes |= _SHADER_WRITES
+            self._access |= _SHADER_ACCESS
         self._barrier = ffi.new("VkMemoryBarrier*")
         self._barrier.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
         try:
@@ -90,8 +95,8 @@ class CommandSequence(Owned):
         self.dispatch_count = self.barrier_count = 0
         self._state = "recording"
         # earlier submissions (any queue) may have written what we are about to read
-        self._memory_barrier(vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, _ALL_WRITES,
-                             vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, _ALL_ACCESS)
+        self._memory_barrier(vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, self._writes,
+                             vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, self._access)
         if self.query_pool is not None:
             lib.vkCmdResetQueryPool(self.handle, self.query_pool, 0, self.max_timestamps)
             lib.vkCmdWriteTimestamp(self.handle, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 0)
@@ -99,7 +104,7 @@ class CommandSequence(Owned):
     def end(self) -> None:
         self._require_recording()
         # make device writes visible to the host once the submission completes
-        self._memory_barrier(vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, _ALL_WRITES,
+        self._memory_barrier(vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, self._writes,
                              vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         with vk_call(f"ending {self.label}"):
             vk.vkEndCommandBuffer(self.handle)
@@ -131,7 +136,7 @@ class CommandSequence(Owned):
     def barrier(self) -> None:
         """Make every earlier write visible to every later command."""
         self._require_recording()
-        self._memory_barrier(self._stages, _ALL_WRITES, self._stages, _ALL_ACCESS)
+        self._memory_barrier(self._stages, self._writes, self._stages, self._access)
         self._tracker.reset()
         self.barrier_count += 1
 

@@ -26,6 +26,46 @@ class Tuning:
     fp16_math: bool = True
     # tile edge of the shared-memory transpose
     transpose_tile: int = 32
+    # tile rows a transpose workgroup moves per pass: the workgroup is transpose_tile x this
+    # (32 x 8 = 256 invocations, a multiple of 64 for GCN wave64); each invocation moves
+    # transpose_tile / transpose_rows elements of a tile
+    transpose_rows: int = 8
+    # flash attention, scalar fp32 path (vkrt/ops/flash_attn.py derives its tile from these):
+    # workgroup size; lanes sharing one K row's dot product (a power of two, at most the
+    # subgroup); column lanes; KV columns per tile (Bc); accumulator floats per thread (sets the
+    # query rows Br from the V head size); workgroups that fill the device (a smaller grid is
+    # split along KV, "split-K") and the fewest KV tiles one split gets
+    fa_wg: int = 128
+    fa_d_split: int = 8
+    fa_cols: int = 8
+    fa_bc: int = 32
+    fa_o_regs: int = 64
+    fa_fill_groups: int = 256
+    fa_split_min_tiles: int = 4
+    # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
+    fa_unroll: bool = True
+    # mask_opt only for K or V head sizes of at least this (see fa_mask_opt_rule)
+    fa_mask_opt_min_head: int = 0
+    # staging ring for uploads from pageable memory: segment bytes and segment count; a few
+    # segments in flight keep the DMA engine busy while the host fills the next one
+    staging_segment: int = 16 << 20
+    staging_segments: int = 4
+    # quantised matmul (vkrt/ops/matmul.py). Up to mv_max_n tokens use the mat-vec kernel: mv_wg
+    # invocations (a power of two) split the K dimension of mv_rows rows, dequantising inside the
+    # dot product; decode reads each weight once, so this path is bandwidth-bound. More tokens use
+    # the tiled GEMM: a workgroup computes mm_bm rows x mm_bn tokens, stepping K by mm_bk with both
+    # tiles dequantised into shared memory (fp32), each invocation mm_tm x mm_tn outputs; the
+    # workgroup is (mm_bm / mm_tm) * (mm_bn / mm_tn) invocations. 64 x 64 tiles with 8 x 8 per
+    # invocation: 64 invocations (one GCN wave), 16 shared-memory reads per 64 FMAs per K step, and
+    # enough workgroups (M / 64 * N / 64) to fill 36 CUs or 132 SMs from n = 512 on.
+    mv_wg: int = 64
+    mv_rows: int = 2
+    mv_max_n: int = 8
+    mm_bm: int = 64
+    mm_bn: int = 64
+    mm_bk: int = 16
+    mm_tm: int = 8
+    mm_tn: int = 8
 
     def resolved(self, profile: DeviceProfile) -> "Tuning":
         """The table entry limited by what the device can actually do."""
@@ -34,25 +74,55 @@ class Tuning:
             self,
             wg_size=wg,
             reduce_wg=min(self.reduce_wg, profile.max_workgroup_invocations),
+            transpose_rows=max(1, min(self.transpose_rows, profile.max_workgroup_invocations // self.transpose_tile)),
             fp16_math=self.fp16_math and profile.fp16_math,
+            fa_wg=min(self.fa_wg, profile.max_workgroup_invocations),
+            fa_d_split=min(self.fa_d_split, profile.subgroup_min) if profile.subgroup_shuffle else 1,
         )
 
 
 TABLE: dict[Arch, Tuning] = {
     # Polaris/GCN: wave64 (min = max = 64) so every workgroup is a multiple of 64; RADV reports
     # shaderFloat16 = 0 and the hardware has no packed fp16 math: all arithmetic in fp32.
-    Arch.AMD_GCN: Tuning(Arch.AMD_GCN, wg_size=256, subgroup=64, reduce_wg=256, fp16_math=False),
+    Arch.AMD_GCN: Tuning(Arch.AMD_GCN, wg_size=256, subgroup=64, reduce_wg=256, fp16_math=False,
+                         # flash attention: 4 waves a workgroup, one row group per wave; 36 CUs
+                         # (RX 580) at two workgroups each fill the card; mask_opt only at head
+                         # size >= 256 (the fork: +8% at 16k, +12% at 32k on an RX 580; upstream
+                         # llama.cpp keeps it off on GCN below 257)
+                         fa_wg=256, fa_fill_groups=72, fa_mask_opt_min_head=256),
     # RDNA runs wave32 natively but kernels stay correct at 64.
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),
     Arch.AMD_RDNA3: Tuning(Arch.AMD_RDNA3, subgroup=32),
-    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32),
+    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, fa_fill_groups=512),  # 132 SMs (H200), 4 workgroups each
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.
-    Arch.LLVMPIPE: Tuning(Arch.LLVMPIPE, subgroup=8, wg_size=64, reduce_wg=64),
+    # Flash attention: no subgroup shuffles (a whole dot product per thread ran fastest), loops
+    # left rolled (LLVM took 3-60 s per unrolled variant), split-K only below 8 workgroups.
+    # Transpose: 32 x 2 workgroups; llvmpipe splits a workgroup's invocations at every barrier,
+    # so fewer, longer invocations win (4096 x 512 f32: 2 rows 49 ms, 8 rows 75 ms, 32 rows 182 ms).
+    Arch.LLVMPIPE: Tuning(Arch.LLVMPIPE, subgroup=8, wg_size=64, reduce_wg=64,
+                          fa_wg=64, fa_d_split=1, fa_o_regs=128, fa_fill_groups=8, fa_unroll=False,
+                          transpose_rows=2),
     Arch.OTHER: Tuning(Arch.OTHER, subgroup=32, wg_size=128, reduce_wg=128),
 }
 
 
 def tuning_for(profile: DeviceProfile) -> Tuning:
     return TABLE[profile.architecture].resolved(profile)
+
+
+def fa_mask_opt_rule(tuning: Tuning, *, has_mask: bool, nem0: int, nem1: int, hsk: int, hsv: int,
+                     bc: int) -> bool:
+    """Whether flash attention classifies the mask's Br x Bc blocks in a pre-pass (mask_opt).
+
+    The pre-pass must pay for itself: a mask of at least 32 rows and more than 32768 elements,
+    at least 16 KV tiles (one packed word) per tile row (nem0 >= 16*Bc). On GCN only for K or V
+    head size >= 256 (`fa_mask_opt_min_head`): there the attention is compute-bound and skipping
+    fully masked blocks and the mask add of fully visible ones won +8% at 16k and +12% at 32k
+    context on an RX 580; for smaller heads the gain was not measured and upstream keeps it off.
+    VKRT_FA_MASK_OPT=0/1 overrides this rule (vkrt/ops/flash_attn.py).
+    """
+    return (has_mask and nem1 >= 32 and nem0 * nem1 > 32768 and nem0 >= 16 * bc
+            and max(hsk, hsv) >= tuning.fa_mask_opt_min_head)
+

@@ -17,6 +17,7 @@ class GGMLType:
     block_size: int       # elements per block (1 for plain types)
     type_size: int        # bytes per block
     dtype: np.dtype | None  # numpy dtype of one element for plain types, None for block-quantised
+    glsl: str | None = None  # shaders/ include that reads this type in generic kernels; None: no kernels
 
     @property
     def quantized(self) -> bool:
@@ -34,13 +35,17 @@ class GGMLType:
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "I16": np.int16, "I32": np.int32,
            "I64": np.int64, "F64": np.float64, "BF16": np.uint16}
+# the weight types vkrt's kernels read (dequantise, matmul): name -> include defining the block layout
+_GLSL = {name: f"quant/{name.lower()}.glsl" for name in
+         ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")}
 
 TYPES: dict[str, GGMLType] = {}
 for _q in GGMLQuantizationType:
     if _q in GGML_QUANT_SIZES:
         _b, _s = GGML_QUANT_SIZES[_q]
         _dt = _DTYPES.get(_q.name)
-        TYPES[_q.name] = GGMLType(_q.name, int(_q.value), _b, _s, np.dtype(_dt) if _dt is not None else None)
+        TYPES[_q.name] = GGMLType(_q.name, int(_q.value), _b, _s, np.dtype(_dt) if _dt is not None else None,
+                                  _GLSL.get(_q.name))
 
 BY_ID: dict[int, GGMLType] = {t.id: t for t in TYPES.values()}
 
