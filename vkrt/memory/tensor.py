@@ -132,8 +132,13 @@ class Tensor:
         nb4 = tuple(nb) + (0,) * (4 - len(nb)) if nb is not None else contiguous_strides(self.type, ne4)
         if nb is not None and len(nb) < 4:
             full = list(nb4)
-            for i in range(len(nb), 4):
-                full[i] = full[i - 1] * ne4[i - 1] if i else self.type.type_size
+            for i in range(len(nb), 4):  # continue contiguously; nb[0] of a quantised type is a block
+                if i == 0:
+                    full[i] = self.type.type_size
+                elif i == 1:
+                    full[i] = full[0] * ne4[0] // self.type.block_size
+                else:
+                    full[i] = full[i - 1] * ne4[i - 1]
             nb4 = tuple(full)
         t = replace(self, offset=self.offset + offset, ne=ne4, nb=nb4, ndim=len(ne_t),
                     name=self.name if name is None else name, owner=None)
@@ -165,6 +170,8 @@ class Tensor:
 
     def slice(self, dim: int, start: int, stop: int) -> "Tensor":
         """Elements start..stop-1 along `dim` (for quantised dim 0, block-aligned)."""
+        if dim not in range(4):
+            raise OutOfRange(f"slice of dim {dim}: a tensor has dims 0..3")
         if not 0 <= start < stop <= self.ne[dim]:
             raise OutOfRange(f"slice {start}:{stop} of dim {dim} (size {self.ne[dim]})")
         ne = list(self.ne)
