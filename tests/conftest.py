@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -50,3 +51,12 @@ def spirv_cache(tmp_path, monkeypatch):
 
 def expect_lavapipe() -> bool:
     return os.environ.get("VKRT_EXPECT_LAVAPIPE", "0") == "1"
+
+
+@pytest.fixture
+def lavapipe_binding_limit(device, monkeypatch):
+    """Cap maxStorageBufferRange at lavapipe's 128 MiB, so tests of tensors larger than one
+    binding exercise the splitting paths on devices with bigger ranges too."""
+    limit = min(device.profile.max_storage_buffer_range, 128 << 20)
+    monkeypatch.setattr(device, "profile", dataclasses.replace(device.profile, max_storage_buffer_range=limit))
+    return limit

@@ -333,7 +333,7 @@ def test_too_big_for_one_binding_takes_the_split_generic_path(device, monkeypatc
         case.close()
 
 
-def test_destination_spanning_more_than_a_binding(device):
+def test_destination_spanning_more_than_a_binding(device, lavapipe_binding_limit):
     """dst: a 40 x 30 window whose rows lie 4.5 MiB apart (~131 MiB span), written along dim 0,
     then cleared and written again seen transposed, along dim 1."""
     row = 9 << 19

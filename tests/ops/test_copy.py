@@ -212,7 +212,7 @@ def test_split_over_small_bindings(device, monkeypatch):
         dst.close()
 
 
-def test_strided_view_spanning_more_than_a_binding(device):
+def test_strided_view_spanning_more_than_a_binding(device, lavapipe_binding_limit):
     """A 64 x 40 view whose rows lie 3.75 MiB apart spans ~146 MiB: written and read back
     through split dispatches without moving the 146 MiB."""
     limit = device.profile.max_storage_buffer_range
@@ -231,7 +231,7 @@ def test_strided_view_spanning_more_than_a_binding(device):
 
 
 @pytest.mark.slow
-def test_tensor_larger_than_128_mib(device):
+def test_tensor_larger_than_128_mib(device, lavapipe_binding_limit):
     """f16 -> f32 into a 135 MiB destination: more than one binding may hold on lavapipe."""
     ne = (4096, 8256)
     x = (np.arange(ne[0] * ne[1], dtype=np.uint32) % 60000).astype(np.float16).reshape(ne[1], ne[0])

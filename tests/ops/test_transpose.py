@@ -131,7 +131,7 @@ def test_split_over_small_bindings(device, monkeypatch):
         dst.close()
 
 
-def test_view_spanning_more_than_a_binding(device):
+def test_view_spanning_more_than_a_binding(device, lavapipe_binding_limit):
     """Source rows 2.25 MiB apart: the 70 x 60 source spans ~133 MiB."""
     row = 9 << 18
     x = random_bits(F32, (60, 70), 4)
