@@ -85,7 +85,8 @@ TABLE: dict[Arch, Tuning] = {
     # Polaris/GCN: wave64 (min = max = 64) so every workgroup is a multiple of 64; RADV reports
     # shaderFloat16 = 0 and the hardware has no packed fp16 math: all arithmetic in fp32.
     Arch.AMD_GCN: Tuning(Arch.AMD_GCN, wg_size=256, subgroup=64, reduce_wg=256, fp16_math=False,
-                         # flash attention: 4 waves a workgroup, one row group per wave; 36 CUs
+                         # flash attention: 4 waves a workgroup (a wave per row group where the
+                         # head size is a multiple of 32: 8 dot x 8 column lanes); 36 CUs
                          # (RX 580) at two workgroups each fill the card; mask_opt only at head
                          # size >= 256 (the fork: +8% at 16k, +12% at 32k on an RX 580; upstream
                          # llama.cpp keeps it off on GCN below 257)

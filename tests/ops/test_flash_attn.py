@@ -1,0 +1,346 @@
+"""Flash attention against a float64 reference; mask_opt on vs off bit for bit; split-K; layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from attn_reference import NEG_INF, alibi_mask, attention_reference, causal_mask, make_qkv, nmse, random_mask
+
+from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy, upload
+from vkrt.device.architecture import Arch
+from vkrt.device.tuning import tuning_for
+from vkrt.errors import ConfigError, UnsupportedShape
+from vkrt.memory import F16, F32, Tensor
+from vkrt.ops.flash_attn import MASK_OPT_ENV, FlashAttn
+
+TOL = 1e-11  # NMSE; lavapipe measures up to 2e-13 (fp32 arithmetic against float64)
+TOL_TANH = 1e-8  # drivers' tanh may be coarser than their exp
+
+
+def tuning(device, arch: Arch | None):
+    """The lavapipe table entry, or another architecture's resolved for this device; loops stay
+    rolled (the same code, minus minutes of LLVM compile time on lavapipe)."""
+    if arch is None:
+        return device.tuning
+    t = tuning_for(dataclasses.replace(device.profile, architecture=arch))
+    return dataclasses.replace(t, fa_unroll=False)
+
+
+def flash(device, q, k, v, mask=None, *, scale=None, **kw):
+    """Run FlashAttn on numpy inputs; returns (out in numpy order (batch, n_q, n_head, hsv), the op)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    inputs = [tensor_from_numpy(device, a) for a in (q, k, v)]
+    tm = tensor_from_numpy(device, mask) if mask is not None else None
+    out = Tensor.empty(device, F32, (v.shape[-1], q.shape[1], q.shape[2], q.shape[0]))
+    try:
+        with FlashAttn(device, *inputs, out, tm, scale=scale, **kw) as fa:
+            with CommandSequence(device) as seq:
+                with seq.record():
+                    fa.record(seq)
+                seq.run()
+            return read_tensor(out), fa
+    finally:
+        for t in (*inputs, tm, out):
+            if t is not None:
+                t.close()
+
+
+def check(got, q, k, v, mask=None, *, scale=None, tol=TOL, **kw):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    ref = attention_reference(q, k, v, mask, scale=scale, **kw)
+    assert np.isfinite(got).all()
+    err = nmse(got, ref)
+    assert err < tol, f"NMSE {err:.3g} >= {tol:.1g}"
+    return ref
+
+
+HEADS = [(64, 64), (80, 80), (96, 96), (112, 112), (128, 128), (192, 192), (256, 256), (192, 128), (40, 72), (8, 8)]
+
+
+@pytest.mark.parametrize("hsk,hsv", HEADS)
+def test_head_sizes(device, hsk, hsv):
+    rng = np.random.default_rng(hsk * 1000 + hsv)
+    q, k, v = make_qkv(rng, n_q=19, n_kv=70, hsk=hsk, hsv=hsv)
+    mask = causal_mask(19, 70)
+    got, _ = flash(device, q, k, v, mask)
+    check(got, q, k, v, mask)
+
+
+LAYOUTS = [(Arch.AMD_GCN, 64, 64), (Arch.AMD_GCN, 80, 80), (Arch.AMD_GCN, 256, 256), (Arch.AMD_GCN, 192, 128),
+           (Arch.NVIDIA, 128, 128), (Arch.NVIDIA, 72, 72)]
+
+
+@pytest.mark.parametrize("arch,hsk,hsv", LAYOUTS)
+def test_other_architectures_layouts(device, arch, hsk, hsv):
+    """GCN's 256-invocation workgroups (four row groups, 8 dot lanes with shuffles) and NVIDIA's,
+    run here on lavapipe."""
+    rng = np.random.default_rng(hsk + 7)
+    q, k, v = make_qkv(rng, n_q=21, n_kv=90, hsk=hsk, hsv=hsv)
+    mask = causal_mask(21, 90)
+    got, fa = flash(device, q, k, v, mask, tuning=tuning(device, arch))
+    assert fa.tile.wg == fa.tuning.fa_wg and fa.tile.d_split > 1
+    check(got, q, k, v, mask)
+
+
+@pytest.mark.parametrize("gqa", [1, 2, 4, 8])
+def test_gqa(device, gqa):
+    rng = np.random.default_rng(gqa)
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=8 // gqa, n_q=12, n_kv=50)
+    mask = causal_mask(12, 50)
+    got, _ = flash(device, q, k, v, mask)
+    check(got, q, k, v, mask)
+
+
+def _masks(rng, n_q, n_kv):
+    return {
+        "none": None,
+        "causal": causal_mask(n_q, n_kv),
+        "padded": causal_mask(n_q, n_kv, pad_to=32),
+        "window": causal_mask(n_q, n_kv, window=24),
+        "random": random_mask(rng, n_q, n_kv),
+        "dead_rows": random_mask(rng, n_q, n_kv, dead_rows=(0, 5, n_q - 1)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["none", "causal", "padded", "window", "random", "dead_rows"])
+def test_masks(device, kind):
+    rng = np.random.default_rng(len(kind))
+    q, k, v = make_qkv(rng, n_q=17, n_kv=100)
+    mask = _masks(rng, 17, 100)[kind]
+    got, _ = flash(device, q, k, v, mask)
+    ref = check(got, q, k, v, mask)
+    if kind == "dead_rows":
+        assert (got[:, [0, 5, 16]] == 0).all() and (ref[:, [0, 5, 16]] == 0).all()
+
+
+@pytest.mark.parametrize("k_dtype,v_dtype", [(np.float16, np.float16), (np.float32, np.float32),
+                                             (np.float16, np.float32), (np.float32, np.float16)])
+def test_kv_types(device, k_dtype, v_dtype):
+    rng = np.random.default_rng(3)
+    q, k, v = make_qkv(rng, n_q=9, n_kv=45, hsk=96)
+    k, v = k.astype(k_dtype), v.astype(v_dtype)
+    mask = causal_mask(9, 45)
+    got, _ = flash(device, q, k, v, mask)
+    check(got, q, k, v, mask)
+
+
+@pytest.mark.parametrize("softcap,max_bias,scale", [(30.0, 0.0, 0.125), (0.0, 8.0, 0.125), (20.0, 4.0, 0.3)])
+def test_softcap_alibi_scale(device, softcap, max_bias, scale):
+    """Six heads: ALiBi's slopes for heads below and above the largest power of two."""
+    rng = np.random.default_rng(int(softcap + max_bias))
+    q, k, v = make_qkv(rng, n_head=6, n_head_kv=3, n_q=10, n_kv=40)
+    q *= 4  # scores large enough that softcap bends them
+    alibi = alibi_mask(10, 40)
+    got, _ = flash(device, q, k, v, alibi, scale=scale, softcap=softcap, max_bias=max_bias)
+    check(got, q, k, v, alibi, scale=scale, softcap=softcap, max_bias=max_bias, tol=TOL_TANH if softcap else TOL)
+    if softcap:
+        plain = attention_reference(q, k, v, alibi, scale=scale, max_bias=max_bias)
+        assert nmse(got, plain) > 1e-4  # the softcap really changed the result
+
+
+@pytest.mark.parametrize("n_kv,split_k,expect", [(700, 1, 1), (700, 2, 2), (700, 5, 5), (700, None, None),
+                                                 (20, 3, 1)])
+def test_split_k(device, n_kv, split_k, expect):
+    rng = np.random.default_rng(n_kv + (split_k or 0))
+    q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=5, n_kv=n_kv)
+    mask = random_mask(rng, 5, n_kv, masked=0.5, dead_rows=(2,))
+    mask[0, 0, 3, :n_kv // 2] = NEG_INF  # row 3's first splits see nothing
+    got, fa = flash(device, q, k, v, mask, split_k=split_k)
+    if expect is None:  # a 1 x 2 grid is far below fa_fill_groups: split automatically
+        assert fa.n_split > 1
+    else:
+        assert fa.n_split == expect
+    check(got, q, k, v, mask)
+    assert (got[:, 2] == 0).all()
+
+
+def test_strided_views(device):
+    """Q as a permuted view of a [hsk, n_head, n_q] projection; K and V as views of a KV cache
+    [hsk * n_head_kv, n_ctx] holding more cells than the attention reads."""
+    rng = np.random.default_rng(11)
+    n_q, n_kv, n_ctx, hs, n_head, n_head_kv = 13, 40, 64, 64, 4, 2
+    q, k, v = make_qkv(rng, n_head=n_head, n_head_kv=n_head_kv, n_q=n_q, n_kv=n_kv, hsk=hs)
+    mask = causal_mask(n_q, n_kv)
+    q_proj = tensor_from_numpy(device, np.ascontiguousarray(q[0].transpose(1, 0, 2)))  # (n_q, n_head, hs)
+    caches = []
+    for a in (k, v):
+        cache = np.zeros((n_ctx, n_head_kv, hs), np.float16)
+        cache[:n_kv] = a[0].transpose(1, 0, 2)
+        caches.append(tensor_from_numpy(device, cache))
+    tm = tensor_from_numpy(device, mask)
+    out = Tensor.empty(device, F32, (hs, n_head, n_q, 1))
+    try:
+        tq = q_proj.permute(0, 2, 1, 3)
+        tk, tv = (c.permute(0, 2, 1, 3).slice(1, 0, n_kv) for c in caches)
+        assert not tq.is_contiguous() and not tk.is_contiguous()
+        with FlashAttn(device, tq, tk, tv, out, tm, scale=hs ** -0.5) as fa, CommandSequence(device) as seq:
+            with seq.record():
+                fa.record(seq)
+            seq.run()
+        check(read_tensor(out), q, k, v, mask)
+    finally:
+        for t in (q_proj, *caches, tm, out):
+            t.close()
+
+
+def test_mask_planes_per_head_and_batch(device):
+    rng = np.random.default_rng(5)
+    q, k, v = make_qkv(rng, batch=2, n_head=4, n_head_kv=2, n_q=8, n_kv=60)
+    mask = np.concatenate([random_mask(rng, 8, 60) for _ in range(4)], axis=1)  # (1, 4, 8, 60): one per head
+    mask = np.concatenate([mask, causal_mask(8, 60).repeat(4, axis=1)], axis=0)  # (2, 4, 8, 60): per batch
+    got, _ = flash(device, q, k, v, mask)
+    check(got, q, k, v, mask)
+
+
+# -- mask_opt --------------------------------------------------------------------------------------
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+MASK_OPT_CASES = [
+    # (tuning, n_q, n_kv, hsk, mask kind, split_k)
+    (None, 64, 1024, 64, "causal", 1),
+    (None, 64, 1024, 64, "padded", 1),
+    (None, 64, 1100, 64, "window", 1),
+    (None, 64, 1024, 64, "causal", 3),
+    (None, 64, 1024, 64, "alibi", 1),
+    (Arch.AMD_GCN, 64, 1024, 256, "causal", 1),
+    (Arch.AMD_GCN, 40, 1500, 256, "window", 2),
+]
+
+
+@pytest.mark.parametrize("arch,n_q,n_kv,hsk,kind,split_k", MASK_OPT_CASES)
+def test_mask_opt_bit_identical(device, arch, n_q, n_kv, hsk, kind, split_k):
+    """Where the rule enables mask_opt, the output equals the output without it, bit for bit."""
+    rng = np.random.default_rng(n_kv + hsk)
+    q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=n_q, n_kv=n_kv, hsk=hsk)
+    max_bias = 0.0
+    if kind == "alibi":
+        mask, max_bias = alibi_mask(n_q, n_kv), 8.0
+    elif kind == "padded":
+        mask = causal_mask(n_q, n_kv, pad_to=n_q + 32)
+    elif kind == "window":
+        mask = causal_mask(n_q, n_kv, window=300)
+    else:
+        mask = causal_mask(n_q, n_kv)
+    kw = dict(tuning=tuning(device, arch), split_k=split_k, max_bias=max_bias)
+    on, fa_on = flash(device, q, k, v, mask, **kw)
+    off, fa_off = flash(device, q, k, v, mask, mask_opt=False, **kw)
+    assert fa_on.mask_opt and not fa_off.mask_opt  # the rule chose it
+    check(on, q, k, v, mask, max_bias=max_bias)
+    assert np.array_equal(_bits(on), _bits(off))
+
+
+def _codes(mask2d, n_q, n_kv, br, bc):
+    """numpy classification of the mask's Br x Bc blocks: 1 all -inf, 2 all zero, 0 mixed."""
+    rows, tiles = -(-n_q // br), -(-n_kv // bc)
+    codes = np.zeros((rows, tiles), np.uint32)
+    for i in range(rows):
+        for j in range(tiles):
+            blk = mask2d[i * br:min(n_q, (i + 1) * br), j * bc:min(n_kv, (j + 1) * bc)]
+            codes[i, j] = 1 if np.all(blk == -np.inf) else (2 if np.all(blk == 0) else 0)
+    return codes
+
+
+def _run_parts(device, fa, tensors_out, overwrite=None):
+    """Run the pre-pass, optionally overwrite the block codes, then the attention."""
+    with CommandSequence(device) as seq:
+        with seq.record():
+            fa.record_mask_opt(seq)
+        seq.run()
+        if overwrite is not None:
+            upload(device, fa.mask_opt_blocks, np.full(fa.mask_opt_blocks.size // 4, overwrite, np.uint32))
+        codes = download(device, fa.mask_opt_blocks, np.uint32)
+        with seq.record():
+            fa.record_attention(seq)
+        seq.run()
+    return codes, read_tensor(tensors_out)
+
+
+def test_mask_opt_codes_and_their_use(device):
+    """The pre-pass codes equal numpy's classification; the kernel skips blocks coded all -inf
+    and skips the mask of blocks coded all zero (proved by overwriting the codes)."""
+    rng = np.random.default_rng(2)
+    n_q, n_kv = 40, 1000
+    q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=n_q, n_kv=n_kv)
+    mask = causal_mask(n_q, n_kv, window=400)
+    mask[0, 0, 3, 100] = 1.5  # one mixed block among all -inf ones
+    ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
+    out = Tensor.empty(device, F32, (64, 2, n_q, 1))
+    try:
+        with FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, mask_opt=True) as fa:
+            br, bc = fa.tile.br, fa.tile.bc
+            codes, got = _run_parts(device, fa, out)
+            words = codes.reshape(fa.n_row_tiles, -1)
+            unpacked = (words[:, :, None] >> (2 * np.arange(16, dtype=np.uint32))) & 3
+            expect = _codes(mask[0, 0], n_q, n_kv, br, bc)
+            assert np.array_equal(unpacked.reshape(fa.n_row_tiles, -1)[:, :expect.shape[1]], expect)
+            assert {0, 1, 2} <= set(np.unique(expect))
+            check(got, q, k, v, mask, scale=0.125)
+
+            _, dead = _run_parts(device, fa, out, overwrite=0x55555555)  # every block all -inf
+            assert (dead == 0).all()
+            _, unmasked = _run_parts(device, fa, out, overwrite=0xAAAAAAAA)  # every block all zero
+            check(unmasked, q, k, v, None, scale=0.125)
+    finally:
+        for t in (*ts, out):
+            t.close()
+
+
+def test_mask_opt_env_override(device, monkeypatch):
+    rng = np.random.default_rng(4)
+    q, k, v = make_qkv(rng, n_q=8, n_kv=40)
+    mask = causal_mask(8, 40)
+    ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
+    out = Tensor.empty(device, F32, (64, 4, 8, 1))
+    try:
+        def decided(**kw):
+            with FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, **kw) as fa:
+                return fa.mask_opt
+        assert not decided()  # too small for the rule
+        monkeypatch.setenv(MASK_OPT_ENV, "1")
+        assert decided() and not decided(mask_opt=False)
+        monkeypatch.setenv(MASK_OPT_ENV, "0")
+        assert not decided() and decided(mask_opt=True)
+        monkeypatch.setenv(MASK_OPT_ENV, "yes")
+        with pytest.raises(ConfigError, match=MASK_OPT_ENV):
+            decided()
+        with FlashAttn(device, *ts[:3], out, None, scale=0.1, mask_opt=True) as fa:
+            assert not fa.mask_opt  # nothing to classify without a mask
+    finally:
+        for t in (*ts, out):
+            t.close()
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+def test_unsupported_head_size_says_what_is_supported(device):
+    q = Tensor.empty(device, F32, (260, 4, 2, 1))
+    k = Tensor.empty(device, F16, (260, 8, 2, 1))
+    out = Tensor.empty(device, F32, (260, 2, 4, 1))
+    try:
+        with pytest.raises(UnsupportedShape, match="head size 260.*multiples of 8 from 8 to 256"):
+            FlashAttn(device, q, k, k, out, scale=1.0)
+    finally:
+        for t in (q, k, out):
+            t.close()
+
+
+def test_misaligned_kv_view_is_refused(device):
+    q = Tensor.empty(device, F32, (64, 4, 2, 1))
+    cache = Tensor.empty(device, F16, (64 * 9 + 1,))
+    out = Tensor.empty(device, F32, (64, 2, 4, 1))
+    try:
+        k = cache.view((64, 9, 1, 1), nb=(2, 128, 128 * 9, 128 * 9), offset=2)  # starts at an odd element
+        with pytest.raises(UnsupportedShape, match="multiples of 8 bytes"):
+            FlashAttn(device, q, k, k, out, scale=1.0)
+        bad_gqa = Tensor.empty(device, F16, (64, 9, 3, 1))
+        with pytest.raises(UnsupportedShape, match="not a multiple of n_head_kv 3"):
+            FlashAttn(device, q, bad_gqa, bad_gqa, out, scale=1.0)
+        bad_gqa.close()
+    finally:
+        for t in (q, cache, out):
+            t.close()

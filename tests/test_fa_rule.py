@@ -1,0 +1,94 @@
+"""The flash-attention choices in the tuning table: the mask_opt rule, tiles, split-K (no kernels run)."""
+
+import dataclasses
+
+import pytest
+
+from vkrt.device import Device
+from vkrt.device.architecture import Arch
+from vkrt.device.tuning import fa_mask_opt_rule, tuning_for
+from vkrt.errors import UnsupportedShape
+from vkrt.ops.flash_attn import fa_tile, split_plan
+
+
+def tuning_of(device, arch):
+    return tuning_for(dataclasses.replace(device.profile, architecture=arch))
+
+
+# a 2048-token ubatch over a 16k context: the shape the fork measured
+BIG = dict(has_mask=True, nem0=16384, nem1=2048, bc=32)
+
+
+def test_gcn_head_128_is_off(device):
+    assert not fa_mask_opt_rule(tuning_of(device, Arch.AMD_GCN), hsk=128, hsv=128, **BIG)
+
+
+@pytest.mark.parametrize("hsk,hsv", [(256, 256), (256, 128), (192, 256)])
+def test_gcn_head_256_is_on(device, hsk, hsv):
+    assert fa_mask_opt_rule(tuning_of(device, Arch.AMD_GCN), hsk=hsk, hsv=hsv, **BIG)
+
+
+@pytest.mark.parametrize("arch", [Arch.NVIDIA, Arch.LLVMPIPE, Arch.AMD_RDNA2, Arch.INTEL])
+@pytest.mark.parametrize("hs", [64, 128, 256])
+def test_other_architectures_follow_the_shape_rule(device, arch, hs):
+    t = tuning_of(device, arch)
+    assert fa_mask_opt_rule(t, hsk=hs, hsv=hs, **BIG)
+    assert fa_mask_opt_rule(t, has_mask=True, nem0=512, nem1=65, hsk=hs, hsv=hs, bc=32)
+
+
+@pytest.mark.parametrize("arch", [Arch.AMD_GCN, Arch.NVIDIA, Arch.LLVMPIPE])
+@pytest.mark.parametrize("shape", [
+    dict(has_mask=False, nem0=16384, nem1=2048, bc=32),   # no mask
+    dict(has_mask=True, nem0=16384, nem1=31, bc=32),      # fewer than 32 rows
+    dict(has_mask=True, nem0=1024, nem1=32, bc=32),       # 32768 elements, not more
+    dict(has_mask=True, nem0=511, nem1=2048, bc=32),      # fewer than 16 KV tiles
+    dict(has_mask=True, nem0=1023, nem1=2048, bc=64),
+])
+def test_small_shapes_are_off(device, arch, shape):
+    assert not fa_mask_opt_rule(tuning_of(device, arch), hsk=256, hsv=256, **shape)
+
+
+def test_vkrt_arch_gcn_gives_the_gcn_rule(monkeypatch):
+    monkeypatch.setenv("VKRT_ARCH", "gcn")
+    with Device() as dev:
+        assert dev.profile.architecture == Arch.AMD_GCN
+        assert dev.tuning.fa_mask_opt_min_head == 256 and not dev.tuning.fp16_math
+        assert not fa_mask_opt_rule(dev.tuning, hsk=128, hsv=128, **BIG)
+        assert fa_mask_opt_rule(dev.tuning, hsk=256, hsv=256, **BIG)
+
+
+@pytest.mark.parametrize("hsk,hsv", [(64, 64), (80, 80), (72, 72), (128, 128), (192, 128), (256, 256), (8, 8)])
+def test_gcn_tiles_are_wave64_and_fit(device, hsk, hsv):
+    t = tuning_of(device, Arch.AMD_GCN)
+    tile = fa_tile(t, hsk, hsv, 2048, 32 << 10)  # AMDVLK's 32 KiB
+    assert tile.wg % 64 == 0 and tile.wg <= 256
+    assert (hsk // 4) % tile.d_split == 0 and (hsv // 4) % tile.d_split == 0
+    assert tile.bc % tile.cols == 0 and tile.br % tile.row_groups == 0
+    assert tile.shared_bytes(hsk, hsv) <= 32 << 10
+    assert (tile.br // tile.row_groups) * hsv // tile.d_split <= t.fa_o_regs or tile.br == tile.row_groups
+
+
+def test_tile_shrinks_to_the_shared_memory(device):
+    t = dataclasses.replace(tuning_of(device, Arch.LLVMPIPE), fa_o_regs=4096)
+    roomy = fa_tile(t, 256, 256, 4096, 64 << 10)
+    tight = fa_tile(t, 256, 256, 4096, 12 << 10)
+    assert tight.br < roomy.br and tight.shared_bytes(256, 256) <= 12 << 10
+
+
+def test_tile_no_taller_than_the_queries(device):
+    t = tuning_of(device, Arch.NVIDIA)
+    assert fa_tile(t, 128, 128, 1, 48 << 10).br == fa_tile(t, 128, 128, 1, 48 << 10).row_groups
+
+
+def test_split_plan(device):
+    t = tuning_of(device, Arch.AMD_GCN)
+    assert split_plan(t, 4096, 512, None, 65535) == (1, 512)          # prefill fills the card
+    n, per = split_plan(t, 8, 512, None, 65535)                        # decode: 8 workgroups
+    assert n == 9 and per * n >= 512 and per * (n - 1) < 512
+    assert split_plan(t, 8, 6, None, 65535) == (1, 6)                  # too few tiles to share
+    assert split_plan(t, 8, 512, 1, 65535) == (1, 512)
+    assert split_plan(t, 8, 10, 4, 65535) == (4, 3)
+    assert split_plan(t, 8, 10, 6, 65535) == (5, 2)                    # no empty split
+    assert split_plan(t, 8, 512, 100, 7) == (7, 74)
+    with pytest.raises(UnsupportedShape):
+        split_plan(t, 8, 512, 0, 65535)

@@ -1,0 +1,71 @@
+"""Attention without flash (`-fa 0`, and the comparison for flash attention): three kernels,
+
+    scores = Q K^T (attn_qk), P = masked softmax(scores) in place (soft_max: scale, softcap,
+    ALiBi), out = P V (attn_pv)
+
+with the same shapes and semantics as FlashAttn (vkrt/ops/attn_shapes.py, flash_attn.py). The
+scores buffer holds n_kv x n_q x n_head x batch f32.
+"""
+
+from __future__ import annotations
+
+from ..memory import F16, F32, Tensor
+from ..owned import Owned
+from ..pipeline import PushConstants, kernel
+from .attn_shapes import attn_shape, element_strides
+from .binding import bind_tensor
+from .softmax import soft_max
+
+QK_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsk", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3",
+                                               "k_off", "k_nb1", "k_nb2", "k_nb3")))
+PV_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsv", "n_head", "gqa", "v_off", "v_nb1", "v_nb2", "v_nb3",
+                                               "o_off")))
+TILE = 16  # queries x keys (attn_qk) or queries x dims (attn_pv) per workgroup
+
+
+class Attention(Owned):
+    """QK^T, masked softmax and PV over fixed tensors; owns the scores buffer. record(seq) adds the
+    three dispatches."""
+
+    def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
+                 scale: float, softcap: float = 0.0, max_bias: float = 0.0, label: str = "attention"):
+        super().__init__(label)
+        self.device = device
+        self.shape = s = attn_shape(q, k, v, out, mask)
+        self.mask, self.scale, self.softcap, self.max_bias = mask, scale, softcap, max_bias
+        self.scores = Tensor.empty(device, F32, (s.n_kv, s.n_q, s.n_head, s.batch), name=f"{label} scores")
+        try:
+            self._build(q, k, v, out)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, q, k, v, out) -> None:
+        dev, s = self.device, self.shape
+        self._q, q_off = bind_tensor(q, dev)
+        self._k, k_off = bind_tensor(k, dev)
+        self._v, v_off = bind_tensor(v, dev)
+        self._out, o_off = bind_tensor(out, dev)
+        self._s, _ = bind_tensor(self.scores, dev)
+        q_nb, k_nb, v_nb = element_strides(q), element_strides(k), element_strides(v)
+        self._qk = kernel(dev, "attn_qk", push=QK_PUSH, defines=dict(K_F16=int(k.type == F16)))
+        self._qk_push = dict(N=s.n_q, KV=s.n_kv, hsk=s.hsk, n_head=s.n_head, gqa=s.gqa, q_off=q_off // 4,
+                             q_nb1=q_nb[0], q_nb2=q_nb[1], q_nb3=q_nb[2], k_off=k_off // k.type.type_size,
+                             k_nb1=k_nb[0], k_nb2=k_nb[1], k_nb3=k_nb[2])
+        self._pv = kernel(dev, "attn_pv", push=PV_PUSH, defines=dict(V_F16=int(v.type == F16)))
+        self._pv_push = dict(N=s.n_q, KV=s.n_kv, hsv=s.hsv, n_head=s.n_head, gqa=s.gqa,
+                             v_off=v_off // v.type.type_size, v_nb1=v_nb[0], v_nb2=v_nb[1], v_nb3=v_nb[2],
+                             o_off=o_off // 4)
+
+    def record(self, seq) -> None:
+        s = self.shape
+        heads = s.n_head * s.batch
+        seq.dispatch(self._qk, [self._q, self._k, self._s], push=self._qk_push,
+                     groups=(-(-s.n_q // TILE), -(-s.n_kv // TILE), heads), label=f"{self.label} QK^T")
+        soft_max(seq, self.scores, self.scores, self.mask, scale=self.scale, softcap=self.softcap,
+                 max_bias=self.max_bias)
+        seq.dispatch(self._pv, [self._s, self._v, self._out], push=self._pv_push,
+                     groups=(-(-s.n_q // TILE), -(-s.hsv // TILE), heads), label=f"{self.label} PV")
+
+    def _release(self) -> None:
+        self.scores.close()

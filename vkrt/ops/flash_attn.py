@@ -1,0 +1,232 @@
+"""Flash attention (DESIGN §4): scalar fp32 kernel, mask_opt pre-pass, split-K with a reduce pass.
+
+    out = softmax(S) V,  S = softcap * tanh(scale * Q K^T / softcap) + slope_h * mask
+
+(without softcap S = scale * Q K^T + slope_h * mask; slope_h = 1 without ALiBi, else ALiBi's
+slope for head h from max_bias, as ggml). Shapes and layouts: vkrt/ops/attn_shapes.py. Rows
+whose keys are all masked come out as zeros. K and V rows must be finite where masked, as in
+llama.cpp (0 * inf is NaN).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..device.tuning import Tuning, fa_mask_opt_rule
+from ..errors import ConfigError, UnsupportedShape
+from ..memory import F16, Tensor, allocate
+from ..owned import Owned
+from ..pipeline import PushConstants, kernel
+from .attn_shapes import attn_shape, element_strides
+from .binding import bind_tensor
+
+MASK_OPT_ENV = "VKRT_FA_MASK_OPT"
+MAX_ROWS_PER_THREAD = 8
+MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
+
+_U32 = ("N", "KV", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3", "k_off", "k_nb1", "k_nb2", "k_nb3",
+        "v_off", "v_nb1", "v_nb2", "v_nb3", "m_off", "m_nb1", "m_nb2", "m_nb3", "nem2", "nem3", "o_off", "flags",
+        "n_split", "split_tiles")
+FA_PUSH = PushConstants(*((n, "u32") for n in _U32), ("scale", "f32"), ("softcap", "f32"), ("max_bias", "f32"))
+MASK_OPT_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "m_off", "m_nb1", "m_nb2", "m_nb3", "nem2")))
+REDUCE_PUSH = PushConstants(("rows", "u32"), ("hsv", "u32"), ("n_split", "u32"), ("o_off", "u32"))
+
+
+@dataclass(frozen=True)
+class FATile:
+    """One flash-attention workgroup: `br` query rows x `bc` KV columns per tile, threads laid out
+    as row_groups x cols (column lanes) x d_split (lanes sharing a dot product)."""
+
+    br: int
+    bc: int
+    d_split: int
+    cols: int
+    row_groups: int
+
+    @property
+    def wg(self) -> int:
+        return self.row_groups * self.cols * self.d_split
+
+    def shared_bytes(self, hsk: int, hsv: int) -> int:
+        return 4 * self.br * max(hsk, hsv) + 8 * self.br * self.cols
+
+
+def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int) -> FATile:
+    """The tile for these head sizes: d_split divides both head sizes in vec4s; rows per thread
+    from the accumulator budget (tuning.fa_o_regs), no more than the query rows need or the
+    shared memory (the Q tile) allows."""
+    if tuning.fa_bc % tuning.fa_cols:
+        raise ConfigError(f"tuning for {tuning.arch.value}: fa_bc {tuning.fa_bc} is not a multiple of fa_cols "
+                          f"{tuning.fa_cols}")
+    lsb = (hsk | hsv) & -(hsk | hsv)
+    ds = max(1, min(tuning.fa_d_split, lsb // 4))
+    cols = tuning.fa_cols
+    rg = max(1, tuning.fa_wg // (ds * cols))
+    rpt = max(1, min(MAX_ROWS_PER_THREAD, tuning.fa_o_regs // (hsv // ds), -(-n_q // rg)))
+    tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
+    while rpt > 1 and tile.shared_bytes(hsk, hsv) > shared_memory:
+        rpt -= 1
+        tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
+    return tile
+
+
+def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, max_splits: int) -> tuple[int, int]:
+    """(splits, KV tiles per split) for a grid of `groups` workgroups over `kv_tiles` KV tiles.
+    split_k None: split while the grid is below tuning.fa_fill_groups, each split keeping at
+    least fa_split_min_tiles tiles; an int forces that many (1 = none). No split is left empty."""
+    if split_k is None:
+        n = 1
+        if groups < tuning.fa_fill_groups:
+            n = min(-(-tuning.fa_fill_groups // groups), kv_tiles // tuning.fa_split_min_tiles)
+    elif int(split_k) < 1:
+        raise UnsupportedShape(f"split_k must be at least 1 (no split), got {split_k}")
+    else:
+        n = int(split_k)
+    n = max(1, min(n, kv_tiles, max_splits))
+    per = -(-kv_tiles // n)
+    return -(-kv_tiles // per), per
+
+
+def mask_opt_override() -> bool | None:
+    """VKRT_FA_MASK_OPT: '1' forces mask_opt on, '0' off, unset leaves it to the tuning rule."""
+    value = os.environ.get(MASK_OPT_ENV, "").strip()
+    if value in ("", "0", "1"):
+        return None if value == "" else value == "1"
+    raise ConfigError(f"{MASK_OPT_ENV}={value!r}: expected 0 (off) or 1 (on), or unset for the tuning rule")
+
+
+def _vec4_offset(t: Tensor, byte_off: int, what: str) -> int:
+    """Element offset of t's first element in its binding; it and t's strides must be multiples
+    of 4 elements (the kernel reads K and V 4 elements at a time)."""
+    off = byte_off // t.type.type_size
+    if off % 4 or any(s % 4 for s in element_strides(t)):
+        raise UnsupportedShape(f"flash attention reads {what} 4 elements at a time: its offset ({off} elements into "
+                               f"the binding) and strides {t.nb} must be multiples of {4 * t.type.type_size} bytes")
+    return off
+
+
+class FlashAttn(Owned):
+    """Flash attention over fixed tensors: picks the tile, mask_opt and split-K once, owns the
+    scratch they need; record(seq) adds the pre-pass, attention and reduce dispatches.
+
+    mask_opt: None = VKRT_FA_MASK_OPT, else the tuning rule; True/False force it (ignored without
+    a mask). split_k: None = split when the grid is too small to fill the device; n forces n
+    splits (1 = none). tuning: another architecture's table entry (tests). K and V offsets and
+    strides must be multiples of 4 elements (the kernel reads 4 at a time).
+    """
+
+    def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
+                 scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
+                 split_k: int | None = None, tuning: Tuning | None = None, label: str = "flash_attn"):
+        super().__init__(label)
+        self.device = device
+        self.shape = s = attn_shape(q, k, v, out, mask)
+        self.tuning = tuning = tuning or device.tuning
+        self.tile = tile = fa_tile(tuning, s.hsk, s.hsv, s.n_q, device.profile.shared_memory)
+        self.n_row_tiles = -(-s.n_q // tile.br)
+        self.n_kv_tiles = -(-s.n_kv // tile.bc)
+        self.mask_opt = self._decide_mask_opt(mask, mask_opt)
+        self.n_split, self.split_tiles = self._decide_split(split_k)
+        self._scratch = []
+        self._mask = None
+        # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
+        self.mask_opt_blocks = None
+        try:
+            self._build(q, k, v, out, mask, scale, softcap, max_bias)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- decisions ---------------------------------------------------------------------------
+    def _decide_mask_opt(self, mask, forced) -> bool:
+        if mask is None:
+            return False
+        if forced is None:
+            forced = mask_opt_override()
+        if forced is not None:
+            return bool(forced)
+        s = self.shape
+        return fa_mask_opt_rule(self.tuning, has_mask=True, nem0=mask.ne[0], nem1=mask.ne[1], hsk=s.hsk, hsv=s.hsv,
+                                bc=self.tile.bc)
+
+    def _decide_split(self, split_k) -> tuple[int, int]:
+        s = self.shape
+        return split_plan(self.tuning, self.n_row_tiles * s.n_head * s.batch, self.n_kv_tiles, split_k,
+                          self.device.profile.max_workgroup_count[2] // s.batch)
+
+    # -- pipelines and scratch -----------------------------------------------------------------
+    def _build(self, q, k, v, out, mask, scale, softcap, max_bias) -> None:
+        dev, s, tile = self.device, self.shape, self.tile
+        self._q, q_off = bind_tensor(q, dev)
+        self._k, k_off = bind_tensor(k, dev)
+        self._v, v_off = bind_tensor(v, dev)
+        self._out, o_off = bind_tensor(out, dev)
+        push = dict(N=s.n_q, KV=s.n_kv, n_head=s.n_head, gqa=s.gqa,
+                    q_off=q_off // 4, k_off=_vec4_offset(k, k_off, "k"), v_off=_vec4_offset(v, v_off, "v"),
+                    nem2=s.nem2, nem3=s.nem3, o_off=o_off // 4, flags=int(self.mask_opt),
+                    n_split=self.n_split, split_tiles=self.split_tiles,
+                    scale=scale / softcap if softcap else scale, softcap=softcap, max_bias=max_bias)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            push[f"{name}_nb1"], push[f"{name}_nb2"], push[f"{name}_nb3"] = element_strides(t)
+        push.update(m_off=0, m_nb1=0, m_nb2=0, m_nb3=0)
+        if mask is not None:
+            self._mask, m_off = bind_tensor(mask, dev)
+            push["m_off"] = m_off // 2
+            push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
+        defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
+                       RG=tile.row_groups, K_F16=int(k.type == F16), V_F16=int(v.type == F16),
+                       HAS_MASK=int(mask is not None), UNROLL=int(self.tuning.fa_unroll))
+        self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
+        self._attn_push = FA_PUSH.pack(push)
+
+        if self.mask_opt:
+            words = s.nem2 * s.nem3 * self.n_row_tiles * -(-self.n_kv_tiles // 16)
+            self.mask_opt_blocks = self._alloc(4 * words, "mask_opt blocks")
+            self._mask_opt_kernel = kernel(dev, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=tile.br, BC=tile.bc))
+            self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
+                                                     m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
+        if self.n_split > 1:
+            rows = s.batch * s.n_q * s.n_head
+            self._part = self._alloc(4 * self.n_split * rows * s.hsv, "flash_attn split O")
+            self._ml = self._alloc(8 * self.n_split * rows, "flash_attn split M, L")
+            self._reduce = kernel(dev, "fa_split_reduce", push=REDUCE_PUSH, workgroup=(self.tuning.wg_size,))
+            self._reduce_push = REDUCE_PUSH.pack(rows=rows, hsv=s.hsv, n_split=self.n_split, o_off=o_off // 4)
+            self._reduce_groups = self._reduce.groups_for(rows * s.hsv)
+
+    def _alloc(self, nbytes: int, label: str):
+        a = allocate(self.device, nbytes, label=f"{self.label}: {label}")
+        self._scratch.append(a)
+        return a.range()
+
+    # -- recording -------------------------------------------------------------------------------
+    def record(self, seq) -> None:
+        """Record the mask_opt pre-pass (when on), the attention and the split reduce (when split)."""
+        self.record_mask_opt(seq)
+        self.record_attention(seq)
+
+    def record_mask_opt(self, seq) -> None:
+        """Classify the mask's blocks into `mask_opt_blocks` (nothing when mask_opt is off)."""
+        if self.mask_opt:
+            s = self.shape
+            groups = (-(-self.n_kv_tiles // MASK_OPT_WG), self.n_row_tiles, s.nem2 * s.nem3)
+            seq.dispatch(self._mask_opt_kernel, [self._mask, self.mask_opt_blocks], push=self._mask_opt_push,
+                         groups=groups, label=f"{self.label} mask_opt")
+
+    def record_attention(self, seq) -> None:
+        """Record the attention (reading `mask_opt_blocks` when mask_opt is on) and the split reduce."""
+        s = self.shape
+        o, ml = (self._part, self._ml) if self.n_split > 1 else (self._out, self._out)  # ml unused unsplit
+        buffers = [self._q, self._k, self._v, o, ml]
+        if self._mask is not None:
+            buffers += [self._mask, self.mask_opt_blocks if self.mask_opt else self._mask]  # unread when off
+        seq.dispatch(self._attn, buffers, push=self._attn_push,
+                     groups=(self.n_row_tiles, s.n_head, s.batch * self.n_split), label=self.label)
+        if self.n_split > 1:
+            seq.dispatch(self._reduce, [self._part, self._ml, self._out], push=self._reduce_push,
+                         groups=self._reduce_groups, label=f"{self.label} split reduce")
+
+    def _release(self) -> None:
+        for a in self._scratch:
+            a.close()
+        self._scratch.clear()
