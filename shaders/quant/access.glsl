@@ -1,0 +1,29 @@
+// Byte-level reads from the 32-bit word array QBUF (the kernel defines QBUF before including).
+// Raw words work on every device, with or without 8/16-bit storage. `b` is a byte offset.
+#ifndef VKRT_QUANT_ACCESS_GLSL
+#define VKRT_QUANT_ACCESS_GLSL
+
+uint qw(uint b) { return QBUF[b >> 2]; }                                      // b % 4 == 0
+uint q8(uint b) { return (QBUF[b >> 2] >> ((b & 3u) * 8u)) & 0xFFu; }
+uint q16(uint b) { return (QBUF[b >> 2] >> ((b & 2u) * 8u)) & 0xFFFFu; }      // b % 2 == 0
+float qf16(uint b) { return unpackHalf2x16(q16(b)).x; }                        // exact fp16 -> fp32
+
+// 4 bytes at an even offset: one word when the block layout keeps it 4-aligned, else two halves.
+// Both loads are unconditional (the second repeats the first when aligned, never past the data),
+// so invocations with different alignments do not diverge.
+uint q32(uint b) {
+#if QALIGN == 4
+    return QBUF[b >> 2];
+#else
+    const uint i = b >> 2, odd = (b >> 1) & 1u;
+    const uint lo = QBUF[i], hi = QBUF[i + odd];
+    return odd == 0u ? lo : (lo >> 16) | (hi << 16);
+#endif
+}
+
+// the four bytes of a word as uvec4 (byte 0 in x), and the bit field (shift, mask) of each byte;
+// written as byte extracts so compilers can use byte-to-float conversions
+uvec4 bytes4(uint w) { return uvec4(w, w >> 8, w >> 16, w >> 24) & 0xFFu; }
+uvec4 field4(uint w, uint shift, uint mask) { return bytes4((w >> shift) & (mask * 0x01010101u)); }
+
+#endif

@@ -1,0 +1,26 @@
+// Q4_K: 256 elements in 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins (one pair
+// per 32 elements), 128 bytes of nibbles (64-element chunks: low nibbles of 32 bytes, then high).
+// value = (d * sc) * q - (dmin * m), as gguf.quants computes it.
+#define QK 256
+#define QTS 144
+#define QR 32
+#define QALIGN 4
+#include "access.glsl"
+#include "kscale.glsl"
+
+struct QRun { float a; float b; uint q; uint shift; };
+
+QRun qrun(uint blk, uint r) {
+    const vec2 d = unpackHalf2x16(qw(blk));
+    const uvec2 sm = kscale(blk + 4u, r);
+    precise float dl = d.x * float(sm.x);
+    precise float ml = d.y * float(sm.y);
+    return QRun(dl, -ml, blk + 16u + 32u * (r >> 1), 4u * (r & 1u));
+}
+
+vec4 qraw(QRun s, uint c) { return vec4(field4(qw(s.q + 4u * c), s.shift, 0xFu)); }
+
+vec4 qget(QRun s, uint c) {
+    precise vec4 v = s.a * qraw(s, c) + s.b;
+    return v;
+}

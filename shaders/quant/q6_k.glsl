@@ -1,0 +1,30 @@
+// Q6_K: 256 elements in 210 bytes: 128 bytes of low nibbles, 64 bytes of 2-bit high parts,
+// 16 signed scales (one per 16 elements), fp16 d. Element e (h = e / 128, r = e % 128): low
+// nibble (r / 64) of byte 64 h + r % 64, high field (r / 32) of byte 128 + 32 h + r % 32.
+// value = (d * sc) * (q - 32), as gguf.quants computes it.
+#define QK 256
+#define QTS 210
+#define QR 16
+#define QALIGN 2
+#include "access.glsl"
+
+struct QRun { float a; float b; uint q; uint qshift; uint h; uint hshift; };
+
+QRun qrun(uint blk, uint r) {
+    const int sc = int(q8(blk + 192u + r) << 24) >> 24;
+    precise float dl = qf16(blk + 208u) * float(sc);
+    const uint h = r >> 3, rr = r & 7u;
+    return QRun(dl, -32.0 * dl, blk + 64u * h + 16u * (rr & 3u), 4u * (rr >> 2),
+                blk + 128u + 32u * h + 16u * (rr & 1u), 2u * (rr >> 1));
+}
+
+vec4 qraw(QRun s, uint c) {
+    const uvec4 lo = field4(q32(s.q + 4u * c), s.qshift, 0xFu);
+    const uvec4 hi = field4(q32(s.h + 4u * c), s.hshift, 3u);
+    return vec4(lo | (hi << 4));
+}
+
+vec4 qget(QRun s, uint c) {
+    precise vec4 v = s.a * (qraw(s, c) - 32.0);
+    return v;
+}

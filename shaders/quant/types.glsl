@@ -1,0 +1,54 @@
+// The weight type of a generic kernel, chosen by the define QTYPE_<NAME> (vkrt.ops.quant sets it
+// from the type table). Every type include defines:
+//   QK     elements per block          QTS   bytes per block
+//   QR     elements per run (consecutive elements sharing one scale and min; QK % QR == 0)
+//   QALIGN alignment of a block in bytes (2 or 4)
+//   QRun qrun(uint blk, uint r)  run r of the block at byte blk: data offsets and a, b with
+//                                value ~= a * raw + b (for dot products: a * sum(raw x) + b * sum(x))
+//   vec4 qraw(QRun s, uint c)    raw integer values of elements 4c .. 4c+3 of the run, as floats
+//   vec4 qget(QRun s, uint c)    their exact values, in gguf.quants' order of operations
+// Plain types (QPLAIN) also define qelem(row, k), element k of the row at byte `row`.
+#ifndef VKRT_QUANT_TYPES_GLSL
+#define VKRT_QUANT_TYPES_GLSL
+
+#if defined(QTYPE_F32)
+#include "f32.glsl"
+#elif defined(QTYPE_F16)
+#include "f16.glsl"
+#elif defined(QTYPE_BF16)
+#include "bf16.glsl"
+#elif defined(QTYPE_Q4_0)
+#include "q4_0.glsl"
+#elif defined(QTYPE_Q4_1)
+#include "q4_1.glsl"
+#elif defined(QTYPE_Q5_0)
+#include "q5_0.glsl"
+#elif defined(QTYPE_Q5_1)
+#include "q5_1.glsl"
+#elif defined(QTYPE_Q8_0)
+#include "q8_0.glsl"
+#elif defined(QTYPE_Q2_K)
+#include "q2_k.glsl"
+#elif defined(QTYPE_Q3_K)
+#include "q3_k.glsl"
+#elif defined(QTYPE_Q4_K)
+#include "q4_k.glsl"
+#elif defined(QTYPE_Q5_K)
+#include "q5_k.glsl"
+#elif defined(QTYPE_Q6_K)
+#include "q6_k.glsl"
+#else
+#error "no weight type: define QTYPE_<NAME>"
+#endif
+
+#define QRUNS (QK / QR)   // runs per block
+#define QCH (QR / 4)      // vec4 chunks per run
+
+// elements 4j .. 4j+3 of the block at byte blk
+vec4 dq4(uint blk, uint j) { return qget(qrun(blk, j / QCH), j % QCH); }
+
+#ifndef QPLAIN
+float qelem(uint row, uint k) { return dq4(row + (k / QK) * QTS, (k % QK) >> 2)[k & 3u]; }
+#endif
+
+#endif

@@ -1,0 +1,73 @@
+"""Random weight blocks for every kernel type, and numpy references, shared by the quant tests."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from vkrt.commands import write_tensor
+from vkrt.memory import Tensor, ggml_type
+
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# byte offsets of the fp16 scales inside one K-quant block
+K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+ALL = ("F32", "F16", "BF16", *LEGACY, *K_SCALES)
+
+
+def finite_f16(rng, n: int) -> np.ndarray:
+    """n random fp16 bit patterns, never Inf or NaN (subnormals and signed zeros included)."""
+    bits = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    bad = (bits & 0x7C00) == 0x7C00
+    bits[bad] &= np.uint16(0xBFFF)  # clear the top exponent bit
+    return bits
+
+
+def random_blocks(name: str, rows: int, k: int, rng, scale: float | None = None) -> np.ndarray:
+    """Raw data of a (rows, k) weight of type `name` as uint8 of shape (rows, row_bytes).
+
+    scale=None: every bit pattern the format allows (F16/K-quant scales: any finite fp16, BF16:
+    any 16 bits, NaN included) for bit-exact tests; a number: values of about that size, for
+    matmul tests. Legacy quants come from gguf.quants.quantize, K-quants from random bytes.
+    """
+    t = ggml_type(name)
+    normal = rng.standard_normal((rows, k)).astype(np.float32) * np.float32(scale or 1.0)
+    if name == "F32":
+        return normal.view(np.uint8)
+    if name == "F16":
+        bits = finite_f16(rng, rows * k).reshape(rows, k) if scale is None else normal.astype(np.float16)
+        return bits.view(np.uint8)
+    if name == "BF16":
+        if scale is None:
+            return rng.integers(0, 1 << 16, (rows, k), dtype=np.uint16).view(np.uint8)
+        return (normal.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    if name in LEGACY:
+        return quantize(normal, GGMLQuantizationType[name])
+    nblk = k // t.block_size
+    raw = rng.integers(0, 256, (rows, nblk, t.type_size), dtype=np.uint8)
+    for off in K_SCALES[name]:
+        if scale is None:
+            d = finite_f16(rng, rows * nblk)
+        else:
+            d = (rng.uniform(-1, 1, rows * nblk) * scale).astype(np.float16).view(np.uint16)
+        raw[:, :, off:off + 2] = d.reshape(rows, nblk, 1).view(np.uint8)
+    return raw.reshape(rows, nblk * t.type_size)
+
+
+def reference(name: str, raw: np.ndarray) -> np.ndarray:
+    """gguf.quants.dequantize of raw blocks (rows, row_bytes) -> float32 (rows, k)."""
+    return dequantize(raw, GGMLQuantizationType[name])
+
+
+def weight_tensor(device, name: str, raw: np.ndarray, ne: tuple[int, ...]) -> Tensor:
+    """A device tensor of type `name` and sizes `ne` holding raw blocks (rows, row_bytes)."""
+    t = ggml_type(name)
+    w = Tensor.empty(device, t, ne, name=f"{name} weight")
+    write_tensor(w, raw if t.quantized else raw.view(t.dtype))
+    return w
+
+
+def nmse(got: np.ndarray, ref: np.ndarray) -> float:
+    """Normalised mean squared error of got against a float64 reference."""
+    ref = np.asarray(ref, np.float64)
+    return float(np.sum((np.asarray(got, np.float64) - ref) ** 2) / max(np.sum(ref ** 2), 1e-300))

@@ -1,0 +1,126 @@
+"""GPU dequantisation equals gguf.quants.dequantize bit for bit, for every supported type."""
+
+import re
+
+import numpy as np
+import pytest
+from quant_data import ALL, finite_f16, random_blocks, reference, weight_tensor
+
+from vkrt.commands import CommandSequence, read_tensor
+from vkrt.errors import GGMLTypeError
+from vkrt.memory import Tensor, ggml_type
+from vkrt.ops.dequant import dequantize
+from vkrt.ops.quant import supported_types
+from vkrt.pipeline.compiler import shader_dir
+
+
+def run_dequant(device, w: Tensor, ne, **kw) -> np.ndarray:
+    out = Tensor.empty(device, "F32", ne, name="dequantised")
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                dequantize(seq, w, out, **kw)
+            seq.run()
+        return read_tensor(out)
+    finally:
+        out.close()
+
+
+def assert_same_bits(got: np.ndarray, ref: np.ndarray) -> None:
+    got, ref = got.reshape(ref.shape), np.ascontiguousarray(ref)
+    diff = got.view(np.uint32) != ref.view(np.uint32)
+    if diff.any():
+        i = tuple(np.argwhere(diff)[0])
+        raise AssertionError(f"{diff.sum()} of {diff.size} elements differ; first at {i}: got {got[i]!r} "
+                             f"({got.view(np.uint32)[i]:#010x}), gguf {ref[i]!r} ({ref.view(np.uint32)[i]:#010x})")
+
+
+def test_supported_types_are_the_thirteen():
+    assert sorted(t.name for t in supported_types()) == sorted(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_includes_match_the_type_table(name):
+    """Each type is described once: its include's block constants agree with the table, and
+    types.glsl selects it by the define the ops pass."""
+    t = ggml_type(name)
+    text = (shader_dir() / t.glsl).read_text()
+    consts = {k: int(v) for k, v in re.findall(r"^#define (QK|QTS|QR|QALIGN) (\d+)", text, re.M)}
+    if t.quantized:
+        assert (consts["QK"], consts["QTS"]) == (t.block_size, t.type_size)
+    else:
+        assert consts["QTS"] == consts["QK"] * t.type_size
+    assert consts["QK"] % consts["QR"] == 0 and consts["QR"] % 4 == 0
+    types = (shader_dir() / "quant" / "types.glsl").read_text()
+    assert f'defined(QTYPE_{name})\n#include "{t.glsl.split("/")[-1]}"' in types
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_bit_exact(device, name):
+    rng = np.random.default_rng(sum(map(ord, name)))
+    t = ggml_type(name)
+    k = 3 * t.block_size if t.quantized else 37    # plain types: a row length not a multiple of 4
+    raw = random_blocks(name, 2 * 5, k, rng)
+    w = weight_tensor(device, name, raw, (k, 5, 2))
+    try:
+        got = run_dequant(device, w, (k, 5, 2))
+    finally:
+        w.close()
+    assert_same_bits(got, reference(name, raw).reshape(2, 5, k))
+
+
+def test_f16_every_finite_pattern(device):
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    bits = bits[(bits & 0x7C00) != 0x7C00]          # NaN and Inf excluded
+    bits = bits[: len(bits) // 64 * 64].reshape(-1, 64)
+    raw = bits.view(np.uint8)
+    w = weight_tensor(device, "F16", raw, (64, bits.shape[0]))
+    try:
+        got = run_dequant(device, w, (64, bits.shape[0]))
+    finally:
+        w.close()
+    assert_same_bits(got, reference("F16", raw))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q6_K", "BF16"])
+def test_strided_source(device, name):
+    """A view whose rows are not evenly spaced (a row slice of a 3-D tensor) into a destination
+    at an offset: done plane by plane."""
+    rng = np.random.default_rng(7)
+    t = ggml_type(name)
+    k = t.block_size * 2 if t.quantized else 12
+    raw = random_blocks(name, 6 * 3, k, rng)
+    w = weight_tensor(device, name, raw, (k, 6, 3))
+    try:
+        view = w.slice(1, 1, 5)                      # ne (k, 4, 3), nb[2] != 4 * nb[1]
+        got = run_dequant(device, view, (k, 4, 3))
+    finally:
+        w.close()
+    assert_same_bits(got, reference(name, raw).reshape(3, 6, k)[:, 1:5])
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "F16"])
+def test_row_ranges_when_larger_than_a_binding(device, name):
+    """With a binding limit of a few rows the tensor is done in many dispatches, same bits."""
+    rng = np.random.default_rng(3)
+    t = ggml_type(name)
+    k = t.block_size * 2 if t.quantized else 40
+    raw = random_blocks(name, 37, k, rng)
+    w = weight_tensor(device, name, raw, (k, 37))
+    try:
+        got = run_dequant(device, w, (k, 37), max_binding=4 * k * 4 + 64)
+    finally:
+        w.close()
+    assert_same_bits(got, reference(name, raw))
+
+
+def test_unsupported_type_is_named(device):
+    w = Tensor.empty(device, "IQ2_XXS", (256, 2))
+    out = Tensor.empty(device, "F32", (256, 2))
+    try:
+        with CommandSequence(device) as seq, pytest.raises(GGMLTypeError, match=r"IQ2_XXS.*Q4_K"):
+            with seq.record():
+                dequantize(seq, w, out)
+    finally:
+        w.close()
+        out.close()

@@ -1,0 +1,144 @@
+"""matmul (mat-vec and tiled GEMM) against a float64 numpy product of the dequantised weights."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from quant_data import ALL, nmse, random_blocks, reference, weight_tensor
+
+from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.errors import UnsupportedShape
+from vkrt.memory import Tensor, ggml_type
+from vkrt.ops.matmul import matmul
+
+# normalised error allowed per weight type: the weights are exact, so this is fp32 accumulation
+# (K up to a few hundred here); types dotted as a * sum(q x) + b * sum(x) lose a little more
+THRESHOLD = {name: 1e-11 for name in ("F32", "F16", "BF16")} | {name: 1e-10 for name in ALL[3:]}
+
+
+def k_for(name: str) -> int:
+    t = ggml_type(name)
+    return 3 * t.block_size if t.block_size == 256 else 5 * t.block_size if t.quantized else 101
+
+
+def run(device, w, x_np, m, *, x=None, y=None, **kw) -> np.ndarray:
+    """y = W x through vkrt; x_np is (n, k)."""
+    own = []
+    if x is None:
+        x = tensor_from_numpy(device, x_np)
+        own.append(x)
+    if y is None:
+        y = Tensor.empty(device, "F32", (m, x_np.shape[0]))
+        own.append(y)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                matmul(seq, w, x, y, **kw)
+            seq.run()
+        return read_tensor(y)
+    finally:
+        for t in own:
+            t.close()
+
+
+def check(device, name, m, k, ns, seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    raw = random_blocks(name, m, k, rng, scale=0.5)
+    wf = reference(name, raw).astype(np.float64)
+    w = weight_tensor(device, name, raw, (k, m))
+    try:
+        for n in ns:
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            got = run(device, w, x, m, **kw)
+            err = nmse(got, x.astype(np.float64) @ wf.T)
+            assert err < THRESHOLD[name], f"{name} M={m} K={k} n={n}: normalised error {err:.3g}"
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_type(device, name):
+    """67 rows (a multiple of neither the mat-vec rows nor the GEMM tile); mat-vec and GEMM."""
+    check(device, name, 67, k_for(name), (1, 5, 9, 64))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "F16"])
+def test_token_counts(device, name):
+    check(device, name, 35, 256, (*range(1, 10), 31, 512), seed=1)
+
+
+@pytest.mark.parametrize("name,k", [("Q8_0", 96), ("Q4_0", 160), ("Q4_K", 768), ("F32", 101), ("BF16", 70)])
+def test_k_not_a_multiple_of_the_tile(device, name, k):
+    tuning = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4)
+    check(device, name, 33, k, (1, 40), tuning=tuning)
+
+
+def test_single_row(device):
+    check(device, "Q6_K", 1, 256, (1, 3, 70))
+
+
+@pytest.mark.parametrize("name", ["Q5_1", "Q3_K", "F16"])
+def test_row_ranges_when_larger_than_a_binding(device, name):
+    """A binding limit of a few rows: the weight is bound and dispatched in row ranges."""
+    k = k_for(name)
+    row = ggml_type(name).row_bytes(k)
+    check(device, name, 50, k, (1, 4, 20), max_binding=7 * row + 64)
+
+
+def test_strided_operands(device):
+    """x read through a view that is not vec4-aligned, y written into a wider buffer."""
+    rng = np.random.default_rng(5)
+    m, k, n = 20, 64, 12
+    raw = random_blocks("Q8_0", m, k, rng, scale=0.5)
+    wf = reference("Q8_0", raw).astype(np.float64)
+    w = weight_tensor(device, "Q8_0", raw, (k, m))
+    wide = rng.standard_normal((n, k + 3)).astype(np.float32)
+    xt = tensor_from_numpy(device, wide)
+    yt = Tensor.empty(device, "F32", (m + 5, n))
+    try:
+        for cols in (3, n):
+            x = xt.slice(0, 1, k + 1).slice(1, 0, cols)       # starts one float in: scalar loads
+            y = yt.slice(0, 2, m + 2).slice(1, 0, cols)
+            got = run(device, w, wide[:cols, 1:k + 1], m, x=x, y=y)
+            assert nmse(got, wide[:cols, 1:k + 1].astype(np.float64) @ wf.T) < THRESHOLD["Q8_0"]
+    finally:
+        for t in (w, xt, yt):
+            t.close()
+
+
+def test_shape_errors(device):
+    w = Tensor.empty(device, "Q4_0", (64, 8))
+    x = Tensor.empty(device, "F32", (32, 2))
+    y = Tensor.empty(device, "F32", (8, 2))
+    try:
+        with CommandSequence(device) as seq, pytest.raises(UnsupportedShape, match="ne\\[0\\] = 64"):
+            with seq.record():
+                matmul(seq, w, x, y)
+    finally:
+        for t in (w, x, y):
+            t.close()
+
+
+@pytest.mark.slow
+def test_output_matrix_larger_than_a_binding(device):
+    """gemma3's 262144 x 640 output matrix in Q8_0 (178 MB) exceeds lavapipe's 128 MiB storage
+    range: it is bound in row ranges, for decode and for a small batch."""
+    m, k = 262144, 640
+    rng = np.random.default_rng(11)
+    nblk = k // 32
+    q = rng.integers(-127, 128, (m, nblk, 32), dtype=np.int8)
+    d = (rng.uniform(-1, 1, (m, nblk)) * 0.01).astype(np.float16)
+    raw = np.concatenate([d.view(np.uint8).reshape(m, nblk, 2), q.view(np.uint8)], axis=2).reshape(m, nblk * 34)
+    w = weight_tensor(device, "Q8_0", raw, (k, m))
+    assert w.nbytes > device.profile.max_storage_buffer_range or device.profile.max_storage_buffer_range > 1 << 28
+    x = rng.standard_normal((10, k)).astype(np.float32)
+    try:
+        for n in (1, 10):
+            got = run(device, w, x[:n], m)
+            ref = np.empty((n, m))
+            for a in range(0, m, 32768):
+                wf = (q[a:a + 32768].astype(np.float64) * d[a:a + 32768, :, None].astype(np.float64)).reshape(-1, k)
+                ref[:, a:a + 32768] = x[:n].astype(np.float64) @ wf.T
+            assert nmse(got, ref) < THRESHOLD["Q8_0"]
+    finally:
+        w.close()

@@ -1,0 +1,150 @@
+"""mul_mat_id (mixture-of-experts matmul) against float64 numpy on the dequantised experts."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from quant_data import ALL, nmse, random_blocks, reference, weight_tensor
+
+from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy
+from vkrt.errors import UnsupportedShape
+from vkrt.memory import Tensor, ggml_type
+from vkrt.ops.mul_mat_id import RouteTable, mul_mat_id
+
+THRESHOLD = {name: 1e-11 for name in ("F32", "F16", "BF16")} | {name: 1e-10 for name in ALL[3:]}
+N_EXPERT, N_USED = 6, 2
+
+
+def routing(rng, n_tokens: int, n_expert: int = N_EXPERT, n_used: int = N_USED) -> np.ndarray:
+    """Distinct experts per token; the last expert is never chosen."""
+    return np.stack([rng.choice(n_expert - 1, n_used, replace=False) for _ in range(n_tokens)]).astype(np.int32)
+
+
+def reference_product(wf, x, ids):
+    n_tokens, n_used = ids.shape
+    slots = x.shape[1]
+    return np.stack([[wf[ids[t, i]] @ x[t, i % slots].astype(np.float64) for i in range(n_used)]
+                     for t in range(n_tokens)])
+
+
+def run(device, w, x_np, ids_np, m, *, ids=None, routes=None, **kw):
+    n_tokens, n_used = ids_np.shape
+    x = tensor_from_numpy(device, x_np)
+    own_ids = ids is None
+    ids = tensor_from_numpy(device, ids_np) if own_ids else ids
+    y = Tensor.empty(device, "F32", (m, n_used, n_tokens))
+    own_routes = routes is None
+    routes = RouteTable(device, w.ne[2], n_tokens) if own_routes else routes
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                mul_mat_id(seq, w, x, ids, y, routes, **kw)
+            seq.run()
+        return read_tensor(y)
+    finally:
+        for t in (x, y) + ((ids,) if own_ids else ()) + ((routes,) if own_routes else ()):
+            t.close()
+
+
+def check(device, name, m, k, token_counts, seed=0, n_expert=N_EXPERT, **kw):
+    rng = np.random.default_rng(seed)
+    raw = random_blocks(name, m * n_expert, k, rng, scale=0.5)
+    wf = reference(name, raw).astype(np.float64).reshape(n_expert, m, k)
+    w = weight_tensor(device, name, raw, (k, m, n_expert))
+    try:
+        for n_tokens in token_counts:
+            for slots in (1, N_USED):   # one input row shared by the experts (gate/up), or one each (down)
+                ids = routing(rng, n_tokens, n_expert)
+                x = rng.standard_normal((n_tokens, slots, k)).astype(np.float32)
+                got = run(device, w, x, ids, m, **kw)
+                err = nmse(got, reference_product(wf, x, ids))
+                assert err < THRESHOLD[name], f"{name} n_tokens={n_tokens} x_slots={slots}: error {err:.3g}"
+    finally:
+        w.close()
+
+
+def k_for(name: str) -> int:
+    t = ggml_type(name)
+    return 2 * t.block_size if t.block_size == 256 else 3 * t.block_size if t.quantized else 45
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_type(device, name):
+    """Decode (mat-vec per routed pair) and prefill (route table + GEMM); 37 rows per expert."""
+    check(device, name, 37, k_for(name), (1, 3, 9, 40))
+
+
+@pytest.mark.parametrize("n_tokens", [*range(1, 10), 31, 512])
+def test_token_counts(device, n_tokens):
+    check(device, "Q4_K", 21, 256, (n_tokens,), seed=n_tokens)
+
+
+def test_route_table_counts(device):
+    """The counting pass groups each expert's (token, slot) pairs; unused experts count zero."""
+    rng = np.random.default_rng(2)
+    n_tokens = 50
+    ids_np = routing(rng, n_tokens)
+    ids = tensor_from_numpy(device, ids_np)
+    routes = RouteTable(device, N_EXPERT, 64)
+    raw = random_blocks("Q8_0", 8 * N_EXPERT, 32, rng, scale=0.5)
+    w = weight_tensor(device, "Q8_0", raw, (32, 8, N_EXPERT))
+    try:
+        run(device, w, rng.standard_normal((n_tokens, 1, 32)).astype(np.float32), ids_np, 8, ids=ids, routes=routes)
+        table = download(device, routes.whole(), np.uint32)
+        counts = table[:N_EXPERT]
+        np.testing.assert_array_equal(counts, np.bincount(ids_np.ravel(), minlength=N_EXPERT))
+        assert counts[-1] == 0
+        for e in range(N_EXPERT):
+            entries = sorted(table[N_EXPERT + e * n_tokens:N_EXPERT + e * n_tokens + counts[e]])
+            assert entries == sorted(np.flatnonzero(ids_np.ravel() == e))
+    finally:
+        for t in (ids, routes, w):
+            t.close()
+
+
+@pytest.mark.parametrize("name", ["Q6_K", "Q4_1"])
+def test_expert_ranges_when_larger_than_a_binding(device, name):
+    """A binding limit of two experts: the stack is bound and dispatched in expert ranges."""
+    k, m = k_for(name), 16
+    limit = 2 * m * ggml_type(name).row_bytes(k) + 64
+    check(device, name, m, k, (2, 20), seed=4, max_binding=limit)
+
+
+def test_strided_ids(device):
+    """Ids as GGML's top-k view of an argsort: n_used columns of rows n_expert wide."""
+    rng = np.random.default_rng(6)
+    n_tokens, k, m = 12, 64, 10
+    order = np.stack([rng.permutation(N_EXPERT) for _ in range(n_tokens)]).astype(np.int32)
+    full = tensor_from_numpy(device, order)
+    ids = full.slice(0, 0, N_USED)
+    raw = random_blocks("Q8_0", m * N_EXPERT, k, rng, scale=0.5)
+    wf = reference("Q8_0", raw).astype(np.float64).reshape(N_EXPERT, m, k)
+    w = weight_tensor(device, "Q8_0", raw, (k, m, N_EXPERT))
+    try:
+        for n in (3, n_tokens):
+            view = ids.slice(1, 0, n)
+            x = rng.standard_normal((n, 1, k)).astype(np.float32)
+            got = run(device, w, x, order[:n, :N_USED], m, ids=view)
+            assert nmse(got, reference_product(wf, x, order[:n, :N_USED])) < THRESHOLD["Q8_0"]
+    finally:
+        for t in (full, w):
+            t.close()
+
+
+def test_k_not_a_multiple_of_the_tile(device):
+    tuning = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4)
+    check(device, "Q5_0", 19, 96, (1, 30), tuning=tuning)
+
+
+def test_prefill_needs_a_route_table(device):
+    w = Tensor.empty(device, "Q8_0", (32, 4, N_EXPERT))
+    x = Tensor.empty(device, "F32", (32, 1, 20))
+    ids = Tensor.empty(device, "I32", (N_USED, 20))
+    y = Tensor.empty(device, "F32", (4, N_USED, 20))
+    try:
+        with CommandSequence(device) as seq, pytest.raises(UnsupportedShape, match="RouteTable"):
+            with seq.record():
+                mul_mat_id(seq, w, x, ids, y)
+    finally:
+        for t in (w, x, ids, y):
+            t.close()

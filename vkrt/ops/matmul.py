@@ -1,0 +1,108 @@
+"""y = W·x with W of any supported weight type, x and y f32: a mat-vec kernel for a few tokens
+(decode), a tiled GEMM with dequantise-on-load for many (prefill); the tuning table sets both."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError, UnsupportedShape
+from ..memory import F32, Tensor
+from ..pipeline import PushConstants, kernel
+from .quant import bind_words, check_layout, chunks, flat_rows, kernel_type, type_defines
+
+_COMMON = (("K", "u32"), ("M", "u32"))
+_OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
+             ("y_col", "u32"))
+MV_PUSH = PushConstants(*_COMMON, *_OPERANDS)
+MV_ID_PUSH = PushConstants(*_COMMON, *_OPERANDS, ("w_expert", "u32"), ("e0", "u32"), ("e1", "u32"),
+                           ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"), ("x_slot", "u32"),
+                           ("x_slots", "u32"), ("y_slot", "u32"))
+MM_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS)
+MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32"), ("e0", "u32"),
+                           ("n_expert", "u32"), ("n_used", "u32"), ("x_slot", "u32"), ("x_slots", "u32"),
+                           ("y_slot", "u32"))
+
+
+def mat_vec_kernel(device, typ, n: int, tuning, *, xvec4: bool, mul_mat_id: bool = False):
+    """The mat-vec pipeline for `typ` and `n` token columns (1 for mul_mat_id)."""
+    wg = tuning.mv_wg
+    if wg & (wg - 1) or wg > device.profile.max_workgroup_invocations:
+        raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
+    defines = {**type_defines(typ), "WG": wg, "NR": tuning.mv_rows, "NC": n}
+    if device.profile.subgroup_arithmetic:
+        defines.update(SUBGROUP_ADD=1, RED_SG=max(1, wg // max(device.profile.subgroup_min, 1)))
+    if xvec4:
+        defines["XVEC4"] = 1
+    if mul_mat_id:
+        defines["MUL_MAT_ID"] = 1
+    return kernel(device, "mul_mv", defines=defines, push=MV_ID_PUSH if mul_mat_id else MV_PUSH)
+
+
+def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
+    """The tiled GEMM pipeline for `typ` with the tuning table's tile."""
+    bm, bn, bk, tm, tn = tuning.mm_bm, tuning.mm_bn, tuning.mm_bk, tuning.mm_tm, tuning.mm_tn
+    if bm % tm or bn % tn or bk % 4:
+        raise ConfigError(f"tuning: GEMM tile {bm}x{bn}x{bk} with thread tile {tm}x{tn} must divide evenly "
+                         "and BK be a multiple of 4")
+    defines = {**type_defines(typ), "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
+    if xvec4:
+        defines["XVEC4"] = 1
+    if mul_mat_id:
+        defines["MUL_MAT_ID"] = 1
+    return kernel(device, "mul_mm", defines=defines, push=MM_ID_PUSH if mul_mat_id else MM_PUSH)
+
+
+def fold(n: int, device) -> tuple[int, int]:
+    """n workgroups as an (x, y) grid within the device's limits (the kernels flatten it)."""
+    x = min(n, device.profile.max_workgroup_count[0], 65535)
+    return x, -(-n // x)
+
+
+def f32_operand(t: Tensor, what: str, k: int) -> Tensor:
+    """An f32 tensor of rows of length k as a 2-D (k, columns) view."""
+    if t.type != F32 or t.ne[0] != k:
+        raise UnsupportedShape(f"{what} must be F32 with ne[0] = {k}, got {t!r}")
+    if t.nb[0] != 4 or t.offset % 4 or any(t.nb[i] % 4 for i in (1, 2, 3)):
+        raise UnsupportedShape(f"{what} {t!r} needs contiguous, 4-byte aligned rows")
+    flat = flat_rows(t)
+    if flat is None:
+        raise UnsupportedShape(f"{what} {t!r}: its rows must be evenly spaced (dims 1..3 flatten into columns)")
+    return flat
+
+
+def vec4_ok(t: Tensor, off: int, *strides: int) -> bool:
+    """Whether an f32 operand bound at float offset `off` can be read as vec4s."""
+    return t.ne[0] % 4 == 0 and off % 4 == 0 and all(s % 4 == 0 for s in strides)
+
+
+def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None) -> None:
+    """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
+    N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_max_n uses the mat-vec
+    kernel, more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges."""
+    device = seq.device
+    tune = tuning or device.tuning
+    typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
+    if w.ne[2] != 1 or w.ne[3] != 1:
+        raise UnsupportedShape(f"matmul weight {w!r} must be 2-D (a stack of experts goes to mul_mat_id)")
+    check_layout(w, "matmul weight")
+    k, m = w.ne[0], w.ne[1]
+    x2, y2 = f32_operand(x, "matmul x", k), f32_operand(y, "matmul y", m)
+    n = x2.ne[1]
+    if y2.ne[1] != n:
+        raise UnsupportedShape(f"matmul: x has {n} columns, y has {y2.ne[1]}")
+    xr, xo = bind_words(x2, device)
+    yr, yo = bind_words(y2, device)
+    xo, yo, x_col, y_col = xo // 4, yo // 4, x2.nb[1] // 4, y2.nb[1] // 4
+    xvec4 = vec4_ok(x2, xo, x_col)
+    if n <= tune.mv_max_n:
+        kern = mat_vec_kernel(device, typ, n, tune, xvec4=xvec4)
+    else:
+        kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
+    for a, b in chunks(1, device, max_binding, w):
+        wr, wo = bind_words(w.slice(1, a, b), device, max_binding)
+        push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
+                "y_off": yo + a, "y_col": y_col}
+        if n <= tune.mv_max_n:
+            groups = (*fold(-(-(b - a) // tune.mv_rows), device), 1)
+        else:
+            push["N"] = n
+            groups = (-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1)
+        seq.dispatch(kern, [wr, xr, yr], push=push, groups=groups)

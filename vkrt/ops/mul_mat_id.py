@@ -1,0 +1,100 @@
+"""Mixture-of-experts matmul: y[:, i, t] = W[ids[i, t]] · x[:, i % x_slots, t].
+
+W is a stack of expert matrices (K, M, n_expert); every token t routes to n_used experts. Up to
+tuning.mv_max_n tokens, one mat-vec workgroup column per (token, slot) pair. More tokens first
+build a route table (a counting pass: per expert, the pairs that chose it), then run the tiled
+GEMM over (row tiles, token tiles, experts), where tiles past an expert's count exit at once.
+"""
+
+from __future__ import annotations
+
+from ..errors import UnsupportedShape
+from ..memory import I32, MemoryKind, Tensor, allocate
+from ..owned import Owned
+from ..pipeline import PushConstants, kernel
+from .matmul import fold, gemm_kernel, mat_vec_kernel, vec4_ok
+from .quant import bind_words, check_layout, chunks, kernel_type
+
+COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
+                           ("n_expert", "u32"), ("cap", "u32"))
+
+
+class RouteTable(Owned):
+    """Device scratch for the counting pass: n_expert counters, then max_tokens entries per expert.
+    Allocate once per (n_expert, max_tokens) and reuse across calls and replays."""
+
+    def __init__(self, device, n_expert: int, max_tokens: int):
+        super().__init__(f"route table {n_expert} experts x {max_tokens} tokens")
+        self.n_expert, self.max_tokens = n_expert, max_tokens
+        self.alloc = allocate(device, 4 * n_expert * (1 + max_tokens), MemoryKind.DEVICE, label=self.label)
+
+    def counts(self):
+        return self.alloc.range(0, 4 * self.n_expert)
+
+    def whole(self):
+        return self.alloc.range()
+
+    def _release(self) -> None:
+        self.alloc.close()
+
+
+def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor):
+    k, m, n_expert = w.ne[0], w.ne[1], w.ne[2]
+    if w.ne[3] != 1:
+        raise UnsupportedShape(f"mul_mat_id weight {w!r} must be 3-D (K, M, n_expert)")
+    if ids.type != I32 or ids.ne[2] != 1 or ids.ne[3] != 1 or ids.nb[0] != 4 or ids.offset % 4 or ids.nb[1] % 4:
+        raise UnsupportedShape(f"mul_mat_id ids must be a 4-byte aligned I32 (n_used, n_tokens) tensor, got {ids!r}")
+    n_used, n_tokens = ids.ne[0], ids.ne[1]
+    if x.ne[2] != n_tokens or x.ne[1] not in (1, n_used) or x.ne[3] != 1:
+        raise UnsupportedShape(f"mul_mat_id x must be (K, 1 or n_used = {n_used}, n_tokens = {n_tokens}), got {x!r}")
+    if y.ne[1:] != (n_used, n_tokens, 1):
+        raise UnsupportedShape(f"mul_mat_id y must be (M = {m}, n_used = {n_used}, n_tokens = {n_tokens}), got {y!r}")
+    for t, what, size in ((x, "x", k), (y, "y", m)):
+        if t.type.name != "F32" or t.ne[0] != size or t.nb[0] != 4 or t.offset % 4 or any(s % 4 for s in t.nb):
+            raise UnsupportedShape(f"mul_mat_id {what} must be F32 with ne[0] = {size} and 4-byte aligned rows, "
+                                   f"got {t!r}")
+    return k, m, n_expert, n_used, n_tokens
+
+
+def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteTable | None = None, *,
+               tuning=None, max_binding: int | None = None) -> None:
+    """Record the expert matmul. w: (K, M, n_expert) of a supported type; x: F32 (K, 1 or n_used,
+    n_tokens); ids: I32 (n_used, n_tokens) expert indices, distinct per token; y: F32 (M, n_used,
+    n_tokens). More than tuning.mv_max_n tokens need `routes` (RouteTable(device, n_expert, >=
+    n_tokens)). An expert stack larger than one binding runs in expert ranges."""
+    device = seq.device
+    tune = tuning or device.tuning
+    typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
+    check_layout(w, "mul_mat_id weight")
+    k, m, n_expert, n_used, n_tokens = _check(w, x, ids, y)
+    xr, xo = bind_words(x, device)
+    yr, yo = bind_words(y, device)
+    ir, io = bind_words(ids, device)
+    xo, yo = xo // 4, yo // 4
+    x_slot, x_tok, y_slot, y_tok = x.nb[1] // 4, x.nb[2] // 4, y.nb[1] // 4, y.nb[2] // 4
+    xvec4 = vec4_ok(x, xo, x_slot, x_tok)
+    common = {"K": k, "x_off": xo, "x_col": x_tok, "y_off": yo, "y_col": y_tok, "w_row": w.nb[1],
+              "w_expert": w.nb[2], "n_used": n_used, "x_slot": x_slot, "x_slots": x.ne[1], "y_slot": y_slot}
+    pieces = chunks(2, device, max_binding, w)
+    if n_tokens <= tune.mv_max_n:
+        kern = mat_vec_kernel(device, typ, 1, tune, xvec4=xvec4, mul_mat_id=True)
+        for e0, e1 in pieces:
+            wr, wo = bind_words(w.slice(2, e0, e1), device, max_binding)
+            push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
+            seq.dispatch(kern, [wr, xr, yr, ir], push=push,
+                         groups=(*fold(-(-m // tune.mv_rows), device), n_tokens * n_used))
+        return
+    if routes is None or routes.n_expert != n_expert or routes.max_tokens < n_tokens:
+        raise UnsupportedShape(f"mul_mat_id of {n_tokens} tokens needs RouteTable(device, {n_expert}, >= {n_tokens}), "
+                         f"got {routes!r}")
+    count = kernel(device, "mmid_count", push=COUNT_PUSH, workgroup=(device.tuning.wg_size,))
+    seq.fill(routes.counts(), 0)
+    seq.dispatch(count, [ir, routes.whole()], groups=count.groups_for(n_tokens * n_used),
+                 push={"n_tokens": n_tokens, "n_used": n_used, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4,
+                       "n_expert": n_expert, "cap": n_tokens})
+    kern = gemm_kernel(device, typ, tune, xvec4=xvec4, mul_mat_id=True)
+    for e0, e1 in pieces:
+        wr, wo = bind_words(w.slice(2, e0, e1), device, max_binding)
+        push = {**common, "M": m, "N": n_tokens, "w_off": wo, "e0": e0, "n_expert": n_expert}
+        seq.dispatch(kern, [wr, xr, yr, routes.whole()], push=push,
+                     groups=(-(-m // tune.mm_bm), -(-n_tokens // tune.mm_bn), e1 - e0))

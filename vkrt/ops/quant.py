@@ -1,0 +1,88 @@
+"""Weight types in the generic kernels (shaders/quant/): which types have kernels, the define
+that selects one, and binding weights as 32-bit words in chunks that fit one storage binding."""
+
+from __future__ import annotations
+
+from ..errors import GGMLTypeError, OutOfRange, UnsupportedShape
+from ..memory import TYPES, BufferRange, GGMLType, Tensor, ggml_type
+from .binding import RangeTooLarge
+
+WORD_ALIGN = 16  # binding starts are also 16-byte aligned, so f32 operands can be read as vec4
+
+
+def supported_types() -> list[GGMLType]:
+    """The types the dequantise and matmul kernels read."""
+    return [t for t in TYPES.values() if t.glsl]
+
+
+def kernel_type(typ, what: str = "weight") -> GGMLType:
+    """`typ` as a GGMLType, or a GGMLTypeError naming it and the supported types."""
+    t = ggml_type(typ)
+    if not t.glsl:
+        names = ", ".join(s.name for s in supported_types())
+        raise GGMLTypeError(f"{what}: type {t.name} has no vkrt kernels; supported types are {names}")
+    return t
+
+
+def type_defines(t: GGMLType) -> dict[str, int]:
+    """The define that makes shaders/quant/types.glsl include `t`'s block layout."""
+    return {f"QTYPE_{t.name}": 1}
+
+
+def block_align(t: GGMLType) -> int:
+    """Byte alignment the kernels assume for blocks of `t` (QALIGN in its include)."""
+    return 4 if t.type_size % 4 == 0 else 2
+
+
+def check_layout(t: Tensor, what: str) -> None:
+    """Dim 0 contiguous whole blocks; rows and slabs at offsets the word reads can reach."""
+    if not t.type.quantized and t.nb[0] != t.type.type_size:
+        raise UnsupportedShape(f"{what} {t!r}: dim 0 must be contiguous (nb[0] = {t.type.type_size}), got {t.nb[0]}")
+    a = block_align(t.type)
+    bad = [f"offset {t.offset}"] if t.offset % a else []
+    bad += [f"nb[{i}] = {t.nb[i]}" for i in (1, 2, 3) if t.ne[i] > 1 and t.nb[i] % a]
+    if bad:
+        raise UnsupportedShape(f"{what} {t!r}: {t.type.name} data must be {a}-byte aligned; {', '.join(bad)} is not")
+
+
+def binding_limit(device, max_binding: int | None = None) -> int:
+    limit = device.profile.max_storage_buffer_range
+    return min(limit, max_binding) if max_binding else limit
+
+
+def bind_words(t: Tensor, device, max_binding: int | None = None) -> tuple[BufferRange, int]:
+    """(range to bind as uint[] / float[], byte offset of t's first element inside it)."""
+    align = max(device.profile.min_storage_buffer_offset_alignment, WORD_ALIGN)
+    start = t.offset // align * align
+    end = -(-(t.offset + t.span) // 4) * 4
+    if end > t.buffer.size:
+        raise OutOfRange(f"{t!r} ends at byte {t.offset + t.span} of buffer {t.buffer.label!r}, whose "
+                         f"{t.buffer.size} bytes are not a whole number of 32-bit words")
+    limit = binding_limit(device, max_binding)
+    if end - start > limit:
+        raise RangeTooLarge(f"{t!r} spans {end - start} bytes; one binding may cover {limit}")
+    return BufferRange(t.buffer, start, end - start), t.offset - start
+
+
+def chunks(dim: int, device, max_binding: int | None, *tensors: Tensor) -> list[tuple[int, int]]:
+    """Split dim `dim` (the same size in every tensor) into [start, stop) pieces whose bytes fit
+    one binding in each tensor."""
+    slack = max(device.profile.min_storage_buffer_offset_alignment, WORD_ALIGN) + 4
+    usable = binding_limit(device, max_binding) - slack
+    n = tensors[0].ne[dim]
+    per = n
+    for t in tensors:
+        one = t.slice(dim, 0, 1).span
+        if one > usable:
+            raise RangeTooLarge(f"{t!r}: one slice along dim {dim} spans {one} bytes; one binding may cover "
+                                f"{usable + slack}")
+        if n > 1:
+            per = min(per, (usable - one) // max(t.nb[dim], 1) + 1)
+    return [(a, min(a + per, n)) for a in range(0, n, per)]
+
+
+def flat_rows(t: Tensor) -> Tensor | None:
+    """t as a 2-D view (ne0, ne1 * ne2 * ne3) when its rows are evenly spaced, else None."""
+    if any(t.ne[i] > 1 and t.nb[i] != t.nb[1] * t.ne[1] * (t.ne[2] if i == 3 else 1) for i in (2, 3)):
+        return None
+    return t.view((t.ne[0], t.ne[1] * t.ne[2] * t.ne[3]), (t.nb[0], t.nb[1]), offset=0)
