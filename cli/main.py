@@ -31,10 +31,14 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
+    from .bench import bench
     from .bench_h2d import bench_h2d
     from .devices import devices
+    from .run import run
 
     cli.add_command(devices)
+    cli.add_command(run)
+    cli.add_command(bench)
     cli.add_command(bench_h2d)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..memory import F16, F32, Tensor
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
+from ..errors import UnsupportedShape
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor
 from .softmax import soft_max
@@ -24,16 +25,26 @@ TILE = 16  # queries x keys (attn_qk) or queries x dims (attn_pv) per workgroup
 
 
 class Attention(Owned):
-    """QK^T, masked softmax and PV over fixed tensors; owns the scores buffer. record(seq) adds the
-    three dispatches."""
+    """QK^T, masked softmax and PV over fixed tensors. record(seq) adds the three dispatches.
+    The scores live in `scores` (an F32 tensor of at least n_kv*n_q*n_head*batch elements, e.g.
+    shared by every layer of a model) or, without it, in a buffer this object owns."""
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
-                 scale: float, softcap: float = 0.0, max_bias: float = 0.0, label: str = "attention"):
+                 scale: float, softcap: float = 0.0, max_bias: float = 0.0, scores: Tensor | None = None,
+                 label: str = "attention"):
         super().__init__(label)
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
         self.mask, self.scale, self.softcap, self.max_bias = mask, scale, softcap, max_bias
-        self.scores = Tensor.empty(device, F32, (s.n_kv, s.n_q, s.n_head, s.batch), name=f"{label} scores")
+        ne = (s.n_kv, s.n_q, s.n_head, s.batch)
+        self._owns_scores = scores is None
+        if scores is None:
+            self.scores = Tensor.empty(device, F32, ne, name=f"{label} scores")
+        else:
+            if scores.type is not F32 or not scores.is_contiguous() or scores.nelements < s.n_kv * s.n_q * s.n_head * s.batch:
+                raise UnsupportedShape(f"{label}: scores {scores!r} must be contiguous F32 with at least "
+                                       f"{s.n_kv * s.n_q * s.n_head * s.batch} elements")
+            self.scores = scores.slice(0, 0, s.n_kv * s.n_q * s.n_head * s.batch).view(ne)
         try:
             self._build(q, k, v, out)
         except BaseException:
@@ -68,4 +79,5 @@ class Attention(Owned):
                      groups=(-(-s.n_q // TILE), -(-s.hsv // TILE), heads), label=f"{self.label} PV")
 
     def _release(self) -> None:
-        self.scores.close()
+        if self._owns_scores:
+            self.scores.close()

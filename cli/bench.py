@@ -1,0 +1,175 @@
+"""`vkrt bench`: llama-bench's flags and output formats (md, json, jsonl, csv)."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import itertools
+import json
+import os
+
+import click
+
+from vkrt import __version__
+
+from .common import default_model, flag01
+
+DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True)
+COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap")
+
+
+def _ints(text: str, what: str) -> list[int]:
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if "-" in part[1:] and "*" not in part:  # a-b range as llama-bench allows (step 1)
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        elif part:
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise click.BadParameter(f"{what}: {part!r} is not an integer") from None
+    return out
+
+
+def _pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
+    out = []
+    for v in values:
+        for item in v.split(";") if ";" in v else [v]:
+            nums = _ints(item, "-pg")
+            if len(nums) != 2:
+                raise click.BadParameter(f"-pg takes pp,tg pairs, got {item!r}")
+            out.append((nums[0], nums[1]))
+    return out
+
+
+def _model_desc(model) -> str:
+    meta = model.gguf.metadata
+    size = meta.get("general.size_label") or f"{model.n_params / 1e6:.0f}M"
+    ftype = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+             11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
+             16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}.get(meta.get("general.file_type"), "?")
+    return f"{model.cfg.arch} {size} {ftype}"
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n / 1024 ** 3:.2f} GiB" if n >= 1024 ** 3 else f"{n / 1024 ** 2:.2f} MiB"
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+@click.command()
+@click.option("-m", "--model", "models", multiple=True, help="GGUF model(s); comma-separated or repeated.")
+@click.option("-p", "--n-prompt", "n_prompt", default="512", show_default=True, help="Prompt sizes (pp tests).")
+@click.option("-n", "--n-gen", "n_gen", default="128", show_default=True, help="Generation lengths (tg tests).")
+@click.option("-pg", "pg", multiple=True, help="pp,tg pairs (combined test).")
+@click.option("-d", "--n-depth", "n_depth", default="0", show_default=True, help="KV depths to test at.")
+@click.option("-b", "--batch-size", "n_batch", default="2048", show_default=True)
+@click.option("-ub", "--ubatch-size", "n_ubatch", default="512", show_default=True)
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", default="99", show_default=True)
+@click.option("-fa", "--flash-attn", "flash_attn", default="0", show_default=True)
+@click.option("-mmp", "--mmap", "mmap", default="1", show_default=True, help="Memory-map the model (0 = --no-mmap).")
+@click.option("--no-mmap", is_flag=True, help="Same as -mmp 0.")
+@click.option("-r", "--repetitions", type=click.IntRange(1), default=5, show_default=True)
+@click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
+def bench(models, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers, flash_attn, mmap, no_mmap,
+          repetitions, output):
+    """Benchmark prompt processing and generation (llama-bench compatible)."""
+    from vkrt.device import Device
+    from vkrt.engine.bench import BenchTest, run_test
+    from vkrt.engine.engine import Engine
+    from vkrt.model.loader import Model
+
+    paths = [p for m in models for p in m.split(",") if p] or [default_model()]
+    tests = [BenchTest(p, 0) for p in _ints(n_prompt, "-p") if p] + [BenchTest(0, g) for g in _ints(n_gen, "-n") if g]
+    tests += [BenchTest(p, g) for p, g in _pairs(pg)]
+    depths = _ints(n_depth, "-d")
+    mmaps = [False] if no_mmap else [flag01(v) for v in mmap.split(",")]
+    grid = list(itertools.product(paths, _ints(n_gpu_layers, "-ngl"), mmaps, _ints(n_batch, "-b"),
+                                  _ints(n_ubatch, "-ub"), [flag01(v) for v in flash_attn.split(",")]))
+    varying = {k for k, vals in dict(n_batch=_ints(n_batch, "-b"), n_ubatch=_ints(n_ubatch, "-ub"),
+                                     flash_attn=[flag01(v) for v in flash_attn.split(",")], use_mmap=mmaps).items()
+               if len(set(vals)) > 1 or vals[0] != DEFAULTS[k]}
+    rows = []
+    printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index))
+    with Device() as device:
+        loaded = None
+        for path, ngl, use_mmap, nb, nub, fa in grid:
+            key = (path, ngl, use_mmap)
+            if loaded is None or loaded[0] != key:
+                if loaded is not None:
+                    loaded[1].close()
+                loaded = (key, Model(device, path, mmap=use_mmap, n_gpu_layers=ngl, progress=False))
+            model = loaded[1]
+            for depth in depths:
+                for test in tests:
+                    t = BenchTest(test.n_prompt, test.n_gen, depth)
+                    n_ctx = max(256, -(-(depth + t.n_prompt + t.n_gen) // 256) * 256)
+                    with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa) as engine:
+                        res = run_test(engine, t, repetitions)
+                    row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
+                               flash_attn=fa, result=res, device=device.profile.name)
+                    rows.append(row)
+                    printer.row(row)
+        if loaded is not None:
+            loaded[1].close()
+    printer.done()
+
+
+class _Printer:
+    """Writes rows as they come (md, jsonl, csv) or all at the end (json)."""
+
+    def __init__(self, fmt: str, extra_cols: list[str]):
+        self.fmt, self.extra = fmt, extra_cols
+        self.records: list[dict] = []
+        self.header_done = False
+
+    def _record(self, row) -> dict:
+        r, m = row["result"], row["model"]
+        return {
+            "build_commit": "vkrt", "build_number": 0, "vkrt_version": __version__, "cpu_info": "",
+            "gpu_info": row["device"], "backends": "Vulkan", "model_filename": row["path"],
+            "model_type": _model_desc(m), "model_size": m.size_bytes, "model_n_params": m.n_params,
+            "n_batch": row["n_batch"], "n_ubatch": row["n_ubatch"], "n_threads": os.cpu_count(),
+            "type_k": "f16", "type_v": "f16", "n_gpu_layers": row["ngl"], "main_gpu": 0, "no_kv_offload": False,
+            "flash_attn": row["flash_attn"], "use_mmap": row["use_mmap"], "embeddings": False,
+            "n_prompt": r.test.n_prompt, "n_gen": r.test.n_gen, "n_depth": r.test.n_depth,
+            "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "avg_ns": int(r.avg_ns), "stddev_ns": int(r.stddev_ns), "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts,
+            "samples_ns": r.samples_ns, "samples_ts": r.samples_ts,
+        }
+
+    def row(self, row) -> None:
+        rec = self._record(row)
+        self.records.append(rec)
+        if self.fmt == "jsonl":
+            click.echo(json.dumps(rec))
+        elif self.fmt == "csv":
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=list(rec))
+            if not self.header_done:
+                w.writeheader()
+            w.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in rec.items()})
+            click.echo(buf.getvalue(), nl=False)
+        elif self.fmt == "md":
+            cols = ["model", "size", "params", "backend", "ngl"] + [COLUMN_NAMES[c] for c in self.extra] + ["test", "t/s"]
+            if not self.header_done:
+                click.echo("| " + " | ".join(cols) + " |")
+                click.echo("| " + " | ".join("---:" if c in ("size", "params", "ngl", "t/s", "test") or c in
+                                             COLUMN_NAMES.values() else "---" for c in cols) + " |")
+            extra = [str(int(rec[c]) if isinstance(rec[c], bool) else rec[c]) for c in self.extra]
+            r = row["result"]
+            vals = [rec["model_type"], _fmt_size(rec["model_size"]), _fmt_params(rec["model_n_params"]), "Vulkan",
+                    str(rec["n_gpu_layers"])] + extra + [r.test.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"]
+            click.echo("| " + " | ".join(vals) + " |")
+        self.header_done = True
+
+    def done(self) -> None:
+        if self.fmt == "json":
+            click.echo(json.dumps(self.records, indent=2))
+        elif self.fmt == "md":
+            click.echo(f"\nbuild: vkrt {__version__}")

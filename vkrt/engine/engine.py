@@ -1,0 +1,192 @@
+"""Engine: feeds token batches through a model, one recorded command sequence per batch shape.
+
+Per step the host writes token ids, positions, KV cells and the attention mask into one
+host-visible buffer and submits the sequence recorded for that shape (n_tokens, KV cells to
+attend, logits wanted); the sequence starts by copying those inputs to the GPU and ends by
+copying the logits back. Host work per step does not depend on the number of layers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..commands import CommandSequence
+from ..errors import VkrtError
+from ..memory import F16, Buffer, MemoryKind
+from ..model.loader import Model
+from ..model.transformer import RecordOptions, Scratch, Transformer
+from ..owned import Owned
+from .kv_cache import KVCache
+
+log = logging.getLogger("vkrt")
+
+KV_STEP = 256   # attention covers the used cells rounded up to this, so shapes repeat
+
+
+@dataclass
+class _Graph:
+    seq: CommandSequence
+    keep: list
+    opts: RecordOptions
+
+    def close(self) -> None:
+        self.seq.close()
+        for k in self.keep:
+            k.close()
+
+
+@dataclass
+class StepStats:
+    tokens: int = 0
+    seconds: float = 0.0
+    graphs_recorded: int = 0
+
+
+class Engine(Owned):
+    """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens."""
+
+    def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
+                 flash_attn: bool = True, kv_type=F16, max_graphs: int = 16, replay: bool = True):
+        super().__init__("engine")
+        self.model = model
+        self.device = dev = model.device
+        cfg = model.cfg
+        if n_ubatch > n_batch:
+            n_ubatch = n_batch
+        self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
+        self.flash_attn = flash_attn
+        self.max_graphs = max_graphs
+        self.replay = replay  # False: record every step afresh (to compare against replaying)
+        self.transformer = Transformer(cfg, model.weights)
+        self._graphs: dict[tuple, _Graph] = {}
+        self.cache = self.scratch = self._inputs = self._logits = None
+        try:
+            self.cache = KVCache(dev, cfg.n_layer, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
+            self.scratch = Scratch(dev, cfg, n_ubatch, n_ctx, flash_attn)
+            T = n_ubatch
+            self._layout = {"ids": 0, "pos": 4 * T, "cells": 8 * T, "mask": 12 * T}
+            self._layout["mask_swa"] = self._layout["mask"] + 2 * n_ctx * T
+            size = self._layout["mask_swa"] + (2 * n_ctx * T if cfg.sliding_window else 0)
+            self._inputs = Buffer(dev, size, MemoryKind.HOST, label="step inputs")
+            self._logits = Buffer(dev, 4 * cfg.vocab_size * T, MemoryKind.READBACK, label="logits readback")
+        except BaseException:
+            self.close()
+            raise
+        self.stats = StepStats()
+
+    # -- graphs ------------------------------------------------------------------------------------
+    def _graph(self, n_tokens: int, n_kv: int, all_logits: bool) -> _Graph:
+        key = (n_tokens, n_kv, all_logits)
+        g = self._graphs.get(key)
+        if g is not None and self.replay:
+            return g
+        if g is not None:
+            self._graphs.pop(key).close()
+        if len(self._graphs) >= self.max_graphs:  # forget the oldest shape
+            old = next(iter(self._graphs))
+            self._graphs.pop(old).close()
+        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn)
+        seq = CommandSequence(self.device, label=f"forward T={n_tokens} kv={n_kv}")
+        s, lay = self.scratch.t, self._layout
+        with seq.record():
+            for name, nbytes in (("ids", 4 * n_tokens), ("pos", 4 * n_tokens), ("cells", 4 * n_tokens),
+                                 ("mask", 2 * n_kv * n_tokens), ("mask_swa", 2 * n_kv * n_tokens)):
+                if name in s:
+                    seq.copy(self._inputs.range(lay[name], nbytes), s[name].range(), nbytes)
+            keep = self.transformer.record(seq, self.scratch, self.cache, opts)
+            n_out = n_tokens if all_logits else 1
+            seq.copy(s["logits"].range(), self._logits.range(), 4 * self.model.cfg.vocab_size * n_out)
+        g = self._graphs[key] = _Graph(seq, keep, opts)
+        self.stats.graphs_recorded += 1
+        return g
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def eval(self, tokens, seq_id: int = 0, all_logits: bool = False) -> np.ndarray:
+        """Append `tokens` to sequence `seq_id`; returns the logits of its last token
+        ([vocab]) or of every token ([n, vocab]) with all_logits."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if tokens.size == 0:
+            raise VkrtError("eval needs at least one token")
+        vocab = self.model.cfg.vocab_size
+        if tokens.min() < 0 or tokens.max() >= vocab:
+            raise VkrtError(f"token ids must be in [0, {vocab}); got {int(tokens.min())}..{int(tokens.max())}")
+        start = self.cache.cells.length(seq_id)
+        outs = []
+        for b0 in range(0, tokens.size, self.n_batch):
+            batch = tokens[b0:b0 + self.n_batch]
+            for u0 in range(0, batch.size, self.n_ubatch):
+                ub = batch[u0:u0 + self.n_ubatch]
+                last = b0 + u0 + ub.size == tokens.size
+                out = self._step(ub, np.full(ub.size, seq_id, np.int32),
+                                 np.arange(ub.size, dtype=np.int32) + start + b0 + u0, all_logits)
+                if all_logits or last:
+                    outs.append(out)
+        return np.concatenate(outs) if all_logits else outs[-1][-1]
+
+    def decode(self, batch: list[tuple[int, int]]) -> np.ndarray:
+        """One step for several sequences at once (continuous batching): batch holds
+        (seq_id, token) pairs; returns each token's next-token logits, [len(batch), vocab]."""
+        if not batch:
+            raise VkrtError("decode needs at least one (sequence, token) pair")
+        if len(batch) > self.n_ubatch:
+            raise VkrtError(f"decode of {len(batch)} sequences exceeds the micro-batch of {self.n_ubatch}")
+        seqs = np.array([s for s, _ in batch], np.int32)
+        if len(set(seqs.tolist())) != len(seqs):
+            raise VkrtError("decode takes one token per sequence")
+        ids = np.array([t for _, t in batch], np.int32)
+        vocab = self.model.cfg.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise VkrtError(f"token ids must be in [0, {vocab})")
+        pos = np.array([self.cache.cells.length(int(s)) for s in seqs], np.int32)
+        return self._step(ids, seqs, pos, all_logits=True)
+
+    def sequence_length(self, seq_id: int) -> int:
+        """Tokens of `seq_id` held in the KV cache."""
+        return self.cache.cells.length(seq_id)
+
+    def _step(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool) -> np.ndarray:
+        t0 = time.perf_counter()
+        cells_tab = self.cache.cells
+        cells = np.empty(ids.size, np.int32)
+        for s in np.unique(seqs):
+            sel = seqs == s
+            cells[sel] = cells_tab.allocate(int(s), pos[sel])
+        n = ids.size
+        n_kv = min(-(-cells_tab.used_end() // KV_STEP) * KV_STEP, self.n_ctx)
+        lay, cfg = self._layout, self.model.cfg
+        host = self._inputs.host_bytes
+        host[lay["ids"]:lay["ids"] + 4 * n] = ids.view(np.uint8)
+        host[lay["pos"]:lay["pos"] + 4 * n] = pos.view(np.uint8)
+        host[lay["cells"]:lay["cells"] + 4 * n] = cells.view(np.uint8)
+        mask = cells_tab.mask(seqs, pos, n_kv, n)
+        host[lay["mask"]:lay["mask"] + mask.nbytes] = mask.reshape(-1).view(np.uint8)
+        if cfg.sliding_window:
+            swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window)
+            host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
+        g = self._graph(n, n_kv, all_logits)
+        g.seq.run()
+        n_out = n if all_logits else 1
+        logits = self._logits.read(np.float32, 4 * cfg.vocab_size * n_out).reshape(n_out, cfg.vocab_size)
+        self.stats.tokens += n
+        self.stats.seconds += time.perf_counter() - t0
+        return logits
+
+    def reset(self, seq_id: int | None = None, from_pos: int = 0) -> None:
+        """Forget a sequence's cells from `from_pos` on (all sequences when seq_id is None)."""
+        cells = self.cache.cells
+        if seq_id is None:
+            cells.seq[:] = -1
+        else:
+            cells.free(seq_id, from_pos)
+
+    def _release(self) -> None:
+        for g in self._graphs.values():
+            g.close()
+        self._graphs.clear()
+        for obj in (self._logits, self._inputs, self.scratch, self.cache):
+            if obj is not None:
+                obj.close()

@@ -1,0 +1,99 @@
+"""Text generation on an Engine: prefill the prompt, then sample token by token."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .sampler import Sampler, SamplingParams
+
+
+@dataclass
+class Timings:
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return self.prompt_n / (self.prompt_ms / 1e3) if self.prompt_ms else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return self.predicted_n / (self.predicted_ms / 1e3) if self.predicted_ms else 0.0
+
+    def to_dict(self) -> dict:
+        return {"prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms, "prompt_per_second": self.prompt_per_second,
+                "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
+                "predicted_per_second": self.predicted_per_second}
+
+
+@dataclass
+class Generation:
+    prompt_tokens: list[int]
+    tokens: list[int] = field(default_factory=list)
+    stop_reason: str = "length"   # "length" | "eos" | "stop"
+    timings: Timings = field(default_factory=Timings)
+
+
+def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingParams, *, seq_id: int = 0,
+             stop_tokens: Iterable[int] = (), on_token: Callable[[int], bool | None] | None = None) -> Generation:
+    """Prefill `prompt_tokens` (after the sequence's cached ones) and sample up to n_predict tokens.
+    on_token(token) may return True to stop early."""
+    sampler = Sampler(params)
+    for t in prompt_tokens[-params.repeat_last_n:] if params.repeat_last_n > 0 else ():
+        sampler.accept(t)
+    gen = Generation(list(prompt_tokens))
+    stops = set(stop_tokens)
+    t0 = time.perf_counter()
+    logits = engine.eval(prompt_tokens, seq_id)
+    gen.timings.prompt_n = len(prompt_tokens)
+    gen.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for i in range(n_predict):
+        token = sampler.sample(logits)
+        if token in stops:
+            gen.stop_reason = "eos"
+            break
+        gen.tokens.append(token)
+        sampler.accept(token)
+        if on_token is not None and on_token(token):
+            gen.stop_reason = "stop"
+            break
+        if i + 1 < n_predict:
+            logits = engine.eval([token], seq_id)
+    gen.timings.predicted_n = len(gen.tokens)
+    gen.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
+    return gen
+
+
+class TextStream:
+    """Turns a growing token list into text pieces, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.emitted = 0
+
+    def push(self, token: int) -> str:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens, skip_special=True)
+        if text.endswith("\ufffd"):
+            return ""
+        piece = text[self.emitted:]
+        self.emitted = len(text)
+        return piece
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.tokens, skip_special=True)
+        piece = text[self.emitted:]
+        self.emitted = len(text)
+        return piece
+
+
+def random_tokens(n: int, vocab: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()

@@ -1,0 +1,95 @@
+"""The KV cache: per layer K and V [head_dim, n_ctx, n_head_kv] tensors allocated once, and the
+table of which sequence and position each cell holds (cells are shared by all sequences)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..commands import CommandSequence
+from ..errors import VkrtError
+from ..memory import F16, Tensor, ggml_type
+from ..owned import Owned
+
+
+class ContextFull(VkrtError):
+    """No free KV cells are left for the tokens being added."""
+
+
+class CellTable:
+    """cell -> (sequence id, position); -1 marks a free cell. Sequences take the lowest free cells."""
+
+    def __init__(self, n_cells: int):
+        self.n_cells = n_cells
+        self.seq = np.full(n_cells, -1, np.int32)
+        self.pos = np.zeros(n_cells, np.int32)
+
+    def used_end(self) -> int:
+        """One past the highest used cell (what attention must cover)."""
+        used = np.flatnonzero(self.seq >= 0)
+        return int(used[-1]) + 1 if used.size else 0
+
+    def allocate(self, seq: int, positions: np.ndarray) -> np.ndarray:
+        free = np.flatnonzero(self.seq < 0)
+        if free.size < len(positions):
+            raise ContextFull(f"the context is full: {len(positions)} tokens need cells, {free.size} of "
+                              f"{self.n_cells} are free (raise -c)")
+        cells = free[:len(positions)]
+        self.seq[cells] = seq
+        self.pos[cells] = positions
+        return cells.astype(np.int32)
+
+    def free(self, seq: int, from_pos: int = 0) -> None:
+        """Forget sequence `seq`'s cells at positions >= from_pos."""
+        drop = (self.seq == seq) & (self.pos >= from_pos)
+        self.seq[drop] = -1
+
+    def length(self, seq: int) -> int:
+        mine = self.seq == seq
+        return int(self.pos[mine].max()) + 1 if mine.any() else 0
+
+    def mask(self, tok_seq: np.ndarray, tok_pos: np.ndarray, n_kv: int, n_rows: int, window: int = 0) -> np.ndarray:
+        """f16 [n_rows, n_kv]: 0 where token t may attend cell c (same sequence, not in the future,
+        and within `window` positions when given), -inf elsewhere; rows past the tokens are -inf."""
+        cs, cp = self.seq[:n_kv][None, :], self.pos[:n_kv][None, :]
+        ts, tp = tok_seq[:, None], tok_pos[:, None]
+        visible = (cs == ts) & (cp <= tp)
+        if window:
+            visible &= (tp - cp) < window
+        out = np.full((n_rows, n_kv), -np.inf, np.float16)
+        out[:len(tok_seq)] = np.where(visible, np.float16(0), np.float16(-np.inf))
+        return out
+
+
+class KVCache(Owned):
+    """K and V tensors of every layer, F16 by default (F32 on request)."""
+
+    def __init__(self, device, n_layer: int, head_dim_k: int, head_dim_v: int, n_head_kv: int, n_ctx: int,
+                 type=F16):
+        super().__init__(f"KV cache {n_ctx} cells")
+        self.type = ggml_type(type)
+        self.n_ctx = n_ctx
+        self.cells = CellTable(n_ctx)
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+        try:
+            for il in range(n_layer):
+                self.k.append(Tensor.empty(device, self.type, (head_dim_k, n_ctx, n_head_kv), name=f"cache_k.{il}"))
+                self.v.append(Tensor.empty(device, self.type, (head_dim_v, n_ctx, n_head_kv), name=f"cache_v.{il}"))
+            # zeros, not whatever the memory held: attention weighs unused cells by exactly 0,
+            # and 0 * NaN would still be NaN
+            with CommandSequence(device, label="clear KV cache") as seq:
+                with seq.record():
+                    for t in (*self.k, *self.v):
+                        seq.fill(t.range(), 0)
+                seq.run()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (*self.k, *self.v))
+
+    def _release(self) -> None:
+        for t in (*self.k, *self.v):
+            t.close()

@@ -1,0 +1,134 @@
+"""Loading a model: GGUF metadata -> config and tokenizer; tensors placed in VRAM or left in
+host memory (used by the GPU through the host-memory path) by `-ngl`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+
+from ..memory import Buffer, MemoryKind, Tensor, host_registry
+from ..memory.host_import import registration_enabled
+from ..owned import Owned
+from ..units import fmt_bytes
+from .config import ModelConfig
+from .gguf_file import GGUFFile
+from .tokenizer import Tokenizer
+from .transformer import required_tensors
+
+log = logging.getLogger("vkrt")
+
+
+def layer_of(name: str) -> int | None:
+    if name.startswith("blk."):
+        return int(name.split(".")[1])
+    return None
+
+
+@dataclass
+class Placement:
+    """Which tensors live where, and how the host-resident ones reach the GPU."""
+
+    vram_bytes: int = 0
+    host_bytes: int = 0
+    host_imported: int = 0
+    host_copied: int = 0
+    host_tensors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        s = f"{fmt_bytes(self.vram_bytes)} in VRAM"
+        if self.host_bytes:
+            s += (f", {fmt_bytes(self.host_bytes)} in host memory ({len(self.host_tensors)} tensors: "
+                  f"{fmt_bytes(self.host_imported)} read through imported memory, "
+                  f"{fmt_bytes(self.host_copied)} copied to host-visible buffers)")
+        return s
+
+
+class Model(Owned):
+    """An opened model: `cfg`, `tokenizer`, `weights` (GGUF name -> Tensor) and their placement."""
+
+    def __init__(self, device, path: str | os.PathLike, *, mmap: bool = True, n_gpu_layers: int = 999,
+                 pin: bool | None = None, progress: bool | None = None, on_host=None):
+        super().__init__(f"model {os.path.basename(os.fspath(path))}")
+        self.device = device
+        self.path = os.fspath(path)
+        self.weights: dict[str, Tensor] = {}
+        self._owned: list = []
+        self._region = None
+        self.gguf = GGUFFile(path, mmap=mmap, progress=progress)
+        try:
+            meta = self.gguf.metadata
+            self.cfg = ModelConfig.from_metadata(meta, self.path)
+            self.gguf.require(tensors=required_tensors(self.cfg))
+            self.tokenizer = Tokenizer.from_metadata(meta)
+            self.placement = Placement()
+            self._place(n_gpu_layers, pin, on_host)
+            log.info("%s: %s", os.path.basename(self.path), self.placement.summary())
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.nbytes for t in self.gguf.tensors.values())
+
+    @property
+    def n_params(self) -> int:
+        return sum(math.prod(t.ne) for t in self.gguf.tensors.values())
+
+    def _place(self, n_gpu_layers: int, pin: bool | None, on_host) -> None:
+        cfg = self.cfg
+        first_gpu_layer = max(cfg.n_layer - n_gpu_layers, 0)
+        non_layer_gpu = n_gpu_layers > cfg.n_layer
+
+        def host_resident(name: str) -> bool:
+            if on_host is not None and on_host(name):
+                return True
+            il = layer_of(name)
+            return il < first_gpu_layer if il is not None else not non_layer_gpu
+
+        names = list(self.gguf.tensors)
+        host = [n for n in names if host_resident(n)]
+        vram = [n for n in names if n not in set(host)]
+        self.weights.update(self.gguf.upload(self.device, vram))
+        self.placement.vram_bytes = sum(self.gguf.tensor(n).nbytes for n in vram)
+        if host:
+            self._map_host(host, registration_enabled() if pin is None else pin)
+
+    def _map_host(self, names: list[str], pin: bool) -> None:
+        """Host-resident tensors: read in place through imported (or once-copied) memory; a tensor
+        straddling two import chunks, or everything when pinning is off, is copied once into a
+        host-visible buffer of its own."""
+        p = self.placement
+        registry = host_registry(self.device) if pin else None
+        if registry is not None:
+            start = min(self.gguf.tensor(n).offset for n in names)
+            end = max(self.gguf.tensor(n).end for n in names)
+            base = self.gguf.data(names[0]).ctypes.data - self.gguf.tensor(names[0]).offset
+            self._region = registry.register(base + start, end - start, label=os.path.basename(self.path))
+        for name in names:
+            info = self.gguf.tensor(name)
+            data = self.gguf.data(name)
+            rng = registry.lookup(data.ctypes.data, info.nbytes) if registry is not None else None
+            if rng is None:
+                buf = Buffer(self.device, max(info.nbytes, 4), MemoryKind.HOST, label=f"{name} (host copy)")
+                buf.write(data)
+                self._owned.append(buf)
+                rng = buf.range(0, info.nbytes)
+                p.host_copied += info.nbytes
+            else:
+                p.host_imported += info.nbytes
+            self.weights[name] = Tensor.on(rng, info.type, info.ne, name=name)
+            p.host_bytes += info.nbytes
+            p.host_tensors.append(name)
+
+    def _release(self) -> None:
+        for name, t in self.weights.items():
+            t.close()
+        self.weights.clear()
+        for b in self._owned:
+            b.close()
+        if self._region is not None:
+            self._region.close()
+        self.gguf.close()

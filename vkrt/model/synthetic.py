@@ -1,0 +1,213 @@
+"""Random-weight GGUF models with real architecture metadata and a small byte-level BPE
+tokenizer: tiny models for tests, full-size layer shapes for benchmarks. Deterministic for a
+seed; llama.cpp loads them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import gguf
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+from ..errors import VkrtError
+
+# byte offsets of the f16 scale fields in one block of each K-quant (the rest may be any bytes)
+_K_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+_LEGACY = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. Hello, world! The capital of France is Paris. "
+    "Once upon a time there was a small model that learned to count: one, two, three, 1 2 3 4 5. "
+    "def add(a, b):\n    return a + b\n\nUser: what is the weather like today?\nAssistant: sunny.\n"
+)
+
+
+@dataclass
+class SyntheticSpec:
+    """Shapes and types of a generated model. Defaults: a tiny dense model for tests."""
+
+    arch: str = "llama"
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    n_ctx: int = 512
+    weight_type: str = "Q8_0"          # type of the 2-D weight matrices
+    expert_type: str | None = None     # type of ffn_*_exps (default: weight_type)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_expert: int = 0
+    n_ff_shared: int = 0
+    vocab_merges: int = 200
+    sliding_window: int = 0
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _bpe_vocab(n_merges: int) -> tuple[list[str], list[int], list[str]]:
+    """A byte-level BPE vocabulary (specials, the 256 bytes, merges) trained on a fixed text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=len(specials) + 256 + n_merges, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([_CORPUS] * 4, trainer)
+    import json
+    model = json.loads(tok.to_str())["model"]
+    # only tokens of ASCII bytes: every generated token is then whole UTF-8 text (llama.cpp's
+    # server refuses to return text that ends inside a multi-byte character)
+    byte_of = _gpt2_byte_decoder()
+    keep = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])
+            if t in specials or all(byte_of.get(c, 255) < 0x80 for c in t)]
+    kept = set(keep)
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    merges = [m for m in merges if all(part in kept for part in m.split(" ")) and m.replace(" ", "") in kept]
+    types = [3 if t in specials else 1 for t in keep]
+    return keep, types, merges
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte -> printable character table, inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _random_blocks(rng, qtype: Q, rows: int, cols: int) -> np.ndarray:
+    block, size = GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block
+    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    for off in _K_SCALES[qtype]:
+        scale = (rng.random(n_blocks) * 2e-4 + 5e-5).astype(np.float16)
+        raw[:, off:off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(rows, cols // block * size)
+
+
+def _weight(rng, qtype: Q, shape: tuple[int, ...], std: float):
+    """(data, raw_dtype) for GGUFWriter.add_tensor; shape in numpy order (rows..., cols)."""
+    cols = shape[-1]
+    rows = int(np.prod(shape[:-1]))
+    if cols % GGML_QUANT_SIZES[qtype][0]:
+        raise VkrtError(f"{qtype.name} weights need rows of a multiple of {GGML_QUANT_SIZES[qtype][0]} values; "
+                        f"a row here has {cols}")
+    if qtype == Q.F32:
+        return (rng.standard_normal(shape) * std).astype(np.float32), None
+    if qtype == Q.F16:
+        return (rng.standard_normal(shape) * std).astype(np.float16), None
+    if qtype in _LEGACY or qtype == Q.BF16:
+        x = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+        return gguf.quants.quantize(x, qtype).reshape(*shape[:-1], -1), qtype
+    if qtype in _K_SCALES:
+        return _random_blocks(rng, qtype, rows, cols).reshape(*shape[:-1], -1), qtype
+    raise VkrtError(f"synthetic models cannot hold {qtype.name} weights")
+
+
+def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
+    """Write a GGUF for `spec` to `path` and return the path."""
+    s = spec
+    rng = np.random.default_rng(s.seed)
+    arch = s.arch
+    wtype = Q[s.weight_type.upper()]
+    etype = Q[(s.expert_type or s.weight_type).upper()]
+    tokens, types, merges = _bpe_vocab(s.vocab_merges)
+    n_vocab = len(tokens)
+    w = gguf.GGUFWriter(os.fspath(path), arch)
+    w.add_name(f"vkrt synthetic {arch}")
+    w.add_context_length(s.n_ctx)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_rope_dimension_count(s.head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(n_vocab)
+    if s.n_expert:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(s.n_ff_expert)
+        if s.n_ff_shared:
+            w.add_expert_shared_feed_forward_length(s.n_ff_shared)
+        if arch == "qwen2moe" or s.n_ff:
+            w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
+    else:
+        w.add_feed_forward_length(s.n_ff)
+    if s.sliding_window:
+        w.add_sliding_window(s.sliding_window)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index("<|im_start|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    for key, value in s.extra.items():
+        w.add_key_value(key, value[0], value[1])
+
+    E, H, KV, D = s.n_embd, s.n_head, s.n_head_kv, s.head_dim
+
+    def add(name, qtype, shape, std=None):
+        data, raw = _weight(rng, qtype, shape, std if std is not None else shape[-1] ** -0.5)
+        w.add_tensor(name, data, raw_dtype=raw)
+
+    def norm(name, n):
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    embd_type = Q.Q8_0 if wtype not in (Q.F32, Q.F16) else wtype
+    add("token_embd.weight", embd_type, (n_vocab, E), 0.5)
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight", E)
+        add(p + "attn_q.weight", wtype, (H * D, E))
+        add(p + "attn_k.weight", wtype, (KV * D, E))
+        add(p + "attn_v.weight", wtype, (KV * D, E))
+        add(p + "attn_output.weight", wtype, (E, H * D))
+        if arch in ("qwen2", "qwen2moe"):
+            for t, n in (("q", H * D), ("k", KV * D), ("v", KV * D)):
+                w.add_tensor(p + f"attn_{t}.bias", (0.02 * rng.standard_normal(n)).astype(np.float32))
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
+            norm(p + "attn_q_norm.weight", D)
+            norm(p + "attn_k_norm.weight", D)
+        if arch == "gemma3":
+            norm(p + "post_attention_norm.weight", E)
+            norm(p + "post_ffw_norm.weight", E)
+        norm(p + "ffn_norm.weight", E)
+        if s.n_expert:
+            n_e, ffe = s.n_expert, s.n_ff_expert
+            add(p + "ffn_gate_inp.weight", Q.F32, (n_e, E), 0.5)
+            add(p + "ffn_gate_exps.weight", etype, (n_e, ffe, E))
+            add(p + "ffn_up_exps.weight", etype, (n_e, ffe, E))
+            add(p + "ffn_down_exps.weight", etype, (n_e, E, ffe))
+            if s.n_ff_shared:
+                add(p + "ffn_gate_inp_shexp.weight", Q.F32, (E,), 0.5)
+                add(p + "ffn_gate_shexp.weight", wtype, (s.n_ff_shared, E))
+                add(p + "ffn_up_shexp.weight", wtype, (s.n_ff_shared, E))
+                add(p + "ffn_down_shexp.weight", wtype, (E, s.n_ff_shared))
+        else:
+            add(p + "ffn_gate.weight", wtype, (s.n_ff, E))
+            add(p + "ffn_up.weight", wtype, (s.n_ff, E))
+            add(p + "ffn_down.weight", wtype, (E, s.n_ff))
+    norm("output_norm.weight", E)
+    if arch not in ("gemma3", "qwen2"):  # gemma3 and (our) qwen2 tie the output to token_embd
+        add("output.weight", embd_type, (n_vocab, E), 0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return os.fspath(path)

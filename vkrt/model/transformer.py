@@ -1,0 +1,180 @@
+"""The decoder-only transformer of every supported architecture, recorded into a command
+sequence for one batch shape. Weights are looked up by their GGUF names.
+
+    x = token_embd[ids] (* sqrt(n_embd) for gemma3)
+    per layer il ("blk.{il}."):
+        cur = rms_norm(x) * attn_norm
+        q, k, v = attn_q·cur (+ bias), attn_k·cur, attn_v·cur
+        q, k = rms_norm per head * attn_{q,k}_norm        (qwen3, gemma3)
+        q, k = rope(q), rope(k)
+        cache_k[cells], cache_v[cells] = k, v
+        a = attention(q, cache_k[:n_kv], cache_v[:n_kv], mask)
+        o = attn_output·a (post_attention_norm for gemma3);  x = x + o
+        cur = rms_norm(x) * ffn_norm
+        f = ffn_down·(act(ffn_gate·cur) * ffn_up·cur) (post_ffw_norm for gemma3);  x = x + f
+    logits = output·(rms_norm(x) * output_norm)          (output = token_embd when tied)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import GGUFError
+from ..memory import F16, F32, I32, Tensor
+from ..ops.attention import Attention
+from ..ops.elementwise import activation, add, scale
+from ..ops.flash_attn import FlashAttn
+from ..ops.get_rows import get_rows
+from ..ops.matmul import matmul
+from ..ops.norm import rms_norm
+from ..ops.rope import rope
+from ..ops.set_rows import set_rows
+from ..owned import Owned
+from .config import ROPE_NEOX, ModelConfig
+
+
+def required_tensors(cfg: ModelConfig) -> list[str]:
+    names = ["token_embd.weight", "output_norm.weight"]
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        names += [p + n for n in ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                  "attn_output.weight", "ffn_norm.weight")]
+        if cfg.qk_norm:
+            names += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"]
+        if cfg.post_norms:
+            names += [p + "post_attention_norm.weight", p + "post_ffw_norm.weight"]
+        if not cfg.moe:
+            names += [p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight"]
+    return names
+
+
+class Scratch(Owned):
+    """Activations for up to `max_tokens` tokens, allocated once and reused by every layer."""
+
+    def __init__(self, device, cfg: ModelConfig, max_tokens: int, n_ctx: int, flash_attn: bool = True):
+        super().__init__(f"activations for {max_tokens} tokens")
+        E, T = cfg.n_embd, max_tokens
+        qd, kd, vd = cfg.n_head * cfg.head_dim_k, cfg.n_head_kv * cfg.head_dim_k, cfg.n_head_kv * cfg.head_dim_v
+        ff = max(cfg.n_ff, 1)
+        self.max_tokens, self.n_ctx = max_tokens, n_ctx
+        shapes = dict(x=(E, T), cur=(E, T), q=(qd, T), k=(kd, T), v=(vd, T), qr=(qd, T), kr=(kd, T),
+                      attn=(cfg.n_head * cfg.head_dim_v, T), o=(E, T), g=(ff, T), u=(ff, T), h=(ff, T),
+                      logits=(cfg.vocab_size, T))
+        self.t: dict[str, Tensor] = {}
+        try:
+            for name, ne in shapes.items():
+                self.t[name] = Tensor.empty(device, F32, ne, name=name)
+            for name in ("ids", "pos", "cells"):
+                self.t[name] = Tensor.empty(device, I32, (T,), name=name)
+            self.t["mask"] = Tensor.empty(device, F16, (n_ctx * T,), name="mask")
+            if cfg.sliding_window:
+                self.t["mask_swa"] = Tensor.empty(device, F16, (n_ctx * T,), name="mask_swa")
+            if not flash_attn:  # scores of the non-flash path, shared by every layer
+                self.t["scores"] = Tensor.empty(device, F32, (n_ctx * T * cfg.n_head,), name="scores")
+        except BaseException:
+            self.close()
+            raise
+
+    def cols(self, name: str, n: int, first: int = 0) -> Tensor:
+        """Columns first..first+n-1 (tokens) of a 2-D activation."""
+        return self.t[name].slice(1, first, first + n)
+
+    def _release(self) -> None:
+        for t in self.t.values():
+            t.close()
+
+
+@dataclass
+class RecordOptions:
+    n_tokens: int
+    n_kv: int
+    all_logits: bool
+    flash_attn: bool = True
+
+
+class Transformer:
+    """Records the forward pass of `cfg` with `weights` (GGUF name -> Tensor)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor]):
+        self.cfg = cfg
+        self.w = weights
+        missing = [n for n in required_tensors(cfg) if n not in weights]
+        if missing:
+            raise GGUFError(f"model lacks tensor(s) {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        self.output = weights.get("output.weight", weights["token_embd.weight"])
+
+    def record(self, seq, s: Scratch, cache, opts: RecordOptions) -> list[Owned]:
+        """Record one forward pass; returns the attention objects the recording uses (keep them
+        alive as long as the sequence)."""
+        cfg, w, T, n_kv = self.cfg, self.w, opts.n_tokens, opts.n_kv
+        ids, pos, cells = (s.t[n].slice(0, 0, T) for n in ("ids", "pos", "cells"))
+        x, cur = s.cols("x", T), s.cols("cur", T)
+        get_rows(seq, w["token_embd.weight"], ids, x)
+        if cfg.embd_scale != 1.0:
+            scale(seq, x, cfg.embd_scale, x)
+        masks = {False: s.t["mask"].slice(0, 0, n_kv * T).view((n_kv, T))}
+        if cfg.sliding_window:
+            masks[True] = s.t["mask_swa"].slice(0, 0, n_kv * T).view((n_kv, T))
+        keep: list[Owned] = []
+        for il in range(cfg.n_layer):
+            keep.append(self._attention(seq, s, cache, il, T, n_kv, ids, pos, cells, masks[cfg.layer_is_swa(il)],
+                                        opts.flash_attn))
+            self._ffn(seq, s, il, T)
+        n_out = T if opts.all_logits else 1
+        last = s.cols("x", n_out, T - n_out)
+        normed = s.cols("cur", n_out, T - n_out)
+        rms_norm(seq, last, normed, cfg.norm_eps, w["output_norm.weight"])
+        matmul(seq, self.output, normed, s.cols("logits", n_out))
+        return keep
+
+    def _norm(self, seq, src, dst, name):
+        rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
+
+    def _attention(self, seq, s, cache, il, T, n_kv, ids, pos, cells, mask, flash):
+        cfg, w, p = self.cfg, self.w, f"blk.{il}."
+        D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
+        cur = s.cols("cur", T)
+        self._norm(seq, s.cols("x", T), cur, p + "attn_norm.weight")
+        q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
+        for t, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
+            matmul(seq, w[p + name + ".weight"], cur, t)
+            if cfg.attn_bias and p + name + ".bias" in w:
+                add(seq, t, w[p + name + ".bias"], t)
+        q3, k3 = q.view((D, H, T)), k.view((D, KV, T))
+        if cfg.qk_norm:
+            self._norm(seq, q3, q3, p + "attn_q_norm.weight")
+            self._norm(seq, k3, k3, p + "attn_k_norm.weight")
+        qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
+        rope_args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.rope_scale,
+                         neox=cfg.rope_mode == ROPE_NEOX, freq_factors=w.get("rope_freqs.weight"))
+        rope(seq, q3, pos, qr, **rope_args)
+        rope(seq, k3, pos, kr, **rope_args)
+        set_rows(seq, kr, cells, cache.k[il])
+        set_rows(seq, v.view((Dv, KV, T)), cells, cache.v[il])
+        out = s.cols("attn", T).view((Dv, H, T))
+        args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
+                out, mask)
+        if flash:
+            op = FlashAttn(*args, scale=cfg.attn_scale, label=f"flash attention {il}")
+        else:
+            op = Attention(*args, scale=cfg.attn_scale, scores=s.t["scores"], label=f"attention {il}")
+        op.record(seq)
+        o = s.cols("o", T)
+        matmul(seq, w[p + "attn_output.weight"], s.cols("attn", T), o)
+        if cfg.post_norms:
+            self._norm(seq, o, o, p + "post_attention_norm.weight")
+        add(seq, s.cols("x", T), o, s.cols("x", T))
+        return op
+
+    def _ffn(self, seq, s, il, T):
+        cfg, w, p = self.cfg, self.w, f"blk.{il}."
+        cur = s.cols("cur", T)
+        self._norm(seq, s.cols("x", T), cur, p + "ffn_norm.weight")
+        g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
+        matmul(seq, w[p + "ffn_gate.weight"], cur, g)
+        matmul(seq, w[p + "ffn_up.weight"], cur, u)
+        activation(seq, cfg.activation, g, h, up=u)
+        matmul(seq, w[p + "ffn_down.weight"], h, o)
+        if cfg.post_norms:
+            self._norm(seq, o, o, p + "post_ffw_norm.weight")
+        add(seq, s.cols("x", T), o, s.cols("x", T))
