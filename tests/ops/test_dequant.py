@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 import pytest
-from quant_data import ALL, finite_f16, random_blocks, reference, weight_tensor
+from quant_data import ALL, random_blocks, reference, weight_tensor
 
 from vkrt.commands import CommandSequence, read_tensor
 from vkrt.errors import GGMLTypeError

@@ -1,0 +1,171 @@
+"""Quantised matmul throughput: GFLOP/s and achieved GB/s of weight reads.
+
+    python bench/matmul.py [--types Q4_K,Q6_K,Q8_0,Q4_1] [--n 1,512,2048] [--shapes dense,moe]
+                           [--dense 4096x4096] [--moe 2048x768x128x8] [--reps 5]
+                           [--set mv_rows=4 ...] [--peak-gbs 4800] [--json]
+
+dense: W of M rows x K columns (a 3B model's 4096x4096 projection), y = W·x for n tokens.
+moe: one expert tensor K x M x n_expert with n_used experts per token (Qwen3-30B-A3B's 2048x768,
+128 experts, 8 used), routing drawn uniformly; weight bytes count each expert any token used once.
+GPU time from timestamps, median of --reps replays of one recorded command buffer. The peer in
+the same run is a buffer copy of the dense weight's size (read + write), the device's copy
+bandwidth; --peak-gbs adds the fraction of a datasheet bandwidth (e.g. 4800 for an H200).
+--set overrides tuning fields (name=value) to try tiles without editing the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+import numpy as np
+
+from vkrt.commands import CommandSequence, tensor_from_numpy, write_tensor
+from vkrt.device import Device
+from vkrt.memory import Buffer, Tensor, ggml_type
+from vkrt.ops.matmul import matmul
+from vkrt.ops.mul_mat_id import RouteTable, mul_mat_id
+
+# byte offsets of the fp16 scales in a block: random bytes elsewhere are valid data
+SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+          "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_weight(dev, name: str, k: int, m: int, e: int, rng) -> Tensor:
+    t = ggml_type(name)
+    w = Tensor.empty(dev, t, (k, m, e) if e > 1 else (k, m), name=f"{name} weight")
+    rows = m * e
+    if not t.quantized:
+        write_tensor(w, (rng.standard_normal((rows, k)) * 0.02).astype(t.dtype))
+        return w
+    nblk = k // t.block_size
+    raw = rng.integers(0, 256, (rows, nblk, t.type_size), dtype=np.uint8)
+    for off in SCALES[name]:
+        d = (rng.uniform(-1e-3, 1e-3, (rows, nblk, 1))).astype(np.float16).view(np.uint8)
+        raw[:, :, off:off + 2] = d
+    write_tensor(w, raw.reshape(e, m, nblk * t.type_size) if e > 1 else raw.reshape(m, nblk * t.type_size))
+    return w
+
+
+def timed(dev, record, reps: int) -> float:
+    """Median GPU seconds of `reps` replays of what `record(seq)` records."""
+    with CommandSequence(dev, timestamps=True, label="bench") as seq:
+        with seq.record():
+            record(seq)
+        seq.run()  # warm-up (pipelines are compiled while recording)
+        times = []
+        for _ in range(reps):
+            seq.run()
+            times.append(seq.gpu_time())
+    return statistics.median(times)
+
+
+def copy_gbs(dev, nbytes: int, reps: int) -> float:
+    with Buffer(dev, nbytes, label="copy src") as a, Buffer(dev, nbytes, label="copy dst") as b:
+        t = timed(dev, lambda seq: seq.copy(a.range(0, nbytes), b.range(0, nbytes)), reps)
+    return 2 * nbytes / t / 1e9
+
+
+def dense_case(dev, w: Tensor, n: int, reps: int, tuning, rng) -> dict:
+    k, m = w.ne[0], w.ne[1]
+    x = tensor_from_numpy(dev, rng.standard_normal((n, k)).astype(np.float32))
+    y = Tensor.empty(dev, "F32", (m, n))
+    try:
+        t = timed(dev, lambda seq: matmul(seq, w, x, y, tuning=tuning), reps)
+    finally:
+        x.close()
+        y.close()
+    return {"flops": 2.0 * k * m * n, "weight_bytes": w.nbytes, "seconds": t}
+
+
+def moe_case(dev, w: Tensor, n_used: int, n: int, reps: int, tuning, rng) -> dict:
+    k, m, n_expert = w.ne[0], w.ne[1], w.ne[2]
+    ids = np.stack([rng.choice(n_expert, n_used, replace=False) for _ in range(n)]).astype(np.int32)
+    x = tensor_from_numpy(dev, rng.standard_normal((n, 1, k)).astype(np.float32))
+    it = tensor_from_numpy(dev, ids)
+    y = Tensor.empty(dev, "F32", (m, n_used, n))
+    routes = RouteTable(dev, n_expert, n)
+    try:
+        t = timed(dev, lambda seq: mul_mat_id(seq, w, x, it, y, routes, tuning=tuning), reps)
+    finally:
+        for h in (x, it, y, routes):
+            h.close()
+    used = len(np.unique(ids))
+    return {"flops": 2.0 * k * m * n * n_used, "weight_bytes": w.nbytes // n_expert * used, "seconds": t,
+            "experts_used": used}
+
+
+def parse_sets(items: list[str], tuning):
+    fields = {f.name: f.type for f in dataclasses.fields(tuning)}
+    changes = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--set {item}: no tuning field {key!r}; fields are {', '.join(fields)}")
+        changes[key] = int(value)
+    return dataclasses.replace(tuning, **changes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_1")
+    ap.add_argument("--n", default="1,512,2048", help="token counts")
+    ap.add_argument("--shapes", default="dense,moe")
+    ap.add_argument("--dense", default="4096x4096", help="KxM")
+    ap.add_argument("--moe", default="2048x768x128x8", help="KxMxN_EXPERTxN_USED")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    ap.add_argument("--peak-gbs", type=float, default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    k, m = (int(v) for v in args.dense.split("x"))
+    mk, mm, me, mu = (int(v) for v in args.moe.split("x"))
+    rows = []
+    with Device() as dev:
+        tuning = parse_sets(args.set, dev.tuning)
+        peer = copy_gbs(dev, k * m, args.reps)
+        for shape in args.shapes.split(","):
+            for name in args.types.split(","):
+                if shape == "dense":
+                    w, dims = random_weight(dev, name, k, m, 1, rng), f"{k}x{m}"
+                else:
+                    w, dims = random_weight(dev, name, mk, mm, me, rng), f"{mk}x{mm} {me}e/{mu}"
+                try:
+                    for n in (int(v) for v in args.n.split(",")):
+                        if shape == "dense":
+                            r = dense_case(dev, w, n, args.reps, tuning, rng)
+                        else:
+                            r = moe_case(dev, w, mu, n, args.reps, tuning, rng)
+                        gbs = r["weight_bytes"] / r["seconds"] / 1e9
+                        row = {"shape": shape, "dims": dims, "type": name, "n": n, "us": r["seconds"] * 1e6,
+                               "gflops": r["flops"] / r["seconds"] / 1e9, "weight_gbs": gbs, "of_copy": gbs / peer}
+                        if args.peak_gbs:
+                            row["of_peak"] = gbs / args.peak_gbs
+                        rows.append(row)
+                        if not args.json:
+                            print(_line(row), flush=True)
+                finally:
+                    w.close()
+        fields = ("mv_wg", "mv_rows", "mv_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn")
+        info = {"device": dev.profile.name, "arch": dev.profile.architecture.value, "copy_gbs": peer,
+                "tuning": {f: getattr(tuning, f) for f in fields}}
+    if args.json:
+        json.dump({**info, "results": rows}, sys.stdout, indent=1)
+        print()
+    else:
+        print(f"# {info['device']} ({info['arch']}), copy peer {peer:.1f} GB/s, tuning {info['tuning']}")
+    return 0
+
+
+def _line(r: dict) -> str:
+    extra = f"  {100 * r['of_peak']:5.1f}% of peak" if "of_peak" in r else ""
+    return (f"{r['shape']:5} {r['dims']:>18} {r['type']:5} n={r['n']:<5} {r['us']:11.1f} us "
+            f"{r['gflops']:9.1f} GFLOP/s {r['weight_gbs']:8.3g} GB/s  {100 * r['of_copy']:6.3g}% of copy{extra}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
