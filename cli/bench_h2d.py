@@ -254,7 +254,7 @@ def bench_h2d(max_size, min_size, queue, iters, tmpdir, no_cuda, as_json) -> Non
     """Host -> device bandwidth of each host memory path (GB/s), 1 MiB to 1 GiB."""
     from vkrt.device.instance import Instance
     from vkrt.device.selection import select_device
-    from vkrt.memory.host_import import parse_size
+    from vkrt.units import parse_size
 
     if max_size is None:
         with Instance(validate=False) as instance:

@@ -50,6 +50,10 @@ def model_options(f):
         click.option("--no-pin", is_flag=True, help="Do not import host-resident weights (VKRT_REGISTER_HOST=0)."),
         click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
                      help="KV cache type."),
+        click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(0), default=None,
+                     help="Keep the expert tensors of the first N layers in host memory (MoE models)."),
+        click.option("--vram-budget", default=None,
+                     help="Use at most this much VRAM (e.g. 8G); without --n-cpu-moe, place experts to fit."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -57,16 +61,30 @@ def model_options(f):
 
 
 def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type,
-                progress=None):
+                n_cpu_moe=None, vram_budget=None, progress=None):
     from vkrt.engine.engine import Engine
+    from vkrt.engine.placement import plan_n_cpu_moe
+    from vkrt.engine.prefetch import slots_requested
+    from vkrt.model.config import ModelConfig
+    from vkrt.model.gguf_file import GGUFFile
     from vkrt.model.loader import Model
+    from vkrt.units import parse_size
 
     path = model or default_model()
-    m = Model(device, path, mmap=not no_mmap, n_gpu_layers=n_gpu_layers, pin=False if no_pin else None,
-              progress=progress)
+    fa = flag01(flash_attn)
+    if vram_budget is not None:
+        budget = parse_size(vram_budget, "--vram-budget")
+        device.vram_budget = budget
+        with GGUFFile(path, progress=False) as f:
+            cfg = ModelConfig.from_metadata(f.metadata, path)
+            n_cpu_moe = plan_n_cpu_moe(cfg, f.tensors, budget, requested=n_cpu_moe, n_ctx=n_ctx,
+                                       n_ubatch=min(n_ubatch, n_batch), n_gpu_layers=n_gpu_layers,
+                                       kv_bytes=2 if kv_type == "f16" else 4, flash_attn=fa,
+                                       prefetch_slots=slots_requested())
+    m = Model(device, path, mmap=not no_mmap, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe or 0,
+              pin=False if no_pin else None, progress=progress)
     try:
-        engine = Engine(m, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flag01(flash_attn),
-                        kv_type=kv_type.upper())
+        engine = Engine(m, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, kv_type=kv_type.upper())
     except BaseException:
         m.close()
         raise

@@ -1,5 +1,18 @@
-"""Human-readable sizes."""
+"""Human-readable sizes, both ways."""
 
+import re
+
+from .errors import ConfigError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, what: str) -> int:
+    """'65536', '64K', '256M', '7.5G', '1GiB' -> bytes (binary units)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ConfigError(f"{what}={text!r} is not a size; expected bytes or a number with K, M, G or T")
+    return int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2).lower() or " "))))
 
 def fmt_bytes(n: int | float | None) -> str:
     if n is None:

@@ -232,14 +232,16 @@ class CommandSequence(Owned):
         self._labels.append(label)
 
     # -- execution -----------------------------------------------------------------------------
-    def submit(self, waits: Sequence = ()) -> int:
+    def submit(self, waits: Sequence = (), auto_wait: bool = True) -> int:
         """Queue the recorded commands after `waits` ((semaphore, value) pairs); returns the
-        timeline value of this submission. A previous run of this sequence is waited for first."""
+        timeline value of this submission. A previous run of this sequence is waited for first.
+        auto_wait also waits for everything submitted to the other queue (off when the caller
+        orders the queues itself, e.g. to overlap uploads with compute)."""
         if self._state != "recorded":
             raise VkrtError(f"{self.label}: nothing recorded to submit (state {self._state})")
         self.wait()
         other = self.device.transfer if self.queue is self.device.compute else self.device.compute
-        if other is not self.queue and other.last_submitted:
+        if auto_wait and other is not self.queue and other.last_submitted:
             # work submitted earlier on the other queue comes first (e.g. an upload before its use)
             waits = [*waits, (other.timeline, other.last_submitted)]
         self._submitted = self.queue.submit([self.handle], waits)

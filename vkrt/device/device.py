@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from typing import Callable, TypeVar
 
 from ..errors import ValidationError
+from ..units import parse_size
 from ..owned import Owned
 from .instance import Instance
 from .profile import DeviceProfile
@@ -27,6 +29,11 @@ OPTIONAL_EXTENSIONS = (
 )
 
 
+def _env_budget() -> int | None:
+    value = os.environ.get("VKRT_VRAM_BUDGET", "").strip()
+    return parse_size(value, "VKRT_VRAM_BUDGET") if value else None
+
+
 class Device(Owned):
     """An opened GPU: `profile` (what it is), `tuning` (how kernels are shaped for it),
     `compute` and `transfer` queues (the same queue when there is no DMA-only family).
@@ -36,7 +43,7 @@ class Device(Owned):
     """
 
     def __init__(self, spec: str | None = None, *, instance: Instance | None = None,
-                 validate: bool | None = None, label: str | None = None):
+                 validate: bool | None = None, label: str | None = None, vram_budget: int | None = None):
         self._owns_instance = instance is None
         self.instance = instance or Instance(validate=validate)
         self.handle = None
@@ -53,6 +60,9 @@ class Device(Owned):
         self._serial = 0
         self._services: dict[str, Owned] = {}
         self.heap_used = [0] * len(self.profile.heaps)
+        # bytes of DEVICE-kind buffers, and an optional cap on them (emulates a smaller card)
+        self.vram_used = 0
+        self.vram_budget = vram_budget if vram_budget is not None else _env_budget()
         self._create()
         log.info("opened %s (%s, %s, arch %s)", self.profile.name, self.profile.device_type,
                  self.profile.driver_info or self.profile.driver_name, self.profile.architecture.value)

@@ -21,6 +21,7 @@ from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
+from .prefetch import ExpertPrefetch
 
 log = logging.getLogger("vkrt")
 
@@ -29,12 +30,17 @@ KV_STEP = 256   # attention covers the used cells rounded up to this, so shapes 
 
 @dataclass
 class _Graph:
-    seq: CommandSequence
+    """The recorded forward pass of one shape: one sequence, or with expert prefetch one
+    sequence per segment, segment k >= 1 starting at the MoE block of prefetched layer k - 1."""
+
+    seqs: list[CommandSequence]
     keep: list
     opts: RecordOptions
+    prefetched: list[int]
 
     def close(self) -> None:
-        self.seq.close()
+        for seq in self.seqs:
+            seq.close()
         for k in self.keep:
             k.close()
 
@@ -44,13 +50,15 @@ class StepStats:
     tokens: int = 0
     seconds: float = 0.0
     graphs_recorded: int = 0
+    layers_prefetched: int = 0
 
 
 class Engine(Owned):
     """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens."""
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
-                 flash_attn: bool = True, kv_type=F16, max_graphs: int = 16, replay: bool = True):
+                 flash_attn: bool = True, kv_type=F16, max_graphs: int = 16, replay: bool = True,
+                 prefetch_slots: int | None = None):
         super().__init__("engine")
         self.model = model
         self.device = dev = model.device
@@ -63,7 +71,7 @@ class Engine(Owned):
         self.replay = replay  # False: record every step afresh (to compare against replaying)
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
-        self.cache = self.scratch = self._inputs = self._logits = None
+        self.cache = self.scratch = self._inputs = self._logits = self.prefetch = None
         try:
             self.cache = KVCache(dev, cfg.n_layer, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
             self.scratch = Scratch(dev, cfg, n_ubatch, n_ctx, flash_attn)
@@ -73,6 +81,7 @@ class Engine(Owned):
             size = self._layout["mask_swa"] + (2 * n_ctx * T if cfg.sliding_window else 0)
             self._inputs = Buffer(dev, size, MemoryKind.HOST, label="step inputs")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * T, MemoryKind.READBACK, label="logits readback")
+            self.prefetch = ExpertPrefetch(model, prefetch_slots)
         except BaseException:
             self.close()
             raise
@@ -90,19 +99,69 @@ class Engine(Owned):
             old = next(iter(self._graphs))
             self._graphs.pop(old).close()
         opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn)
-        seq = CommandSequence(self.device, label=f"forward T={n_tokens} kv={n_kv}")
+        cfg = self.model.cfg
+        use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
+        parts = self.transformer.parts(self.scratch, self.cache, opts,
+                                       self.prefetch.experts() if use_prefetch else None)
         s, lay = self.scratch.t, self._layout
-        with seq.record():
-            for name, nbytes in (("ids", 4 * n_tokens), ("pos", 4 * n_tokens), ("cells", 4 * n_tokens),
-                                 ("mask", 2 * n_kv * n_tokens), ("mask_swa", 2 * n_kv * n_tokens)):
-                if name in s:
-                    seq.copy(self._inputs.range(lay[name], nbytes), s[name].range(), nbytes)
-            keep = self.transformer.record(seq, self.scratch, self.cache, opts)
-            n_out = n_tokens if all_logits else 1
-            seq.copy(s["logits"].range(), self._logits.range(), 4 * self.model.cfg.vocab_size * n_out)
-        g = self._graphs[key] = _Graph(seq, keep, opts)
+        segments: list[list] = [[]]
+        for part in parts:
+            if part.layer is not None:
+                segments.append([])
+            segments[-1].append(part)
+        seqs, keep = [], []
+        try:
+            for k, segment in enumerate(segments):
+                seq = CommandSequence(self.device, label=f"forward T={n_tokens} kv={n_kv} part {k}")
+                seqs.append(seq)
+                with seq.record():
+                    if k == 0:
+                        for name, nbytes in (("ids", 4 * n_tokens), ("pos", 4 * n_tokens), ("cells", 4 * n_tokens),
+                                             ("mask", 2 * n_kv * n_tokens), ("mask_swa", 2 * n_kv * n_tokens)):
+                            if name in s:
+                                seq.copy(self._inputs.range(lay[name], nbytes), s[name].range(), nbytes)
+                    for part in segment:
+                        keep.extend(part.record(seq))
+                    if k == len(segments) - 1:
+                        n_out = n_tokens if all_logits else 1
+                        seq.copy(s["logits"].range(), self._logits.range(), 4 * cfg.vocab_size * n_out)
+        except BaseException:
+            for seq in seqs:
+                seq.close()
+            for obj in keep:
+                obj.close()
+            raise
+        prefetched = [p.layer for p in parts if p.layer is not None]
+        g = self._graphs[key] = _Graph(seqs, keep, opts, prefetched)
         self.stats.graphs_recorded += 1
         return g
+
+    def _run(self, g: _Graph) -> None:
+        """Submit a graph; with prefetched layers, interleave their uploads on the transfer queue."""
+        if not g.prefetched:
+            g.seqs[0].run()
+            return
+        pf, compute = self.prefetch, self.device.compute
+        n = len(g.prefetched)
+        ready: dict[int, int] = {}
+        free = [0] * pf.n_slots  # compute value after which each slot may be overwritten
+
+        def upload(j: int) -> None:
+            slot = pf.slot_of(g.prefetched[j])
+            waits = [(compute.timeline, free[slot])] if free[slot] else []
+            ready[j] = pf.upload(g.prefetched[j], waits)
+
+        self.stats.layers_prefetched += n
+        for j in range(min(pf.n_slots, n)):
+            upload(j)
+        g.seqs[0].submit(auto_wait=False)
+        transfer = self.device.transfer
+        for k in range(1, n + 1):
+            value = g.seqs[k].submit([(transfer.timeline, ready[k - 1])], auto_wait=False)
+            free[pf.slot_of(g.prefetched[k - 1])] = value
+            if k - 1 + pf.n_slots < n:
+                upload(k - 1 + pf.n_slots)
+        g.seqs[-1].wait()
 
     # -- evaluation --------------------------------------------------------------------------------
     def eval(self, tokens, seq_id: int = 0, all_logits: bool = False) -> np.ndarray:
@@ -168,7 +227,7 @@ class Engine(Owned):
             swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
         g = self._graph(n, n_kv, all_logits)
-        g.seq.run()
+        self._run(g)
         n_out = n if all_logits else 1
         logits = self._logits.read(np.float32, 4 * cfg.vocab_size * n_out).reshape(n_out, cfg.vocab_size)
         self.stats.tokens += n
@@ -187,6 +246,6 @@ class Engine(Owned):
         for g in self._graphs.values():
             g.close()
         self._graphs.clear()
-        for obj in (self._logits, self._inputs, self.scratch, self.cache):
+        for obj in (self.prefetch, self._logits, self._inputs, self.scratch, self.cache):
             if obj is not None:
                 obj.close()

@@ -94,6 +94,12 @@ class Buffer(Owned):
         candidates = memory_type_candidates(dev.profile, req.memoryTypeBits, self.kind)
         if not candidates:
             raise VkrtError(f"no memory type suits a {self.kind.value} buffer on {dev.profile.name}")
+        if self.kind is MemoryKind.DEVICE and dev.vram_budget is not None \
+                and dev.vram_used + req.size > dev.vram_budget:
+            raise OutOfDeviceMemory(
+                f"allocating {fmt_bytes(req.size)} for {self.label!r} would exceed the VRAM budget of "
+                f"{fmt_bytes(dev.vram_budget)} (--vram-budget / VKRT_VRAM_BUDGET); {fmt_bytes(dev.vram_used)} "
+                "is in use", "VRAM_BUDGET")
         error = None
         for mtype in candidates:
             alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mtype.index)
@@ -108,6 +114,8 @@ class Buffer(Owned):
             self.heap = mtype.heap
             self.allocation_size = req.size
             dev.heap_used[mtype.heap] += req.size
+            if self.kind is MemoryKind.DEVICE:
+                dev.vram_used += req.size
             break
         else:
             raise error
@@ -182,5 +190,7 @@ class Buffer(Owned):
         if self.memory is not None:
             vk.vkFreeMemory(dev.handle, self.memory, None)
             dev.heap_used[self.heap] -= self.allocation_size
+            if self.kind is MemoryKind.DEVICE:
+                dev.vram_used -= self.allocation_size
             self.memory = None
 

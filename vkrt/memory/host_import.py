@@ -14,7 +14,6 @@ import bisect
 import logging
 import mmap
 import os
-import re
 import threading
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ import numpy as np
 from ..device.vk import ffi
 from ..errors import ConfigError, HostImportError, OutOfRange, VkrtError, VulkanError
 from ..owned import Owned
-from ..units import fmt_bytes
+from ..units import fmt_bytes, parse_size
 from .buffer import Buffer, BufferRange
 from .imported import ImportedBuffer
 from .memory_types import MemoryKind
@@ -31,15 +30,6 @@ from .memory_types import MemoryKind
 log = logging.getLogger("vkrt")
 
 PAGE = mmap.PAGESIZE
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str, what: str) -> int:
-    """'65536', '64K', '256M', '1GiB' -> bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise ConfigError(f"{what}={text!r} is not a size; expected bytes or a number with K, M, G or T")
-    return int(m.group(1)) << (10 * " kmgt".index(m.group(2).lower() or " "))
 
 
 def registration_enabled() -> bool:

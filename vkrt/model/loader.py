@@ -26,6 +26,12 @@ def layer_of(name: str) -> int | None:
     return None
 
 
+def is_cpu_moe(name: str, n_cpu_moe: int) -> bool:
+    """--n-cpu-moe N: the expert tensors (ffn_*_exps) of the first N layers stay in host memory."""
+    il = layer_of(name)
+    return il is not None and il < n_cpu_moe and "_exps." in name
+
+
 @dataclass
 class Placement:
     """Which tensors live where, and how the host-resident ones reach the GPU."""
@@ -49,7 +55,7 @@ class Model(Owned):
     """An opened model: `cfg`, `tokenizer`, `weights` (GGUF name -> Tensor) and their placement."""
 
     def __init__(self, device, path: str | os.PathLike, *, mmap: bool = True, n_gpu_layers: int = 999,
-                 pin: bool | None = None, progress: bool | None = None, on_host=None):
+                 n_cpu_moe: int = 0, pin: bool | None = None, progress: bool | None = None, on_host=None):
         super().__init__(f"model {os.path.basename(os.fspath(path))}")
         self.device = device
         self.path = os.fspath(path)
@@ -63,7 +69,12 @@ class Model(Owned):
             self.gguf.require(tensors=required_tensors(self.cfg))
             self.tokenizer = Tokenizer.from_metadata(meta)
             self.placement = Placement()
-            self._place(n_gpu_layers, pin, on_host)
+            self.n_cpu_moe = min(max(n_cpu_moe, 0), self.cfg.n_layer) if self.cfg.moe else 0
+
+            def host_pred(name: str) -> bool:
+                return (on_host is not None and on_host(name)) or is_cpu_moe(name, self.n_cpu_moe)
+
+            self._place(n_gpu_layers, pin, host_pred)
             log.info("%s: %s", os.path.basename(self.path), self.placement.summary())
         except BaseException:
             self.close()

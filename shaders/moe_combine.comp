@@ -1,0 +1,42 @@
+#version 450
+// out[e, t] = sum_j w[j, t] * y[e, j, t]  (+ sigmoid(g[t]) * s[e, t] with SHARED: qwen2moe's
+// shared expert and its gate). y is the experts' outputs [n_embd, n_used, n_tokens].
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+
+layout(binding = 0) readonly buffer Y { float y[]; };
+layout(binding = 1) readonly buffer W { float w[]; };
+layout(binding = 2) readonly buffer S { float shared_out[]; };
+layout(binding = 3) readonly buffer G { float shared_gate[]; };
+layout(binding = 4) writeonly buffer O { float dst[]; };
+
+layout(push_constant) uniform Push {
+    uint n_embd;
+    uint n_used;
+    uint n_tokens;
+    uint y_off;
+    uint w_off;
+    uint s_off;
+    uint g_off;
+    uint o_off;
+    uint has_shared;
+} p;
+
+void main() {
+    const uint i = global_index();
+    if (i >= p.n_embd * p.n_tokens) {
+        return;
+    }
+    const uint e = i % p.n_embd;
+    const uint t = i / p.n_embd;
+    float acc = 0.0;
+    for (uint j = 0; j < p.n_used; j++) {
+        acc += w[p.w_off + t * p.n_used + j] * y[p.y_off + (t * p.n_used + j) * p.n_embd + e];
+    }
+    if (p.has_shared != 0) {
+        const float g = shared_gate[p.g_off + t];
+        acc += shared_out[p.s_off + t * p.n_embd + e] / (1.0 + exp(-g));
+    }
+    dst[p.o_off + i] = acc;
+}

@@ -1,0 +1,89 @@
+"""MoE with experts in host memory: tokens identical for every --n-cpu-moe, prefetch slot count,
+pinning and mmap choice; slot allocation failures fall back; --vram-budget planning."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from models import tiny_model
+from vkrt.device import Device
+from vkrt.engine.engine import Engine
+from vkrt.engine.placement import DoesNotFit, estimate, plan_n_cpu_moe
+from vkrt.model.gguf_file import GGUFFile
+from vkrt.model.loader import Model
+
+PROMPT = list(range(3, 40, 2))   # 19 tokens: 19 x 2 routed >= 2 x 8 experts, so prefetch applies
+
+
+@pytest.fixture(scope="module")
+def moe_paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("moe")
+    return {name: tiny_model(name, d) for name in ("tiny-qwen3moe", "tiny-qwen2moe")}
+
+
+def greedy(device, path, *, n_cpu_moe=0, slots=None, pin=None, mmap=True, n=6):
+    with Model(device, path, mmap=mmap, n_cpu_moe=n_cpu_moe, pin=pin, progress=False) as m, \
+            Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=slots) as e:
+        logits = e.eval(PROMPT)
+        out = []
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            logits = e.eval([out[-1]])
+        return out, e.prefetch.n_slots, e.stats.layers_prefetched, m.placement
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen2moe"])
+def test_tokens_identical_across_placements(device, moe_paths, name):
+    path = moe_paths[name]
+    reference, *_ = greedy(device, path)
+    for n_cpu_moe, slots, pin, mmap in itertools.product((0, 1, 2), (0, 2, 3), (True, False), (True, False)):
+        tokens, n_slots, prefetched, placement = greedy(device, path, n_cpu_moe=n_cpu_moe, slots=slots, pin=pin,
+                                                        mmap=mmap)
+        assert tokens == reference, (n_cpu_moe, slots, pin, mmap)
+        host_experts = [t for t in placement.host_tensors if "_exps." in t]
+        assert len(host_experts) == 3 * n_cpu_moe
+        if n_cpu_moe and slots:
+            assert n_slots == slots and prefetched >= n_cpu_moe, "prefetch did not run"
+        else:
+            assert prefetched == 0
+        if not pin:
+            assert placement.host_imported == 0
+
+
+def test_slot_allocation_failure_falls_back(moe_paths):
+    """Under a VRAM budget with room for 0, 1 or 2 slots next to the model, 3 requested slots
+    become none, none (one slot is not enough) or 2; the tokens never change."""
+    path = moe_paths["tiny-qwen3moe"]
+    with Device() as dev:
+        reference, *_ = greedy(dev, path, n_cpu_moe=2, slots=0)
+        with Model(dev, path, n_cpu_moe=2, progress=False) as m, \
+                Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=0) as e:
+            need, slot = dev.vram_used, e.prefetch.slot_bytes
+    assert slot > 0
+    for room_for, expect in ((0, 0), (1, 0), (2, 2)):
+        with Device(vram_budget=need + room_for * slot + slot // 2) as dev:
+            tokens, n_slots, prefetched, _ = greedy(dev, path, n_cpu_moe=2, slots=3)
+            assert n_slots == expect
+            assert (prefetched > 0) == (expect > 0)
+            assert tokens == reference
+
+
+def test_vram_budget_planning(moe_paths):
+    path = moe_paths["tiny-qwen3moe"]
+    with GGUFFile(path, progress=False) as f:
+        from vkrt.model.config import ModelConfig
+        cfg = ModelConfig.from_metadata(f.metadata)
+        kw = dict(n_ctx=128, n_ubatch=32)
+        full = estimate(cfg, f.tensors, n_cpu_moe=0, **kw).total
+        one = estimate(cfg, f.tensors, n_cpu_moe=1, **kw).total
+        none = estimate(cfg, f.tensors, n_cpu_moe=2, **kw).total
+        assert full > one > none
+        assert plan_n_cpu_moe(cfg, f.tensors, full, requested=None, **kw) == 0
+        assert plan_n_cpu_moe(cfg, f.tensors, one, requested=None, **kw) == 1
+        with pytest.raises(DoesNotFit, match="--n-cpu-moe 1 would fit"):
+            plan_n_cpu_moe(cfg, f.tensors, one, requested=0, **kw)
+        with pytest.raises(DoesNotFit, match="lower -c or -ub"):
+            plan_n_cpu_moe(cfg, f.tensors, none // 2, requested=None, **kw)

@@ -1,0 +1,85 @@
+"""How much VRAM a configuration needs, and the --n-cpu-moe that makes it fit a budget."""
+
+from __future__ import annotations
+
+
+from dataclasses import dataclass
+
+from ..errors import VkrtError
+from ..model.config import ModelConfig
+from ..model.loader import is_cpu_moe, layer_of
+from ..units import fmt_bytes
+
+
+class DoesNotFit(VkrtError):
+    """The model plus KV cache and buffers exceed the VRAM budget."""
+
+
+@dataclass
+class VramEstimate:
+    weights: int
+    kv_cache: int
+    activations: int
+    prefetch: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations + self.prefetch
+
+    def describe(self) -> str:
+        return (f"{fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)}, KV cache {fmt_bytes(self.kv_cache)}, "
+                f"activations {fmt_bytes(self.activations)}, expert prefetch slots {fmt_bytes(self.prefetch)})")
+
+
+def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cpu_moe: int, n_gpu_layers: int = 999,
+             kv_bytes: int = 2, flash_attn: bool = True, prefetch_slots: int = 0) -> VramEstimate:
+    """Bytes of VRAM a configuration takes; `tensors` maps names to objects with .nbytes."""
+    first_gpu = max(cfg.n_layer - n_gpu_layers, 0)
+    weights = 0
+    layer_experts: dict[int, int] = {}
+    for name, t in tensors.items():
+        il = layer_of(name)
+        if is_cpu_moe(name, n_cpu_moe):
+            layer_experts[il] = layer_experts.get(il, 0) + t.nbytes
+            continue
+        if (il is not None and il < first_gpu) or (il is None and n_gpu_layers <= cfg.n_layer):
+            continue
+        weights += t.nbytes
+    kv = cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * kv_bytes
+    T = n_ubatch
+    per_token = (cfg.n_embd * 4 + cfg.n_head * cfg.head_dim_k * 2 + cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * 2
+                 + cfg.n_head * cfg.head_dim_v + 3 * max(cfg.n_ff, 1) + cfg.vocab_size + 3)
+    if cfg.moe:
+        per_token += cfg.n_expert + cfg.n_expert_used * (3 * cfg.n_ff_expert + cfg.n_embd + 2) + 3 * cfg.n_ff_shared
+    acts = 4 * T * per_token + 2 * n_ctx * T * (2 if cfg.sliding_window else 1)
+    if not flash_attn:
+        acts += 4 * n_ctx * T * cfg.n_head
+    slots = prefetch_slots * max(layer_experts.values(), default=0) if layer_experts else 0
+    return VramEstimate(weights, kv, acts, slots)
+
+
+def plan_n_cpu_moe(cfg: ModelConfig, tensors: dict, budget: int, *, requested: int | None, **kw) -> int:
+    """The --n-cpu-moe to use under `budget`: the requested one if it fits (else DoesNotFit with a
+    suggestion), or without a request the smallest that fits."""
+    if requested is not None:
+        est = estimate(cfg, tensors, n_cpu_moe=requested, **kw)
+        if est.total <= budget:
+            return requested
+        fit = _smallest_fit(cfg, tensors, budget, kw)
+        hint = f"; --n-cpu-moe {fit} would fit" if fit is not None else "; nothing fits: lower -c or -ub"
+        raise DoesNotFit(f"the model needs {est.describe()} of VRAM with --n-cpu-moe {requested}, more than the "
+                         f"budget of {fmt_bytes(budget)}{hint}")
+    fit = _smallest_fit(cfg, tensors, budget, kw)
+    if fit is None:
+        est = estimate(cfg, tensors, n_cpu_moe=cfg.n_layer, **kw)
+        raise DoesNotFit(f"even with every expert in host memory the model needs {est.describe()}, more than the "
+                         f"budget of {fmt_bytes(budget)}: lower -c or -ub")
+    return fit
+
+
+def _smallest_fit(cfg, tensors, budget, kw) -> int | None:
+    limit = cfg.n_layer if cfg.moe else 0
+    for n in range(0, limit + 1):
+        if estimate(cfg, tensors, n_cpu_moe=n, **kw).total <= budget:
+            return n
+    return None

@@ -1,0 +1,120 @@
+"""Expert prefetch: for large ubatches nearly every expert of a MoE layer is used, so the whole
+expert tensors (gate, up, down) of layers kept in host memory are uploaded on the transfer queue
+into a ring of device slots ahead of use. Per slot, a "ready" value of the transfer timeline
+(transfer -> compute) and a "free" value of the compute timeline (compute -> transfer) order the
+uploads and the layers reading them, so uploading layer i+1.. overlaps computing layer i."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..commands import CommandSequence
+from ..errors import ConfigError, OutOfDeviceMemory, VulkanError
+from ..memory import Buffer, MemoryKind, Tensor
+from ..model.transformer import EXPERT_TENSORS
+from ..owned import Owned
+from ..units import fmt_bytes
+
+log = logging.getLogger("vkrt")
+
+DEFAULT_SLOTS, MAX_SLOTS, MIN_SLOTS = 3, 8, 2
+ALIGN = 256
+
+
+def slots_requested(value: int | None = None) -> int:
+    """VKRT_PREFETCH_SLOTS (default 3; 0 turns prefetch off; at most 8)."""
+    if value is None:
+        text = os.environ.get("VKRT_PREFETCH_SLOTS", "").strip()
+        if not text:
+            return DEFAULT_SLOTS
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"VKRT_PREFETCH_SLOTS={text!r} is not a number of slots (0..{MAX_SLOTS})") from None
+    if not 0 <= value <= MAX_SLOTS:
+        raise ConfigError(f"prefetch slots must be 0..{MAX_SLOTS}, got {value}")
+    return value
+
+
+class ExpertPrefetch(Owned):
+    """Slots and recorded upload sequences for the host-resident expert layers of a model.
+    `n_slots` is 0 when prefetch is off or no slots could be allocated."""
+
+    def __init__(self, model, n_slots: int | None = None):
+        super().__init__("expert prefetch")
+        self.device = dev = model.device
+        w = model.weights
+        host = set(model.placement.host_tensors)
+        self.layers = [il for il in range(model.cfg.n_layer) if model.cfg.moe
+                       and all(f"blk.{il}.{n}" in host for n in EXPERT_TENSORS)]
+        self._slots: list[Buffer] = []
+        self._uploads: dict[int, CommandSequence] = {}
+        self._experts: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        want = slots_requested(n_slots) if self.layers else 0
+        self.layer_bytes = {il: sum(_aligned(w[f"blk.{il}.{n}"].nbytes) for n in EXPERT_TENSORS) for il in self.layers}
+        self.slot_bytes = max(self.layer_bytes.values(), default=0)
+        for i in range(want):
+            try:
+                self._slots.append(Buffer(dev, self.slot_bytes, MemoryKind.DEVICE, label=f"expert prefetch slot {i}"))
+            except (OutOfDeviceMemory, VulkanError) as exc:
+                log.warning("expert prefetch: slot %d of %d (%s) could not be allocated: %s", i + 1, want,
+                            fmt_bytes(self.slot_bytes), exc)
+                break
+        if 0 < len(self._slots) < MIN_SLOTS:
+            log.warning("expert prefetch needs at least %d slots; running without it", MIN_SLOTS)
+            self._free_slots()
+        self.n_slots = len(self._slots)
+        try:
+            for k, il in enumerate(self.layers if self.n_slots else ()):
+                self._prepare(model, il, self._slots[k % self.n_slots])
+        except BaseException:
+            self.close()
+            raise
+        if self.layers:
+            log.info("expert prefetch: %d host-resident MoE layers, %d slots of %s", len(self.layers), self.n_slots,
+                     fmt_bytes(self.slot_bytes))
+
+    def _prepare(self, model, il: int, slot: Buffer) -> None:
+        seq = CommandSequence(self.device, queue="transfer", label=f"prefetch experts of layer {il}")
+        tensors = []
+        off = 0
+        with seq.record():
+            for name in EXPERT_TENSORS:
+                src = model.weights[f"blk.{il}.{name}"]
+                dst = Tensor.on(slot.range(off, src.nbytes), src.type, src.ne[:3], name=f"slot {src.name}")
+                seq.copy(src.range(), dst.range(), src.nbytes, label=f"upload {src.name}")
+                tensors.append(dst)
+                off += _aligned(src.nbytes)
+        self._uploads[il] = seq
+        self._experts[il] = tuple(tensors)
+
+    @property
+    def active(self) -> bool:
+        return self.n_slots >= MIN_SLOTS
+
+    def slot_of(self, il: int) -> int:
+        return self.layers.index(il) % self.n_slots
+
+    def experts(self) -> dict[int, tuple[Tensor, Tensor, Tensor]]:
+        """layer -> (gate, up, down) tensors in the layer's slot."""
+        return dict(self._experts)
+
+    def upload(self, il: int, waits) -> int:
+        """Submit the upload of layer il after `waits`; returns the transfer timeline value."""
+        return self._uploads[il].submit(waits, auto_wait=False)
+
+    def _free_slots(self) -> None:
+        for b in self._slots:
+            b.close()
+        self._slots.clear()
+
+    def _release(self) -> None:
+        for seq in self._uploads.values():
+            seq.close()
+        self._uploads.clear()
+        self._free_slots()
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN

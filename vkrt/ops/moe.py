@@ -1,0 +1,66 @@
+"""Mixture-of-experts glue: routing (softmax, top-k, optional renormalisation) and the weighted
+combination of the experts' outputs (with qwen2moe's gated shared expert)."""
+
+from __future__ import annotations
+
+from ..errors import OutOfRange
+from ..memory import I32, Tensor
+from ..pipeline import PushConstants, kernel
+from .binding import bind_tensor
+from .rows import f32_binding, row_groups
+
+ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
+                            ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("norm", "u32"))
+COMBINE_PUSH = PushConstants(("n_embd", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("y_off", "u32"),
+                             ("w_off", "u32"), ("s_off", "u32"), ("g_off", "u32"), ("o_off", "u32"),
+                             ("has_shared", "u32"))
+MAX_USED = 16
+
+
+def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool) -> None:
+    """Record routing: logits F32 [n_expert, n_tokens] -> ids I32 and weights F32 [n_used, n_tokens]."""
+    n_expert, n_tokens = logits.ne[0], logits.ne[1]
+    wg = 64
+    if not 0 < n_used <= min(MAX_USED, n_expert):
+        raise OutOfRange(f"moe_route: {n_used} experts per token; supported 1..{min(MAX_USED, n_expert)}")
+    if n_expert > 64 * wg:
+        raise OutOfRange(f"moe_route: {n_expert} experts; at most {64 * wg} are supported")
+    if ids.type is not I32 or not ids.is_contiguous() or ids.nelements < n_used * n_tokens:
+        raise OutOfRange(f"moe_route: ids must be contiguous I32 [{n_used}, {n_tokens}], got {ids!r}")
+    if not weights.is_contiguous() or weights.nelements < n_used * n_tokens:
+        raise OutOfRange(f"moe_route: weights must be contiguous F32 [{n_used}, {n_tokens}], got {weights!r}")
+    lr, lo, ls = f32_binding(logits, "moe_route logits")
+    ir, io = bind_tensor(ids)
+    wr, wo, _ = f32_binding(weights, "moe_route weights")
+    k = kernel(seq.device, "moe_router", push=ROUTER_PUSH, workgroup=(wg,))
+    seq.dispatch(k, [lr, ir, wr], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
+                                            l_col=ls[0], ids_off=io // 4, w_off=wo, norm=int(normalize)),
+                 groups=row_groups(n_tokens, seq.device), label="moe_route")
+
+
+def moe_combine(seq, experts_out: Tensor, weights: Tensor, out: Tensor, shared: Tensor | None = None,
+                shared_gate: Tensor | None = None) -> None:
+    """Record out[:, t] = sum_j weights[j, t] * experts_out[:, j, t] (+ sigmoid(shared_gate[t]) *
+    shared[:, t]). experts_out F32 [n_embd, n_used, n_tokens] contiguous; out [n_embd, n_tokens]."""
+    n_embd, n_used, n_tokens = experts_out.ne[0], experts_out.ne[1], experts_out.ne[2]
+    for t, name in ((experts_out, "experts_out"), (weights, "weights"), (out, "out")):
+        if not t.is_contiguous():
+            raise OutOfRange(f"moe_combine: {name} must be contiguous, got {t!r}")
+    if out.nelements != n_embd * n_tokens or weights.nelements < n_used * n_tokens:
+        raise OutOfRange(f"moe_combine: out {list(out.ne)} / weights {list(weights.ne)} do not fit "
+                         f"experts_out {list(experts_out.ne)}")
+    yr, yo, _ = f32_binding(experts_out, "moe_combine experts_out")
+    wr, wo, _ = f32_binding(weights, "moe_combine weights")
+    orr, oo, _ = f32_binding(out, "moe_combine out")
+    if shared is not None:
+        if shared.nelements != n_embd * n_tokens or shared_gate is None or shared_gate.nelements < n_tokens:
+            raise OutOfRange("moe_combine: the shared expert needs shared [n_embd, n_tokens] and a gate per token")
+        sr, so, _ = f32_binding(shared, "moe_combine shared")
+        gr, go, _ = f32_binding(shared_gate, "moe_combine shared_gate")
+    else:
+        sr, so, gr, go = yr, 0, yr, 0
+    k = kernel(seq.device, "moe_combine", push=COMBINE_PUSH, workgroup=(seq.device.tuning.wg_size,))
+    seq.dispatch(k, [yr, wr, sr, gr, orr], push=dict(n_embd=n_embd, n_used=n_used, n_tokens=n_tokens, y_off=yo,
+                                                     w_off=wo, s_off=so, g_off=go, o_off=oo,
+                                                     has_shared=int(shared is not None)),
+                 groups=k.groups_for(n_embd * n_tokens), label="moe_combine")
