@@ -35,9 +35,11 @@ def _register() -> None:
     from .bench_h2d import bench_h2d
     from .devices import devices
     from .run import run
+    from .serve import serve
 
     cli.add_command(devices)
     cli.add_command(run)
+    cli.add_command(serve)
     cli.add_command(bench)
     cli.add_command(bench_h2d)
 

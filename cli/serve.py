@@ -1,0 +1,55 @@
+"""`vkrt serve`: an OpenAI- and llama-server-compatible HTTP server for a GGUF model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import click
+
+from vkrt.units import fmt_bytes
+
+from .common import default_model, model_options, open_engine
+
+log = logging.getLogger("vkrt.server")
+
+
+@click.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="Port to listen on (0: any free port; the log says which).")
+@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Slots: requests generated at once; each slot gets ctx-size / parallel KV cells.")
+@click.option("--api-key", envvar="VKRT_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every endpoint but /health (env VKRT_API_KEY).")
+@click.option("-a", "--alias", default=None, help="Model name reported to clients (default: the file name).")
+@click.option("--body-limit", type=click.IntRange(1024), default=8 << 20, show_default=True,
+              help="Largest request body in bytes.")
+@click.option("--shutdown-timeout", type=click.FloatRange(0), default=10.0, show_default=True,
+              help="Seconds in-flight requests may take to finish on SIGINT/SIGTERM before they are cancelled.")
+@click.pass_context
+def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, shutdown_timeout, **model_kw):
+    """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
+    from vkrt import __version__
+    from vkrt.server.app import serve as run_server
+    from vkrt.server.backend import load_backend
+    from vkrt.server.state import ServerConfig
+
+    if model_kw["n_ctx"] // n_parallel < 8:
+        raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
+    model_kw["model"] = model_kw["model"] or default_model()
+    name = alias or os.path.basename(model_kw["model"])
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:  # the start-up report shows without -v
+        logging.getLogger("vkrt").setLevel(logging.INFO)
+    config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
+                          model_name=name, shutdown_timeout=shutdown_timeout)
+
+    def load():
+        path = model_kw["model"]
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        log.info("loading %s (%s)", path, fmt_bytes(size))
+        return load_backend(lambda device: open_engine(device, **model_kw))
+
+    ctx.exit(asyncio.run(run_server(load, config, __version__)))

@@ -1,0 +1,106 @@
+"""A `vkrt serve` subprocess on a free loopback port, and helpers to query it."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from vkrt.server.metrics import parse
+
+API_KEY = "test-key"
+_LISTENING = re.compile(r"listening on (http://[\d.]+:\d+)")
+
+
+class ServerProcess:
+    """`python -m vkrt.cli serve ...` with its log collected; url is known once it listens."""
+
+    def __init__(self, model: str, *args: str, api_key: str | None = API_KEY):
+        cmd = [sys.executable, "-m", "vkrt.cli", "serve", "-m", model, "--port", "0", *args]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self.api_key = api_key
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._listening = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = _LISTENING.search(line)
+            if m:
+                self.url = m.group(1)
+                self._listening.set()
+        self._listening.set()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def wait_ready(self, timeout: float = 180.0) -> "ServerProcess":
+        if not self._listening.wait(timeout) or self.url is None:
+            raise AssertionError(f"the server did not start:\n{self.log}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log}")
+            if self.get("/health")[0] == 200:
+                return self
+            time.sleep(0.1)
+        raise AssertionError(f"the server never became ready:\n{self.log}")
+
+    def headers(self, key: str | None = None) -> dict:
+        key = self.api_key if key is None else key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+                timeout: float = 60.0) -> tuple[int, bytes]:
+        h = {"Content-Type": "application/json", **self.headers(), **(headers or {})}
+        req = urllib.request.Request(self.url + path, data=body, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def get(self, path: str, **kw) -> tuple[int, bytes]:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, obj, **kw) -> tuple[int, dict]:
+        status, raw = self.request("POST", path, json.dumps(obj).encode(), **kw)
+        return status, json.loads(raw)
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the server did not exit within {timeout} s of {sig!r}:\n{self.log}")
+
+
+def metric(server: ServerProcess, name: str) -> float:
+    status, raw = server.get("/metrics")
+    assert status == 200
+    return parse(raw.decode())[name]
+
+
+def wait_idle(server: ServerProcess, timeout: float = 30.0) -> list[dict]:
+    """Poll /slots until no slot is busy; returns the slots."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, raw = server.get("/slots")
+        slots = json.loads(raw)
+        if not any(s["is_processing"] for s in slots) or time.monotonic() > deadline:
+            return slots
+        time.sleep(0.05)

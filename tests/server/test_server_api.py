@@ -1,0 +1,123 @@
+"""The endpoints as clients see them: the official openai client, llama-server's /completion,
+greedy output equal to `vkrt run`, tokenize/detokenize, models, metrics, prefix reuse."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from click.testing import CliRunner
+
+from vkrt.cli.main import cli
+
+from .serverproc import API_KEY, metric, wait_idle
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+def vkrt_run(model: str, prompt: str, n: int) -> dict:
+    result = CliRunner().invoke(cli, ["run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "--json",
+                                      "-c", "1024", "-b", "256", "-ub", "256"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output.strip().splitlines()[-1])
+
+
+def test_openai_completion(client, server):
+    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert out.object == "text_completion" and out.model == "tiny"
+    choice = out.choices[0]
+    assert choice.finish_reason in ("length", "stop") and isinstance(choice.text, str)
+    assert out.usage.completion_tokens <= 8
+    assert out.usage.prompt_tokens == len(server.post("/tokenize", {"content": PROMPT})[1]["tokens"])
+
+
+def test_openai_streamed_chat(client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, world!"}]
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["length"], ["stop"])
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and 1 <= usage.completion_tokens <= 12
+    assert all(c.usage is None for c in chunks[:-1])
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    assert whole.choices[0].message.content == text
+    assert whole.usage.completion_tokens == usage.completion_tokens
+    assert whole.usage.prompt_tokens == usage.prompt_tokens
+
+
+def test_greedy_equals_vkrt_run(server, tiny_gguf):
+    ref = vkrt_run(tiny_gguf, PROMPT, 24)
+    status, out = server.post("/completion", {"prompt": PROMPT, "n_predict": 24, "temperature": 0,
+                                              "return_tokens": True, "cache_prompt": False})
+    assert status == 200, out
+    assert out["tokens"] == ref["tokens"] and out["content"] == ref["text"]
+    assert out["stop_type"] == ("eos" if ref["stop_reason"] == "eos" else "limit")
+    t = out["timings"]
+    assert t["prompt_n"] == len(ref["prompt_tokens"]) and t["predicted_n"] == len(ref["tokens"])
+    # streamed, the pieces add up to the same text
+    status, raw = server.request("POST", "/completion", json.dumps(
+        {"prompt": PROMPT, "n_predict": 24, "temperature": 0, "stream": True}).encode())
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1]["stop"] is True and "timings" in events[-1]
+    assert "".join(e["content"] for e in events) == ref["text"]
+
+
+def test_prefix_reuse(server):
+    body = {"prompt": PROMPT + " jumps over the lazy dog", "n_predict": 4, "temperature": 0}
+    wait_idle(server)
+    first = server.post("/completion", body)[1]
+    again = server.post("/completion", body)[1]
+    assert again["content"] == first["content"]
+    n_prompt = first["tokens_evaluated"]
+    assert again["timings"]["cache_n"] == n_prompt - 1 and again["timings"]["prompt_n"] == 1
+    fresh = server.post("/completion", {**body, "cache_prompt": False})[1]
+    assert fresh["timings"]["cache_n"] == 0 and fresh["content"] == first["content"]
+
+
+def test_stop_strings(server):
+    base = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0})[1]
+    text = base["choices"][0]["text"]
+    assert len(text) >= 4, text
+    stop = text[2:4]
+    cut = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": [stop]})[1]
+    assert cut["choices"][0]["text"] == text[:text.index(stop)]
+    assert cut["choices"][0]["finish_reason"] == "stop"
+
+
+def test_seeded_sampling_repeats(server):
+    body = {"prompt": PROMPT, "n_predict": 12, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+            "seed": 1234}
+    a, b = server.post("/completion", body)[1], server.post("/completion", body)[1]
+    assert a["content"] == b["content"]
+
+
+def test_tokenize_roundtrip(server):
+    status, out = server.post("/tokenize", {"content": "Hello, world!", "with_pieces": True})
+    assert status == 200
+    ids = [t["id"] for t in out["tokens"]]
+    assert "".join(t["piece"] for t in out["tokens"]) == "Hello, world!"
+    assert server.post("/detokenize", {"tokens": ids})[1]["content"] == "Hello, world!"
+
+
+def test_models_props_and_metrics(server, tiny_gguf):
+    status, raw = server.get("/v1/models")
+    data = json.loads(raw)["data"]
+    assert status == 200 and data[0]["id"] == "tiny-qwen3.gguf" and data[0]["meta"]["n_vocab"] > 256
+    props = json.loads(server.get("/props")[1])
+    assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 256
+    assert "<|im_start|>" in props["chat_template"]
+    before = metric(server, "vkrt_tokens_predicted_total")
+    server.post("/completion", {"prompt": "Hello", "n_predict": 5, "temperature": 0, "ignore_eos": True})
+    assert metric(server, "vkrt_tokens_predicted_total") == before + 5
+    status, raw = server.get("/metrics")
+    assert b"# TYPE vkrt_requests_processing gauge" in raw and b"vkrt_prompt_seconds_total" in raw

@@ -1,0 +1,121 @@
+"""A corpus of bad requests: each gets a 4xx with a JSON error naming what is wrong (never a
+500 or a traceback), and the server keeps answering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .serverproc import metric
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+LLAMA = "/completion"
+MSG = [{"role": "user", "content": "Hello"}]
+
+
+def body(**kw) -> bytes:
+    return json.dumps(kw).encode()
+
+
+# (path, raw body, status, words the message must contain, the field named in `param`)
+CORPUS = [
+    (COMP, b'{"prompt": "x",', 400, "not valid JSON", None),
+    (COMP, b"", 400, "not valid JSON", None),
+    (COMP, b"[1, 2]", 400, "JSON object", None),
+    (COMP, b'{"prompt": "x", "temperature": NaN}', 400, "NaN", None),
+    (COMP, b"\xff\xfe{}", 400, "UTF-8", None),
+    (COMP, body(max_tokens=4), 400, "'prompt' is required", "prompt"),
+    (CHAT, body(max_tokens=4), 400, "'messages' is required", "messages"),
+    (CHAT, body(messages="Hello"), 400, "array of message objects", "messages"),
+    (CHAT, body(messages=[]), 400, "non-empty", "messages"),
+    (CHAT, body(messages=[{"content": "x"}]), 400, "role", "messages[0].role"),
+    (CHAT, body(messages=[{"role": "user", "content": 5}]), 400, "string", "messages[0].content"),
+    (CHAT, body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
+     "not supported", "messages[0].content[0]"),
+    (CHAT, body(messages=MSG, max_tokens="10"), 400, "integer", "max_tokens"),
+    (CHAT, body(messages=MSG, max_tokens=True), 400, "integer", "max_tokens"),
+    (CHAT, body(messages=MSG, max_tokens=-5), 400, "in [0, 1024], got -5", "max_tokens"),
+    (CHAT, body(messages=MSG, max_tokens=10 ** 12), 400, "context is 1024 tokens", "max_tokens"),
+    (CHAT, body(messages=MSG, max_completion_tokens=5000), 400, "raise -c", "max_completion_tokens"),
+    (CHAT, body(messages=MSG, temperature="hot"), 400, "number", "temperature"),
+    (CHAT, body(messages=MSG, top_p=2), 400, "[0.0, 1.0]", "top_p"),
+    (CHAT, body(messages=MSG, top_k=1.5), 400, "integer", "top_k"),
+    (CHAT, body(messages=MSG, seed="x"), 400, "integer", "seed"),
+    (CHAT, body(messages=MSG, stream="yes"), 400, "true or false", "stream"),
+    (CHAT, body(messages=MSG, stop=5), 400, "array of strings", "stop"),
+    (CHAT, body(messages=MSG, stop=["x" * 600]), 400, "at most 512 characters", "stop"),
+    (COMP, body(prompt=[1, "a"]), 400, "token ids", "prompt"),
+    (CHAT, body(messages=MSG, stream=True, stream_options=[]), 400, "object", "stream_options"),
+    (CHAT, body(messages=MSG, n=2), 400, "one choice", "n"),
+    (CHAT, body(messages=MSG, logprobs=True), 400, "not supported", "logprobs"),
+    (CHAT, body(messages=MSG, response_format={"type": "json_object"}), 400, "not supported", "response_format"),
+    (CHAT, body(messages=MSG, model=7), 400, "string", "model"),
+    (CHAT, body(messages=MSG, chat_template_kwargs=[1]), 400, "object", "chat_template_kwargs"),
+    (CHAT, body(messages=MSG, tools={"name": "f"}), 400, "array", "tools"),
+    (COMP, body(prompt=[999999]), 400, "outside the vocabulary", "prompt"),
+    (COMP, body(prompt=["a", "b"]), 400, "one prompt", "prompt"),
+    (COMP, body(prompt={"text": "x"}), 400, "string or an array", "prompt"),
+    (COMP, body(prompt=""), 400, "empty", "prompt"),
+    (COMP, body(prompt="word " * 400), 400, "a slot holds 256 tokens", "prompt"),
+    (CHAT, body(messages=[{"role": "user", "content": "word " * 400}]), 400, "shorten the prompt", "messages"),
+    (LLAMA, body(prompt="x", n_predict=10 ** 9), 400, "context is 1024 tokens", "n_predict"),
+    (LLAMA, body(prompt="x", n_predict=-2), 400, "[-1, 1024]", "n_predict"),
+    (LLAMA, body(prompt="x", cache_prompt="no"), 400, "true or false", "cache_prompt"),
+    ("/tokenize", body(text="x"), 400, "'content' is required", "content"),
+    ("/detokenize", body(tokens="abc"), 400, "array of token ids", "tokens"),
+    ("/detokenize", body(tokens=[-1]), 400, "outside the vocabulary", "tokens"),
+    (COMP, body(prompt="x" * 70_000), 413, "--body-limit", None),
+    ("/v1/nothing", body(prompt="x"), 404, "no endpoint", None),
+]
+
+
+@pytest.mark.parametrize("path,raw,status,words,param", CORPUS, ids=[f"{i}" for i in range(len(CORPUS))])
+def test_bad_request(server, path, raw, status, words, param):
+    got, out = server.request("POST", path, raw)
+    assert got == status, out
+    err = json.loads(out)["error"]
+    assert words in err["message"] and err["code"] == status
+    assert err.get("param") == param
+    assert b"Traceback" not in out
+    assert server.get("/health")[0] == 200
+
+
+def test_wrong_method(server):
+    status, out = server.get(COMP)
+    assert status == 405 and "not allowed" in json.loads(out)["error"]["message"]
+
+
+@pytest.mark.parametrize("key", ["wrong-key", ""])
+def test_api_key(server, key):
+    headers = {"Authorization": f"Bearer {key}"} if key else {"Authorization": ""}
+    status, out = server.request("POST", COMP, body(prompt="x", max_tokens=1), headers=headers)
+    assert status == 401 and json.loads(out)["error"]["type"] == "authentication_error"
+    assert server.request("GET", "/v1/models", headers=headers)[0] == 401
+    assert server.request("GET", "/metrics", headers=headers)[0] == 401
+    assert server.request("GET", "/health", headers=headers)[0] == 200
+
+
+def test_still_serving_after_the_corpus(server):
+    bad = metric(server, "vkrt_bad_requests_total")
+    assert bad >= len(CORPUS)
+    status, out = server.post(COMP, {"prompt": "Hello", "max_tokens": 2})
+    assert status == 200 and out["usage"]["completion_tokens"] <= 2
+    assert metric(server, "vkrt_requests_failed_total") == 0
+
+
+def test_odd_but_valid_fields_are_served(server):
+    status, out = server.post(CHAT, {"messages": MSG, "max_tokens": 2, "top_k": -1, "seed": -1,
+                                     "chat_template_kwargs": {"add_generation_prompt": False, "messages": 1},
+                                     "stream_options": None, "unknown_field": {"x": 1}})
+    assert status == 200, out
+    assert out["usage"]["prompt_tokens"] == server.post(CHAT, {"messages": MSG, "max_tokens": 1})[1]["usage"][
+        "prompt_tokens"]
+
+
+def test_max_tokens_capped_by_the_slot(server):
+    status, out = server.post(LLAMA, {"prompt": "Hello", "n_predict": 1000, "ignore_eos": True, "temperature": 0})
+    assert status == 200
+    n_prompt = out["tokens_evaluated"]
+    assert out["tokens_predicted"] == 256 - n_prompt and out["stop_type"] == "limit"

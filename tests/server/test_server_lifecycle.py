@@ -1,0 +1,96 @@
+"""Start, load, shutdown: /health is 503 until the model is ready; SIGTERM lets an in-flight
+stream finish (or, with no grace time, cancels it) and the process exits cleanly; a model that
+cannot load ends the server with one clear line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from vkrt.server.app import make_app
+from vkrt.server.state import ServerConfig, ServerState
+
+from .serverproc import ServerProcess
+
+
+def test_health_is_503_while_loading():
+    async def main():
+        state = ServerState(ServerConfig(api_key="k"))
+        async with TestClient(TestServer(make_app(state))) as client:
+            health = await client.get("/health")
+            models = await client.get("/v1/models", headers={"Authorization": "Bearer k"})
+            unauthorized = await client.get("/v1/models")
+            state.status = "ready"
+            ready = await client.get("/health")
+            return (health.status, await health.json(), models.status, unauthorized.status, ready.status)
+
+    health, body, models, unauthorized, ready = asyncio.run(main())
+    assert health == 503 and body["error"]["message"] == "Loading model"
+    assert models == 503 and unauthorized == 401 and ready == 200
+
+
+def _stream_in_thread(srv: ServerProcess, n: int) -> tuple[threading.Thread, dict, threading.Event]:
+    """POST a streamed completion; `out` gets the data lines; `started` is set at the first one."""
+    out, started = {"lines": []}, threading.Event()
+
+    def run():
+        import urllib.request
+        req = urllib.request.Request(srv.url + "/v1/completions", method="POST", headers=srv.headers(),
+                                     data=json.dumps({"prompt": "Hello", "max_tokens": n, "stream": True,
+                                                      "stream_options": {"include_usage": True},
+                                                      "ignore_eos": True, "temperature": 0}).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                for line in resp:
+                    if line.startswith(b"data: "):
+                        out["lines"].append(line.decode().strip())
+                        started.set()
+        except OSError as exc:
+            out["error"] = exc
+        started.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out, started
+
+
+def test_sigterm_finishes_in_flight_stream(tiny_gguf):
+    # the flags of the recommended command (less --n-cpu-moe: the tiny model is dense)
+    srv = ServerProcess(tiny_gguf, "--no-mmap", "-ngl", "99", "-b", "2048", "-ub", "2048", "-fa", "1", "-c", "512",
+                        "--shutdown-timeout", "60", api_key=None).wait_ready()
+    t, out, started = _stream_in_thread(srv, 200)
+    assert started.wait(60)
+    assert srv.stop(signal.SIGTERM) == 0, srv.log
+    t.join(30)
+    lines = out["lines"]
+    assert "error" not in out and lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 200
+    assert json.loads(lines[-3][6:])["choices"][0]["finish_reason"] == "length"
+    assert "SIGTERM: finishing in-flight requests" in srv.log and "stopped" in srv.log
+    for line in ("device: ", "placement: ", "pinning: ", "memory: ", "(no mmap)"):
+        assert line in srv.log
+    assert "Traceback" not in srv.log
+
+
+def test_sigterm_without_grace_cancels(tiny_gguf):
+    srv = ServerProcess(tiny_gguf, "-c", "512", "--shutdown-timeout", "0", api_key=None).wait_ready()
+    t, out, started = _stream_in_thread(srv, 500)
+    assert started.wait(60)
+    assert srv.stop(signal.SIGTERM) == 0, srv.log
+    t.join(30)
+    last = json.loads(out["lines"][-1][6:])
+    assert last["error"]["code"] == 503 and "shutting down" in last["error"]["message"]
+    assert "cancelling the requests still running" in srv.log and "Traceback" not in srv.log
+
+
+def test_unloadable_model_exits_with_one_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    srv = ServerProcess(str(bad), api_key=None)
+    rc = srv.proc.wait(120)
+    assert rc == 1, srv.log
+    assert "ERROR vkrt.server" in srv.log and "broken.gguf" in srv.log and "Traceback" not in srv.log

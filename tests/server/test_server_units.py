@@ -1,0 +1,141 @@
+"""The server's pieces without a server: stop strings, incremental detokenization, chat
+templates, request validation, slots' prefix choice, the Prometheus page."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from vkrt.model.gguf_file import GGUFFile
+from vkrt.model.tokenizer import Tokenizer
+from vkrt.server.chat_template import CHATML, ChatTemplate, TemplateError
+from vkrt.server.metrics import Metrics, parse
+from vkrt.server.schemas import CHAT, LLAMA, Limits, parse_chat, parse_completion
+from vkrt.server.slots import Slot, common_prefix
+from vkrt.server.text import Detokenizer, StopMatcher
+from vkrt.server.validation import BadRequest, parse_json_object
+
+LIMITS = Limits(n_ctx=512, vocab=300)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_gguf):
+    with GGUFFile(tiny_gguf) as f:
+        return Tokenizer.from_metadata(f.metadata)
+
+
+def feed(matcher: StopMatcher, pieces) -> str:
+    return "".join(matcher.push(p) for p in pieces) + matcher.flush()
+
+
+@pytest.mark.parametrize("pieces,stops,text,hit", [
+    (["Hel", "lo wor", "ld"], ["wor"], "Hello ", "wor"),
+    (["a", "b", "c", "d"], ["bc", "cd"], "a", "bc"),
+    (["x<", "|im", "_e", "nd|>y"], ["<|im_end|>"], "x", "<|im_end|>"),
+    (["ab", "ab", "c"], ["abc"], "ab", "abc"),
+    (["Hello", " there"], ["thee"], "Hello there", None),
+    (["no stops"], [], "no stops", None),
+])
+def test_stop_matcher(pieces, stops, text, hit):
+    m = StopMatcher(stops)
+    assert feed(m, pieces) == text and m.hit == hit
+
+
+def test_stop_matcher_holds_back_only_what_may_start_a_stop():
+    m = StopMatcher(["END"])
+    assert m.push("The E") == "The "
+    assert m.push("N") == ""
+    assert m.push("D is near") == "" and m.hit == "END"
+
+
+def test_detokenizer_pieces_add_up_to_the_whole(tokenizer):
+    text = "Hello, world! The quick brown fox: 1 2 3.\n  def add(a, b):"
+    ids = tokenizer.encode(text, add_special=False)
+    d = Detokenizer(tokenizer)
+    pieces = [d.push(t) for t in ids] + [d.flush()]
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special=True) == text
+    assert sum(1 for p in pieces if p) > len(ids) // 2   # streamed, not all at the end
+
+
+def test_detokenizer_skips_special_tokens(tokenizer):
+    ids = tokenizer.encode("Hi<|im_end|> there", add_special=False)
+    d = Detokenizer(tokenizer)
+    assert "".join(d.push(t) for t in ids) + d.flush() == "Hi there"
+
+
+def test_chat_template_chatml_and_helpers():
+    t = ChatTemplate(None)
+    assert t.source == CHATML
+    assert t.render([{"role": "user", "content": "Hi"}]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    src = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('no bad roles') }}"
+           "{% endif %}{% if loop.index > 2 %}{% break %}{% endif %}[{{ m.role }}]{{ m.content | trim }}\n"
+           "{% endfor %}{{ strftime_now('%Y') }}|{{ tools | tojson }}|{{ {'a': [1, 2]} | tojson(indent=1) }}"
+           "{% if enable_thinking is defined %}|think={{ enable_thinking }}{% endif %}")
+    t = ChatTemplate(src, bos_token="<s>")
+    out = t.render([{"role": "user", "content": " a "}, {"role": "assistant", "content": "b"},
+                    {"role": "user", "content": "c"}], tools=[{"type": "function"}],
+                   extra={"enable_thinking": False, "messages": "ignored"})
+    assert out.startswith("<s>[user]a\n[assistant]b\n") and "[user]c" not in out
+    assert re.search(r"\n20\d\d\|", out) and '[{"type": "function"}]' in out and '"a": [\n  1' in out
+    assert out.endswith("|think=False")
+    with pytest.raises(TemplateError, match="no bad roles"):
+        t.render([{"role": "bad", "content": "x"}])
+
+
+def test_chat_template_is_sandboxed():
+    t = ChatTemplate("{{ messages.__class__.__mro__ }}")
+    with pytest.raises(TemplateError):
+        t.render([{"role": "user", "content": "x"}])
+
+
+def test_unparsable_template_falls_back_to_chatml(tokenizer):
+    t = ChatTemplate.from_tokenizer({"tokenizer.chat_template": "{% for %}"}, tokenizer)
+    assert t.source == CHATML
+
+
+def test_parse_json_object_errors():
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        parse_json_object(b"{")
+    with pytest.raises(BadRequest, match="Infinity"):
+        parse_json_object(b'{"a": Infinity}')
+    assert parse_json_object(b'{"a": 1}') == {"a": 1}
+
+
+def test_parse_chat_fields():
+    req = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                 {"type": "text", "text": "b"}]}],
+                      "max_completion_tokens": 7, "temperature": 0, "seed": -1, "stop": "x",
+                      "stream": True, "stream_options": {"include_usage": True}}, LIMITS)
+    assert req.api == CHAT and req.messages[0]["content"] == "ab" and req.max_tokens == 7
+    assert req.params.greedy and req.params.seed is None and req.stop == ["x"] and req.include_usage
+
+
+def test_parse_completion_forms():
+    assert parse_completion({"prompt": ["hi"]}, LLAMA, LIMITS).prompt == "hi"
+    assert parse_completion({"prompt": [[1, 2]]}, LLAMA, LIMITS).prompt == [1, 2]
+    req = parse_completion({"prompt": [5, 6], "n_predict": -1}, LLAMA, LIMITS)
+    assert req.prompt == [5, 6] and req.max_tokens is None
+    with pytest.raises(BadRequest) as err:
+        parse_completion({"prompt": "x", "top_p": float("nan")}, LLAMA, LIMITS)
+    assert err.value.param == "top_p"
+
+
+def test_slot_prefers_the_longest_cached_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([], [1]) == 0
+    s = Slot(0, 64, Metrics())
+    s.cache = [1, 2, 3, 4]
+    assert s.reusable([1, 2, 3, 4]) == 3     # the last prompt token is evaluated again for its logits
+    assert s.reusable([1, 2, 9]) == 2
+
+
+def test_metrics_page_parses():
+    m = Metrics()
+    m.add_prompt(10, 0.5)
+    m.add_decode(3, 0.25)
+    page = m.render(processing=2, deferred=1, kv_tokens=64, kv_cells=256, slots=4)
+    values = parse(page)
+    assert values["vkrt_prompt_tokens_total"] == 10 and values["vkrt_n_decode_sequences_total"] == 3
+    assert values["vkrt_requests_processing"] == 2 and values["vkrt_kv_cache_usage_ratio"] == 0.25
+    for name in values:
+        assert f"# TYPE {name} " in page and f"# HELP {name} " in page

@@ -1,0 +1,82 @@
+"""What the server runs on: the device, the model and its engine, opened and closed together on
+the scheduler thread, and the start-up report of what was placed where."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..device import Device
+from ..memory.host_import import registration_enabled
+from ..units import fmt_bytes
+
+log = logging.getLogger("vkrt.server")
+
+
+@dataclass
+class Backend:
+    device: object
+    model: object
+    engine: object
+    load_seconds: float = 0.0
+
+    def close(self) -> None:
+        for obj in (self.engine, self.model, self.device):
+            obj.close()
+
+    def warm_up(self) -> float:
+        """Run a short prompt and one decode step, then forget them, so the first request does
+        not pay for creating pipelines; returns the seconds it took."""
+        t0 = time.perf_counter()
+        e = self.engine
+        token = self.model.tokenizer.bos_id or 0
+        e.eval([token] * min(8, e.n_ubatch), seq_id=0)
+        e.decode([(0, token)])
+        e.reset()
+        return time.perf_counter() - t0
+
+    def report(self, n_parallel: int) -> list[str]:
+        """Start-up lines: device, model, placement, pinning, memory, slots."""
+        dev, m, e = self.device, self.model, self.engine
+        p = dev.profile
+        pl = m.placement
+        if not pl.host_bytes:
+            pinning = "nothing host-resident (all weights in VRAM)"
+        elif pl.host_imported:
+            pinning = (f"{fmt_bytes(pl.host_imported)} imported (pinned) host memory, "
+                       f"{fmt_bytes(pl.host_copied)} copied to host-visible buffers")
+        else:
+            why = "disabled (--no-pin / VKRT_REGISTER_HOST=0)" if not registration_enabled() else "import refused"
+            pinning = f"{why}: {fmt_bytes(pl.host_copied)} copied to host-visible buffers"
+        heaps = ", ".join(f"heap {i} {fmt_bytes(used)} of {fmt_bytes(h.size)}"
+                          for i, (used, h) in enumerate(zip(dev.heap_used, p.heaps)) if used)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return [
+            f"device: {p.name} ({p.device_type}, {p.driver_info or p.driver_name}, arch "
+            f"{p.architecture.value}, VRAM {fmt_bytes(p.vram)})",
+            f"model: {os.path.basename(m.path)} ({m.cfg.arch}, {fmt_bytes(m.size_bytes)}, "
+            f"{m.n_params / 1e6:.1f} M parameters) loaded in {self.load_seconds:.1f} s "
+            f"({'mmap' if m.gguf.mmap else 'no mmap'})",
+            f"placement: {pl.summary()}",
+            f"pinning: {pinning}",
+            f"memory: device {heaps or 'none'}; KV cache {fmt_bytes(e.cache.nbytes)} "
+            f"({e.n_ctx} cells, {e.cache.type.name}); host peak RSS {fmt_bytes(rss)}",
+            f"slots: {n_parallel} x {e.n_ctx // n_parallel} tokens; batch {e.n_batch}, micro-batch {e.n_ubatch}, "
+            f"flash attention {'on' if e.flash_attn else 'off'}",
+        ]
+
+
+def load_backend(load: Callable[[object], tuple[object, object]], device_spec: str | None = None) -> Backend:
+    """Open the device and call load(device) -> (model, engine)."""
+    t0 = time.perf_counter()
+    device = Device(device_spec)
+    try:
+        model, engine = load(device)
+    except BaseException:
+        device.close()
+        raise
+    return Backend(device, model, engine, time.perf_counter() - t0)

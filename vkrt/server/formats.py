@@ -1,0 +1,125 @@
+"""Response bodies and stream chunks in the shapes OpenAI and llama-server clients expect:
+chat.completion(.chunk), text_completion, and llama-server's /completion with `timings`."""
+
+from __future__ import annotations
+
+import time
+
+from .jobs import Done
+
+
+def usage(done: Done) -> dict:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+
+
+def timings(done: Done) -> dict:
+    """llama-server's `timings` object."""
+    t = done.timings
+    return {"cache_n": done.cached_tokens,
+            "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms,
+            "prompt_per_token_ms": t.prompt_ms / t.prompt_n if t.prompt_n else 0.0,
+            "prompt_per_second": t.prompt_per_second,
+            "predicted_n": t.predicted_n, "predicted_ms": t.predicted_ms,
+            "predicted_per_token_ms": t.predicted_ms / t.predicted_n if t.predicted_n else 0.0,
+            "predicted_per_second": t.predicted_per_second}
+
+
+class ChatFormat:
+    """/v1/chat/completions."""
+
+    done_line = True
+
+    def __init__(self, job_id: int, model: str):
+        self.id, self.model, self.created = f"chatcmpl-{job_id}", model, int(time.time())
+
+    def _chunk(self, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "system_fingerprint": "vkrt", "choices": choices, **extra}
+
+    def start(self) -> list[dict]:
+        return [self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])]
+
+    def piece(self, text: str, tokens: list[int]) -> dict | None:
+        if not text:
+            return None
+        return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])
+
+    def end(self, done: Done, include_usage: bool) -> list[dict]:
+        out = [self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}],
+                           timings=timings(done))]
+        if include_usage:
+            out.append(self._chunk([], usage=usage(done)))
+        return out
+
+    def result(self, text: str, tokens: list[int], done: Done) -> dict:
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "system_fingerprint": "vkrt",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                             "finish_reason": done.finish_reason}],
+                "usage": usage(done), "timings": timings(done)}
+
+
+class CompletionFormat:
+    """/v1/completions."""
+
+    done_line = True
+
+    def __init__(self, job_id: int, model: str):
+        self.id, self.model, self.created = f"cmpl-{job_id}", model, int(time.time())
+
+    def _obj(self, text: str, finish_reason, **extra) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "system_fingerprint": "vkrt",
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], **extra}
+
+    def start(self) -> list[dict]:
+        return []
+
+    def piece(self, text: str, tokens: list[int]) -> dict | None:
+        return self._obj(text, None) if text else None
+
+    def end(self, done: Done, include_usage: bool) -> list[dict]:
+        out = [self._obj("", done.finish_reason, timings=timings(done))]
+        if include_usage:
+            last = dict(out[0], choices=[], usage=usage(done))
+            out.append(last)
+        return out
+
+    def result(self, text: str, tokens: list[int], done: Done) -> dict:
+        return self._obj(text, done.finish_reason, usage=usage(done), timings=timings(done))
+
+
+class LlamaFormat:
+    """llama-server's /completion (`content`, `stop`, `timings`; no [DONE] line when streaming)."""
+
+    done_line = False
+
+    def __init__(self, job_id: int, model: str, prompt: str | list[int], settings: dict, return_tokens: bool):
+        self.id, self.model, self.prompt, self.settings = job_id, model, prompt, settings
+        self.return_tokens = return_tokens
+
+    def start(self) -> list[dict]:
+        return []
+
+    def piece(self, text: str, tokens: list[int]) -> dict | None:
+        out = {"index": 0, "content": text, "stop": False, "id_slot": -1}
+        if self.return_tokens:
+            out["tokens"] = tokens
+        return out
+
+    def _final(self, text: str, tokens: list[int], done: Done) -> dict:
+        return {"index": 0, "content": text, "tokens": tokens if self.return_tokens else [], "id_slot": done.slot,
+                "stop": True, "model": self.model, "tokens_predicted": done.completion_tokens,
+                "tokens_evaluated": done.prompt_tokens, "generation_settings": self.settings,
+                "prompt": self.prompt, "has_new_line": "\n" in text, "truncated": False,
+                "stop_type": done.stop_type, "stopping_word": done.stop_word, "tokens_cached": done.prompt_tokens
+                + done.completion_tokens, "timings": timings(done)}
+
+    def end(self, done: Done, include_usage: bool) -> list[dict]:
+        return [self._final("", [], done)]
+
+    def result(self, text: str, tokens: list[int], done: Done) -> dict:
+        return self._final(text, tokens, done)

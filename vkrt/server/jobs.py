@@ -1,0 +1,69 @@
+"""A generation job: what the scheduler thread works on, and the events it sends back to the
+asyncio handler that waits for them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ..engine.generate import Timings
+from ..engine.sampler import SamplingParams
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Piece:
+    """New text (may be empty while a stop string or a UTF-8 character is undecided) and its tokens."""
+
+    text: str
+    tokens: list[int]
+
+
+@dataclass
+class Done:
+    finish_reason: str            # "stop" | "length" (OpenAI)
+    stop_type: str                # "eos" | "word" | "limit" (llama-server)
+    stop_word: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    timings: Timings
+    slot: int
+
+
+@dataclass
+class Failed:
+    status: int
+    message: str
+
+
+@dataclass
+class Job:
+    """One request's generation. Created on the event loop; run by the scheduler thread."""
+
+    prompt: list[int]
+    max_tokens: int | None
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cache_prompt: bool = True
+    id: int = field(default_factory=lambda: next(_ids))
+    created: float = field(default_factory=time.time)
+    cancelled: bool = False
+
+    def __post_init__(self):
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+
+    def emit(self, event) -> None:
+        """Called from the scheduler thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody waits for this job any more
+            pass
+
+    async def next_event(self):
+        return await self._events.get()

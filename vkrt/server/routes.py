@@ -1,0 +1,180 @@
+"""The HTTP endpoints. Generation requests are validated, templated and tokenized here, then
+handed to the scheduler as a Job whose events become one JSON body or an SSE stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+
+from aiohttp import web
+
+from . import sse
+from .formats import ChatFormat, CompletionFormat, LlamaFormat
+from .jobs import Done, Failed, Job, Piece
+from .metrics import CONTENT_TYPE
+from .scheduler import SchedulerClosed
+from .schemas import COMPLETIONS, LLAMA, GenRequest, parse_chat, parse_completion
+from .state import ServerState
+from .validation import ApiError, BadRequest, get_bool, get_str, get_token_ids, parse_json_object
+
+log = logging.getLogger("vkrt.server")
+
+
+async def read_body(request: web.Request) -> dict:
+    return parse_json_object(await request.read())
+
+
+class Api:
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def routes(self) -> list:
+        chat, comp = self.chat_completions, self.completions
+        return [
+            web.get("/health", self.health), web.get("/v1/health", self.health),
+            web.get("/v1/models", self.models), web.get("/models", self.models),
+            web.get("/props", self.props), web.get("/slots", self.slots), web.get("/metrics", self.metrics),
+            web.post("/v1/chat/completions", chat), web.post("/chat/completions", chat),
+            web.post("/v1/completions", comp), web.post("/completions", comp),
+            web.post("/completion", self.completion),
+            web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize),
+        ]
+
+    # -- information -------------------------------------------------------------------------------
+    async def health(self, request):
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request):
+        s = self.state
+        cfg = s.model.cfg
+        meta = {"n_vocab": cfg.vocab_size, "n_ctx_train": cfg.n_ctx_train, "n_embd": cfg.n_embd,
+                "n_params": s.model.n_params, "size": s.model.size_bytes}
+        return web.json_response({"object": "list", "data": [
+            {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "vkrt", "meta": meta}]})
+
+    async def props(self, request):
+        s = self.state
+        return web.json_response({
+            "model_path": s.model.path, "model_alias": s.model_name, "total_slots": s.config.n_parallel,
+            "chat_template": s.template.source, "bos_token": s.template.bos_token, "eos_token": s.template.eos_token,
+            "default_generation_settings": {"n_ctx": s.n_ctx_slot, "params": asdict(s.defaults)},
+            "build_info": f"vkrt {s.version}"})
+
+    async def slots(self, request):
+        return web.json_response(self.state.scheduler.slot_info())
+
+    async def metrics(self, request):
+        s = self.state
+        processing, deferred = s.scheduler.counts()
+        text = s.metrics.render(processing=processing, deferred=deferred, kv_tokens=s.scheduler.kv_tokens(),
+                                kv_cells=s.engine.n_ctx, slots=s.config.n_parallel)
+        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    # -- tokens ------------------------------------------------------------------------------------
+    async def tokenize(self, request):
+        body = await read_body(request)
+        content = get_str(body, "content")
+        add_special = get_bool(body, "add_special", False)
+        with_pieces = get_bool(body, "with_pieces", False)
+        tok = self.state.tokenizer
+        ids = await asyncio.to_thread(tok.encode, content, add_special)
+        if with_pieces:
+            return web.json_response({"tokens": [{"id": i, "piece": tok.decode([i])} for i in ids]})
+        return web.json_response({"tokens": ids})
+
+    async def detokenize(self, request):
+        body = await read_body(request)
+        raw = body.get("tokens")
+        if not isinstance(raw, list):
+            raise BadRequest("'tokens' must be an array of token ids", "tokens")
+        ids = get_token_ids(raw, "tokens", self.state.limits.vocab)
+        return web.json_response({"content": self.state.tokenizer.decode(ids)})
+
+    # -- generation --------------------------------------------------------------------------------
+    async def chat_completions(self, request):
+        req = parse_chat(await read_body(request), self.state.limits)
+        prompt = await asyncio.to_thread(self._chat_prompt, req)
+        return await self._generate(request, req, prompt, lambda i: ChatFormat(i, self._model(req)), "messages")
+
+    async def completions(self, request):
+        req = parse_completion(await read_body(request), COMPLETIONS, self.state.limits)
+        prompt = await asyncio.to_thread(self._text_prompt, req)
+        return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
+
+    async def completion(self, request):
+        req = parse_completion(await read_body(request), LLAMA, self.state.limits)
+        prompt = await asyncio.to_thread(self._text_prompt, req)
+        settings = {"n_ctx": self.state.n_ctx_slot, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
+                    "stream": req.stream, "stop": req.stop, "ignore_eos": req.ignore_eos,
+                    "cache_prompt": req.cache_prompt, **asdict(req.params)}
+        return await self._generate(
+            request, req, prompt, lambda i: LlamaFormat(i, self._model(req), req.prompt, settings, req.return_tokens),
+            "prompt")
+
+    def _model(self, req: GenRequest) -> str:
+        return req.model or self.state.model_name
+
+    def _chat_prompt(self, req: GenRequest) -> list[int]:
+        s = self.state
+        text = s.template.render(req.messages, add_generation_prompt=True, tools=req.tools,
+                                 extra=req.template_kwargs)
+        ids = s.tokenizer.encode(text, add_special=True)
+        bos = s.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == ids[1] == bos and s.tokenizer.add_bos:  # the template wrote BOS itself
+            ids = ids[1:]
+        return ids
+
+    def _text_prompt(self, req: GenRequest) -> list[int]:
+        if isinstance(req.prompt, list):
+            return req.prompt
+        return self.state.tokenizer.encode(req.prompt, add_special=True)
+
+    async def _generate(self, request, req: GenRequest, prompt: list[int], make_format, field: str):
+        s = self.state
+        if not prompt:
+            raise BadRequest(f"'{field}' is empty: no tokens to evaluate", field)
+        if len(prompt) >= s.n_ctx_slot:
+            raise BadRequest(f"the prompt is {len(prompt)} tokens long; a slot holds {s.n_ctx_slot} tokens "
+                             f"(-c {s.engine.n_ctx} over --parallel {s.config.n_parallel}) and needs room for at "
+                             f"least one generated token: shorten the prompt or raise -c", field)
+        job = Job(prompt, req.max_tokens, req.params, req.stop, req.ignore_eos, req.cache_prompt)
+        fmt = make_format(job.id)
+        try:
+            s.scheduler.submit(job)
+        except SchedulerClosed as exc:
+            raise ApiError(str(exc), status=503, type="unavailable_error") from None
+        s.metrics.requests += 1
+        finished = False
+        try:
+            if req.stream:
+                resp, done, finished = await sse.stream(request, job, fmt, req.include_usage)
+                if done is not None:
+                    self._log(job, done)
+                return resp
+            text, tokens, done = await self._collect(job)
+            finished = True
+            self._log(job, done)
+            return web.json_response(fmt.result(text, tokens, done))
+        finally:
+            if not finished:
+                s.scheduler.cancel(job)
+
+    async def _collect(self, job: Job) -> tuple[str, list[int], Done]:
+        text, tokens = [], []
+        while True:
+            ev = await job.next_event()
+            if isinstance(ev, Piece):
+                text.append(ev.text)
+                tokens.extend(ev.tokens)
+            elif isinstance(ev, Done):
+                return "".join(text), tokens, ev
+            elif isinstance(ev, Failed):
+                raise ApiError(ev.message, status=ev.status, type="server_error" if ev.status == 500
+                               else "unavailable_error")
+
+    def _log(self, job: Job, done: Done) -> None:
+        t = done.timings
+        log.info("request %d on slot %d: prompt %d tokens (%d cached) %.1f t/s, generated %d tokens %.1f t/s, %s",
+                 job.id, done.slot, done.prompt_tokens, done.cached_tokens, t.prompt_per_second,
+                 done.completion_tokens, t.predicted_per_second, done.stop_type)

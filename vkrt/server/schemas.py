@@ -1,0 +1,141 @@
+"""Request bodies of the generation endpoints -> GenRequest, validated field by field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engine.sampler import SamplingParams
+from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_stop, get_str, get_token_ids,
+                         reject_truthy)
+
+CHAT, COMPLETIONS, LLAMA = "chat", "completions", "llama"
+
+
+@dataclass
+class Limits:
+    """What requests are checked against: the whole context and the vocabulary."""
+
+    n_ctx: int
+    vocab: int
+
+
+@dataclass
+class GenRequest:
+    api: str                          # CHAT (/v1/chat/completions), COMPLETIONS (/v1/completions), LLAMA (/completion)
+    stream: bool = False
+    max_tokens: int | None = None     # None: until end of generation or the context
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cache_prompt: bool = True
+    include_usage: bool = False
+    return_tokens: bool = False
+    model: str | None = None
+    prompt: str | list[int] | None = None
+    messages: list[dict] | None = None
+    tools: list | None = None
+    template_kwargs: dict = field(default_factory=dict)
+
+
+def _sampling(body: dict) -> SamplingParams:
+    d = SamplingParams()
+    seed = get_int(body, "seed", -1, lo=-1, hi=2 ** 64 - 1)
+    return SamplingParams(
+        temperature=get_float(body, "temperature", d.temperature, lo=0.0),
+        top_k=get_int(body, "top_k", d.top_k),   # <= 0: no top-k cut
+        top_p=get_float(body, "top_p", d.top_p, lo=0.0, hi=1.0),
+        min_p=get_float(body, "min_p", d.min_p, lo=0.0, hi=1.0),
+        repeat_penalty=get_float(body, "repeat_penalty", d.repeat_penalty, lo=1e-6),
+        repeat_last_n=get_int(body, "repeat_last_n", d.repeat_last_n, lo=0),
+        seed=None if seed == -1 else seed)
+
+
+def _common(body: dict, api: str, limits: Limits) -> GenRequest:
+    reject_truthy(body, ("logprobs", "top_logprobs", "echo", "suffix", "grammar", "json_schema"),
+                  "vkrt does not implement it")
+    n = get_int(body, "n", 1)
+    if n != 1:
+        raise BadRequest(f"'n' must be 1 (one choice per request), got {n}", "n")
+    fmt = get_dict(body, "response_format")
+    if fmt.get("type", "text") != "text":
+        raise BadRequest(f"response_format type {fmt.get('type')!r} is not supported (only 'text')", "response_format")
+    hint = f" (the context is {limits.n_ctx} tokens; raise -c)"
+    if api == LLAMA:
+        n_predict = get_int(body, "n_predict", None, lo=-1, hi=limits.n_ctx, hint=hint)
+        if n_predict is None:
+            n_predict = get_int(body, "max_tokens", -1, lo=-1, hi=limits.n_ctx, hint=hint)
+        max_tokens = None if n_predict == -1 else n_predict
+    else:
+        max_tokens = get_int(body, "max_tokens", None, lo=0, hi=limits.n_ctx, hint=hint)
+        if api == CHAT and max_tokens is None:
+            max_tokens = get_int(body, "max_completion_tokens", None, lo=0, hi=limits.n_ctx, hint=hint)
+    stream = get_bool(body, "stream", False)
+    opts = get_dict(body, "stream_options")
+    return GenRequest(
+        api=api, stream=stream, max_tokens=max_tokens, params=_sampling(body),
+        stop=get_stop(body), ignore_eos=get_bool(body, "ignore_eos", False),
+        cache_prompt=get_bool(body, "cache_prompt", True),
+        include_usage=stream and get_bool(opts, "include_usage", False),
+        return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None))
+
+
+def parse_completion(body: dict, api: str, limits: Limits) -> GenRequest:
+    """/v1/completions and /completion: `prompt` is a string or token ids (or one of either in an array)."""
+    req = _common(body, api, limits)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("'prompt' is required", "prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise BadRequest("'prompt' may hold one prompt per request", "prompt")
+        prompt = get_token_ids(prompt, "prompt", limits.vocab)
+    elif not isinstance(prompt, str):
+        raise BadRequest("'prompt' must be a string or an array of token ids", "prompt")
+    req.prompt = prompt
+    return req
+
+
+def parse_chat(body: dict, limits: Limits) -> GenRequest:
+    """/v1/chat/completions: `messages` with roles and text content; `tools` go to the template."""
+    req = _common(body, CHAT, limits)
+    messages = body.get("messages")
+    if messages is None:
+        raise BadRequest("'messages' is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
+    req.messages = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("'tools' must be an array", "tools")
+    req.tools = tools or None
+    req.template_kwargs = get_dict(body, "chat_template_kwargs")
+    return req
+
+
+def _message(m, where: str) -> dict:
+    if not isinstance(m, dict):
+        raise BadRequest(f"'{where}' must be an object with 'role' and 'content'", where)
+    role = m.get("role")
+    if not isinstance(role, str) or not role:
+        raise BadRequest(f"'{where}.role' must be a non-empty string", f"{where}.role")
+    content = m.get("content")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            at = f"{where}.content[{j}]"
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else None
+                raise BadRequest(f"'{at}' must be a text part ({{'type': 'text', 'text': ...}}); "
+                                 f"{kind!r} parts are not supported", at)
+            if not isinstance(part.get("text"), str):
+                raise BadRequest(f"'{at}.text' must be a string", f"{at}.text")
+            texts.append(part["text"])
+        content = "".join(texts)
+    elif content is None:
+        if not m.get("tool_calls"):
+            raise BadRequest(f"'{where}.content' is required", f"{where}.content")
+    elif not isinstance(content, str):
+        raise BadRequest(f"'{where}.content' must be a string or an array of text parts", f"{where}.content")
+    return {**m, "content": content}

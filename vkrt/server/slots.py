@@ -1,0 +1,130 @@
+"""A slot: one KV-cache sequence of at most n_ctx / --parallel cells, the tokens it holds (for
+prompt-prefix reuse) and, while busy, the job it generates for."""
+
+from __future__ import annotations
+
+import time
+
+from ..engine.generate import Timings
+from ..engine.sampler import Sampler
+from .jobs import Done, Job, Piece
+from .metrics import Metrics
+from .text import Detokenizer, StopMatcher
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class Slot:
+    """States: idle (job is None), prefill (prompt tokens pending), generating (next_token set)."""
+
+    def __init__(self, id: int, n_ctx: int, metrics: Metrics):
+        self.id = id
+        self.n_ctx = n_ctx
+        self.metrics = metrics
+        self.cache: list[int] = []        # tokens whose K/V the sequence holds, in order
+        self.job: Job | None = None
+        self.last_used = 0.0
+        self.pending: list[int] = []
+        self.next_token: int | None = None
+        self.generated: list[int] = []
+
+    @property
+    def idle(self) -> bool:
+        return self.job is None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.job is not None and bool(self.pending)
+
+    @property
+    def generating(self) -> bool:
+        return self.job is not None and self.next_token is not None
+
+    def reusable(self, prompt: list[int]) -> int:
+        """Prompt tokens this slot already holds (at least one prompt token is always evaluated,
+        for its logits)."""
+        return min(common_prefix(self.cache, prompt), len(prompt) - 1)
+
+    def begin(self, job: Job, tokenizer) -> int:
+        """Take `job`; returns the position its cached prefix ends at (the caller drops the
+        sequence's cells from there on)."""
+        keep = self.reusable(job.prompt) if job.cache_prompt else 0
+        self.job = job
+        self.cache = self.cache[:keep]
+        self.pending = job.prompt[keep:]
+        self.next_token = None
+        self.generated = []
+        self.sampler = Sampler(job.params)
+        for t in job.prompt[-job.params.repeat_last_n:] if job.params.repeat_last_n > 0 else ():
+            self.sampler.accept(t)
+        self.detok = Detokenizer(tokenizer)
+        self.stops = StopMatcher(job.stop)
+        room = self.n_ctx - len(job.prompt)
+        self.limit = room if job.max_tokens is None else min(job.max_tokens, room)
+        self.eog = frozenset() if job.ignore_eos else tokenizer.eog_ids
+        self.cached = keep
+        self.timings = Timings(prompt_n=len(self.pending))
+        self.t_start = time.perf_counter()
+        self.t_first = None
+        return keep
+
+    def prefilled(self, logits) -> None:
+        """The last prompt token's logits arrived: sample the first token (unless none is wanted)."""
+        self.t_first = time.perf_counter()
+        self.timings.prompt_ms = (self.t_first - self.t_start) * 1e3
+        if self.limit <= 0:
+            self.finish("length", "limit")
+        else:
+            self.sample(logits)
+
+    def sample(self, logits) -> None:
+        token = self.sampler.sample(logits)
+        if token in self.eog:
+            self.finish("stop", "eos")
+            return
+        self.sampler.accept(token)
+        self.generated.append(token)
+        self.metrics.tokens_predicted += 1
+        text = self.stops.push(self.detok.push(token))
+        self.job.emit(Piece(text, [token]))
+        if self.stops.hit is not None:
+            self.finish("stop", "word")
+        elif len(self.generated) >= self.limit:
+            self.finish("length", "limit")
+        else:
+            self.next_token = token
+
+    def fed(self) -> None:
+        """next_token went into the KV cache."""
+        self.cache.append(self.next_token)
+
+    def finish(self, reason: str, stop_type: str) -> Done:
+        job = self.job
+        rest = "" if self.stops.hit is not None else self.stops.push(self.detok.flush())
+        if self.stops.hit is None:
+            rest += self.stops.flush()
+        else:
+            reason, stop_type = "stop", "word"
+        if rest:
+            job.emit(Piece(rest, []))
+        t = self.timings
+        t.predicted_n = len(self.generated)
+        t.predicted_ms = (time.perf_counter() - self.t_first) * 1e3 if self.t_first else 0.0
+        done = Done(reason, stop_type, self.stops.hit or "", len(job.prompt), self.cached, len(self.generated), t,
+                    self.id)
+        self.metrics.requests_finished += 1
+        job.emit(done)
+        self.release()
+        return done
+
+    def release(self) -> None:
+        self.job = None
+        self.pending = []
+        self.next_token = None
+        self.last_used = time.monotonic()

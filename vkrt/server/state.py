@@ -1,0 +1,47 @@
+"""Server configuration and the state the handlers read: loading / ready / stopping, and once
+ready the model, engine, tokenizer, chat template and limits."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..engine.sampler import SamplingParams
+from .chat_template import ChatTemplate
+from .metrics import Metrics
+from .schemas import Limits
+
+LOADING, READY, STOPPING, FAILED = "loading", "ready", "stopping", "failed"
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    n_parallel: int = 1
+    api_key: str | None = None
+    body_limit: int = 8 << 20
+    model_name: str = "model"
+    shutdown_timeout: float = 10.0   # seconds in-flight requests may take to finish on SIGINT/SIGTERM
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, version: str = ""):
+        self.config = config
+        self.version = version
+        self.status = LOADING
+        self.metrics = Metrics()
+        self.scheduler = None
+        self.started = int(time.time())
+        self.model_name = config.model_name
+        self.defaults = SamplingParams()
+
+    def ready(self, backend) -> None:
+        """Called on the event loop once the scheduler thread has loaded the model."""
+        self.model, self.engine = backend.model, backend.engine
+        self.tokenizer = backend.model.tokenizer
+        self.template = ChatTemplate.from_tokenizer(backend.model.gguf.metadata, self.tokenizer)
+        self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
+        self.limits = Limits(n_ctx=backend.engine.n_ctx, vocab=backend.model.cfg.vocab_size)
+        if self.status == LOADING:
+            self.status = READY

@@ -1,0 +1,145 @@
+"""Typed reads of JSON request fields: every wrong value is a BadRequest naming the field."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..errors import VkrtError
+
+_MISSING = object()
+
+
+class ApiError(VkrtError):
+    """Answered with `status` and an OpenAI-style error body (naming `param` when there is one)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.status, self.type = message, param, status, type
+
+
+class BadRequest(ApiError):
+    """A request the server cannot take as it is (400 unless said otherwise)."""
+
+
+def parse_json_object(raw: bytes) -> dict:
+    """The request body as a JSON object (NaN and Infinity are not JSON)."""
+    def no_constants(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=no_constants)
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the request body is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the request body must be a JSON object, got {_kind(body)}")
+    return body
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _given(body: dict, name: str, default) -> bool:
+    """Whether the field holds a value; absent or null means the default (an error when required)."""
+    if body.get(name) is None:
+        if default is _MISSING:
+            raise BadRequest(f"'{name}' is required", name)
+        return False
+    return True
+
+
+def get_int(body: dict, name: str, default=_MISSING, lo: int | None = None, hi: int | None = None,
+            hint: str = "") -> int:
+    """`hint` is added to the message of a value above `hi`."""
+    if not _given(body, name, default):
+        return default
+    value = body[name]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer, got {_kind(value)}", name)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise BadRequest(f"'{name}' must be {rng}, got {value}{hint if hi is not None and value > hi else ''}", name)
+    return value
+
+
+def get_float(body: dict, name: str, default=_MISSING, lo: float | None = None, hi: float | None = None) -> float:
+    if not _given(body, name, default):
+        return default
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"'{name}' must be a number, got {_kind(value)}", name)
+    value = float(value)
+    if not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise BadRequest(f"'{name}' must be a finite number {rng}, got {value}", name)
+    return value
+
+
+def get_bool(body: dict, name: str, default=_MISSING) -> bool:
+    if not _given(body, name, default):
+        return default
+    value = body[name]
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be true or false, got {_kind(value)}", name)
+    return value
+
+
+def get_str(body: dict, name: str, default=_MISSING) -> str:
+    if not _given(body, name, default):
+        return default
+    value = body[name]
+    if not isinstance(value, str):
+        raise BadRequest(f"'{name}' must be a string, got {_kind(value)}", name)
+    return value
+
+
+def get_dict(body: dict, name: str) -> dict:
+    value = body[name] if _given(body, name, {}) else {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{name}' must be an object, got {_kind(value)}", name)
+    return value
+
+
+def get_stop(body: dict, name: str = "stop", max_count: int = 16, max_len: int = 512) -> list[str]:
+    """A string or an array of strings."""
+    value = body[name] if _given(body, name, []) else []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise BadRequest(f"'{name}' must be a string or an array of strings", name)
+    if len(value) > max_count:
+        raise BadRequest(f"'{name}' may hold at most {max_count} strings, got {len(value)}", name)
+    if any(len(s) > max_len for s in value):
+        raise BadRequest(f"'{name}' strings may be at most {max_len} characters long", name)
+    return value
+
+
+def get_token_ids(value, name: str, vocab: int) -> list[int]:
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise BadRequest(f"'{name}' must hold token ids (integers)", name)
+    bad = [t for t in value if not 0 <= t < vocab]
+    if bad:
+        raise BadRequest(f"'{name}' holds token id {bad[0]}, outside the vocabulary [0, {vocab})", name)
+    return list(value)
+
+
+def reject_truthy(body: dict, names: tuple[str, ...], why: str) -> None:
+    for name in names:
+        if body.get(name):
+            raise BadRequest(f"'{name}' is not supported: {why}", name)
