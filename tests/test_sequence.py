@@ -120,3 +120,18 @@ def test_large_launch_folds_into_two_dimensions(device):
         np.testing.assert_array_equal(out, np.full(10, 5, np.uint32))
     finally:
         a.close()
+
+
+def test_many_dispatches_grow_the_descriptor_pools(device):
+    """More descriptor sets than one pool holds: the arena moves on to new pools, and a
+    re-recording reuses them."""
+    from vkrt.commands.descriptors import SETS_PER_POOL
+    n = 64
+    with Buffer(device, 4 * n) as x, CommandSequence(device) as seq:
+        for _ in range(2):
+            with seq.record():
+                for i in range(2 * SETS_PER_POOL + 10):
+                    fill(seq, x, n, i)
+            seq.run()
+            assert len(seq._descriptors._pools) == 3
+            np.testing.assert_array_equal(download(device, x, np.uint32), np.full(n, 2 * SETS_PER_POOL + 9))

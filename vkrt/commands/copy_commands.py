@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..device.vk import ffi, lib, vk, vk_error
+from ..device.vk import ffi, lib, result_error, vk, vk_error
 from ..memory import BufferRange
 from ..owned import Owned
 
@@ -67,7 +67,7 @@ class CopyCommands(Owned):
 
     def _result(self, result: int, what: str) -> None:
         if result != vk.VK_SUCCESS:
-            raise vk_error(f"{what} for {self.label}", vk.exception_codes[result]())
+            raise result_error(f"{what} for {self.label}", result)
 
     def submit(self, copies: Sequence[tuple[BufferRange, BufferRange]], waits: Sequence = (),
                to_host: bool = False) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..device.vk import ffi, lib, vk, vk_call, vk_error
+from ..device.vk import VK_ERROR_OUT_OF_POOL_MEMORY, ffi, lib, result_error, vk, vk_call
+from ..errors import VkrtError
 from ..owned import Owned
 
 SETS_PER_POOL = 256
@@ -16,6 +17,7 @@ class DescriptorArena(Owned):
         super().__init__(label)
         self.device = device
         self._pools: list = []
+        self._used: list[list[int]] = []  # per pool: [sets, descriptors] handed out since the reset
         self._current = 0
         device.adopt(self)
 
@@ -25,6 +27,7 @@ class DescriptorArena(Owned):
         info = vk.VkDescriptorPoolCreateInfo(maxSets=SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size])
         with vk_call(f"creating a descriptor pool for {self.label}"):
             self._pools.append(vk.vkCreateDescriptorPool(self.device.handle, info, None))
+        self._used.append([0, 0])
 
     def allocate(self, set_layout, ranges) -> object:
         """A descriptor set of `set_layout` whose binding i points at ranges[i]."""
@@ -34,19 +37,27 @@ class DescriptorArena(Owned):
         info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO
         info.descriptorSetCount = 1
         info.pSetLayouts = layouts
+        n = len(ranges)
         while True:
             fresh = self._current >= len(self._pools)
             if fresh:
                 self._new_pool()
+            sets, descs = self._used[self._current]
+            if n > SETS_PER_POOL * BUFFERS_PER_SET:
+                raise VkrtError(f"{self.label}: a set of {n} buffers exceeds a pool's {SETS_PER_POOL * BUFFERS_PER_SET}")
+            if sets + 1 > SETS_PER_POOL or descs + n > SETS_PER_POOL * BUFFERS_PER_SET:
+                self._current += 1  # full by its own count (some drivers never say so)
+                continue
             info.descriptorPool = self._pools[self._current]
             result = lib.vkAllocateDescriptorSets(self.device.handle, info, out)
             if result == vk.VK_SUCCESS:
+                self._used[self._current][0] += 1
+                self._used[self._current][1] += n
                 break
-            if result in (vk.VK_ERROR_OUT_OF_POOL_MEMORY, vk.VK_ERROR_FRAGMENTED_POOL) and not fresh:
+            if result in (VK_ERROR_OUT_OF_POOL_MEMORY, vk.VK_ERROR_FRAGMENTED_POOL) and not fresh:
                 self._current += 1  # this pool is full: move on to the next (or a new) one
                 continue
-            raise vk_error("allocating a descriptor set", vk.exception_codes[result]())
-        n = len(ranges)
+            raise result_error("allocating a descriptor set", result)
         infos = ffi.new("VkDescriptorBufferInfo[]", n)
         writes = ffi.new("VkWriteDescriptorSet[]", n)
         for i, r in enumerate(ranges):
@@ -66,6 +77,7 @@ class DescriptorArena(Owned):
     def reset(self) -> None:
         for pool in self._pools:
             lib.vkResetDescriptorPool(self.device.handle, pool, 0)
+        self._used = [[0, 0] for _ in self._pools]
         self._current = 0
 
     def _release(self) -> None:

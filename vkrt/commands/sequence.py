@@ -7,7 +7,7 @@ from typing import Sequence
 
 from ..errors import VkrtError
 from ..owned import Owned
-from ..device.vk import ffi, lib, vk, vk_call
+from ..device.vk import ffi, lib, result_error, vk, vk_call
 from .descriptors import DescriptorArena
 from .hazards import HazardTracker
 
@@ -270,7 +270,7 @@ class CommandSequence(Owned):
         with vk_call(f"reading timestamps of {self.label}"):
             result = lib.vkGetQueryPoolResults(self.device.handle, self.query_pool, 0, n, n * 8, data, 8, flags)
             if result != vk.VK_SUCCESS:
-                raise vk.exception_codes[result]()
+                raise result_error(f"reading timestamps of {self.label}", result)
         period = self.device.profile.timestamp_period_ns * 1e-9
         ticks = [int(data[i]) & self._ts_mask for i in range(n)]
         return [(self._labels[i], (ticks[i + 1] - ticks[i]) * period) for i in range(n - 1)]

@@ -7,7 +7,7 @@ import threading
 from typing import Sequence
 
 from ..owned import Owned
-from .vk import ffi, lib, vk, vk_call, vk_error
+from .vk import ffi, lib, result_error, vk, vk_call
 
 
 def gpu_timeout_ns() -> int:
@@ -37,7 +37,7 @@ class TimelineSemaphore(Owned):
         """The value the GPU has reached."""
         result = lib.vkGetSemaphoreCounterValue(self.device.handle, self.handle, self._counter)
         if result != vk.VK_SUCCESS:
-            raise vk_error(f"reading {self.label}", vk.exception_codes[result]())
+            raise result_error(f"reading {self.label}", result)
         return int(self._counter[0])
 
     def wait(self, value: int, timeout_ns: int | None = None) -> None:
@@ -47,7 +47,7 @@ class TimelineSemaphore(Owned):
         result = lib.vkWaitSemaphores(self.device.handle, self._wait_info, timeout)
         if result != vk.VK_SUCCESS:
             what = f"waiting for {self.label} to reach {value} (timeout {timeout / 1e9:.0f} s; VKRT_GPU_TIMEOUT)"
-            raise vk_error(what, vk.exception_codes[result]())
+            raise result_error(what, result)
 
     def _release(self) -> None:
         vk.vkDestroySemaphore(self.device.handle, self.handle, None)
@@ -100,8 +100,7 @@ class Queue:
             sig_val[0] = value
             result = lib.vkQueueSubmit(self.handle, 1, info, ffi.NULL)
             if result != vk.VK_SUCCESS:
-                raise vk_error(f"submitting {len(command_buffers)} command buffer(s) to the {self.name} queue",
-                               vk.exception_codes[result]())
+                raise result_error(f"submitting {len(command_buffers)} command buffer(s) to the {self.name} queue", result)
             self._last = value
         return value
 

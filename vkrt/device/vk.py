@@ -21,6 +21,23 @@ except ImportError as exc:
     raise VulkanUnavailable(f"the `vulkan` Python package is missing ({exc}); pip install vulkan") from None
 
 
+# The binding's table of result codes lacks some, and gives VK_ERROR_OUT_OF_POOL_MEMORY a positive
+# value; these are the codes as the Vulkan headers define them.
+VK_ERROR_OUT_OF_POOL_MEMORY = -1000069000
+_EXTRA_RESULTS = {VK_ERROR_OUT_OF_POOL_MEMORY: "VK_ERROR_OUT_OF_POOL_MEMORY",
+                  -1000072003: "VK_ERROR_INVALID_EXTERNAL_HANDLE", -1000161000: "VK_ERROR_FRAGMENTATION",
+                  -1000257000: "VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS"}
+
+
+def result_error(what: str, result: int) -> VulkanError:
+    """The vkrt error for a VkResult returned by a direct `lib` call."""
+    cls = vk.exception_codes.get(result)
+    if cls is not None:
+        return vk_error(what, cls())
+    name = _EXTRA_RESULTS.get(result, f"VkResult {result}")
+    return VulkanError(f"{what} failed: {name}", name)
+
+
 def result_name(exc: BaseException) -> str:
     # VkErrorOutOfDeviceMemory -> VK_ERROR_OUT_OF_DEVICE_MEMORY
     return "VK_" + re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__[2:]).upper()

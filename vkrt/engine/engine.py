@@ -51,6 +51,12 @@ class StepStats:
     seconds: float = 0.0
     graphs_recorded: int = 0
     layers_prefetched: int = 0
+    steps: int = 0
+    gpu_wait_seconds: float = 0.0   # blocked waiting for the GPU; the rest of `seconds` is host work
+
+    @property
+    def host_seconds_per_step(self) -> float:
+        return (self.seconds - self.gpu_wait_seconds) / self.steps if self.steps else 0.0
 
 
 class Engine(Owned):
@@ -139,7 +145,8 @@ class Engine(Owned):
     def _run(self, g: _Graph) -> None:
         """Submit a graph; with prefetched layers, interleave their uploads on the transfer queue."""
         if not g.prefetched:
-            g.seqs[0].run()
+            g.seqs[0].submit()
+            self._wait(g.seqs[0])
             return
         pf, compute = self.prefetch, self.device.compute
         n = len(g.prefetched)
@@ -161,7 +168,12 @@ class Engine(Owned):
             free[pf.slot_of(g.prefetched[k - 1])] = value
             if k - 1 + pf.n_slots < n:
                 upload(k - 1 + pf.n_slots)
-        g.seqs[-1].wait()
+        self._wait(g.seqs[-1])
+
+    def _wait(self, seq) -> None:
+        t0 = time.perf_counter()
+        seq.wait()
+        self.stats.gpu_wait_seconds += time.perf_counter() - t0
 
     # -- evaluation --------------------------------------------------------------------------------
     def eval(self, tokens, seq_id: int = 0, all_logits: bool = False) -> np.ndarray:
@@ -232,6 +244,7 @@ class Engine(Owned):
         logits = self._logits.read(np.float32, 4 * cfg.vocab_size * n_out).reshape(n_out, cfg.vocab_size)
         self.stats.tokens += n
         self.stats.seconds += time.perf_counter() - t0
+        self.stats.steps += 1
         return logits
 
     def reset(self, seq_id: int | None = None, from_pos: int = 0) -> None:

@@ -46,6 +46,7 @@ class SyntheticSpec:
     sliding_window: int = 0
     seed: int = 0
     random_blocks: bool = False        # random valid blocks instead of quantising (fast, for big models)
+    pad_vocab_to: int = 0              # append unused tokens up to this vocabulary size (real output shapes)
     extra: dict = field(default_factory=dict)
 
 
@@ -145,6 +146,9 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     wtype = Q[s.weight_type.upper()]
     etype = Q[(s.expert_type or s.weight_type).upper()]
     tokens, types, merges = _bpe_vocab(s.vocab_merges)
+    if s.pad_vocab_to > len(tokens):
+        tokens = tokens + [f"<unused{i}>" for i in range(s.pad_vocab_to - len(tokens))]
+        types = types + [5] * (s.pad_vocab_to - len(types))  # 5: unused
     n_vocab = len(tokens)
     w = gguf.GGUFWriter(os.fspath(path), arch)
     w.add_name(f"vkrt synthetic {arch}")

@@ -1,0 +1,120 @@
+"""vkrt next to llama.cpp's server on the same model, device and -ub, in one run: pp512,
+pp2048 (-ub 2048) and tg128 as t/s and ratios, plus vkrt's host time per decode step.
+
+    python bench/peer.py [MODEL.gguf ...] [--synthetic smollm2,gemma3] [-r 3] [--json]
+
+--synthetic writes random-weight models with the layer shapes and vocabulary sizes of
+SmolLM2-135M (llama, Q4_1) and Gemma 3 270M (gemma3, Q5_0), for machines without the real files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+from llama_peer import POLARIS_ENV, LlamaServer, find_server
+from vkrt.device import Device
+from vkrt.engine.bench import BenchTest, run_test
+from vkrt.engine.engine import Engine
+from vkrt.engine.generate import random_tokens
+from vkrt.model.loader import Model
+from vkrt.model.synthetic import SyntheticSpec, write_model
+
+SHAPES = {
+    "smollm2": SyntheticSpec(arch="llama", n_layer=30, n_embd=576, n_head=9, n_head_kv=3, head_dim=64, n_ff=1536,
+                             n_ctx=8192, weight_type="Q4_1", pad_vocab_to=49152, random_blocks=True),
+    "gemma3": SyntheticSpec(arch="gemma3", n_layer=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048,
+                            n_ctx=32768, weight_type="Q5_0", sliding_window=512, pad_vocab_to=262144,
+                            random_blocks=True),
+}
+ALL_TESTS = (("pp512", 512, 0, 512), ("pp2048", 2048, 0, 2048), ("tg128", 0, 128, 512), ("pp64", 64, 0, 64),
+             ("tg16", 0, 16, 64))
+TESTS = ALL_TESTS[:3]
+
+
+def vkrt_side(device, path, reps) -> dict:
+    out = {}
+    with Model(device, path, progress=False) as m:
+        for name, n_p, n_g, ub in TESTS:
+            if (name, n_p, n_g, ub) not in TESTS:
+                continue
+            with Engine(m, n_ctx=2304, n_batch=max(ub, 512), n_ubatch=ub) as e:
+                r = run_test(e, BenchTest(n_p, n_g), reps)
+                out[name] = r.avg_ts
+                if n_g:
+                    out["host_ms_per_decode_step"] = e.stats.host_seconds_per_step * 1e3
+    return out
+
+
+def llama_side(binary, path, reps, polaris) -> dict:
+    out = {}
+    prompt = random_tokens(2048, 200, 1)
+    for ub in sorted({t[3] for t in TESTS}):
+        args = ["-ngl", "99", "-c", "2304", "-b", str(max(ub, 512)), "-ub", str(ub), "-fa", "on", "--no-warmup"]
+        try:
+            with LlamaServer(binary, path, args, POLARIS_ENV if polaris else {}) as srv:
+                srv.completion(prompt[:64], 4)
+                for name, n_p, n_g, u in TESTS:
+                    if u != ub:
+                        continue
+                    if n_p:
+                        out[name] = statistics.median(srv.completion(prompt[:n_p], 1)["prompt_per_second"]
+                                                      for _ in range(reps))
+                    else:
+                        out[name] = statistics.median(srv.completion(prompt[:16], n_g)["predicted_per_second"]
+                                                      for _ in range(reps))
+        except (RuntimeError, OSError) as exc:  # server died, or refused the request
+            out["error"] = str(exc).splitlines()[0]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--synthetic", default="", help="comma-separated: smollm2, gemma3")
+    ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--tests", default="pp512,pp2048,tg128", help="of pp512, pp2048, tg128, pp64, tg16")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    global TESTS
+    TESTS = tuple(t for t in ALL_TESTS if t[0] in args.tests.split(","))
+    polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
+    models = [(os.path.basename(m), m) for m in args.models]
+    tmp = tempfile.mkdtemp()
+    for name in filter(None, args.synthetic.split(",")):
+        path = os.path.join(tmp, f"synthetic-{name}.gguf")
+        write_model(path, SHAPES[name])
+        models.append((f"{name}-shaped (random weights)", path))
+    binary = find_server(args.llama_server)
+    rows = []
+    with Device() as device:
+        dev_name = device.profile.name
+        for label, path in models:
+            rows.append({"model": label, "vkrt": vkrt_side(device, path, args.reps)})
+    for row, (label, path) in zip(rows, models):
+        row["llama.cpp"] = llama_side(binary, path, args.reps, polaris) if binary else {"error": "no llama-server"}
+        row["ratio_vkrt_vs_llama"] = {t: row["vkrt"][t] / row["llama.cpp"][t] for t, *_ in TESTS
+                                      if row["llama.cpp"].get(t)}
+    if args.json:
+        print(json.dumps({"device": dev_name, "polaris_class": polaris, "rows": rows}))
+        return
+    print(f"vkrt vs llama.cpp on {dev_name}{' (Polaris-class configuration)' if polaris else ''}, t/s")
+    print("| model | test | vkrt | llama.cpp | ratio |")
+    print("|---|---|---:|---:|---:|")
+    for row in rows:
+        for t, *_ in TESTS:
+            lv = row["llama.cpp"].get(t)
+            print(f"| {row['model']} | {t} | {row['vkrt'][t]:.1f} | {lv if lv is None else f'{lv:.1f}'} | "
+                  f"{row['ratio_vkrt_vs_llama'].get(t, float('nan')):.2f} |")
+        if "host_ms_per_decode_step" in row["vkrt"]:
+            print(f"| {row['model']} | host ms per decode step (vkrt) | {row['vkrt']['host_ms_per_decode_step']:.2f} | | |")
+        if "error" in row["llama.cpp"]:
+            print(f"llama.cpp failed on {row['model']}: {row['llama.cpp']['error']}")
+
+
+if __name__ == "__main__":
+    main()
