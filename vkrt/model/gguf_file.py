@@ -79,7 +79,8 @@ class GGUFFile(Owned):
             if key.startswith("GGUF."):
                 continue
             try:
-                self.metadata[key] = field.contents()
+                strings = reader.string_arrays.get(key)
+                self.metadata[key] = strings if strings is not None else field.contents()
             except UnicodeDecodeError as exc:
                 raise self._error(f"metadata {key!r} is not valid UTF-8 ({exc})") from None
             self.value_types[key] = list(field.types)

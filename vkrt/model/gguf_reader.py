@@ -4,6 +4,7 @@ numpy, or a loop over a corrupt count of billions), and without building tensor 
 
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 import numpy as np
@@ -36,6 +37,10 @@ class CheckedReader(GGUFReader):
         self.path = path
         self.infos: list[RawTensorInfo] = []
         self._what = "the header"
+        # arrays of strings (a vocabulary: 262144 for Gemma 3), decoded in one pass; the base
+        # reader would make two numpy views per string, which takes seconds
+        self.string_arrays: dict[str, list[str]] = {}
+        self._pending_strings: list[str] | None = None
         super().__init__(path, "r")
 
     def fail(self, message: str) -> GGUFError:
@@ -59,10 +64,13 @@ class CheckedReader(GGUFReader):
         self._check_count(count, _MIN_KV, offs, "metadata key/value")
         for i in range(int(count)):
             self._what = f"metadata entry {i} of {int(count)} (at byte {offs})"
+            self._pending_strings = None
             try:
                 offs = super()._build_fields(offs, 1)
             except UnicodeDecodeError:
                 raise self.fail(f"corrupt metadata: the key of {self._what} is not valid UTF-8") from None
+            if self._pending_strings is not None:
+                self.string_arrays[next(reversed(self.fields))] = self._pending_strings
         return offs
 
     def _get_field_parts(self, orig_offs: int, raw_type: int):
@@ -78,7 +86,36 @@ class CheckedReader(GGUFReader):
             except ValueError:
                 raise self.fail(f"corrupt metadata: unknown array item type {item} in {self._what}") from None
             self._check_count(length, each, orig_offs + 12, "array item")
+            if item == GGUFValueType.STRING:
+                return self._string_array(orig_offs, length)
+            nptype = self.gguf_scalar_to_np.get(GGUFValueType(item))
+            if nptype is not None:  # all values as one part, not one part per value
+                values = self._get(orig_offs + 12, nptype, length)
+                parts = [self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64), values]
+                return 12 + int(values.nbytes), parts, [2], [GGUFValueType.ARRAY, GGUFValueType(item)]
         return super()._get_field_parts(orig_offs, raw_type)
+
+    def _string_array(self, orig_offs: int, length: int):
+        buf = memoryview(self.data)
+        end = len(self.data)
+        pos = orig_offs + 12
+        strings = []
+        for i in range(length):
+            if pos + 8 > end:
+                raise self.fail(f"truncated: string {i} of {length} in {self._what} starts past the end of the file")
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            if pos + 8 + n > end:
+                raise self.fail(f"truncated: string {i} of {length} in {self._what} needs bytes up to {pos + 8 + n}, "
+                                f"but the file ends at {end}")
+            try:
+                strings.append(str(buf[pos + 8:pos + 8 + n], "utf-8"))
+            except UnicodeDecodeError:
+                raise self.fail(f"metadata string {i} of {self._what} is not valid UTF-8") from None
+            pos += 8 + n
+        self._pending_strings = strings
+        parts = [self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64),
+                 self._get(orig_offs + 12, np.uint8, pos - orig_offs - 12)]
+        return pos - orig_offs, parts, [2], [GGUFValueType.ARRAY, GGUFValueType.STRING]
 
     def _build_tensor_info(self, offs: int, count: int):
         self._check_count(count, _MIN_TENSOR_INFO, offs, "tensor")

@@ -47,7 +47,7 @@ class Placement:
         if self.host_bytes:
             s += (f", {fmt_bytes(self.host_bytes)} in host memory ({len(self.host_tensors)} tensors: "
                   f"{fmt_bytes(self.host_imported)} read through imported memory, "
-                  f"{fmt_bytes(self.host_copied)} copied to host-visible buffers)")
+                  f"{fmt_bytes(self.host_copied)} through host-visible copies)")
         return s
 
 
@@ -121,6 +121,7 @@ class Model(Owned):
         for name in names:
             info = self.gguf.tensor(name)
             data = self.gguf.data(name)
+            chunk = registry.chunk_at(data.ctypes.data) if registry is not None else None
             rng = registry.lookup(data.ctypes.data, info.nbytes) if registry is not None else None
             if rng is None:
                 buf = Buffer(self.device, max(info.nbytes, 4), MemoryKind.HOST, label=f"{name} (host copy)")
@@ -128,8 +129,10 @@ class Model(Owned):
                 self._owned.append(buf)
                 rng = buf.range(0, info.nbytes)
                 p.host_copied += info.nbytes
-            else:
+            elif chunk.imported:
                 p.host_imported += info.nbytes
+            else:  # the registry's host-visible fallback copy
+                p.host_copied += info.nbytes
             self.weights[name] = Tensor.on(rng, info.type, info.ne, name=name)
             p.host_bytes += info.nbytes
             p.host_tensors.append(name)
