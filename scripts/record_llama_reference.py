@@ -17,17 +17,19 @@ GGML_VK_VISIBLE_DEVICES=0 (set here) to use lavapipe.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from llama_peer import LlamaServer  # noqa: E402
+from scripts_sha import sha256  # noqa: E402
 
 PROMPTS = [
     "Hello, world! The capital of France is",
@@ -43,14 +45,6 @@ PROMPTS = [
     "<start_of_turn>user\nhi<end_of_turn>\n",
 ]
 COMPLETIONS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def post(port: int, route: str, body: dict):
@@ -83,20 +77,8 @@ def stream_completion(port: int, prompt, n_predict: int, n_probs: int) -> tuple[
 
 
 def record(server: str, model: str, port: int, n_predict: int, extra_args: list[str]) -> dict:
-    env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0")}
-    cmd = [server, "-m", model, "--port", str(port), "-ngl", "99", "-c", "1024", "-np", "1", *extra_args]
-    log = open(os.path.join(tempfile.gettempdir(), f"llama-server-{port}.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log.name}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if json.loads(r.read()).get("status") == "ok":
-                        break
-            except Exception:
-                time.sleep(1)
+    args = ["-ngl", "99", "-c", "1024", *extra_args]
+    with LlamaServer(server, model, args, port=port):
         entry = {"sha256": sha256(model), "tokenize": {}, "completions": []}
         for p in PROMPTS:
             with post(port, "/tokenize", {"content": p, "add_special": True, "parse_special": True}) as r:
@@ -110,10 +92,6 @@ def record(server: str, model: str, port: int, n_predict: int, extra_args: list[
             entry["completions"].append({"prompt": p, "prompt_tokens": prompt_tokens, "tokens": tokens,
                                          "top_logprobs": tops})
         return entry
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def vocabulary_carrier(source: str, out: str) -> str:
