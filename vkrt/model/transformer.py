@@ -67,6 +67,7 @@ class Scratch(Owned):
         qd, kd, vd = cfg.n_head * cfg.head_dim_k, cfg.n_head_kv * cfg.head_dim_k, cfg.n_head_kv * cfg.head_dim_v
         ff = max(cfg.n_ff, 1)
         self.max_tokens, self.n_ctx = max_tokens, n_ctx
+        self._mask_opt_owner: dict = {}
         shapes = dict(x=(E, T), cur=(E, T), q=(qd, T), k=(kd, T), v=(vd, T), qr=(qd, T), kr=(kd, T),
                       attn=(cfg.n_head * cfg.head_dim_v, T), o=(E, T), g=(ff, T), u=(ff, T), h=(ff, T),
                       logits=(cfg.vocab_size, T))
@@ -96,6 +97,11 @@ class Scratch(Owned):
         except BaseException:
             self.close()
             raise
+
+    @property
+    def mask_opt_owner(self) -> dict:
+        """Per recording: mask -> the first FlashAttn that classified it (reset by record())."""
+        return self._mask_opt_owner
 
     def cols(self, name: str, n: int, first: int = 0) -> Tensor:
         """Columns first..first+n-1 (tokens) of a 2-D activation."""
@@ -159,6 +165,7 @@ class Transformer:
         if cfg.sliding_window:
             masks[True] = s.t["mask_swa"].slice(0, 0, n_kv * T).view((n_kv, T))
         experts = experts or {}
+        s.mask_opt_owner.clear()
         parts = [Part("embed", lambda seq: self._embed(seq, s, ids, T))]
         for il in range(cfg.n_layer):
             mask = masks[cfg.layer_is_swa(il)]
@@ -212,8 +219,10 @@ class Transformer:
         out = s.cols("attn", T).view((Dv, H, T))
         args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
                 out, mask)
-        if flash:
-            op = FlashAttn(*args, scale=cfg.attn_scale, label=f"flash attention {il}")
+        if flash:  # layers attending through the same mask share one mask_opt pre-pass
+            op = FlashAttn(*args, scale=cfg.attn_scale, label=f"flash attention {il}",
+                           share_mask_opt=s.mask_opt_owner.get(id(mask)))
+            s.mask_opt_owner.setdefault(id(mask), op)
         else:
             op = Attention(*args, scale=cfg.attn_scale, scores=s.t["scores"], label=f"attention {il}")
         op.record(seq)

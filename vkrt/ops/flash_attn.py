@@ -118,7 +118,8 @@ class FlashAttn(Owned):
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
-                 split_k: int | None = None, tuning: Tuning | None = None, label: str = "flash_attn"):
+                 split_k: int | None = None, tuning: Tuning | None = None, label: str = "flash_attn",
+                 share_mask_opt: "FlashAttn | None" = None):
         super().__init__(label)
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
@@ -130,6 +131,9 @@ class FlashAttn(Owned):
         self.n_split, self.split_tiles = self._decide_split(split_k)
         self._scratch = []
         self._mask = None
+        # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
+        # this one reads instead of classifying the mask again
+        self._shared = share_mask_opt if self._can_share(share_mask_opt, mask) else None
         # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
         self.mask_opt_blocks = None
         try:
@@ -139,6 +143,11 @@ class FlashAttn(Owned):
             raise
 
     # -- decisions ---------------------------------------------------------------------------
+    def _can_share(self, other: "FlashAttn | None", mask) -> bool:
+        return (other is not None and mask is not None and self.mask_opt and other.mask_opt
+                and other.tile == self.tile and other.shape.n_q == self.shape.n_q
+                and other.shape.n_kv == self.shape.n_kv and other._mask_tensor is mask)
+
     def _decide_mask_opt(self, mask, forced) -> bool:
         if mask is None:
             return False
@@ -170,6 +179,7 @@ class FlashAttn(Owned):
         for name, t in (("q", q), ("k", k), ("v", v)):
             push[f"{name}_nb1"], push[f"{name}_nb2"], push[f"{name}_nb3"] = element_strides(t)
         push.update(m_off=0, m_nb1=0, m_nb2=0, m_nb3=0)
+        self._mask_tensor = mask
         if mask is not None:
             self._mask, m_off = bind_tensor(mask, dev)
             push["m_off"] = m_off // 2
@@ -180,7 +190,9 @@ class FlashAttn(Owned):
         self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
         self._attn_push = FA_PUSH.pack(push)
 
-        if self.mask_opt:
+        if self.mask_opt and self._shared is not None:
+            self.mask_opt_blocks = self._shared.mask_opt_blocks
+        elif self.mask_opt:
             words = s.nem2 * s.nem3 * self.n_row_tiles * -(-self.n_kv_tiles // 16)
             self.mask_opt_blocks = self._alloc(4 * words, "mask_opt blocks")
             self._mask_opt_kernel = kernel(dev, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=tile.br, BC=tile.bc))
@@ -201,8 +213,10 @@ class FlashAttn(Owned):
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, seq) -> None:
-        """Record the mask_opt pre-pass (when on), the attention and the split reduce (when split)."""
-        self.record_mask_opt(seq)
+        """Record the mask_opt pre-pass (when on and not shared), the attention and the split
+        reduce (when split)."""
+        if self._shared is None:
+            self.record_mask_opt(seq)
         self.record_attention(seq)
 
     def record_mask_opt(self, seq) -> None:
