@@ -50,7 +50,8 @@ def _with_torch(sizes, seconds) -> tuple[dict | None, str]:
             dst[:size].copy_(src[:size], non_blocking=True)
             torch.cuda.synchronize()
         out[name] = _rows(sizes, seconds, copy)
-    del dst, sources
+    sources.clear()
+    dst = None  # noqa: F841 (frees the device copy before emptying the cache)
     torch.cuda.empty_cache()
     return out, ""
 

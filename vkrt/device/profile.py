@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .architecture import VENDOR_NAMES, VENDOR_NVIDIA, Arch, arch_override, detect_architecture
-from .vk import cstr, ffi, vk, vk_call, version_str
+from .vk import cstr, vk, vk_call, version_str
 
 DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 
