@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.commands import read_tensor, run_once, tensor_from_numpy
 from vkrt.device import TABLE, Arch
 from vkrt.errors import ConfigError, GGMLTypeError, OutOfRange, VkrtError
 from vkrt.memory import BF16, F16, F32, I32, Tensor
@@ -16,14 +16,6 @@ from vkrt.ops.copy import copy
 
 FAST_TYPES = [F32, F16, I32, BF16]
 
-
-def run(device, record):
-    out = []
-    with CommandSequence(device) as seq:
-        with seq.record():
-            out.append(record(seq))
-        seq.run()
-    return out[0]
 
 
 def random_bits(typ, shape, seed) -> np.ndarray:
@@ -70,7 +62,7 @@ def test_generic_along_every_dim(device, typ, dim, ne_a, n_b):
     a, b = tensor_from_numpy(device, x, typ=typ), tensor_from_numpy(device, y, typ=typ)
     dst = Tensor.empty(device, typ, ne_d)
     try:
-        assert run(device, lambda seq: concat(seq, a, b, dst, dim)) == "generic"
+        assert run_once(device, lambda seq: concat(seq, a, b, dst, dim)) == "generic"
         assert same_bits(read_tensor(dst), numpy_concat(x, y, dim))
     finally:
         for t in (a, b, dst):
@@ -84,7 +76,7 @@ def test_generic_mixed_types_convert(device, ta, tb, td):
     a, b = tensor_from_numpy(device, x, typ=ta), tensor_from_numpy(device, y, typ=tb)
     dst = Tensor.empty(device, td, (36, 33, 3))
     try:
-        assert run(device, lambda seq: concat(seq, a, b, dst, 0)) == "generic"
+        assert run_once(device, lambda seq: concat(seq, a, b, dst, 0)) == "generic"
         want = np.concatenate([as_float(x, ta), as_float(y, tb)], axis=2).astype(td.dtype)
         assert same_bits(read_tensor(dst), want)
     finally:
@@ -104,7 +96,7 @@ def test_generic_strided_views_and_offsets(device):
     dst = outer.slice(0, 1, 5).slice(1, 1, 34).slice(2, 2, 39)     # ne (4, 33, 37)
     try:
         assert a.ne == (4, 33, 31, 1) and b.ne == (4, 33, 6, 1) and dst.ne == (4, 33, 37, 1)
-        assert run(device, lambda seq: concat(seq, a, b, dst, 2)) == "generic"
+        assert run_once(device, lambda seq: concat(seq, a, b, dst, 2)) == "generic"
         expect = fill.copy()
         expect[2:39, 1:34, 1:5] = np.concatenate([x.transpose(2, 1, 0), y[0:6, :, 1:5]], axis=0)
         assert same_bits(read_tensor(outer), expect)
@@ -146,7 +138,7 @@ class Case:
         outer = tensor_from_numpy(self.device, fill, typ=self.typ)
         try:
             dst = outer.view(self.ne, offset=self.pad * self.typ.type_size)
-            taken = run(self.device, lambda seq: concat(seq, self.a, self.b, dst, 0, path=path))
+            taken = run_once(self.device, lambda seq: concat(seq, self.a, self.b, dst, 0, path=path))
             got = read_tensor(outer)
             assert same_bits(got[:self.pad], fill[:self.pad]) and same_bits(got[-self.pad:], fill[-self.pad:])
             return taken, got[self.pad:-self.pad].reshape(self.ne[1], self.ne[0])
@@ -297,8 +289,8 @@ def test_guard_rejects_and_generic_is_correct(device, build, reason):
         made.append(dst)
         assert reason in fast_plan(a, b, dst, dim)
         with pytest.raises(VkrtError, match="fast path does not apply"):
-            run(device, lambda seq: concat(seq, a, b, dst, dim, path="fast"))
-        assert run(device, lambda seq: concat(seq, a, b, dst, dim)) == "generic"
+            run_once(device, lambda seq: concat(seq, a, b, dst, dim, path="fast"))
+        assert run_once(device, lambda seq: concat(seq, a, b, dst, dim)) == "generic"
         assert same_bits(read_tensor(dst), want)
     finally:
         for t in made:
@@ -311,7 +303,7 @@ def test_guard_rejects_strided_destination(device):
     try:
         dst = outer.slice(0, 2, 38)
         assert "destination is not contiguous" in fast_plan(case.a, case.b, dst, 0)
-        assert run(device, lambda seq: concat(seq, case.a, case.b, dst, 0)) == "generic"
+        assert run_once(device, lambda seq: concat(seq, case.a, case.b, dst, 0)) == "generic"
         expect = np.zeros((33, 40), np.float32)
         expect[:, 2:38] = case.want()
         assert same_bits(read_tensor(outer), expect)
@@ -348,11 +340,11 @@ def test_destination_spanning_more_than_a_binding(device, lavapipe_binding_limit
     try:
         dst = big.view((40, 30), nb=(4, row), offset=8)
         assert dst.span > device.profile.max_storage_buffer_range
-        assert run(device, lambda seq: (concat(seq, a, b, dst, 0), copy(seq, dst, back))[0]) == "generic"
+        assert run_once(device, lambda seq: (concat(seq, a, b, dst, 0), copy(seq, dst, back))[0]) == "generic"
         assert same_bits(read_tensor(back), want)
-        run(device, lambda seq: (copy(seq, zeros, dst), copy(seq, dst, back)))
+        run_once(device, lambda seq: (copy(seq, zeros, dst), copy(seq, dst, back)))
         assert not read_tensor(back).any()
-        run(device, lambda seq: (concat(seq, cols_a, cols_b, dst.transpose(), 1), copy(seq, dst, back)))
+        run_once(device, lambda seq: (concat(seq, cols_a, cols_b, dst.transpose(), 1), copy(seq, dst, back)))
         assert same_bits(read_tensor(back), want)
     finally:
         for t in made:

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.commands import read_tensor, run_once, tensor_from_numpy
 from vkrt.errors import GGMLTypeError, OutOfRange
 from vkrt.memory import BF16, F16, F32, I32, Tensor
 from vkrt.ops.copy import copy
@@ -17,12 +17,6 @@ from vkrt.pipeline import compile_shader
 PAIRS = [(F32, F32), (F32, F16), (F16, F32), (F16, F16), (BF16, F32), (BF16, F16), (I32, I32)]
 SHAPES = [(1,), (31,), (33, 31), (2, 3, 33, 1), (1001, 3), (1, 2, 1, 1031)]
 
-
-def run(device, record) -> None:
-    with CommandSequence(device) as seq:
-        with seq.record():
-            record(seq)
-        seq.run()
 
 
 def random_values(typ, shape, rng) -> np.ndarray:
@@ -62,7 +56,7 @@ def test_contiguous_copy_and_convert(device, src_t, dst_t, shape):
     src = upload(device, x, src_t)
     dst = Tensor.empty(device, dst_t, tuple(reversed(shape)))
     try:
-        run(device, lambda seq: copy(seq, src, dst))
+        run_once(device, lambda seq: copy(seq, src, dst))
         assert same_bits(read_tensor(dst), reference(x, src_t, dst_t))
     finally:
         src.close()
@@ -84,7 +78,7 @@ def test_strided_views_and_offsets(device, src_t, dst_t):
     dst = outer.slice(0, 1, 34).slice(1, 9, 40).slice(3, 1, 4)       # ne (33, 31, 3, 3)
     try:
         assert src.ne == dst.ne == (33, 31, 3, 3) and not src.is_contiguous() and not dst.is_contiguous()
-        run(device, lambda seq: copy(seq, src, dst))
+        run_once(device, lambda seq: copy(seq, src, dst))
         got = read_tensor(outer)
         expect = fill.copy()
         expect[1:4, :, 9:40, 1:34] = want
@@ -103,7 +97,7 @@ def test_transposed_source_and_broadcast(device):
     bcast = Tensor.empty(device, F32, (1000, 4))
     try:
         wide = row.view((1000, 4), nb=(4, 0))                        # the same row 4 times
-        run(device, lambda seq: (copy(seq, src.transpose(), out), copy(seq, wide, bcast)))
+        run_once(device, lambda seq: (copy(seq, src.transpose(), out), copy(seq, wide, bcast)))
         assert same_bits(read_tensor(out), x.T.astype(np.float16))
         assert same_bits(read_tensor(bcast), np.tile(x[5], (4, 1)))
     finally:
@@ -117,9 +111,9 @@ def test_reshaping_copy_uses_flat_order(device):
     dst = Tensor.empty(device, F16, (8, 3))
     back = Tensor.empty(device, F32, (6, 4))
     try:
-        run(device, lambda seq: copy(seq, src.transpose(), dst))    # strided src, contiguous dst
+        run_once(device, lambda seq: copy(seq, src.transpose(), dst))    # strided src, contiguous dst
         assert same_bits(read_tensor(dst), x.T.reshape(3, 8).astype(np.float16))
-        run(device, lambda seq: copy(seq, dst, back.transpose()))   # contiguous src, strided dst
+        run_once(device, lambda seq: copy(seq, dst, back.transpose()))   # contiguous src, strided dst
         assert same_bits(read_tensor(back), x.T.reshape(6, 4).T)
     finally:
         for t in (src, dst, back):
@@ -137,7 +131,7 @@ def test_special_values_convert_like_numpy(device):
         src = upload(device, x, s)
         dst = Tensor.empty(device, d, (x.size,))
         try:
-            run(device, lambda seq: copy(seq, src, dst))
+            run_once(device, lambda seq: copy(seq, src, dst))
             assert same_bits(read_tensor(dst), reference(x, s, d)), (s, d)
         finally:
             src.close()
@@ -145,7 +139,7 @@ def test_special_values_convert_like_numpy(device):
     nan = np.array([np.nan, -np.nan], np.float32)
     src, dst = upload(device, nan, F32), Tensor.empty(device, F16, (2,))
     try:
-        run(device, lambda seq: copy(seq, src, dst))
+        run_once(device, lambda seq: copy(seq, src, dst))
         assert np.isnan(read_tensor(dst)).all()
     finally:
         src.close()
@@ -160,7 +154,7 @@ def test_same_type_moves_bits_exactly(device, typ):
     src = upload(device, x, typ)
     dst = Tensor.empty(device, typ, (40, 33))
     try:
-        run(device, lambda seq: copy(seq, src.transpose(), dst))
+        run_once(device, lambda seq: copy(seq, src.transpose(), dst))
         assert same_bits(read_tensor(dst), x.T)
     finally:
         src.close()
@@ -179,14 +173,14 @@ def test_without_16bit_storage(device, monkeypatch):
     out32 = Tensor.empty(device, F32, (31, 33))
     try:
         dst = out.slice(0, 1, 34)                                   # odd offset, strided rows
-        run(device, lambda seq: copy(seq, src32, dst))
+        run_once(device, lambda seq: copy(seq, src32, dst))
         expect = np.zeros((31, 35), np.float16)
         expect[:, 1:34] = x.astype(np.float16)
         assert same_bits(read_tensor(out), expect)
-        run(device, lambda seq: copy(seq, src16.slice(0, 1, 32), dst.slice(0, 1, 32)))  # f16 -> f16, bits
+        run_once(device, lambda seq: copy(seq, src16.slice(0, 1, 32), dst.slice(0, 1, 32)))  # f16 -> f16, bits
         expect[:, 2:33] = h[:, 1:32]
         assert same_bits(read_tensor(out), expect)
-        run(device, lambda seq: copy(seq, src16.transpose(), out32))
+        run_once(device, lambda seq: copy(seq, src16.transpose(), out32))
         assert same_bits(read_tensor(out32), h.T.astype(np.float32))
     finally:
         for t in (src32, src16, out, out32):
@@ -204,7 +198,7 @@ def test_split_over_small_bindings(device, monkeypatch):
         monkeypatch.setattr(device, "profile", small)
         view = src.permute(1, 0, 2, 3)                              # ne (33, 70, 3), strided
         assert len(binding_pieces([view, dst])) > 8
-        run(device, lambda seq: copy(seq, view, dst))
+        run_once(device, lambda seq: copy(seq, view, dst))
         monkeypatch.undo()
         assert same_bits(read_tensor(dst), x.transpose(0, 2, 1).astype(np.float16))
     finally:
@@ -223,7 +217,7 @@ def test_strided_view_spanning_more_than_a_binding(device, lavapipe_binding_limi
     try:
         view = big.view((64, 40), nb=(4, row), offset=12)
         assert view.span > limit
-        run(device, lambda seq: (copy(seq, small, view), copy(seq, view, back)))
+        run_once(device, lambda seq: (copy(seq, small, view), copy(seq, view, back)))
         assert same_bits(read_tensor(back), x)
     finally:
         for t in (big, small, back):
@@ -239,7 +233,7 @@ def test_tensor_larger_than_128_mib(device, lavapipe_binding_limit):
     dst = Tensor.empty(device, F32, ne)
     try:
         assert dst.nbytes > 128 << 20 and dst.nbytes > min(device.profile.max_storage_buffer_range, 128 << 20)
-        run(device, lambda seq: copy(seq, src, dst))
+        run_once(device, lambda seq: copy(seq, src, dst))
         got = read_tensor(dst)
         assert same_bits(got, x.astype(np.float32))
     finally:

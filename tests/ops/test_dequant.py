@@ -44,7 +44,10 @@ def test_includes_match_the_type_table(name):
     """Each type is described once: its include's block constants agree with the table, and
     types.glsl selects it by the define the ops pass."""
     t = ggml_type(name)
-    text = (shader_dir() / t.glsl).read_text()
+    path = shader_dir() / t.glsl
+    text = path.read_text()
+    for inc in re.findall(r'^#include "(plain\.glsl)"', text, re.M):  # constants the plain types share
+        text += (path.parent / inc).read_text()
     consts = {k: int(v) for k, v in re.findall(r"^#define (QK|QTS|QR|QALIGN) (\d+)", text, re.M)}
     if t.quantized:
         assert (consts["QK"], consts["QTS"]) == (t.block_size, t.type_size)

@@ -3,18 +3,12 @@
 import numpy as np
 import pytest
 
-from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy, upload
+from vkrt.commands import download, read_tensor, run_once, tensor_from_numpy, upload
 from vkrt.memory import allocate
 from vkrt.ops.elementwise import activation, add, fill, mul, scale
 
 SIZES = [1, 31, 33, 1000, 4097]
 
-
-def run(device, record):
-    with CommandSequence(device) as seq:
-        with seq.record():
-            record(seq)
-        seq.run()
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -23,11 +17,11 @@ def test_add_mul_scale(device, n):
     a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     ta, tb, to = tensor_from_numpy(device, a), tensor_from_numpy(device, b), tensor_from_numpy(device, np.zeros(n, np.float32))
     try:
-        run(device, lambda s: add(s, ta, tb, to))
+        run_once(device, lambda s: add(s, ta, tb, to))
         np.testing.assert_array_equal(read_tensor(to), a + b)
-        run(device, lambda s: mul(s, ta, tb, to))
+        run_once(device, lambda s: mul(s, ta, tb, to))
         np.testing.assert_array_equal(read_tensor(to), a * b)
-        run(device, lambda s: scale(s, ta, 0.125, to))
+        run_once(device, lambda s: scale(s, ta, 0.125, to))
         np.testing.assert_array_equal(read_tensor(to), a * np.float32(0.125))
     finally:
         for t in (ta, tb, to):
@@ -41,12 +35,12 @@ def test_broadcast_bias_and_views(device):
     tx, tb = tensor_from_numpy(device, x), tensor_from_numpy(device, bias)
     try:
         rows = tx.slice(1, 2, 6)  # rows 2..5: offset view
-        run(device, lambda s: add(s, rows, tb, rows))
+        run_once(device, lambda s: add(s, rows, tb, rows))
         expect = x.copy()
         expect[2:6] += bias
         np.testing.assert_array_equal(read_tensor(tx), expect)
         with pytest.raises(Exception, match="does not tile"):
-            run(device, lambda s: add(s, tx, tx.slice(0, 0, 5).view((5,)), tx))
+            run_once(device, lambda s: add(s, tx, tx.slice(0, 0, 5).view((5,)), tx))
     finally:
         tx.close()
         tb.close()
@@ -60,7 +54,7 @@ def test_activations(device, act, gated):
     u = rng.standard_normal(1001).astype(np.float32)
     tg, tu, to = (tensor_from_numpy(device, v) for v in (g, u, np.zeros_like(g)))
     try:
-        run(device, lambda s: activation(s, act, tg, to, up=tu if gated else None))
+        run_once(device, lambda s: activation(s, act, tg, to, up=tu if gated else None))
         x = g.astype(np.float64)
         ref = x / (1 + np.exp(-x)) if act == "silu" else \
             0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * x * (1 + 0.044715 * x * x)))
@@ -77,7 +71,7 @@ def test_fill_matches_numpy(device, n):
     r = allocate(device, 4 * n + 16, label="fill")
     try:
         upload(device, r, np.zeros(n + 4, np.uint32))
-        run(device, lambda s: fill(s, r, n, 0xDEADBEEF))
+        run_once(device, lambda s: fill(s, r, n, 0xDEADBEEF))
         out = download(device, r, np.uint32)
         assert (out[:n] == 0xDEADBEEF).all() and (out[n:] == 0).all()
     finally:

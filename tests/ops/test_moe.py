@@ -3,15 +3,9 @@
 import numpy as np
 import pytest
 
-from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.commands import read_tensor, run_once, tensor_from_numpy
 from vkrt.memory import Tensor
 
-
-def run(device, record):
-    with CommandSequence(device) as seq:
-        with seq.record():
-            record(seq)
-        seq.run()
 
 
 @pytest.mark.parametrize("n_expert, n_used, n_tokens", [(8, 2, 5), (128, 8, 3), (60, 4, 7), (256, 16, 2)])
@@ -24,7 +18,7 @@ def test_route(device, n_expert, n_used, n_tokens, normalize):
     ids = Tensor.empty(device, "I32", (n_used, n_tokens))
     w = Tensor.empty(device, "F32", (n_used, n_tokens))
     try:
-        run(device, lambda s: moe_route(s, tl, ids, w, n_used, normalize))
+        run_once(device, lambda s: moe_route(s, tl, ids, w, n_used, normalize))
         x = logits.astype(np.float64)
         p = np.exp(x - x.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
@@ -51,7 +45,7 @@ def test_combine(device, with_shared):
     ty, tw, ts, tg = (tensor_from_numpy(device, a) for a in (y, w, s, g))
     out = Tensor.empty(device, "F32", (E, T))
     try:
-        run(device, lambda q: moe_combine(q, ty, tw, out, ts if with_shared else None, tg if with_shared else None))
+        run_once(device, lambda q: moe_combine(q, ty, tw, out, ts if with_shared else None, tg if with_shared else None))
         ref = (w[:, :, None].astype(np.float64) * y).sum(1)
         if with_shared:
             ref += s / (1 + np.exp(-g.astype(np.float64)))[:, None]

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.commands import read_tensor, run_once, tensor_from_numpy
 from vkrt.device import TABLE, Arch
 from vkrt.errors import GGMLTypeError, OutOfRange
 from vkrt.memory import BF16, F16, F32, I32, Tensor
@@ -18,12 +18,6 @@ TYPES = [F32, F16, I32, BF16]
 SHAPES = [(1, 1, 1, 1), (1, 33, 1, 1), (31, 1, 1, 1), (33, 31, 1, 1), (32, 64, 1, 1), (1031, 3, 1, 1),
           (3, 1000, 1, 1), (33, 31, 3, 2)]
 
-
-def run(device, record) -> None:
-    with CommandSequence(device) as seq:
-        with seq.record():
-            record(seq)
-        seq.run()
 
 
 def random_bits(typ, shape, seed) -> np.ndarray:
@@ -46,7 +40,7 @@ def check(device, typ, ne, seed=0) -> None:
     src = tensor_from_numpy(device, x, typ=typ)
     dst = Tensor.empty(device, typ, (ne[1], ne[0], ne[2], ne[3]))
     try:
-        run(device, lambda seq: transpose(seq, src, dst))
+        run_once(device, lambda seq: transpose(seq, src, dst))
         assert same_bits(read_tensor(dst), numpy_t(x))
     finally:
         src.close()
@@ -70,7 +64,7 @@ def test_views_with_row_strides_and_offsets(device, typ):
     outer = tensor_from_numpy(device, fill, typ=typ)
     dst = outer.slice(0, 1, 36).slice(1, 3, 36)                    # ne (35, 33, 2, 3)
     try:
-        run(device, lambda seq: transpose(seq, src, dst))
+        run_once(device, lambda seq: transpose(seq, src, dst))
         want = numpy_t(x[:, :, 2:37, 1:34].transpose(1, 0, 2, 3))   # (3, 2, 33, 35)
         expect = fill.copy()
         expect[:, :, 3:36, 1:36] = want
@@ -108,7 +102,7 @@ def test_without_16bit_storage(device, monkeypatch):
     src = tensor_from_numpy(device, x, typ=F16)
     out = tensor_from_numpy(device, np.zeros((32, 34), np.float16))
     try:
-        run(device, lambda seq: transpose(seq, src.slice(0, 1, 30), out.slice(0, 1, 34).slice(1, 1, 30)))
+        run_once(device, lambda seq: transpose(seq, src.slice(0, 1, 30), out.slice(0, 1, 34).slice(1, 1, 30)))
         expect = np.zeros((32, 34), np.float16)
         expect[1:30, 1:34] = x[:, 1:30].T
         assert same_bits(read_tensor(out), expect)
@@ -123,7 +117,7 @@ def test_split_over_small_bindings(device, monkeypatch):
     dst = Tensor.empty(device, F32, (50, 70, 2))
     try:
         monkeypatch.setattr(device, "profile", dataclasses.replace(device.profile, max_storage_buffer_range=2048))
-        run(device, lambda seq: transpose(seq, src, dst))
+        run_once(device, lambda seq: transpose(seq, src, dst))
         monkeypatch.undo()
         assert same_bits(read_tensor(dst), numpy_t(x))
     finally:
@@ -140,7 +134,7 @@ def test_view_spanning_more_than_a_binding(device, lavapipe_binding_limit):
     try:
         view = big.view((70, 60), nb=(4, row), offset=4)
         assert view.span > device.profile.max_storage_buffer_range
-        run(device, lambda seq: (copy(seq, small, view), transpose(seq, view, back)))
+        run_once(device, lambda seq: (copy(seq, small, view), transpose(seq, view, back)))
         assert same_bits(read_tensor(back), x.T)
     finally:
         for t in (big, small, back):

@@ -293,3 +293,12 @@ class CommandSequence(Owned):
             vk.vkDestroyCommandPool(dev.handle, self.pool, None)  # frees the command buffer too
         self.pool = self.handle = self.query_pool = None
         self._keep.clear()
+
+
+def run_once(device, record, label: str = "one-off"):
+    """Record `record(seq)` into a new sequence, run it, wait, and return what record returned."""
+    with CommandSequence(device, label=label) as seq:
+        with seq.record():
+            out = record(seq)
+        seq.run()
+    return out

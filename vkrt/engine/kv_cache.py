@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..commands import CommandSequence
+from ..commands import run_once
 from ..errors import VkrtError
 from ..memory import F16, Tensor, ggml_type
 from ..owned import Owned
@@ -77,11 +77,7 @@ class KVCache(Owned):
                 self.v.append(Tensor.empty(device, self.type, (head_dim_v, n_ctx, n_head_kv), name=f"cache_v.{il}"))
             # zeros, not whatever the memory held: attention weighs unused cells by exactly 0,
             # and 0 * NaN would still be NaN
-            with CommandSequence(device, label="clear KV cache") as seq:
-                with seq.record():
-                    for t in (*self.k, *self.v):
-                        seq.fill(t.range(), 0)
-                seq.run()
+            run_once(device, lambda seq: [seq.fill(t.range(), 0) for t in (*self.k, *self.v)], "clear KV cache")
         except BaseException:
             self.close()
             raise
