@@ -65,9 +65,10 @@ class ExpertPrefetch(Owned):
             log.warning("expert prefetch needs at least %d slots; running without it", MIN_SLOTS)
             self._free_slots()
         self.n_slots = len(self._slots)
+        self._slot_of = {il: k % self.n_slots for k, il in enumerate(self.layers)} if self.n_slots else {}
         try:
-            for k, il in enumerate(self.layers if self.n_slots else ()):
-                self._prepare(model, il, self._slots[k % self.n_slots])
+            for il, slot in self._slot_of.items():
+                self._prepare(model, il, self._slots[slot])
         except BaseException:
             self.close()
             raise
@@ -94,7 +95,7 @@ class ExpertPrefetch(Owned):
         return self.n_slots >= MIN_SLOTS
 
     def slot_of(self, il: int) -> int:
-        return self.layers.index(il) % self.n_slots
+        return self._slot_of[il]
 
     def experts(self) -> dict[int, tuple[Tensor, Tensor, Tensor]]:
         """layer -> (gate, up, down) tensors in the layer's slot."""

@@ -10,28 +10,31 @@ class RangeTooLarge(OutOfRange):
     """A tensor spans more bytes than one storage-buffer binding may; split the dispatch."""
 
 
-def bind_tensor(t: Tensor, device=None) -> tuple[BufferRange, int]:
+def binding_limit(device, max_binding: int | None = None) -> int:
+    """Bytes one storage-buffer binding may cover (maxStorageBufferRange, or less when asked)."""
+    limit = device.profile.max_storage_buffer_range
+    return min(limit, max_binding) if max_binding else limit
+
+
+def bind_tensor(t: Tensor, device=None, *, min_align: int = 1, max_binding: int | None = None,
+                whole_words: bool = False) -> tuple[BufferRange, int]:
     """(range to bind, byte offset of the tensor's first element inside it).
 
-    The range starts at the tensor's offset rounded down to minStorageBufferOffsetAlignment
-    and ends at its last byte (rounded up to 4 where the buffer allows). Raises RangeTooLarge
-    when that exceeds maxStorageBufferRange: bind slices (`t.slice`) in several dispatches.
+    The range starts at the tensor's offset rounded down to minStorageBufferOffsetAlignment (or
+    `min_align` if larger) and ends at its last byte rounded up to 4 — clamped to the buffer, or
+    with `whole_words` an error when the buffer ends inside that word. Raises RangeTooLarge when
+    it exceeds one binding (`binding_limit`): bind slices (`t.slice`) in several dispatches.
     """
-    profile = (device or t.buffer.device).profile
-    align = profile.min_storage_buffer_offset_alignment
+    device = device or t.buffer.device
+    align = max(device.profile.min_storage_buffer_offset_alignment, min_align)
     start = t.offset // align * align
-    end = min(-(-(t.offset + t.span) // 4) * 4, t.buffer.size)
-    size = end - start
-    if size > profile.max_storage_buffer_range:
-        raise RangeTooLarge(f"{t!r} spans {size} bytes; one binding may cover {profile.max_storage_buffer_range}")
-    return BufferRange(t.buffer, start, size), t.offset - start
-
-
-def rows_per_binding(t: Tensor, device=None) -> int:
-    """How many dim-1 rows of `t` (with its dim-1 stride) fit in one binding, allowing for the
-    worst-case alignment slack at the start."""
-    profile = (device or t.buffer.device).profile
-    usable = profile.max_storage_buffer_range - profile.min_storage_buffer_offset_alignment
-    row = max(t.nb[1], 1)
-    first = t.type.row_bytes(t.ne[0]) if t.type.quantized else (t.ne[0] - 1) * t.nb[0] + t.type.type_size
-    return max(1, (usable - first) // row + 1)
+    end = -(-(t.offset + t.span) // 4) * 4
+    if end > t.buffer.size:
+        if whole_words:
+            raise OutOfRange(f"{t!r} ends at byte {t.offset + t.span} of buffer {t.buffer.label!r}, whose "
+                             f"{t.buffer.size} bytes are not a whole number of 32-bit words")
+        end = t.buffer.size
+    limit = binding_limit(device, max_binding)
+    if end - start > limit:
+        raise RangeTooLarge(f"{t!r} spans {end - start} bytes; one binding may cover {limit}")
+    return BufferRange(t.buffer, start, end - start), t.offset - start

@@ -3,9 +3,9 @@ that selects one, and binding weights as 32-bit words in chunks that fit one sto
 
 from __future__ import annotations
 
-from ..errors import GGMLTypeError, OutOfRange, UnsupportedShape
+from ..errors import GGMLTypeError, UnsupportedShape
 from ..memory import TYPES, BufferRange, GGMLType, Tensor, ggml_type
-from .binding import RangeTooLarge
+from .binding import RangeTooLarge, bind_tensor, binding_limit
 
 WORD_ALIGN = 16  # binding starts are also 16-byte aligned, so f32 operands can be read as vec4
 
@@ -45,23 +45,9 @@ def check_layout(t: Tensor, what: str) -> None:
         raise UnsupportedShape(f"{what} {t!r}: {t.type.name} data must be {a}-byte aligned; {', '.join(bad)} is not")
 
 
-def binding_limit(device, max_binding: int | None = None) -> int:
-    limit = device.profile.max_storage_buffer_range
-    return min(limit, max_binding) if max_binding else limit
-
-
 def bind_words(t: Tensor, device, max_binding: int | None = None) -> tuple[BufferRange, int]:
     """(range to bind as uint[] / float[], byte offset of t's first element inside it)."""
-    align = max(device.profile.min_storage_buffer_offset_alignment, WORD_ALIGN)
-    start = t.offset // align * align
-    end = -(-(t.offset + t.span) // 4) * 4
-    if end > t.buffer.size:
-        raise OutOfRange(f"{t!r} ends at byte {t.offset + t.span} of buffer {t.buffer.label!r}, whose "
-                         f"{t.buffer.size} bytes are not a whole number of 32-bit words")
-    limit = binding_limit(device, max_binding)
-    if end - start > limit:
-        raise RangeTooLarge(f"{t!r} spans {end - start} bytes; one binding may cover {limit}")
-    return BufferRange(t.buffer, start, end - start), t.offset - start
+    return bind_tensor(t, device, min_align=WORD_ALIGN, max_binding=max_binding, whole_words=True)
 
 
 def chunks(dim: int, device, max_binding: int | None, *tensors: Tensor) -> list[tuple[int, int]]:
