@@ -3,11 +3,13 @@
     python bench/moe_offload.py MODEL.gguf [-p 2048] [-ub 2048] [-r 3] [--llama-server PATH] [--json]
 
 vkrt configurations (all with flash attention): experts in VRAM; all experts in host memory
-(--n-cpu-moe = n_layer) read through imported memory (--no-mmap) and through the file mapping,
-each with expert prefetch off and on. llama.cpp (when its server is found) runs the same
-placements. Reports prompt and generation t/s, the bytes of experts moved per ubatch, the upload
-rate of the prefetch copies alone, and the share of upload time hidden behind compute:
-hidden = (t_vram + t_upload - t_prefetch) / t_upload.
+(--n-cpu-moe = n_layer) read through imported memory (--no-mmap; with --vkrt-mmap also through
+the file mapping), once with vkrt's host-expert paths off (no prefetch, decode reads experts in
+place) and once on (3 prefetch slots, decode stages the chosen experts in VRAM). llama.cpp (when
+its server is found) runs the same placements. Reports prompt and generation t/s, prefill against
+llama.cpp's all-in-VRAM and mmap-host figures, decode against llama.cpp's host-expert decode, the
+bytes of experts moved per ubatch, the upload rate of the prefetch copies alone, and the share of
+upload time hidden behind compute: hidden = (t_vram + t_upload - t_prefetch) / t_upload.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
@@ -22,6 +25,12 @@ from vkrt.device import Device
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
+
+
+def progress(row: dict) -> dict:
+    """Each row on stderr as it is measured, so a run cut short still reports what it got."""
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
 
 
 def vkrt_rates(engine, prompt, n_gen, reps) -> tuple[float, float]:
@@ -60,28 +69,30 @@ def upload_seconds(engine) -> float:
 def run_vkrt(path, args, device) -> list[dict]:
     rows = []
     prompt = random_tokens(args.n_prompt, 200, 1)
+    n_ctx = args.n_prompt + args.n_gen + 16
     with Model(device, path, progress=False) as m:
         n_layer = m.cfg.n_layer
-        with Engine(m, n_ctx=args.n_prompt + args.n_gen + 16, n_batch=args.ubatch, n_ubatch=args.ubatch) as e:
+        with Engine(m, n_ctx=n_ctx, n_batch=args.ubatch, n_ubatch=args.ubatch) as e:
             pp, tg = vkrt_rates(e, prompt, args.n_gen, args.reps)
-            rows.append(dict(peer="vkrt", placement="experts in VRAM", prefetch=None, pp_ts=pp, tg_ts=tg))
+            rows.append(progress(dict(peer="vkrt", placement="experts in VRAM", prefetch=None, decode=None, pp_ts=pp,
+                                      tg_ts=tg)))
     t_vram = args.n_prompt / rows[0]["pp_ts"]
-    for mmap in (False, True):
+    for mmap in (False, True) if args.vkrt_mmap else (False,):
         with Model(device, path, mmap=mmap, n_cpu_moe=n_layer, progress=False) as m:
             expert_bytes = sum(m.weights[n].nbytes for n in m.placement.host_tensors if "_exps." in n)
             label = f"experts on host ({'mmap' if mmap else '--no-mmap'}; " \
                     f"{'imported' if m.placement.host_imported else 'host-visible copy'})"
-            for slots in (0, 3):
-                with Engine(m, n_ctx=args.n_prompt + args.n_gen + 16, n_batch=args.ubatch, n_ubatch=args.ubatch,
-                            prefetch_slots=slots) as e:
-                    pp, tg = vkrt_rates(e, prompt, args.n_gen if not slots else 0, args.reps)
-                    row = dict(peer="vkrt", placement=label, prefetch=slots, pp_ts=pp, tg_ts=tg,
-                               bytes_per_ubatch=expert_bytes if slots else None)
+            for slots, stage in ((0, False), (3, True)):   # vkrt's host-expert paths off, then on
+                with Engine(m, n_ctx=n_ctx, n_batch=args.ubatch, n_ubatch=args.ubatch, prefetch_slots=slots,
+                            stage_experts=stage) as e:
+                    pp, tg = vkrt_rates(e, prompt, args.n_gen, args.reps)
+                    row = dict(peer="vkrt", placement=label, prefetch=slots, decode="staged" if stage else "in place",
+                               pp_ts=pp, tg_ts=tg, bytes_per_ubatch=expert_bytes if slots else None)
                     if slots and e.prefetch.active:
                         t_up = upload_seconds(e)
                         row["upload_gbps"] = expert_bytes / t_up / 1e9
                         row["hidden_share"] = max(0.0, min(1.0, (t_vram + t_up - args.n_prompt / pp) / t_up))
-                    rows.append(row)
+                    rows.append(progress(row))
     return rows
 
 
@@ -100,11 +111,11 @@ def run_llama(binary, path, args, n_layer, polaris) -> list[dict]:
                 tg = [srv.completion(prompt[:32], args.n_gen)["predicted_per_second"]
                       for _ in range(max(1, args.reps // 2))]
         except RuntimeError as exc:  # e.g. its CPU backend dies (SIGILL) on CPUs without AVX-VNNI
-            rows.append(dict(peer="llama.cpp", placement=label, prefetch=None, pp_ts=0.0, tg_ts=0.0,
-                             error=str(exc).splitlines()[0]))
+            rows.append(progress(dict(peer="llama.cpp", placement=label, prefetch=None, decode=None, pp_ts=0.0,
+                                      tg_ts=0.0, error=str(exc).splitlines()[0])))
             continue
-        rows.append(dict(peer="llama.cpp", placement=label, prefetch=None, pp_ts=statistics.median(pp),
-                         tg_ts=statistics.median(tg)))
+        rows.append(progress(dict(peer="llama.cpp", placement=label, prefetch=None, decode=None,
+                                  pp_ts=statistics.median(pp), tg_ts=statistics.median(tg))))
     return rows
 
 
@@ -117,6 +128,7 @@ def main() -> None:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--vkrt-mmap", action="store_true", help="also run vkrt's host experts through the file mapping")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     import os
@@ -134,23 +146,29 @@ def main() -> None:
         rows += run_llama(binary, args.model, args, n_layer, polaris)
     base = next((r["pp_ts"] for r in rows if r["peer"] == "llama.cpp" and r["placement"] == "experts in VRAM"
                  and r["pp_ts"]), None)
+    host = next((r for r in rows if r["peer"] == "llama.cpp" and r["placement"] == "experts on host (mmap)"
+                 and r["pp_ts"]), None)
     for r in rows:
         r["pp_vs_llama_vram"] = r["pp_ts"] / base if base else None
+        r["pp_vs_llama_host_mmap"] = r["pp_ts"] / host["pp_ts"] if host else None
+        r["tg_vs_llama_host_mmap"] = r["tg_ts"] / host["tg_ts"] if host and host["tg_ts"] else None
     if args.json:
         print(json.dumps({"device": name, "architecture": arch, "polaris_class": polaris, "n_prompt": args.n_prompt,
                           "ubatch": args.ubatch, "rows": rows}))
         return
     print(f"MoE prefill/decode on {name} ({arch}{', Polaris-class' if polaris else ''}), pp{args.n_prompt}, "
           f"ub {args.ubatch}")
-    print("| peer | placement | prefetch | pp t/s | tg t/s | pp vs llama.cpp VRAM | MB/ubatch | upload GB/s | hidden |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| peer | placement | prefetch | decode experts | pp t/s | tg t/s | pp vs llama.cpp VRAM | "
+          "pp vs llama.cpp host mmap | tg vs llama.cpp host mmap | MB/ubatch | upload GB/s | hidden |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         def f(k, fmt):
             v = r.get(k)
             return fmt.format(v) if v is not None else "-"
         mb = f"{r['bytes_per_ubatch'] / 2**20:.0f}" if r.get("bytes_per_ubatch") else "-"
-        print(f"| {r['peer']} | {r['placement']} | {f('prefetch', '{}')} | {r['pp_ts']:.1f} | {r['tg_ts']:.2f} | "
-              f"{f('pp_vs_llama_vram', '{:.2f}x')} | {mb} | {f('upload_gbps', '{:.1f}')} | {f('hidden_share', '{:.0%}')} |"
+        print(f"| {r['peer']} | {r['placement']} | {f('prefetch', '{}')} | {f('decode', '{}')} | {r['pp_ts']:.1f} | {r['tg_ts']:.2f} | "
+              f"{f('pp_vs_llama_vram', '{:.2f}x')} | {f('pp_vs_llama_host_mmap', '{:.2f}x')} | "
+              f"{f('tg_vs_llama_host_mmap', '{:.2f}x')} | {mb} | {f('upload_gbps', '{:.1f}')} | {f('hidden_share', '{:.0%}')} |"
               + (f" failed: {r['error']}" if r.get("error") else ""))
 
 

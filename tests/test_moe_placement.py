@@ -1,5 +1,6 @@
 """MoE with experts in host memory: tokens identical for every --n-cpu-moe, prefetch slot count,
-pinning and mmap choice; slot allocation failures fall back; --vram-budget planning."""
+pinning and mmap choice, with decode experts staged in VRAM or read in place; slot allocation
+failures fall back; --vram-budget planning."""
 
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ def moe_paths(tmp_path_factory):
     return {name: tiny_model(name, d) for name in ("tiny-qwen3moe", "tiny-qwen2moe")}
 
 
-def greedy(device, path, *, n_cpu_moe=0, slots=None, pin=None, mmap=True, n=6):
+def greedy(device, path, *, n_cpu_moe=0, slots=None, pin=None, mmap=True, n=6, stage=None, staged=None):
     with Model(device, path, mmap=mmap, n_cpu_moe=n_cpu_moe, pin=pin, progress=False) as m, \
-            Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=slots) as e:
+            Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=slots, stage_experts=stage) as e:
         logits = e.eval(PROMPT)
         out = []
         for _ in range(n):
             out.append(int(np.argmax(logits)))
             logits = e.eval([out[-1]])
+        if staged is not None:
+            staged.extend(e.staging.layers)
         return out, e.prefetch.n_slots, e.stats.layers_prefetched, m.placement
 
 
@@ -51,6 +54,18 @@ def test_tokens_identical_across_placements(device, moe_paths, name):
             assert prefetched == 0
         if not pin:
             assert placement.host_imported == 0
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen2moe"])
+def test_decode_staging_on_off(device, moe_paths, name):
+    """Decode copies the chosen host experts into VRAM slots (or reads them in place): same tokens."""
+    path = moe_paths[name]
+    reference, *_ = greedy(device, path)
+    for n_cpu_moe, stage, pin in itertools.product((1, 2), (True, False), (True, False)):
+        staged: list[int] = []
+        tokens, *_ = greedy(device, path, n_cpu_moe=n_cpu_moe, slots=0, pin=pin, stage=stage, staged=staged)
+        assert tokens == reference, (n_cpu_moe, stage, pin)
+        assert staged == (list(range(n_cpu_moe)) if stage else [])
 
 
 def test_slot_allocation_failure_falls_back(moe_paths):
@@ -77,13 +92,14 @@ def test_vram_budget_planning(moe_paths):
         from vkrt.model.config import ModelConfig
         cfg = ModelConfig.from_metadata(f.metadata)
         kw = dict(n_ctx=128, n_ubatch=32)
-        full = estimate(cfg, f.tensors, n_cpu_moe=0, **kw).total
-        one = estimate(cfg, f.tensors, n_cpu_moe=1, **kw).total
-        none = estimate(cfg, f.tensors, n_cpu_moe=2, **kw).total
-        assert full > one > none
-        assert plan_n_cpu_moe(cfg, f.tensors, full, requested=None, **kw) == 0
-        assert plan_n_cpu_moe(cfg, f.tensors, one, requested=None, **kw) == 1
-        with pytest.raises(DoesNotFit, match="--n-cpu-moe 1 would fit"):
-            plan_n_cpu_moe(cfg, f.tensors, one, requested=0, **kw)
+        est = [estimate(cfg, f.tensors, n_cpu_moe=n, **kw) for n in range(3)]
+        assert est[0].weights > est[1].weights > est[2].weights
+        assert est[0].staging == 0 < est[1].staging == est[2].staging, "decode staging is counted"
+        assert est[0].total > est[2].total
+        for budget in (e.total for e in est):
+            smallest = min(n for n in range(3) if est[n].total <= budget)
+            assert plan_n_cpu_moe(cfg, f.tensors, budget, requested=None, **kw) == smallest
+        with pytest.raises(DoesNotFit, match="--n-cpu-moe 2 would fit"):
+            plan_n_cpu_moe(cfg, f.tensors, est[2].total, requested=0, **kw)
         with pytest.raises(DoesNotFit, match="lower -c or -ub"):
-            plan_n_cpu_moe(cfg, f.tensors, none // 2, requested=None, **kw)
+            plan_n_cpu_moe(cfg, f.tensors, est[2].total // 2, requested=None, **kw)

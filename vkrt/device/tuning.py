@@ -66,6 +66,12 @@ class Tuning:
     mm_bk: int = 16
     mm_tm: int = 8
     mm_tn: int = 8
+    # decode with experts in host memory: copy the chosen experts into device slots with wide
+    # loads first (vkrt/ops/moe_stage.py) rather than let the mat-vecs read host memory in place,
+    # except for these weight types. H200, PCIe 5, 8 of 128 experts of 2048x768 per stack
+    # (bench/moe_decode.py): Q4_0 in place 47.4 GB/s, staged 43.7 (the link's peak is ~50);
+    # Q4_K in place 34.5 GB/s, staged 43.2 -- K-quant blocks are read in narrower pieces.
+    moe_read_in_place: tuple = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
     def resolved(self, profile: DeviceProfile) -> "Tuning":
         """The table entry limited by what the device can actually do."""

@@ -22,6 +22,7 @@ from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch
+from .staging import ExpertStaging
 
 log = logging.getLogger("vkrt")
 
@@ -64,7 +65,7 @@ class Engine(Owned):
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
                  flash_attn: bool = True, kv_type=F16, max_graphs: int = 16, replay: bool = True,
-                 prefetch_slots: int | None = None):
+                 prefetch_slots: int | None = None, stage_experts: bool | None = None):
         super().__init__("engine")
         self.model = model
         self.device = dev = model.device
@@ -77,7 +78,7 @@ class Engine(Owned):
         self.replay = replay  # False: record every step afresh (to compare against replaying)
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
-        self.cache = self.scratch = self._inputs = self._logits = self.prefetch = None
+        self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
         try:
             self.cache = KVCache(dev, cfg.n_layer, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
             self.scratch = Scratch(dev, cfg, n_ubatch, n_ctx, flash_attn)
@@ -87,6 +88,7 @@ class Engine(Owned):
             size = self._layout["mask_swa"] + (2 * n_ctx * T if cfg.sliding_window else 0)
             self._inputs = Buffer(dev, size, MemoryKind.HOST, label="step inputs")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * T, MemoryKind.READBACK, label="logits readback")
+            self.staging = ExpertStaging(model, n_ubatch, stage_experts)   # smaller, so first
             self.prefetch = ExpertPrefetch(model, prefetch_slots)
         except BaseException:
             self.close()
@@ -107,8 +109,10 @@ class Engine(Owned):
         opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
+        use_staging = not use_prefetch and n_tokens <= self.device.tuning.mv_max_n
         parts = self.transformer.parts(self.scratch, self.cache, opts,
-                                       self.prefetch.experts() if use_prefetch else None)
+                                       self.prefetch.experts() if use_prefetch else None,
+                                       self.staging.tensors() if use_staging else None)
         s, lay = self.scratch.t, self._layout
         segments: list[list] = [[]]
         for part in parts:
@@ -259,6 +263,6 @@ class Engine(Owned):
         for g in self._graphs.values():
             g.close()
         self._graphs.clear()
-        for obj in (self.prefetch, self._logits, self._inputs, self.scratch, self.cache):
+        for obj in (self.staging, self.prefetch, self._logits, self._inputs, self.scratch, self.cache):
             if obj is not None:
                 obj.close()

@@ -10,6 +10,9 @@ from ..model.loader import is_cpu_moe, layer_of
 from ..units import fmt_bytes
 
 
+DECODE_TOKENS = 8   # tuning.mv_max_n of every table entry: decode steps stage this many tokens' experts
+
+
 class DoesNotFit(VkrtError):
     """The model plus KV cache and buffers exceed the VRAM budget."""
 
@@ -20,14 +23,16 @@ class VramEstimate:
     kv_cache: int
     activations: int
     prefetch: int
+    staging: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.prefetch
+        return self.weights + self.kv_cache + self.activations + self.prefetch + self.staging
 
     def describe(self) -> str:
         return (f"{fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)}, KV cache {fmt_bytes(self.kv_cache)}, "
-                f"activations {fmt_bytes(self.activations)}, expert prefetch slots {fmt_bytes(self.prefetch)})")
+                f"activations {fmt_bytes(self.activations)}, expert prefetch slots {fmt_bytes(self.prefetch)}, "
+                f"decode expert staging {fmt_bytes(self.staging)})")
 
 
 def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cpu_moe: int, n_gpu_layers: int = 999,
@@ -53,8 +58,10 @@ def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cp
     acts = 4 * T * per_token + 2 * n_ctx * T * (2 if cfg.sliding_window else 1)
     if not flash_attn:
         acts += 4 * n_ctx * T * cfg.n_head
-    slots = prefetch_slots * max(layer_experts.values(), default=0) if layer_experts else 0
-    return VramEstimate(weights, kv, acts, slots)
+    largest = max(layer_experts.values(), default=0)
+    slots = prefetch_slots * largest
+    staged = min(cfg.n_expert, cfg.n_expert_used * min(n_ubatch, DECODE_TOKENS)) if largest else 0
+    return VramEstimate(weights, kv, acts, slots, staged * -(-largest // max(cfg.n_expert, 1)))
 
 
 def plan_n_cpu_moe(cfg: ModelConfig, tensors: dict, budget: int, *, requested: int | None, **kw) -> int:

@@ -27,6 +27,7 @@ from ..ops.flash_attn import FlashAttn
 from ..ops.get_rows import get_rows
 from ..ops.matmul import matmul
 from ..ops.moe import moe_combine, moe_route
+from ..ops.moe_stage import moe_stage_copy, moe_stage_plan, plan_words
 from ..ops.mul_mat_id import RouteTable, mul_mat_id
 from ..ops.norm import rms_norm
 from ..ops.rope import rope
@@ -89,6 +90,8 @@ class Scratch(Owned):
                                      he=(fe, k, T), de=(E, k, T)).items():
                     self.t[name] = Tensor.empty(device, F32, ne, name=name)
                 self.t["moe_ids"] = Tensor.empty(device, I32, (k, T), name="moe_ids")
+                self.t["moe_remap"] = Tensor.empty(device, I32, (k, T), name="moe_remap")
+                self.t["moe_plan"] = Tensor.empty(device, I32, (plan_words(cfg.n_expert),), name="moe_plan")
                 if cfg.n_ff_shared:
                     for name, ne in dict(sg=(cfg.n_ff_shared, T), su=(cfg.n_ff_shared, T), sh=(cfg.n_ff_shared, T),
                                          sgate=(1, T)).items():
@@ -155,16 +158,18 @@ class Transformer:
             keep.extend(part.record(seq))
         return keep
 
-    def parts(self, s: Scratch, cache, opts: RecordOptions, experts: dict | None = None) -> list["Part"]:
+    def parts(self, s: Scratch, cache, opts: RecordOptions, experts: dict | None = None,
+              staged: dict | None = None) -> list["Part"]:
         """The forward pass as an ordered list of parts (embedding, per layer attention and FFN,
         output). `experts` maps a layer to the (gate, up, down) tensors to read instead of the
-        model's; the engine cuts its command sequences before such layers' FFN parts."""
+        model's; the engine cuts its command sequences before such layers' FFN parts. `staged`
+        maps a layer to (gate, up, down) slot tensors: the chosen experts are copied there first."""
         cfg, T, n_kv = self.cfg, opts.n_tokens, opts.n_kv
         ids, pos, cells = (s.t[n].slice(0, 0, T) for n in ("ids", "pos", "cells"))
         masks = {False: s.t["mask"].slice(0, 0, n_kv * T).view((n_kv, T))}
         if cfg.sliding_window:
             masks[True] = s.t["mask_swa"].slice(0, 0, n_kv * T).view((n_kv, T))
-        experts = experts or {}
+        experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
         parts = [Part("embed", lambda seq: self._embed(seq, s, ids, T))]
         for il in range(cfg.n_layer):
@@ -172,7 +177,8 @@ class Transformer:
             parts.append(Part(f"attention {il}", lambda seq, il=il, mask=mask: [
                 self._attention(seq, s, cache, il, T, n_kv, pos, cells, mask, opts.flash_attn)]))
             if cfg.moe:
-                parts.append(Part(f"moe {il}", lambda seq, il=il: self._moe(seq, s, il, T, experts.get(il)),
+                parts.append(Part(f"moe {il}", lambda seq, il=il: self._moe(seq, s, il, T, experts.get(il),
+                                                                          staged.get(il)),
                                   layer=il if il in experts else None))
             else:
                 parts.append(Part(f"ffn {il}", lambda seq, il=il: self._ffn(seq, s, il, T)))
@@ -246,9 +252,11 @@ class Transformer:
             self._norm(seq, o, o, p + "post_ffw_norm.weight")
         add(seq, s.cols("x", T), o, s.cols("x", T))
 
-    def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None):
+    def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
+             staged: tuple[Tensor, Tensor, Tensor] | None = None):
         """Routed experts (+ the gated shared expert of qwen2moe); `experts` overrides where the
-        layer's expert tensors are read from (e.g. a prefetch slot)."""
+        layer's expert tensors are read from (e.g. a prefetch slot); with `staged`, the chosen
+        experts are first copied into those slot tensors and read from there."""
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         E, k = cfg.n_embd, cfg.n_expert_used
         cur = s.cols("cur", T)
@@ -257,12 +265,21 @@ class Transformer:
         matmul(seq, w[p + "ffn_gate_inp.weight"], cur, router)
         moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm)
         gate, up, down = experts or tuple(w[p + n] for n in EXPERT_TENSORS)
+        stacks = [(gate, ids), (up, ids), (down, ids)]
+        if staged:
+            remap, plan = s.t["moe_remap"].slice(1, 0, T), s.t["moe_plan"]
+            moe_stage_plan(seq, ids, remap, plan, cfg.n_expert)
+            for r, slots in enumerate(staged):
+                if slots is not None:
+                    moe_stage_copy(seq, stacks[r][0], slots, plan)
+                    stacks[r] = (slots, remap)
         ge, ue, he, de = (s.t[n].slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
-        mul_mat_id(seq, gate, x3, ids, ge, s.routes)
-        mul_mat_id(seq, up, x3, ids, ue, s.routes)
+        (gw, gi), (uw, ui), (dw, di) = stacks
+        mul_mat_id(seq, gw, x3, gi, ge, s.routes)
+        mul_mat_id(seq, uw, x3, ui, ue, s.routes)
         activation(seq, "silu", ge, he, up=ue)
-        mul_mat_id(seq, down, he, ids, de, s.routes)
+        mul_mat_id(seq, dw, he, di, de, s.routes)
         o = s.cols("o", T)
         shared = gate_logit = None
         if cfg.n_ff_shared:
