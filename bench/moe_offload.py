@@ -4,8 +4,9 @@
 
 vkrt configurations (all with flash attention): experts in VRAM; all experts in host memory
 (--n-cpu-moe = n_layer) read through imported memory (--no-mmap; with --vkrt-mmap also through
-the file mapping), once with vkrt's host-expert paths off (no prefetch, decode reads experts in
-place) and once on (3 prefetch slots, decode stages the chosen experts in VRAM). llama.cpp (when
+the file mapping): with vkrt's host-expert paths off (no prefetch, decode reads experts in
+place), on (3 prefetch slots, decode stages the chosen experts by type, no expert cache), and
+on with the decode expert cache sized to what an 8 GB card (--card-budget) leaves free. llama.cpp (when
 its server is found) runs the same placements. Reports prompt and generation t/s, prefill against
 llama.cpp's all-in-VRAM and mmap-host figures, decode against llama.cpp's host-expert decode, the
 bytes of experts moved per ubatch, the upload rate of the prefetch copies alone, and the share of
@@ -25,6 +26,7 @@ from vkrt.device import Device
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
+from vkrt.units import parse_size
 
 
 def progress(row: dict) -> dict:
@@ -82,17 +84,27 @@ def run_vkrt(path, args, device) -> list[dict]:
             expert_bytes = sum(m.weights[n].nbytes for n in m.placement.host_tensors if "_exps." in n)
             label = f"experts on host ({'mmap' if mmap else '--no-mmap'}; " \
                     f"{'imported' if m.placement.host_imported else 'host-visible copy'})"
-            for slots, stage in ((0, False), (3, True)):   # vkrt's host-expert paths off, then on
+            # vkrt's host-expert paths off; prefetch and staging on; and with the decode expert
+            # cache in what an 8 GB card (--card-budget) leaves free
+            for slots, stage, budget in ((0, False, None), (3, None, None), (3, None, args.card_budget)):
+                device.vram_budget = budget
                 with Engine(m, n_ctx=n_ctx, n_batch=args.ubatch, n_ubatch=args.ubatch, prefetch_slots=slots,
-                            stage_experts=stage) as e:
+                            stage_experts=stage, expert_cache=None if budget else 0) as e:
                     pp, tg = vkrt_rates(e, prompt, args.n_gen, args.reps)
-                    row = dict(peer="vkrt", placement=label, prefetch=slots, decode="staged" if stage else "in place",
-                               pp_ts=pp, tg_ts=tg, bytes_per_ubatch=expert_bytes if slots else None)
+                    decode = "in place" if stage is False else "by type"
+                    if e.staging.cache_slots:
+                        decode = (f"cache {e.staging.cache_slots}/{m.cfg.n_expert} per layer "
+                                  f"({e.staging.nbytes / 2**30:.1f} GiB, {budget / 2**30:.0f} GiB card), "
+                                  f"{100 * e.staging.hit_rate():.0f}% hits")
+                    row = dict(peer="vkrt", placement=label, prefetch=slots, decode=decode, pp_ts=pp, tg_ts=tg,
+                               bytes_per_ubatch=expert_bytes if slots else None,
+                               vram_used_gib=device.vram_used / 2**30, cache_hit_rate=e.staging.hit_rate())
                     if slots and e.prefetch.active:
                         t_up = upload_seconds(e)
                         row["upload_gbps"] = expert_bytes / t_up / 1e9
                         row["hidden_share"] = max(0.0, min(1.0, (t_vram + t_up - args.n_prompt / pp) / t_up))
                     rows.append(progress(row))
+                device.vram_budget = None
     return rows
 
 
@@ -129,6 +141,8 @@ def main() -> None:
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--vkrt-mmap", action="store_true", help="also run vkrt's host experts through the file mapping")
+    ap.add_argument("--card-budget", type=lambda v: parse_size(v, "--card-budget"), default=8 << 30,
+                    help="VRAM of the emulated card for the expert-cache row (default 8G)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     import os

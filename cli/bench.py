@@ -13,10 +13,10 @@ import click
 
 from vkrt import __version__
 
-from .common import default_model, flag01
+from .common import cache_size, default_model, flag01
 
-DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True)
-COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap")
+DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0)
+COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe")
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -74,10 +74,14 @@ def _fmt_params(n: int) -> str:
 @click.option("-fa", "--flash-attn", "flash_attn", default="0", show_default=True)
 @click.option("-mmp", "--mmap", "mmap", default="1", show_default=True, help="Memory-map the model (0 = --no-mmap).")
 @click.option("--no-mmap", is_flag=True, help="Same as -mmp 0.")
+@click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", default="0", show_default=True,
+              help="Keep the expert tensors of the first N layers in host memory (MoE models).")
+@click.option("--expert-cache", default="auto", show_default=True,
+              help="VRAM for caching host-resident experts during decode (a size, auto, or 0 = off).")
 @click.option("-r", "--repetitions", type=click.IntRange(1), default=5, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
 def bench(models, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers, flash_attn, mmap, no_mmap,
-          repetitions, output):
+          n_cpu_moe, expert_cache, repetitions, output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
     from vkrt.device import Device
     from vkrt.engine.bench import BenchTest, run_test
@@ -89,30 +93,34 @@ def bench(models, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers,
     tests += [BenchTest(p, g) for p, g in _pairs(pg)]
     depths = _ints(n_depth, "-d")
     mmaps = [False] if no_mmap else [flag01(v) for v in mmap.split(",")]
-    grid = list(itertools.product(paths, _ints(n_gpu_layers, "-ngl"), mmaps, _ints(n_batch, "-b"),
+    ncmoe = _ints(n_cpu_moe, "-ncmoe")
+    cache = cache_size(expert_cache)
+    grid = list(itertools.product(paths, _ints(n_gpu_layers, "-ngl"), mmaps, ncmoe, _ints(n_batch, "-b"),
                                   _ints(n_ubatch, "-ub"), [flag01(v) for v in flash_attn.split(",")]))
     varying = {k for k, vals in dict(n_batch=_ints(n_batch, "-b"), n_ubatch=_ints(n_ubatch, "-ub"),
-                                     flash_attn=[flag01(v) for v in flash_attn.split(",")], use_mmap=mmaps).items()
+                                     flash_attn=[flag01(v) for v in flash_attn.split(",")], use_mmap=mmaps,
+                                     n_cpu_moe=ncmoe).items()
                if len(set(vals)) > 1 or vals[0] != DEFAULTS[k]}
     rows = []
     printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index))
     with Device() as device:
         loaded = None
-        for path, ngl, use_mmap, nb, nub, fa in grid:
-            key = (path, ngl, use_mmap)
+        for path, ngl, use_mmap, n_moe, nb, nub, fa in grid:
+            key = (path, ngl, use_mmap, n_moe)
             if loaded is None or loaded[0] != key:
                 if loaded is not None:
                     loaded[1].close()
-                loaded = (key, Model(device, path, mmap=use_mmap, n_gpu_layers=ngl, progress=False))
+                loaded = (key, Model(device, path, mmap=use_mmap, n_gpu_layers=ngl, n_cpu_moe=n_moe, progress=False))
             model = loaded[1]
             for depth in depths:
                 for test in tests:
                     t = BenchTest(test.n_prompt, test.n_gen, depth)
                     n_ctx = max(256, -(-(depth + t.n_prompt + t.n_gen) // 256) * 256)
-                    with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa) as engine:
+                    with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
+                                expert_cache=cache) as engine:
                         res = run_test(engine, t, repetitions)
                     row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
-                               flash_attn=fa, result=res, device=device.profile.name)
+                               flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res, device=device.profile.name)
                     rows.append(row)
                     printer.row(row)
         if loaded is not None:
@@ -136,7 +144,7 @@ class _Printer:
             "model_type": _model_desc(m), "model_size": m.size_bytes, "model_n_params": m.n_params,
             "n_batch": row["n_batch"], "n_ubatch": row["n_ubatch"], "n_threads": os.cpu_count(),
             "type_k": "f16", "type_v": "f16", "n_gpu_layers": row["ngl"], "main_gpu": 0, "no_kv_offload": False,
-            "flash_attn": row["flash_attn"], "use_mmap": row["use_mmap"], "embeddings": False,
+            "flash_attn": row["flash_attn"], "use_mmap": row["use_mmap"], "n_cpu_moe": row["n_cpu_moe"], "embeddings": False,
             "n_prompt": r.test.n_prompt, "n_gen": r.test.n_gen, "n_depth": r.test.n_depth,
             "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "avg_ns": int(r.avg_ns), "stddev_ns": int(r.stddev_ns), "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts,

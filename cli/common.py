@@ -32,6 +32,13 @@ def flag01(value: str) -> bool:
     raise click.BadParameter(f"expected 0/1 or on/off, got {value!r}")
 
 
+def cache_size(value: str) -> int | None:
+    """--expert-cache: 'auto' (None: what VRAM is left), 0 (off) or a size such as 4G."""
+    from vkrt.units import parse_size
+    v = str(value).strip().lower()
+    return None if v == "auto" else parse_size(v, "--expert-cache")
+
+
 def model_options(f):
     """-m, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type (decorator)."""
     opts = [
@@ -54,6 +61,8 @@ def model_options(f):
                      help="Keep the expert tensors of the first N layers in host memory (MoE models)."),
         click.option("--vram-budget", default=None,
                      help="Use at most this much VRAM (e.g. 8G); without --n-cpu-moe, place experts to fit."),
+        click.option("--expert-cache", default="auto", show_default=True,
+                     help="VRAM for caching host-resident experts during decode (a size, auto = what is left, 0 = off)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -61,7 +70,7 @@ def model_options(f):
 
 
 def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type,
-                n_cpu_moe=None, vram_budget=None, progress=None):
+                n_cpu_moe=None, vram_budget=None, expert_cache="auto", progress=None):
     from vkrt.engine.engine import Engine
     from vkrt.engine.placement import plan_n_cpu_moe
     from vkrt.engine.prefetch import slots_requested
@@ -84,7 +93,8 @@ def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_la
     m = Model(device, path, mmap=not no_mmap, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe or 0,
               pin=False if no_pin else None, progress=progress)
     try:
-        engine = Engine(m, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, kv_type=kv_type.upper())
+        engine = Engine(m, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, kv_type=kv_type.upper(),
+                        expert_cache=cache_size(expert_cache))
     except BaseException:
         m.close()
         raise

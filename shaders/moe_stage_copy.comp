@@ -1,7 +1,7 @@
 #version 450
 // Copies the experts a staging plan lists from an expert stack (typically in imported host
-// memory) into consecutive slots of a device buffer: workgroup z is a slot, x/y walk its
-// units (16 or 4 bytes). Each invocation loads UNROLL units before storing any, so that many
+// memory) into their slots of a device buffer: workgroup z is one planned copy, x/y walk the
+// expert's units (16 or 4 bytes). Each invocation loads UNROLL units before storing any, so that many
 // reads are in flight across a high-latency link.
 #include "common.glsl"
 
@@ -29,11 +29,11 @@ layout(push_constant) uniform Push {
 } p;
 
 void main() {
-    const uint slot = gl_WorkGroupID.z;
-    if (slot >= plan[p.plan_off]) {
+    const uint i = gl_WorkGroupID.z;
+    if (i >= plan[p.plan_off]) {
         return;
     }
-    const uint e = plan[p.plan_off + 1u + slot];
+    const uint e = plan[p.plan_off + 1u + 2u * i], slot = plan[p.plan_off + 2u + 2u * i];
     if (e < p.e0 || e >= p.e1) {
         return;
     }

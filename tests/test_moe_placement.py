@@ -13,6 +13,7 @@ from models import tiny_model
 from vkrt.device import Device
 from vkrt.engine.engine import Engine
 from vkrt.engine.placement import DoesNotFit, estimate, plan_n_cpu_moe
+from vkrt.engine.staging import expert_bytes
 from vkrt.model.gguf_file import GGUFFile
 from vkrt.model.loader import Model
 
@@ -25,17 +26,23 @@ def moe_paths(tmp_path_factory):
     return {name: tiny_model(name, d) for name in ("tiny-qwen3moe", "tiny-qwen2moe")}
 
 
-def greedy(device, path, *, n_cpu_moe=0, slots=None, pin=None, mmap=True, n=6, stage=None, staged=None):
-    with Model(device, path, mmap=mmap, n_cpu_moe=n_cpu_moe, pin=pin, progress=False) as m, \
-            Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=slots, stage_experts=stage) as e:
-        logits = e.eval(PROMPT)
-        out = []
-        for _ in range(n):
-            out.append(int(np.argmax(logits)))
-            logits = e.eval([out[-1]])
-        if staged is not None:
-            staged.extend(e.staging.layers)
-        return out, e.prefetch.n_slots, e.stats.layers_prefetched, m.placement
+def greedy(device, path, *, n_cpu_moe=0, slots=None, pin=None, mmap=True, n=6, stage=None, staged=None,
+           cache_slots=None):
+    """Greedy tokens; cache_slots: experts per layer the decode cache may hold (None: automatic)."""
+    with Model(device, path, mmap=mmap, n_cpu_moe=n_cpu_moe, pin=pin, progress=False) as m:
+        cache = None if cache_slots is None else cache_slots * max(n_cpu_moe, 1) * expert_bytes(m)
+        with Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=slots, stage_experts=stage, expert_cache=cache) as e:
+            logits = e.eval(PROMPT)
+            out = []
+            for _ in range(n):
+                out.append(int(np.argmax(logits)))
+                logits = e.eval([out[-1]])
+            if staged is not None:
+                staged.append((e.staging.layers, e.staging.cache_slots))
+                rate = e.staging.hit_rate()
+                assert (rate is None) == (e.staging.cache_slots == 0)
+                assert rate is None or 0 < rate < 1, rate   # 12 steps over 8 experts: some hit, the first miss
+            return out, e.prefetch.n_slots, e.stats.layers_prefetched, m.placement
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen2moe"])
@@ -56,16 +63,28 @@ def test_tokens_identical_across_placements(device, moe_paths, name):
             assert placement.host_imported == 0
 
 
+# (stage_experts, expert cache slots per layer, expect staged layers, expect cache slots); the tiny
+# models have 8 experts, 2 chosen per token, Q8_0 (a type read in place unless staging is forced)
+DECODE_PATHS = [(False, None, False, 0),   # read in place, no cache
+                (None, 0, False, 0),       # by type: Q8_0 is read in place
+                (True, 0, True, 0),        # staged, no cache
+                (True, 1, True, 1),        # cache smaller than one step's experts: overflow staged
+                (True, 3, True, 3),        # least recently used experts replaced
+                (None, None, True, 8)]     # automatic: every expert fits
+
+
 @pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen2moe"])
-def test_decode_staging_on_off(device, moe_paths, name):
-    """Decode copies the chosen host experts into VRAM slots (or reads them in place): same tokens."""
+def test_decode_staging_and_cache(device, moe_paths, name):
+    """Decode reads the chosen host experts in place, staged in VRAM slots, or through the
+    per-layer expert cache of any size: the tokens never change."""
     path = moe_paths[name]
-    reference, *_ = greedy(device, path)
-    for n_cpu_moe, stage, pin in itertools.product((1, 2), (True, False), (True, False)):
-        staged: list[int] = []
-        tokens, *_ = greedy(device, path, n_cpu_moe=n_cpu_moe, slots=0, pin=pin, stage=stage, staged=staged)
-        assert tokens == reference, (n_cpu_moe, stage, pin)
-        assert staged == (list(range(n_cpu_moe)) if stage else [])
+    reference, *_ = greedy(device, path, n=12)
+    for (stage, cache, is_staged, want_cache), n_cpu_moe, pin in itertools.product(DECODE_PATHS, (1, 2), (True, False)):
+        staged: list = []
+        tokens, *_ = greedy(device, path, n_cpu_moe=n_cpu_moe, slots=0, pin=pin, stage=stage, staged=staged,
+                            cache_slots=cache, n=12)
+        assert tokens == reference, (stage, cache, n_cpu_moe, pin)
+        assert staged == [(list(range(n_cpu_moe)) if is_staged else [], want_cache)], (stage, cache)
 
 
 def test_slot_allocation_failure_falls_back(moe_paths):
@@ -75,12 +94,12 @@ def test_slot_allocation_failure_falls_back(moe_paths):
     with Device() as dev:
         reference, *_ = greedy(dev, path, n_cpu_moe=2, slots=0)
         with Model(dev, path, n_cpu_moe=2, progress=False) as m, \
-                Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=0) as e:
+                Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=0, expert_cache=0) as e:
             need, slot = dev.vram_used, e.prefetch.slot_bytes
     assert slot > 0
     for room_for, expect in ((0, 0), (1, 0), (2, 2)):
         with Device(vram_budget=need + room_for * slot + slot // 2) as dev:
-            tokens, n_slots, prefetched, _ = greedy(dev, path, n_cpu_moe=2, slots=3)
+            tokens, n_slots, prefetched, _ = greedy(dev, path, n_cpu_moe=2, slots=3, cache_slots=0)
             assert n_slots == expect
             assert (prefetched > 0) == (expect > 0)
             assert tokens == reference

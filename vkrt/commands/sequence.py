@@ -221,6 +221,11 @@ class CommandSequence(Owned):
         lib.vkCmdFillBuffer(self.handle, dst.buffer.handle, dst.offset, dst.size, value & 0xFFFFFFFF)
         self._timestamp(label)
 
+    @property
+    def timed_commands(self) -> int:
+        """Commands recorded so far with a timestamp after them (with timestamps=True)."""
+        return len(self._labels)
+
     def _timestamp(self, label: str) -> None:
         if self.query_pool is None:
             return

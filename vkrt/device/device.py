@@ -98,6 +98,13 @@ class Device(Owned):
         self.transfer = Queue(self, transfer.index, 0, "transfer") if transfer else self.compute
 
     @property
+    def vram_free(self) -> int:
+        """Bytes of VRAM not yet taken by DEVICE-kind buffers, under the budget if one is set
+        (else the largest device-local heap)."""
+        total = self.vram_budget if self.vram_budget is not None else self.profile.vram
+        return max(0, total - self.vram_used)
+
+    @property
     def has_transfer_queue(self) -> bool:
         return self.transfer is not self.compute
 

@@ -21,12 +21,13 @@ from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
-from .prefetch import ExpertPrefetch
-from .staging import ExpertStaging
+from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
+from .staging import ExpertStaging, expert_bytes
 
 log = logging.getLogger("vkrt")
 
 KV_STEP = 256   # attention covers the used cells rounded up to this, so shapes repeat
+CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
 
 
 @dataclass
@@ -65,7 +66,8 @@ class Engine(Owned):
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
                  flash_attn: bool = True, kv_type=F16, max_graphs: int = 16, replay: bool = True,
-                 prefetch_slots: int | None = None, stage_experts: bool | None = None):
+                 prefetch_slots: int | None = None, stage_experts: bool | None = None,
+                 expert_cache: int | None = None):
         super().__init__("engine")
         self.model = model
         self.device = dev = model.device
@@ -88,12 +90,26 @@ class Engine(Owned):
             size = self._layout["mask_swa"] + (2 * n_ctx * T if cfg.sliding_window else 0)
             self._inputs = Buffer(dev, size, MemoryKind.HOST, label="step inputs")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * T, MemoryKind.READBACK, label="logits readback")
-            self.staging = ExpertStaging(model, n_ubatch, stage_experts)   # smaller, so first
+            cache = self._cache_bytes(expert_cache, prefetch_slots) if stage_experts is not False else 0
+            self.staging = ExpertStaging(model, n_ubatch, stage_experts, cache)   # before prefetch: it leaves room
             self.prefetch = ExpertPrefetch(model, prefetch_slots)
         except BaseException:
             self.close()
             raise
         self.stats = StepStats()
+
+    def _cache_bytes(self, requested: int | None, prefetch_slots: int | None) -> int:
+        """VRAM for the decode expert cache: `requested` bytes, or (None) what is free after the
+        prefetch slots and a reserve for the rest of the run, up to every host-resident expert."""
+        if requested is not None:
+            return max(0, requested)
+        model = self.model
+        per_expert = expert_bytes(model)
+        if not per_expert:
+            return 0
+        want = slots_requested(prefetch_slots) * slot_bytes(model)
+        reserve = max(CACHE_RESERVE, self.device.vram_free // 20)
+        return max(0, self.device.vram_free - want - reserve)
 
     # -- graphs ------------------------------------------------------------------------------------
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool) -> _Graph:

@@ -37,6 +37,20 @@ def slots_requested(value: int | None = None) -> int:
     return value
 
 
+def host_moe_layers(model) -> list[int]:
+    """MoE layers whose three expert tensors are all host-resident."""
+    host = set(model.placement.host_tensors)
+    return [il for il in range(model.cfg.n_layer) if model.cfg.moe
+            and all(f"blk.{il}.{n}" in host for n in EXPERT_TENSORS)]
+
+
+def slot_bytes(model) -> int:
+    """Bytes of one prefetch slot: the largest host-resident layer's three expert tensors."""
+    w = model.weights
+    return max((sum(_aligned(w[f"blk.{il}.{n}"].nbytes) for n in EXPERT_TENSORS) for il in host_moe_layers(model)),
+               default=0)
+
+
 class ExpertPrefetch(Owned):
     """Slots and recorded upload sequences for the host-resident expert layers of a model.
     `n_slots` is 0 when prefetch is off or no slots could be allocated."""
@@ -44,16 +58,12 @@ class ExpertPrefetch(Owned):
     def __init__(self, model, n_slots: int | None = None):
         super().__init__("expert prefetch")
         self.device = dev = model.device
-        w = model.weights
-        host = set(model.placement.host_tensors)
-        self.layers = [il for il in range(model.cfg.n_layer) if model.cfg.moe
-                       and all(f"blk.{il}.{n}" in host for n in EXPERT_TENSORS)]
+        self.layers = host_moe_layers(model)
         self._slots: list[Buffer] = []
         self._uploads: dict[int, CommandSequence] = {}
         self._experts: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
         want = slots_requested(n_slots) if self.layers else 0
-        self.layer_bytes = {il: sum(_aligned(w[f"blk.{il}.{n}"].nbytes) for n in EXPERT_TENSORS) for il in self.layers}
-        self.slot_bytes = max(self.layer_bytes.values(), default=0)
+        self.slot_bytes = slot_bytes(model)
         for i in range(want):
             try:
                 self._slots.append(Buffer(dev, self.slot_bytes, MemoryKind.DEVICE, label=f"expert prefetch slot {i}"))

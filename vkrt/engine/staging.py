@@ -1,20 +1,30 @@
-"""Expert staging for decode: for steps of at most tuning.mv_max_n tokens, the experts the
-tokens chose in a host-resident MoE layer are copied into device slots first (one copy per
-expert stack, all at once) and the mat-vecs read those. Which stacks are staged: by weight type
-from the tuning table (moe_read_in_place lists the types read in place); VKRT_MOE_STAGE=1
-stages every stack, 0 none."""
+"""Expert staging and caching for decode: for steps of at most tuning.mv_max_n tokens, the
+experts the tokens chose in a host-resident MoE layer are copied into device slots first (one
+copy per expert stack, all at once) and the mat-vecs read those.
+
+With an expert cache (`cache_bytes`), each such layer owns `cache_slots` slots per stack kept
+on the GPU with least-recently-used replacement (shaders/moe_stage_plan.comp): a chosen expert
+already there is not copied again. Without one, which stacks are staged is decided by weight
+type (tuning.moe_read_in_place lists the types the mat-vecs read in place); VKRT_MOE_STAGE=1
+stages every stack, 0 none (and no cache).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 
+import numpy as np
+
+from ..commands import read_tensor, write_tensor
 from ..errors import ConfigError, OutOfDeviceMemory, VulkanError
-from ..memory import Buffer, MemoryKind, Tensor
-from ..model.transformer import EXPERT_TENSORS
-from ..ops.moe_stage import stage_unit
+from ..memory import I32, Buffer, MemoryKind, Tensor
+from ..model.transformer import EXPERT_TENSORS, StagedExperts
+from ..ops.binding import binding_limit
+from ..ops.moe_stage import cache_counts, cache_state_words, initial_cache_state, stage_unit
 from ..owned import Owned
 from ..units import fmt_bytes
+from .prefetch import host_moe_layers
 
 log = logging.getLogger("vkrt")
 
@@ -31,65 +41,117 @@ def staging_requested() -> bool | None:
     return text == "1"
 
 
-class ExpertStaging(Owned):
-    """Device slots for the experts one decode step selects in host-resident MoE layers: per
-    expert role (gate, up, down) one buffer of `n_slots` experts of the largest such layer.
-    `enabled`: True stages every stack, False none, None by type (tuning.moe_read_in_place).
-    `layers` lists the layers with at least one staged stack."""
+def staged_layers(model) -> list[int]:
+    """MoE layers whose three expert stacks are all host-resident and can be staged."""
+    w = model.weights
+    return [il for il in host_moe_layers(model) if all(stage_unit(w[f"blk.{il}.{n}"]) for n in EXPERT_TENSORS)]
 
-    def __init__(self, model, max_tokens: int, enabled: bool | None = None):
+
+def expert_bytes(model) -> int:
+    """Bytes one cached expert takes (gate + up + down of the largest host-resident layer)."""
+    return sum(_strides(model, staged_layers(model)))
+
+
+class ExpertStaging(Owned):
+    """Device slots for the experts decode steps choose in host-resident MoE layers: per stack
+    (gate, up, down) one buffer holding each layer's `cache_slots` cache slots, then `n_stage`
+    staging slots shared by all layers; plus the per-layer cache state. `layers` lists the
+    layers with at least one staged stack (empty: decode reads host memory in place)."""
+
+    def __init__(self, model, max_tokens: int, enabled: bool | None = None, cache_bytes: int = 0):
         super().__init__("expert staging")
         dev, cfg, w = model.device, model.cfg, model.weights
         self.buffers: list[Buffer] = []
         self.layers: list[int] = []
-        self._tensors: dict[int, tuple[Tensor | None, ...]] = {}
+        self.cache_slots = self.n_stage = 0
+        self.state: Tensor | None = None
+        self._views: dict[int, StagedExperts] = {}
         if enabled is None:
             enabled = staging_requested()
-        if not cfg.moe or enabled is False:
+        candidates = staged_layers(model)
+        if not cfg.moe or enabled is False or not candidates:
             return
-        in_place = () if enabled else dev.tuning.moe_read_in_place
-        host = set(model.placement.host_tensors)
-
-        def staged(il: int, n: int) -> bool:
-            t = w.get(f"blk.{il}.{n}")
-            return f"blk.{il}.{n}" in host and t.type.name not in in_place and bool(stage_unit(t))
-
-        plan = {il: [staged(il, n) for n in EXPERT_TENSORS] for il in range(cfg.n_layer)}
-        plan = {il: roles for il, roles in plan.items() if any(roles)}
+        n_slots = min(cfg.n_expert, cfg.n_expert_used * min(max_tokens, dev.tuning.mv_max_n))
+        strides = _strides(model, candidates)
+        L = len(candidates)
+        limit = binding_limit(dev) - ALIGN
+        cache = min(cfg.n_expert, cache_bytes // (L * sum(strides)),
+                    min((limit // s - n_slots) // L for s in strides))
+        if cache > 0:
+            roles = [(True, True, True)] * L
+        else:
+            cache = 0
+            in_place = () if enabled else dev.tuning.moe_read_in_place
+            roles = [tuple(w[f"blk.{il}.{n}"].type.name not in in_place for n in EXPERT_TENSORS) for il in candidates]
+        plan = {il: r for il, r in zip(candidates, roles) if any(r)}
         if not plan:
             return
-        self.n_slots = min(cfg.n_expert, cfg.n_expert_used * min(max_tokens, dev.tuning.mv_max_n))
-        per_role = [max((_expert_bytes(w[f"blk.{il}.{n}"]) for il, roles in plan.items() if roles[r]), default=0)
-                    for r, n in enumerate(EXPERT_TENSORS)]
-        buffers: list[Buffer | None] = []
-        try:
-            for n, size in zip(EXPERT_TENSORS, per_role):
-                buffers.append(Buffer(dev, self.n_slots * size, MemoryKind.DEVICE,
-                                      label=f"staged {n.split('.')[0]} ({self.n_slots} experts)") if size else None)
-        except (OutOfDeviceMemory, VulkanError) as exc:
-            log.warning("expert staging: %s of slots could not be allocated (%s); decode reads host memory",
-                        fmt_bytes(self.n_slots * sum(per_role)), exc)
-            self.buffers = [b for b in buffers if b is not None]
-            self._free()
+        for attempt in (cache, 0) if cache else (0,):
+            n_stage = 0 if attempt >= n_slots else n_slots
+            sizes = [(L * attempt + n_stage) * s if any(r[i] for r in plan.values()) else 0
+                     for i, s in enumerate(strides)]
+            try:
+                self._allocate(dev, sizes, attempt, n_stage)
+                break
+            except (OutOfDeviceMemory, VulkanError) as exc:
+                self._free()
+                log.warning("expert staging: %s of slots could not be allocated (%s)%s", fmt_bytes(sum(sizes)), exc,
+                            "; trying without the expert cache" if attempt else "; decode reads host memory")
+        else:
             return
-        self.buffers = [b for b in buffers if b is not None]
+        self.cache_slots, self.n_stage = attempt, n_stage
+        if attempt:
+            self.state = Tensor.empty(dev, I32, (L * cache_state_words(cfg.n_expert, attempt),), name="expert cache")
+            self._state_words = cache_state_words(cfg.n_expert, attempt)
+            write_tensor(self.state, np.tile(initial_cache_state(cfg.n_expert, attempt), L))
+        words = cache_state_words(cfg.n_expert, attempt)
+        for j, il in enumerate(candidates):
+            if il not in plan:
+                continue
+            stacks = []
+            for buf, n, s, on in zip(self._by_role, EXPERT_TENSORS, strides, plan[il]):
+                src = w[f"blk.{il}.{n}"]
+                if not on:
+                    stacks.append(None)
+                    continue
+                n_view = (L - j) * attempt + n_stage
+                t = Tensor.on(buf.range(j * attempt * s, n_view * s), src.type, (src.ne[0], src.ne[1], 1))
+                stacks.append(t.view((src.ne[0], src.ne[1], n_view), (t.nb[0], t.nb[1], s), name=f"staged {src.name}"))
+            state = self.state.slice(0, j * words, (j + 1) * words) if attempt else None
+            self._views[il] = StagedExperts(tuple(stacks), n_slots, attempt, (L - j) * attempt, state)
         self.layers = sorted(plan)
-        for il, roles in plan.items():
-            self._tensors[il] = tuple(
-                Tensor.on(buf.range(), src.type, (src.ne[0], src.ne[1], self.n_slots), name=f"staged {src.name}")
-                if on else None
-                for buf, src, on in ((b, w[f"blk.{il}.{n}"], on) for b, n, on in zip(buffers, EXPERT_TENSORS, roles))
-            )
-        log.info("expert staging: %d host-resident MoE layers, %d slots (%s)", len(plan), self.n_slots,
+        what = f"{attempt} cached experts per layer + " if attempt else ""
+        log.info("expert staging: %d host-resident MoE layers, %s%d staging slots (%s)", len(plan), what, n_stage,
                  fmt_bytes(self.nbytes))
+
+    def _allocate(self, dev, sizes, cache, n_stage) -> None:
+        self._by_role = []
+        for n, size in zip(EXPERT_TENSORS, sizes):
+            buf = Buffer(dev, size, MemoryKind.DEVICE, label=f"staged {n.split('.')[0]} ({cache} cached per layer, "
+                         f"{n_stage} staging)") if size else None
+            self._by_role.append(buf)
+            if buf is not None:
+                self.buffers.append(buf)
 
     @property
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
 
-    def tensors(self) -> dict[int, tuple[Tensor | None, ...]]:
-        """layer -> (gate, up, down) slot tensors (K, M, n_slots); None for a stack read in place."""
-        return dict(self._tensors)
+    def hit_rate(self) -> float | None:
+        """Share of the experts decode steps chose that were already cached (None: no cache)."""
+        if self.state is None:
+            return None
+        words = self._state_words
+        state = read_tensor(self.state)
+        hits = misses = 0
+        for j in range(len(state) // words):
+            h, m = cache_counts(state[j * words:(j + 1) * words])
+            hits, misses = hits + h, misses + m
+        return hits / (hits + misses) if hits + misses else 0.0
+
+    def tensors(self) -> dict[int, StagedExperts]:
+        """layer -> where its decode steps stage (and cache) experts."""
+        return dict(self._views)
 
     def _free(self) -> None:
         for b in self.buffers:
@@ -97,10 +159,15 @@ class ExpertStaging(Owned):
         self.buffers.clear()
 
     def _release(self) -> None:
-        self._tensors.clear()
+        self._views.clear()
         self.layers = []
+        if self.state is not None:
+            self.state.close()
         self._free()
 
 
-def _expert_bytes(t: Tensor) -> int:
-    return -(-(t.nb[1] * t.ne[1]) // ALIGN) * ALIGN
+def _strides(model, layers) -> list[int]:
+    """Per stack, the bytes of one expert slot: the largest expert of `layers`, aligned."""
+    w = model.weights
+    return [max((-(-(w[f"blk.{il}.{n}"].nb[1] * w[f"blk.{il}.{n}"].ne[1]) // ALIGN) * ALIGN for il in layers),
+                default=0) for n in EXPERT_TENSORS]

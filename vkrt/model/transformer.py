@@ -59,6 +59,20 @@ def required_tensors(cfg: ModelConfig) -> list[str]:
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
+@dataclass
+class StagedExperts:
+    """Where a decode step of one host-resident MoE layer stages its chosen experts: per stack
+    (gate, up, down) a slot tensor (K, M, n) or None (read in place); at most `max_copies`
+    experts are copied per step; with `cache_slots` > 0 the first slots are the layer's expert
+    cache (state in `state`) and staging slots start at `stage_base`."""
+
+    stacks: tuple
+    max_copies: int
+    cache_slots: int = 0
+    stage_base: int = 0
+    state: Tensor | None = None
+
+
 class Scratch(Owned):
     """Activations for up to `max_tokens` tokens, allocated once and reused by every layer."""
 
@@ -253,7 +267,7 @@ class Transformer:
         add(seq, s.cols("x", T), o, s.cols("x", T))
 
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
-             staged: tuple[Tensor, Tensor, Tensor] | None = None):
+             staged: StagedExperts | None = None):
         """Routed experts (+ the gated shared expert of qwen2moe); `experts` overrides where the
         layer's expert tensors are read from (e.g. a prefetch slot); with `staged`, the chosen
         experts are first copied into those slot tensors and read from there."""
@@ -268,10 +282,11 @@ class Transformer:
         stacks = [(gate, ids), (up, ids), (down, ids)]
         if staged:
             remap, plan = s.t["moe_remap"].slice(1, 0, T), s.t["moe_plan"]
-            moe_stage_plan(seq, ids, remap, plan, cfg.n_expert)
-            for r, slots in enumerate(staged):
+            moe_stage_plan(seq, ids, remap, plan, cfg.n_expert, state=staged.state, cache_slots=staged.cache_slots,
+                           stage_base=staged.stage_base)
+            for r, slots in enumerate(staged.stacks):
                 if slots is not None:
-                    moe_stage_copy(seq, stacks[r][0], slots, plan)
+                    moe_stage_copy(seq, stacks[r][0], slots, plan, staged.max_copies)
                     stacks[r] = (slots, remap)
         ge, ue, he, de = (s.t[n].slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))

@@ -1,0 +1,110 @@
+"""Where a decode step's GPU time goes: one forward pass of one token (or a ubatch of --tokens)
+recorded with a timestamp after every command, grouped by part and kernel.
+
+    python bench/decode_profile.py MODEL.gguf [--tokens 1] [--n-cpu-moe N] [--expert-cache SIZE]
+                                   [--reps 5] [--json]
+
+The engine first evaluates a short prompt and a few tokens (so caches and shapes are as in a
+real decode), then the step is replayed `--reps` times; per kernel label the table gives the
+median microseconds per step, the count, and the share of the step. Time between consecutive
+timestamps is charged to the command before it, so barriers and idle gaps count too; the peer
+is the engine's own wall time per decode step in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+from vkrt.commands import CommandSequence
+from vkrt.device import Device
+from vkrt.engine.engine import Engine
+from vkrt.model.loader import Model
+from vkrt.model.transformer import RecordOptions
+from vkrt.units import parse_size
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--n-cpu-moe", type=int, default=0)
+    ap.add_argument("--expert-cache", default="0")
+    ap.add_argument("--no-mmap", action="store_true")
+    ap.add_argument("--tokens", type=int, default=1, help="tokens in the profiled step (1: decode)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    cache = None if args.expert_cache == "auto" else parse_size(args.expert_cache, "--expert-cache")
+    with Device() as dev, Model(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
+                                progress=False) as m, \
+            Engine(m, n_ctx=512 + args.tokens, n_batch=max(64, args.tokens), n_ubatch=max(64, args.tokens),
+                   expert_cache=cache, prefetch_slots=0) as e:
+        e.eval(list(range(1, 33)))
+        tok, t0 = 7, time.perf_counter()
+        for _ in range(16):
+            tok = int(e.eval([tok]).argmax())
+        wall = (time.perf_counter() - t0) / 16
+        if args.tokens > 1:
+            e.eval(list(range(1, args.tokens + 1)))
+        n_kv = next(k[1] for k in reversed(e._graphs) if k[0] == args.tokens)
+        opts = RecordOptions(args.tokens, n_kv, False, e.flash_attn)
+        staged = e.staging.tensors() if e.staging.layers and args.tokens <= dev.tuning.mv_max_n else None
+        keep, owner = [], []   # owner[i]: the part (name without layer number) of command i
+        with CommandSequence(dev, timestamps=True, max_timestamps=8192, label="decode profile") as seq:
+            with seq.record():
+                for part in e.transformer.parts(e.scratch, e.cache, opts, None, staged):
+                    keep.extend(part.record(seq))
+                    owner += [part.name.rstrip("0123456789 ")] * (seq.timed_commands - len(owner))
+            runs = []
+            for _ in range(args.reps + 1):
+                seq.run()
+                runs.append(seq.gpu_times())
+        for k in keep:
+            k.close()
+        per_label: dict[str, list[float]] = defaultdict(list)
+        counts: dict[str, int] = defaultdict(int)
+        for i, run in enumerate(runs[1:]):
+            sums: dict[str, float] = defaultdict(float)
+            for j, (label, t) in enumerate(run):
+                label = f"{owner[j] if j < len(owner) else '?'}: {label.rstrip('0123456789 ')}"
+                sums[label] += t
+                if i == 0:
+                    counts[label] += 1
+            for label, t in sums.items():
+                per_label[label].append(t)
+        rows = sorted(({"kernel": k, "us_per_step": statistics.median(v) * 1e6, "count": counts[k]}
+                       for k, v in per_label.items()), key=lambda r: -r["us_per_step"])
+        for r in rows:   # per-layer labels (flash attention 7 split reduce) fold into one row
+            r["kernel"] = " ".join(w for w in r["kernel"].split() if not w.isdigit())
+        merged: dict[str, dict] = {}
+        for r in rows:
+            m_ = merged.setdefault(r["kernel"], {"kernel": r["kernel"], "us_per_step": 0.0, "count": 0})
+            m_["us_per_step"] += r["us_per_step"]
+            m_["count"] += r["count"]
+        rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
+        total = sum(r["us_per_step"] for r in rows)
+        info = {"device": dev.profile.name, "arch": dev.profile.architecture.value, "tokens": args.tokens,
+                "n_cpu_moe": m.n_cpu_moe,
+                "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
+                "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
+                "barriers": seq.barrier_count}
+    if args.json:
+        print(json.dumps({**info, "kernels": rows}))
+        return 0
+    print(f"# {info['device']} ({info['arch']}), {args.tokens} token(s), n_cpu_moe {info['n_cpu_moe']}, "
+          f"cache {info['expert_cache_slots']} "
+          f"slots/layer: GPU {total:.0f} us/step over {info['dispatches']} commands, {info['barriers']} barriers; "
+          f"engine wall {wall * 1e6:.0f} us/step")
+    print("| kernel | us/step | count | share |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['us_per_step']:.1f} | {r['count']} | {100 * r['us_per_step'] / total:.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
