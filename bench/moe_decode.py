@@ -12,7 +12,10 @@ mul_mat_id for `--tokens` tokens with routing drawn at random:
 - staged: plan + one copy per stack into device slots, then the mat-vecs read VRAM;
 - copy peer: vkCmdCopyBuffer of the same experts (one region each) into VRAM, the link's rate
   for these bytes through the copy path;
-- vram: the stacks in device memory (the bound without the link).
+- vram: the stacks in device memory (the bound without the link);
+- cache: staged through the per-layer expert cache of --cache-slots slots, over --cache-steps
+  decode steps of fresh uniform routing per layer (a trained model's router is closer to
+  uniform than a random-weight model's); reported with the cache's measured hit rate.
 Rates are bytes of the chosen experts per second of GPU time (timestamps, median of --reps).
 """
 
@@ -31,7 +34,9 @@ from vkrt.device import Device
 from vkrt.memory import Buffer, I32, MemoryKind, Tensor, ggml_type
 from vkrt.memory.anonymous import AnonymousMemory
 from vkrt.memory.imported import ImportedBuffer
-from vkrt.ops.moe_stage import moe_stage_copy, moe_stage_plan, plan_words
+from vkrt.commands import read_tensor
+from vkrt.ops.moe_stage import (cache_counts, cache_state_words, initial_cache_state, moe_stage_copy, moe_stage_plan,
+                                plan_words)
 from vkrt.ops.mul_mat_id import mul_mat_id
 
 SHAPES = {"gate": (2048, 768), "up": (2048, 768), "down": (768, 2048)}
@@ -124,7 +129,7 @@ def run_type(dev, typ, args, tuning, rng) -> list[dict]:
         for il in range(L):
             moe_stage_plan(seq, ids[il], remap, plan, N_EXPERT)
             for r in SHAPES:
-                moe_stage_copy(seq, hl.layers[0][il][r], slots[r], plan)
+                moe_stage_copy(seq, hl.layers[0][il][r], slots[r], plan, slots_n)
             matvecs(seq, slots, remap)
 
     def copy_peer(seq):
@@ -137,16 +142,41 @@ def run_type(dev, typ, args, tuning, rng) -> list[dict]:
                     seq.copy(stack.range().sub(int(e) * per, per), staging.range(off, per), per)
                     off += per
 
+    C, steps = args.cache_slots, args.cache_steps
+    words = cache_state_words(N_EXPERT, C)
+    state = tensor_from_numpy(dev, np.tile(initial_cache_state(N_EXPERT, C), L))
+    pool = {r: Tensor.empty(dev, typ, (k, m, L * C + slots_n)) for r, (k, m) in SHAPES.items()}
+    step_ids = [[tensor_from_numpy(dev, np.stack([rng.choice(N_EXPERT, N_USED, replace=False) for _ in range(T)])
+                                   .astype(np.int32)) for _ in range(L)] for _ in range(steps)]
+
+    def cached(seq):
+        for s in range(steps):
+            for il in range(L):
+                base = il * C
+                views = {r: pool[r].slice(2, base, L * C + slots_n) for r in SHAPES}
+                moe_stage_plan(seq, step_ids[s][il], remap, plan, N_EXPERT, state=state.slice(0, il * words,
+                               (il + 1) * words), cache_slots=C, stage_base=L * C - base)
+                for r in SHAPES:
+                    moe_stage_copy(seq, hl.layers[0][il][r], views[r], plan, slots_n)
+                matvecs(seq, views, remap)
+
     rows = []
     try:
         times = {"in place": timed(dev, in_place(0), args.reps), "staged": timed(dev, staged, args.reps),
                  "copy peer": timed(dev, copy_peer, args.reps), "vram": timed(dev, in_place(1), args.reps)}
+        if C:
+            times[f"cache {C}/{N_EXPERT}"] = timed(dev, cached, args.reps) / steps
+            counts = np.array([cache_counts(read_tensor(state)[il * words:(il + 1) * words]) for il in range(L)])
+            hit_rate = counts[:, 0].sum() / counts.sum()
         for name, t in times.items():
             rows.append({"type": typ, "path": name, "layers": L, "tokens": T, "us_per_layer": t / L * 1e6,
                          "gbps": nbytes / t / 1e9, "speedup_vs_in_place": times["in place"] / t,
                          "of_copy_peer": times["copy peer"] / t})
+            if name.startswith("cache"):
+                rows[-1]["cache_hit_rate"] = float(hit_rate)
     finally:
-        for obj in (x, h, remap, plan, staging, *ids, *ys.values(), *slots.values()):
+        for obj in (x, h, remap, plan, staging, state, *ids, *ys.values(), *slots.values(), *pool.values(),
+                    *(t for step in step_ids for t in step)):
             obj.close()
         hl.close()
     return rows
@@ -158,6 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cache-slots", type=int, default=44, help="expert cache slots per layer (0: no cache row)")
+    ap.add_argument("--cache-steps", type=int, default=64)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -169,8 +201,9 @@ def main(argv=None) -> int:
             for r in run_type(dev, typ, args, tuning, rng):
                 rows.append(r)
                 if not args.json:
-                    print(f"{r['type']:5} {r['path']:10} {r['us_per_layer']:9.1f} us/layer {r['gbps']:7.2f} GB/s "
-                          f"{r['speedup_vs_in_place']:5.2f}x in place  {100 * r['of_copy_peer']:5.1f}% of copy peer",
+                    hits = f"  {100 * r['cache_hit_rate']:.0f}% hits" if "cache_hit_rate" in r else ""
+                    print(f"{r['type']:5} {r['path']:12} {r['us_per_layer']:9.1f} us/layer {r['gbps']:7.2f} GB/s "
+                          f"{r['speedup_vs_in_place']:5.2f}x in place  {100 * r['of_copy_peer']:5.1f}% of copy peer{hits}",
                           flush=True)
         info = {"device": dev.profile.name, "arch": dev.profile.architecture.value,
                 "tuning": {f: getattr(tuning, f) for f in ("mv_wg", "mv_rows", "mv_max_n")}}
