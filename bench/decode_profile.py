@@ -49,7 +49,7 @@ def main(argv=None) -> int:
             tok = int(e.eval([tok]).argmax())
         wall = (time.perf_counter() - t0) / 16
         if args.tokens > 1:
-            e.eval(list(range(1, args.tokens + 1)))
+            e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(args.tokens)])
         n_kv = next(k[1] for k in reversed(e._graphs) if k[0] == args.tokens)
         opts = RecordOptions(args.tokens, n_kv, False, e.flash_attn)
         staged = e.staging.tensors() if e.staging.layers and args.tokens <= dev.tuning.mv_max_n else None

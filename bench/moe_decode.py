@@ -90,7 +90,7 @@ class HostLayers:
 
 
 def timed(dev, record, reps: int) -> float:
-    with CommandSequence(dev, timestamps=True, label="bench") as seq:
+    with CommandSequence(dev, timestamps=True, max_timestamps=1 << 16, label="bench") as seq:
         with seq.record():
             record(seq)
         seq.run()
