@@ -1,0 +1,43 @@
+"""The MoE options on the command line: --expert-cache on `vkrt run` (same tokens with the
+cache off, automatic or tiny; a bad size is one clear error) and -ncmoe on `vkrt bench`."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from models import tiny_model
+from vkrt.cli.main import cli
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    return tiny_model("tiny-qwen3moe", tmp_path_factory.mktemp("cli-moe"))
+
+
+def run_tokens(model, *extra):
+    result = CliRunner().invoke(cli, ["run", "-m", model, "-p", "one two three", "-n", "8", "--temp", "0", "--json",
+                                      "-c", "128", "-ncmoe", "2", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)["tokens"]
+
+
+def test_expert_cache_sizes_give_the_same_tokens(device, moe_model):
+    off = run_tokens(moe_model, "--expert-cache", "0")
+    assert run_tokens(moe_model) == off
+    assert run_tokens(moe_model, "--expert-cache", "64K") == off
+
+
+def test_bad_expert_cache_is_one_clear_line(device, moe_model):
+    result = CliRunner().invoke(cli, ["run", "-m", moe_model, "-p", "x", "-n", "1", "--expert-cache", "lots"])
+    assert result.exit_code != 0
+    assert "--expert-cache" in result.output and "Traceback" not in result.output
+
+
+def test_bench_sweeps_n_cpu_moe(device, moe_model):
+    result = CliRunner().invoke(cli, ["bench", "-m", moe_model, "-p", "16", "-n", "4", "-ncmoe", "0,2", "-r", "1",
+                                      "-o", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert sorted({r["n_cpu_moe"] for r in rows}) == [0, 2]
+    assert all(r["avg_ts"] > 0 for r in rows)
