@@ -55,3 +55,33 @@ def test_rms_norm_per_head_view(device):
     finally:
         for t in (tx, tw, to):
             t.close()
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (3, 576), (4, 2048)])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_add_rms_norm_is_add_then_norm_bit_for_bit(device, shape, in_place):
+    """The fused residual add + norm against numpy, and bit for bit against add then rms_norm,
+    with the sum written over x (as the transformer does) or elsewhere; out may alias the residual."""
+    from vkrt.commands import run_once
+    from vkrt.ops.elementwise import add
+    from vkrt.ops.norm import rms_norm
+    rng = np.random.default_rng(shape[1])
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    r = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    tensors = [tensor_from_numpy(device, a) for a in (x, r, w, x, np.zeros_like(x), np.zeros_like(x))]
+    tx, tr, tw, tx2, tsum, to = tensors
+    try:
+        run_once(device, lambda seq: (add(seq, tx2, tr, tx2), rms_norm(seq, tx2, to, 1e-6, tw)))
+        want_sum, want = read_tensor(tx2), read_tensor(to)
+        total = x + r
+        np.testing.assert_array_equal(want_sum, total)
+        np.testing.assert_allclose(want, rms_ref(total, w, 1e-6), rtol=1e-5, atol=1e-5)
+        sum_out = tx if in_place else tsum
+        out = tr if in_place else to   # the transformer normalises into the residual's buffer too
+        run_once(device, lambda seq: rms_norm(seq, tx, out, 1e-6, tw, residual=tr, sum_out=sum_out))
+        np.testing.assert_array_equal(read_tensor(sum_out).view(np.uint32), want_sum.view(np.uint32))
+        np.testing.assert_array_equal(read_tensor(out).view(np.uint32), want.view(np.uint32))
+    finally:
+        for t in tensors:
+            t.close()

@@ -3,20 +3,22 @@ sequence for one batch shape. Weights are looked up by their GGUF names.
 
     x = token_embd[ids] (* sqrt(n_embd) for gemma3)
     per layer il ("blk.{il}."):
-        cur = rms_norm(x) * attn_norm
+        cur = rms_norm(x) * attn_norm           (x += the previous block's output, fused in)
         q, k, v = attn_q·cur (+ bias), attn_k·cur, attn_v·cur
         q, k = rms_norm per head * attn_{q,k}_norm        (qwen3, gemma3)
         q, k = rope(q), rope(k)
         cache_k[cells], cache_v[cells] = k, v
         a = attention(q, cache_k[:n_kv], cache_v[:n_kv], mask)
-        o = attn_output·a (post_attention_norm for gemma3);  x = x + o
-        cur = rms_norm(x) * ffn_norm
-        f = ffn_down·(act(ffn_gate·cur) * ffn_up·cur) (post_ffw_norm for gemma3);  x = x + f
-    logits = output·(rms_norm(x) * output_norm)          (output = token_embd when tied)
+        o = attn_output·a (post_attention_norm for gemma3)
+        x = x + o;  cur = rms_norm(x) * ffn_norm  (one kernel; VKRT_FUSE_ADD_NORM=0: two)
+        f = ffn_down·(act(ffn_gate·cur) * ffn_up·cur) (post_ffw_norm for gemma3)
+    x = x + f (fused into the next norm);  logits = output·(rms_norm(x) * output_norm)
+                                                         (output = token_embd when tied)
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import GGUFError
@@ -83,6 +85,7 @@ class Scratch(Owned):
         ff = max(cfg.n_ff, 1)
         self.max_tokens, self.n_ctx = max_tokens, n_ctx
         self._mask_opt_owner: dict = {}
+        self.pending: Tensor | None = None   # at record time: a block output not yet added into x
         shapes = dict(x=(E, T), cur=(E, T), q=(qd, T), k=(kd, T), v=(vd, T), qr=(qd, T), kr=(kd, T),
                       attn=(cfg.n_head * cfg.head_dim_v, T), o=(E, T), g=(ff, T), u=(ff, T), h=(ff, T),
                       logits=(cfg.vocab_size, T))
@@ -200,6 +203,7 @@ class Transformer:
         return parts
 
     def _embed(self, seq, s, ids, T):
+        s.pending = None
         x = s.cols("x", T)
         get_rows(seq, self.w["token_embd.weight"], ids, x)
         if self.cfg.embd_scale != 1.0:
@@ -207,19 +211,33 @@ class Transformer:
 
     def _output(self, seq, s, T, all_logits):
         n_out = T if all_logits else 1
-        last = s.cols("x", n_out, T - n_out)
         normed = s.cols("cur", n_out, T - n_out)
-        rms_norm(seq, last, normed, self.cfg.norm_eps, self.w["output_norm.weight"])
+        self._add_norm(seq, s, T, "output_norm.weight", first=T - n_out)
         matmul(seq, self.output, normed, s.cols("logits", n_out))
 
     def _norm(self, seq, src, dst, name):
         rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
 
+    def _add_norm(self, seq, s, T, name, first: int = 0):
+        """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
+        output into x (one fused kernel unless VKRT_FUSE_ADD_NORM=0)."""
+        x, cur = s.cols("x", T - first, first), s.cols("cur", T - first, first)
+        pending, s.pending = s.pending, None
+        if pending is None:
+            self._norm(seq, x, cur, name)
+            return
+        pending = pending.slice(1, first, T)
+        if os.environ.get("VKRT_FUSE_ADD_NORM", "1") != "0":
+            rms_norm(seq, x, cur, self.cfg.norm_eps, self.w[name], residual=pending, sum_out=x)
+        else:
+            add(seq, x, pending, x)
+            self._norm(seq, x, cur, name)
+
     def _attention(self, seq, s, cache, il, T, n_kv, pos, cells, mask, flash):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
         cur = s.cols("cur", T)
-        self._norm(seq, s.cols("x", T), cur, p + "attn_norm.weight")
+        self._add_norm(seq, s, T, p + "attn_norm.weight")
         q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
         for t, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
             matmul(seq, w[p + name + ".weight"], cur, t)
@@ -250,13 +268,13 @@ class Transformer:
         matmul(seq, w[p + "attn_output.weight"], s.cols("attn", T), o)
         if cfg.post_norms:
             self._norm(seq, o, o, p + "post_attention_norm.weight")
-        add(seq, s.cols("x", T), o, s.cols("x", T))
+        s.pending = o
         return op
 
     def _ffn(self, seq, s, il, T):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         cur = s.cols("cur", T)
-        self._norm(seq, s.cols("x", T), cur, p + "ffn_norm.weight")
+        self._add_norm(seq, s, T, p + "ffn_norm.weight")
         g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
         matmul(seq, w[p + "ffn_gate.weight"], cur, g)
         matmul(seq, w[p + "ffn_up.weight"], cur, u)
@@ -264,7 +282,7 @@ class Transformer:
         matmul(seq, w[p + "ffn_down.weight"], h, o)
         if cfg.post_norms:
             self._norm(seq, o, o, p + "post_ffw_norm.weight")
-        add(seq, s.cols("x", T), o, s.cols("x", T))
+        s.pending = o
 
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
              staged: StagedExperts | None = None):
@@ -274,7 +292,7 @@ class Transformer:
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         E, k = cfg.n_embd, cfg.n_expert_used
         cur = s.cols("cur", T)
-        self._norm(seq, s.cols("x", T), cur, p + "ffn_norm.weight")
+        self._add_norm(seq, s, T, p + "ffn_norm.weight")
         router, ids, weights = s.cols("router", T), s.t["moe_ids"].slice(1, 0, T), s.t["moe_w"].slice(1, 0, T)
         matmul(seq, w[p + "ffn_gate_inp.weight"], cur, router)
         moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm)
@@ -309,4 +327,4 @@ class Transformer:
             matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)
             o = cur  # the FFN input is no longer needed: the combined output goes there
         moe_combine(seq, de, weights, o, shared, gate_logit)
-        add(seq, s.cols("x", T), o, s.cols("x", T))
+        s.pending = o
