@@ -50,13 +50,18 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
                            stop_tokens=() if ignore_eos else model.tokenizer.eog_ids)
             text = model.tokenizer.decode(gen.tokens, skip_special=True)
             t = gen.timings
+            hits = engine.staging.hit_rate()
             if as_json:
-                click.echo(json.dumps({"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": text,
-                                       "stop_reason": gen.stop_reason, "timings": t.to_dict()}))
+                out = {"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": text,
+                       "stop_reason": gen.stop_reason, "timings": t.to_dict()}
+                if hits is not None:
+                    out["expert_cache_hit_rate"] = hits
+                click.echo(json.dumps(out))
             else:
                 sys.stdout.write(stream.flush() + "\n")
+                cache = f" | expert cache {100 * hits:.0f}% hits" if hits is not None else ""
                 click.echo(f"\nprompt: {t.prompt_n} tokens, {t.prompt_per_second:.2f} t/s | "
-                           f"generation: {t.predicted_n} tokens, {t.predicted_per_second:.2f} t/s | "
+                           f"generation: {t.predicted_n} tokens, {t.predicted_per_second:.2f} t/s{cache} | "
                            f"{device.profile.name}", err=True)
         finally:
             engine.close()

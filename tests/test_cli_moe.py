@@ -15,17 +15,20 @@ def moe_model(tmp_path_factory):
     return tiny_model("tiny-qwen3moe", tmp_path_factory.mktemp("cli-moe"))
 
 
-def run_tokens(model, *extra):
+def run_json(model, *extra):
     result = CliRunner().invoke(cli, ["run", "-m", model, "-p", "one two three", "-n", "8", "--temp", "0", "--json",
                                       "-c", "128", "-ncmoe", "2", *extra])
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)["tokens"]
+    return json.loads(result.output)
 
 
 def test_expert_cache_sizes_give_the_same_tokens(device, moe_model):
-    off = run_tokens(moe_model, "--expert-cache", "0")
-    assert run_tokens(moe_model) == off
-    assert run_tokens(moe_model, "--expert-cache", "64K") == off
+    off = run_json(moe_model, "--expert-cache", "0")
+    assert "expert_cache_hit_rate" not in off
+    for size in ("auto", "64K"):   # every expert cached; 2 of 8 per layer
+        out = run_json(moe_model, "--expert-cache", size)
+        assert out["tokens"] == off["tokens"], size
+        assert 0 < out["expert_cache_hit_rate"] < 1, size
 
 
 def test_bad_expert_cache_is_one_clear_line(device, moe_model):
