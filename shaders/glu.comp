@@ -2,9 +2,7 @@
 // Gated activation: out[i] = act(g[i]) * u[i]; without GATED: out[i] = act(g[i]). f32, contiguous.
 // ACT_SILU: x / (1 + e^-x); ACT_GELU: tanh approximation (as llama.cpp).
 #include "common.glsl"
-
-#define ACT_SILU 0
-#define ACT_GELU 1
+#include "act.glsl"
 
 layout(local_size_x_id = 0) in;
 
@@ -19,23 +17,14 @@ layout(push_constant) uniform Push {
     uint d_off;
 } p;
 
-float act(float x) {
-#if ACT == ACT_SILU
-    return x / (1.0 + exp(-x));
-#else
-    const float c = 0.7978845608028654;  // sqrt(2 / pi)
-    return 0.5 * x * (1.0 + tanh(c * x * (1.0 + 0.044715 * x * x)));
-#endif
-}
-
 void main() {
     const uint i = global_index();
     if (i >= p.n) {
         return;
     }
 #if GATED
-    dst[p.d_off + i] = act(g[p.g_off + i]) * u[p.u_off + i];
+    dst[p.d_off + i] = glu_fn(g[p.g_off + i], u[p.u_off + i]);
 #else
-    dst[p.d_off + i] = act(g[p.g_off + i]);
+    dst[p.d_off + i] = act_fn(g[p.g_off + i]);
 #endif
 }

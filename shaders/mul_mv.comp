@@ -4,6 +4,8 @@
 // those rows, dequantising inside the dot product, then the workgroup sums its partials.
 // With MUL_MAT_ID, workgroup z is one (token, slot) pair of the routing ids and W is the stack of
 // expert matrices; pairs whose expert lies outside [e0, e1) (another binding's) exit at once.
+// With GLU the input is act(x) * u (a gated FFN's down projection): u is laid out like x, and
+// the activation is the one shaders/act.glsl gives the separate kernel.
 #include "common.glsl"
 #ifdef SUBGROUP_ADD
 #extension GL_KHR_shader_subgroup_arithmetic : enable
@@ -14,12 +16,21 @@ layout(local_size_x = WG) in;
 layout(binding = 0) readonly buffer W { uint w_data[]; };
 #ifdef XVEC4
 layout(binding = 1) readonly buffer X { vec4 x4_data[]; };
-#define XLOAD4(i) x4_data[(i) >> 2]
-#define XLOAD1(i) x4_data[(i) >> 2][(i) & 3u]
+#define XRAW4(i) x4_data[(i) >> 2]
+#define XRAW1(i) x4_data[(i) >> 2][(i) & 3u]
 #else
 layout(binding = 1) readonly buffer X { float x_data[]; };
-#define XLOAD4(i) vec4(x_data[i], x_data[(i) + 1u], x_data[(i) + 2u], x_data[(i) + 3u])
-#define XLOAD1(i) x_data[i]
+#define XRAW4(i) vec4(x_data[i], x_data[(i) + 1u], x_data[(i) + 2u], x_data[(i) + 3u])
+#define XRAW1(i) x_data[i]
+#endif
+#ifdef GLU
+#include "act.glsl"
+#ifdef MUL_MAT_ID
+#define U_BINDING 4
+#else
+#define U_BINDING 3
+#endif
+layout(binding = U_BINDING) readonly buffer U { float u_data[]; };
 #endif
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
 #ifdef MUL_MAT_ID
@@ -49,7 +60,23 @@ layout(push_constant) uniform Push {
     uint x_slots;
     uint y_slot;
 #endif
+#ifdef GLU
+    uint u_off;    // float offset of u (its strides are x's)
+#endif
 } p;
+
+#ifdef GLU
+#define UIDX(i) ((i) - p.x_off + p.u_off)
+vec4 glu4(vec4 g, uint i) {
+    return vec4(glu_fn(g.x, u_data[UIDX(i)]), glu_fn(g.y, u_data[UIDX(i) + 1u]), glu_fn(g.z, u_data[UIDX(i) + 2u]),
+                glu_fn(g.w, u_data[UIDX(i) + 3u]));
+}
+#define XLOAD4(i) glu4(XRAW4(i), i)
+#define XLOAD1(i) glu_fn(XRAW1(i), u_data[UIDX(i)])
+#else
+#define XLOAD4(i) XRAW4(i)
+#define XLOAD1(i) XRAW1(i)
+#endif
 
 #define NV (NR * NC)
 #ifdef SUBGROUP_ADD

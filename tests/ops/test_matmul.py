@@ -142,3 +142,31 @@ def test_output_matrix_larger_than_a_binding(device):
             assert nmse(got, ref) < THRESHOLD["Q8_0"]
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("name,k,n,act", [("Q4_K", 256, 1, "silu"), ("Q8_0", 64, 3, "gelu"), ("F32", 13, 2, "silu"),
+                                          ("F16", 6, 1, "gelu")])
+def test_fused_gated_activation_is_bit_identical(device, name, k, n, act):
+    """matmul(W, g, up=u) against activation(g, u) then matmul, bit for bit, vec4 and scalar
+    loads; an up of another shape is refused with a clear error."""
+    from vkrt.commands import run_once
+    from vkrt.errors import UnsupportedShape
+    from vkrt.ops.elementwise import activation
+    m = 8
+    rng = np.random.default_rng(k + n)
+    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+    g = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32) * 3)
+    u = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32))
+    h = Tensor.empty(device, "F32", (k, n))
+    y1, y2 = Tensor.empty(device, "F32", (m, n)), Tensor.empty(device, "F32", (m, n))
+    try:
+        run_once(device, lambda seq: (activation(seq, act, g, h, up=u), matmul(seq, w, h, y1)))
+        run_once(device, lambda seq: matmul(seq, w, g, y2, up=u, act=act))
+        np.testing.assert_array_equal(read_tensor(y2).view(np.uint32), read_tensor(y1).view(np.uint32))
+        wrong = Tensor.empty(device, "F32", (k, n + 1))
+        with pytest.raises(UnsupportedShape, match="laid out like x"):
+            run_once(device, lambda seq: matmul(seq, w, g, y2, up=wrong, act=act))
+        wrong.close()
+    finally:
+        for t in (w, g, u, h, y1, y2):
+            t.close()

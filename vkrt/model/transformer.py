@@ -27,7 +27,7 @@ from ..ops.attention import Attention
 from ..ops.elementwise import activation, add, scale
 from ..ops.flash_attn import FlashAttn
 from ..ops.get_rows import get_rows
-from ..ops.matmul import matmul
+from ..ops.matmul import fuses_glu, matmul
 from ..ops.moe import moe_combine, moe_route
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan, plan_words
 from ..ops.mul_mat_id import RouteTable, mul_mat_id
@@ -278,8 +278,11 @@ class Transformer:
         g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
         matmul(seq, w[p + "ffn_gate.weight"], cur, g)
         matmul(seq, w[p + "ffn_up.weight"], cur, u)
-        activation(seq, cfg.activation, g, h, up=u)
-        matmul(seq, w[p + "ffn_down.weight"], h, o)
+        if fuses_glu(seq.device, T):   # decode: the activation happens inside the down mat-vec
+            matmul(seq, w[p + "ffn_down.weight"], g, o, up=u, act=cfg.activation)
+        else:
+            activation(seq, cfg.activation, g, h, up=u)
+            matmul(seq, w[p + "ffn_down.weight"], h, o)
         if cfg.post_norms:
             self._norm(seq, o, o, p + "post_ffw_norm.weight")
         s.pending = o
@@ -311,17 +314,23 @@ class Transformer:
         (gw, gi), (uw, ui), (dw, di) = stacks
         mul_mat_id(seq, gw, x3, gi, ge, s.routes)
         mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-        activation(seq, "silu", ge, he, up=ue)
-        mul_mat_id(seq, dw, he, di, de, s.routes)
+        if fuses_glu(seq.device, T):
+            mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act="silu")
+        else:
+            activation(seq, "silu", ge, he, up=ue)
+            mul_mat_id(seq, dw, he, di, de, s.routes)
         o = s.cols("o", T)
         shared = gate_logit = None
         if cfg.n_ff_shared:
             sg, su, sh = s.cols("sg", T), s.cols("su", T), s.cols("sh", T)
             matmul(seq, w[p + "ffn_gate_shexp.weight"], cur, sg)
             matmul(seq, w[p + "ffn_up_shexp.weight"], cur, su)
-            activation(seq, "silu", sg, sh, up=su)
             shared = s.cols("o", T)
-            matmul(seq, w[p + "ffn_down_shexp.weight"], sh, shared)
+            if fuses_glu(seq.device, T):
+                matmul(seq, w[p + "ffn_down_shexp.weight"], sg, shared, up=su, act="silu")
+            else:
+                activation(seq, "silu", sg, sh, up=su)
+                matmul(seq, w[p + "ffn_down_shexp.weight"], sh, shared)
             gate_logit = s.cols("sgate", T)
             inp = w[p + "ffn_gate_inp_shexp.weight"]
             matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)

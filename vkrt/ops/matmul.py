@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
@@ -21,8 +23,12 @@ MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32
                            ("y_slot", "u32"))
 
 
-def mat_vec_kernel(device, typ, n: int, tuning, *, xvec4: bool, mul_mat_id: bool = False):
-    """The mat-vec pipeline for `typ` and `n` token columns (1 for mul_mat_id)."""
+GLU_ACTS = {"silu": 0, "gelu": 1}
+
+
+def mat_vec_kernel(device, typ, n: int, tuning, *, xvec4: bool, mul_mat_id: bool = False, glu: str | None = None):
+    """The mat-vec pipeline for `typ` and `n` token columns (1 for mul_mat_id); with `glu`
+    ('silu' or 'gelu') its input is act(x) * u."""
     wg = tuning.mv_wg
     if wg & (wg - 1) or wg > device.profile.max_workgroup_invocations:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
@@ -33,7 +39,21 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, xvec4: bool, mul_mat_id: bool
         defines["XVEC4"] = 1
     if mul_mat_id:
         defines["MUL_MAT_ID"] = 1
-    return kernel(device, "mul_mv", defines=defines, push=MV_ID_PUSH if mul_mat_id else MV_PUSH)
+    push = MV_ID_PUSH if mul_mat_id else MV_PUSH
+    if glu is not None:
+        defines.update(GLU=1, ACT=GLU_ACTS[glu])
+        push = PushConstants(*push.fields, ("u_off", "u32"))
+    return kernel(device, "mul_mv", defines=defines, push=push)
+
+
+def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
+    """(binding, float offset) of the `up` input of a fused gated activation: laid out like x."""
+    if act not in GLU_ACTS:
+        raise UnsupportedShape(f"fused activation {act!r} is not supported (supported: {', '.join(GLU_ACTS)})")
+    if up.type != F32 or up.ne != x.ne or up.nb != x.nb:
+        raise UnsupportedShape(f"the fused activation's up {up!r} must be F32 and laid out like x {x!r}")
+    ur, uo = bind_words(up, device)
+    return ur, uo // 4
 
 
 def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
@@ -48,6 +68,12 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
     if mul_mat_id:
         defines["MUL_MAT_ID"] = 1
     return kernel(device, "mul_mm", defines=defines, push=MM_ID_PUSH if mul_mat_id else MM_PUSH)
+
+
+def fuses_glu(device, n_tokens: int) -> bool:
+    """Whether a down projection of n_tokens takes its gated activation fused (mat-vec sizes;
+    VKRT_FUSE_GLU=0 keeps the separate kernel, for comparison)."""
+    return n_tokens <= device.tuning.mv_max_n and os.environ.get("VKRT_FUSE_GLU", "1") != "0"
 
 
 def fold(n: int, device) -> tuple[int, int]:
@@ -73,10 +99,12 @@ def vec4_ok(t: Tensor, off: int, *strides: int) -> bool:
     return t.ne[0] % 4 == 0 and off % 4 == 0 and all(s % 4 == 0 for s in strides)
 
 
-def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None) -> None:
+def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
+           up: Tensor | None = None, act: str = "silu") -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_max_n uses the mat-vec
-    kernel, more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges."""
+    kernel, more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
+    With `up` (mat-vec only: see fuses_glu), y = W·(act(x) * up)."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
@@ -91,18 +119,24 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     xr, xo = bind_words(x2, device)
     yr, yo = bind_words(y2, device)
     xo, yo, x_col, y_col = xo // 4, yo // 4, x2.nb[1] // 4, y2.nb[1] // 4
-    xvec4 = vec4_ok(x2, xo, x_col)
+    extra, extra_push = [], {}
+    if up is not None:
+        if n > tune.mv_max_n:
+            raise UnsupportedShape(f"matmul: a fused activation needs at most {tune.mv_max_n} columns, got {n}")
+        ur, uo = glu_operand(f32_operand(up, "matmul up", k), x2, act, device)
+        extra, extra_push = [ur], {"u_off": uo}
+    xvec4 = vec4_ok(x2, xo, x_col) and (up is None or extra_push["u_off"] % 4 == 0)
     if n <= tune.mv_max_n:
-        kern = mat_vec_kernel(device, typ, n, tune, xvec4=xvec4)
+        kern = mat_vec_kernel(device, typ, n, tune, xvec4=xvec4, glu=act if up is not None else None)
     else:
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
     for a, b in chunks(1, device, max_binding, w):
         wr, wo = bind_words(w.slice(1, a, b), device, max_binding)
         push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
-                "y_off": yo + a, "y_col": y_col}
+                "y_off": yo + a, "y_col": y_col, **extra_push}
         if n <= tune.mv_max_n:
             groups = (*fold(-(-(b - a) // tune.mv_rows), device), 1)
         else:
             push["N"] = n
             groups = (-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1)
-        seq.dispatch(kern, [wr, xr, yr], push=push, groups=groups)
+        seq.dispatch(kern, [wr, xr, yr, *extra], push=push, groups=groups)

@@ -12,7 +12,7 @@ from ..errors import UnsupportedShape
 from ..memory import I32, MemoryKind, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
-from .matmul import fold, gemm_kernel, mat_vec_kernel, vec4_ok
+from .matmul import fold, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok
 from .quant import bind_words, check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -57,7 +57,7 @@ def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor):
 
 
 def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteTable | None = None, *,
-               tuning=None, max_binding: int | None = None) -> None:
+               tuning=None, max_binding: int | None = None, up: Tensor | None = None, act: str = "silu") -> None:
     """Record the expert matmul. w: (K, M, n_expert) of a supported type; x: F32 (K, 1 or n_used,
     n_tokens); ids: I32 (n_used, n_tokens) expert indices, distinct per token; y: F32 (M, n_used,
     n_tokens). More than tuning.mv_max_n tokens need `routes` (RouteTable(device, n_expert, >=
@@ -72,16 +72,23 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     ir, io = bind_words(ids, device)
     xo, yo = xo // 4, yo // 4
     x_slot, x_tok, y_slot, y_tok = x.nb[1] // 4, x.nb[2] // 4, y.nb[1] // 4, y.nb[2] // 4
-    xvec4 = vec4_ok(x, xo, x_slot, x_tok)
     common = {"K": k, "x_off": xo, "x_col": x_tok, "y_off": yo, "y_col": y_tok, "w_row": w.nb[1],
               "w_expert": w.nb[2], "n_used": n_used, "x_slot": x_slot, "x_slots": x.ne[1], "y_slot": y_slot}
+    extra = []
+    if up is not None:
+        if n_tokens > tune.mv_max_n:
+            raise UnsupportedShape(f"mul_mat_id: a fused activation needs at most {tune.mv_max_n} tokens, "
+                                   f"got {n_tokens}")
+        ur, common["u_off"] = glu_operand(up, x, act, device)
+        extra = [ur]
+    xvec4 = vec4_ok(x, xo, x_slot, x_tok) and common.get("u_off", 0) % 4 == 0
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
-        kern = mat_vec_kernel(device, typ, 1, tune, xvec4=xvec4, mul_mat_id=True)
+        kern = mat_vec_kernel(device, typ, 1, tune, xvec4=xvec4, mul_mat_id=True, glu=act if up is not None else None)
         for e0, e1 in pieces:
             wr, wo = bind_words(w.slice(2, e0, e1), device, max_binding)
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
-            seq.dispatch(kern, [wr, xr, yr, ir], push=push,
+            seq.dispatch(kern, [wr, xr, yr, ir, *extra], push=push,
                          groups=(*fold(-(-m // tune.mv_rows), device), n_tokens * n_used))
         return
     if routes is None or routes.n_expert != n_expert or routes.max_tokens < n_tokens:

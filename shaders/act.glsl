@@ -1,0 +1,29 @@
+// Activations shared by the gated-activation kernel and the mat-vec that fuses it into its
+// input loads: ACT_SILU x / (1 + e^-x); ACT_GELU the tanh approximation (as llama.cpp).
+// `precise` keeps compilers from contracting these into FMAs differently in the two kernels,
+// so the fused and separate paths give the same bits.
+#ifndef VKRT_ACT_GLSL
+#define VKRT_ACT_GLSL
+
+#define ACT_SILU 0
+#define ACT_GELU 1
+
+float act_fn(float x) {
+#if ACT == ACT_SILU
+    precise float d = 1.0 + exp(-x);
+    precise float r = x / d;
+    return r;
+#else
+    const float c = 0.7978845608028654;  // sqrt(2 / pi)
+    precise float inner = c * x * (1.0 + 0.044715 * x * x);
+    precise float r = 0.5 * x * (1.0 + tanh(inner));
+    return r;
+#endif
+}
+
+float glu_fn(float g, float u) {
+    precise float r = act_fn(g) * u;
+    return r;
+}
+
+#endif

@@ -1,0 +1,47 @@
+"""Lossless fusions, bit for bit against the separate kernels on every architecture: each block's
+residual add inside the next RMS norm (VKRT_FUSE_ADD_NORM=0: add, then norm; two commands fewer
+a layer) and, for decode, the gated activation inside the down projection's mat-vec
+(VKRT_FUSE_GLU=0: activation kernel, then mat-vec; one command fewer a layer and decode step)."""
+
+import numpy as np
+import pytest
+
+from models import tiny_model
+from vkrt.engine.engine import Engine
+from vkrt.model.loader import Model
+
+PROMPT = [5, 9, 2, 11, 3, 7, 1, 4]
+
+
+def run(device, path, monkeypatch, fuse: bool, variable: str = "VKRT_FUSE_ADD_NORM", **engine_kw):
+    monkeypatch.setenv(variable, "1" if fuse else "0")
+    with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
+            Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
+        prefill = e.eval(PROMPT, all_logits=True)
+        decode = [e.eval([int(np.argmax(prefill[-1]))])]
+        decode.append(e.eval([int(np.argmax(decode[-1]))]))
+        dispatches = sum(s.dispatch_count for g in e._graphs.values() for s in g.seqs)
+        return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg.n_layer
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
+                                  "tiny-qwen2moe"])
+def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
+    path = tiny_model(name, tmp_path)
+    fused, n_fused, n_layer = run(device, path, monkeypatch, True)
+    plain, n_plain, _ = run(device, path, monkeypatch, False)
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    assert n_plain - n_fused == 2 * n_layer * 2   # two graphs (prefill, decode), one add per block
+
+
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
+                                            ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2)])
+def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
+    """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
+    path = tiny_model(name, tmp_path)
+    kw = dict(n_cpu_moe=n_cpu_moe, stage_experts=True)
+    fused, n_fused, n_layer = run(device, path, monkeypatch, True, "VKRT_FUSE_GLU", **kw)
+    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_GLU", **dict(kw))
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    shared = 2 if name == "tiny-qwen2moe" else 1   # its shared expert is a second gated FFN
+    assert n_plain - n_fused == 2 * n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
