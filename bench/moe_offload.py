@@ -1,6 +1,7 @@
 """Prefill and decode of a MoE model with experts in host memory, next to llama.cpp.
 
-    python bench/moe_offload.py MODEL.gguf [-p 2048] [-ub 2048] [-r 3] [--llama-server PATH] [--json]
+    python bench/moe_offload.py MODEL.gguf [-p 2048] [-ub 2048] [-n 32] [-r 3] [--card-budget 8G]
+                                [--vkrt-mmap] [--llama-server PATH | --no-llama] [--json]
 
 vkrt configurations (all with flash attention): experts in VRAM; all experts in host memory
 (--n-cpu-moe = n_layer) read through imported memory (--no-mmap; with --vkrt-mmap also through
