@@ -22,7 +22,7 @@ from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
-from .staging import ExpertStaging, expert_bytes
+from .staging import ExpertStaging
 
 log = logging.getLogger("vkrt")
 
@@ -90,8 +90,8 @@ class Engine(Owned):
             size = self._layout["mask_swa"] + (2 * n_ctx * T if cfg.sliding_window else 0)
             self._inputs = Buffer(dev, size, MemoryKind.HOST, label="step inputs")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * T, MemoryKind.READBACK, label="logits readback")
-            cache = self._cache_bytes(expert_cache, prefetch_slots) if stage_experts is not False else 0
-            self.staging = ExpertStaging(model, n_ubatch, stage_experts, cache)   # before prefetch: it leaves room
+            self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
+                                         self._cache_bytes(expert_cache, prefetch_slots))
             self.prefetch = ExpertPrefetch(model, prefetch_slots)
         except BaseException:
             self.close()
@@ -103,11 +103,7 @@ class Engine(Owned):
         prefetch slots and a reserve for the rest of the run, up to every host-resident expert."""
         if requested is not None:
             return max(0, requested)
-        model = self.model
-        per_expert = expert_bytes(model)
-        if not per_expert:
-            return 0
-        want = slots_requested(prefetch_slots) * slot_bytes(model)
+        want = slots_requested(prefetch_slots) * slot_bytes(self.model)
         reserve = max(CACHE_RESERVE, self.device.vram_free // 20)
         return max(0, self.device.vram_free - want - reserve)
 

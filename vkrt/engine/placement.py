@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import VkrtError
+from ..device.tuning import Tuning
 from ..model.config import ModelConfig
 from ..model.loader import is_cpu_moe, layer_of
 from ..units import fmt_bytes
 
 
-DECODE_TOKENS = 8   # tuning.mv_max_n of every table entry: decode steps stage this many tokens' experts
+DECODE_TOKENS = Tuning.mv_max_n   # decode steps (mat-vec sizes) stage this many tokens' experts
 
 
 class DoesNotFit(VkrtError):

@@ -61,7 +61,7 @@ class ExpertStaging(Owned):
     def __init__(self, model, max_tokens: int, enabled: bool | None = None, cache_bytes: int = 0):
         super().__init__("expert staging")
         dev, cfg, w = model.device, model.cfg, model.weights
-        self.buffers: list[Buffer] = []
+        self._by_role: list[Buffer | None] = []   # gate, up, down (None: that stack is read in place)
         self.layers: list[int] = []
         self.cache_slots = self.n_stage = 0
         self.state: Tensor | None = None
@@ -100,11 +100,10 @@ class ExpertStaging(Owned):
         else:
             return
         self.cache_slots, self.n_stage = attempt, n_stage
-        if attempt:
-            self.state = Tensor.empty(dev, I32, (L * cache_state_words(cfg.n_expert, attempt),), name="expert cache")
-            self._state_words = cache_state_words(cfg.n_expert, attempt)
-            write_tensor(self.state, np.tile(initial_cache_state(cfg.n_expert, attempt), L))
         words = cache_state_words(cfg.n_expert, attempt)
+        if attempt:
+            self.state = Tensor.empty(dev, I32, (words, L), name="expert cache")   # a row per layer
+            write_tensor(self.state, np.tile(initial_cache_state(cfg.n_expert, attempt), L))
         for j, il in enumerate(candidates):
             if il not in plan:
                 continue
@@ -117,7 +116,7 @@ class ExpertStaging(Owned):
                 n_view = (L - j) * attempt + n_stage
                 t = Tensor.on(buf.range(j * attempt * s, n_view * s), src.type, (src.ne[0], src.ne[1], 1))
                 stacks.append(t.view((src.ne[0], src.ne[1], n_view), (t.nb[0], t.nb[1], s), name=f"staged {src.name}"))
-            state = self.state.slice(0, j * words, (j + 1) * words) if attempt else None
+            state = self.state.slice(1, j, j + 1) if attempt else None
             self._views[il] = StagedExperts(tuple(stacks), n_slots, attempt, (L - j) * attempt, state)
         self.layers = sorted(plan)
         what = f"{attempt} cached experts per layer + " if attempt else ""
@@ -125,38 +124,30 @@ class ExpertStaging(Owned):
                  fmt_bytes(self.nbytes))
 
     def _allocate(self, dev, sizes, cache, n_stage) -> None:
-        self._by_role = []
         for n, size in zip(EXPERT_TENSORS, sizes):
-            buf = Buffer(dev, size, MemoryKind.DEVICE, label=f"staged {n.split('.')[0]} ({cache} cached per layer, "
-                         f"{n_stage} staging)") if size else None
-            self._by_role.append(buf)
-            if buf is not None:
-                self.buffers.append(buf)
+            self._by_role.append(Buffer(dev, size, MemoryKind.DEVICE, label=f"staged {n.split('.')[0]} ({cache} "
+                                        f"cached per layer, {n_stage} staging)") if size else None)
 
     @property
     def nbytes(self) -> int:
-        return sum(b.size for b in self.buffers)
+        return sum(b.size for b in self._by_role if b is not None)
 
     def hit_rate(self) -> float | None:
         """Share of the experts decode steps chose that were already cached (None: no cache)."""
         if self.state is None:
             return None
-        words = self._state_words
-        state = read_tensor(self.state)
-        hits = misses = 0
-        for j in range(len(state) // words):
-            h, m = cache_counts(state[j * words:(j + 1) * words])
-            hits, misses = hits + h, misses + m
-        return hits / (hits + misses) if hits + misses else 0.0
+        hits, misses = np.sum([cache_counts(layer) for layer in read_tensor(self.state)], axis=0)
+        return float(hits / (hits + misses)) if hits + misses else 0.0
 
     def tensors(self) -> dict[int, StagedExperts]:
         """layer -> where its decode steps stage (and cache) experts."""
         return dict(self._views)
 
     def _free(self) -> None:
-        for b in self.buffers:
-            b.close()
-        self.buffers.clear()
+        for b in self._by_role:
+            if b is not None:
+                b.close()
+        self._by_role.clear()
 
     def _release(self) -> None:
         self._views.clear()

@@ -27,7 +27,7 @@ from ..ops.attention import Attention
 from ..ops.elementwise import activation, add, scale
 from ..ops.flash_attn import FlashAttn
 from ..ops.get_rows import get_rows
-from ..ops.matmul import fuses_glu, matmul
+from ..ops.matmul import matmul
 from ..ops.moe import moe_combine, moe_route
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan, plan_words
 from ..ops.mul_mat_id import RouteTable, mul_mat_id
@@ -59,6 +59,12 @@ def required_tensors(cfg: ModelConfig) -> list[str]:
 
 
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+
+def fused(what: str) -> bool:
+    """Whether the lossless fusion VKRT_FUSE_<what> is on (the default; =0 records the separate
+    kernels, to compare bit for bit)."""
+    return os.environ.get(f"VKRT_FUSE_{what}", "1") != "0"
 
 
 @dataclass
@@ -218,6 +224,11 @@ class Transformer:
     def _norm(self, seq, src, dst, name):
         rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
 
+    @staticmethod
+    def _fuse_glu(seq, T) -> bool:
+        """Decode-sized down projections take the gated activation inside their mat-vec."""
+        return T <= seq.device.tuning.mv_max_n and fused("GLU")
+
     def _add_norm(self, seq, s, T, name, first: int = 0):
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
         output into x (one fused kernel unless VKRT_FUSE_ADD_NORM=0)."""
@@ -227,7 +238,7 @@ class Transformer:
             self._norm(seq, x, cur, name)
             return
         pending = pending.slice(1, first, T)
-        if os.environ.get("VKRT_FUSE_ADD_NORM", "1") != "0":
+        if fused("ADD_NORM"):
             rms_norm(seq, x, cur, self.cfg.norm_eps, self.w[name], residual=pending, sum_out=x)
         else:
             add(seq, x, pending, x)
@@ -278,7 +289,7 @@ class Transformer:
         g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
         matmul(seq, w[p + "ffn_gate.weight"], cur, g)
         matmul(seq, w[p + "ffn_up.weight"], cur, u)
-        if fuses_glu(seq.device, T):   # decode: the activation happens inside the down mat-vec
+        if self._fuse_glu(seq, T):   # decode: the activation happens inside the down mat-vec
             matmul(seq, w[p + "ffn_down.weight"], g, o, up=u, act=cfg.activation)
         else:
             activation(seq, cfg.activation, g, h, up=u)
@@ -314,7 +325,7 @@ class Transformer:
         (gw, gi), (uw, ui), (dw, di) = stacks
         mul_mat_id(seq, gw, x3, gi, ge, s.routes)
         mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-        if fuses_glu(seq.device, T):
+        if self._fuse_glu(seq, T):
             mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act="silu")
         else:
             activation(seq, "silu", ge, he, up=ue)
@@ -326,7 +337,7 @@ class Transformer:
             matmul(seq, w[p + "ffn_gate_shexp.weight"], cur, sg)
             matmul(seq, w[p + "ffn_up_shexp.weight"], cur, su)
             shared = s.cols("o", T)
-            if fuses_glu(seq.device, T):
+            if self._fuse_glu(seq, T):
                 matmul(seq, w[p + "ffn_down_shexp.weight"], sg, shared, up=su, act="silu")
             else:
                 activation(seq, "silu", sg, sh, up=su)

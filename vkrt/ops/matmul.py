@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
@@ -70,12 +68,6 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
     return kernel(device, "mul_mm", defines=defines, push=MM_ID_PUSH if mul_mat_id else MM_PUSH)
 
 
-def fuses_glu(device, n_tokens: int) -> bool:
-    """Whether a down projection of n_tokens takes its gated activation fused (mat-vec sizes;
-    VKRT_FUSE_GLU=0 keeps the separate kernel, for comparison)."""
-    return n_tokens <= device.tuning.mv_max_n and os.environ.get("VKRT_FUSE_GLU", "1") != "0"
-
-
 def fold(n: int, device) -> tuple[int, int]:
     """n workgroups as an (x, y) grid within the device's limits (the kernels flatten it)."""
     x = min(n, device.profile.max_workgroup_count[0], 65535)
@@ -104,7 +96,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_max_n uses the mat-vec
     kernel, more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
-    With `up` (mat-vec only: see fuses_glu), y = W·(act(x) * up)."""
+    With `up` (mat-vec sizes only), y = W·(act(x) * up)."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
