@@ -1,7 +1,7 @@
 """Lossless fusions, bit for bit against the separate kernels on every architecture: each block's
 residual add inside the next RMS norm (VKRT_FUSE_ADD_NORM=0: add, then norm; two commands fewer
 a layer) and, for decode, the gated activation inside the down projection's mat-vec
-(VKRT_FUSE_GLU=0: activation kernel, then mat-vec; one command fewer a layer and decode step)."""
+(VKRT_FUSE_GLU=1, off by default: one command fewer a layer and decode step)."""
 
 import numpy as np
 import pytest
@@ -45,3 +45,14 @@ def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_m
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     shared = 2 if name == "tiny-qwen2moe" else 1   # its shared expert is a second gated FFN
     assert n_plain - n_fused == 2 * n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
+
+
+def test_fusion_defaults(monkeypatch):
+    """Unset: add+norm fused, GLU separate; =0 / =1 force either."""
+    from vkrt.model.transformer import fused
+    monkeypatch.delenv("VKRT_FUSE_ADD_NORM", raising=False)
+    monkeypatch.delenv("VKRT_FUSE_GLU", raising=False)
+    assert fused("ADD_NORM") and not fused("GLU")
+    monkeypatch.setenv("VKRT_FUSE_GLU", "1")
+    monkeypatch.setenv("VKRT_FUSE_ADD_NORM", "0")
+    assert fused("GLU") and not fused("ADD_NORM")

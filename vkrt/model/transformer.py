@@ -61,10 +61,18 @@ def required_tensors(cfg: ModelConfig) -> list[str]:
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
+# Lossless fusions and whether each is on by default. GLU is off: the fused down mat-vec redoes
+# the activation once per row group (M / mv_rows times per input), which cost more than the
+# separate kernel it saves where the weights are in VRAM (H200, 8-layer 30B-A3B shape, decode:
+# 639 us fused vs 507 us separate per step; bench/decode_profile.py).
+FUSIONS = {"ADD_NORM": True, "GLU": False}
+
+
 def fused(what: str) -> bool:
-    """Whether the lossless fusion VKRT_FUSE_<what> is on (the default; =0 records the separate
-    kernels, to compare bit for bit)."""
-    return os.environ.get(f"VKRT_FUSE_{what}", "1") != "0"
+    """Whether the lossless fusion VKRT_FUSE_<what> is on: =1 / =0 force it, unset takes the
+    default above (both settings give the same bits)."""
+    value = os.environ.get(f"VKRT_FUSE_{what}", "")
+    return FUSIONS[what] if value == "" else value != "0"
 
 
 @dataclass
