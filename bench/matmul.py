@@ -105,7 +105,7 @@ def parse_sets(items: list[str], tuning):
         key, _, value = item.partition("=")
         if key not in fields:
             raise SystemExit(f"--set {item}: no tuning field {key!r}; fields are {', '.join(fields)}")
-        changes[key] = int(value)
+        changes[key] = value != "0" if fields[key] in (bool, "bool") else int(value)
     return dataclasses.replace(tuning, **changes)
 
 
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
                             print(_line(row), flush=True)
                 finally:
                     w.close()
-        fields = ("mv_wg", "mv_rows", "mv_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn")
+        fields = ("mv_wg", "mv_rows", "mv_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_prefetch")
         info = {"device": dev.profile.name, "arch": dev.profile.architecture.value, "copy_gbs": peer,
                 "tuning": {f: getattr(tuning, f) for f in fields}}
     if args.json:

@@ -10,8 +10,12 @@
 #define TPM (BM / TM)     // invocations along the rows of the tile
 #define TPN (BN / TN)     // invocations along its tokens
 #define WG (TPM * TPN)
-#define BMP (BM + 1)      // padded shared rows
-#define BNP (BN + 1)
+#define BMP (BM + 4)      // padded shared rows (a multiple of 4: read as vec4)
+#define BNP (BN + 4)
+#define LW (BM * (BK / 4u))           // vec4 loads of a W tile, of an x tile
+#define LX (BN * (BK / 4u))
+#define NLW ((LW + WG - 1u) / WG)     // per invocation
+#define NLX ((LX + WG - 1u) / WG)
 
 layout(local_size_x = WG) in;
 
@@ -55,8 +59,11 @@ layout(push_constant) uniform Push {
 #endif
 } p;
 
-shared float sw[BK * BMP];
-shared float sx[BK * BNP];
+// An invocation's TM rows are TM / 4 runs of 4 adjacent rows (TN tokens likewise), read from
+// shared memory as vec4: 4 reads per 64 FMAs of an 8 x 8 thread tile instead of 16.
+shared vec4 sw[BK * BMP / 4];
+shared vec4 sx[BK * BNP / 4];
+vec4 rw[NLW], rx[NLX];   // the next K slice, loaded ahead into registers with PREFETCH
 
 #ifdef MUL_MAT_ID
 uint entry(uint n) { return route[p.n_expert + (p.e0 + gl_WorkGroupID.z) * p.N + n]; }
@@ -72,6 +79,68 @@ uint y_column(uint n) {
 uint x_column(uint n) { return p.x_off + n * p.x_col; }
 uint y_column(uint n) { return p.y_off + n * p.y_col; }
 #endif
+
+// Loads the K slice at k0 of the W tile (dequantised) and the x tile into rw / rx.
+void load_slice(uint k0, uint m0, uint n0, uint wbase, uint ncols) {
+    const uint tid = gl_LocalInvocationID.x;
+    [[unroll]] for (uint t = 0u; t < NLW; t++) {
+        const uint g = tid + t * WG;
+        const uint m = g / (BK / 4u), k = k0 + 4u * (g % (BK / 4u));
+        vec4 v = vec4(0.0);
+        if (g < LW && m0 + m < p.M && k < p.K) {
+            const uint row = wbase + (m0 + m) * p.w_row;
+            if (k + 4u <= p.K) {
+                v = dq4(row + (k / QK) * QTS, (k % QK) >> 2);
+            } else {
+                for (uint i = 0u; k + i < p.K; i++) {
+                    v[i] = qelem(row, k + i);
+                }
+            }
+        }
+        rw[t] = v;
+    }
+    [[unroll]] for (uint t = 0u; t < NLX; t++) {
+        const uint g = tid + t * WG;
+        const uint n = g / (BK / 4u), k = k0 + 4u * (g % (BK / 4u));
+        vec4 v = vec4(0.0);
+        if (g < LX && n0 + n < ncols && k < p.K) {
+            const uint col = x_column(n0 + n);
+            if (k + 4u <= p.K) {
+                v = XLOAD4(col + k);
+            } else {
+                for (uint i = 0u; k + i < p.K; i++) {
+                    v[i] = XLOAD1(col + k + i);
+                }
+            }
+        }
+        rx[t] = v;
+    }
+}
+
+// Stores rw / rx transposed (K-major) into shared memory.
+void store_slice() {
+    const uint tid = gl_LocalInvocationID.x;
+    [[unroll]] for (uint t = 0u; t < NLW; t++) {
+        const uint g = tid + t * WG;
+        if (g < LW) {
+            const uint m = g / (BK / 4u), kc = g % (BK / 4u);
+            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                const uint a = (4u * kc + i) * BMP + m;
+                sw[a >> 2][a & 3u] = rw[t][i];
+            }
+        }
+    }
+    [[unroll]] for (uint t = 0u; t < NLX; t++) {
+        const uint g = tid + t * WG;
+        if (g < LX) {
+            const uint n = g / (BK / 4u), kc = g % (BK / 4u);
+            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                const uint a = (4u * kc + i) * BNP + n;
+                sx[a >> 2][a & 3u] = rx[t][i];
+            }
+        }
+    }
+}
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
@@ -90,53 +159,31 @@ void main() {
         acc[i] = 0.0;
     }
 
+#ifdef PREFETCH
+    load_slice(0u, m0, n0, wbase, ncols);
+#endif
     for (uint k0 = 0u; k0 < p.K; k0 += BK) {
-        for (uint g = tid; g < BM * (BK / 4u); g += WG) {
-            const uint m = g / (BK / 4u), kc = g % (BK / 4u), k = k0 + 4u * kc;
-            vec4 v = vec4(0.0);
-            if (m0 + m < p.M && k < p.K) {
-                const uint row = wbase + (m0 + m) * p.w_row;
-                if (k + 4u <= p.K) {
-                    v = dq4(row + (k / QK) * QTS, (k % QK) >> 2);
-                } else {
-                    for (uint i = 0u; k + i < p.K; i++) {
-                        v[i] = qelem(row, k + i);
-                    }
-                }
-            }
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                sw[(4u * kc + i) * BMP + m] = v[i];
-            }
-        }
-        for (uint g = tid; g < BN * (BK / 4u); g += WG) {
-            const uint n = g / (BK / 4u), kc = g % (BK / 4u), k = k0 + 4u * kc;
-            vec4 v = vec4(0.0);
-            if (n0 + n < ncols && k < p.K) {
-                const uint col = x_column(n0 + n);
-                if (k + 4u <= p.K) {
-                    v = XLOAD4(col + k);
-                } else {
-                    for (uint i = 0u; k + i < p.K; i++) {
-                        v[i] = XLOAD1(col + k + i);
-                    }
-                }
-            }
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                sx[(4u * kc + i) * BNP + n] = v[i];
-            }
-        }
+#ifndef PREFETCH
+        load_slice(k0, m0, n0, wbase, ncols);
+#endif
+        store_slice();
         barrier();
+#ifdef PREFETCH
+        if (k0 + BK < p.K) {
+            load_slice(k0 + BK, m0, n0, wbase, ncols);   // in flight while this slice is multiplied
+        }
+#endif
         [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
-            float a[TM], b[TN];
-            [[unroll]] for (uint i = 0u; i < TM; i++) {
-                a[i] = sw[kk * BMP + tm + i * TPM];
+            vec4 a[TM / 4u], b[TN / 4u];
+            [[unroll]] for (uint i = 0u; i < TM / 4u; i++) {
+                a[i] = sw[kk * (BMP / 4u) + i * TPM + tm];
             }
-            [[unroll]] for (uint j = 0u; j < TN; j++) {
-                b[j] = sx[kk * BNP + tn + j * TPN];
+            [[unroll]] for (uint j = 0u; j < TN / 4u; j++) {
+                b[j] = sx[kk * (BNP / 4u) + j * TPN + tn];
             }
             [[unroll]] for (uint i = 0u; i < TM; i++) {
                 [[unroll]] for (uint j = 0u; j < TN; j++) {
-                    acc[i * TN + j] = fma(a[i], b[j], acc[i * TN + j]);
+                    acc[i * TN + j] = fma(a[i / 4u][i % 4u], b[j / 4u][j % 4u], acc[i * TN + j]);
                 }
             }
         }
@@ -144,11 +191,11 @@ void main() {
     }
 
     [[unroll]] for (uint j = 0u; j < TN; j++) {
-        const uint n = n0 + tn + j * TPN;
+        const uint n = n0 + (j / 4u) * (4u * TPN) + 4u * tn + j % 4u;
         if (n < ncols) {
             const uint col = y_column(n);
             [[unroll]] for (uint i = 0u; i < TM; i++) {
-                const uint m = m0 + tm + i * TPM;
+                const uint m = m0 + (i / 4u) * (4u * TPM) + 4u * tm + i % 4u;
                 if (m < p.M) {
                     y_data[col + m] = acc[i * TN + j];
                 }

@@ -73,6 +73,21 @@ def test_k_not_a_multiple_of_the_tile(device, name, k):
     check(device, name, 33, k, (1, 40), tuning=tuning)
 
 
+@pytest.mark.parametrize("name,k", [("Q4_0", 160), ("Q4_K", 512), ("F32", 101)])
+def test_gemm_prefetch_is_bit_identical(device, name, k):
+    """Loading the next K slice ahead changes only when data arrives, never the sums."""
+    rng = np.random.default_rng(3)
+    raw = random_blocks(name, 37, k, rng, scale=0.5)
+    w = weight_tensor(device, name, raw, (k, 37))
+    x = rng.standard_normal((70, k)).astype(np.float32)
+    try:
+        outs = [run(device, w, x, 37, tuning=dataclasses.replace(device.tuning, mm_bk=16, mm_prefetch=on))
+                for on in (False, True)]
+    finally:
+        w.close()
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
 def test_single_row(device):
     check(device, "Q6_K", 1, 256, (1, 3, 70))
 

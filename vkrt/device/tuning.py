@@ -56,7 +56,7 @@ class Tuning:
     # the tiled GEMM: a workgroup computes mm_bm rows x mm_bn tokens, stepping K by mm_bk with both
     # tiles dequantised into shared memory (fp32), each invocation mm_tm x mm_tn outputs; the
     # workgroup is (mm_bm / mm_tm) * (mm_bn / mm_tn) invocations. 64 x 64 tiles with 8 x 8 per
-    # invocation: 64 invocations (one GCN wave), 16 shared-memory reads per 64 FMAs per K step, and
+    # invocation: 64 invocations (one GCN wave), 4 vec4 shared-memory reads per 64 FMAs per K step, and
     # enough workgroups (M / 64 * N / 64) to fill 36 CUs or 132 SMs from n = 512 on.
     mv_wg: int = 64
     mv_rows: int = 2
@@ -66,6 +66,10 @@ class Tuning:
     mm_bk: int = 16
     mm_tm: int = 8
     mm_tn: int = 8
+    # load the next K slice of both tiles into registers while the current one is multiplied
+    # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
+    # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
+    mm_prefetch: bool = False
     # decode with experts in host memory: copy the chosen experts into device slots with wide
     # loads first (vkrt/ops/moe_stage.py) rather than let the mat-vecs read host memory in place,
     # except for these weight types. H200, PCIe 5, 8 of 128 experts of 2048x768 per stack

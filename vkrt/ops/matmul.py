@@ -57,10 +57,12 @@ def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
 def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
     """The tiled GEMM pipeline for `typ` with the tuning table's tile."""
     bm, bn, bk, tm, tn = tuning.mm_bm, tuning.mm_bn, tuning.mm_bk, tuning.mm_tm, tuning.mm_tn
-    if bm % tm or bn % tn or bk % 4:
+    if bm % tm or bn % tn or bk % 4 or tm % 4 or tn % 4:
         raise ConfigError(f"tuning: GEMM tile {bm}x{bn}x{bk} with thread tile {tm}x{tn} must divide evenly "
-                         "and BK be a multiple of 4")
+                         "and BK, TM and TN be multiples of 4")
     defines = {**type_defines(typ), "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
+    if tuning.mm_prefetch:
+        defines["PREFETCH"] = 1
     if xvec4:
         defines["XVEC4"] = 1
     if mul_mat_id:
