@@ -19,16 +19,7 @@ def tuning_of(device, arch):
 BIG = dict(has_mask=True, nem0=16384, nem1=2048, bc=32)
 
 
-def test_gcn_head_128_is_off(device):
-    assert not fa_mask_opt_rule(tuning_of(device, Arch.AMD_GCN), hsk=128, hsv=128, **BIG)
-
-
-@pytest.mark.parametrize("hsk,hsv", [(256, 256), (256, 128), (192, 256)])
-def test_gcn_head_256_is_on(device, hsk, hsv):
-    assert fa_mask_opt_rule(tuning_of(device, Arch.AMD_GCN), hsk=hsk, hsv=hsv, **BIG)
-
-
-@pytest.mark.parametrize("arch", [Arch.NVIDIA, Arch.LLVMPIPE, Arch.AMD_RDNA2, Arch.INTEL])
+@pytest.mark.parametrize("arch", [Arch.AMD_GCN, Arch.NVIDIA, Arch.LLVMPIPE, Arch.AMD_RDNA2, Arch.INTEL])
 @pytest.mark.parametrize("hs", [64, 128, 256])
 def test_other_architectures_follow_the_shape_rule(device, arch, hs):
     t = tuning_of(device, arch)
@@ -52,9 +43,7 @@ def test_vkrt_arch_gcn_gives_the_gcn_rule(monkeypatch):
     monkeypatch.setenv("VKRT_ARCH", "gcn")
     with Device() as dev:
         assert dev.profile.architecture == Arch.AMD_GCN
-        assert dev.tuning.fa_mask_opt_min_head == 256 and not dev.tuning.fp16_math
-        assert not fa_mask_opt_rule(dev.tuning, hsk=128, hsv=128, **BIG)
-        assert fa_mask_opt_rule(dev.tuning, hsk=256, hsv=256, **BIG)
+        assert dev.tuning.fa_wg == 256 and not dev.tuning.fp16_math
 
 
 @pytest.mark.parametrize("hsk,hsv", [(64, 64), (80, 80), (72, 72), (128, 128), (192, 128), (256, 256), (8, 8)])

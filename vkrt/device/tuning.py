@@ -44,8 +44,6 @@ class Tuning:
     fa_split_min_tiles: int = 4
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True
-    # mask_opt only for K or V head sizes of at least this (see fa_mask_opt_rule)
-    fa_mask_opt_min_head: int = 0
     # staging ring for uploads from pageable memory: segment bytes and segment count; a few
     # segments in flight keep the DMA engine busy while the host fills the next one
     staging_segment: int = 16 << 20
@@ -97,10 +95,8 @@ TABLE: dict[Arch, Tuning] = {
     Arch.AMD_GCN: Tuning(Arch.AMD_GCN, wg_size=256, subgroup=64, reduce_wg=256, fp16_math=False,
                          # flash attention: 4 waves a workgroup (a wave per row group where the
                          # head size is a multiple of 32: 8 dot x 8 column lanes); 36 CUs
-                         # (RX 580) at two workgroups each fill the card; mask_opt only at head
-                         # size >= 256 (the fork: +8% at 16k, +12% at 32k on an RX 580; upstream
-                         # llama.cpp keeps it off on GCN below 257)
-                         fa_wg=256, fa_fill_groups=72, fa_mask_opt_min_head=256),
+                         # (RX 580) at two workgroups each fill the card
+                         fa_wg=256, fa_fill_groups=72),
     # RDNA runs wave32 natively but kernels stay correct at 64.
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),
@@ -128,12 +124,13 @@ def fa_mask_opt_rule(tuning: Tuning, *, has_mask: bool, nem0: int, nem1: int, hs
     """Whether flash attention classifies the mask's Br x Bc blocks in a pre-pass (mask_opt).
 
     The pre-pass must pay for itself: a mask of at least 32 rows and more than 32768 elements,
-    at least 16 KV tiles (one packed word) per tile row (nem0 >= 16*Bc). On GCN only for K or V
-    head size >= 256 (`fa_mask_opt_min_head`): there the attention is compute-bound and skipping
-    fully masked blocks and the mask add of fully visible ones won +8% at 16k and +12% at 32k
-    context on an RX 580; for smaller heads the gain was not measured and upstream keeps it off.
-    VKRT_FA_MASK_OPT=0/1 overrides this rule (vkrt/ops/flash_attn.py).
+    at least 16 KV tiles (one packed word) per tile row (nem0 >= 16*Bc). Every architecture and
+    head size: the flag is read at run time by the same pipeline (no registers change), it only
+    removes the mask reads of fully masked blocks and the mask add of fully visible ones, and the
+    layers of a ubatch share one pre-pass. Upstream llama.cpp keeps it off on GCN below head 257,
+    and the fork turned it on from 256 (RX 580: +8% at 16k, +12% at 32k context); at head 128
+    under the GCN table on the H200 it won +25% at pp2048 and +18% at depth 4096
+    (bench/flash_attn.py). VKRT_FA_MASK_OPT=0/1 overrides this rule (vkrt/ops/flash_attn.py).
     """
-    return (has_mask and nem1 >= 32 and nem0 * nem1 > 32768 and nem0 >= 16 * bc
-            and max(hsk, hsv) >= tuning.fa_mask_opt_min_head)
+    return has_mask and nem1 >= 32 and nem0 * nem1 > 32768 and nem0 >= 16 * bc
 
