@@ -2,10 +2,19 @@
 // Mixture-of-experts routing for one token per workgroup: p = softmax(logits[:, t]) over the
 // n_expert experts; the n_used largest (ties: lower expert id first) go to ids[:, t] and their
 // probabilities to weights[:, t], divided by their sum when NORM is set (qwen3moe).
+// Each invocation holds its EPT experts (lid, lid + WG, ...) in registers; each of the n_used
+// rounds picks the workgroup's best untaken expert with one barrier: subgroup max/min, then a
+// scan over the subgroups' results (SUBGROUPS), or a shared-memory tree where the device has no
+// subgroup arithmetic.
 #include "common.glsl"
+#ifdef SUBGROUPS
+#extension GL_KHR_shader_subgroup_arithmetic : enable
+#define NSH NSG            // one shared entry per subgroup
+#else
+#define NSH WG
+#endif
 
-layout(constant_id = 0) const uint WG = 64;
-layout(local_size_x_id = 0) in;
+layout(local_size_x = WG) in;
 
 layout(binding = 0) readonly buffer L { float logits[]; };
 layout(binding = 1) writeonly buffer Ids { int ids[]; };
@@ -22,9 +31,66 @@ layout(push_constant) uniform Push {
     uint norm;
 } p;
 
-shared float red_v[WG];
-shared uint red_i[WG];
+#define NONE 0xFFFFFFFFu
+#define NEG_INF (-1.0 / 0.0)
+
+// two alternating buffers: a reduction writes one while stragglers may still read the other
+shared float sh_v[2][NSH];
+shared uint sh_i[2][NSH];
 shared float picked_p[16];
+
+// (v, e) beats (bv, be): larger value, ties to the lower expert; NONE loses to any expert
+bool beats(float v, uint e, float bv, uint be) {
+    return e != NONE && (be == NONE || v > bv || (v == bv && e < be));
+}
+
+// The workgroup's best (v, e); every invocation returns it. With SUM the v are added instead.
+void reduce(inout float v, inout uint e, const bool sum, uint buf) {
+    const uint lid = gl_LocalInvocationID.x;
+#ifdef SUBGROUPS
+    if (sum) {
+        v = subgroupAdd(v);
+    } else {
+        const float m = subgroupMax(v);
+        e = subgroupMin(v == m ? e : NONE);
+        v = m;
+    }
+    if (subgroupElect()) {
+        sh_v[buf][gl_SubgroupID] = v;
+        sh_i[buf][gl_SubgroupID] = e;
+    }
+    barrier();
+    v = sh_v[buf][0];
+    e = sh_i[buf][0];
+    for (uint s = 1u; s < gl_NumSubgroups; s++) {
+        if (sum) {
+            v += sh_v[buf][s];
+        } else if (beats(sh_v[buf][s], sh_i[buf][s], v, e)) {
+            v = sh_v[buf][s];
+            e = sh_i[buf][s];
+        }
+    }
+#else
+    sh_v[buf][lid] = v;
+    sh_i[buf][lid] = e;
+    barrier();
+    for (uint s = WG / 2u; s > 0u; s >>= 1) {
+        if (lid < s) {
+            const float ov = sh_v[buf][lid + s];
+            const uint oi = sh_i[buf][lid + s];
+            if (sum) {
+                sh_v[buf][lid] += ov;
+            } else if (beats(ov, oi, sh_v[buf][lid], sh_i[buf][lid])) {
+                sh_v[buf][lid] = ov;
+                sh_i[buf][lid] = oi;
+            }
+        }
+        barrier();
+    }
+    v = sh_v[buf][0];
+    e = sh_i[buf][0];
+#endif
+}
 
 void main() {
     const uint t = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -34,71 +100,42 @@ void main() {
     const uint lid = gl_LocalInvocationID.x;
     const uint base = p.l_off + t * p.l_col;
 
-    // softmax statistics: max, then sum of exp
-    float m = -1.0 / 0.0;
-    for (uint e = lid; e < p.n_expert; e += WG) {
-        m = max(m, logits[base + e]);
+    float v[EPT];
+    float m = NEG_INF;
+    [[unroll]] for (uint i = 0u; i < EPT; i++) {
+        const uint e = lid + i * WG;
+        v[i] = e < p.n_expert ? logits[base + e] : NEG_INF;
+        m = max(m, v[i]);
     }
-    red_v[lid] = m;
-    barrier();
-    for (uint s = WG / 2; s > 0; s >>= 1) {
-        if (lid < s) red_v[lid] = max(red_v[lid], red_v[lid + s]);
-        barrier();
+    uint any_e = lid;   // the max needs only the value; any expert id keeps beats() honest
+    reduce(m, any_e, false, 0u);
+    float total = 0.0;
+    [[unroll]] for (uint i = 0u; i < EPT; i++) {
+        if (lid + i * WG < p.n_expert) {
+            total += exp(v[i] - m);
+        }
     }
-    const float mx = red_v[0];
-    barrier();
-    float sum = 0.0;
-    for (uint e = lid; e < p.n_expert; e += WG) {
-        sum += exp(logits[base + e] - mx);
-    }
-    red_v[lid] = sum;
-    barrier();
-    for (uint s = WG / 2; s > 0; s >>= 1) {
-        if (lid < s) red_v[lid] += red_v[lid + s];
-        barrier();
-    }
-    const float total = red_v[0];
-    barrier();
+    reduce(total, any_e, true, 1u);
 
-    // n_used rounds of argmax over the experts not yet picked
-    uint taken_mask_lo = 0u;   // picked experts among this thread's first 32 strided slots
-    uint taken_mask_hi = 0u;   // ... and the next 32 (n_expert <= 64 * WG)
+    uint taken = 0u;   // bit i: expert lid + i * WG is picked
     float picked_sum = 0.0;
-    for (uint k = 0; k < p.n_used; k++) {
-        float best = -1.0 / 0.0;
-        uint best_e = 0xFFFFFFFFu;
-        uint slot = 0;
-        for (uint e = lid; e < p.n_expert; e += WG, slot++) {
-            const bool taken = slot < 32 ? ((taken_mask_lo >> slot) & 1u) != 0u : ((taken_mask_hi >> (slot - 32)) & 1u) != 0u;
-            const float v = logits[base + e];
-            if (!taken && (v > best || (v == best && e < best_e))) {
-                best = v;
+    for (uint k = 0u; k < p.n_used; k++) {
+        float best = NEG_INF;
+        uint best_e = NONE;
+        [[unroll]] for (uint i = 0u; i < EPT; i++) {
+            const uint e = lid + i * WG;
+            if (e < p.n_expert && (taken & (1u << i)) == 0u && beats(v[i], e, best, best_e)) {
+                best = v[i];
                 best_e = e;
             }
         }
-        red_v[lid] = best;
-        red_i[lid] = best_e;
-        barrier();
-        for (uint s = WG / 2; s > 0; s >>= 1) {
-            if (lid < s) {
-                const float ov = red_v[lid + s];
-                const uint oi = red_i[lid + s];
-                if (ov > red_v[lid] || (ov == red_v[lid] && oi < red_i[lid])) {
-                    red_v[lid] = ov;
-                    red_i[lid] = oi;
-                }
-            }
-            barrier();
+        reduce(best, best_e, false, k & 1u);
+        if (best_e % WG == lid) {
+            taken |= 1u << (best_e / WG);
         }
-        const uint chosen = red_i[0];
-        const float prob = exp(red_v[0] - mx) / total;
-        barrier();
-        if (chosen % WG == lid) {
-            const uint s = chosen / WG;
-            if (s < 32) taken_mask_lo |= 1u << s; else taken_mask_hi |= 1u << (s - 32);
-        }
-        if (lid == 0) {
-            ids[p.ids_off + t * p.n_used + k] = int(chosen);
+        const float prob = exp(best - m) / total;
+        if (lid == 0u) {
+            ids[p.ids_off + t * p.n_used + k] = int(best_e);
             picked_p[k] = prob;
         }
         picked_sum += prob;
@@ -106,6 +143,6 @@ void main() {
     barrier();
     if (lid < p.n_used) {
         const float w = picked_p[lid];
-        weights[p.w_off + t * p.n_used + lid] = p.norm != 0 ? w / picked_sum : w;
+        weights[p.w_off + t * p.n_used + lid] = p.norm != 0u ? w / picked_sum : w;
     }
 }

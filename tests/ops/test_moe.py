@@ -8,17 +8,26 @@ from vkrt.memory import Tensor
 
 
 
-@pytest.mark.parametrize("n_expert, n_used, n_tokens", [(8, 2, 5), (128, 8, 3), (60, 4, 7), (256, 16, 2)])
+@pytest.mark.parametrize("n_expert, n_used, n_tokens, ties", [(8, 2, 5, False), (128, 8, 3, False),
+                                                               (60, 4, 7, False), (256, 16, 2, False),
+                                                               (512, 8, 2, False), (128, 8, 4, True)])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_route(device, n_expert, n_used, n_tokens, normalize):
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_route(device, n_expert, n_used, n_tokens, ties, normalize, subgroups):
+    """Against numpy; `ties`: logits from a few values, so equal ones go to the lower expert id
+    (subgroup max/min and the shared-memory tree alike)."""
     from vkrt.ops.moe import moe_route
+    if subgroups and not device.profile.subgroup_arithmetic:
+        pytest.skip("no subgroup arithmetic on this device")
     rng = np.random.default_rng(n_expert + n_used)
     logits = (rng.standard_normal((n_tokens, n_expert)) * 2).astype(np.float32)
+    if ties:
+        logits = np.round(logits)
     tl = tensor_from_numpy(device, logits)
     ids = Tensor.empty(device, "I32", (n_used, n_tokens))
     w = Tensor.empty(device, "F32", (n_used, n_tokens))
     try:
-        run_once(device, lambda s: moe_route(s, tl, ids, w, n_used, normalize))
+        run_once(device, lambda s: moe_route(s, tl, ids, w, n_used, normalize, subgroups=subgroups))
         x = logits.astype(np.float64)
         p = np.exp(x - x.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)

@@ -15,16 +15,31 @@ COMBINE_PUSH = PushConstants(("n_embd", "u32"), ("n_used", "u32"), ("n_tokens", 
                              ("w_off", "u32"), ("s_off", "u32"), ("g_off", "u32"), ("o_off", "u32"),
                              ("has_shared", "u32"))
 MAX_USED = 16
+ROUTER_WG = 64     # the router's workgroup
+ROUTER_EPT = 32    # experts one router invocation holds at most (bits of its taken mask)
 
 
-def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool) -> None:
-    """Record routing: logits F32 [n_expert, n_tokens] -> ids I32 and weights F32 [n_used, n_tokens]."""
+def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None):
+    """The routing pipeline (softmax, top-k, renormalisation: one workgroup per token) for
+    `n_expert` experts; `subgroups` None uses subgroup arithmetic where the device has it."""
+    prof = device.profile
+    if subgroups is None:
+        subgroups = prof.subgroup_arithmetic
+    defines = {"WG": ROUTER_WG, "EPT": -(-n_expert // ROUTER_WG)}
+    if subgroups:
+        defines.update(SUBGROUPS=1, NSG=max(1, ROUTER_WG // max(prof.subgroup_min, 1)))
+    return kernel(device, "moe_router", defines=defines, push=ROUTER_PUSH)
+
+
+def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool, *,
+              subgroups: bool | None = None) -> None:
+    """Record routing: logits F32 [n_expert, n_tokens] -> ids I32 and weights F32 [n_used, n_tokens]
+    (`subgroups`: see moe_route_kernel)."""
     n_expert, n_tokens = logits.ne[0], logits.ne[1]
-    wg = 64
     if not 0 < n_used <= min(MAX_USED, n_expert):
         raise OutOfRange(f"moe_route: {n_used} experts per token; supported 1..{min(MAX_USED, n_expert)}")
-    if n_expert > 64 * wg:
-        raise OutOfRange(f"moe_route: {n_expert} experts; at most {64 * wg} are supported")
+    if n_expert > ROUTER_EPT * ROUTER_WG:
+        raise OutOfRange(f"moe_route: {n_expert} experts; at most {ROUTER_EPT * ROUTER_WG} are supported")
     if ids.type is not I32 or not ids.is_contiguous() or ids.nelements < n_used * n_tokens:
         raise OutOfRange(f"moe_route: ids must be contiguous I32 [{n_used}, {n_tokens}], got {ids!r}")
     if not weights.is_contiguous() or weights.nelements < n_used * n_tokens:
@@ -32,7 +47,7 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     lr, lo, ls = f32_binding(logits, "moe_route logits")
     ir, io = bind_tensor(ids)
     wr, wo, _ = f32_binding(weights, "moe_route weights")
-    k = kernel(seq.device, "moe_router", push=ROUTER_PUSH, workgroup=(wg,))
+    k = moe_route_kernel(seq.device, n_expert, subgroups)
     seq.dispatch(k, [lr, ir, wr], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
                                             l_col=ls[0], ids_off=io // 4, w_off=wo, norm=int(normalize)),
                  groups=row_groups(n_tokens, seq.device), label="moe_route")
