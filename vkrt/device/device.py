@@ -7,7 +7,7 @@ import os
 import weakref
 from typing import Callable, TypeVar
 
-from ..errors import ValidationError
+from ..errors import UnsupportedDevice, ValidationError, VkrtError
 from ..units import parse_size
 from ..owned import Owned
 from .instance import Instance
@@ -27,6 +27,7 @@ OPTIONAL_EXTENSIONS = (
     "VK_EXT_memory_budget",
     "VK_EXT_subgroup_size_control",
 )
+STATISTICS_EXTENSION = "VK_KHR_pipeline_executable_properties"
 
 
 def _env_budget() -> int | None:
@@ -40,15 +41,26 @@ class Device(Owned):
 
     Objects created on the device register with it (`adopt`) and are closed, newest first,
     when the device closes; per-device helpers (kernel cache, staging) live in `service()`.
+
+    capture_statistics: enable VK_KHR_pipeline_executable_properties so kernels record their
+    compiler statistics (vkrt.pipeline.pipeline_statistics). queues=False opens the device for
+    building pipelines only: `compute` and `transfer` are None and nothing can be submitted
+    (Mesa's null RADV device, RADV_FORCE_FAMILY, has no queue that runs work and no memory).
     """
 
     def __init__(self, spec: str | None = None, *, instance: Instance | None = None,
-                 validate: bool | None = None, label: str | None = None, vram_budget: int | None = None):
+                 validate: bool | None = None, label: str | None = None, vram_budget: int | None = None,
+                 capture_statistics: bool = False, queues: bool = True):
+        self.capture_statistics = capture_statistics
+        self._open_queues = queues
         self._owns_instance = instance is None
         self.instance = instance or Instance(validate=validate)
         self.handle = None
         try:
             self.profile: DeviceProfile = select_device(self.instance.profiles(), spec)
+            if capture_statistics and STATISTICS_EXTENSION not in self.profile.extensions:
+                raise UnsupportedDevice(f"{self.profile.name} lacks {STATISTICS_EXTENSION}: it cannot report "
+                                        "compiler statistics")
         except Exception:
             if self._owns_instance:
                 self.instance.close()
@@ -77,6 +89,8 @@ class Device(Owned):
         self.extensions = [e for e in OPTIONAL_EXTENSIONS if e in p.extensions]
         if p.api >= (1, 3) and "VK_EXT_subgroup_size_control" in self.extensions:
             self.extensions.remove("VK_EXT_subgroup_size_control")
+        if self.capture_statistics:
+            self.extensions.append(STATISTICS_EXTENSION)
         f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=p.storage_16bit,
                                                   uniformAndStorageBuffer16BitAccess=p.storage_16bit)
         f12 = vk.VkPhysicalDeviceVulkan12Features(
@@ -87,6 +101,8 @@ class Device(Owned):
         if p.api >= (1, 3):
             head = vk.VkPhysicalDeviceVulkan13Features(pNext=f12, subgroupSizeControl=p.subgroup_size_control,
                                                        computeFullSubgroups=p.subgroup_size_control)
+        if self.capture_statistics:
+            head = vk.VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR(pNext=head, pipelineExecutableInfo=True)
         base = vk.VkPhysicalDeviceFeatures(shaderInt16=p.int16_math, shaderInt64=p.int64_math)
         feats = vk.VkPhysicalDeviceFeatures2(pNext=head, features=base)
         info = vk.VkDeviceCreateInfo(pNext=feats, queueCreateInfoCount=len(queue_infos),
@@ -94,8 +110,10 @@ class Device(Owned):
                                      ppEnabledExtensionNames=self.extensions)
         with vk_call(f"creating the logical device on {p.name}"):
             self.handle = vk.vkCreateDevice(self.physical, info, None)
-        self.compute = Queue(self, compute.index, 0, "compute")
-        self.transfer = Queue(self, transfer.index, 0, "transfer") if transfer else self.compute
+        self.compute = self.transfer = None
+        if self._open_queues:
+            self.compute = Queue(self, compute.index, 0, "compute")
+            self.transfer = Queue(self, transfer.index, 0, "transfer") if transfer else self.compute
 
     @property
     def vram_free(self) -> int:
@@ -135,14 +153,16 @@ class Device(Owned):
             raise ValidationError(f"{count} Vulkan validation error(s); first: {first}")
 
     def wait_idle(self) -> None:
+        if self.compute is None:  # no queues: nothing was submitted
+            return
         with vk_call("waiting for the device to go idle"):
             vk.vkDeviceWaitIdle(self.handle)
 
     def _release(self) -> None:
         if self.handle is not None:
             try:
-                vk.vkDeviceWaitIdle(self.handle)
-            except (vk.VkError, vk.VkException):
+                self.wait_idle()
+            except VkrtError:
                 pass
             for serial in sorted(self._children, reverse=True):
                 child = self._children.get(serial)
@@ -153,7 +173,8 @@ class Device(Owned):
             for svc in reversed(list(self._services.values())):
                 svc.close()
             self._services.clear()
-            self.compute.close()
+            if self.compute is not None:
+                self.compute.close()
             if self.transfer is not self.compute:
                 self.transfer.close()
             vk.vkDestroyDevice(self.handle, None)

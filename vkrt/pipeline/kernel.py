@@ -29,9 +29,10 @@ class Kernel(Owned):
         super().__init__(label)
         self.device = device
         self.shader = shader
+        self.defines = dict(defines or {})
         self.module = self.set_layout = self.layout = self.pipeline = None
         try:
-            self._build(defines or {}, push, dict(spec or {}), workgroup, source)
+            self._build(self.defines, push, dict(spec or {}), workgroup, source)
         except BaseException:
             self.close()
             raise
@@ -110,7 +111,8 @@ class Kernel(Owned):
                                                     dataSize=len(blob), pData=self._spec_blob)
             stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
                                                        pName="main", pSpecializationInfo=spec_info)
-            info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
+            flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if dev.capture_statistics else 0
+            info = vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=self.layout)
             self.pipeline = vk.vkCreateComputePipelines(d, ffi.NULL, 1, [info], None)[0]
 
     def groups_for(self, n: int) -> tuple[int, int, int]:

@@ -1,0 +1,228 @@
+"""Compiler statistics of the GCN kernels: registers, spills, LDS, waves per SIMD, code size.
+
+    python bench/gcn_shader_stats.py [--json]
+
+Builds (never runs) the kernel variants that prefill (ubatch 512) and decode (one token) of a
+Qwen3-30B-A3B-shaped MoE model use with the AMD_GCN tuning: hidden 2048, 128 experts, 8 used,
+expert FFN 768, head 128 (and 256 for flash attention), 32 query / 4 KV heads, Q4_0 and Q4_K
+weights, f16 KV cache. Each pipeline is built by the op's own code -- the matmul helpers
+gemm_kernel and mat_vec_kernel; rms_norm, rope, moe_route and FlashAttn, which build theirs
+while recording, recorded over placeholder tensors -- and prints what the driver reports
+through VK_KHR_pipeline_executable_properties (RADV/ACO: VGPRs, SGPRs, spills, LDS, "Subgroups
+per SIMD" = waves a SIMD can hold, instructions, code bytes), one row per pipeline with the
+places that use it. --json prints one object with every statistic the driver reports.
+
+Needs a GCN device whose driver has VK_KHR_pipeline_executable_properties: an RX 470-590 on
+RADV, or without one Mesa's null RADV device (no hardware; ACO compiles for Polaris):
+
+    RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json \\
+        python bench/gcn_shader_stats.py
+
+The device is opened without queues and nothing is allocated or submitted (the null device
+has neither queues that run work nor memory): the recorded ops see tensors over a placeholder
+buffer and dispatch into a Recorder that only keeps the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vkrt.device import Arch, Device
+from vkrt.device.tuning import fa_mask_opt_rule
+from vkrt.errors import VkrtError
+from vkrt.memory import F16, F32, I32, BufferRange, Tensor
+from vkrt.ops.flash_attn import MASK_OPT_PUSH, REDUCE_PUSH, FlashAttn, split_plan
+from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, vec4_ok
+from vkrt.ops.moe import moe_route
+from vkrt.ops.norm import rms_norm
+from vkrt.ops.quant import kernel_type
+from vkrt.ops.rope import rope
+from vkrt.pipeline import kernel, pipeline_statistics
+
+ENV_HINT = ("RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json "
+            "selects Mesa's null Polaris device")
+MODEL = dict(hidden=2048, n_expert=128, n_used=8, ff_expert=768, head=128, n_head=32, n_head_kv=4,
+             ubatch=512, n_kv=4096, weights=("Q4_0", "Q4_K"))
+
+
+class Unbacked:
+    """Stands in for a buffer of `device` where only tensor geometry matters (no memory behind it)."""
+
+    handle = None
+    closed = False
+    size = 1 << 40
+
+    def __init__(self, device, label: str):
+        self.device = device
+        self.label = label
+
+
+def placeholder(dev, typ, ne, name: str) -> Tensor:
+    """A contiguous tensor of `typ` and sizes `ne` over an Unbacked buffer."""
+    return Tensor.on(BufferRange(Unbacked(dev, name), 0, Unbacked.size), typ, ne, name)
+
+
+class Recorder:
+    """Takes a CommandSequence's place for ops that build pipelines while recording: checks
+    each dispatch's bindings and push constants against the kernel and keeps the kernel."""
+
+    def __init__(self, device):
+        self.device = device
+        self.kernels = []
+
+    def dispatch(self, kern, buffers, push=None, groups=(1, 1, 1), label=None) -> None:
+        if len(buffers) != len(kern.bindings):
+            raise VkrtError(f"{kern.label}: {len(buffers)} buffers for {len(kern.bindings)} bindings")
+        if isinstance(push, dict):
+            kern.push.pack(push)
+        self.kernels.append(kern)
+
+
+def recorded(dev, op) -> list:
+    """The kernels op(seq) dispatches."""
+    rec = Recorder(dev)
+    op(rec)
+    return rec.kernels
+
+
+def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> list[tuple[str, list]]:
+    """(where, pipelines) of FlashAttn for head size `hs` and `n_q` queries against MODEL's n_kv
+    keys, mask_opt as the tuning rule says or `both` (False, True). mask_opt and split-K are push
+    constants of one attention pipeline; mask_opt adds the pre-pass, a split the reduce."""
+    m = MODEL
+    q = placeholder(dev, F32, (hs, n_q, m["n_head"], 1), "q")
+    k = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "k")
+    v = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "v")
+    mask = placeholder(dev, F16, (m["n_kv"], n_q), "mask")
+    o = placeholder(dev, F32, (hs, m["n_head"], n_q, 1), "out")
+    rec = Recorder(dev)
+    # mask_opt off and no split: FlashAttn then needs no scratch memory (the null device has none)
+    with FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1) as fa:
+        fa.record(rec)
+        tile, s = fa.tile, fa.shape
+        # what FlashAttn decides by itself (_decide_mask_opt without VKRT_FA_MASK_OPT, _decide_split)
+        rule = fa_mask_opt_rule(dev.tuning, has_mask=True, nem0=m["n_kv"], nem1=n_q, hsk=hs, hsv=hs, bc=tile.bc)
+        n_split, _ = split_plan(dev.tuning, fa.n_row_tiles * s.n_head * s.batch, fa.n_kv_tiles, None,
+                                dev.profile.max_workgroup_count[2] // s.batch)
+    # the auxiliary pipelines as FlashAttn._build makes them (there they come with scratch memory)
+    if n_split > 1:
+        rec.kernels.append(kernel(dev, "fa_split_reduce", push=REDUCE_PUSH, workgroup=(dev.tuning.wg_size,)))
+    cases = []
+    for on in both or (rule,):
+        pre_pass = [kernel(dev, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=tile.br, BC=tile.bc))] if on else []
+        where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
+        cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
+    return cases
+
+
+def cases(dev) -> list[tuple[str, list]]:
+    """(where it is used, pipelines) for every kernel call of a prefill and a decode step."""
+    m, tune = MODEL, dev.tuning
+    # activations: rows of 2048, 768 or 4096 floats at 16-byte aligned offsets, read as vec4
+    xvec4 = all(vec4_ok(placeholder(dev, F32, (k, 1), "x"), 0, k)
+                for k in (m["hidden"], m["ff_expert"], m["n_head"] * m["head"]))
+    types = [kernel_type(name) for name in m["weights"]]
+    out = []
+    for typ in types:
+        out += [(f"prefill {typ.name}: attention projections", [gemm_kernel(dev, typ, tune, xvec4=xvec4)]),
+                (f"prefill {typ.name}: experts", [gemm_kernel(dev, typ, tune, xvec4=xvec4, mul_mat_id=True)])]
+    for hs in (m["head"], 256):
+        out += flash_attn_cases(dev, hs, m["ubatch"], "prefill", both=(False, True))
+    for typ in types:
+        out += [(f"decode {typ.name}: attention projections", [mat_vec_kernel(dev, typ, 1, tune, xvec4=xvec4)]),
+                (f"decode {typ.name}: experts", [mat_vec_kernel(dev, typ, 1, tune, xvec4=xvec4, mul_mat_id=True)]),
+                (f"decode {typ.name}: expert down with SiLU-GLU (VKRT_FUSE_GLU=1)",
+                 [mat_vec_kernel(dev, typ, 1, tune, xvec4=xvec4, mul_mat_id=True, glu="silu")])]
+    out += flash_attn_cases(dev, m["head"], 1, "decode")
+    # ops that build their pipeline while recording (the same for prefill and decode)
+    T, E, D = m["ubatch"], m["hidden"], m["head"]
+    x, cur, pending = (placeholder(dev, F32, (E, T), name) for name in ("x", "cur", "pending"))
+    q, qr = (placeholder(dev, F32, (D, m["n_head"], T), name) for name in ("q", "qr"))
+    pos = placeholder(dev, I32, (T,), "pos")
+    router = placeholder(dev, F32, (m["n_expert"], T), "router")
+    ids, weights = placeholder(dev, I32, (m["n_used"], T), "ids"), placeholder(dev, F32, (m["n_used"], T), "weights")
+    w_head, w_hidden = placeholder(dev, F32, (D,), "w"), placeholder(dev, F32, (E,), "w")
+    out += [("q/k norm per head", recorded(dev, lambda seq: rms_norm(seq, q, q, 1e-6, w_head))),
+            ("residual add + block norm", recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden,
+                                                                              residual=pending, sum_out=x))),
+            ("rope (NeoX)", recorded(dev, lambda seq: rope(seq, q, pos, qr, n_dims=D, freq_base=1e6, neox=True))),
+            ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True)))]
+    return out
+
+
+def variant(kern) -> str:
+    """The defines (QTYPE_X as X) and the workgroup size."""
+    parts = [k[6:] if k.startswith("QTYPE_") else f"{k}={v}" for k, v in kern.defines.items()]
+    return " ".join(parts + [f"wg {'x'.join(str(s) for s in kern.workgroup if s > 1) or 1}"])
+
+
+def collect(dev) -> list[dict]:
+    """One row per distinct pipeline, in order of first use, with every statistic."""
+    rows: dict[int, dict] = {}
+    for where, kernels in cases(dev):
+        for kern in kernels:
+            row = rows.get(id(kern))
+            if row is None:
+                row = rows[id(kern)] = dict(kernel=kern.shader, variant=variant(kern), defines=kern.defines,
+                                            workgroup=list(kern.workgroup), used_by=[],
+                                            statistics=pipeline_statistics(kern))
+            if where not in row["used_by"]:
+                row["used_by"].append(where)
+    return list(rows.values())
+
+
+def open_device() -> Device:
+    """The GCN device with statistics capture and no queues, or SystemExit saying why not."""
+    try:
+        dev = Device(capture_statistics=True, queues=False)
+    except VkrtError as exc:
+        raise SystemExit(f"gcn_shader_stats: {exc} ({ENV_HINT})") from None
+    p = dev.profile
+    if p.detected_architecture is not Arch.AMD_GCN:
+        dev.close()
+        raise SystemExit(f"gcn_shader_stats: {p.name} is {p.detected_architecture.value}, not a GCN GPU ({ENV_HINT})")
+    if p.architecture is not Arch.AMD_GCN:
+        dev.close()
+        raise SystemExit(f"gcn_shader_stats: VKRT_ARCH gives {p.name} the {p.architecture.value} tuning; unset it")
+    return dev
+
+
+def print_table(result: dict) -> None:
+    t = result["tuning"]
+    print(f"{result['device']} ({result['driver']}), {result['architecture']} tuning: GEMM tile "
+          f"{t['mm_bm']}x{t['mm_bn']}x{t['mm_bk']} ({t['mm_tm']}x{t['mm_tn']} a thread), mat-vec wg {t['mv_wg']} "
+          f"x {t['mv_rows']} rows, flash attention wg {t['fa_wg']}")
+    columns = ["kernel", "variant", "used by", "VGPRs", "SGPRs", "spills S/V", "LDS bytes", "waves/SIMD",
+               "instructions", "code bytes"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "|".join("---" for _ in columns) + "|")
+    for r in result["kernels"]:
+        s = r["statistics"]
+        cells = [r["kernel"], r["variant"], "; ".join(r["used_by"]), s.get("VGPRs", "?"), s.get("SGPRs", "?"),
+                 f"{s.get('Spilled SGPRs', '?')}/{s.get('Spilled VGPRs', '?')}", s.get("LDS size", "?"),
+                 s.get("Subgroups per SIMD", "?"), s.get("Instructions", "?"), s.get("Code size", "?")]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    with open_device() as dev:
+        p = dev.profile
+        fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mv_wg", "mv_rows", "fa_wg")
+        result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,
+                      model=MODEL, tuning={f: getattr(dev.tuning, f) for f in fields}, kernels=collect(dev))
+        dev.check_validation()  # with VKRT_VALIDATE=1: the layer's errors fail the run
+    if args.json:
+        json.dump(result, sys.stdout)
+        print()
+    else:
+        print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

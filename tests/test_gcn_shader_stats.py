@@ -1,0 +1,107 @@
+"""Compiler statistics: Device(capture_statistics=True, queues=False), pipeline_statistics, and
+bench/gcn_shader_stats.py on Mesa's null Polaris device (RADV without hardware, ACO compiling)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vkrt.device import Device
+from vkrt.errors import UnsupportedDevice, VkrtError
+from vkrt.ops.norm import ADD_RMS_PUSH, RMS_PUSH
+from vkrt.pipeline import kernel, pipeline_statistics
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "gcn_shader_stats.py"
+ICDS = Path("/usr/share/vulkan/icd.d")
+RADV_ICD = ICDS / "radeon_icd.x86_64.json"
+LVP_ICD = ICDS / "lvp_icd.x86_64.json"
+EXTENSION = "VK_KHR_pipeline_executable_properties"
+PROBE = ("from vkrt.device import Instance\n"
+         "with Instance(validate=False) as inst:\n"
+         f"    print(any(p.architecture.value == 'AMD_GCN' and {EXTENSION!r} in p.extensions\n"
+         "              for p in inst.profiles()))\n")
+
+
+def rms_norm_kernel(dev, add: bool = False):
+    push, defines = (ADD_RMS_PUSH, {"ADD": 1}) if add else (RMS_PUSH, {})
+    return kernel(dev, "rms_norm", defines=defines, push=push, workgroup=(dev.tuning.reduce_wg,))
+
+
+def _env(icd: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("VKRT_DEVICE", "VKRT_ARCH", "VK_DRIVER_FILES")}
+    return {**env, "VK_ICD_FILENAMES": str(icd), **extra}
+
+
+def _null_polaris_env() -> dict:
+    if not RADV_ICD.exists():
+        pytest.skip(f"no RADV ({RADV_ICD} is missing)")
+    env = _env(RADV_ICD, RADV_FORCE_FAMILY="polaris10")
+    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT,
+                           timeout=60)
+    if probe.stdout.strip() != "True":
+        pytest.skip(f"RADV's null Polaris device with {EXTENSION} is not available here")
+    return env
+
+
+def test_statistics_need_capture(device):
+    with pytest.raises(VkrtError, match="capture_statistics=True"):
+        pipeline_statistics(rms_norm_kernel(device))
+
+
+def test_capture_statistics_needs_the_extension(device):
+    if EXTENSION in device.profile.extensions:
+        with Device(capture_statistics=True) as dev:
+            assert pipeline_statistics(rms_norm_kernel(dev))
+    else:
+        with pytest.raises(UnsupportedDevice, match=EXTENSION):
+            Device(capture_statistics=True)
+
+
+def test_device_without_queues_builds_kernels(device):
+    with Device(queues=False) as dev:
+        assert dev.compute is None and dev.transfer is None and not dev.has_transfer_queue
+        k = rms_norm_kernel(dev, add=True)
+        assert k.defines == {"ADD": 1} and k.workgroup[0] == dev.tuning.reduce_wg
+        dev.wait_idle()
+    assert k.closed
+
+
+def test_script_refuses_a_device_without_statistics():
+    if not LVP_ICD.exists():
+        pytest.skip(f"no lavapipe ({LVP_ICD} is missing)")
+    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=_env(LVP_ICD),
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gcn_shader_stats: ") and "RADV_FORCE_FAMILY" in last
+    assert "Traceback" not in proc.stderr
+
+
+def test_gcn_shader_stats_on_null_polaris():
+    env = _null_polaris_env()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--json"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["architecture"] == "AMD_GCN" and "POLARIS10" in result["device"]
+    rows = result["kernels"]
+    assert {r["kernel"] for r in rows} >= {"mul_mm", "mul_mv", "flash_attn", "fa_mask_opt", "rms_norm", "rope",
+                                           "moe_router"}
+    for r in rows:
+        assert r["statistics"]["VGPRs"] > 0, r
+        assert r["statistics"]["Subgroups per SIMD"] > 0, r
+    gemms = [r for r in rows if r["kernel"] == "mul_mm"]
+    assert {(t, "MUL_MAT_ID" in r["defines"]) for r in gemms for t in ("Q4_0", "Q4_K")
+            if f"QTYPE_{t}" in r["defines"]} == {("Q4_0", False), ("Q4_0", True), ("Q4_K", False), ("Q4_K", True)}
+    for r in gemms:
+        assert r["statistics"]["Spilled VGPRs"] == 0, r
+    heads = {r["defines"]["HSK"] for r in rows if r["kernel"] == "flash_attn"}
+    assert heads == {128, 256}
+    glu = [r for r in rows if r["kernel"] == "mul_mv" and "GLU" in r["defines"]]
+    assert len(glu) == 2
