@@ -3,6 +3,7 @@
 // NORMAL rotates pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); dims >= n_dims pass through.
 // theta = pos * freq_base^(-2i/n_dims) * freq_scale / freq_factor[i]
 #include "common.glsl"
+#include "rope.glsl"
 
 layout(local_size_x_id = 0) in;
 
@@ -51,14 +52,9 @@ void main() {
     }
     const uint a = p.neox != 0 ? i : 2 * i;
     const uint b = p.neox != 0 ? i + rot_pairs : 2 * i + 1;
-    const float x0 = x[xb + a];
-    const float x1 = x[xb + b];
-    float theta = float(pos[p.pos_off + t]) * pow(p.theta_scale, float(i)) * p.freq_scale;
-    if (p.use_ff != 0) {
-        theta /= freq_factors[p.ff_off + i];
-    }
-    const float c = cos(theta) * p.attn_factor;
-    const float s = sin(theta) * p.attn_factor;
-    y[yb + a] = x0 * c - x1 * s;
-    y[yb + b] = x0 * s + x1 * c;
+    const float ff = p.use_ff != 0 ? freq_factors[p.ff_off + i] : 1.0;
+    const vec2 r = rope_pair(x[xb + a], x[xb + b], pos[p.pos_off + t], i, p.theta_scale, p.freq_scale, ff,
+                             p.attn_factor);
+    y[yb + a] = r.x;
+    y[yb + b] = r.y;
 }

@@ -1,7 +1,9 @@
 """Lossless fusions, bit for bit against the separate kernels on every architecture: each block's
 residual add inside the next RMS norm (VKRT_FUSE_ADD_NORM=0: add, then norm; two commands fewer
-a layer) and, for decode, the gated activation inside the down projection's mat-vec
-(VKRT_FUSE_GLU=1, off by default: one command fewer a layer and decode step)."""
+a layer), q/k norm + RoPE + K's cache store in one kernel (VKRT_FUSE_NORM_ROPE=0: norms, ropes,
+set_rows; three commands fewer a layer with q/k norms, one without) and, for decode, the gated
+activation inside the down projection's mat-vec (VKRT_FUSE_GLU=1, off by default: one command
+fewer a layer and decode step)."""
 
 import numpy as np
 import pytest
@@ -32,6 +34,17 @@ def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
     plain, n_plain, _ = run(device, path, monkeypatch, False)
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     assert n_plain - n_fused == 2 * n_layer * 2   # two graphs (prefill, decode), one add per block
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe"])
+def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
+    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama); gemma3 has sliding layers."""
+    path = tiny_model(name, tmp_path)
+    fused, n_fused, n_layer = run(device, path, monkeypatch, True, "VKRT_FUSE_NORM_ROPE")
+    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_NORM_ROPE")
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    per_layer = 1 if name == "tiny-llama" else 3
+    assert n_plain - n_fused == 2 * n_layer * per_layer
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),

@@ -32,6 +32,7 @@ from ..ops.moe import moe_combine, moe_route
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan, plan_words
 from ..ops.mul_mat_id import RouteTable, mul_mat_id
 from ..ops.norm import rms_norm
+from ..ops.norm_rope import norm_rope
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
 from ..owned import Owned
@@ -61,11 +62,13 @@ def required_tensors(cfg: ModelConfig) -> list[str]:
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
-# Lossless fusions and whether each is on by default. GLU is off: the fused down mat-vec redoes
-# the activation once per row group (M / mv_rows times per input), which cost more than the
-# separate kernel it saves where the weights are in VRAM (H200, 8-layer 30B-A3B shape, decode:
-# 639 us fused vs 507 us separate per step; bench/decode_profile.py).
-FUSIONS = {"ADD_NORM": True, "GLU": False}
+# Lossless fusions and whether each is on by default: ADD_NORM (residual add inside the next RMS
+# norm), NORM_ROPE (q/k norm + RoPE + K's cache store: 2 kernels instead of 5 a layer), GLU (the
+# gated activation inside the down mat-vec). GLU is off: the fused mat-vec redoes the activation
+# once per row group (M / mv_rows times per input), which cost more than the separate kernel it
+# saves where the weights are in VRAM (H200, 8-layer 30B-A3B shape, decode: 639 us fused vs
+# 507 us separate per step; bench/decode_profile.py).
+FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True}
 
 
 def fused(what: str) -> bool:
@@ -263,15 +266,20 @@ class Transformer:
             if cfg.attn_bias and p + name + ".bias" in w:
                 add(seq, t, w[p + name + ".bias"], t)
         q3, k3 = q.view((D, H, T)), k.view((D, KV, T))
-        if cfg.qk_norm:
-            self._norm(seq, q3, q3, p + "attn_q_norm.weight")
-            self._norm(seq, k3, k3, p + "attn_k_norm.weight")
         qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
         rope_args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.rope_scale,
                          neox=cfg.rope_mode == ROPE_NEOX, freq_factors=w.get("rope_freqs.weight"))
-        rope(seq, q3, pos, qr, **rope_args)
-        rope(seq, k3, pos, kr, **rope_args)
-        set_rows(seq, kr, cells, cache.k[il])
+        if fused("NORM_ROPE"):   # q/k norm, RoPE and K's store into the cache: two kernels
+            norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+            norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **rope_args)
+            norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, **rope_args)
+        else:
+            if cfg.qk_norm:
+                self._norm(seq, q3, q3, p + "attn_q_norm.weight")
+                self._norm(seq, k3, k3, p + "attn_k_norm.weight")
+            rope(seq, q3, pos, qr, **rope_args)
+            rope(seq, k3, pos, kr, **rope_args)
+            set_rows(seq, kr, cells, cache.k[il])
         set_rows(seq, v.view((Dv, KV, T)), cells, cache.v[il])
         out = s.cols("attn", T).view((Dv, H, T))
         args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),

@@ -1,0 +1,64 @@
+"""RoPE with the q/k RMS norm before it and, for K, the store into the cache after it: one kernel
+(shaders/norm_rope.comp) for what rms_norm, rope and set_rows do apart, with the same bits."""
+
+from __future__ import annotations
+
+from ..errors import GGMLTypeError, OutOfRange
+from ..memory import F16, F32, I32, Tensor
+from ..pipeline import PushConstants, kernel
+from .binding import bind_tensor
+from .rope import rope_operands
+from .rows import f32_binding, row_groups, same_shape
+
+NORM_ROPE_PUSH = PushConstants(
+    *((n, "u32") for n in ("head_dim", "n_dims", "n_head", "n_tokens", "x_off", "x_s1", "x_s2", "w_off", "y_off",
+                           "y_head", "y_tok", "pos_off", "ff_off", "use_ff", "neox", "rows_off")),
+    ("eps", "f32"), ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"))
+
+
+def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor | None = None, eps: float = 0.0,
+              rows: Tensor | None = None, **rope_args) -> None:
+    """Record rope(rms_norm(x) * weight) for x F32 [head_dim, n_head, n_tokens] (weight None: no
+    norm). rows None: out is laid out like x (F32); else out is a cache F32/F16
+    [head_dim, n_cells, n_head] and token t goes to cell rows[t] (I32). rope_args as rope()."""
+    head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
+    (pr, fr), push = rope_operands(x, positions, op="norm_rope", **rope_args)
+    xr, xo, xs = f32_binding(x, "norm_rope x")
+    buffers = [xr]
+    if weight is not None:
+        if weight.nelements != head_dim or weight.ne[0] != head_dim:
+            raise OutOfRange(f"norm_rope: weight must have {head_dim} elements, has shape {list(weight.ne)}")
+        wr, wo, _ = f32_binding(weight, "norm_rope weight")
+    else:
+        wr, wo = xr, 0
+    buffers += [wr, pr, fr]
+    defines = {"MAX_HEAD": head_dim}
+    if weight is not None:
+        defines["NORM"] = 1
+    if rows is None:
+        same_shape(x, out, "norm_rope")
+        yr, yo, ys = f32_binding(out, "norm_rope out")
+        buffers += [yr, pr]   # binding 5 is unused without rows
+        push.update(y_off=yo, y_head=ys[0], y_tok=ys[1], rows_off=0)
+    else:
+        if out.ne[0] != head_dim or out.ne[2] != n_head:
+            raise OutOfRange(f"norm_rope: x {list(x.ne)} does not fit the cache {list(out.ne)}")
+        if out.type not in (F32, F16) or out.nb[0] != out.type.type_size:
+            raise GGMLTypeError(f"norm_rope: the cache must be F32 or F16 with contiguous rows, got {out!r}")
+        if out.type is F16 and not seq.device.profile.storage_16bit:
+            raise GGMLTypeError(f"norm_rope: {seq.device.profile.name} has no 16-bit storage for an F16 cache")
+        if rows.type is not I32 or rows.nelements < n_tokens or not rows.is_contiguous():
+            raise GGMLTypeError(f"norm_rope: rows must be a contiguous I32 tensor of {n_tokens}, got {rows!r}")
+        yr, yo = bind_tensor(out)
+        rr, ro = bind_tensor(rows)
+        es = out.type.type_size
+        buffers += [yr, rr]
+        push.update(y_off=yo // es, y_head=out.nb[2] // es, y_tok=out.nb[1] // es, rows_off=ro // 4)
+        defines["ROWS"] = 1
+        if out.type is F16:
+            defines["DST_F16"] = 1
+    push.update(x_off=xo, x_s1=xs[0], x_s2=xs[1], w_off=wo, eps=float(eps))
+    dev = seq.device
+    k = kernel(dev, "norm_rope", defines=defines, push=NORM_ROPE_PUSH, workgroup=(dev.tuning.reduce_wg,))
+    seq.dispatch(k, buffers, push=push, groups=row_groups(n_head * n_tokens, dev),
+                 label="norm_rope" if weight is not None else "rope")
