@@ -81,3 +81,13 @@ def test_split_plan(device):
     assert split_plan(t, 8, 512, 100, 7) == (7, 74)
     with pytest.raises(UnsupportedShape):
         split_plan(t, 8, 512, 0, 65535)
+
+
+def test_gcn_prefill_tile_keeps_two_rows_a_thread(device):
+    """More rows a thread cost ACO 208 VGPRs at head 128 (1 wave per SIMD); 2 rows take 84."""
+    t = tuning_of(device, Arch.AMD_GCN)
+    for hs in (64, 128, 256):
+        tile = fa_tile(t, hs, hs, 2048, 64 << 10)
+        assert tile.br // tile.row_groups <= 2
+    other = fa_tile(tuning_of(device, Arch.NVIDIA), 128, 128, 2048, 48 << 10)
+    assert other.br // other.row_groups == 4

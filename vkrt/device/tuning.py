@@ -40,6 +40,8 @@ class Tuning:
     fa_cols: int = 8
     fa_bc: int = 32
     fa_o_regs: int = 64
+    # the most query rows one thread owns (registers for scores, Q and mask values grow with it)
+    fa_max_rows: int = 8
     fa_fill_groups: int = 256
     fa_split_min_tiles: int = 4
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
@@ -95,8 +97,10 @@ TABLE: dict[Arch, Tuning] = {
     Arch.AMD_GCN: Tuning(Arch.AMD_GCN, wg_size=256, subgroup=64, reduce_wg=256, fp16_math=False,
                          # flash attention: 4 waves a workgroup (a wave per row group where the
                          # head size is a multiple of 32: 8 dot x 8 column lanes); 36 CUs
-                         # (RX 580) at two workgroups each fill the card
-                         fa_wg=256, fa_fill_groups=72),
+                         # (RX 580) at two workgroups each fill the card. At most 2 rows a
+                         # thread: ACO gives the head-128 prefill kernel 208 VGPRs at 4 rows (1
+                         # wave per SIMD), 84 at 2 (3 waves; bench/gcn_shader_stats.py)
+                         fa_wg=256, fa_fill_groups=72, fa_max_rows=2),
     # RDNA runs wave32 natively but kernels stay correct at 64.
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),

@@ -22,7 +22,6 @@ from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor
 
 MASK_OPT_ENV = "VKRT_FA_MASK_OPT"
-MAX_ROWS_PER_THREAD = 8
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
 
 _U32 = ("N", "KV", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3", "k_off", "k_nb1", "k_nb2", "k_nb3",
@@ -63,7 +62,7 @@ def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int) ->
     ds = max(1, min(tuning.fa_d_split, lsb // 4))
     cols = tuning.fa_cols
     rg = max(1, tuning.fa_wg // (ds * cols))
-    rpt = max(1, min(MAX_ROWS_PER_THREAD, tuning.fa_o_regs // (hsv // ds), -(-n_q // rg)))
+    rpt = max(1, min(tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), -(-n_q // rg)))
     tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
     while rpt > 1 and tile.shared_bytes(hsk, hsv) > shared_memory:
         rpt -= 1
