@@ -14,7 +14,7 @@
 #define BNP (BN + 4)
 #define LW (BM * (BK / 4u))           // vec4 loads of a W tile, of an x tile
 #define LX (BN * (BK / 4u))
-#define NLW ((LW + WG - 1u) / WG)     // per invocation
+#define NLW_CHUNKS ((LW + WG - 1u) / WG)
 #define NLX ((LX + WG - 1u) / WG)
 
 layout(local_size_x = WG) in;
@@ -37,6 +37,16 @@ layout(binding = 3) readonly buffer Route { uint route[]; };
 
 #define QBUF w_data
 #include "quant/types.glsl"
+
+#if QR % BK == 0
+// a row's K slice lies in one run of its block (one scale and min): an invocation loads whole
+// row slices, decoding the run's scale once per slice instead of once per vec4
+#define ROW_SLICE 1
+#define RPW ((BM + WG - 1u) / WG)     // W rows an invocation loads per slice
+#define NLW (RPW * (BK / 4u))
+#else
+#define NLW NLW_CHUNKS                // vec4 loads per invocation
+#endif
 
 layout(push_constant) uniform Push {
     uint K;
@@ -83,6 +93,27 @@ uint y_column(uint n) { return p.y_off + n * p.y_col; }
 // Loads the K slice at k0 of the W tile (dequantised) and the x tile into rw / rx.
 void load_slice(uint k0, uint m0, uint n0, uint wbase, uint ncols) {
     const uint tid = gl_LocalInvocationID.x;
+#ifdef ROW_SLICE
+    [[unroll]] for (uint r = 0u; r < RPW; r++) {
+        const uint m = tid + r * WG;
+        [[unroll]] for (uint kc = 0u; kc < BK / 4u; kc++) {
+            rw[r * (BK / 4u) + kc] = vec4(0.0);
+        }
+        if (m < BM && m0 + m < p.M && k0 < p.K) {
+            const uint row = wbase + (m0 + m) * p.w_row;
+            if (k0 + BK <= p.K) {
+                const QRun s = qrun(row + (k0 / QK) * QTS, (k0 % QK) / QR);
+                [[unroll]] for (uint kc = 0u; kc < BK / 4u; kc++) {
+                    rw[r * (BK / 4u) + kc] = qget(s, (k0 % QR) / 4u + kc);
+                }
+            } else {
+                for (uint i = 0u; k0 + i < p.K; i++) {
+                    rw[r * (BK / 4u) + i / 4u][i % 4u] = qelem(row, k0 + i);
+                }
+            }
+        }
+    }
+#else
     [[unroll]] for (uint t = 0u; t < NLW; t++) {
         const uint g = tid + t * WG;
         const uint m = g / (BK / 4u), k = k0 + 4u * (g % (BK / 4u));
@@ -99,6 +130,7 @@ void load_slice(uint k0, uint m0, uint n0, uint wbase, uint ncols) {
         }
         rw[t] = v;
     }
+#endif
     [[unroll]] for (uint t = 0u; t < NLX; t++) {
         const uint g = tid + t * WG;
         const uint n = g / (BK / 4u), k = k0 + 4u * (g % (BK / 4u));
@@ -120,6 +152,19 @@ void load_slice(uint k0, uint m0, uint n0, uint wbase, uint ncols) {
 // Stores rw / rx transposed (K-major) into shared memory.
 void store_slice() {
     const uint tid = gl_LocalInvocationID.x;
+#ifdef ROW_SLICE
+    [[unroll]] for (uint r = 0u; r < RPW; r++) {
+        const uint m = tid + r * WG;
+        if (m < BM) {
+            [[unroll]] for (uint kc = 0u; kc < BK / 4u; kc++) {
+                [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                    const uint a = (4u * kc + i) * BMP + m;
+                    sw[a >> 2][a & 3u] = rw[r * (BK / 4u) + kc][i];
+                }
+            }
+        }
+    }
+#else
     [[unroll]] for (uint t = 0u; t < NLW; t++) {
         const uint g = tid + t * WG;
         if (g < LW) {
@@ -130,6 +175,7 @@ void store_slice() {
             }
         }
     }
+#endif
     [[unroll]] for (uint t = 0u; t < NLX; t++) {
         const uint g = tid + t * WG;
         if (g < LX) {
