@@ -37,6 +37,7 @@ from vkrt.ops.flash_attn import MASK_OPT_PUSH, REDUCE_PUSH, FlashAttn, split_pla
 from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, vec4_ok
 from vkrt.ops.moe import moe_route
 from vkrt.ops.norm import rms_norm
+from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type
 from vkrt.ops.rope import rope
 from vkrt.pipeline import kernel, pipeline_statistics
@@ -144,10 +145,19 @@ def cases(dev) -> list[tuple[str, list]]:
     router = placeholder(dev, F32, (m["n_expert"], T), "router")
     ids, weights = placeholder(dev, I32, (m["n_used"], T), "ids"), placeholder(dev, F32, (m["n_used"], T), "weights")
     w_head, w_hidden = placeholder(dev, F32, (D,), "w"), placeholder(dev, F32, (E,), "w")
-    out += [("q/k norm per head", recorded(dev, lambda seq: rms_norm(seq, q, q, 1e-6, w_head))),
+    kv = m["n_head_kv"]
+    k3 = placeholder(dev, F32, (D, kv, T), "k")
+    cache = placeholder(dev, F16, (D, m["n_kv"], kv), "k cache")
+    rope_args = dict(n_dims=D, freq_base=1e6, neox=True)
+    out += [("q norm + rope (norm_rope)", recorded(dev, lambda seq: norm_rope(seq, q, pos, qr, weight=w_head,
+                                                                             eps=1e-6, **rope_args))),
+            ("k norm + rope + store into the F16 cache (norm_rope)",
+             recorded(dev, lambda seq: norm_rope(seq, k3, pos, cache, weight=w_head, eps=1e-6, rows=pos,
+                                                 **rope_args))),
+            ("q/k norm per head (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rms_norm(seq, q, q, 1e-6, w_head))),
             ("residual add + block norm", recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden,
                                                                               residual=pending, sum_out=x))),
-            ("rope (NeoX)", recorded(dev, lambda seq: rope(seq, q, pos, qr, n_dims=D, freq_base=1e6, neox=True))),
+            ("rope (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rope(seq, q, pos, qr, **rope_args))),
             ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True)))]
     return out
 
