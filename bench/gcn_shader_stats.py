@@ -30,17 +30,16 @@ import json
 import sys
 
 from vkrt.device import Arch, Device
-from vkrt.device.tuning import fa_mask_opt_rule
 from vkrt.errors import VkrtError
 from vkrt.memory import F16, F32, I32, BufferRange, Tensor
-from vkrt.ops.flash_attn import MASK_OPT_PUSH, REDUCE_PUSH, FlashAttn, split_plan
+from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel, split_reduce_kernel
 from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, vec4_ok
 from vkrt.ops.moe import moe_route
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type
 from vkrt.ops.rope import rope
-from vkrt.pipeline import kernel, pipeline_statistics
+from vkrt.pipeline import pipeline_statistics
 
 ENV_HINT = ("RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json "
             "selects Mesa's null Polaris device")
@@ -102,17 +101,14 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     # mask_opt off and no split: FlashAttn then needs no scratch memory (the null device has none)
     with FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1) as fa:
         fa.record(rec)
-        tile, s = fa.tile, fa.shape
-        # what FlashAttn decides by itself (_decide_mask_opt without VKRT_FA_MASK_OPT, _decide_split)
-        rule = fa_mask_opt_rule(dev.tuning, has_mask=True, nem0=m["n_kv"], nem1=n_q, hsk=hs, hsv=hs, bc=tile.bc)
-        n_split, _ = split_plan(dev.tuning, fa.n_row_tiles * s.n_head * s.batch, fa.n_kv_tiles, None,
-                                dev.profile.max_workgroup_count[2] // s.batch)
-    # the auxiliary pipelines as FlashAttn._build makes them (there they come with scratch memory)
+        # what FlashAttn decides by itself, without the forced values
+        rule, (n_split, _) = fa.decide_mask_opt(mask), fa.decide_split()
+        tile = fa.tile
     if n_split > 1:
-        rec.kernels.append(kernel(dev, "fa_split_reduce", push=REDUCE_PUSH, workgroup=(dev.tuning.wg_size,)))
+        rec.kernels.append(split_reduce_kernel(dev))
     cases = []
     for on in both or (rule,):
-        pre_pass = [kernel(dev, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=tile.br, BC=tile.bc))] if on else []
+        pre_pass = [mask_opt_kernel(dev, tile)] if on else []
         where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
         cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
     return cases

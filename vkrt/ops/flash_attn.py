@@ -87,6 +87,16 @@ def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, 
     return -(-kv_tiles // per), per
 
 
+def mask_opt_kernel(device, tile: FATile):
+    """The mask_opt pre-pass pipeline for this tile's Br x Bc blocks."""
+    return kernel(device, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=tile.br, BC=tile.bc))
+
+
+def split_reduce_kernel(device):
+    """The pipeline that merges split-K partial results."""
+    return kernel(device, "fa_split_reduce", push=REDUCE_PUSH, workgroup=(device.tuning.wg_size,))
+
+
 def mask_opt_override() -> bool | None:
     """VKRT_FA_MASK_OPT: '1' forces mask_opt on, '0' off, unset leaves it to the tuning rule."""
     value = os.environ.get(MASK_OPT_ENV, "").strip()
@@ -126,8 +136,8 @@ class FlashAttn(Owned):
         self.tile = tile = fa_tile(tuning, s.hsk, s.hsv, s.n_q, device.profile.shared_memory)
         self.n_row_tiles = -(-s.n_q // tile.br)
         self.n_kv_tiles = -(-s.n_kv // tile.bc)
-        self.mask_opt = self._decide_mask_opt(mask, mask_opt)
-        self.n_split, self.split_tiles = self._decide_split(split_k)
+        self.mask_opt = self.decide_mask_opt(mask, mask_opt)
+        self.n_split, self.split_tiles = self.decide_split(split_k)
         self._scratch = []
         self._mask = None
         # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
@@ -147,7 +157,8 @@ class FlashAttn(Owned):
                 and other.tile == self.tile and other.shape.n_q == self.shape.n_q
                 and other.shape.n_kv == self.shape.n_kv and other._mask_tensor is mask)
 
-    def _decide_mask_opt(self, mask, forced) -> bool:
+    def decide_mask_opt(self, mask, forced=None) -> bool:
+        """mask_opt for this mask: `forced`, else VKRT_FA_MASK_OPT, else the tuning rule."""
         if mask is None:
             return False
         if forced is None:
@@ -158,7 +169,8 @@ class FlashAttn(Owned):
         return fa_mask_opt_rule(self.tuning, has_mask=True, nem0=mask.ne[0], nem1=mask.ne[1], hsk=s.hsk, hsv=s.hsv,
                                 bc=self.tile.bc)
 
-    def _decide_split(self, split_k) -> tuple[int, int]:
+    def decide_split(self, split_k=None) -> tuple[int, int]:
+        """(splits, KV tiles per split) for this grid; split_k as in split_plan."""
         s = self.shape
         return split_plan(self.tuning, self.n_row_tiles * s.n_head * s.batch, self.n_kv_tiles, split_k,
                           self.device.profile.max_workgroup_count[2] // s.batch)
@@ -194,14 +206,14 @@ class FlashAttn(Owned):
         elif self.mask_opt:
             words = s.nem2 * s.nem3 * self.n_row_tiles * -(-self.n_kv_tiles // 16)
             self.mask_opt_blocks = self._alloc(4 * words, "mask_opt blocks")
-            self._mask_opt_kernel = kernel(dev, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=tile.br, BC=tile.bc))
+            self._mask_opt_kernel = mask_opt_kernel(dev, tile)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
                                                      m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
         if self.n_split > 1:
             rows = s.batch * s.n_q * s.n_head
             self._part = self._alloc(4 * self.n_split * rows * s.hsv, "flash_attn split O")
             self._ml = self._alloc(8 * self.n_split * rows, "flash_attn split M, L")
-            self._reduce = kernel(dev, "fa_split_reduce", push=REDUCE_PUSH, workgroup=(self.tuning.wg_size,))
+            self._reduce = split_reduce_kernel(dev)
             self._reduce_push = REDUCE_PUSH.pack(rows=rows, hsv=s.hsv, n_split=self.n_split, o_off=o_off // 4)
             self._reduce_groups = self._reduce.groups_for(rows * s.hsv)
 
