@@ -27,6 +27,11 @@ class BenchTest:
         return f"{base} @ d{self.n_depth}" if self.n_depth else base
 
 
+def _stddev(samples: list) -> float:
+    """Sample standard deviation; 0 for a single sample (as llama-bench prints it)."""
+    return statistics.stdev(samples) if len(samples) > 1 else 0.0
+
+
 @dataclass
 class BenchResult:
     test: BenchTest
@@ -43,7 +48,7 @@ class BenchResult:
 
     @property
     def stddev_ns(self) -> float:
-        return statistics.stdev(self.samples_ns) if len(self.samples_ns) > 1 else 0.0
+        return _stddev(self.samples_ns)
 
     @property
     def avg_ts(self) -> float:
@@ -51,7 +56,7 @@ class BenchResult:
 
     @property
     def stddev_ts(self) -> float:
-        return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
+        return _stddev(self.samples_ts)
 
 
 def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0) -> BenchResult:

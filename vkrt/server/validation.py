@@ -91,29 +91,25 @@ def get_float(body: dict, name: str, default=_MISSING, lo: float | None = None, 
     return value
 
 
-def get_bool(body: dict, name: str, default=_MISSING) -> bool:
+def _get_typed(body: dict, name: str, default, typ: type, what: str):
     if not _given(body, name, default):
         return default
     value = body[name]
-    if not isinstance(value, bool):
-        raise BadRequest(f"'{name}' must be true or false, got {_kind(value)}", name)
+    if not isinstance(value, typ):
+        raise BadRequest(f"'{name}' must be {what}, got {_kind(value)}", name)
     return value
+
+
+def get_bool(body: dict, name: str, default=_MISSING) -> bool:
+    return _get_typed(body, name, default, bool, "true or false")
 
 
 def get_str(body: dict, name: str, default=_MISSING) -> str:
-    if not _given(body, name, default):
-        return default
-    value = body[name]
-    if not isinstance(value, str):
-        raise BadRequest(f"'{name}' must be a string, got {_kind(value)}", name)
-    return value
+    return _get_typed(body, name, default, str, "a string")
 
 
 def get_dict(body: dict, name: str) -> dict:
-    value = body[name] if _given(body, name, {}) else {}
-    if not isinstance(value, dict):
-        raise BadRequest(f"'{name}' must be an object, got {_kind(value)}", name)
-    return value
+    return _get_typed(body, name, {}, dict, "an object")
 
 
 def get_stop(body: dict, name: str = "stop", max_count: int = 16, max_len: int = 512) -> list[str]:
