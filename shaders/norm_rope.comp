@@ -3,7 +3,8 @@
 // w[head_dim] (qwen3's q/k norm), with ROWS the result stored straight into row rows[t] of a
 // cache [head_dim, n_cells, n_head] (f32 or f16) as set_rows.comp would. One workgroup per
 // (head, token): the norm's sums run in rms_norm.comp's order (same WG, same tree) and each
-// pair rotates as in rope.comp, so the result has the bits of the separate kernels.
+// pair rotates as in rope.comp, so the result has the bits of the separate kernels. With
+// SECTIONS (MROPE / IMROPE) pos holds 4 streams of pos_stride values each, as in rope.comp.
 #include "common.glsl"
 #include "rope.glsl"
 
@@ -45,6 +46,9 @@ layout(push_constant) uniform Push {
     float theta_scale;
     float freq_scale;
     float attn_factor;
+    uint pos_stride;    // values between position streams (sectioned rope)
+    uint interleaved;   // IMROPE rather than MROPE
+    uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
 } p;
 
 #include "reduce.glsl"
@@ -92,8 +96,13 @@ void main() {
         const uint a = p.neox != 0u ? i : 2u * i;
         const uint b = p.neox != 0u ? i + rot_pairs : 2u * i + 1u;
         const float ff = p.use_ff != 0u ? freq_factors[p.ff_off + i] : 1.0;
-        const vec2 r = rope_pair(row_sh[a], row_sh[b], pos[p.pos_off + t], i, p.theta_scale, p.freq_scale, ff,
-                                 p.attn_factor);
+#ifdef SECTIONS
+        const uint stream = rope_stream(i, p.sections, p.interleaved != 0u);
+#else
+        const uint stream = 0u;
+#endif
+        const vec2 r = rope_pair(row_sh[a], row_sh[b], pos[p.pos_off + t + stream * p.pos_stride], i, p.theta_scale,
+                                 p.freq_scale, ff, p.attn_factor);
         y[yb + a] = DST_T(r.x);
         y[yb + b] = DST_T(r.y);
     }

@@ -2,6 +2,8 @@
 // Rotary position embedding on x [head_dim, n_head, n_tokens] (f32), positions pos[n_tokens] (i32).
 // NORMAL rotates pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); dims >= n_dims pass through.
 // theta = pos * freq_base^(-2i/n_dims) * freq_scale / freq_factor[i]
+// With SECTIONS (MROPE / IMROPE, NEOX pairs) pos holds 4 streams of pos_stride values each and
+// pair i reads the stream rope_stream picks; without it the section fields are unused.
 #include "common.glsl"
 #include "rope.glsl"
 
@@ -30,6 +32,9 @@ layout(push_constant) uniform Push {
     float theta_scale;
     float freq_scale;
     float attn_factor;
+    uint pos_stride;    // values between position streams (sectioned rope)
+    uint interleaved;   // IMROPE rather than MROPE
+    uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
 } p;
 
 void main() {
@@ -53,8 +58,13 @@ void main() {
     const uint a = p.neox != 0 ? i : 2 * i;
     const uint b = p.neox != 0 ? i + rot_pairs : 2 * i + 1;
     const float ff = p.use_ff != 0 ? freq_factors[p.ff_off + i] : 1.0;
-    const vec2 r = rope_pair(x[xb + a], x[xb + b], pos[p.pos_off + t], i, p.theta_scale, p.freq_scale, ff,
-                             p.attn_factor);
+#ifdef SECTIONS
+    const uint stream = rope_stream(i, p.sections, p.interleaved != 0);
+#else
+    const uint stream = 0;
+#endif
+    const vec2 r = rope_pair(x[xb + a], x[xb + b], pos[p.pos_off + t + stream * p.pos_stride], i, p.theta_scale,
+                             p.freq_scale, ff, p.attn_factor);
     y[yb + a] = r.x;
     y[yb + b] = r.y;
 }

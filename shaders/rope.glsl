@@ -1,9 +1,10 @@
-// The rotation of one RoPE pair, shared by rope.comp and norm_rope.comp. `precise` keeps
-// compilers from contracting it into FMAs differently in the two kernels, so both give the
-// same bits. theta = pos * theta_scale^i * freq_scale / ff (ff = 1 without frequency factors).
+// RoPE helpers shared by rope.comp and norm_rope.comp, so both give the same bits.
 #ifndef VKRT_ROPE_GLSL
 #define VKRT_ROPE_GLSL
 
+// The rotation of one pair. `precise` keeps compilers from contracting it into FMAs
+// differently in the two kernels. theta = pos * theta_scale^i * freq_scale / ff (ff = 1 without
+// frequency factors).
 vec2 rope_pair(float x0, float x1, int pos, uint i, float theta_scale, float freq_scale, float ff,
                float attn_factor) {
     precise float theta = float(pos) * pow(theta_scale, float(i)) * freq_scale;
@@ -13,6 +14,24 @@ vec2 rope_pair(float x0, float x1, int pos, uint i, float theta_scale, float fre
     precise float y0 = x0 * c - x1 * s;
     precise float y1 = x0 * s + x1 * c;
     return vec2(y0, y1);
+}
+
+// The position stream (0 t, 1 h, 2 w, 3 e) that rotates pair i under multi-section RoPE with
+// `sections` pairs per stream (ggml's rope_multi); all sections 0: stream 0 (plain RoPE).
+// The sector is i % sum(sections). MROPE: consecutive sector ranges. IMROPE (interleaved):
+// stream sector % 3 while the sector is below 3 * sections[sector % 3], else stream 3.
+uint rope_stream(uint i, uvec4 sections, bool interleaved) {
+    const uint n = sections.x + sections.y + sections.z + sections.w;
+    if (n == 0u) {
+        return 0u;
+    }
+    const uint sector = i % n;
+    if (interleaved) {
+        const uint k = sector % 3u;
+        return sector < 3u * sections[k] ? k : 3u;
+    }
+    const uint end_t = sections.x, end_h = end_t + sections.y, end_w = end_h + sections.z;
+    return sector < end_t ? 0u : sector < end_h ? 1u : sector < end_w ? 2u : 3u;
 }
 
 #endif

@@ -4,6 +4,7 @@ rms_norm, rope and set_rows apart, which have their own numpy tests."""
 import numpy as np
 import pytest
 
+from test_rope import rope_multi_ref
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.errors import OutOfRange
 from vkrt.memory import Tensor
@@ -15,16 +16,20 @@ from vkrt.ops.set_rows import set_rows
 N_TOK, N_HEAD, N_CELLS = 5, 3, 11
 
 
-def case(device, head_dim, n_dims, neox, norm, cache, ff):
+def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interleaved=False):
     rng = np.random.default_rng(head_dim + n_dims + 2 * neox + 4 * norm)
     x = (rng.standard_normal((N_TOK, N_HEAD, head_dim)) * 3).astype(np.float32)
     pos = np.array([0, 1, 7, 100, 4095], np.int32)
+    if sections is not None:   # streams t, h, w, e
+        pos = np.concatenate([pos, rng.integers(0, 3000, 2 * N_TOK), [0, 0, 0, 0, 1234]]).astype(np.int32)
     rows = np.array([3, 0, 10, 4, 7], np.int32)
     own = [tensor_from_numpy(device, a) for a in (x, pos, rows,
                                                   rng.uniform(0.5, 1.5, head_dim).astype(np.float32),
                                                   rng.uniform(1.0, 4.0, n_dims // 2).astype(np.float32))]
     tx, tp, trows, tw, tff = own
     args = dict(n_dims=n_dims, freq_base=10000.0, neox=neox, freq_factors=tff if ff else None)
+    if sections is not None:
+        args.update(sections=sections, interleaved=interleaved)
     shape = (head_dim, N_CELLS, N_HEAD) if cache else x.shape[::-1]
     outs = [Tensor.empty(device, cache or "F32", shape) for _ in range(2)]
     tmp = [Tensor.empty(device, "F32", x.shape[::-1]) for _ in range(2)]
@@ -59,6 +64,55 @@ def test_same_bits_as_the_separate_kernels(device, neox, head_dim, n_dims, norm,
     assert np.abs(apart).max() > 0
     bits = np.uint16 if cache == "F16" else np.uint32
     np.testing.assert_array_equal(apart.view(bits), fused.view(bits))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("head_dim,n_dims,sections", [(64, 16, (3, 3, 2, 0)), (256, 64, (11, 11, 10, 0))])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("cache", [None, "F16", "F32"])
+def test_sectioned_same_bits_as_the_separate_kernels(device, interleaved, head_dim, n_dims, sections, norm, cache):
+    apart, fused = case(device, head_dim, n_dims, True, norm, cache, ff=False, sections=sections,
+                        interleaved=interleaved)
+    assert np.abs(apart).max() > 0
+    bits = np.uint16 if cache == "F16" else np.uint32
+    np.testing.assert_array_equal(apart.view(bits), fused.view(bits))
+
+
+def test_query_view_of_the_gated_projection(device):
+    """qwen35's query projection holds [query D, gate D] per head: q is the view ne (D, H, T),
+    nb (4, 8D, 8DH). norm + IMROPE of that view reads no gate value (they are NaN here) and, written
+    into the same layout, leaves the gate half of the output alone."""
+    d, n_head, n_tok, n_dims, sections = 256, 2, 3, 64, (11, 11, 10, 0)
+    rng = np.random.default_rng(5)
+    qg = np.full((n_tok, n_head, 2 * d), np.nan, np.float32)
+    qg[..., :d] = rng.standard_normal((n_tok, n_head, d)) * 3
+    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
+    pos = np.concatenate([[5, 900, 4000], rng.integers(0, 3000, 2 * n_tok), np.zeros(n_tok)]).astype(np.int32)
+    gate_out = np.full_like(qg, 7.0)
+    own = [tensor_from_numpy(device, a) for a in (qg, w, pos, gate_out)]
+    tqg, tw, tp, tout = own
+    view = dict(ne=(d, n_head, n_tok), nb=(4, 8 * d, 8 * d * n_head))
+    q, fused = tqg.view(**view), tout.view(**view)
+    tmp, apart = Tensor.empty(device, "F32", (d, n_head, n_tok)), Tensor.empty(device, "F32", (d, n_head, n_tok))
+    own += [tmp, apart]
+    args = dict(n_dims=n_dims, freq_base=1e7, sections=sections, interleaved=True)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                norm_rope(seq, q, tp, fused, weight=tw, eps=1e-6, **args)
+                rms_norm(seq, q, tmp, 1e-6, tw)
+                rope(seq, tmp, tp, apart, **args)
+            seq.run()
+        got, want_bits = read_tensor(tout), read_tensor(apart)
+    finally:
+        for t in own:
+            t.close()
+    np.testing.assert_array_equal(got[..., d:], gate_out[..., d:])
+    np.testing.assert_array_equal(got[..., :d].view(np.uint32), want_bits.view(np.uint32))
+    x = qg[..., :d].astype(np.float64)
+    normed = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(got[..., :d], rope_multi_ref(normed, pos, n_dims, 1e7, sections, True),
+                               atol=2.5e-3)  # as test_rope: fp32 theta near 4096 rad, a few ulps (4.9e-4 each)
 
 
 def test_frequency_factors(device):

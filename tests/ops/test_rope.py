@@ -6,15 +6,18 @@ import pytest
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy, write_tensor
 
 
-def rope_ref(x, pos, n_dims, base, freq_scale, neox, ff=None):
+def rope_ref(x, pos, n_dims, base, freq_scale, neox, ff=None, attn_factor=1.0):
+    """x [n_tok, n_head, head_dim]; pos [n_tok] or, one position per pair, [n_tok, n_dims / 2]."""
     x = x.astype(np.float64)
     y = x.copy()
     half = n_dims // 2
     i = np.arange(half)
-    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * i / n_dims) * freq_scale
+    pos = pos.astype(np.float64)
+    pos = pos if pos.ndim == 2 else pos[:, None]
+    theta = pos * base ** (-2.0 * i / n_dims) * freq_scale
     if ff is not None:
         theta = theta / ff[:half]
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    c, s = np.cos(theta)[:, None, :] * attn_factor, np.sin(theta)[:, None, :] * attn_factor
     if neox:
         a, b = x[..., :half], x[..., half:n_dims]
         y[..., :half], y[..., half:n_dims] = a * c - b * s, a * s + b * c
@@ -22,6 +25,44 @@ def rope_ref(x, pos, n_dims, base, freq_scale, neox, ff=None):
         a, b = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
         y[..., 0:n_dims:2], y[..., 1:n_dims:2] = a * c - b * s, a * s + b * c
     return y
+
+
+def mrope_streams(n_dims, sections, interleaved):
+    """The position stream (0 t, 1 h, 2 w, 3 e) of each pair, transcribed from ggml's
+    ggml_mrope_cache_init (ggml-cpu/ops.cpp)."""
+    sect_dims = sum(sections)
+    sec_w = sections[0] + sections[1]
+    sec_e = sec_w + sections[2]
+    streams = []
+    for i0 in range(0, n_dims, 2):
+        sector = (i0 // 2) % sect_dims
+        if interleaved:
+            if sector % 3 == 1 and sector < 3 * sections[1]:
+                k = 1
+            elif sector % 3 == 2 and sector < 3 * sections[2]:
+                k = 2
+            elif sector % 3 == 0 and sector < 3 * sections[0]:
+                k = 0
+            else:
+                k = 3
+        else:
+            k = 0
+            if sections[0] <= sector < sec_w:
+                k = 1
+            elif sec_w <= sector < sec_e:
+                k = 2
+            elif sector >= sec_e:
+                k = 3
+        streams.append(k)
+    return np.array(streams)
+
+
+def rope_multi_ref(x, pos4, n_dims, base, sections, interleaved, freq_scale=1.0, ff=None, attn_factor=1.0):
+    """ggml's rope_multi (MROPE / IMROPE): NEOX pairs (rotate_pairs(n_dims, n_dims / 2)), pair i
+    rotated by the stream mrope_streams picks; pos4 I32 [4 * n_tok]: streams t, h, w, e."""
+    per_stream = pos4.reshape(4, x.shape[0])
+    pos = per_stream[mrope_streams(n_dims, sections, interleaved)].T   # [n_tok, n_dims / 2]
+    return rope_ref(x, pos, n_dims, base, freq_scale, True, ff, attn_factor)
 
 
 @pytest.mark.parametrize("neox", [False, True])
@@ -65,4 +106,100 @@ def test_rope_freq_scale_and_factors(device):
         np.testing.assert_allclose(read_tensor(to), rope_ref(x, pos, 32, 5e5, 0.25, True, ff), atol=2.5e-3)  # fp32 theta near 4096 rad: a few ulps (4.9e-4 each)
     finally:
         for t in (tx, tp, tf, to):
+            t.close()
+
+
+def position_streams(rng, n_tok):
+    """I32 [4 * n_tok]: distinct t, h, w, e streams (e mostly 0, as llama.cpp sets it for text)."""
+    t = np.array([0, 1, 7, 100, 4095, 31, 2000][:n_tok], np.int32)
+    h, w = rng.integers(0, 3000, n_tok), rng.integers(0, 3000, n_tok)
+    e = np.zeros(n_tok, np.int64)
+    e[-1] = 1234
+    return np.concatenate([t, h, w, e]).astype(np.int32)
+
+
+def run_rope(device, x, pos, **args):
+    from vkrt.ops.rope import rope
+    own = [tensor_from_numpy(device, a) for a in (x, pos)]
+    if args.get("freq_factors") is not None:
+        own.append(tensor_from_numpy(device, args["freq_factors"]))
+        args = dict(args, freq_factors=own[-1])
+    out = tensor_from_numpy(device, np.zeros_like(x))
+    own.append(out)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                rope(seq, own[0], own[1], out, **args)
+            seq.run()
+        return read_tensor(out)
+    finally:
+        for t in own:
+            t.close()
+
+
+SECTIONED = [(64, 16, (3, 3, 2, 0)),      # partial rotation, 8 pairs
+             (256, 64, (11, 11, 10, 0)),  # qwen35's full-attention heads
+             (64, 32, (2, 3, 1, 1))]      # 16 pairs over sectors 0..6 twice: the e stream rotates some
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("head_dim, n_dims, sections", SECTIONED)
+def test_rope_sectioned(device, interleaved, head_dim, n_dims, sections):
+    rng = np.random.default_rng(head_dim + n_dims + interleaved)
+    n_tok = 5
+    x = rng.standard_normal((n_tok, 3, head_dim)).astype(np.float32)
+    pos = position_streams(rng, n_tok)
+    args = dict(n_dims=n_dims, freq_base=1e4, sections=sections, interleaved=interleaved)
+    got = run_rope(device, x, pos, **args)
+    want = rope_multi_ref(x, pos, n_dims, 1e4, sections, interleaved)
+    np.testing.assert_allclose(got, want, atol=2.5e-3)  # fp32 theta near 4096 rad: a few ulps (4.9e-4 each)
+    np.testing.assert_array_equal(got[..., n_dims:], x[..., n_dims:])
+    # the streams matter for this data: rotating every pair by the t stream alone is far off
+    assert np.abs(got - rope_ref(x, pos[:n_tok], n_dims, 1e4, 1.0, True)).max() > 0.05
+
+
+def test_rope_sectioned_scales_and_factors(device):
+    rng = np.random.default_rng(2)
+    head_dim, n_dims, sections, n_tok = 64, 16, (3, 3, 2, 0), 4
+    x = rng.standard_normal((n_tok, 2, head_dim)).astype(np.float32)
+    pos = position_streams(rng, n_tok)
+    ff = (1 + rng.random(n_dims // 2) * 4).astype(np.float32)
+    got = run_rope(device, x, pos, n_dims=n_dims, freq_base=5e5, freq_scale=0.25, freq_factors=ff, attn_factor=1.5,
+                   sections=sections, interleaved=True)
+    want = rope_multi_ref(x, pos, n_dims, 5e5, sections, True, 0.25, ff, 1.5)
+    np.testing.assert_allclose(got, want, atol=4e-3)  # 1.5 x the unscaled bound
+
+
+def test_imrope_of_text_is_neox(device):
+    """llama.cpp's text positions (t = h = w = position, e = 0) make IMROPE plain NEOX rope."""
+    rng = np.random.default_rng(3)
+    n_tok = 6
+    x = rng.standard_normal((n_tok, 2, 256)).astype(np.float32)
+    p = np.array([0, 1, 2, 77, 4000, 65535], np.int32)
+    pos4 = np.concatenate([p, p, p, np.zeros_like(p)])
+    sectioned = run_rope(device, x, pos4, n_dims=64, freq_base=1e7, sections=(11, 11, 10, 0), interleaved=True)
+    neox = run_rope(device, x, p, n_dims=64, freq_base=1e7, neox=True)
+    np.testing.assert_array_equal(sectioned, neox)   # the same position per pair: the same bits
+
+
+def test_rope_sectioned_argument_errors(device):
+    from vkrt.errors import GGMLTypeError, OutOfRange
+    from vkrt.ops.rope import rope
+    x = tensor_from_numpy(device, np.zeros((3, 2, 64), np.float32))
+    pos = tensor_from_numpy(device, np.zeros(11, np.int32))   # 4 streams of 3 need 12
+    out = tensor_from_numpy(device, np.zeros((3, 2, 64), np.float32))
+    args = dict(n_dims=16, freq_base=1e4)
+    try:
+        with CommandSequence(device) as seq, seq.record():
+            with pytest.raises(GGMLTypeError, match="4 streams"):
+                rope(seq, x, pos, out, sections=(3, 3, 2, 0), **args)
+            with pytest.raises(OutOfRange, match="NEOX"):
+                rope(seq, x, pos, out, sections=(3, 3, 2, 0), neox=False, **args)
+            with pytest.raises(OutOfRange, match="needs sections"):
+                rope(seq, x, pos, out, interleaved=True, **args)
+            for bad in ((0, 0, 0, 0), (3, 3, 2), (3, -1, 2, 0), (40, 40, 0, 0)):
+                with pytest.raises(OutOfRange, match="sections must be"):
+                    rope(seq, x, pos, out, sections=bad, **args)
+    finally:
+        for t in (x, pos, out):
             t.close()

@@ -7,20 +7,22 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
-from .rope import rope_operands
+from .rope import rope_defines, rope_operands
 from .rows import f32_binding, row_groups, same_shape
 
 NORM_ROPE_PUSH = PushConstants(
     *((n, "u32") for n in ("head_dim", "n_dims", "n_head", "n_tokens", "x_off", "x_s1", "x_s2", "w_off", "y_off",
                            "y_head", "y_tok", "pos_off", "ff_off", "use_ff", "neox", "rows_off")),
-    ("eps", "f32"), ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"))
+    ("eps", "f32"), ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"),
+    ("pos_stride", "u32"), ("interleaved", "u32"), ("sections", "uvec4"))
 
 
 def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor | None = None, eps: float = 0.0,
               rows: Tensor | None = None, **rope_args) -> None:
     """Record rope(rms_norm(x) * weight) for x F32 [head_dim, n_head, n_tokens] (weight None: no
-    norm). rows None: out is laid out like x (F32); else out is a cache F32/F16
-    [head_dim, n_cells, n_head] and token t goes to cell rows[t] (I32). rope_args as rope()."""
+    norm; x may be a strided view, e.g. the query half of a [query, gate] projection). rows None:
+    out is laid out like x (F32); else out is a cache F32/F16 [head_dim, n_cells, n_head] and
+    token t goes to cell rows[t] (I32). rope_args as rope(), sections included."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     (pr, fr), push = rope_operands(x, positions, op="norm_rope", **rope_args)
     xr, xo, xs = f32_binding(x, "norm_rope x")
@@ -32,7 +34,7 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     else:
         wr, wo = xr, 0
     buffers += [wr, pr, fr]
-    defines = {"MAX_HEAD": head_dim}
+    defines = {"MAX_HEAD": head_dim, **rope_defines(push)}
     if weight is not None:
         defines["NORM"] = 1
     if rows is None:

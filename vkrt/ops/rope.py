@@ -1,5 +1,5 @@
-"""Rotary position embedding (llama.cpp's NORMAL and NEOX modes) with positions read from a
-tensor, so a recorded sequence can be replayed at new positions."""
+"""Rotary position embedding (llama.cpp's NORMAL, NEOX and the multi-section MROPE / IMROPE
+modes) with positions read from a tensor, so a recorded sequence can be replayed at new positions."""
 
 from __future__ import annotations
 
@@ -13,21 +13,43 @@ ROPE_PUSH = PushConstants(
     ("head_dim", "u32"), ("n_dims", "u32"), ("n_head", "u32"), ("n_tokens", "u32"),
     ("x_off", "u32"), ("x_s1", "u32"), ("x_s2", "u32"), ("y_off", "u32"), ("y_s1", "u32"), ("y_s2", "u32"),
     ("pos_off", "u32"), ("ff_off", "u32"), ("use_ff", "u32"), ("neox", "u32"),
-    ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"))
+    ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"),
+    ("pos_stride", "u32"), ("interleaved", "u32"), ("sections", "uvec4"))
+
+POSITION_STREAMS = 4  # t, h, w, e: the position streams of sectioned rope
 
 
 def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float, freq_scale: float = 1.0,
-                  neox: bool = False, freq_factors: Tensor | None = None, attn_factor: float = 1.0,
+                  neox: bool | None = None, freq_factors: Tensor | None = None, attn_factor: float = 1.0,
+                  sections: tuple[int, int, int, int] | None = None, interleaved: bool = False,
                   op: str = "rope") -> tuple[list, dict]:
     """Checks x [head_dim, n_head, n_tokens] and the rotation's arguments; returns the bindings of
-    positions and frequency factors and the push fields they share with norm_rope."""
+    positions and frequency factors and the push fields they share with norm_rope.
+
+    Pairs are (2i, 2i+1) (NORMAL) or, with neox, (i, i + n_dims/2); dims past n_dims pass through.
+    sections=(t, h, w, e) pair counts selects multi-section rope as ggml's rope_multi: NEOX pairs
+    (neox None or True), positions I32 [4 * n_tokens] holding the streams t, h, w, e one after
+    the other, and pair i rotated by the stream its sector i % sum(sections) picks: consecutive
+    ranges (MROPE, Qwen2-VL) or, with interleaved, sector % 3 within 3 * sections (IMROPE)."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     if x.ne[3] != 1:
         raise OutOfRange(f"{op}: x must be 3-D [head_dim, n_head, n_tokens], got {list(x.ne)}")
     if head_dim % 2 or n_dims % 2 or not 0 < n_dims <= head_dim:
         raise OutOfRange(f"{op}: n_dims {n_dims} must be even and at most the (even) head size {head_dim}")
-    if positions.type is not I32 or positions.nelements < n_tokens or not positions.is_contiguous():
-        raise GGMLTypeError(f"{op}: positions must be a contiguous I32 tensor of {n_tokens}, got {positions!r}")
+    streams = 1
+    if sections is not None:
+        sections = tuple(int(s) for s in sections)
+        if len(sections) != POSITION_STREAMS or min(sections) < 0 or not 0 < sum(sections) <= head_dim:
+            raise OutOfRange(f"{op}: sections must be {POSITION_STREAMS} pair counts >= 0 with a sum in "
+                             f"1..{head_dim} (the head size), got {sections}")
+        if neox is False:
+            raise OutOfRange(f"{op}: sectioned rope (MROPE / IMROPE) pairs dims NEOX-style; neox=False conflicts")
+        neox, streams = True, POSITION_STREAMS
+    elif interleaved:
+        raise OutOfRange(f"{op}: interleaved (IMROPE) needs sections")
+    if positions.type is not I32 or positions.nelements < streams * n_tokens or not positions.is_contiguous():
+        want = f"{n_tokens}" if streams == 1 else f"{streams} streams (t, h, w, e) of {n_tokens}"
+        raise GGMLTypeError(f"{op}: positions must be a contiguous I32 tensor of {want}, got {positions!r}")
     pr, po = bind_tensor(positions)
     if freq_factors is not None:
         if freq_factors.nelements < n_dims // 2:
@@ -36,20 +58,28 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     else:
         fr, fo = pr, 0
     push = dict(head_dim=head_dim, n_dims=n_dims, n_head=n_head, n_tokens=n_tokens, pos_off=po // 4, ff_off=fo,
-                use_ff=int(freq_factors is not None), neox=int(neox), theta_scale=float(freq_base) ** (-2.0 / n_dims),
-                freq_scale=float(freq_scale), attn_factor=float(attn_factor))
+                use_ff=int(freq_factors is not None), neox=int(bool(neox)),
+                theta_scale=float(freq_base) ** (-2.0 / n_dims), freq_scale=float(freq_scale),
+                attn_factor=float(attn_factor), pos_stride=n_tokens, interleaved=int(bool(interleaved)),
+                sections=sections or (0, 0, 0, 0))
     return [pr, fr], push
 
 
+def rope_defines(push: dict) -> dict:
+    """The shader defines for rope_operands' push fields: SECTIONS compiles the stream choice in."""
+    return {"SECTIONS": 1} if any(push["sections"]) else {}
+
+
 def rope(seq, x: Tensor, positions: Tensor, out: Tensor, **rope_args) -> None:
-    """Record out = rope(x) for x [head_dim, n_head, n_tokens] F32 and positions I32 [n_tokens];
-    rope_args: n_dims, freq_base, freq_scale, neox, freq_factors, attn_factor (see rope_operands)."""
+    """Record out = rope(x) for x [head_dim, n_head, n_tokens] F32 and positions I32 [n_tokens]
+    (with sections [4 * n_tokens]); rope_args: n_dims, freq_base, freq_scale, neox, freq_factors,
+    attn_factor, sections, interleaved (see rope_operands)."""
     same_shape(x, out, "rope")
     (pr, fr), push = rope_operands(x, positions, **rope_args)
     xr, xo, xs = f32_binding(x, "rope x")
     yr, yo, ys = f32_binding(out, "rope out")
     dev = seq.device
-    k = kernel(dev, "rope", push=ROPE_PUSH, workgroup=(dev.tuning.wg_size,))
+    k = kernel(dev, "rope", defines=rope_defines(push), push=ROPE_PUSH, workgroup=(dev.tuning.wg_size,))
     n = x.ne[0] // 2 * x.ne[1] * x.ne[2]
     seq.dispatch(k, [xr, pr, fr, yr], push=dict(push, x_off=xo, x_s1=xs[0], x_s2=xs[1], y_off=yo, y_s1=ys[0],
                                                  y_s2=ys[1]), groups=k.groups_for(n), label="rope")
