@@ -1,5 +1,6 @@
 // Activations shared by the gated-activation kernel and the mat-vec that fuses it into its
-// input loads: ACT_SILU x / (1 + e^-x); ACT_GELU the tanh approximation (as llama.cpp).
+// input loads: ACT_SILU x / (1 + e^-x); ACT_GELU the tanh approximation (as llama.cpp);
+// ACT_SIGMOID 1 / (1 + e^-x).
 // `precise` keeps compilers from contracting these into FMAs differently in the two kernels,
 // so the fused and separate paths give the same bits.
 #ifndef VKRT_ACT_GLSL
@@ -7,11 +8,16 @@
 
 #define ACT_SILU 0
 #define ACT_GELU 1
+#define ACT_SIGMOID 2
 
 float act_fn(float x) {
 #if ACT == ACT_SILU
     precise float d = 1.0 + exp(-x);
     precise float r = x / d;
+    return r;
+#elif ACT == ACT_SIGMOID
+    precise float d = 1.0 + exp(-x);
+    precise float r = 1.0 / d;
     return r;
 #else
     const float c = 0.7978845608028654;  // sqrt(2 / pi)

@@ -85,3 +85,45 @@ def test_add_rms_norm_is_add_then_norm_bit_for_bit(device, shape, in_place):
     finally:
         for t in tensors:
             t.close()
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_gated_rms_norm_with_strided_gate(device, with_weight):
+    """Gated DeltaNet's output norm: rms_norm(x) * w * silu(z) over rows of D, x [D, Hv, T], with z
+    a strided view (each token's gates interleaved with other values, as in a fused projection)."""
+    from vkrt.commands import run_once
+    from vkrt.ops.norm import rms_norm
+    d, hv, t = 48, 3, 5
+    rng = np.random.default_rng(hv * t)
+    x = (rng.standard_normal((t, hv, d)) * 3).astype(np.float32)
+    packed = (rng.standard_normal((t, 2 * hv + 1, d)) * 4).astype(np.float32)   # per token: [?, z0, ?, z1, ...]
+    w = rng.standard_normal(d).astype(np.float32) if with_weight else None
+    tensors = [tensor_from_numpy(device, a) for a in (x, packed, np.zeros_like(x))]
+    tx, tp, to = tensors
+    tw = tensor_from_numpy(device, w) if with_weight else None
+    try:
+        z_view = tp.view((d, hv, t), nb=(4, 8 * d, 4 * d * (2 * hv + 1)), offset=4 * d)
+        run_once(device, lambda seq: rms_norm(seq, tx, to, 1e-6, tw, gate=z_view))
+        z = packed[:, 1:2 * hv:2].astype(np.float64)
+        want = rms_ref(x, w, 1e-6) * z / (1 + np.exp(-z))
+        np.testing.assert_allclose(read_tensor(to), want, rtol=1e-5, atol=1e-5)
+    finally:
+        for tn in tensors + [tw]:
+            if tn is not None:
+                tn.close()
+
+
+def test_gated_rms_norm_rejects_bad_gates(device):
+    from vkrt.commands import run_once
+    from vkrt.errors import OutOfRange
+    from vkrt.ops.norm import rms_norm
+    tensors = [tensor_from_numpy(device, np.ones(s, np.float32)) for s in ((2, 8), (3, 8), (2, 8))]
+    tx, tz, to = tensors
+    try:
+        with pytest.raises(OutOfRange, match="gate: shapes differ"):
+            run_once(device, lambda seq: rms_norm(seq, tx, to, 1e-6, gate=tz))
+        with pytest.raises(OutOfRange, match="gate and residual"):
+            run_once(device, lambda seq: rms_norm(seq, tx, to, 1e-6, gate=to, residual=to))
+    finally:
+        for t in tensors:
+            t.close()

@@ -76,6 +76,30 @@ class Tuning:
     # (bench/moe_decode.py): Q4_0 in place 47.4 GB/s, staged 43.7 (the link's peak is ~50);
     # Q4_K in place 34.5 GB/s, staged 43.2 -- K-quant blocks are read in narrower pieces.
     moe_read_in_place: tuple = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+    # short convolution (vkrt/ops/ssm_conv.py): tokens of one sequence an invocation walks with its
+    # K-tap window in registers; each chunk re-reads the K-1 inputs before it (3/16 more reads at
+    # K = 4), and a prefill of T tokens runs C * T / chunk invocations. H200, C = 8192 (either
+    # tuning): T = 2048 in 51-54 us at 8-64 tokens (2.6 TB/s of x and out), 80 at 128, 892 at one
+    # chunk a sequence; T = 512: 12.4 us at 16, 14-15 at 8 or 32, 21 at 64
+    ssm_conv_chunk: int = 16
+    # gated delta rule (vkrt/ops/delta_net.py), recurrent form (decode): gdn_wg invocations a
+    # workgroup; gdn_lanes of them (a power of two within a subgroup; 1 = no shuffles) share
+    # gdn_rows rows of a head's state, each lane holding head_dim / gdn_lanes of every row in
+    # registers (lanes read consecutive 16 bytes) and the lanes adding partial dot products with
+    # subgroup shuffles: one reduction of 3 + 2 * gdn_rows values a token
+    gdn_wg: int = 128
+    gdn_lanes: int = 8
+    gdn_rows: int = 1
+    # chunked form (prefill): tokens a chunk (16, 32 or 64; the chunk's C x C inverse lives in
+    # shared memory); the per-chunk pass's workgroup (Gram matrices and the triangular inverse,
+    # at most chunk^2 / 4); the state walk's workgroup and the state floats each of its
+    # invocations updates (rows a workgroup walks = gdn_scan_wg * gdn_scan_state / head_dim);
+    # the tokens per sequence from which delta_net(chunked=None) takes the chunked form
+    gdn_chunk: int = 64
+    gdn_prep_wg: int = 256
+    gdn_scan_wg: int = 64
+    gdn_scan_state: int = 32
+    gdn_chunk_min_tokens: int = 64
 
     def resolved(self, profile: DeviceProfile) -> "Tuning":
         """The table entry limited by what the device can actually do."""
@@ -114,7 +138,10 @@ TABLE: dict[Arch, Tuning] = {
     # so fewer, longer invocations win (4096 x 512 f32: 2 rows 49 ms, 8 rows 75 ms, 32 rows 182 ms).
     Arch.LLVMPIPE: Tuning(Arch.LLVMPIPE, subgroup=8, wg_size=64, reduce_wg=64,
                           fa_wg=64, fa_d_split=1, fa_o_regs=128, fa_fill_groups=8, fa_unroll=False,
-                          transpose_rows=2),
+                          transpose_rows=2,
+                          # short convolution, C = 8192: T = 2048 146 ms at 32 tokens, 176 at 16;
+                          # T = 512 39 ms at 32, 47 at 16, 45 at 64
+                          ssm_conv_chunk=32),
     Arch.OTHER: Tuning(Arch.OTHER, subgroup=32, wg_size=128, reduce_wg=128),
 }
 

@@ -1,5 +1,6 @@
 """RMS norm over dim 0, fused with the weight multiply: y = x / rms(x) * w; optionally with the
-residual add before it fused in as well (s = x + r; y = rms_norm(s) * w)."""
+residual add before it fused in as well (s = x + r; y = rms_norm(s) * w), or with a SiLU gate after
+it (y = rms_norm(x) * w * silu(z), the gated norm of Gated DeltaNet layers)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ RMS_PUSH = PushConstants(("ncols", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("nro
                          ("y_off", "u32"), ("y_s1", "u32"), ("y_s2", "u32"), ("y_s3", "u32"),
                          ("w_off", "u32"), ("use_w", "u32"), ("eps", "f32"))
 ADD_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("r_off", "u32"), ("s_off", "u32"))
+GATED_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("z_off", "u32"), ("z_s1", "u32"), ("z_s2", "u32"), ("z_s3", "u32"))
 
 
 def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = None, *,
-             residual: Tensor | None = None, sum_out: Tensor | None = None) -> None:
+             residual: Tensor | None = None, sum_out: Tensor | None = None, gate: Tensor | None = None) -> None:
     """Record out = rms_norm(x) * weight (weight: F32 [ne0], broadcast over rows; None: no multiply).
     With `residual`: sum_out = x + residual first (sum_out may be x itself), and out = rms_norm(sum_out) * weight;
-    residual and sum_out must be laid out like x."""
+    residual and sum_out must be laid out like x.
+    With `gate` (F32 of x's shape, any strides with a contiguous dim 0; not with `residual`):
+    out = rms_norm(x) * weight * silu(gate)."""
     same_shape(x, out, "rms_norm")
     xr, xo, xs = f32_binding(x, "rms_norm x")
     yr, yo, ys = f32_binding(out, "rms_norm out")
@@ -35,7 +39,16 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
     push = dict(ncols=x.ne[0], ne1=x.ne[1], ne2=x.ne[2], nrows=nrows, x_off=xo, x_s1=xs[0], x_s2=xs[1], x_s3=xs[2],
                 y_off=yo, y_s1=ys[0], y_s2=ys[1], y_s3=ys[2], w_off=wo, use_w=int(weight is not None), eps=float(eps))
     buffers = [xr, wr, yr]
-    if residual is not None:
+    if gate is not None:
+        if residual is not None:
+            raise OutOfRange("rms_norm: gate and residual cannot be fused into one norm")
+        same_shape(x, gate, "rms_norm gate")
+        zr, zo, zs = f32_binding(gate, "rms_norm gate")
+        buffers.append(zr)
+        push.update(z_off=zo, z_s1=zs[0], z_s2=zs[1], z_s3=zs[2])
+        k = kernel(dev, "rms_norm", defines={"GATE": 1}, push=GATED_RMS_PUSH, workgroup=(wg,))
+        label = "gated_rms_norm"
+    elif residual is not None:
         sum_out = x if sum_out is None else sum_out
         for t, name in ((residual, "residual"), (sum_out, "sum_out")):
             same_shape(x, t, f"rms_norm {name}")
@@ -45,8 +58,7 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
         sr, so, _ = f32_binding(sum_out, "rms_norm sum_out")
         buffers += [rr, sr]
         push.update(r_off=ro, s_off=so)
-        k = kernel(dev, "rms_norm", defines={"ADD": 1}, push=ADD_RMS_PUSH, workgroup=(wg,))
+        k, label = kernel(dev, "rms_norm", defines={"ADD": 1}, push=ADD_RMS_PUSH, workgroup=(wg,)), "add_rms_norm"
     else:
-        k = kernel(dev, "rms_norm", push=RMS_PUSH, workgroup=(wg,))  # WG must be a power of two
-    seq.dispatch(k, buffers, push=push, groups=row_groups(nrows, dev),
-                 label="add_rms_norm" if residual is not None else "rms_norm")
+        k, label = kernel(dev, "rms_norm", push=RMS_PUSH, workgroup=(wg,)), "rms_norm"  # WG: a power of two
+    seq.dispatch(k, buffers, push=push, groups=row_groups(nrows, dev), label=label)
