@@ -83,23 +83,37 @@ class Tuning:
     # chunk a sequence; T = 512: 12.4 us at 16, 14-15 at 8 or 32, 21 at 64
     ssm_conv_chunk: int = 16
     # gated delta rule (vkrt/ops/delta_net.py), recurrent form (decode): gdn_wg invocations a
-    # workgroup; gdn_lanes of them (a power of two within a subgroup; 1 = no shuffles) share
-    # gdn_rows rows of a head's state, each lane holding head_dim / gdn_lanes of every row in
-    # registers (lanes read consecutive 16 bytes) and the lanes adding partial dot products with
-    # subgroup shuffles: one reduction of 3 + 2 * gdn_rows values a token
+    # workgroup; lanes of them share gdn_rows rows of a head's state, each lane holding
+    # gdn_lane_vec4s vec4s of every row in registers (lanes read consecutive 16 bytes; lanes =
+    # head_dim / 4 / gdn_lane_vec4s within a subgroup, 1 = no shuffles) and adding partial dot
+    # products with subgroup shuffles: one reduction of 3 + 2 * gdn_rows values a token. H200,
+    # Hv 32, D 128: every lanes (4..32) x wg x rows choice within 10% at one token (7 us) and 16
+    # sequences (18 us, 3.7 TB/s of state) but 32 lanes (45% slower at 16 sequences). Null
+    # Polaris device, D 128: 80 VGPRs (3 waves); 8 vec4s a lane at D 256 took 144 (1 wave)
     gdn_wg: int = 128
-    gdn_lanes: int = 8
+    gdn_lane_vec4s: int = 4
     gdn_rows: int = 1
     # chunked form (prefill): tokens a chunk (16, 32 or 64; the chunk's C x C inverse lives in
     # shared memory); the per-chunk pass's workgroup (Gram matrices and the triangular inverse,
     # at most chunk^2 / 4); the state walk's workgroup and the state floats each of its
-    # invocations updates (rows a workgroup walks = gdn_scan_wg * gdn_scan_state / head_dim);
-    # the tokens per sequence from which delta_net(chunked=None) takes the chunked form
-    gdn_chunk: int = 64
+    # invocations updates (rows a workgroup walks = gdn_scan_wg * gdn_scan_state / head_dim).
+    # H200, D 128, one 2048-token sequence: chunk 32 720 us, 64 750 us (its pass 1 costs 2.4x);
+    # walk of 128 invocations x 16 floats (16 rows) 720 us, 64 x 32 (16 rows) 800 us, 4-row
+    # blocks 1.7-2.1 ms. On the null Polaris
+    # device chunk 32 with 128 x 16 takes 72 VGPRs and 14.8 KiB of LDS in the walk (3 waves)
+    gdn_chunk: int = 32
     gdn_prep_wg: int = 256
-    gdn_scan_wg: int = 64
-    gdn_scan_state: int = 32
-    gdn_chunk_min_tokens: int = 64
+    gdn_scan_wg: int = 128
+    gdn_scan_state: int = 16
+    # delta_net(chunked=None) takes the chunked form from gdn_chunk_min_tokens tokens a sequence
+    # and up to gdn_chunk_max_seqs sequences: the recurrent form's parallelism grows with the
+    # sequences. H200, Hv 32, D 128, recurrent vs chunked: one sequence of 64 tokens 38 vs 48 us,
+    # 128 69 vs 67, 256 127 vs 107, 512 232 vs 190, 1024 580 vs 369, 2048 700-770 vs 720; 4
+    # sequences of 128 197 vs 193, of 512 458 vs 637; 16 of 32 196 vs 242
+    gdn_chunk_min_tokens: int = 128
+    gdn_chunk_max_seqs: int = 1
+    # unroll the chunked kernels' loops over staged columns and tokens (off where compile time is the cost)
+    gdn_unroll: bool = True
 
     def resolved(self, profile: DeviceProfile) -> "Tuning":
         """The table entry limited by what the device can actually do."""
@@ -141,7 +155,12 @@ TABLE: dict[Arch, Tuning] = {
                           transpose_rows=2,
                           # short convolution, C = 8192: T = 2048 146 ms at 32 tokens, 176 at 16;
                           # T = 512 39 ms at 32, 47 at 16, 45 at 64
-                          ssm_conv_chunk=32),
+                          ssm_conv_chunk=32,
+                          # delta rule: the recurrent form won at every length (T = 256, D = 32:
+                          # 23 ms vs 93 ms chunked), so it always runs; chunked kernels compile
+                          # rolled (LLVM took up to 10 s unrolled) with small state blocks, and
+                          # 4 lanes a row at D = 128 (T = 256: 131 ms; 1 lane 145 ms and 3.7 s to compile)
+                          gdn_lane_vec4s=8, gdn_unroll=False, gdn_scan_state=8, gdn_chunk_min_tokens=1 << 30),
     Arch.OTHER: Tuning(Arch.OTHER, subgroup=32, wg_size=128, reduce_wg=128),
 }
 
