@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         keep, owner = [], []   # owner[i]: the part (name without layer number) of command i
         with CommandSequence(dev, timestamps=True, max_timestamps=8192, label="decode profile") as seq:
             with seq.record():
-                for part in e.transformer.parts(e.scratch, e.cache, opts, None, staged):
+                for part in e.transformer.parts(e.scratch, e.cache, opts, None, staged, state=e.state):
                     keep.extend(part.record(seq))
                     owner += [part.name.rstrip("0123456789 ")] * (seq.timed_commands - len(owner))
             runs = []

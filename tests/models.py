@@ -14,7 +14,17 @@ TINY = {
     "tiny-qwen3moe": SyntheticSpec(arch="qwen3moe", n_ff=0, n_expert=8, n_expert_used=2, n_ff_expert=64, seed=5),
     "tiny-qwen2moe": SyntheticSpec(arch="qwen2moe", n_ff=0, n_expert=8, n_expert_used=2, n_ff_expert=32,
                                    n_ff_shared=64, seed=6),
+    # Qwen3.5: DeltaNet layers (16-dim heads, 2 q/k and 4 v heads, conv 4) between gated full
+    # attention (32-dim heads, a quarter rotated by IMROPE with sections 2/1/1/0)
+    **{name: SyntheticSpec(arch=arch, n_layer=4, head_dim=32, rope_dims=8, full_attention_interval=interval,
+                           ssm_head_dim=16, weight_type=wtype, seed=seed, tokenizer_pre="qwen35",
+                           **(dict(n_ff=0, n_expert=8, n_expert_used=2, n_ff_expert=32, n_ff_shared=32)
+                              if arch == "qwen35moe" else {}))
+       for name, arch, wtype, interval, seed in (
+           ("tiny-qwen35moe", "qwen35moe", "Q8_0", 4, 7), ("tiny-qwen35moe-f16", "qwen35moe", "F16", 4, 8),
+           ("tiny-qwen35", "qwen35", "Q8_0", 2, 9), ("tiny-qwen35-f32", "qwen35", "F32", 2, 10))},
 }
+HYBRID = [n for n in TINY if n.startswith("tiny-qwen35")]
 
 
 def tiny_model(name: str, folder) -> str:

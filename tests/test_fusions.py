@@ -23,41 +23,43 @@ def run(device, path, monkeypatch, fuse: bool, variable: str = "VKRT_FUSE_ADD_NO
         decode = [e.eval([int(np.argmax(prefill[-1]))])]
         decode.append(e.eval([int(np.argmax(decode[-1]))]))
         dispatches = sum(s.dispatch_count for g in e._graphs.values() for s in g.seqs)
-        return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg.n_layer
+        return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
-                                  "tiny-qwen2moe"])
+                                  "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
     path = tiny_model(name, tmp_path)
-    fused, n_fused, n_layer = run(device, path, monkeypatch, True)
+    fused, n_fused, cfg = run(device, path, monkeypatch, True)
     plain, n_plain, _ = run(device, path, monkeypatch, False)
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
-    assert n_plain - n_fused == 2 * n_layer * 2   # two graphs (prefill, decode), one add per block
+    assert n_plain - n_fused == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe"])
 def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
-    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama); gemma3 has sliding layers."""
+    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama); gemma3 has sliding layers;
+    qwen35moe's queries are a strided view (each head's gate follows its query) under IMROPE."""
     path = tiny_model(name, tmp_path)
-    fused, n_fused, n_layer = run(device, path, monkeypatch, True, "VKRT_FUSE_NORM_ROPE")
+    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_NORM_ROPE")
     plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_NORM_ROPE")
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     per_layer = 1 if name == "tiny-llama" else 3
-    assert n_plain - n_fused == 2 * n_layer * per_layer
+    assert n_plain - n_fused == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
-                                            ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2)])
+                                            ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2), ("tiny-qwen35moe", 2),
+                                            ("tiny-qwen35", 0)])
 def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
     """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
     path = tiny_model(name, tmp_path)
     kw = dict(n_cpu_moe=n_cpu_moe, stage_experts=True)
-    fused, n_fused, n_layer = run(device, path, monkeypatch, True, "VKRT_FUSE_GLU", **kw)
+    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_GLU", **kw)
     plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_GLU", **dict(kw))
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
-    shared = 2 if name == "tiny-qwen2moe" else 1   # its shared expert is a second gated FFN
-    assert n_plain - n_fused == 2 * n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
+    shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe") else 1   # a shared expert is a second gated FFN
+    assert n_plain - n_fused == 2 * cfg.n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
 
 
 def test_fusion_defaults(monkeypatch):

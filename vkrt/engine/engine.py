@@ -17,11 +17,13 @@ import numpy as np
 from ..commands import CommandSequence
 from ..errors import VkrtError
 from ..memory import F16, Buffer, MemoryKind
+from ..model.arch import ROPE_IMROPE
 from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
+from .recurrent_state import Checkpoint, RecurrentState
 from .staging import ExpertStaging
 
 log = logging.getLogger("vkrt")
@@ -62,12 +64,14 @@ class StepStats:
 
 
 class Engine(Owned):
-    """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens."""
+    """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens.
+    Models with Gated DeltaNet layers also keep a recurrent state for each of `n_seq_max`
+    sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory."""
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
                  flash_attn: bool = True, kv_type=F16, max_graphs: int = 16, replay: bool = True,
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
-                 expert_cache: int | None = None):
+                 expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0):
         super().__init__("engine")
         self.model = model
         self.device = dev = model.device
@@ -81,15 +85,19 @@ class Engine(Owned):
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
+        self.state: RecurrentState | None = None
+        self.sectioned_rope = cfg.rope_mode == ROPE_IMROPE
         try:
-            self.cache = KVCache(dev, cfg.n_layer, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
+            self.cache = KVCache(dev, cfg.kv_layers, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
+            if cfg.linear_layers:
+                self.state = RecurrentState(dev, cfg, max(1, n_seq_max), n_checkpoints)
             self.scratch = Scratch(dev, cfg, n_ubatch, n_ctx, flash_attn)
-            T = n_ubatch
-            self._layout = {"ids": 0, "pos": 4 * T, "cells": 8 * T, "mask": 12 * T}
-            self._layout["mask_swa"] = self._layout["mask"] + 2 * n_ctx * T
-            size = self._layout["mask_swa"] + (2 * n_ctx * T if cfg.sliding_window else 0)
+            self._layout, size = {}, 0
+            for name, t in self.scratch.inputs().items():   # host copies of the step inputs, packed
+                self._layout[name] = size
+                size += -(-t.nbytes // 16) * 16
             self._inputs = Buffer(dev, size, MemoryKind.HOST, label="step inputs")
-            self._logits = Buffer(dev, 4 * cfg.vocab_size * T, MemoryKind.READBACK, label="logits readback")
+            self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
             self.prefetch = ExpertPrefetch(model, prefetch_slots)
@@ -108,8 +116,14 @@ class Engine(Owned):
         return max(0, self.device.vram_free - want - reserve)
 
     # -- graphs ------------------------------------------------------------------------------------
-    def _graph(self, n_tokens: int, n_kv: int, all_logits: bool) -> _Graph:
-        key = (n_tokens, n_kv, all_logits)
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model keeps a recurrent state (it cannot be rewound: see save_state)."""
+        return self.state is not None
+
+    def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1) -> _Graph:
+        n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
+        key = (n_tokens, n_kv, all_logits, n_seqs)
         g = self._graphs.get(key)
         if g is not None and self.replay:
             return g
@@ -118,14 +132,17 @@ class Engine(Owned):
         if len(self._graphs) >= self.max_graphs:  # forget the oldest shape
             old = next(iter(self._graphs))
             self._graphs.pop(old).close()
-        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn)
+        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
         use_staging = not use_prefetch and n_tokens <= self.device.tuning.mv_max_n
         parts = self.transformer.parts(self.scratch, self.cache, opts,
                                        self.prefetch.experts() if use_prefetch else None,
-                                       self.staging.tensors() if use_staging else None)
-        s, lay = self.scratch.t, self._layout
+                                       self.staging.tensors() if use_staging else None, state=self.state)
+        lay = self._layout
+        sizes = {"ids": 4 * n_tokens, "pos": 4 * n_tokens * (4 if self.sectioned_rope else 1),
+                 "cells": 4 * n_tokens, "slots": 4 * n_seqs, "mask": 2 * n_kv * n_tokens,
+                 "mask_swa": 2 * n_kv * n_tokens}
         segments: list[list] = [[]]
         for part in parts:
             if part.layer is not None:
@@ -138,15 +155,13 @@ class Engine(Owned):
                 seqs.append(seq)
                 with seq.record():
                     if k == 0:
-                        for name, nbytes in (("ids", 4 * n_tokens), ("pos", 4 * n_tokens), ("cells", 4 * n_tokens),
-                                             ("mask", 2 * n_kv * n_tokens), ("mask_swa", 2 * n_kv * n_tokens)):
-                            if name in s:
-                                seq.copy(self._inputs.range(lay[name], nbytes), s[name].range(), nbytes)
+                        for name, t in self.scratch.inputs().items():
+                            seq.copy(self._inputs.range(lay[name], sizes[name]), t.range(), sizes[name])
                     for part in segment:
                         keep.extend(part.record(seq))
                     if k == len(segments) - 1:
                         n_out = n_tokens if all_logits else 1
-                        seq.copy(s["logits"].range(), self._logits.range(), 4 * cfg.vocab_size * n_out)
+                        seq.copy(self.scratch.logits.range(), self._logits.range(), 4 * cfg.vocab_size * n_out)
         except BaseException:
             for seq in seqs:
                 seq.close()
@@ -209,7 +224,7 @@ class Engine(Owned):
                 ub = batch[u0:u0 + self.n_ubatch]
                 last = b0 + u0 + ub.size == tokens.size
                 out = self._step(ub, np.full(ub.size, seq_id, np.int32),
-                                 np.arange(ub.size, dtype=np.int32) + start + b0 + u0, all_logits)
+                                 np.arange(ub.size, dtype=np.int32) + start + b0 + u0, all_logits, n_seqs=1)
                 if all_logits or last:
                     outs.append(out)
         return np.concatenate(outs) if all_logits else outs[-1][-1]
@@ -229,14 +244,23 @@ class Engine(Owned):
         if ids.min() < 0 or ids.max() >= vocab:
             raise VkrtError(f"token ids must be in [0, {vocab})")
         pos = np.array([self.cache.cells.length(int(s)) for s in seqs], np.int32)
-        return self._step(ids, seqs, pos, all_logits=True)
+        return self._step(ids, seqs, pos, all_logits=True, n_seqs=len(batch))
 
     def sequence_length(self, seq_id: int) -> int:
         """Tokens of `seq_id` held in the KV cache."""
         return self.cache.cells.length(seq_id)
 
-    def _step(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool) -> np.ndarray:
+    def _step(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool,
+              n_seqs: int = 1) -> np.ndarray:
         t0 = time.perf_counter()
+        slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
+        if self.state is not None:
+            for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
+                self.state._check(s)
+                if self.state.length[s] != p:
+                    raise VkrtError(f"sequence {s}: its recurrent state holds {self.state.length[s]} tokens but "
+                                    f"the next token is at position {p} (a recurrent state cannot be rewound; "
+                                    f"restore a checkpoint or reset the sequence)")
         cells_tab = self.cache.cells
         cells = np.empty(ids.size, np.int32)
         for s in np.unique(seqs):
@@ -247,15 +271,24 @@ class Engine(Owned):
         lay, cfg = self._layout, self.model.cfg
         host = self._inputs.host_bytes
         host[lay["ids"]:lay["ids"] + 4 * n] = ids.view(np.uint8)
-        host[lay["pos"]:lay["pos"] + 4 * n] = pos.view(np.uint8)
+        if self.sectioned_rope:   # text: the t, h and w streams hold the position, e is 0
+            pos4 = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
+            host[lay["pos"]:lay["pos"] + 16 * n] = pos4.view(np.uint8)
+        else:
+            host[lay["pos"]:lay["pos"] + 4 * n] = pos.view(np.uint8)
         host[lay["cells"]:lay["cells"] + 4 * n] = cells.view(np.uint8)
-        mask = cells_tab.mask(seqs, pos, n_kv, n)
-        host[lay["mask"]:lay["mask"] + mask.nbytes] = mask.reshape(-1).view(np.uint8)
-        if cfg.sliding_window:
+        host[lay["slots"]:lay["slots"] + 4 * n_seqs] = slots.astype(np.int32).view(np.uint8)
+        if "mask" in lay:
+            mask = cells_tab.mask(seqs, pos, n_kv, n)
+            host[lay["mask"]:lay["mask"] + mask.nbytes] = mask.reshape(-1).view(np.uint8)
+        if "mask_swa" in lay:
             swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
-        g = self._graph(n, n_kv, all_logits)
+        g = self._graph(n, n_kv, all_logits, n_seqs)
         self._run(g)
+        if self.state is not None:
+            for s in slots.tolist():
+                self.state.length[s] += n // n_seqs
         n_out = n if all_logits else 1
         logits = self._logits.read(np.float32, 4 * cfg.vocab_size * n_out).reshape(n_out, cfg.vocab_size)
         self.stats.tokens += n
@@ -264,17 +297,45 @@ class Engine(Owned):
         return logits
 
     def reset(self, seq_id: int | None = None, from_pos: int = 0) -> None:
-        """Forget a sequence's cells from `from_pos` on (all sequences when seq_id is None)."""
+        """Forget a sequence's cells from `from_pos` on (all sequences when seq_id is None). A
+        recurrent state can only be kept whole or cleared: from_pos must be 0 or the sequence's
+        length (restore_state first to resume from a checkpoint)."""
         cells = self.cache.cells
+        if self.state is not None:
+            slots = range(self.state.n_slots) if seq_id is None else [seq_id]
+            for s in slots:
+                self.state._check(s)
+            if seq_id is not None and 0 < from_pos < self.state.length[seq_id]:
+                raise VkrtError(f"sequence {seq_id}: cannot keep {from_pos} of the {self.state.length[seq_id]} "
+                                f"tokens of a recurrent state (restore a checkpoint at or before that position)")
+            if from_pos == 0:
+                self.state.clear(slots)
         if seq_id is None:
             cells.seq[:] = -1
         else:
             cells.free(seq_id, from_pos)
 
+    def save_state(self, seq_id: int) -> Checkpoint | None:
+        """Save `seq_id`'s recurrent state (at its current length) to a host checkpoint; None
+        when the model has no recurrent state or every checkpoint is taken."""
+        if self.state is None:
+            return None
+        return self.state.save(seq_id)
+
+    def restore_state(self, seq_id: int, ckpt: Checkpoint) -> None:
+        """Resume `seq_id` from a checkpoint: its state is the checkpoint's and its KV cells past
+        the checkpoint's length are forgotten."""
+        self.state.restore(seq_id, ckpt)
+        self.cache.cells.free(seq_id, ckpt.length)
+
+    def release_state(self, ckpt: Checkpoint) -> None:
+        if self.state is not None:
+            self.state.release(ckpt)
+
     def _release(self) -> None:
         for g in self._graphs.values():
             g.close()
         self._graphs.clear()
-        for obj in (self.staging, self.prefetch, self._logits, self._inputs, self.scratch, self.cache):
+        for obj in (self.staging, self.prefetch, self._logits, self._inputs, self.scratch, self.state, self.cache):
             if obj is not None:
                 obj.close()

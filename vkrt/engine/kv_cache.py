@@ -61,31 +61,36 @@ class CellTable:
 
 
 class KVCache(Owned):
-    """K and V tensors of every layer, F16 by default (F32 on request)."""
+    """K and V tensors of the `layers` that attend (DeltaNet layers keep a recurrent state
+    instead), by layer index; F16 by default (F32 on request)."""
 
-    def __init__(self, device, n_layer: int, head_dim_k: int, head_dim_v: int, n_head_kv: int, n_ctx: int,
+    def __init__(self, device, layers, head_dim_k: int, head_dim_v: int, n_head_kv: int, n_ctx: int,
                  type=F16):
         super().__init__(f"KV cache {n_ctx} cells")
         self.type = ggml_type(type)
         self.n_ctx = n_ctx
         self.cells = CellTable(n_ctx)
-        self.k: list[Tensor] = []
-        self.v: list[Tensor] = []
+        self.k: dict[int, Tensor] = {}
+        self.v: dict[int, Tensor] = {}
         try:
-            for il in range(n_layer):
-                self.k.append(Tensor.empty(device, self.type, (head_dim_k, n_ctx, n_head_kv), name=f"cache_k.{il}"))
-                self.v.append(Tensor.empty(device, self.type, (head_dim_v, n_ctx, n_head_kv), name=f"cache_v.{il}"))
+            for il in layers:
+                self.k[il] = Tensor.empty(device, self.type, (head_dim_k, n_ctx, n_head_kv), name=f"cache_k.{il}")
+                self.v[il] = Tensor.empty(device, self.type, (head_dim_v, n_ctx, n_head_kv), name=f"cache_v.{il}")
             # zeros, not whatever the memory held: attention weighs unused cells by exactly 0,
             # and 0 * NaN would still be NaN
-            run_once(device, lambda seq: [seq.fill(t.range(), 0) for t in (*self.k, *self.v)], "clear KV cache")
+            if self.k:
+                run_once(device, lambda seq: [seq.fill(t.range(), 0) for t in self._all()], "clear KV cache")
         except BaseException:
             self.close()
             raise
 
+    def _all(self) -> list[Tensor]:
+        return [*self.k.values(), *self.v.values()]
+
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (*self.k, *self.v))
+        return sum(t.nbytes for t in self._all())
 
     def _release(self) -> None:
-        for t in (*self.k, *self.v):
+        for t in self._all():
             t.close()

@@ -8,6 +8,7 @@ from ..errors import VkrtError
 from ..device.tuning import Tuning
 from ..model.config import ModelConfig
 from ..model.loader import is_cpu_moe, layer_of
+from ..model.scratch import scratch_bytes
 from ..units import fmt_bytes
 
 
@@ -25,44 +26,43 @@ class VramEstimate:
     activations: int
     prefetch: int
     staging: int = 0
+    recurrent: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.prefetch + self.staging
+        return self.weights + self.kv_cache + self.activations + self.prefetch + self.staging + self.recurrent
 
     def describe(self) -> str:
-        return (f"{fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)}, KV cache {fmt_bytes(self.kv_cache)}, "
-                f"activations {fmt_bytes(self.activations)}, expert prefetch slots {fmt_bytes(self.prefetch)}, "
+        rec = f", recurrent state {fmt_bytes(self.recurrent)}" if self.recurrent else ""
+        return (f"{fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)}, KV cache {fmt_bytes(self.kv_cache)}"
+                f"{rec}, activations {fmt_bytes(self.activations)}, expert prefetch slots {fmt_bytes(self.prefetch)}, "
                 f"decode expert staging {fmt_bytes(self.staging)})")
 
 
 def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cpu_moe: int, n_gpu_layers: int = 999,
-             kv_bytes: int = 2, flash_attn: bool = True, prefetch_slots: int = 0) -> VramEstimate:
-    """Bytes of VRAM a configuration takes; `tensors` maps names to objects with .nbytes."""
+             kv_bytes: int = 2, flash_attn: bool = True, prefetch_slots: int = 0, n_seq_max: int = 1, device=None) -> VramEstimate:
+    """Bytes of VRAM a configuration takes; `tensors` maps names to objects with .nbytes (`device`:
+    see scratch_bytes)."""
     first_gpu = max(cfg.n_layer - n_gpu_layers, 0)
     weights = 0
     layer_experts: dict[int, int] = {}
     for name, t in tensors.items():
         il = layer_of(name)
+        if il is not None and il >= cfg.n_layer:   # multi-token-prediction blocks are not loaded
+            continue
         if is_cpu_moe(name, n_cpu_moe):
             layer_experts[il] = layer_experts.get(il, 0) + t.nbytes
             continue
         if (il is not None and il < first_gpu) or (il is None and n_gpu_layers <= cfg.n_layer):
             continue
         weights += t.nbytes
-    kv = cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * kv_bytes
-    T = n_ubatch
-    per_token = (cfg.n_embd * 4 + cfg.n_head * cfg.head_dim_k * 2 + cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * 2
-                 + cfg.n_head * cfg.head_dim_v + 3 * max(cfg.n_ff, 1) + cfg.vocab_size + 3)
-    if cfg.moe:
-        per_token += cfg.n_expert + cfg.n_expert_used * (3 * cfg.n_ff_expert + cfg.n_embd + 2) + 3 * cfg.n_ff_shared
-    acts = 4 * T * per_token + 2 * n_ctx * T * (2 if cfg.sliding_window else 1)
-    if not flash_attn:
-        acts += 4 * n_ctx * T * cfg.n_head
+    kv = len(cfg.kv_layers) * n_ctx * cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * kv_bytes
+    acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device)
+    recurrent = 4 * cfg.recurrent_floats * len(cfg.linear_layers) * max(1, n_seq_max)
     largest = max(layer_experts.values(), default=0)
     slots = prefetch_slots * largest
     staged = min(cfg.n_expert, cfg.n_expert_used * min(n_ubatch, DECODE_TOKENS)) if largest else 0
-    return VramEstimate(weights, kv, acts, slots, staged * -(-largest // max(cfg.n_expert, 1)))
+    return VramEstimate(weights, kv, acts, slots, staged * -(-largest // max(cfg.n_expert, 1)), recurrent)
 
 
 def plan_n_cpu_moe(cfg: ModelConfig, tensors: dict, budget: int, *, requested: int | None, **kw) -> int:

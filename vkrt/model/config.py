@@ -1,4 +1,5 @@
-"""ModelConfig: the hyper-parameters of a GGUF model, read once from its metadata keys."""
+"""ModelConfig: the hyper-parameters of a GGUF model, read once from its metadata keys, with the
+architecture's spec (arch.py) and one LayerSpec per layer."""
 
 from __future__ import annotations
 
@@ -6,23 +7,12 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import VkrtError
+from .arch import (ARCHS, LINEAR, ROPE_IMROPE, ROPE_NEOX, ROPE_NORMAL, SLIDING, ArchSpec,  # noqa: F401
+                   LayerSpec, layer_specs)
 
 
 class ConfigMissing(VkrtError):
     """A metadata key the architecture needs is absent or has the wrong type."""
-
-
-ROPE_NORMAL, ROPE_NEOX = "normal", "neox"
-
-# architecture -> (rope mode, has attention biases, QK-norm, MoE)
-ARCHITECTURES = {
-    "llama": (ROPE_NORMAL, False, False, False),
-    "qwen2": (ROPE_NEOX, True, False, False),
-    "qwen3": (ROPE_NEOX, False, True, False),
-    "qwen2moe": (ROPE_NEOX, True, False, True),
-    "qwen3moe": (ROPE_NEOX, False, True, True),
-    "gemma3": (ROPE_NEOX, False, True, False),
-}
 
 
 @dataclass(frozen=True)
@@ -45,10 +35,11 @@ class ModelConfig:
     qk_norm: bool
     attn_scale: float
     vocab_size: int
+    layers: tuple[LayerSpec, ...] = ()
+    spec: ArchSpec | None = field(default=None, compare=False, repr=False)
     # gemma3
     embd_scale: float = 1.0
     sliding_window: int = 0        # 0: every layer attends to everything
-    swa_layers: tuple[bool, ...] = ()
     rope_base_swa: float = 0.0
     post_norms: bool = False       # post_attention_norm / post_ffw_norm
     activation: str = "silu"
@@ -58,14 +49,47 @@ class ModelConfig:
     n_ff_expert: int = 0
     n_ff_shared: int = 0
     expert_weights_norm: bool = False
+    # qwen35: gated attention, multi-section RoPE, Gated DeltaNet layers
+    attn_gate: bool = False
+    rope_sections: tuple[int, ...] = ()
+    ssm_conv_kernel: int = 0       # causal conv window (4)
+    ssm_head_dim: int = 0          # q/k/v head size of the DeltaNet layers (ssm.state_size)
+    ssm_k_heads: int = 0           # query/key heads (ssm.group_count)
+    ssm_v_heads: int = 0           # value heads (ssm.time_step_rank)
+    n_layer_nextn: int = 0         # multi-token-prediction blocks after the trunk (not run)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def moe(self) -> bool:
-        return self.n_expert > 0
+        return any(layer.moe for layer in self.layers)
+
+    @property
+    def ffn_norm(self) -> str:
+        return self.spec.ffn_norm if self.spec is not None else "ffn_norm"
+
+    @property
+    def kv_layers(self) -> list[int]:
+        """Layers with a KV cache (full or sliding attention)."""
+        return [il for il, layer in enumerate(self.layers) if layer.has_kv]
+
+    @property
+    def linear_layers(self) -> list[int]:
+        """Gated DeltaNet layers (a recurrent state per sequence instead of KV)."""
+        return [il for il, layer in enumerate(self.layers) if layer.attn == LINEAR]
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the DeltaNet projection the conv runs over: q, k (Hk heads) and v (Hv heads)."""
+        return (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_head_dim
+
+    @property
+    def recurrent_floats(self) -> int:
+        """fp32 values of one sequence's state in one DeltaNet layer: conv window + delta-rule matrix."""
+        D = self.ssm_head_dim
+        return (self.ssm_conv_kernel - 1) * self.ssm_conv_dim + self.ssm_v_heads * D * D
 
     def layer_is_swa(self, il: int) -> bool:
-        return bool(self.swa_layers) and self.swa_layers[il]
+        return bool(self.layers) and self.layers[il].attn == SLIDING
 
     def layer_rope_base(self, il: int) -> float:
         return self.rope_base_swa if self.layer_is_swa(il) and self.rope_base_swa else self.rope_base
@@ -73,10 +97,10 @@ class ModelConfig:
     @staticmethod
     def from_metadata(meta: dict, path: str = "model") -> "ModelConfig":
         arch = meta.get("general.architecture")
-        if arch not in ARCHITECTURES:
+        if arch not in ARCHS:
             raise ConfigMissing(f"{path}: general.architecture={arch!r} is not supported "
-                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-        rope_mode, bias, qk_norm, moe = ARCHITECTURES[arch]
+                                f"(supported: {', '.join(sorted(ARCHS))})")
+        spec = ARCHS[arch]
 
         def get(key, default=None, required=True, kind=(int, float)):
             full = f"{arch}.{key}"
@@ -96,29 +120,79 @@ class ModelConfig:
         n_head_kv = int(get("attention.head_count_kv", n_head))
         head_k = int(get("attention.key_length", n_embd // n_head))
         head_v = int(get("attention.value_length", head_k))
-        n_layer = int(get("block_count"))
+        n_blocks = int(get("block_count"))
+        n_nextn = int(get("nextn_predict_layers", 0, required=False) or 0)
+        if not 0 <= n_nextn < n_blocks:
+            raise ConfigMissing(f"{path}: {arch}.nextn_predict_layers={n_nextn} must be below block_count={n_blocks}")
+        n_layer = n_blocks - n_nextn
         tokens = meta.get("tokenizer.ggml.tokens")
         vocab = int(get("vocab_size", len(tokens) if tokens is not None else None))
         scaling = meta.get(f"{arch}.rope.scaling.type")
         factor = get("rope.scaling.factor", None, required=False)
         rope_scale = 1.0 / factor if scaling == "linear" and factor else 1.0
-        kw: dict = {}
-        if arch == "gemma3":
+        scale_w = get("expert_weights_scale", 0.0, required=False)
+        if scale_w not in (0, 0.0, 1, 1.0):
+            raise ConfigMissing(f"{path}: {arch}.expert_weights_scale={scale_w} is not supported (only 0 or 1)")
+        kw: dict = dict(spec=spec, attn_gate=spec.attn_gate, post_norms=spec.post_norms, activation=spec.activation)
+        window = 0
+        if spec.swa_pattern:
             window = int(get("attention.sliding_window", 0, required=False) or 0)
-            pattern = 6  # llama.cpp: every 6th layer attends globally, the others use the window
-            kw = dict(embd_scale=math.sqrt(n_embd), sliding_window=window, post_norms=True, activation="gelu",
-                      swa_layers=tuple((il + 1) % pattern != 0 for il in range(n_layer)) if window else (),
-                      rope_base_swa=10000.0)
-        if moe:
+            kw.update(sliding_window=window, rope_base_swa=10000.0)
+        if spec.embd_scale_sqrt:
+            kw.update(embd_scale=math.sqrt(n_embd))
+        n_ff_shared = 0
+        if spec.moe:
+            n_ff_shared = int(get("expert_shared_feed_forward_length", 0, required=spec.shared_expert == "always") or 0)
             kw.update(n_expert=int(get("expert_count")), n_expert_used=int(get("expert_used_count")),
-                      n_ff_expert=int(get("expert_feed_forward_length")),
-                      n_ff_shared=int(get("expert_shared_feed_forward_length", 0, required=False) or 0),
-                      expert_weights_norm=bool(meta.get(f"{arch}.expert_weights_norm", arch == "qwen3moe")))
+                      n_ff_expert=int(get("expert_feed_forward_length")), n_ff_shared=n_ff_shared,
+                      expert_weights_norm=bool(meta.get(f"{arch}.expert_weights_norm", spec.expert_weights_norm)))
+        recurrent = None
+        if spec.hybrid_linear:
+            kw.update(_linear_attention(meta, arch, path, get, head_k, head_v))
+            recurrent = _recurrent_layers(meta, arch, path, n_blocks)
+        layers = layer_specs(spec, n_layer, sliding_window=window,
+                             full_attention_interval=int(get("full_attention_interval", 4, required=False)),
+                             recurrent_layers=recurrent, shared_expert=n_ff_shared > 0)
         return ModelConfig(
             arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k,
-            head_dim_v=head_v, n_ff=int(get("feed_forward_length", 0, required=not moe) or 0),
+            head_dim_v=head_v, n_ff=int(get("feed_forward_length", 0, required=not spec.moe) or 0),
             n_ctx_train=int(get("context_length", 4096, required=False)),
             norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6, required=False)),
-            rope_mode=rope_mode, rope_dims=int(get("rope.dimension_count", head_k, required=False)),
+            rope_mode=spec.rope, rope_dims=int(get("rope.dimension_count", head_k, required=False)),
             rope_base=float(get("rope.freq_base", 10000.0, required=False)), rope_scale=rope_scale,
-            attn_bias=bias, qk_norm=qk_norm, attn_scale=1.0 / math.sqrt(head_k), vocab_size=vocab, **kw)
+            attn_bias=spec.attn_bias, qk_norm=spec.qk_norm, attn_scale=1.0 / math.sqrt(head_k), vocab_size=vocab,
+            layers=layers, n_layer_nextn=n_nextn, **kw)
+
+
+def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v: int) -> dict:
+    """qwen35's Gated DeltaNet sizes and its multi-section RoPE, checked for consistency."""
+    conv, d_state = int(get("ssm.conv_kernel")), int(get("ssm.state_size"))
+    k_heads, v_heads, d_inner = int(get("ssm.group_count")), int(get("ssm.time_step_rank")), int(get("ssm.inner_size"))
+    problems = []
+    if head_k != head_v:
+        problems.append(f"attention.key_length {head_k} != attention.value_length {head_v}")
+    if d_inner != v_heads * d_state:
+        problems.append(f"ssm.inner_size {d_inner} != ssm.time_step_rank {v_heads} x ssm.state_size {d_state}")
+    if k_heads <= 0 or v_heads % k_heads:
+        problems.append(f"ssm.time_step_rank {v_heads} is not a multiple of ssm.group_count {k_heads}")
+    if conv < 2:
+        problems.append(f"ssm.conv_kernel {conv} must be at least 2")
+    sections = meta.get(f"{arch}.rope.dimension_sections")
+    if not isinstance(sections, (list, tuple)) or not 1 <= len(sections) <= 4 or sum(sections) <= 0:
+        problems.append(f"rope.dimension_sections {sections!r} should be up to 4 section sizes")
+        sections = ()
+    if problems:
+        raise ConfigMissing(f"{path}: {arch} metadata is inconsistent: " + "; ".join(problems))
+    sections = tuple(int(s) for s in sections) + (0,) * (4 - len(sections))
+    return dict(ssm_conv_kernel=conv, ssm_head_dim=d_state, ssm_k_heads=k_heads, ssm_v_heads=v_heads,
+                rope_sections=sections)
+
+
+def _recurrent_layers(meta: dict, arch: str, path: str, n_blocks: int) -> tuple[bool, ...] | None:
+    """{arch}.attention.recurrent_layers, when the file says per layer which ones are DeltaNet."""
+    value = meta.get(f"{arch}.attention.recurrent_layers")
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) < n_blocks:
+        raise ConfigMissing(f"{path}: {arch}.attention.recurrent_layers should hold {n_blocks} flags, got {value!r}")
+    return tuple(bool(v) for v in value)

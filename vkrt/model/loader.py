@@ -15,7 +15,7 @@ from ..units import fmt_bytes
 from .config import ModelConfig
 from .gguf_file import GGUFFile
 from .tokenizer import Tokenizer
-from .transformer import required_tensors
+from .tensors import check_tensors, required_tensors
 
 log = logging.getLogger("vkrt")
 
@@ -67,6 +67,7 @@ class Model(Owned):
             meta = self.gguf.metadata
             self.cfg = ModelConfig.from_metadata(meta, self.path)
             self.gguf.require(tensors=required_tensors(self.cfg))
+            check_tensors(self.cfg, self.gguf.tensors, self.path)
             self.tokenizer = Tokenizer.from_metadata(meta)
             self.placement = Placement()
             self.n_cpu_moe = min(max(n_cpu_moe, 0), self.cfg.n_layer) if self.cfg.moe else 0
@@ -99,7 +100,11 @@ class Model(Owned):
             il = layer_of(name)
             return il < first_gpu_layer if il is not None else not non_layer_gpu
 
-        names = list(self.gguf.tensors)
+        names = [n for n in self.gguf.tensors if (layer_of(n) or 0) < cfg.n_layer]
+        skipped = len(self.gguf.tensors) - len(names)
+        if skipped:   # multi-token-prediction blocks past the trunk: vkrt does not run them
+            log.info("%s: %d tensors of %d multi-token-prediction layer(s) not loaded", os.path.basename(self.path),
+                     skipped, cfg.n_layer_nextn)
         host = [n for n in names if host_resident(n)]
         vram = [n for n in names if n not in set(host)]
         self.weights.update(self.gguf.upload(self.device, vram))

@@ -12,6 +12,9 @@ import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from ..errors import VkrtError
+from .arch import ARCHS
+from .config import ModelConfig
+from .tensors import BIAS, CONV, DT_BIAS, EMBED, EXPERTS, MATRIX, NORM, ROUTER, SSM_A, model_tensors
 
 # byte offsets of the f16 scale fields in one block of each K-quant (the rest may be any bytes)
 _K_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
@@ -47,6 +50,17 @@ class SyntheticSpec:
     seed: int = 0
     random_blocks: bool = False        # random valid blocks instead of quantising (fast, for big models)
     pad_vocab_to: int = 0              # append unused tokens up to this vocabulary size (real output shapes)
+    rope_dims: int = 0                 # rotated dims per head (0: all)
+    rope_base: float = 10000.0
+    # qwen35: Gated DeltaNet layers ((il + 1) % full_attention_interval != 0) and sectioned RoPE
+    full_attention_interval: int = 4
+    ssm_conv_kernel: int = 4
+    ssm_head_dim: int = 0              # 0: head_dim
+    ssm_k_heads: int = 2
+    ssm_v_heads: int = 4
+    rope_sections: tuple = (2, 1, 1, 0)
+    tokenizer_pre: str = "gpt-2"
+    chat_template: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -143,6 +157,10 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     s = spec
     rng = np.random.default_rng(s.seed)
     arch = s.arch
+    if arch not in ARCHS:
+        raise VkrtError(f"synthetic models of architecture {arch!r} are not supported "
+                        f"(supported: {', '.join(sorted(ARCHS))})")
+    aspec = ARCHS[arch]
     wtype = Q[s.weight_type.upper()]
     etype = Q[(s.expert_type or s.weight_type).upper()]
     tokens, types, merges = _bpe_vocab(s.vocab_merges)
@@ -151,96 +169,26 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         types = types + [5] * (s.pad_vocab_to - len(types))  # 5: unused
     n_vocab = len(tokens)
     w = gguf.GGUFWriter(os.fspath(path), arch)
-    w.add_name(f"vkrt synthetic {arch}")
-    w.add_context_length(s.n_ctx)
-    w.add_embedding_length(s.n_embd)
-    w.add_block_count(s.n_layer)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.head_dim)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_vocab_size(n_vocab)
-    if s.n_expert:
-        w.add_expert_count(s.n_expert)
-        w.add_expert_used_count(s.n_expert_used)
-        w.add_expert_feed_forward_length(s.n_ff_expert)
-        if s.n_ff_shared:
-            w.add_expert_shared_feed_forward_length(s.n_ff_shared)
-        if arch == "qwen2moe" or s.n_ff:
-            w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
-    else:
-        w.add_feed_forward_length(s.n_ff)
-    if s.sliding_window:
-        w.add_sliding_window(s.sliding_window)
+    _write_metadata(w, s, aspec, n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(s.tokenizer_pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(tokens.index("<|im_start|>"))
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    w.add_chat_template(s.chat_template or _CHAT_TEMPLATE)
     for key, value in s.extra.items():
         w.add_key_value(key, value[0], value[1])
-
-    E, H, KV, D = s.n_embd, s.n_head, s.n_head_kv, s.head_dim
+    meta = {k: v.value for k, v in w.kv_data[0].items()}
+    cfg = ModelConfig.from_metadata(meta, os.fspath(path))
 
     # first the table of tensors, then their data one at a time: a 30B-shaped model never has
     # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
-    specs: list[tuple] = []
-
-    def add(name, qtype, shape, std=None):
-        specs.append((name, "weight", qtype, shape, std if std is not None else shape[-1] ** -0.5))
-
-    def norm(name, n):
-        specs.append((name, "norm", Q.F32, (n,), 0.1))
-
-    def bias(name, n):
-        specs.append((name, "bias", Q.F32, (n,), 0.02))
-
     embd_type = Q.Q8_0 if wtype not in (Q.F32, Q.F16) else wtype
-    add("token_embd.weight", embd_type, (n_vocab, E), 0.5)
-    for il in range(s.n_layer):
-        p = f"blk.{il}."
-        norm(p + "attn_norm.weight", E)
-        add(p + "attn_q.weight", wtype, (H * D, E))
-        add(p + "attn_k.weight", wtype, (KV * D, E))
-        add(p + "attn_v.weight", wtype, (KV * D, E))
-        add(p + "attn_output.weight", wtype, (E, H * D))
-        if arch in ("qwen2", "qwen2moe"):
-            for t, n in (("q", H * D), ("k", KV * D), ("v", KV * D)):
-                bias(p + f"attn_{t}.bias", n)
-        if arch in ("qwen3", "qwen3moe", "gemma3"):
-            norm(p + "attn_q_norm.weight", D)
-            norm(p + "attn_k_norm.weight", D)
-        if arch == "gemma3":
-            norm(p + "post_attention_norm.weight", E)
-            norm(p + "post_ffw_norm.weight", E)
-        norm(p + "ffn_norm.weight", E)
-        if s.n_expert:
-            n_e, ffe = s.n_expert, s.n_ff_expert
-            add(p + "ffn_gate_inp.weight", Q.F32, (n_e, E), 0.5)
-            add(p + "ffn_gate_exps.weight", etype, (n_e, ffe, E))
-            add(p + "ffn_up_exps.weight", etype, (n_e, ffe, E))
-            add(p + "ffn_down_exps.weight", etype, (n_e, E, ffe))
-            if s.n_ff_shared:
-                add(p + "ffn_gate_inp_shexp.weight", Q.F32, (E,), 0.5)
-                add(p + "ffn_gate_shexp.weight", wtype, (s.n_ff_shared, E))
-                add(p + "ffn_up_shexp.weight", wtype, (s.n_ff_shared, E))
-                add(p + "ffn_down_shexp.weight", wtype, (E, s.n_ff_shared))
-        else:
-            add(p + "ffn_gate.weight", wtype, (s.n_ff, E))
-            add(p + "ffn_up.weight", wtype, (s.n_ff, E))
-            add(p + "ffn_down.weight", wtype, (E, s.n_ff))
-    norm("output_norm.weight", E)
-    if arch not in ("gemma3", "qwen2"):  # gemma3 and (our) qwen2 tie the output to token_embd
-        add("output.weight", embd_type, (n_vocab, E), 0.5)
-
+    tied = arch in _TIED_OUTPUT
+    specs = [_synthetic_tensor(t, wtype, etype, embd_type) for t in model_tensors(cfg, tied_output=tied)]
     for name, kind, qtype, shape, std in specs:
         if kind == "weight":
             _check_row(qtype, shape)
@@ -252,17 +200,79 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
                 w.add_tensor_info(name, (*shape[:-1], shape[-1] // block * size), np.dtype(np.uint8), nbytes,
                                   raw_dtype=qtype)
         else:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, kind, qtype, shape, std in specs:
-        if kind == "weight":
-            data, _ = _weight(rng, qtype, shape, std, s.random_blocks)
-        elif kind == "norm":
-            data = (1.0 + std * rng.standard_normal(shape[0])).astype(np.float32)
-        else:
-            data = (std * rng.standard_normal(shape[0])).astype(np.float32)
-        w.write_tensor_data(data)
+        w.write_tensor_data(_tensor_data(rng, kind, qtype, shape, std, s.random_blocks))
     w.close()
     return os.fspath(path)
+
+
+_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_TIED_OUTPUT = ("gemma3", "qwen2")   # these synthetic models tie the output matrix to token_embd
+
+
+def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
+    w.add_name(f"vkrt synthetic {s.arch}")
+    w.add_context_length(s.n_ctx)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_rope_dimension_count(s.rope_dims or s.head_dim)
+    w.add_rope_freq_base(s.rope_base)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(n_vocab)
+    if s.n_expert:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(s.n_ff_expert)
+        if s.n_ff_shared:
+            w.add_expert_shared_feed_forward_length(s.n_ff_shared)
+        if s.arch == "qwen2moe" or s.n_ff:
+            w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
+    else:
+        w.add_feed_forward_length(s.n_ff)
+    if s.sliding_window:
+        w.add_sliding_window(s.sliding_window)
+    if aspec.hybrid_linear:
+        D = s.ssm_head_dim or s.head_dim
+        w.add_ssm_conv_kernel(s.ssm_conv_kernel)
+        w.add_ssm_state_size(D)
+        w.add_ssm_group_count(s.ssm_k_heads)
+        w.add_ssm_time_step_rank(s.ssm_v_heads)
+        w.add_ssm_inner_size(s.ssm_v_heads * D)
+        w.add_full_attention_interval(s.full_attention_interval)
+        w.add_rope_dimension_sections(list(s.rope_sections))
+
+
+def _synthetic_tensor(t, wtype, etype, embd_type) -> tuple:
+    """(name, kind, type, numpy shape, std) of one tensor of the table."""
+    shape = tuple(reversed(t.ne))
+    role = t.role
+    if role == EMBED:
+        return t.name, "weight", embd_type, shape, 0.5
+    if role in (MATRIX, EXPERTS):
+        return t.name, "weight", wtype if role == MATRIX else etype, shape, shape[-1] ** -0.5
+    if role == ROUTER:
+        return t.name, "weight", Q.F32, shape, 0.5
+    if role == CONV:
+        return t.name, "weight", Q.F32, shape, 0.5
+    return t.name, role, Q.F32, shape, {NORM: 0.1, BIAS: 0.02, SSM_A: 0.0, DT_BIAS: 0.5}[role]
+
+
+def _tensor_data(rng, kind: str, qtype, shape: tuple, std: float, random_blocks: bool) -> np.ndarray:
+    if kind == "weight":
+        return _weight(rng, qtype, shape, std, random_blocks)[0]
+    if kind == NORM:
+        return (1.0 + std * rng.standard_normal(shape[0])).astype(np.float32)
+    if kind == SSM_A:   # -exp(A_log): per-head decay rates in [-8, -1]
+        return -np.exp(rng.uniform(0.0, np.log(8.0), shape[0])).astype(np.float32)
+    if kind == DT_BIAS:  # softplus(alpha + dt_bias) around 0.1: decays of a few percent a token
+        return (-2.0 + std * rng.standard_normal(shape[0])).astype(np.float32)
+    return (std * rng.standard_normal(shape[0])).astype(np.float32)

@@ -1,0 +1,167 @@
+"""Engines of models with Gated DeltaNet layers (qwen35, qwen35moe): the recurrent-state cache
+next to the KV cache -- several sequences decoding together, checkpoints, resets -- and the
+lossless options (expert prefetch, expert cache, host experts, mask_opt) bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from models import tiny_model
+from vkrt.engine.engine import Engine
+from vkrt.errors import GGUFError, VkrtError
+from vkrt.model.config import ConfigMissing, ModelConfig
+from vkrt.model.gguf_file import GGUFFile
+from vkrt.model.loader import Model
+from vkrt.model.synthetic import write_model
+from vkrt.model.tensors import check_tensors
+from models import TINY
+
+PROMPT_A = list(range(5, 60, 3))     # 19 tokens
+PROMPT_B = list(range(100, 130, 2))  # 15 tokens
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hybrid")
+    return {n: tiny_model(n, d) for n in ("tiny-qwen35moe", "tiny-qwen35")}
+
+
+def test_layers_and_state_sizes(device, paths):
+    with Model(device, paths["tiny-qwen35moe"], progress=False) as m:
+        cfg = m.cfg
+        assert [layer.attn for layer in cfg.layers] == ["linear", "linear", "linear", "full"]
+        assert cfg.kv_layers == [3] and cfg.linear_layers == [0, 1, 2]
+        with Engine(m, n_ctx=64, n_ubatch=16, n_seq_max=3) as e:
+            assert set(e.cache.k) == {3}   # only the attention layer keeps K and V
+            assert e.recurrent and e.state.n_slots == 3
+            assert e.state.nbytes == 3 * 3 * 4 * ((4 - 1) * cfg.ssm_conv_dim + 4 * 16 * 16)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen35moe", "tiny-qwen35"])
+def test_sequences_decoding_together_match_each_alone(device, paths, name):
+    """Continuous batching: two sequences at different positions in one decode step give what
+    each gives alone (their states and KV cells do not mix)."""
+    with Model(device, paths[name], progress=False) as m:
+        alone = []
+        for prompt in (PROMPT_A, PROMPT_B):
+            with Engine(m, n_ctx=128, n_ubatch=32) as e:
+                logits, steps = e.eval(prompt), []
+                for _ in range(4):
+                    logits = e.eval([int(np.argmax(logits))])
+                    steps.append(logits)
+                alone.append(np.stack(steps))
+        with Engine(m, n_ctx=128, n_ubatch=32, n_seq_max=2) as e:
+            last = [e.eval(PROMPT_A, seq_id=0), e.eval(PROMPT_B, seq_id=1)]
+            together = [[], []]
+            for _ in range(4):
+                rows = e.decode([(s, int(np.argmax(last[s]))) for s in (0, 1)])
+                for s in (0, 1):
+                    together[s].append(rows[s])
+                last = list(rows)
+    for s in (0, 1):
+        np.testing.assert_allclose(np.stack(together[s]), alone[s], rtol=0, atol=1e-4 * np.abs(alone[s]).max())
+        assert (np.stack(together[s]).argmax(-1) == alone[s].argmax(-1)).all()
+
+
+def test_checkpoint_restore_is_bit_identical_to_a_fresh_sequence(device, paths):
+    with Model(device, paths["tiny-qwen35moe"], progress=False) as m:
+        with Engine(m, n_ctx=128, n_ubatch=32) as e:
+            fresh = [e.eval(PROMPT_A), e.eval(PROMPT_B)]
+        with Engine(m, n_ctx=128, n_ubatch=32, n_checkpoints=2) as e:
+            e.eval(PROMPT_A)
+            ckpt = e.save_state(0)
+            assert ckpt.length == len(PROMPT_A)
+            e.eval([7, 8, 9])                      # wander off
+            e.restore_state(0, ckpt)
+            assert e.sequence_length(0) == len(PROMPT_A)
+            resumed = e.eval(PROMPT_B)
+            e.release_state(ckpt)
+    np.testing.assert_array_equal(resumed, fresh[1])
+
+
+def test_recurrent_state_cannot_be_rewound(device, paths):
+    with Model(device, paths["tiny-qwen35"], progress=False) as m, Engine(m, n_ctx=64, n_ubatch=16) as e:
+        first = e.eval(PROMPT_A)
+        with pytest.raises(VkrtError, match="cannot keep 5 of the 19 tokens of a recurrent state"):
+            e.reset(0, 5)
+        e.reset(0, len(PROMPT_A))      # keeping all of it is fine
+        with pytest.raises(VkrtError, match="sequence 1 has no recurrent state: this engine holds 1"):
+            e.eval(PROMPT_A, seq_id=1)
+        e.reset(0)
+        np.testing.assert_array_equal(e.eval(PROMPT_A), first)   # a cleared state starts afresh
+
+
+def greedy_logits(device, path, *, n_cpu_moe=0, slots=None, cache=None, prompt=PROMPT_A, n=6, **kw):
+    with Model(device, path, n_cpu_moe=n_cpu_moe, progress=False) as m, \
+            Engine(m, n_ctx=128, n_ubatch=32, prefetch_slots=slots, expert_cache=cache, **kw) as e:
+        out = [e.eval(prompt, all_logits=True)]
+        for _ in range(n):
+            out.append(e.eval([int(np.argmax(out[-1][-1]))])[None])
+        return np.concatenate(out), e.stats.layers_prefetched
+
+
+def test_host_experts_prefetch_and_cache_are_bit_identical(device, paths):
+    """--n-cpu-moe, the prefetch ring and the decode expert cache on the hybrid MoE: same bits."""
+    path = paths["tiny-qwen35moe"]
+    reference, _ = greedy_logits(device, path)
+    for n_cpu_moe, slots, cache in itertools.product((2, 4), (0, 3), (0, None)):
+        logits, prefetched = greedy_logits(device, path, n_cpu_moe=n_cpu_moe, slots=slots, cache=cache)
+        np.testing.assert_array_equal(logits.view(np.uint32), reference.view(np.uint32), (n_cpu_moe, slots, cache))
+        assert (prefetched > 0) == (slots > 0)
+
+
+def test_mask_opt_is_bit_identical(device, paths, monkeypatch):
+    """A 600-token prompt in ubatches of 256 over 1024 cells: mask_opt classifies the full
+    attention layer's mask blocks; the logits do not change."""
+    prompt = list(range(3, 203)) * 3
+    logits = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("VKRT_FA_MASK_OPT", flag)
+        with Model(device, paths["tiny-qwen35moe"], progress=False) as m, Engine(m, n_ctx=1024, n_ubatch=256) as e:
+            logits.append(e.eval(prompt, all_logits=True))
+            graph = next(g for g in e._graphs.values() if g.opts.n_tokens == 256)
+            assert any(k.mask_opt for k in graph.keep) == (flag == "1")
+    np.testing.assert_array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32))
+
+
+def test_chunked_and_recurrent_delta_rule_agree_in_the_model(device, paths):
+    """A 150-token prompt in one ubatch (the chunked delta rule) and in ubatches of 16 (the
+    recurrent one, the state carried between ubatches)."""
+    prompt = list(range(3, 153))
+    out = {}
+    for ub in (256, 16):
+        with Model(device, paths["tiny-qwen35"], progress=False) as m, Engine(m, n_ctx=256, n_ubatch=ub) as e:
+            out[ub] = e.eval(prompt, all_logits=True)
+    np.testing.assert_allclose(out[256], out[16], rtol=0, atol=2e-4 * np.abs(out[16]).max())
+    assert (out[256].argmax(-1) == out[16].argmax(-1)).mean() > 0.98
+
+
+def test_multi_token_prediction_layers_are_skipped(device, tmp_path, paths):
+    """Qwen3.5/3.6 files may append nextn (MTP) blocks past the trunk: block_count counts them,
+    nextn_predict_layers says how many; vkrt runs the trunk only."""
+    import gguf
+    spec = dataclasses.replace(TINY["tiny-qwen35moe"], n_layer=5,
+                               extra={"qwen35moe.nextn_predict_layers": (1, gguf.GGUFValueType.UINT32)})
+    path = write_model(tmp_path / "mtp.gguf", spec)
+    with Model(device, path, progress=False) as m:
+        assert m.cfg.n_layer == 4 and m.cfg.n_layer_nextn == 1 and len(m.cfg.layers) == 4
+        with Engine(m, n_ctx=64, n_ubatch=32) as e:
+            assert np.isfinite(e.eval(PROMPT_A)).all()
+
+
+def test_inconsistent_files_are_refused_clearly(paths):
+    with GGUFFile(paths["tiny-qwen35moe"], progress=False) as f:
+        meta, tensors = dict(f.metadata), f.tensors
+        cfg = ModelConfig.from_metadata(meta, "m.gguf")
+        with pytest.raises(GGUFError, match=r"blk\.3\.attn_q\.weight has shape \[64, 256\], expected \[64, 128\]"):
+            check_tensors(dataclasses.replace(cfg, head_dim_k=16, head_dim_v=16), tensors, "m.gguf")
+        meta["qwen35moe.ssm.inner_size"] = 100
+        with pytest.raises(ConfigMissing, match="ssm.inner_size 100 != ssm.time_step_rank 4 x ssm.state_size 16"):
+            ModelConfig.from_metadata(meta, "m.gguf")
+        del meta["qwen35moe.ssm.conv_kernel"]
+        with pytest.raises(ConfigMissing, match="qwen35moe.ssm.conv_kernel is missing"):
+            ModelConfig.from_metadata(meta, "m.gguf")

@@ -1,0 +1,134 @@
+"""The recurrent-state cache of Gated DeltaNet layers, next to the KV cache: per layer and
+sequence slot, the conv window (the last ssm.conv_kernel - 1 inputs) and the delta-rule
+matrices (fp32). Slots are cleared for a new sequence and can be saved to / restored from
+checkpoints in host memory (a recurrent state cannot be rewound, so prompt-prefix reuse resumes
+from the longest checkpoint inside the shared prefix)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..commands import run_once
+from ..errors import VkrtError
+from ..memory import F32, Buffer, MemoryKind, Tensor
+from ..model.config import ModelConfig
+from ..owned import Owned
+from ..units import fmt_bytes
+
+
+@dataclass
+class Checkpoint:
+    """A saved state: `index` in the host pool, `length` = tokens the state had absorbed."""
+
+    index: int
+    length: int
+
+
+class RecurrentState(Owned):
+    """Conv and delta-rule state of every DeltaNet layer for `n_slots` sequences, plus a pool of
+    `n_checkpoints` checkpoints in host memory. Layer il's views: conv[il] F32 (C, K-1, n_slots),
+    ssm[il] F32 (D, D, Hv, n_slots) (element (j, i, h, slot) = S_h[i][j] of the slot)."""
+
+    def __init__(self, device, cfg: ModelConfig, n_slots: int, n_checkpoints: int = 0):
+        super().__init__(f"recurrent state {n_slots} sequences")
+        self.device = device
+        self.n_slots = n_slots
+        C, K, D, Hv = cfg.ssm_conv_dim, cfg.ssm_conv_kernel, cfg.ssm_head_dim, cfg.ssm_v_heads
+        self._conv_bytes, self._ssm_bytes = 4 * C * (K - 1), 4 * D * D * Hv
+        self.layers = cfg.linear_layers
+        self.slot_bytes = len(self.layers) * (self._conv_bytes + self._ssm_bytes)
+        self.length = np.zeros(n_slots, np.int64)   # tokens each slot's state has absorbed
+        self.conv: dict[int, Tensor] = {}
+        self.ssm: dict[int, Tensor] = {}
+        self._store = self._pool = None
+        self._free: list[int] = list(range(n_checkpoints))
+        try:
+            self._store = Tensor.empty(device, F32, (max(1, self.slot_bytes * n_slots // 4),), name="recurrent state")
+            for n, il in enumerate(self.layers):
+                base = n * n_slots * (self._conv_bytes + self._ssm_bytes)
+                self.conv[il] = self._store.view((C, K - 1, n_slots), offset=base, name=f"conv_state.{il}")
+                self.ssm[il] = self._store.view((D, D, Hv, n_slots), offset=base + n_slots * self._conv_bytes,
+                                                name=f"ssm_state.{il}")
+            if n_checkpoints:
+                self._pool = Buffer(device, self.slot_bytes * n_checkpoints, MemoryKind.HOST,
+                                    label=f"{n_checkpoints} recurrent-state checkpoints")
+            self.clear(range(n_slots))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def nbytes(self) -> int:
+        return self.slot_bytes * self.n_slots
+
+    @property
+    def n_checkpoints_free(self) -> int:
+        return len(self._free)
+
+    def describe(self) -> str:
+        return f"{len(self.layers)} DeltaNet layers x {self.n_slots} sequences, {fmt_bytes(self.nbytes)}"
+
+    def _regions(self, slot: int):
+        """(byte offset in the store, bytes) of a slot's pieces, layer by layer."""
+        for n in range(len(self.layers)):
+            base = n * self.n_slots * (self._conv_bytes + self._ssm_bytes)
+            yield base + slot * self._conv_bytes, self._conv_bytes
+            yield base + self.n_slots * self._conv_bytes + slot * self._ssm_bytes, self._ssm_bytes
+
+    def _check(self, slot: int) -> None:
+        if not 0 <= slot < self.n_slots:
+            raise VkrtError(f"sequence {slot} has no recurrent state: this engine holds {self.n_slots} "
+                            f"sequence(s) (raise the parallel sequence count, e.g. -np)")
+
+    def clear(self, slots) -> None:
+        """Zero the state of `slots` (a new sequence starts from zeros)."""
+        slots = list(slots)
+        for s in slots:
+            self._check(s)
+        store = self._store.range()
+
+        def record(seq):
+            for s in slots:
+                for off, size in self._regions(s):
+                    seq.fill(store.sub(off, size), 0)
+        if slots:
+            run_once(self.device, record, "clear recurrent state")
+        self.length[slots] = 0
+
+    def save(self, slot: int) -> Checkpoint | None:
+        """Copy `slot`'s state into a free checkpoint (None when the pool is exhausted)."""
+        self._check(slot)
+        if not self._free:
+            return None
+        index = self._free.pop(0)
+        self._copy(slot, index, to_pool=True)
+        return Checkpoint(index, int(self.length[slot]))
+
+    def restore(self, slot: int, ckpt: Checkpoint) -> None:
+        """Put a checkpoint's state into `slot` (the checkpoint stays valid)."""
+        self._check(slot)
+        self._copy(slot, ckpt.index, to_pool=False)
+        self.length[slot] = ckpt.length
+
+    def release(self, ckpt: Checkpoint) -> None:
+        if ckpt.index not in self._free:
+            self._free.append(ckpt.index)
+
+    def _copy(self, slot: int, index: int, to_pool: bool) -> None:
+        store, pool = self._store.range(), self._pool.range(0, self._pool.size)
+
+        def record(seq):
+            at = index * self.slot_bytes
+            for off, size in self._regions(slot):
+                live, saved = store.sub(off, size), pool.sub(at, size)
+                seq.copy(live, saved) if to_pool else seq.copy(saved, live)
+                at += size
+        run_once(self.device, record, "save recurrent state" if to_pool else "restore recurrent state")
+
+    def _release(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        if self._store is not None:
+            self._store.close()

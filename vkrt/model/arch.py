@@ -1,0 +1,91 @@
+"""Architectures as data: what each GGUF `general.architecture` means for the forward pass.
+
+An `ArchSpec` holds the architecture-wide choices (RoPE kind, biases, norms, gates, MoE routing);
+`layer_specs` turns a file's metadata into one `LayerSpec` per layer (which attention, which FFN).
+Everything else -- the tensors a file must hold (tensors.py), the VRAM estimate, the synthetic
+writer, the transformer's recording -- is derived from these two, so adding an architecture is
+a row here plus whatever genuinely new ops it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# attention kinds
+FULL, SLIDING, LINEAR = "full", "sliding", "linear"
+# FFN kinds
+DENSE, MOE, MOE_SHARED = "dense", "moe", "moe_shared"
+# RoPE kinds (llama.cpp's rope types)
+ROPE_NORMAL, ROPE_NEOX, ROPE_IMROPE = "normal", "neox", "imrope"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer: `attn` FULL (attends to the whole context, KV cache), SLIDING (a window of
+    the context, KV cache) or LINEAR (Gated DeltaNet: a recurrent state per sequence, no KV);
+    `ffn` DENSE, MOE (routed experts) or MOE_SHARED (routed experts + a gated shared expert)."""
+
+    attn: str
+    ffn: str
+
+    @property
+    def has_kv(self) -> bool:
+        return self.attn in (FULL, SLIDING)
+
+    @property
+    def moe(self) -> bool:
+        return self.ffn in (MOE, MOE_SHARED)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Architecture-wide choices; `layers` (see layer_specs) says what each layer is."""
+
+    name: str
+    rope: str = ROPE_NEOX
+    attn_bias: bool = False          # attn_{q,k,v}.bias
+    qk_norm: bool = False            # attn_{q,k}_norm per head before RoPE
+    attn_gate: bool = False          # attn_q also yields a per-head output gate: o *= sigmoid(gate)
+    post_norms: bool = False         # post_attention_norm / post_ffw_norm on each block's output (gemma3)
+    ffn_norm: str = "ffn_norm"       # the norm before the FFN (qwen35: post_attention_norm)
+    moe: bool = False                # FFNs are routed experts
+    shared_expert: str = "no"        # "no", "optional" (by expert_shared_feed_forward_length), "always"
+    expert_weights_norm: bool = False   # default of {arch}.expert_weights_norm
+    activation: str = "silu"
+    embd_scale_sqrt: bool = False    # x = token_embd[ids] * sqrt(n_embd) (gemma3)
+    swa_pattern: int = 0             # with a sliding window: every Nth layer attends globally (gemma3: 6)
+    hybrid_linear: bool = False      # Gated DeltaNet layers between full attention ones (qwen35)
+
+
+ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
+    ArchSpec("llama", rope=ROPE_NORMAL),
+    ArchSpec("qwen2", attn_bias=True),
+    ArchSpec("qwen3", qk_norm=True),
+    ArchSpec("gemma3", qk_norm=True, post_norms=True, activation="gelu", embd_scale_sqrt=True, swa_pattern=6),
+    ArchSpec("qwen2moe", attn_bias=True, moe=True, shared_expert="optional"),
+    ArchSpec("qwen3moe", qk_norm=True, moe=True, expert_weights_norm=True),
+    ArchSpec("qwen35", rope=ROPE_IMROPE, qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm",
+             hybrid_linear=True),
+    ArchSpec("qwen35moe", rope=ROPE_IMROPE, qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm",
+             moe=True, shared_expert="always", expert_weights_norm=True, hybrid_linear=True),
+)}
+
+
+def layer_specs(spec: ArchSpec, n_layer: int, *, sliding_window: int = 0, full_attention_interval: int = 4,
+                recurrent_layers: tuple[bool, ...] | None = None, shared_expert: bool = False) -> tuple[LayerSpec, ...]:
+    """The per-layer specs of a model of `spec` with `n_layer` layers."""
+    if spec.moe:
+        ffn = MOE_SHARED if shared_expert else MOE
+    else:
+        ffn = DENSE
+    out = []
+    for il in range(n_layer):
+        if spec.hybrid_linear:
+            linear = recurrent_layers[il] if recurrent_layers is not None else (il + 1) % full_attention_interval != 0
+            attn = LINEAR if linear else FULL
+        elif spec.swa_pattern and sliding_window:
+            attn = SLIDING if (il + 1) % spec.swa_pattern != 0 else FULL
+        else:
+            attn = FULL
+        out.append(LayerSpec(attn, ffn))
+    return tuple(out)

@@ -1,0 +1,89 @@
+"""Softmax attention over the KV cache (full or sliding window), with qwen35's per-head output
+gate where the architecture has one.
+
+    q (| gate), k, v = attn_q·cur (+ bias), attn_k·cur, attn_v·cur
+    q, k = rms_norm per head * attn_{q,k}_norm        (qwen3, gemma3, qwen35)
+    q, k = rope(q), rope(k)                           (qwen35: multi-section, a quarter of the head)
+    cache_k[cells], cache_v[cells] = k, v
+    a = attention(q, cache_k[:n_kv], cache_v[:n_kv], mask)   (* sigmoid(gate) for qwen35)
+    o = attn_output·a                                 (post_attention_norm for gemma3)
+"""
+
+from __future__ import annotations
+
+from ..ops.attention import Attention
+from ..ops.elementwise import add, gate_mul
+from ..ops.flash_attn import FlashAttn
+from ..ops.matmul import matmul
+from ..ops.norm_rope import norm_rope
+from ..ops.rope import rope
+from ..ops.set_rows import set_rows
+from .arch import ROPE_IMROPE, ROPE_NORMAL
+
+
+def rope_args(cfg, w, il: int) -> dict:
+    """The RoPE arguments of layer il (shared by rope and norm_rope)."""
+    args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.rope_scale,
+                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=w.get("rope_freqs.weight"))
+    if cfg.rope_mode == ROPE_IMROPE:
+        args.update(sections=cfg.rope_sections, interleaved=True)
+    return args
+
+
+def positions(cfg, s, T):
+    """The positions tensor a T-token step reads: 4 streams of T with sectioned RoPE."""
+    return s.pos.slice(0, 0, 4 * T if cfg.rope_mode == ROPE_IMROPE else T)
+
+
+def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
+    """Record layer il's attention block; returns the attention op (kept alive with the recording)."""
+    from .transformer import fused
+    cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
+    D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
+    cur = s.cols("cur", T)
+    tf.add_norm(seq, s, T, p + "attn_norm.weight")
+    q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
+    for t, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
+        matmul(seq, w[p + name + ".weight"], cur, t)
+        if cfg.attn_bias and p + name + ".bias" in w:
+            add(seq, t, w[p + name + ".bias"], t)
+    if cfg.attn_gate:   # per head: D query values, then D gate values
+        q3 = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H))
+        gate = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H), offset=4 * D)
+    else:
+        q3, gate = q.view((D, H, T)), None
+    k3 = k.view((D, KV, T))
+    qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
+    pos, cells = positions(cfg, s, T), s.cells.slice(0, 0, T)
+    args = rope_args(cfg, w, il)
+    if fused("NORM_ROPE"):   # q/k norm, RoPE and K's store into the cache: two kernels
+        norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+        norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args)
+        norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, **args)
+    else:
+        if cfg.qk_norm:
+            tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
+            tf.norm(seq, k3, k3, p + "attn_k_norm.weight")
+            q3 = qr
+        rope(seq, q3, pos, qr, **args)
+        rope(seq, k3, pos, kr, **args)
+        set_rows(seq, kr, cells, cache.k[il])
+    set_rows(seq, v.view((Dv, KV, T)), cells, cache.v[il])
+    out = s.attn.view((Dv, H, T))
+    attn_args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
+                 out, mask)
+    if flash:  # layers attending through the same mask share one mask_opt pre-pass
+        op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}",
+                       share_mask_opt=s.mask_opt_owner.get(id(mask)))
+        s.mask_opt_owner.setdefault(id(mask), op)
+    else:
+        op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, label=f"attention {il}")
+    op.record(seq)
+    if gate is not None:
+        gate_mul(seq, out, gate, out, act="sigmoid")
+    o = s.cols("o", T)
+    matmul(seq, w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
+    if cfg.post_norms:
+        tf.norm(seq, o, o, p + "post_attention_norm.weight")
+    s.pending = o
+    return op

@@ -1,0 +1,42 @@
+"""A Gated DeltaNet (linear attention) block of qwen35 / qwen35moe; its state lives in the
+recurrent-state cache (one slot per sequence), not in the KV cache.
+
+    qkv, z = attn_qkv·cur, attn_gate·cur
+    alpha, beta = ssm_alpha·cur, ssm_beta·cur
+    qkv = silu(conv1d(qkv))            causal, over the last ssm.conv_kernel positions (state: conv)
+    o = delta_rule(q, k, v, alpha, beta)      L2-normed q and k; decay exp(softplus(alpha + ssm_dt)
+                                              * ssm_a), write strength sigmoid(beta) (state: S)
+    o = rms_norm(o) * ssm_norm * silu(z)       per value head
+    out = ssm_out·o
+"""
+
+from __future__ import annotations
+
+from ..ops.delta_net import delta_net
+from ..ops.matmul import matmul
+from ..ops.norm import rms_norm
+from ..ops.ssm_conv import ssm_conv
+
+
+def record_delta_net(tf, seq, s, state, il, T, n_seqs):
+    """Record layer il's DeltaNet block for T tokens of n_seqs sequences (T / n_seqs each)."""
+    cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
+    D, Hk, Hv = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads
+    cur = s.cols("cur", T)
+    tf.add_norm(seq, s, T, p + "attn_norm.weight")
+    qkv, z, alpha, beta = (s.cols(n, T) for n in ("qkv", "z", "alpha", "beta"))
+    for t, name in ((qkv, "attn_qkv.weight"), (z, "attn_gate.weight"), (alpha, "ssm_alpha.weight"),
+                    (beta, "ssm_beta.weight")):
+        matmul(seq, w[p + name], cur, t)
+    slots = s.slots.slice(0, 0, n_seqs)
+    conv = s.cols("conv", T)
+    ssm_conv(seq, qkv, w[p + "ssm_conv1d.weight"], state.conv[il], slots, conv, n_seqs=n_seqs)
+    out = s.attn.view((Hv * D, T))
+    delta_net(seq, conv, alpha, beta, w[p + "ssm_dt.bias"], w[p + "ssm_a"], state.ssm[il], slots, out,
+              n_k_heads=Hk, n_v_heads=Hv, head_dim=D, n_seqs=n_seqs, eps=cfg.norm_eps, workspace=s.dn_work)
+    normed = s.cols("dn_norm", T)
+    rms_norm(seq, out.view((D, Hv, T)), normed.view((D, Hv, T)), cfg.norm_eps, w[p + "ssm_norm.weight"],
+             gate=z.view((D, Hv, T)))
+    o = s.cols("o", T)
+    matmul(seq, w[p + "ssm_out.weight"], normed, o)
+    s.pending = o

@@ -1,0 +1,139 @@
+"""The activations of one forward pass, allocated once for up to T tokens and reused by every
+layer and step. Shapes are ggml's [rows, tokens] (rows innermost). `scratch_shapes` is the one
+table: Scratch allocates it and the VRAM estimate sums it."""
+
+from __future__ import annotations
+
+import math
+
+from ..memory import F16, F32, I32, Tensor
+from ..ops.delta_net import delta_net_workspace_bytes
+from ..ops.moe_stage import plan_words
+from ..ops.mul_mat_id import RouteTable
+from ..owned import Owned
+from .arch import DENSE, MOE_SHARED
+from .config import ModelConfig
+
+
+def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> dict:
+    """name -> (type, ne, whether a model of `cfg` needs it) for T tokens."""
+    E, H, KV, Dk, Dv = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
+    D, Hv, C = cfg.ssm_head_dim, cfg.ssm_v_heads, cfg.ssm_conv_dim
+    layers = cfg.layers
+    kv = any(layer.has_kv for layer in layers)
+    dn = bool(cfg.linear_layers)
+    moe = any(layer.moe for layer in layers)
+    shared = any(layer.ffn == MOE_SHARED for layer in layers)
+    dense = any(layer.ffn == DENSE for layer in layers)
+    k, fe, fs = cfg.n_expert_used, cfg.n_ff_expert, cfg.n_ff_shared
+    work = delta_net_workspace_bytes(device, Hv, D, T, n_seqs=1) if dn else 0
+    table = {
+        # step inputs, written by the host each step
+        "ids": (I32, (T,), True),                          # token ids
+        "pos": (I32, (4 * T,), True),                      # positions (4 streams with sectioned RoPE)
+        "cells": (I32, (T,), True),                        # KV cell of each token
+        "slots": (I32, (T,), True),                        # recurrent-state slot of each sequence
+        "mask": (F16, (n_ctx * T,), kv),                   # [n_kv, T]: 0 visible, -inf hidden
+        "mask_swa": (F16, (n_ctx * T,), kv and bool(cfg.sliding_window)),
+        # residual stream and block buffers
+        "x": (F32, (E, T), True),                          # residual stream
+        "cur": (F32, (E, T), True),                        # normed block input
+        "o": (F32, (E, T), True),                          # block output (added into x by the next norm)
+        "logits": (F32, (cfg.vocab_size, T), True),
+        # attention: q (| per-head gate), k, v, roped q / k, attention output
+        "q": (F32, (H * Dk * (2 if cfg.attn_gate else 1), T), kv),
+        "k": (F32, (KV * Dk, T), kv),
+        "v": (F32, (KV * Dv, T), kv),
+        "qr": (F32, (H * Dk, T), kv),
+        "kr": (F32, (KV * Dk, T), kv),
+        "attn": (F32, (max(H * Dv if kv else 1, Hv * D if dn else 1), T), True),   # also the DeltaNet output
+        "scores": (F32, (n_ctx * T * H,), kv and not flash_attn),
+        # Gated DeltaNet
+        "qkv": (F32, (C, T), dn),                          # attn_qkv projection: q, k, v heads
+        "conv": (F32, (C, T), dn),                         # silu(conv1d(qkv)) with the conv state
+        "z": (F32, (Hv * D, T), dn),                       # attn_gate projection
+        "alpha": (F32, (Hv, T), dn),                       # ssm_alpha projection (decay)
+        "beta": (F32, (Hv, T), dn),                        # ssm_beta projection (write strength)
+        "dn_norm": (F32, (Hv * D, T), dn),                 # rms_norm(out) * ssm_norm * silu(z)
+        "dn_work": (F32, (max(work // 4, 1),), work > 0),  # the chunked delta rule's workspace
+        # dense FFN
+        "g": (F32, (cfg.n_ff, T), dense),                  # gate projection
+        "u": (F32, (cfg.n_ff, T), dense),                  # up projection
+        "h": (F32, (cfg.n_ff, T), dense),                  # act(g) * u
+        # mixture of experts
+        "router": (F32, (cfg.n_expert, T), moe),           # router logits
+        "moe_w": (F32, (k, T), moe),                       # weights of the chosen experts
+        "moe_ids": (I32, (k, T), moe),                     # chosen experts
+        "moe_remap": (I32, (k, T), moe),                   # their staging slots
+        "moe_plan": (I32, (plan_words(cfg.n_expert),), moe),
+        "ge": (F32, (fe, k, T), moe),                      # expert gate projections
+        "ue": (F32, (fe, k, T), moe),                      # expert up projections
+        "he": (F32, (fe, k, T), moe),                      # act(ge) * ue
+        "de": (F32, (E, k, T), moe),                       # expert outputs
+        "sg": (F32, (fs, T), shared),                      # shared expert gate
+        "su": (F32, (fs, T), shared),                      # shared expert up
+        "sh": (F32, (fs, T), shared),                      # act(sg) * su
+        "sgate": (F32, (1, T), shared),                    # shared expert gate logit
+    }
+    return table
+
+
+def scratch_shapes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True, device=None) -> dict:
+    """name -> (type, ne) of every activation a model of `cfg` needs for T tokens."""
+    return {name: (typ, ne) for name, (typ, ne, needed) in _table(cfg, T, n_ctx, flash_attn, device).items()
+            if needed}
+
+
+def scratch_bytes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True, device=None) -> int:
+    """Bytes of the activations (`device` is needed for models with DeltaNet layers: the size of
+    the delta rule's workspace follows the device's tuning)."""
+    shapes = scratch_shapes(cfg, T, n_ctx, flash_attn, device)
+    return sum(typ.type_size * math.prod(ne) for typ, ne in shapes.values())
+
+
+class Scratch(Owned):
+    """The activation tensors of `scratch_shapes` as attributes (None where the model has no
+    use for one: no MoE, no DeltaNet layers, ...)."""
+
+    def __init__(self, device, cfg: ModelConfig, max_tokens: int, n_ctx: int, flash_attn: bool = True):
+        super().__init__(f"activations for {max_tokens} tokens")
+        self.max_tokens, self.n_ctx = max_tokens, n_ctx
+        self._mask_opt_owner: dict = {}
+        self.pending: Tensor | None = None   # at record time: a block output not yet added into x
+        self.routes: RouteTable | None = None
+        table = _table(cfg, max_tokens, n_ctx, flash_attn, device)
+        self._names = list(table)
+        for name in self._names:
+            setattr(self, name, None)
+        try:
+            for name, (typ, ne, needed) in table.items():
+                if needed:
+                    setattr(self, name, Tensor.empty(device, typ, ne, name=name))
+            if self.router is not None:
+                self.routes = RouteTable(device, cfg.n_expert, max_tokens)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def mask_opt_owner(self) -> dict:
+        """Per recording: mask -> the first FlashAttn that classified it (reset by record())."""
+        return self._mask_opt_owner
+
+    def inputs(self) -> dict[str, Tensor]:
+        """The step inputs the host writes: name -> tensor (absent ones left out)."""
+        return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa")
+                if (t := getattr(self, n)) is not None}
+
+    def cols(self, name: str, n: int, first: int = 0) -> Tensor:
+        """Columns first..first+n-1 (tokens) of a 2-D activation."""
+        return getattr(self, name).slice(1, first, first + n)
+
+    def _release(self) -> None:
+        for name in self._names:
+            t = getattr(self, name, None)
+            if t is not None:
+                t.close()
+        if self.routes is not None:
+            self.routes.close()
+

@@ -1,0 +1,118 @@
+"""The tensors a model of a given config holds, by GGUF name, with their shapes (ggml order:
+ne[0] innermost) and roles. The loader checks files against this list, the synthetic writer
+writes it, the transformer reads by these names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import GGUFError
+from .arch import DENSE, LINEAR, MOE_SHARED
+from .config import ModelConfig
+
+EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+# roles: how a synthetic model fills the tensor (and which weight type it gets)
+EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS = (
+    "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    ne: tuple[int, ...]
+    role: str
+    required: bool = True
+
+
+def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
+    """Layer il's tensors in the order the synthetic writer lays them out."""
+    p, E, layer = f"blk.{il}.", cfg.n_embd, cfg.layers[il]
+    out: list[TensorSpec] = [TensorSpec(p + "attn_norm.weight", (E,), NORM)]
+
+    def t(name, ne, role, required=True):
+        out.append(TensorSpec(p + name, tuple(ne), role, required))
+
+    if layer.attn == LINEAR:
+        D, Hv = cfg.ssm_head_dim, cfg.ssm_v_heads
+        t("attn_qkv.weight", (E, cfg.ssm_conv_dim), MATRIX)
+        t("attn_gate.weight", (E, Hv * D), MATRIX)
+        t("ssm_conv1d.weight", (cfg.ssm_conv_kernel, cfg.ssm_conv_dim), CONV)
+        t("ssm_dt.bias", (Hv,), DT_BIAS)
+        t("ssm_a", (Hv,), SSM_A)
+        t("ssm_alpha.weight", (E, Hv), MATRIX)
+        t("ssm_beta.weight", (E, Hv), MATRIX)
+        t("ssm_norm.weight", (D,), NORM)
+        t("ssm_out.weight", (Hv * D, E), MATRIX)
+    else:
+        H, KV, Dk, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
+        t("attn_q.weight", (E, H * Dk * (2 if cfg.attn_gate else 1)), MATRIX)
+        t("attn_k.weight", (E, KV * Dk), MATRIX)
+        t("attn_v.weight", (E, KV * Dv), MATRIX)
+        t("attn_output.weight", (H * Dv, E), MATRIX)
+        if cfg.attn_bias:
+            for name, n in (("q", H * Dk), ("k", KV * Dk), ("v", KV * Dv)):
+                t(f"attn_{name}.bias", (n,), BIAS, required=False)
+        if cfg.qk_norm:
+            t("attn_q_norm.weight", (Dk,), NORM)
+            t("attn_k_norm.weight", (Dk,), NORM)
+    if cfg.post_norms:
+        t("post_attention_norm.weight", (E,), NORM)
+        t("post_ffw_norm.weight", (E,), NORM)
+    t(cfg.ffn_norm + ".weight", (E,), NORM)
+    if layer.ffn == DENSE:
+        t("ffn_gate.weight", (E, cfg.n_ff), MATRIX)
+        t("ffn_up.weight", (E, cfg.n_ff), MATRIX)
+        t("ffn_down.weight", (cfg.n_ff, E), MATRIX)
+    else:
+        n_e, fe = cfg.n_expert, cfg.n_ff_expert
+        t("ffn_gate_inp.weight", (E, n_e), ROUTER)
+        t("ffn_gate_exps.weight", (E, fe, n_e), EXPERTS)
+        t("ffn_up_exps.weight", (E, fe, n_e), EXPERTS)
+        t("ffn_down_exps.weight", (fe, E, n_e), EXPERTS)
+        if layer.ffn == MOE_SHARED:
+            t("ffn_gate_inp_shexp.weight", (E,), ROUTER)
+            t("ffn_gate_shexp.weight", (E, cfg.n_ff_shared), MATRIX)
+            t("ffn_up_shexp.weight", (E, cfg.n_ff_shared), MATRIX)
+            t("ffn_down_shexp.weight", (cfg.n_ff_shared, E), MATRIX)
+    return out
+
+
+def model_tensors(cfg: ModelConfig, *, tied_output: bool = False) -> list[TensorSpec]:
+    """Every tensor of the model (MTP blocks past the trunk excluded), in file order; the output
+    matrix is optional (llama.cpp falls back to token_embd)."""
+    E, V = cfg.n_embd, cfg.vocab_size
+    out = [TensorSpec("token_embd.weight", (E, V), EMBED)]
+    for il in range(cfg.n_layer):
+        out += layer_tensors(cfg, il)
+    out.append(TensorSpec("output_norm.weight", (E,), NORM))
+    if not tied_output:
+        out.append(TensorSpec("output.weight", (E, V), EMBED, required=False))
+    return out
+
+
+def required_tensors(cfg: ModelConfig) -> list[str]:
+    return [t.name for t in model_tensors(cfg) if t.required]
+
+
+def _trimmed(ne) -> tuple[int, ...]:
+    ne = list(ne)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne.pop()
+    return tuple(ne)
+
+
+def check_tensors(cfg: ModelConfig, tensors: dict, path: str) -> None:
+    """Raise one GGUFError naming every tensor whose shape differs from what `cfg` implies
+    (missing ones are reported by GGUFFile.require)."""
+    wrong = []
+    for spec in model_tensors(cfg):
+        info = tensors.get(spec.name)
+        if info is not None and _trimmed(info.ne) != _trimmed(spec.ne):
+            wrong.append(f"{spec.name} has shape {list(info.ne)}, expected {list(spec.ne)}")
+    if "ffn_gate_up_exps" in " ".join(n for n in tensors if n.startswith("blk.0.")):
+        wrong.append("fused gate+up expert stacks (ffn_gate_up_exps) are not supported; use a file with "
+                     "separate ffn_gate_exps / ffn_up_exps")
+    if wrong:
+        more = f" (and {len(wrong) - 8} more)" if len(wrong) > 8 else ""
+        raise GGUFError(f"{path}: {cfg.arch} model tensors do not match its metadata: {'; '.join(wrong[:8])}{more}")
