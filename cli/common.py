@@ -70,7 +70,9 @@ def model_options(f):
 
 
 def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type,
-                n_cpu_moe=None, vram_budget=None, expert_cache="auto", progress=None):
+                n_cpu_moe=None, vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0):
+    """Open the model and its engine; `n_seq_max` sequences at once (the server's slots), with
+    `n_checkpoints` recurrent-state checkpoints for models that keep a recurrent state."""
     from vkrt.engine.engine import Engine
     from vkrt.engine.placement import plan_n_cpu_moe
     from vkrt.engine.prefetch import slots_requested
@@ -89,12 +91,12 @@ def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_la
             n_cpu_moe = plan_n_cpu_moe(cfg, f.tensors, budget, requested=n_cpu_moe, n_ctx=n_ctx,
                                        n_ubatch=min(n_ubatch, n_batch), n_gpu_layers=n_gpu_layers,
                                        kv_bytes=2 if kv_type == "f16" else 4, flash_attn=fa,
-                                       prefetch_slots=slots_requested())
+                                       prefetch_slots=slots_requested(), n_seq_max=n_seq_max, device=device)
     m = Model(device, path, mmap=not no_mmap, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe or 0,
               pin=False if no_pin else None, progress=progress)
     try:
         engine = Engine(m, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, kv_type=kv_type.upper(),
-                        expert_cache=cache_size(expert_cache))
+                        expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints)
     except BaseException:
         m.close()
         raise

@@ -27,10 +27,13 @@ log = logging.getLogger("vkrt.server")
 @click.option("-a", "--alias", default=None, help="Model name reported to clients (default: the file name).")
 @click.option("--body-limit", type=click.IntRange(1024), default=8 << 20, show_default=True,
               help="Largest request body in bytes.")
+@click.option("--ctx-checkpoints", type=click.IntRange(0, 64), default=4, show_default=True,
+              help="Recurrent-state checkpoints each slot keeps in host memory for prompt-prefix reuse "
+                   "(models with DeltaNet layers, e.g. qwen35; 0: reuse only the live state).")
 @click.option("--shutdown-timeout", type=click.FloatRange(0), default=10.0, show_default=True,
               help="Seconds in-flight requests may take to finish on SIGINT/SIGTERM before they are cancelled.")
 @click.pass_context
-def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, shutdown_timeout, **model_kw):
+def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, shutdown_timeout, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -44,12 +47,13 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, shutdown_time
     if logging.getLogger().getEffectiveLevel() > logging.INFO:  # the start-up report shows without -v
         logging.getLogger("vkrt").setLevel(logging.INFO)
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
-                          model_name=name, shutdown_timeout=shutdown_timeout)
+                          model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints)
 
     def load():
         path = model_kw["model"]
         size = os.path.getsize(path) if os.path.isfile(path) else None
         log.info("loading %s (%s)", path, fmt_bytes(size))
-        return load_backend(lambda device: open_engine(device, **model_kw))
+        return load_backend(lambda device: open_engine(device, n_seq_max=n_parallel,
+                                                       n_checkpoints=n_parallel * ctx_checkpoints, **model_kw))
 
     ctx.exit(asyncio.run(run_server(load, config, __version__)))

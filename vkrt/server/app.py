@@ -122,7 +122,7 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
     state.scheduler = scheduler = Scheduler(
         load, config.n_parallel, state.metrics,
         on_ready=lambda b: loop.call_soon_threadsafe(on_ready, b),
-        on_failed=lambda e: loop.call_soon_threadsafe(on_failed, e))
+        on_failed=lambda e: loop.call_soon_threadsafe(on_failed, e), ctx_checkpoints=config.ctx_checkpoints)
     # access lines go to the aiohttp.access logger: shown with -v
     runner = web.AppRunner(make_app(state), handle_signals=False, handler_cancellation=True,
                            access_log=logging.getLogger("aiohttp.access"), shutdown_timeout=5.0)

@@ -64,7 +64,9 @@ class Backend:
             f"placement: {pl.summary()}",
             f"pinning: {pinning}",
             f"memory: device {heaps or 'none'}; KV cache {fmt_bytes(e.cache.nbytes)} "
-            f"({e.n_ctx} cells, {e.cache.type.name}); host peak RSS {fmt_bytes(rss)}",
+            f"({e.n_ctx} cells, {e.cache.type.name}"
+            + (f"; recurrent state: {e.state.describe()}" if e.recurrent else "")
+            + f"); host peak RSS {fmt_bytes(rss)}",
             f"slots: {n_parallel} x {e.n_ctx // n_parallel} tokens; batch {e.n_batch}, micro-batch {e.n_ubatch}, "
             f"flash attention {'on' if e.flash_attn else 'off'}",
         ]

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from ..errors import VkrtError
+from .checkpoints import SlotCheckpoints
 from .jobs import Failed, Job
 from .metrics import Metrics
 from .slots import Slot
@@ -29,12 +30,14 @@ class SchedulerClosed(VkrtError):
 class Scheduler:
     def __init__(self, load: Callable, n_parallel: int, metrics: Metrics,
                  on_ready: Callable[[object], None] = lambda backend: None,
-                 on_failed: Callable[[BaseException], None] = lambda exc: None):
+                 on_failed: Callable[[BaseException], None] = lambda exc: None, ctx_checkpoints: int = 0):
         self._load, self._on_ready, self._on_failed = load, on_ready, on_failed
         self.n_parallel = n_parallel
+        self.ctx_checkpoints = ctx_checkpoints
         self.metrics = metrics
         self.backend = None
         self.slots: list[Slot] = []
+        self.checkpoints: list[SlotCheckpoints] = []
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -94,6 +97,8 @@ class Scheduler:
             self.tokenizer = self.backend.model.tokenizer
             self.n_ctx_slot = engine.n_ctx // self.n_parallel
             self.slots = [Slot(i, self.n_ctx_slot, self.metrics) for i in range(self.n_parallel)]
+            limit = self.ctx_checkpoints if engine.recurrent else 0
+            self.checkpoints = [SlotCheckpoints(i, limit) for i in range(self.n_parallel)]
             self._on_ready(self.backend)
             while self._iterate(engine):
                 pass
@@ -135,16 +140,23 @@ class Scheduler:
                 slot = max(idle, key=lambda s: (s.reusable(job.prompt), -s.last_used))
             else:
                 slot = min(idle, key=lambda s: s.last_used)
-            keep = slot.begin(job, self.tokenizer)
+            keep = slot.reusable(job.prompt) if job.cache_prompt else 0
+            ckpts = self.checkpoints[slot.id]
+            if engine.recurrent:   # a recurrent state resumes only where it was saved
+                keep = ckpts.resume(engine, keep, len(slot.cache))
+            slot.begin(job, self.tokenizer, keep)
             engine.reset(slot.id, keep)
+            ckpts.plan(job.prompt, keep, self.tokenizer.token_types)
             self.metrics.prompt_tokens_cached += keep
 
     def _prefill(self, engine) -> None:
         budget = engine.n_batch
         for s in sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start):
             # whole micro-batches, so a prompt is cut the same way whatever else is running
+            ckpts = self.checkpoints[s.id]
             while s.prefilling and budget > 0:
-                chunk = s.pending[:engine.n_ubatch]
+                stop = ckpts.next_stop(len(s.cache))   # read up to the next checkpoint, then save it
+                chunk = s.pending[:min(engine.n_ubatch, stop - len(s.cache)) if stop else engine.n_ubatch]
                 t0 = time.perf_counter()
                 try:
                     logits = engine.eval(chunk, seq_id=s.id)
@@ -154,6 +166,7 @@ class Scheduler:
                 self.metrics.add_prompt(len(chunk), time.perf_counter() - t0)
                 s.cache.extend(chunk)
                 del s.pending[:len(chunk)]
+                ckpts.reached(engine, len(s.cache))
                 budget -= len(chunk)
                 if not s.pending:
                     self._guarded(engine, s, s.prefilled, logits)
@@ -191,6 +204,7 @@ class Scheduler:
                 continue
             s.job.emit(Failed(500, f"generation failed: {type(exc).__name__}: {exc}"))
             engine.reset(s.id)
+            self.checkpoints[s.id].drop(engine)
             s.cache = []
             s.release()
             self.metrics.requests_failed += 1
@@ -212,6 +226,7 @@ class Scheduler:
             out.append({"id": s.id, "n_ctx": s.n_ctx, "is_processing": job is not None,
                         "state": "idle" if job is None else "prefill" if s.pending else "generating",
                         "n_cached": len(s.cache), "n_decoded": len(s.generated),
+                        "n_checkpoints": len(self.checkpoints[s.id].saved) if self.checkpoints else 0,
                         "id_task": job.id if job is not None else None})
         return out
 

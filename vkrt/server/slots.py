@@ -51,10 +51,9 @@ class Slot:
         for its logits)."""
         return min(common_prefix(self.cache, prompt), len(prompt) - 1)
 
-    def begin(self, job: Job, tokenizer) -> int:
-        """Take `job`; returns the position its cached prefix ends at (the caller drops the
-        sequence's cells from there on)."""
-        keep = self.reusable(job.prompt) if job.cache_prompt else 0
+    def begin(self, job: Job, tokenizer, keep: int) -> None:
+        """Take `job`, whose first `keep` prompt tokens the sequence already holds (the caller
+        drops the sequence's cells from there on)."""
         self.job = job
         self.cache = self.cache[:keep]
         self.pending = job.prompt[keep:]
@@ -72,7 +71,6 @@ class Slot:
         self.timings = Timings(prompt_n=len(self.pending))
         self.t_start = time.perf_counter()
         self.t_first = None
-        return keep
 
     def prefilled(self, logits) -> None:
         """The last prompt token's logits arrived: sample the first token (unless none is wanted)."""

@@ -23,6 +23,7 @@ class ServerConfig:
     body_limit: int = 8 << 20
     model_name: str = "model"
     shutdown_timeout: float = 10.0   # seconds in-flight requests may take to finish on SIGINT/SIGTERM
+    ctx_checkpoints: int = 4         # recurrent-state checkpoints a slot keeps (models with DeltaNet layers)
 
 
 class ServerState:
