@@ -56,8 +56,9 @@ class LlamaServer:
         with open(self.log.name) as f:
             return f.read()[-n:]
 
-    def completion(self, prompt_tokens: list[int], n_predict: int) -> dict:
-        body = {"prompt": prompt_tokens, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
+    def completion(self, prompt_tokens: list[int], n_predict: int, cache_prompt: bool = False) -> dict:
+        """The timings of one greedy /completion request (cache_prompt: reuse the cached prefix)."""
+        body = {"prompt": prompt_tokens, "n_predict": n_predict, "temperature": 0, "cache_prompt": cache_prompt,
                 "samplers": ["top_k"], "top_k": 1, "ignore_eos": True}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})

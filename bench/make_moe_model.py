@@ -1,8 +1,14 @@
-"""Write a random-weight GGUF with the layer shapes of Qwen3-30B-A3B (hidden 2048, 128 experts,
-8 used, expert FFN 768, head 128, 32 query / 4 KV heads): deterministic, valid tokenizer
-metadata, loadable by llama.cpp and vkrt.
+"""Write a random-weight GGUF with the layer shapes of a real MoE model: deterministic, valid
+tokenizer metadata, loadable by llama.cpp and vkrt.
 
-    python bench/make_moe_model.py OUT.gguf [--layers 48] [--type Q4_0|Q4_K] [--seed 0]
+  --shape qwen3-30b-a3b (default): hidden 2048, 48 layers, 128 experts (8 used) of FFN 768,
+      attention head 128 with 32 query / 4 KV heads.
+  --shape qwen35-35b-a3b: Qwen3.5/3.6-35B-A3B (qwen35moe): hidden 2048, 40 layers = [3 Gated
+      DeltaNet + 1 gated full attention] x 10, 256 experts (8 used) of FFN 512 + a shared expert of
+      512 on every layer; attention 16 query / 2 KV heads at head 256, a quarter rotated (IMROPE,
+      sections 11/11/10/0); DeltaNet 16 q/k heads and 32 v heads of 128, conv 4; vocabulary 248320.
+
+    python bench/make_moe_model.py OUT.gguf [--shape S] [--layers N] [--type Q4_0|Q4_K|Q8_0] [--seed 0]
 """
 
 from __future__ import annotations
@@ -20,17 +26,32 @@ def qwen3_30b_a3b(layers: int, qtype: str, seed: int = 0) -> SyntheticSpec:
                          n_ff_expert=768, seed=seed, random_blocks=True)
 
 
+def qwen35_35b_a3b(layers: int, qtype: str, seed: int = 0) -> SyntheticSpec:
+    return SyntheticSpec(arch="qwen35moe", n_layer=layers, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
+                         rope_dims=64, rope_base=1e7, rope_sections=(11, 11, 10, 0), n_ff=0, n_ctx=262144,
+                         weight_type=qtype, expert_type=qtype, n_expert=256, n_expert_used=8, n_ff_expert=512,
+                         n_ff_shared=512, full_attention_interval=4, ssm_conv_kernel=4, ssm_head_dim=128,
+                         ssm_k_heads=16, ssm_v_heads=32, pad_vocab_to=248320, tokenizer_pre="qwen35", seed=seed,
+                         random_blocks=True)
+
+
+SHAPES = {"qwen3-30b-a3b": (qwen3_30b_a3b, 48), "qwen35-35b-a3b": (qwen35_35b_a3b, 40)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
+    ap.add_argument("--layers", type=int, default=None, help="layers (default: the real model's)")
     ap.add_argument("--type", default="Q4_0", choices=["Q4_0", "Q4_K", "Q8_0"])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    write_model(args.out, qwen3_30b_a3b(args.layers, args.type, args.seed))
+    make, layers = SHAPES[args.shape]
+    layers = args.layers or layers
+    write_model(args.out, make(layers, args.type, args.seed))
     size = os.path.getsize(args.out)
-    print(f"wrote {args.out}: {size / 2**30:.2f} GiB, {args.layers} layers, {args.type}, "
+    print(f"wrote {args.out}: {size / 2**30:.2f} GiB, {args.shape}, {layers} layers, {args.type}, "
           f"{time.perf_counter() - t0:.1f} s")
 
 

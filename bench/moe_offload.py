@@ -115,8 +115,9 @@ def run_llama(binary, path, args, n_layer, polaris) -> list[dict]:
     env = POLARIS_ENV if polaris else {}
     common = ["-ngl", "99", "-c", str(args.n_prompt + args.n_gen + 64), "-b", str(args.ubatch), "-ub", str(args.ubatch),
               "-fa", "on", "--no-warmup"]
-    for label, extra in (("experts in VRAM", []), ("experts on host (mmap)", ["--n-cpu-moe", str(n_layer)]),
-                         ("experts on host (--no-mmap)", ["--n-cpu-moe", str(n_layer), "--no-mmap"])):
+    placements = {"vram": ("experts in VRAM", []), "mmap": ("experts on host (mmap)", ["--n-cpu-moe", str(n_layer)]),
+                  "no-mmap": ("experts on host (--no-mmap)", ["--n-cpu-moe", str(n_layer), "--no-mmap"])}
+    for label, extra in (placements[p] for p in args.llama_placements.split(",")):
         try:
             with LlamaServer(binary, path, common + extra, env) as srv:
                 srv.completion(prompt[:64], 1)  # warm-up: pipelines compiled
@@ -141,6 +142,9 @@ def main() -> None:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--no-vkrt", action="store_true", help="only the llama.cpp rows")
+    ap.add_argument("--llama-placements", default="vram,mmap,no-mmap",
+                    help="llama.cpp's placements to run: vram, mmap, no-mmap (comma-separated)")
     ap.add_argument("--vkrt-mmap", action="store_true", help="also run vkrt's host experts through the file mapping")
     ap.add_argument("--card-budget", type=lambda v: parse_size(v, "--card-budget"), default=8 << 30,
                     help="VRAM of the emulated card for the expert-cache row (default 8G)")
@@ -149,7 +153,7 @@ def main() -> None:
     import os
     polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
     with Device() as device:
-        rows = run_vkrt(args.model, args, device)
+        rows = [] if args.no_vkrt else run_vkrt(args.model, args, device)
         name = device.profile.name
         arch = device.profile.architecture.value
     n_layer = None

