@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models import TINY, tiny_model
+from models import HYBRID, TINY, tiny_model
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
 from vkrt.engine.sampler import GREEDY
@@ -76,7 +76,7 @@ def test_teacher_forced_logprobs(loaded):
     """At every position of llama.cpp's greedy path: our top token is llama.cpp's (or within
     a hair of it), and our log-probabilities of its top 10 agree."""
     name, model, ref = loaded
-    with Engine(model, n_ctx=256, n_ubatch=32) as engine:
+    with Engine(model, n_ctx=512, n_ubatch=32) as engine:
         worst = 0.0
         for comp in ref["completions"]:
             if not comp["tokens"]:
@@ -97,10 +97,54 @@ def test_teacher_forced_logprobs(loaded):
 
 def test_greedy_continuation_matches_llama_cpp(loaded):
     name, model, ref = loaded
-    if name != SMOLLM2:
-        pytest.skip("greedy equality over 16 tokens is asserted on the real model")
-    with Engine(model, n_ctx=256, n_ubatch=32) as engine:
+    if name != SMOLLM2 and name.removesuffix(".gguf") not in HYBRID:
+        pytest.skip("greedy equality over 16 tokens is asserted on the real model and the Qwen3.5 ones")
+    with Engine(model, n_ctx=512, n_ubatch=32) as engine:
         for comp in ref["completions"]:
+            if "extends" in comp:
+                continue   # test_state_reuse_matches_llama_cpp
+            engine.reset()
+            gen = generate(engine, comp["prompt_tokens"], len(comp["tokens"]), GREEDY)
+            assert gen.tokens == comp["tokens"], comp["prompt"]
+
+
+@pytest.fixture(scope="module", params=[f"{n}.gguf" for n in HYBRID])
+def hybrid(request, device, tiny_dir):
+    name = request.param
+    path = model_path(name, tiny_dir)
+    ref = REFERENCE[name]
+    from scripts_sha import sha256
+    assert sha256(path) == ref["sha256"], f"{name} differs from the file llama.cpp was recorded on"
+    return name, path, ref
+
+
+def test_state_reuse_matches_llama_cpp(device, hybrid):
+    """A second request extending the first (its prompt, 8 generated tokens, more text): the
+    sequence's recurrent state and KV carry on from the first request, as llama.cpp's answer
+    to the whole prompt read afresh."""
+    name, path, ref = hybrid
+    first, later = ref["completions"][0], next(c for c in ref["completions"] if c.get("extends") == 0)
+    fed = len(first["prompt_tokens"]) + 8
+    assert later["prompt_tokens"][:fed] == first["prompt_tokens"] + first["tokens"][:8]
+    with Model(device, path, progress=False) as model, Engine(model, n_ctx=256, n_ubatch=32) as engine:
+        engine.eval(first["prompt_tokens"])
+        for t in first["tokens"][:8]:
+            engine.eval([t])
+        gen = generate(engine, later["prompt_tokens"][fed:], len(later["tokens"]), GREEDY)
+    assert gen.tokens == later["tokens"]
+
+
+@pytest.mark.parametrize("variant", ["host experts, no mmap", "flash attention off", "one ubatch"])
+def test_hybrid_variants_match_llama_cpp(device, hybrid, variant):
+    """--n-cpu-moe (every expert in host memory, read through imported anonymous memory), -fa off
+    and a prompt in one ubatch give llama.cpp's greedy tokens, the long prompt (over two 64-token
+    delta-rule chunks) included."""
+    name, path, ref = hybrid
+    n_cpu_moe = 99 if variant == "host experts, no mmap" else 0
+    with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe, mmap=n_cpu_moe == 0) as model, \
+            Engine(model, n_ctx=512, n_ubatch=256 if variant == "one ubatch" else 32,
+                   flash_attn=variant != "flash attention off") as engine:
+        for comp in (c for c in ref["completions"] if "extends" not in c):
             engine.reset()
             gen = generate(engine, comp["prompt_tokens"], len(comp["tokens"]), GREEDY)
             assert gen.tokens == comp["tokens"], comp["prompt"]
