@@ -132,7 +132,9 @@ class Engine(Owned):
         if len(self._graphs) >= self.max_graphs:  # forget the oldest shape
             old = next(iter(self._graphs))
             self._graphs.pop(old).close()
-        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs)
+        row_bytes = 4 * self.model.cfg.vocab_size
+        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=lambda seq, n, row: seq.copy(
+            self.scratch.logits.range(), self._logits.range(row * row_bytes, n * row_bytes), n * row_bytes))
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
         use_staging = not use_prefetch and n_tokens <= self.device.tuning.mv_max_n
@@ -159,9 +161,6 @@ class Engine(Owned):
                             seq.copy(self._inputs.range(lay[name], sizes[name]), t.range(), sizes[name])
                     for part in segment:
                         keep.extend(part.record(seq))
-                    if k == len(segments) - 1:
-                        n_out = n_tokens if all_logits else 1
-                        seq.copy(self.scratch.logits.range(), self._logits.range(), 4 * cfg.vocab_size * n_out)
         except BaseException:
             for seq in seqs:
                 seq.close()

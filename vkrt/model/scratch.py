@@ -14,6 +14,10 @@ from ..owned import Owned
 from .arch import DENSE, MOE_SHARED
 from .config import ModelConfig
 
+# logits rows (tokens) held at once: more are computed in slices of this many, each copied out
+# before the next (a 248320-token vocabulary at -ub 2048 would otherwise take 2 GB of an 8 GB card)
+LOGITS_ROWS = 64
+
 
 def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> dict:
     """name -> (type, ne, whether a model of `cfg` needs it) for T tokens."""
@@ -39,7 +43,7 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "x": (F32, (E, T), True),                          # residual stream
         "cur": (F32, (E, T), True),                        # normed block input
         "o": (F32, (E, T), True),                          # block output (added into x by the next norm)
-        "logits": (F32, (cfg.vocab_size, T), True),
+        "logits": (F32, (cfg.vocab_size, min(T, LOGITS_ROWS)), True),
         # attention: q (| per-head gate), k, v, roped q / k, attention output
         "q": (F32, (H * Dk * (2 if cfg.attn_gate else 1), T), kv),
         "k": (F32, (KV * Dk, T), kv),

@@ -87,6 +87,9 @@ class RecordOptions:
     all_logits: bool
     flash_attn: bool = True
     n_seqs: int = 1       # the tokens are n_seqs sequences of n_tokens / n_seqs consecutive tokens
+    # read_logits(seq, n, row): record the copy of the n logits columns just computed (Scratch.logits
+    # columns 0..n-1) to the caller's output rows row..row+n-1; None: computed, not read
+    read_logits: object = None
 
 
 class Transformer:
@@ -138,7 +141,7 @@ class Transformer:
                 parts.append(Part(f"moe {il}", lambda seq, il=il: self._moe(seq, s, il, T, experts.get(il),
                                                                           staged.get(il)),
                                   layer=il if il in experts else None))
-        parts.append(Part("output", lambda seq: self._output(seq, s, T, opts.all_logits)))
+        parts.append(Part("output", lambda seq: self._output(seq, s, T, opts)))
         return parts
 
     def _embed(self, seq, s, T):
@@ -148,11 +151,15 @@ class Transformer:
         if self.cfg.embd_scale != 1.0:
             scale(seq, x, self.cfg.embd_scale, x)
 
-    def _output(self, seq, s, T, all_logits):
-        n_out = T if all_logits else 1
-        normed = s.cols("cur", n_out, T - n_out)
-        self.add_norm(seq, s, T, "output_norm.weight", first=T - n_out)
-        matmul(seq, self.output, normed, s.cols("logits", n_out))
+    def _output(self, seq, s, T, opts: RecordOptions):
+        first = T - (T if opts.all_logits else 1)
+        self.add_norm(seq, s, T, "output_norm.weight", first=first)
+        rows = s.logits.ne[1]
+        for c in range(first, T, rows):   # slices of the logits buffer's width
+            n = min(rows, T - c)
+            matmul(seq, self.output, s.cols("cur", n, c), s.cols("logits", n))
+            if opts.read_logits is not None:
+                opts.read_logits(seq, n, c - first)
 
     def norm(self, seq, src, dst, name):
         rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
