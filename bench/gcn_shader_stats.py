@@ -5,7 +5,9 @@
 Builds (never runs) the kernel variants that prefill (ubatch 512) and decode (one token) of a
 Qwen3-30B-A3B-shaped MoE model use with the AMD_GCN tuning: hidden 2048, 128 experts, 8 used,
 expert FFN 768, head 128 (and 256 for flash attention), 32 query / 4 KV heads, Q4_0 and Q4_K
-weights, f16 KV cache. Each pipeline is built by the op's own code -- the matmul helpers
+weights, f16 KV cache; and the kernels Qwen3.5-35B-A3B adds (QWEN35): the DeltaNet layers' conv
+with state, delta rule (recurrent for decode, chunked for prefill) and gated norm at 16 q/k and
+32 v heads of 128, the gated attention's IMROPE norm_rope at head 256 and its sigmoid gate. Each pipeline is built by the op's own code -- the matmul helpers
 gemm_kernel and mat_vec_kernel; rms_norm, rope, moe_route and FlashAttn, which build theirs
 while recording, recorded over placeholder tensors -- and prints what the driver reports
 through VK_KHR_pipeline_executable_properties (RADV/ACO: VGPRs, SGPRs, spills, LDS, "Subgroups
@@ -32,6 +34,8 @@ import sys
 from vkrt.device import Arch, Device
 from vkrt.errors import VkrtError
 from vkrt.memory import F16, F32, I32, BufferRange, Tensor
+from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
+from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel, split_reduce_kernel
 from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, vec4_ok
 from vkrt.ops.moe import moe_route
@@ -39,12 +43,15 @@ from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type
 from vkrt.ops.rope import rope
+from vkrt.ops.ssm_conv import ssm_conv
 from vkrt.pipeline import pipeline_statistics
 
 ENV_HINT = ("RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json "
             "selects Mesa's null Polaris device")
 MODEL = dict(hidden=2048, n_expert=128, n_used=8, ff_expert=768, head=128, n_head=32, n_head_kv=4,
              ubatch=512, n_kv=4096, weights=("Q4_0", "Q4_K"))
+QWEN35 = dict(head=256, n_head=16, n_head_kv=2, rope_dims=64, sections=(11, 11, 10, 0), ssm_head=128, k_heads=16,
+              v_heads=32, conv=4)
 
 
 class Unbacked:
@@ -155,7 +162,45 @@ def cases(dev) -> list[tuple[str, list]]:
                                                                               residual=pending, sum_out=x))),
             ("rope (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rope(seq, q, pos, qr, **rope_args))),
             ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True)))]
-    return out
+    return out + qwen35_cases(dev)
+
+
+def qwen35_cases(dev) -> list[tuple[str, list]]:
+    """The kernels Qwen3.5-35B-A3B's DeltaNet and gated attention layers add."""
+    q35, T = QWEN35, MODEL["ubatch"]
+    D, Hk, Hv, K = q35["ssm_head"], q35["k_heads"], q35["v_heads"], q35["conv"]
+    C = (2 * Hk + Hv) * D
+    qkv, conv = placeholder(dev, F32, (C, T), "qkv"), placeholder(dev, F32, (C, T), "conv")
+    w_conv = placeholder(dev, F32, (K, C), "ssm_conv1d")
+    conv_state = placeholder(dev, F32, (C, K - 1, 4), "conv state")
+    ssm_state = placeholder(dev, F32, (D, D, Hv, 4), "ssm state")
+    alpha, beta = placeholder(dev, F32, (Hv, T), "alpha"), placeholder(dev, F32, (Hv, T), "beta")
+    dt, a = placeholder(dev, F32, (Hv,), "ssm_dt"), placeholder(dev, F32, (Hv,), "ssm_a")
+    out, z = placeholder(dev, F32, (Hv * D, T), "out"), placeholder(dev, F32, (Hv * D, T), "z")
+    slots, w_norm = placeholder(dev, I32, (1,), "slots"), placeholder(dev, F32, (D,), "ssm_norm")
+    work = placeholder(dev, F32, (delta_net_workspace_bytes(dev, Hv, D, T) // 4,), "workspace")
+    dn = dict(n_k_heads=Hk, n_v_heads=Hv, head_dim=D, eps=1e-6)
+
+    def rule(n):   # the delta rule over n tokens of one sequence, in the form the tuning picks
+        return lambda seq: delta_net(seq, qkv.slice(1, 0, n), alpha.slice(1, 0, n), beta.slice(1, 0, n), dt, a,
+                                     ssm_state, slots, out.slice(1, 0, n), n_seqs=1, workspace=work, **dn)
+    H, hs = q35["n_head"], q35["head"]
+    q = placeholder(dev, F32, (2 * hs * H, T), "q and gate")
+    q3 = q.view((hs, H, T), nb=(4, 8 * hs, 8 * hs * H))
+    gate = q.view((hs, H, T), nb=(4, 8 * hs, 8 * hs * H), offset=4 * hs)
+    qr, att = placeholder(dev, F32, (hs, H, T), "qr"), placeholder(dev, F32, (hs, H, T), "attn")
+    pos, w_head = placeholder(dev, I32, (4 * T,), "pos"), placeholder(dev, F32, (hs,), "w")
+    rope_args = dict(n_dims=q35["rope_dims"], freq_base=1e7, neox=True, sections=q35["sections"], interleaved=True)
+    return [
+        ("qwen35 DeltaNet: conv with state (prefill)", recorded(dev, lambda seq: ssm_conv(
+            seq, qkv, w_conv, conv_state, slots, conv, n_seqs=1))),
+        ("qwen35 DeltaNet: delta rule, decode (recurrent)", recorded(dev, rule(1))),
+        (f"qwen35 DeltaNet: delta rule, prefill of {T} (chunked)", recorded(dev, rule(T))),
+        ("qwen35 DeltaNet: gated norm (rms_norm * silu(z))", recorded(dev, lambda seq: rms_norm(
+            seq, out.view((D, Hv, T)), out.view((D, Hv, T)), 1e-6, w_norm, gate=z.view((D, Hv, T))))),
+        ("qwen35 attention: q norm + IMROPE (norm_rope, head 256)", recorded(dev, lambda seq: norm_rope(
+            seq, q3, pos, qr, weight=w_head, eps=1e-6, **rope_args))),
+        ("qwen35 attention: sigmoid output gate", recorded(dev, lambda seq: gate_mul(seq, att, gate, att)))]
 
 
 def variant(kern) -> str:
