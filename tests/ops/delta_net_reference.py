@@ -32,15 +32,19 @@ def gdn_inputs(qkv, alpha, beta, dt_bias, ssm_a, *, n_k_heads: int, n_v_heads: i
     return q[:, kh], k[:, kh], v, g, b
 
 
+def _setup(qkv, alpha, beta, dt_bias, ssm_a, state, n_k_heads, n_v_heads, head_dim, n_seqs, eps):
+    """Inputs per token and head, the output array, a float64 copy of the state, tokens a sequence."""
+    q, k, v, g, b = gdn_inputs(qkv, alpha, beta, dt_bias, ssm_a, n_k_heads=n_k_heads, n_v_heads=n_v_heads,
+                               head_dim=head_dim, eps=eps)
+    out = np.zeros((q.shape[0], n_v_heads, head_dim))
+    return q, k, v, g, b, out, np.array(state, np.float64), q.shape[0] // n_seqs
+
+
 def delta_net_loop(qkv, alpha, beta, dt_bias, ssm_a, state, slots, *, n_k_heads, n_v_heads, head_dim, n_seqs,
                    eps):
     """(out [T, Hv * D], new state) by the recurrence, one token at a time."""
-    q, k, v, g, b = gdn_inputs(qkv, alpha, beta, dt_bias, ssm_a, n_k_heads=n_k_heads, n_v_heads=n_v_heads,
-                               head_dim=head_dim, eps=eps)
-    n_tok = q.shape[0]
-    per = n_tok // n_seqs
-    new_state = np.array(state, np.float64)
-    out = np.zeros((n_tok, n_v_heads, head_dim))
+    q, k, v, g, b, out, new_state, per = _setup(qkv, alpha, beta, dt_bias, ssm_a, state, n_k_heads, n_v_heads,
+                                                head_dim, n_seqs, eps)
     for s in range(n_seqs):
         S = new_state[slots[s]]
         for t in range(s * per, (s + 1) * per):
@@ -49,7 +53,7 @@ def delta_net_loop(qkv, alpha, beta, dt_bias, ssm_a, state, slots, *, n_k_heads,
                 u = b[t, h] * (v[t, h] - S[h] @ k[t, h])
                 S[h] += np.outer(u, k[t, h])
                 out[t, h] = S[h] @ q[t, h]
-    return out.reshape(n_tok, -1), new_state
+    return out.reshape(len(out), -1), new_state
 
 
 def chunk_step(S, q, k, v, g, b):
@@ -73,12 +77,8 @@ def delta_net_chunked(qkv, alpha, beta, dt_bias, ssm_a, state, slots, *, n_k_hea
                       eps, chunk=64):
     """(out [T, Hv * D], new state) by the chunked algorithm: chunks of `chunk` tokens per sequence,
     the last one padded."""
-    q, k, v, g, b = gdn_inputs(qkv, alpha, beta, dt_bias, ssm_a, n_k_heads=n_k_heads, n_v_heads=n_v_heads,
-                               head_dim=head_dim, eps=eps)
-    n_tok = q.shape[0]
-    per = n_tok // n_seqs
-    new_state = np.array(state, np.float64)
-    out = np.zeros((n_tok, n_v_heads, head_dim))
+    q, k, v, g, b, out, new_state, per = _setup(qkv, alpha, beta, dt_bias, ssm_a, state, n_k_heads, n_v_heads,
+                                                head_dim, n_seqs, eps)
     for s in range(n_seqs):
         S = new_state[slots[s]]
         for c0 in range(0, per, chunk):
@@ -89,4 +89,4 @@ def delta_net_chunked(qkv, alpha, beta, dt_bias, ssm_a, state, slots, *, n_k_hea
                                      np.pad(v[t0:t0 + n, h], pad), np.pad(g[t0:t0 + n, h], (0, chunk - n)),
                                      np.pad(b[t0:t0 + n, h], (0, chunk - n)))
                 out[t0:t0 + n, h] = O[:n]
-    return out.reshape(n_tok, -1), new_state
+    return out.reshape(len(out), -1), new_state

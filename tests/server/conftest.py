@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from models import tiny_model
 
-from .serverproc import ServerProcess
+from .serverproc import serving
 
 
 @pytest.fixture(scope="session")
@@ -19,10 +19,4 @@ SERVER_ARGS = ("-c", "1024", "-np", "4", "-b", "256", "-ub", "256", "--body-limi
 @pytest.fixture(scope="session")
 def server(tiny_gguf):
     """One server for the session: 4 slots of 256 cells, API key API_KEY, bodies up to 64 KiB."""
-    srv = ServerProcess(tiny_gguf, *SERVER_ARGS)
-    try:
-        yield srv.wait_ready()
-    finally:
-        rc = srv.stop()
-    assert rc == 0, srv.log
-    assert "Traceback" not in srv.log and "ERROR vkrt.vulkan" not in srv.log, srv.log
+    yield from serving(tiny_gguf, *SERVER_ARGS)

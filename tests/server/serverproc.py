@@ -89,6 +89,17 @@ class ServerProcess:
             raise AssertionError(f"the server did not exit within {timeout} s of {sig!r}:\n{self.log}")
 
 
+def serving(model: str, *args: str):
+    """A started server for a fixture to yield; on exit it must stop cleanly with a clean log."""
+    srv = ServerProcess(model, *args)
+    try:
+        yield srv.wait_ready()
+    finally:
+        rc = srv.stop()
+    assert rc == 0, srv.log
+    assert "Traceback" not in srv.log and "ERROR vkrt.vulkan" not in srv.log, srv.log
+
+
 def metric(server: ServerProcess, name: str) -> float:
     status, raw = server.get("/metrics")
     assert status == 200

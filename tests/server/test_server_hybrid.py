@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from models import tiny_model
 
-from .serverproc import ServerProcess, wait_idle
+from .serverproc import serving, wait_idle
 
 FIRST = [{"role": "user", "content": "Hello, world! The capital of France is Paris. Once upon a time"}]
 
@@ -14,13 +14,7 @@ FIRST = [{"role": "user", "content": "Hello, world! The capital of France is Par
 @pytest.fixture(scope="module")
 def hybrid_server(tmp_path_factory):
     path = tiny_model("tiny-qwen35moe", tmp_path_factory.mktemp("hybrid-server"))
-    srv = ServerProcess(path, "-c", "1024", "-np", "2", "-b", "256", "-ub", "64", "--ctx-checkpoints", "4")
-    try:
-        yield srv.wait_ready()
-    finally:
-        rc = srv.stop()
-    assert rc == 0, srv.log
-    assert "Traceback" not in srv.log and "ERROR vkrt.vulkan" not in srv.log, srv.log
+    yield from serving(path, "-c", "1024", "-np", "2", "-b", "256", "-ub", "64", "--ctx-checkpoints", "4")
 
 
 def chat(srv, messages, cache=True, slot=None):
