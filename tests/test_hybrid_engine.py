@@ -159,6 +159,10 @@ def test_inconsistent_files_are_refused_clearly(paths):
         cfg = ModelConfig.from_metadata(meta, "m.gguf")
         with pytest.raises(GGUFError, match=r"blk\.3\.attn_q\.weight has shape \[64, 256\], expected \[64, 128\]"):
             check_tensors(dataclasses.replace(cfg, head_dim_k=16, head_dim_v=16), tensors, "m.gguf")
+        conv = tensors["blk.0.ssm_conv1d.weight"]
+        f16 = {**tensors, conv.name: dataclasses.replace(conv, type=tensors["token_embd.weight"].type)}
+        with pytest.raises(GGUFError, match=r"blk\.0\.ssm_conv1d\.weight is Q8_0, expected F32"):
+            check_tensors(cfg, f16, "m.gguf")
         meta["qwen35moe.ssm.inner_size"] = 100
         with pytest.raises(ConfigMissing, match="ssm.inner_size 100 != ssm.time_step_rank 4 x ssm.state_size 16"):
             ModelConfig.from_metadata(meta, "m.gguf")

@@ -15,6 +15,9 @@ EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.w
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
 EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS = (
     "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias")
+# roles whose tensors the kernels read as plain F32 vectors (norm weights, biases, the conv taps,
+# DeltaNet's per-head constants); GGUF converters keep them F32
+F32_ROLES = (NORM, BIAS, CONV, SSM_A, DT_BIAS)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ def check_tensors(cfg: ModelConfig, tensors: dict, path: str) -> None:
         info = tensors.get(spec.name)
         if info is not None and _trimmed(info.ne) != _trimmed(spec.ne):
             wrong.append(f"{spec.name} has shape {list(info.ne)}, expected {list(spec.ne)}")
+        elif info is not None and spec.role in F32_ROLES and info.type.name != "F32":
+            wrong.append(f"{spec.name} is {info.type.name}, expected F32")
     if "ffn_gate_up_exps" in " ".join(n for n in tensors if n.startswith("blk.0.")):
         wrong.append("fused gate+up expert stacks (ffn_gate_up_exps) are not supported; use a file with "
                      "separate ffn_gate_exps / ffn_up_exps")
