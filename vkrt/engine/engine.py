@@ -17,7 +17,6 @@ import numpy as np
 from ..commands import CommandSequence
 from ..errors import VkrtError
 from ..memory import F16, Buffer, MemoryKind
-from ..model.arch import ROPE_IMROPE
 from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..owned import Owned
@@ -86,7 +85,6 @@ class Engine(Owned):
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
         self.state: RecurrentState | None = None
-        self.sectioned_rope = cfg.rope_mode == ROPE_IMROPE
         try:
             self.cache = KVCache(dev, cfg.kv_layers, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
             if cfg.linear_layers:
@@ -142,7 +140,7 @@ class Engine(Owned):
                                        self.prefetch.experts() if use_prefetch else None,
                                        self.staging.tensors() if use_staging else None, state=self.state)
         lay = self._layout
-        sizes = {"ids": 4 * n_tokens, "pos": 4 * n_tokens * (4 if self.sectioned_rope else 1),
+        sizes = {"ids": 4 * n_tokens, "pos": 4 * n_tokens * cfg.pos_streams,
                  "cells": 4 * n_tokens, "slots": 4 * n_seqs, "mask": 2 * n_kv * n_tokens,
                  "mask_swa": 2 * n_kv * n_tokens}
         segments: list[list] = [[]]
@@ -255,7 +253,7 @@ class Engine(Owned):
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
         if self.state is not None:
             for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
-                self.state._check(s)
+                self.state.check_slot(s)
                 if self.state.length[s] != p:
                     raise VkrtError(f"sequence {s}: its recurrent state holds {self.state.length[s]} tokens but "
                                     f"the next token is at position {p} (a recurrent state cannot be rewound; "
@@ -270,11 +268,10 @@ class Engine(Owned):
         lay, cfg = self._layout, self.model.cfg
         host = self._inputs.host_bytes
         host[lay["ids"]:lay["ids"] + 4 * n] = ids.view(np.uint8)
-        if self.sectioned_rope:   # text: the t, h and w streams hold the position, e is 0
-            pos4 = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
-            host[lay["pos"]:lay["pos"] + 16 * n] = pos4.view(np.uint8)
-        else:
-            host[lay["pos"]:lay["pos"] + 4 * n] = pos.view(np.uint8)
+        streams = pos   # multi-section RoPE on text: the t, h and w streams hold the position, e is 0
+        if cfg.pos_streams > 1:
+            streams = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
+        host[lay["pos"]:lay["pos"] + streams.nbytes] = streams.view(np.uint8)
         host[lay["cells"]:lay["cells"] + 4 * n] = cells.view(np.uint8)
         host[lay["slots"]:lay["slots"] + 4 * n_seqs] = slots.astype(np.int32).view(np.uint8)
         if "mask" in lay:
@@ -303,7 +300,7 @@ class Engine(Owned):
         if self.state is not None:
             slots = range(self.state.n_slots) if seq_id is None else [seq_id]
             for s in slots:
-                self.state._check(s)
+                self.state.check_slot(s)
             if seq_id is not None and 0 < from_pos < self.state.length[seq_id]:
                 raise VkrtError(f"sequence {seq_id}: cannot keep {from_pos} of the {self.state.length[seq_id]} "
                                 f"tokens of a recurrent state (restore a checkpoint at or before that position)")

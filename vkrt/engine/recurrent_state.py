@@ -39,6 +39,7 @@ class RecurrentState(Owned):
         self._conv_bytes, self._ssm_bytes = 4 * C * (K - 1), 4 * D * D * Hv
         self.layers = cfg.linear_layers
         self.slot_bytes = len(self.layers) * (self._conv_bytes + self._ssm_bytes)
+        self._layer_bytes = n_slots * (self._conv_bytes + self._ssm_bytes)   # a layer's region, all slots
         self.length = np.zeros(n_slots, np.int64)   # tokens each slot's state has absorbed
         self.conv: dict[int, Tensor] = {}
         self.ssm: dict[int, Tensor] = {}
@@ -47,7 +48,7 @@ class RecurrentState(Owned):
         try:
             self._store = Tensor.empty(device, F32, (max(1, self.slot_bytes * n_slots // 4),), name="recurrent state")
             for n, il in enumerate(self.layers):
-                base = n * n_slots * (self._conv_bytes + self._ssm_bytes)
+                base = n * self._layer_bytes
                 self.conv[il] = self._store.view((C, K - 1, n_slots), offset=base, name=f"conv_state.{il}")
                 self.ssm[il] = self._store.view((D, D, Hv, n_slots), offset=base + n_slots * self._conv_bytes,
                                                 name=f"ssm_state.{il}")
@@ -63,21 +64,17 @@ class RecurrentState(Owned):
     def nbytes(self) -> int:
         return self.slot_bytes * self.n_slots
 
-    @property
-    def n_checkpoints_free(self) -> int:
-        return len(self._free)
-
     def describe(self) -> str:
         return f"{len(self.layers)} DeltaNet layers x {self.n_slots} sequences, {fmt_bytes(self.nbytes)}"
 
     def _regions(self, slot: int):
         """(byte offset in the store, bytes) of a slot's pieces, layer by layer."""
         for n in range(len(self.layers)):
-            base = n * self.n_slots * (self._conv_bytes + self._ssm_bytes)
+            base = n * self._layer_bytes
             yield base + slot * self._conv_bytes, self._conv_bytes
             yield base + self.n_slots * self._conv_bytes + slot * self._ssm_bytes, self._ssm_bytes
 
-    def _check(self, slot: int) -> None:
+    def check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.n_slots:
             raise VkrtError(f"sequence {slot} has no recurrent state: this engine holds {self.n_slots} "
                             f"sequence(s) (raise the parallel sequence count, e.g. -np)")
@@ -86,7 +83,7 @@ class RecurrentState(Owned):
         """Zero the state of `slots` (a new sequence starts from zeros)."""
         slots = list(slots)
         for s in slots:
-            self._check(s)
+            self.check_slot(s)
         store = self._store.range()
 
         def record(seq):
@@ -99,7 +96,7 @@ class RecurrentState(Owned):
 
     def save(self, slot: int) -> Checkpoint | None:
         """Copy `slot`'s state into a free checkpoint (None when the pool is exhausted)."""
-        self._check(slot)
+        self.check_slot(slot)
         if not self._free:
             return None
         index = self._free.pop(0)
@@ -108,7 +105,7 @@ class RecurrentState(Owned):
 
     def restore(self, slot: int, ckpt: Checkpoint) -> None:
         """Put a checkpoint's state into `slot` (the checkpoint stays valid)."""
-        self._check(slot)
+        self.check_slot(slot)
         self._copy(slot, ckpt.index, to_pool=False)
         self.length[slot] = ckpt.length
 

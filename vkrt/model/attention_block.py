@@ -32,7 +32,7 @@ def rope_args(cfg, w, il: int) -> dict:
 
 def positions(cfg, s, T):
     """The positions tensor a T-token step reads: 4 streams of T with sectioned RoPE."""
-    return s.pos.slice(0, 0, 4 * T if cfg.rope_mode == ROPE_IMROPE else T)
+    return s.pos.slice(0, 0, cfg.pos_streams * T)
 
 
 def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):

@@ -78,6 +78,11 @@ class ModelConfig:
         return [il for il, layer in enumerate(self.layers) if layer.attn == LINEAR]
 
     @property
+    def pos_streams(self) -> int:
+        """Position streams per token: 4 (t, h, w, e) with multi-section RoPE, else 1."""
+        return 4 if self.rope_mode == ROPE_IMROPE else 1
+
+    @property
     def ssm_conv_dim(self) -> int:
         """Channels of the DeltaNet projection the conv runs over: q, k (Hk heads) and v (Hv heads)."""
         return (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_head_dim

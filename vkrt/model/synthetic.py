@@ -259,9 +259,7 @@ def _synthetic_tensor(t, wtype, etype, embd_type) -> tuple:
         return t.name, "weight", embd_type, shape, 0.5
     if role in (MATRIX, EXPERTS):
         return t.name, "weight", wtype if role == MATRIX else etype, shape, shape[-1] ** -0.5
-    if role == ROUTER:
-        return t.name, "weight", Q.F32, shape, 0.5
-    if role == CONV:
+    if role in (ROUTER, CONV):
         return t.name, "weight", Q.F32, shape, 0.5
     return t.name, role, Q.F32, shape, {NORM: 0.1, BIAS: 0.02, SSM_A: 0.0, DT_BIAS: 0.5}[role]
 
