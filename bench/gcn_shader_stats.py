@@ -135,10 +135,15 @@ def cases(dev) -> list[tuple[str, list]]:
     for hs in (m["head"], 256):
         out += flash_attn_cases(dev, hs, m["ubatch"], "prefill", both=(False, True))
     for typ in types:
-        out += [(f"decode {typ.name}: attention projections", [mat_vec_kernel(dev, typ, 1, tune, xvec4=xvec4)]),
-                (f"decode {typ.name}: experts", [mat_vec_kernel(dev, typ, 1, tune, xvec4=xvec4, mul_mat_id=True)]),
+        hidden, ff = m["hidden"], m["ff_expert"]
+        out += [(f"decode {typ.name}: attention projections",
+                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4).kernel]),
+                (f"decode {typ.name}: expert gate/up", [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4,
+                                                                        mul_mat_id=True).kernel]),
+                (f"decode {typ.name}: expert down", [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4,
+                                                                     mul_mat_id=True).kernel]),
                 (f"decode {typ.name}: expert down with SiLU-GLU (VKRT_FUSE_GLU=1)",
-                 [mat_vec_kernel(dev, typ, 1, tune, xvec4=xvec4, mul_mat_id=True, glu="silu")])]
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4, mul_mat_id=True, glu="silu").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
     # ops that build their pipeline while recording (the same for prefill and decode)
     T, E, D = m["ubatch"], m["hidden"], m["head"]

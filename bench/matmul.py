@@ -5,6 +5,8 @@
                            [--set mv_rows=4 ...] [--peak-gbs 4800] [--json]
 
 dense: W of M rows x K columns (a 3B model's 4096x4096 projection), y = W·x for n tokens.
+--rotate-mib: the dense case cycles through distinct copies of the weight until they add up to
+this many MiB (default 512, above any GPU's L2), so a mat-vec reads DRAM, not cache.
 moe: one expert tensor K x M x n_expert with n_used experts per token (Qwen3-30B-A3B's 2048x768,
 128 experts, 8 used), routing drawn uniformly; weight bytes count each expert any token used once.
 GPU time from timestamps, median of --reps replays of one recorded command buffer. The peer in
@@ -69,16 +71,17 @@ def copy_gbs(dev, nbytes: int, reps: int) -> float:
     return 2 * nbytes / t / 1e9
 
 
-def dense_case(dev, w: Tensor, n: int, reps: int, tuning, rng) -> dict:
-    k, m = w.ne[0], w.ne[1]
+def dense_case(dev, ws: list[Tensor], n: int, reps: int, tuning, rng) -> dict:
+    """One matmul per weight copy in `ws`, timed together; per-copy averages."""
+    k, m = ws[0].ne[0], ws[0].ne[1]
     x = tensor_from_numpy(dev, rng.standard_normal((n, k)).astype(np.float32))
     y = Tensor.empty(dev, "F32", (m, n))
     try:
-        t = timed(dev, lambda seq: matmul(seq, w, x, y, tuning=tuning), reps)
+        t = timed(dev, lambda seq: [matmul(seq, w, x, y, tuning=tuning) for w in ws], reps) / len(ws)
     finally:
         x.close()
         y.close()
-    return {"flops": 2.0 * k * m * n, "weight_bytes": w.nbytes, "seconds": t}
+    return {"flops": 2.0 * k * m * n, "weight_bytes": ws[0].nbytes, "seconds": t}
 
 
 def moe_case(dev, w: Tensor, n_used: int, n: int, reps: int, tuning, rng) -> dict:
@@ -117,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dense", default="4096x4096", help="KxM")
     ap.add_argument("--moe", default="2048x768x128x8", help="KxMxN_EXPERTxN_USED")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rotate-mib", type=int, default=512)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     ap.add_argument("--peak-gbs", type=float, default=None)
     ap.add_argument("--json", action="store_true")
@@ -131,13 +135,17 @@ def main(argv=None) -> int:
         for shape in args.shapes.split(","):
             for name in args.types.split(","):
                 if shape == "dense":
-                    w, dims = random_weight(dev, name, k, m, 1, rng), f"{k}x{m}"
+                    ws = [random_weight(dev, name, k, m, 1, rng)]
+                    while len(ws) < 64 and len(ws) * ws[0].nbytes < args.rotate_mib << 20:
+                        ws.append(random_weight(dev, name, k, m, 1, rng))
+                    w, dims = ws[0], f"{k}x{m}" + (f" x{len(ws)}" if len(ws) > 1 else "")
                 else:
                     w, dims = random_weight(dev, name, mk, mm, me, rng), f"{mk}x{mm} {me}e/{mu}"
+                    ws = [w]
                 try:
                     for n in (int(v) for v in args.n.split(",")):
                         if shape == "dense":
-                            r = dense_case(dev, w, n, args.reps, tuning, rng)
+                            r = dense_case(dev, ws, n, args.reps, tuning, rng)
                         else:
                             r = moe_case(dev, w, mu, n, args.reps, tuning, rng)
                         gbs = r["weight_bytes"] / r["seconds"] / 1e9
@@ -149,7 +157,8 @@ def main(argv=None) -> int:
                         if not args.json:
                             print(_line(row), flush=True)
                 finally:
-                    w.close()
+                    for t in ws:
+                        t.close()
         fields = ("mv_wg", "mv_rows", "mv_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_prefetch")
         info = {"device": dev.profile.name, "arch": dev.profile.architecture.value, "copy_gbs": peer,
                 "tuning": {f: getattr(tuning, f) for f in fields}}

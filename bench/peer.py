@@ -4,7 +4,8 @@ pp2048 (-ub 2048) and tg128 as t/s and ratios, plus vkrt's host time per decode 
     python bench/peer.py [MODEL.gguf ...] [--synthetic smollm2,gemma3] [-r 3] [--json]
 
 --synthetic writes random-weight models with the layer shapes and vocabulary sizes of
-SmolLM2-135M (llama, Q4_1) and Gemma 3 270M (gemma3, Q5_0), for machines without the real files.
+SmolLM2-135M (llama, Q4_1), Gemma 3 270M (gemma3, Q5_0) and Llama-3-8B (llama8b, Q4_K), for
+machines without the real files.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ SHAPES = {
     "gemma3": SyntheticSpec(arch="gemma3", n_layer=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048,
                             n_ctx=32768, weight_type="Q5_0", sliding_window=512, pad_vocab_to=262144,
                             random_blocks=True),
+    # Llama-3-8B's layer shapes and vocabulary in Q4_K: the dense model decode is measured on
+    "llama8b": SyntheticSpec(arch="llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
+                             n_ff=14336, n_ctx=8192, weight_type="Q4_K", pad_vocab_to=128256, random_blocks=True),
 }
 ALL_TESTS = (("pp512", 512, 0, 512), ("pp2048", 2048, 0, 2048), ("tg128", 0, 128, 512), ("pp64", 64, 0, 64),
              ("tg16", 0, 16, 64))
@@ -74,7 +78,7 @@ def llama_side(binary, path, reps, polaris) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*")
-    ap.add_argument("--synthetic", default="", help="comma-separated: smollm2, gemma3")
+    ap.add_argument("--synthetic", default="", help="comma-separated: smollm2, gemma3, llama8b")
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--tests", default="pp512,pp2048,tg128", help="of pp512, pp2048, tg128, pp64, tg16")

@@ -1,13 +1,21 @@
 #version 450
-// Mat-vec for decode: y[j][row] = sum_k W[row][k] * x[j][k] for NC token columns. A workgroup of
-// WG invocations takes NR consecutive rows; each invocation walks runs u = tid, tid + WG, ... of
-// those rows, dequantising inside the dot product, then the workgroup sums its partials.
+// Mat-vec for decode: y[j][row] = sum_k W[row][k] * x[j][k] for NC token columns.
+// A workgroup of WG invocations is WG / TPR row groups of TPR lanes; a group takes NR consecutive
+// rows. A row is cut into units (quant/types.glsl: pieces of a block that lie together) and lane
+// l walks units l, l + TPR, ...: the lanes of a group read neighbouring bytes of a row at once,
+// and every x chunk a lane loads serves its NR rows. TPR is the kernel's choice for K (fewer
+// lanes a row when a row has few units, so short rows still keep every lane busy).
 // With MUL_MAT_ID, workgroup z is one (token, slot) pair of the routing ids and W is the stack of
 // expert matrices; pairs whose expert lies outside [e0, e1) (another binding's) exit at once.
 // With GLU the input is act(x) * u (a gated FFN's down projection): u is laid out like x, and
 // the activation is the one shaders/act.glsl gives the separate kernel.
+// The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
+// within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
+// shared-memory tree.
 #include "common.glsl"
-#ifdef SUBGROUP_ADD
+#if defined(REDUCE_CLUSTER)
+#extension GL_KHR_shader_subgroup_shuffle : enable
+#elif defined(REDUCE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #endif
 
@@ -79,25 +87,29 @@ vec4 glu4(vec4 g, uint i) {
 #endif
 
 #define NV (NR * NC)
-#ifdef SUBGROUP_ADD
+#define GROUPS (WG / TPR)
+#if defined(REDUCE_SUBGROUP)
 shared float red[RED_SG * NV];
-#else
+#elif !defined(REDUCE_CLUSTER)
 shared float red[WG * NV];
 #endif
 
 void main() {
-    const uint tid = gl_LocalInvocationID.x;
-    const uint row0 = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NR;
-    if (row0 >= p.M) {
-        return;
-    }
+#ifdef REDUCE_CLUSTER
+    // a group is TPR neighbouring invocations of one subgroup, whatever the subgroup size
+    const uint flat_ = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+#else
+    const uint flat_ = gl_LocalInvocationID.x;
+#endif
+    const uint lane = flat_ % TPR, group = flat_ / TPR;
+    const uint row0 = ((gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * GROUPS + group) * NR;
     uint wbase = p.w_off, xbase = p.x_off, ybase = p.y_off;
 #ifdef MUL_MAT_ID
     const uint pair = gl_WorkGroupID.z;
     const uint tok = pair / p.n_used, slot = pair % p.n_used;
     const uint e = uint(ids[p.ids_off + tok * p.ids_tok + slot]);
     if (e < p.e0 || e >= p.e1) {
-        return;
+        return;   // uniform across the workgroup
     }
     wbase += (e - p.e0) * p.w_expert;
     xbase += tok * p.x_col + (slot % p.x_slots) * p.x_slot;
@@ -112,42 +124,43 @@ void main() {
         acc[v] = 0.0;
     }
 
-    const uint runs = p.K / QR;
-    for (uint u = tid; u < runs; u += WG) {
-        const uint boff = (u / QRUNS) * QTS, run = u % QRUNS;
-        QRun s[NR];
-        [[unroll]] for (uint r = 0u; r < NR; r++) {
-            s[r] = qrun(rowb[r] + boff, run);
-        }
-        const uint k0 = xbase + u * QR;
-        float dot_[NV], sum_[NC];   // per run: sum(raw * x) per row and column, sum(x) per column
-        [[unroll]] for (uint v = 0u; v < NV; v++) {
-            dot_[v] = 0.0;
-        }
-        [[unroll]] for (uint j = 0u; j < NC; j++) {
-            sum_[j] = 0.0;
-        }
-        [[unroll]] for (uint c = 0u; c < QCH; c++) {
-            vec4 xv[NC];
+    const uint units = (p.K / QK) * QU;
+    for (uint u = lane; u < units; u += TPR) {
+        const uint blk = u / QU, uu = u % QU, boff = blk * QTS;
+        [[unroll]] for (uint i = 0u; i < QU_R; i++) {
+            const uint run = qu_run(uu, i);
+            const uint k0 = xbase + blk * QK + run * QR;
+            // the run's x chunks for every column, then each row's dot product with them:
+            // sum(raw * x) and sum(x), as value = a * raw + b
+            vec4 xv[QU_C * NC];
+            float sum_[NC];
             [[unroll]] for (uint j = 0u; j < NC; j++) {
-                xv[j] = XLOAD4(k0 + j * p.x_col + 4u * c);
-                sum_[j] += dot(xv[j], vec4(1.0));
-            }
-            [[unroll]] for (uint r = 0u; r < NR; r++) {
-                const vec4 raw = qraw(s[r], c);
-                [[unroll]] for (uint j = 0u; j < NC; j++) {
-                    dot_[r * NC + j] += dot(raw, xv[j]);
+                sum_[j] = 0.0;
+                [[unroll]] for (uint c = 0u; c < QU_C; c++) {
+                    xv[c * NC + j] = XLOAD4(k0 + j * p.x_col + 4u * qu_ch(uu, c));
+                    sum_[j] += dot(xv[c * NC + j], vec4(1.0));
                 }
             }
-        }
-        [[unroll]] for (uint r = 0u; r < NR; r++) {
-            [[unroll]] for (uint j = 0u; j < NC; j++) {
-                acc[r * NC + j] += s[r].a * dot_[r * NC + j] + s[r].b * sum_[j];
+            [[unroll]] for (uint r = 0u; r < NR; r++) {
+                const QRun s = qrun(rowb[r] + boff, run);
+                float dot_[NC];
+                [[unroll]] for (uint j = 0u; j < NC; j++) {
+                    dot_[j] = 0.0;
+                }
+                [[unroll]] for (uint c = 0u; c < QU_C; c++) {
+                    const vec4 raw = qraw(s, qu_ch(uu, c));
+                    [[unroll]] for (uint j = 0u; j < NC; j++) {
+                        dot_[j] += dot(raw, xv[c * NC + j]);
+                    }
+                }
+                [[unroll]] for (uint j = 0u; j < NC; j++) {
+                    acc[r * NC + j] += s.a * dot_[j] + s.b * sum_[j];
+                }
             }
         }
     }
 #ifdef QPLAIN
-    for (uint k = runs * QR + tid; k < p.K; k += WG) {   // plain types: K need not be a multiple of 4
+    for (uint k = units * QK + lane; k < p.K; k += TPR) {   // plain types: K need not be a multiple of 4
         [[unroll]] for (uint r = 0u; r < NR; r++) {
             const float wk = qelem(rowb[r], k);
             [[unroll]] for (uint j = 0u; j < NC; j++) {
@@ -157,7 +170,22 @@ void main() {
     }
 #endif
 
-#ifdef SUBGROUP_ADD
+#if defined(REDUCE_CLUSTER)
+    [[unroll]] for (uint step = TPR / 2u; step > 0u; step >>= 1) {
+        [[unroll]] for (uint v = 0u; v < NV; v++) {
+            acc[v] += subgroupShuffleXor(acc[v], step);
+        }
+    }
+    if (lane == 0u) {
+        [[unroll]] for (uint v = 0u; v < NV; v++) {
+            const uint r = v / NC, j = v % NC;
+            if (row0 + r < p.M) {
+                y_data[ybase + j * p.y_col + row0 + r] = acc[v];
+            }
+        }
+    }
+#else
+#if defined(REDUCE_SUBGROUP)
     [[unroll]] for (uint v = 0u; v < NV; v++) {
         const float sum = subgroupAdd(acc[v]);
         if (subgroupElect()) {
@@ -168,27 +196,29 @@ void main() {
     const uint parts = gl_NumSubgroups;
 #else
     [[unroll]] for (uint v = 0u; v < NV; v++) {
-        red[tid * NV + v] = acc[v];
+        red[flat_ * NV + v] = acc[v];
     }
     barrier();
-    [[unroll]] for (uint half_ = WG / 2u; half_ > 0u; half_ >>= 1) {
-        if (tid < half_) {
+    [[unroll]] for (uint half_ = TPR / 2u; half_ > 0u; half_ >>= 1) {
+        if (lane < half_) {
             [[unroll]] for (uint v = 0u; v < NV; v++) {
-                red[tid * NV + v] += red[(tid + half_) * NV + v];
+                red[flat_ * NV + v] += red[(flat_ + half_) * NV + v];
             }
         }
         barrier();
     }
     const uint parts = 1u;
 #endif
-    for (uint v = tid; v < NV; v += WG) {
+    // the group's first lanes store its NV sums (in REDUCE_SUBGROUP the workgroup is one group)
+    for (uint v = lane; v < NV; v += TPR) {
         const uint r = v / NC, j = v % NC;
         if (row0 + r < p.M) {
             float sum = 0.0;
             for (uint i = 0u; i < parts; i++) {
-                sum += red[i * NV + v];
+                sum += red[(i + group * TPR) * NV + v];
             }
             y_data[ybase + j * p.y_col + row0 + r] = sum;
         }
     }
+#endif
 }

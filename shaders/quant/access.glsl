@@ -26,4 +26,15 @@ uint q32(uint b) {
 uvec4 bytes4(uint w) { return uvec4(w, w >> 8, w >> 16, w >> 24) & 0xFFu; }
 uvec4 field4(uint w, uint shift, uint mask) { return bytes4((w >> shift) & (mask * 0x01010101u)); }
 
+// Small unsigned integers (< 2^23) as floats, exactly. QFLOAT_BITS builds the float from its bits
+// (2^23 + v, less 2^23: two full-rate operations) where the int-to-float conversion is slow
+// (NVIDIA: a quarter rate or less); elsewhere the conversion (GCN: v_cvt_f32_ubyte, full rate).
+#ifdef QFLOAT_BITS
+vec4 u8f(uvec4 v) { return uintBitsToFloat(v | 0x4B000000u) - 8388608.0; }
+float u8f(uint v) { return uintBitsToFloat(v | 0x4B000000u) - 8388608.0; }
+#else
+vec4 u8f(uvec4 v) { return vec4(v); }
+float u8f(uint v) { return float(v); }
+#endif
+
 #endif

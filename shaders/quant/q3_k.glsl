@@ -6,6 +6,12 @@
 #define QTS 110
 #define QR 16
 #define QALIGN 2
+// units: 16 bytes of 2-bit low values, all four fields (runs r, r + 2, r + 4, r + 6 of a half)
+#define QU 4
+#define QU_R 4
+#define QU_C 4
+uint qu_run(uint u, uint i) { return 8u * (u >> 1) + (u & 1u) + 2u * i; }
+uint qu_ch(uint u, uint c) { return c; }
 #include "access.glsl"
 
 struct QRun { float a; float b; uint q; uint shift; uint h; uint hbit; };
@@ -22,7 +28,7 @@ QRun qrun(uint blk, uint r) {
 vec4 qraw(QRun s, uint c) {
     const uvec4 lo = field4(q32(s.q + 4u * c), s.shift, 3u);
     const uvec4 hi = field4(q32(s.h + 4u * c), s.hbit, 1u);
-    return vec4(lo | (hi << 2));
+    return u8f(lo | (hi << 2));
 }
 
 vec4 qget(QRun s, uint c) {

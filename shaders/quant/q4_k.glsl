@@ -5,6 +5,13 @@
 #define QTS 144
 #define QR 32
 #define QALIGN 4
+// units: 16 bytes of nibbles, both nibbles (chunks 4 (u % 2) .. + 3 of runs 2 (u / 2), + 1): the
+// scales are decoded once for 32 elements
+#define QU 8
+#define QU_R 2
+#define QU_C 4
+uint qu_run(uint u, uint i) { return 2u * (u >> 1) + i; }
+uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
 #include "access.glsl"
 #include "kscale.glsl"
 
@@ -13,12 +20,12 @@ struct QRun { float a; float b; uint q; uint shift; };
 QRun qrun(uint blk, uint r) {
     const vec2 d = unpackHalf2x16(qw(blk));
     const uvec2 sm = kscale(blk + 4u, r);
-    precise float dl = d.x * float(sm.x);
-    precise float ml = d.y * float(sm.y);
+    precise float dl = d.x * u8f(sm.x);
+    precise float ml = d.y * u8f(sm.y);
     return QRun(dl, -ml, blk + 16u + 32u * (r >> 1), 4u * (r & 1u));
 }
 
-vec4 qraw(QRun s, uint c) { return vec4(field4(qw(s.q + 4u * c), s.shift, 0xFu)); }
+vec4 qraw(QRun s, uint c) { return u8f(field4(qw(s.q + 4u * c), s.shift, 0xFu)); }
 
 vec4 qget(QRun s, uint c) {
     precise vec4 v = s.a * qraw(s, c) + s.b;

@@ -4,6 +4,13 @@
 #define QTS 24
 #define QR 32
 #define QALIGN 4
+// units: one word of nibbles, both nibbles (chunks u and u + 4: 4 lanes read 16 bytes of a block
+// and x in two runs of 16 floats)
+#define QU 4
+#define QU_R 1
+#define QU_C 2
+uint qu_run(uint u, uint i) { return 0u; }
+uint qu_ch(uint u, uint c) { return u + 4u * c; }
 #include "access.glsl"
 
 struct QRun { float a; float b; uint qh; uint q; };
@@ -16,7 +23,7 @@ QRun qrun(uint blk, uint r) {
 vec4 qraw(QRun s, uint c) {
     const uvec4 lo = field4(qw(s.q + 4u * (c & 3u)), 4u * (c >> 2), 0xFu);
     const uvec4 hi = (uvec4(s.qh) >> (uvec4(0u, 1u, 2u, 3u) + 4u * c)) & 1u;
-    return vec4(lo | (hi << 4));
+    return u8f(lo | (hi << 4));
 }
 
 vec4 qget(QRun s, uint c) {

@@ -6,6 +6,12 @@
 #define QTS 210
 #define QR 16
 #define QALIGN 2
+// units: 16 bytes of low nibbles, both nibbles (runs r, r + 4 of a 128-element half)
+#define QU 8
+#define QU_R 2
+#define QU_C 4
+uint qu_run(uint u, uint i) { return 8u * (u >> 2) + (u & 3u) + 4u * i; }
+uint qu_ch(uint u, uint c) { return c; }
 #include "access.glsl"
 
 struct QRun { float a; float b; uint q; uint qshift; uint h; uint hshift; };
@@ -21,7 +27,7 @@ QRun qrun(uint blk, uint r) {
 vec4 qraw(QRun s, uint c) {
     const uvec4 lo = field4(q32(s.q + 4u * c), s.qshift, 0xFu);
     const uvec4 hi = field4(q32(s.h + 4u * c), s.hshift, 3u);
-    return vec4(lo | (hi << 4));
+    return u8f(lo | (hi << 4));
 }
 
 vec4 qget(QRun s, uint c) {

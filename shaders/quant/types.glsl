@@ -8,6 +8,9 @@
 //   vec4 qraw(QRun s, uint c)    raw integer values of elements 4c .. 4c+3 of the run, as floats
 //   vec4 qget(QRun s, uint c)    their exact values, in gguf.quants' order of operations
 // Plain types (QPLAIN) also define qelem(row, k), element k of the row at byte `row`.
+// The mat-vec kernel walks a row in units, pieces of a block that lie together in memory so that
+// neighbouring lanes read neighbouring bytes. A type may define QU units a block, each QU_R runs
+// of QU_C chunks: run qu_run(u, i) (i < QU_R), chunks qu_c0(u) .. + QU_C. Unset: a unit is a run.
 #ifndef VKRT_QUANT_TYPES_GLSL
 #define VKRT_QUANT_TYPES_GLSL
 
@@ -43,6 +46,14 @@
 
 #define QRUNS (QK / QR)   // runs per block
 #define QCH (QR / 4)      // vec4 chunks per run
+
+#ifndef QU
+#define QU QRUNS
+#define QU_R 1
+#define QU_C QCH
+uint qu_run(uint u, uint i) { return u; }
+uint qu_ch(uint u, uint c) { return c; }
+#endif
 
 // elements 4j .. 4j+3 of the block at byte blk
 vec4 dq4(uint blk, uint j) { return qget(qrun(blk, j / QCH), j % QCH); }

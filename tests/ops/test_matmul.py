@@ -88,6 +88,35 @@ def test_gemm_prefetch_is_bit_identical(device, name, k):
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
 
+@pytest.mark.parametrize("name,k,lanes", [("Q4_0", 64, 8), ("Q8_0", 32, 4), ("Q6_K", 256, 8), ("Q2_K", 1024, 16),
+                                         ("Q4_K", 2048, 64), ("F16", 40, 16)])
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_mat_vec_row_groups(device, name, k, lanes, rows):
+    """Rows short enough for a few lanes share a workgroup in groups (lanes sum by subgroup
+    shuffles, a shared-memory tree or subgroup adds, by how many there are); rows past M in
+    the last group are computed and dropped."""
+    from vkrt.ops.matmul import mat_vec_lanes
+    assert mat_vec_lanes(ggml_type(name), k, 64) == lanes
+    check(device, name, 37, k, (1, 2), tuning=dataclasses.replace(device.tuning, mv_wg=64, mv_rows=rows))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_float_bits_is_bit_identical(device, name):
+    """Building small integers' floats from their bits (the NVIDIA tuning) against converting
+    them: the same exact values, so the same sums bit for bit."""
+    rng = np.random.default_rng(9)
+    m, k = 21, k_for(name)
+    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    try:
+        outs = [run(device, w, x[:n], m, tuning=dataclasses.replace(device.tuning, float_bits=on))
+                for on in (False, True) for n in (1, 3)]
+    finally:
+        w.close()
+    for a, b in ((0, 2), (1, 3)):
+        np.testing.assert_array_equal(outs[a].view(np.uint32), outs[b].view(np.uint32))
+
+
 def test_single_row(device):
     check(device, "Q6_K", 1, 256, (1, 3, 70))
 

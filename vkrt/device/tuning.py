@@ -59,8 +59,12 @@ class Tuning:
     # invocation: 64 invocations (one GCN wave), 4 vec4 shared-memory reads per 64 FMAs per K step, and
     # enough workgroups (M / 64 * N / 64) to fill 36 CUs or 132 SMs from n = 512 on.
     mv_wg: int = 64
-    mv_rows: int = 2
+    mv_rows: int = 4
     mv_max_n: int = 8
+    # build small integers' floats from their bits (2^23 + v, less 2^23) in the quantised kernels
+    # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
+    # bounded the mat-vec; GCN's byte conversions are full rate
+    float_bits: bool = False
     mm_bm: int = 64
     mm_bn: int = 64
     mm_bk: int = 16
@@ -143,7 +147,7 @@ TABLE: dict[Arch, Tuning] = {
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),
     Arch.AMD_RDNA3: Tuning(Arch.AMD_RDNA3, subgroup=32),
-    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, fa_fill_groups=512),  # 132 SMs (H200), 4 workgroups each
+    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, fa_fill_groups=512, float_bits=True),  # 132 SMs (H200), 4 workgroups each
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.
     # Flash attention: no subgroup shuffles (a whole dot product per thread ran fastest), loops

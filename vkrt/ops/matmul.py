@@ -24,15 +24,52 @@ MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32
 GLU_ACTS = {"silu": 0, "gelu": 1}
 
 
-def mat_vec_kernel(device, typ, n: int, tuning, *, xvec4: bool, mul_mat_id: bool = False, glu: str | None = None):
-    """The mat-vec pipeline for `typ` and `n` token columns (1 for mul_mat_id); with `glu`
-    ('silu' or 'gelu') its input is act(x) * u."""
+# units a block of each type in the mat-vec (QU in shaders/quant/<type>.glsl; unset: one per run)
+MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
+            "Q8_0": 4}
+
+
+def mat_vec_lanes(typ, k: int, wg: int) -> int:
+    """Lanes a row (TPR) for rows of k elements of `typ`: enough for every unit of a row, a power
+    of two, at most the workgroup."""
+    if typ.quantized:
+        units = (k // typ.block_size) * MV_UNITS.get(typ.name, 1)
+    else:
+        units = k // 4 + (k % 4 > 0)
+    lanes = 1
+    while lanes < min(units, wg):
+        lanes *= 2
+    return lanes
+
+
+class MatVec:
+    """A mat-vec pipeline and its geometry: `rows` rows a workgroup (tuning.mv_rows a group of
+    `lanes` lanes, mv_wg / lanes groups)."""
+
+    def __init__(self, kern, lanes: int, rows: int):
+        self.kernel, self.lanes, self.rows = kern, lanes, rows
+
+    def groups(self, m: int, device) -> tuple[int, int]:
+        """The (x, y) workgroup grid for m rows."""
+        return fold(-(-m // self.rows), device)
+
+
+def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_id: bool = False,
+                   glu: str | None = None) -> MatVec:
+    """The mat-vec pipeline for `typ`, rows of `k` elements and `n` token columns (1 for
+    mul_mat_id); with `glu` ('silu' or 'gelu') its input is act(x) * u."""
     wg = tuning.mv_wg
-    if wg & (wg - 1) or wg > device.profile.max_workgroup_invocations:
+    prof = device.profile
+    if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
-    defines = {**type_defines(typ), "WG": wg, "NR": tuning.mv_rows, "NC": n}
-    if device.profile.subgroup_arithmetic:
-        defines.update(SUBGROUP_ADD=1, RED_SG=max(1, wg // max(device.profile.subgroup_min, 1)))
+    lanes = mat_vec_lanes(typ, k, wg)
+    defines = {**type_defines(typ), "WG": wg, "NR": tuning.mv_rows, "NC": n, "TPR": lanes}
+    if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
+        defines["REDUCE_CLUSTER"] = 1
+    elif prof.subgroup_arithmetic and lanes == wg:
+        defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
+    if tuning.float_bits:
+        defines["QFLOAT_BITS"] = 1
     if xvec4:
         defines["XVEC4"] = 1
     if mul_mat_id:
@@ -41,7 +78,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, xvec4: bool, mul_mat_id: bool
     if glu is not None:
         defines.update(GLU=1, ACT=GLU_ACTS[glu])
         push = PushConstants(*push.fields, ("u_off", "u32"))
-    return kernel(device, "mul_mv", defines=defines, push=push)
+    kern = kernel(device, "mul_mv", defines=defines, push=push)
+    return MatVec(kern, lanes, tuning.mv_rows * (wg // lanes))
 
 
 def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
@@ -121,7 +159,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         extra, extra_push = [ur], {"u_off": uo}
     xvec4 = vec4_ok(x2, xo, x_col) and (up is None or extra_push["u_off"] % 4 == 0)
     if n <= tune.mv_max_n:
-        kern = mat_vec_kernel(device, typ, n, tune, xvec4=xvec4, glu=act if up is not None else None)
+        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, glu=act if up is not None else None)
+        kern = mv.kernel
     else:
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
     for a, b in chunks(1, device, max_binding, w):
@@ -129,7 +168,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                 "y_off": yo + a, "y_col": y_col, **extra_push}
         if n <= tune.mv_max_n:
-            groups = (*fold(-(-(b - a) // tune.mv_rows), device), 1)
+            groups = (*mv.groups(b - a, device), 1)
         else:
             push["N"] = n
             groups = (-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1)

@@ -12,7 +12,7 @@ from ..errors import UnsupportedShape
 from ..memory import I32, MemoryKind, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
-from .matmul import fold, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok
+from .matmul import gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok
 from .quant import bind_words, check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -84,12 +84,13 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     xvec4 = vec4_ok(x, xo, x_slot, x_tok) and common.get("u_off", 0) % 4 == 0
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
-        kern = mat_vec_kernel(device, typ, 1, tune, xvec4=xvec4, mul_mat_id=True, glu=act if up is not None else None)
+        mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True,
+                            glu=act if up is not None else None)
         for e0, e1 in pieces:
             wr, wo = bind_words(w.slice(2, e0, e1), device, max_binding)
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
-            seq.dispatch(kern, [wr, xr, yr, ir, *extra], push=push,
-                         groups=(*fold(-(-m // tune.mv_rows), device), n_tokens * n_used))
+            seq.dispatch(mv.kernel, [wr, xr, yr, ir, *extra], push=push,
+                         groups=(*mv.groups(m, device), n_tokens * n_used))
         return
     if routes is None or routes.n_expert != n_expert or routes.max_tokens < n_tokens:
         raise UnsupportedShape(f"mul_mat_id of {n_tokens} tokens needs RouteTable(device, {n_expert}, >= {n_tokens}), "
