@@ -8,7 +8,9 @@
 // With MUL_MAT_ID, workgroup z is one (token, slot) pair of the routing ids and W is the stack of
 // expert matrices; pairs whose expert lies outside [e0, e1) (another binding's) exit at once.
 // With GLU the input is act(x) * u (a gated FFN's down projection): u is laid out like x, and
-// the activation is the one shaders/act.glsl gives the separate kernel.
+// the activation is the one shaders/act.glsl gives the separate kernel. With GATE_UP the output
+// is act(W·x) * (W2·x) (a gated FFN's gate and up projections in one pass): W2 lies in the same
+// binding at w2_off, laid out like W, and its rows are dotted with the same x as extra rows.
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
 // within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
 // shared-memory tree.
@@ -31,8 +33,13 @@ layout(binding = 1) readonly buffer X { float x_data[]; };
 #define XRAW4(i) vec4(x_data[i], x_data[(i) + 1u], x_data[(i) + 2u], x_data[(i) + 3u])
 #define XRAW1(i) x_data[i]
 #endif
-#ifdef GLU
+#if defined(GLU) && defined(GATE_UP)
+#error "GLU and GATE_UP exclude each other"
+#endif
+#if defined(GLU) || defined(GATE_UP)
 #include "act.glsl"
+#endif
+#ifdef GLU
 #ifdef MUL_MAT_ID
 #define U_BINDING 4
 #else
@@ -71,6 +78,9 @@ layout(push_constant) uniform Push {
 #ifdef GLU
     uint u_off;    // float offset of u (its strides are x's)
 #endif
+#ifdef GATE_UP
+    uint w2_off;   // byte offset of W2's row 0 (of expert e0) in W
+#endif
 } p;
 
 #ifdef GLU
@@ -87,11 +97,34 @@ vec4 glu4(vec4 g, uint i) {
 #endif
 
 #define NV (NR * NC)
+#ifdef GATE_UP
+#define NW (2 * NR)   // weight rows a group dots: NR of W, then the same NR of W2
+#else
+#define NW NR
+#endif
+#define NA (NW * NC)
 #define GROUPS (WG / TPR)
 #if defined(REDUCE_SUBGROUP)
-shared float red[RED_SG * NV];
+shared float red[RED_SG * NA];
 #elif !defined(REDUCE_CLUSTER)
-shared float red[WG * NV];
+shared float red[WG * NA];
+#endif
+
+#if !defined(REDUCE_CLUSTER)
+// the sum of value v of this invocation's group over the parts left in red
+float part_sum(uint v, uint group, uint parts) {
+    float sum = 0.0;
+    for (uint i = 0u; i < parts; i++) {
+        sum += red[(i + group * TPR) * NA + v];
+    }
+    return sum;
+}
+#endif
+
+#ifdef GATE_UP
+#define RESULT(v, sum) glu_fn(sum(v), sum((v) + NV))
+#else
+#define RESULT(v, sum) sum(v)
 #endif
 
 void main() {
@@ -104,6 +137,9 @@ void main() {
     const uint lane = flat_ % TPR, group = flat_ / TPR;
     const uint row0 = ((gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * GROUPS + group) * NR;
     uint wbase = p.w_off, xbase = p.x_off, ybase = p.y_off;
+#ifdef GATE_UP
+    uint wbase2 = p.w2_off;
+#endif
 #ifdef MUL_MAT_ID
     const uint pair = gl_WorkGroupID.z;
     const uint tok = pair / p.n_used, slot = pair % p.n_used;
@@ -112,15 +148,21 @@ void main() {
         return;   // uniform across the workgroup
     }
     wbase += (e - p.e0) * p.w_expert;
+#ifdef GATE_UP
+    wbase2 += (e - p.e0) * p.w_expert;
+#endif
     xbase += tok * p.x_col + (slot % p.x_slots) * p.x_slot;
     ybase += tok * p.y_col + slot * p.y_slot;
 #endif
-    uint rowb[NR];
+    uint rowb[NW];
     [[unroll]] for (uint r = 0u; r < NR; r++) {
         rowb[r] = wbase + min(row0 + r, p.M - 1u) * p.w_row;   // rows past M read row M-1, unused
+#ifdef GATE_UP
+        rowb[NR + r] = wbase2 + min(row0 + r, p.M - 1u) * p.w_row;
+#endif
     }
-    float acc[NV];
-    [[unroll]] for (uint v = 0u; v < NV; v++) {
+    float acc[NA];
+    [[unroll]] for (uint v = 0u; v < NA; v++) {
         acc[v] = 0.0;
     }
 
@@ -141,7 +183,7 @@ void main() {
                     sum_[j] += dot(xv[c * NC + j], vec4(1.0));
                 }
             }
-            [[unroll]] for (uint r = 0u; r < NR; r++) {
+            [[unroll]] for (uint r = 0u; r < NW; r++) {
                 const QRun s = qrun(rowb[r] + boff, run);
                 float dot_[NC];
                 [[unroll]] for (uint j = 0u; j < NC; j++) {
@@ -161,7 +203,7 @@ void main() {
     }
 #ifdef QPLAIN
     for (uint k = units * QK + lane; k < p.K; k += TPR) {   // plain types: K need not be a multiple of 4
-        [[unroll]] for (uint r = 0u; r < NR; r++) {
+        [[unroll]] for (uint r = 0u; r < NW; r++) {
             const float wk = qelem(rowb[r], k);
             [[unroll]] for (uint j = 0u; j < NC; j++) {
                 acc[r * NC + j] += wk * XLOAD1(xbase + j * p.x_col + k);
@@ -172,52 +214,50 @@ void main() {
 
 #if defined(REDUCE_CLUSTER)
     [[unroll]] for (uint step = TPR / 2u; step > 0u; step >>= 1) {
-        [[unroll]] for (uint v = 0u; v < NV; v++) {
+        [[unroll]] for (uint v = 0u; v < NA; v++) {
             acc[v] += subgroupShuffleXor(acc[v], step);
         }
     }
     if (lane == 0u) {
+#define ACC(v) acc[v]
         [[unroll]] for (uint v = 0u; v < NV; v++) {
             const uint r = v / NC, j = v % NC;
             if (row0 + r < p.M) {
-                y_data[ybase + j * p.y_col + row0 + r] = acc[v];
+                y_data[ybase + j * p.y_col + row0 + r] = RESULT(v, ACC);
             }
         }
     }
 #else
 #if defined(REDUCE_SUBGROUP)
-    [[unroll]] for (uint v = 0u; v < NV; v++) {
+    [[unroll]] for (uint v = 0u; v < NA; v++) {
         const float sum = subgroupAdd(acc[v]);
         if (subgroupElect()) {
-            red[gl_SubgroupID * NV + v] = sum;
+            red[gl_SubgroupID * NA + v] = sum;
         }
     }
     barrier();
     const uint parts = gl_NumSubgroups;
 #else
-    [[unroll]] for (uint v = 0u; v < NV; v++) {
-        red[flat_ * NV + v] = acc[v];
+    [[unroll]] for (uint v = 0u; v < NA; v++) {
+        red[flat_ * NA + v] = acc[v];
     }
     barrier();
     [[unroll]] for (uint half_ = TPR / 2u; half_ > 0u; half_ >>= 1) {
         if (lane < half_) {
-            [[unroll]] for (uint v = 0u; v < NV; v++) {
-                red[flat_ * NV + v] += red[(flat_ + half_) * NV + v];
+            [[unroll]] for (uint v = 0u; v < NA; v++) {
+                red[flat_ * NA + v] += red[(flat_ + half_) * NA + v];
             }
         }
         barrier();
     }
     const uint parts = 1u;
 #endif
-    // the group's first lanes store its NV sums (in REDUCE_SUBGROUP the workgroup is one group)
+    // the group's first lanes store its NV results (in REDUCE_SUBGROUP the workgroup is one group)
     for (uint v = lane; v < NV; v += TPR) {
         const uint r = v / NC, j = v % NC;
         if (row0 + r < p.M) {
-            float sum = 0.0;
-            for (uint i = 0u; i < parts; i++) {
-                sum += red[(i + group * TPR) * NV + v];
-            }
-            y_data[ybase + j * p.y_col + row0 + r] = sum;
+#define PSUM(v) part_sum(v, group, parts)
+            y_data[ybase + j * p.y_col + row0 + r] = RESULT(v, PSUM);
         }
     }
 #endif

@@ -3,7 +3,8 @@ residual add inside the next RMS norm (VKRT_FUSE_ADD_NORM=0: add, then norm; two
 a layer), q/k norm + RoPE + K's cache store in one kernel (VKRT_FUSE_NORM_ROPE=0: norms, ropes,
 set_rows; three commands fewer a layer with q/k norms, one without) and, for decode, the gated
 activation inside the down projection's mat-vec (VKRT_FUSE_GLU=1, off by default: one command
-fewer a layer and decode step)."""
+fewer a layer and decode step), and for decode the gate and up projections in one pass with the
+activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a gated FFN)."""
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ PROMPT = [5, 9, 2, 11, 3, 7, 1, 4]
 
 
 def run(device, path, monkeypatch, fuse: bool, variable: str = "VKRT_FUSE_ADD_NORM", **engine_kw):
+    if variable == "VKRT_FUSE_GLU":   # the down projection's activation applies where gate and up are apart
+        monkeypatch.setenv("VKRT_FUSE_GATE_UP", "0")
     monkeypatch.setenv(variable, "1" if fuse else "0")
     with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
             Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
@@ -62,12 +65,31 @@ def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_m
     assert n_plain - n_fused == 2 * cfg.n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
 
 
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
+                                            ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen35", 0)])
+def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
+    """Dense (silu, gemma3's gelu), expert and shared-expert gate/up pairs in VRAM (the loader
+    puts each pair in one allocation); experts staged from host stay apart and still agree."""
+    path = tiny_model(name, tmp_path)
+    kw = dict(n_cpu_moe=n_cpu_moe, stage_experts=True)
+    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_GATE_UP", **kw)
+    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_GATE_UP", **dict(kw))
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    ffns = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe") else 1   # a shared expert is a second gated FFN
+    fewer = 2 * 2 * (cfg.n_layer * ffns - n_cpu_moe)   # both graphs are mat-vec sized
+    if n_cpu_moe:   # host experts fuse only where a prefetch slot holds gate and up together
+        assert fewer <= n_plain - n_fused <= fewer + 2 * 2 * n_cpu_moe and (n_plain - n_fused) % 4 == 0
+    else:
+        assert n_plain - n_fused == fewer
+
+
 def test_fusion_defaults(monkeypatch):
     """Unset: add+norm fused, GLU separate; =0 / =1 force either."""
     from vkrt.model.transformer import fused
     monkeypatch.delenv("VKRT_FUSE_ADD_NORM", raising=False)
     monkeypatch.delenv("VKRT_FUSE_GLU", raising=False)
-    assert fused("ADD_NORM") and not fused("GLU")
+    monkeypatch.delenv("VKRT_FUSE_GATE_UP", raising=False)
+    assert fused("ADD_NORM") and not fused("GLU") and fused("GATE_UP")
     monkeypatch.setenv("VKRT_FUSE_GLU", "1")
     monkeypatch.setenv("VKRT_FUSE_ADD_NORM", "0")
     assert fused("GLU") and not fused("ADD_NORM")

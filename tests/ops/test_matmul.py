@@ -214,3 +214,30 @@ def test_fused_gated_activation_is_bit_identical(device, name, k, n, act):
     finally:
         for t in (w, g, u, h, y1, y2):
             t.close()
+
+
+@pytest.mark.parametrize("name,k,n,act", [("Q4_K", 512, 1, "silu"), ("Q6_K", 256, 2, "gelu"), ("Q4_0", 64, 3, "silu"),
+                                          ("Q8_0", 2048, 1, "silu"), ("F16", 13, 1, "gelu")])
+def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
+    """matmul(W, x, up_weight=U) against W·x and U·x apart then the activation, bit for bit;
+    gate and up rows of one tensor (one buffer), 19 rows (a part group); an up weight of another
+    shape is refused with a clear error."""
+    from vkrt.commands import run_once
+    from vkrt.ops.elementwise import activation
+    m = 19
+    rng = np.random.default_rng(k + n)
+    both = weight_tensor(device, name, random_blocks(name, 2 * m, k, rng, scale=0.5), (k, 2 * m))
+    gate, up = both.slice(1, 0, m), both.slice(1, m, 2 * m)
+    x = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32) * 2)
+    g, u, h1, h2 = (Tensor.empty(device, "F32", (m, n)) for _ in range(4))
+    other = both.slice(1, 0, m - 1)
+    try:
+        run_once(device, lambda seq: (matmul(seq, gate, x, g), matmul(seq, up, x, u),
+                                      activation(seq, act, g, h1, up=u)))
+        run_once(device, lambda seq: matmul(seq, gate, x, h2, up_weight=up, act=act))
+        np.testing.assert_array_equal(read_tensor(h2).view(np.uint32), read_tensor(h1).view(np.uint32))
+        with pytest.raises(UnsupportedShape, match="one pass"):
+            run_once(device, lambda seq: matmul(seq, gate, x, h2, up_weight=other, act=act))
+    finally:
+        for t in (both, x, g, u, h1, h2):
+            t.close()

@@ -13,9 +13,10 @@ from ..memory.host_import import registration_enabled
 from ..owned import Owned
 from ..units import fmt_bytes
 from .config import ModelConfig
-from .gguf_file import GGUFFile
+from ..ops.binding import binding_limit
+from .gguf_file import PAIR_ALIGN, GGUFFile
 from .tokenizer import Tokenizer
-from .tensors import check_tensors, required_tensors
+from .tensors import GATE_UP, check_tensors, required_tensors
 
 log = logging.getLogger("vkrt")
 
@@ -107,7 +108,15 @@ class Model(Owned):
                      skipped, cfg.n_layer_nextn)
         host = [n for n in names if host_resident(n)]
         vram = [n for n in names if n not in set(host)]
-        self.weights.update(self.gguf.upload(self.device, vram))
+        limit = binding_limit(self.device)
+        together = []
+        for il in range(cfg.n_layer):
+            for g, u in GATE_UP:
+                g, u = f"blk.{il}.{g}", f"blk.{il}.{u}"
+                if g in self.gguf.tensors and u in self.gguf.tensors and \
+                        self.gguf.tensor(g).nbytes + self.gguf.tensor(u).nbytes + PAIR_ALIGN <= limit:
+                    together.append((g, u))
+        self.weights.update(self.gguf.upload(self.device, vram, together=together))
         self.placement.vram_bytes = sum(self.gguf.tensor(n).nbytes for n in vram)
         if host:
             self._map_host(host, registration_enabled() if pin is None else pin)

@@ -11,6 +11,9 @@ from .arch import DENSE, LINEAR, MOE_SHARED
 from .config import ModelConfig
 
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+# a gated FFN's gate and up weights, read in one mat-vec pass when they share an allocation
+GATE_UP = (("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_exps.weight", "ffn_up_exps.weight"),
+           ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
 
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
 EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS = (

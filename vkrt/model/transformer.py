@@ -23,7 +23,7 @@ from ..errors import GGUFError
 from ..memory import Tensor
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
-from ..ops.matmul import matmul
+from ..ops.matmul import gate_up_pair, matmul
 from ..ops.moe import moe_combine, moe_route
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mul_mat_id
@@ -41,8 +41,10 @@ from .tensors import EXPERT_TENSORS, required_tensors
 # gated activation inside the down mat-vec). GLU is off: the fused mat-vec redoes the activation
 # once per row group (M / mv_rows times per input), which cost more than the separate kernel it
 # saves where the weights are in VRAM (H200, 8-layer 30B-A3B shape, decode: 639 us fused vs
-# 507 us separate per step; bench/decode_profile.py).
-FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True}
+# 507 us separate per step; bench/decode_profile.py). GATE_UP (decode: the gate and up
+# projections in one mat-vec pass with the gated activation on its output, where the loader put
+# both weights in one allocation): one dispatch and one kernel fewer a layer.
+FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True, "GATE_UP": True}
 
 
 def fused(what: str) -> bool:
@@ -169,6 +171,26 @@ class Transformer:
         """Decode-sized down projections take the gated activation inside their mat-vec."""
         return T <= seq.device.tuning.mv_max_n and fused("GLU")
 
+    @staticmethod
+    def _fuse_gate_up(seq, T, gate: Tensor, up: Tensor, act: str) -> bool:
+        """Decode-sized gate and up projections run as one pass where their weights allow it."""
+        return (T <= seq.device.tuning.mv_max_n and fused("GATE_UP")
+                and gate_up_pair(gate, up, seq.device, act) is not None)
+
+    def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act):
+        """o = down·(act(gate·cur) * (up·cur)) through the fused passes that apply."""
+        if self._fuse_gate_up(seq, T, gate, up, act):
+            matmul(seq, gate, cur, h, up_weight=up, act=act)
+            matmul(seq, down, h, o)
+            return
+        matmul(seq, gate, cur, g)
+        matmul(seq, up, cur, u)
+        if self._fuse_glu(seq, T):   # decode: the activation happens inside the down mat-vec
+            matmul(seq, down, g, o, up=u, act=act)
+        else:
+            activation(seq, act, g, h, up=u)
+            matmul(seq, down, h, o)
+
     def add_norm(self, seq, s, T, name, first: int = 0):
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
         output into x (one fused kernel unless VKRT_FUSE_ADD_NORM=0)."""
@@ -189,13 +211,8 @@ class Transformer:
         cur = s.cols("cur", T)
         self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
         g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
-        matmul(seq, w[p + "ffn_gate.weight"], cur, g)
-        matmul(seq, w[p + "ffn_up.weight"], cur, u)
-        if self._fuse_glu(seq, T):   # decode: the activation happens inside the down mat-vec
-            matmul(seq, w[p + "ffn_down.weight"], g, o, up=u, act=cfg.activation)
-        else:
-            activation(seq, cfg.activation, g, h, up=u)
-            matmul(seq, w[p + "ffn_down.weight"], h, o)
+        self._gated_ffn(seq, T, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"], cur,
+                        g, u, h, o, cfg.activation)
         if cfg.post_norms:
             self.norm(seq, o, o, p + "post_ffw_norm.weight")
         s.pending = o
@@ -225,25 +242,25 @@ class Transformer:
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
         (gw, gi), (uw, ui), (dw, di) = stacks
-        mul_mat_id(seq, gw, x3, gi, ge, s.routes)
-        mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-        if self._fuse_glu(seq, T):
+        if gi is ui and self._fuse_gate_up(seq, T, gw, uw, "silu"):
+            mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw)
+            mul_mat_id(seq, dw, he, di, de, s.routes)
+        elif self._fuse_glu(seq, T):
+            mul_mat_id(seq, gw, x3, gi, ge, s.routes)
+            mul_mat_id(seq, uw, x3, ui, ue, s.routes)
             mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act="silu")
         else:
+            mul_mat_id(seq, gw, x3, gi, ge, s.routes)
+            mul_mat_id(seq, uw, x3, ui, ue, s.routes)
             activation(seq, "silu", ge, he, up=ue)
             mul_mat_id(seq, dw, he, di, de, s.routes)
         o = s.cols("o", T)
         shared = gate_logit = None
         if cfg.layers[il].ffn == MOE_SHARED:
             sg, su, sh = s.cols("sg", T), s.cols("su", T), s.cols("sh", T)
-            matmul(seq, w[p + "ffn_gate_shexp.weight"], cur, sg)
-            matmul(seq, w[p + "ffn_up_shexp.weight"], cur, su)
             shared = s.cols("o", T)
-            if self._fuse_glu(seq, T):
-                matmul(seq, w[p + "ffn_down_shexp.weight"], sg, shared, up=su, act="silu")
-            else:
-                activation(seq, "silu", sg, sh, up=su)
-                matmul(seq, w[p + "ffn_down_shexp.weight"], sh, shared)
+            self._gated_ffn(seq, T, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
+                            w[p + "ffn_down_shexp.weight"], cur, sg, su, sh, shared, "silu")
             gate_logit = s.cols("sgate", T)
             inp = w[p + "ffn_gate_inp_shexp.weight"]
             matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)

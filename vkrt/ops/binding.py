@@ -38,3 +38,17 @@ def bind_tensor(t: Tensor, device=None, *, min_align: int = 1, max_binding: int 
     if end - start > limit:
         raise RangeTooLarge(f"{t!r} spans {end - start} bytes; one binding may cover {limit}")
     return BufferRange(t.buffer, start, end - start), t.offset - start
+
+
+def bind_together(tensors, device, *, min_align: int = 1, max_binding: int | None = None):
+    """One range covering every tensor of `tensors` (all in one buffer) and each one's byte offset
+    inside it; None when they lie in different buffers or together exceed one binding."""
+    buf = tensors[0].buffer
+    if any(t.buffer is not buf for t in tensors):
+        return None
+    align = max(device.profile.min_storage_buffer_offset_alignment, min_align)
+    start = min(t.offset for t in tensors) // align * align
+    end = -(-max(t.offset + t.span for t in tensors) // 4) * 4
+    if end > buf.size or end - start > binding_limit(device, max_binding):
+        return None
+    return BufferRange(buf, start, end - start), [t.offset - start for t in tensors]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
-from .quant import bind_words, check_layout, chunks, flat_rows, kernel_type, type_defines
+from .binding import bind_together
+from .quant import WORD_ALIGN, bind_words, check_layout, chunks, flat_rows, kernel_type, type_defines
 
 _COMMON = (("K", "u32"), ("M", "u32"))
 _OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
@@ -55,9 +56,10 @@ class MatVec:
 
 
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_id: bool = False,
-                   glu: str | None = None) -> MatVec:
+                   glu: str | None = None, gate_up: str | None = None) -> MatVec:
     """The mat-vec pipeline for `typ`, rows of `k` elements and `n` token columns (1 for
-    mul_mat_id); with `glu` ('silu' or 'gelu') its input is act(x) * u."""
+    mul_mat_id); with `glu` ('silu' or 'gelu') its input is act(x) * u; with `gate_up` (an
+    activation) its output is act(W·x) * (W2·x)."""
     wg = tuning.mv_wg
     prof = device.profile
     if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
@@ -78,8 +80,24 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_
     if glu is not None:
         defines.update(GLU=1, ACT=GLU_ACTS[glu])
         push = PushConstants(*push.fields, ("u_off", "u32"))
+    if gate_up is not None:
+        defines.update(GATE_UP=1, ACT=GLU_ACTS[gate_up])
+        push = PushConstants(*push.fields, ("w2_off", "u32"))
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, lanes, tuning.mv_rows * (wg // lanes))
+
+
+def gate_up_pair(gate: Tensor, up: Tensor, device, act: str):
+    """(binding, gate byte offset, up byte offset) when gate and up weights can be read in one
+    mat-vec pass (same type and layout, one binding covers both); else None."""
+    if act not in GLU_ACTS or up.type != gate.type or up.ne != gate.ne or up.nb != gate.nb:
+        return None
+    check_layout(up, "up weight")
+    both = bind_together([gate, up], device, min_align=WORD_ALIGN)
+    if both is None:
+        return None
+    rng, (go, uo) = both
+    return rng, go, uo
 
 
 def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
@@ -132,11 +150,12 @@ def vec4_ok(t: Tensor, off: int, *strides: int) -> bool:
 
 
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
-           up: Tensor | None = None, act: str = "silu") -> None:
+           up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_max_n uses the mat-vec
     kernel, more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
-    With `up` (mat-vec sizes only), y = W·(act(x) * up)."""
+    With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
+    see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
@@ -158,6 +177,16 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         ur, uo = glu_operand(f32_operand(up, "matmul up", k), x2, act, device)
         extra, extra_push = [ur], {"u_off": uo}
     xvec4 = vec4_ok(x2, xo, x_col) and (up is None or extra_push["u_off"] % 4 == 0)
+    if up_weight is not None:
+        pair = gate_up_pair(w, up_weight, device, act) if up is None and n <= tune.mv_max_n else None
+        if pair is None:
+            raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
+                                   f"{tune.mv_max_n} columns, same type and layout, one binding for both)")
+        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, gate_up=act)
+        push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
+                "y_off": yo, "y_col": y_col}
+        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=(*mv.groups(m, device), 1))
+        return
     if n <= tune.mv_max_n:
         mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, glu=act if up is not None else None)
         kern = mv.kernel

@@ -12,7 +12,7 @@ from ..errors import UnsupportedShape
 from ..memory import I32, MemoryKind, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
-from .matmul import gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok
+from .matmul import gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok
 from .quant import bind_words, check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -57,11 +57,13 @@ def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor):
 
 
 def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteTable | None = None, *,
-               tuning=None, max_binding: int | None = None, up: Tensor | None = None, act: str = "silu") -> None:
+               tuning=None, max_binding: int | None = None, up: Tensor | None = None, act: str = "silu",
+               up_weight: Tensor | None = None) -> None:
     """Record the expert matmul. w: (K, M, n_expert) of a supported type; x: F32 (K, 1 or n_used,
     n_tokens); ids: I32 (n_used, n_tokens) expert indices, distinct per token; y: F32 (M, n_used,
     n_tokens). More than tuning.mv_max_n tokens need `routes` (RouteTable(device, n_expert, >=
-    n_tokens)). An expert stack larger than one binding runs in expert ranges."""
+    n_tokens)). An expert stack larger than one binding runs in expert ranges. With `up_weight`
+    (an up stack laid out like w; mat-vec sizes only), y = act(w·x) * (up_weight·x) in one pass."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
@@ -82,6 +84,16 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         ur, common["u_off"] = glu_operand(up, x, act, device)
         extra = [ur]
     xvec4 = vec4_ok(x, xo, x_slot, x_tok) and common.get("u_off", 0) % 4 == 0
+    if up_weight is not None:
+        pair = gate_up_pair(w, up_weight, device, act) if up is None and n_tokens <= tune.mv_max_n else None
+        if pair is None:
+            raise UnsupportedShape(f"mul_mat_id: {w!r} and {up_weight!r} cannot be read in one pass (at most "
+                                   f"{tune.mv_max_n} tokens, same type and layout, one binding for both)")
+        mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True, gate_up=act)
+        push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
+                "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
+        seq.dispatch(mv.kernel, [pair[0], xr, yr, ir], push=push, groups=(*mv.groups(m, device), n_tokens * n_used))
+        return
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True,
