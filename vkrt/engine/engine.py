@@ -4,6 +4,11 @@ Per step the host writes token ids, positions, KV cells and the attention mask i
 host-visible buffer and submits the sequence recorded for that shape (n_tokens, KV cells to
 attend, logits wanted); the sequence starts by copying those inputs to the GPU and ends by
 copying the logits back. Host work per step does not depend on the number of layers.
+
+Greedy decoding keeps the token on the GPU (Engine.greedy): each step ends with an argmax that
+writes the next token where the following step reads it and 4 bytes for the host, and the step
+after is submitted before the host reads that token (inputs are double-buffered), so host work
+overlaps the GPU's.
 """
 
 from __future__ import annotations
@@ -11,14 +16,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from ..commands import CommandSequence
 from ..errors import VkrtError
-from ..memory import F16, Buffer, MemoryKind
+from ..memory import F16, I32, Buffer, BufferRange, MemoryKind, Tensor
 from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
+from ..ops.argmax import MAX_PARTS, argmax
 from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
@@ -84,6 +91,7 @@ class Engine(Owned):
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
+        self._tokens = self._argmax_part = None
         self.state: RecurrentState | None = None
         try:
             self.cache = KVCache(dev, cfg.kv_layers, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
@@ -94,7 +102,10 @@ class Engine(Owned):
             for name, t in self.scratch.inputs().items():   # host copies of the step inputs, packed
                 self._layout[name] = size
                 size += -(-t.nbytes // 16) * 16
-            self._inputs = Buffer(dev, size, MemoryKind.HOST, label="step inputs")
+            self._inputs_size = size   # two copies: a step's inputs are written while the last one runs
+            self._inputs = Buffer(dev, 2 * size, MemoryKind.HOST, label="step inputs")
+            self._tokens = Buffer(dev, 64, MemoryKind.READBACK, label="greedy tokens")
+            self._argmax_part = Tensor.empty(dev, I32, (2 * MAX_PARTS,), name="argmax partials")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
@@ -119,11 +130,16 @@ class Engine(Owned):
         """Whether the model keeps a recurrent state (it cannot be rewound: see save_state)."""
         return self.state is not None
 
-    def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1) -> _Graph:
+    def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
+               chain: tuple[int, bool] | None = None) -> _Graph:
+        """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
+        reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
+        the host, and ends with the argmax of its logits instead of reading them back."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
-        key = (n_tokens, n_kv, all_logits, n_seqs)
+        key = (n_tokens, n_kv, all_logits, n_seqs, chain)
         g = self._graphs.get(key)
         if g is not None and self.replay:
+            self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
             return g
         if g is not None:
             self._graphs.pop(key).close()
@@ -131,8 +147,14 @@ class Engine(Owned):
             old = next(iter(self._graphs))
             self._graphs.pop(old).close()
         row_bytes = 4 * self.model.cfg.vocab_size
-        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=lambda seq, n, row: seq.copy(
-            self.scratch.logits.range(), self._logits.range(row * row_bytes, n * row_bytes), n * row_bytes))
+        read = lambda seq, n, row: seq.copy(   # noqa: E731
+            self.scratch.logits.range(), self._logits.range(row * row_bytes, n * row_bytes), n * row_bytes)
+        parity, ids_on_gpu = chain or (0, False)
+        if chain is not None:
+            token = Tensor.on(BufferRange(self._tokens, 16 * parity, 4), I32, (1,), name="greedy token")
+            read = lambda seq, n, row: argmax(seq, self.scratch.logits.slice(1, 0, 1).view(   # noqa: E731
+                (self.model.cfg.vocab_size,)), self._argmax_part, self.scratch.ids.slice(0, 0, 1), token)
+        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
         use_staging = not use_prefetch and n_tokens <= self.device.tuning.mv_max_n
@@ -155,8 +177,10 @@ class Engine(Owned):
                 seqs.append(seq)
                 with seq.record():
                     if k == 0:
+                        base = parity * self._inputs_size
                         for name, t in self.scratch.inputs().items():
-                            seq.copy(self._inputs.range(lay[name], sizes[name]), t.range(), sizes[name])
+                            if not (ids_on_gpu and name == "ids"):
+                                seq.copy(self._inputs.range(base + lay[name], sizes[name]), t.range(), sizes[name])
                     for part in segment:
                         keep.extend(part.record(seq))
         except BaseException:
@@ -250,6 +274,21 @@ class Engine(Owned):
     def _step(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool,
               n_seqs: int = 1) -> np.ndarray:
         t0 = time.perf_counter()
+        g, slots = self._prepare(ids, seqs, pos, all_logits, n_seqs)
+        self._run(g)
+        self._advance(slots, ids.size // n_seqs)
+        n_out = ids.size if all_logits else 1
+        vocab = self.model.cfg.vocab_size
+        logits = self._logits.read(np.float32, 4 * vocab * n_out).reshape(n_out, vocab)
+        self.stats.tokens += ids.size
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.steps += 1
+        return logits
+
+    def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
+                 chain: tuple[int, bool] | None = None):
+        """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
+        find its graph; returns (graph, the sequence of each group of tokens)."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
         if self.state is not None:
             for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
@@ -266,7 +305,8 @@ class Engine(Owned):
         n = ids.size
         n_kv = min(-(-cells_tab.used_end() // KV_STEP) * KV_STEP, self.n_ctx)
         lay, cfg = self._layout, self.model.cfg
-        host = self._inputs.host_bytes
+        base = (chain[0] if chain else 0) * self._inputs_size
+        host = self._inputs.host_bytes[base:base + self._inputs_size]
         host[lay["ids"]:lay["ids"] + 4 * n] = ids.view(np.uint8)
         streams = pos   # multi-section RoPE on text: the t, h and w streams hold the position, e is 0
         if cfg.pos_streams > 1:
@@ -280,17 +320,69 @@ class Engine(Owned):
         if "mask_swa" in lay:
             swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
-        g = self._graph(n, n_kv, all_logits, n_seqs)
-        self._run(g)
+        return self._graph(n, n_kv, all_logits, n_seqs, chain), slots
+
+    def _advance(self, slots: np.ndarray, n: int) -> None:
         if self.state is not None:
             for s in slots.tolist():
-                self.state.length[s] += n // n_seqs
-        n_out = n if all_logits else 1
-        logits = self._logits.read(np.float32, 4 * cfg.vocab_size * n_out).reshape(n_out, cfg.vocab_size)
-        self.stats.tokens += n
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.steps += 1
-        return logits
+                self.state.length[s] += n
+
+    def greedy(self, token: int, seq_id: int = 0, n: int = 1, pipeline: bool | None = None) -> Iterator[int]:
+        """Greedy decoding on the GPU: append `token` to `seq_id`, then yield the n tokens that
+        follow, each picked by an argmax on the GPU (the host reads 4 bytes a step). With
+        `pipeline` (default: unless the model keeps a recurrent state, which cannot be rewound)
+        the step after a token is submitted before the token is yielded; when the consumer stops
+        early, that step is waited for and its KV cell forgotten, so the cache holds exactly the
+        tokens evaluated for what was consumed."""
+        vocab = self.model.cfg.vocab_size
+        if not 0 <= token < vocab:
+            raise VkrtError(f"token ids must be in [0, {vocab}); got {token}")
+        if n < 1:
+            return
+        pipeline = not self.recurrent if pipeline is None else pipeline
+        if pipeline and self.recurrent:
+            raise VkrtError("a recurrent state cannot be rewound: pipelined greedy decoding needs a model without one")
+        seqs = np.array([seq_id], np.int32)
+        pending: list[tuple[int, int, _Graph]] = []   # (inputs copy, position, graph) of steps in flight
+
+        def submit(first: bool) -> None:
+            parity = (pending[-1][0] ^ 1) if pending else 0
+            t0 = time.perf_counter()
+            pos = self.cache.cells.length(seq_id)
+            g, slots = self._prepare(np.array([token], np.int32), seqs, np.array([pos], np.int32), False,
+                                     chain=(parity, not first))
+            if g.prefetched:   # uploads interleaved with the layers: submitted (and run) in order
+                self._run(g)
+            else:
+                g.seqs[0].submit()
+            self._advance(slots, 1)
+            pending.append((parity, pos, g))
+            self.stats.seconds += time.perf_counter() - t0
+
+        def finish() -> int:
+            parity, _, g = pending.pop(0)
+            t1 = time.perf_counter()
+            self._wait(g.seqs[-1])
+            out = int(self._tokens.read(np.int32, 4, 16 * parity)[0])
+            self.stats.tokens += 1
+            self.stats.steps += 1
+            self.stats.seconds += time.perf_counter() - t1
+            return out
+
+        try:
+            submit(first=True)
+            for i in range(n):
+                if pipeline and i + 1 < n:
+                    submit(first=False)
+                token = finish()
+                yield token
+                if not pipeline and i + 1 < n:
+                    submit(first=False)
+        finally:
+            for _, pos, g in pending:   # submitted for a token the consumer did not take
+                g.seqs[-1].wait()
+                self.cache.cells.free(seq_id, pos)
+            pending.clear()
 
     def reset(self, seq_id: int | None = None, from_pos: int = 0) -> None:
         """Forget a sequence's cells from `from_pos` on (all sequences when seq_id is None). A
@@ -332,6 +424,7 @@ class Engine(Owned):
         for g in self._graphs.values():
             g.close()
         self._graphs.clear()
-        for obj in (self.staging, self.prefetch, self._logits, self._inputs, self.scratch, self.state, self.cache):
+        for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
+                    self.scratch, self.state, self.cache):
             if obj is not None:
                 obj.close()

@@ -54,21 +54,49 @@ def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingP
     gen.timings.prompt_n = len(prompt_tokens)
     gen.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    for i in range(n_predict):
-        token = sampler.sample(logits)
-        if token in stops:
-            gen.stop_reason = "eos"
-            break
-        gen.tokens.append(token)
-        sampler.accept(token)
-        if on_token is not None and on_token(token):
-            gen.stop_reason = "stop"
-            break
-        if i + 1 < n_predict:
-            logits = engine.eval([token], seq_id)
+    if params.greedy and params.repeat_penalty == 1.0 and n_predict > 0:
+        _generate_greedy(engine, int(np.argmax(logits)), seq_id, n_predict, stops, on_token, gen)
+    else:
+        _generate_sampled(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen)
     gen.timings.predicted_n = len(gen.tokens)
     gen.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
     return gen
+
+
+def _take(token: int, stops, on_token, gen: Generation) -> bool:
+    """Record a generated token; whether generation stops here."""
+    if token in stops:
+        gen.stop_reason = "eos"
+        return True
+    gen.tokens.append(token)
+    if on_token is not None and on_token(token):
+        gen.stop_reason = "stop"
+        return True
+    return False
+
+
+def _generate_greedy(engine, first: int, seq_id: int, n_predict: int, stops, on_token, gen: Generation) -> None:
+    """Greedy decoding with the argmax on the GPU (Engine.greedy): the host reads 4 bytes a token."""
+    if _take(first, stops, on_token, gen) or n_predict == 1:
+        return
+    tokens = engine.greedy(first, seq_id, n_predict - 1)
+    try:
+        for token in tokens:
+            if _take(token, stops, on_token, gen):
+                return
+    finally:
+        tokens.close()   # a step submitted ahead for a token not taken is forgotten
+
+
+def _generate_sampled(engine, logits, seq_id: int, n_predict: int, sampler: Sampler, stops, on_token,
+                      gen: Generation) -> None:
+    for i in range(n_predict):
+        token = sampler.sample(logits)
+        if _take(token, stops, on_token, gen):
+            return
+        sampler.accept(token)
+        if i + 1 < n_predict:
+            logits = engine.eval([token], seq_id)
 
 
 class TextStream:
