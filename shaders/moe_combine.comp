@@ -30,7 +30,7 @@ void main() {
     }
     const uint e = i % p.n_embd;
     const uint t = i / p.n_embd;
-    float acc = 0.0;
+    precise float acc = 0.0;   // no fused multiply-add: the fused down projection (mul_mv MOE_SUM) sums alike
     for (uint j = 0; j < p.n_used; j++) {
         acc += w[p.w_off + t * p.n_used + j] * y[p.y_off + (t * p.n_used + j) * p.n_embd + e];
     }

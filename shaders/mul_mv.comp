@@ -11,6 +11,9 @@
 // the activation is the one shaders/act.glsl gives the separate kernel. With GATE_UP the output
 // is act(W·x) * (W2·x) (a gated FFN's gate and up projections in one pass): W2 lies in the same
 // binding at w2_off, laid out like W, and its rows are dotted with the same x as extra rows.
+// With MOE_SUM (and MUL_MAT_ID) workgroup z is a token and the kernel goes over its NU slots
+// itself: out[row] = sum_j wt[j] * (W[e_j] · x_j)[row] (+ sigmoid(gate) * shared[row] with
+// SHARED), the expert down projection and moe_combine in one pass, summed as moe_combine does.
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
 // within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
 // shared-memory tree.
@@ -24,6 +27,9 @@
 layout(local_size_x = WG) in;
 
 layout(binding = 0) readonly buffer W { uint w_data[]; };
+#ifdef QWIDE
+layout(binding = 0) readonly buffer W16 { uvec4 w16_data[]; };   // the same words, 16 bytes at a time
+#endif
 #ifdef XVEC4
 layout(binding = 1) readonly buffer X { vec4 x4_data[]; };
 #define XRAW4(i) x4_data[(i) >> 2]
@@ -51,9 +57,19 @@ layout(binding = 2) writeonly buffer Y { float y_data[]; };
 #ifdef MUL_MAT_ID
 layout(binding = 3) readonly buffer Ids { int ids[]; };
 #endif
+#ifdef MOE_SUM
+layout(binding = 4) readonly buffer Wt { float wt_data[]; };       // routing weights [n_used, n_tokens]
+#ifdef SHARED
+layout(binding = 5) readonly buffer Sh { float shared_data[]; };   // shared expert output [M, n_tokens]
+layout(binding = 6) readonly buffer Sg { float gate_data[]; };     // its gate logit per token
+#endif
+#endif
 
 #define QBUF w_data
 #include "quant/types.glsl"
+#if defined(QWIDE) && !defined(QWIDE_OK)
+#error "QWIDE: this weight type has no wide loads"
+#endif
 
 layout(push_constant) uniform Push {
     uint K;        // elements per row
@@ -81,6 +97,11 @@ layout(push_constant) uniform Push {
 #ifdef GATE_UP
     uint w2_off;   // byte offset of W2's row 0 (of expert e0) in W
 #endif
+#ifdef MOE_SUM
+    uint wt_off;   // float offsets of the routing weights, the shared output and its gate
+    uint sh_off;
+    uint sg_off;
+#endif
 } p;
 
 #ifdef GLU
@@ -101,6 +122,11 @@ vec4 glu4(vec4 g, uint i) {
 #define NW (2 * NR)   // weight rows a group dots: NR of W, then the same NR of W2
 #else
 #define NW NR
+#endif
+#ifdef MOE_SUM
+#define NSLOTS NU     // the kernel walks a token's slots, one expert at a time
+#else
+#define NSLOTS 1
 #endif
 #define NA (NW * NC)
 #define GROUPS (WG / TPR)
@@ -127,6 +153,13 @@ float part_sum(uint v, uint group, uint parts) {
 #define RESULT(v, sum) sum(v)
 #endif
 
+#ifdef MOE_SUM
+#ifdef SHARED
+#define SHARED_TERM(r) o[r] += shared_data[p.sh_off + tok * p.M + row0 + (r)] / (1.0 + exp(-gate_data[p.sg_off + tok]));
+#else
+#define SHARED_TERM(r)
+#endif
+#endif
 void main() {
 #ifdef REDUCE_CLUSTER
     // a group is TPR neighbouring invocations of one subgroup, whatever the subgroup size
@@ -140,7 +173,15 @@ void main() {
 #ifdef GATE_UP
     uint wbase2 = p.w2_off;
 #endif
-#ifdef MUL_MAT_ID
+#if defined(MOE_SUM)
+    const uint tok = gl_WorkGroupID.z;
+    ybase += tok * p.y_col;
+    // the token's output rows: each slot's sums weighted and added in slot order, as moe_combine
+    precise float o[NR];
+    [[unroll]] for (uint r = 0u; r < NR; r++) {
+        o[r] = 0.0;
+    }
+#elif defined(MUL_MAT_ID)
     const uint pair = gl_WorkGroupID.z;
     const uint tok = pair / p.n_used, slot = pair % p.n_used;
     const uint e = uint(ids[p.ids_off + tok * p.ids_tok + slot]);
@@ -154,14 +195,23 @@ void main() {
     xbase += tok * p.x_col + (slot % p.x_slots) * p.x_slot;
     ybase += tok * p.y_col + slot * p.y_slot;
 #endif
+#ifdef SLOT_UNROLL
+    [[unroll]]
+#endif
+    for (uint sl = 0u; sl < NSLOTS; sl++) {
+#ifdef MOE_SUM
+    wbase = p.w_off + uint(ids[p.ids_off + tok * p.ids_tok + sl]) * p.w_expert;
+    xbase = p.x_off + tok * p.x_col + (sl % p.x_slots) * p.x_slot;
+#endif
     uint rowb[NW];
     [[unroll]] for (uint r = 0u; r < NR; r++) {
-        rowb[r] = wbase + min(row0 + r, p.M - 1u) * p.w_row;   // rows past M read row M-1, unused
+        const uint roff = min(row0 + r, p.M - 1u) * p.w_row;   // rows past M read row M-1, unused
+        rowb[r] = wbase + roff;
 #ifdef GATE_UP
-        rowb[NR + r] = wbase2 + min(row0 + r, p.M - 1u) * p.w_row;
+        rowb[NR + r] = wbase2 + roff;
 #endif
     }
-    float acc[NA];
+    precise float acc[NA];   // no contraction: every variant (fused or not) sums a row alike
     [[unroll]] for (uint v = 0u; v < NA; v++) {
         acc[v] = 0.0;
     }
@@ -185,12 +235,19 @@ void main() {
             }
             [[unroll]] for (uint r = 0u; r < NW; r++) {
                 const QRun s = qrun(rowb[r] + boff, run);
+#ifdef QWIDE
+                const uvec4 wq = w16_data[qu_addr16(rowb[r] + boff, uu) >> 4];
+#endif
                 float dot_[NC];
                 [[unroll]] for (uint j = 0u; j < NC; j++) {
                     dot_[j] = 0.0;
                 }
                 [[unroll]] for (uint c = 0u; c < QU_C; c++) {
+#ifdef QWIDE
+                    const vec4 raw = qraw16(s, wq, qu_ch(uu, c));
+#else
                     const vec4 raw = qraw(s, qu_ch(uu, c));
+#endif
                     [[unroll]] for (uint j = 0u; j < NC; j++) {
                         dot_[j] += dot(raw, xv[c * NC + j]);
                     }
@@ -218,8 +275,13 @@ void main() {
             acc[v] += subgroupShuffleXor(acc[v], step);
         }
     }
-    if (lane == 0u) {
 #define ACC(v) acc[v]
+#ifdef MOE_SUM
+    [[unroll]] for (uint r = 0u; r < NR; r++) {
+        o[r] += wt_data[p.wt_off + tok * p.n_used + sl] * acc[r];
+    }
+#else
+    if (lane == 0u) {
         [[unroll]] for (uint v = 0u; v < NV; v++) {
             const uint r = v / NC, j = v % NC;
             if (row0 + r < p.M) {
@@ -227,6 +289,7 @@ void main() {
             }
         }
     }
+#endif
 #else
 #if defined(REDUCE_SUBGROUP)
     [[unroll]] for (uint v = 0u; v < NA; v++) {
@@ -252,12 +315,30 @@ void main() {
     }
     const uint parts = 1u;
 #endif
+#define PSUM(v) part_sum(v, group, parts)
+#ifdef MOE_SUM
+    [[unroll]] for (uint r = 0u; r < NR; r++) {
+        o[r] += wt_data[p.wt_off + tok * p.n_used + sl] * PSUM(r);
+    }
+    barrier();   // every invocation has read this slot's sums before the next slot's land
+#else
     // the group's first lanes store its NV results (in REDUCE_SUBGROUP the workgroup is one group)
     for (uint v = lane; v < NV; v += TPR) {
         const uint r = v / NC, j = v % NC;
         if (row0 + r < p.M) {
-#define PSUM(v) part_sum(v, group, parts)
             y_data[ybase + j * p.y_col + row0 + r] = RESULT(v, PSUM);
+        }
+    }
+#endif
+#endif
+    }
+#ifdef MOE_SUM
+    if (lane == 0u) {
+        [[unroll]] for (uint r = 0u; r < NR; r++) {
+            if (row0 + r < p.M) {
+                SHARED_TERM(r)
+                y_data[ybase + row0 + r] = o[r];
+            }
         }
     }
 #endif

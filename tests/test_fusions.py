@@ -18,7 +18,8 @@ PROMPT = [5, 9, 2, 11, 3, 7, 1, 4]
 
 def run(device, path, monkeypatch, fuse: bool, variable: str = "VKRT_FUSE_ADD_NORM", **engine_kw):
     if variable == "VKRT_FUSE_GLU":   # the down projection's activation applies where gate and up are apart
-        monkeypatch.setenv("VKRT_FUSE_GATE_UP", "0")
+        monkeypatch.setenv("VKRT_FUSE_GATE_UP", "0")   # and the experts' down projection is not summed
+        monkeypatch.setenv("VKRT_FUSE_MOE_SUM", "0")
     monkeypatch.setenv(variable, "1" if fuse else "0")
     with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
             Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
@@ -83,13 +84,28 @@ def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_c
         assert n_plain - n_fused == fewer
 
 
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
+                                            ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2)])
+def test_summed_expert_down_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
+    """The experts' down projection summing the slots (and the gated shared expert) in its epilogue
+    against mul_mat_id then moe_combine: experts in VRAM and staged from host."""
+    path = tiny_model(name, tmp_path)
+    kw = dict(n_cpu_moe=n_cpu_moe, stage_experts=True)
+    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_MOE_SUM", **kw)
+    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_MOE_SUM", **dict(kw))
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    moe_layers = sum(1 for layer in cfg.layers if layer.ffn != "dense")
+    assert n_plain - n_fused == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
+
+
 def test_fusion_defaults(monkeypatch):
     """Unset: add+norm fused, GLU separate; =0 / =1 force either."""
     from vkrt.model.transformer import fused
     monkeypatch.delenv("VKRT_FUSE_ADD_NORM", raising=False)
     monkeypatch.delenv("VKRT_FUSE_GLU", raising=False)
     monkeypatch.delenv("VKRT_FUSE_GATE_UP", raising=False)
-    assert fused("ADD_NORM") and not fused("GLU") and fused("GATE_UP")
+    monkeypatch.delenv("VKRT_FUSE_MOE_SUM", raising=False)
+    assert fused("ADD_NORM") and not fused("GLU") and fused("GATE_UP") and not fused("MOE_SUM")
     monkeypatch.setenv("VKRT_FUSE_GLU", "1")
     monkeypatch.setenv("VKRT_FUSE_ADD_NORM", "0")
     assert fused("GLU") and not fused("ADD_NORM")

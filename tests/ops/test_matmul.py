@@ -241,3 +241,22 @@ def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
     finally:
         for t in (both, x, g, u, h1, h2):
             t.close()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_wide_loads_are_bit_identical(device, n):
+    """Q4_K units loaded 16 bytes at once (aligned weights) against four word loads, bit for bit;
+    a weight at an offset that is not 16-byte aligned takes the word loads."""
+    from vkrt.ops.matmul import mat_vec_kernel, wide_ok
+    rng = np.random.default_rng(n)
+    m, k = 37, 512
+    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m + 1, k, rng, scale=0.5), (k, m + 1))
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    try:
+        outs = [run(device, w.slice(1, 1, m + 1), x, m, tuning=dataclasses.replace(device.tuning, mv_wide=on))
+                for on in (False, True)]
+        np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+        assert wide_ok(w.type, w.offset, w.nb[1]) and not wide_ok(w.type, 72) and not wide_ok(ggml_type("Q6_K"), 0)
+        assert "QWIDE" in mat_vec_kernel(device, w.type, n, device.tuning, k=k, xvec4=True, wide=True).kernel.defines
+    finally:
+        w.close()

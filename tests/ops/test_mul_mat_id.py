@@ -171,3 +171,39 @@ def test_fused_gate_up_is_bit_identical(device, name, k):
     finally:
         for t in (both, ids, x, g, u, h1, h2):
             t.close()
+
+
+@pytest.mark.parametrize("name,k,n_tok,with_shared", [("Q4_0", 96, 1, False), ("Q4_K", 256, 3, True),
+                                                      ("Q6_K", 512, 2, False), ("F16", 13, 2, True),
+                                                      ("Q4_K", 256, 3, False)])
+@pytest.mark.parametrize("unroll", [False, True])
+def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, unroll):
+    """The expert down projection summed over a token's slots in one pass (mul_mat_id_sum)
+    against mul_mat_id then moe_combine, bit for bit, with the slot loop kept and unrolled; rows
+    past the last group dropped."""
+    from vkrt.commands import run_once
+    from vkrt.ops.moe import moe_combine
+    from vkrt.ops.mul_mat_id import mul_mat_id_sum
+    m = 22
+    rng = np.random.default_rng(k + n_tok)
+    w = weight_tensor(device, name, random_blocks(name, N_EXPERT * m, k, rng, scale=0.5), (k, m, N_EXPERT))
+    ids = tensor_from_numpy(device, routing(rng, n_tok))
+    x = tensor_from_numpy(device, rng.standard_normal((n_tok, N_USED, k)).astype(np.float32))
+    wt = tensor_from_numpy(device, rng.uniform(0, 1, (n_tok, N_USED)).astype(np.float32))
+    sh = tensor_from_numpy(device, rng.standard_normal((n_tok, m)).astype(np.float32)) if with_shared else None
+    sg = tensor_from_numpy(device, rng.standard_normal((n_tok,)).astype(np.float32)) if with_shared else None
+    y = Tensor.empty(device, "F32", (m, N_USED, n_tok))
+    o1, o2 = Tensor.empty(device, "F32", (m, n_tok)), Tensor.empty(device, "F32", (m, n_tok))
+    try:
+        run_once(device, lambda seq: (mul_mat_id(seq, w, x, ids, y), moe_combine(seq, y, wt, o1, sh, sg)))
+        done = []
+        tune = dataclasses.replace(device.tuning, mv_sum_unroll=unroll)
+        run_once(device, lambda seq: done.append(mul_mat_id_sum(seq, w, x, ids, wt, o2, sh, sg, tuning=tune)))
+        assert done == [True]
+        np.testing.assert_array_equal(read_tensor(o2).view(np.uint32), read_tensor(o1).view(np.uint32))
+        with pytest.raises(UnsupportedShape, match="shared expert"):
+            run_once(device, lambda seq: mul_mat_id_sum(seq, w, x, ids, wt, o2, sh if sh is not None else o1, None))
+    finally:
+        for t in (w, ids, x, wt, sh, sg, y, o1, o2):
+            if t is not None:
+                t.close()

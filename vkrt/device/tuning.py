@@ -65,6 +65,13 @@ class Tuning:
     # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
     # bounded the mat-vec; GCN's byte conversions are full rate
     float_bits: bool = False
+    # mat-vec units of types that allow it (Q4_K) load their 16 bytes in one load where the
+    # weights are 16-byte aligned, instead of four word loads
+    mv_wide: bool = True
+    # the summed expert down projection (VKRT_FUSE_MOE_SUM) walks a token's slots one at a time;
+    # unrolled, their loads are issued together (latency hidden within a workgroup, at the cost of
+    # registers: GCN keeps the loop, at 48 VGPRs for Q4_K)
+    mv_sum_unroll: bool = False
     mm_bm: int = 64
     mm_bn: int = 64
     mm_bk: int = 16
@@ -147,7 +154,7 @@ TABLE: dict[Arch, Tuning] = {
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),
     Arch.AMD_RDNA3: Tuning(Arch.AMD_RDNA3, subgroup=32),
-    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, fa_fill_groups=512, float_bits=True),  # 132 SMs (H200), 4 workgroups each
+    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, fa_fill_groups=512, float_bits=True, mv_sum_unroll=True),  # 132 SMs (H200), 4 workgroups each
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.
     # Flash attention: no subgroup shuffles (a whole dot product per thread ran fastest), loops

@@ -26,7 +26,7 @@ from ..ops.get_rows import get_rows
 from ..ops.matmul import gate_up_pair, matmul
 from ..ops.moe import moe_combine, moe_route
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
-from ..ops.mul_mat_id import mul_mat_id
+from ..ops.mul_mat_id import mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
 from ..owned import Owned
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
@@ -43,8 +43,13 @@ from .tensors import EXPERT_TENSORS, required_tensors
 # saves where the weights are in VRAM (H200, 8-layer 30B-A3B shape, decode: 639 us fused vs
 # 507 us separate per step; bench/decode_profile.py). GATE_UP (decode: the gate and up
 # projections in one mat-vec pass with the gated activation on its output, where the loader put
-# both weights in one allocation): one dispatch and one kernel fewer a layer.
-FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True, "GATE_UP": True}
+# both weights in one allocation): one dispatch and one kernel fewer a layer. MOE_SUM (decode: the
+# expert down projection sums a token's slots with the routing weights, and the shared expert's
+# gated output, in its epilogue; moe_combine's pass is gone) is off: a token's rows become its
+# only workgroups, 8x fewer than a workgroup per (token, slot), and on the latency-bound H200
+# that cost more than the pass it saves (Qwen3-30B-A3B shape, Q4_0 in VRAM, tg128: 120-123 t/s
+# summed vs 137 apart, GCN and native tables, bench/peer.py).
+FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True, "GATE_UP": True, "MOE_SUM": False}
 
 
 def fused(what: str) -> bool:
@@ -242,18 +247,18 @@ class Transformer:
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
         (gw, gi), (uw, ui), (dw, di) = stacks
+        summed = T <= seq.device.tuning.mv_max_n and fused("MOE_SUM")
+        down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
         if gi is ui and self._fuse_gate_up(seq, T, gw, uw, "silu"):
             mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw)
-            mul_mat_id(seq, dw, he, di, de, s.routes)
-        elif self._fuse_glu(seq, T):
-            mul_mat_id(seq, gw, x3, gi, ge, s.routes)
-            mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-            mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act="silu")
         else:
             mul_mat_id(seq, gw, x3, gi, ge, s.routes)
             mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-            activation(seq, "silu", ge, he, up=ue)
-            mul_mat_id(seq, dw, he, di, de, s.routes)
+            if self._fuse_glu(seq, T) and not summed:
+                mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act="silu")
+                down_in = None
+            else:
+                activation(seq, "silu", ge, he, up=ue)
         o = s.cols("o", T)
         shared = gate_logit = None
         if cfg.layers[il].ffn == MOE_SHARED:
@@ -265,5 +270,10 @@ class Transformer:
             inp = w[p + "ffn_gate_inp_shexp.weight"]
             matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)
             o = cur  # the FFN input is no longer needed: the combined output goes there
+        if down_in is not None and summed and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit):
+            s.pending = o
+            return
+        if down_in is not None:
+            mul_mat_id(seq, dw, down_in, di, de, s.routes)
         moe_combine(seq, de, weights, o, shared, gate_logit)
         s.pending = o

@@ -25,6 +25,8 @@ MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32
 GLU_ACTS = {"silu": 0, "gelu": 1}
 
 
+# types whose mat-vec units load 16 bytes at once where blocks are 16-byte aligned (QWIDE_OK)
+MV_WIDE = ("Q4_K",)
 # units a block of each type in the mat-vec (QU in shaders/quant/<type>.glsl; unset: one per run)
 MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
             "Q8_0": 4}
@@ -55,23 +57,36 @@ class MatVec:
         return fold(-(-m // self.rows), device)
 
 
+def wide_ok(typ, *byte_offsets: int) -> bool:
+    """Whether a mat-vec over `typ` with these weight offsets and strides can load 16 bytes at once."""
+    return typ.name in MV_WIDE and all(b % 16 == 0 for b in byte_offsets)
+
+
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_id: bool = False,
-                   glu: str | None = None, gate_up: str | None = None) -> MatVec:
+                   glu: str | None = None, gate_up: str | None = None, wide: bool = False,
+                   moe_sum: int | None = None, shared: bool = False) -> MatVec:
     """The mat-vec pipeline for `typ`, rows of `k` elements and `n` token columns (1 for
     mul_mat_id); with `glu` ('silu' or 'gelu') its input is act(x) * u; with `gate_up` (an
-    activation) its output is act(W·x) * (W2·x)."""
+    activation) its output is act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once;
+    `moe_sum` (slots a token, with mul_mat_id) sums the slots' outputs with the routing weights
+    (and a gated shared expert's output with `shared`), as moe_combine does."""
     wg = tuning.mv_wg
     prof = device.profile
     if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
     lanes = mat_vec_lanes(typ, k, wg)
-    defines = {**type_defines(typ), "WG": wg, "NR": tuning.mv_rows, "NC": n, "TPR": lanes}
+    # gate and up: two weight rows a row; summed slots: one row a group (a token's rows are its
+    # workgroups, so fewer rows a group keep more of them in flight)
+    rows = 1 if moe_sum else max(1, tuning.mv_rows // 2) if gate_up else tuning.mv_rows
+    defines = {**type_defines(typ), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
         defines["REDUCE_CLUSTER"] = 1
     elif prof.subgroup_arithmetic and lanes == wg:
         defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
     if tuning.float_bits:
         defines["QFLOAT_BITS"] = 1
+    if wide and tuning.mv_wide:
+        defines["QWIDE"] = 1
     if xvec4:
         defines["XVEC4"] = 1
     if mul_mat_id:
@@ -83,8 +98,12 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_
     if gate_up is not None:
         defines.update(GATE_UP=1, ACT=GLU_ACTS[gate_up])
         push = PushConstants(*push.fields, ("w2_off", "u32"))
+    if moe_sum:
+        defines.update(MOE_SUM=1, NU=moe_sum, **({"SHARED": 1} if shared else {}),
+                       **({"SLOT_UNROLL": 1} if tuning.mv_sum_unroll else {}))
+        push = PushConstants(*push.fields, ("wt_off", "u32"), ("sh_off", "u32"), ("sg_off", "u32"))
     kern = kernel(device, "mul_mv", defines=defines, push=push)
-    return MatVec(kern, lanes, tuning.mv_rows * (wg // lanes))
+    return MatVec(kern, lanes, rows * (wg // lanes))
 
 
 def gate_up_pair(gate: Tensor, up: Tensor, device, act: str):
@@ -182,18 +201,20 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         if pair is None:
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{tune.mv_max_n} columns, same type and layout, one binding for both)")
-        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, gate_up=act)
+        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, gate_up=act,
+                            wide=wide_ok(typ, pair[1], pair[2], w.nb[1]))
         push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                 "y_off": yo, "y_col": y_col}
         seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=(*mv.groups(m, device), 1))
         return
+    pieces = [(a, b, *bind_words(w.slice(1, a, b), device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
     if n <= tune.mv_max_n:
-        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, glu=act if up is not None else None)
+        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, glu=act if up is not None else None,
+                            wide=wide_ok(typ, w.nb[1], *(p[3] for p in pieces)))
         kern = mv.kernel
     else:
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
-    for a, b in chunks(1, device, max_binding, w):
-        wr, wo = bind_words(w.slice(1, a, b), device, max_binding)
+    for a, b, wr, wo in pieces:
         push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                 "y_off": yo + a, "y_col": y_col, **extra_push}
         if n <= tune.mv_max_n:

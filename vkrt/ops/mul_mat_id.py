@@ -9,10 +9,10 @@ GEMM over (row tiles, token tiles, experts), where tiles past an expert's count 
 from __future__ import annotations
 
 from ..errors import UnsupportedShape
-from ..memory import I32, MemoryKind, Tensor, allocate
+from ..memory import F32, I32, MemoryKind, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
-from .matmul import gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok
+from .matmul import gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok, wide_ok
 from .quant import bind_words, check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -38,7 +38,9 @@ class RouteTable(Owned):
         self.alloc.close()
 
 
-def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor):
+def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor | None):
+    """(K, M, n_expert, n_used, n_tokens) of the operands, or UnsupportedShape naming the bad one;
+    y None: no per-slot output (mul_mat_id_sum checks its own)."""
     k, m, n_expert = w.ne[0], w.ne[1], w.ne[2]
     if w.ne[3] != 1:
         raise UnsupportedShape(f"mul_mat_id weight {w!r} must be 3-D (K, M, n_expert)")
@@ -47,10 +49,11 @@ def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor):
     n_used, n_tokens = ids.ne[0], ids.ne[1]
     if x.ne[2] != n_tokens or x.ne[1] not in (1, n_used) or x.ne[3] != 1:
         raise UnsupportedShape(f"mul_mat_id x must be (K, 1 or n_used = {n_used}, n_tokens = {n_tokens}), got {x!r}")
-    if y.ne[1:] != (n_used, n_tokens, 1):
+    if y is not None and y.ne[1:] != (n_used, n_tokens, 1):
         raise UnsupportedShape(f"mul_mat_id y must be (M = {m}, n_used = {n_used}, n_tokens = {n_tokens}), got {y!r}")
     for t, what, size in ((x, "x", k), (y, "y", m)):
-        if t.type.name != "F32" or t.ne[0] != size or t.nb[0] != 4 or t.offset % 4 or any(s % 4 for s in t.nb):
+        if t is not None and (t.type.name != "F32" or t.ne[0] != size or t.nb[0] != 4 or t.offset % 4
+                              or any(s % 4 for s in t.nb)):
             raise UnsupportedShape(f"mul_mat_id {what} must be F32 with ne[0] = {size} and 4-byte aligned rows, "
                                    f"got {t!r}")
     return k, m, n_expert, n_used, n_tokens
@@ -89,17 +92,19 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         if pair is None:
             raise UnsupportedShape(f"mul_mat_id: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{tune.mv_max_n} tokens, same type and layout, one binding for both)")
-        mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True, gate_up=act)
+        mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True, gate_up=act,
+                            wide=wide_ok(typ, pair[1], pair[2], w.nb[1], w.nb[2]))
         push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
                 "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
         seq.dispatch(mv.kernel, [pair[0], xr, yr, ir], push=push, groups=(*mv.groups(m, device), n_tokens * n_used))
         return
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
+        bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), device, max_binding)) for e0, e1 in pieces]
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True,
-                            glu=act if up is not None else None)
-        for e0, e1 in pieces:
-            wr, wo = bind_words(w.slice(2, e0, e1), device, max_binding)
+                            glu=act if up is not None else None,
+                            wide=wide_ok(typ, w.nb[1], w.nb[2], *(b[3] for b in bound)))
+        for e0, e1, wr, wo in bound:
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
             seq.dispatch(mv.kernel, [wr, xr, yr, ir, *extra], push=push,
                          groups=(*mv.groups(m, device), n_tokens * n_used))
@@ -118,3 +123,48 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         push = {**common, "M": m, "N": n_tokens, "w_off": wo, "e0": e0, "n_expert": n_expert}
         seq.dispatch(kern, [wr, xr, yr, routes.whole()], push=push,
                      groups=(-(-m // tune.mm_bm), -(-n_tokens // tune.mm_bn), e1 - e0))
+
+
+def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out: Tensor,
+                   shared: Tensor | None = None, shared_gate: Tensor | None = None, *, tuning=None) -> bool:
+    """Record out[:, t] = sum_j weights[j, t] * (w[ids[j, t]] · x[:, j, t]) (+ sigmoid(shared_gate[t])
+    * shared[:, t]): the expert down projection and moe_combine in one pass, bit for bit the same
+    (mat-vec sizes; the stack in one binding). Returns False, recording nothing, where it does not
+    apply (the caller runs mul_mat_id and moe_combine)."""
+    device = seq.device
+    tune = tuning or device.tuning
+    typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
+    check_layout(w, "mul_mat_id weight")
+    k, m, n_expert, n_used, n_tokens = _check(w, x, ids, None)
+    if n_tokens > tune.mv_max_n or len(chunks(2, device, None, w)) != 1:
+        return False
+    for t, what in ((weights, "weights"), (out, "out"), (shared, "shared"), (shared_gate, "shared_gate")):
+        if t is not None and (t.type != F32 or not t.is_contiguous() or t.offset % 4):
+            raise UnsupportedShape(f"mul_mat_id_sum {what} must be a contiguous, 4-byte aligned F32 tensor, got {t!r}")
+    if out.nelements != m * n_tokens or weights.nelements < n_used * n_tokens:
+        raise UnsupportedShape(f"mul_mat_id_sum: out {list(out.ne)} / weights {list(weights.ne)} do not fit "
+                               f"{m} rows x {n_tokens} tokens of {n_used} slots")
+    if (shared is None) != (shared_gate is None) or (shared is not None and (
+            shared.nelements != m * n_tokens or shared_gate.nelements < n_tokens)):
+        raise UnsupportedShape("mul_mat_id_sum: the shared expert needs shared [M, n_tokens] and a gate per token")
+    xr, xo = bind_words(x, device)
+    yr, yo = bind_words(out, device)
+    ir, io = bind_words(ids, device)
+    wtr, wto = bind_words(weights, device)
+    wr, wo = bind_words(w, device)
+    x_slot, x_tok = x.nb[1] // 4, x.nb[2] // 4
+    push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": xo // 4, "x_col": x_tok, "y_off": yo // 4,
+            "y_col": m, "w_expert": w.nb[2], "e0": 0, "e1": n_expert, "n_used": n_used, "ids_off": io // 4,
+            "ids_tok": ids.nb[1] // 4, "x_slot": x_slot, "x_slots": x.ne[1], "y_slot": 0, "wt_off": wto // 4,
+            "sh_off": 0, "sg_off": 0}
+    buffers = [wr, xr, yr, ir, wtr]
+    if shared is not None:
+        sr, so = bind_words(shared, device)
+        gr, go = bind_words(shared_gate, device)
+        buffers += [sr, gr]
+        push.update(sh_off=so // 4, sg_off=go // 4)
+    xvec4 = vec4_ok(x, xo // 4, x_slot, x_tok)
+    mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
+                        shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
+    seq.dispatch(mv.kernel, buffers, push=push, groups=(*mv.groups(m, device), n_tokens), label="mul_mat_id_sum")
+    return True
