@@ -34,6 +34,7 @@ import sys
 from vkrt.device import Arch, Device
 from vkrt.errors import VkrtError
 from vkrt.memory import F16, F32, I32, BufferRange, Tensor
+from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel, split_reduce_kernel
@@ -138,10 +139,14 @@ def cases(dev) -> list[tuple[str, list]]:
         hidden, ff = m["hidden"], m["ff_expert"]
         out += [(f"decode {typ.name}: attention projections",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4).kernel]),
-                (f"decode {typ.name}: expert gate/up", [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4,
-                                                                        mul_mat_id=True).kernel]),
-                (f"decode {typ.name}: expert down", [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4,
-                                                                     mul_mat_id=True).kernel]),
+                (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
+                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4, mul_mat_id=True, gate_up="silu").kernel]),
+                (f"decode {typ.name}: expert down summed over 8 slots (VKRT_FUSE_MOE_SUM)",
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4, mul_mat_id=True, moe_sum=m["n_used"]).kernel]),
+                (f"decode {typ.name}: expert gate/up apart (VKRT_FUSE_GATE_UP=0)",
+                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4, mul_mat_id=True).kernel]),
+                (f"decode {typ.name}: expert down apart (VKRT_FUSE_MOE_SUM=0)",
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4, mul_mat_id=True).kernel]),
                 (f"decode {typ.name}: expert down with SiLU-GLU (VKRT_FUSE_GLU=1)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4, mul_mat_id=True, glu="silu").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
@@ -166,7 +171,11 @@ def cases(dev) -> list[tuple[str, list]]:
             ("residual add + block norm", recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden,
                                                                               residual=pending, sum_out=x))),
             ("rope (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rope(seq, q, pos, qr, **rope_args))),
-            ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True)))]
+            ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True))),
+            ("greedy sampling on the GPU (argmax of 151936 logits)",
+             recorded(dev, lambda seq: argmax(seq, placeholder(dev, F32, (151936,), "logits"),
+                                              placeholder(dev, I32, (2 * MAX_PARTS,), "partials"),
+                                              placeholder(dev, I32, (1,), "token"))))]
     return out + qwen35_cases(dev)
 
 

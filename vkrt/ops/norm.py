@@ -17,6 +17,12 @@ ADD_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("r_off", "u32"), ("s_off", "u32"
 GATED_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("z_off", "u32"), ("z_s1", "u32"), ("z_s2", "u32"), ("z_s3", "u32"))
 
 
+def reduce_defines(dev) -> dict[str, int]:
+    """How shaders/reduce.glsl sums a workgroup on this device (every kernel that must sum as
+    rms_norm does takes the same)."""
+    return {"SG_REDUCE": 1} if dev.profile.subgroup_arithmetic else {}
+
+
 def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = None, *,
              residual: Tensor | None = None, sum_out: Tensor | None = None, gate: Tensor | None = None) -> None:
     """Record out = rms_norm(x) * weight (weight: F32 [ne0], broadcast over rows; None: no multiply).
@@ -46,7 +52,7 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
         zr, zo, zs = f32_binding(gate, "rms_norm gate")
         buffers.append(zr)
         push.update(z_off=zo, z_s1=zs[0], z_s2=zs[1], z_s3=zs[2])
-        k = kernel(dev, "rms_norm", defines={"GATE": 1}, push=GATED_RMS_PUSH, workgroup=(wg,))
+        k = kernel(dev, "rms_norm", defines={"GATE": 1, **reduce_defines(dev)}, push=GATED_RMS_PUSH, workgroup=(wg,))
         label = "gated_rms_norm"
     elif residual is not None:
         sum_out = x if sum_out is None else sum_out
@@ -58,7 +64,9 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
         sr, so, _ = f32_binding(sum_out, "rms_norm sum_out")
         buffers += [rr, sr]
         push.update(r_off=ro, s_off=so)
-        k, label = kernel(dev, "rms_norm", defines={"ADD": 1}, push=ADD_RMS_PUSH, workgroup=(wg,)), "add_rms_norm"
+        k = kernel(dev, "rms_norm", defines={"ADD": 1, **reduce_defines(dev)}, push=ADD_RMS_PUSH, workgroup=(wg,))
+        label = "add_rms_norm"
     else:
-        k, label = kernel(dev, "rms_norm", push=RMS_PUSH, workgroup=(wg,)), "rms_norm"  # WG: a power of two
+        k = kernel(dev, "rms_norm", defines=reduce_defines(dev), push=RMS_PUSH, workgroup=(wg,))  # WG: a power of two
+        label = "rms_norm"
     seq.dispatch(k, buffers, push=push, groups=row_groups(nrows, dev), label=label)

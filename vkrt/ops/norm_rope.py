@@ -7,6 +7,7 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .norm import reduce_defines
 from .rope import rope_defines, rope_operands
 from .rows import f32_binding, row_groups, same_shape
 
@@ -61,6 +62,7 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
             defines["DST_F16"] = 1
     push.update(x_off=xo, x_s1=xs[0], x_s2=xs[1], w_off=wo, eps=float(eps))
     dev = seq.device
-    k = kernel(dev, "norm_rope", defines=defines, push=NORM_ROPE_PUSH, workgroup=(dev.tuning.reduce_wg,))
+    k = kernel(dev, "norm_rope", defines={**defines, **reduce_defines(dev)}, push=NORM_ROPE_PUSH,
+               workgroup=(dev.tuning.reduce_wg,))
     seq.dispatch(k, buffers, push=push, groups=row_groups(n_head * n_tokens, dev),
                  label="norm_rope" if weight is not None else "rope")
