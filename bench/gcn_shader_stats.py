@@ -4,8 +4,8 @@
 
 Builds (never runs) the kernel variants that prefill (ubatch 512) and decode (one token) of a
 Qwen3-30B-A3B-shaped MoE model use with the AMD_GCN tuning: hidden 2048, 128 experts, 8 used,
-expert FFN 768, head 128 (and 256 for flash attention), 32 query / 4 KV heads, Q4_0 and Q4_K
-weights, f16 KV cache; and the kernels Qwen3.5-35B-A3B adds (QWEN35): the DeltaNet layers' conv
+expert FFN 768, head 128 (and 256 for flash attention), 32 query / 4 KV heads, Q4_0, Q4_K and
+Q6_K weights, f16 KV cache; and the kernels Qwen3.5-35B-A3B adds (QWEN35): the DeltaNet layers' conv
 with state, delta rule (recurrent for decode, chunked for prefill) and gated norm at 16 q/k and
 32 v heads of 128, the gated attention's IMROPE norm_rope at head 256 and its sigmoid gate. Each pipeline is built by the op's own code -- the matmul helpers
 gemm_kernel and mat_vec_kernel; rms_norm, rope, moe_route and FlashAttn, which build theirs
@@ -50,7 +50,7 @@ from vkrt.pipeline import pipeline_statistics
 ENV_HINT = ("RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json "
             "selects Mesa's null Polaris device")
 MODEL = dict(hidden=2048, n_expert=128, n_used=8, ff_expert=768, head=128, n_head=32, n_head_kv=4,
-             ubatch=512, n_kv=4096, weights=("Q4_0", "Q4_K"))
+             ubatch=512, n_kv=4096, weights=("Q4_0", "Q4_K", "Q6_K"))
 QWEN35 = dict(head=256, n_head=16, n_head_kv=2, rope_dims=64, sections=(11, 11, 10, 0), ssm_head=128, k_heads=16,
               v_heads=32, conv=4)
 

@@ -117,6 +117,15 @@ def test_float_bits_is_bit_identical(device, name):
         np.testing.assert_array_equal(outs[a].view(np.uint32), outs[b].view(np.uint32))
 
 
+def test_rows_by_type(device):
+    """A type listed in tuning.mv_rows_by_type takes its own rows a group (GCN: Q6_K at 2)."""
+    from vkrt.ops.matmul import mat_vec_kernel
+    tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(("Q6_K", 2),))
+    assert mat_vec_kernel(device, ggml_type("Q6_K"), 1, tune, k=256, xvec4=True).kernel.defines["NR"] == 2
+    assert mat_vec_kernel(device, ggml_type("Q4_K"), 1, tune, k=256, xvec4=True).kernel.defines["NR"] == 4
+    check(device, "Q6_K", 37, 512, (1, 3), tuning=tune)
+
+
 def test_single_row(device):
     check(device, "Q6_K", 1, 256, (1, 3, 70))
 

@@ -68,6 +68,9 @@ class Tuning:
     # mat-vec units of types that allow it (Q4_K) load their 16 bytes in one load where the
     # weights are 16-byte aligned, instead of four word loads
     mv_wide: bool = True
+    # (type name, rows) where a weight type's mat-vec takes fewer rows a group than mv_rows (its
+    # per-row state costs registers: GCN keeps 4 waves a SIMD)
+    mv_rows_by_type: tuple = ()
     # the summed expert down projection (VKRT_FUSE_MOE_SUM) walks a token's slots one at a time;
     # unrolled, their loads are issued together (latency hidden within a workgroup, at the cost of
     # registers: GCN keeps the loop, at 48 VGPRs for Q4_K)
@@ -149,7 +152,10 @@ TABLE: dict[Arch, Tuning] = {
                          # (RX 580) at two workgroups each fill the card. At most 2 rows a
                          # thread: ACO gives the head-128 prefill kernel 208 VGPRs at 4 rows (1
                          # wave per SIMD), 84 at 2 (3 waves; bench/gcn_shader_stats.py)
-                         fa_wg=256, fa_fill_groups=72, fa_max_rows=2),
+                         fa_wg=256, fa_fill_groups=72, fa_max_rows=2,
+                         # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
+                         # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
+                         mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2))),
     # RDNA runs wave32 natively but kernels stay correct at 64.
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),

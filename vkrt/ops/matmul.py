@@ -77,7 +77,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_
     lanes = mat_vec_lanes(typ, k, wg)
     # gate and up: two weight rows a row; summed slots: one row a group (a token's rows are its
     # workgroups, so fewer rows a group keep more of them in flight)
-    rows = 1 if moe_sum else max(1, tuning.mv_rows // 2) if gate_up else tuning.mv_rows
+    base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
+    rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
     defines = {**type_defines(typ), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
         defines["REDUCE_CLUSTER"] = 1
