@@ -155,7 +155,10 @@ TABLE: dict[Arch, Tuning] = {
                          fa_wg=256, fa_fill_groups=72, fa_max_rows=2,
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
-                         mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2))),
+                         mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),
+                         # delta rule decode, head 128: 16 lanes a row (2 vec4s each): ACO 48
+                         # VGPRs, 5 waves; 8 lanes (4 vec4s): 80 VGPRs, 3 waves
+                         gdn_lane_vec4s=2),
     # RDNA runs wave32 natively but kernels stay correct at 64.
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),
