@@ -70,4 +70,4 @@ def test_repetition_penalty_keeps_host_sampling(device, tmp_path):
         steps = e.stats.steps
         generate(e, PROMPT, 4, SamplingParams(temperature=0.0, repeat_penalty=1.3))
         graphs = list(e._graphs)
-        assert all(key[-1] is None for key in graphs) and e.stats.steps - steps == 4
+        assert all(key[4] is None and not key[5] for key in graphs) and e.stats.steps - steps == 4

@@ -26,6 +26,7 @@ from ..memory import F16, I32, Buffer, BufferRange, MemoryKind, Tensor
 from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..ops.argmax import MAX_PARTS, argmax
+from ..ops.topk import scratch_words, top_candidates
 from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
@@ -35,6 +36,7 @@ from .staging import ExpertStaging
 log = logging.getLogger("vkrt")
 
 KV_STEP = 256   # attention covers the used cells rounded up to this, so shapes repeat
+CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
 CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
 
 
@@ -91,7 +93,8 @@ class Engine(Owned):
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
-        self._tokens = self._argmax_part = None
+        self._tokens = self._argmax_part = self._top = None
+        self._top_scratch = ()
         self.state: RecurrentState | None = None
         try:
             self.cache = KVCache(dev, cfg.kv_layers, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
@@ -106,6 +109,9 @@ class Engine(Owned):
             self._inputs = Buffer(dev, 2 * size, MemoryKind.HOST, label="step inputs")
             self._tokens = Buffer(dev, 64, MemoryKind.READBACK, label="greedy tokens")
             self._argmax_part = Tensor.empty(dev, I32, (2 * MAX_PARTS,), name="argmax partials")
+            words = scratch_words(cfg.vocab_size, CANDIDATES)
+            self._top_scratch = tuple(Tensor.empty(dev, I32, (words,), name="top-k scratch") for _ in range(2))
+            self._top = Buffer(dev, 8 * CANDIDATES, MemoryKind.READBACK, label="top-k candidates")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
@@ -131,12 +137,13 @@ class Engine(Owned):
         return self.state is not None
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
-               chain: tuple[int, bool] | None = None) -> _Graph:
+               chain: tuple[int, bool] | None = None, top: bool = False) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
-        the host, and ends with the argmax of its logits instead of reading them back."""
+        the host, and ends with the argmax of its logits instead of reading them back. top: the
+        step reads back the CANDIDATES best logits of its last token instead of the row."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
-        key = (n_tokens, n_kv, all_logits, n_seqs, chain)
+        key = (n_tokens, n_kv, all_logits, n_seqs, chain, top)
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -154,6 +161,10 @@ class Engine(Owned):
             token = Tensor.on(BufferRange(self._tokens, 16 * parity, 4), I32, (1,), name="greedy token")
             read = lambda seq, n, row: argmax(seq, self.scratch.logits.slice(1, 0, 1).view(   # noqa: E731
                 (self.model.cfg.vocab_size,)), self._argmax_part, self.scratch.ids.slice(0, 0, 1), token)
+        if top:
+            cands = Tensor.on(self._top.range(), I32, (2 * CANDIDATES,), name="top-k candidates")
+            read = lambda seq, n, row: top_candidates(seq, self.scratch.logits.slice(1, n - 1, n).view(   # noqa: E731
+                (self.model.cfg.vocab_size,)), CANDIDATES, self._top_scratch, cands)
         opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
@@ -286,7 +297,7 @@ class Engine(Owned):
         return logits
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
-                 chain: tuple[int, bool] | None = None):
+                 chain: tuple[int, bool] | None = None, top: bool = False):
         """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
         find its graph; returns (graph, the sequence of each group of tokens)."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
@@ -320,12 +331,33 @@ class Engine(Owned):
         if "mask_swa" in lay:
             swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
-        return self._graph(n, n_kv, all_logits, n_seqs, chain), slots
+        return self._graph(n, n_kv, all_logits, n_seqs, chain, top), slots
 
     def _advance(self, slots: np.ndarray, n: int) -> None:
         if self.state is not None:
             for s in slots.tolist():
                 self.state.length[s] += n
+
+    def candidates(self, token: int, seq_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Append `token` to `seq_id` and return the CANDIDATES best next-token logits, best first
+        (ties: the lower id), and their token ids: what a top-k sampler needs, picked on the GPU
+        (the host reads 512 bytes, not the whole row)."""
+        vocab = self.model.cfg.vocab_size
+        if not 0 <= token < vocab:
+            raise VkrtError(f"token ids must be in [0, {vocab}); got {token}")
+        t0 = time.perf_counter()
+        pos = self.cache.cells.length(seq_id)
+        g, slots = self._prepare(np.array([token], np.int32), np.array([seq_id], np.int32),
+                                 np.array([pos], np.int32), False, top=True)
+        self._run(g)
+        self._advance(slots, 1)
+        pairs = self._top.read(np.uint32, 8 * CANDIDATES).reshape(CANDIDATES, 2)
+        keep = pairs[:, 1] != 0xFFFFFFFF   # a vocabulary smaller than CANDIDATES pads the list
+        values, ids = pairs[keep, 0].view(np.float32), pairs[keep, 1].astype(np.int64)
+        self.stats.tokens += 1
+        self.stats.steps += 1
+        self.stats.seconds += time.perf_counter() - t0
+        return values, ids
 
     def greedy(self, token: int, seq_id: int = 0, n: int = 1, pipeline: bool | None = None) -> Iterator[int]:
         """Greedy decoding on the GPU: append `token` to `seq_id`, then yield the n tokens that
@@ -425,6 +457,6 @@ class Engine(Owned):
             g.close()
         self._graphs.clear()
         for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
-                    self.scratch, self.state, self.cache):
+                    self._top, *self._top_scratch, self.scratch, self.state, self.cache):
             if obj is not None:
                 obj.close()

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from .engine import CANDIDATES
 from .sampler import Sampler, SamplingParams
 
 
@@ -57,7 +58,8 @@ def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingP
     if params.greedy and params.repeat_penalty == 1.0 and n_predict > 0:
         _generate_greedy(engine, int(np.argmax(logits)), seq_id, n_predict, stops, on_token, gen)
     else:
-        _generate_sampled(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen)
+        _generate_sampled(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen,
+                          candidates=sampler.takes_candidates(CANDIDATES))
     gen.timings.predicted_n = len(gen.tokens)
     gen.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
     return gen
@@ -89,14 +91,20 @@ def _generate_greedy(engine, first: int, seq_id: int, n_predict: int, stops, on_
 
 
 def _generate_sampled(engine, logits, seq_id: int, n_predict: int, sampler: Sampler, stops, on_token,
-                      gen: Generation) -> None:
+                      gen: Generation, candidates: bool = False) -> None:
+    """Sampling on the host: from the whole row, or (`candidates`: a top-k of at most CANDIDATES,
+    no penalty) from the best logits the GPU picked, the same draw for the host's 512 bytes."""
+    top = None
     for i in range(n_predict):
-        token = sampler.sample(logits)
+        token = sampler.sample(logits) if top is None else sampler.sample_top(*top)
         if _take(token, stops, on_token, gen):
             return
         sampler.accept(token)
         if i + 1 < n_predict:
-            logits = engine.eval([token], seq_id)
+            if candidates:
+                top = engine.candidates(token, seq_id)
+            else:
+                logits = engine.eval([token], seq_id)
 
 
 class TextStream:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import VkrtError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -54,7 +56,27 @@ class Sampler:
             keep = np.argpartition(-logits, p.top_k - 1)[:p.top_k]
             ids, logits = ids[keep], logits[keep]
         order = np.argsort(-logits, kind="stable")
-        ids, logits = ids[order], logits[order].astype(np.float64)
+        return self._draw(ids[order], logits[order])
+
+    def takes_candidates(self, n: int) -> bool:
+        """Whether sample_top over the best n logits draws as sample() over the whole row would:
+        a top-k cut of at most n, no penalty (it needs every logit), not greedy."""
+        p = self.params
+        return not p.greedy and p.repeat_penalty == 1.0 and 0 < p.top_k <= n
+
+    def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
+        """Sample from the best candidates of a row (values descending, their token ids), as
+        sample() would from the whole row (see takes_candidates)."""
+        k = self.params.top_k
+        if not self.takes_candidates(len(values)):
+            raise VkrtError(f"sampling from {len(values)} candidates needs top_k in 1..{len(values)}, no repetition "
+                            f"penalty and a temperature above 0, got {self.params}")
+        return self._draw(np.asarray(ids[:k], np.int64), np.asarray(values[:k], np.float32))
+
+    def _draw(self, ids: np.ndarray, logits: np.ndarray) -> int:
+        """top-p, min-p, temperature and the draw over candidates sorted best first."""
+        p = self.params
+        logits = logits.astype(np.float64)
         probs = np.exp(logits - logits[0])
         probs /= probs.sum()
         if p.top_p < 1.0:

@@ -1,0 +1,53 @@
+"""Top-k sampling from the best logits the GPU picks (Engine.candidates): the same candidates as
+the whole row, and the same draws as the host sampler over the whole row for the same seed."""
+
+import numpy as np
+import pytest
+
+from models import tiny_model
+from vkrt.engine import generate as generate_mod
+from vkrt.engine.engine import CANDIDATES, Engine
+from vkrt.engine.generate import generate
+from vkrt.engine.sampler import Sampler, SamplingParams
+from vkrt.errors import VkrtError
+from vkrt.model.loader import Model
+
+PROMPT = [5, 9, 2, 11, 3, 7, 1, 4]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe"])
+def test_candidates_are_the_best_of_the_row(device, tmp_path, name):
+    path = tiny_model(name, tmp_path)
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=16) as e:
+        e.eval(PROMPT[:-1])
+        values, ids = e.candidates(PROMPT[-1])
+        e.reset()
+        row = e.eval(PROMPT)
+        k = min(CANDIDATES, row.size)
+        order = np.lexsort((np.arange(row.size), -row.astype(np.float64)))[:k]
+        assert ids.tolist() == order.tolist()
+        np.testing.assert_array_equal(values, row[order])
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3", "tiny-qwen35"])
+def test_generation_draws_as_the_host_sampler(device, tmp_path, monkeypatch, name):
+    path = tiny_model(name, tmp_path)
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02, seed=7)
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=16) as e:
+        steps = e.stats.steps
+        gpu = generate(e, PROMPT, 12, params)
+        assert any(key[-1] for key in e._graphs), "the candidates path was not taken"
+        e.reset()
+        monkeypatch.setattr(generate_mod, "CANDIDATES", 0)   # the whole row on the host
+        host = generate(e, PROMPT, 12, params)
+        assert gpu.tokens == host.tokens and len(gpu.tokens) == 12
+        assert e.stats.steps > steps
+
+
+def test_sampler_refuses_what_candidates_cannot_give():
+    for params in (SamplingParams(top_k=0), SamplingParams(top_k=65), SamplingParams(repeat_penalty=1.1),
+                   SamplingParams(temperature=0.0)):
+        s = Sampler(params)
+        assert not s.takes_candidates(64)
+        with pytest.raises(VkrtError, match="candidates"):
+            s.sample_top(np.zeros(64, np.float32), np.arange(64))
