@@ -1,5 +1,5 @@
 #version 450
-// Top-N candidates of a row of logits, in passes: workgroup g takes CH (value, index) pairs -- from
+// Top-N candidates of each row of logits (workgroup y), in passes: workgroup g takes CH (value, index) pairs -- from
 // the logits (FIRST) or from the previous pass's candidates -- sorts them in shared memory (value
 // descending, then index ascending; NaN as -inf; missing entries last) and writes its first N.
 // Candidates are (value bits, index) pairs; index 0xFFFFFFFF marks an entry past the row.
@@ -15,9 +15,11 @@ layout(binding = 0) readonly buffer C { uvec2 cin[]; };
 layout(binding = 1) writeonly buffer O { uvec2 cout[]; };
 
 layout(push_constant) uniform Push {
-    uint n;       // entries in (logits or candidates)
+    uint n;       // entries in a row (logits or candidates)
     uint x_off;   // offset of the input: floats (FIRST) or pairs
-    uint o_off;   // pair offset of the output
+    uint x_row;   // and between rows (workgroup y is the row)
+    uint o_off;   // pair offsets of the output and between its rows
+    uint o_row;
 } p;
 
 shared float sv[CH];
@@ -27,16 +29,17 @@ bool before(float va, uint ia, float vb, uint ib) { return va > vb || (va == vb 
 
 void main() {
     const uint tid = gl_LocalInvocationID.x, base = gl_WorkGroupID.x * CH;
+    const uint xin = p.x_off + gl_WorkGroupID.y * p.x_row;
     for (uint i = tid; i < CH; i += WG) {
         float v = uintBitsToFloat(0xFF800000u);   // -inf
         uint idx = 0xFFFFFFFFu;
         if (base + i < p.n) {
 #ifdef FIRST
-            v = x[p.x_off + base + i];
+            v = x[xin + base + i];
             idx = base + i;
 #else
-            v = uintBitsToFloat(cin[p.x_off + base + i].x);
-            idx = cin[p.x_off + base + i].y;
+            v = uintBitsToFloat(cin[xin + base + i].x);
+            idx = cin[xin + base + i].y;
 #endif
             if (isnan(v)) {
                 v = uintBitsToFloat(0xFF800000u);
@@ -68,6 +71,6 @@ void main() {
         }
     }
     for (uint i = tid; i < N; i += WG) {
-        cout[p.o_off + gl_WorkGroupID.x * N + i] = uvec2(floatBitsToUint(sv[i]), si[i]);
+        cout[p.o_off + gl_WorkGroupID.y * p.o_row + gl_WorkGroupID.x * N + i] = uvec2(floatBitsToUint(sv[i]), si[i]);
     }
 }

@@ -45,9 +45,34 @@ def test_generation_draws_as_the_host_sampler(device, tmp_path, monkeypatch, nam
 
 
 def test_sampler_refuses_what_candidates_cannot_give():
+    greedy = Sampler(SamplingParams(temperature=0.0))
+    assert greedy.takes_candidates(64) and greedy.sample_top(np.array([3.0, 3.0], np.float32), np.array([9, 4])) == 9
     for params in (SamplingParams(top_k=0), SamplingParams(top_k=65), SamplingParams(repeat_penalty=1.1),
-                   SamplingParams(temperature=0.0)):
+                   SamplingParams(temperature=0.0, repeat_penalty=1.1)):
         s = Sampler(params)
         assert not s.takes_candidates(64)
         with pytest.raises(VkrtError, match="candidates"):
             s.sample_top(np.zeros(64, np.float32), np.arange(64))
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen35"])
+def test_batched_candidates_match_batched_rows(device, tmp_path, name):
+    """decode_candidates (the server's batched step) gives each sequence the best logits of the
+    row decode() would have returned."""
+    path = tiny_model(name, tmp_path)
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=16, n_seq_max=3) as e:
+        outs = []
+        for candidates in (False, True):
+            e.reset()
+            for s in range(3):
+                e.eval(PROMPT[s:], seq_id=s)
+            batch = [(0, 3), (1, 8), (2, 5)]
+            outs.append(e.decode_candidates(batch) if candidates else e.decode(batch))
+        rows, (values, ids) = outs
+        for r in range(3):
+            k = ids.shape[1]
+            order = np.lexsort((np.arange(rows.shape[1]), -rows[r].astype(np.float64)))[:k]
+            assert ids[r].tolist() == order.tolist()
+            np.testing.assert_array_equal(values[r], rows[r][order])
+        with pytest.raises(VkrtError, match="decode_candidates takes"):
+            e.decode_candidates([])

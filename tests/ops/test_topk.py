@@ -52,3 +52,24 @@ def test_pass_plan_and_errors(device):
     assert passes(262144, 64) == [128, 4, 1] and passes(100, 40) == [1]
     with pytest.raises(UnsupportedShape, match="k must be"):
         passes(100, 0)
+
+
+def test_rows(device):
+    """Several rows at once (a batched decode step), each row its own top k."""
+    rng = np.random.default_rng(3)
+    rows, n, k = 5, 9000, 40
+    logits = rng.standard_normal((rows, n)).astype(np.float32)
+    x = tensor_from_numpy(device, logits)
+    words = scratch_words(n, k, rows)
+    scratch = (Tensor.empty(device, "I32", (words,)), Tensor.empty(device, "I32", (words,)))
+    out = Tensor.empty(device, "I32", (2 * k * rows,))
+    try:
+        run_once(device, lambda seq: top_candidates(seq, x, k, scratch, out))
+        pairs = read_tensor(out).reshape(rows, k, 2)
+        for r in range(rows):
+            want_v, want_i = reference(logits[r], k)
+            np.testing.assert_array_equal(pairs[r, :, 1].view(np.uint32), want_i.astype(np.uint32))
+            np.testing.assert_array_equal(pairs[r, :, 0].view(np.float32), want_v)
+    finally:
+        for t in (x, *scratch, out):
+            t.close()

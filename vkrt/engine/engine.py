@@ -37,6 +37,7 @@ log = logging.getLogger("vkrt")
 
 KV_STEP = 256   # attention covers the used cells rounded up to this, so shapes repeat
 CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
+CANDIDATE_ROWS = 64   # the most tokens a step reads candidates of (decode_candidates' batch)
 CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
 
 
@@ -109,9 +110,10 @@ class Engine(Owned):
             self._inputs = Buffer(dev, 2 * size, MemoryKind.HOST, label="step inputs")
             self._tokens = Buffer(dev, 64, MemoryKind.READBACK, label="greedy tokens")
             self._argmax_part = Tensor.empty(dev, I32, (2 * MAX_PARTS,), name="argmax partials")
-            words = scratch_words(cfg.vocab_size, CANDIDATES)
+            self._top_rows = min(CANDIDATE_ROWS, n_ubatch)
+            words = scratch_words(cfg.vocab_size, CANDIDATES, self._top_rows)
             self._top_scratch = tuple(Tensor.empty(dev, I32, (words,), name="top-k scratch") for _ in range(2))
-            self._top = Buffer(dev, 8 * CANDIDATES, MemoryKind.READBACK, label="top-k candidates")
+            self._top = Buffer(dev, 8 * CANDIDATES * self._top_rows, MemoryKind.READBACK, label="top-k candidates")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
@@ -162,9 +164,10 @@ class Engine(Owned):
             read = lambda seq, n, row: argmax(seq, self.scratch.logits.slice(1, 0, 1).view(   # noqa: E731
                 (self.model.cfg.vocab_size,)), self._argmax_part, self.scratch.ids.slice(0, 0, 1), token)
         if top:
-            cands = Tensor.on(self._top.range(), I32, (2 * CANDIDATES,), name="top-k candidates")
-            read = lambda seq, n, row: top_candidates(seq, self.scratch.logits.slice(1, n - 1, n).view(   # noqa: E731
-                (self.model.cfg.vocab_size,)), CANDIDATES, self._top_scratch, cands)
+            per_row = 8 * CANDIDATES
+            read = lambda seq, n, row: top_candidates(   # noqa: E731
+                seq, self.scratch.logits.slice(1, 0, n), CANDIDATES, self._top_scratch,
+                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,), name="candidates"))
         opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
@@ -268,6 +271,11 @@ class Engine(Owned):
             raise VkrtError("decode needs at least one (sequence, token) pair")
         if len(batch) > self.n_ubatch:
             raise VkrtError(f"decode of {len(batch)} sequences exceeds the micro-batch of {self.n_ubatch}")
+        seqs, ids, pos = self._decode_inputs(batch)
+        return self._step(ids, seqs, pos, all_logits=True, n_seqs=len(batch))
+
+    def _decode_inputs(self, batch: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sequences, tokens, positions) of a decode batch, checked."""
         seqs = np.array([s for s, _ in batch], np.int32)
         if len(set(seqs.tolist())) != len(seqs):
             raise VkrtError("decode takes one token per sequence")
@@ -275,8 +283,7 @@ class Engine(Owned):
         vocab = self.model.cfg.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
             raise VkrtError(f"token ids must be in [0, {vocab})")
-        pos = np.array([self.cache.cells.length(int(s)) for s in seqs], np.int32)
-        return self._step(ids, seqs, pos, all_logits=True, n_seqs=len(batch))
+        return seqs, ids, np.array([self.cache.cells.length(int(s)) for s in seqs], np.int32)
 
     def sequence_length(self, seq_id: int) -> int:
         """Tokens of `seq_id` held in the KV cache."""
@@ -351,13 +358,32 @@ class Engine(Owned):
                                  np.array([pos], np.int32), False, top=True)
         self._run(g)
         self._advance(slots, 1)
-        pairs = self._top.read(np.uint32, 8 * CANDIDATES).reshape(CANDIDATES, 2)
-        keep = pairs[:, 1] != 0xFFFFFFFF   # a vocabulary smaller than CANDIDATES pads the list
-        values, ids = pairs[keep, 0].view(np.float32), pairs[keep, 1].astype(np.int64)
+        values, ids = self._read_candidates(1)
         self.stats.tokens += 1
         self.stats.steps += 1
         self.stats.seconds += time.perf_counter() - t0
-        return values, ids
+        return values[0], ids[0]
+
+    def decode_candidates(self, batch: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """decode() that returns each token's CANDIDATES best next-token logits and their ids
+        ([len(batch), k] each, best first) instead of the rows; at most CANDIDATE_ROWS tokens."""
+        if not batch or len(batch) > self._top_rows:
+            raise VkrtError(f"decode_candidates takes 1 to {self._top_rows} (sequence, token) pairs, got {len(batch)}")
+        seqs, ids, pos = self._decode_inputs(batch)
+        t0 = time.perf_counter()
+        g, slots = self._prepare(ids, seqs, pos, True, n_seqs=len(batch), top=True)
+        self._run(g)
+        self._advance(slots, 1)
+        out = self._read_candidates(len(batch))
+        self.stats.tokens += len(batch)
+        self.stats.steps += 1
+        self.stats.seconds += time.perf_counter() - t0
+        return out
+
+    def _read_candidates(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        pairs = self._top.read(np.uint32, 8 * CANDIDATES * rows).reshape(rows, CANDIDATES, 2)
+        k = int((pairs[0, :, 1] != 0xFFFFFFFF).sum())   # a vocabulary smaller than CANDIDATES pads the list
+        return pairs[:, :k, 0].view(np.float32), pairs[:, :k, 1].astype(np.int64)
 
     def greedy(self, token: int, seq_id: int = 0, n: int = 1, pipeline: bool | None = None) -> Iterator[int]:
         """Greedy decoding on the GPU: append `token` to `seq_id`, then yield the n tokens that

@@ -59,18 +59,20 @@ class Sampler:
         return self._draw(ids[order], logits[order])
 
     def takes_candidates(self, n: int) -> bool:
-        """Whether sample_top over the best n logits draws as sample() over the whole row would:
-        a top-k cut of at most n, no penalty (it needs every logit), not greedy."""
+        """Whether sample_top over the best n logits picks as sample() over the whole row would:
+        greedy, or a top-k cut of at most n; no penalty (it needs every logit)."""
         p = self.params
-        return not p.greedy and p.repeat_penalty == 1.0 and 0 < p.top_k <= n
+        return p.repeat_penalty == 1.0 and (p.greedy or 0 < p.top_k <= n)
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
         sample() would from the whole row (see takes_candidates)."""
         k = self.params.top_k
         if not self.takes_candidates(len(values)):
-            raise VkrtError(f"sampling from {len(values)} candidates needs top_k in 1..{len(values)}, no repetition "
-                            f"penalty and a temperature above 0, got {self.params}")
+            raise VkrtError(f"sampling from {len(values)} candidates needs greedy or top_k in 1..{len(values)} and "
+                            f"no repetition penalty, got {self.params}")
+        if self.params.greedy:
+            return int(ids[0])   # the best, the lowest id on ties: np.argmax's pick
         return self._draw(np.asarray(ids[:k], np.int64), np.asarray(values[:k], np.float32))
 
     def _draw(self, ids: np.ndarray, logits: np.ndarray) -> int:

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable
 
+from ..engine.engine import CANDIDATE_ROWS, CANDIDATES
 from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
 from .jobs import Failed, Job
@@ -178,15 +179,21 @@ class Scheduler:
         for i in range(0, len(active), engine.n_ubatch):
             batch = active[i:i + engine.n_ubatch]
             t0 = time.perf_counter()
+            pairs = [(s.id, s.next_token) for s in batch]
+            # the GPU picks each row's best logits where every slot's sampler can draw from them
+            top = len(batch) <= CANDIDATE_ROWS and all(s.sampler.takes_candidates(CANDIDATES) for s in batch)
             try:
-                logits = engine.decode([(s.id, s.next_token) for s in batch])
+                out = engine.decode_candidates(pairs) if top else engine.decode(pairs)
             except Exception as exc:
                 self._fail(engine, batch, exc)
                 continue
             self.metrics.add_decode(len(batch), time.perf_counter() - t0)
-            for s, row in zip(batch, logits):
+            for k, s in enumerate(batch):
                 s.fed()
-                self._guarded(engine, s, s.sample, row)
+                if top:
+                    self._guarded(engine, s, lambda c, s=s: s.sample(top=c), (out[0][k], out[1][k]))
+                else:
+                    self._guarded(engine, s, s.sample, out[k])
 
     def _guarded(self, engine, slot: Slot, step, logits) -> None:
         """Sampling and text for one slot: a failure there ends that request only."""

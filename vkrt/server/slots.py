@@ -81,8 +81,10 @@ class Slot:
         else:
             self.sample(logits)
 
-    def sample(self, logits) -> None:
-        token = self.sampler.sample(logits)
+    def sample(self, logits=None, top=None) -> None:
+        """Pick the next token from a row of logits, or from the best candidates (values, ids)
+        where the sampler takes them (Sampler.takes_candidates)."""
+        token = self.sampler.sample(logits) if top is None else self.sampler.sample_top(*top)
         if token in self.eog:
             self.finish("stop", "eos")
             return
