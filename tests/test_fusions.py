@@ -30,26 +30,30 @@ def run(device, path, monkeypatch, fuse: bool, variable: str = "VKRT_FUSE_ADD_NO
         return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg
 
 
+def commands_saved(device, tmp_path, monkeypatch, name, variable="VKRT_FUSE_ADD_NORM", **engine_kw):
+    """Run `name` with the fusion `variable` on and off, assert the outputs are the same bits;
+    returns (commands the fusion saves over both graphs, the model's config)."""
+    path = tiny_model(name, tmp_path)
+    fused, n_fused, cfg = run(device, path, monkeypatch, True, variable, **engine_kw)
+    plain, n_plain, _ = run(device, path, monkeypatch, False, variable, **engine_kw)
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    return n_plain - n_fused, cfg
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
                                   "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
-    path = tiny_model(name, tmp_path)
-    fused, n_fused, cfg = run(device, path, monkeypatch, True)
-    plain, n_plain, _ = run(device, path, monkeypatch, False)
-    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
-    assert n_plain - n_fused == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name)
+    assert saved == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe"])
 def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
     """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama); gemma3 has sliding layers;
     qwen35moe's queries are a strided view (each head's gate follows its query) under IMROPE."""
-    path = tiny_model(name, tmp_path)
-    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_NORM_ROPE")
-    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_NORM_ROPE")
-    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_NORM_ROPE")
     per_layer = 1 if name == "tiny-llama" else 3
-    assert n_plain - n_fused == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
+    assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
@@ -57,13 +61,10 @@ def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
                                             ("tiny-qwen35", 0)])
 def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
     """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
-    path = tiny_model(name, tmp_path)
-    kw = dict(n_cpu_moe=n_cpu_moe, stage_experts=True)
-    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_GLU", **kw)
-    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_GLU", **dict(kw))
-    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
+                                stage_experts=True)
     shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe") else 1   # a shared expert is a second gated FFN
-    assert n_plain - n_fused == 2 * cfg.n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
+    assert saved == 2 * cfg.n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
@@ -71,17 +72,14 @@ def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_m
 def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
     """Dense (silu, gemma3's gelu), expert and shared-expert gate/up pairs in VRAM (the loader
     puts each pair in one allocation); experts staged from host stay apart and still agree."""
-    path = tiny_model(name, tmp_path)
-    kw = dict(n_cpu_moe=n_cpu_moe, stage_experts=True)
-    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_GATE_UP", **kw)
-    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_GATE_UP", **dict(kw))
-    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_GATE_UP", n_cpu_moe=n_cpu_moe,
+                                stage_experts=True)
     ffns = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe") else 1   # a shared expert is a second gated FFN
     fewer = 2 * 2 * (cfg.n_layer * ffns - n_cpu_moe)   # both graphs are mat-vec sized
     if n_cpu_moe:   # host experts fuse only where a prefetch slot holds gate and up together
-        assert fewer <= n_plain - n_fused <= fewer + 2 * 2 * n_cpu_moe and (n_plain - n_fused) % 4 == 0
+        assert fewer <= saved <= fewer + 2 * 2 * n_cpu_moe and saved % 4 == 0
     else:
-        assert n_plain - n_fused == fewer
+        assert saved == fewer
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
@@ -89,13 +87,10 @@ def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_c
 def test_summed_expert_down_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
     """The experts' down projection summing the slots (and the gated shared expert) in its epilogue
     against mul_mat_id then moe_combine: experts in VRAM and staged from host."""
-    path = tiny_model(name, tmp_path)
-    kw = dict(n_cpu_moe=n_cpu_moe, stage_experts=True)
-    fused, n_fused, cfg = run(device, path, monkeypatch, True, "VKRT_FUSE_MOE_SUM", **kw)
-    plain, n_plain, _ = run(device, path, monkeypatch, False, "VKRT_FUSE_MOE_SUM", **dict(kw))
-    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_MOE_SUM", n_cpu_moe=n_cpu_moe,
+                                stage_experts=True)
     moe_layers = sum(1 for layer in cfg.layers if layer.ffn != "dense")
-    assert n_plain - n_fused == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
+    assert saved == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
 
 
 def test_fusion_defaults(monkeypatch):

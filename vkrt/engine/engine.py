@@ -110,10 +110,10 @@ class Engine(Owned):
             self._inputs = Buffer(dev, 2 * size, MemoryKind.HOST, label="step inputs")
             self._tokens = Buffer(dev, 64, MemoryKind.READBACK, label="greedy tokens")
             self._argmax_part = Tensor.empty(dev, I32, (2 * MAX_PARTS,), name="argmax partials")
-            self._top_rows = min(CANDIDATE_ROWS, n_ubatch)
-            words = scratch_words(cfg.vocab_size, CANDIDATES, self._top_rows)
+            self.candidate_rows = min(CANDIDATE_ROWS, n_ubatch)   # the most tokens decode_candidates takes
+            words = scratch_words(cfg.vocab_size, CANDIDATES, self.candidate_rows)
             self._top_scratch = tuple(Tensor.empty(dev, I32, (words,), name="top-k scratch") for _ in range(2))
-            self._top = Buffer(dev, 8 * CANDIDATES * self._top_rows, MemoryKind.READBACK, label="top-k candidates")
+            self._top = Buffer(dev, 8 * CANDIDATES * self.candidate_rows, MemoryKind.READBACK, label="top-k candidates")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
@@ -298,10 +298,14 @@ class Engine(Owned):
         n_out = ids.size if all_logits else 1
         vocab = self.model.cfg.vocab_size
         logits = self._logits.read(np.float32, 4 * vocab * n_out).reshape(n_out, vocab)
-        self.stats.tokens += ids.size
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.steps += 1
+        self._count(ids.size, time.perf_counter() - t0)
         return logits
+
+    def _count(self, tokens: int, seconds: float) -> None:
+        """One step of `tokens` tokens that kept the host `seconds` (GPU waits included) in the stats."""
+        self.stats.tokens += tokens
+        self.stats.steps += 1
+        self.stats.seconds += seconds
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
                  chain: tuple[int, bool] | None = None, top: bool = False):
@@ -349,35 +353,22 @@ class Engine(Owned):
         """Append `token` to `seq_id` and return the CANDIDATES best next-token logits, best first
         (ties: the lower id), and their token ids: what a top-k sampler needs, picked on the GPU
         (the host reads 512 bytes, not the whole row)."""
-        vocab = self.model.cfg.vocab_size
-        if not 0 <= token < vocab:
-            raise VkrtError(f"token ids must be in [0, {vocab}); got {token}")
-        t0 = time.perf_counter()
-        pos = self.cache.cells.length(seq_id)
-        g, slots = self._prepare(np.array([token], np.int32), np.array([seq_id], np.int32),
-                                 np.array([pos], np.int32), False, top=True)
-        self._run(g)
-        self._advance(slots, 1)
-        values, ids = self._read_candidates(1)
-        self.stats.tokens += 1
-        self.stats.steps += 1
-        self.stats.seconds += time.perf_counter() - t0
+        values, ids = self.decode_candidates([(seq_id, token)])
         return values[0], ids[0]
 
     def decode_candidates(self, batch: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """decode() that returns each token's CANDIDATES best next-token logits and their ids
-        ([len(batch), k] each, best first) instead of the rows; at most CANDIDATE_ROWS tokens."""
-        if not batch or len(batch) > self._top_rows:
-            raise VkrtError(f"decode_candidates takes 1 to {self._top_rows} (sequence, token) pairs, got {len(batch)}")
+        ([len(batch), k] each, best first) instead of the rows; at most candidate_rows tokens."""
+        if not batch or len(batch) > self.candidate_rows:
+            raise VkrtError(f"decode_candidates takes 1 to {self.candidate_rows} (sequence, token) pairs, "
+                            f"got {len(batch)}")
         seqs, ids, pos = self._decode_inputs(batch)
         t0 = time.perf_counter()
         g, slots = self._prepare(ids, seqs, pos, True, n_seqs=len(batch), top=True)
         self._run(g)
         self._advance(slots, 1)
         out = self._read_candidates(len(batch))
-        self.stats.tokens += len(batch)
-        self.stats.steps += 1
-        self.stats.seconds += time.perf_counter() - t0
+        self._count(len(batch), time.perf_counter() - t0)
         return out
 
     def _read_candidates(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -422,9 +413,7 @@ class Engine(Owned):
             t1 = time.perf_counter()
             self._wait(g.seqs[-1])
             out = int(self._tokens.read(np.int32, 4, 16 * parity)[0])
-            self.stats.tokens += 1
-            self.stats.steps += 1
-            self.stats.seconds += time.perf_counter() - t1
+            self._count(1, time.perf_counter() - t1)
             return out
 
         try:

@@ -46,11 +46,11 @@ def mat_vec_lanes(typ, k: int, wg: int) -> int:
 
 
 class MatVec:
-    """A mat-vec pipeline and its geometry: `rows` rows a workgroup (tuning.mv_rows a group of
-    `lanes` lanes, mv_wg / lanes groups)."""
+    """A mat-vec pipeline and the rows a workgroup of it computes (rows a group of mat_vec_lanes
+    lanes, mv_wg / lanes groups)."""
 
-    def __init__(self, kern, lanes: int, rows: int):
-        self.kernel, self.lanes, self.rows = kern, lanes, rows
+    def __init__(self, kern, rows: int):
+        self.kernel, self.rows = kern, rows
 
     def groups(self, m: int, device) -> tuple[int, int]:
         """The (x, y) workgroup grid for m rows."""
@@ -104,7 +104,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_
                        **({"SLOT_UNROLL": 1} if tuning.mv_sum_unroll else {}))
         push = PushConstants(*push.fields, ("wt_off", "u32"), ("sh_off", "u32"), ("sg_off", "u32"))
     kern = kernel(device, "mul_mv", defines=defines, push=push)
-    return MatVec(kern, lanes, rows * (wg // lanes))
+    return MatVec(kern, rows * (wg // lanes))
 
 
 def gate_up_pair(gate: Tensor, up: Tensor, device, act: str):

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from ..engine.engine import CANDIDATE_ROWS, CANDIDATES
+from ..engine.engine import CANDIDATES
 from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
 from .jobs import Failed, Job
@@ -181,7 +181,7 @@ class Scheduler:
             t0 = time.perf_counter()
             pairs = [(s.id, s.next_token) for s in batch]
             # the GPU picks each row's best logits where every slot's sampler can draw from them
-            top = len(batch) <= CANDIDATE_ROWS and all(s.sampler.takes_candidates(CANDIDATES) for s in batch)
+            top = len(batch) <= engine.candidate_rows and all(s.sampler.takes_candidates(CANDIDATES) for s in batch)
             try:
                 out = engine.decode_candidates(pairs) if top else engine.decode(pairs)
             except Exception as exc:
