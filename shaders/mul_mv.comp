@@ -160,6 +160,54 @@ float part_sum(uint v, uint group, uint parts) {
 #define SHARED_TERM(r)
 #endif
 #endif
+#ifndef MV_UNROLL
+#define MV_UNROLL 1
+#endif
+uint rowb[NW];            // the byte offsets of the rows a group dots
+
+// unit u of every row the group dots: acc[r * NC + j] += W[r] (unit u) . x[j] (unit u)
+void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
+    const uint blk = u / QU, uu = u % QU, boff = blk * QTS;
+    [[unroll]] for (uint i = 0u; i < QU_R; i++) {
+        const uint run = qu_run(uu, i);
+        const uint k0 = xbase + blk * QK + run * QR;
+        // the run's x chunks for every column, then each row's dot product with them:
+        // sum(raw * x) and sum(x), as value = a * raw + b
+        vec4 xv[QU_C * NC];
+        float sum_[NC];
+        [[unroll]] for (uint j = 0u; j < NC; j++) {
+            sum_[j] = 0.0;
+            [[unroll]] for (uint c = 0u; c < QU_C; c++) {
+                xv[c * NC + j] = XLOAD4(k0 + j * p.x_col + 4u * qu_ch(uu, c));
+                sum_[j] += dot(xv[c * NC + j], vec4(1.0));
+            }
+        }
+        [[unroll]] for (uint r = 0u; r < NW; r++) {
+            const QRun s = qrun(rowb[r] + boff, run);
+#ifdef QWIDE
+            const uvec4 wq = w16_data[qu_addr16(rowb[r] + boff, uu) >> 4];
+#endif
+            float dot_[NC];
+            [[unroll]] for (uint j = 0u; j < NC; j++) {
+                dot_[j] = 0.0;
+            }
+            [[unroll]] for (uint c = 0u; c < QU_C; c++) {
+#ifdef QWIDE
+                const vec4 raw = qraw16(s, wq, qu_ch(uu, c));
+#else
+                const vec4 raw = qraw(s, qu_ch(uu, c));
+#endif
+                [[unroll]] for (uint j = 0u; j < NC; j++) {
+                    dot_[j] += dot(raw, xv[c * NC + j]);
+                }
+            }
+            [[unroll]] for (uint j = 0u; j < NC; j++) {
+                acc[r * NC + j] += s.a * dot_[j] + s.b * sum_[j];
+            }
+        }
+    }
+}
+
 void main() {
 #ifdef REDUCE_CLUSTER
     // a group is TPR neighbouring invocations of one subgroup, whatever the subgroup size
@@ -203,7 +251,6 @@ void main() {
     wbase = p.w_off + uint(ids[p.ids_off + tok * p.ids_tok + sl]) * p.w_expert;
     xbase = p.x_off + tok * p.x_col + (sl % p.x_slots) * p.x_slot;
 #endif
-    uint rowb[NW];
     [[unroll]] for (uint r = 0u; r < NR; r++) {
         const uint roff = min(row0 + r, p.M - 1u) * p.w_row;   // rows past M read row M-1, unused
         rowb[r] = wbase + roff;
@@ -217,46 +264,16 @@ void main() {
     }
 
     const uint units = (p.K / QK) * QU;
-    for (uint u = lane; u < units; u += TPR) {
-        const uint blk = u / QU, uu = u % QU, boff = blk * QTS;
-        [[unroll]] for (uint i = 0u; i < QU_R; i++) {
-            const uint run = qu_run(uu, i);
-            const uint k0 = xbase + blk * QK + run * QR;
-            // the run's x chunks for every column, then each row's dot product with them:
-            // sum(raw * x) and sum(x), as value = a * raw + b
-            vec4 xv[QU_C * NC];
-            float sum_[NC];
-            [[unroll]] for (uint j = 0u; j < NC; j++) {
-                sum_[j] = 0.0;
-                [[unroll]] for (uint c = 0u; c < QU_C; c++) {
-                    xv[c * NC + j] = XLOAD4(k0 + j * p.x_col + 4u * qu_ch(uu, c));
-                    sum_[j] += dot(xv[c * NC + j], vec4(1.0));
-                }
-            }
-            [[unroll]] for (uint r = 0u; r < NW; r++) {
-                const QRun s = qrun(rowb[r] + boff, run);
-#ifdef QWIDE
-                const uvec4 wq = w16_data[qu_addr16(rowb[r] + boff, uu) >> 4];
-#endif
-                float dot_[NC];
-                [[unroll]] for (uint j = 0u; j < NC; j++) {
-                    dot_[j] = 0.0;
-                }
-                [[unroll]] for (uint c = 0u; c < QU_C; c++) {
-#ifdef QWIDE
-                    const vec4 raw = qraw16(s, wq, qu_ch(uu, c));
-#else
-                    const vec4 raw = qraw(s, qu_ch(uu, c));
-#endif
-                    [[unroll]] for (uint j = 0u; j < NC; j++) {
-                        dot_[j] += dot(raw, xv[c * NC + j]);
-                    }
-                }
-                [[unroll]] for (uint j = 0u; j < NC; j++) {
-                    acc[r * NC + j] += s.a * dot_[j] + s.b * sum_[j];
-                }
-            }
+    // MV_UNROLL units a lane at a time: their loads are issued together (latency, not bandwidth,
+    // bounds a short mat-vec on a wide GPU); the order of the sums is the rolled loop's
+    uint u = lane;
+    for (; u + (MV_UNROLL - 1u) * TPR < units; u += MV_UNROLL * TPR) {
+        [[unroll]] for (uint q = 0u; q < MV_UNROLL; q++) {
+            mv_unit(u + q * TPR, xbase, acc);
         }
+    }
+    for (; u < units; u += TPR) {
+        mv_unit(u, xbase, acc);
     }
 #ifdef QPLAIN
     for (uint k = units * QK + lane; k < p.K; k += TPR) {   // plain types: K need not be a multiple of 4

@@ -117,6 +117,25 @@ def test_float_bits_is_bit_identical(device, name):
         np.testing.assert_array_equal(outs[a].view(np.uint32), outs[b].view(np.uint32))
 
 
+
+@pytest.mark.parametrize("name", ALL)
+def test_unrolled_units_are_bit_identical(device, name):
+    """The unit loop unrolled (mv_unroll 2 and 4, with a rolled tail: the row's units are not a
+    multiple of the unrolled step) sums in the rolled loop's order: the same bits. Lanes a row
+    fewer than its units (mv_wg 8), so a lane walks several."""
+    rng = np.random.default_rng(10)
+    m, k = 13, k_for(name)
+    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    try:
+        outs = [run(device, w, x[:n], m, tuning=dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=u))
+                for u in (1, 2, 4) for n in (1, 2)]
+    finally:
+        w.close()
+    for a in range(2, 6):
+        np.testing.assert_array_equal(outs[a % 2].view(np.uint32), outs[a].view(np.uint32))
+    check(device, name, m, k, (1,), tuning=dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=4))
+
 def test_rows_by_type(device):
     """A type listed in tuning.mv_rows_by_type takes its own rows a group (GCN: Q6_K at 2)."""
     from vkrt.ops.matmul import mat_vec_kernel

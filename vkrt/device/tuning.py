@@ -75,6 +75,9 @@ class Tuning:
     # unrolled, their loads are issued together (latency hidden within a workgroup, at the cost of
     # registers: GCN keeps the loop, at 48 VGPRs for Q4_K)
     mv_sum_unroll: bool = False
+    # mat-vec units a lane loads before it uses them (the unit loop unrolled): a short mat-vec
+    # on a wide GPU is bound by load latency, not bandwidth
+    mv_unroll: int = 1
     mm_bm: int = 64
     mm_bn: int = 64
     mm_bk: int = 16

@@ -86,6 +86,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_
         defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
     if tuning.float_bits:
         defines["QFLOAT_BITS"] = 1
+    if tuning.mv_unroll > 1:
+        defines["MV_UNROLL"] = tuning.mv_unroll
     if wide and tuning.mv_wide:
         defines["QWIDE"] = 1
     if xvec4:
