@@ -138,17 +138,22 @@ def cases(dev) -> list[tuple[str, list]]:
     for typ in types:
         hidden, ff = m["hidden"], m["ff_expert"]
         out += [(f"decode {typ.name}: attention projections",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4).kernel]),
+                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=hidden, xvec4=xvec4).kernel]),
                 (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4, mul_mat_id=True, gate_up="silu").kernel]),
+                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, mul_mat_id=True,
+                                gate_up="silu").kernel]),
                 (f"decode {typ.name}: expert down summed over 8 slots (VKRT_FUSE_MOE_SUM)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4, mul_mat_id=True, moe_sum=m["n_used"]).kernel]),
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, mul_mat_id=True,
+                                moe_sum=m["n_used"]).kernel]),
                 (f"decode {typ.name}: expert gate/up apart (VKRT_FUSE_GATE_UP=0)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, xvec4=xvec4, mul_mat_id=True).kernel]),
+                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4,
+                                mul_mat_id=True).kernel]),
                 (f"decode {typ.name}: expert down apart (VKRT_FUSE_MOE_SUM=0)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4, mul_mat_id=True).kernel]),
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4,
+                                mul_mat_id=True).kernel]),
                 (f"decode {typ.name}: expert down with SiLU-GLU (VKRT_FUSE_GLU=1)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, xvec4=xvec4, mul_mat_id=True, glu="silu").kernel])]
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4,
+                                mul_mat_id=True, glu="silu").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
     # ops that build their pipeline while recording (the same for prefill and decode)
     T, E, D = m["ubatch"], m["hidden"], m["head"]

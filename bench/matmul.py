@@ -22,6 +22,7 @@ import dataclasses
 import json
 import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -52,12 +53,19 @@ def random_weight(dev, name: str, k: int, m: int, e: int, rng) -> Tensor:
     return w
 
 
+WARM_S = 0.2   # seconds of replays before timing
+
+
 def timed(dev, record, reps: int) -> float:
     """Median GPU seconds of `reps` replays of what `record(seq)` records."""
     with CommandSequence(dev, timestamps=True, label="bench") as seq:
         with seq.record():
             record(seq)
-        seq.run()  # warm-up (pipelines are compiled while recording)
+        # warm-up: pipelines are compiled while recording, and a GPU left idle meanwhile lowers its
+        # clocks (short kernels timed straight away read up to 5x slow on an H200)
+        t_end = time.perf_counter() + WARM_S
+        while time.perf_counter() < t_end:
+            seq.run()
         times = []
         for _ in range(reps):
             seq.run()

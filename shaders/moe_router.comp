@@ -55,6 +55,7 @@ void reduce(inout float v, inout uint e, const bool sum, uint buf) {
         e = subgroupMin(v == m ? e : NONE);
         v = m;
     }
+#if NSG > 1   // (one subgroup: every invocation already holds the result)
     if (subgroupElect()) {
         sh_v[buf][gl_SubgroupID] = v;
         sh_i[buf][gl_SubgroupID] = e;
@@ -70,6 +71,7 @@ void reduce(inout float v, inout uint e, const bool sum, uint buf) {
             e = sh_i[buf][s];
         }
     }
+#endif
 #else
     sh_v[buf][lid] = v;
     sh_i[buf][lid] = e;
@@ -141,8 +143,8 @@ void main() {
         picked_sum += prob;
     }
     barrier();
-    if (lid < p.n_used) {
-        const float w = picked_p[lid];
-        weights[p.w_off + t * p.n_used + lid] = p.norm != 0u ? w / picked_sum : w;
+    for (uint j = lid; j < p.n_used; j += WG) {
+        const float w = picked_p[j];
+        weights[p.w_off + t * p.n_used + j] = p.norm != 0u ? w / picked_sum : w;
     }
 }

@@ -139,11 +139,23 @@ def test_unrolled_units_are_bit_identical(device, name):
 def test_rows_by_type(device):
     """A type listed in tuning.mv_rows_by_type takes its own rows a group (GCN: Q6_K at 2)."""
     from vkrt.ops.matmul import mat_vec_kernel
-    tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(("Q6_K", 2),))
-    assert mat_vec_kernel(device, ggml_type("Q6_K"), 1, tune, k=256, xvec4=True).kernel.defines["NR"] == 2
-    assert mat_vec_kernel(device, ggml_type("Q4_K"), 1, tune, k=256, xvec4=True).kernel.defines["NR"] == 4
+    tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(("Q6_K", 2),), mv_fill_groups=1)
+    assert mat_vec_kernel(device, ggml_type("Q6_K"), 1, tune, k=256, m=37, xvec4=True).kernel.defines["NR"] == 2
+    assert mat_vec_kernel(device, ggml_type("Q4_K"), 1, tune, k=256, m=37, xvec4=True).kernel.defines["NR"] == 4
     check(device, "Q6_K", 37, 512, (1, 3), tuning=tune)
 
+
+
+def test_rows_halved_until_the_grid_fills(device):
+    """Short matrices take fewer rows a group (down to one) until the grid has mv_fill_groups
+    workgroups; the grid's z extent (mul_mat_id's token-slot pairs) counts. Results unchanged."""
+    from vkrt.ops.matmul import mat_vec_kernel
+    tune = dataclasses.replace(device.tuning, mv_wg=64, mv_rows=4, mv_rows_by_type=(), mv_fill_groups=40)
+    q = ggml_type("Q4_0")   # k = 2048: 256 units, 64 lanes a row, one group a workgroup
+    rows = lambda m, layers=1: mat_vec_kernel(device, q, 1, tune, k=2048, m=m, layers=layers,
+                                              xvec4=True).kernel.defines["NR"]
+    assert (rows(160), rows(100), rows(30), rows(30, layers=8)) == (4, 2, 1, 4)
+    check(device, "Q4_0", 30, 2048, (1, 2), tuning=tune)
 
 def test_single_row(device):
     check(device, "Q6_K", 1, 256, (1, 3, 70))
@@ -285,6 +297,6 @@ def test_wide_loads_are_bit_identical(device, n):
                 for on in (False, True)]
         np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
         assert wide_ok(w.type, w.offset, w.nb[1]) and not wide_ok(w.type, 72) and not wide_ok(ggml_type("Q6_K"), 0)
-        assert "QWIDE" in mat_vec_kernel(device, w.type, n, device.tuning, k=k, xvec4=True, wide=True).kernel.defines
+        assert "QWIDE" in mat_vec_kernel(device, w.type, n, device.tuning, k=k, m=m, xvec4=True, wide=True).kernel.defines
     finally:
         w.close()

@@ -12,13 +12,18 @@ from vkrt.memory import Tensor
                                                                (60, 4, 7, False), (256, 16, 2, False),
                                                                (512, 8, 2, False), (128, 8, 4, True)])
 @pytest.mark.parametrize("normalize", [False, True])
-@pytest.mark.parametrize("subgroups", [False, True])
+@pytest.mark.parametrize("subgroups", [False, True, "one"])
 def test_route(device, n_expert, n_used, n_tokens, ties, normalize, subgroups):
     """Against numpy; `ties`: logits from a few values, so equal ones go to the lower expert id
-    (subgroup max/min and the shared-memory tree alike)."""
-    from vkrt.ops.moe import moe_route
-    if subgroups and not device.profile.subgroup_arithmetic:
+    (subgroup max/min and the shared-memory tree alike). "one": a workgroup of one subgroup
+    (no shared memory; the NVIDIA and GCN layout), at most 32 experts a lane."""
+    from vkrt.ops.moe import ROUTER_EPT, moe_route
+    prof = device.profile
+    if subgroups and not prof.subgroup_arithmetic:
         pytest.skip("no subgroup arithmetic on this device")
+    one = subgroups == "one"
+    if one and (prof.subgroup_min != prof.subgroup_max or n_expert > ROUTER_EPT * prof.subgroup_min):
+        pytest.skip(f"{n_expert} experts do not fit one subgroup of {prof.subgroup_min}-{prof.subgroup_max} lanes")
     rng = np.random.default_rng(n_expert + n_used)
     logits = (rng.standard_normal((n_tokens, n_expert)) * 2).astype(np.float32)
     if ties:
@@ -27,7 +32,8 @@ def test_route(device, n_expert, n_used, n_tokens, ties, normalize, subgroups):
     ids = Tensor.empty(device, "I32", (n_used, n_tokens))
     w = Tensor.empty(device, "F32", (n_used, n_tokens))
     try:
-        run_once(device, lambda s: moe_route(s, tl, ids, w, n_used, normalize, subgroups=subgroups))
+        run_once(device, lambda s: moe_route(s, tl, ids, w, n_used, normalize, subgroups=bool(subgroups),
+                                                   one_subgroup=one))
         x = logits.astype(np.float64)
         p = np.exp(x - x.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)

@@ -78,6 +78,11 @@ class Tuning:
     # mat-vec units a lane loads before it uses them (the unit loop unrolled): a short mat-vec
     # on a wide GPU is bound by load latency, not bandwidth
     mv_unroll: int = 1
+    # mul_mat_id's mat-vec workgroup (0: mv_wg); a mat-vec's rows a group are halved (down to
+    # one) while its grid has fewer workgroups than mv_fill_groups (short matrices: more
+    # workgroups in flight rather than x reused across more rows)
+    mv_id_wg: int = 0
+    mv_fill_groups: int = 256
     mm_bm: int = 64
     mm_bn: int = 64
     mm_bk: int = 16
@@ -149,16 +154,21 @@ class Tuning:
 TABLE: dict[Arch, Tuning] = {
     # Polaris/GCN: wave64 (min = max = 64) so every workgroup is a multiple of 64; RADV reports
     # shaderFloat16 = 0 and the hardware has no packed fp16 math: all arithmetic in fp32.
-    Arch.AMD_GCN: Tuning(Arch.AMD_GCN, wg_size=256, subgroup=64, reduce_wg=256, fp16_math=False,
+    # Reductions at 1024 invocations: a decode step's norms are one workgroup a row, and their
+    # time is the round trips an invocation makes (a 2048 row: 2 at 1024, 8 at 256)
+    Arch.AMD_GCN: Tuning(Arch.AMD_GCN, wg_size=256, subgroup=64, reduce_wg=1024, fp16_math=False,
                          # flash attention: 4 waves a workgroup (a wave per row group where the
                          # head size is a multiple of 32: 8 dot x 8 column lanes); 36 CUs
                          # (RX 580) at two workgroups each fill the card. At most 2 rows a
                          # thread: ACO gives the head-128 prefill kernel 208 VGPRs at 4 rows (1
                          # wave per SIMD), 84 at 2 (3 waves; bench/gcn_shader_stats.py)
-                         fa_wg=256, fa_fill_groups=72, fa_max_rows=2,
+                         fa_wg=256, fa_fill_groups=72, fa_max_rows=2, fa_split_min_tiles=8,
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),
+                         # 2 waves a row for dense mat-vecs, one for the experts' short rows;
+                         # 36 CUs: about 7 workgroups a CU before rows a group are halved
+                         mv_wg=128, mv_id_wg=64, mv_fill_groups=256, mv_unroll=2,
                          # delta rule decode, head 128: 16 lanes a row (2 vec4s each): ACO 48
                          # VGPRs, 5 waves; 8 lanes (4 vec4s): 80 VGPRs, 3 waves
                          gdn_lane_vec4s=2),
@@ -166,7 +176,12 @@ TABLE: dict[Arch, Tuning] = {
     Arch.AMD_RDNA1: Tuning(Arch.AMD_RDNA1, subgroup=32),
     Arch.AMD_RDNA2: Tuning(Arch.AMD_RDNA2, subgroup=32),
     Arch.AMD_RDNA3: Tuning(Arch.AMD_RDNA3, subgroup=32),
-    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, fa_fill_groups=512, float_bits=True, mv_sum_unroll=True),  # 132 SMs (H200), 4 workgroups each
+    # 132 SMs (H200), 4 workgroups each. Mat-vec (bench/matmul.py, H200, Q4_0/Q4_K/Q6_K decode
+    # shapes): 128 lanes a row halve the time of 512-4096-row matrices against 64 (2048x4096
+    # Q4_0 22 -> 11 us); mul_mat_id at 32 lanes (Qwen3-30B-A3B down 14.8 -> 9.3 us)
+    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, float_bits=True,
+                        mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2,
+                        fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.
     # Flash attention: no subgroup shuffles (a whole dot product per thread ran fastest), loops
@@ -176,6 +191,8 @@ TABLE: dict[Arch, Tuning] = {
     Arch.LLVMPIPE: Tuning(Arch.LLVMPIPE, subgroup=8, wg_size=64, reduce_wg=64,
                           fa_wg=64, fa_d_split=1, fa_o_regs=128, fa_fill_groups=8, fa_unroll=False,
                           transpose_rows=2,
+                          # mat-vec: a CPU's few threads need no more workgroups
+                          mv_fill_groups=1,
                           # short convolution, C = 8192: T = 2048 146 ms at 32 tokens, 176 at 16;
                           # T = 512 39 ms at 32, 47 at 16, 45 at 64
                           ssm_conv_chunk=32,

@@ -62,15 +62,17 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
     return typ.name in MV_WIDE and all(b % 16 == 0 for b in byte_offsets)
 
 
-def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_id: bool = False,
+def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
-                   moe_sum: int | None = None, shared: bool = False) -> MatVec:
-    """The mat-vec pipeline for `typ`, rows of `k` elements and `n` token columns (1 for
-    mul_mat_id); with `glu` ('silu' or 'gelu') its input is act(x) * u; with `gate_up` (an
-    activation) its output is act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once;
-    `moe_sum` (slots a token, with mul_mat_id) sums the slots' outputs with the routing weights
-    (and a gated shared expert's output with `shared`), as moe_combine does."""
-    wg = tuning.mv_wg
+                   moe_sum: int | None = None, shared: bool = False, layers: int = 1) -> MatVec:
+    """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
+    mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
+    ('silu' or 'gelu') its input is act(x) * u; with `gate_up` (an activation) its output is
+    act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
+    with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
+    output with `shared`), as moe_combine does. Rows a group are halved (down to one) while the
+    grid has fewer than tuning.mv_fill_groups workgroups."""
+    wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
     if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
@@ -79,6 +81,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, xvec4: bool, mul_mat_
     # workgroups, so fewer rows a group keep more of them in flight)
     base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
     rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
+    while rows > 1 and -(-m // (rows * (wg // lanes))) * layers < tuning.mv_fill_groups:
+        rows //= 2
     defines = {**type_defines(typ), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
         defines["REDUCE_CLUSTER"] = 1
@@ -204,7 +208,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         if pair is None:
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{tune.mv_max_n} columns, same type and layout, one binding for both)")
-        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, gate_up=act,
+        mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=xvec4, gate_up=act,
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1]))
         push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                 "y_off": yo, "y_col": y_col}
@@ -212,7 +216,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
     if n <= tune.mv_max_n:
-        mv = mat_vec_kernel(device, typ, n, tune, k=k, xvec4=xvec4, glu=act if up is not None else None,
+        mv = mat_vec_kernel(device, typ, n, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
+                            glu=act if up is not None else None,
                             wide=wide_ok(typ, w.nb[1], *(p[3] for p in pieces)))
         kern = mv.kernel
     else:

@@ -19,27 +19,44 @@ ROUTER_WG = 64     # the router's workgroup
 ROUTER_EPT = 32    # experts one router invocation holds at most (bits of its taken mask)
 
 
-def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None):
-    """The routing pipeline (softmax, top-k, renormalisation: one workgroup per token) for
-    `n_expert` experts; `subgroups` None uses subgroup arithmetic where the device has it."""
+def router_layout(device, subgroups: bool | None = None, one_subgroup: bool | None = None) -> tuple[int, bool]:
+    """(workgroup size, subgroup arithmetic) of the router. With subgroup arithmetic and
+    `one_subgroup` (None: where subgroups are a fixed 32 or 64 lanes) the workgroup is one
+    subgroup, whose reductions need no shared memory or barriers; else ROUTER_WG."""
     prof = device.profile
     if subgroups is None:
         subgroups = prof.subgroup_arithmetic
-    defines = {"WG": ROUTER_WG, "EPT": -(-n_expert // ROUTER_WG)}
+    fixed = prof.subgroup_min == prof.subgroup_max
+    if one_subgroup is None:
+        one_subgroup = fixed and prof.subgroup_min in (32, 64)
+    if subgroups and one_subgroup:
+        if not fixed:
+            raise OutOfRange(f"moe_route: {prof.name} has no fixed subgroup size for a one-subgroup router")
+        return prof.subgroup_min, True
+    return ROUTER_WG, subgroups
+
+
+def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None, one_subgroup: bool | None = None):
+    """The routing pipeline (softmax, top-k, renormalisation: one workgroup per token) for
+    `n_expert` experts; `subgroups` None uses subgroup arithmetic where the device has it;
+    `one_subgroup`: see router_layout."""
+    wg, subgroups = router_layout(device, subgroups, one_subgroup)
+    defines = {"WG": wg, "EPT": -(-n_expert // wg)}
     if subgroups:
-        defines.update(SUBGROUPS=1, NSG=max(1, ROUTER_WG // max(prof.subgroup_min, 1)))
+        defines.update(SUBGROUPS=1, NSG=max(1, wg // max(device.profile.subgroup_min, 1)))
     return kernel(device, "moe_router", defines=defines, push=ROUTER_PUSH)
 
 
 def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool, *,
-              subgroups: bool | None = None) -> None:
+              subgroups: bool | None = None, one_subgroup: bool | None = None) -> None:
     """Record routing: logits F32 [n_expert, n_tokens] -> ids I32 and weights F32 [n_used, n_tokens]
-    (`subgroups`: see moe_route_kernel)."""
+    (`subgroups`, `one_subgroup`: see moe_route_kernel)."""
     n_expert, n_tokens = logits.ne[0], logits.ne[1]
     if not 0 < n_used <= min(MAX_USED, n_expert):
         raise OutOfRange(f"moe_route: {n_used} experts per token; supported 1..{min(MAX_USED, n_expert)}")
-    if n_expert > ROUTER_EPT * ROUTER_WG:
-        raise OutOfRange(f"moe_route: {n_expert} experts; at most {ROUTER_EPT * ROUTER_WG} are supported")
+    wg = router_layout(seq.device, subgroups, one_subgroup)[0]
+    if n_expert > ROUTER_EPT * wg:
+        raise OutOfRange(f"moe_route: {n_expert} experts; at most {ROUTER_EPT * wg} are supported")
     if ids.type is not I32 or not ids.is_contiguous() or ids.nelements < n_used * n_tokens:
         raise OutOfRange(f"moe_route: ids must be contiguous I32 [{n_used}, {n_tokens}], got {ids!r}")
     if not weights.is_contiguous() or weights.nelements < n_used * n_tokens:
@@ -47,7 +64,7 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     lr, lo, ls = f32_binding(logits, "moe_route logits")
     ir, io = bind_tensor(ids)
     wr, wo, _ = f32_binding(weights, "moe_route weights")
-    k = moe_route_kernel(seq.device, n_expert, subgroups)
+    k = moe_route_kernel(seq.device, n_expert, subgroups, one_subgroup)
     seq.dispatch(k, [lr, ir, wr], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
                                             l_col=ls[0], ids_off=io // 4, w_off=wo, norm=int(normalize)),
                  groups=row_groups(n_tokens, seq.device), label="moe_route")

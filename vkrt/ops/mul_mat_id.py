@@ -92,7 +92,8 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         if pair is None:
             raise UnsupportedShape(f"mul_mat_id: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{tune.mv_max_n} tokens, same type and layout, one binding for both)")
-        mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True, gate_up=act,
+        mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4, mul_mat_id=True,
+                            gate_up=act,
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1], w.nb[2]))
         push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
                 "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
@@ -101,8 +102,8 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
         bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), device, max_binding)) for e0, e1 in pieces]
-        mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True,
-                            glu=act if up is not None else None,
+        mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4,
+                            mul_mat_id=True, glu=act if up is not None else None,
                             wide=wide_ok(typ, w.nb[1], w.nb[2], *(b[3] for b in bound)))
         for e0, e1, wr, wo in bound:
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
@@ -164,7 +165,7 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
         buffers += [sr, gr]
         push.update(sh_off=so // 4, sg_off=go // 4)
     xvec4 = vec4_ok(x, xo // 4, x_slot, x_tok)
-    mv = mat_vec_kernel(device, typ, 1, tune, k=k, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
+    mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
                         shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
     seq.dispatch(mv.kernel, buffers, push=push, groups=(*mv.groups(m, device), n_tokens), label="mul_mat_id_sum")
     return True

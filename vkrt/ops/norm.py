@@ -23,6 +23,16 @@ def reduce_defines(dev) -> dict[str, int]:
     return {"SG_REDUCE": 1} if dev.profile.subgroup_arithmetic else {}
 
 
+def norm_wg(dev, ncols: int) -> int:
+    """Invocations of a workgroup that normalises rows of `ncols` (rms_norm, norm_rope: the same,
+    so their sums agree): tuning.reduce_wg, halved (down to 64) while two columns an invocation
+    still cover the row."""
+    wg = dev.tuning.reduce_wg
+    while wg // 2 >= 64 and wg >= ncols:
+        wg //= 2
+    return wg
+
+
 def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = None, *,
              residual: Tensor | None = None, sum_out: Tensor | None = None, gate: Tensor | None = None) -> None:
     """Record out = rms_norm(x) * weight (weight: F32 [ne0], broadcast over rows; None: no multiply).
@@ -40,7 +50,7 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
     else:
         wr, wo = xr, 0
     dev = seq.device
-    wg = dev.tuning.reduce_wg
+    wg = norm_wg(dev, x.ne[0])
     nrows = x.ne[1] * x.ne[2] * x.ne[3]
     push = dict(ncols=x.ne[0], ne1=x.ne[1], ne2=x.ne[2], nrows=nrows, x_off=xo, x_s1=xs[0], x_s2=xs[1], x_s3=xs[2],
                 y_off=yo, y_s1=ys[0], y_s2=ys[1], y_s3=ys[2], w_off=wo, use_w=int(weight is not None), eps=float(eps))

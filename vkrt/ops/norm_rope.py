@@ -7,7 +7,7 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
-from .norm import reduce_defines
+from .norm import norm_wg, reduce_defines
 from .rope import rope_defines, rope_operands
 from .rows import f32_binding, row_groups, same_shape
 
@@ -63,6 +63,6 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     push.update(x_off=xo, x_s1=xs[0], x_s2=xs[1], w_off=wo, eps=float(eps))
     dev = seq.device
     k = kernel(dev, "norm_rope", defines={**defines, **reduce_defines(dev)}, push=NORM_ROPE_PUSH,
-               workgroup=(dev.tuning.reduce_wg,))
+               workgroup=(norm_wg(dev, head_dim),))
     seq.dispatch(k, buffers, push=push, groups=row_groups(n_head * n_tokens, dev),
                  label="norm_rope" if weight is not None else "rope")
