@@ -101,6 +101,23 @@ def test_seeded_sampling_repeats(server):
     assert a["content"] == b["content"]
 
 
+
+def test_logit_bias_and_penalties_are_honoured(server):
+    """A banned token (bias false, OpenAI's {"id": -100} alike) never comes; a frequency penalty
+    changes a greedy answer that repeats tokens (the tiny model does)."""
+    body = {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "return_tokens": True, "cache_prompt": False}
+    base = server.post("/completion", body)[1]["tokens"]
+    banned = base[0]
+    for bias in ([[banned, False]], {str(banned): -100}):
+        status, out = server.post("/completion", {**body, "logit_bias": bias})
+        assert status == 200, out
+        assert banned not in out["tokens"] and out["tokens"] != base
+    assert len(set(base)) < len(base), "the reference answer should repeat a token for this test"
+    status, out = server.post("/completion", {**body, "frequency_penalty": 2.0, "repeat_last_n": 64})
+    assert status == 200 and out["tokens"] != base
+    status, out = server.post("/completion", {**body, "presence_penalty": 2.0})
+    assert status == 200 and out["tokens"] != base
+
 def test_tokenize_roundtrip(server):
     status, out = server.post("/tokenize", {"content": "Hello, world!", "with_pieces": True})
     assert status == 200

@@ -1,5 +1,6 @@
-"""Sampling the next token from logits on the host, in llama.cpp's order:
-repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw (greedy when temp <= 0)."""
+"""Sampling the next token from logits on the host, in llama.cpp's order: logit bias ->
+penalties (repeat, frequency, presence) -> top-k -> typical -> top-p -> min-p -> temperature ->
+draw (greedy when temp <= 0)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    frequency_penalty: float = 0.0    # subtracted once per occurrence in the last repeat_last_n tokens
+    presence_penalty: float = 0.0     # subtracted once if the token occurs there at all
+    typical_p: float = 1.0            # locally typical sampling (1: off)
+    logit_bias: tuple = ()            # (token id, bias) pairs added to the logits (-inf bans a token)
     seed: int | None = None
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def greedy(self) -> bool:
@@ -44,11 +53,17 @@ class Sampler:
     def sample(self, logits: np.ndarray) -> int:
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
-        if p.repeat_penalty != 1.0 and self.recent:
+        if p.logit_bias:
             logits = logits.copy()
-            ids = np.unique(np.asarray(self.recent, dtype=np.int64))
+            ids, bias = zip(*p.logit_bias)
+            logits[list(ids)] += np.asarray(bias, np.float32)
+        if p.penalized and self.recent:
+            logits = logits.copy()
+            ids, counts = np.unique(np.asarray(self.recent, dtype=np.int64), return_counts=True)
             vals = logits[ids]
-            logits[ids] = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
+            if p.repeat_penalty != 1.0:
+                vals = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
+            logits[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
         if p.greedy:
             return int(np.argmax(logits))
         ids = np.arange(logits.size)
@@ -60,9 +75,9 @@ class Sampler:
 
     def takes_candidates(self, n: int) -> bool:
         """Whether sample_top over the best n logits picks as sample() over the whole row would:
-        greedy, or a top-k cut of at most n; no penalty (it needs every logit)."""
+        greedy, or a top-k cut of at most n; no penalty or logit bias (they need every logit)."""
         p = self.params
-        return p.repeat_penalty == 1.0 and (p.greedy or 0 < p.top_k <= n)
+        return not p.penalized and not p.logit_bias and (p.greedy or 0 < p.top_k <= n)
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
@@ -70,17 +85,19 @@ class Sampler:
         k = self.params.top_k
         if not self.takes_candidates(len(values)):
             raise VkrtError(f"sampling from {len(values)} candidates needs greedy or top_k in 1..{len(values)} and "
-                            f"no repetition penalty, got {self.params}")
+                            f"no penalty or logit bias, got {self.params}")
         if self.params.greedy:
             return int(ids[0])   # the best, the lowest id on ties: np.argmax's pick
         return self._draw(np.asarray(ids[:k], np.int64), np.asarray(values[:k], np.float32))
 
     def _draw(self, ids: np.ndarray, logits: np.ndarray) -> int:
-        """top-p, min-p, temperature and the draw over candidates sorted best first."""
+        """typical, top-p, min-p, temperature and the draw over candidates sorted best first."""
         p = self.params
         logits = logits.astype(np.float64)
         probs = np.exp(logits - logits[0])
         probs /= probs.sum()
+        if p.typical_p < 1.0:
+            ids, logits, probs = _typical(ids, logits, probs, p.typical_p)
         if p.top_p < 1.0:
             cut = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
             ids, logits, probs = ids[:cut], logits[:cut], probs[:cut]
@@ -91,3 +108,17 @@ class Sampler:
         probs = np.exp(scaled - scaled.max())
         probs /= probs.sum()
         return int(ids[self.rng.choice(ids.size, p=probs)])
+
+
+def _typical(ids, logits, probs, mass: float):
+    """Locally typical sampling (llama.cpp's): the tokens whose surprise is nearest the entropy,
+    until their probability passes `mass`; returned best first again, probabilities renormalised."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logp = np.log(probs)
+        entropy = -np.nansum(probs * logp)
+        shift = np.abs(-logp - entropy)
+    order = np.argsort(shift, kind="stable")
+    over = np.nonzero(np.cumsum(probs[order]) > mass)[0]
+    keep = np.sort(order[:over[0] + 1 if over.size else order.size])   # best-first positions
+    probs = probs[keep] / probs[keep].sum()
+    return ids[keep], logits[keep], probs

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..engine.sampler import SamplingParams
-from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_stop, get_str, get_token_ids,
-                         reject_truthy)
+from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
+                         get_token_ids, reject_truthy)
 
 CHAT, COMPLETIONS, LLAMA = "chat", "completions", "llama"
 
@@ -37,16 +37,32 @@ class GenRequest:
     template_kwargs: dict = field(default_factory=dict)
 
 
-def _sampling(body: dict) -> SamplingParams:
+# llama-server sampling fields vkrt does not implement, and the value each takes when off: a
+# request that turns one on is refused, never answered as if it had not asked
+_UNIMPLEMENTED = {"mirostat": 0, "dry_multiplier": 0, "xtc_probability": 0, "top_n_sigma": -1, "dynatemp_range": 0,
+                  "min_keep": 0, "n_probs": 0}
+
+
+def _sampling(body: dict, vocab: int) -> SamplingParams:
     d = SamplingParams()
+    for name, off in _UNIMPLEMENTED.items():
+        value = get_float(body, name, off)
+        if value != off and not (name == "top_n_sigma" and value <= 0):
+            raise BadRequest(f"'{name}' is not supported: vkrt does not implement it (leave it at {off})", name)
+    if body.get("samplers") is not None:
+        raise BadRequest("'samplers' is not supported: vkrt samples in llama.cpp's default order", "samplers")
     seed = get_int(body, "seed", -1, lo=-1, hi=2 ** 64 - 1)
     return SamplingParams(
         temperature=get_float(body, "temperature", d.temperature, lo=0.0),
         top_k=get_int(body, "top_k", d.top_k),   # <= 0: no top-k cut
         top_p=get_float(body, "top_p", d.top_p, lo=0.0, hi=1.0),
         min_p=get_float(body, "min_p", d.min_p, lo=0.0, hi=1.0),
+        typical_p=get_float(body, "typical_p", d.typical_p, lo=0.0, hi=1.0),
         repeat_penalty=get_float(body, "repeat_penalty", d.repeat_penalty, lo=1e-6),
         repeat_last_n=get_int(body, "repeat_last_n", d.repeat_last_n, lo=0),
+        frequency_penalty=get_float(body, "frequency_penalty", d.frequency_penalty, lo=-2.0, hi=2.0),
+        presence_penalty=get_float(body, "presence_penalty", d.presence_penalty, lo=-2.0, hi=2.0),
+        logit_bias=get_logit_bias(body, "logit_bias", vocab),
         seed=None if seed == -1 else seed)
 
 
@@ -72,7 +88,7 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
     stream = get_bool(body, "stream", False)
     opts = get_dict(body, "stream_options")
     return GenRequest(
-        api=api, stream=stream, max_tokens=max_tokens, params=_sampling(body),
+        api=api, stream=stream, max_tokens=max_tokens, params=_sampling(body, limits.vocab),
         stop=get_stop(body), ignore_eos=get_bool(body, "ignore_eos", False),
         cache_prompt=get_bool(body, "cache_prompt", True),
         include_usage=stream and get_bool(opts, "include_usage", False),

@@ -135,6 +135,34 @@ def get_token_ids(value, name: str, vocab: int) -> list[int]:
     return list(value)
 
 
+def get_logit_bias(body: dict, name: str, vocab: int) -> tuple:
+    """OpenAI's {"token id": bias} or llama-server's [[token id, bias], ...]; a bias of false
+    bans the token. ((id, bias), ...) sorted by id, repeated ids summed."""
+    value = body[name] if _given(body, name, {}) else {}
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, list) and all(isinstance(v, list) and len(v) == 2 for v in value):
+        pairs = [tuple(v) for v in value]
+    else:
+        raise BadRequest(f"'{name}' must be an object of token id -> bias or an array of [token id, bias] pairs", name)
+    out: dict[int, float] = {}
+    for tok, bias in pairs:
+        if isinstance(tok, str) and tok.strip().lstrip("-").isdigit():
+            tok = int(tok)
+        if isinstance(tok, bool) or not isinstance(tok, int):
+            raise BadRequest(f"'{name}' keys must be token ids (integers), got {tok!r}", name)
+        if not 0 <= tok < vocab:
+            raise BadRequest(f"'{name}' holds token id {tok}, outside the vocabulary [0, {vocab})", name)
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
+                or not -100 <= bias <= 100:
+            raise BadRequest(f"'{name}' bias of token {tok} must be a number in [-100, 100] or false, got {bias!r}",
+                             name)
+        out[tok] = out.get(tok, 0.0) + float(bias)
+    return tuple(sorted(out.items()))
+
+
 def reject_truthy(body: dict, names: tuple[str, ...], why: str) -> None:
     for name in names:
         if body.get(name):

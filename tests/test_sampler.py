@@ -1,0 +1,89 @@
+"""The host sampler's logit bias, penalties and typical sampling against literal ports of
+llama.cpp's samplers (numpy, no GPU)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from vkrt.engine.sampler import Sampler, SamplingParams
+
+
+def test_logit_bias_adds_and_bans():
+    logits = np.array([1.0, 5.0, 3.0, 4.9], np.float32)
+    assert Sampler(SamplingParams(temperature=0)).sample(logits) == 1
+    assert Sampler(SamplingParams(temperature=0, logit_bias=((1, -math.inf),))).sample(logits) == 3
+    assert Sampler(SamplingParams(temperature=0, logit_bias=((2, 2.5),))).sample(logits) == 2
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3,
+                               logit_bias=((1, -math.inf), (3, -math.inf))))
+    assert {s.sample(logits) for _ in range(50)} <= {0, 2}
+
+
+def llama_penalties(logits, recent, repeat, freq, present):
+    """llama_sampler_penalties_apply: per token of the window, its count."""
+    out = logits.astype(np.float32).copy()
+    counts = {}
+    for t in recent:
+        counts[t] = counts.get(t, 0) + 1
+    for t, c in counts.items():
+        out[t] = out[t] * repeat if out[t] <= 0 else out[t] / repeat
+        out[t] -= np.float32(c * freq + (c > 0) * present)
+    return out
+
+
+@pytest.mark.parametrize("repeat, freq, present", [(1.0, 0.5, 0.0), (1.0, 0.0, 1.5), (1.3, 0.7, 0.4)])
+def test_penalties_match_llama(repeat, freq, present, monkeypatch):
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal(50).astype(np.float32)
+    recent = [3, 7, 3, 3, 12, 7, 40]
+    p = SamplingParams(temperature=0, repeat_penalty=repeat, frequency_penalty=freq, presence_penalty=present,
+                       repeat_last_n=64)
+    s = Sampler(p)
+    for t in recent:
+        s.accept(t)
+    seen = []
+    monkeypatch.setattr(np, "argmax", lambda a: seen.append(np.array(a)) or 0)
+    s.sample(logits)
+    np.testing.assert_allclose(seen[0], llama_penalties(logits, recent, repeat, freq, present), rtol=1e-6)
+    assert not s.takes_candidates(64)
+
+
+def llama_typical(logits, mass):
+    """llama_sampler_typical_apply over candidates sorted best first: kept ids in typical order."""
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    entropy = -sum(p * math.log(p) for p in probs if p > 0)
+    shifted = [abs(-math.log(p) - entropy) for p in probs]
+    order = sorted(range(len(probs)), key=lambda i: shifted[i])
+    cum, last = 0.0, len(order)
+    for i, j in enumerate(order):
+        cum += probs[j]
+        if cum > mass:
+            last = i + 1
+            break
+    return set(order[:last])
+
+
+@pytest.mark.parametrize("mass", [0.2, 0.5, 0.9, 0.99])
+def test_typical_keeps_llamas_tokens(mass):
+    rng = np.random.default_rng(int(mass * 100))
+    logits = np.sort(rng.standard_normal(30) * 2)[::-1].copy()
+    from vkrt.engine.sampler import _typical
+    probs = np.exp(logits - logits[0])
+    probs /= probs.sum()
+    ids, kept_logits, kept_probs = _typical(np.arange(30), logits, probs, mass)
+    assert set(ids.tolist()) == llama_typical(logits, mass)
+    assert np.all(np.diff(kept_logits) <= 0) and math.isclose(kept_probs.sum(), 1.0)
+
+
+def test_typical_after_top_k_still_takes_candidates():
+    """Typical sampling runs on the top-k survivors, so 64 GPU candidates give the same draws."""
+    rng = np.random.default_rng(5)
+    row = rng.standard_normal(1000).astype(np.float32)
+    p = SamplingParams(temperature=0.8, top_k=40, typical_p=0.7, seed=11)
+    a, b = Sampler(p), Sampler(p)
+    assert a.takes_candidates(64)
+    order = np.argsort(-row, kind="stable")[:64]
+    draws_row = [a.sample(row) for _ in range(20)]
+    draws_top = [b.sample_top(row[order], order) for _ in range(20)]
+    assert draws_row == draws_top
