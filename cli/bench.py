@@ -25,12 +25,17 @@ def _ints(text: str, what: str) -> list[int]:
         part = part.strip()
         if "-" in part[1:] and "*" not in part:  # a-b range as llama-bench allows (step 1)
             a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
+            try:
+                out.extend(range(int(a), int(b) + 1))
+            except ValueError:
+                raise click.BadParameter(f"{what}: {part!r} is not a range of integers") from None
         elif part:
             try:
                 out.append(int(part))
             except ValueError:
                 raise click.BadParameter(f"{what}: {part!r} is not an integer") from None
+    if any(v < 0 for v in out):
+        raise click.BadParameter(f"{what}: {text!r} holds a negative count; sizes are 0 or more")
     return out
 
 

@@ -62,3 +62,35 @@ def test_no_loader_says_what_to_install(tmp_path):
     proc = _run_vkrt({"PYTHONPATH": str(tmp_path / "fake")}, tmp_path)
     assert proc.returncode == 1
     assert "libvulkan" in proc.stderr and "apt-get install" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_rejects_negative_sizes(tmp_path):
+    """-p/-n take counts of 0 or more: a negative one is a usage error naming the option."""
+    model = tmp_path / "none.gguf"
+    model.write_bytes(b"")
+    for opt in ("-p", "-n"):
+        result = CliRunner().invoke(cli, ["bench", "-m", str(model), opt, "-5"])
+        assert result.exit_code == 2 and f"{opt}: '-5' holds a negative count" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+def test_context_past_the_buffer_limit_names_the_option(device, tmp_path):
+    """A buffer past the device's limit: a ConfigError that says which option to lower."""
+    import dataclasses
+
+    import pytest
+
+    from models import tiny_model
+    from vkrt.engine.engine import Engine
+    from vkrt.errors import ConfigError
+    from vkrt.model.loader import Model
+
+    path = tiny_model("tiny-llama", tmp_path)
+    with Model(device, path, progress=False) as m:
+        saved = device.profile
+        device.profile = dataclasses.replace(saved, max_buffer_size=1 << 16)
+        try:
+            with pytest.raises(ConfigError, match=r"lower (-ub \(now 16\) or )?-c \(now 4096\)"):
+                Engine(m, n_ctx=4096, n_ubatch=16)
+        finally:
+            device.profile = saved

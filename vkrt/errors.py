@@ -53,6 +53,10 @@ class OutOfDeviceMemory(VulkanError, MemoryError):
     """An allocation failed; the message gives requested bytes, heap, and what is in use."""
 
 
+class BufferTooLarge(VkrtError, ValueError):
+    """One buffer would exceed the device's maximum buffer size (maxBufferSize)."""
+
+
 class HostImportError(VkrtError):
     """Registering, looking up or using imported host memory failed (e.g. after unregister)."""
 

@@ -36,8 +36,9 @@ CORPUS = [
      "not supported", "messages[0].content[0]"),
     (CHAT, body(messages=MSG, max_tokens="10"), 400, "integer", "max_tokens"),
     (CHAT, body(messages=MSG, max_tokens=True), 400, "integer", "max_tokens"),
-    (CHAT, body(messages=MSG, max_tokens=-5), 400, "in [0, 1024], got -5", "max_tokens"),
-    (CHAT, body(messages=MSG, max_tokens=10 ** 12), 400, "context is 1024 tokens", "max_tokens"),
+    (CHAT, body(messages=MSG, max_tokens=-5), 400, "in [0, 256], got -5", "max_tokens"),
+    (CHAT, body(messages=MSG, max_tokens=10 ** 12), 400, "a slot holds 256 tokens", "max_tokens"),
+    (CHAT, body(messages=MSG, max_tokens=300), 400, "-c over --parallel", "max_tokens"),
     (CHAT, body(messages=MSG, max_completion_tokens=5000), 400, "raise -c", "max_completion_tokens"),
     (CHAT, body(messages=MSG, temperature="hot"), 400, "number", "temperature"),
     (CHAT, body(messages=MSG, top_p=2), 400, "[0.0, 1.0]", "top_p"),
@@ -73,13 +74,17 @@ CORPUS = [
     (COMP, body(prompt=""), 400, "empty", "prompt"),
     (COMP, body(prompt="word " * 400), 400, "a slot holds 256 tokens", "prompt"),
     (CHAT, body(messages=[{"role": "user", "content": "word " * 400}]), 400, "shorten the prompt", "messages"),
-    (LLAMA, body(prompt="x", n_predict=10 ** 9), 400, "context is 1024 tokens", "n_predict"),
-    (LLAMA, body(prompt="x", n_predict=-2), 400, "[-1, 1024]", "n_predict"),
+    (LLAMA, body(prompt="x", n_predict=10 ** 9), 400, "a slot holds 256 tokens", "n_predict"),
+    (LLAMA, body(prompt="x", n_predict=-2), 400, "[-1, 256]", "n_predict"),
     (LLAMA, body(prompt="x", cache_prompt="no"), 400, "true or false", "cache_prompt"),
     ("/tokenize", body(text="x"), 400, "'content' is required", "content"),
     ("/detokenize", body(tokens="abc"), 400, "array of token ids", "tokens"),
     ("/detokenize", body(tokens=[-1]), 400, "outside the vocabulary", "tokens"),
     (COMP, body(prompt="x" * 70_000), 413, "--body-limit", None),
+    (CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "lone UTF-16 surrogate", "messages"),
+    (COMP, b'{"prompt": "\\udfff"}', 400, "surrogate", "prompt"),
+    ("/tokenize", b'{"content": "\\ud800"}', 400, "surrogate", "content"),
+    (COMP, b'{"prompt": "x", "extra": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested too deeply", None),
     ("/v1/nothing", body(prompt="x"), 404, "no endpoint", None),
 ]
 
@@ -128,7 +133,23 @@ def test_odd_but_valid_fields_are_served(server):
 
 
 def test_max_tokens_capped_by_the_slot(server):
-    status, out = server.post(LLAMA, {"prompt": "Hello", "n_predict": 1000, "ignore_eos": True, "temperature": 0})
+    """max_tokens up to a slot's 256 cells is taken; where prompt + max_tokens pass the slot,
+    generation stops when it is full and /completion says truncated."""
+    status, out = server.post(LLAMA, {"prompt": "Hello", "n_predict": 256, "ignore_eos": True, "temperature": 0})
     assert status == 200
     n_prompt = out["tokens_evaluated"]
-    assert out["tokens_predicted"] == 256 - n_prompt and out["stop_type"] == "limit"
+    assert out["tokens_predicted"] == 256 - n_prompt and out["stop_type"] == "limit" and out["truncated"] is True
+    status, out = server.post(LLAMA, {"prompt": "Hello", "n_predict": 3, "ignore_eos": True, "temperature": 0})
+    assert status == 200 and out["tokens_predicted"] == 3 and out["truncated"] is False
+
+
+def test_tiny_temperature_samples(server):
+    """A temperature of 1e-308 divides logits to infinities: still one token a step, no NaN."""
+    status, out = server.post(COMP, {"prompt": "Hello", "max_tokens": 3, "temperature": 1e-308, "top_k": 0})
+    assert status == 200 and out["usage"]["completion_tokens"] >= 1
+
+
+def test_undecodable_api_key_header_is_401(server):
+    status, out = server.request("POST", COMP, body(prompt="x", max_tokens=1),
+                                 headers={"Authorization": "Bearer \xe9\xff-not-utf8"})
+    assert status == 401

@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from ..commands import CommandSequence
-from ..errors import VkrtError
+from ..errors import BufferTooLarge, ConfigError, VkrtError
 from ..memory import F16, I32, Buffer, BufferRange, MemoryKind, Tensor
 from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
@@ -98,7 +98,10 @@ class Engine(Owned):
         self._top_scratch = ()
         self.state: RecurrentState | None = None
         try:
-            self.cache = KVCache(dev, cfg.kv_layers, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
+            try:
+                self.cache = KVCache(dev, cfg.kv_layers, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
+            except BufferTooLarge as exc:
+                raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
             if cfg.linear_layers:
                 self.state = RecurrentState(dev, cfg, max(1, n_seq_max), n_checkpoints)
             self.scratch = Scratch(dev, cfg, n_ubatch, n_ctx, flash_attn)
@@ -118,6 +121,10 @@ class Engine(Owned):
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
             self.prefetch = ExpertPrefetch(model, prefetch_slots)
+        except BufferTooLarge as exc:
+            self.close()
+            raise ConfigError(f"{exc}: activations, logits and the attention mask grow with the micro-batch and the "
+                              f"context; lower -ub (now {n_ubatch}) or -c (now {n_ctx})") from None
         except BaseException:
             self.close()
             raise

@@ -104,8 +104,8 @@ class Sampler:
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
             ids, logits = ids[keep], logits[keep]
-        scaled = logits / p.temperature
-        probs = np.exp(scaled - scaled.max())
+        scaled = (logits - logits.max()) / p.temperature   # shifted first: a tiny temperature gives -inf, not NaN
+        probs = np.exp(scaled)
         probs /= probs.sum()
         return int(ids[self.rng.choice(ids.size, p=probs)])
 

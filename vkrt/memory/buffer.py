@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import OutOfDeviceMemory, OutOfRange, VkrtError
+from ..errors import BufferTooLarge, OutOfDeviceMemory, OutOfRange, VkrtError
 from ..owned import Owned
 from ..units import fmt_bytes
 from ..device.vk import result_name, vk, vk_call, vk_error
@@ -63,7 +63,7 @@ class Buffer(Owned):
             raise OutOfRange(f"buffer {label!r}: size must be positive, got {size}")
         limit = device.profile.max_buffer_size
         if size > limit:
-            raise VkrtError(f"buffer {label!r} of {fmt_bytes(size)} exceeds the device's maximum buffer size "
+            raise BufferTooLarge(f"buffer {label!r} of {fmt_bytes(size)} exceeds the device's maximum buffer size "
                             f"{fmt_bytes(limit)}; split it")
         super().__init__(label)
         self.device = device

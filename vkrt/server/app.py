@@ -46,7 +46,7 @@ def make_app(state: ServerState) -> web.Application:
             body = error_body(status, _http_message(exc, request, state), "invalid_request_error")
         except Exception as exc:  # a bug: log it with its traceback, answer without one
             log.exception("%s %s failed", request.method, request.path)
-            status, body = 500, error_body(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            status, body = 500, error_body(500, "internal error (the server log has the details)", "server_error")
         if 400 <= status < 500:
             state.metrics.bad_requests += 1
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -75,7 +75,8 @@ def make_app(state: ServerState) -> web.Application:
 def _authorized(request, key: str) -> bool:
     auth = request.headers.get("Authorization", "")
     given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("X-Api-Key", "")
-    return hmac.compare_digest(given.encode(), key.encode())
+    # headers arrive as latin-1 text; compare bytes (a header that is no valid key is just wrong)
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), key.encode("utf-8", "surrogateescape"))
 
 
 def _loopback(host: str) -> bool:

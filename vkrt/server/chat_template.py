@@ -72,6 +72,10 @@ class ChatTemplate:
             return self.template.render(**ctx)
         except jinja2.exceptions.TemplateError as exc:
             raise TemplateError(f"the chat template rejected the messages: {exc}", "messages") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        except RecursionError:
+            raise TemplateError("the chat template recursed too deeply on the messages", "messages") from None
+        except MemoryError:
+            raise TemplateError("the chat template ran out of memory on the messages", "messages") from None
+        except Exception as exc:   # the model's template is code we do not control: any failure is its own
             raise TemplateError(f"the chat template failed on the messages: {type(exc).__name__}: {exc}",
                                 "messages") from None

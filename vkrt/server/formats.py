@@ -114,7 +114,7 @@ class LlamaFormat:
         return {"index": 0, "content": text, "tokens": tokens if self.return_tokens else [], "id_slot": done.slot,
                 "stop": True, "model": self.model, "tokens_predicted": done.completion_tokens,
                 "tokens_evaluated": done.prompt_tokens, "generation_settings": self.settings,
-                "prompt": self.prompt, "has_new_line": "\n" in text, "truncated": False,
+                "prompt": self.prompt, "has_new_line": "\n" in text, "truncated": done.truncated,
                 "stop_type": done.stop_type, "stopping_word": done.stop_word, "tokens_cached": done.prompt_tokens
                 + done.completion_tokens, "timings": timings(done)}
 

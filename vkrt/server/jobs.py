@@ -32,6 +32,7 @@ class Done:
     completion_tokens: int
     timings: Timings
     slot: int
+    truncated: bool = False       # generation stopped because the slot's context was full
 
 
 @dataclass

@@ -13,7 +13,7 @@ CHAT, COMPLETIONS, LLAMA = "chat", "completions", "llama"
 
 @dataclass
 class Limits:
-    """What requests are checked against: the whole context and the vocabulary."""
+    """What requests are checked against: a slot's context (-c over --parallel) and the vocabulary."""
 
     n_ctx: int
     vocab: int
@@ -75,7 +75,7 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
     fmt = get_dict(body, "response_format")
     if fmt.get("type", "text") != "text":
         raise BadRequest(f"response_format type {fmt.get('type')!r} is not supported (only 'text')", "response_format")
-    hint = f" (the context is {limits.n_ctx} tokens; raise -c)"
+    hint = f" (a slot holds {limits.n_ctx} tokens: -c over --parallel; raise -c)"
     if api == LLAMA:
         n_predict = get_int(body, "n_predict", None, lo=-1, hi=limits.n_ctx, hint=hint)
         if n_predict is None:

@@ -66,6 +66,7 @@ class Slot:
         self.stops = StopMatcher(job.stop)
         room = self.n_ctx - len(job.prompt)
         self.limit = room if job.max_tokens is None else min(job.max_tokens, room)
+        self.slot_full = self.limit == room and (job.max_tokens is None or job.max_tokens > room)
         self.eog = frozenset() if job.ignore_eos else tokenizer.eog_ids
         self.cached = keep
         self.timings = Timings(prompt_n=len(self.pending))
@@ -116,8 +117,9 @@ class Slot:
         t = self.timings
         t.predicted_n = len(self.generated)
         t.predicted_ms = (time.perf_counter() - self.t_first) * 1e3 if self.t_first else 0.0
+        truncated = stop_type == "limit" and self.slot_full and len(self.generated) >= self.limit
         done = Done(reason, stop_type, self.stops.hit or "", len(job.prompt), self.cached, len(self.generated), t,
-                    self.id)
+                    self.id, truncated)
         self.metrics.requests_finished += 1
         job.emit(done)
         self.release()

@@ -54,7 +54,7 @@ async def stream(request: web.Request, job: Job, fmt,
     except Exception as exc:  # a bug: the status line is out, so say it in the stream
         log.exception("streaming failed")
         try:
-            await resp.write(event({"error": {"code": 500, "message": f"internal error: {type(exc).__name__}: {exc}",
+            await resp.write(event({"error": {"code": 500, "message": "internal error (the server log has the details)",
                                               "type": "server_error"}}))
         except ConnectionError:
             pass

@@ -43,6 +43,6 @@ class ServerState:
         self.tokenizer = backend.model.tokenizer
         self.template = ChatTemplate.from_tokenizer(backend.model.gguf.metadata, self.tokenizer)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
-        self.limits = Limits(n_ctx=backend.engine.n_ctx, vocab=backend.model.cfg.vocab_size)
+        self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size)
         if self.status == LOADING:
             self.status = READY

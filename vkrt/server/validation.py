@@ -34,9 +34,37 @@ def parse_json_object(raw: bytes) -> dict:
         raise BadRequest(f"the request body is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except ValueError as exc:  # JSONDecodeError is a ValueError
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {_kind(body)}")
+    _check_strings(body)
     return body
+
+
+def _check_strings(body: dict) -> None:
+    """Every string (and key) must be encodable text: JSON's \\ud800 escapes can smuggle in a
+    lone UTF-16 surrogate, which no tokenizer or template can take."""
+    stack: list[tuple[str, object]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                at = f"{where}.{k}" if where else str(k)
+                _encodable(k, at)
+                stack.append((at, v))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            _encodable(value, where)
+
+
+def _encodable(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"'{where}' holds a lone UTF-16 surrogate (\\u{ord(text[exc.start]):04x}) at character "
+                         f"{exc.start}: not text", where.split(".")[0].split("[")[0] or None) from None
 
 
 def _kind(value) -> str:
