@@ -58,8 +58,10 @@ def check(device, name, m, k, ns, seed=0, **kw):
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_type(device, name):
-    """67 rows (a multiple of neither the mat-vec rows nor the GEMM tile); mat-vec and GEMM."""
+    """67 rows (a multiple of neither the mat-vec rows nor the GEMM tile); the mat-vec (9 and 64
+    columns: in runs of mv_max_n), and the GEMM for the same token counts."""
     check(device, name, 67, k_for(name), (1, 5, 9, 64))
+    check(device, name, 67, k_for(name), (9, 64), tuning=dataclasses.replace(device.tuning, mv_chunk_n=0))
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "F16"])
@@ -69,7 +71,7 @@ def test_token_counts(device, name):
 
 @pytest.mark.parametrize("name,k", [("Q8_0", 96), ("Q4_0", 160), ("Q4_K", 768), ("F32", 101), ("BF16", 70)])
 def test_k_not_a_multiple_of_the_tile(device, name, k):
-    tuning = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4)
+    tuning = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4, mv_chunk_n=0)
     check(device, name, 33, k, (1, 40), tuning=tuning)
 
 
@@ -135,6 +137,23 @@ def test_unrolled_units_are_bit_identical(device, name):
     for a in range(2, 6):
         np.testing.assert_array_equal(outs[a % 2].view(np.uint32), outs[a].view(np.uint32))
     check(device, name, m, k, (1,), tuning=dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=4))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q4_0", "F16"])
+def test_column_runs_equal_single_columns(device, name):
+    """Past mv_max_n columns (up to mv_chunk_n) the mat-vec runs over runs of columns: each
+    column's sums are the one-column kernel's, bit for bit."""
+    rng = np.random.default_rng(12)
+    m, k = 21, k_for(name)
+    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((19, k)).astype(np.float32)
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_chunk_n=64)
+    try:
+        runs = run(device, w, x, m, tuning=tune)
+        ones = np.stack([run(device, w, x[j:j + 1], m, tuning=tune)[0] for j in range(19)])
+    finally:
+        w.close()
+    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
 
 def test_rows_by_type(device):
     """A type listed in tuning.mv_rows_by_type takes its own rows a group (GCN: Q6_K at 2)."""

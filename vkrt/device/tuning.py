@@ -61,6 +61,10 @@ class Tuning:
     mv_wg: int = 64
     mv_rows: int = 4
     mv_max_n: int = 8
+    # up to mv_chunk_n tokens a dense matmul stays a mat-vec, over runs of mv_max_n columns (the
+    # weights read once a run) rather than the GEMM, whose 64-column tiles spend 64 tokens' work
+    # on a few (a server's decode step of 9-64 slots; a short prompt)
+    mv_chunk_n: int = 64
     # build small integers' floats from their bits (2^23 + v, less 2^23) in the quantised kernels
     # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
     # bounded the mat-vec; GCN's byte conversions are full rate

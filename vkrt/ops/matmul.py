@@ -178,8 +178,8 @@ def vec4_ok(t: Tensor, off: int, *strides: int) -> bool:
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
-    N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_max_n uses the mat-vec
-    kernel, more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
+    N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
+    kernel (in runs of mv_max_n columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
     see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass."""
     device = seq.device
@@ -215,19 +215,25 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=(*mv.groups(m, device), 1))
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
-    if n <= tune.mv_max_n:
-        mv = mat_vec_kernel(device, typ, n, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
-                            glu=act if up is not None else None,
-                            wide=wide_ok(typ, w.nb[1], *(p[3] for p in pieces)))
-        kern = mv.kernel
-    else:
+    if n > max(tune.mv_max_n, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
-    for a, b, wr, wo in pieces:
-        push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
-                "y_off": yo + a, "y_col": y_col, **extra_push}
-        if n <= tune.mv_max_n:
-            groups = (*mv.groups(b - a, device), 1)
-        else:
-            push["N"] = n
-            groups = (-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1)
-        seq.dispatch(kern, [wr, xr, yr, *extra], push=push, groups=groups)
+        for a, b, wr, wo in pieces:
+            push = {"K": k, "M": b - a, "N": n, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
+                    "y_off": yo + a, "y_col": y_col}
+            seq.dispatch(kern, [wr, xr, yr], push=push, groups=(-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1))
+        return
+    # the mat-vec, over runs of at most mv_max_n columns (the weights are read once a run)
+    wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
+    for c0 in range(0, n, tune.mv_max_n):
+        nc = min(tune.mv_max_n, n - c0)
+        if n > tune.mv_max_n:   # each run its own columns of x and y: no barrier between runs
+            xr, xo = bind_words(x2.slice(1, c0, c0 + nc), device)
+            yr, yo = bind_words(y2.slice(1, c0, c0 + nc), device)
+            xo, yo = xo // 4, yo // 4
+            xvec4 = xvec4 and xo % 4 == 0
+        mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
+                            glu=act if up is not None else None, wide=wide)
+        for a, b, wr, wo in pieces:
+            push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
+                    "y_off": yo + a, "y_col": y_col, **extra_push}
+            seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=(*mv.groups(b - a, device), 1))
