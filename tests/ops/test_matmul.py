@@ -58,10 +58,10 @@ def check(device, name, m, k, ns, seed=0, **kw):
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_type(device, name):
-    """67 rows (a multiple of neither the mat-vec rows nor the GEMM tile); the mat-vec (9 and 64
-    columns: in runs of mv_max_n), and the GEMM for the same token counts."""
-    check(device, name, 67, k_for(name), (1, 5, 9, 64))
-    check(device, name, 67, k_for(name), (9, 64), tuning=dataclasses.replace(device.tuning, mv_chunk_n=0))
+    """67 rows (a multiple of neither the mat-vec rows nor the GEMM tile); the mat-vec (9 and 16
+    columns: in runs of mv_max_n), the GEMM (64), and the GEMM for 9 and 16 columns too."""
+    check(device, name, 67, k_for(name), (1, 5, 9, 16, 64))
+    check(device, name, 67, k_for(name), (9, 16), tuning=dataclasses.replace(device.tuning, mv_chunk_n=0))
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "F16"])

@@ -62,9 +62,10 @@ class Tuning:
     mv_rows: int = 4
     mv_max_n: int = 8
     # up to mv_chunk_n tokens a dense matmul stays a mat-vec, over runs of mv_max_n columns (the
-    # weights read once a run) rather than the GEMM, whose 64-column tiles spend 64 tokens' work
-    # on a few (a server's decode step of 9-64 slots; a short prompt)
-    mv_chunk_n: int = 64
+    # weights read once a run), rather than the GEMM, whose K loop costs the same from 1 to 128
+    # tokens (a server's decode step of 9-16 slots). H200, 4096x14336 Q4_K: 16 tokens 369 us as
+    # two runs vs 438 the GEMM; 64 tokens 1446 vs 498
+    mv_chunk_n: int = 16
     # build small integers' floats from their bits (2^23 + v, less 2^23) in the quantised kernels
     # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
     # bounded the mat-vec; GCN's byte conversions are full rate

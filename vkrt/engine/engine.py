@@ -63,6 +63,7 @@ class StepStats:
     tokens: int = 0
     seconds: float = 0.0
     graphs_recorded: int = 0
+    record_seconds: float = 0.0     # recording graphs (a shape seen for the first time, or evicted)
     layers_prefetched: int = 0
     steps: int = 0
     gpu_wait_seconds: float = 0.0   # blocked waiting for the GPU; the rest of `seconds` is host work
@@ -162,6 +163,7 @@ class Engine(Owned):
         if len(self._graphs) >= self.max_graphs:  # forget the oldest shape
             old = next(iter(self._graphs))
             self._graphs.pop(old).close()
+        t0 = time.perf_counter()
         row_bytes = 4 * self.model.cfg.vocab_size
         read = lambda seq, n, row: seq.copy(   # noqa: E731
             self.scratch.logits.range(), self._logits.range(row * row_bytes, n * row_bytes), n * row_bytes)
@@ -213,6 +215,7 @@ class Engine(Owned):
         prefetched = [p.layer for p in parts if p.layer is not None]
         g = self._graphs[key] = _Graph(seqs, keep, opts, prefetched)
         self.stats.graphs_recorded += 1
+        self.stats.record_seconds += time.perf_counter() - t0
         return g
 
     def _run(self, g: _Graph) -> None:

@@ -26,6 +26,11 @@ _DOC = {
     "kv_cache_tokens": ("gauge", "Tokens held in the KV cache by all slots."),
     "kv_cache_usage_ratio": ("gauge", "KV cache cells in use over all cells."),
     "slots": ("gauge", "Slots (--parallel)."),
+    "engine_steps_total": ("counter", "Forward passes the engine ran (prompt chunks and decode steps)."),
+    "engine_step_seconds_total": ("counter", "Seconds the scheduler spent in forward passes (GPU waits included)."),
+    "engine_gpu_wait_seconds_total": ("counter", "Of those, seconds spent waiting for the GPU."),
+    "engine_graphs_recorded_total": ("counter", "Command graphs recorded (a step shape not in the graph cache)."),
+    "engine_graph_record_seconds_total": ("counter", "Seconds spent recording them."),
 }
 
 
@@ -54,8 +59,9 @@ class Metrics:
         self.decode_seconds += seconds
 
     def render(self, *, processing: int = 0, deferred: int = 0, kv_tokens: int = 0, kv_cells: int = 0,
-               slots: int = 0, prefix: str = "vkrt") -> str:
-        """The page; gauges are passed in, as the scheduler sees them now."""
+               slots: int = 0, engine_stats=None, prefix: str = "vkrt") -> str:
+        """The page; gauges are passed in, as the scheduler sees them now, and the engine's
+        StepStats (`engine_stats`) when there is an engine."""
         values = {
             "prompt_tokens_total": self.prompt_tokens, "prompt_seconds_total": self.prompt_seconds,
             "prompt_tokens_cached_total": self.prompt_tokens_cached,
@@ -68,6 +74,12 @@ class Metrics:
             "kv_cache_tokens": kv_tokens, "kv_cache_usage_ratio": kv_tokens / kv_cells if kv_cells else 0.0,
             "slots": slots,
         }
+        if engine_stats is not None:
+            e = engine_stats
+            values.update({"engine_steps_total": e.steps, "engine_step_seconds_total": e.seconds,
+                           "engine_gpu_wait_seconds_total": e.gpu_wait_seconds,
+                           "engine_graphs_recorded_total": e.graphs_recorded,
+                           "engine_graph_record_seconds_total": e.record_seconds})
         lines = []
         for name, value in values.items():
             kind, doc = _DOC[name]

@@ -68,7 +68,7 @@ class Api:
         s = self.state
         processing, deferred = s.scheduler.counts()
         text = s.metrics.render(processing=processing, deferred=deferred, kv_tokens=s.scheduler.kv_tokens(),
-                                kv_cells=s.engine.n_ctx, slots=s.config.n_parallel)
+                                kv_cells=s.engine.n_ctx, slots=s.config.n_parallel, engine_stats=s.engine.stats)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     # -- tokens ------------------------------------------------------------------------------------
