@@ -12,6 +12,18 @@ from vkrt.units import fmt_bytes
 
 from .common import default_model, model_options, open_engine
 
+
+def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
+    """--allowed-hosts as names (lower case, no port); None: any host."""
+    from vkrt.server.app import loopback
+
+    if spec is None:
+        return ("localhost", "127.0.0.1", "::1") if loopback(bind) else None
+    names = tuple(n.strip().lower().strip("[]") for n in spec.split(",") if n.strip())
+    if not names:
+        raise click.BadParameter("give at least one host name, or '*' for any", param_hint="--allowed-hosts")
+    return None if "*" in names else names
+
 log = logging.getLogger("vkrt.server")
 
 
@@ -30,10 +42,15 @@ log = logging.getLogger("vkrt.server")
 @click.option("--ctx-checkpoints", type=click.IntRange(0, 64), default=4, show_default=True,
               help="Recurrent-state checkpoints each slot keeps in host memory for prompt-prefix reuse "
                    "(models with DeltaNet layers, e.g. qwen35; 0: reuse only the live state).")
+@click.option("--allowed-hosts", default=None, metavar="LIST",
+              help="Host header names requests may carry, comma-separated ('*': any). Default: on a loopback "
+                   "address localhost, 127.0.0.1 and ::1 only (a web page cannot reach the server through DNS "
+                   "rebinding); elsewhere any.")
 @click.option("--shutdown-timeout", type=click.FloatRange(0), default=10.0, show_default=True,
               help="Seconds in-flight requests may take to finish on SIGINT/SIGTERM before they are cancelled.")
 @click.pass_context
-def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, shutdown_timeout, **model_kw):
+def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
+          **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -47,7 +64,8 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
     if logging.getLogger().getEffectiveLevel() > logging.INFO:  # the start-up report shows without -v
         logging.getLogger("vkrt").setLevel(logging.INFO)
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
-                          model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints)
+                          model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints,
+                          allowed_hosts=host_allow_list(allowed_hosts, host))
 
     def load():
         path = model_kw["model"]

@@ -86,6 +86,8 @@ CORPUS = [
     ("/tokenize", b'{"content": "\\ud800"}', 400, "surrogate", "content"),
     (COMP, b'{"prompt": "x", "extra": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested too deeply", None),
     ("/v1/nothing", body(prompt="x"), 404, "no endpoint", None),
+    (COMP, body(prompt="x" * 60_000), 400, "bytes a token", "prompt"),
+    (CHAT, body(messages=[{"role": "user", "content": "y" * 60_000}]), 400, "bytes a token", "messages"),
 ]
 
 
@@ -153,3 +155,24 @@ def test_undecodable_api_key_header_is_401(server):
     status, out = server.request("POST", COMP, body(prompt="x", max_tokens=1),
                                  headers={"Authorization": "Bearer \xe9\xff-not-utf8"})
     assert status == 401
+
+
+@pytest.mark.parametrize("host, status", [("evil.example", 403), ("evil.example:80", 403), ("localhost", 200),
+                                          ("127.0.0.1:1", 200), ("[::1]:8080", 200)])
+def test_host_allow_list_on_loopback(server, host, status):
+    """Bound to 127.0.0.1, the server answers only to loopback Host names: a page on another
+    name that DNS-rebinds to 127.0.0.1 gets a 403, not the model's answers."""
+    got, out = server.request("POST", COMP, body(prompt="x", max_tokens=1), headers={"Host": host})
+    assert got == status, out
+    if status == 403:
+        assert "--allowed-hosts" in json.loads(out)["error"]["message"]
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"])
+def test_json_content_type_required(server, ctype):
+    """A browser's simple cross-origin POST (no preflight) cannot drive the server."""
+    got, out = server.request("POST", COMP, body(prompt="x", max_tokens=1), headers={"Content-Type": ctype})
+    assert got == 415 and "application/json" in json.loads(out)["error"]["message"]
+    got, _ = server.request("POST", COMP, body(prompt="x", max_tokens=1),
+                            headers={"Content-Type": "application/json; charset=utf-8"})
+    assert got == 200

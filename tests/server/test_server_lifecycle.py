@@ -39,7 +39,8 @@ def _stream_in_thread(srv: ServerProcess, n: int) -> tuple[threading.Thread, dic
 
     def run():
         import urllib.request
-        req = urllib.request.Request(srv.url + "/v1/completions", method="POST", headers=srv.headers(),
+        req = urllib.request.Request(srv.url + "/v1/completions", method="POST",
+                                     headers={**srv.headers(), "Content-Type": "application/json"},
                                      data=json.dumps({"prompt": "Hello", "max_tokens": n, "stream": True,
                                                       "stream_options": {"include_usage": True},
                                                       "ignore_eos": True, "temperature": 0}).encode())

@@ -59,6 +59,14 @@ def make_app(state: ServerState) -> web.Application:
                 why = {LOADING: "Loading model", STOPPING: "Shutting down", FAILED: "The model failed to load"}
                 raise ApiError(why[state.status], status=503, type="unavailable_error")
             return await handler(request)
+        allowed = state.config.allowed_hosts
+        if allowed is not None and _host_name(request) not in allowed:
+            raise ApiError(f"Host {request.headers.get('Host', '')!r} is not one this server answers to "
+                           f"(--allowed-hosts)", status=403, type="permission_error")
+        if request.method == "POST" and request.can_read_body and \
+                request.headers.get("Content-Type") is not None and request.content_type != "application/json":
+            raise ApiError(f"the request body must be JSON sent with Content-Type: application/json (curl: "
+                           f"-H 'Content-Type: application/json'), got {request.content_type!r}", status=415)
         if key is not None and not _authorized(request, key):
             raise ApiError("Invalid API Key: send 'Authorization: Bearer KEY'", status=401, type="authentication_error")
         if state.status == LOADING:
@@ -72,6 +80,14 @@ def make_app(state: ServerState) -> web.Application:
     return app
 
 
+def _host_name(request) -> str:
+    """The Host header's name, lower case, without port or IPv6 brackets."""
+    host = request.headers.get("Host", "").strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
 def _authorized(request, key: str) -> bool:
     auth = request.headers.get("Authorization", "")
     given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("X-Api-Key", "")
@@ -79,7 +95,7 @@ def _authorized(request, key: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), key.encode("utf-8", "surrogateescape"))
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -136,7 +152,7 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
         raise ConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     host, port = runner.addresses[0][:2]
     log.info("listening on http://%s:%d (loading the model)", f"[{host}]" if ":" in host else host, port)
-    if config.api_key is None and not _loopback(config.host):
+    if config.api_key is None and not loopback(config.host):
         log.warning("listening on %s without --api-key: anyone who reaches this port can use the server", config.host)
 
     def on_signal(sig):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import asdict
 
 from aiohttp import web
@@ -56,7 +57,7 @@ class Api:
     async def props(self, request):
         s = self.state
         return web.json_response({
-            "model_path": s.model.path, "model_alias": s.model_name, "total_slots": s.config.n_parallel,
+            "model_path": os.path.basename(s.model.path), "model_alias": s.model_name, "total_slots": s.config.n_parallel,
             "chat_template": s.template.source, "bos_token": s.template.bos_token, "eos_token": s.template.eos_token,
             "default_generation_settings": {"n_ctx": s.n_ctx_slot, "params": asdict(s.defaults)},
             "build_info": f"vkrt {s.version}"})
@@ -115,10 +116,22 @@ class Api:
     def _model(self, req: GenRequest) -> str:
         return req.model or self.state.model_name
 
+    def _fits(self, text: str, field: str) -> None:
+        """Refuse, before tokenising, a text too long for a slot whatever its tokens."""
+        s = self.state
+        n = len(text.encode("utf-8"))
+        if n > s.max_token_bytes * s.n_ctx_slot:
+            raise BadRequest(f"the prompt is {n} bytes; at most {s.max_token_bytes} bytes a token, it cannot fit a "
+                             f"slot of {s.n_ctx_slot} tokens: shorten the prompt or raise -c", field)
+
     def _chat_prompt(self, req: GenRequest) -> list[int]:
         s = self.state
+        for m in req.messages:
+            if isinstance(m.get("content"), str):
+                self._fits(m["content"], "messages")
         text = s.template.render(req.messages, add_generation_prompt=True, tools=req.tools,
                                  extra=req.template_kwargs)
+        self._fits(text, "messages")
         ids = s.tokenizer.encode(text, add_special=True)
         bos = s.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == ids[1] == bos and s.tokenizer.add_bos:  # the template wrote BOS itself
@@ -128,6 +141,7 @@ class Api:
     def _text_prompt(self, req: GenRequest) -> list[int]:
         if isinstance(req.prompt, list):
             return req.prompt
+        self._fits(req.prompt, "prompt")
         return self.state.tokenizer.encode(req.prompt, add_special=True)
 
     async def _generate(self, request, req: GenRequest, prompt: list[int], make_format, field: str):

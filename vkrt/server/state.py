@@ -24,6 +24,7 @@ class ServerConfig:
     model_name: str = "model"
     shutdown_timeout: float = 10.0   # seconds in-flight requests may take to finish on SIGINT/SIGTERM
     ctx_checkpoints: int = 4         # recurrent-state checkpoints a slot keeps (models with DeltaNet layers)
+    allowed_hosts: tuple[str, ...] | None = None   # Host header names accepted (None: any)
 
 
 class ServerState:
@@ -44,5 +45,9 @@ class ServerState:
         self.template = ChatTemplate.from_tokenizer(backend.model.gguf.metadata, self.tokenizer)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
         self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size)
+        # the most bytes of text one token stands for: a prompt of more bytes than this times the
+        # slot cannot fit, whatever its tokens, so it is refused before tokenising
+        self.max_token_bytes = max((len(t.encode("utf-8", "surrogatepass")) for t in self.tokenizer.tokens),
+                                   default=1) or 1
         if self.status == LOADING:
             self.status = READY
