@@ -139,3 +139,29 @@ def test_metrics_page_parses():
     assert values["vkrt_requests_processing"] == 2 and values["vkrt_kv_cache_usage_ratio"] == 0.25
     for name in values:
         assert f"# TYPE {name} " in page and f"# HELP {name} " in page
+
+
+def test_prefill_gives_way_to_generating_slots():
+    """With a slot generating, a step reads one micro-batch of another slot's long prompt (its
+    next token waits one micro-batch, not the whole batch); alone, the prompt reads a batch."""
+    from types import SimpleNamespace
+
+    from vkrt.server.checkpoints import SlotCheckpoints
+    from vkrt.server.metrics import Metrics
+    from vkrt.server.scheduler import Scheduler
+
+    calls = []
+    engine = SimpleNamespace(n_batch=64, n_ubatch=16, eval=lambda chunk, seq_id: calls.append(len(chunk)))
+    sched = Scheduler(lambda: None, 2, Metrics())
+    reader = SimpleNamespace(id=0, prefilling=True, generating=False, pending=list(range(100)), cache=[], t_start=0.0)
+    sched.checkpoints = [SlotCheckpoints(0, 0), SlotCheckpoints(1, 0)]
+
+    def step(generating: bool):
+        calls.clear()
+        other = SimpleNamespace(id=1, prefilling=False, generating=generating, t_start=1.0)
+        sched.slots = [reader, other]
+        sched._prefill(engine)
+        return list(calls)
+
+    assert step(generating=True) == [16]
+    assert step(generating=False) == [16, 16, 16, 16]

@@ -151,7 +151,9 @@ class Scheduler:
             self.metrics.prompt_tokens_cached += keep
 
     def _prefill(self, engine) -> None:
-        budget = engine.n_batch
+        # while other slots generate, one micro-batch of prompt a step, so a long prompt delays
+        # their next token by one micro-batch, not a whole batch
+        budget = engine.n_ubatch if any(s.generating for s in self.slots) else engine.n_batch
         for s in sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start):
             # whole micro-batches, so a prompt is cut the same way whatever else is running
             ckpts = self.checkpoints[s.id]
