@@ -118,6 +118,50 @@ def test_logit_bias_and_penalties_are_honoured(server):
     status, out = server.post("/completion", {**body, "presence_penalty": 2.0})
     assert status == 200 and out["tokens"] != base
 
+
+def test_logprobs_are_the_models(server, tiny_gguf, device):
+    """n_probs / logprobs: the first token's log-probabilities are log_softmax of the logits vkrt's
+    engine gives for the prompt; greedy picks the first of the top list; every API shape."""
+    import numpy as np
+
+    from vkrt.engine.engine import Engine
+    from vkrt.model.loader import Model
+
+    status, out = server.post("/completion", {"prompt": PROMPT, "n_predict": 3, "temperature": 0, "n_probs": 5,
+                                              "cache_prompt": False, "return_tokens": True})
+    assert status == 200, out
+    probs = out["completion_probabilities"]
+    assert [p["id"] for p in probs] == out["tokens"]
+    ids = server.post("/tokenize", {"content": PROMPT, "add_special": True})[1]["tokens"]
+    with Model(device, tiny_gguf, progress=False) as m, Engine(m, n_ctx=256, n_batch=256, n_ubatch=256) as e:
+        row = e.eval(ids).astype(np.float64)
+    ref = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+    first = probs[0]
+    best = np.argsort(-ref, kind="stable")[:5]
+    assert [t["id"] for t in first["top_logprobs"]] == best.tolist()
+    np.testing.assert_allclose([t["logprob"] for t in first["top_logprobs"]], ref[best], atol=1e-3)
+    assert first["id"] == best[0] and abs(first["logprob"] - ref[best[0]]) < 1e-3
+    for p in probs:
+        assert p["top_logprobs"][0]["id"] == p["id"] and p["logprob"] <= 0
+
+
+def test_openai_logprobs_shapes(client):
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert content and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    streamed = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=4, temperature=0, logprobs=True, top_logprobs=2, stream=True)
+    tokens = [c.token for ch in streamed if ch.choices and ch.choices[0].logprobs
+              for c in ch.choices[0].logprobs.content]
+    assert tokens == [c.token for c in content]
+    comp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3)
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert "".join(lp.tokens) == comp.choices[0].text and lp.text_offset[0] == 0
+    assert all(len(t) <= 3 for t in lp.top_logprobs)
+
 def test_tokenize_roundtrip(server):
     status, out = server.post("/tokenize", {"content": "Hello, world!", "with_pieces": True})
     assert status == 200

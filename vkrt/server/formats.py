@@ -26,6 +26,33 @@ def timings(done: Done) -> dict:
             "predicted_per_second": t.predicted_per_second}
 
 
+def chat_logprobs(probs: list) -> dict | None:
+    """OpenAI chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    if not probs:
+        return None
+    entry = lambda t, text, raw, lp: {"token": text, "logprob": lp, "bytes": list(raw)}   # noqa: E731
+    return {"content": [{**entry(p.id, p.text, p.bytes, p.logprob), "top_logprobs": [entry(*t) for t in p.top]}
+                        for p in probs]}
+
+
+def completion_logprobs(probs: list, offset: int = 0) -> dict | None:
+    """OpenAI legacy completions `logprobs`: parallel lists, text offsets from `offset`."""
+    if not probs:
+        return None
+    offsets = []
+    for p in probs:
+        offsets.append(offset)
+        offset += len(p.text)
+    return {"tokens": [p.text for p in probs], "token_logprobs": [p.logprob for p in probs],
+            "top_logprobs": [{text: lp for _, text, _, lp in p.top} for p in probs], "text_offset": offsets}
+
+
+def llama_probs(probs: list) -> list:
+    """llama-server's `completion_probabilities`."""
+    entry = lambda t, text, raw, lp: {"id": t, "token": text, "bytes": list(raw), "logprob": lp}   # noqa: E731
+    return [{**entry(p.id, p.text, p.bytes, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in probs]
+
+
 class ChatFormat:
     """/v1/chat/completions."""
 
@@ -42,10 +69,11 @@ class ChatFormat:
         return [self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}])]
 
-    def piece(self, text: str, tokens: list[int]) -> dict | None:
-        if not text:
+    def piece(self, text: str, tokens: list[int], probs=()) -> dict | None:
+        if not text and not probs:
             return None
-        return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])
+        return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": chat_logprobs(probs),
+                             "finish_reason": None}])
 
     def end(self, done: Done, include_usage: bool) -> list[dict]:
         out = [self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}],
@@ -54,11 +82,11 @@ class ChatFormat:
             out.append(self._chunk([], usage=usage(done)))
         return out
 
-    def result(self, text: str, tokens: list[int], done: Done) -> dict:
+    def result(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "system_fingerprint": "vkrt",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                             "finish_reason": done.finish_reason}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": chat_logprobs(probs), "finish_reason": done.finish_reason}],
                 "usage": usage(done), "timings": timings(done)}
 
 
@@ -69,17 +97,23 @@ class CompletionFormat:
 
     def __init__(self, job_id: int, model: str):
         self.id, self.model, self.created = f"cmpl-{job_id}", model, int(time.time())
+        self.offset = 0   # text offset of the next streamed token
 
-    def _obj(self, text: str, finish_reason, **extra) -> dict:
+    def _obj(self, text: str, finish_reason, logprobs=None, **extra) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "system_fingerprint": "vkrt",
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}], **extra}
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+                **extra}
 
     def start(self) -> list[dict]:
         return []
 
-    def piece(self, text: str, tokens: list[int]) -> dict | None:
-        return self._obj(text, None) if text else None
+    def piece(self, text: str, tokens: list[int], probs=()) -> dict | None:
+        if not text and not probs:
+            return None
+        out = self._obj(text, None, completion_logprobs(probs, self.offset))
+        self.offset += sum(len(p.text) for p in probs)
+        return out
 
     def end(self, done: Done, include_usage: bool) -> list[dict]:
         out = [self._obj("", done.finish_reason, timings=timings(done))]
@@ -88,8 +122,9 @@ class CompletionFormat:
             out.append(last)
         return out
 
-    def result(self, text: str, tokens: list[int], done: Done) -> dict:
-        return self._obj(text, done.finish_reason, usage=usage(done), timings=timings(done))
+    def result(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
+        return self._obj(text, done.finish_reason, completion_logprobs(probs), usage=usage(done),
+                         timings=timings(done))
 
 
 class LlamaFormat:
@@ -104,14 +139,17 @@ class LlamaFormat:
     def start(self) -> list[dict]:
         return []
 
-    def piece(self, text: str, tokens: list[int]) -> dict | None:
+    def piece(self, text: str, tokens: list[int], probs=()) -> dict | None:
         out = {"index": 0, "content": text, "stop": False, "id_slot": -1}
         if self.return_tokens:
             out["tokens"] = tokens
+        if probs:
+            out["completion_probabilities"] = llama_probs(probs)
         return out
 
-    def _final(self, text: str, tokens: list[int], done: Done) -> dict:
-        return {"index": 0, "content": text, "tokens": tokens if self.return_tokens else [], "id_slot": done.slot,
+    def _final(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
+        extra = {"completion_probabilities": llama_probs(probs)} if probs else {}
+        return {**extra, "index": 0, "content": text, "tokens": tokens if self.return_tokens else [], "id_slot": done.slot,
                 "stop": True, "model": self.model, "tokens_predicted": done.completion_tokens,
                 "tokens_evaluated": done.prompt_tokens, "generation_settings": self.settings,
                 "prompt": self.prompt, "has_new_line": "\n" in text, "truncated": done.truncated,
@@ -121,5 +159,5 @@ class LlamaFormat:
     def end(self, done: Done, include_usage: bool) -> list[dict]:
         return [self._final("", [], done)]
 
-    def result(self, text: str, tokens: list[int], done: Done) -> dict:
-        return self._final(text, tokens, done)
+    def result(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
+        return self._final(text, tokens, done, probs)

@@ -15,11 +15,25 @@ _ids = itertools.count(1)
 
 
 @dataclass
+class TokenProb:
+    """A generated token's log-probability under the model (the softmax of its raw logits) and the
+    most likely tokens at that step (id, text, bytes, logprob), best first."""
+
+    id: int
+    text: str
+    bytes: bytes
+    logprob: float
+    top: list = field(default_factory=list)
+
+
+@dataclass
 class Piece:
-    """New text (may be empty while a stop string or a UTF-8 character is undecided) and its tokens."""
+    """New text (may be empty while a stop string or a UTF-8 character is undecided), its tokens
+    and, when the request asked for them, their log-probabilities."""
 
     text: str
     tokens: list[int]
+    probs: list = field(default_factory=list)
 
 
 @dataclass
@@ -51,6 +65,7 @@ class Job:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     cache_prompt: bool = True
+    logprobs: int | None = None   # None: none; n: each token's log-probability and the n most likely
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.time)
     cancelled: bool = False

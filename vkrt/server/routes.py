@@ -152,7 +152,7 @@ class Api:
             raise BadRequest(f"the prompt is {len(prompt)} tokens long; a slot holds {s.n_ctx_slot} tokens "
                              f"(-c {s.engine.n_ctx} over --parallel {s.config.n_parallel}) and needs room for at "
                              f"least one generated token: shorten the prompt or raise -c", field)
-        job = Job(prompt, req.max_tokens, req.params, req.stop, req.ignore_eos, req.cache_prompt)
+        job = Job(prompt, req.max_tokens, req.params, req.stop, req.ignore_eos, req.cache_prompt, req.logprobs)
         fmt = make_format(job.id)
         try:
             s.scheduler.submit(job)
@@ -166,23 +166,24 @@ class Api:
                 if done is not None:
                     self._log(job, done)
                 return resp
-            text, tokens, done = await self._collect(job)
+            text, tokens, probs, done = await self._collect(job)
             finished = True
             self._log(job, done)
-            return web.json_response(fmt.result(text, tokens, done))
+            return web.json_response(fmt.result(text, tokens, done, probs))
         finally:
             if not finished:
                 s.scheduler.cancel(job)
 
-    async def _collect(self, job: Job) -> tuple[str, list[int], Done]:
-        text, tokens = [], []
+    async def _collect(self, job: Job) -> tuple[str, list[int], list, Done]:
+        text, tokens, probs = [], [], []
         while True:
             ev = await job.next_event()
             if isinstance(ev, Piece):
                 text.append(ev.text)
                 tokens.extend(ev.tokens)
+                probs.extend(ev.probs)
             elif isinstance(ev, Done):
-                return "".join(text), tokens, ev
+                return "".join(text), tokens, probs, ev
             elif isinstance(ev, Failed):
                 raise ApiError(ev.message, status=ev.status, type="server_error" if ev.status == 500
                                else "unavailable_error")

@@ -183,7 +183,8 @@ class Scheduler:
             t0 = time.perf_counter()
             pairs = [(s.id, s.next_token) for s in batch]
             # the GPU picks each row's best logits where every slot's sampler can draw from them
-            top = len(batch) <= engine.candidate_rows and all(s.sampler.takes_candidates(CANDIDATES) for s in batch)
+            top = len(batch) <= engine.candidate_rows and all(
+                s.sampler.takes_candidates(CANDIDATES) and s.job.logprobs is None for s in batch)
             try:
                 out = engine.decode_candidates(pairs) if top else engine.decode(pairs)
             except Exception as exc:

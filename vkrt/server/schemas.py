@@ -35,12 +35,14 @@ class GenRequest:
     messages: list[dict] | None = None
     tools: list | None = None
     template_kwargs: dict = field(default_factory=dict)
+    logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
 
 
 # llama-server sampling fields vkrt does not implement, and the value each takes when off: a
 # request that turns one on is refused, never answered as if it had not asked
 _UNIMPLEMENTED = {"mirostat": 0, "dry_multiplier": 0, "xtc_probability": 0, "top_n_sigma": -1, "dynatemp_range": 0,
-                  "min_keep": 0, "n_probs": 0}
+                  "min_keep": 0}
+MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
 
 
 def _sampling(body: dict, vocab: int) -> SamplingParams:
@@ -67,8 +69,7 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
 
 
 def _common(body: dict, api: str, limits: Limits) -> GenRequest:
-    reject_truthy(body, ("logprobs", "top_logprobs", "echo", "suffix", "grammar", "json_schema"),
-                  "vkrt does not implement it")
+    reject_truthy(body, ("echo", "suffix", "grammar", "json_schema"), "vkrt does not implement it")
     n = get_int(body, "n", 1)
     if n != 1:
         raise BadRequest(f"'n' must be 1 (one choice per request), got {n}", "n")
@@ -85,6 +86,15 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         max_tokens = get_int(body, "max_tokens", None, lo=0, hi=limits.n_ctx, hint=hint)
         if api == CHAT and max_tokens is None:
             max_tokens = get_int(body, "max_completion_tokens", None, lo=0, hi=limits.n_ctx, hint=hint)
+    if api == CHAT:   # logprobs: true, top_logprobs: n
+        top = get_int(body, "top_logprobs", None, lo=0, hi=MAX_LOGPROBS)
+        logprobs = (top or 0) if get_bool(body, "logprobs", False) else None
+        if top is not None and logprobs is None:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    elif api == COMPLETIONS:   # logprobs: n (0: the chosen token's only)
+        logprobs = get_int(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    else:   # llama-server: n_probs
+        logprobs = get_int(body, "n_probs", 0, lo=0, hi=MAX_LOGPROBS) or None
     stream = get_bool(body, "stream", False)
     opts = get_dict(body, "stream_options")
     return GenRequest(
@@ -92,7 +102,8 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         stop=get_stop(body), ignore_eos=get_bool(body, "ignore_eos", False),
         cache_prompt=get_bool(body, "cache_prompt", True),
         include_usage=stream and get_bool(opts, "include_usage", False),
-        return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None))
+        return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None),
+        logprobs=logprobs)
 
 
 def parse_completion(body: dict, api: str, limits: Limits) -> GenRequest:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from ..engine.generate import Timings
 from ..engine.sampler import Sampler
-from .jobs import Done, Job, Piece
+from ..errors import VkrtError
+from .jobs import Done, Job, Piece, TokenProb
 from .metrics import Metrics
 from .text import Detokenizer, StopMatcher
 
@@ -93,13 +96,30 @@ class Slot:
         self.generated.append(token)
         self.metrics.tokens_predicted += 1
         text = self.stops.push(self.detok.push(token))
-        self.job.emit(Piece(text, [token]))
+        probs = [] if self.job.logprobs is None else [self._token_prob(token, logits, self.job.logprobs)]
+        self.job.emit(Piece(text, [token], probs))
         if self.stops.hit is not None:
             self.finish("stop", "word")
         elif len(self.generated) >= self.limit:
             self.finish("length", "limit")
         else:
             self.next_token = token
+
+    def _token_prob(self, token: int, logits, n: int) -> TokenProb:
+        """`token`'s log-probability in the row and the row's n best, from the raw logits."""
+        if logits is None:
+            raise VkrtError("log-probabilities need the whole row of logits")
+        row = np.asarray(logits, np.float64)
+        lse = row.max() + np.log(np.exp(row - row.max()).sum())
+        best = np.argpartition(-row, n - 1)[:n] if 0 < n < row.size else np.arange(row.size if n else 0)
+        best = best[np.lexsort((best, -row[best]))]   # best first, ties by id
+
+        def entry(t: int):
+            raw = self.detok.tokenizer.piece_bytes(int(t))
+            return int(t), raw.decode("utf-8", "replace"), raw, float(row[t] - lse)
+
+        tid, text, raw, lp = entry(token)
+        return TokenProb(tid, text, raw, lp, [entry(t) for t in best])
 
     def fed(self) -> None:
         """next_token went into the KV cache."""

@@ -34,7 +34,7 @@ async def stream(request: web.Request, job: Job, fmt,
         while True:
             ev = await job.next_event()
             if isinstance(ev, Piece):
-                chunk = fmt.piece(ev.text, ev.tokens)
+                chunk = fmt.piece(ev.text, ev.tokens, ev.probs)
                 if chunk is not None:
                     await resp.write(event(chunk))
             elif isinstance(ev, Done):
