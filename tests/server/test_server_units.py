@@ -89,6 +89,16 @@ def test_chat_template_is_sandboxed():
         t.render([{"role": "user", "content": "x"}])
 
 
+
+@pytest.mark.parametrize("source", ["{{ 'x' * 1000000000 }}", "{{ [0] * 10 ** 8 }}", "{% set n = 10 %}{{ n ** (n ** n) }}",
+                                    "{{ {}.__init__ }}{{ 1 / 0 }}", "{% for i in range(10 ** 9) %}{% endfor %}"])
+def test_chat_template_cannot_exhaust_the_server(source):
+    """A model's template that would build a gigabyte, a billion-digit number, divide by zero or
+    loop a billion times is a 400 on that request, at once."""
+    with pytest.raises(TemplateError):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+    assert ChatTemplate("{{ 'ab' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}").render([]) == "ababab1024[1, 1]"
+
 def test_unparsable_template_falls_back_to_chatml(tokenizer):
     t = ChatTemplate.from_tokenizer({"tokenizer.chat_template": "{% for %}"}, tokenizer)
     assert t.source == CHATML

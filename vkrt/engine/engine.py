@@ -76,10 +76,12 @@ class StepStats:
 class Engine(Owned):
     """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens.
     Models with Gated DeltaNet layers also keep a recurrent state for each of `n_seq_max`
-    sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory."""
+    sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory.
+    Recorded step graphs are kept for `max_graphs` shapes (default 16, and 4 a sequence more: a
+    server's decode steps take every batch size up to its slots, with and without candidates)."""
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
-                 flash_attn: bool = True, kv_type=F16, max_graphs: int = 16, replay: bool = True,
+                 flash_attn: bool = True, kv_type=F16, max_graphs: int | None = None, replay: bool = True,
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
                  expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0):
         super().__init__("engine")
@@ -90,7 +92,7 @@ class Engine(Owned):
             n_ubatch = n_batch
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
         self.flash_attn = flash_attn
-        self.max_graphs = max_graphs
+        self.max_graphs = max_graphs if max_graphs is not None else 16 + 4 * max(0, n_seq_max - 1)
         self.replay = replay  # False: record every step afresh (to compare against replaying)
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}

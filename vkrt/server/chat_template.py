@@ -37,13 +37,34 @@ def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=F
     return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
 
 
+MAX_TEMPLATE_VALUE = 1 << 20   # items (characters, list entries) one `*` may make; digits of a `**` result
+
+
+class _LimitedSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` and `**` bounded: a model's template cannot make a gigabyte string
+    or a number with a billion digits (the sandbox already bounds range())."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_TEMPLATE_VALUE:
+                    raise jinja2.exceptions.SecurityError(
+                        f"the template repeats a value of {len(seq)} items {n} times (more than {MAX_TEMPLATE_VALUE})")
+        elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0 and \
+                right * max(abs(left).bit_length(), 1) > 4 * MAX_TEMPLATE_VALUE:
+            raise jinja2.exceptions.SecurityError(f"the template raises {left} to the power {right}")
+        return super().call_binop(context, operator, left, right)
+
+
 class ChatTemplate:
     """render(messages, ...) -> the prompt text."""
 
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
         self.source = source or CHATML
         self.bos_token, self.eos_token = bos_token, eos_token
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env = _LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
