@@ -73,6 +73,18 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s), max(1, math.ceil(q / 100 * len(s)))) - 1]
 
 
+def token_chunk(choice: dict, api: str) -> bool:
+    """Whether a stream chunk's choice carries a generated token's text. The text may be empty (a
+    token that renders as nothing, e.g. a random model's control tokens in llama-server): the
+    chunk still marks a token. Not the chat stream's opening role chunk, nor the finish chunk."""
+    if choice.get("finish_reason") is not None:
+        return False
+    if api == "chat":
+        delta = choice.get("delta") or {}
+        return delta.get("content") is not None and ("role" not in delta or delta["content"] != "")
+    return choice.get("text") is not None
+
+
 async def one_request(session: aiohttp.ClientSession, args, i: int) -> Sample:
     prompt = f"[{i}] {args.prompt}"
     body = {"max_tokens": args.max_tokens, "stream": True, "stream_options": {"include_usage": True},
@@ -103,8 +115,7 @@ async def one_request(session: aiohttp.ClientSession, args, i: int) -> Sample:
                 return Sample(False, error=f"error event: {obj['error']}")
             usage = obj.get("usage") or usage
             for ch in obj.get("choices") or ():
-                piece = (ch.get("delta") or {}).get("content") if args.api == "chat" else ch.get("text")
-                if piece:
+                if token_chunk(ch, args.api):
                     chunks += 1
                     first = first or time.perf_counter()
     end = time.perf_counter()
