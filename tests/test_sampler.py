@@ -87,3 +87,36 @@ def test_typical_after_top_k_still_takes_candidates():
     draws_row = [a.sample(row) for _ in range(20)]
     draws_top = [b.sample_top(row[order], order) for _ in range(20)]
     assert draws_row == draws_top
+
+
+def llama_top_n_sigma(logits, n):
+    """llama_sampler_top_n_sigma_apply."""
+    valid = [v for v in logits if v != -np.inf]
+    mx, mean = max(valid), sum(valid) / len(valid)
+    std = math.sqrt(sum((v - mean) ** 2 for v in valid) / len(valid))
+    return np.array([-np.inf if v < mx - n * std else v for v in logits], np.float32)
+
+
+@pytest.mark.parametrize("n", [0.5, 1.0, 2.0])
+def test_top_n_sigma_matches_llama(n):
+    from vkrt.engine.sampler import _top_n_sigma
+    rng = np.random.default_rng(int(n * 10))
+    logits = (rng.standard_normal(200) * 3).astype(np.float32)
+    logits[5] = -np.inf
+    np.testing.assert_array_equal(_top_n_sigma(logits, n), llama_top_n_sigma(logits, n))
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, top_n_sigma=n, seed=1))
+    kept = set(np.flatnonzero(np.isfinite(llama_top_n_sigma(logits, n))).tolist())
+    assert {s.sample(logits) for _ in range(200)} <= kept
+    assert not s.takes_candidates(64)
+
+
+def test_xtc_excludes_the_top_choices():
+    """Probability 1: every token above the threshold but the least likely of them is excluded
+    (llama.cpp's XTC); a threshold above 0.5 turns it off; probability 0 never fires."""
+    logits = np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05], np.float32))
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=2)
+    s = Sampler(SamplingParams(**base, xtc_probability=1.0, xtc_threshold=0.12))
+    assert {s.sample(logits) for _ in range(100)} == {2, 3, 4}   # 0.4 and 0.3 go; 0.15 stays
+    s = Sampler(SamplingParams(**base, xtc_probability=1.0, xtc_threshold=0.6))
+    assert 0 in {s.sample(logits) for _ in range(100)}
+    assert Sampler(SamplingParams(**{**base, "top_k": 5}, xtc_probability=1.0, xtc_threshold=0.12)).takes_candidates(64)

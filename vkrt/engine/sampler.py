@@ -1,6 +1,6 @@
 """Sampling the next token from logits on the host, in llama.cpp's order: logit bias ->
-penalties (repeat, frequency, presence) -> top-k -> typical -> top-p -> min-p -> temperature ->
-draw (greedy when temp <= 0)."""
+penalties (repeat, frequency, presence) -> top-n-sigma -> top-k -> typical -> top-p -> min-p ->
+XTC -> temperature -> draw (greedy when temp <= 0)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ class SamplingParams:
     presence_penalty: float = 0.0     # subtracted once if the token occurs there at all
     typical_p: float = 1.0            # locally typical sampling (1: off)
     logit_bias: tuple = ()            # (token id, bias) pairs added to the logits (-inf bans a token)
+    top_n_sigma: float = -1.0         # keep logits within n standard deviations of the best (<= 0: off)
+    xtc_probability: float = 0.0      # exclude top choices: how often (0: off)
+    xtc_threshold: float = 0.1        # ... the tokens above this probability, all but the least likely
     seed: int | None = None
 
     @property
@@ -66,6 +69,8 @@ class Sampler:
             logits[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
         if p.greedy:
             return int(np.argmax(logits))
+        if p.top_n_sigma > 0:
+            logits = _top_n_sigma(logits, p.top_n_sigma)
         ids = np.arange(logits.size)
         if 0 < p.top_k < logits.size:
             keep = np.argpartition(-logits, p.top_k - 1)[:p.top_k]
@@ -75,9 +80,10 @@ class Sampler:
 
     def takes_candidates(self, n: int) -> bool:
         """Whether sample_top over the best n logits picks as sample() over the whole row would:
-        greedy, or a top-k cut of at most n; no penalty or logit bias (they need every logit)."""
+        greedy, or a top-k cut of at most n; no penalty, logit bias or top-n-sigma (they need every
+        logit)."""
         p = self.params
-        return not p.penalized and not p.logit_bias and (p.greedy or 0 < p.top_k <= n)
+        return not p.penalized and not p.logit_bias and (p.greedy or (p.top_n_sigma <= 0 and 0 < p.top_k <= n))
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
@@ -103,7 +109,13 @@ class Sampler:
             ids, logits, probs = ids[:cut], logits[:cut], probs[:cut]
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
-            ids, logits = ids[keep], logits[keep]
+            ids, logits, probs = ids[keep], logits[keep], probs[keep] / probs[keep].sum()
+        if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and ids.size >= 2 and \
+                self.rng.random() <= p.xtc_probability:
+            # the tokens above the threshold (best first), all but the least likely of them, go
+            above = int(np.argmin(probs >= p.xtc_threshold)) if not np.all(probs >= p.xtc_threshold) else ids.size
+            if above > 1:
+                ids, logits = ids[above - 1:], logits[above - 1:]
         scaled = (logits - logits.max()) / p.temperature   # shifted first: a tiny temperature gives -inf, not NaN
         probs = np.exp(scaled)
         probs /= probs.sum()
@@ -122,3 +134,12 @@ def _typical(ids, logits, probs, mass: float):
     keep = np.sort(order[:over[0] + 1 if over.size else order.size])   # best-first positions
     probs = probs[keep] / probs[keep].sum()
     return ids[keep], logits[keep], probs
+
+
+def _top_n_sigma(logits: np.ndarray, n: float) -> np.ndarray:
+    """llama.cpp's top-n-sigma: logits below max - n * std (over the finite ones) become -inf."""
+    finite = logits[np.isfinite(logits)]
+    if finite.size <= 1:
+        return logits
+    std = float(np.sqrt(np.mean((finite.astype(np.float64) - finite.mean(dtype=np.float64)) ** 2)))
+    return np.where(logits < finite.max() - n * std, np.float32(-np.inf), logits).astype(np.float32)

@@ -40,8 +40,7 @@ class GenRequest:
 
 # llama-server sampling fields vkrt does not implement, and the value each takes when off: a
 # request that turns one on is refused, never answered as if it had not asked
-_UNIMPLEMENTED = {"mirostat": 0, "dry_multiplier": 0, "xtc_probability": 0, "top_n_sigma": -1, "dynatemp_range": 0,
-                  "min_keep": 0}
+_UNIMPLEMENTED = {"mirostat": 0, "dry_multiplier": 0, "dynatemp_range": 0, "min_keep": 0}
 MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
 
 
@@ -49,7 +48,7 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
     d = SamplingParams()
     for name, off in _UNIMPLEMENTED.items():
         value = get_float(body, name, off)
-        if value != off and not (name == "top_n_sigma" and value <= 0):
+        if value != off:
             raise BadRequest(f"'{name}' is not supported: vkrt does not implement it (leave it at {off})", name)
     if body.get("samplers") is not None:
         raise BadRequest("'samplers' is not supported: vkrt samples in llama.cpp's default order", "samplers")
@@ -65,6 +64,9 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
         frequency_penalty=get_float(body, "frequency_penalty", d.frequency_penalty, lo=-2.0, hi=2.0),
         presence_penalty=get_float(body, "presence_penalty", d.presence_penalty, lo=-2.0, hi=2.0),
         logit_bias=get_logit_bias(body, "logit_bias", vocab),
+        top_n_sigma=get_float(body, "top_n_sigma", d.top_n_sigma),
+        xtc_probability=get_float(body, "xtc_probability", d.xtc_probability, lo=0.0, hi=1.0),
+        xtc_threshold=get_float(body, "xtc_threshold", d.xtc_threshold, lo=0.0, hi=1.0),
         seed=None if seed == -1 else seed)
 
 
