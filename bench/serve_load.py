@@ -5,6 +5,7 @@ separate process: 1, 4 and 16 concurrent streaming clients by default.
                                [--requests-per-client 4] [--duration 120] [--max-tokens 64]
                                [--api chat|completions] [--api-key KEY] [--model NAME]
                                [--server-cmd "vkrt serve -m M.gguf -np 16 --port {port}"] [--label NAME] [--json]
+                               [--long-prompt-words 2000] [--disconnect-every 4]
 
 Each level runs `clients` workers that send streaming requests back to back until
 requests-per-client x clients requests were sent or --duration seconds passed (bounded in count
@@ -13,6 +14,13 @@ prefix beyond the chat template) and asks for --max-tokens tokens with ignore_eo
 server generates the same amount. Reported per level: requests/s, generated tokens/s over the
 level's wall time, time to first token (first content chunk) p50/p99, per-request decode t/s,
 and errors (any non-200 answer, error event, missing [DONE] or timeout).
+
+Inter-token latency (the gaps between a stream's token chunks) p50/p99 is reported per level.
+--long-prompt-words N: while a level runs, one more client sends prompts of about N words back to back
+(their requests are reported apart); the level's inter-token latency then shows what a long prompt
+arriving does to the other streams (compare with the same level without it).
+--disconnect-every K: every K-th request closes its connection after its third token chunk; those
+count as disconnects, not errors, and after the level the server must still answer a request.
 
 --server-cmd starts the server itself ({port} is replaced by a free port), waits for /health and
 stops it with SIGTERM afterwards. Only loopback addresses are accepted as targets.
@@ -36,7 +44,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -51,6 +59,8 @@ class Sample:
     seconds: float = 0.0    # whole request
     tokens: int = 0
     error: str = ""
+    gaps: list = field(default_factory=list)   # seconds between consecutive token chunks
+    disconnected: bool = False                 # closed on purpose (--disconnect-every)
 
 
 def loopback_only(url: str) -> None:
@@ -85,8 +95,9 @@ def token_chunk(choice: dict, api: str) -> bool:
     return choice.get("text") is not None
 
 
-async def one_request(session: aiohttp.ClientSession, args, i: int) -> Sample:
-    prompt = f"[{i}] {args.prompt}"
+async def one_request(session: aiohttp.ClientSession, args, i: int, prompt: str | None = None,
+                      abort_after: int | None = None) -> Sample:
+    prompt = f"[{i}] {prompt or args.prompt}"
     body = {"max_tokens": args.max_tokens, "stream": True, "stream_options": {"include_usage": True},
             "temperature": args.temperature}
     if args.model:
@@ -98,7 +109,7 @@ async def one_request(session: aiohttp.ClientSession, args, i: int) -> Sample:
     else:
         path, body["prompt"] = "/v1/completions", prompt
     t0 = time.perf_counter()
-    first, chunks, usage, done = None, 0, None, False
+    first, last, chunks, usage, done, gaps = None, None, 0, None, False, []
     async with session.post(args.url + path, json=body) as resp:
         if resp.status != 200:
             return Sample(False, error=f"HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -116,13 +127,20 @@ async def one_request(session: aiohttp.ClientSession, args, i: int) -> Sample:
             usage = obj.get("usage") or usage
             for ch in obj.get("choices") or ():
                 if token_chunk(ch, args.api):
+                    now = time.perf_counter()
                     chunks += 1
-                    first = first or time.perf_counter()
+                    first = first or now
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+            if abort_after is not None and chunks >= abort_after:
+                resp.close()   # the client goes away mid-stream
+                return Sample(True, (first or t0) - t0, time.perf_counter() - t0, 0, gaps=gaps, disconnected=True)
     end = time.perf_counter()
     if not done:
         return Sample(False, error="the stream ended without data: [DONE]")
     tokens = usage["completion_tokens"] if usage else chunks
-    return Sample(True, (first or end) - t0, end - t0, tokens)
+    return Sample(True, (first or end) - t0, end - t0, tokens, gaps=gaps)
 
 
 async def run_level(args, clients: int, first_id: int) -> dict:
@@ -134,21 +152,48 @@ async def run_level(args, clients: int, first_id: int) -> dict:
     t0 = time.perf_counter()
     deadline = t0 + args.duration
 
+    long_samples: list[Sample] = []
+    running = True
+
+    async def request(session, i, out, **kw):
+        try:
+            out.append(await one_request(session, args, i, **kw))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            out.append(Sample(False, error=f"{type(exc).__name__}: {exc}"))
+
     async def worker(session):
         for i in ids:
             if time.perf_counter() > deadline:
                 return
-            try:
-                samples.append(await one_request(session, args, i))
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                samples.append(Sample(False, error=f"{type(exc).__name__}: {exc}"))
+            k = args.disconnect_every
+            await request(session, i, samples, abort_after=3 if k and i % k == k - 1 else None)
+
+    async def long_prompts(session):
+        text = " ".join(f"word{j % 997}" for j in range(args.long_prompt_words))
+        j = 0
+        while running and time.perf_counter() < deadline:
+            await request(session, 10 ** 7 + first_id + j, long_samples, prompt=text)
+            if not long_samples[-1].ok:   # e.g. longer than a slot: say so once, do not hammer
+                return
+            j += 1
 
     # a new connection per request: servers differ in how long they keep idle ones open, and a
     # request written to a connection the server just closed would count as an error
-    conn = aiohttp.TCPConnector(limit=clients, force_close=True)
+    conn = aiohttp.TCPConnector(limit=clients + 1, force_close=True)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=conn) as session:
+        extra = asyncio.ensure_future(long_prompts(session)) if args.long_prompt_words else None
         await asyncio.gather(*(worker(session) for _ in range(clients)))
+        running = False
+        if extra is not None:
+            await extra
+        after = []
+        if args.disconnect_every:   # the server must still answer once the clients went away
+            await request(session, 10 ** 8 + first_id, after)
     wall = time.perf_counter() - t0
+    samples += [s for s in after if not s.ok]
+    disconnects = sum(s.disconnected for s in samples)
+    gaps = [g for s in samples if s.ok for g in s.gaps]
+    samples = [s for s in samples if not s.disconnected]
     ok = [s for s in samples if s.ok]
     tokens = sum(s.tokens for s in ok)
     decode = [(s.tokens - 1) / (s.seconds - s.ttft) for s in ok if s.tokens > 1 and s.seconds > s.ttft]
@@ -158,7 +203,12 @@ async def run_level(args, clients: int, first_id: int) -> dict:
             "tokens": tokens, "tokens_per_s": tokens / wall,
             "ttft_p50_ms": percentile([s.ttft for s in ok], 50) * 1e3,
             "ttft_p99_ms": percentile([s.ttft for s in ok], 99) * 1e3,
-            "decode_tps_median": statistics.median(decode) if decode else 0.0}
+            "decode_tps_median": statistics.median(decode) if decode else 0.0,
+            "itl_p50_ms": percentile(gaps, 50) * 1e3, "itl_p99_ms": percentile(gaps, 99) * 1e3,
+            "disconnects": disconnects, "long_prompts": sum(s.ok for s in long_samples),
+            "long_prompt_errors": sum(not s.ok for s in long_samples),
+            "long_prompt_ttft_p50_ms": percentile([s.ttft for s in long_samples if s.ok], 50) * 1e3,
+            "long_prompt_first_error": next((s.error for s in long_samples if not s.ok), "")}
 
 
 def free_port() -> int:
@@ -199,7 +249,8 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 async def bench(args) -> dict:
     if args.warmup:  # the first request per shape may compile shaders (llama.cpp: 10-60 s)
-        warm = argparse.Namespace(**{**vars(args), "requests_per_client": args.warmup, "duration": 1e9})
+        warm = argparse.Namespace(**{**vars(args), "requests_per_client": args.warmup, "duration": 1e9,
+                                     "long_prompt_words": 0, "disconnect_every": 0})
         await run_level(warm, 1, 10 ** 6)
     levels, next_id = [], 0
     for c in args.clients:
@@ -210,12 +261,20 @@ async def bench(args) -> dict:
 
 def table(result: dict) -> str:
     rows = [f"server: {result['label'] or result['url']} ({result['api']}, {result['max_tokens']} tokens a request)",
-            "| clients | requests | errors | req/s | tokens/s | TTFT p50 ms | TTFT p99 ms | decode t/s per request |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| clients | requests | errors | req/s | tokens/s | TTFT p50 ms | TTFT p99 ms | decode t/s per request "
+            "| ITL p50 ms | ITL p99 ms |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for lv in result["levels"]:
         rows.append(f"| {lv['clients']} | {lv['ok']}/{lv['requests']} | {lv['errors']} | {lv['requests_per_s']:.2f} | "
                     f"{lv['tokens_per_s']:.1f} | {lv['ttft_p50_ms']:.0f} | {lv['ttft_p99_ms']:.0f} | "
-                    f"{lv['decode_tps_median']:.1f} |")
+                    f"{lv['decode_tps_median']:.1f} | {lv['itl_p50_ms']:.1f} | {lv['itl_p99_ms']:.1f} |")
+        if lv["long_prompts"] or lv["long_prompt_errors"]:
+            rows.append(f"  long prompts alongside: {lv['long_prompts']} served, {lv['long_prompt_errors']} errors, "
+                        f"TTFT p50 {lv['long_prompt_ttft_p50_ms']:.0f} ms")
+            if lv["long_prompt_first_error"]:
+                rows.append(f"  long prompt error: {lv['long_prompt_first_error']}")
+        if lv["disconnects"]:
+            rows.append(f"  disconnected on purpose: {lv['disconnects']} requests")
         for e in lv["first_errors"]:
             rows.append(f"  error: {e}")
     return "\n".join(rows)
@@ -239,6 +298,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="Requests sent (and not counted) before the levels.")
     ap.add_argument("--server-cmd", default=None, help="Start this server first; {port} is replaced.")
     ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--long-prompt-words", type=int, default=0,
+                    help="One more client sends prompts of about this many words during each level.")
+    ap.add_argument("--disconnect-every", type=int, default=0,
+                    help="Every K-th request disconnects after its third token chunk.")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -256,7 +319,7 @@ def main() -> None:
         if proc is not None:
             stop_server(proc)
     print(json.dumps(result, indent=1) if args.json else table(result))
-    if any(lv["errors"] for lv in result["levels"]):
+    if any(lv["errors"] or lv["long_prompt_errors"] for lv in result["levels"]):
         sys.exit(1)
 
 
