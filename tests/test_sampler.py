@@ -120,3 +120,46 @@ def test_xtc_excludes_the_top_choices():
     s = Sampler(SamplingParams(**base, xtc_probability=1.0, xtc_threshold=0.6))
     assert 0 in {s.sample(logits) for _ in range(100)}
     assert Sampler(SamplingParams(**{**base, "top_k": 5}, xtc_probability=1.0, xtc_threshold=0.12)).takes_candidates(64)
+
+
+def llama_mirostat_v2_kept(probs_sorted, mu):
+    """The truncation of llama_sampler_mirostat_v2_apply: the prefix whose surprise is at most mu."""
+    n = next((i for i, q in enumerate(probs_sorted) if -math.log2(q) > mu), len(probs_sorted))
+    return max(n, 1)
+
+
+def llama_mirostat_v1_k(probs_sorted, mu, n_vocab, m=100):
+    num = den = 0.0
+    for i in range(min(m - 1, len(probs_sorted) - 1)):
+        t = math.log((i + 2) / (i + 1))
+        num += t * math.log(probs_sorted[i] / probs_sorted[i + 1])
+        den += t * t
+    s_hat = num / den
+    eps = s_hat - 1
+    return max(int(((eps * 2 ** mu) / (1 - n_vocab ** -eps)) ** (1 / s_hat)), 1)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_matches_llama(version, monkeypatch):
+    """The candidates mirostat draws from are llama.cpp's, and mu moves by eta times the surprise
+    error of the drawn token within them."""
+    from vkrt.engine import sampler as S
+    rng = np.random.default_rng(version)
+    logits = (rng.standard_normal(500) * 2).astype(np.float32)
+    p = SamplingParams(temperature=0.8, mirostat=version, mirostat_tau=4.0, mirostat_eta=0.2, seed=3)
+    s = Sampler(p)
+    assert not s.takes_candidates(64)
+    seen = []
+    real = S._mirostat_pick
+    monkeypatch.setattr(S, "_mirostat_pick", lambda smp, ids, sc: seen.append(len(ids)) or real(smp, ids, sc))
+    for _ in range(5):
+        mu = s.mu
+        scores = logits.astype(np.float64) / 0.8
+        probs = np.sort(np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum())[::-1]
+        want = llama_mirostat_v2_kept(probs, mu) if version == 2 else llama_mirostat_v1_k(probs, mu, logits.size)
+        tok = s.sample(logits)
+        assert seen[-1] == want
+        kept = np.sort(scores)[::-1][:want]
+        q = np.exp(kept - kept[0]) / np.exp(kept - kept[0]).sum()
+        rank = int(np.flatnonzero(np.argsort(-scores, kind="stable") == tok)[0])
+        assert math.isclose(s.mu, mu - 0.2 * (-math.log2(q[rank]) - 4.0), rel_tol=1e-9)

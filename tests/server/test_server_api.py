@@ -162,6 +162,15 @@ def test_openai_logprobs_shapes(client):
     assert "".join(lp.tokens) == comp.choices[0].text and lp.text_offset[0] == 0
     assert all(len(t) <= 3 for t in lp.top_logprobs)
 
+
+@pytest.mark.parametrize("extra", [{"mirostat": 2, "mirostat_tau": 3.0}, {"mirostat": 1},
+                                   {"xtc_probability": 1.0, "xtc_threshold": 0.05}, {"top_n_sigma": 1.0}])
+def test_more_samplers_generate(server, extra):
+    """The samplers taken from llama-server's list run through the server (seeded: repeatable)."""
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0.9, "seed": 5, "cache_prompt": False, **extra}
+    a, b = server.post("/completion", body), server.post("/completion", body)
+    assert a[0] == 200 and a[1]["tokens_predicted"] >= 1 and a[1]["content"] == b[1]["content"]
+
 def test_tokenize_roundtrip(server):
     status, out = server.post("/tokenize", {"content": "Hello, world!", "with_pieces": True})
     assert status == 200

@@ -1,6 +1,7 @@
 """Sampling the next token from logits on the host, in llama.cpp's order: logit bias ->
 penalties (repeat, frequency, presence) -> top-n-sigma -> top-k -> typical -> top-p -> min-p ->
-XTC -> temperature -> draw (greedy when temp <= 0)."""
+XTC -> temperature -> draw (greedy when temp <= 0). With mirostat (1 or 2) the chain after the penalties is llama.cpp's:
+temperature, then the mirostat sampler, which keeps its target surprise `mu` per sequence."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ class SamplingParams:
     top_n_sigma: float = -1.0         # keep logits within n standard deviations of the best (<= 0: off)
     xtc_probability: float = 0.0      # exclude top choices: how often (0: off)
     xtc_threshold: float = 0.1        # ... the tokens above this probability, all but the least likely
+    mirostat: int = 0                 # 1 or 2: mirostat v1/v2 instead of top-k ... min-p
+    mirostat_tau: float = 5.0         # target surprise (bits)
+    mirostat_eta: float = 0.1         # learning rate of mu
     seed: int | None = None
 
     @property
@@ -47,6 +51,7 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self.recent: list[int] = []
+        self.mu = 2.0 * params.mirostat_tau   # mirostat's running maximum surprise
 
     def accept(self, token: int) -> None:
         self.recent.append(int(token))
@@ -69,6 +74,8 @@ class Sampler:
             logits[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
         if p.greedy:
             return int(np.argmax(logits))
+        if p.mirostat:
+            return self._mirostat(logits.astype(np.float64) / p.temperature)
         if p.top_n_sigma > 0:
             logits = _top_n_sigma(logits, p.top_n_sigma)
         ids = np.arange(logits.size)
@@ -83,7 +90,8 @@ class Sampler:
         greedy, or a top-k cut of at most n; no penalty, logit bias or top-n-sigma (they need every
         logit)."""
         p = self.params
-        return not p.penalized and not p.logit_bias and (p.greedy or (p.top_n_sigma <= 0 and 0 < p.top_k <= n))
+        return not p.penalized and not p.logit_bias and (p.greedy or (
+            p.top_n_sigma <= 0 and not p.mirostat and 0 < p.top_k <= n))
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
@@ -95,6 +103,30 @@ class Sampler:
         if self.params.greedy:
             return int(ids[0])   # the best, the lowest id on ties: np.argmax's pick
         return self._draw(np.asarray(ids[:k], np.int64), np.asarray(values[:k], np.float32))
+
+    def _mirostat(self, scores: np.ndarray) -> int:
+        """llama.cpp's mirostat (v1: top-k from the estimated Zipf exponent of the best 100; v2:
+        the tokens whose surprise is at most mu) over the temperature-scaled logits."""
+        p = self.params
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        if p.mirostat == 2:
+            keep = np.flatnonzero(probs >= 2.0 ** -self.mu)
+            keep = keep if keep.size else np.array([int(np.argmax(scores))])
+            return _mirostat_pick(self, keep, scores[keep])
+        m = min(100, scores.size)
+        top = np.argpartition(-scores, m - 1)[:m] if m < scores.size else np.arange(scores.size)
+        top_p = np.sort(probs[top])[::-1]
+        i = np.arange(m - 1)
+        t = np.log((i + 2) / (i + 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            b = np.log(top_p[:-1] / top_p[1:])
+        s_hat = float(np.sum(t * b) / np.sum(t * t)) if m > 1 else 1.0
+        eps = s_hat - 1
+        k = (eps * 2.0 ** self.mu) / (1 - float(scores.size) ** -eps) if eps else float(scores.size)
+        k = max(int(k ** (1 / s_hat)) if np.isfinite(k) and k > 0 else 1, 1)
+        keep = np.argpartition(-scores, k - 1)[:k] if k < scores.size else np.arange(scores.size)
+        return _mirostat_pick(self, keep, scores[keep])
 
     def _draw(self, ids: np.ndarray, logits: np.ndarray) -> int:
         """typical, top-p, min-p, temperature and the draw over candidates sorted best first."""
@@ -120,6 +152,22 @@ class Sampler:
         probs = np.exp(scaled)
         probs /= probs.sum()
         return int(ids[self.rng.choice(ids.size, p=probs)])
+
+
+def _softmax_sorted(ids: np.ndarray, scores: np.ndarray):
+    order = np.argsort(-scores, kind="stable")
+    ids, scores = ids[order], scores[order]
+    probs = np.exp(scores - scores[0])
+    return ids, scores, probs / probs.sum()
+
+
+def _mirostat_pick(sampler, ids, scores) -> int:
+    """Draw from the candidates (softmax of `scores`) and move mu toward the target surprise."""
+    p = sampler.params
+    ids, scores, probs = _softmax_sorted(ids, scores)
+    k = sampler.rng.choice(ids.size, p=probs)
+    sampler.mu -= p.mirostat_eta * (-np.log2(probs[k]) - p.mirostat_tau)
+    return int(ids[k])
 
 
 def _typical(ids, logits, probs, mass: float):
