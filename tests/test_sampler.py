@@ -163,3 +163,45 @@ def test_mirostat_matches_llama(version, monkeypatch):
         q = np.exp(kept - kept[0]) / np.exp(kept - kept[0]).sum()
         rank = int(np.flatnonzero(np.argsort(-scores, kind="stable") == tok)[0])
         assert math.isclose(s.mu, mu - 0.2 * (-math.log2(q[rank]) - 4.0), rel_tol=1e-9)
+
+
+class _Capture:
+    """Stands in for the generator's choice: records the probabilities of the final draw."""
+
+    def __init__(self, rng):
+        self.rng, self.p = rng, None
+
+    def random(self):
+        return self.rng.random()
+
+    def choice(self, n, p):
+        self.p = np.asarray(p)
+        return 0
+
+
+def test_dynamic_temperature_matches_llama():
+    """llama.cpp's temp_ext: temperature from min to max by the candidates' normalised entropy."""
+    logits = np.array([3.0, 2.5, 1.0, 0.5, -1.0], np.float32)
+    p = SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, dynatemp_range=0.5, dynatemp_exponent=1.5)
+    s = Sampler(p)
+    s.rng = cap = _Capture(s.rng)
+    s.sample(logits)
+    x = np.sort(logits.astype(np.float64))[::-1]
+    q = np.exp(x - x[0]) / np.exp(x - x[0]).sum()
+    entropy = -(q * np.log(q)).sum()
+    temp = 0.3 + (1.3 - 0.3) * (entropy / math.log(5)) ** 1.5
+    want = np.exp((x - x[0]) / temp) / np.exp((x - x[0]) / temp).sum()
+    np.testing.assert_allclose(cap.p, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fields, kept", [({"top_p": 0.05}, 3), ({"min_p": 0.9}, 5), ({"top_k": 2}, 3),
+                                          ({"typical_p": 0.01}, 3)])
+def test_min_keep(fields, kept):
+    """top-k, top-p and typical leave at least min_keep candidates; min-p that would leave fewer
+    leaves them all (llama.cpp's rule)."""
+    logits = np.array([5.0, 1.0, 0.9, 0.8, 0.7], np.float32)
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, min_keep=3)
+    s = Sampler(SamplingParams(**{**base, **fields}))
+    s.rng = cap = _Capture(s.rng)
+    s.sample(logits)
+    assert cap.p.size == kept

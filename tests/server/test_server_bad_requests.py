@@ -59,6 +59,8 @@ CORPUS = [
     (CHAT, body(messages=MSG, mirostat=3), 400, "in [0, 2]", "mirostat"),
     (CHAT, body(messages=MSG, mirostat=2, mirostat_tau=-1), 400, ">= 0.0", "mirostat_tau"),
     (CHAT, body(messages=MSG, dry_multiplier=0.8), 400, "not supported", "dry_multiplier"),
+    (CHAT, body(messages=MSG, dynatemp_range=-1), 400, ">= 0.0", "dynatemp_range"),
+    (CHAT, body(messages=MSG, min_keep=-2), 400, ">= 0", "min_keep"),
     (CHAT, body(messages=MSG, xtc_probability=1.5), 400, "[0.0, 1.0]", "xtc_probability"),
     (CHAT, body(messages=MSG, top_n_sigma="wide"), 400, "number", "top_n_sigma"),
     (LLAMA, body(prompt="x", samplers=["top_k"]), 400, "not supported", "samplers"),

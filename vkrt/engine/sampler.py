@@ -27,6 +27,9 @@ class SamplingParams:
     top_n_sigma: float = -1.0         # keep logits within n standard deviations of the best (<= 0: off)
     xtc_probability: float = 0.0      # exclude top choices: how often (0: off)
     xtc_threshold: float = 0.1        # ... the tokens above this probability, all but the least likely
+    dynatemp_range: float = 0.0       # dynamic temperature: temperature +- this, by the candidates' entropy
+    dynatemp_exponent: float = 1.0
+    min_keep: int = 0                 # the fewest candidates top-k, typical, top-p, min-p and XTC leave
     mirostat: int = 0                 # 1 or 2: mirostat v1/v2 instead of top-k ... min-p
     mirostat_tau: float = 5.0         # target surprise (bits)
     mirostat_eta: float = 0.1         # learning rate of mu
@@ -39,6 +42,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def k(self) -> int:
+        """The top-k cut in effect (<= 0: none): top_k, raised to min_keep."""
+        return max(self.top_k, self.min_keep) if self.top_k > 0 else self.top_k
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -79,8 +87,8 @@ class Sampler:
         if p.top_n_sigma > 0:
             logits = _top_n_sigma(logits, p.top_n_sigma)
         ids = np.arange(logits.size)
-        if 0 < p.top_k < logits.size:
-            keep = np.argpartition(-logits, p.top_k - 1)[:p.top_k]
+        if 0 < p.k < logits.size:
+            keep = np.argpartition(-logits, p.k - 1)[:p.k]
             ids, logits = ids[keep], logits[keep]
         order = np.argsort(-logits, kind="stable")
         return self._draw(ids[order], logits[order])
@@ -91,12 +99,12 @@ class Sampler:
         logit)."""
         p = self.params
         return not p.penalized and not p.logit_bias and (p.greedy or (
-            p.top_n_sigma <= 0 and not p.mirostat and 0 < p.top_k <= n))
+            p.top_n_sigma <= 0 and not p.mirostat and 0 < p.k <= n))
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
         sample() would from the whole row (see takes_candidates)."""
-        k = self.params.top_k
+        k = self.params.k
         if not self.takes_candidates(len(values)):
             raise VkrtError(f"sampling from {len(values)} candidates needs greedy or top_k in 1..{len(values)} and "
                             f"no penalty or logit bias, got {self.params}")
@@ -129,26 +137,37 @@ class Sampler:
         return _mirostat_pick(self, keep, scores[keep])
 
     def _draw(self, ids: np.ndarray, logits: np.ndarray) -> int:
-        """typical, top-p, min-p, temperature and the draw over candidates sorted best first."""
+        """typical, top-p, min-p, XTC, temperature (dynamic with dynatemp_range) and the draw over
+        candidates sorted best first."""
         p = self.params
+        keep_n = max(p.min_keep, 1)
         logits = logits.astype(np.float64)
         probs = np.exp(logits - logits[0])
         probs /= probs.sum()
         if p.typical_p < 1.0:
-            ids, logits, probs = _typical(ids, logits, probs, p.typical_p)
+            ids, logits, probs = _typical(ids, logits, probs, p.typical_p, keep_n)
         if p.top_p < 1.0:
-            cut = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
-            ids, logits, probs = ids[:cut], logits[:cut], probs[:cut]
+            cut = max(int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1, keep_n)
+            ids, logits, probs = ids[:cut], logits[:cut], probs[:cut] / probs[:cut].sum()
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
-            ids, logits, probs = ids[keep], logits[keep], probs[keep] / probs[keep].sum()
+            if keep.sum() >= keep_n:   # llama.cpp: too few left, and min-p leaves them all
+                ids, logits, probs = ids[keep], logits[keep], probs[keep] / probs[keep].sum()
         if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and ids.size >= 2 and \
                 self.rng.random() <= p.xtc_probability:
             # the tokens above the threshold (best first), all but the least likely of them, go
             above = int(np.argmin(probs >= p.xtc_threshold)) if not np.all(probs >= p.xtc_threshold) else ids.size
-            if above > 1:
-                ids, logits = ids[above - 1:], logits[above - 1:]
-        scaled = (logits - logits.max()) / p.temperature   # shifted first: a tiny temperature gives -inf, not NaN
+            if above > 1 and ids.size - (above - 1) >= p.min_keep:
+                ids, logits, probs = ids[above - 1:], logits[above - 1:], probs[above - 1:] / probs[above - 1:].sum()
+        temp = p.temperature
+        if p.dynatemp_range > 0 and ids.size > 1:   # llama.cpp's temp_ext: by the normalised entropy
+            with np.errstate(divide="ignore", invalid="ignore"):
+                entropy = -np.nansum(np.where(probs > 0, probs * np.log(probs), 0.0))
+            lo, hi = max(0.0, temp - p.dynatemp_range), temp + p.dynatemp_range
+            temp = lo + (hi - lo) * (entropy / np.log(ids.size)) ** p.dynatemp_exponent
+            if temp <= 0:
+                return int(ids[0])
+        scaled = (logits - logits.max()) / temp   # shifted first: a tiny temperature gives -inf, not NaN
         probs = np.exp(scaled)
         probs /= probs.sum()
         return int(ids[self.rng.choice(ids.size, p=probs)])
@@ -170,7 +189,7 @@ def _mirostat_pick(sampler, ids, scores) -> int:
     return int(ids[k])
 
 
-def _typical(ids, logits, probs, mass: float):
+def _typical(ids, logits, probs, mass: float, min_keep: int = 1):
     """Locally typical sampling (llama.cpp's): the tokens whose surprise is nearest the entropy,
     until their probability passes `mass`; returned best first again, probabilities renormalised."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -178,7 +197,7 @@ def _typical(ids, logits, probs, mass: float):
         entropy = -np.nansum(probs * logp)
         shift = np.abs(-logp - entropy)
     order = np.argsort(shift, kind="stable")
-    over = np.nonzero(np.cumsum(probs[order]) > mass)[0]
+    over = np.nonzero((np.cumsum(probs[order]) > mass) & (np.arange(order.size) >= min_keep - 1))[0]
     keep = np.sort(order[:over[0] + 1 if over.size else order.size])   # best-first positions
     probs = probs[keep] / probs[keep].sum()
     return ids[keep], logits[keep], probs

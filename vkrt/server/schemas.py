@@ -40,7 +40,7 @@ class GenRequest:
 
 # llama-server sampling fields vkrt does not implement, and the value each takes when off: a
 # request that turns one on is refused, never answered as if it had not asked
-_UNIMPLEMENTED = {"dry_multiplier": 0, "dynatemp_range": 0, "min_keep": 0}
+_UNIMPLEMENTED = {"dry_multiplier": 0}
 MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
 
 
@@ -67,6 +67,9 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
         top_n_sigma=get_float(body, "top_n_sigma", d.top_n_sigma),
         xtc_probability=get_float(body, "xtc_probability", d.xtc_probability, lo=0.0, hi=1.0),
         xtc_threshold=get_float(body, "xtc_threshold", d.xtc_threshold, lo=0.0, hi=1.0),
+        dynatemp_range=get_float(body, "dynatemp_range", d.dynatemp_range, lo=0.0),
+        dynatemp_exponent=get_float(body, "dynatemp_exponent", d.dynatemp_exponent, lo=0.0),
+        min_keep=get_int(body, "min_keep", d.min_keep, lo=0),
         mirostat=get_int(body, "mirostat", d.mirostat, lo=0, hi=2),
         mirostat_tau=get_float(body, "mirostat_tau", d.mirostat_tau, lo=0.0),
         mirostat_eta=get_float(body, "mirostat_eta", d.mirostat_eta, lo=0.0),
