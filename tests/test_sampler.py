@@ -205,3 +205,68 @@ def test_min_keep(fields, kept):
     s.rng = cap = _Capture(s.rng)
     s.sample(logits)
     assert cap.p.size == kept
+
+
+def llama_dry_repeats(context, rep_limit):
+    """Steps 2 and 3 of llama_sampler_dry_apply: the reversed Z-algorithm's repeat counts, then
+    the longest repetition each following token would extend (an independent formulation)."""
+    n = len(context)
+    rat = lambda i: context[n - 1 - i]   # noqa: E731  (i tokens from the end)
+    count = [0] * n
+    last, lt, rt = n - 1, 0, 0
+    for k in range(1, n):
+        if k > rt:
+            m = 0
+            while m + k < n and rat(m) == rat(m + k):
+                m += 1
+            count[last - k] = min(m, rep_limit)
+            if m > 0:
+                lt, rt = k, k + m - 1
+        else:
+            pair, right = k - lt, rt - k + 1
+            if count[last - pair] < right:
+                count[last - k] = min(count[last - pair], rep_limit)
+            else:
+                i = rt + 1
+                while i < n and rat(i) == rat(i - k):
+                    i += 1
+                count[last - k] = min(i - k, rep_limit)
+                lt, rt = k, i - 1
+    out = {}
+    for i in range(n - 1):
+        tok = rat(n - 2 - i)
+        out[tok] = max(out.get(tok, 0), count[i])
+    return out
+
+
+def test_dry_repeat_lengths_match_llamas_z_algorithm():
+    from vkrt.engine.dry import dry_penalties
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ctx = rng.integers(0, 4, rng.integers(3, 40)).tolist()
+        ref = {t: m for t, m in llama_dry_repeats(ctx, len(ctx)).items() if m >= 2}
+        got = dry_penalties(ctx, 1.0, 2.0, 2, ())
+        assert got == {t: 2.0 ** (m - 2) for t, m in ref.items()}, ctx
+
+
+def test_dry_cases():
+    """llama.cpp's own test cases (tests/test-sampling.cpp): uniform logits over 4-5 tokens."""
+    from vkrt.engine.dry import dry_penalties
+
+    def probs(n, ctx, mult, base, allowed, breakers=()):
+        logits = np.zeros(n)
+        for t, pen in dry_penalties(ctx, mult, base, allowed, breakers).items():
+            logits[t] -= pen
+        e = np.exp(logits)
+        return e / e.sum()
+
+    np.testing.assert_allclose(probs(4, [0, 1], 1.0, 1.1, 2), [0.25] * 4)
+    np.testing.assert_allclose(probs(4, [0, 1, 2, 0, 1], 1.0, 1.1, 2), [0.296923, 0.296923, 0.109232, 0.296923],
+                               atol=1e-6)
+    np.testing.assert_allclose(probs(5, [0, 1, 3, 4, 0, 1], 1.0, 1.1, 2, ((3, ()),)), [0.2] * 5)   # 3 breaks
+    np.testing.assert_allclose(probs(5, [0, 1, 2, 3, 4, 0, 1], 1.0, 1.1, 4), [0.2] * 5)   # too short to count
+    # a repetition spanning a breaker counts only the tokens after it: [0 3 1 2 0 (3) 1] repeats
+    # "0 3 1" (2 would extend it), but one token follows the breaker, fewer than allowed
+    assert probs(5, [0, 3, 1, 2, 0, 3, 1], 1.0, 1.1, 2)[2] < 0.2
+    np.testing.assert_allclose(probs(5, [0, 3, 1, 2, 0, 3, 1], 1.0, 1.1, 2, ((3, ()),)), [0.2] * 5)
+

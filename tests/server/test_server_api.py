@@ -164,7 +164,8 @@ def test_openai_logprobs_shapes(client):
 
 
 @pytest.mark.parametrize("extra", [{"mirostat": 2, "mirostat_tau": 3.0}, {"mirostat": 1},
-                                   {"xtc_probability": 1.0, "xtc_threshold": 0.05}, {"top_n_sigma": 1.0}])
+                                   {"xtc_probability": 1.0, "xtc_threshold": 0.05}, {"top_n_sigma": 1.0},
+                                   {"dry_multiplier": 0.8, "dry_sequence_breakers": ["\n", "fox"]}])
 def test_more_samplers_generate(server, extra):
     """The samplers taken from llama-server's list run through the server (seeded: repeatable)."""
     body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0.9, "seed": 5, "cache_prompt": False, **extra}

@@ -175,3 +175,22 @@ def test_prefill_gives_way_to_generating_slots():
 
     assert step(generating=True) == [16]
     assert step(generating=False) == [16, 16, 16, 16]
+
+
+def test_dry_breaker_tokens_and_the_sampler(tokenizer):
+    """A breaker's tokens from the vocabulary (cached a breaker set); DRY moves greedy off the
+    token that would repeat a sequence."""
+    import numpy as np
+
+    from vkrt.engine.dry import breaker_sequences
+    from vkrt.engine.sampler import Sampler, SamplingParams
+    seqs = breaker_sequences(tokenizer, ("\n",))
+    nl = tokenizer.encode("\n", add_special=False)
+    assert (nl[0], ()) in seqs and breaker_sequences(tokenizer, ("\n",)) is seqs   # cached
+    p = SamplingParams(temperature=0, dry_multiplier=10.0, dry_allowed_length=2)
+    s = Sampler(p)
+    for t in [5, 6, 7, 5, 6]:
+        s.accept(t)
+    logits = np.zeros(20, np.float32)
+    logits[7] = 1.0
+    assert s.sample(logits) != 7 and not s.takes_candidates(64)

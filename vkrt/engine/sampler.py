@@ -1,5 +1,5 @@
 """Sampling the next token from logits on the host, in llama.cpp's order: logit bias ->
-penalties (repeat, frequency, presence) -> top-n-sigma -> top-k -> typical -> top-p -> min-p ->
+penalties (repeat, frequency, presence) -> DRY -> top-n-sigma -> top-k -> typical -> top-p -> min-p ->
 XTC -> temperature -> draw (greedy when temp <= 0). With mirostat (1 or 2) the chain after the penalties is llama.cpp's:
 temperature, then the mirostat sampler, which keeps its target surprise `mu` per sequence."""
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkrtError
+from .dry import dry_penalties
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,11 @@ class SamplingParams:
     dynatemp_range: float = 0.0       # dynamic temperature: temperature +- this, by the candidates' entropy
     dynatemp_exponent: float = 1.0
     min_keep: int = 0                 # the fewest candidates top-k, typical, top-p, min-p and XTC leave
+    dry_multiplier: float = 0.0       # DRY (vkrt/engine/dry.py): 0 off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1      # tokens of context it looks at (-1: all)
+    dry_breakers: tuple = ()          # (head token, tail tokens) of the sequence breakers (dry.breaker_sequences)
     mirostat: int = 0                 # 1 or 2: mirostat v1/v2 instead of top-k ... min-p
     mirostat_tau: float = 5.0         # target surprise (bits)
     mirostat_eta: float = 0.1         # learning rate of mu
@@ -38,6 +44,10 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def dry(self) -> bool:
+        return self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
 
     @property
     def greedy(self) -> bool:
@@ -59,12 +69,25 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self.recent: list[int] = []
+        self.history: list[int] = []   # the context DRY looks at
         self.mu = 2.0 * params.mirostat_tau   # mirostat's running maximum surprise
+
+    @property
+    def window(self) -> int | None:
+        """How many of the latest tokens the sampler looks at (None: all of them)."""
+        p = self.params
+        if p.dry and p.dry_penalty_last_n < 0:
+            return None
+        return max(p.repeat_last_n, p.dry_penalty_last_n if p.dry else 0, 0)
 
     def accept(self, token: int) -> None:
         self.recent.append(int(token))
         if len(self.recent) > max(self.params.repeat_last_n, 0):
             del self.recent[:len(self.recent) - self.params.repeat_last_n]
+        if self.params.dry:
+            self.history.append(int(token))
+            if self.params.dry_penalty_last_n > 0 and len(self.history) > self.params.dry_penalty_last_n:
+                del self.history[0]
 
     def sample(self, logits: np.ndarray) -> int:
         p = self.params
@@ -80,6 +103,12 @@ class Sampler:
             if p.repeat_penalty != 1.0:
                 vals = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
             logits[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
+        if p.dry and self.history:
+            pen = dry_penalties(self.history, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_breakers)
+            if pen:
+                logits = logits.copy()
+                toks = np.fromiter(pen, np.int64)
+                logits[toks] -= np.fromiter(pen.values(), np.float64).astype(np.float32)
         if p.greedy:
             return int(np.argmax(logits))
         if p.mirostat:
@@ -98,7 +127,7 @@ class Sampler:
         greedy, or a top-k cut of at most n; no penalty, logit bias or top-n-sigma (they need every
         logit)."""
         p = self.params
-        return not p.penalized and not p.logit_bias and (p.greedy or (
+        return not p.penalized and not p.logit_bias and not p.dry and (p.greedy or (
             p.top_n_sigma <= 0 and not p.mirostat and 0 < p.k <= n))
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:

@@ -4,12 +4,14 @@ handed to the scheduler as a Job whose events become one JSON body or an SSE str
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from dataclasses import asdict
 
 from aiohttp import web
 
+from ..engine.dry import breaker_sequences
 from . import sse
 from .formats import ChatFormat, CompletionFormat, LlamaFormat
 from .jobs import Done, Failed, Job, Piece
@@ -152,7 +154,11 @@ class Api:
             raise BadRequest(f"the prompt is {len(prompt)} tokens long; a slot holds {s.n_ctx_slot} tokens "
                              f"(-c {s.engine.n_ctx} over --parallel {s.config.n_parallel}) and needs room for at "
                              f"least one generated token: shorten the prompt or raise -c", field)
-        job = Job(prompt, req.max_tokens, req.params, req.stop, req.ignore_eos, req.cache_prompt, req.logprobs)
+        params = req.params
+        if params.dry:   # the breakers as token sequences (the first time for a set: a pass over the vocabulary)
+            seqs = await asyncio.to_thread(breaker_sequences, s.tokenizer, req.dry_sequence_breakers)
+            params = dataclasses.replace(params, dry_breakers=seqs)
+        job = Job(prompt, req.max_tokens, params, req.stop, req.ignore_eos, req.cache_prompt, req.logprobs)
         fmt = make_format(job.id)
         try:
             s.scheduler.submit(job)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..engine.dry import DEFAULT_BREAKERS
 from ..engine.sampler import SamplingParams
 from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
                          get_token_ids, reject_truthy)
@@ -36,20 +37,14 @@ class GenRequest:
     tools: list | None = None
     template_kwargs: dict = field(default_factory=dict)
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
+    dry_sequence_breakers: tuple = DEFAULT_BREAKERS
 
 
-# llama-server sampling fields vkrt does not implement, and the value each takes when off: a
-# request that turns one on is refused, never answered as if it had not asked
-_UNIMPLEMENTED = {"dry_multiplier": 0}
 MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
 
 
 def _sampling(body: dict, vocab: int) -> SamplingParams:
     d = SamplingParams()
-    for name, off in _UNIMPLEMENTED.items():
-        value = get_float(body, name, off)
-        if value != off:
-            raise BadRequest(f"'{name}' is not supported: vkrt does not implement it (leave it at {off})", name)
     if body.get("samplers") is not None:
         raise BadRequest("'samplers' is not supported: vkrt samples in llama.cpp's default order", "samplers")
     seed = get_int(body, "seed", -1, lo=-1, hi=2 ** 64 - 1)
@@ -70,6 +65,10 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
         dynatemp_range=get_float(body, "dynatemp_range", d.dynatemp_range, lo=0.0),
         dynatemp_exponent=get_float(body, "dynatemp_exponent", d.dynatemp_exponent, lo=0.0),
         min_keep=get_int(body, "min_keep", d.min_keep, lo=0),
+        dry_multiplier=get_float(body, "dry_multiplier", d.dry_multiplier, lo=0.0),
+        dry_base=get_float(body, "dry_base", d.dry_base, lo=0.0),
+        dry_allowed_length=get_int(body, "dry_allowed_length", d.dry_allowed_length, lo=0),
+        dry_penalty_last_n=get_int(body, "dry_penalty_last_n", d.dry_penalty_last_n, lo=-1),
         mirostat=get_int(body, "mirostat", d.mirostat, lo=0, hi=2),
         mirostat_tau=get_float(body, "mirostat_tau", d.mirostat_tau, lo=0.0),
         mirostat_eta=get_float(body, "mirostat_eta", d.mirostat_eta, lo=0.0),
@@ -111,7 +110,9 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         cache_prompt=get_bool(body, "cache_prompt", True),
         include_usage=stream and get_bool(opts, "include_usage", False),
         return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None),
-        logprobs=logprobs)
+        logprobs=logprobs, dry_sequence_breakers=tuple(get_stop(body, "dry_sequence_breakers", max_len=40)
+                                                       if body.get("dry_sequence_breakers") is not None
+                                                       else DEFAULT_BREAKERS))
 
 
 def parse_completion(body: dict, api: str, limits: Limits) -> GenRequest:

@@ -63,7 +63,8 @@ class Slot:
         self.next_token = None
         self.generated = []
         self.sampler = Sampler(job.params)
-        for t in job.prompt[-job.params.repeat_last_n:] if job.params.repeat_last_n > 0 else ():
+        window = self.sampler.window
+        for t in job.prompt if window is None else job.prompt[-window:] if window > 0 else ():
             self.sampler.accept(t)
         self.detok = Detokenizer(tokenizer)
         self.stops = StopMatcher(job.stop)
