@@ -172,6 +172,26 @@ def test_more_samplers_generate(server, extra):
     a, b = server.post("/completion", body), server.post("/completion", body)
     assert a[0] == 200 and a[1]["tokens_predicted"] >= 1 and a[1]["content"] == b[1]["content"]
 
+
+def test_n_choices(client):
+    """OpenAI's n: that many choices, indexed; a seeded request gives the same choices streamed
+    or not; usage counts the prompt once and every choice's tokens."""
+    kw = dict(model="tiny", max_tokens=5, temperature=1.0, seed=11, n=3)
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], **kw)
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    texts = [c.message.content for c in chat.choices]
+    streamed = {}
+    for ch in client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], stream=True,
+                                             stream_options={"include_usage": True}, **kw):
+        for c in ch.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+        usage = ch.usage or None
+    assert [streamed[i] for i in range(3)] == texts
+    assert usage.prompt_tokens == chat.usage.prompt_tokens and usage.completion_tokens == chat.usage.completion_tokens
+    comp = client.completions.create(prompt=PROMPT, **kw)
+    assert [c.index for c in comp.choices] == [0, 1, 2]
+    assert comp.usage.completion_tokens <= 15 and comp.usage.prompt_tokens < comp.usage.total_tokens
+
 def test_tokenize_roundtrip(server):
     status, out = server.post("/tokenize", {"content": "Hello, world!", "with_pieces": True})
     assert status == 200

@@ -1,5 +1,7 @@
 """Response bodies and stream chunks in the shapes OpenAI and llama-server clients expect:
-chat.completion(.chunk), text_completion, and llama-server's /completion with `timings`."""
+chat.completion(.chunk), text_completion, and llama-server's /completion with `timings`.
+A request's choices (OpenAI's `n`) are told apart by `index`; `result` takes one
+(text, tokens, done, probs) a choice."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import time
 from .jobs import Done
 
 
-def usage(done: Done) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+def usage(dones: list[Done]) -> dict:
+    """One prompt, the choices' completions summed."""
+    first, completion = dones[0], sum(d.completion_tokens for d in dones)
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": first.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
 
 
 def timings(done: Done) -> dict:
@@ -65,29 +69,32 @@ class ChatFormat:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "system_fingerprint": "vkrt", "choices": choices, **extra}
 
-    def start(self) -> list[dict]:
-        return [self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}])]
+    def start(self, n: int = 1) -> list[dict]:
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(n)])]
 
-    def piece(self, text: str, tokens: list[int], probs=()) -> dict | None:
+    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> dict | None:
         if not text and not probs:
             return None
-        return self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": chat_logprobs(probs),
+        return self._chunk([{"index": index, "delta": {"content": text}, "logprobs": chat_logprobs(probs),
                              "finish_reason": None}])
 
-    def end(self, done: Done, include_usage: bool) -> list[dict]:
-        out = [self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}],
+    def end(self, done: Done, include_usage: bool, index: int = 0, dones=None) -> list[dict]:
+        """The choice's last chunk; with include_usage (after the last choice) the usage of `dones`."""
+        out = [self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}],
                            timings=timings(done))]
         if include_usage:
-            out.append(self._chunk([], usage=usage(done)))
+            out.append(self._chunk([], usage=usage(dones or [done])))
         return out
 
-    def result(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
+    def result(self, outs: list) -> dict:
+        dones = [o[2] for o in outs]
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "system_fingerprint": "vkrt",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": chat_logprobs(probs), "finish_reason": done.finish_reason}],
-                "usage": usage(done), "timings": timings(done)}
+                "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                             "logprobs": chat_logprobs(probs), "finish_reason": done.finish_reason}
+                            for i, (text, _, done, probs) in enumerate(outs)],
+                "usage": usage(dones), "timings": timings(dones[0])}
 
 
 class CompletionFormat:
@@ -97,34 +104,37 @@ class CompletionFormat:
 
     def __init__(self, job_id: int, model: str):
         self.id, self.model, self.created = f"cmpl-{job_id}", model, int(time.time())
-        self.offset = 0   # text offset of the next streamed token
+        self.offsets: dict[int, int] = {}   # a choice's text offset of its next streamed token
 
-    def _obj(self, text: str, finish_reason, logprobs=None, **extra) -> dict:
+    def _obj(self, choices: list, **extra) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": "vkrt",
-                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
-                **extra}
+                "system_fingerprint": "vkrt", "choices": choices, **extra}
 
-    def start(self) -> list[dict]:
+    @staticmethod
+    def _choice(index: int, text: str, finish_reason, logprobs=None) -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def start(self, n: int = 1) -> list[dict]:
         return []
 
-    def piece(self, text: str, tokens: list[int], probs=()) -> dict | None:
+    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> dict | None:
         if not text and not probs:
             return None
-        out = self._obj(text, None, completion_logprobs(probs, self.offset))
-        self.offset += sum(len(p.text) for p in probs)
-        return out
+        offset = self.offsets.get(index, 0)
+        self.offsets[index] = offset + sum(len(p.text) for p in probs)
+        return self._obj([self._choice(index, text, None, completion_logprobs(probs, offset))])
 
-    def end(self, done: Done, include_usage: bool) -> list[dict]:
-        out = [self._obj("", done.finish_reason, timings=timings(done))]
+    def end(self, done: Done, include_usage: bool, index: int = 0, dones=None) -> list[dict]:
+        out = [self._obj([self._choice(index, "", done.finish_reason)], timings=timings(done))]
         if include_usage:
-            last = dict(out[0], choices=[], usage=usage(done))
-            out.append(last)
+            out.append(self._obj([], usage=usage(dones or [done]), timings=timings(done)))
         return out
 
-    def result(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
-        return self._obj(text, done.finish_reason, completion_logprobs(probs), usage=usage(done),
-                         timings=timings(done))
+    def result(self, outs: list) -> dict:
+        dones = [o[2] for o in outs]
+        return self._obj([self._choice(i, text, done.finish_reason, completion_logprobs(probs))
+                          for i, (text, _, done, probs) in enumerate(outs)],
+                         usage=usage(dones), timings=timings(dones[0]))
 
 
 class LlamaFormat:
@@ -136,11 +146,11 @@ class LlamaFormat:
         self.id, self.model, self.prompt, self.settings = job_id, model, prompt, settings
         self.return_tokens = return_tokens
 
-    def start(self) -> list[dict]:
+    def start(self, n: int = 1) -> list[dict]:
         return []
 
-    def piece(self, text: str, tokens: list[int], probs=()) -> dict | None:
-        out = {"index": 0, "content": text, "stop": False, "id_slot": -1}
+    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> dict | None:
+        out = {"index": index, "content": text, "stop": False, "id_slot": -1}
         if self.return_tokens:
             out["tokens"] = tokens
         if probs:
@@ -156,8 +166,9 @@ class LlamaFormat:
                 "stop_type": done.stop_type, "stopping_word": done.stop_word, "tokens_cached": done.prompt_tokens
                 + done.completion_tokens, "timings": timings(done)}
 
-    def end(self, done: Done, include_usage: bool) -> list[dict]:
+    def end(self, done: Done, include_usage: bool, index: int = 0, dones=None) -> list[dict]:
         return [self._final("", [], done)]
 
-    def result(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
+    def result(self, outs: list) -> dict:
+        (text, tokens, done, probs), = outs   # /completion has one choice
         return self._final(text, tokens, done, probs)

@@ -158,27 +158,37 @@ class Api:
         if params.dry:   # the breakers as token sequences (the first time for a set: a pass over the vocabulary)
             seqs = await asyncio.to_thread(breaker_sequences, s.tokenizer, req.dry_sequence_breakers)
             params = dataclasses.replace(params, dry_breakers=seqs)
-        job = Job(prompt, req.max_tokens, params, req.stop, req.ignore_eos, req.cache_prompt, req.logprobs)
-        fmt = make_format(job.id)
+        # one job a choice (OpenAI's n); a seeded request seeds its choices seed, seed + 1, ...
+        jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
+                    dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,
+                    req.logprobs) for i in range(req.n)]
+        fmt = make_format(jobs[0].id)
+        submitted = []
         try:
-            s.scheduler.submit(job)
+            for job in jobs:
+                s.scheduler.submit(job)
+                submitted.append(job)
         except SchedulerClosed as exc:
+            for job in submitted:
+                s.scheduler.cancel(job)
             raise ApiError(str(exc), status=503, type="unavailable_error") from None
         s.metrics.requests += 1
         finished = False
         try:
             if req.stream:
-                resp, done, finished = await sse.stream(request, job, fmt, req.include_usage)
-                if done is not None:
+                resp, dones, finished = await sse.stream(request, jobs, fmt, req.include_usage)
+                for job, done in zip(jobs, dones or ()):
                     self._log(job, done)
                 return resp
-            text, tokens, probs, done = await self._collect(job)
+            outs = await asyncio.gather(*(self._collect(job) for job in jobs))
             finished = True
-            self._log(job, done)
-            return web.json_response(fmt.result(text, tokens, done, probs))
+            for job, out in zip(jobs, outs):
+                self._log(job, out[3])
+            return web.json_response(fmt.result([(text, tokens, done, probs) for text, tokens, probs, done in outs]))
         finally:
             if not finished:
-                s.scheduler.cancel(job)
+                for job in jobs:
+                    s.scheduler.cancel(job)
 
     async def _collect(self, job: Job) -> tuple[str, list[int], list, Done]:
         text, tokens, probs = [], [], []

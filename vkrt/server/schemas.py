@@ -38,9 +38,11 @@ class GenRequest:
     template_kwargs: dict = field(default_factory=dict)
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
     dry_sequence_breakers: tuple = DEFAULT_BREAKERS
+    n: int = 1                        # choices (OpenAI's n), one job each
 
 
 MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
+MAX_CHOICES = 16    # OpenAI's n: choices a request (each takes a slot while it runs)
 
 
 def _sampling(body: dict, vocab: int) -> SamplingParams:
@@ -77,9 +79,10 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
 
 def _common(body: dict, api: str, limits: Limits) -> GenRequest:
     reject_truthy(body, ("echo", "suffix", "grammar", "json_schema"), "vkrt does not implement it")
-    n = get_int(body, "n", 1)
-    if n != 1:
-        raise BadRequest(f"'n' must be 1 (one choice per request), got {n}", "n")
+    n = get_int(body, "n", 1, lo=1, hi=MAX_CHOICES)
+    if n != 1 and api == LLAMA:
+        raise BadRequest(f"'n' must be 1 on /completion (one choice a request; /v1 endpoints take up to "
+                         f"{MAX_CHOICES}), got {n}", "n")
     fmt = get_dict(body, "response_format")
     if fmt.get("type", "text") != "text":
         raise BadRequest(f"response_format type {fmt.get('type')!r} is not supported (only 'text')", "response_format")
@@ -110,7 +113,7 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         cache_prompt=get_bool(body, "cache_prompt", True),
         include_usage=stream and get_bool(opts, "include_usage", False),
         return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None),
-        logprobs=logprobs, dry_sequence_breakers=tuple(get_stop(body, "dry_sequence_breakers", max_len=40)
+        logprobs=logprobs, n=n, dry_sequence_breakers=tuple(get_stop(body, "dry_sequence_breakers", max_len=40)
                                                        if body.get("dry_sequence_breakers") is not None
                                                        else DEFAULT_BREAKERS))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -21,29 +22,61 @@ def event(obj) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def stream(request: web.Request, job: Job, fmt,
-                 include_usage: bool) -> tuple[web.StreamResponse, Done | None, bool]:
-    """Write the job's events to the client. Returns (response, the Done event or None, whether the
-    job ended on the server side); a client that went away leaves the job running for the caller
-    to cancel."""
-    resp = web.StreamResponse(headers=HEADERS)
-    await resp.prepare(request)
-    try:
-        for chunk in fmt.start():
-            await resp.write(event(chunk))
+async def events(jobs: list[Job]):
+    """(choice index, event) of several jobs as they come; each job ends with Done or Failed."""
+    if len(jobs) == 1:   # the common case: no tasks
+        while True:
+            ev = await jobs[0].next_event()
+            yield 0, ev
+            if isinstance(ev, (Done, Failed)):
+                return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, job: Job) -> None:
         while True:
             ev = await job.next_event()
+            await queue.put((i, ev))
+            if isinstance(ev, (Done, Failed)):
+                return
+
+    tasks = [asyncio.ensure_future(pump(i, j)) for i, j in enumerate(jobs)]
+    try:
+        left = len(jobs)
+        while left:
+            i, ev = await queue.get()
+            left -= isinstance(ev, (Done, Failed))
+            yield i, ev
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def stream(request: web.Request, jobs: list[Job], fmt,
+                 include_usage: bool) -> tuple[web.StreamResponse, list[Done] | None, bool]:
+    """Write the jobs' events (one choice each) to the client. Returns (response, the Done events
+    or None, whether the jobs ended on the server side); a client that went away leaves them
+    running for the caller to cancel."""
+    resp = web.StreamResponse(headers=HEADERS)
+    await resp.prepare(request)
+    dones: list = [None] * len(jobs)
+    try:
+        for chunk in fmt.start(len(jobs)):
+            await resp.write(event(chunk))
+        async for i, ev in events(jobs):
             if isinstance(ev, Piece):
-                chunk = fmt.piece(ev.text, ev.tokens, ev.probs)
+                chunk = fmt.piece(ev.text, ev.tokens, ev.probs, index=i)
                 if chunk is not None:
                     await resp.write(event(chunk))
             elif isinstance(ev, Done):
-                for chunk in fmt.end(ev, include_usage):
+                dones[i] = ev
+                last = all(d is not None for d in dones)
+                for chunk in fmt.end(ev, include_usage and last, index=i, dones=dones if last else None):
                     await resp.write(event(chunk))
-                if fmt.done_line:
-                    await resp.write(DONE)
-                await resp.write_eof()
-                return resp, ev, True
+                if last:
+                    if fmt.done_line:
+                        await resp.write(DONE)
+                    await resp.write_eof()
+                    return resp, dones, True
             elif isinstance(ev, Failed):
                 kind = "server_error" if ev.status == 500 else "unavailable_error"
                 await resp.write(event({"error": {"code": ev.status, "message": ev.message, "type": kind}}))
