@@ -71,3 +71,19 @@ def test_repetition_penalty_keeps_host_sampling(device, tmp_path):
         generate(e, PROMPT, 4, SamplingParams(temperature=0.0, repeat_penalty=1.3))
         graphs = list(e._graphs)
         assert all(key[4] is None and not key[5] for key in graphs) and e.stats.steps - steps == 4
+
+
+@pytest.mark.parametrize("extra", [{"logit_bias": None}, {"presence_penalty": 1.5}, {"dry_multiplier": 2.0}])
+def test_greedy_with_row_changes_keeps_host_sampling(device, tmp_path, extra):
+    """Logit bias, presence penalty and DRY change the row before the argmax, so greedy
+    generate() reads the row instead of the GPU's argmax: a banned token never comes."""
+    path = tiny_model("tiny-llama", tmp_path)
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=320, n_ubatch=16) as e:
+        want = host_greedy(e, 4)
+        e.reset()
+        if "logit_bias" in extra:
+            extra = {"logit_bias": ((want[0], float("-inf")),)}
+        gen = generate(e, PROMPT, 4, SamplingParams(temperature=0.0, **extra))
+        assert all(key[4] is None for key in e._graphs)   # no chained argmax step
+        if "logit_bias" in extra:
+            assert want[0] not in gen.tokens

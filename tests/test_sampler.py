@@ -240,22 +240,22 @@ def llama_dry_repeats(context, rep_limit):
 
 
 def test_dry_repeat_lengths_match_llamas_z_algorithm():
-    from vkrt.engine.dry import dry_penalties
+    from vkrt.engine.dry import DryBreakers, dry_penalties
     rng = np.random.default_rng(0)
     for _ in range(200):
         ctx = rng.integers(0, 4, rng.integers(3, 40)).tolist()
         ref = {t: m for t, m in llama_dry_repeats(ctx, len(ctx)).items() if m >= 2}
-        got = dry_penalties(ctx, 1.0, 2.0, 2, ())
+        got = dry_penalties(ctx, 1.0, 2.0, 2, DryBreakers(()))
         assert got == {t: 2.0 ** (m - 2) for t, m in ref.items()}, ctx
 
 
 def test_dry_cases():
     """llama.cpp's own test cases (tests/test-sampling.cpp): uniform logits over 4-5 tokens."""
-    from vkrt.engine.dry import dry_penalties
+    from vkrt.engine.dry import DryBreakers, dry_penalties
 
     def probs(n, ctx, mult, base, allowed, breakers=()):
         logits = np.zeros(n)
-        for t, pen in dry_penalties(ctx, mult, base, allowed, breakers).items():
+        for t, pen in dry_penalties(ctx, mult, base, allowed, DryBreakers(breakers)).items():
             logits[t] -= pen
         e = np.exp(logits)
         return e / e.sum()

@@ -5,7 +5,10 @@ repetition may reach, and a single-token breaker is never penalised."""
 
 from __future__ import annotations
 
+import functools
 import math
+
+import numpy as np
 
 DEFAULT_BREAKERS = ("\n", ":", "\"", "*")
 MAX_BREAKER_CHARS = 40     # llama.cpp's limits on a breaker's text and its tokenised tail
@@ -13,20 +16,12 @@ MAX_TAIL_TOKENS = 20
 FLOAT_MAX_LOG = 88.7228391   # log of the largest float32: base^exponent is clamped below it
 
 
-def breaker_sequences(tokenizer, breakers) -> tuple:
+@functools.lru_cache(maxsize=16)
+def breaker_sequences(tokenizer, breakers: tuple) -> tuple:
     """(head token, tail tokens) for every token whose text contains a breaker (empty tail), or
-    ends with the start of one (the tail: the rest of the breaker, tokenised)."""
-    cache = tokenizer.__dict__.setdefault("_dry_breakers", {})
-    key = tuple(breakers)
-    if key not in cache:
-        cache[key] = _breaker_sequences(tokenizer, key)
-    return cache[key]
-
-
-def _breaker_sequences(tokenizer, breakers: tuple) -> tuple:
-    texts = tokenizer.__dict__.get("_dry_texts")
-    if texts is None:   # once per tokenizer: every token's text
-        texts = tokenizer.__dict__["_dry_texts"] = [tokenizer.decode([t]) for t in range(len(tokenizer.tokens))]
+    ends with the start of one (the tail: the rest of the breaker, tokenised). A pass over the
+    vocabulary, so kept for the last few (tokenizer, breakers)."""
+    texts = _token_texts(tokenizer)
     out: set = set()
     for brk in breakers:
         brk = brk[:MAX_BREAKER_CHARS]
@@ -46,20 +41,33 @@ def _breaker_sequences(tokenizer, breakers: tuple) -> tuple:
     return tuple(sorted(out))
 
 
+@functools.lru_cache(maxsize=4)
+def _token_texts(tokenizer) -> list[str]:
+    return [tokenizer.decode([t]) for t in range(len(tokenizer.tokens))]
+
+
+class DryBreakers:
+    """breaker_sequences' pairs as the sampler looks them up every step: tails by head token, and
+    the single-token breakers (never penalised)."""
+
+    def __init__(self, sequences: tuple):
+        self.tails: dict[int, list[tuple]] = {}
+        for head, tail in sequences:
+            self.tails.setdefault(head, []).append(tail)
+        self.single = frozenset(head for head, tail in sequences if not tail)
+
+
 def dry_penalties(context: list[int], multiplier: float, base: float, allowed_length: int,
-                  breakers: tuple) -> dict[int, float]:
+                  breakers: DryBreakers) -> dict[int, float]:
     """token -> the amount to subtract from its logit, for the tokens that would extend a
     repetition of at least allowed_length tokens ending the context."""
     n = len(context)
     if n <= allowed_length:
         return {}
-    heads: dict[int, list[tuple]] = {}
-    for head, tail in breakers:
-        heads.setdefault(head, []).append(tail)
     # a breaker sequence i tokens from the end limits a repetition to the tokens after it
     rep_limit = n
     for i in range(n):
-        tails = heads.get(context[n - 1 - i])
+        tails = breakers.tails.get(context[n - 1 - i])
         if tails is None:
             continue
         # the tail follows the head: tail[k] is the token k + 1 after it
@@ -70,22 +78,21 @@ def dry_penalties(context: list[int], multiplier: float, base: float, allowed_le
             break
     if rep_limit < allowed_length:
         return {}
-    # for each earlier position, how many tokens ending there equal the tokens ending the context;
-    # the token after such a run would extend the repetition
+    # for each earlier position holding the context's last token, how many tokens ending there
+    # equal the tokens ending the context; the token after such a run would extend the repetition
     longest_after: dict[int, int] = {}
-    for j in range(n - 1):
-        m = 0
+    for j in np.flatnonzero(np.asarray(context[:-1]) == context[-1]).tolist():
+        m = 1
         while m <= j and context[j - m] == context[n - 1 - m]:
             m += 1
         m = min(m, rep_limit)
         if m >= allowed_length:
             nxt = context[j + 1]
             longest_after[nxt] = max(longest_after.get(nxt, 0), m)
-    single = {head for head, tail in breakers if not tail}
     max_exp = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
     out = {}
     for tok, length in longest_after.items():
-        if tok in single:
+        if tok in breakers.single:
             continue
         exp = length - allowed_length
         if max_exp > 0:

@@ -55,7 +55,7 @@ def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingP
     gen.timings.prompt_n = len(prompt_tokens)
     gen.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    if params.greedy and params.repeat_penalty == 1.0 and n_predict > 0:
+    if params.greedy and not params.needs_row and n_predict > 0:
         _generate_greedy(engine, int(np.argmax(logits)), seq_id, n_predict, stops, on_token, gen)
     else:
         _generate_sampled(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkrtError
-from .dry import dry_penalties
+from .dry import DryBreakers, dry_penalties
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,12 @@ class SamplingParams:
         return self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
 
     @property
+    def needs_row(self) -> bool:
+        """Whether a step changes logits anywhere in the row before any cut (bias, penalties, DRY):
+        then neither the GPU's argmax nor its best candidates stand for the row."""
+        return self.penalized or bool(self.logit_bias) or self.dry
+
+    @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
@@ -68,9 +74,9 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
-        self.recent: list[int] = []
-        self.history: list[int] = []   # the context DRY looks at
+        self.history: list[int] = []   # the latest tokens (window of them): penalties and DRY look at them
         self.mu = 2.0 * params.mirostat_tau   # mirostat's running maximum surprise
+        self._dry = DryBreakers(params.dry_breakers) if params.dry else None
 
     @property
     def window(self) -> int | None:
@@ -81,13 +87,10 @@ class Sampler:
         return max(p.repeat_last_n, p.dry_penalty_last_n if p.dry else 0, 0)
 
     def accept(self, token: int) -> None:
-        self.recent.append(int(token))
-        if len(self.recent) > max(self.params.repeat_last_n, 0):
-            del self.recent[:len(self.recent) - self.params.repeat_last_n]
-        if self.params.dry:
-            self.history.append(int(token))
-            if self.params.dry_penalty_last_n > 0 and len(self.history) > self.params.dry_penalty_last_n:
-                del self.history[0]
+        self.history.append(int(token))
+        window = self.window
+        if window is not None and len(self.history) > window:
+            del self.history[:len(self.history) - window]
 
     def sample(self, logits: np.ndarray) -> int:
         p = self.params
@@ -96,15 +99,17 @@ class Sampler:
             logits = logits.copy()
             ids, bias = zip(*p.logit_bias)
             logits[list(ids)] += np.asarray(bias, np.float32)
-        if p.penalized and self.recent:
+        recent = self.history[-p.repeat_last_n:] if p.repeat_last_n > 0 else []
+        if p.penalized and recent:
             logits = logits.copy()
-            ids, counts = np.unique(np.asarray(self.recent, dtype=np.int64), return_counts=True)
+            ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
             vals = logits[ids]
             if p.repeat_penalty != 1.0:
                 vals = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
             logits[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
-        if p.dry and self.history:
-            pen = dry_penalties(self.history, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_breakers)
+        if self._dry is not None and self.history:
+            context = self.history if p.dry_penalty_last_n < 0 else self.history[-p.dry_penalty_last_n:]
+            pen = dry_penalties(context, p.dry_multiplier, p.dry_base, p.dry_allowed_length, self._dry)
             if pen:
                 logits = logits.copy()
                 toks = np.fromiter(pen, np.int64)
@@ -124,11 +129,10 @@ class Sampler:
 
     def takes_candidates(self, n: int) -> bool:
         """Whether sample_top over the best n logits picks as sample() over the whole row would:
-        greedy, or a top-k cut of at most n; no penalty, logit bias or top-n-sigma (they need every
-        logit)."""
+        greedy, or a top-k cut of at most n; nothing that needs the whole row (needs_row, top-n-sigma,
+        mirostat)."""
         p = self.params
-        return not p.penalized and not p.logit_bias and not p.dry and (p.greedy or (
-            p.top_n_sigma <= 0 and not p.mirostat and 0 < p.k <= n))
+        return not p.needs_row and (p.greedy or (p.top_n_sigma <= 0 and not p.mirostat and 0 < p.k <= n))
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
@@ -136,7 +140,7 @@ class Sampler:
         k = self.params.k
         if not self.takes_candidates(len(values)):
             raise VkrtError(f"sampling from {len(values)} candidates needs greedy or top_k in 1..{len(values)} and "
-                            f"no penalty or logit bias, got {self.params}")
+                            f"nothing that reads the whole row (Sampler.takes_candidates), got {self.params}")
         if self.params.greedy:
             return int(ids[0])   # the best, the lowest id on ties: np.argmax's pick
         return self._draw(np.asarray(ids[:k], np.int64), np.asarray(values[:k], np.float32))

@@ -48,7 +48,7 @@ class TokenizerError(VkrtError):
     """The GGUF vocabulary is missing something or uses an unsupported tokenizer kind."""
 
 
-@dataclass
+@dataclass(eq=False)   # one per model, compared and hashed by identity (caches key on it)
 class Tokenizer:
     """encode(text) -> ids and decode(ids) -> text, with the model's BOS/EOS conventions."""
 
