@@ -12,6 +12,8 @@ from vkrt.units import fmt_bytes
 
 from .common import default_model, model_options, open_engine
 
+log = logging.getLogger("vkrt.server")
+
 
 def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
     """--allowed-hosts as names (lower case, no port); None: any host."""
@@ -23,8 +25,6 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
     if not names:
         raise click.BadParameter("give at least one host name, or '*' for any", param_hint="--allowed-hosts")
     return None if "*" in names else names
-
-log = logging.getLogger("vkrt.server")
 
 
 @click.command()

@@ -1,13 +1,12 @@
 """Response bodies and stream chunks in the shapes OpenAI and llama-server clients expect:
 chat.completion(.chunk), text_completion, and llama-server's /completion with `timings`.
-A request's choices (OpenAI's `n`) are told apart by `index`; `result` takes one
-(text, tokens, done, probs) a choice."""
+A request's choices (OpenAI's `n`) are told apart by `index`; `result` takes the finished Choices."""
 
 from __future__ import annotations
 
 import time
 
-from .jobs import Done
+from .jobs import Choice, Done
 
 
 def usage(dones: list[Done]) -> dict:
@@ -87,14 +86,13 @@ class ChatFormat:
             out.append(self._chunk([], usage=usage(dones or [done])))
         return out
 
-    def result(self, outs: list) -> dict:
-        dones = [o[2] for o in outs]
+    def result(self, choices: list[Choice]) -> dict:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "system_fingerprint": "vkrt",
-                "choices": [{"index": i, "message": {"role": "assistant", "content": text},
-                             "logprobs": chat_logprobs(probs), "finish_reason": done.finish_reason}
-                            for i, (text, _, done, probs) in enumerate(outs)],
-                "usage": usage(dones), "timings": timings(dones[0])}
+                "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
+                             "logprobs": chat_logprobs(c.probs), "finish_reason": c.done.finish_reason}
+                            for i, c in enumerate(choices)],
+                "usage": usage([c.done for c in choices]), "timings": timings(choices[0].done)}
 
 
 class CompletionFormat:
@@ -130,11 +128,10 @@ class CompletionFormat:
             out.append(self._obj([], usage=usage(dones or [done]), timings=timings(done)))
         return out
 
-    def result(self, outs: list) -> dict:
-        dones = [o[2] for o in outs]
-        return self._obj([self._choice(i, text, done.finish_reason, completion_logprobs(probs))
-                          for i, (text, _, done, probs) in enumerate(outs)],
-                         usage=usage(dones), timings=timings(dones[0]))
+    def result(self, choices: list[Choice]) -> dict:
+        return self._obj([self._choice(i, c.text, c.done.finish_reason, completion_logprobs(c.probs))
+                          for i, c in enumerate(choices)],
+                         usage=usage([c.done for c in choices]), timings=timings(choices[0].done))
 
 
 class LlamaFormat:
@@ -169,6 +166,6 @@ class LlamaFormat:
     def end(self, done: Done, include_usage: bool, index: int = 0, dones=None) -> list[dict]:
         return [self._final("", [], done)]
 
-    def result(self, outs: list) -> dict:
-        (text, tokens, done, probs), = outs   # /completion has one choice
-        return self._final(text, tokens, done, probs)
+    def result(self, choices: list[Choice]) -> dict:
+        c, = choices   # /completion has one choice
+        return self._final(c.text, c.tokens, c.done, c.probs)

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..engine.generate import Timings
 from ..engine.sampler import SamplingParams
@@ -47,6 +48,15 @@ class Done:
     timings: Timings
     slot: int
     truncated: bool = False       # generation stopped because the slot's context was full
+
+
+class Choice(NamedTuple):
+    """A finished choice of a request: its text, tokens, end, and log-probabilities (if asked)."""
+
+    text: str
+    tokens: list[int]
+    done: Done
+    probs: list
 
 
 @dataclass

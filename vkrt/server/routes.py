@@ -14,7 +14,7 @@ from aiohttp import web
 from ..engine.dry import breaker_sequences
 from . import sse
 from .formats import ChatFormat, CompletionFormat, LlamaFormat
-from .jobs import Done, Failed, Job, Piece
+from .jobs import Choice, Done, Failed, Job, Piece
 from .metrics import CONTENT_TYPE
 from .scheduler import SchedulerClosed
 from .schemas import COMPLETIONS, LLAMA, GenRequest, parse_chat, parse_completion
@@ -180,17 +180,17 @@ class Api:
                 for job, done in zip(jobs, dones or ()):
                     self._log(job, done)
                 return resp
-            outs = await asyncio.gather(*(self._collect(job) for job in jobs))
+            choices = await asyncio.gather(*(self._collect(job) for job in jobs))
             finished = True
-            for job, out in zip(jobs, outs):
-                self._log(job, out[3])
-            return web.json_response(fmt.result([(text, tokens, done, probs) for text, tokens, probs, done in outs]))
+            for job, choice in zip(jobs, choices):
+                self._log(job, choice.done)
+            return web.json_response(fmt.result(choices))
         finally:
             if not finished:
                 for job in jobs:
                     s.scheduler.cancel(job)
 
-    async def _collect(self, job: Job) -> tuple[str, list[int], list, Done]:
+    async def _collect(self, job: Job) -> Choice:
         text, tokens, probs = [], [], []
         while True:
             ev = await job.next_event()
@@ -199,7 +199,7 @@ class Api:
                 tokens.extend(ev.tokens)
                 probs.extend(ev.probs)
             elif isinstance(ev, Done):
-                return "".join(text), tokens, probs, ev
+                return Choice("".join(text), tokens, ev, probs)
             elif isinstance(ev, Failed):
                 raise ApiError(ev.message, status=ev.status, type="server_error" if ev.status == 500
                                else "unavailable_error")

@@ -70,7 +70,7 @@ class Slot:
         self.stops = StopMatcher(job.stop)
         room = self.n_ctx - len(job.prompt)
         self.limit = room if job.max_tokens is None else min(job.max_tokens, room)
-        self.slot_full = self.limit == room and (job.max_tokens is None or job.max_tokens > room)
+        self.slot_full = job.max_tokens is None or job.max_tokens > room   # the limit is the slot's room
         self.eog = frozenset() if job.ignore_eos else tokenizer.eog_ids
         self.cached = keep
         self.timings = Timings(prompt_n=len(self.pending))

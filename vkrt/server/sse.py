@@ -23,13 +23,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 async def events(jobs: list[Job]):
-    """(choice index, event) of several jobs as they come; each job ends with Done or Failed."""
-    if len(jobs) == 1:   # the common case: no tasks
-        while True:
-            ev = await jobs[0].next_event()
-            yield 0, ev
-            if isinstance(ev, (Done, Failed)):
-                return
+    """(choice index, event) of the jobs as they come; each job ends with Done or Failed."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, job: Job) -> None:
