@@ -10,11 +10,17 @@
 // merged once at the end. A thread skips a KV tile where its own mask values are all -inf. With
 // mask_opt (flags bit 0) the 2-bit code of each Br x Bc mask block skips the block for the whole
 // workgroup before any mask read (all -inf), or the mask read and add (all zero). With
-// n_split > 1 the split writes its unnormalised O with (M, L) per row and fa_split_reduce.comp
-// combines the splits.
+// n_split > 1 the split writes its unnormalised O with (M, L) per row, and the last split of a row
+// tile to finish (an atomic count per tile) combines them.
+//
+// GQA_PACK > 1 (grouped-query attention, one mask plane, no ALiBi): a workgroup's rows are the
+// GQA_PACK query heads of one KV head (y) for BR / GQA_PACK tokens, so K and V are read once per KV
+// head; row vr is token vr / GQA_PACK of head y * GQA_PACK + vr % GQA_PACK. Every row is computed
+// by the same arithmetic as unpacked. With KV_USED the number of live cells comes from a buffer
+// written each step: tiles past it (masked padding) are not visited.
 //
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, HAS_MASK, UNROLL (0: loops
-// stay rolled, for compilers where unrolled tiles take seconds).
+// stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED.
 #include "common.glsl"
 #include "attn_common.glsl"
 #if DS > 1
@@ -37,6 +43,8 @@ const uint HSV4 = HSV / 4;
 const uint KD = HSK4 / DS;         // vec4s of a K row per dot lane
 const uint VD = HSV4 / DS;         // vec4s of an O row per dot lane
 const uint TILE4 = BR * (HSK4 > HSV4 ? HSK4 : HSV4);
+// token rows of one mask_opt block: BR, or with packing the tokens of a workgroup (at least 1)
+const uint MO_BR = GQA_PACK > 1 ? (BR > GQA_PACK ? BR / GQA_PACK : 1u) : BR;
 
 layout(binding = 0) readonly buffer Q { float q[]; };
 #if K_F16
@@ -53,11 +61,22 @@ vec4 load_v(uint e) { const uvec2 h = v_h4[e >> 2]; return vec4(unpackHalf2x16(h
 layout(binding = 2) readonly buffer V { vec4 v_v4[]; };
 vec4 load_v(uint e) { return v_v4[e >> 2]; }
 #endif
-layout(binding = 3) writeonly buffer O { float o[]; };        // output, or the splits' partial O
-layout(binding = 4) writeonly buffer ML { vec2 ml[]; };       // the splits' (M, L) per row
+layout(binding = 3) writeonly buffer O { float o[]; };        // output
+// split along KV: each split's unnormalised O and (M, L) per row, and per workgroup row tile the
+// number of splits done (the last one merges them and resets the count)
+layout(binding = 4) coherent buffer Part { float part[]; };
+layout(binding = 5) coherent buffer ML { vec2 ml[]; };
+layout(binding = 6) coherent buffer Done { uint done[]; };
 #if HAS_MASK
-layout(binding = 5) readonly buffer Mask { uint m_u32[]; };   // f16
-layout(binding = 6) readonly buffer MaskOpt { uint mo[]; };   // block codes (fa_mask_opt.comp)
+layout(binding = 7) readonly buffer Mask { uint m_u32[]; };   // f16
+layout(binding = 8) readonly buffer MaskOpt { uint mo[]; };   // block codes (fa_mask_opt.comp)
+#endif
+#if KV_USED
+#if HAS_MASK
+layout(binding = 9) readonly buffer KvUsed { uint kv_used; };  // live cells (the rest are masked)
+#else
+layout(binding = 7) readonly buffer KvUsed { uint kv_used; };
+#endif
 #endif
 
 // element offsets and strides (K and V ones multiples of 4); scale already divided by softcap
@@ -76,35 +95,57 @@ layout(push_constant) uniform Push {
 shared vec4 tile[TILE4];           // the Q rows during the KV loop, then the merged O rows
 shared float m_sh[BR * COLS];
 shared float l_sh[BR * COLS];
+shared bool last_split;
+
+#if GQA_PACK > 1
+uint row_token(uint vr) { return vr / GQA_PACK; }
+uint row_head(uint vr) { return gl_WorkGroupID.y * GQA_PACK + vr % GQA_PACK; }
+#else
+uint row_token(uint vr) { return vr; }
+uint row_head(uint vr) { return gl_WorkGroupID.y; }
+#endif
 
 void main() {
     const uint t = gl_LocalInvocationID.x;
     const uint d_tid = t % DS;
     const uint col_tid = (t / DS) % COLS;
     const uint rg = t / (DS * COLS);
-    const uint row0 = gl_WorkGroupID.x * BR;
-    const uint h = gl_WorkGroupID.y;
+    const uint row0 = gl_WorkGroupID.x * BR;   // first row (token, or token x packed head)
+    const uint n_rows = p.N * GQA_PACK;
     const uint split = gl_WorkGroupID.z % p.n_split;
     const uint b = gl_WorkGroupID.z / p.n_split;
+#if GQA_PACK > 1
+    const uint hk = gl_WorkGroupID.y;
+    const uint h_mask = 0u;            // one mask plane
+    const float slope = 1.0;           // no ALiBi
+#else
+    const uint h = gl_WorkGroupID.y;
     const uint hk = h / p.gqa;
+    const uint h_mask = h % p.nem2;
+    const float slope = p.max_bias > 0.0 ? alibi_slope(h, p.n_head, p.max_bias) : 1.0;
+#endif
 
-    const uint q_base = p.q_off + b * p.q_nb3 + h * p.q_nb2;
+    const uint q_base = p.q_off + b * p.q_nb3;
     for (uint i = t; i < BR * HSK4; i += WG) {
-        const uint r = i / HSK4;
-        const uint e = q_base + (row0 + r) * p.q_nb1 + 4u * (i % HSK4);
-        tile[i] = row0 + r < p.N ? vec4(q[e], q[e + 1u], q[e + 2u], q[e + 3u]) : vec4(0.0);
+        const uint vr = row0 + i / HSK4;
+        const uint e = q_base + row_head(vr) * p.q_nb2 + row_token(vr) * p.q_nb1 + 4u * (i % HSK4);
+        tile[i] = vr < n_rows ? vec4(q[e], q[e + 1u], q[e + 2u], q[e + 3u]) : vec4(0.0);
     }
     barrier();
 
     const uint k_base = p.k_off + b * p.k_nb3 + hk * p.k_nb2;
     const uint v_base = p.v_off + b * p.v_nb3 + hk * p.v_nb2;
-    const float slope = p.max_bias > 0.0 ? alibi_slope(h, p.n_head, p.max_bias) : 1.0;
     const uint ntiles = (p.KV + BC - 1u) / BC;
+#if KV_USED
+    const uint kv = min(p.KV, kv_used);
+#else
+    const uint kv = p.KV;
+#endif
 #if HAS_MASK
-    const uint m_base = p.m_off + (b % p.nem3) * p.m_nb3 + (h % p.nem2) * p.m_nb2;
+    const uint m_base = p.m_off + (b % p.nem3) * p.m_nb3 + h_mask * p.m_nb2;
     const uint mo_stride = (ntiles + 15u) / 16u;
-    const uint n_rt = (p.N + BR - 1u) / BR;
-    const uint mo_base = (((b % p.nem3) * p.nem2 + h % p.nem2) * n_rt + gl_WorkGroupID.x) * mo_stride;
+    const uint n_rt = (p.N + MO_BR - 1u) / MO_BR;
+    const uint mo_base = (((b % p.nem3) * p.nem2 + h_mask) * n_rt + row_token(row0) / MO_BR) * mo_stride;
     const bool use_mask_opt = (p.flags & 1u) != 0u;
 #endif
 
@@ -118,7 +159,7 @@ void main() {
         }
     }
 
-    const uint j_end = min(ntiles, (split + 1u) * p.split_tiles);
+    const uint j_end = min((kv + BC - 1u) / BC, (split + 1u) * p.split_tiles);
     [[dont_unroll]] for (uint j = split * p.split_tiles; j < j_end; ++j) {
         uint code = FA_MIXED;
 #if HAS_MASK
@@ -136,7 +177,7 @@ void main() {
         if (code == FA_MIXED) {
             bool live = false;
             FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                const uint row = min(row0 + rg * RPT + r, p.N - 1u);
+                const uint row = min(row_token(row0 + rg * RPT + r), p.N - 1u);
                 FA_UNROLL for (uint c = 0; c < CPT; ++c) {
                     const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
                     const float m = attn_half(m_u32, m_base + row * p.m_nb1 + col);
@@ -187,7 +228,7 @@ void main() {
                     x += bias[r][c];
                 }
 #endif
-                s[r][c] = col < p.KV ? x : ATTN_NEG_INF;
+                s[r][c] = col < kv ? x : ATTN_NEG_INF;
                 mx = max(mx, s[r][c]);
             }
             const float alpha = exp(M[r] - mx);
@@ -250,24 +291,72 @@ void main() {
     }
 
     const bool partial = p.n_split > 1u;
-    const uint split_rows = split * (gl_NumWorkGroups.z / p.n_split) * p.N * p.n_head;
+    const uint n_out = (gl_NumWorkGroups.z / p.n_split) * p.N * p.n_head;   // output rows of a split
     FA_UNROLL for (uint r = 0; r < RPT; ++r) {
         const uint row = row0 + rg * RPT + r;
-        if (row >= p.N) {
+        if (row >= n_rows) {
             continue;
         }
-        const uint out_row = (b * p.N + row) * p.n_head + h;
-        const uint dst = partial ? (split_rows + out_row) * HSV : p.o_off + out_row * HSV;
-        const float inv = partial ? 1.0 : (row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0);
+        const uint out_row = (b * p.N + row_token(row)) * p.n_head + row_head(row);
+        const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
         for (uint d4 = col_tid * DS + d_tid; d4 < HSV4; d4 += COLS * DS) {
-            const vec4 val = tile[(rg * RPT + r) * HSV4 + d4] * inv;
-            o[dst + 4u * d4] = val.x;
-            o[dst + 4u * d4 + 1u] = val.y;
-            o[dst + 4u * d4 + 2u] = val.z;
-            o[dst + 4u * d4 + 3u] = val.w;
+            const vec4 val = tile[(rg * RPT + r) * HSV4 + d4];
+            if (partial) {
+                const uint dst = (split * n_out + out_row) * HSV + 4u * d4;
+                part[dst] = val.x;
+                part[dst + 1u] = val.y;
+                part[dst + 2u] = val.z;
+                part[dst + 3u] = val.w;
+            } else {
+                const uint dst = p.o_off + out_row * HSV + 4u * d4;
+                o[dst] = val.x * inv;
+                o[dst + 1u] = val.y * inv;
+                o[dst + 2u] = val.z * inv;
+                o[dst + 3u] = val.w * inv;
+            }
         }
         if (partial && t % (COLS * DS) == 0u) {
-            ml[split_rows + out_row] = vec2(row_m[r], row_l[r]);
+            ml[split * n_out + out_row] = vec2(row_m[r], row_l[r]);
         }
+    }
+    if (!partial) {
+        return;
+    }
+
+    // the last split of this row tile to finish merges all of them:
+    // out = sum_s O_s exp(M_s - M) / sum_s L_s exp(M_s - M), M = max_s M_s (0 where every L is 0)
+    memoryBarrierBuffer();
+    barrier();
+    const uint tile_id = (b * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (t == 0u) {
+        last_split = atomicAdd(done[tile_id], 1u) == p.n_split - 1u;
+    }
+    barrier();
+    if (!last_split) {
+        return;
+    }
+    memoryBarrierBuffer();
+    for (uint i = t; i < BR * HSV; i += WG) {
+        const uint row = row0 + i / HSV;
+        if (row >= n_rows) {
+            continue;
+        }
+        const uint out_row = (b * p.N + row_token(row)) * p.n_head + row_head(row);
+        float mx = FA_NEG_BIG;
+        for (uint sp = 0; sp < p.n_split; ++sp) {
+            mx = max(mx, ml[sp * n_out + out_row].x);
+        }
+        float l = 0.0;
+        float acc = 0.0;
+        for (uint sp = 0; sp < p.n_split; ++sp) {
+            const vec2 m_l = ml[sp * n_out + out_row];
+            const float w = exp(m_l.x - mx);
+            l += m_l.y * w;
+            acc += part[(sp * n_out + out_row) * HSV + i % HSV] * w;
+        }
+        o[p.o_off + out_row * HSV + i % HSV] = l > 0.0 ? acc / l : 0.0;
+    }
+    if (t == 0u) {
+        done[tile_id] = 0u;
     }
 }

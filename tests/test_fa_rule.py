@@ -81,6 +81,20 @@ def test_split_plan(device):
     assert split_plan(t, 8, 512, 100, 7) == (7, 74)
     with pytest.raises(UnsupportedShape):
         split_plan(t, 8, 512, 0, 65535)
+    # decode-sized calls split down to fa_decode_split_min_tiles tiles a split
+    assert split_plan(t, 8, 6, None, 65535, decode=True) == (3, 2)
+    assert split_plan(t, 4, 32, None, 65535, decode=True) == (16, 2)
+
+
+def test_packed_decode_tile(device):
+    """Packed decode: Br and the packed heads divide one another, fa_pack_rows rows a thread."""
+    for arch in (Arch.AMD_GCN, Arch.NVIDIA, Arch.LLVMPIPE):
+        t = tuning_of(device, arch)
+        for hs, gqa in ((128, 8), (256, 8), (128, 4), (64, 2)):
+            tile = fa_tile(t, hs, hs, gqa, 48 << 10, pack=gqa, max_rows=t.fa_pack_rows)
+            assert tile.br % gqa == 0 or gqa % tile.br == 0
+            assert tile.br // tile.row_groups <= t.fa_pack_rows
+    assert fa_tile(tuning_of(device, Arch.AMD_GCN), 128, 128, 7, 48 << 10, pack=7) is None
 
 
 def test_gcn_prefill_tile_keeps_two_rows_a_thread(device):
@@ -91,3 +105,12 @@ def test_gcn_prefill_tile_keeps_two_rows_a_thread(device):
         assert tile.br // tile.row_groups <= 2
     other = fa_tile(tuning_of(device, Arch.NVIDIA), 128, 128, 2048, 48 << 10)
     assert other.br // other.row_groups == 4
+
+
+def test_fill_follows_the_compute_units(device):
+    """Where the driver reports compute units the split fill scales with them: an RX 580's 36
+    CUs give the table's 72, an H200's 132 SMs under the GCN table 264; unknown keeps the table."""
+    for units, arch, fill in ((36, Arch.AMD_GCN, 72), (132, Arch.AMD_GCN, 264), (132, Arch.NVIDIA, 528),
+                              (None, Arch.AMD_GCN, 72), (None, Arch.NVIDIA, 512)):
+        profile = dataclasses.replace(device.profile, architecture=arch, compute_units=units)
+        assert tuning_for(profile).fa_fill_groups == fill

@@ -144,16 +144,41 @@ def test_softcap_alibi_scale(device, softcap, max_bias, scale):
                                                  (20, 3, 1)])
 def test_split_k(device, n_kv, split_k, expect):
     rng = np.random.default_rng(n_kv + (split_k or 0))
-    q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=5, n_kv=n_kv)
-    mask = random_mask(rng, 5, n_kv, masked=0.5, dead_rows=(2,))
+    q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=20, n_kv=n_kv)   # more queries than a packed decode
+    mask = random_mask(rng, 20, n_kv, masked=0.5, dead_rows=(2,))
     mask[0, 0, 3, :n_kv // 2] = NEG_INF  # row 3's first splits see nothing
     got, fa = flash(device, q, k, v, mask, split_k=split_k)
-    if expect is None:  # a 1 x 2 grid is far below fa_fill_groups: split automatically
+    if expect is None:  # a 2 x 2 grid is far below fa_fill_groups: split automatically
         assert fa.n_split > 1
     else:
         assert fa.n_split == expect
     check(got, q, k, v, mask)
     assert (got[:, 2] == 0).all()
+
+
+def test_split_merge_replays(device):
+    """The last split of a row tile merges the splits and resets its count: a recorded split
+    attention replayed gives the right answer every time, also after its inputs change."""
+    rng = np.random.default_rng(21)
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=3, n_kv=400)
+    mask = causal_mask(3, 400)
+    ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
+    out = Tensor.empty(device, F32, (64, 4, 3, 1))
+    try:
+        with FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, split_k=5) as fa, CommandSequence(device) as seq:
+            assert fa.n_split == 5
+            with seq.record():
+                fa.record(seq)
+            for rep in range(3):
+                if rep == 2:
+                    q = rng.standard_normal(q.shape, dtype=np.float32)
+                    upload(device, ts[0].range(), q)
+                seq.run()
+                check(read_tensor(out), q, k, v, mask, scale=0.125)
+            assert not download(device, fa._done, np.uint32).any()
+    finally:
+        for t in (*ts, out):
+            t.close()
 
 
 def test_strided_views(device):
@@ -192,6 +217,91 @@ def test_mask_planes_per_head_and_batch(device):
     mask = np.concatenate([mask, causal_mask(8, 60).repeat(4, axis=1)], axis=0)  # (2, 4, 8, 60): per batch
     got, _ = flash(device, q, k, v, mask)
     check(got, q, k, v, mask)
+
+
+# -- GQA packing and live cells ---------------------------------------------------------------------
+
+PACK_CASES = [
+    # (tuning, n_q, n_head, n_head_kv, head size, mask_opt, split_k)
+    (None, 1, 8, 1, 128, False, 1),
+    (None, 3, 8, 2, 64, False, 2),
+    (None, 40, 4, 1, 64, True, 1),        # mask_opt blocks of Br / 4 token rows
+    (Arch.AMD_GCN, 1, 16, 2, 256, False, 3),
+    (Arch.AMD_GCN, 5, 8, 2, 128, False, 1),
+    (Arch.NVIDIA, 1, 16, 2, 256, False, 1),   # Br 4 < 8 heads: two workgroups a KV head
+    (Arch.NVIDIA, 9, 32, 8, 128, True, 2),
+]
+
+
+@pytest.mark.parametrize("arch,n_q,n_head,n_head_kv,hs,mask_opt,split_k", PACK_CASES)
+def test_gqa_pack_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, mask_opt, split_k):
+    """The query heads of a KV head in one workgroup give the unpacked result bit for bit."""
+    rng = np.random.default_rng(n_q * 100 + n_head)
+    n_kv = 700 if mask_opt else 300
+    q, k, v = make_qkv(rng, n_head=n_head, n_head_kv=n_head_kv, n_q=n_q, n_kv=n_kv, hsk=hs)
+    mask = causal_mask(n_q, n_kv, window=250)
+    kw = dict(tuning=tuning(device, arch), split_k=split_k, mask_opt=mask_opt)
+    packed, fa = flash(device, q, k, v, mask, gqa_pack=True, **kw)
+    plain, fb = flash(device, q, k, v, mask, gqa_pack=False, **kw)
+    assert fa.pack == n_head // n_head_kv and fb.pack == 1 and fa.mask_opt == mask_opt
+    assert fa.tile.br % fa.pack == 0 or fa.pack % fa.tile.br == 0
+    check(packed, q, k, v, mask)
+    assert np.array_equal(_bits(packed), _bits(plain))
+
+
+def test_gqa_pack_rule(device):
+    """Packed by default for up to fa_pack_max_q queries when the shape allows; refused by name
+    where it does not."""
+    rng = np.random.default_rng(3)
+    limit = device.tuning.fa_pack_max_q
+    for n_q, n_head_kv, expect in ((1, 1, 4), (limit, 2, 2), (limit + 1, 1, 1), (1, 4, 1)):
+        q, k, v = make_qkv(rng, n_head=4, n_head_kv=n_head_kv, n_q=n_q, n_kv=40)
+        _, fa = flash(device, q, k, v, causal_mask(n_q, 40))
+        assert fa.pack == expect, (n_q, n_head_kv)
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=1, n_q=1, n_kv=40)
+    per_head = np.concatenate([random_mask(rng, 1, 40) for _ in range(4)], axis=1)
+    got, fa = flash(device, q, k, v, per_head)
+    assert fa.pack == 1
+    check(got, q, k, v, per_head)
+    with pytest.raises(UnsupportedShape, match="ALiBi"):
+        flash(device, q, k, v, alibi_mask(1, 40), max_bias=8.0, gqa_pack=True)
+    with pytest.raises(UnsupportedShape, match="plane per head"):
+        flash(device, q, k, v, per_head, gqa_pack=True)
+
+
+@pytest.mark.parametrize("used,split_k", [(77, 1), (77, 3), (300, 2), (1, 1)])
+def test_kv_used_limits_the_cells(device, used, split_k):
+    """kv_used ends the attention at the live cells: with the padding masked the result is the
+    same bit for bit as without it, and cells past it are not attended even where the mask would
+    let them be."""
+    rng = np.random.default_rng(used)
+    n_q, n_kv = 2, 320
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=n_q, n_kv=n_kv, hsk=64)
+    open_mask = np.zeros((1, 1, n_q, n_kv), np.float16)
+    padded = open_mask.copy()
+    padded[..., used:] = NEG_INF
+    t_used = tensor_from_numpy(device, np.array([used], np.int32))
+    try:
+        limited, fa = flash(device, q, k, v, padded, kv_used=t_used, split_k=split_k)
+        plain, _ = flash(device, q, k, v, padded, split_k=split_k)
+        assert np.array_equal(_bits(limited), _bits(plain))
+        got, _ = flash(device, q, k, v, open_mask, kv_used=t_used, split_k=split_k)
+        check(got, q[:, :, :, :], k[:, :, :used], v[:, :, :used], open_mask[..., :used])
+        got_nomask, _ = flash(device, q, k, v, None, kv_used=t_used, split_k=split_k)
+        check(got_nomask, q, k[:, :, :used], v[:, :, :used])
+    finally:
+        t_used.close()
+
+
+def test_kv_used_must_be_one_i32(device):
+    rng = np.random.default_rng(4)
+    q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=1, n_kv=40)
+    bad = tensor_from_numpy(device, np.array([3.0, 4.0], np.float32))
+    try:
+        with pytest.raises(UnsupportedShape, match="kv_used must be one I32"):
+            flash(device, q, k, v, None, kv_used=bad)
+    finally:
+        bad.close()
 
 
 # -- mask_opt --------------------------------------------------------------------------------------

@@ -108,6 +108,9 @@ class DeviceProfile:
     memory_types: tuple[MemoryType, ...]
     queue_families: tuple[QueueFamily, ...]
     extensions: frozenset[str] = field(default_factory=frozenset)
+    # compute units (AMD CUs, NVIDIA SMs) where the driver says (VK_AMD_shader_core_properties,
+    # VK_NV_shader_sm_builtins); None elsewhere
+    compute_units: int | None = None
 
     @property
     def api(self) -> tuple[int, int]:
@@ -153,6 +156,15 @@ def _driver_version(vendor_id: int, packed: int) -> str:
     return version_str(packed)
 
 
+def _compute_units(amd, sm) -> int | None:
+    if amd is not None:
+        units = amd.shaderEngineCount * amd.shaderArraysPerEngineCount * amd.computeUnitsPerShaderArray
+        return units or None
+    if sm is not None:
+        return sm.shaderSMCount or None
+    return None
+
+
 def query_profile(physical_device, index: int) -> DeviceProfile:
     """Read a physical device's properties, features, memory and queues into a DeviceProfile."""
     with vk_call(f"querying physical device {index}"):
@@ -165,7 +177,7 @@ def query_profile(physical_device, index: int) -> DeviceProfile:
         p11 = vk.VkPhysicalDeviceVulkan11Properties()
         p12 = vk.VkPhysicalDeviceVulkan12Properties(pNext=p11)
         head = p12
-        p13 = host = amd = sgc = dot = None
+        p13 = host = amd = sgc = dot = sm = None
         if is13:
             p13 = head = vk.VkPhysicalDeviceVulkan13Properties(pNext=head)
         elif "VK_EXT_subgroup_size_control" in exts:
@@ -174,6 +186,8 @@ def query_profile(physical_device, index: int) -> DeviceProfile:
             host = head = vk.VkPhysicalDeviceExternalMemoryHostPropertiesEXT(pNext=head)
         if "VK_AMD_shader_core_properties" in exts:
             amd = head = vk.VkPhysicalDeviceShaderCorePropertiesAMD(pNext=head)
+        if "VK_NV_shader_sm_builtins" in exts:
+            sm = head = vk.VkPhysicalDeviceShaderSMBuiltinsPropertiesNV(pNext=head)
         if not is13 and "VK_KHR_shader_integer_dot_product" in exts:
             dot = head = vk.VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR(pNext=head)
         props2 = vk.VkPhysicalDeviceProperties2(pNext=head)
@@ -298,5 +312,6 @@ def query_profile(physical_device, index: int) -> DeviceProfile:
         heaps=heaps,
         memory_types=types,
         queue_families=queues,
+        compute_units=_compute_units(amd, sm),
         extensions=exts,
     )

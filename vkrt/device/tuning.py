@@ -43,7 +43,16 @@ class Tuning:
     # the most query rows one thread owns (registers for scores, Q and mask values grow with it)
     fa_max_rows: int = 8
     fa_fill_groups: int = 256
+    # where the device says how many compute units it has: this many workgroups a unit fill it
+    # instead (0: fa_fill_groups as written)
+    fa_fill_per_cu: int = 0
     fa_split_min_tiles: int = 4
+    # pack the query heads of a KV head into one workgroup (K/V read once per KV head) up to this
+    # many queries (decode steps of up to this many sequences), at most fa_pack_rows rows a
+    # thread; such decode-sized calls split along KV down to fa_decode_split_min_tiles tiles a split
+    fa_pack_max_q: int = 16
+    fa_pack_rows: int = 1
+    fa_decode_split_min_tiles: int = 2
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True
     # staging ring for uploads from pageable memory: segment bytes and segment count; a few
@@ -152,6 +161,8 @@ class Tuning:
             transpose_rows=max(1, min(self.transpose_rows, profile.max_workgroup_invocations // self.transpose_tile)),
             fp16_math=self.fp16_math and profile.fp16_math,
             fa_wg=min(self.fa_wg, profile.max_workgroup_invocations),
+            fa_fill_groups=(self.fa_fill_per_cu * profile.compute_units if self.fa_fill_per_cu and profile.compute_units
+                            else self.fa_fill_groups),
             fa_d_split=min(self.fa_d_split, profile.subgroup_min) if profile.subgroup_shuffle else 1,
         )
 
@@ -167,7 +178,7 @@ TABLE: dict[Arch, Tuning] = {
                          # (RX 580) at two workgroups each fill the card. At most 2 rows a
                          # thread: ACO gives the head-128 prefill kernel 208 VGPRs at 4 rows (1
                          # wave per SIMD), 84 at 2 (3 waves; bench/gcn_shader_stats.py)
-                         fa_wg=256, fa_fill_groups=72, fa_max_rows=2, fa_split_min_tiles=8,
+                         fa_wg=256, fa_fill_groups=72, fa_fill_per_cu=2, fa_max_rows=2, fa_split_min_tiles=8,
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),
@@ -184,7 +195,7 @@ TABLE: dict[Arch, Tuning] = {
     # 132 SMs (H200), 4 workgroups each. Mat-vec (bench/matmul.py, H200, Q4_0/Q4_K/Q6_K decode
     # shapes): 128 lanes a row halve the time of 512-4096-row matrices against 64 (2048x4096
     # Q4_0 22 -> 11 us); mul_mat_id at 32 lanes (Qwen3-30B-A3B down 14.8 -> 9.3 us)
-    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, float_bits=True,
+    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, fa_fill_per_cu=4, float_bits=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
@@ -195,6 +206,9 @@ TABLE: dict[Arch, Tuning] = {
     # so fewer, longer invocations win (4096 x 512 f32: 2 rows 49 ms, 8 rows 75 ms, 32 rows 182 ms).
     Arch.LLVMPIPE: Tuning(Arch.LLVMPIPE, subgroup=8, wg_size=64, reduce_wg=64,
                           fa_wg=64, fa_d_split=1, fa_o_regs=128, fa_fill_groups=8, fa_unroll=False,
+                          # decode: splits only add merges (depth 600, 4 query heads: unsplit 11.6 ms,
+                          # 4 splits 13.3 ms; bench/flash_attn_decode.py --quick)
+                          fa_decode_split_min_tiles=64,
                           transpose_rows=2,
                           # mat-vec: a CPU's few threads need no more workgroups
                           mv_fill_groups=1,

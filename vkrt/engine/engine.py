@@ -189,7 +189,7 @@ class Engine(Owned):
         lay = self._layout
         sizes = {"ids": 4 * n_tokens, "pos": 4 * n_tokens * cfg.pos_streams,
                  "cells": 4 * n_tokens, "slots": 4 * n_seqs, "mask": 2 * n_kv * n_tokens,
-                 "mask_swa": 2 * n_kv * n_tokens}
+                 "mask_swa": 2 * n_kv * n_tokens, "kv_used": 4}
         segments: list[list] = [[]]
         for part in parts:
             if part.layer is not None:
@@ -337,7 +337,8 @@ class Engine(Owned):
             sel = seqs == s
             cells[sel] = cells_tab.allocate(int(s), pos[sel])
         n = ids.size
-        n_kv = min(-(-cells_tab.used_end() // KV_STEP) * KV_STEP, self.n_ctx)
+        used = cells_tab.used_end()
+        n_kv = min(-(-used // KV_STEP) * KV_STEP, self.n_ctx)
         lay, cfg = self._layout, self.model.cfg
         base = (chain[0] if chain else 0) * self._inputs_size
         host = self._inputs.host_bytes[base:base + self._inputs_size]
@@ -354,6 +355,8 @@ class Engine(Owned):
         if "mask_swa" in lay:
             swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
+        if "kv_used" in lay:
+            host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top), slots
 
     def _advance(self, slots: np.ndarray, n: int) -> None:

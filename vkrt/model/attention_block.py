@@ -73,7 +73,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     attn_args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
                  out, mask)
     if flash:  # layers attending through the same mask share one mask_opt pre-pass
-        op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}",
+        op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(mask)))
         s.mask_opt_owner.setdefault(id(mask), op)
     else:

@@ -1,4 +1,4 @@
-"""Flash attention (DESIGN §4): scalar fp32 kernel, mask_opt pre-pass, split-K with a reduce pass.
+"""Flash attention (DESIGN §4): scalar fp32 kernel, mask_opt pre-pass, split-K merged by the last split.
 
     out = softmax(S) V,  S = softcap * tanh(scale * Q K^T / softcap) + slope_h * mask
 
@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..commands import upload
 from ..device.tuning import Tuning, fa_mask_opt_rule
 from ..errors import ConfigError, UnsupportedShape
-from ..memory import F16, Tensor, allocate
+from ..memory import F16, I32, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
@@ -29,7 +32,6 @@ _U32 = ("N", "KV", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3", "k_off",
         "n_split", "split_tiles")
 FA_PUSH = PushConstants(*((n, "u32") for n in _U32), ("scale", "f32"), ("softcap", "f32"), ("max_bias", "f32"))
 MASK_OPT_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "m_off", "m_nb1", "m_nb2", "m_nb3", "nem2")))
-REDUCE_PUSH = PushConstants(("rows", "u32"), ("hsv", "u32"), ("n_split", "u32"), ("o_off", "u32"))
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,13 @@ class FATile:
         return 4 * self.br * max(hsk, hsv) + 8 * self.br * self.cols
 
 
-def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int) -> FATile:
+def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
+            max_rows: int | None = None) -> FATile | None:
     """The tile for these head sizes: d_split divides both head sizes in vec4s; rows per thread
     from the accumulator budget (tuning.fa_o_regs), no more than the query rows need or the
-    shared memory (the Q tile) allows."""
+    shared memory (the Q tile) allows (and at most `max_rows`, default tuning.fa_max_rows). With
+    `pack` heads packed into the rows, Br and pack must divide one another (None when no row
+    count does)."""
     if tuning.fa_bc % tuning.fa_cols:
         raise ConfigError(f"tuning for {tuning.arch.value}: fa_bc {tuning.fa_bc} is not a multiple of fa_cols "
                           f"{tuning.fa_cols}")
@@ -62,22 +67,25 @@ def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int) ->
     ds = max(1, min(tuning.fa_d_split, lsb // 4))
     cols = tuning.fa_cols
     rg = max(1, tuning.fa_wg // (ds * cols))
-    rpt = max(1, min(tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), -(-n_q // rg)))
+    rpt = max(1, min(max_rows or tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), -(-n_q // rg)))
     tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
-    while rpt > 1 and tile.shared_bytes(hsk, hsv) > shared_memory:
+    while rpt > 1 and (tile.shared_bytes(hsk, hsv) > shared_memory or (tile.br % pack and pack % tile.br)):
         rpt -= 1
         tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
-    return tile
+    return None if tile.br % pack and pack % tile.br else tile
 
 
-def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, max_splits: int) -> tuple[int, int]:
+def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, max_splits: int,
+               decode: bool = False) -> tuple[int, int]:
     """(splits, KV tiles per split) for a grid of `groups` workgroups over `kv_tiles` KV tiles.
     split_k None: split while the grid is below tuning.fa_fill_groups, each split keeping at
-    least fa_split_min_tiles tiles; an int forces that many (1 = none). No split is left empty."""
+    least fa_split_min_tiles tiles (fa_decode_split_min_tiles for `decode`-sized calls); an int
+    forces that many (1 = none). No split is left without tiles."""
     if split_k is None:
         n = 1
         if groups < tuning.fa_fill_groups:
-            n = min(-(-tuning.fa_fill_groups // groups), kv_tiles // tuning.fa_split_min_tiles)
+            least = tuning.fa_decode_split_min_tiles if decode else tuning.fa_split_min_tiles
+            n = min(-(-tuning.fa_fill_groups // groups), kv_tiles // least)
     elif int(split_k) < 1:
         raise UnsupportedShape(f"split_k must be at least 1 (no split), got {split_k}")
     else:
@@ -87,14 +95,14 @@ def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, 
     return -(-kv_tiles // per), per
 
 
-def mask_opt_kernel(device, tile: FATile):
-    """The mask_opt pre-pass pipeline for this tile's Br x Bc blocks."""
-    return kernel(device, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=tile.br, BC=tile.bc))
+def mask_opt_rows(tile: FATile, pack: int) -> int:
+    """Token rows of one mask_opt block: Br, or with `pack` heads packed, a workgroup's tokens."""
+    return tile.br if pack == 1 else max(1, tile.br // pack)
 
 
-def split_reduce_kernel(device):
-    """The pipeline that merges split-K partial results."""
-    return kernel(device, "fa_split_reduce", push=REDUCE_PUSH, workgroup=(device.tuning.wg_size,))
+def mask_opt_kernel(device, rows: int, bc: int):
+    """The mask_opt pre-pass pipeline for blocks of `rows` x `bc`."""
+    return kernel(device, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=rows, BC=bc))
 
 
 def mask_opt_override() -> bool | None:
@@ -121,21 +129,28 @@ class FlashAttn(Owned):
 
     mask_opt: None = VKRT_FA_MASK_OPT, else the tuning rule; True/False force it (ignored without
     a mask). split_k: None = split when the grid is too small to fill the device; n forces n
-    splits (1 = none). tuning: another architecture's table entry (tests). K and V offsets and
-    strides must be multiples of 4 elements (the kernel reads 4 at a time).
+    splits (1 = none). gqa_pack: pack the query heads of a KV head into one workgroup's rows (K
+    and V read once per KV head); None = when there are at most tuning.fa_pack_max_q queries and
+    the shape allows it (grouped heads, one mask plane, no ALiBi). kv_used: a 1-element I32
+    tensor holding how many leading KV cells are live (written each step; the cells past it must
+    be masked): later KV tiles are skipped, with the same result. tuning: another architecture's
+    table entry (tests). K and V offsets and strides must be multiples of 4 elements (the kernel
+    reads 4 at a time).
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
-                 split_k: int | None = None, tuning: Tuning | None = None, label: str = "flash_attn",
-                 share_mask_opt: "FlashAttn | None" = None):
+                 split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
+                 tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None):
         super().__init__(label)
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
-        self.tuning = tuning = tuning or device.tuning
-        self.tile = tile = fa_tile(tuning, s.hsk, s.hsv, s.n_q, device.profile.shared_memory)
-        self.n_row_tiles = -(-s.n_q // tile.br)
-        self.n_kv_tiles = -(-s.n_kv // tile.bc)
+        self.tuning = tuning or device.tuning
+        if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
+            raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
+        self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
+        self.n_row_tiles = -(-s.n_q * self.pack // self.tile.br)
+        self.n_kv_tiles = -(-s.n_kv // self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
         self.n_split, self.split_tiles = self.decide_split(split_k)
         self._scratch = []
@@ -146,7 +161,7 @@ class FlashAttn(Owned):
         # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
         self.mask_opt_blocks = None
         try:
-            self._build(q, k, v, out, mask, scale, softcap, max_bias)
+            self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used)
         except BaseException:
             self.close()
             raise
@@ -154,8 +169,32 @@ class FlashAttn(Owned):
     # -- decisions ---------------------------------------------------------------------------
     def _can_share(self, other: "FlashAttn | None", mask) -> bool:
         return (other is not None and mask is not None and self.mask_opt and other.mask_opt
-                and other.tile == self.tile and other.shape.n_q == self.shape.n_q
-                and other.shape.n_kv == self.shape.n_kv and other._mask_tensor is mask)
+                and other.tile.bc == self.tile.bc and other.mask_rows == self.mask_rows
+                and other.shape.n_q == self.shape.n_q and other.shape.n_kv == self.shape.n_kv
+                and other._mask_tensor is mask)
+
+    def decide_pack(self, max_bias: float, forced: bool | None = None) -> tuple[int, FATile]:
+        """(query heads packed a workgroup: 1 or gqa, the tile); `forced` as gqa_pack."""
+        s, tuning, shared = self.shape, self.tuning, self.device.profile.shared_memory
+        why = ("there is one query head per KV head" if s.gqa == 1 else
+               "the mask has a plane per head" if s.nem2 > 1 else
+               "ALiBi slopes differ per head" if max_bias > 0 else None)
+        packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=tuning.fa_pack_rows)
+                  if why is None else None)
+        if why is None and packed is None:
+            why = f"no tile of this device holds a multiple or a divisor of {s.gqa} rows"
+        if forced and why:
+            raise UnsupportedShape(f"{self.label}: cannot pack the query heads of a KV head: {why}")
+        if forced is None:
+            forced = why is None and s.n_q <= tuning.fa_pack_max_q
+        if forced:
+            return s.gqa, packed
+        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared)
+
+    @property
+    def mask_rows(self) -> int:
+        """Token rows of one mask_opt block."""
+        return mask_opt_rows(self.tile, self.pack)
 
     def decide_mask_opt(self, mask, forced=None) -> bool:
         """mask_opt for this mask: `forced`, else VKRT_FA_MASK_OPT, else the tuning rule."""
@@ -172,11 +211,11 @@ class FlashAttn(Owned):
     def decide_split(self, split_k=None) -> tuple[int, int]:
         """(splits, KV tiles per split) for this grid; split_k as in split_plan."""
         s = self.shape
-        return split_plan(self.tuning, self.n_row_tiles * s.n_head * s.batch, self.n_kv_tiles, split_k,
-                          self.device.profile.max_workgroup_count[2] // s.batch)
+        return split_plan(self.tuning, self.n_row_tiles * s.n_head // self.pack * s.batch, self.n_kv_tiles, split_k,
+                          self.device.profile.max_workgroup_count[2] // s.batch, s.n_q <= self.tuning.fa_pack_max_q)
 
     # -- pipelines and scratch -----------------------------------------------------------------
-    def _build(self, q, k, v, out, mask, scale, softcap, max_bias) -> None:
+    def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used) -> None:
         dev, s, tile = self.device, self.shape, self.tile
         self._q, q_off = bind_tensor(q, dev)
         self._k, k_off = bind_tensor(k, dev)
@@ -198,24 +237,34 @@ class FlashAttn(Owned):
         defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                        RG=tile.row_groups, K_F16=int(k.type == F16), V_F16=int(v.type == F16),
                        HAS_MASK=int(mask is not None), UNROLL=int(self.tuning.fa_unroll))
+        defines.update(GQA_PACK=self.pack, KV_USED=int(kv_used is not None))
+        self._kv_used = None
+        if kv_used is not None:
+            self._kv_used, used_off = bind_tensor(kv_used, dev)
+            if used_off:
+                raise UnsupportedShape(f"kv_used {kv_used!r} must start at a storage-buffer offset alignment")
         self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
         self._attn_push = FA_PUSH.pack(push)
 
         if self.mask_opt and self._shared is not None:
             self.mask_opt_blocks = self._shared.mask_opt_blocks
         elif self.mask_opt:
-            words = s.nem2 * s.nem3 * self.n_row_tiles * -(-self.n_kv_tiles // 16)
+            words = s.nem2 * s.nem3 * self._mask_row_tiles * -(-self.n_kv_tiles // 16)
             self.mask_opt_blocks = self._alloc(4 * words, "mask_opt blocks")
-            self._mask_opt_kernel = mask_opt_kernel(dev, tile)
+            self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
                                                      m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
-        if self.n_split > 1:
+        if self.n_split > 1:   # the last split of a row tile merges them (vkrt/ops/flash_attn.py's kernel)
             rows = s.batch * s.n_q * s.n_head
             self._part = self._alloc(4 * self.n_split * rows * s.hsv, "flash_attn split O")
             self._ml = self._alloc(8 * self.n_split * rows, "flash_attn split M, L")
-            self._reduce = split_reduce_kernel(dev)
-            self._reduce_push = REDUCE_PUSH.pack(rows=rows, hsv=s.hsv, n_split=self.n_split, o_off=o_off // 4)
-            self._reduce_groups = self._reduce.groups_for(rows * s.hsv)
+            tiles = self.n_row_tiles * s.n_head // self.pack * s.batch
+            self._done = self._alloc(4 * tiles, "flash_attn splits done")
+            upload(dev, self._done, np.zeros(tiles, np.uint32))
+
+    @property
+    def _mask_row_tiles(self) -> int:
+        return -(-self.shape.n_q // self.mask_rows)
 
     def _alloc(self, nbytes: int, label: str):
         a = allocate(self.device, nbytes, label=f"{self.label}: {label}")
@@ -224,8 +273,7 @@ class FlashAttn(Owned):
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, seq) -> None:
-        """Record the mask_opt pre-pass (when on and not shared), the attention and the split
-        reduce (when split)."""
+        """Record the mask_opt pre-pass (when on and not shared) and the attention."""
         if self._shared is None:
             self.record_mask_opt(seq)
         self.record_attention(seq)
@@ -234,22 +282,21 @@ class FlashAttn(Owned):
         """Classify the mask's blocks into `mask_opt_blocks` (nothing when mask_opt is off)."""
         if self.mask_opt:
             s = self.shape
-            groups = (-(-self.n_kv_tiles // MASK_OPT_WG), self.n_row_tiles, s.nem2 * s.nem3)
+            groups = (-(-self.n_kv_tiles // MASK_OPT_WG), self._mask_row_tiles, s.nem2 * s.nem3)
             seq.dispatch(self._mask_opt_kernel, [self._mask, self.mask_opt_blocks], push=self._mask_opt_push,
                          groups=groups, label=f"{self.label} mask_opt")
 
     def record_attention(self, seq) -> None:
-        """Record the attention (reading `mask_opt_blocks` when mask_opt is on) and the split reduce."""
+        """Record the attention (reading `mask_opt_blocks` when mask_opt is on)."""
         s = self.shape
-        o, ml = (self._part, self._ml) if self.n_split > 1 else (self._out, self._out)  # ml unused unsplit
-        buffers = [self._q, self._k, self._v, o, ml]
+        split = (self._part, self._ml, self._done) if self.n_split > 1 else (self._out,) * 3   # unread unsplit
+        buffers = [self._q, self._k, self._v, self._out, *split]
         if self._mask is not None:
             buffers += [self._mask, self.mask_opt_blocks if self.mask_opt else self._mask]  # unread when off
+        if self._kv_used is not None:
+            buffers.append(self._kv_used)
         seq.dispatch(self._attn, buffers, push=self._attn_push,
-                     groups=(self.n_row_tiles, s.n_head, s.batch * self.n_split), label=self.label)
-        if self.n_split > 1:
-            seq.dispatch(self._reduce, [self._part, self._ml, self._out], push=self._reduce_push,
-                         groups=self._reduce_groups, label=f"{self.label} split reduce")
+                     groups=(self.n_row_tiles, s.n_head // self.pack, s.batch * self.n_split), label=self.label)
 
     def _release(self) -> None:
         for a in self._scratch:
