@@ -1,11 +1,11 @@
 """Where a decode step's GPU time goes: one forward pass of one token (or a ubatch of --tokens)
 recorded with a timestamp after every command, grouped by part and kernel.
 
-    python bench/decode_profile.py MODEL.gguf [--tokens 1] [--n-cpu-moe N] [--expert-cache SIZE]
-                                   [--reps 5] [--json]
+    python bench/decode_profile.py MODEL.gguf [--tokens 1] [--depth 32] [--n-cpu-moe N]
+                                   [--expert-cache SIZE] [--reps 5] [--json]
 
-The engine first evaluates a short prompt and a few tokens (so caches and shapes are as in a
-real decode), then the step is replayed `--reps` times; per kernel label the table gives the
+The engine first evaluates a prompt of --depth tokens and a few tokens (so caches and shapes are
+as in a real decode at that depth), then the step is replayed `--reps` times; per kernel label the table gives the
 median microseconds per step, the count, and the share of the step. Time between consecutive
 timestamps is charged to the command before it, so barriers and idle gaps count too; the peer
 is the engine's own wall time per decode step in the same run.
@@ -35,15 +35,16 @@ def main(argv=None) -> int:
     ap.add_argument("--expert-cache", default="0")
     ap.add_argument("--no-mmap", action="store_true")
     ap.add_argument("--tokens", type=int, default=1, help="tokens in the profiled step (1: decode)")
+    ap.add_argument("--depth", type=int, default=32, help="tokens in the context before the profiled step")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cache = None if args.expert_cache == "auto" else parse_size(args.expert_cache, "--expert-cache")
     with Device() as dev, Model(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
                                 progress=False) as m, \
-            Engine(m, n_ctx=512 + args.tokens, n_batch=max(64, args.tokens), n_ubatch=max(64, args.tokens),
-                   expert_cache=cache, prefetch_slots=0) as e:
-        e.eval(list(range(1, 33)))
+            Engine(m, n_ctx=max(512, args.depth + 64) + args.tokens, n_batch=max(512, args.tokens),
+                   n_ubatch=max(64, args.tokens), expert_cache=cache, prefetch_slots=0) as e:
+        e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(max(1, args.depth))])
         tok, t0 = 7, time.perf_counter()
         for _ in range(16):
             tok = int(e.eval([tok]).argmax())

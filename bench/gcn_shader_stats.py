@@ -37,7 +37,7 @@ from vkrt.memory import F16, F32, I32, BufferRange, Tensor
 from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
-from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel, split_reduce_kernel
+from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
 from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, vec4_ok
 from vkrt.ops.moe import moe_route
 from vkrt.ops.norm import rms_norm
@@ -97,26 +97,25 @@ def recorded(dev, op) -> list:
 
 def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> list[tuple[str, list]]:
     """(where, pipelines) of FlashAttn for head size `hs` and `n_q` queries against MODEL's n_kv
-    keys, mask_opt as the tuning rule says or `both` (False, True). mask_opt and split-K are push
-    constants of one attention pipeline; mask_opt adds the pre-pass, a split the reduce."""
+    keys, mask_opt as the tuning rule says or `both` (False, True), the live cells read from a
+    buffer as the engine does. mask_opt and split-K are push constants of one attention pipeline
+    (the last split merges); mask_opt adds the pre-pass."""
     m = MODEL
     q = placeholder(dev, F32, (hs, n_q, m["n_head"], 1), "q")
     k = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "k")
     v = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "v")
     mask = placeholder(dev, F16, (m["n_kv"], n_q), "mask")
     o = placeholder(dev, F32, (hs, m["n_head"], n_q, 1), "out")
+    used = placeholder(dev, I32, (1,), "kv_used")
     rec = Recorder(dev)
     # mask_opt off and no split: FlashAttn then needs no scratch memory (the null device has none)
-    with FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1) as fa:
+    with FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used) as fa:
         fa.record(rec)
         # what FlashAttn decides by itself, without the forced values
-        rule, (n_split, _) = fa.decide_mask_opt(mask), fa.decide_split()
-        tile = fa.tile
-    if n_split > 1:
-        rec.kernels.append(split_reduce_kernel(dev))
+        rule, rows, bc = fa.decide_mask_opt(mask), fa.mask_rows, fa.tile.bc
     cases = []
     for on in both or (rule,):
-        pre_pass = [mask_opt_kernel(dev, tile)] if on else []
+        pre_pass = [mask_opt_kernel(dev, rows, bc)] if on else []
         where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
         cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
     return cases

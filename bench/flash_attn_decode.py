@@ -1,0 +1,99 @@
+"""Flash-attention decode: the query heads of a KV head packed into one workgroup and the live
+cells read from a buffer, against one head a workgroup over the cells padded to the engine's
+256-cell bucket (the path before both), plus a split-K sweep of the packed kernel.
+
+    python bench/flash_attn_decode.py [--queries 1,16] [--depth 100,1000,4000,16000]
+                                      [--heads 128:32:4,256:16:2] [--splits 1,2,4,8,16,32]
+                                      [--repeats 5] [--quick] [--json]
+
+Each of `queries` query rows (one token of as many sequences) sees the first depth + 1 cells of
+a KV cache covering them rounded up to 256 (the rest masked), K/V f16 as in the engine. Times
+are GPU medians (timestamps) of the attention (splits merged inside it), after a warm-up; `speedup`
+is the unpacked padded time over the packed one with the split FlashAttn picks by itself
+(VKRT_ARCH=gcn gives the GCN table). The sweep rows force the packed kernel's split count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+from flash_attn import time_runs
+
+from vkrt.commands import tensor_from_numpy
+from vkrt.device import Device
+from vkrt.memory import F32, Tensor
+from vkrt.ops.flash_attn import FlashAttn
+
+KV_STEP = 256   # vkrt/engine/engine.py: the attention covers the used cells rounded up to this
+QUICK = dict(queries="1,4", depth="100,600", heads="64:4:1,128:4:2", splits="1,2,4", repeats=2)
+
+
+def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, splits, repeats: int, rng) -> dict:
+    used = depth + 1
+    n_kv = -(-used // KV_STEP) * KV_STEP
+    q = rng.standard_normal((1, n_head, n_q, hs), dtype=np.float32)
+    k = rng.standard_normal((1, n_head_kv, n_kv, hs), dtype=np.float32).astype(np.float16)
+    v = rng.standard_normal((1, n_head_kv, n_kv, hs), dtype=np.float32).astype(np.float16)
+    mask = np.zeros((1, 1, n_q, n_kv), np.float16)
+    mask[..., used:] = -np.inf
+    tensors = [tensor_from_numpy(dev, a) for a in (q, k, v, mask, np.array([used], np.int32))]
+    variants = [("unpacked, padded", dict(gqa_pack=False)), ("packed, live cells", dict(kv_used=tensors[4]))]
+    variants += [(f"packed, split {n}", dict(kv_used=tensors[4], split_k=n)) for n in splits]
+    outs, ops = [], []
+    try:
+        for name, kw in variants:
+            outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
+            op = FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, label=name, **kw)
+            if "split_k" in kw and any(o.n_split == op.n_split for o in ops[2:]):   # clamped to the tiles
+                op.close()
+                continue
+            ops.append(op)
+        times = [t for t, _ in time_runs(dev, ops, repeats)]
+        rows = [dict(variant=op.label, pack=op.pack, n_split=op.n_split, us=t * 1e6) for op, t in zip(ops, times)]
+    finally:
+        for x in (*ops, *tensors, *outs):
+            x.close()
+    return dict(queries=n_q, depth=depth, n_kv=n_kv, head_size=hs, n_head=n_head, n_head_kv=n_head_kv,
+                us_unpacked=times[0] * 1e6, us_packed=times[1] * 1e6, speedup=times[0] / times[1],
+                best_split=min(rows[2:], key=lambda r: r["us"])["n_split"] if rows[2:] else None, variants=rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--queries", default="1,16", help="query rows (sequences decoding), comma-separated")
+    ap.add_argument("--depth", default="100,1000,4000,16000", help="cached tokens before the query")
+    ap.add_argument("--heads", default="128:32:4,256:16:2", help="head_size:n_head:n_head_kv, comma-separated")
+    ap.add_argument("--splits", default="1,2,4,8,16,32", help="split counts the packed sweep forces")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help=f"lavapipe-sized: {QUICK}")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    ints = lambda text: [int(x) for x in text.split(",") if x]   # noqa: E731
+    heads = [tuple(int(y) for y in x.split(":")) for x in args.heads.split(",")]
+    rng = np.random.default_rng(0)
+    with Device() as dev:
+        rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng)
+                for hs, nh, nkv in heads for nq in ints(args.queries) for depth in ints(args.depth)]
+        result = dict(device=dev.profile.name, architecture=dev.profile.architecture.value, rows=rows)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"flash attention decode on {result['device']} ({result['architecture']}), K/V f16, us per call")
+    columns = ["head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
+               "packed split sweep (splits: us)"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "|".join("---" for _ in columns) + "|")
+    for r in rows:
+        sweep = ", ".join(f"{v['n_split']}: {v['us']:.1f}" for v in r["variants"][2:])
+        auto = r["variants"][1]["n_split"]
+        print(f"| {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} | {r['n_kv']} "
+              f"| {r['us_unpacked']:.1f} | {r['us_packed']:.1f} (split {auto}) | {r['speedup']:.2f}x | {sweep} |")
+
+
+if __name__ == "__main__":
+    main()
