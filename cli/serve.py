@@ -48,9 +48,13 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
                    "rebinding); elsewhere any.")
 @click.option("--shutdown-timeout", type=click.FloatRange(0), default=10.0, show_default=True,
               help="Seconds in-flight requests may take to finish on SIGINT/SIGTERM before they are cancelled.")
+@click.option("-to", "--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True,
+              help="Seconds a client has to send a request's headers (after connecting, or after the last "
+                   "answer on a kept-alive connection: then the connection is closed), and then its body "
+                   "(else 408). Generation time does not count.")
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
-          **model_kw):
+          timeout, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -65,7 +69,7 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         logging.getLogger("vkrt").setLevel(logging.INFO)
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
                           model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints,
-                          allowed_hosts=host_allow_list(allowed_hosts, host))
+                          allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout)
 
     def load():
         path = model_kw["model"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import threading
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -95,3 +96,43 @@ def test_unloadable_model_exits_with_one_line(tmp_path):
     rc = srv.proc.wait(120)
     assert rc == 1, srv.log
     assert "ERROR vkrt.server" in srv.log and "broken.gguf" in srv.log and "Traceback" not in srv.log
+
+
+def _closed_within(sock, seconds: float) -> bool:
+    """Whether the server closes `sock` (recv gives b'') within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_timeout_closes_silent_and_trickling_clients(tiny_gguf):
+    """-to: a connection that sends nothing, or only part of its headers, is closed after the
+    timeout; a body that stops arriving gets a 408 naming the option; answered requests are not
+    affected."""
+    srv = ServerProcess(tiny_gguf, "-c", "512", "--timeout", "1.5", api_key=None).wait_ready()
+    try:
+        host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)))
+        partial = socket.create_connection((host, int(port)))
+        partial.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        body = socket.create_connection((host, int(port)))
+        body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        for sock in (silent, partial):
+            assert _closed_within(sock, 10), "the server kept a connection that sent no complete request"
+            sock.close()
+        body.settimeout(10)
+        answer = body.recv(65536).decode()
+        body.close()
+        assert answer.startswith("HTTP/1.1 408"), answer
+        assert "--timeout" in answer
+        assert srv.get("/health")[0] == 200
+    finally:
+        assert srv.stop() == 0, srv.log
+    assert "Traceback" not in srv.log, srv.log

@@ -141,8 +141,11 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
         on_ready=lambda b: loop.call_soon_threadsafe(on_ready, b),
         on_failed=lambda e: loop.call_soon_threadsafe(on_failed, e), ctx_checkpoints=config.ctx_checkpoints)
     # access lines go to the aiohttp.access logger: shown with -v
+    # keepalive_timeout: aiohttp closes a connection whose next request's headers are not complete
+    # that long after it connected or was last answered (a half-open or trickling client)
     runner = web.AppRunner(make_app(state), handle_signals=False, handler_cancellation=True,
-                           access_log=logging.getLogger("aiohttp.access"), shutdown_timeout=5.0)
+                           access_log=logging.getLogger("aiohttp.access"), shutdown_timeout=5.0,
+                           keepalive_timeout=config.timeout)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:

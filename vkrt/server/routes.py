@@ -24,8 +24,15 @@ from .validation import ApiError, BadRequest, get_bool, get_str, get_token_ids, 
 log = logging.getLogger("vkrt.server")
 
 
-async def read_body(request: web.Request) -> dict:
-    return parse_json_object(await request.read())
+async def read_body(request: web.Request, timeout: float) -> dict:
+    """The JSON object in the body, which must arrive within `timeout` seconds (408 if not)."""
+    try:
+        async with asyncio.timeout(timeout):
+            data = await request.read()
+    except TimeoutError:
+        raise ApiError(f"the request body did not arrive within {timeout:g} s (--timeout)", status=408,
+                       type="timeout_error") from None
+    return parse_json_object(data)
 
 
 class Api:
@@ -76,7 +83,7 @@ class Api:
 
     # -- tokens ------------------------------------------------------------------------------------
     async def tokenize(self, request):
-        body = await read_body(request)
+        body = await read_body(request, self.state.config.timeout)
         content = get_str(body, "content")
         add_special = get_bool(body, "add_special", False)
         with_pieces = get_bool(body, "with_pieces", False)
@@ -87,7 +94,7 @@ class Api:
         return web.json_response({"tokens": ids})
 
     async def detokenize(self, request):
-        body = await read_body(request)
+        body = await read_body(request, self.state.config.timeout)
         raw = body.get("tokens")
         if not isinstance(raw, list):
             raise BadRequest("'tokens' must be an array of token ids", "tokens")
@@ -96,17 +103,17 @@ class Api:
 
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
-        req = parse_chat(await read_body(request), self.state.limits)
+        req = parse_chat(await read_body(request, self.state.config.timeout), self.state.limits)
         prompt = await asyncio.to_thread(self._chat_prompt, req)
         return await self._generate(request, req, prompt, lambda i: ChatFormat(i, self._model(req)), "messages")
 
     async def completions(self, request):
-        req = parse_completion(await read_body(request), COMPLETIONS, self.state.limits)
+        req = parse_completion(await read_body(request, self.state.config.timeout), COMPLETIONS, self.state.limits)
         prompt = await asyncio.to_thread(self._text_prompt, req)
         return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
 
     async def completion(self, request):
-        req = parse_completion(await read_body(request), LLAMA, self.state.limits)
+        req = parse_completion(await read_body(request, self.state.config.timeout), LLAMA, self.state.limits)
         prompt = await asyncio.to_thread(self._text_prompt, req)
         settings = {"n_ctx": self.state.n_ctx_slot, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
                     "stream": req.stream, "stop": req.stop, "ignore_eos": req.ignore_eos,

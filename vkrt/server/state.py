@@ -25,6 +25,9 @@ class ServerConfig:
     shutdown_timeout: float = 10.0   # seconds in-flight requests may take to finish on SIGINT/SIGTERM
     ctx_checkpoints: int = 4         # recurrent-state checkpoints a slot keeps (models with DeltaNet layers)
     allowed_hosts: tuple[str, ...] | None = None   # Host header names accepted (None: any)
+    # seconds a connection may take to deliver a request's headers (from connecting, or from the
+    # last response on a kept-alive connection) and, separately, its body; then it is closed / 408
+    timeout: float = 60.0
 
 
 class ServerState:
