@@ -10,8 +10,9 @@
 // merged once at the end. A thread skips a KV tile where its own mask values are all -inf. With
 // mask_opt (flags bit 0) the 2-bit code of each Br x Bc mask block skips the block for the whole
 // workgroup before any mask read (all -inf), or the mask read and add (all zero). With
-// n_split > 1 the split writes its unnormalised O with (M, L) per row, and the last split of a row
-// tile to finish (an atomic count per tile) combines them.
+// n_split > 1 the splits share the (live) KV tiles evenly; each writes its unnormalised O with
+// (M, L) per row, and the last split of a row tile to finish (an atomic count per tile) combines
+// them.
 //
 // GQA_PACK > 1 (grouped-query attention, one mask plane, no ALiBi): a workgroup's rows are the
 // GQA_PACK query heads of one KV head (y) for BR / GQA_PACK tokens, so K and V are read once per KV
@@ -88,7 +89,7 @@ layout(push_constant) uniform Push {
     uint v_off; uint v_nb1; uint v_nb2; uint v_nb3;
     uint m_off; uint m_nb1; uint m_nb2; uint m_nb3;
     uint nem2; uint nem3; uint o_off; uint flags;
-    uint n_split; uint split_tiles;
+    uint n_split;
     float scale; float softcap; float max_bias;
 } p;
 
@@ -159,8 +160,11 @@ void main() {
         }
     }
 
-    const uint j_end = min((kv + BC - 1u) / BC, (split + 1u) * p.split_tiles);
-    [[dont_unroll]] for (uint j = split * p.split_tiles; j < j_end; ++j) {
+    // the live tiles shared evenly by the splits (with KV_USED they change from step to step)
+    const uint live_tiles = (kv + BC - 1u) / BC;
+    const uint per_split = (live_tiles + p.n_split - 1u) / p.n_split;
+    const uint j_end = min(live_tiles, (split + 1u) * per_split);
+    [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
         uint code = FA_MIXED;
 #if HAS_MASK
         if (use_mask_opt) {

@@ -35,7 +35,11 @@ from .staging import ExpertStaging
 
 log = logging.getLogger("vkrt")
 
-KV_STEP = 256   # attention covers the used cells rounded up to this, so shapes repeat
+# attention covers the used cells rounded up to this, so shapes repeat; with flash attention to a
+# power of two (at least this): the kernel stops at the live cells (kv_used), so the longer span
+# costs only mask bytes (at most twice), and a growing context or a server's slots filling the
+# cache record a few graphs per step size instead of one per 256 cells
+KV_STEP = 256
 CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
 CANDIDATE_ROWS = 64   # the most tokens a step reads candidates of (decode_candidates' batch)
 CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
@@ -217,7 +221,11 @@ class Engine(Owned):
         prefetched = [p.layer for p in parts if p.layer is not None]
         g = self._graphs[key] = _Graph(seqs, keep, opts, prefetched)
         self.stats.graphs_recorded += 1
-        self.stats.record_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.stats.record_seconds += seconds
+        log.debug("recorded the step graph of %d token(s) over %d cells (logits %s, %d sequence(s)%s%s) in %.0f ms",
+                  n_tokens, n_kv, "all" if all_logits else "last", n_seqs, ", chained" if chain else "",
+                  ", candidates" if top else "", seconds * 1e3)
         return g
 
     def _run(self, g: _Graph) -> None:
@@ -338,7 +346,7 @@ class Engine(Owned):
             cells[sel] = cells_tab.allocate(int(s), pos[sel])
         n = ids.size
         used = cells_tab.used_end()
-        n_kv = min(-(-used // KV_STEP) * KV_STEP, self.n_ctx)
+        n_kv = self.kv_span(used)
         lay, cfg = self._layout, self.model.cfg
         base = (chain[0] if chain else 0) * self._inputs_size
         host = self._inputs.host_bytes[base:base + self._inputs_size]
@@ -358,6 +366,15 @@ class Engine(Owned):
         if "kv_used" in lay:
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top), slots
+
+    def kv_span(self, used: int) -> int:
+        """The KV cells a step attends over when `used` are in use (one past the highest): with
+        flash attention a power of two, else a multiple of KV_STEP; never more than the context."""
+        if self.flash_attn:
+            span = max(KV_STEP, 1 << (used - 1).bit_length())
+        else:
+            span = -(-used // KV_STEP) * KV_STEP
+        return min(span, self.n_ctx)
 
     def _advance(self, slots: np.ndarray, n: int) -> None:
         if self.state is not None:

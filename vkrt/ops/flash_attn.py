@@ -29,7 +29,7 @@ MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
 
 _U32 = ("N", "KV", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3", "k_off", "k_nb1", "k_nb2", "k_nb3",
         "v_off", "v_nb1", "v_nb2", "v_nb3", "m_off", "m_nb1", "m_nb2", "m_nb3", "nem2", "nem3", "o_off", "flags",
-        "n_split", "split_tiles")
+        "n_split")
 FA_PUSH = PushConstants(*((n, "u32") for n in _U32), ("scale", "f32"), ("softcap", "f32"), ("max_bias", "f32"))
 MASK_OPT_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "m_off", "m_nb1", "m_nb2", "m_nb3", "nem2")))
 
@@ -133,7 +133,8 @@ class FlashAttn(Owned):
     and V read once per KV head); None = when there are at most tuning.fa_pack_max_q queries and
     the shape allows it (grouped heads, one mask plane, no ALiBi). kv_used: a 1-element I32
     tensor holding how many leading KV cells are live (written each step; the cells past it must
-    be masked): later KV tiles are skipped, with the same result. tuning: another architecture's
+    be masked): later KV tiles are skipped, with the same result, and the splits share the live
+    tiles. tuning: another architecture's
     table entry (tests). K and V offsets and strides must be multiples of 4 elements (the kernel
     reads 4 at a time).
     """
@@ -224,7 +225,7 @@ class FlashAttn(Owned):
         push = dict(N=s.n_q, KV=s.n_kv, n_head=s.n_head, gqa=s.gqa,
                     q_off=q_off // 4, k_off=_vec4_offset(k, k_off, "k"), v_off=_vec4_offset(v, v_off, "v"),
                     nem2=s.nem2, nem3=s.nem3, o_off=o_off // 4, flags=int(self.mask_opt),
-                    n_split=self.n_split, split_tiles=self.split_tiles,
+                    n_split=self.n_split,
                     scale=scale / softcap if softcap else scale, softcap=softcap, max_bias=max_bias)
         for name, t in (("q", q), ("k", k), ("v", v)):
             push[f"{name}_nb1"], push[f"{name}_nb2"], push[f"{name}_nb3"] = element_strides(t)
