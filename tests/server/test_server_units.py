@@ -194,3 +194,22 @@ def test_dry_breaker_tokens_and_the_sampler(tokenizer):
     logits = np.zeros(20, np.float32)
     logits[7] = 1.0
     assert s.sample(logits) != 7 and not s.takes_candidates(64)
+
+
+def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
+    """After the warm-up, a decode step of any batch size the slots can make (candidates or whole
+    rows) replays a recorded graph: no request pays for recording one."""
+    from vkrt.engine.engine import Engine
+    from vkrt.model.loader import Model
+    from vkrt.server.backend import Backend
+
+    with Model(device, tiny_gguf, progress=False) as m, Engine(m, n_ctx=512, n_ubatch=64, n_seq_max=3) as e:
+        backend = Backend(device, m, e)
+        backend.warm_up(n_parallel=3)
+        assert all(e.sequence_length(s) == 0 for s in range(3))
+        recorded = e.stats.graphs_recorded
+        for n in (1, 2, 3):
+            pairs = [(s, 5) for s in range(n)]
+            e.decode(pairs)
+            e.decode_candidates(pairs)
+        assert e.stats.graphs_recorded == recorded

@@ -28,14 +28,19 @@ class Backend:
         for obj in (self.engine, self.model, self.device):
             obj.close()
 
-    def warm_up(self) -> float:
-        """Run a short prompt and one decode step, then forget them, so the first request does
-        not pay for creating pipelines; returns the seconds it took."""
+    def warm_up(self, n_parallel: int = 1) -> float:
+        """Run a short prompt and a decode step of every batch size the slots can make (with the
+        GPU's candidates and with whole rows), then forget them, so requests do not pay for
+        creating pipelines and recording graphs; returns the seconds it took."""
         t0 = time.perf_counter()
         e = self.engine
         token = self.model.tokenizer.bos_id or 0
         e.eval([token] * min(8, e.n_ubatch), seq_id=0)
-        e.decode([(0, token)])
+        for n in range(1, min(n_parallel, e.n_ubatch) + 1):
+            pairs = [(s, token) for s in range(n)]
+            e.decode(pairs)
+            if n <= e.candidate_rows:
+                e.decode_candidates(pairs)
         e.reset()
         return time.perf_counter() - t0
 

@@ -89,7 +89,7 @@ class Scheduler:
     def _main(self) -> None:
         try:
             self.backend = self._load()
-            log.info("warm-up run: %.1f s", self.backend.warm_up())
+            log.info("warm-up run: %.1f s", self.backend.warm_up(self.n_parallel))
         except BaseException as exc:  # reported by the app: a clear message, then exit 1
             self._on_failed(exc)
             return
