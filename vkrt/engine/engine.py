@@ -28,7 +28,7 @@ from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..ops.argmax import MAX_PARTS, argmax
 from ..ops.topk import scratch_words, top_candidates
 from ..owned import Owned
-from .kv_cache import KVCache
+from .kv_cache import ContextFull, KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
 from .recurrent_state import Checkpoint, RecurrentState
 from .staging import ExpertStaging
@@ -40,6 +40,12 @@ log = logging.getLogger("vkrt")
 # costs only mask bytes (at most twice), and a growing context or a server's slots filling the
 # cache record a few graphs per step size instead of one per 256 cells
 KV_STEP = 256
+# prompt chunks of more than PAD_FROM tokens run as a multiple of PAD_STEP (the GEMM's token tile)
+# where that is free of side effects (flash attention, no recurrent state, no host experts): the
+# extra tokens come first, see nothing, write one free cell and are dropped, so a server's
+# prompts of new lengths reuse a few recorded graphs instead of recording one each
+PAD_FROM, PAD_STEP = 16, 64
+PAD_SEQ = -2   # the sequence id of padding tokens: no cell holds it
 CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
 CANDIDATE_ROWS = 64   # the most tokens a step reads candidates of (decode_candidates' batch)
 CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
@@ -309,17 +315,33 @@ class Engine(Owned):
         """Tokens of `seq_id` held in the KV cache."""
         return self.cache.cells.length(seq_id)
 
+    def padded_tokens(self, n: int) -> int:
+        """The tokens a prompt step of n runs as: n, or with padding (PAD_FROM) a multiple of
+        PAD_STEP up to the micro-batch."""
+        if (n <= PAD_FROM or not self.flash_attn or self.recurrent or self.prefetch.layers
+                or self.staging.layers):
+            return n
+        return min(self.n_ubatch, -(-n // PAD_STEP) * PAD_STEP)
+
     def _step(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool,
               n_seqs: int = 1) -> np.ndarray:
         t0 = time.perf_counter()
+        n = ids.size
+        pad = self.padded_tokens(n) - n if n_seqs == 1 else 0
+        if pad and (self.cache.cells.seq < 0).sum() <= n:   # no cell would be left for the padding
+            pad = 0
+        if pad:   # padding first: the last token, whose logits a step reads, stays a real one
+            ids = np.concatenate([np.zeros(pad, np.int32), ids])
+            seqs = np.concatenate([np.full(pad, PAD_SEQ, np.int32), seqs])
+            pos = np.concatenate([np.zeros(pad, np.int32), pos])
         g, slots = self._prepare(ids, seqs, pos, all_logits, n_seqs)
         self._run(g)
         self._advance(slots, ids.size // n_seqs)
         n_out = ids.size if all_logits else 1
         vocab = self.model.cfg.vocab_size
         logits = self._logits.read(np.float32, 4 * vocab * n_out).reshape(n_out, vocab)
-        self._count(ids.size, time.perf_counter() - t0)
-        return logits
+        self._count(n, time.perf_counter() - t0)
+        return logits[pad:] if all_logits else logits
 
     def _count(self, tokens: int, seconds: float) -> None:
         """One step of `tokens` tokens that kept the host `seconds` (GPU waits included) in the stats."""
@@ -343,7 +365,13 @@ class Engine(Owned):
         cells = np.empty(ids.size, np.int32)
         for s in np.unique(seqs):
             sel = seqs == s
-            cells[sel] = cells_tab.allocate(int(s), pos[sel])
+            if s != PAD_SEQ:
+                cells[sel] = cells_tab.allocate(int(s), pos[sel])
+        if (seqs == PAD_SEQ).any():   # padding writes its K and V to a free cell no token attends
+            free = cells_tab.free_cell()
+            if free is None:
+                raise ContextFull("the context is full: no free cell is left for a padded step (raise -c)")
+            cells[seqs == PAD_SEQ] = free
         n = ids.size
         used = cells_tab.used_end()
         n_kv = self.kv_span(used)

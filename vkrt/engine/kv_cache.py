@@ -38,6 +38,11 @@ class CellTable:
         self.pos[cells] = positions
         return cells.astype(np.int32)
 
+    def free_cell(self) -> int | None:
+        """A cell no sequence holds (the highest), or None when every cell is taken."""
+        free = np.flatnonzero(self.seq < 0)
+        return int(free[-1]) if free.size else None
+
     def free(self, seq: int, from_pos: int = 0) -> None:
         """Forget sequence `seq`'s cells at positions >= from_pos."""
         drop = (self.seq == seq) & (self.pos >= from_pos)
