@@ -198,12 +198,13 @@ def test_dry_breaker_tokens_and_the_sampler(tokenizer):
 
 def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
     """After the warm-up, a decode step of any batch size the slots can make (candidates or whole
-    rows) replays a recorded graph: no request pays for recording one."""
+    rows) and a prompt of any length up to the micro-batch (padded) replay recorded graphs: no
+    request pays for recording one."""
     from vkrt.engine.engine import Engine
     from vkrt.model.loader import Model
     from vkrt.server.backend import Backend
 
-    with Model(device, tiny_gguf, progress=False) as m, Engine(m, n_ctx=512, n_ubatch=64, n_seq_max=3) as e:
+    with Model(device, tiny_gguf, progress=False) as m, Engine(m, n_ctx=512, n_ubatch=128, n_seq_max=3) as e:
         backend = Backend(device, m, e)
         backend.warm_up(n_parallel=3)
         assert all(e.sequence_length(s) == 0 for s in range(3))
@@ -212,4 +213,8 @@ def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
             pairs = [(s, 5) for s in range(n)]
             e.decode(pairs)
             e.decode_candidates(pairs)
+        e.reset()
+        for n in (17, 64, 100, 128):
+            e.eval(list(range(3, 3 + n)), seq_id=1)
+            e.reset()
         assert e.stats.graphs_recorded == recorded

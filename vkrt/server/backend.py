@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..device import Device
+from ..engine.engine import PAD_FROM, PAD_STEP
 from ..memory.host_import import registration_enabled
 from ..units import fmt_bytes
 
@@ -29,13 +30,19 @@ class Backend:
             obj.close()
 
     def warm_up(self, n_parallel: int = 1) -> float:
-        """Run a short prompt and a decode step of every batch size the slots can make (with the
+        """Run a short prompt, prompts of the padded step sizes up to 512 tokens (where prompt
+        steps are padded) and a decode step of every batch size the slots can make (with the
         GPU's candidates and with whole rows), then forget them, so requests do not pay for
         creating pipelines and recording graphs; returns the seconds it took."""
         t0 = time.perf_counter()
         e = self.engine
         token = self.model.tokenizer.bos_id or 0
         e.eval([token] * min(8, e.n_ubatch), seq_id=0)
+        if e.padded_tokens(PAD_FROM + 1) != PAD_FROM + 1:
+            for n in range(PAD_STEP, min(e.n_ubatch, 512) + 1, PAD_STEP):
+                e.reset()
+                e.eval([token] * n, seq_id=0)
+        e.reset()
         for n in range(1, min(n_parallel, e.n_ubatch) + 1):
             pairs = [(s, token) for s in range(n)]
             e.decode(pairs)
