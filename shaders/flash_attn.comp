@@ -106,6 +106,48 @@ uint row_token(uint vr) { return vr; }
 uint row_head(uint vr) { return gl_WorkGroupID.y; }
 #endif
 
+// Count this split of the row tile as done; the last one to finish merges the splits that had
+// tiles: out = sum_s O_s exp(M_s - M) / sum_s L_s exp(M_s - M), M = max_s M_s (0 where every L
+// is 0), and resets the count for the next run.
+void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
+    const uint t = gl_LocalInvocationID.x;
+    const uint n_out = (gl_NumWorkGroups.z / p.n_split) * p.N * p.n_head;
+    memoryBarrierBuffer();
+    barrier();
+    const uint tile_id = (b * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (t == 0u) {
+        last_split = atomicAdd(done[tile_id], 1u) == p.n_split - 1u;
+    }
+    barrier();
+    if (!last_split) {
+        return;
+    }
+    memoryBarrierBuffer();
+    for (uint i = t; i < BR * HSV; i += WG) {
+        const uint row = row0 + i / HSV;
+        if (row >= n_rows) {
+            continue;
+        }
+        const uint out_row = (b * p.N + row_token(row)) * p.n_head + row_head(row);
+        float mx = FA_NEG_BIG;
+        for (uint sp = 0; sp < used_splits; ++sp) {
+            mx = max(mx, ml[sp * n_out + out_row].x);
+        }
+        float l = 0.0;
+        float acc = 0.0;
+        for (uint sp = 0; sp < used_splits; ++sp) {
+            const vec2 m_l = ml[sp * n_out + out_row];
+            const float w = exp(m_l.x - mx);
+            l += m_l.y * w;
+            acc += part[(sp * n_out + out_row) * HSV + i % HSV] * w;
+        }
+        o[p.o_off + out_row * HSV + i % HSV] = l > 0.0 ? acc / l : 0.0;
+    }
+    if (t == 0u) {
+        done[tile_id] = 0u;
+    }
+}
+
 void main() {
     const uint t = gl_LocalInvocationID.x;
     const uint d_tid = t % DS;
@@ -126,6 +168,21 @@ void main() {
     const float slope = p.max_bias > 0.0 ? alibi_slope(h, p.n_head, p.max_bias) : 1.0;
 #endif
 
+#if KV_USED
+    const uint kv = min(p.KV, kv_used);
+#else
+    const uint kv = p.KV;
+#endif
+    // the live tiles shared evenly by the splits (with KV_USED they change from step to step); a
+    // split left without tiles only counts itself done
+    const uint live_tiles = (kv + BC - 1u) / BC;
+    const uint per_split = max(1u, (live_tiles + p.n_split - 1u) / p.n_split);
+    const uint used_splits = (live_tiles + per_split - 1u) / per_split;
+    if (p.n_split > 1u && split >= used_splits) {
+        merge_splits(row0, n_rows, b, used_splits);
+        return;
+    }
+
     const uint q_base = p.q_off + b * p.q_nb3;
     for (uint i = t; i < BR * HSK4; i += WG) {
         const uint vr = row0 + i / HSK4;
@@ -137,11 +194,6 @@ void main() {
     const uint k_base = p.k_off + b * p.k_nb3 + hk * p.k_nb2;
     const uint v_base = p.v_off + b * p.v_nb3 + hk * p.v_nb2;
     const uint ntiles = (p.KV + BC - 1u) / BC;
-#if KV_USED
-    const uint kv = min(p.KV, kv_used);
-#else
-    const uint kv = p.KV;
-#endif
 #if HAS_MASK
     const uint m_base = p.m_off + (b % p.nem3) * p.m_nb3 + h_mask * p.m_nb2;
     const uint mo_stride = (ntiles + 15u) / 16u;
@@ -160,9 +212,6 @@ void main() {
         }
     }
 
-    // the live tiles shared evenly by the splits (with KV_USED they change from step to step)
-    const uint live_tiles = (kv + BC - 1u) / BC;
-    const uint per_split = (live_tiles + p.n_split - 1u) / p.n_split;
     const uint j_end = min(live_tiles, (split + 1u) * per_split);
     [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
         uint code = FA_MIXED;
@@ -327,40 +376,5 @@ void main() {
         return;
     }
 
-    // the last split of this row tile to finish merges all of them:
-    // out = sum_s O_s exp(M_s - M) / sum_s L_s exp(M_s - M), M = max_s M_s (0 where every L is 0)
-    memoryBarrierBuffer();
-    barrier();
-    const uint tile_id = (b * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    if (t == 0u) {
-        last_split = atomicAdd(done[tile_id], 1u) == p.n_split - 1u;
-    }
-    barrier();
-    if (!last_split) {
-        return;
-    }
-    memoryBarrierBuffer();
-    for (uint i = t; i < BR * HSV; i += WG) {
-        const uint row = row0 + i / HSV;
-        if (row >= n_rows) {
-            continue;
-        }
-        const uint out_row = (b * p.N + row_token(row)) * p.n_head + row_head(row);
-        float mx = FA_NEG_BIG;
-        for (uint sp = 0; sp < p.n_split; ++sp) {
-            mx = max(mx, ml[sp * n_out + out_row].x);
-        }
-        float l = 0.0;
-        float acc = 0.0;
-        for (uint sp = 0; sp < p.n_split; ++sp) {
-            const vec2 m_l = ml[sp * n_out + out_row];
-            const float w = exp(m_l.x - mx);
-            l += m_l.y * w;
-            acc += part[(sp * n_out + out_row) * HSV + i % HSV] * w;
-        }
-        o[p.o_off + out_row * HSV + i % HSV] = l > 0.0 ? acc / l : 0.0;
-    }
-    if (t == 0u) {
-        done[tile_id] = 0u;
-    }
+    merge_splits(row0, n_rows, b, used_splits);
 }

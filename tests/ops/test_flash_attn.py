@@ -269,7 +269,7 @@ def test_gqa_pack_rule(device):
         flash(device, q, k, v, per_head, gqa_pack=True)
 
 
-@pytest.mark.parametrize("used,split_k", [(77, 1), (77, 3), (300, 2), (1, 1)])
+@pytest.mark.parametrize("used,split_k", [(77, 1), (77, 3), (300, 2), (1, 1), (40, 8)])   # 40: 3 of 5 splits get no tile
 def test_kv_used_limits_the_cells(device, used, split_k):
     """kv_used ends the attention at the live cells: with the padding masked the result is the
     same (bit for bit unsplit; split, the splits share the live tiles instead of all of them), and

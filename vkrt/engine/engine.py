@@ -46,6 +46,10 @@ KV_STEP = 256
 # prompts of new lengths reuse a few recorded graphs instead of recording one each
 PAD_FROM, PAD_STEP = 16, 64
 PAD_SEQ = -2   # the sequence id of padding tokens: no cell holds it
+# an engine for several sequences (a server) runs steps of up to PAD_FROM tokens over at least
+# this many cells: one graph per batch size until the slots' cells pass it (splits of flash
+# attention left without live tiles only count themselves done)
+MULTI_SEQ_MIN_SPAN = 4096
 CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
 CANDIDATE_ROWS = 64   # the most tokens a step reads candidates of (decode_candidates' batch)
 CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
@@ -103,6 +107,7 @@ class Engine(Owned):
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
         self.flash_attn = flash_attn
         self.max_graphs = max_graphs if max_graphs is not None else 16 + 4 * max(0, n_seq_max - 1)
+        self._min_small_span = MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP
         self.replay = replay  # False: record every step afresh (to compare against replaying)
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
@@ -374,7 +379,7 @@ class Engine(Owned):
             cells[seqs == PAD_SEQ] = free
         n = ids.size
         used = cells_tab.used_end()
-        n_kv = self.kv_span(used)
+        n_kv = self.kv_span(used, n)
         lay, cfg = self._layout, self.model.cfg
         base = (chain[0] if chain else 0) * self._inputs_size
         host = self._inputs.host_bytes[base:base + self._inputs_size]
@@ -395,11 +400,14 @@ class Engine(Owned):
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top), slots
 
-    def kv_span(self, used: int) -> int:
-        """The KV cells a step attends over when `used` are in use (one past the highest): with
-        flash attention a power of two, else a multiple of KV_STEP; never more than the context."""
+    def kv_span(self, used: int, n_tokens: int = 1) -> int:
+        """The KV cells a step of n_tokens attends over when `used` are in use (one past the
+        highest): with flash attention a power of two (for several sequences' steps of up to
+        PAD_FROM tokens at least MULTI_SEQ_MIN_SPAN), else a multiple of KV_STEP; never more than
+        the context."""
         if self.flash_attn:
-            span = max(KV_STEP, 1 << (used - 1).bit_length())
+            least = self._min_small_span if n_tokens <= PAD_FROM else KV_STEP
+            span = max(least, 1 << (used - 1).bit_length())
         else:
             span = -(-used // KV_STEP) * KV_STEP
         return min(span, self.n_ctx)
