@@ -52,7 +52,7 @@ def vkrt_side(device, path, reps) -> dict:
             with Engine(m, n_ctx=context(depth), n_batch=max(ub, 512), n_ubatch=ub) as e:
                 r = run_test(e, BenchTest(n_p, n_g, depth), reps)
                 out[name] = r.avg_ts
-                if n_g:
+                if n_g and not depth:   # a depth's prefill steps would count in the engine's stats
                     out["host_ms_per_decode_step"] = e.stats.host_seconds_per_step * 1e3
     return out
 
