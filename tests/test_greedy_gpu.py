@@ -7,6 +7,7 @@ import pytest
 
 from models import tiny_model
 from vkrt.engine.engine import Engine
+from vkrt.engine import generate as generate_mod
 from vkrt.engine.generate import generate
 from vkrt.engine.sampler import GREEDY, SamplingParams
 from vkrt.errors import VkrtError
@@ -62,21 +63,28 @@ def test_generate_stops_with_the_cache_holding_what_was_evaluated(device, tmp_pa
         assert e.sequence_length(0) == len(PROMPT) + stop   # the token before the stop was evaluated
 
 
-def test_repetition_penalty_keeps_host_sampling(device, tmp_path):
-    """A penalty needs the logits on the host: generate() samples there, with the same result
-    as before for temperature 0."""
+def test_repetition_penalty_is_applied_before_the_candidates(device, tmp_path, monkeypatch):
+    """A penalty changes the row before the argmax: generate() takes no GPU argmax chain; the GPU
+    applies the penalty to the row before picking candidates, with the tokens host sampling over
+    whole rows gives."""
     path = tiny_model("tiny-llama", tmp_path)
+    params = SamplingParams(temperature=0.0, repeat_penalty=1.3)
     with Model(device, path, progress=False) as m, Engine(m, n_ctx=320, n_ubatch=16) as e:
         steps = e.stats.steps
-        generate(e, PROMPT, 4, SamplingParams(temperature=0.0, repeat_penalty=1.3))
+        gpu = generate(e, PROMPT, 4, params)
         graphs = list(e._graphs)
-        assert all(key[4] is None and not key[5] for key in graphs) and e.stats.steps - steps == 4
+        assert all(key[4] is None for key in graphs) and any("adjust" in key for key in graphs)
+        assert e.stats.steps - steps == 4
+        e.reset()
+        monkeypatch.setattr(generate_mod, "CANDIDATES", 0)   # whole rows on the host
+        assert generate(e, PROMPT, 4, params).tokens == gpu.tokens
 
 
 @pytest.mark.parametrize("extra", [{"logit_bias": None}, {"presence_penalty": 1.5}, {"dry_multiplier": 2.0}])
-def test_greedy_with_row_changes_keeps_host_sampling(device, tmp_path, extra):
+def test_greedy_with_row_changes_skips_the_gpu_argmax(device, tmp_path, extra):
     """Logit bias, presence penalty and DRY change the row before the argmax, so greedy
-    generate() reads the row instead of the GPU's argmax: a banned token never comes."""
+    generate() does not take the GPU's argmax (the candidates are picked from the adjusted row):
+    a banned token never comes."""
     path = tiny_model("tiny-llama", tmp_path)
     with Model(device, path, progress=False) as m, Engine(m, n_ctx=320, n_ubatch=16) as e:
         want = host_greedy(e, 4)

@@ -76,3 +76,46 @@ def test_batched_candidates_match_batched_rows(device, tmp_path, name):
             np.testing.assert_array_equal(values[r], rows[r][order])
         with pytest.raises(VkrtError, match="decode_candidates takes"):
             e.decode_candidates([])
+
+
+def test_adjusted_candidates_match_the_adjusted_row(device, tmp_path):
+    """decode_candidates with logit bias / penalties / DRY applied on the GPU gives the best of the
+    row the host adjusts, bit for bit; a row without adjustments in the same batch is untouched."""
+    from vkrt.engine.logit_adjust import logit_adjustments
+
+    path = tiny_model("tiny-qwen3", tmp_path)
+    params = SamplingParams(repeat_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3,
+                            logit_bias=((5, -np.inf), (6, 3.0)))
+    history = [5, 9, 2, 11, 3, 7, 1, 4, 9, 9, 6]
+    adjust = [logit_adjustments(params, history, {12: 0.75}), None]
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=16, n_seq_max=2) as e:
+        outs = []
+        for candidates in (False, True):
+            e.reset()
+            for s in range(2):
+                e.eval(PROMPT[s:], seq_id=s)
+            batch = [(0, 3), (1, 8)]
+            outs.append(e.decode_candidates(batch, adjust) if candidates else e.decode(batch))
+        assert any("adjust" in key for key in e._graphs)
+        rows, (values, ids) = outs
+        for r in range(2):
+            row = adjust[r].apply(rows[r]) if adjust[r] is not None else rows[r]
+            order = np.lexsort((np.arange(row.size), -row.astype(np.float64)))[:ids.shape[1]]
+            assert ids[r].tolist() == order.tolist()
+            np.testing.assert_array_equal(values[r], row[order])
+        assert 5 not in ids[0].tolist()
+
+
+def test_penalised_generation_draws_as_the_host_sampler(device, tmp_path, monkeypatch):
+    """Sampling with penalties, logit bias and DRY takes the GPU candidates (adjusted there) and
+    draws what the host sampler draws from whole rows."""
+    path = tiny_model("tiny-llama", tmp_path)
+    params = SamplingParams(temperature=0.8, top_k=20, repeat_penalty=1.2, presence_penalty=0.4,
+                            logit_bias=((3, -2.0),), dry_multiplier=0.8, seed=11)
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=16) as e:
+        gpu = generate(e, PROMPT, 16, params)
+        assert any("adjust" in key for key in e._graphs), "the adjusted candidates path was not taken"
+        e.reset()
+        monkeypatch.setattr(generate_mod, "CANDIDATES", 0)
+        host = generate(e, PROMPT, 16, params)
+        assert gpu.tokens == host.tokens and len(gpu.tokens) == 16

@@ -26,9 +26,11 @@ from ..memory import F16, I32, Buffer, BufferRange, MemoryKind, Tensor
 from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..ops.argmax import MAX_PARTS, argmax
+from ..ops.logit_adjust import logit_adjust, pack_table, table_words
 from ..ops.topk import scratch_words, top_candidates
 from ..owned import Owned
 from .kv_cache import ContextFull, KVCache
+from .logit_adjust import LogitAdjustments
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
 from .recurrent_state import Checkpoint, RecurrentState
 from .staging import ExpertStaging
@@ -52,6 +54,7 @@ PAD_SEQ = -2   # the sequence id of padding tokens: no cell holds it
 MULTI_SEQ_MIN_SPAN = 4096
 CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
 CANDIDATE_ROWS = 64   # the most tokens a step reads candidates of (decode_candidates' batch)
+ADJUST_CAP = 128   # logit adjustments (bias, penalties, DRY: tokens) a candidates row takes on the GPU
 CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
 
 
@@ -112,7 +115,7 @@ class Engine(Owned):
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
-        self._tokens = self._argmax_part = self._top = None
+        self._tokens = self._argmax_part = self._top = self._adjust = self._adjust_host = None
         self._top_scratch = ()
         self.state: RecurrentState | None = None
         try:
@@ -135,6 +138,9 @@ class Engine(Owned):
             words = scratch_words(cfg.vocab_size, CANDIDATES, self.candidate_rows)
             self._top_scratch = tuple(Tensor.empty(dev, I32, (words,), name="top-k scratch") for _ in range(2))
             self._top = Buffer(dev, 8 * CANDIDATES * self.candidate_rows, MemoryKind.READBACK, label="top-k candidates")
+            words = table_words(self.candidate_rows, ADJUST_CAP)
+            self._adjust = Tensor.empty(dev, I32, (words,), name="logit adjustments")
+            self._adjust_host = Buffer(dev, 4 * words, MemoryKind.HOST, label="logit adjustments (host)")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
@@ -164,13 +170,14 @@ class Engine(Owned):
         return self.state is not None
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
-               chain: tuple[int, bool] | None = None, top: bool = False) -> _Graph:
+               chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
-        step reads back the CANDIDATES best logits of its last token instead of the row."""
+        step reads back the CANDIDATES best logits of its last token instead of the row; adjust:
+        after applying the logit adjustment table the host wrote (top steps only)."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
-        key = (n_tokens, n_kv, all_logits, n_seqs, chain, top)
+        key = (n_tokens, n_kv, all_logits, n_seqs, chain, top) + (("adjust",) if adjust else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -191,9 +198,16 @@ class Engine(Owned):
                 (self.model.cfg.vocab_size,)), self._argmax_part, self.scratch.ids.slice(0, 0, 1), token)
         if top:
             per_row = 8 * CANDIDATES
-            read = lambda seq, n, row: top_candidates(   # noqa: E731
-                seq, self.scratch.logits.slice(1, 0, n), CANDIDATES, self._top_scratch,
-                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,), name="candidates"))
+
+            def read(seq, n, row):
+                logits = self.scratch.logits.slice(1, 0, n)
+                if adjust:   # candidates rows fit one slice of logits: row is 0
+                    size = 4 * table_words(n, ADJUST_CAP)
+                    seq.copy(self._adjust_host.range(0, size), self._adjust.slice(0, 0, size // 4).range(), size)
+                    logit_adjust(seq, logits, self._adjust, ADJUST_CAP)
+                top_candidates(seq, logits, CANDIDATES, self._top_scratch,
+                               Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
+                                         name="candidates"))
         opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
@@ -355,7 +369,7 @@ class Engine(Owned):
         self.stats.seconds += seconds
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
-                 chain: tuple[int, bool] | None = None, top: bool = False):
+                 chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False):
         """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
         find its graph; returns (graph, the sequence of each group of tokens)."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
@@ -398,7 +412,7 @@ class Engine(Owned):
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
         if "kv_used" in lay:
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
-        return self._graph(n, n_kv, all_logits, n_seqs, chain, top), slots
+        return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust), slots
 
     def kv_span(self, used: int, n_tokens: int = 1) -> int:
         """The KV cells a step of n_tokens attends over when `used` are in use (one past the
@@ -424,20 +438,37 @@ class Engine(Owned):
         values, ids = self.decode_candidates([(seq_id, token)])
         return values[0], ids[0]
 
-    def decode_candidates(self, batch: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    def decode_candidates(self, batch: list[tuple[int, int]],
+                          adjustments: list[LogitAdjustments | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """decode() that returns each token's CANDIDATES best next-token logits and their ids
-        ([len(batch), k] each, best first) instead of the rows; at most candidate_rows tokens."""
+        ([len(batch), k] each, best first) instead of the rows; at most candidate_rows tokens.
+        adjustments: per token, the logit bias / penalties / DRY to apply to its row on the GPU
+        first (None: nothing; at most ADJUST_CAP tokens each)."""
         if not batch or len(batch) > self.candidate_rows:
             raise VkrtError(f"decode_candidates takes 1 to {self.candidate_rows} (sequence, token) pairs, "
                             f"got {len(batch)}")
+        adjust = adjustments is not None and any(a is not None for a in adjustments)
+        if adjust:
+            self._write_adjustments(adjustments, len(batch))
         seqs, ids, pos = self._decode_inputs(batch)
         t0 = time.perf_counter()
-        g, slots = self._prepare(ids, seqs, pos, True, n_seqs=len(batch), top=True)
+        g, slots = self._prepare(ids, seqs, pos, True, n_seqs=len(batch), top=True, adjust=adjust)
         self._run(g)
         self._advance(slots, 1)
         out = self._read_candidates(len(batch))
         self._count(len(batch), time.perf_counter() - t0)
         return out
+
+    def _write_adjustments(self, adjustments: list, rows: int) -> None:
+        """The table logit_adjust reads: a count a row, then ADJUST_CAP entries a row."""
+        if len(adjustments) != rows:
+            raise VkrtError(f"decode_candidates: {len(adjustments)} adjustments for {rows} tokens")
+        for r, adj in enumerate(adjustments):
+            if adj is not None and len(adj) > ADJUST_CAP:
+                raise VkrtError(f"decode_candidates: {len(adj)} logit adjustments for token {r}, at most {ADJUST_CAP} "
+                                f"(decode() returns the whole row)")
+        words = pack_table(rows, ADJUST_CAP, [None if a is None else a.words() for a in adjustments])
+        self._adjust_host.host_bytes[:words.nbytes] = words.view(np.uint8)
 
     def _read_candidates(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         pairs = self._top.read(np.uint32, 8 * CANDIDATES * rows).reshape(rows, CANDIDATES, 2)
@@ -540,6 +571,7 @@ class Engine(Owned):
             g.close()
         self._graphs.clear()
         for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
-                    self._top, *self._top_scratch, self.scratch, self.state, self.cache):
+                    self._top, self._adjust, self._adjust_host, *self._top_scratch, self.scratch, self.state,
+                    self.cache):
             if obj is not None:
                 obj.close()

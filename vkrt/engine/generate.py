@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .engine import CANDIDATES
+from .engine import ADJUST_CAP, CANDIDATES
 from .sampler import Sampler, SamplingParams
 
 
@@ -59,7 +59,7 @@ def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingP
         _generate_greedy(engine, int(np.argmax(logits)), seq_id, n_predict, stops, on_token, gen)
     else:
         _generate_sampled(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen,
-                          candidates=sampler.takes_candidates(CANDIDATES))
+                          candidates=sampler.takes_candidates(CANDIDATES, adjusted=True))
     gen.timings.predicted_n = len(gen.tokens)
     gen.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
     return gen
@@ -92,19 +92,24 @@ def _generate_greedy(engine, first: int, seq_id: int, n_predict: int, stops, on_
 
 def _generate_sampled(engine, logits, seq_id: int, n_predict: int, sampler: Sampler, stops, on_token,
                       gen: Generation, candidates: bool = False) -> None:
-    """Sampling on the host: from the whole row, or (`candidates`: a top-k of at most CANDIDATES,
-    no penalty) from the best logits the GPU picked, the same draw for the host's 512 bytes."""
+    """Sampling on the host: from the whole row, or (`candidates`: a top-k of at most CANDIDATES)
+    from the best logits the GPU picked after applying the sampler's logit bias, penalties and
+    DRY to the row, the same draw for the host's 512 bytes (the whole row when those name more
+    than ADJUST_CAP tokens)."""
     top = None
     for i in range(n_predict):
-        token = sampler.sample(logits) if top is None else sampler.sample_top(*top)
+        token = sampler.sample(logits) if top is None else sampler.sample_top(*top, adjusted=True)
         if _take(token, stops, on_token, gen):
             return
         sampler.accept(token)
-        if i + 1 < n_predict:
-            if candidates:
-                top = engine.candidates(token, seq_id)
-            else:
-                logits = engine.eval([token], seq_id)
+        if i + 1 >= n_predict:
+            return
+        adjust = sampler.adjustments() if candidates and sampler.params.needs_row else None
+        if candidates and (adjust is None or len(adjust) <= ADJUST_CAP):
+            values, ids = engine.decode_candidates([(seq_id, token)], [adjust])
+            top = values[0], ids[0]
+        else:
+            top, logits = None, engine.eval([token], seq_id)
 
 
 class TextStream:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import VkrtError
 from .dry import DryBreakers, dry_penalties
+from .logit_adjust import LogitAdjustments, logit_adjustments
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class SamplingParams:
     @property
     def needs_row(self) -> bool:
         """Whether a step changes logits anywhere in the row before any cut (bias, penalties, DRY):
-        then neither the GPU's argmax nor its best candidates stand for the row."""
+        then the GPU's argmax does not stand for the row, and its best candidates only once the
+        GPU has applied Sampler.adjustments() to it."""
         return self.penalized or bool(self.logit_bias) or self.dry
 
     @property
@@ -92,28 +94,22 @@ class Sampler:
         if window is not None and len(self.history) > window:
             del self.history[:len(self.history) - window]
 
+    def adjustments(self) -> LogitAdjustments | None:
+        """What logit bias, the penalties and DRY change in the next row (None: nothing), as the
+        host applies it in sample() and the GPU before picking candidates."""
+        p = self.params
+        dry = None
+        if self._dry is not None and self.history:
+            context = self.history if p.dry_penalty_last_n < 0 else self.history[-p.dry_penalty_last_n:]
+            dry = dry_penalties(context, p.dry_multiplier, p.dry_base, p.dry_allowed_length, self._dry)
+        return logit_adjustments(p, self.history, dry)
+
     def sample(self, logits: np.ndarray) -> int:
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
-        if p.logit_bias:
-            logits = logits.copy()
-            ids, bias = zip(*p.logit_bias)
-            logits[list(ids)] += np.asarray(bias, np.float32)
-        recent = self.history[-p.repeat_last_n:] if p.repeat_last_n > 0 else []
-        if p.penalized and recent:
-            logits = logits.copy()
-            ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
-            vals = logits[ids]
-            if p.repeat_penalty != 1.0:
-                vals = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
-            logits[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
-        if self._dry is not None and self.history:
-            context = self.history if p.dry_penalty_last_n < 0 else self.history[-p.dry_penalty_last_n:]
-            pen = dry_penalties(context, p.dry_multiplier, p.dry_base, p.dry_allowed_length, self._dry)
-            if pen:
-                logits = logits.copy()
-                toks = np.fromiter(pen, np.int64)
-                logits[toks] -= np.fromiter(pen.values(), np.float64).astype(np.float32)
+        adjust = self.adjustments() if p.needs_row else None
+        if adjust is not None:
+            logits = adjust.apply(logits)
         if p.greedy:
             return int(np.argmax(logits))
         if p.mirostat:
@@ -127,18 +123,22 @@ class Sampler:
         order = np.argsort(-logits, kind="stable")
         return self._draw(ids[order], logits[order])
 
-    def takes_candidates(self, n: int) -> bool:
+    def takes_candidates(self, n: int, adjusted: bool = False) -> bool:
         """Whether sample_top over the best n logits picks as sample() over the whole row would:
-        greedy, or a top-k cut of at most n; nothing that needs the whole row (needs_row, top-n-sigma,
-        mirostat)."""
+        greedy, or a top-k cut of at most n; nothing that needs the whole row (top-n-sigma,
+        mirostat). Logit bias, penalties and DRY (needs_row) only where the GPU applied
+        adjustments() to the row before picking the candidates (`adjusted`)."""
         p = self.params
-        return not p.needs_row and (p.greedy or (p.top_n_sigma <= 0 and not p.mirostat and 0 < p.k <= n))
+        if p.needs_row and not adjusted:
+            return False
+        return p.greedy or (p.top_n_sigma <= 0 and not p.mirostat and 0 < p.k <= n)
 
-    def sample_top(self, values: np.ndarray, ids: np.ndarray) -> int:
+    def sample_top(self, values: np.ndarray, ids: np.ndarray, adjusted: bool = False) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
-        sample() would from the whole row (see takes_candidates)."""
+        sample() would from the whole row (see takes_candidates; `adjusted`: the row had
+        adjustments() applied)."""
         k = self.params.k
-        if not self.takes_candidates(len(values)):
+        if not self.takes_candidates(len(values), adjusted):
             raise VkrtError(f"sampling from {len(values)} candidates needs greedy or top_k in 1..{len(values)} and "
                             f"nothing that reads the whole row (Sampler.takes_candidates), got {self.params}")
         if self.params.greedy:

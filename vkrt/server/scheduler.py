@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from ..engine.engine import CANDIDATES
+from ..engine.engine import ADJUST_CAP, CANDIDATES
 from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
 from .jobs import Failed, Job
@@ -182,11 +182,14 @@ class Scheduler:
             batch = active[i:i + engine.n_ubatch]
             t0 = time.perf_counter()
             pairs = [(s.id, s.next_token) for s in batch]
-            # the GPU picks each row's best logits where every slot's sampler can draw from them
+            # the GPU picks each row's best logits where every slot's sampler can draw from them,
+            # after applying their logit bias, penalties and DRY to the rows
             top = len(batch) <= engine.candidate_rows and all(
-                s.sampler.takes_candidates(CANDIDATES) and s.job.logprobs is None for s in batch)
+                s.sampler.takes_candidates(CANDIDATES, adjusted=True) and s.job.logprobs is None for s in batch)
+            adjust = [s.sampler.adjustments() if top and s.sampler.params.needs_row else None for s in batch]
+            top = top and all(a is None or len(a) <= ADJUST_CAP for a in adjust)
             try:
-                out = engine.decode_candidates(pairs) if top else engine.decode(pairs)
+                out = engine.decode_candidates(pairs, adjust) if top else engine.decode(pairs)
             except Exception as exc:
                 self._fail(engine, batch, exc)
                 continue

@@ -89,7 +89,7 @@ class Slot:
     def sample(self, logits=None, top=None) -> None:
         """Pick the next token from a row of logits, or from the best candidates (values, ids)
         where the sampler takes them (Sampler.takes_candidates)."""
-        token = self.sampler.sample(logits) if top is None else self.sampler.sample_top(*top)
+        token = self.sampler.sample(logits) if top is None else self.sampler.sample_top(*top, adjusted=True)
         if token in self.eog:
             self.finish("stop", "eos")
             return
