@@ -197,10 +197,12 @@ def test_dry_breaker_tokens_and_the_sampler(tokenizer):
 
 
 def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
-    """After the warm-up, a decode step of any batch size the slots can make (candidates or whole
-    rows) and a prompt of any length up to the micro-batch (padded) replay recorded graphs: no
-    request pays for recording one."""
+    """After the warm-up, a decode step of any batch size the slots can make (candidates, of
+    adjusted rows too, or whole rows) and a prompt of any length up to the micro-batch (padded)
+    replay recorded graphs: no request pays for recording one."""
     from vkrt.engine.engine import Engine
+    from vkrt.engine.logit_adjust import logit_adjustments
+    from vkrt.engine.sampler import SamplingParams
     from vkrt.model.loader import Model
     from vkrt.server.backend import Backend
 
@@ -209,10 +211,12 @@ def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
         backend.warm_up(n_parallel=3)
         assert all(e.sequence_length(s) == 0 for s in range(3))
         recorded = e.stats.graphs_recorded
+        penalty = logit_adjustments(SamplingParams(repeat_penalty=1.2), [5, 6, 7])
         for n in (1, 2, 3):
             pairs = [(s, 5) for s in range(n)]
             e.decode(pairs)
             e.decode_candidates(pairs)
+            e.decode_candidates(pairs, [penalty] + [None] * (n - 1))
         e.reset()
         for n in (17, 64, 100, 128):
             e.eval(list(range(3, 3 + n)), seq_id=1)

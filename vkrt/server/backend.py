@@ -12,6 +12,8 @@ from typing import Callable
 
 from ..device import Device
 from ..engine.engine import PAD_FROM, PAD_STEP
+from ..engine.logit_adjust import logit_adjustments
+from ..engine.sampler import SamplingParams
 from ..memory.host_import import registration_enabled
 from ..units import fmt_bytes
 
@@ -32,8 +34,9 @@ class Backend:
     def warm_up(self, n_parallel: int = 1) -> float:
         """Run a short prompt, prompts of the padded step sizes up to 512 tokens (where prompt
         steps are padded) and a decode step of every batch size the slots can make (with the
-        GPU's candidates and with whole rows), then forget them, so requests do not pay for
-        creating pipelines and recording graphs; returns the seconds it took."""
+        GPU's candidates, with candidates of adjusted rows and with whole rows), then forget them,
+        so requests do not pay for creating pipelines and recording graphs; returns the seconds
+        it took."""
         t0 = time.perf_counter()
         e = self.engine
         token = self.model.tokenizer.bos_id or 0
@@ -43,11 +46,13 @@ class Backend:
                 e.reset()
                 e.eval([token] * n, seq_id=0)
         e.reset()
+        bias = logit_adjustments(SamplingParams(logit_bias=((token, 0.0),)), [])   # the adjusted variant
         for n in range(1, min(n_parallel, e.n_ubatch) + 1):
             pairs = [(s, token) for s in range(n)]
             e.decode(pairs)
             if n <= e.candidate_rows:
                 e.decode_candidates(pairs)
+                e.decode_candidates(pairs, [bias] * n)
         e.reset()
         return time.perf_counter() - t0
 
