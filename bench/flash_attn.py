@@ -84,21 +84,29 @@ def measure(dev, ubatch: int, depth: int, hs: int, n_head: int, n_head_kv: int, 
                 speedup_mask_opt=off_s / on_s)
 
 
+def parse_args(ap, quick: dict, repeats: int):
+    """Add --heads, --repeats, --quick and --json to `ap` and parse; --quick sets the `quick`
+    values, and heads becomes a list of (head_size, n_head, n_head_kv)."""
+    ap.add_argument("--heads", default="128:32:4,256:16:2", help="head_size:n_head:n_head_kv, comma-separated")
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--quick", action="store_true", help=f"lavapipe-sized: {quick}")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    if args.quick:
+        for key, value in quick.items():
+            setattr(args, key, value)
+    args.heads = [tuple(int(y) for y in x.split(":")) for x in args.heads.split(",")]
+    return args
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ubatch", default="512,2048", help="query counts, comma-separated")
     ap.add_argument("--depth", default="0,4096,16384,32768", help="cached tokens before the ubatch")
-    ap.add_argument("--heads", default="128:32:4,256:16:2", help="head_size:n_head:n_head_kv, comma-separated")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help=f"lavapipe-sized: {QUICK}")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args()
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    args = parse_args(ap, QUICK, repeats=3)
     ubatches = [int(x) for x in args.ubatch.split(",")]
     depths = [int(x) for x in args.depth.split(",")]
-    heads = [tuple(int(y) for y in x.split(":")) for x in args.heads.split(",")]
+    heads = args.heads
     rng = np.random.default_rng(0)
     with Device() as dev:
         rows = [measure(dev, ub, depth, hs, nh, nkv, args.repeats, rng)

@@ -19,14 +19,14 @@ import argparse
 import json
 
 import numpy as np
-from flash_attn import time_runs
+from flash_attn import parse_args, time_runs
 
 from vkrt.commands import tensor_from_numpy
 from vkrt.device import Device
+from vkrt.engine.engine import KV_STEP
 from vkrt.memory import F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
 
-KV_STEP = 256   # vkrt/engine/engine.py: the attention covers the used cells rounded up to this
 QUICK = dict(queries="1,4", depth="100,600", heads="64:4:1,128:4:2", splits="1,2,4", repeats=2)
 
 
@@ -64,17 +64,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queries", default="1,16", help="query rows (sequences decoding), comma-separated")
     ap.add_argument("--depth", default="100,1000,4000,16000", help="cached tokens before the query")
-    ap.add_argument("--heads", default="128:32:4,256:16:2", help="head_size:n_head:n_head_kv, comma-separated")
     ap.add_argument("--splits", default="1,2,4,8,16,32", help="split counts the packed sweep forces")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help=f"lavapipe-sized: {QUICK}")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args()
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    args = parse_args(ap, QUICK, repeats=5)
     ints = lambda text: [int(x) for x in text.split(",") if x]   # noqa: E731
-    heads = [tuple(int(y) for y in x.split(":")) for x in args.heads.split(",")]
+    heads = args.heads
     rng = np.random.default_rng(0)
     with Device() as dev:
         rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng)

@@ -15,6 +15,11 @@ from vkrt.model.loader import Model
 PROMPT = [5, 9, 2, 11, 3, 7, 1, 4]
 
 
+def best(row: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest logits of a row, best first (ties: the lower id)."""
+    return np.lexsort((np.arange(row.size), -row.astype(np.float64)))[:k]
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe"])
 def test_candidates_are_the_best_of_the_row(device, tmp_path, name):
     path = tiny_model(name, tmp_path)
@@ -24,7 +29,7 @@ def test_candidates_are_the_best_of_the_row(device, tmp_path, name):
         e.reset()
         row = e.eval(PROMPT)
         k = min(CANDIDATES, row.size)
-        order = np.lexsort((np.arange(row.size), -row.astype(np.float64)))[:k]
+        order = best(row, k)
         assert ids.tolist() == order.tolist()
         np.testing.assert_array_equal(values, row[order])
 
@@ -71,7 +76,7 @@ def test_batched_candidates_match_batched_rows(device, tmp_path, name):
         rows, (values, ids) = outs
         for r in range(3):
             k = ids.shape[1]
-            order = np.lexsort((np.arange(rows.shape[1]), -rows[r].astype(np.float64)))[:k]
+            order = best(rows[r], k)
             assert ids[r].tolist() == order.tolist()
             np.testing.assert_array_equal(values[r], rows[r][order])
         with pytest.raises(VkrtError, match="decode_candidates takes"):
@@ -100,7 +105,7 @@ def test_adjusted_candidates_match_the_adjusted_row(device, tmp_path):
         rows, (values, ids) = outs
         for r in range(2):
             row = adjust[r].apply(rows[r]) if adjust[r] is not None else rows[r]
-            order = np.lexsort((np.arange(row.size), -row.astype(np.float64)))[:ids.shape[1]]
+            order = best(row, ids.shape[1])
             assert ids[r].tolist() == order.tolist()
             np.testing.assert_array_equal(values[r], row[order])
         assert 5 not in ids[0].tolist()

@@ -29,7 +29,7 @@ from ..ops.argmax import MAX_PARTS, argmax
 from ..ops.logit_adjust import logit_adjust, pack_table, table_words
 from ..ops.topk import scratch_words, top_candidates
 from ..owned import Owned
-from .kv_cache import ContextFull, KVCache
+from .kv_cache import KVCache
 from .logit_adjust import LogitAdjustments
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
 from .recurrent_state import Checkpoint, RecurrentState
@@ -115,7 +115,7 @@ class Engine(Owned):
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
-        self._tokens = self._argmax_part = self._top = self._adjust = self._adjust_host = None
+        self._tokens = self._argmax_part = self._top = self._adjust = None
         self._top_scratch = ()
         self.state: RecurrentState | None = None
         try:
@@ -138,9 +138,10 @@ class Engine(Owned):
             words = scratch_words(cfg.vocab_size, CANDIDATES, self.candidate_rows)
             self._top_scratch = tuple(Tensor.empty(dev, I32, (words,), name="top-k scratch") for _ in range(2))
             self._top = Buffer(dev, 8 * CANDIDATES * self.candidate_rows, MemoryKind.READBACK, label="top-k candidates")
-            words = table_words(self.candidate_rows, ADJUST_CAP)
-            self._adjust = Tensor.empty(dev, I32, (words,), name="logit adjustments")
-            self._adjust_host = Buffer(dev, 4 * words, MemoryKind.HOST, label="logit adjustments (host)")
+            # written by the host each adjusted step, read by logit_adjust where it lies (a few
+            # hundred bytes of it, not worth a copy to VRAM)
+            self._adjust = Buffer(dev, 4 * table_words(self.candidate_rows, ADJUST_CAP), MemoryKind.HOST,
+                                  label="logit adjustments")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
             self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
                                          self._cache_bytes(expert_cache, prefetch_slots))
@@ -202,9 +203,9 @@ class Engine(Owned):
             def read(seq, n, row):
                 logits = self.scratch.logits.slice(1, 0, n)
                 if adjust:   # candidates rows fit one slice of logits: row is 0
-                    size = 4 * table_words(n, ADJUST_CAP)
-                    seq.copy(self._adjust_host.range(0, size), self._adjust.slice(0, 0, size // 4).range(), size)
-                    logit_adjust(seq, logits, self._adjust, ADJUST_CAP)
+                    words = table_words(n, ADJUST_CAP)
+                    logit_adjust(seq, logits, Tensor.on(self._adjust.range(0, 4 * words), I32, (words,),
+                                                        name="logit adjustments"), ADJUST_CAP)
                 top_candidates(seq, logits, CANDIDATES, self._top_scratch,
                                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
                                          name="candidates"))
@@ -334,11 +335,16 @@ class Engine(Owned):
         """Tokens of `seq_id` held in the KV cache."""
         return self.cache.cells.length(seq_id)
 
+    @property
+    def pads_prompts(self) -> bool:
+        """Whether prompt steps run padded (PAD_FROM): flash attention, no recurrent state, no
+        host experts."""
+        return self.flash_attn and not self.recurrent and not self.prefetch.layers and not self.staging.layers
+
     def padded_tokens(self, n: int) -> int:
-        """The tokens a prompt step of n runs as: n, or with padding (PAD_FROM) a multiple of
-        PAD_STEP up to the micro-batch."""
-        if (n <= PAD_FROM or not self.flash_attn or self.recurrent or self.prefetch.layers
-                or self.staging.layers):
+        """The tokens a prompt step of n runs as: n, or with padding a multiple of PAD_STEP up to
+        the micro-batch."""
+        if n <= PAD_FROM or not self.pads_prompts:
             return n
         return min(self.n_ubatch, -(-n // PAD_STEP) * PAD_STEP)
 
@@ -347,7 +353,7 @@ class Engine(Owned):
         t0 = time.perf_counter()
         n = ids.size
         pad = self.padded_tokens(n) - n if n_seqs == 1 else 0
-        if pad and (self.cache.cells.seq < 0).sum() <= n:   # no cell would be left for the padding
+        if pad and self.cache.cells.n_free() <= n:   # no cell would be left for the padding
             pad = 0
         if pad:   # padding first: the last token, whose logits a step reads, stays a real one
             ids = np.concatenate([np.zeros(pad, np.int32), ids])
@@ -386,11 +392,8 @@ class Engine(Owned):
             sel = seqs == s
             if s != PAD_SEQ:
                 cells[sel] = cells_tab.allocate(int(s), pos[sel])
-        if (seqs == PAD_SEQ).any():   # padding writes its K and V to a free cell no token attends
-            free = cells_tab.free_cell()
-            if free is None:
-                raise ContextFull("the context is full: no free cell is left for a padded step (raise -c)")
-            cells[seqs == PAD_SEQ] = free
+        if (seqs == PAD_SEQ).any():   # padding writes its K and V to a free cell no token attends (_step left one)
+            cells[seqs == PAD_SEQ] = cells_tab.highest_free()
         n = ids.size
         used = cells_tab.used_end()
         n_kv = self.kv_span(used, n)
@@ -463,12 +466,8 @@ class Engine(Owned):
         """The table logit_adjust reads: a count a row, then ADJUST_CAP entries a row."""
         if len(adjustments) != rows:
             raise VkrtError(f"decode_candidates: {len(adjustments)} adjustments for {rows} tokens")
-        for r, adj in enumerate(adjustments):
-            if adj is not None and len(adj) > ADJUST_CAP:
-                raise VkrtError(f"decode_candidates: {len(adj)} logit adjustments for token {r}, at most {ADJUST_CAP} "
-                                f"(decode() returns the whole row)")
         words = pack_table(rows, ADJUST_CAP, [None if a is None else a.words() for a in adjustments])
-        self._adjust_host.host_bytes[:words.nbytes] = words.view(np.uint8)
+        self._adjust.host_bytes[:words.nbytes] = words.view(np.uint8)
 
     def _read_candidates(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         pairs = self._top.read(np.uint32, 8 * CANDIDATES * rows).reshape(rows, CANDIDATES, 2)
@@ -571,7 +570,6 @@ class Engine(Owned):
             g.close()
         self._graphs.clear()
         for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
-                    self._top, self._adjust, self._adjust_host, *self._top_scratch, self.scratch, self.state,
-                    self.cache):
+                    self._top, self._adjust, *self._top_scratch, self.scratch, self.state, self.cache):
             if obj is not None:
                 obj.close()

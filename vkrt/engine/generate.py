@@ -104,7 +104,7 @@ def _generate_sampled(engine, logits, seq_id: int, n_predict: int, sampler: Samp
         sampler.accept(token)
         if i + 1 >= n_predict:
             return
-        adjust = sampler.adjustments() if candidates and sampler.params.needs_row else None
+        adjust = sampler.adjustments() if candidates else None
         if candidates and (adjust is None or len(adjust) <= ADJUST_CAP):
             values, ids = engine.decode_candidates([(seq_id, token)], [adjust])
             top = values[0], ids[0]

@@ -38,10 +38,13 @@ class CellTable:
         self.pos[cells] = positions
         return cells.astype(np.int32)
 
-    def free_cell(self) -> int | None:
-        """A cell no sequence holds (the highest), or None when every cell is taken."""
-        free = np.flatnonzero(self.seq < 0)
-        return int(free[-1]) if free.size else None
+    def n_free(self) -> int:
+        """Cells no sequence holds."""
+        return int((self.seq < 0).sum())
+
+    def highest_free(self) -> int:
+        """The highest cell no sequence holds (allocate takes the lowest); there must be one."""
+        return int(np.flatnonzero(self.seq < 0)[-1])
 
     def free(self, seq: int, from_pos: int = 0) -> None:
         """Forget sequence `seq`'s cells at positions >= from_pos."""

@@ -107,7 +107,7 @@ class Sampler:
     def sample(self, logits: np.ndarray) -> int:
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
-        adjust = self.adjustments() if p.needs_row else None
+        adjust = self.adjustments()
         if adjust is not None:
             logits = adjust.apply(logits)
         if p.greedy:

@@ -134,9 +134,8 @@ class FlashAttn(Owned):
     the shape allows it (grouped heads, one mask plane, no ALiBi). kv_used: a 1-element I32
     tensor holding how many leading KV cells are live (written each step; the cells past it must
     be masked): later KV tiles are skipped, with the same result, and the splits share the live
-    tiles. tuning: another architecture's
-    table entry (tests). K and V offsets and strides must be multiples of 4 elements (the kernel
-    reads 4 at a time).
+    tiles. tuning: another architecture's table entry (tests). K and V offsets and strides must
+    be multiples of 4 elements (the kernel reads 4 at a time).
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
@@ -153,7 +152,7 @@ class FlashAttn(Owned):
         self.n_row_tiles = -(-s.n_q * self.pack // self.tile.br)
         self.n_kv_tiles = -(-s.n_kv // self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
-        self.n_split, self.split_tiles = self.decide_split(split_k)
+        self.n_split = self.decide_split(split_k)[0]
         self._scratch = []
         self._mask = None
         # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
@@ -193,6 +192,11 @@ class FlashAttn(Owned):
         return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared)
 
     @property
+    def n_tiles(self) -> int:
+        """Workgroups of one split: row tiles x (query heads / packed heads) x batch."""
+        return self.n_row_tiles * self.shape.n_head // self.pack * self.shape.batch
+
+    @property
     def mask_rows(self) -> int:
         """Token rows of one mask_opt block."""
         return mask_opt_rows(self.tile, self.pack)
@@ -212,7 +216,7 @@ class FlashAttn(Owned):
     def decide_split(self, split_k=None) -> tuple[int, int]:
         """(splits, KV tiles per split) for this grid; split_k as in split_plan."""
         s = self.shape
-        return split_plan(self.tuning, self.n_row_tiles * s.n_head // self.pack * s.batch, self.n_kv_tiles, split_k,
+        return split_plan(self.tuning, self.n_tiles, self.n_kv_tiles, split_k,
                           self.device.profile.max_workgroup_count[2] // s.batch, s.n_q <= self.tuning.fa_pack_max_q)
 
     # -- pipelines and scratch -----------------------------------------------------------------
@@ -255,13 +259,12 @@ class FlashAttn(Owned):
             self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
                                                      m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
-        if self.n_split > 1:   # the last split of a row tile merges them (vkrt/ops/flash_attn.py's kernel)
+        if self.n_split > 1:   # the last split of a row tile merges them (shaders/flash_attn.comp)
             rows = s.batch * s.n_q * s.n_head
             self._part = self._alloc(4 * self.n_split * rows * s.hsv, "flash_attn split O")
             self._ml = self._alloc(8 * self.n_split * rows, "flash_attn split M, L")
-            tiles = self.n_row_tiles * s.n_head // self.pack * s.batch
-            self._done = self._alloc(4 * tiles, "flash_attn splits done")
-            upload(dev, self._done, np.zeros(tiles, np.uint32))
+            self._done = self._alloc(4 * self.n_tiles, "flash_attn splits done")
+            upload(dev, self._done, np.zeros(self.n_tiles, np.uint32))
 
     @property
     def _mask_row_tiles(self) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..device import Device
-from ..engine.engine import PAD_FROM, PAD_STEP
+from ..engine.engine import PAD_STEP
 from ..engine.logit_adjust import logit_adjustments
 from ..engine.sampler import SamplingParams
 from ..memory.host_import import registration_enabled
@@ -41,7 +41,7 @@ class Backend:
         e = self.engine
         token = self.model.tokenizer.bos_id or 0
         e.eval([token] * min(8, e.n_ubatch), seq_id=0)
-        if e.padded_tokens(PAD_FROM + 1) != PAD_FROM + 1:
+        if e.pads_prompts:
             for n in range(PAD_STEP, min(e.n_ubatch, 512) + 1, PAD_STEP):
                 e.reset()
                 e.eval([token] * n, seq_id=0)

@@ -186,7 +186,7 @@ class Scheduler:
             # after applying their logit bias, penalties and DRY to the rows
             top = len(batch) <= engine.candidate_rows and all(
                 s.sampler.takes_candidates(CANDIDATES, adjusted=True) and s.job.logprobs is None for s in batch)
-            adjust = [s.sampler.adjustments() if top and s.sampler.params.needs_row else None for s in batch]
+            adjust = [s.sampler.adjustments() if top else None for s in batch]
             top = top and all(a is None or len(a) <= ADJUST_CAP for a in adjust)
             try:
                 out = engine.decode_candidates(pairs, adjust) if top else engine.decode(pairs)
