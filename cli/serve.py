@@ -52,15 +52,23 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
               help="Seconds a client has to send a request's headers (after connecting, or after the last "
                    "answer on a kept-alive connection: then the connection is closed), and then its body "
                    "(else 408). Generation time does not count.")
+@click.option("--max-itl-ratio", type=click.FloatRange(0), default=2.0, show_default=True,
+              help="While slots generate, a step reads only as much pending prompt as keeps it within this many "
+                   "decode steps' time (measured as the server runs), so a long prompt arriving slows the other "
+                   "streams' inter-token latency at most this much (at least 64 prompt tokens a step are read). "
+                   "0: no limit, whole micro-batches (-ub) of prompt a step.")
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
-          timeout, **model_kw):
+          timeout, max_itl_ratio, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
     from vkrt.server.backend import load_backend
     from vkrt.server.state import ServerConfig
 
+    if 0 < max_itl_ratio <= 1:
+        raise click.BadParameter(f"{max_itl_ratio} would leave no time for prompts while slots generate; give a "
+                                 f"ratio above 1, or 0 for no limit", param_hint="--max-itl-ratio")
     if model_kw["n_ctx"] // n_parallel < 8:
         raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
     model_kw["model"] = model_kw["model"] or default_model()
@@ -69,7 +77,8 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         logging.getLogger("vkrt").setLevel(logging.INFO)
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
                           model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints,
-                          allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout)
+                          allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout,
+                          max_itl_ratio=max_itl_ratio)
 
     def load():
         path = model_kw["model"]

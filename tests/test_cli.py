@@ -74,6 +74,14 @@ def test_bench_rejects_negative_sizes(tmp_path):
         assert "Traceback" not in result.output
 
 
+def test_serve_refuses_an_itl_ratio_that_leaves_no_room(tmp_path):
+    model = tmp_path / "none.gguf"
+    model.write_bytes(b"")
+    for ratio, msg in (("0.5", "give a ratio above 1"), ("-1", "is not in the range")):
+        result = CliRunner().invoke(cli, ["serve", "-m", str(model), "--max-itl-ratio", ratio])
+        assert result.exit_code == 2 and "--max-itl-ratio" in result.output and msg in result.output, result.output
+
+
 def test_context_past_the_buffer_limit_names_the_option(device, tmp_path):
     """A buffer past the device's limit: a ConfigError that says which option to lower."""
     import dataclasses

@@ -17,11 +17,11 @@ def test_span_rule(device, tmp_path):
             assert e.kv_span(1500) == 2000
         with Engine(m, n_ctx=2048, n_ubatch=128, flash_attn=False) as e:
             assert e.kv_span(513) == 768
-        with Engine(m, n_ctx=8192, n_ubatch=128, n_seq_max=4) as e:   # a server's small steps: one span to 4096
-            assert [e.kv_span(u, 16) for u in (1, 3000, 5000)] == [4096, 4096, 8192]
-            assert e.kv_span(300, 17) == 512
+        with Engine(m, n_ctx=8192, n_ubatch=128, n_seq_max=4) as e:   # a server: one span to 4096
+            assert [e.kv_span(u) for u in (1, 3000, 5000)] == [4096, 4096, 8192]
+            assert e.kv_span(300) == 4096
         with Engine(m, n_ctx=2048, n_ubatch=128, n_seq_max=4) as e:
-            assert e.kv_span(300, 1) == 2048
+            assert e.kv_span(300) == 2048
 
 
 def test_power_of_two_span_keeps_logits_and_graphs(device, tmp_path, monkeypatch):
@@ -31,7 +31,7 @@ def test_power_of_two_span_keeps_logits_and_graphs(device, tmp_path, monkeypatch
     for pow2 in (True, False):
         with Model(device, path, progress=False) as m, Engine(m, n_ctx=1024, n_ubatch=64) as e:
             if not pow2:
-                monkeypatch.setattr(e, "kv_span", lambda used, n: -(-used // KV_STEP) * KV_STEP)
+                monkeypatch.setattr(e, "kv_span", lambda used: -(-used // KV_STEP) * KV_STEP)
             rows = [e.eval(prompt)]
             token = int(rows[0].argmax())
             for _ in range(300):   # through cells 240..540: spans 256, 512, 1024 (or 256, 512, 768)

@@ -152,8 +152,9 @@ def test_metrics_page_parses():
 
 
 def test_prefill_gives_way_to_generating_slots():
-    """With a slot generating, a step reads one micro-batch of another slot's long prompt (its
-    next token waits one micro-batch, not the whole batch); alone, the prompt reads a batch."""
+    """A model with a recurrent state: with a slot generating, a step reads one micro-batch of
+    another slot's long prompt (its next token waits one micro-batch, not the whole batch);
+    alone, the prompt reads a batch."""
     from types import SimpleNamespace
 
     from vkrt.server.checkpoints import SlotCheckpoints
@@ -177,6 +178,52 @@ def test_prefill_gives_way_to_generating_slots():
     assert step(generating=False) == [16, 16, 16, 16]
 
 
+def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
+    """One step holds every generating slot's token and a chunk of the oldest pending prompt;
+    while slots generate the chunk keeps the step within max_itl_ratio decode steps (from the
+    measured costs), alone or with no limit it fills the micro-batch."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from vkrt.server.metrics import Metrics
+    from vkrt.server.scheduler import Scheduler
+
+    steps = []
+
+    def mixed(parts, adjust, top):
+        steps.append([(s, len(t)) for s, t in parts])
+        n = len(parts)
+        return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
+
+    engine = SimpleNamespace(n_ubatch=512, recurrent=False, candidate_rows=64, mixed=mixed,
+                             stats=SimpleNamespace(record_seconds=0.0))
+    sampler = SimpleNamespace(takes_candidates=lambda n, adjusted: True, adjustments=lambda: None)
+
+    def run(ratio: float, generating: bool):
+        sched = Scheduler(lambda: None, 2, Metrics(), max_itl_ratio=ratio)
+        sched._decode_cost, sched._token_cost = 0.05, 0.0002   # 250 prompt tokens cost one decode step
+        sampled = []
+        reader = SimpleNamespace(id=0, generating=False, prefilling=True, pending=list(range(1000)), cache=[],
+                                 t_start=0.0, sampler=sampler, job=SimpleNamespace(logprobs=None))
+        later = SimpleNamespace(id=2, generating=False, prefilling=True, pending=list(range(30)), cache=[],
+                                t_start=5.0, sampler=sampler, job=SimpleNamespace(logprobs=None),
+                                prefilled=lambda top: sampled.append(2))
+        other = SimpleNamespace(id=1, generating=generating, prefilling=False, next_token=7, t_start=1.0,
+                                sampler=sampler, job=SimpleNamespace(logprobs=None), fed=lambda: None,
+                                sample=lambda top: sampled.append(1))
+        sched.slots = [reader, other, later]
+        steps.clear()
+        sched._step(engine)
+        return steps[-1], sampled, len(reader.cache)
+
+    assert run(2.0, generating=True) == ([(1, 1), (0, 191)], [1], 191)   # 1 + 250 tokens, down to 192
+    assert run(0, generating=True) == ([(1, 1), (0, 511)], [1], 511)
+    assert run(2.0, generating=False) == ([(0, 512)], [], 512)
+    assert run(3.0, generating=True)[0] == [(1, 1), (0, 447)]
+    assert run(1.1, generating=True)[0] == [(1, 1), (0, 63)]   # at least one PAD_STEP
+
+
 def test_dry_breaker_tokens_and_the_sampler(tokenizer):
     """A breaker's tokens from the vocabulary (cached a breaker set); DRY moves greedy off the
     token that would repeat a sequence."""
@@ -198,8 +245,9 @@ def test_dry_breaker_tokens_and_the_sampler(tokenizer):
 
 def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
     """After the warm-up, a decode step of any batch size the slots can make (candidates, of
-    adjusted rows too, or whole rows) and a prompt of any length up to the micro-batch (padded)
-    replay recorded graphs: no request pays for recording one."""
+    adjusted rows too, or whole rows) and a prompt of any length up to the micro-batch (padded),
+    alone or with the other slots' decode tokens, replay recorded graphs: no request pays for
+    recording one."""
     from vkrt.engine.engine import Engine
     from vkrt.engine.logit_adjust import logit_adjustments
     from vkrt.engine.sampler import SamplingParams
@@ -219,6 +267,8 @@ def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
             e.decode_candidates(pairs, [penalty] + [None] * (n - 1))
         e.reset()
         for n in (17, 64, 100, 128):
-            e.eval(list(range(3, 3 + n)), seq_id=1)
+            e.mixed([(1, list(range(3, 3 + n)))], top=True)
+            e.reset()
+            e.mixed([(0, [5]), (2, [6]), (1, list(range(3, 1 + n)))], top=True)
             e.reset()
         assert e.stats.graphs_recorded == recorded

@@ -48,9 +48,9 @@ KV_STEP = 256
 # prompts of new lengths reuse a few recorded graphs instead of recording one each
 PAD_FROM, PAD_STEP = 16, 64
 PAD_SEQ = -2   # the sequence id of padding tokens: no cell holds it
-# an engine for several sequences (a server) runs steps of up to PAD_FROM tokens over at least
-# this many cells: one graph per batch size until the slots' cells pass it (splits of flash
-# attention left without live tiles only count themselves done)
+# an engine for several sequences (a server) runs its steps over at least this many cells: one
+# graph per step shape until the slots' cells pass it (splits of flash attention left without
+# live tiles only count themselves done; the mask's dead columns cost bytes only)
 MULTI_SEQ_MIN_SPAN = 4096
 CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
 CANDIDATE_ROWS = 64   # the most tokens a step reads candidates of (decode_candidates' batch)
@@ -94,8 +94,9 @@ class Engine(Owned):
     """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens.
     Models with Gated DeltaNet layers also keep a recurrent state for each of `n_seq_max`
     sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory.
-    Recorded step graphs are kept for `max_graphs` shapes (default 16, and 4 a sequence more: a
-    server's decode steps take every batch size up to its slots, with and without candidates)."""
+    Recorded step graphs are kept for `max_graphs` shapes (default 16, and 6 a sequence more: a
+    server's decode steps take every batch size up to its slots, with and without candidates,
+    and its mixed steps several sizes of prompt and of output)."""
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
                  flash_attn: bool = True, kv_type=F16, max_graphs: int | None = None, replay: bool = True,
@@ -109,8 +110,8 @@ class Engine(Owned):
             n_ubatch = n_batch
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
         self.flash_attn = flash_attn
-        self.max_graphs = max_graphs if max_graphs is not None else 16 + 4 * max(0, n_seq_max - 1)
-        self._min_small_span = MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP
+        self.max_graphs = max_graphs if max_graphs is not None else 16 + 6 * max(0, n_seq_max - 1)
+        self._min_span = MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP
         self.replay = replay  # False: record every step afresh (to compare against replaying)
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
@@ -171,14 +172,16 @@ class Engine(Owned):
         return self.state is not None
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
-               chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False) -> _Graph:
+               chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
+               out_rows: int = 0) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
         step reads back the CANDIDATES best logits of its last token instead of the row; adjust:
-        after applying the logit adjustment table the host wrote (top steps only)."""
+        after applying the logit adjustment table the host wrote (top steps only). out_rows > 0:
+        the logits of the tokens the out_ids input names, instead of the last or all."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
-        key = (n_tokens, n_kv, all_logits, n_seqs, chain, top) + (("adjust",) if adjust else ())
+        key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -209,7 +212,7 @@ class Engine(Owned):
                 top_candidates(seq, logits, CANDIDATES, self._top_scratch,
                                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
                                          name="candidates"))
-        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read)
+        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read, out_rows=out_rows)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
         use_staging = not use_prefetch and n_tokens <= self.device.tuning.mv_max_n
@@ -219,7 +222,7 @@ class Engine(Owned):
         lay = self._layout
         sizes = {"ids": 4 * n_tokens, "pos": 4 * n_tokens * cfg.pos_streams,
                  "cells": 4 * n_tokens, "slots": 4 * n_seqs, "mask": 2 * n_kv * n_tokens,
-                 "mask_swa": 2 * n_kv * n_tokens, "kv_used": 4}
+                 "mask_swa": 2 * n_kv * n_tokens, "kv_used": 4, "out_ids": 4 * out_rows}
         segments: list[list] = [[]]
         for part in parts:
             if part.layer is not None:
@@ -234,7 +237,7 @@ class Engine(Owned):
                     if k == 0:
                         base = parity * self._inputs_size
                         for name, t in self.scratch.inputs().items():
-                            if not (ids_on_gpu and name == "ids"):
+                            if sizes[name] and not (ids_on_gpu and name == "ids"):
                                 seq.copy(self._inputs.range(base + lay[name], sizes[name]), t.range(), sizes[name])
                     for part in segment:
                         keep.extend(part.record(seq))
@@ -250,7 +253,8 @@ class Engine(Owned):
         seconds = time.perf_counter() - t0
         self.stats.record_seconds += seconds
         log.debug("recorded the step graph of %d token(s) over %d cells (logits %s, %d sequence(s)%s%s) in %.0f ms",
-                  n_tokens, n_kv, "all" if all_logits else "last", n_seqs, ", chained" if chain else "",
+                  n_tokens, n_kv, f"of {out_rows}" if out_rows else "all" if all_logits else "last", n_seqs,
+                  ", chained" if chain else "",
                   ", candidates" if top else "", seconds * 1e3)
         return g
 
@@ -375,9 +379,11 @@ class Engine(Owned):
         self.stats.seconds += seconds
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
-                 chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False):
+                 chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
+                 out: np.ndarray | None = None):
         """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
-        find its graph; returns (graph, the sequence of each group of tokens)."""
+        find its graph; returns (graph, the sequence of each group of tokens). out: the tokens
+        whose logits the step computes (default: the last, or all with all_logits)."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
         if self.state is not None:
             for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
@@ -396,7 +402,7 @@ class Engine(Owned):
             cells[seqs == PAD_SEQ] = cells_tab.highest_free()
         n = ids.size
         used = cells_tab.used_end()
-        n_kv = self.kv_span(used, n)
+        n_kv = self.kv_span(used)
         lay, cfg = self._layout, self.model.cfg
         base = (chain[0] if chain else 0) * self._inputs_size
         host = self._inputs.host_bytes[base:base + self._inputs_size]
@@ -415,16 +421,16 @@ class Engine(Owned):
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
         if "kv_used" in lay:
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
-        return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust), slots
+        if out is not None:
+            host[lay["out_ids"]:lay["out_ids"] + 4 * out.size] = out.astype(np.int32).view(np.uint8)
+        return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size), slots
 
-    def kv_span(self, used: int, n_tokens: int = 1) -> int:
-        """The KV cells a step of n_tokens attends over when `used` are in use (one past the
-        highest): with flash attention a power of two (for several sequences' steps of up to
-        PAD_FROM tokens at least MULTI_SEQ_MIN_SPAN), else a multiple of KV_STEP; never more than
-        the context."""
+    def kv_span(self, used: int) -> int:
+        """The KV cells a step attends over when `used` are in use (one past the highest): with
+        flash attention a power of two (at least MULTI_SEQ_MIN_SPAN in an engine for several
+        sequences), else a multiple of KV_STEP; never more than the context."""
         if self.flash_attn:
-            least = self._min_small_span if n_tokens <= PAD_FROM else KV_STEP
-            span = max(least, 1 << (used - 1).bit_length())
+            span = max(self._min_span, 1 << (used - 1).bit_length())
         else:
             span = -(-used // KV_STEP) * KV_STEP
         return min(span, self.n_ctx)
@@ -461,6 +467,69 @@ class Engine(Owned):
         out = self._read_candidates(len(batch))
         self._count(len(batch), time.perf_counter() - t0)
         return out
+
+    def mixed(self, parts: list[tuple[int, object]], adjustments: list[LogitAdjustments | None] | None = None,
+              top: bool = False):
+        """One step over several sequences' tokens together (a server's decode tokens and prompt
+        chunks in one micro-batch): part (seq_id, tokens) appends tokens to seq_id. Returns the
+        next-token logits after each part's last token, [len(parts), vocab]; with `top` each
+        part's CANDIDATES best (values, ids) instead, as decode_candidates (at most candidate_rows
+        parts; adjustments per part). A model with a recurrent state takes one token a part."""
+        if not parts:
+            raise VkrtError("a step needs at least one (sequence, tokens) part")
+        seq_ids = [int(s) for s, _ in parts]
+        if len(set(seq_ids)) != len(seq_ids):
+            raise VkrtError("a step takes one part per sequence")
+        toks = [np.asarray(t, np.int32).reshape(-1) for _, t in parts]
+        sizes = np.array([t.size for t in toks])
+        n = int(sizes.sum())
+        if sizes.min() == 0 or n > self.n_ubatch:
+            raise VkrtError(f"a step takes 1 to {self.n_ubatch} tokens (the micro-batch), at least one a part; "
+                            f"got {sizes.tolist()}")
+        if self.recurrent and sizes.max() > 1:
+            raise VkrtError("a model with a recurrent state runs prompt chunks one sequence a step")
+        if top and len(parts) > self.candidate_rows:
+            raise VkrtError(f"candidates are read for at most {self.candidate_rows} parts a step, got {len(parts)}")
+        ids = np.concatenate(toks)
+        vocab = self.model.cfg.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise VkrtError(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
+        t0 = time.perf_counter()
+        seqs = np.repeat(np.array(seq_ids, np.int32), sizes)
+        pos = np.concatenate([np.arange(t.size, dtype=np.int32) + self.cache.cells.length(s)
+                              for s, t in zip(seq_ids, toks)])
+        pad = self.padded_tokens(n) - n
+        if pad and self.cache.cells.n_free() <= n:   # no cell would be left for the padding
+            pad = 0
+        if pad:   # padding first, as in _step
+            ids = np.concatenate([np.zeros(pad, np.int32), ids])
+            seqs = np.concatenate([np.full(pad, PAD_SEQ, np.int32), seqs])
+            pos = np.concatenate([np.zeros(pad, np.int32), pos])
+        rows = self.out_rows(len(parts), self.candidate_rows if top else self.n_ubatch)
+        out = np.cumsum(sizes) - 1 + pad
+        out = np.concatenate([out, np.full(rows - out.size, out[-1])])   # the extra rows repeat the last
+        adjust = top and adjustments is not None and any(a is not None for a in adjustments)
+        if adjust:
+            self._write_adjustments(list(adjustments) + [None] * (rows - len(parts)), rows)
+        n_seqs = len(parts) if self.recurrent else 1
+        g, slots = self._prepare(ids, seqs, pos, False, n_seqs, top=top, adjust=adjust, out=out)
+        self._run(g)
+        self._advance(slots, 1)
+        if top:
+            values, cand = self._read_candidates(rows)
+            result = values[:len(parts)], cand[:len(parts)]
+        else:
+            result = self._logits.read(np.float32, 4 * vocab * rows).reshape(rows, vocab)[:len(parts)]
+        self._count(n, time.perf_counter() - t0)
+        return result
+
+    @staticmethod
+    def out_rows(n: int, cap: int) -> int:
+        """The logits rows a step of n parts computes: n rounded up to a power of two up to
+        PAD_FROM, past it to a multiple of PAD_FROM (so a server's steps reuse a few graphs),
+        at most cap."""
+        rows = 1 << (n - 1).bit_length() if n <= PAD_FROM else -(-n // PAD_FROM) * PAD_FROM
+        return max(n, min(rows, cap))
 
     def _write_adjustments(self, adjustments: list, rows: int) -> None:
         """The table logit_adjust reads: a count a row, then ADJUST_CAP entries a row."""

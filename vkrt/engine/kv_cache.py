@@ -58,13 +58,14 @@ class CellTable:
     def mask(self, tok_seq: np.ndarray, tok_pos: np.ndarray, n_kv: int, n_rows: int, window: int = 0) -> np.ndarray:
         """f16 [n_rows, n_kv]: 0 where token t may attend cell c (same sequence, not in the future,
         and within `window` positions when given), -inf elsewhere; rows past the tokens are -inf."""
-        cs, cp = self.seq[:n_kv][None, :], self.pos[:n_kv][None, :]
+        live = min(n_kv, self.used_end())   # no token attends a cell past the last used one
+        cs, cp = self.seq[:live][None, :], self.pos[:live][None, :]
         ts, tp = tok_seq[:, None], tok_pos[:, None]
         visible = (cs == ts) & (cp <= tp)
         if window:
             visible &= (tp - cp) < window
         out = np.full((n_rows, n_kv), -np.inf, np.float16)
-        out[:len(tok_seq)] = np.where(visible, np.float16(0), np.float16(-np.inf))
+        out[:len(tok_seq), :live] = np.where(visible, np.float16(0), np.float16(-np.inf))
         return out
 
 

@@ -40,6 +40,7 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "mask": (F16, (n_ctx * T,), kv),                   # [n_kv, T]: 0 visible, -inf hidden
         "mask_swa": (F16, (n_ctx * T,), kv and bool(cfg.sliding_window)),
         "kv_used": (I32, (1,), kv and flash_attn),         # live KV cells (attention skips the rest)
+        "out_ids": (I32, (T,), True),                      # the tokens whose logits a step computes
         # residual stream and block buffers
         "x": (F32, (E, T), True),                          # residual stream
         "cur": (F32, (E, T), True),                        # normed block input
@@ -127,7 +128,7 @@ class Scratch(Owned):
 
     def inputs(self) -> dict[str, Tensor]:
         """The step inputs the host writes: name -> tensor (absent ones left out)."""
-        return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used")
+        return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used", "out_ids")
                 if (t := getattr(self, n)) is not None}
 
     def cols(self, name: str, n: int, first: int = 0) -> Tensor:

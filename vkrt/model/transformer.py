@@ -97,6 +97,8 @@ class RecordOptions:
     # read_logits(seq, n, row): record the copy of the n logits columns just computed (Scratch.logits
     # columns 0..n-1) to the caller's output rows row..row+n-1; None: computed, not read
     read_logits: object = None
+    # > 0: logits of this many tokens, the ones the out_ids step input names (all_logits ignored)
+    out_rows: int = 0
 
 
 class Transformer:
@@ -159,12 +161,17 @@ class Transformer:
             scale(seq, x, self.cfg.embd_scale, x)
 
     def _output(self, seq, s, T, opts: RecordOptions):
-        first = T - (T if opts.all_logits else 1)
-        self.add_norm(seq, s, T, "output_norm.weight", first=first)
+        if opts.out_rows:   # the chosen tokens' normed states, gathered into x (no longer needed)
+            self.add_norm(seq, s, T, "output_norm.weight")
+            src, first, last = "x", 0, opts.out_rows
+            get_rows(seq, s.cols("cur", T), s.out_ids.slice(0, 0, last), s.cols(src, last))
+        else:
+            src, first, last = "cur", T - (T if opts.all_logits else 1), T
+            self.add_norm(seq, s, T, "output_norm.weight", first=first)
         rows = s.logits.ne[1]
-        for c in range(first, T, rows):   # slices of the logits buffer's width
-            n = min(rows, T - c)
-            matmul(seq, self.output, s.cols("cur", n, c), s.cols("logits", n))
+        for c in range(first, last, rows):   # slices of the logits buffer's width
+            n = min(rows, last - c)
+            matmul(seq, self.output, s.cols(src, n, c), s.cols("logits", n))
             if opts.read_logits is not None:
                 opts.read_logits(seq, n, c - first)
 

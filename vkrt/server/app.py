@@ -139,7 +139,8 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
     state.scheduler = scheduler = Scheduler(
         load, config.n_parallel, state.metrics,
         on_ready=lambda b: loop.call_soon_threadsafe(on_ready, b),
-        on_failed=lambda e: loop.call_soon_threadsafe(on_failed, e), ctx_checkpoints=config.ctx_checkpoints)
+        on_failed=lambda e: loop.call_soon_threadsafe(on_failed, e), ctx_checkpoints=config.ctx_checkpoints,
+        max_itl_ratio=config.max_itl_ratio)
     # access lines go to the aiohttp.access logger: shown with -v
     # keepalive_timeout: aiohttp closes a connection whose next request's headers are not complete
     # that long after it connected or was last answered (a half-open or trickling client)

@@ -1,9 +1,12 @@
 """The slot scheduler: one thread owns the engine (loads it, runs every GPU step, closes it).
 
 Each iteration admits queued jobs to idle slots (the slot holding the longest prefix of the
-prompt wins), evaluates pending prompt tokens in whole micro-batches (about n_batch tokens per
-iteration, so running generations keep flowing while a long prompt is read), then runs one
-decode step for every generating slot together through Engine.decode (continuous batching).
+prompt wins), then runs one step (continuous batching): the next token of every generating slot
+and, in the same micro-batch, chunks of the pending prompts, oldest request first (Engine.mixed).
+While slots generate, a step takes only as much prompt as keeps it within max_itl_ratio times a
+decode step's time, so a long prompt arriving slows the other streams by a bounded factor.
+Models with a recurrent state (which groups a step's tokens by sequence) read prompts in steps
+of their own, a micro-batch an iteration, before the decode step.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from ..engine.engine import ADJUST_CAP, CANDIDATES
+from ..engine.engine import ADJUST_CAP, CANDIDATES, PAD_STEP
 from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
 from .jobs import Failed, Job
@@ -22,6 +25,8 @@ from .metrics import Metrics
 from .slots import Slot
 
 log = logging.getLogger("vkrt.server")
+
+EMA = 0.2   # weight of the newest step in the running step-cost estimates
 
 
 class SchedulerClosed(VkrtError):
@@ -31,10 +36,13 @@ class SchedulerClosed(VkrtError):
 class Scheduler:
     def __init__(self, load: Callable, n_parallel: int, metrics: Metrics,
                  on_ready: Callable[[object], None] = lambda backend: None,
-                 on_failed: Callable[[BaseException], None] = lambda exc: None, ctx_checkpoints: int = 0):
+                 on_failed: Callable[[BaseException], None] = lambda exc: None, ctx_checkpoints: int = 0,
+                 max_itl_ratio: float = 2.0):
         self._load, self._on_ready, self._on_failed = load, on_ready, on_failed
         self.n_parallel = n_parallel
         self.ctx_checkpoints = ctx_checkpoints
+        self.max_itl_ratio = max_itl_ratio   # 0: no limit (whole micro-batches of prompt)
+        self._decode_cost = self._token_cost = None   # seconds: a decode step, a prompt token in a step
         self.metrics = metrics
         self.backend = None
         self.slots: list[Slot] = []
@@ -118,8 +126,11 @@ class Scheduler:
                 return False
             self._drop_cancelled()
             self._admit(engine)
-        self._prefill(engine)
-        self._decode(engine)
+        if engine.recurrent:
+            self._prefill(engine)
+            self._decode(engine)
+        else:
+            self._step(engine)
         return True
 
     def _drop_cancelled(self) -> None:
@@ -176,30 +187,94 @@ class Scheduler:
             if budget <= 0:
                 return
 
+    def _step(self, engine) -> None:
+        """One step: every generating slot's next token and as much pending prompt as fits."""
+        gen = [s for s in self.slots if s.generating]
+        room = self._step_tokens(engine, len(gen)) - len(gen)
+        prompts = []
+        for s in sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start):
+            if room <= 0:
+                break
+            prompts.append((s, s.pending[:room]))
+            room -= len(prompts[-1][1])
+        if not prompts:
+            self._decode(engine)
+            return
+        parts = [(s.id, [s.next_token]) for s in gen] + [(s.id, chunk) for s, chunk in prompts]
+        # the rows sampled this step: the decode tokens' and those of prompts read to their end
+        sampled = gen + [s if len(chunk) == len(s.pending) else None for s, chunk in prompts]
+        top, adjust = self._candidates(engine, sampled)
+        t0, recording = time.perf_counter(), engine.stats.record_seconds
+        try:
+            out = engine.mixed(parts, adjust, top=top)
+        except Exception as exc:
+            self._fail(engine, gen + [s for s, _ in prompts], exc)
+            return
+        seconds = time.perf_counter() - t0
+        run = seconds - (engine.stats.record_seconds - recording)   # a new shape's recording is no step cost
+        n_prompt = sum(len(chunk) for _, chunk in prompts)
+        share = n_prompt / (n_prompt + len(gen))   # the step's time is counted by token
+        self.metrics.add_prompt(n_prompt, seconds * share)
+        if gen:
+            self.metrics.add_decode(len(gen), seconds * (1 - share))
+            if self._decode_cost is not None:
+                per = max(run - self._decode_cost, 0.0) / n_prompt
+                self._token_cost = per if self._token_cost is None else (1 - EMA) * self._token_cost + EMA * per
+        for k, s in enumerate(gen):
+            s.fed()
+            self._sampled(engine, s, s.sample, out, k, top)
+        for k, (s, chunk) in enumerate(prompts, len(gen)):
+            s.cache.extend(chunk)
+            del s.pending[:len(chunk)]
+            if not s.pending:
+                self._sampled(engine, s, s.prefilled, out, k, top)
+
+    def _step_tokens(self, engine, n_generating: int) -> int:
+        """Tokens a step may hold: the micro-batch; with slots generating and max_itl_ratio set,
+        the decode tokens and as many prompt tokens as keep the step's estimated time within
+        max_itl_ratio decode steps, in whole PAD_STEPs (at least one prompt token)."""
+        if not n_generating or not self.max_itl_ratio or not self._token_cost:
+            return engine.n_ubatch
+        n = n_generating + (self.max_itl_ratio - 1) * self._decode_cost / self._token_cost
+        least = (n_generating // PAD_STEP + 1) * PAD_STEP
+        return min(engine.n_ubatch, max(least, int(n) // PAD_STEP * PAD_STEP))
+
+    def _candidates(self, engine, slots: list) -> tuple[bool, list]:
+        """Whether the GPU's best candidates serve the samplers of these rows (None: a row nobody
+        samples), and each row's logit adjustments (bias, penalties, DRY) for the GPU to apply."""
+        live = [s for s in slots if s is not None]
+        top = len(slots) <= engine.candidate_rows and all(
+            s.sampler.takes_candidates(CANDIDATES, adjusted=True) and s.job.logprobs is None for s in live)
+        adjust = [s.sampler.adjustments() if top and s is not None else None for s in slots]
+        return top and all(a is None or len(a) <= ADJUST_CAP for a in adjust), adjust
+
     def _decode(self, engine) -> None:
         active = [s for s in self.slots if s.generating]
         for i in range(0, len(active), engine.n_ubatch):
             batch = active[i:i + engine.n_ubatch]
-            t0 = time.perf_counter()
+            t0, recording = time.perf_counter(), engine.stats.record_seconds
             pairs = [(s.id, s.next_token) for s in batch]
-            # the GPU picks each row's best logits where every slot's sampler can draw from them,
-            # after applying their logit bias, penalties and DRY to the rows
-            top = len(batch) <= engine.candidate_rows and all(
-                s.sampler.takes_candidates(CANDIDATES, adjusted=True) and s.job.logprobs is None for s in batch)
-            adjust = [s.sampler.adjustments() if top else None for s in batch]
-            top = top and all(a is None or len(a) <= ADJUST_CAP for a in adjust)
+            top, adjust = self._candidates(engine, batch)
             try:
                 out = engine.decode_candidates(pairs, adjust) if top else engine.decode(pairs)
             except Exception as exc:
                 self._fail(engine, batch, exc)
                 continue
-            self.metrics.add_decode(len(batch), time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.metrics.add_decode(len(batch), seconds)
+            if len(batch) == len(active):
+                run = seconds - (engine.stats.record_seconds - recording)
+                self._decode_cost = run if self._decode_cost is None else (1 - EMA) * self._decode_cost + EMA * run
             for k, s in enumerate(batch):
                 s.fed()
-                if top:
-                    self._guarded(engine, s, lambda c, s=s: s.sample(top=c), (out[0][k], out[1][k]))
-                else:
-                    self._guarded(engine, s, s.sample, out[k])
+                self._sampled(engine, s, s.sample, out, k, top)
+
+    def _sampled(self, engine, slot: Slot, step, out, k: int, top: bool) -> None:
+        """step(row k of a step's output) guarded: from the candidates when top, else the logits row."""
+        if top:
+            self._guarded(engine, slot, lambda c: step(top=c), (out[0][k], out[1][k]))
+        else:
+            self._guarded(engine, slot, step, out[k])
 
     def _guarded(self, engine, slot: Slot, step, logits) -> None:
         """Sampling and text for one slot: a failure there ends that request only."""

@@ -77,14 +77,15 @@ class Slot:
         self.t_start = time.perf_counter()
         self.t_first = None
 
-    def prefilled(self, logits) -> None:
-        """The last prompt token's logits arrived: sample the first token (unless none is wanted)."""
+    def prefilled(self, logits=None, top=None) -> None:
+        """The last prompt token's logits (or best candidates, as sample takes them) arrived:
+        sample the first token (unless none is wanted)."""
         self.t_first = time.perf_counter()
         self.timings.prompt_ms = (self.t_first - self.t_start) * 1e3
         if self.limit <= 0:
             self.finish("length", "limit")
         else:
-            self.sample(logits)
+            self.sample(logits, top)
 
     def sample(self, logits=None, top=None) -> None:
         """Pick the next token from a row of logits, or from the best candidates (values, ids)

@@ -28,6 +28,9 @@ class ServerConfig:
     # seconds a connection may take to deliver a request's headers (from connecting, or from the
     # last response on a kept-alive connection) and, separately, its body; then it is closed / 408
     timeout: float = 60.0
+    # while slots generate, a step holds only the prompt tokens that keep it within this many decode
+    # steps' time (0: whole micro-batches)
+    max_itl_ratio: float = 2.0
 
 
 class ServerState:
