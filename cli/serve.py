@@ -53,10 +53,10 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
                    "answer on a kept-alive connection: then the connection is closed), and then its body "
                    "(else 408). Generation time does not count.")
 @click.option("--max-itl-ratio", type=click.FloatRange(0), default=2.0, show_default=True,
-              help="While slots generate, a step reads only as much pending prompt as keeps it within this many "
-                   "decode steps' time (measured as the server runs), so a long prompt arriving slows the other "
-                   "streams' inter-token latency at most this much (at least 64 prompt tokens a step are read). "
-                   "0: no limit, whole micro-batches (-ub) of prompt a step.")
+              help="While slots generate, a step holds only as much pending prompt as keeps its time within this "
+                   "many decode steps' (both measured as the server runs), so a long prompt arriving raises the "
+                   "other streams' inter-token latency about this much at most (a step always reads some prompt: "
+                   "up to the next multiple of 64 tokens). 0: no limit, whole micro-batches (-ub) of prompt.")
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
           timeout, max_itl_ratio, **model_kw):
@@ -66,9 +66,6 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
     from vkrt.server.backend import load_backend
     from vkrt.server.state import ServerConfig
 
-    if 0 < max_itl_ratio <= 1:
-        raise click.BadParameter(f"{max_itl_ratio} would leave no time for prompts while slots generate; give a "
-                                 f"ratio above 1, or 0 for no limit", param_hint="--max-itl-ratio")
     if model_kw["n_ctx"] // n_parallel < 8:
         raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
     model_kw["model"] = model_kw["model"] or default_model()

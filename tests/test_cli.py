@@ -74,12 +74,11 @@ def test_bench_rejects_negative_sizes(tmp_path):
         assert "Traceback" not in result.output
 
 
-def test_serve_refuses_an_itl_ratio_that_leaves_no_room(tmp_path):
+def test_serve_refuses_a_negative_itl_ratio(tmp_path):
     model = tmp_path / "none.gguf"
     model.write_bytes(b"")
-    for ratio, msg in (("0.5", "give a ratio above 1"), ("-1", "is not in the range")):
-        result = CliRunner().invoke(cli, ["serve", "-m", str(model), "--max-itl-ratio", ratio])
-        assert result.exit_code == 2 and "--max-itl-ratio" in result.output and msg in result.output, result.output
+    result = CliRunner().invoke(cli, ["serve", "-m", str(model), "--max-itl-ratio", "-1"])
+    assert result.exit_code == 2 and "--max-itl-ratio" in result.output and "is not in the range" in result.output
 
 
 def test_context_past_the_buffer_limit_names_the_option(device, tmp_path):

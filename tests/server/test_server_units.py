@@ -197,12 +197,12 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
         return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
 
     engine = SimpleNamespace(n_ubatch=512, recurrent=False, candidate_rows=64, mixed=mixed,
-                             stats=SimpleNamespace(record_seconds=0.0))
+                             stats=SimpleNamespace(record_seconds=0.0), padded_tokens=lambda n: n)
     sampler = SimpleNamespace(takes_candidates=lambda n, adjusted: True, adjustments=lambda: None)
 
     def run(ratio: float, generating: bool):
         sched = Scheduler(lambda: None, 2, Metrics(), max_itl_ratio=ratio)
-        sched._decode_cost, sched._token_cost = 0.05, 0.0002   # 250 prompt tokens cost one decode step
+        sched._decode_cost, sched._token_cost = 0.05, 0.0002   # a step of 250 tokens costs one decode step
         sampled = []
         reader = SimpleNamespace(id=0, generating=False, prefilling=True, pending=list(range(1000)), cache=[],
                                  t_start=0.0, sampler=sampler, job=SimpleNamespace(logprobs=None))
@@ -217,11 +217,12 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
         sched._step(engine)
         return steps[-1], sampled, len(reader.cache)
 
-    assert run(2.0, generating=True) == ([(1, 1), (0, 191)], [1], 191)   # 1 + 250 tokens, down to 192
+    assert run(2.0, generating=True) == ([(1, 1), (0, 447)], [1], 447)   # 500 tokens, down to 448
     assert run(0, generating=True) == ([(1, 1), (0, 511)], [1], 511)
     assert run(2.0, generating=False) == ([(0, 512)], [], 512)
-    assert run(3.0, generating=True)[0] == [(1, 1), (0, 447)]
-    assert run(1.1, generating=True)[0] == [(1, 1), (0, 63)]   # at least one PAD_STEP
+    assert run(1.2, generating=True)[0] == [(1, 1), (0, 255)]
+    assert run(1.1, generating=True)[0] == [(1, 1), (0, 255)]   # 275 tokens
+    assert run(1.01, generating=True)[0] == [(1, 1), (0, 191)]
 
 
 def test_dry_breaker_tokens_and_the_sampler(tokenizer):
@@ -268,6 +269,8 @@ def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
         e.reset()
         for n in (17, 64, 100, 128):
             e.mixed([(1, list(range(3, 3 + n)))], top=True)
+            e.reset()
+            e.mixed([(0, [5]), (1, list(range(3, 2 + n)))], top=True)
             e.reset()
             e.mixed([(0, [5]), (2, [6]), (1, list(range(3, 1 + n)))], top=True)
             e.reset()

@@ -33,8 +33,8 @@ class Backend:
 
     def warm_up(self, n_parallel: int = 1) -> float:
         """Run a short prompt; where prompt steps are padded, steps of the padded sizes up to 512
-        tokens as the scheduler makes them (a prompt alone, and a prompt chunk with every other
-        slot's decode token); and a decode step of every batch size the slots can make (with the
+        tokens as the scheduler makes them (a prompt chunk with each bucket of output rows up to
+        the slots: other slots' decode tokens); and a decode step of every batch size the slots can make (with the
         GPU's candidates, with candidates of adjusted rows and with whole rows); then forget them,
         so requests do not pay for creating pipelines and recording graphs. Returns the seconds
         it took."""
@@ -42,14 +42,12 @@ class Backend:
         e = self.engine
         token = self.model.tokenizer.bos_id or 0
         e.eval([token] * min(8, e.n_ubatch), seq_id=0)
-        if e.pads_prompts:
-            others = min(n_parallel, e.candidate_rows) - 1
+        if e.pads_prompts:   # a prompt chunk with 0, 1, 3, 7, ... decode tokens: each size of output rows
+            parts = sorted({e.out_rows(p, e.candidate_rows) for p in range(1, min(n_parallel, e.candidate_rows) + 1)})
             for n in range(PAD_STEP, min(e.n_ubatch, 512) + 1, PAD_STEP):
-                e.reset()
-                e.mixed([(0, [token] * n)], top=True)
-                if 0 < others < n:
+                for rows in (p for p in parts if p < n):
                     e.reset()
-                    e.mixed([(s, [token]) for s in range(1, others + 1)] + [(0, [token] * (n - others))], top=True)
+                    e.mixed([(s, [token]) for s in range(1, rows)] + [(0, [token] * (n - rows + 1))], top=True)
         e.reset()
         bias = logit_adjustments(SamplingParams(logit_bias=((token, 0.0),)), [])   # the adjusted variant
         for n in range(1, min(n_parallel, e.n_ubatch) + 1):

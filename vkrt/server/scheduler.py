@@ -42,7 +42,7 @@ class Scheduler:
         self.n_parallel = n_parallel
         self.ctx_checkpoints = ctx_checkpoints
         self.max_itl_ratio = max_itl_ratio   # 0: no limit (whole micro-batches of prompt)
-        self._decode_cost = self._token_cost = None   # seconds: a decode step, a prompt token in a step
+        self._decode_cost = self._token_cost = None   # seconds: a decode step, a token of a mixed step
         self.metrics = metrics
         self.backend = None
         self.slots: list[Slot] = []
@@ -217,9 +217,8 @@ class Scheduler:
         self.metrics.add_prompt(n_prompt, seconds * share)
         if gen:
             self.metrics.add_decode(len(gen), seconds * (1 - share))
-            if self._decode_cost is not None:
-                per = max(run - self._decode_cost, 0.0) / n_prompt
-                self._token_cost = per if self._token_cost is None else (1 - EMA) * self._token_cost + EMA * per
+        per = run / engine.padded_tokens(n_prompt + len(gen))
+        self._token_cost = per if self._token_cost is None else (1 - EMA) * self._token_cost + EMA * per
         for k, s in enumerate(gen):
             s.fed()
             self._sampled(engine, s, s.sample, out, k, top)
@@ -231,11 +230,11 @@ class Scheduler:
 
     def _step_tokens(self, engine, n_generating: int) -> int:
         """Tokens a step may hold: the micro-batch; with slots generating and max_itl_ratio set,
-        the decode tokens and as many prompt tokens as keep the step's estimated time within
-        max_itl_ratio decode steps, in whole PAD_STEPs (at least one prompt token)."""
-        if not n_generating or not self.max_itl_ratio or not self._token_cost:
+        as many as keep the step's estimated time (a mixed step's measured cost a token) within
+        max_itl_ratio decode steps, in whole PAD_STEPs, and at least one prompt token."""
+        if not n_generating or not self.max_itl_ratio or not self._token_cost or self._decode_cost is None:
             return engine.n_ubatch
-        n = n_generating + (self.max_itl_ratio - 1) * self._decode_cost / self._token_cost
+        n = self.max_itl_ratio * self._decode_cost / self._token_cost
         least = (n_generating // PAD_STEP + 1) * PAD_STEP
         return min(engine.n_ubatch, max(least, int(n) // PAD_STEP * PAD_STEP))
 
