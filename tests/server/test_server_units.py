@@ -179,9 +179,9 @@ def test_prefill_gives_way_to_generating_slots():
 
 
 def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
-    """One step holds every generating slot's token and a chunk of the oldest pending prompt;
-    while slots generate the chunk keeps the step within max_itl_ratio decode steps (from the
-    measured costs), alone or with no limit it fills the micro-batch."""
+    """One step holds every generating slot's token, the pending prompts that fit whole and a
+    chunk of the oldest longer one; while slots generate the step keeps within max_itl_ratio
+    decode steps (from the measured costs), alone or with no limit it fills the micro-batch."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -217,12 +217,12 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
         sched._step(engine)
         return steps[-1], sampled, len(reader.cache)
 
-    assert run(2.0, generating=True) == ([(1, 1), (0, 447)], [1], 447)   # 500 tokens, down to 448
-    assert run(0, generating=True) == ([(1, 1), (0, 511)], [1], 511)
-    assert run(2.0, generating=False) == ([(0, 512)], [], 512)
-    assert run(1.2, generating=True)[0] == [(1, 1), (0, 255)]
-    assert run(1.1, generating=True)[0] == [(1, 1), (0, 255)]   # 275 tokens
-    assert run(1.01, generating=True)[0] == [(1, 1), (0, 191)]
+    assert run(2.0, generating=True) == ([(1, 1), (2, 30), (0, 417)], [1, 2], 417)   # 500 tokens, down to 448
+    assert run(0, generating=True) == ([(1, 1), (2, 30), (0, 481)], [1, 2], 481)
+    assert run(2.0, generating=False) == ([(2, 30), (0, 482)], [2], 482)
+    assert run(1.2, generating=True)[0] == [(1, 1), (2, 30), (0, 225)]
+    assert run(1.1, generating=True)[0] == [(1, 1), (2, 30), (0, 225)]   # 275 tokens
+    assert run(1.01, generating=True)[0] == [(1, 1), (2, 30), (0, 161)]
 
 
 def test_dry_breaker_tokens_and_the_sampler(tokenizer):

@@ -2,7 +2,8 @@
 
 Each iteration admits queued jobs to idle slots (the slot holding the longest prefix of the
 prompt wins), then runs one step (continuous batching): the next token of every generating slot
-and, in the same micro-batch, chunks of the pending prompts, oldest request first (Engine.mixed).
+and, in the same micro-batch, the pending prompts (Engine.mixed): those that fit whole, then
+chunks of longer ones, oldest request first.
 While slots generate, a step takes only as much prompt as keeps it within max_itl_ratio times a
 decode step's time, so a long prompt arriving slows the other streams by a bounded factor.
 Models with a recurrent state (which groups a step's tokens by sequence) read prompts in steps
@@ -192,7 +193,9 @@ class Scheduler:
         gen = [s for s in self.slots if s.generating]
         room = self._step_tokens(engine, len(gen)) - len(gen)
         prompts = []
-        for s in sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start):
+        waiting = sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start)
+        # prompts that fit whole first (a short one does not wait behind a long one's chunks), oldest first
+        for s in [s for s in waiting if len(s.pending) <= room] + [s for s in waiting if len(s.pending) > room]:
             if room <= 0:
                 break
             prompts.append((s, s.pending[:room]))
