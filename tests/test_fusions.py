@@ -104,3 +104,24 @@ def test_fusion_defaults(monkeypatch):
     monkeypatch.setenv("VKRT_FUSE_GLU", "1")
     monkeypatch.setenv("VKRT_FUSE_ADD_NORM", "0")
     assert fused("GLU") and not fused("ADD_NORM")
+
+
+def test_dense_fusions_stop_at_mv_fuse_max_n(device, tmp_path, monkeypatch):
+    """A dense FFN's fused mat-vecs take up to tuning.mv_fuse_max_n tokens (GCN and NVIDIA: 4;
+    their registers grow with the columns); experts' (one column a token-slot pair) up to
+    mv_max_n; logits equal to the unfused run's bit for bit either way."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from vkrt.model.transformer import Transformer
+    from vkrt.device.tuning import TABLE, Arch
+    assert TABLE[Arch.AMD_GCN].mv_fuse_max_n == 4 and TABLE[Arch.NVIDIA].mv_fuse_max_n == 4
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_fuse_max_n=4)
+    seq = SimpleNamespace(device=SimpleNamespace(tuning=tune))
+    assert (Transformer._fused_max(seq, True), Transformer._fused_max(seq, False)) == (4, 8)
+    monkeypatch.setattr(device, "tuning", tune)
+    path = tiny_model("tiny-llama", tmp_path)
+    fused_run, fused_n, _ = run(device, path, monkeypatch, True, "VKRT_FUSE_GATE_UP")
+    apart, apart_n, cfg = run(device, path, monkeypatch, False, "VKRT_FUSE_GATE_UP")
+    np.testing.assert_array_equal(fused_run.view(np.uint32), apart.view(np.uint32))
+    assert apart_n - fused_n == 2 * cfg.n_layer   # the one-token graph fuses, the 8-token prompt does not

@@ -179,14 +179,19 @@ class Transformer:
         rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
 
     @staticmethod
-    def _fuse_glu(seq, T) -> bool:
-        """Decode-sized down projections take the gated activation inside their mat-vec."""
-        return T <= seq.device.tuning.mv_max_n and fused("GLU")
+    def _fused_max(seq, dense: bool) -> int:
+        """The most tokens a fused mat-vec takes: a dense one's registers grow with its columns
+        (mv_fuse_max_n), mul_mat_id's are one column a (token, slot) pair (mv_max_n)."""
+        tuning = seq.device.tuning
+        return min(tuning.mv_fuse_max_n, tuning.mv_max_n) if dense else tuning.mv_max_n
 
-    @staticmethod
-    def _fuse_gate_up(seq, T, gate: Tensor, up: Tensor, act: str) -> bool:
+    def _fuse_glu(self, seq, T, dense: bool = True) -> bool:
+        """Decode-sized down projections take the gated activation inside their mat-vec."""
+        return T <= self._fused_max(seq, dense) and fused("GLU")
+
+    def _fuse_gate_up(self, seq, T, gate: Tensor, up: Tensor, act: str, dense: bool = True) -> bool:
         """Decode-sized gate and up projections run as one pass where their weights allow it."""
-        return (T <= seq.device.tuning.mv_max_n and fused("GATE_UP")
+        return (T <= self._fused_max(seq, dense) and fused("GATE_UP")
                 and gate_up_pair(gate, up, seq.device, act) is not None)
 
     def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act):
@@ -256,12 +261,12 @@ class Transformer:
         (gw, gi), (uw, ui), (dw, di) = stacks
         summed = T <= seq.device.tuning.mv_max_n and fused("MOE_SUM")
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
-        if gi is ui and self._fuse_gate_up(seq, T, gw, uw, "silu"):
+        if gi is ui and self._fuse_gate_up(seq, T, gw, uw, "silu", dense=False):
             mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw)
         else:
             mul_mat_id(seq, gw, x3, gi, ge, s.routes)
             mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-            if self._fuse_glu(seq, T) and not summed:
+            if self._fuse_glu(seq, T, dense=False) and not summed:
                 mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act="silu")
                 down_in = None
             else:
