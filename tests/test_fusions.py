@@ -106,8 +106,8 @@ def test_fusion_defaults(monkeypatch):
     assert fused("GLU") and not fused("ADD_NORM")
 
 
-def test_dense_fusions_stop_at_mv_fuse_max_n(device, tmp_path, monkeypatch):
-    """A dense FFN's fused mat-vecs take up to tuning.mv_fuse_max_n tokens (GCN and NVIDIA: 4;
+def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch):
+    """A dense FFN's fused mat-vecs take up to tuning.mv_dense_max_n tokens (GCN and NVIDIA: 4;
     their registers grow with the columns); experts' (one column a token-slot pair) up to
     mv_max_n; logits equal to the unfused run's bit for bit either way."""
     import dataclasses
@@ -115,8 +115,8 @@ def test_dense_fusions_stop_at_mv_fuse_max_n(device, tmp_path, monkeypatch):
 
     from vkrt.model.transformer import Transformer
     from vkrt.device.tuning import TABLE, Arch
-    assert TABLE[Arch.AMD_GCN].mv_fuse_max_n == 4 and TABLE[Arch.NVIDIA].mv_fuse_max_n == 4
-    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_fuse_max_n=4)
+    assert TABLE[Arch.AMD_GCN].mv_dense_max_n == 4 and TABLE[Arch.NVIDIA].mv_dense_max_n == 4
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=4)
     seq = SimpleNamespace(device=SimpleNamespace(tuning=tune))
     assert (Transformer._fused_max(seq, True), Transformer._fused_max(seq, False)) == (4, 8)
     monkeypatch.setattr(device, "tuning", tune)

@@ -139,15 +139,15 @@ def test_unrolled_units_are_bit_identical(device, name):
     check(device, name, m, k, (1,), tuning=dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=4))
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q4_0", "F16"])
-def test_column_runs_equal_single_columns(device, name):
-    """Past mv_max_n columns (up to mv_chunk_n) the mat-vec runs over runs of columns: each
-    column's sums are the one-column kernel's, bit for bit."""
+@pytest.mark.parametrize("name,cols", [("Q4_K", 8), ("Q4_0", 8), ("F16", 8), ("Q4_K", 3)])
+def test_column_runs_equal_single_columns(device, name, cols):
+    """Past mv_max_n columns (at most mv_dense_max_n; up to mv_chunk_n) the mat-vec runs over
+    runs of columns: each column's sums are the one-column kernel's, bit for bit."""
     rng = np.random.default_rng(12)
     m, k = 21, k_for(name)
     w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
     x = rng.standard_normal((19, k)).astype(np.float32)
-    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_chunk_n=64)
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_chunk_n=64, mv_dense_max_n=cols)
     try:
         runs = run(device, w, x, m, tuning=tune)
         ones = np.stack([run(device, w, x[j:j + 1], m, tuning=tune)[0] for j in range(19)])

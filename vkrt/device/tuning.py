@@ -75,9 +75,10 @@ class Tuning:
     # tokens (a server's decode step of 9-16 slots). H200, 4096x14336 Q4_K: 16 tokens 369 us as
     # two runs vs 438 the GEMM; 64 tokens 1446 vs 498
     mv_chunk_n: int = 16
-    # the most tokens a dense FFN's fused mat-vecs take (gate and up in one pass, the gated
-    # activation inside the down projection); more run the plain mat-vec
-    mv_fuse_max_n: int = 8
+    # the most token columns a dense mat-vec run takes, fused (gate and up in one pass, the gated
+    # activation inside the down projection) or not: more columns run in several runs, and the
+    # fusions stop there (mul_mat_id's mat-vec is one column a token-slot pair: mv_max_n)
+    mv_dense_max_n: int = 8
     # build small integers' floats from their bits (2^23 + v, less 2^23) in the quantised kernels
     # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
     # bounded the mat-vec; GCN's byte conversions are full rate
@@ -188,11 +189,12 @@ TABLE: dict[Arch, Tuning] = {
                          # 2 waves a row for dense mat-vecs, one for the experts' short rows;
                          # 36 CUs: about 7 workgroups a CU before rows a group are halved
                          mv_wg=128, mv_id_wg=64, mv_fill_groups=256, mv_unroll=2,
-                         # the fused gate/up pass holds two rows' sums and x for every column:
-                         # ACO gives Q4_K 256 VGPRs (1 wave a SIMD) at 8 columns; on the H200 a
-                         # decode step of 8 slots (8B, Q4_K) took 54.9 ms fused at 8 against
-                         # 14.1 for 4 slots (bench/server_steps.py)
-                         mv_fuse_max_n=4,
+                         # dense mat-vecs in runs of 4 columns: a lane holds x for every column
+                         # (and the gate/up pass two rows' sums): ACO gives Q4_K 256 VGPRs (1
+                         # wave a SIMD) at 8; on the H200 (this tuning) an 8B Q4_K decode step of
+                         # 8 / 16 slots took 54.9 / 48.5 ms in runs of 8, 23.3 / 41.8 in runs of 4
+                         # (bench/server_steps.py)
+                         mv_dense_max_n=4,
                          # delta rule decode, head 128: 16 lanes a row (2 vec4s each): ACO 48
                          # VGPRs, 5 waves; 8 lanes (4 vec4s): 80 VGPRs, 3 waves
                          gdn_lane_vec4s=2),
@@ -204,7 +206,7 @@ TABLE: dict[Arch, Tuning] = {
     # shapes): 128 lanes a row halve the time of 512-4096-row matrices against 64 (2048x4096
     # Q4_0 22 -> 11 us); mul_mat_id at 32 lanes (Qwen3-30B-A3B down 14.8 -> 9.3 us)
     Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, fa_fill_per_cu=4, float_bits=True,
-                        mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_fuse_max_n=4,
+                        mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.

@@ -180,10 +180,10 @@ class Transformer:
 
     @staticmethod
     def _fused_max(seq, dense: bool) -> int:
-        """The most tokens a fused mat-vec takes: a dense one's registers grow with its columns
-        (mv_fuse_max_n), mul_mat_id's are one column a (token, slot) pair (mv_max_n)."""
+        """The most tokens a fused mat-vec takes: a dense one's columns (mv_dense_max_n: its
+        registers grow with them), mul_mat_id's one column a (token, slot) pair (mv_max_n)."""
         tuning = seq.device.tuning
-        return min(tuning.mv_fuse_max_n, tuning.mv_max_n) if dense else tuning.mv_max_n
+        return min(tuning.mv_dense_max_n, tuning.mv_max_n) if dense else tuning.mv_max_n
 
     def _fuse_glu(self, seq, T, dense: bool = True) -> bool:
         """Decode-sized down projections take the gated activation inside their mat-vec."""

@@ -179,11 +179,12 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
            up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
-    kernel (in runs of mv_max_n columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
+    kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
     see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass."""
     device = seq.device
     tune = tuning or device.tuning
+    cols = min(tune.mv_max_n, tune.mv_dense_max_n)   # columns a mat-vec run takes
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
     if w.ne[2] != 1 or w.ne[3] != 1:
         raise UnsupportedShape(f"matmul weight {w!r} must be 2-D (a stack of experts goes to mul_mat_id)")
@@ -198,16 +199,16 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     xo, yo, x_col, y_col = xo // 4, yo // 4, x2.nb[1] // 4, y2.nb[1] // 4
     extra, extra_push = [], {}
     if up is not None:
-        if n > tune.mv_max_n:
-            raise UnsupportedShape(f"matmul: a fused activation needs at most {tune.mv_max_n} columns, got {n}")
+        if n > cols:
+            raise UnsupportedShape(f"matmul: a fused activation needs at most {cols} columns, got {n}")
         ur, uo = glu_operand(f32_operand(up, "matmul up", k), x2, act, device)
         extra, extra_push = [ur], {"u_off": uo}
     xvec4 = vec4_ok(x2, xo, x_col) and (up is None or extra_push["u_off"] % 4 == 0)
     if up_weight is not None:
-        pair = gate_up_pair(w, up_weight, device, act) if up is None and n <= tune.mv_max_n else None
+        pair = gate_up_pair(w, up_weight, device, act) if up is None and n <= cols else None
         if pair is None:
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
-                                   f"{tune.mv_max_n} columns, same type and layout, one binding for both)")
+                                   f"{cols} columns, same type and layout, one binding for both)")
         mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=xvec4, gate_up=act,
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1]))
         push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
@@ -215,18 +216,18 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=(*mv.groups(m, device), 1))
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
-    if n > max(tune.mv_max_n, tune.mv_chunk_n):
+    if n > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "N": n, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col}
             seq.dispatch(kern, [wr, xr, yr], push=push, groups=(-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1))
         return
-    # the mat-vec, over runs of at most mv_max_n columns (the weights are read once a run)
+    # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
-    for c0 in range(0, n, tune.mv_max_n):
-        nc = min(tune.mv_max_n, n - c0)
-        if n > tune.mv_max_n:   # each run its own columns of x and y: no barrier between runs
+    for c0 in range(0, n, cols):
+        nc = min(cols, n - c0)
+        if n > cols:   # each run its own columns of x and y: no barrier between runs
             xr, xo = bind_words(x2.slice(1, c0, c0 + nc), device)
             yr, yo = bind_words(y2.slice(1, c0, c0 + nc), device)
             xo, yo = xo // 4, yo // 4
