@@ -136,10 +136,11 @@ def cases(dev) -> list[tuple[str, list]]:
         out += flash_attn_cases(dev, hs, m["ubatch"], "prefill", both=(False, True))
     for typ in types:
         hidden, ff = m["hidden"], m["ff_expert"]
+        cols = min(tune.mv_max_n, tune.mv_dense_max_n)
         out += [(f"decode {typ.name}: attention projections",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=hidden, xvec4=xvec4).kernel]),
-                (f"decode {typ.name}: attention projections, {tune.mv_max_n} slots (a server's step)",
-                 [mat_vec_kernel(dev, typ, tune.mv_max_n, tune, k=hidden, m=hidden, xvec4=xvec4).kernel]),
+                (f"decode {typ.name}: attention projections, {cols} slots (a server's step, a run of columns)",
+                 [mat_vec_kernel(dev, typ, cols, tune, k=hidden, m=hidden, xvec4=xvec4).kernel]),
                 (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, mul_mat_id=True,
                                 gate_up="silu").kernel]),

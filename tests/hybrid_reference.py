@@ -21,12 +21,12 @@ from vkrt.model.arch import DENSE, LINEAR, MOE_SHARED
 from vkrt.model.config import ModelConfig
 
 
-def load(path: str) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def load(path: str, hybrid: bool = True) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """The model's config and every tensor, dequantised to float64 in numpy order."""
     reader = gguf.GGUFReader(path)
     meta = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
     cfg = ModelConfig.from_metadata(meta, path)
-    if not cfg.spec.hybrid_linear:
+    if hybrid and not cfg.spec.hybrid_linear:
         raise ValueError(f"{path}: {cfg.arch} is not a qwen35 / qwen35moe model")
     weights = {}
     for t in reader.tensors:

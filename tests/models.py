@@ -14,6 +14,8 @@ TINY = {
     "tiny-qwen3moe": SyntheticSpec(arch="qwen3moe", n_ff=0, n_expert=8, n_expert_used=2, n_ff_expert=64, seed=5),
     "tiny-qwen2moe": SyntheticSpec(arch="qwen2moe", n_ff=0, n_expert=8, n_expert_used=2, n_ff_expert=32,
                                    n_ff_shared=64, seed=6),
+    # Mixtral-style: arch llama with routed experts (expert_count > 0)
+    "tiny-mixtral": SyntheticSpec(arch="llama", n_ff=0, n_expert=4, n_expert_used=2, n_ff_expert=64, seed=11),
     # Qwen3.5: DeltaNet layers (16-dim heads, 2 q/k and 4 v heads, conv 4) between gated full
     # attention (32-dim heads, a quarter rotated by IMROPE with sections 2/1/1/0)
     **{name: SyntheticSpec(arch=arch, n_layer=4, head_dim=32, rope_dims=8, full_attention_interval=interval,

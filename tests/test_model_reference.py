@@ -43,7 +43,14 @@ def model_path(name: str, tiny_dir) -> str:
     return tiny_model(name.removesuffix(".gguf"), tiny_dir)
 
 
-MODELS = [SMOLLM2] + [f"{n}.gguf" for n in TINY]
+# not yet recorded from llama.cpp (scripts/record_llama_reference.py --tiny records every TINY model
+# where the peer runs); until then test_mixtral.py checks it against a float64 numpy forward pass
+UNRECORDED = {"tiny-mixtral"}
+MODELS = [SMOLLM2] + [f"{n}.gguf" for n in TINY if n not in UNRECORDED]
+
+
+def test_unrecorded_models_are_exactly_the_missing_ones():
+    assert {n for n in TINY if f"{n}.gguf" not in REFERENCE} == UNRECORDED
 
 
 @pytest.fixture(scope="module", params=MODELS)

@@ -49,6 +49,9 @@ class ArchSpec:
     post_norms: bool = False         # post_attention_norm / post_ffw_norm on each block's output (gemma3)
     ffn_norm: str = "ffn_norm"       # the norm before the FFN (qwen35: post_attention_norm)
     moe: bool = False                # FFNs are routed experts
+    # routed experts when the file has {arch}.expert_count > 0 (Mixtral-style files stored as llama:
+    # softmax routing, the chosen weights renormalised, as llama.cpp's llama graph)
+    moe_optional: bool = False
     shared_expert: str = "no"        # "no", "optional" (by expert_shared_feed_forward_length), "always"
     expert_weights_norm: bool = False   # default of {arch}.expert_weights_norm
     activation: str = "silu"
@@ -58,7 +61,7 @@ class ArchSpec:
 
 
 ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
-    ArchSpec("llama", rope=ROPE_NORMAL),
+    ArchSpec("llama", rope=ROPE_NORMAL, moe_optional=True),
     ArchSpec("qwen2", attn_bias=True),
     ArchSpec("qwen3", qk_norm=True),
     ArchSpec("gemma3", qk_norm=True, post_norms=True, activation="gelu", embd_scale_sqrt=True, swa_pattern=6),

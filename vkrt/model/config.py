@@ -4,7 +4,7 @@ architecture's spec (arch.py) and one LayerSpec per layer."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import VkrtError
 from .arch import (ARCHS, LINEAR, ROPE_IMROPE, ROPE_NEOX, ROPE_NORMAL, SLIDING, ArchSpec,  # noqa: F401
@@ -120,6 +120,8 @@ class ModelConfig:
                 raise ConfigMissing(f"{path}: {full} should be a number, got {value!r}")
             return value
 
+        if spec.moe_optional and (get("expert_count", 0, required=False) or 0) > 0:
+            spec = replace(spec, moe=True, expert_weights_norm=True)
         n_embd = int(get("embedding_length"))
         n_head = int(get("attention.head_count"))
         n_head_kv = int(get("attention.head_count_kv", n_head))

@@ -16,7 +16,7 @@ from .config import ModelConfig
 from ..ops.binding import binding_limit
 from .gguf_file import PAIR_ALIGN, GGUFFile
 from .tokenizer import Tokenizer
-from .tensors import GATE_UP, check_tensors, required_tensors
+from .tensors import GATE_UP, check_expert_layout, check_tensors, required_tensors
 
 log = logging.getLogger("vkrt")
 
@@ -67,6 +67,7 @@ class Model(Owned):
         try:
             meta = self.gguf.metadata
             self.cfg = ModelConfig.from_metadata(meta, self.path)
+            check_expert_layout(self.gguf.tensors, self.path)
             self.gguf.require(tensors=required_tensors(self.cfg))
             check_tensors(self.cfg, self.gguf.tensors, self.path)
             self.tokenizer = Tokenizer.from_metadata(meta)

@@ -4,6 +4,8 @@ writes it, the transformer reads by these names."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 from ..errors import GGUFError
@@ -106,6 +108,16 @@ def _trimmed(ne) -> tuple[int, ...]:
     while len(ne) > 1 and ne[-1] == 1:
         ne.pop()
     return tuple(ne)
+
+
+def check_expert_layout(tensors: dict, path: str) -> None:
+    """Experts stored one tensor each (blk.N.ffn_gate.E.weight: Mixtral files converted before
+    llama.cpp stacked them) get a GGUFError saying to convert the model again."""
+    split = sorted(n for n in tensors if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", n))
+    if split:
+        raise GGUFError(f"{path}: its experts are stored one tensor each ({split[0]}, ...: an old Mixtral "
+                        f"conversion); convert the model again with a current llama.cpp (convert_hf_to_gguf.py "
+                        f"writes one ffn_*_exps stack a layer)")
 
 
 def check_tensors(cfg: ModelConfig, tensors: dict, path: str) -> None:
