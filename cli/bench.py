@@ -74,7 +74,7 @@ def _fmt_params(n: int) -> str:
 @click.option("-pg", "pg", multiple=True, help="pp,tg pairs (combined test).")
 @click.option("-d", "--n-depth", "n_depth", default="0", show_default=True, help="KV depths to test at.")
 @click.option("-b", "--batch-size", "n_batch", default="2048", show_default=True)
-@click.option("-ub", "--ubatch-size", "n_ubatch", default="512", show_default=True)
+@click.option("-ub", "--ub", "--ubatch-size", "n_ubatch", default="512", show_default=True)
 @click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", default="99", show_default=True)
 @click.option("-fa", "--flash-attn", "flash_attn", default="0", show_default=True)
 @click.option("-mmp", "--mmap", "mmap", default="1", show_default=True, help="Memory-map the model (0 = --no-mmap).")

@@ -47,7 +47,7 @@ def model_options(f):
                      help="Context size (KV cache cells)."),
         click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True,
                      help="Logical batch size."),
-        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True,
+        click.option("-ub", "--ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True,
                      help="Micro-batch size (tokens per forward pass)."),
         click.option("-fa", "--flash-attn", "flash_attn", default="1", show_default=True,
                      help="Flash attention: 1/on or 0/off."),

@@ -44,3 +44,11 @@ def test_bench_sweeps_n_cpu_moe(device, moe_model):
     rows = json.loads(result.output)
     assert sorted({r["n_cpu_moe"] for r in rows}) == [0, 2]
     assert all(r["avg_ts"] > 0 for r in rows)
+
+
+def test_bench_takes_the_model_cards_ub_spelling(device, moe_model):
+    """`vkrt bench --ub 2048` (the spelling the seed's README uses) is -ub / --ubatch-size."""
+    result = CliRunner().invoke(cli, ["bench", "-m", moe_model, "-p", "16", "-n", "0", "--ub", "8,16", "-r", "1",
+                                      "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(r["n_ubatch"] for r in json.loads(result.output)) == [8, 16]
