@@ -2,7 +2,7 @@
 // from the type table). Every type include defines:
 //   QK     elements per block          QTS   bytes per block
 //   QR     elements per run (consecutive elements sharing one scale and min; QK % QR == 0)
-//   QALIGN alignment of a block in bytes (2 or 4)
+//   QALIGN alignment of a block in bytes (1, 2 or 4)
 //   QRun qrun(uint blk, uint r)  run r of the block at byte blk: data offsets and a, b with
 //                                value ~= a * raw + b (for dot products: a * sum(raw x) + b * sum(x))
 //   vec4 qraw(QRun s, uint c)    raw integer values of elements 4c .. 4c+3 of the run, as floats
@@ -40,6 +40,26 @@
 #include "q5_k.glsl"
 #elif defined(QTYPE_Q6_K)
 #include "q6_k.glsl"
+#elif defined(QTYPE_IQ4_NL)
+#include "iq4_nl.glsl"
+#elif defined(QTYPE_IQ4_XS)
+#include "iq4_xs.glsl"
+#elif defined(QTYPE_IQ3_XXS)
+#include "iq3_xxs.glsl"
+#elif defined(QTYPE_IQ3_S)
+#include "iq3_s.glsl"
+#elif defined(QTYPE_IQ2_XXS)
+#include "iq2_xxs.glsl"
+#elif defined(QTYPE_IQ2_XS)
+#include "iq2_xs.glsl"
+#elif defined(QTYPE_IQ2_S)
+#include "iq2_s.glsl"
+#elif defined(QTYPE_IQ1_S)
+#include "iq1_s.glsl"
+#elif defined(QTYPE_IQ1_M)
+#include "iq1_m.glsl"
+#elif defined(QTYPE_MXFP4)
+#include "mxfp4.glsl"
 #else
 #error "no weight type: define QTYPE_<NAME>"
 #endif

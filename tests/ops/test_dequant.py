@@ -10,7 +10,8 @@ from vkrt.commands import CommandSequence, read_tensor
 from vkrt.errors import GGMLTypeError
 from vkrt.memory import Tensor, ggml_type
 from vkrt.ops.dequant import dequantize
-from vkrt.ops.quant import supported_types
+from vkrt.ops.matmul import MV_UNITS
+from vkrt.ops.quant import block_align, supported_types
 from vkrt.pipeline.compiler import shader_dir
 
 
@@ -35,8 +36,9 @@ def assert_same_bits(got: np.ndarray, ref: np.ndarray) -> None:
                              f"({got.view(np.uint32)[i]:#010x}), gguf {ref[i]!r} ({ref.view(np.uint32)[i]:#010x})")
 
 
-def test_supported_types_are_the_thirteen():
-    assert sorted(t.name for t in supported_types()) == sorted(ALL)
+def test_supported_types_are_the_twenty_three():
+    """Plain, legacy, K-quants, the IQ quants and MXFP4: every one of them in the tests' ALL."""
+    assert len(ALL) == 23 and sorted(t.name for t in supported_types()) == sorted(ALL)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -48,12 +50,15 @@ def test_includes_match_the_type_table(name):
     text = path.read_text()
     for inc in re.findall(r'^#include "(plain\.glsl)"', text, re.M):  # constants the plain types share
         text += (path.parent / inc).read_text()
-    consts = {k: int(v) for k, v in re.findall(r"^#define (QK|QTS|QR|QALIGN) (\d+)", text, re.M)}
+    consts = {k: int(v) for k, v in re.findall(r"^#define (QK|QTS|QR|QALIGN|QU) (\d+)", text, re.M)}
     if t.quantized:
         assert (consts["QK"], consts["QTS"]) == (t.block_size, t.type_size)
+        # the mat-vec's lanes a row count its units: the host's table agrees with the include
+        assert MV_UNITS[name] == consts.get("QU", consts["QK"] // consts["QR"])
     else:
         assert consts["QTS"] == consts["QK"] * t.type_size
     assert consts["QK"] % consts["QR"] == 0 and consts["QR"] % 4 == 0
+    assert consts["QALIGN"] == block_align(t)
     types = (shader_dir() / "quant" / "types.glsl").read_text()
     assert f'defined(QTYPE_{name})\n#include "{t.glsl.split("/")[-1]}"' in types
 
@@ -118,10 +123,10 @@ def test_row_ranges_when_larger_than_a_binding(device, name):
 
 
 def test_unsupported_type_is_named(device):
-    w = Tensor.empty(device, "IQ2_XXS", (256, 2))
+    w = Tensor.empty(device, "Q8_K", (256, 2))
     out = Tensor.empty(device, "F32", (256, 2))
     try:
-        with CommandSequence(device) as seq, pytest.raises(GGMLTypeError, match=r"IQ2_XXS.*Q4_K"):
+        with CommandSequence(device) as seq, pytest.raises(GGMLTypeError, match=r"Q8_K.*Q4_K.*IQ2_XXS.*MXFP4"):
             with seq.record():
                 dequantize(seq, w, out)
     finally:

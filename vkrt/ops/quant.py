@@ -31,7 +31,7 @@ def type_defines(t: GGMLType) -> dict[str, int]:
 
 def block_align(t: GGMLType) -> int:
     """Byte alignment the kernels assume for blocks of `t` (QALIGN in its include)."""
-    return 4 if t.type_size % 4 == 0 else 2
+    return 4 if t.type_size % 4 == 0 else 2 if t.type_size % 2 == 0 else 1
 
 
 def check_layout(t: Tensor, what: str) -> None:
