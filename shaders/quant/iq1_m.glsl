@@ -7,7 +7,9 @@
 #define QR 16
 #define QALIGN 4
 // units: a run (2 index bytes and their fields)
+#define IQ_GRID iq1s_grid
 #include "iq_common.glsl"
+#include "iq1_grid.glsl"
 
 struct QRun { float a; float b; uint q; uint qh; };
 

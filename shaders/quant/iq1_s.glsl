@@ -12,7 +12,9 @@
 #define QU_C 4
 uint qu_run(uint u, uint i) { return u >> 1; }
 uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+#define IQ_GRID iq1s_grid
 #include "iq_common.glsl"
+#include "iq1_grid.glsl"
 
 struct QRun { float a; float b; uint q; uint qh; float delta; };
 

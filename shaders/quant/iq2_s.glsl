@@ -7,6 +7,7 @@
 #define QR 16
 #define QALIGN 2
 // units: a run (2 index bytes, 2 sign bytes)
+#define IQ_GRID iq2s_grid
 #include "iq_common.glsl"
 
 // q: the run's two low index bytes, their high bits from bit 16; signs: its two sign bytes
@@ -23,7 +24,7 @@ QRun qrun(uint blk, uint r) {
 vec4 qraw(QRun s, uint c) {
     const uint e = c >> 1, h = c & 1u;
     const uint gi = ((s.q >> (8u * e)) & 0xFFu) | (((s.q >> (16u + 2u * e)) & 3u) << 8);
-    return flip4(grid4(iq2s_grid[2u * gi + h]), s.signs >> (8u * e + 4u * h));
+    return flip4(grid4(QGRID(2u * gi + h)), s.signs >> (8u * e + 4u * h));
 }
 
 vec4 qget(QRun s, uint c) {

@@ -6,6 +6,8 @@
 #define QR 16
 #define QALIGN 2
 // units: a run (its two codes, 4 bytes)
+#define IQ_GRID iq2xs_grid
+#define IQ_SIGNS 1
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; };
@@ -18,7 +20,7 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) {
     const uint code = (s.q >> (16u * (c >> 1))) & 0xFFFFu, h = c & 1u;
-    return flip4(grid4(iq2xs_grid[2u * (code & 511u) + h]), TBYTE(ksigns_iq2xs, code >> 9) >> (4u * h));
+    return flip4(grid4(QGRID(2u * (code & 511u) + h)), QSIGNS(code >> 9) >> (4u * h));
 }
 
 vec4 qget(QRun s, uint c) {

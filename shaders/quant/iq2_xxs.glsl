@@ -12,6 +12,8 @@
 #define QU_C 4
 uint qu_run(uint u, uint i) { return u >> 1; }
 uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+#define IQ_GRID iq2xxs_grid
+#define IQ_SIGNS 1
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; uint aux; };
@@ -24,8 +26,8 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) {
     const uint l = c >> 1, h = c & 1u;
-    const uint signs = TBYTE(ksigns_iq2xs, (s.aux >> (7u * l)) & 127u) >> (4u * h);
-    return flip4(grid4(iq2xxs_grid[2u * q8(s.q + l) + h]), signs);
+    const uint signs = QSIGNS((s.aux >> (7u * l)) & 127u) >> (4u * h);
+    return flip4(grid4(QGRID(2u * q8(s.q + l) + h)), signs);
 }
 
 vec4 qget(QRun s, uint c) {

@@ -12,6 +12,7 @@
 #define QU_C 4
 uint qu_run(uint u, uint i) { return u >> 1; }
 uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+#define IQ_GRID iq3s_grid
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; uint qh; uint signs; };
@@ -24,7 +25,7 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) {
     const uint gi = q8(s.q + c) | (((s.qh >> c) & 1u) << 8);
-    return flip4(grid4(iq3s_grid[gi]), s.signs >> (4u * c));
+    return flip4(grid4(QGRID(gi)), s.signs >> (4u * c));
 }
 
 vec4 qget(QRun s, uint c) {

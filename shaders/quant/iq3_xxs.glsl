@@ -11,6 +11,8 @@
 #define QU_C 4
 uint qu_run(uint u, uint i) { return u >> 1; }
 uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+#define IQ_GRID iq3xxs_grid
+#define IQ_SIGNS 1
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; uint aux; };
@@ -22,8 +24,8 @@ QRun qrun(uint blk, uint r) {
 }
 
 vec4 qraw(QRun s, uint c) {
-    const uint signs = TBYTE(ksigns_iq2xs, (s.aux >> (7u * (c >> 1))) & 127u) >> (4u * (c & 1u));
-    return flip4(grid4(iq3xxs_grid[q8(s.q + c)]), signs);
+    const uint signs = QSIGNS((s.aux >> (7u * (c >> 1))) & 127u) >> (4u * (c & 1u));
+    return flip4(grid4(QGRID(q8(s.q + c))), signs);
 }
 
 vec4 qget(QRun s, uint c) {

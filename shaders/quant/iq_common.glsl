@@ -1,6 +1,11 @@
 // Shared by the IQ quants and MXFP4: their lookup tables (iq_tables.glsl, generated from gguf's)
 // and the reads of them. Grid entries and codebook values are exact small numbers; signs flip
 // the float's sign bit, exactly as gguf's multiplication by -1.
+// A type names its grid (IQ_GRID) and whether it reads ksigns_iq2xs (IQ_SIGNS) before including
+// this, and reads them through QGRID(i) and QSIGNS(i). With QTABLES_SHARED (the tuning table's
+// quant_tables_shared) they are read from shared-memory copies that qinit() fills with constant
+// indices: a compiler that lowers each dynamically indexed read of a constant array to a search
+// (lavapipe's LLVM) builds the kernel in a second instead of minutes.
 #ifndef VKRT_QUANT_IQ_COMMON_GLSL
 #define VKRT_QUANT_IQ_COMMON_GLSL
 #include "access.glsl"
@@ -8,6 +13,37 @@
 
 // byte i of a table of words
 #define TBYTE(t, i) (((t)[(i) >> 2] >> (8u * ((i) & 3u))) & 0xFFu)
+
+#if defined(QTABLES_SHARED) && (defined(IQ_GRID) || defined(IQ_SIGNS))
+#define QTABLES 1
+#ifdef IQ_GRID
+shared uint qgrid_s[IQ_GRID.length()];
+#define QGRID(i) qgrid_s[i]
+#endif
+#ifdef IQ_SIGNS
+shared uint qsigns_s[ksigns_iq2xs.length()];
+#define QSIGNS(i) TBYTE(qsigns_s, i)
+#endif
+// fills the shared copies: every invocation calls it first, in uniform control flow. Every
+// invocation stores the same constants: the writes race only with equal values, and there is no
+// branch (lavapipe builds 2048 stores under a one-invocation branch as per-lane stores: 20 s)
+void qinit() {
+#ifdef IQ_GRID
+    [[unroll]] for (uint i = 0u; i < IQ_GRID.length(); i++) {
+        qgrid_s[i] = IQ_GRID[i];
+    }
+#endif
+#ifdef IQ_SIGNS
+    [[unroll]] for (uint i = 0u; i < ksigns_iq2xs.length(); i++) {
+        qsigns_s[i] = ksigns_iq2xs[i];
+    }
+#endif
+    barrier();
+}
+#else
+#define QGRID(i) IQ_GRID[i]
+#define QSIGNS(i) TBYTE(ksigns_iq2xs, i)
+#endif
 
 // the four byte values of a grid word as floats
 vec4 grid4(uint w) { return u8f(bytes4(w)); }
@@ -28,11 +64,6 @@ vec4 iq4nl4(uvec4 i) {
 vec4 mxfp4_4(uvec4 i) {
     return sbytes4(uvec4(TBYTE(kvalues_mxfp4, i.x), TBYTE(kvalues_mxfp4, i.y), TBYTE(kvalues_mxfp4, i.z),
                          TBYTE(kvalues_mxfp4, i.w)));
-}
-
-// IQ1_S / IQ1_M: grid entry gi's elements 4h .. 4h + 3 (-1, 0 or 1) plus delta, as gguf's grid + delta
-vec4 iq1_grid4(uint gi, uint h, float delta) {
-    return (u8f(field4(iq1s_grid[gi], 4u * h, 0xFu)) - 1.0) + delta;
 }
 
 #endif

@@ -8,6 +8,7 @@
 //   vec4 qraw(QRun s, uint c)    raw integer values of elements 4c .. 4c+3 of the run, as floats
 //   vec4 qget(QRun s, uint c)    their exact values, in gguf.quants' order of operations
 // Plain types (QPLAIN) also define qelem(row, k), element k of the row at byte `row`.
+// Every kernel calls qinit() first, in uniform control flow (types may fill shared tables).
 // The mat-vec kernel walks a row in units, pieces of a block that lie together in memory so that
 // neighbouring lanes read neighbouring bytes. A type may define QU units a block, each QU_R runs
 // of QU_C chunks: run qu_run(u, i) (i < QU_R), chunks qu_c0(u) .. + QU_C. Unset: a unit is a run.
@@ -62,6 +63,10 @@
 #include "mxfp4.glsl"
 #else
 #error "no weight type: define QTYPE_<NAME>"
+#endif
+
+#ifndef QTABLES
+void qinit() {}   // no tables to copy (see iq_common.glsl); kernels call it first
 #endif
 
 #define QRUNS (QK / QR)   // runs per block

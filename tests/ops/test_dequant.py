@@ -1,5 +1,6 @@
 """GPU dequantisation equals gguf.quants.dequantize bit for bit, for every supported type."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -11,7 +12,7 @@ from vkrt.errors import GGMLTypeError
 from vkrt.memory import Tensor, ggml_type
 from vkrt.ops.dequant import dequantize
 from vkrt.ops.matmul import MV_UNITS
-from vkrt.ops.quant import block_align, supported_types
+from vkrt.ops.quant import TABLE_TYPES, block_align, supported_types
 from vkrt.pipeline.compiler import shader_dir
 
 
@@ -59,6 +60,7 @@ def test_includes_match_the_type_table(name):
         assert consts["QTS"] == consts["QK"] * t.type_size
     assert consts["QK"] % consts["QR"] == 0 and consts["QR"] % 4 == 0
     assert consts["QALIGN"] == block_align(t)
+    assert ("#define IQ_GRID" in text) == (name in TABLE_TYPES)   # the types quant_tables_shared affects
     types = (shader_dir() / "quant" / "types.glsl").read_text()
     assert f'defined(QTYPE_{name})\n#include "{t.glsl.split("/")[-1]}"' in types
 
@@ -75,6 +77,22 @@ def test_bit_exact(device, name):
     finally:
         w.close()
     assert_same_bits(got, reference(name, raw).reshape(2, 5, k))
+
+
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ1_M"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_tables_shared_or_constant(device, monkeypatch, name, shared):
+    """The IQ grids read from the constant arrays (GPUs) or from shared copies (lavapipe's
+    tuning): the same bits either way."""
+    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, quant_tables_shared=shared))
+    rng = np.random.default_rng(17)
+    raw = random_blocks(name, 3, 512, rng)
+    w = weight_tensor(device, name, raw, (512, 3))
+    try:
+        got = run_dequant(device, w, (512, 3))
+    finally:
+        w.close()
+    assert_same_bits(got, reference(name, raw))
 
 
 def test_f16_every_finite_pattern(device):

@@ -84,7 +84,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
     while rows > 1 and -(-m // (rows * (wg // lanes))) * layers < tuning.mv_fill_groups:
         rows //= 2
-    defines = {**type_defines(typ), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
+    defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
         defines["REDUCE_CLUSTER"] = 1
     elif prof.subgroup_arithmetic and lanes == wg:
@@ -143,7 +143,7 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
     if bm % tm or bn % tn or bk % 4 or tm % 4 or tn % 4:
         raise ConfigError(f"tuning: GEMM tile {bm}x{bn}x{bk} with thread tile {tm}x{tn} must divide evenly "
                          "and BK, TM and TN be multiples of 4")
-    defines = {**type_defines(typ), "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
+    defines = {**type_defines(typ, tuning), "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
     if tuning.mm_prefetch:
         defines["PREFETCH"] = 1
     if xvec4:
