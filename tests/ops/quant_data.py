@@ -8,13 +8,13 @@ from gguf.quants import dequantize, quantize
 
 from vkrt.commands import write_tensor
 from vkrt.memory import Tensor, ggml_type
+from vkrt.model.synthetic import IQ_TYPES, random_iq_blocks, set_iq_scales
 
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # byte offsets of the fp16 scales inside one K-quant block
 K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-# the IQ quants and MXFP4: where each keeps its scale d (an fp16 at byte 0 unless listed here)
-IQ = ("IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4")
-IQ1_M_SCALES = 48   # IQ1_M: the fp16 d is the top nibbles of the four 16-bit scale words from here
+# the IQ quants and MXFP4 (vkrt.model.synthetic knows where each keeps its scale)
+IQ = tuple(q.name for q in IQ_TYPES)
 ALL = ("F32", "F16", "BF16", *LEGACY, *K_SCALES, *IQ)
 
 
@@ -31,7 +31,8 @@ def random_blocks(name: str, rows: int, k: int, rng, scale: float | None = None)
 
     scale=None: every bit pattern the format allows (F16/K-quant scales: any finite fp16, BF16:
     any 16 bits, NaN included) for bit-exact tests; a number: values of about that size, for
-    matmul tests. Legacy quants come from gguf.quants.quantize, K-quants from random bytes.
+    matmul tests. Legacy quants come from gguf.quants.quantize, K-quants, IQ quants and MXFP4
+    from random bytes with valid scales (MXFP4 with scale=None: any exponent byte).
     """
     t = ggml_type(name)
     normal = rng.standard_normal((rows, k)).astype(np.float32) * np.float32(scale or 1.0)
@@ -59,37 +60,16 @@ def random_blocks(name: str, rows: int, k: int, rng, scale: float | None = None)
     return raw.reshape(rows, nblk * t.type_size)
 
 
-def set_scale(name: str, raw: np.ndarray, d: np.ndarray) -> None:
-    """Write per-block scales into blocks raw (n_blocks, type_size) in place: fp16 bit patterns
-    (uint16), or for MXFP4 e8m0 exponent bytes."""
-    if name == "MXFP4":
-        raw[:, 0] = d
-    elif name == "IQ1_M":
-        words = raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8].copy().view("<u2")
-        for i in range(4):
-            words[:, i] = (words[:, i] & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
-        raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8] = words.view(np.uint8)
-    else:
-        raw[:, 0:2] = d.reshape(-1, 1).view(np.uint8)
-
-
 def random_iq(name: str, rows: int, k: int, rng, scale: float | None) -> np.ndarray:
     """Random bytes with valid scales: any finite fp16 d (MXFP4: any exponent byte) with
     scale=None; else a d that gives the blocks' values a root mean square of about `scale`."""
+    qtype = GGMLQuantizationType[name]
+    if scale is not None:
+        return random_iq_blocks(rng, qtype, rows, k, scale)
     t = ggml_type(name)
     n = rows * k // t.block_size
     raw = rng.integers(0, 256, (n, t.type_size), dtype=np.uint8)
-    if scale is None:
-        set_scale(name, raw, rng.integers(0, 256, n, dtype=np.uint8) if name == "MXFP4" else finite_f16(rng, n))
-        return raw.reshape(rows, -1)
-    one = np.full(n, 128 if name == "MXFP4" else 0x3C00, np.uint8 if name == "MXFP4" else np.uint16)  # d = 1
-    set_scale(name, raw, one)
-    rms = float(np.sqrt(np.mean(reference(name, raw).astype(np.float64) ** 2)))
-    if name == "MXFP4":   # a power of two, within a factor 2 either way
-        e = 128 + np.round(np.log2(scale / rms)) + rng.integers(-1, 2, n)
-        set_scale(name, raw, e.astype(np.uint8))
-    else:
-        set_scale(name, raw, (rng.uniform(-1.5, 1.5, n) * scale / rms).astype(np.float16).view(np.uint16))
+    set_iq_scales(qtype, raw, rng.integers(0, 256, n, dtype=np.uint8) if name == "MXFP4" else finite_f16(rng, n))
     return raw.reshape(rows, -1)
 
 
