@@ -1,6 +1,7 @@
-"""A tiny model whose matrices are IQ quants (IQ4_XS attention, IQ2_XXS FFN; an MoE with IQ1_S
-and MXFP4 experts) gives the logits of its twin whose weights are the same blocks dequantised to
-F32: prefill (the GEMM), decode (the mat-vec, the fused gate and up) and the expert paths."""
+"""A tiny model whose matrices are IQ quants (IQ4_XS attention, IQ2_XXS FFN; MoEs with IQ1_S and
+MXFP4 experts, in VRAM and in host memory) gives the logits of its twin whose weights are the same
+blocks dequantised to F32: prefill (the GEMM), decode (the mat-vec, the fused gate and up) and the
+expert paths (mul_mat_id, prefetched, staged and read-in-place experts)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,14 @@ MOE_MXFP4 = dataclasses.replace(MOE, weight_type="IQ4_NL", expert_type="MXFP4", 
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(3, 200, 24)]
 
 
-def logits(device, path: str) -> tuple[np.ndarray, dict[str, str]]:
+def logits(device, path: str, n_cpu_moe: int = 0, stage_experts: bool | None = None):
     """Every prompt position's logits (one prefill of 24 tokens), then three decode steps'; and
-    the type of each weight as loaded."""
-    with Model(device, path, progress=False) as model, Engine(model, n_ctx=64, n_ubatch=32) as engine:
+    the type of each weight as loaded. n_cpu_moe: expert layers in host memory (prefill uploads
+    them ahead, decode stages the chosen experts or reads them in place, by stage_experts)."""
+    with (Model(device, path, progress=False, n_cpu_moe=n_cpu_moe) as model,
+          Engine(model, n_ctx=64, n_ubatch=32, stage_experts=stage_experts) as engine):
+        if n_cpu_moe:
+            assert bool(engine.staging.layers) == stage_experts
         rows = [engine.eval(PROMPT, all_logits=True)]
         for t in (5, 17, 42):
             rows.append(engine.eval([t])[None])
@@ -53,3 +58,7 @@ def test_iq_model_equals_its_dequantised_twin(device, tmp_path, spec):
     err = nmse(got, ref)
     assert err < 1e-9, f"normalised error {err:.3g} (positions differ by {spread:.3g})"
     assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
+    if spec.n_expert:   # experts in host memory: staged for decode, or read where they lie
+        for stage in (True, False):
+            host, _ = logits(device, quant, n_cpu_moe=spec.n_layer, stage_experts=stage)
+            assert nmse(host, ref) < 1e-9, f"experts in host memory, staged={stage}"
