@@ -61,6 +61,10 @@
 #include "iq1_m.glsl"
 #elif defined(QTYPE_MXFP4)
 #include "mxfp4.glsl"
+#elif defined(QTYPE_TQ1_0)
+#include "tq1_0.glsl"
+#elif defined(QTYPE_TQ2_0)
+#include "tq2_0.glsl"
 #else
 #error "no weight type: define QTYPE_<NAME>"
 #endif

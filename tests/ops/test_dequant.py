@@ -37,9 +37,9 @@ def assert_same_bits(got: np.ndarray, ref: np.ndarray) -> None:
                              f"({got.view(np.uint32)[i]:#010x}), gguf {ref[i]!r} ({ref.view(np.uint32)[i]:#010x})")
 
 
-def test_supported_types_are_the_twenty_three():
-    """Plain, legacy, K-quants, the IQ quants and MXFP4: every one of them in the tests' ALL."""
-    assert len(ALL) == 23 and sorted(t.name for t in supported_types()) == sorted(ALL)
+def test_supported_types_are_the_twenty_five():
+    """Plain, legacy, K-quants, the IQ quants, MXFP4 and the TQ types: each in the tests' ALL."""
+    assert len(ALL) == 25 and sorted(t.name for t in supported_types()) == sorted(ALL)
 
 
 @pytest.mark.parametrize("name", ALL)

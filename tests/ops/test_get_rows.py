@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from quant_data import IQ, random_blocks, reference
+from quant_data import IQ, TQ, random_blocks, reference
 from gguf.quants import quantize
 from gguf.constants import GGMLQuantizationType as Q
 
@@ -10,14 +10,14 @@ from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy, write
 from vkrt.memory import Tensor
 
 
-@pytest.mark.parametrize("typ", ["F32", "F16", "Q8_0", "Q4_1", "Q4_K", "Q6_K", *IQ])
+@pytest.mark.parametrize("typ", ["F32", "F16", "Q8_0", "Q4_1", "Q4_K", "Q6_K", *IQ, *TQ])
 def test_get_rows_matches_gguf_dequantize(device, typ):
     from vkrt.ops.get_rows import get_rows
     rng = np.random.default_rng(5)
     ne0, n_rows = 256, 37
     x = rng.standard_normal((n_rows, ne0)).astype(np.float32)
     qt = Q[typ]
-    if typ in IQ:
+    if typ in IQ + TQ:
         raw = random_blocks(typ, n_rows, ne0, rng)
     elif typ in ("Q4_K", "Q6_K"):
         from vkrt.model.synthetic import _random_blocks

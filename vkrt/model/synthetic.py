@@ -134,21 +134,23 @@ def _weight(rng, qtype: Q, shape: tuple[int, ...], std: float, random_blocks: bo
         return gguf.quants.quantize(x, qtype).reshape(*shape[:-1], -1), qtype
     if qtype in _K_SCALES:
         return _random_blocks(rng, qtype, rows, cols).reshape(*shape[:-1], -1), qtype
-    if qtype in IQ_TYPES:
-        return random_iq_blocks(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
+    if qtype in IQ_TYPES + TQ_TYPES:
+        return random_scaled_blocks(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
     raise VkrtError(f"synthetic models cannot hold {qtype.name} weights")
 
 
-# the IQ quants and MXFP4 (random bytes are valid blocks once their scale is set): the fp16 d at
-# byte 0, but for IQ1_M (its d is the top nibbles of the four 16-bit scale words at byte 48) and
-# MXFP4 (an e8m0 exponent byte at byte 0)
+# the IQ quants and MXFP4, and the ternary TQ types: random bytes are valid blocks once their one
+# scale is set. It is an fp16 d at byte 0 or _D_AT, but for IQ1_M (its d is the top nibbles of
+# the four 16-bit scale words at byte 48) and MXFP4 (an e8m0 exponent byte at byte 0)
 IQ_TYPES = (Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M, Q.MXFP4)
+TQ_TYPES = (Q.TQ1_0, Q.TQ2_0)
+_D_AT = {Q.TQ1_0: 52, Q.TQ2_0: 64}
 _IQ1_M_SCALES = 48
 
 
-def set_iq_scales(qtype: Q, blocks: np.ndarray, d: np.ndarray) -> None:
-    """Write one scale a block into blocks (n_blocks, type_size) in place: fp16 bit patterns
-    (uint16), or for MXFP4 e8m0 exponent bytes (uint8)."""
+def set_block_scales(qtype: Q, blocks: np.ndarray, d: np.ndarray) -> None:
+    """Write one scale a block of an IQ_TYPES or TQ_TYPES type into blocks (n_blocks, type_size)
+    in place: fp16 bit patterns (uint16), or for MXFP4 e8m0 exponent bytes (uint8)."""
     if qtype == Q.MXFP4:
         blocks[:, 0] = d
     elif qtype == Q.IQ1_M:
@@ -157,24 +159,25 @@ def set_iq_scales(qtype: Q, blocks: np.ndarray, d: np.ndarray) -> None:
             words[:, i] = (words[:, i] & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
         blocks[:, _IQ1_M_SCALES:_IQ1_M_SCALES + 8] = words.view(np.uint8)
     else:
-        blocks[:, 0:2] = np.asarray(d, np.uint16).reshape(-1, 1).view(np.uint8)
+        at = _D_AT.get(qtype, 0)
+        blocks[:, at:at + 2] = np.asarray(d, np.uint16).reshape(-1, 1).view(np.uint8)
 
 
-def random_iq_blocks(rng, qtype: Q, rows: int, cols: int, std: float) -> np.ndarray:
-    """Random valid blocks of an IQ type or MXFP4 whose values have a root mean square of about
-    `std` (scales spread over a factor of 3, random signs; MXFP4: powers of two)."""
+def random_scaled_blocks(rng, qtype: Q, rows: int, cols: int, std: float) -> np.ndarray:
+    """Random valid blocks of an IQ_TYPES or TQ_TYPES type whose values have a root mean square
+    of about `std` (scales spread over a factor of 3, random signs; MXFP4: powers of two)."""
     block, size = GGML_QUANT_SIZES[qtype]
     n = rows * cols // block
     raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
     sample = raw[:64].copy()   # the values at d = 1 (MXFP4: e = 128) set the scale
-    set_iq_scales(qtype, sample, np.full(len(sample), 128 if qtype == Q.MXFP4 else 0x3C00))
+    set_block_scales(qtype, sample, np.full(len(sample), 128 if qtype == Q.MXFP4 else 0x3C00))
     unit = float(np.sqrt(np.mean(gguf.quants.dequantize(sample, qtype).astype(np.float64) ** 2)))
     if qtype == Q.MXFP4:
         e = 128 + np.round(np.log2(std / unit)) + rng.integers(-1, 2, n)
-        set_iq_scales(qtype, raw, np.clip(e, 0, 254).astype(np.uint8))
+        set_block_scales(qtype, raw, np.clip(e, 0, 254).astype(np.uint8))
     else:
         d = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n) * std / unit
-        set_iq_scales(qtype, raw, d.astype(np.float16).view(np.uint16))
+        set_block_scales(qtype, raw, d.astype(np.float16).view(np.uint16))
     return raw.reshape(rows, -1)
 
 

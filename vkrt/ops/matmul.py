@@ -30,7 +30,7 @@ MV_WIDE = ("Q4_K",)
 # units a block of each type in the mat-vec (QU in shaders/quant/<type>.glsl; unset: one per run)
 MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
             "Q8_0": 4, "IQ4_NL": 4, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 16, "IQ2_XS": 16,
-            "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4}
+            "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4, "TQ1_0": 16, "TQ2_0": 4}
 
 
 def mat_vec_lanes(typ, k: int, wg: int) -> int:
