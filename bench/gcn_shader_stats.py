@@ -1,6 +1,6 @@
 """Compiler statistics of the GCN kernels: registers, spills, LDS, waves per SIMD, code size.
 
-    python bench/gcn_shader_stats.py [--json]
+    python bench/gcn_shader_stats.py [--json] [--weights Q4_0,Q4_K,Q6_K,IQ2_XXS,...]
 
 Builds (never runs) the kernel variants that prefill (ubatch 512) and decode (one token) of a
 Qwen3-30B-A3B-shaped MoE model use with the AMD_GCN tuning: hidden 2048, 128 experts, 8 used,
@@ -12,7 +12,9 @@ gemm_kernel and mat_vec_kernel; rms_norm, rope, moe_route and FlashAttn, which b
 while recording, recorded over placeholder tensors -- and prints what the driver reports
 through VK_KHR_pipeline_executable_properties (RADV/ACO: VGPRs, SGPRs, spills, LDS, "Subgroups
 per SIMD" = waves a SIMD can hold, instructions, code bytes), one row per pipeline with the
-places that use it. --json prints one object with every statistic the driver reports.
+places that use it. --json prints one object with every statistic the driver reports;
+--weights names the weight types of the matmul kernels (default Q4_0,Q4_K,Q6_K; `all`: every
+type with kernels).
 
 Needs a GCN device whose driver has VK_KHR_pipeline_executable_properties: an RX 470-590 on
 RADV, or without one Mesa's null RADV device (no hardware; ACO compiles for Polaris):
@@ -42,7 +44,7 @@ from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, vec4_ok
 from vkrt.ops.moe import moe_route
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
-from vkrt.ops.quant import kernel_type
+from vkrt.ops.quant import kernel_type, supported_types
 from vkrt.ops.rope import rope
 from vkrt.ops.ssm_conv import ssm_conv
 from vkrt.pipeline import pipeline_statistics
@@ -121,13 +123,14 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     return cases
 
 
-def cases(dev) -> list[tuple[str, list]]:
-    """(where it is used, pipelines) for every kernel call of a prefill and a decode step."""
+def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
+    """(where it is used, pipelines) for every kernel call of a prefill and a decode step, with
+    matmul kernels for the weight types `weights`."""
     m, tune = MODEL, dev.tuning
     # activations: rows of 2048, 768 or 4096 floats at 16-byte aligned offsets, read as vec4
     xvec4 = all(vec4_ok(placeholder(dev, F32, (k, 1), "x"), 0, k)
                 for k in (m["hidden"], m["ff_expert"], m["n_head"] * m["head"]))
-    types = [kernel_type(name) for name in m["weights"]]
+    types = [kernel_type(name) for name in weights]
     out = []
     for typ in types:
         out += [(f"prefill {typ.name}: attention projections", [gemm_kernel(dev, typ, tune, xvec4=xvec4)]),
@@ -230,10 +233,10 @@ def variant(kern) -> str:
     return " ".join(parts + [f"wg {'x'.join(str(s) for s in kern.workgroup if s > 1) or 1}"])
 
 
-def collect(dev) -> list[dict]:
+def collect(dev, weights=MODEL["weights"]) -> list[dict]:
     """One row per distinct pipeline, in order of first use, with every statistic."""
     rows: dict[int, dict] = {}
-    for where, kernels in cases(dev):
+    for where, kernels in cases(dev, weights):
         for kern in kernels:
             row = rows.get(id(kern))
             if row is None:
@@ -281,12 +284,17 @@ def print_table(result: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--weights", default=",".join(MODEL["weights"]),
+                    help="comma-separated weight types of the matmul kernels, or `all`")
     args = ap.parse_args(argv)
+    weights = ([t.name for t in supported_types()] if args.weights == "all"
+               else [w.strip().upper() for w in args.weights.split(",") if w.strip()])
     with open_device() as dev:
         p = dev.profile
         fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mv_wg", "mv_rows", "fa_wg")
         result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,
-                      model=MODEL, tuning={f: getattr(dev.tuning, f) for f in fields}, kernels=collect(dev))
+                      model={**MODEL, "weights": weights}, tuning={f: getattr(dev.tuning, f) for f in fields},
+                      kernels=collect(dev, weights))
         dev.check_validation()  # with VKRT_VALIDATE=1: the layer's errors fail the run
     if args.json:
         json.dump(result, sys.stdout)

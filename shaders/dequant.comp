@@ -21,6 +21,7 @@ layout(push_constant) uniform Push {
 } p;
 
 void main() {
+    qinit();
     const uint groups = (p.ne0 + 3u) / 4u;
     const uint g = global_index();
     if (g >= groups * p.rows) {

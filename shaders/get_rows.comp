@@ -26,6 +26,7 @@ layout(push_constant) uniform Push {
 } p;
 
 void main() {
+    qinit();
     const uint groups = (p.ne0 + 3u) / 4u;
     const uint g = global_index();
     if (g >= groups * p.n_ids) {

@@ -189,6 +189,7 @@ void store_slice() {
 }
 
 void main() {
+    qinit();
     const uint tid = gl_LocalInvocationID.x;
     const uint m0 = gl_WorkGroupID.x * BM, n0 = gl_WorkGroupID.y * BN;
     uint wbase = p.w_off, ncols = p.N;

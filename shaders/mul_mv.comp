@@ -209,6 +209,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
 }
 
 void main() {
+    qinit();
 #ifdef REDUCE_CLUSTER
     // a group is TPR neighbouring invocations of one subgroup, whatever the subgroup size
     const uint flat_ = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;

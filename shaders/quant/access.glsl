@@ -8,12 +8,16 @@ uint q8(uint b) { return (QBUF[b >> 2] >> ((b & 3u) * 8u)) & 0xFFu; }
 uint q16(uint b) { return (QBUF[b >> 2] >> ((b & 2u) * 8u)) & 0xFFFFu; }      // b % 2 == 0
 float qf16(uint b) { return unpackHalf2x16(q16(b)).x; }                        // exact fp16 -> fp32
 
-// 4 bytes at an even offset: one word when the block layout keeps it 4-aligned, else two halves.
-// Both loads are unconditional (the second repeats the first when aligned, never past the data),
-// so invocations with different alignments do not diverge.
+// 4 bytes at an even offset (QALIGN 1: any offset): one word when the block layout keeps it
+// 4-aligned, else pieces of two. Both loads are unconditional (the second repeats the first when
+// aligned, never past the data), so invocations with different alignments do not diverge.
 uint q32(uint b) {
 #if QALIGN == 4
     return QBUF[b >> 2];
+#elif QALIGN == 1
+    const uint i = b >> 2, sh = (b & 3u) * 8u;
+    const uint lo = QBUF[i], hi = QBUF[i + min(sh, 1u)];
+    return sh == 0u ? lo : (lo >> sh) | (hi << (32u - sh));
 #else
     const uint i = b >> 2, odd = (b >> 1) & 1u;
     const uint lo = QBUF[i], hi = QBUF[i + odd];

@@ -2,12 +2,13 @@
 // from the type table). Every type include defines:
 //   QK     elements per block          QTS   bytes per block
 //   QR     elements per run (consecutive elements sharing one scale and min; QK % QR == 0)
-//   QALIGN alignment of a block in bytes (2 or 4)
+//   QALIGN alignment of a block in bytes (1, 2 or 4)
 //   QRun qrun(uint blk, uint r)  run r of the block at byte blk: data offsets and a, b with
 //                                value ~= a * raw + b (for dot products: a * sum(raw x) + b * sum(x))
 //   vec4 qraw(QRun s, uint c)    raw integer values of elements 4c .. 4c+3 of the run, as floats
 //   vec4 qget(QRun s, uint c)    their exact values, in gguf.quants' order of operations
 // Plain types (QPLAIN) also define qelem(row, k), element k of the row at byte `row`.
+// Every kernel calls qinit() first, in uniform control flow (types may fill shared tables).
 // The mat-vec kernel walks a row in units, pieces of a block that lie together in memory so that
 // neighbouring lanes read neighbouring bytes. A type may define QU units a block, each QU_R runs
 // of QU_C chunks: run qu_run(u, i) (i < QU_R), chunks qu_c0(u) .. + QU_C. Unset: a unit is a run.
@@ -40,8 +41,36 @@
 #include "q5_k.glsl"
 #elif defined(QTYPE_Q6_K)
 #include "q6_k.glsl"
+#elif defined(QTYPE_IQ4_NL)
+#include "iq4_nl.glsl"
+#elif defined(QTYPE_IQ4_XS)
+#include "iq4_xs.glsl"
+#elif defined(QTYPE_IQ3_XXS)
+#include "iq3_xxs.glsl"
+#elif defined(QTYPE_IQ3_S)
+#include "iq3_s.glsl"
+#elif defined(QTYPE_IQ2_XXS)
+#include "iq2_xxs.glsl"
+#elif defined(QTYPE_IQ2_XS)
+#include "iq2_xs.glsl"
+#elif defined(QTYPE_IQ2_S)
+#include "iq2_s.glsl"
+#elif defined(QTYPE_IQ1_S)
+#include "iq1_s.glsl"
+#elif defined(QTYPE_IQ1_M)
+#include "iq1_m.glsl"
+#elif defined(QTYPE_MXFP4)
+#include "mxfp4.glsl"
+#elif defined(QTYPE_TQ1_0)
+#include "tq1_0.glsl"
+#elif defined(QTYPE_TQ2_0)
+#include "tq2_0.glsl"
 #else
 #error "no weight type: define QTYPE_<NAME>"
+#endif
+
+#ifndef QTABLES
+void qinit() {}   // no tables to copy (see iq_common.glsl); kernels call it first
 #endif
 
 #define QRUNS (QK / QR)   // runs per block

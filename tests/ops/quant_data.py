@@ -8,11 +8,15 @@ from gguf.quants import dequantize, quantize
 
 from vkrt.commands import write_tensor
 from vkrt.memory import Tensor, ggml_type
+from vkrt.model.synthetic import IQ_TYPES, TQ_TYPES, random_scaled_blocks, set_block_scales
 
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # byte offsets of the fp16 scales inside one K-quant block
 K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-ALL = ("F32", "F16", "BF16", *LEGACY, *K_SCALES)
+# the IQ quants and MXFP4, the ternary TQ types (vkrt.model.synthetic knows where each keeps its scale)
+IQ = tuple(q.name for q in IQ_TYPES)
+TQ = tuple(q.name for q in TQ_TYPES)
+ALL = ("F32", "F16", "BF16", *LEGACY, *K_SCALES, *IQ, *TQ)
 
 
 def finite_f16(rng, n: int) -> np.ndarray:
@@ -28,7 +32,8 @@ def random_blocks(name: str, rows: int, k: int, rng, scale: float | None = None)
 
     scale=None: every bit pattern the format allows (F16/K-quant scales: any finite fp16, BF16:
     any 16 bits, NaN included) for bit-exact tests; a number: values of about that size, for
-    matmul tests. Legacy quants come from gguf.quants.quantize, K-quants from random bytes.
+    matmul tests. Legacy quants come from gguf.quants.quantize, K-quants, IQ quants, MXFP4 and
+    the TQ types from random bytes with valid scales (MXFP4 with scale=None: any exponent byte).
     """
     t = ggml_type(name)
     normal = rng.standard_normal((rows, k)).astype(np.float32) * np.float32(scale or 1.0)
@@ -43,6 +48,8 @@ def random_blocks(name: str, rows: int, k: int, rng, scale: float | None = None)
         return (normal.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     if name in LEGACY:
         return quantize(normal, GGMLQuantizationType[name])
+    if name in IQ + TQ:
+        return random_scaled(name, rows, k, rng, scale)
     nblk = k // t.block_size
     raw = rng.integers(0, 256, (rows, nblk, t.type_size), dtype=np.uint8)
     for off in K_SCALES[name]:
@@ -54,9 +61,24 @@ def random_blocks(name: str, rows: int, k: int, rng, scale: float | None = None)
     return raw.reshape(rows, nblk * t.type_size)
 
 
+def random_scaled(name: str, rows: int, k: int, rng, scale: float | None) -> np.ndarray:
+    """Random bytes with valid scales: any finite fp16 d (MXFP4: any exponent byte) with
+    scale=None; else a d that gives the blocks' values a root mean square of about `scale`."""
+    qtype = GGMLQuantizationType[name]
+    if scale is not None:
+        return random_scaled_blocks(rng, qtype, rows, k, scale)
+    t = ggml_type(name)
+    n = rows * k // t.block_size
+    raw = rng.integers(0, 256, (n, t.type_size), dtype=np.uint8)
+    set_block_scales(qtype, raw, rng.integers(0, 256, n, dtype=np.uint8) if name == "MXFP4" else finite_f16(rng, n))
+    return raw.reshape(rows, -1)
+
+
 def reference(name: str, raw: np.ndarray) -> np.ndarray:
-    """gguf.quants.dequantize of raw blocks (rows, row_bytes) -> float32 (rows, k)."""
-    return dequantize(raw, GGMLQuantizationType[name])
+    """gguf.quants.dequantize of raw blocks (rows, row_bytes) -> float32 (rows, k). MXFP4's
+    largest scales overflow to infinity, as on the GPU."""
+    with np.errstate(over="ignore"):
+        return dequantize(raw, GGMLQuantizationType[name])
 
 
 def weight_tensor(device, name: str, raw: np.ndarray, ne: tuple[int, ...]) -> Tensor:

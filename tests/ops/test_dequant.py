@@ -1,5 +1,6 @@
 """GPU dequantisation equals gguf.quants.dequantize bit for bit, for every supported type."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -10,7 +11,8 @@ from vkrt.commands import CommandSequence, read_tensor
 from vkrt.errors import GGMLTypeError
 from vkrt.memory import Tensor, ggml_type
 from vkrt.ops.dequant import dequantize
-from vkrt.ops.quant import supported_types
+from vkrt.ops.matmul import MV_UNITS
+from vkrt.ops.quant import TABLE_TYPES, block_align, supported_types, type_defines
 from vkrt.pipeline.compiler import shader_dir
 
 
@@ -35,8 +37,9 @@ def assert_same_bits(got: np.ndarray, ref: np.ndarray) -> None:
                              f"({got.view(np.uint32)[i]:#010x}), gguf {ref[i]!r} ({ref.view(np.uint32)[i]:#010x})")
 
 
-def test_supported_types_are_the_thirteen():
-    assert sorted(t.name for t in supported_types()) == sorted(ALL)
+def test_supported_types_are_the_twenty_five():
+    """Plain, legacy, K-quants, the IQ quants, MXFP4 and the TQ types: each in the tests' ALL."""
+    assert len(ALL) == 25 and sorted(t.name for t in supported_types()) == sorted(ALL)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -48,12 +51,16 @@ def test_includes_match_the_type_table(name):
     text = path.read_text()
     for inc in re.findall(r'^#include "(plain\.glsl)"', text, re.M):  # constants the plain types share
         text += (path.parent / inc).read_text()
-    consts = {k: int(v) for k, v in re.findall(r"^#define (QK|QTS|QR|QALIGN) (\d+)", text, re.M)}
+    consts = {k: int(v) for k, v in re.findall(r"^#define (QK|QTS|QR|QALIGN|QU) (\d+)", text, re.M)}
     if t.quantized:
         assert (consts["QK"], consts["QTS"]) == (t.block_size, t.type_size)
+        # the mat-vec's lanes a row count its units: the host's table agrees with the include
+        assert MV_UNITS[name] == consts.get("QU", consts["QK"] // consts["QR"])
     else:
         assert consts["QTS"] == consts["QK"] * t.type_size
     assert consts["QK"] % consts["QR"] == 0 and consts["QR"] % 4 == 0
+    assert consts["QALIGN"] == block_align(t)
+    assert ("#define IQ_GRID" in text) == (name in TABLE_TYPES)   # the types quant_tables_shared affects
     types = (shader_dir() / "quant" / "types.glsl").read_text()
     assert f'defined(QTYPE_{name})\n#include "{t.glsl.split("/")[-1]}"' in types
 
@@ -70,6 +77,24 @@ def test_bit_exact(device, name):
     finally:
         w.close()
     assert_same_bits(got, reference(name, raw).reshape(2, 5, k))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_tables_shared_or_constant(device, monkeypatch, shared):
+    """The IQ grids and signs read from the constant arrays (GPUs) or from shared copies
+    (lavapipe's tuning): the same bits either way. IQ3_XXS, the smallest grid: lavapipe builds
+    the constant path slowly (IQ2_XXS 18 s, IQ1_M's 2048 entries 450 s)."""
+    name = "IQ3_XXS"
+    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, quant_tables_shared=shared))
+    assert ("QTABLES_SHARED" in type_defines(ggml_type(name), device.tuning)) == shared
+    rng = np.random.default_rng(17)
+    raw = random_blocks(name, 3, 512, rng)
+    w = weight_tensor(device, name, raw, (512, 3))
+    try:
+        got = run_dequant(device, w, (512, 3))
+    finally:
+        w.close()
+    assert_same_bits(got, reference(name, raw))
 
 
 def test_f16_every_finite_pattern(device):
@@ -118,10 +143,10 @@ def test_row_ranges_when_larger_than_a_binding(device, name):
 
 
 def test_unsupported_type_is_named(device):
-    w = Tensor.empty(device, "IQ2_XXS", (256, 2))
+    w = Tensor.empty(device, "Q8_K", (256, 2))
     out = Tensor.empty(device, "F32", (256, 2))
     try:
-        with CommandSequence(device) as seq, pytest.raises(GGMLTypeError, match=r"IQ2_XXS.*Q4_K"):
+        with CommandSequence(device) as seq, pytest.raises(GGMLTypeError, match=r"Q8_K.*Q4_K.*IQ2_XXS.*MXFP4"):
             with seq.record():
                 dequantize(seq, w, out)
     finally:

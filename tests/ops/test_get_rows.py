@@ -2,21 +2,24 @@
 
 import numpy as np
 import pytest
-from gguf.quants import dequantize, quantize
+from quant_data import IQ, TQ, random_blocks, reference
+from gguf.quants import quantize
 from gguf.constants import GGMLQuantizationType as Q
 
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy, write_tensor
 from vkrt.memory import Tensor
 
 
-@pytest.mark.parametrize("typ", ["F32", "F16", "Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("typ", ["F32", "F16", "Q8_0", "Q4_1", "Q4_K", "Q6_K", *IQ, *TQ])
 def test_get_rows_matches_gguf_dequantize(device, typ):
     from vkrt.ops.get_rows import get_rows
     rng = np.random.default_rng(5)
     ne0, n_rows = 256, 37
     x = rng.standard_normal((n_rows, ne0)).astype(np.float32)
     qt = Q[typ]
-    if typ in ("Q4_K", "Q6_K"):
+    if typ in IQ + TQ:
+        raw = random_blocks(typ, n_rows, ne0, rng)
+    elif typ in ("Q4_K", "Q6_K"):
         from vkrt.model.synthetic import _random_blocks
         raw = _random_blocks(rng, qt, n_rows, ne0)
     elif typ == "F16":
@@ -25,7 +28,7 @@ def test_get_rows_matches_gguf_dequantize(device, typ):
         raw = x.view(np.uint8)
     else:
         raw = quantize(x, qt)
-    ref = dequantize(raw, qt).reshape(n_rows, ne0).astype(np.float32)
+    ref = reference(typ, raw).reshape(n_rows, ne0).astype(np.float32)
     table = Tensor.empty(device, typ, (ne0, n_rows))
     ids = np.array([3, 0, 36, 3, 17], np.int32)
     tid = tensor_from_numpy(device, ids)

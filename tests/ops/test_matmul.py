@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from quant_data import ALL, nmse, random_blocks, reference, weight_tensor
+from quant_data import ALL, IQ, TQ, nmse, random_blocks, reference, weight_tensor
 
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.errors import UnsupportedShape
@@ -59,7 +59,12 @@ def check(device, name, m, k, ns, seed=0, **kw):
 @pytest.mark.parametrize("name", ALL)
 def test_every_type(device, name):
     """67 rows (a multiple of neither the mat-vec rows nor the GEMM tile); the mat-vec (9 and 16
-    columns: in runs of mv_max_n), the GEMM (64), and the GEMM for 9 and 16 columns too."""
+    columns: in runs of mv_max_n), the GEMM (64), and the GEMM for 9 and 16 columns too. The IQ
+    quants, MXFP4 and the TQ types (whose kernels differ from the others' only in their includes)
+    at 1, 9 and 64 columns: the mat-vec of one and of several columns and the GEMM."""
+    if name in IQ + TQ:
+        check(device, name, 67, k_for(name), (1, 9, 64))
+        return
     check(device, name, 67, k_for(name), (1, 5, 9, 16, 64))
     check(device, name, 67, k_for(name), (9, 16), tuning=dataclasses.replace(device.tuning, mv_chunk_n=0))
 
@@ -102,7 +107,10 @@ def test_mat_vec_row_groups(device, name, k, lanes, rows):
     check(device, name, 37, k, (1, 2), tuning=dataclasses.replace(device.tuning, mv_wg=64, mv_rows=rows))
 
 
-@pytest.mark.parametrize("name", ALL)
+# of the IQ and TQ types, those whose raw values differ in kind: a codebook (signed), grid bytes
+# with signs, a grid of -1/0/1 plus a shift, MXFP4's codebook under a power-of-two scale, base-3 digits
+@pytest.mark.parametrize("name", [n for n in ALL if n not in IQ + TQ] + ["IQ4_XS", "IQ2_XS", "IQ1_M", "MXFP4",
+                                                                       "TQ1_0"])
 def test_float_bits_is_bit_identical(device, name):
     """Building small integers' floats from their bits (the NVIDIA tuning) against converting
     them: the same exact values, so the same sums bit for bit."""

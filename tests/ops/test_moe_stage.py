@@ -94,7 +94,7 @@ def test_unaligned_stack_is_refused(device):
         slots.close()
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K", "F16", "IQ4_XS", "IQ2_XXS", "MXFP4"])
 def test_mat_vec_on_staged_experts_is_bit_identical(device, name):
     k, m, n_expert, n_used, n_tokens = 256, 8, 9, 3, 2
     rng = np.random.default_rng(3)

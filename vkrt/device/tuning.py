@@ -86,6 +86,9 @@ class Tuning:
     # mat-vec units of types that allow it (Q4_K) load their 16 bytes in one load where the
     # weights are 16-byte aligned, instead of four word loads
     mv_wide: bool = True
+    # the IQ quants' lookup grids (up to 8 KiB) read from shared-memory copies each workgroup
+    # fills first, instead of from the constant arrays (shaders/quant/iq_common.glsl)
+    quant_tables_shared: bool = False
     # (type name, rows) where a weight type's mat-vec takes fewer rows a group than mv_rows (its
     # per-row state costs registers: GCN keeps 4 waves a SIMD)
     mv_rows_by_type: tuple = ()
@@ -222,6 +225,9 @@ TABLE: dict[Arch, Tuning] = {
                           transpose_rows=2,
                           # mat-vec: a CPU's few threads need no more workgroups
                           mv_fill_groups=1,
+                          # LLVM lowers each dynamically indexed read of a constant array to a
+                          # search: an IQ2_XXS mat-vec took 20 s to build, 1 s from shared copies
+                          quant_tables_shared=True,
                           # short convolution, C = 8192: T = 2048 146 ms at 32 tokens, 176 at 16;
                           # T = 512 39 ms at 32, 47 at 16, 45 at 64
                           ssm_conv_chunk=32,

@@ -37,7 +37,9 @@ _DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "I16": np.int16,
            "I64": np.int64, "F64": np.float64, "BF16": np.uint16}
 # the weight types vkrt's kernels read (dequantise, matmul): name -> include defining the block layout
 _GLSL = {name: f"quant/{name.lower()}.glsl" for name in
-         ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")}
+         ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+          "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4",
+          "TQ1_0", "TQ2_0")}
 
 TYPES: dict[str, GGMLType] = {}
 for _q in GGMLQuantizationType:

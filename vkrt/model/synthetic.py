@@ -41,6 +41,7 @@ class SyntheticSpec:
     n_ctx: int = 512
     weight_type: str = "Q8_0"          # type of the 2-D weight matrices
     expert_type: str | None = None     # type of ffn_*_exps (default: weight_type)
+    ffn_type: str | None = None        # type of the dense FFN matrices ffn_* (default: weight_type)
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_expert: int = 0
@@ -50,6 +51,7 @@ class SyntheticSpec:
     seed: int = 0
     random_blocks: bool = False        # random valid blocks instead of quantising (fast, for big models)
     pad_vocab_to: int = 0              # append unused tokens up to this vocabulary size (real output shapes)
+    dequantized: bool = False          # store every quantised weight as its F32 dequantisation (a reference twin)
     rope_dims: int = 0                 # rotated dims per head (0: all)
     rope_base: float = 10000.0
     # qwen35: Gated DeltaNet layers ((il + 1) % full_attention_interval != 0) and sectioned RoPE
@@ -132,7 +134,51 @@ def _weight(rng, qtype: Q, shape: tuple[int, ...], std: float, random_blocks: bo
         return gguf.quants.quantize(x, qtype).reshape(*shape[:-1], -1), qtype
     if qtype in _K_SCALES:
         return _random_blocks(rng, qtype, rows, cols).reshape(*shape[:-1], -1), qtype
+    if qtype in IQ_TYPES + TQ_TYPES:
+        return random_scaled_blocks(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
     raise VkrtError(f"synthetic models cannot hold {qtype.name} weights")
+
+
+# the IQ quants and MXFP4, and the ternary TQ types: random bytes are valid blocks once their one
+# scale is set. It is an fp16 d at byte 0 or _D_AT, but for IQ1_M (its d is the top nibbles of
+# the four 16-bit scale words at byte 48) and MXFP4 (an e8m0 exponent byte at byte 0)
+IQ_TYPES = (Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M, Q.MXFP4)
+TQ_TYPES = (Q.TQ1_0, Q.TQ2_0)
+_D_AT = {Q.TQ1_0: 52, Q.TQ2_0: 64}
+_IQ1_M_SCALES = 48
+
+
+def set_block_scales(qtype: Q, blocks: np.ndarray, d: np.ndarray) -> None:
+    """Write one scale a block of an IQ_TYPES or TQ_TYPES type into blocks (n_blocks, type_size)
+    in place: fp16 bit patterns (uint16), or for MXFP4 e8m0 exponent bytes (uint8)."""
+    if qtype == Q.MXFP4:
+        blocks[:, 0] = d
+    elif qtype == Q.IQ1_M:
+        words = blocks[:, _IQ1_M_SCALES:_IQ1_M_SCALES + 8].copy().view("<u2")
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
+        blocks[:, _IQ1_M_SCALES:_IQ1_M_SCALES + 8] = words.view(np.uint8)
+    else:
+        at = _D_AT.get(qtype, 0)
+        blocks[:, at:at + 2] = np.asarray(d, np.uint16).reshape(-1, 1).view(np.uint8)
+
+
+def random_scaled_blocks(rng, qtype: Q, rows: int, cols: int, std: float) -> np.ndarray:
+    """Random valid blocks of an IQ_TYPES or TQ_TYPES type whose values have a root mean square
+    of about `std` (scales spread over a factor of 3, random signs; MXFP4: powers of two)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    n = rows * cols // block
+    raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    sample = raw[:64].copy()   # the values at d = 1 (MXFP4: e = 128) set the scale
+    set_block_scales(qtype, sample, np.full(len(sample), 128 if qtype == Q.MXFP4 else 0x3C00))
+    unit = float(np.sqrt(np.mean(gguf.quants.dequantize(sample, qtype).astype(np.float64) ** 2)))
+    if qtype == Q.MXFP4:
+        e = 128 + np.round(np.log2(std / unit)) + rng.integers(-1, 2, n)
+        set_block_scales(qtype, raw, np.clip(e, 0, 254).astype(np.uint8))
+    else:
+        d = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n) * std / unit
+        set_block_scales(qtype, raw, d.astype(np.float16).view(np.uint16))
+    return raw.reshape(rows, -1)
 
 
 # legacy block types: (offset of the f16 scale, offset of the f16 min or None, typical |q - zero|)
@@ -187,14 +233,17 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     # first the table of tensors, then their data one at a time: a 30B-shaped model never has
     # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
     embd_type = Q.Q8_0 if wtype not in (Q.F32, Q.F16) else wtype
+    ftype = Q[s.ffn_type.upper()] if s.ffn_type else wtype
     tied = arch in _TIED_OUTPUT
-    specs = [_synthetic_tensor(t, wtype, etype, embd_type) for t in model_tensors(cfg, tied_output=tied)]
+    specs = [_synthetic_tensor(t, wtype, etype, embd_type, ftype) for t in model_tensors(cfg, tied_output=tied)]
     for name, kind, qtype, shape, std in specs:
         if kind == "weight":
             _check_row(qtype, shape)
             block, size = GGML_QUANT_SIZES[qtype]
             nbytes = int(np.prod(shape[:-1])) * shape[-1] // block * size
-            if qtype in (Q.F32, Q.F16):
+            if s.dequantized and qtype not in (Q.F32, Q.F16):
+                w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+            elif qtype in (Q.F32, Q.F16):
                 w.add_tensor_info(name, shape, np.dtype(np.float32 if qtype == Q.F32 else np.float16), nbytes)
             else:  # quantised: the writer takes the shape in bytes per row
                 w.add_tensor_info(name, (*shape[:-1], shape[-1] // block * size), np.dtype(np.uint8), nbytes,
@@ -205,7 +254,10 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, kind, qtype, shape, std in specs:
-        w.write_tensor_data(_tensor_data(rng, kind, qtype, shape, std, s.random_blocks))
+        data = _tensor_data(rng, kind, qtype, shape, std, s.random_blocks)
+        if s.dequantized and kind == "weight" and qtype not in (Q.F32, Q.F16):
+            data = gguf.quants.dequantize(data, qtype).reshape(shape).astype(np.float32)
+        w.write_tensor_data(data)
     w.close()
     return os.fspath(path)
 
@@ -251,14 +303,15 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
         w.add_rope_dimension_sections(list(s.rope_sections))
 
 
-def _synthetic_tensor(t, wtype, etype, embd_type) -> tuple:
+def _synthetic_tensor(t, wtype, etype, embd_type, ftype) -> tuple:
     """(name, kind, type, numpy shape, std) of one tensor of the table."""
     shape = tuple(reversed(t.ne))
     role = t.role
     if role == EMBED:
         return t.name, "weight", embd_type, shape, 0.5
     if role in (MATRIX, EXPERTS):
-        return t.name, "weight", wtype if role == MATRIX else etype, shape, shape[-1] ** -0.5
+        typ = etype if role == EXPERTS else ftype if ".ffn_" in t.name else wtype
+        return t.name, "weight", typ, shape, shape[-1] ** -0.5
     if role in (ROUTER, CONV):
         return t.name, "weight", Q.F32, shape, 0.5
     return t.name, role, Q.F32, shape, {NORM: 0.1, BIAS: 0.02, SSM_A: 0.0, DT_BIAS: 0.5}[role]

@@ -32,7 +32,8 @@ def dequantize(seq, src: Tensor, dst: Tensor, *, max_binding: int | None = None)
         raise UnsupportedShape(f"dequantize: dst {dst!r} needs contiguous, 4-byte aligned rows")
     check_layout(src, "dequantize source")
     device = seq.device
-    k = kernel(device, "dequant", defines=type_defines(typ), push=DEQUANT_PUSH, workgroup=(device.tuning.wg_size,))
+    k = kernel(device, "dequant", defines=type_defines(typ, device.tuning), push=DEQUANT_PUSH,
+               workgroup=(device.tuning.wg_size,))
     groups = -(-src.ne[0] // 4)
     for s2, d2 in _planes(src, dst):
         for a, b in chunks(1, device, max_binding, s2, d2):

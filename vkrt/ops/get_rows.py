@@ -29,7 +29,8 @@ def get_rows(seq, table: Tensor, ids: Tensor, dst: Tensor, *, max_binding: int |
     dr, do, ds = f32_binding(dst, "get_rows dst")
     dev = seq.device
     ir, io = bind_words(ids, dev)
-    k = kernel(dev, "get_rows", defines=type_defines(typ), push=GET_ROWS_PUSH, workgroup=(dev.tuning.wg_size,))
+    k = kernel(dev, "get_rows", defines=type_defines(typ, dev.tuning), push=GET_ROWS_PUSH,
+               workgroup=(dev.tuning.wg_size,))
     groups = k.groups_for(-(-table.ne[0] // 4) * n_ids)
     for a, b in chunks(1, dev, max_binding, table):
         wr, wo = bind_words(table.slice(1, a, b), dev, max_binding)

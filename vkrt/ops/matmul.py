@@ -29,7 +29,8 @@ GLU_ACTS = {"silu": 0, "gelu": 1}
 MV_WIDE = ("Q4_K",)
 # units a block of each type in the mat-vec (QU in shaders/quant/<type>.glsl; unset: one per run)
 MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
-            "Q8_0": 4}
+            "Q8_0": 4, "IQ4_NL": 4, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 16, "IQ2_XS": 16,
+            "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4, "TQ1_0": 16, "TQ2_0": 4}
 
 
 def mat_vec_lanes(typ, k: int, wg: int) -> int:
@@ -83,7 +84,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
     while rows > 1 and -(-m // (rows * (wg // lanes))) * layers < tuning.mv_fill_groups:
         rows //= 2
-    defines = {**type_defines(typ), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
+    defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
         defines["REDUCE_CLUSTER"] = 1
     elif prof.subgroup_arithmetic and lanes == wg:
@@ -142,7 +143,7 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
     if bm % tm or bn % tn or bk % 4 or tm % 4 or tn % 4:
         raise ConfigError(f"tuning: GEMM tile {bm}x{bn}x{bk} with thread tile {tm}x{tn} must divide evenly "
                          "and BK, TM and TN be multiples of 4")
-    defines = {**type_defines(typ), "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
+    defines = {**type_defines(typ, tuning), "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
     if tuning.mm_prefetch:
         defines["PREFETCH"] = 1
     if xvec4:

@@ -7,6 +7,8 @@ from ..errors import GGMLTypeError, UnsupportedShape
 from ..memory import TYPES, BufferRange, GGMLType, Tensor, ggml_type
 from .binding import RangeTooLarge, bind_tensor, binding_limit
 
+# types whose includes read large lookup tables (IQ_GRID in shaders/quant/<type>.glsl)
+TABLE_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
 WORD_ALIGN = 16  # binding starts are also 16-byte aligned, so f32 operands can be read as vec4
 
 
@@ -24,14 +26,16 @@ def kernel_type(typ, what: str = "weight") -> GGMLType:
     return t
 
 
-def type_defines(t: GGMLType) -> dict[str, int]:
-    """The define that makes shaders/quant/types.glsl include `t`'s block layout."""
-    return {f"QTYPE_{t.name}": 1}
+def type_defines(t: GGMLType, tuning) -> dict[str, int]:
+    """The define that makes shaders/quant/types.glsl include `t`'s block layout, and where the
+    tuning says so, that its lookup tables are read from shared memory (iq_common.glsl)."""
+    shared = tuning.quant_tables_shared and t.name in TABLE_TYPES
+    return {f"QTYPE_{t.name}": 1, **({"QTABLES_SHARED": 1} if shared else {})}
 
 
 def block_align(t: GGMLType) -> int:
     """Byte alignment the kernels assume for blocks of `t` (QALIGN in its include)."""
-    return 4 if t.type_size % 4 == 0 else 2
+    return 4 if t.type_size % 4 == 0 else 2 if t.type_size % 2 == 0 else 1
 
 
 def check_layout(t: Tensor, what: str) -> None:

@@ -1,0 +1,34 @@
+// IQ3_XXS: 256 elements in 98 bytes: fp16 d, 64 indices into iq3xxs_grid (4 values each), then a
+// word per 32 elements: 4 x 7 sign bits (indices into ksigns_iq2xs, one per 8 elements) under a
+// 4-bit scale. value = ((d * (0.5 + sc)) * 0.5) * grid * sign, as gguf.quants computes it.
+#define QK 256
+#define QTS 98
+#define QR 32
+#define QALIGN 2
+// units: half a run (4 grid indices, 16 elements) with the run's signs and scale
+#define QU 16
+#define QU_R 1
+#define QU_C 4
+uint qu_run(uint u, uint i) { return u >> 1; }
+uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+#define IQ_GRID iq3xxs_grid
+#define IQ_SIGNS 1
+#include "iq_common.glsl"
+
+struct QRun { float a; float b; uint q; uint aux; };
+
+QRun qrun(uint blk, uint r) {
+    const uint aux = q32(blk + 66u + 4u * r);
+    precise float db = (qf16(blk) * (0.5 + u8f(aux >> 28))) * 0.5;
+    return QRun(db, 0.0, blk + 2u + 8u * r, aux);
+}
+
+vec4 qraw(QRun s, uint c) {
+    const uint signs = QSIGNS((s.aux >> (7u * (c >> 1))) & 127u) >> (4u * (c & 1u));
+    return flip4(grid4(QGRID(q8(s.q + c))), signs);
+}
+
+vec4 qget(QRun s, uint c) {
+    precise vec4 v = s.a * qraw(s, c);
+    return v;
+}

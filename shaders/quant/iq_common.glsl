@@ -1,0 +1,69 @@
+// Shared by the IQ quants and MXFP4: their lookup tables (iq_tables.glsl, generated from gguf's)
+// and the reads of them. Grid entries and codebook values are exact small numbers; signs flip
+// the float's sign bit, exactly as gguf's multiplication by -1.
+// A type names its grid (IQ_GRID) and whether it reads ksigns_iq2xs (IQ_SIGNS) before including
+// this, and reads them through QGRID(i) and QSIGNS(i). With QTABLES_SHARED (the tuning table's
+// quant_tables_shared) they are read from shared-memory copies that qinit() fills with constant
+// indices: a compiler that lowers each dynamically indexed read of a constant array to a search
+// (lavapipe's LLVM) builds the kernel in a second instead of minutes.
+#ifndef VKRT_QUANT_IQ_COMMON_GLSL
+#define VKRT_QUANT_IQ_COMMON_GLSL
+#include "access.glsl"
+#include "iq_tables.glsl"
+
+// byte i of a table of words
+#define TBYTE(t, i) (((t)[(i) >> 2] >> (8u * ((i) & 3u))) & 0xFFu)
+
+#if defined(QTABLES_SHARED) && (defined(IQ_GRID) || defined(IQ_SIGNS))
+#define QTABLES 1
+#ifdef IQ_GRID
+shared uint qgrid_s[IQ_GRID.length()];
+#define QGRID(i) qgrid_s[i]
+#endif
+#ifdef IQ_SIGNS
+shared uint qsigns_s[ksigns_iq2xs.length()];
+#define QSIGNS(i) TBYTE(qsigns_s, i)
+#endif
+// fills the shared copies: every invocation calls it first, in uniform control flow. Every
+// invocation stores the same constants: the writes race only with equal values, and there is no
+// branch (lavapipe builds 2048 stores under a one-invocation branch as per-lane stores: 20 s)
+void qinit() {
+#ifdef IQ_GRID
+    [[unroll]] for (uint i = 0u; i < IQ_GRID.length(); i++) {
+        qgrid_s[i] = IQ_GRID[i];
+    }
+#endif
+#ifdef IQ_SIGNS
+    [[unroll]] for (uint i = 0u; i < ksigns_iq2xs.length(); i++) {
+        qsigns_s[i] = ksigns_iq2xs[i];
+    }
+#endif
+    barrier();
+}
+#else
+#define QGRID(i) IQ_GRID[i]
+#define QSIGNS(i) TBYTE(ksigns_iq2xs, i)
+#endif
+
+// the four byte values of a grid word as floats
+vec4 grid4(uint w) { return u8f(bytes4(w)); }
+
+// v with the sign of element i flipped where bit i of s is set (higher bits of s are ignored)
+vec4 flip4(vec4 v, uint s) {
+    return uintBitsToFloat(floatBitsToUint(v) ^ ((uvec4(s) >> uvec4(0u, 1u, 2u, 3u)) << 31));
+}
+
+// signed bytes as floats
+vec4 sbytes4(uvec4 b) { return vec4(ivec4(b << 24) >> 24); }
+
+// the codebook values at four 4-bit indices
+vec4 iq4nl4(uvec4 i) {
+    return sbytes4(uvec4(TBYTE(kvalues_iq4nl, i.x), TBYTE(kvalues_iq4nl, i.y), TBYTE(kvalues_iq4nl, i.z),
+                         TBYTE(kvalues_iq4nl, i.w)));
+}
+vec4 mxfp4_4(uvec4 i) {
+    return sbytes4(uvec4(TBYTE(kvalues_mxfp4, i.x), TBYTE(kvalues_mxfp4, i.y), TBYTE(kvalues_mxfp4, i.z),
+                         TBYTE(kvalues_mxfp4, i.w)));
+}
+
+#endif

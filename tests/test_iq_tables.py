@@ -1,0 +1,44 @@
+"""shaders/quant/iq_tables.glsl is what scripts/gen_iq_tables.py makes from the gguf package now,
+and its packed words read back (as the shaders read them) to gguf's own tables."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+from gguf import quants
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gen_iq_tables", ROOT / "scripts" / "gen_iq_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_committed_tables_are_generated():
+    gen = load_script()
+    assert gen.OUT == ROOT / "shaders" / "quant" / "iq_tables.glsl"
+    assert gen.OUT.read_text() == gen.generate(), "shaders/quant/iq_tables.glsl is stale: run scripts/gen_iq_tables.py"
+
+
+def gguf_grid(cls) -> np.ndarray:
+    cls.init_grid()
+    return cls.grid.reshape(cls.grid_shape)
+
+
+def test_tables_read_back_to_gguf():
+    t = load_script().tables()
+    as_bytes = {name: w.astype("<u4").view(np.uint8) for name, w in t.items()}
+    for name, cls in (("iq2xxs_grid", quants.IQ2_XXS), ("iq2xs_grid", quants.IQ2_XS), ("iq2s_grid", quants.IQ2_S),
+                      ("iq3xxs_grid", quants.IQ3_XXS), ("iq3s_grid", quants.IQ3_S)):
+        g = gguf_grid(cls)
+        np.testing.assert_array_equal(as_bytes[name].reshape(g.shape), g, err_msg=name)
+    # iq1s: element j of entry i in nibble 2 (j % 4) + j // 4 of word i, stored plus one
+    w = t["iq1s_grid"]
+    nib = [(w >> (8 * (j % 4) + 4 * (j // 4))) & 0xF for j in range(8)]
+    np.testing.assert_array_equal(np.stack(nib, axis=1).astype(np.float32) - 1, gguf_grid(quants.IQ1_S))
+    np.testing.assert_array_equal(as_bytes["ksigns_iq2xs"], np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8))
+    np.testing.assert_array_equal(as_bytes["kvalues_iq4nl"].view(np.int8), quants.IQ4_NL.kvalues)
+    np.testing.assert_array_equal(as_bytes["kvalues_mxfp4"].view(np.int8), quants.MXFP4.kvalues)
