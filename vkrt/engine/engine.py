@@ -298,9 +298,7 @@ class Engine(Owned):
         tokens = np.asarray(tokens, dtype=np.int32)
         if tokens.size == 0:
             raise VkrtError("eval needs at least one token")
-        vocab = self.model.cfg.vocab_size
-        if tokens.min() < 0 or tokens.max() >= vocab:
-            raise VkrtError(f"token ids must be in [0, {vocab}); got {int(tokens.min())}..{int(tokens.max())}")
+        self._check_tokens(tokens)
         start = self.cache.cells.length(seq_id)
         outs = []
         for b0 in range(0, tokens.size, self.n_batch):
@@ -330,10 +328,13 @@ class Engine(Owned):
         if len(set(seqs.tolist())) != len(seqs):
             raise VkrtError("decode takes one token per sequence")
         ids = np.array([t for _, t in batch], np.int32)
+        self._check_tokens(ids)
+        return seqs, ids, np.array([self.cache.cells.length(int(s)) for s in seqs], np.int32)
+
+    def _check_tokens(self, ids: np.ndarray) -> None:
         vocab = self.model.cfg.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
-            raise VkrtError(f"token ids must be in [0, {vocab})")
-        return seqs, ids, np.array([self.cache.cells.length(int(s)) for s in seqs], np.int32)
+            raise VkrtError(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
 
     def sequence_length(self, seq_id: int) -> int:
         """Tokens of `seq_id` held in the KV cache."""
@@ -356,13 +357,7 @@ class Engine(Owned):
               n_seqs: int = 1) -> np.ndarray:
         t0 = time.perf_counter()
         n = ids.size
-        pad = self.padded_tokens(n) - n if n_seqs == 1 else 0
-        if pad and self.cache.cells.n_free() <= n:   # no cell would be left for the padding
-            pad = 0
-        if pad:   # padding first: the last token, whose logits a step reads, stays a real one
-            ids = np.concatenate([np.zeros(pad, np.int32), ids])
-            seqs = np.concatenate([np.full(pad, PAD_SEQ, np.int32), seqs])
-            pos = np.concatenate([np.zeros(pad, np.int32), pos])
+        pad, (ids, seqs, pos) = self._padded(ids, seqs, pos) if n_seqs == 1 else (0, (ids, seqs, pos))
         g, slots = self._prepare(ids, seqs, pos, all_logits, n_seqs)
         self._run(g)
         self._advance(slots, ids.size // n_seqs)
@@ -371,6 +366,18 @@ class Engine(Owned):
         logits = self._logits.read(np.float32, 4 * vocab * n_out).reshape(n_out, vocab)
         self._count(n, time.perf_counter() - t0)
         return logits[pad:] if all_logits else logits
+
+    def _padded(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> tuple[int, tuple]:
+        """(padding tokens, (ids, seqs, pos) with them first) for a step of ids.size tokens (see
+        padded_tokens; none when no cell would be left for them). Padding comes first: the last
+        token, whose logits a step reads, stays a real one."""
+        n = ids.size
+        pad = self.padded_tokens(n) - n
+        if not pad or self.cache.cells.n_free() <= n:
+            return 0, (ids, seqs, pos)
+        return pad, (np.concatenate([np.zeros(pad, np.int32), ids]),
+                     np.concatenate([np.full(pad, PAD_SEQ, np.int32), seqs]),
+                     np.concatenate([np.zeros(pad, np.int32), pos]))
 
     def _count(self, tokens: int, seconds: float) -> None:
         """One step of `tokens` tokens that kept the host `seconds` (GPU waits included) in the stats."""
@@ -414,10 +421,10 @@ class Engine(Owned):
         host[lay["cells"]:lay["cells"] + 4 * n] = cells.view(np.uint8)
         host[lay["slots"]:lay["slots"] + 4 * n_seqs] = slots.astype(np.int32).view(np.uint8)
         if "mask" in lay:
-            mask = cells_tab.mask(seqs, pos, n_kv, n)
+            mask = cells_tab.mask(seqs, pos, n_kv, n, used=used)
             host[lay["mask"]:lay["mask"] + mask.nbytes] = mask.reshape(-1).view(np.uint8)
         if "mask_swa" in lay:
-            swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window)
+            swa = cells_tab.mask(seqs, pos, n_kv, n, window=cfg.sliding_window, used=used)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
         if "kv_used" in lay:
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
@@ -491,20 +498,13 @@ class Engine(Owned):
         if top and len(parts) > self.candidate_rows:
             raise VkrtError(f"candidates are read for at most {self.candidate_rows} parts a step, got {len(parts)}")
         ids = np.concatenate(toks)
+        self._check_tokens(ids)
         vocab = self.model.cfg.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab:
-            raise VkrtError(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
         t0 = time.perf_counter()
         seqs = np.repeat(np.array(seq_ids, np.int32), sizes)
         pos = np.concatenate([np.arange(t.size, dtype=np.int32) + self.cache.cells.length(s)
                               for s, t in zip(seq_ids, toks)])
-        pad = self.padded_tokens(n) - n
-        if pad and self.cache.cells.n_free() <= n:   # no cell would be left for the padding
-            pad = 0
-        if pad:   # padding first, as in _step
-            ids = np.concatenate([np.zeros(pad, np.int32), ids])
-            seqs = np.concatenate([np.full(pad, PAD_SEQ, np.int32), seqs])
-            pos = np.concatenate([np.zeros(pad, np.int32), pos])
+        pad, (ids, seqs, pos) = self._padded(ids, seqs, pos)
         rows = self.out_rows(len(parts), self.candidate_rows if top else self.n_ubatch)
         out = np.cumsum(sizes) - 1 + pad
         out = np.concatenate([out, np.full(rows - out.size, out[-1])])   # the extra rows repeat the last

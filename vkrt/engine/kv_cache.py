@@ -55,10 +55,12 @@ class CellTable:
         mine = self.seq == seq
         return int(self.pos[mine].max()) + 1 if mine.any() else 0
 
-    def mask(self, tok_seq: np.ndarray, tok_pos: np.ndarray, n_kv: int, n_rows: int, window: int = 0) -> np.ndarray:
+    def mask(self, tok_seq: np.ndarray, tok_pos: np.ndarray, n_kv: int, n_rows: int, window: int = 0,
+             used: int | None = None) -> np.ndarray:
         """f16 [n_rows, n_kv]: 0 where token t may attend cell c (same sequence, not in the future,
-        and within `window` positions when given), -inf elsewhere; rows past the tokens are -inf."""
-        live = min(n_kv, self.used_end())   # no token attends a cell past the last used one
+        and within `window` positions when given), -inf elsewhere; rows past the tokens are -inf.
+        `used`: used_end() when the caller has it."""
+        live = min(n_kv, self.used_end() if used is None else used)   # no token attends a cell past it
         cs, cp = self.seq[:live][None, :], self.pos[:live][None, :]
         ts, tp = tok_seq[:, None], tok_pos[:, None]
         visible = (cs == ts) & (cp <= tp)
