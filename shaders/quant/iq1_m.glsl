@@ -25,8 +25,3 @@ vec4 qraw(QRun s, uint c) {
     const uint e = c >> 1, f = (s.qh >> (4u * e)) & 0xFu;
     return iq1_grid4(((s.q >> (8u * e)) & 0xFFu) | ((f & 7u) << 8), c & 1u, (f & 8u) != 0u ? -IQ1S_DELTA : IQ1S_DELTA);
 }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

@@ -28,8 +28,3 @@ vec4 qraw(QRun s, uint c) {
     const uint e = c >> 1;
     return iq1_grid4(((s.q >> (8u * e)) & 0xFFu) | (((s.qh >> (3u * e)) & 7u) << 8), c & 1u, s.delta);
 }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

@@ -26,8 +26,3 @@ vec4 qraw(QRun s, uint c) {
     const uint gi = ((s.q >> (8u * e)) & 0xFFu) | (((s.q >> (16u + 2u * e)) & 3u) << 8);
     return flip4(grid4(QGRID(2u * gi + h)), s.signs >> (8u * e + 4u * h));
 }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

@@ -22,8 +22,3 @@ vec4 qraw(QRun s, uint c) {
     const uint code = (s.q >> (16u * (c >> 1))) & 0xFFFFu, h = c & 1u;
     return flip4(grid4(QGRID(2u * (code & 511u) + h)), QSIGNS(code >> 9) >> (4u * h));
 }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

@@ -29,8 +29,3 @@ vec4 qraw(QRun s, uint c) {
     const uint signs = QSIGNS((s.aux >> (7u * l)) & 127u) >> (4u * h);
     return flip4(grid4(QGRID(2u * q8(s.q + l) + h)), signs);
 }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

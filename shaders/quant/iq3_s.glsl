@@ -27,8 +27,3 @@ vec4 qraw(QRun s, uint c) {
     const uint gi = q8(s.q + c) | (((s.qh >> c) & 1u) << 8);
     return flip4(grid4(QGRID(gi)), s.signs >> (4u * c));
 }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

@@ -27,8 +27,3 @@ vec4 qraw(QRun s, uint c) {
     const uint signs = QSIGNS((s.aux >> (7u * (c >> 1))) & 127u) >> (4u * (c & 1u));
     return flip4(grid4(QGRID(q8(s.q + c))), signs);
 }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

@@ -17,8 +17,3 @@ struct QRun { float a; float b; uint q; };
 QRun qrun(uint blk, uint r) { return QRun(qf16(blk), 0.0, blk + 2u); }
 
 vec4 qraw(QRun s, uint c) { return iq4nl4(field4(q32(s.q + 4u * (c & 3u)), 4u * (c >> 2), 0xFu)); }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

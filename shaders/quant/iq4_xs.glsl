@@ -25,8 +25,3 @@ QRun qrun(uint blk, uint r) {
 }
 
 vec4 qraw(QRun s, uint c) { return iq4nl4(field4(qw(s.q + 4u * (c & 3u)), 4u * (c >> 2), 0xFu)); }
-
-vec4 qget(QRun s, uint c) {
-    precise vec4 v = s.a * qraw(s, c);
-    return v;
-}

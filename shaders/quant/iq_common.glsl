@@ -8,6 +8,8 @@
 // (lavapipe's LLVM) builds the kernel in a second instead of minutes.
 #ifndef VKRT_QUANT_IQ_COMMON_GLSL
 #define VKRT_QUANT_IQ_COMMON_GLSL
+// value = a * raw: types.glsl defines their qget
+#define QGET_SCALED 1
 #include "access.glsl"
 #include "iq_tables.glsl"
 

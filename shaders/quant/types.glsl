@@ -7,6 +7,7 @@
 //                                value ~= a * raw + b (for dot products: a * sum(raw x) + b * sum(x))
 //   vec4 qraw(QRun s, uint c)    raw integer values of elements 4c .. 4c+3 of the run, as floats
 //   vec4 qget(QRun s, uint c)    their exact values, in gguf.quants' order of operations
+//                                (or QGET_SCALED: value = a * raw, qget defined here)
 // Plain types (QPLAIN) also define qelem(row, k), element k of the row at byte `row`.
 // Every kernel calls qinit() first, in uniform control flow (types may fill shared tables).
 // The mat-vec kernel walks a row in units, pieces of a block that lie together in memory so that
@@ -71,6 +72,13 @@
 
 #ifndef QTABLES
 void qinit() {}   // no tables to copy (see iq_common.glsl); kernels call it first
+#endif
+
+#ifdef QGET_SCALED   // the IQ types and MXFP4: value = a * raw
+vec4 qget(QRun s, uint c) {
+    precise vec4 v = s.a * qraw(s, c);
+    return v;
+}
 #endif
 
 #define QRUNS (QK / QR)   // runs per block
