@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.commands import read_tensor, run_once, tensor_from_numpy
 from vkrt.engine.logit_adjust import logit_adjustments
 from vkrt.engine.sampler import SamplingParams
 from vkrt.ops.logit_adjust import logit_adjust, pack_table
@@ -24,10 +24,7 @@ def test_matches_the_host_bit_for_bit(device):
     x = tensor_from_numpy(device, logits)
     t = tensor_from_numpy(device, pack_table(3, cap, [a.words() if a else None for a in adjs]).view(np.int32))
     try:
-        with CommandSequence(device) as seq:
-            with seq.record():
-                logit_adjust(seq, x, t, cap)
-            seq.run()
+        run_once(device, lambda seq: logit_adjust(seq, x, t, cap))
         got = read_tensor(x)
     finally:
         x.close()
