@@ -1,5 +1,5 @@
 """A tiny model whose matrices are IQ quants (IQ4_XS attention, IQ2_XXS FFN; MoEs with IQ1_S and
-MXFP4 experts, in VRAM and in host memory) gives the logits of its twin whose weights are the same
+MXFP4 experts, in VRAM and in host memory) or ternary ones (TQ2_0 attention, TQ1_0 FFN) gives the logits of its twin whose weights are the same
 blocks dequantised to F32: prefill (the GEMM), decode (the mat-vec, the fused gate and up) and the
 expert paths (mul_mat_id, prefetched, staged and read-in-place experts)."""
 
@@ -21,6 +21,7 @@ DENSE = SyntheticSpec(arch="llama", n_embd=256, n_head=4, n_head_kv=2, head_dim=
 MOE = SyntheticSpec(arch="qwen3moe", n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=0, n_expert=4,
                     n_expert_used=2, n_ff_expert=256, weight_type="IQ3_S", expert_type="IQ1_S", seed=22)
 MOE_MXFP4 = dataclasses.replace(MOE, weight_type="IQ4_NL", expert_type="MXFP4", seed=23)
+TERNARY = dataclasses.replace(DENSE, weight_type="TQ2_0", ffn_type="TQ1_0", seed=24)
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(3, 200, 24)]
 
 
@@ -42,8 +43,8 @@ def nmse(a, b) -> float:
     return float(np.sum((a - b) ** 2) / np.sum(b ** 2))
 
 
-@pytest.mark.parametrize("spec", [DENSE, MOE, MOE_MXFP4], ids=["IQ4_XS+IQ2_XXS", "IQ3_S+IQ1_S experts",
-                                                                "IQ4_NL+MXFP4 experts"])
+@pytest.mark.parametrize("spec", [DENSE, MOE, MOE_MXFP4, TERNARY], ids=["IQ4_XS+IQ2_XXS", "IQ3_S+IQ1_S experts",
+                                                                         "IQ4_NL+MXFP4 experts", "TQ2_0+TQ1_0"])
 def test_iq_model_equals_its_dequantised_twin(device, tmp_path, spec):
     quant = write_model(os.fspath(tmp_path / "iq.gguf"), spec)
     twin = write_model(os.fspath(tmp_path / "f32.gguf"), dataclasses.replace(spec, dequantized=True))

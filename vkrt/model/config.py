@@ -151,7 +151,8 @@ class ModelConfig:
         if spec.moe:
             n_ff_shared = int(get("expert_shared_feed_forward_length", 0, required=spec.shared_expert == "always") or 0)
             kw.update(n_expert=int(get("expert_count")), n_expert_used=int(get("expert_used_count")),
-                      n_ff_expert=int(get("expert_feed_forward_length")), n_ff_shared=n_ff_shared,
+                      n_ff_expert=int(get("expert_feed_forward_length", None, required=not spec.moe_optional)
+                                      or get("feed_forward_length")), n_ff_shared=n_ff_shared,
                       expert_weights_norm=bool(meta.get(f"{arch}.expert_weights_norm", spec.expert_weights_norm)))
         recurrent = None
         if spec.hybrid_linear:

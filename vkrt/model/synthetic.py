@@ -283,10 +283,13 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
     if s.n_expert:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
-        w.add_expert_feed_forward_length(s.n_ff_expert)
+        if aspec.moe_optional:   # Mixtral-style files (as converted) keep the experts' size here only
+            w.add_feed_forward_length(s.n_ff_expert)
+        else:
+            w.add_expert_feed_forward_length(s.n_ff_expert)
         if s.n_ff_shared:
             w.add_expert_shared_feed_forward_length(s.n_ff_shared)
-        if s.arch == "qwen2moe" or s.n_ff:
+        if s.arch == "qwen2moe" or s.n_ff and not aspec.moe_optional:
             w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
     else:
         w.add_feed_forward_length(s.n_ff)
