@@ -14,6 +14,9 @@
 // With MOE_SUM (and MUL_MAT_ID) workgroup z is a token and the kernel goes over its NU slots
 // itself: out[row] = sum_j wt[j] * (W[e_j] · x_j)[row] (+ sigmoid(gate) * shared[row] with
 // SHARED), the expert down projection and moe_combine in one pass, summed as moe_combine does.
+// With SEGMENTS the rows of two or three matrices of one type and K (attention's q, k and v) are
+// one dispatch: segment i's rows lie at w_off_i in W and go to y_off_i in Y with column stride
+// y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
 // within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
 // shared-memory tree.
@@ -96,6 +99,10 @@ layout(push_constant) uniform Push {
 #endif
 #ifdef GATE_UP
     uint w2_off;   // byte offset of W2's row 0 (of expert e0) in W
+#endif
+#ifdef SEGMENTS
+    uint m1, w_off1, y_off1, y_col1, g1;   // segment 1 (and 2): rows, offsets, first workgroup
+    uint m2, w_off2, y_off2, y_col2, g2;   // g2 beyond the grid: two segments
 #endif
 #ifdef MOE_SUM
     uint wt_off;   // float offsets of the routing weights, the shared output and its gate
@@ -217,8 +224,18 @@ void main() {
     const uint flat_ = gl_LocalInvocationID.x;
 #endif
     const uint lane = flat_ % TPR, group = flat_ / TPR;
-    const uint row0 = ((gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * GROUPS + group) * NR;
-    uint wbase = p.w_off, xbase = p.x_off, ybase = p.y_off;
+    uint wgid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint wbase = p.w_off, xbase = p.x_off, ybase = p.y_off, M_ = p.M, ycol = p.y_col;
+#ifdef SEGMENTS
+    if (wgid >= p.g2) {
+        wgid -= p.g2;
+        wbase = p.w_off2, ybase = p.y_off2, M_ = p.m2, ycol = p.y_col2;
+    } else if (wgid >= p.g1) {
+        wgid -= p.g1;
+        wbase = p.w_off1, ybase = p.y_off1, M_ = p.m1, ycol = p.y_col1;
+    }
+#endif
+    const uint row0 = (wgid * GROUPS + group) * NR;
 #ifdef GATE_UP
     uint wbase2 = p.w2_off;
 #endif
@@ -253,7 +270,7 @@ void main() {
     xbase = p.x_off + tok * p.x_col + (sl % p.x_slots) * p.x_slot;
 #endif
     [[unroll]] for (uint r = 0u; r < NR; r++) {
-        const uint roff = min(row0 + r, p.M - 1u) * p.w_row;   // rows past M read row M-1, unused
+        const uint roff = min(row0 + r, M_ - 1u) * p.w_row;   // rows past M read row M-1, unused
         rowb[r] = wbase + roff;
 #ifdef GATE_UP
         rowb[NR + r] = wbase2 + roff;
@@ -302,8 +319,8 @@ void main() {
     if (lane == 0u) {
         [[unroll]] for (uint v = 0u; v < NV; v++) {
             const uint r = v / NC, j = v % NC;
-            if (row0 + r < p.M) {
-                y_data[ybase + j * p.y_col + row0 + r] = RESULT(v, ACC);
+            if (row0 + r < M_) {
+                y_data[ybase + j * ycol + row0 + r] = RESULT(v, ACC);
             }
         }
     }
@@ -343,8 +360,8 @@ void main() {
     // the group's first lanes store its NV results (in REDUCE_SUBGROUP the workgroup is one group)
     for (uint v = lane; v < NV; v += TPR) {
         const uint r = v / NC, j = v % NC;
-        if (row0 + r < p.M) {
-            y_data[ybase + j * p.y_col + row0 + r] = RESULT(v, PSUM);
+        if (row0 + r < M_) {
+            y_data[ybase + j * ycol + row0 + r] = RESULT(v, PSUM);
         }
     }
 #endif
@@ -353,7 +370,7 @@ void main() {
 #ifdef MOE_SUM
     if (lane == 0u) {
         [[unroll]] for (uint r = 0u; r < NR; r++) {
-            if (row0 + r < p.M) {
+            if (row0 + r < M_) {
                 SHARED_TERM(r)
                 y_data[ybase + row0 + r] = o[r];
             }

@@ -4,7 +4,8 @@ a layer), q/k norm + RoPE + K's cache store in one kernel (VKRT_FUSE_NORM_ROPE=0
 set_rows; three commands fewer a layer with q/k norms, one without) and, for decode, the gated
 activation inside the down projection's mat-vec (VKRT_FUSE_GLU=1, off by default: one command
 fewer a layer and decode step), and for decode the gate and up projections in one pass with the
-activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a gated FFN)."""
+activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a gated FFN), and
+the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default)."""
 
 import numpy as np
 import pytest
@@ -93,14 +94,24 @@ def test_summed_expert_down_is_bit_identical(device, tmp_path, monkeypatch, name
     assert saved == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen35moe"])
+def test_fused_projections_are_bit_identical(device, tmp_path, monkeypatch, name):
+    """q, k and v in one mat-vec dispatch (qwen2: with their biases added after; gemma3: sliding
+    layers; qwen35moe: DeltaNet's qkv and gate, and its alpha and beta, in one each)."""
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_QKV")
+    # attention: 3 dispatches -> 1, DeltaNet: 4 -> 2; both graphs (the 8-token prompt is mat-vec sized)
+    assert saved == 2 * 2 * cfg.n_layer
+
+
 def test_fusion_defaults(monkeypatch):
     """Unset: add+norm fused, GLU separate; =0 / =1 force either."""
-    from vkrt.model.transformer import fused
+    from vkrt.model.fusions import fused
     monkeypatch.delenv("VKRT_FUSE_ADD_NORM", raising=False)
     monkeypatch.delenv("VKRT_FUSE_GLU", raising=False)
     monkeypatch.delenv("VKRT_FUSE_GATE_UP", raising=False)
     monkeypatch.delenv("VKRT_FUSE_MOE_SUM", raising=False)
-    assert fused("ADD_NORM") and not fused("GLU") and fused("GATE_UP") and not fused("MOE_SUM")
+    monkeypatch.delenv("VKRT_FUSE_QKV", raising=False)
+    assert fused("ADD_NORM") and not fused("GLU") and fused("GATE_UP") and not fused("MOE_SUM") and not fused("QKV")
     monkeypatch.setenv("VKRT_FUSE_GLU", "1")
     monkeypatch.setenv("VKRT_FUSE_ADD_NORM", "0")
     assert fused("GLU") and not fused("ADD_NORM")
@@ -125,3 +136,35 @@ def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch):
     apart, apart_n, cfg = run(device, path, monkeypatch, False, "VKRT_FUSE_GATE_UP")
     np.testing.assert_array_equal(fused_run.view(np.uint32), apart.view(np.uint32))
     assert apart_n - fused_n == 2 * cfg.n_layer   # the one-token graph fuses, the 8-token prompt does not
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe"])
+def test_fused_weights_share_one_allocation(device, tmp_path, name):
+    """The loader puts each group of weights one pass reads (gate and up; q, k and v; DeltaNet's
+    qkv and gate, alpha and beta) in one allocation, in order, owned by the first."""
+    from vkrt.model.gguf_file import GROUP_ALIGN
+    from vkrt.model.tensors import SHARED_ALLOCATIONS
+    groups = 0
+    with Model(device, tiny_model(name, tmp_path), progress=False) as m:
+        for il in range(m.cfg.n_layer):
+            for group in SHARED_ALLOCATIONS:
+                ts = [m.weights.get(f"blk.{il}.{n}") for n in group]
+                if any(t is None for t in ts):
+                    continue
+                groups += 1
+                assert ts[0].owner is not None and all(t.owner is None for t in ts[1:])
+                for a, b in zip(ts, ts[1:]):
+                    assert b.buffer is a.buffer and b.offset == a.offset + -(-a.nbytes // GROUP_ALIGN) * GROUP_ALIGN
+    # per layer gate|up (and the shared expert's), then q|k|v or qkv|gate and alpha|beta
+    assert groups == {"tiny-llama": 2 * 2, "tiny-qwen35moe": 4 * 2 + 1 + 3 * 2}[name]
+
+
+def test_fused_outputs_share_one_allocation(device, tmp_path):
+    """The activations one pass writes (q, k, v; DeltaNet's qkv and z, alpha and beta) lie in one
+    allocation each, so that one binding covers them whatever their size."""
+    from vkrt.model.scratch import GROUPS, Scratch
+    with Model(device, tiny_model("tiny-qwen35moe", tmp_path), progress=False) as m, \
+            Scratch(device, m.cfg, 64, 256) as s:
+        for group in GROUPS:
+            ts = [getattr(s, n) for n in group]
+            assert ts[0].owner is not None and all(t.owner is None and t.buffer is ts[0].buffer for t in ts[1:])

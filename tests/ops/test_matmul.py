@@ -130,16 +130,21 @@ def test_float_bits_is_bit_identical(device, name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_unrolled_units_are_bit_identical(device, name):
-    """The unit loop unrolled (mv_unroll 2 and 4, with a rolled tail: the row's units are not a
-    multiple of the unrolled step) sums in the rolled loop's order: the same bits. Lanes a row
-    fewer than its units (mv_wg 8), so a lane walks several."""
+    """The unit loop unrolled (mv_unroll 2 and 4) sums in the rolled loop's order: the same bits.
+    Lanes a row fewer than its units (mv_wg 8), so a lane walks several (32 units a row: whole
+    unrolled steps, which is where the kernel unrolls)."""
+    from vkrt.ops.matmul import MV_UNITS, mat_vec_kernel
     rng = np.random.default_rng(10)
-    m, k = 13, k_for(name)
+    t = ggml_type(name)
+    m, k = 13, t.block_size * 32 // MV_UNITS.get(name, 1) if t.quantized else 128
     w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
     x = rng.standard_normal((2, k)).astype(np.float32)
+    tunings = [dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=u) for u in (1, 2, 4)]
     try:
-        outs = [run(device, w, x[:n], m, tuning=dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=u))
-                for u in (1, 2, 4) for n in (1, 2)]
+        for u, tune in zip((2, 4), tunings[1:]):
+            kern = mat_vec_kernel(device, t, 1, tune, k=k, m=m, xvec4=True).kernel
+            assert kern.defines.get("MV_UNROLL") == u
+        outs = [run(device, w, x[:n], m, tuning=tune) for tune in tunings for n in (1, 2)]
     finally:
         w.close()
     for a in range(2, 6):
@@ -327,3 +332,40 @@ def test_wide_loads_are_bit_identical(device, n):
         assert "QWIDE" in mat_vec_kernel(device, w.type, n, device.tuning, k=k, m=m, xvec4=True, wide=True).kernel.defines
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("name,k,n,parts", [("Q4_K", 512, 1, (19, 7, 7)), ("Q4_0", 64, 3, (33, 5)),
+                                            ("Q8_0", 256, 2, (8, 40, 3)), ("F16", 13, 1, (5, 9))])
+def test_segments_are_bit_identical(device, name, k, n, parts):
+    """matmul_segments (q, k and v rows in one dispatch) against one matmul each, bit for bit:
+    segments of odd sizes (part row groups), 2 and 3 of them, several columns; a weight of
+    another type runs apart."""
+    from vkrt.commands import run_once
+    from vkrt.ops.matmul import matmul_segments
+    rng = np.random.default_rng(k + n)
+    m = sum(parts)
+    both = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+    starts = np.cumsum((0,) + parts)
+    ws = [both.slice(1, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+    x = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32))
+    out = Tensor.empty(device, "F32", (m + 8, n))   # the outputs lie apart, each its own column stride
+    ys = [out.view((p, n), nb=(4, 4 * p), offset=4 * (n * int(a) + 3 * i)) for i, (p, a) in
+          enumerate(zip(parts, starts))]
+    apart = [Tensor.empty(device, "F32", (p, n)) for p in parts]
+    lone = weight_tensor(device, "F32", random_blocks("F32", parts[-1], k, rng, scale=0.5), (k, parts[-1]))
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                matmul_segments(seq, ws, x, ys)
+            assert seq.dispatch_count == 1
+            seq.run()
+        run_once(device, lambda seq: [matmul(seq, w, x, y) for w, y in zip(ws, apart)])
+        for y, a in zip(ys, apart):
+            np.testing.assert_array_equal(read_tensor(y).view(np.uint32), read_tensor(a).view(np.uint32))
+        with CommandSequence(device) as seq:   # another type: one matmul each
+            with seq.record():
+                matmul_segments(seq, [*ws[:-1], lone], x, ys)
+            assert seq.dispatch_count == len(parts)
+    finally:
+        for t in (both, x, out, lone, *apart):
+            t.close()

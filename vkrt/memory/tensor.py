@@ -72,6 +72,23 @@ class Tensor:
         alloc = allocate(device, nbytes, kind, label=name or f"{typ.name}{list(ne_t)}")
         return Tensor(alloc.buffer, alloc.offset, typ, ne4, contiguous_strides(typ, ne4), len(ne_t), name, alloc)
 
+    @staticmethod
+    def empty_group(device, specs, kind: MemoryKind = MemoryKind.DEVICE, align: int = 256) -> list["Tensor"]:
+        """New contiguous tensors for `specs` ((type, ne, name) each) in one allocation, in order,
+        each starting at a multiple of `align` from the first, which owns the allocation (so one
+        binding can cover several of them)."""
+        parts, end = [], 0
+        for typ, ne, name in specs:
+            typ = ggml_type(typ)
+            ne_t = tuple(int(x) for x in ne)
+            ne4 = _ne4(ne_t)
+            end = -(-end // align) * align
+            parts.append((end, typ, ne4, len(ne_t), name))
+            end += contiguous_strides(typ, ne4)[3] * ne4[3]
+        alloc = allocate(device, end, kind, label=" + ".join(name for *_, name in parts))
+        return [Tensor(alloc.buffer, alloc.offset + off, typ, ne4, contiguous_strides(typ, ne4), ndim, name,
+                       alloc if i == 0 else None) for i, (off, typ, ne4, ndim, name) in enumerate(parts)]
+
     def close(self) -> None:
         if self.owner is not None:
             self.owner.close()

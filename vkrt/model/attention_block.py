@@ -19,6 +19,7 @@ from ..ops.norm_rope import norm_rope
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
 from .arch import ROPE_IMROPE, ROPE_NORMAL
+from .fusions import fused, project
 
 
 def rope_args(cfg, w, il: int) -> dict:
@@ -37,14 +38,14 @@ def positions(cfg, s, T):
 
 def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     """Record layer il's attention block; returns the attention op (kept alive with the recording)."""
-    from .transformer import fused
     cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
     D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
     cur = s.cols("cur", T)
     tf.add_norm(seq, s, T, p + "attn_norm.weight")
     q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
-    for t, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
-        matmul(seq, w[p + name + ".weight"], cur, t)
+    projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
+    project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur)
+    for t, name in projections:
         if cfg.attn_bias and p + name + ".bias" in w:
             add(seq, t, w[p + name + ".bias"], t)
     if cfg.attn_gate:   # per head: D query values, then D gate values

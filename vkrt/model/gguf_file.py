@@ -11,9 +11,8 @@ import math
 import os
 import struct
 import sys
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -23,7 +22,7 @@ from tqdm import tqdm
 
 from ..commands import write_tensor
 from ..errors import GGUFError
-from ..memory import BufferRange, GGMLType, MemoryKind, Tensor, allocate, ggml_type
+from ..memory import GGMLType, MemoryKind, Tensor, ggml_type
 from ..memory.anonymous import AnonymousRegion
 from ..ops.quant import supported_types
 from ..owned import Owned
@@ -232,13 +231,14 @@ class GGUFFile(Owned):
         return dequantize(self.array(name), GGMLQuantizationType(t.type.id)).reshape(tuple(reversed(t.ne)))
 
     def upload(self, device, names: Iterable[str] | None = None,
-               kind: MemoryKind = MemoryKind.DEVICE, together: Iterable[tuple[str, str]] = ()) -> dict[str, Tensor]:
+               kind: MemoryKind = MemoryKind.DEVICE, together: Iterable[Sequence[str]] = ()) -> dict[str, Tensor]:
         """New device tensors holding `names` (default: every tensor), with a progress bar. Each
-        pair in `together` whose tensors are both uploaded shares one allocation (the first tensor
-        owns it), so that one binding can cover both (a gated FFN's gate and up weights)."""
+        group in `together` whose tensors are all uploaded shares one allocation (the first tensor
+        owns it), so that one binding can cover them (a gated FFN's gate and up weights)."""
         names = list(self.tensors if names is None else names)
         infos = [self.tensor(n) for n in names]
-        partner = {a: b for a, b in together if a in names and b in names}
+        wanted = set(names)
+        group_of = {g[0]: g for g in together if all(n in wanted for n in g)}
         out: dict[str, Tensor] = {}
         with tqdm(total=sum(t.nbytes for t in infos), unit="B", unit_scale=True,
                   desc=f"uploading {os.path.basename(self.path)}", disable=not self.progress, leave=False) as bar:
@@ -246,14 +246,16 @@ class GGUFFile(Owned):
                 for t in infos:
                     if t.name in out:
                         continue
-                    if t.name in partner:
-                        out.update(_pair(device, t, self.tensor(partner[t.name]), kind))
+                    group = group_of.get(t.name, (t.name,))
+                    if len(group) > 1:
+                        infos_g = [self.tensor(n) for n in group]
+                        out.update((t.name, dev_t) for t, dev_t in zip(infos_g, Tensor.empty_group(
+                            device, [(t.type, t.ne, t.name) for t in infos_g], kind, GROUP_ALIGN)))
                     else:
                         out[t.name] = Tensor.empty(device, t.type, t.ne, name=t.name, kind=kind)
-                    for name in (t.name, partner.get(t.name)):
-                        if name is not None:
-                            write_tensor(out[name], self.array(name))
-                            bar.update(self.tensor(name).nbytes)
+                    for name in group:
+                        write_tensor(out[name], self.array(name))
+                        bar.update(self.tensor(name).nbytes)
             except BaseException:
                 for dev_t in out.values():
                     dev_t.close()
@@ -267,13 +269,4 @@ class GGUFFile(Owned):
             self._region = None
 
 
-PAIR_ALIGN = 256   # the second tensor of a shared allocation starts at a multiple of this
-
-
-def _pair(device, a: TensorInfo, b: TensorInfo, kind: MemoryKind) -> dict[str, Tensor]:
-    """Tensors for `a` and `b` in one allocation (owned by a's tensor), b after a."""
-    b_off = -(-a.nbytes // PAIR_ALIGN) * PAIR_ALIGN
-    alloc = allocate(device, b_off + b.nbytes, kind, label=f"{a.name} + {b.name}")
-    ta = Tensor.on(BufferRange(alloc.buffer, alloc.offset, a.nbytes), a.type, a.ne, name=a.name)
-    tb = Tensor.on(BufferRange(alloc.buffer, alloc.offset + b_off, b.nbytes), b.type, b.ne, name=b.name)
-    return {a.name: dataclasses.replace(ta, owner=alloc), b.name: tb}
+GROUP_ALIGN = 256   # tensors after the first of a shared allocation start at a multiple of this

@@ -14,9 +14,9 @@ from ..owned import Owned
 from ..units import fmt_bytes
 from .config import ModelConfig
 from ..ops.binding import binding_limit
-from .gguf_file import PAIR_ALIGN, GGUFFile
+from .gguf_file import GROUP_ALIGN, GGUFFile
 from .tokenizer import Tokenizer
-from .tensors import GATE_UP, check_expert_layout, check_tensors, required_tensors
+from .tensors import SHARED_ALLOCATIONS, check_expert_layout, check_tensors, required_tensors
 
 log = logging.getLogger("vkrt")
 
@@ -112,11 +112,11 @@ class Model(Owned):
         limit = binding_limit(self.device)
         together = []
         for il in range(cfg.n_layer):
-            for g, u in GATE_UP:
-                g, u = f"blk.{il}.{g}", f"blk.{il}.{u}"
-                if g in self.gguf.tensors and u in self.gguf.tensors and \
-                        self.gguf.tensor(g).nbytes + self.gguf.tensor(u).nbytes + PAIR_ALIGN <= limit:
-                    together.append((g, u))
+            for group in SHARED_ALLOCATIONS:
+                group = [f"blk.{il}.{n}" for n in group]
+                if all(n in self.gguf.tensors for n in group) and \
+                        sum(self.gguf.tensor(n).nbytes + GROUP_ALIGN for n in group) <= limit:
+                    together.append(group)
         self.weights.update(self.gguf.upload(self.device, vram, together=together))
         self.placement.vram_bytes = sum(self.gguf.tensor(n).nbytes for n in vram)
         if host:

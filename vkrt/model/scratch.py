@@ -97,6 +97,10 @@ def scratch_bytes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True,
     return sum(typ.type_size * math.prod(ne) for typ, ne in shapes.values())
 
 
+# outputs of projections that one mat-vec pass writes (fusions.project): one allocation each group
+GROUPS = (("q", "k", "v"), ("qkv", "z"), ("alpha", "beta"))
+
+
 class Scratch(Owned):
     """The activation tensors of `scratch_shapes` as attributes (None where the model has no
     use for one: no MoE, no DeltaNet layers, ...)."""
@@ -112,9 +116,13 @@ class Scratch(Owned):
         for name in self._names:
             setattr(self, name, None)
         try:
+            grouped = {n: g for g in GROUPS for n in g}
             for name, (typ, ne, needed) in table.items():
-                if needed:
-                    setattr(self, name, Tensor.empty(device, typ, ne, name=name))
+                if not needed or getattr(self, name) is not None:
+                    continue
+                group = [n for n in grouped.get(name, (name,)) if table[n][2]]
+                for n, t in zip(group, Tensor.empty_group(device, [(*table[n][:2], n) for n in group])):
+                    setattr(self, n, t)
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
         except BaseException:

@@ -16,7 +16,6 @@ comes from the config's LayerSpecs (arch.py).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..errors import GGUFError
@@ -33,30 +32,10 @@ from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
 from .config import ModelConfig
 from .delta_net_block import record_delta_net
+from .fusions import fused
 from .scratch import Scratch  # noqa: F401  (re-exported: the engine builds it)
 from .tensors import EXPERT_TENSORS, required_tensors
 
-# Lossless fusions and whether each is on by default: ADD_NORM (residual add inside the next RMS
-# norm), NORM_ROPE (q/k norm + RoPE + K's cache store: 2 kernels instead of 5 a layer), GLU (the
-# gated activation inside the down mat-vec). GLU is off: the fused mat-vec redoes the activation
-# once per row group (M / mv_rows times per input), which cost more than the separate kernel it
-# saves where the weights are in VRAM (H200, 8-layer 30B-A3B shape, decode: 639 us fused vs
-# 507 us separate per step; bench/decode_profile.py). GATE_UP (decode: the gate and up
-# projections in one mat-vec pass with the gated activation on its output, where the loader put
-# both weights in one allocation): one dispatch and one kernel fewer a layer. MOE_SUM (decode: the
-# expert down projection sums a token's slots with the routing weights, and the shared expert's
-# gated output, in its epilogue; moe_combine's pass is gone) is off: a token's rows become its
-# only workgroups, 8x fewer than a workgroup per (token, slot), and on the latency-bound H200
-# that cost more than the pass it saves (Qwen3-30B-A3B shape, Q4_0 in VRAM, tg128: 120-123 t/s
-# summed vs 137 apart, GCN and native tables, bench/peer.py).
-FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True, "GATE_UP": True, "MOE_SUM": False}
-
-
-def fused(what: str) -> bool:
-    """Whether the lossless fusion VKRT_FUSE_<what> is on: =1 / =0 force it, unset takes the
-    default above (both settings give the same bits)."""
-    value = os.environ.get(f"VKRT_FUSE_{what}", "")
-    return FUSIONS[what] if value == "" else value != "0"
 
 
 @dataclass

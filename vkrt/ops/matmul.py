@@ -13,6 +13,9 @@ _COMMON = (("K", "u32"), ("M", "u32"))
 _OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
              ("y_col", "u32"))
 MV_PUSH = PushConstants(*_COMMON, *_OPERANDS)
+# SEGMENTS: segments 1 and 2 of a mat-vec over several matrices' rows (segment 0 is the fields above)
+MV_SEG_PUSH = PushConstants(*_COMMON, *_OPERANDS, *((f"{f}{i}", "u32") for i in (1, 2)
+                                                     for f in ("m", "w_off", "y_off", "y_col", "g")))
 MV_ID_PUSH = PushConstants(*_COMMON, *_OPERANDS, ("w_expert", "u32"), ("e0", "u32"), ("e1", "u32"),
                            ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"), ("x_slot", "u32"),
                            ("x_slots", "u32"), ("y_slot", "u32"))
@@ -33,13 +36,17 @@ MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q
             "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4, "TQ1_0": 16, "TQ2_0": 4}
 
 
+def mat_vec_units(typ, k: int) -> int:
+    """Units (the pieces a lane takes at a time) in a row of k elements of `typ`."""
+    if typ.quantized:
+        return (k // typ.block_size) * MV_UNITS.get(typ.name, 1)
+    return k // 4 + (k % 4 > 0)
+
+
 def mat_vec_lanes(typ, k: int, wg: int) -> int:
     """Lanes a row (TPR) for rows of k elements of `typ`: enough for every unit of a row, a power
     of two, at most the workgroup."""
-    if typ.quantized:
-        units = (k // typ.block_size) * MV_UNITS.get(typ.name, 1)
-    else:
-        units = k // 4 + (k % 4 > 0)
+    units = mat_vec_units(typ, k)
     lanes = 1
     while lanes < min(units, wg):
         lanes *= 2
@@ -65,13 +72,14 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
-                   moe_sum: int | None = None, shared: bool = False, layers: int = 1) -> MatVec:
+                   moe_sum: int | None = None, shared: bool = False, layers: int = 1, segments: bool = False) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     ('silu' or 'gelu') its input is act(x) * u; with `gate_up` (an activation) its output is
     act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
     with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
-    output with `shared`), as moe_combine does. Rows a group are halved (down to one) while the
+    output with `shared`), as moe_combine does; `segments`: the rows of up to three matrices (see
+    matmul_segments), `m` their sum. Rows a group are halved (down to one) while the
     grid has fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
@@ -91,7 +99,12 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
     if tuning.float_bits:
         defines["QFLOAT_BITS"] = 1
-    if tuning.mv_unroll > 1:
+    # unrolled where a lane's units are whole unrolled steps, or one step holds them all: a long
+    # row with a single unit left after a lane's pairs (14336-element Q4_K: 3.5 units a lane) ran
+    # slower unrolled (H200, GCN table: 40.1 vs 35.0 us; 8B decode 170 vs 179 t/s), a short one
+    # (768-element Q4_0 experts: 1.5) faster (30B-A3B decode 187 vs 182)
+    units = mat_vec_units(typ, k)
+    if tuning.mv_unroll > 1 and (units % (lanes * tuning.mv_unroll) == 0 or units <= lanes * tuning.mv_unroll):
         defines["MV_UNROLL"] = tuning.mv_unroll
     if wide and tuning.mv_wide:
         defines["QWIDE"] = 1
@@ -100,6 +113,9 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if mul_mat_id:
         defines["MUL_MAT_ID"] = 1
     push = MV_ID_PUSH if mul_mat_id else MV_PUSH
+    if segments:
+        defines["SEGMENTS"] = 1
+        push = MV_SEG_PUSH
     if glu is not None:
         defines.update(GLU=1, ACT=GLU_ACTS[glu])
         push = PushConstants(*push.fields, ("u_off", "u32"))
@@ -239,3 +255,46 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}
             seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=(*mv.groups(b - a, device), 1))
+
+
+def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tuning=None) -> None:
+    """y_i = W_i·x for two or three weights of one type, K and row stride (attention's q, k and
+    v): one mat-vec dispatch over all their rows where the weights lie in one binding, the
+    outputs in another, and x has at most mv_dense_max_n columns; otherwise one matmul each. Each
+    row is summed as matmul sums it."""
+    device = seq.device
+    tune = tuning or device.tuning
+    w0 = ws[0]
+    if not 2 <= len(ws) <= 3 or len(ys) != len(ws):
+        raise UnsupportedShape(f"matmul_segments takes two or three weights and as many outputs, got {len(ws)} / {len(ys)}")
+    for w in ws:
+        check_layout(w, "matmul weight")
+    k = w0.ne[0]
+    x2 = f32_operand(x, "matmul x", k)
+    n = x2.ne[1]
+    y2 = [f32_operand(y, "matmul y", w.ne[1]) for w, y in zip(ws, ys)]
+    same = all(w.type == w0.type and w.ne[0] == k and w.nb[1] == w0.nb[1] and w.ne[2] == w.ne[3] == 1 for w in ws)
+    wb = bind_together(ws, device, min_align=WORD_ALIGN) if same else None
+    yb = bind_together(y2, device) if wb is not None else None
+    cols = min(tune.mv_max_n, tune.mv_dense_max_n)
+    if yb is None or n > cols or any(y.ne[1] != n for y in y2):
+        for w, y in zip(ws, ys):
+            matmul(seq, w, x, y, tuning=tuning)
+        return
+    typ = kernel_type(w0.type, f"matmul weight {w0.name or ''}".rstrip())
+    xr, xo = bind_words(x2, device)
+    xo, x_col = xo // 4, x2.nb[1] // 4
+    ms = [w.ne[1] for w in ws]
+    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=sum(ms), xvec4=vec4_ok(x2, xo, x_col), segments=True,
+                        wide=wide_ok(typ, w0.nb[1], *wb[1]))
+    starts = [0]
+    for m in ms:
+        starts.append(starts[-1] + -(-m // mv.rows))
+    segs = [dict(m=m, w_off=wo, y_off=yo // 4, y_col=y.nb[1] // 4, g=g)
+            for m, wo, yo, y, g in zip(ms, wb[1], yb[1], y2, starts)]
+    if len(segs) == 2:
+        segs.append(dict(segs[1], g=0xFFFFFFFF))
+    push = {"K": k, "M": ms[0], "w_off": segs[0]["w_off"], "w_row": w0.nb[1], "x_off": xo, "x_col": x_col,
+            "y_off": segs[0]["y_off"], "y_col": segs[0]["y_col"],
+            **{f"{f}{i}": segs[i][f] for i in (1, 2) for f in ("m", "w_off", "y_off", "y_col", "g")}}
+    seq.dispatch(mv.kernel, [wb[0], xr, yb[0]], push=push, groups=(*fold(starts[len(ms)], device), 1))
