@@ -22,7 +22,7 @@ MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32
                            ("y_slot", "u32"))
 
 
-GLU_ACTS = {"silu": 0, "gelu": 1}
+GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
 
 
 # types whose mat-vec units load 16 bytes at once where blocks are 16-byte aligned (QWIDE_OK)
@@ -68,7 +68,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
-    ('silu' or 'gelu') its input is act(x) * u; with `gate_up` (an activation) its output is
+    (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
     act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
     with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
     output with `shared`), as moe_combine does. Rows a group are halved (down to one) while the
