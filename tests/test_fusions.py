@@ -41,18 +41,20 @@ def commands_saved(device, tmp_path, monkeypatch, name, variable="VKRT_FUSE_ADD_
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
-                                  "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35"])
+                                  "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name)
     assert saved == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
+                                  "tiny-gpt-oss"])
 def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
-    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama); gemma3 has sliding layers;
-    qwen35moe's queries are a strided view (each head's gate follows its query) under IMROPE."""
+    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN); gemma3 and
+    gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's gate follows
+    its query) under IMROPE."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_NORM_ROPE")
-    per_layer = 1 if name == "tiny-llama" else 3
+    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
@@ -91,6 +93,15 @@ def test_summed_expert_down_is_bit_identical(device, tmp_path, monkeypatch, name
                                 stage_experts=True)
     moe_layers = sum(1 for layer in cfg.layers if layer.ffn != "dense")
     assert saved == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
+
+
+@pytest.mark.parametrize("variable", ["VKRT_FUSE_GLU", "VKRT_FUSE_GATE_UP", "VKRT_FUSE_MOE_SUM"])
+def test_expert_biases_decline_the_expert_fusions(device, tmp_path, monkeypatch, variable):
+    """gpt-oss's experts add a bias to each projection, which the fused expert passes have no
+    place for: forced on, they record nothing different (the same commands, the same bits)."""
+    saved, _ = commands_saved(device, tmp_path, monkeypatch, "tiny-gpt-oss", variable, n_cpu_moe=2,
+                              stage_experts=True)
+    assert saved == 0
 
 
 def test_fusion_defaults(monkeypatch):

@@ -18,11 +18,12 @@ GATE_UP = (("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_exps.weight", "ffn_u
            ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
 
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
-EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS = (
-    "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias")
+EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS = (
+    "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias", "expert_bias", "sinks")
 # roles whose tensors the kernels read as plain F32 vectors (norm weights, biases, the conv taps,
-# DeltaNet's per-head constants); GGUF converters keep them F32
-F32_ROLES = (NORM, BIAS, CONV, SSM_A, DT_BIAS)
+# DeltaNet's per-head constants, gpt-oss's per-expert biases and attention sinks); GGUF
+# converters keep them F32
+F32_ROLES = (NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
         if cfg.attn_bias:
             for name, n in (("q", H * Dk), ("k", KV * Dk), ("v", KV * Dv)):
                 t(f"attn_{name}.bias", (n,), BIAS, required=False)
+        if cfg.attn_out_bias:
+            t("attn_output.bias", (E,), BIAS)
+        if cfg.attn_sinks:
+            t("attn_sinks.weight", (H,), SINKS)
         if cfg.qk_norm:
             t("attn_q_norm.weight", (Dk,), NORM)
             t("attn_k_norm.weight", (Dk,), NORM)
@@ -75,9 +80,15 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
     else:
         n_e, fe = cfg.n_expert, cfg.n_ff_expert
         t("ffn_gate_inp.weight", (E, n_e), ROUTER)
+        if cfg.router_bias:
+            t("ffn_gate_inp.bias", (n_e,), EXPERT_BIAS)
         t("ffn_gate_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_up_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_down_exps.weight", (fe, E, n_e), EXPERTS)
+        if cfg.expert_bias:
+            t("ffn_gate_exps.bias", (fe, n_e), EXPERT_BIAS)
+            t("ffn_up_exps.bias", (fe, n_e), EXPERT_BIAS)
+            t("ffn_down_exps.bias", (E, n_e), EXPERT_BIAS)
         if layer.ffn == MOE_SHARED:
             t("ffn_gate_inp_shexp.weight", (E,), ROUTER)
             t("ffn_gate_shexp.weight", (E, cfg.n_ff_shared), MATRIX)
