@@ -196,3 +196,20 @@ def test_bad_metadata_and_shapes_are_named(gpt_oss):
     del meta["gpt-oss.attention.sliding_window"]
     with pytest.raises(ConfigMissing, match="gpt-oss.attention.sliding_window is missing"):
         ModelConfig.from_metadata(meta, "m.gguf")
+
+
+def test_names_are_the_converters(gpt_oss):
+    """Every tensor of the file is one gguf-py lists for MODEL_ARCH.GPT_OSS (what llama.cpp's
+    converter writes and loads), as .weight or .bias; the keys llama.cpp reads are there."""
+    from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
+    reader = gguf.GGUFReader(gpt_oss[0])
+    names = {TENSOR_NAMES[t].format(bid=il) for t in MODEL_TENSORS[MODEL_ARCH.GPT_OSS] for il in range(4)}
+    stray = [t.name for t in reader.tensors if t.name.rsplit(".", 1)[0] not in names]
+    assert not stray and len(reader.tensors) == 3 + 4 * 19
+    keys = set(reader.fields)
+    for key in ("context_length", "embedding_length", "block_count", "attention.head_count",
+                "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "attention.sliding_window",
+                "expert_count", "expert_used_count", "expert_feed_forward_length", "rope.freq_base",
+                "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length"):
+        assert f"gpt-oss.{key}" in keys, key
+    assert reader.fields["tokenizer.ggml.pre"].contents() == "gpt-4o"
