@@ -159,23 +159,25 @@ def test_the_reference_is_sensitive(gpt_oss, drop):
     assert worst > 10 * F16_KV, f"dropping {drop} changes the logits by {worst:.2e} only"
 
 
-def test_missing_sinks_are_named(device, gpt_oss, tmp_path):
-    """A gpt-oss file without a layer's attn_sinks: a clear error naming the tensor."""
+@pytest.mark.parametrize("missing", ["blk.1.attn_sinks.weight", "blk.0.attn_q.bias", "blk.2.ffn_down_exps.bias"])
+def test_missing_tensors_are_named(device, gpt_oss, tmp_path, missing):
+    """A gpt-oss file without a layer's attn_sinks or one of its biases (llama.cpp requires them
+    all): a clear error naming the tensor."""
     reader = gguf.GGUFReader(gpt_oss[0])
-    out = tmp_path / "no-sinks.gguf"
+    out = tmp_path / "missing.gguf"
     w = gguf.GGUFWriter(str(out), "gpt-oss")
     for field in reader.fields.values():
         if not field.name.startswith("GGUF.") and field.name != "general.architecture":
             w.add_key_value(field.name, field.contents(), field.types[0],
                             field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
     for t in reader.tensors:
-        if t.name != "blk.1.attn_sinks.weight":
+        if t.name != missing:
             w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(GGUFError, match=r"blk\.1\.attn_sinks\.weight"):
+    with pytest.raises(GGUFError, match=missing.replace(".", r"\.")):
         Model(device, str(out), progress=False)
 
 

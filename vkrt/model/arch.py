@@ -43,7 +43,8 @@ class ArchSpec:
 
     name: str
     rope: str = ROPE_NEOX
-    attn_bias: bool = False          # attn_{q,k,v}.bias
+    attn_bias: bool = False          # attn_{q,k,v}.bias (optional in the file unless biases_required)
+    biases_required: bool = False    # every bias the architecture has must be in the file (gpt-oss)
     attn_out_bias: bool = False      # attn_output.bias
     attn_sinks: bool = False         # attn_sinks.weight: one softmax sink a query head (gpt-oss)
     qk_norm: bool = False            # attn_{q,k}_norm per head before RoPE
@@ -82,7 +83,7 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
              moe=True, shared_expert="always", expert_weights_norm=True, hybrid_linear=True),
     # gpt-oss: even layers attend to a sliding window (llama.cpp's set_swa_pattern(2)), YaRN from
     # the file's rope.scaling keys
-    ArchSpec("gpt-oss", attn_bias=True, attn_out_bias=True, attn_sinks=True, ffn_norm="post_attention_norm",
+    ArchSpec("gpt-oss", attn_bias=True, biases_required=True, attn_out_bias=True, attn_sinks=True, ffn_norm="post_attention_norm",
              moe=True, chosen_softmax=True, router_bias=True, expert_bias=True, activation="swiglu_oai",
              swa_pattern=2, swa_required=True),
 )}

@@ -26,9 +26,10 @@ from .arch import ROPE_IMROPE, ROPE_NORMAL
 def rope_args(cfg, w, il: int) -> dict:
     """The RoPE arguments of layer il (shared by rope and norm_rope)."""
     args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.layer_rope_scale(il),
-                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=w.get("rope_freqs.weight"))
+                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=w.get("rope_freqs.weight"),
+                attn_factor=cfg.rope_attn_factor)
     if cfg.rope_ext_factor:   # YaRN
-        args.update(ext_factor=cfg.rope_ext_factor, attn_factor=cfg.rope_attn_factor, n_ctx_orig=cfg.n_ctx_orig_yarn)
+        args.update(ext_factor=cfg.rope_ext_factor, n_ctx_orig=cfg.n_ctx_orig_yarn)
     if cfg.rope_mode == ROPE_IMROPE:
         args.update(sections=cfg.rope_sections, interleaved=True)
     return args

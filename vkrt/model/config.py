@@ -39,9 +39,9 @@ class ModelConfig:
     vocab_size: int
     layers: tuple[LayerSpec, ...] = ()
     spec: ArchSpec | None = field(default=None, compare=False, repr=False)
-    # YaRN (rope.scaling.type yarn): ggml_rope_ext's ext_factor, attn_factor, n_ctx_orig
-    rope_ext_factor: float = 0.0
+    # ggml_rope_ext's attn_factor, and YaRN's (rope.scaling.type yarn) ext_factor and n_ctx_orig
     rope_attn_factor: float = 1.0
+    rope_ext_factor: float = 0.0
     n_ctx_orig_yarn: int = 0
     # gpt-oss: attention output bias and sinks; router bias, expert biases, softmax of the chosen
     attn_out_bias: bool = False
@@ -194,24 +194,26 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn")
 
 def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> dict:
     """RoPE scaling as llama.cpp reads it (the type defaults to linear; freq_scale = 1 / factor
-    unless the type is none) and, for YaRN, the context's ext_factor 1, its original context and
-    attn_factor: get_mscale(factor) / (1 + 0.1 ln factor) * rope.scaling.attn_factor (llama.cpp
-    cancels here the magnitude its rope kernel applies), in float32 as there."""
+    unless the type is none) and, for YaRN, the context's ext_factor 1 and its original context.
+    attn_factor is the context's: rope.scaling.attn_factor (default 1), for YaRN times
+    get_mscale(factor) / (1 + 0.1 ln factor) (llama.cpp cancels here the magnitude its rope
+    kernel applies), in float32 as there."""
     kind = meta.get(f"{arch}.rope.scaling.type", "linear")
     if kind not in ROPE_SCALING_TYPES:
         raise ConfigMissing(f"{path}: {arch}.rope.scaling.type={kind!r} is not supported "
                             f"(supported: {', '.join(ROPE_SCALING_TYPES)})")
     factor = get("rope.scaling.factor", None, required=False) or get("rope.scale_linear", None, required=False)
     freq_scale = 1.0 / factor if factor and kind != "none" else 1.0
+    f32 = np.float32
+    attn_factor = f32(1.0)
     out = dict(rope_scale=freq_scale)
     if kind == "yarn":
-        f32 = np.float32
         f = f32(1.0) / f32(freq_scale)
         mscale = f32(f32(0.1) * np.log(f) + f32(1.0)) if f > 1 else f32(1.0)
-        mscale = f32(mscale * f32(f32(1.0) / f32(f32(1.0) + f32(0.1) * np.log(f))))
-        attn_factor = f32(mscale * f32(get("rope.scaling.attn_factor", 1.0, required=False)))
-        out.update(rope_ext_factor=1.0, rope_attn_factor=float(attn_factor),
+        attn_factor = f32(mscale * f32(f32(1.0) / f32(f32(1.0) + f32(0.1) * np.log(f))))
+        out.update(rope_ext_factor=1.0,
                    n_ctx_orig_yarn=int(get("rope.scaling.original_context_length", n_ctx_train, required=False)))
+    out["rope_attn_factor"] = float(f32(attn_factor * f32(get("rope.scaling.attn_factor", 1.0, required=False))))
     return out
 
 

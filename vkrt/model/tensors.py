@@ -61,7 +61,7 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
         t("attn_output.weight", (H * Dv, E), MATRIX)
         if cfg.attn_bias:
             for name, n in (("q", H * Dk), ("k", KV * Dk), ("v", KV * Dv)):
-                t(f"attn_{name}.bias", (n,), BIAS, required=False)
+                t(f"attn_{name}.bias", (n,), BIAS, required=cfg.spec is not None and cfg.spec.biases_required)
         if cfg.attn_out_bias:
             t("attn_output.bias", (E,), BIAS)
         if cfg.attn_sinks:
