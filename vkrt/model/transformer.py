@@ -236,12 +236,22 @@ class Transformer:
             self.norm(seq, o, o, p + "post_ffw_norm.weight")
         s.pending = o
 
+    @staticmethod
+    def _experts(seq, s, w, x, sid, y, bias, ids):
+        """y = w[sid]·x (+ bias[:, ids], gpt-oss): the bias added in the mat-vec where sid are the
+        experts' own ids, by add_id after it where they are staging slots."""
+        if bias is None or sid is ids:
+            mul_mat_id(seq, w, x, sid, y, s.routes, bias=bias)
+        else:
+            mul_mat_id(seq, w, x, sid, y, s.routes)
+            add_id(seq, y, bias, ids, y)
+
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
              staged: StagedExperts | None = None):
         """Routed experts (+ the sigmoid-gated shared expert of qwen2moe / qwen35moe; gpt-oss's
         router and expert biases); `experts` overrides where the layer's expert tensors are read
         from (e.g. a prefetch slot); with `staged`, the chosen experts are first copied into those
-        slot tensors and read from there. The biases stay in VRAM, read by the original ids."""
+        slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.activation
         cur = s.cols("cur", T)
@@ -264,20 +274,21 @@ class Transformer:
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
         (gw, gi), (uw, ui), (dw, di) = stacks
-        # the fused decode passes have no place for the experts' biases: gpt-oss runs them apart
-        biased = cfg.expert_bias
-        summed = T <= seq.device.tuning.mv_max_n and fused("MOE_SUM") and not biased
+        bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.expert_bias else None for n in ("gate", "up", "down"))
+
+        def own(sid):   # a mat-vec adds the experts' biases where it reads by their own ids
+            return bg is None or sid is ids
+
+        # the summed down projection has no place for the experts' biases: gpt-oss sums apart
+        summed = T <= seq.device.tuning.mv_max_n and fused("MOE_SUM") and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
-        if gi is ui and not biased and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
-            mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw)
+        if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
+            mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw, act=act, bias=bg, up_bias=bu)
         else:
-            mul_mat_id(seq, gw, x3, gi, ge, s.routes)
-            mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-            if biased:
-                add_id(seq, ge, w[p + "ffn_gate_exps.bias"], ids, ge)
-                add_id(seq, ue, w[p + "ffn_up_exps.bias"], ids, ue)
-            if self._fuse_glu(seq, T, dense=False) and not summed and not biased:
-                mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act=act)
+            self._experts(seq, s, gw, x3, gi, ge, bg, ids)
+            self._experts(seq, s, uw, x3, ui, ue, bu, ids)
+            if self._fuse_glu(seq, T, dense=False) and not summed and own(di):
+                mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act=act, bias=bd)
                 down_in = None
             else:
                 activation(seq, act, ge, he, up=ue)
@@ -296,8 +307,6 @@ class Transformer:
             s.pending = o
             return
         if down_in is not None:
-            mul_mat_id(seq, dw, down_in, di, de, s.routes)
-        if biased:
-            add_id(seq, de, w[p + "ffn_down_exps.bias"], ids, de)
+            self._experts(seq, s, dw, down_in, di, de, bd, ids)
         moe_combine(seq, de, weights, o, shared, gate_logit)
         s.pending = o
