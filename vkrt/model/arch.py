@@ -83,9 +83,9 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
              moe=True, shared_expert="always", expert_weights_norm=True, hybrid_linear=True),
     # gpt-oss: even layers attend to a sliding window (llama.cpp's set_swa_pattern(2)), YaRN from
     # the file's rope.scaling keys
-    ArchSpec("gpt-oss", attn_bias=True, biases_required=True, attn_out_bias=True, attn_sinks=True, ffn_norm="post_attention_norm",
-             moe=True, chosen_softmax=True, router_bias=True, expert_bias=True, activation="swiglu_oai",
-             swa_pattern=2, swa_required=True),
+    ArchSpec("gpt-oss", attn_bias=True, biases_required=True, attn_out_bias=True, attn_sinks=True,
+             ffn_norm="post_attention_norm", moe=True, chosen_softmax=True, router_bias=True, expert_bias=True,
+             activation="swiglu_oai", swa_pattern=2, swa_required=True),
 )}
 
 

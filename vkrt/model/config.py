@@ -4,9 +4,9 @@ architecture's spec (arch.py) and one LayerSpec per layer."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-from dataclasses import dataclass, field, replace
 
 from ..errors import VkrtError
 from .arch import (ARCHS, LINEAR, ROPE_IMROPE, ROPE_NEOX, ROPE_NORMAL, SLIDING, ArchSpec,  # noqa: F401

@@ -84,7 +84,8 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     corr = (0.0, 0.0)
     if ext_factor:
         if n_ctx_orig <= 0:
-            raise OutOfRange(f"{op}: YaRN (ext_factor {ext_factor}) needs the original context length, got {n_ctx_orig}")
+            raise OutOfRange(f"{op}: YaRN (ext_factor {ext_factor}) needs the original context length, "
+                             f"got {n_ctx_orig}")
         corr = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     push = dict(head_dim=head_dim, n_dims=n_dims, n_head=n_head, n_tokens=n_tokens, pos_off=po // 4, ff_off=fo,
                 use_ff=int(freq_factors is not None), neox=int(bool(neox)),

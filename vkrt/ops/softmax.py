@@ -60,7 +60,8 @@ def soft_max(seq, x: Tensor, out: Tensor, mask: Tensor | None = None, *, scale: 
     push["s_off"] = 0
     if sinks is not None:
         if sinks.nelements != x.ne[2] or not sinks.is_contiguous():
-            raise UnsupportedShape(f"soft_max sinks must be {x.ne[2]} contiguous F32 values (one a head), got {sinks!r}")
+            raise UnsupportedShape(f"soft_max sinks must be {x.ne[2]} contiguous F32 values (one a head), "
+                                   f"got {sinks!r}")
         s_rng, push["s_off"], _ = f32_binding(sinks, "soft_max sinks")
         buffers.append(s_rng)
     k = kernel(dev, "softmax", push=SOFTMAX_PUSH,
