@@ -12,7 +12,8 @@
 // workgroup before any mask read (all -inf), or the mask read and add (all zero). With
 // n_split > 1 the splits share the (live) KV tiles evenly; each writes its unnormalised O with
 // (M, L) per row, and the last split of a row tile to finish (an atomic count per tile) combines
-// them.
+// them. With SINKS (attention sinks, gpt-oss) each query head's sink value counts in the final
+// normalisation as a key of score `sink` with a zero value would (ggml's flash_attn_ext sinks).
 //
 // GQA_PACK > 1 (grouped-query attention, one mask plane, no ALiBi): a workgroup's rows are the
 // GQA_PACK query heads of one KV head (y) for BR / GQA_PACK tokens, so K and V are read once per KV
@@ -21,7 +22,7 @@
 // written each step: tiles past it (masked padding) are not visited.
 //
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, HAS_MASK, UNROLL (0: loops
-// stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED.
+// stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS.
 #include "common.glsl"
 #include "attn_common.glsl"
 #if DS > 1
@@ -73,11 +74,10 @@ layout(binding = 7) readonly buffer Mask { uint m_u32[]; };   // f16
 layout(binding = 8) readonly buffer MaskOpt { uint mo[]; };   // block codes (fa_mask_opt.comp)
 #endif
 #if KV_USED
-#if HAS_MASK
-layout(binding = 9) readonly buffer KvUsed { uint kv_used; };  // live cells (the rest are masked)
-#else
-layout(binding = 7) readonly buffer KvUsed { uint kv_used; };
+layout(binding = 7 + 2 * HAS_MASK) readonly buffer KvUsed { uint kv_used; };  // live cells (the rest are masked)
 #endif
+#if SINKS
+layout(binding = 7 + 2 * HAS_MASK + KV_USED) readonly buffer Sinks { float sinks[]; };   // one a query head
 #endif
 
 // element offsets and strides (K and V ones multiples of 4); scale already divided by softcap
@@ -91,6 +91,7 @@ layout(push_constant) uniform Push {
     uint nem2; uint nem3; uint o_off; uint flags;
     uint n_split;
     float scale; float softcap; float max_bias;
+    uint s_off;
 } p;
 
 shared vec4 tile[TILE4];           // the Q rows during the KV loop, then the merged O rows
@@ -105,6 +106,21 @@ uint row_head(uint vr) { return gl_WorkGroupID.y * GQA_PACK + vr % GQA_PACK; }
 uint row_token(uint vr) { return vr; }
 uint row_head(uint vr) { return gl_WorkGroupID.y; }
 #endif
+
+// The factor on a row's O and its sum L once the sink joins the row's softmax (the row's max M
+// moves to the sink where that is larger): 1 without sinks.
+float sink_factor(float m, inout float l, uint head) {
+#if SINKS
+    const float sink = sinks[p.s_off + head];
+    if (sink > m) {
+        const float ms = exp(m - sink);
+        l = l * ms + 1.0;
+        return ms;
+    }
+    l += exp(sink - m);
+#endif
+    return 1.0;
+}
 
 // Count this split of the row tile as done; the last one to finish merges the splits that had
 // tiles: out = sum_s O_s exp(M_s - M) / sum_s L_s exp(M_s - M), M = max_s M_s (0 where every L
@@ -141,6 +157,7 @@ void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
             l += m_l.y * w;
             acc += part[(sp * n_out + out_row) * HSV + i % HSV] * w;
         }
+        acc *= sink_factor(mx, l, row_head(row));
         o[p.o_off + out_row * HSV + i % HSV] = l > 0.0 ? acc / l : 0.0;
     }
     if (t == 0u) {
@@ -351,7 +368,9 @@ void main() {
             continue;
         }
         const uint out_row = (b * p.N + row_token(row)) * p.n_head + row_head(row);
-        const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
+        float l = row_l[r];
+        const float f = partial ? 1.0 : sink_factor(row_m[r], l, row_head(row));
+        const float inv = l > 0.0 ? f / l : 0.0;
         for (uint d4 = col_tid * DS + d_tid; d4 < HSV4; d4 += COLS * DS) {
             const vec4 val = tile[(rg * RPT + r) * HSV4 + d4];
             if (partial) {

@@ -1,7 +1,8 @@
 #version 450
 // Mixture-of-experts routing for one token per workgroup: p = softmax(logits[:, t]) over the
 // n_expert experts; the n_used largest (ties: lower expert id first) go to ids[:, t] and their
-// probabilities to weights[:, t], divided by their sum when NORM is set (qwen3moe).
+// probabilities to weights[:, t], divided by their sum with mode 1 (qwen3moe); mode 2 weighs
+// them by the softmax of the chosen experts' logits alone (gpt-oss).
 // Each invocation holds its EPT experts (lid, lid + WG, ...) in registers; each of the n_used
 // rounds picks the workgroup's best untaken expert with one barrier: subgroup max/min, then a
 // scan over the subgroups' results (SUBGROUPS), or a shared-memory tree where the device has no
@@ -28,7 +29,7 @@ layout(push_constant) uniform Push {
     uint l_col;     // floats between tokens in logits
     uint ids_off;
     uint w_off;
-    uint norm;
+    uint mode;      // 0: softmax, 1: softmax renormalised over the chosen, 2: softmax of the chosen
 } p;
 
 #define NONE 0xFFFFFFFFu
@@ -135,7 +136,7 @@ void main() {
         if (best_e % WG == lid) {
             taken |= 1u << (best_e / WG);
         }
-        const float prob = exp(best - m) / total;
+        const float prob = p.mode == 2u ? exp(best - m) : exp(best - m) / total;
         if (lid == 0u) {
             ids[p.ids_off + t * p.n_used + k] = int(best_e);
             picked_p[k] = prob;
@@ -145,6 +146,6 @@ void main() {
     barrier();
     for (uint j = lid; j < p.n_used; j += WG) {
         const float w = picked_p[j];
-        weights[p.w_off + t * p.n_used + j] = p.norm != 0u ? w / picked_sum : w;
+        weights[p.w_off + t * p.n_used + j] = p.mode != 0u ? w / picked_sum : w;
     }
 }

@@ -17,6 +17,8 @@
 // With SEGMENTS the rows of two or three matrices of one type and K (attention's q, k and v) are
 // one dispatch: segment i's rows lie at w_off_i in W and go to y_off_i in Y with column stride
 // y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
+// With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
+// add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
 // within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
 // shared-memory tree.
@@ -55,6 +57,20 @@ layout(binding = 1) readonly buffer X { float x_data[]; };
 #define U_BINDING 3
 #endif
 layout(binding = U_BINDING) readonly buffer U { float u_data[]; };
+#endif
+#ifdef BIAS
+#if !defined(MUL_MAT_ID) || defined(MOE_SUM)
+#error "BIAS is a per-expert bias of mul_mat_id's stored rows"
+#endif
+#ifdef GLU
+#define B_BINDING 5
+#else
+#define B_BINDING 4
+#endif
+layout(binding = B_BINDING) readonly buffer B { float b_data[]; };           // [M, n_expert]
+#ifdef GATE_UP
+layout(binding = B_BINDING + 1) readonly buffer B2 { float b2_data[]; };     // W2's, laid out alike
+#endif
 #endif
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
 #ifdef MUL_MAT_ID
@@ -109,6 +125,12 @@ layout(push_constant) uniform Push {
     uint sh_off;
     uint sg_off;
 #endif
+#ifdef BIAS
+    uint b_off;    // float offsets of the biases of expert 0 (row r of expert e: + e * M + r)
+#ifdef GATE_UP
+    uint b2_off;
+#endif
+#endif
 } p;
 
 #ifdef GLU
@@ -154,10 +176,23 @@ float part_sum(uint v, uint group, uint parts) {
 }
 #endif
 
-#ifdef GATE_UP
-#define RESULT(v, sum) glu_fn(sum(v), sum((v) + NV))
+#ifdef BIAS
+// x + b as a separate add_id computes it
+float biased(float x, float b) {
+    precise float r = x + b;
+    return r;
+}
+#define B_AT(buf, off, r) buf[p.off + e * p.M + row0 + (r)]
+#endif
+#if defined(GATE_UP) && defined(BIAS)
+#define RESULT(v, r, sum) \
+    glu_fn(biased(sum(v), B_AT(b_data, b_off, r)), biased(sum((v) + NV), B_AT(b2_data, b2_off, r)))
+#elif defined(GATE_UP)
+#define RESULT(v, r, sum) glu_fn(sum(v), sum((v) + NV))
+#elif defined(BIAS)
+#define RESULT(v, r, sum) biased(sum(v), B_AT(b_data, b_off, r))
 #else
-#define RESULT(v, sum) sum(v)
+#define RESULT(v, r, sum) sum(v)
 #endif
 
 #ifdef MOE_SUM
@@ -320,7 +355,7 @@ void main() {
         [[unroll]] for (uint v = 0u; v < NV; v++) {
             const uint r = v / NC, j = v % NC;
             if (row0 + r < M_) {
-                y_data[ybase + j * ycol + row0 + r] = RESULT(v, ACC);
+                y_data[ybase + j * ycol + row0 + r] = RESULT(v, r, ACC);
             }
         }
     }
@@ -361,7 +396,7 @@ void main() {
     for (uint v = lane; v < NV; v += TPR) {
         const uint r = v / NC, j = v % NC;
         if (row0 + r < M_) {
-            y_data[ybase + j * ycol + row0 + r] = RESULT(v, PSUM);
+            y_data[ybase + j * ycol + row0 + r] = RESULT(v, r, PSUM);
         }
     }
 #endif

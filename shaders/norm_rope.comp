@@ -46,6 +46,9 @@ layout(push_constant) uniform Push {
     float theta_scale;
     float freq_scale;
     float attn_factor;
+    float ext_factor;   // YaRN (0: off) and its correction dims
+    float corr_low;
+    float corr_high;
     uint pos_stride;    // values between position streams (sectioned rope)
     uint interleaved;   // IMROPE rather than MROPE
     uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
@@ -102,7 +105,7 @@ void main() {
         const uint stream = 0u;
 #endif
         const vec2 r = rope_pair(row_sh[a], row_sh[b], pos[p.pos_off + t + stream * p.pos_stride], i, p.theta_scale,
-                                 p.freq_scale, ff, p.attn_factor);
+                                 p.freq_scale, ff, p.attn_factor, p.ext_factor, vec2(p.corr_low, p.corr_high));
         y[yb + a] = DST_T(r.x);
         y[yb + b] = DST_T(r.y);
     }

@@ -1,7 +1,8 @@
 #version 450
 // Rotary position embedding on x [head_dim, n_head, n_tokens] (f32), positions pos[n_tokens] (i32).
 // NORMAL rotates pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); dims >= n_dims pass through.
-// theta = pos * freq_base^(-2i/n_dims) * freq_scale / freq_factor[i]
+// theta = pos * freq_base^(-2i/n_dims) * freq_scale / freq_factor[i]; with ext_factor YaRN
+// (rope.glsl's rope_pair)
 // With SECTIONS (MROPE / IMROPE, NEOX pairs) pos holds 4 streams of pos_stride values each and
 // pair i reads the stream rope_stream picks; without it the section fields are unused.
 #include "common.glsl"
@@ -32,6 +33,9 @@ layout(push_constant) uniform Push {
     float theta_scale;
     float freq_scale;
     float attn_factor;
+    float ext_factor;   // YaRN (0: off) and its correction dims
+    float corr_low;
+    float corr_high;
     uint pos_stride;    // values between position streams (sectioned rope)
     uint interleaved;   // IMROPE rather than MROPE
     uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
@@ -64,7 +68,7 @@ void main() {
     const uint stream = 0;
 #endif
     const vec2 r = rope_pair(x[xb + a], x[xb + b], pos[p.pos_off + t + stream * p.pos_stride], i, p.theta_scale,
-                             p.freq_scale, ff, p.attn_factor);
+                             p.freq_scale, ff, p.attn_factor, p.ext_factor, vec2(p.corr_low, p.corr_high));
     y[yb + a] = r.x;
     y[yb + b] = r.y;
 }

@@ -4,13 +4,27 @@
 
 // The rotation of one pair. `precise` keeps compilers from contracting it into FMAs
 // differently in the two kernels. theta = pos * theta_scale^i * freq_scale / ff (ff = 1 without
-// frequency factors).
+// frequency factors). With ext_factor != 0, YaRN as ggml's rope_yarn: the interpolated angle
+// (times freq_scale) and the extrapolated one (without) mixed by a ramp that falls from 1 to 0
+// over the pairs between the correction dims corr, and the magnitude scaled by
+// 1 + 0.1 ln(1 / freq_scale).
 vec2 rope_pair(float x0, float x1, int pos, uint i, float theta_scale, float freq_scale, float ff,
-               float attn_factor) {
-    precise float theta = float(pos) * pow(theta_scale, float(i)) * freq_scale;
-    theta = theta / ff;
-    precise float c = cos(theta) * attn_factor;
-    precise float s = sin(theta) * attn_factor;
+               float attn_factor, float ext_factor, vec2 corr) {
+    precise float theta;
+    float mscale = attn_factor;
+    if (ext_factor != 0.0) {
+        precise float extrap = float(pos) * pow(theta_scale, float(i));
+        extrap = extrap / ff;
+        precise float interp = freq_scale * extrap;
+        const float ramp = (1.0 - clamp((float(i) - corr.x) / max(0.001, corr.y - corr.x), 0.0, 1.0)) * ext_factor;
+        theta = interp * (1.0 - ramp) + extrap * ramp;
+        mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
+    } else {
+        theta = float(pos) * pow(theta_scale, float(i)) * freq_scale;
+        theta = theta / ff;
+    }
+    precise float c = cos(theta) * mscale;
+    precise float s = sin(theta) * mscale;
     precise float y0 = x0 * c - x1 * s;
     precise float y1 = x0 * s + x1 * c;
     return vec2(y0, y1);

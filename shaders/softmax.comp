@@ -2,8 +2,10 @@
 // Masked softmax over dim 0 of f32 rows (ggml soft_max_ext, plus softcap):
 //   x = s * scale; x = softcap * tanh(x) when softcap != 0 (scale then already divided by it);
 //   x += slope_i2 * mask[i3 % nem3][i2 % nem2][i1][:];  out = exp(x - max) / sum
-// Rows whose every x is -inf come out as zeros. One workgroup per row (x: i1, y: i2, z: i3); out
-// is contiguous and may be the input itself. Defines: WG (a power of two), HAS_MASK.
+// Rows whose every x is -inf come out as zeros. With SINKS (attention sinks, gpt-oss) row i2's
+// sink value joins the max and adds exp(sink - max) to the sum, with no output of its own (as
+// ggml's soft_max with sinks). One workgroup per row (x: i1, y: i2, z: i3); out is contiguous
+// and may be the input itself. Defines: WG (a power of two), HAS_MASK, SINKS.
 #include "common.glsl"
 #include "attn_common.glsl"
 
@@ -14,12 +16,16 @@ layout(binding = 1) buffer Out { float dst[]; };         // each invocation rere
 #if HAS_MASK
 layout(binding = 2) readonly buffer Mask { uint m_u32[]; };  // f16
 #endif
+#if SINKS
+layout(binding = 2 + HAS_MASK) readonly buffer Sinks { float sinks[]; };   // one a head (i2)
+#endif
 
 layout(push_constant) uniform Push {
     uint ne0; uint x_off; uint x_nb1; uint x_nb2;
     uint x_nb3; uint o_off; uint m_off; uint m_nb1;
     uint m_nb2; uint m_nb3; uint nem2; uint nem3;
     float scale; float softcap; float max_bias;
+    uint s_off;
 } p;
 
 shared float red[WG];
@@ -75,6 +81,10 @@ void main() {
         mx = max(mx, v);
     }
     mx = reduce_max(mx);
+#if SINKS
+    const float sink = sinks[p.s_off + i2];
+    mx = max(mx, sink);
+#endif
     if (mx == ATTN_NEG_INF) {
         for (uint i = t; i < p.ne0; i += WG) {
             dst[dst_row + i] = 0.0;
@@ -87,7 +97,11 @@ void main() {
         dst[dst_row + i] = e;
         sum += e;
     }
-    const float inv = 1.0 / reduce_sum(sum);
+    sum = reduce_sum(sum);
+#if SINKS
+    sum += exp(sink - mx);
+#endif
+    const float inv = 1.0 / sum;
     for (uint i = t; i < p.ne0; i += WG) {
         dst[dst_row + i] *= inv;
     }

@@ -25,6 +25,11 @@ TINY = {
            ("tiny-iq4xs", "llama", "IQ4_XS", "IQ2_XXS", 12), ("tiny-iq3xxs", "qwen3", "IQ3_XXS", "IQ2_S", 13),
            ("tiny-iq2xs", "llama", "IQ2_XS", "IQ1_M", 14), ("tiny-tq", "llama", "TQ2_0", "TQ1_0", 15),
            ("tiny-iq-moe", "qwen3moe", "IQ3_S", "IQ1_S", 16), ("tiny-mxfp4-moe", "qwen3moe", "IQ4_NL", "MXFP4", 17))},
+    # gpt-oss: attention biases and sinks, sliding (window 8) and full layers in turn, YaRN as the
+    # real files' (base 150000, factor 32 over 4096), MXFP4 experts with biases, the o200k regex
+    "tiny-gpt-oss": SyntheticSpec(arch="gpt-oss", n_layer=4, n_ff=64, n_expert=8, n_expert_used=2, n_ff_expert=64,
+                                  expert_type="MXFP4", sliding_window=8, rope_base=150000.0, rope_scaling="yarn",
+                                  rope_scaling_factor=32.0, rope_orig_ctx=4096, tokenizer_pre="gpt-4o", seed=18),
     # Qwen3.5: DeltaNet layers (16-dim heads, 2 q/k and 4 v heads, conv 4) between gated full
     # attention (32-dim heads, a quarter rotated by IMROPE with sections 2/1/1/0)
     **{name: SyntheticSpec(arch=arch, n_layer=4, head_dim=32, rope_dims=8, full_attention_interval=interval,

@@ -42,18 +42,20 @@ def commands_saved(device, tmp_path, monkeypatch, name, variable="VKRT_FUSE_ADD_
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
-                                  "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35"])
+                                  "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name)
     assert saved == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
+                                  "tiny-gpt-oss"])
 def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
-    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama); gemma3 has sliding layers;
-    qwen35moe's queries are a strided view (each head's gate follows its query) under IMROPE."""
+    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN); gemma3 and
+    gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's gate follows
+    its query) under IMROPE."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_NORM_ROPE")
-    per_layer = 1 if name == "tiny-llama" else 3
+    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
@@ -101,6 +103,25 @@ def test_fused_projections_are_bit_identical(device, tmp_path, monkeypatch, name
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_QKV")
     # attention: 3 dispatches -> 1, DeltaNet: 4 -> 2; both graphs (the 8-token prompt is mat-vec sized)
     assert saved == 2 * 2 * cfg.n_layer
+
+
+@pytest.mark.parametrize("variable,n_cpu_moe", [("VKRT_FUSE_GLU", 0), ("VKRT_FUSE_GLU", 2), ("VKRT_FUSE_GATE_UP", 0),
+                                                ("VKRT_FUSE_GATE_UP", 2), ("VKRT_FUSE_MOE_SUM", 0)])
+def test_expert_biases_in_the_expert_fusions(device, tmp_path, monkeypatch, variable, n_cpu_moe):
+    """gpt-oss's expert biases: the fused gate/up pass adds gate's and up's before swiglu_oai,
+    the down projection reading the activation adds its own, where the mat-vec reads the experts
+    by their own ids (staged slots from host: add_id after it); the summed down projection has no
+    place for them and records nothing different. Bits equal the separate kernels' throughout."""
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, "tiny-gpt-oss", variable, n_cpu_moe=n_cpu_moe,
+                                stage_experts=True)
+    in_vram = cfg.n_layer - n_cpu_moe   # both graphs are mat-vec sized: 2 x each layer's saving
+    if variable == "VKRT_FUSE_GATE_UP":   # gate, up (their biases in their stores) and the activation: one pass
+        # host experts fuse only where the prompt's prefetch slot holds gate and up together
+        assert 2 * 2 * in_vram <= saved <= 2 * 2 * cfg.n_layer and saved % 2 == 0
+    elif variable == "VKRT_FUSE_GLU":   # the activation, where the down projection reads by the experts' ids
+        assert 2 * in_vram <= saved <= 2 * cfg.n_layer
+    else:
+        assert saved == 0
 
 
 def test_fusion_defaults(monkeypatch):

@@ -19,8 +19,9 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     return np.array([m0 ** (h + 1) if h < n2 else m1 ** (2 * (h - n2) + 1) for h in range(n_head)])
 
 
-def attention_reference(q, k, v, mask=None, *, scale, softcap=0.0, max_bias=0.0) -> np.ndarray:
-    """softmax(softcap * tanh(scale QK^T / softcap) + slope * mask) V in float64; fully masked rows are 0."""
+def attention_reference(q, k, v, mask=None, *, scale, softcap=0.0, max_bias=0.0, sinks=None) -> np.ndarray:
+    """softmax(softcap * tanh(scale QK^T / softcap) + slope * mask) V in float64; fully masked rows
+    are 0. sinks (one a query head): exp(sink) joins each row's denominator, with no value."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     batch, n_head, n_q, _ = q.shape
     g = n_head // k.shape[1]
@@ -35,9 +36,14 @@ def attention_reference(q, k, v, mask=None, *, scale, softcap=0.0, max_bias=0.0)
             for h in range(n_head):
                 s[b, h] += slopes[h] * m[b % m.shape[0], h % m.shape[1], :n_q]
     mx = s.max(axis=-1, keepdims=True)
+    sink = None if sinks is None else np.asarray(sinks, np.float64)[None, :, None, None]
+    if sink is not None:
+        mx = np.maximum(mx, sink)
     live = np.isfinite(mx)
     e = np.where(live, np.exp(s - np.where(live, mx, 0.0)), 0.0)
     total = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - mx)
     p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
     return (p @ vv).transpose(0, 2, 1, 3)
 

@@ -93,3 +93,24 @@ def test_strided_q_and_kv_cache_views(device):
     finally:
         for t in (q_proj, *caches, tm, out):
             t.close()
+
+
+def test_sinks_match_reference_and_flash(device):
+    """Attention sinks (one value a query head) in the softmax: against the float64 reference and
+    flash attention; a row that sees nothing stays 0."""
+    rng = np.random.default_rng(21)
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=13, n_kv=40)
+    mask = causal_mask(13, 40, pad_to=16)
+    mask[0, 0, 5] = -np.inf
+    sinks = rng.uniform(-4, 4, 8).astype(np.float32)
+    sinks[3] = 30.0
+    t = tensor_from_numpy(device, sinks)
+    try:
+        got = run(device, Attention, q, k, v, mask, sinks=t)
+        flash = run(device, FlashAttn, q, k, v, mask, sinks=t)
+    finally:
+        t.close()
+    ref = attention_reference(q, k, v, mask, scale=64 ** -0.5, sinks=sinks)
+    assert np.isfinite(got).all() and nmse(got, ref) < TOL and nmse(got, flash) < TOL
+    assert (got[:, 5] == 0).all()
+    assert nmse(ref, attention_reference(q, k, v, mask, scale=64 ** -0.5)) > 1e-3

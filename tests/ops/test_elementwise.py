@@ -46,8 +46,14 @@ def test_broadcast_bias_and_views(device):
         tb.close()
 
 
-def act_ref(act, x):
+def act_ref(act, x, up=None):
+    """act(x), or with `up` the gated act(x) * up (swiglu_oai: its own gated form, as llama.cpp)."""
     x = x.astype(np.float64)
+    if act == "swiglu_oai":
+        g = np.minimum(x, 7.0)
+        return g / (1 + np.exp(-1.702 * g)) * (np.clip(up.astype(np.float64), -7.0, 7.0) + 1)
+    if up is not None:
+        return act_ref(act, x) * up
     if act == "silu":
         return x / (1 + np.exp(-x))
     if act == "sigmoid":
@@ -55,19 +61,22 @@ def act_ref(act, x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * x * (1 + 0.044715 * x * x)))
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu", "sigmoid"])
-@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("act,gated", [("silu", False), ("silu", True), ("gelu", False), ("gelu", True),
+                                       ("sigmoid", False), ("sigmoid", True), ("swiglu_oai", True)])
 def test_activations(device, act, gated):
+    """Each activation against float64 (swiglu_oai: gate and up both past its limit of 7 too)."""
     rng = np.random.default_rng(3)
     g = (rng.standard_normal(1001) * 4).astype(np.float32)
-    u = rng.standard_normal(1001).astype(np.float32)
+    u = (rng.standard_normal(1001) * 4).astype(np.float32)
     tg, tu, to = (tensor_from_numpy(device, v) for v in (g, u, np.zeros_like(g)))
     try:
         run_once(device, lambda s: activation(s, act, tg, to, up=tu if gated else None))
-        ref = act_ref(act, g)
-        if gated:
-            ref = ref * u
+        ref = act_ref(act, g, u if gated else None)
         np.testing.assert_allclose(read_tensor(to), ref, rtol=2e-5, atol=2e-6)
+        if act == "swiglu_oai":
+            assert (np.abs(g) > 7).sum() > 10 and (np.abs(u) > 7).sum() > 10
+            with pytest.raises(Exception, match="needs `up`"):
+                run_once(device, lambda s: activation(s, act, tg, to))
     finally:
         for t in (tg, tu, to):
             t.close()

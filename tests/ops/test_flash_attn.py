@@ -456,3 +456,38 @@ def test_misaligned_kv_view_is_refused(device):
     finally:
         for t in (q, cache, out):
             t.close()
+
+
+@pytest.mark.parametrize("n_q,n_kv,split_k,gqa_pack", [(20, 300, 1, False), (20, 300, 3, False), (1, 700, 1, True),
+                                                       (1, 700, 4, True), (4, 129, 2, True)])
+def test_sinks(device, n_q, n_kv, split_k, gqa_pack):
+    """Attention sinks (gpt-oss: one value a query head in the softmax's denominator), unsplit
+    and merged by the last split, heads unpacked and packed; sinks below and far above the
+    scores (the row's max moves to the sink); a row that sees nothing stays 0. Dropping the
+    sinks from the reference misses by far more than the tolerance."""
+    rng = np.random.default_rng(n_q + n_kv + split_k)
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=n_q, n_kv=n_kv)
+    mask = causal_mask(n_q, n_kv)
+    if n_q > 2:
+        mask[0, 0, 2] = NEG_INF
+    sinks = np.array([-3.0, 0.5, 2.0, 40.0], np.float32)
+    ts = tensor_from_numpy(device, sinks)
+    try:
+        got, fa = flash(device, q, k, v, mask, split_k=split_k, gqa_pack=gqa_pack, sinks=ts)
+    finally:
+        ts.close()
+    assert fa.n_split == split_k and fa.pack == (2 if gqa_pack else 1)
+    ref = check(got, q, k, v, mask, sinks=sinks)
+    if n_q > 2:
+        assert (got[:, 2] == 0).all()
+    assert nmse(ref, attention_reference(q, k, v, mask, scale=q.shape[-1] ** -0.5)) > 1e-3
+
+
+def test_sinks_are_checked(device):
+    q, k, v = make_qkv(np.random.default_rng(0), n_head=4, n_head_kv=2, n_q=3, n_kv=64)
+    bad = tensor_from_numpy(device, np.zeros(3, np.float32))
+    try:
+        with pytest.raises(UnsupportedShape, match="one a query head"):
+            flash(device, q, k, v, sinks=bad)
+    finally:
+        bad.close()

@@ -261,7 +261,7 @@ def test_output_matrix_larger_than_a_binding(device):
 
 
 @pytest.mark.parametrize("name,k,n,act", [("Q4_K", 256, 1, "silu"), ("Q8_0", 64, 3, "gelu"), ("F32", 13, 2, "silu"),
-                                          ("F16", 6, 1, "gelu")])
+                                          ("F16", 6, 1, "gelu"), ("Q8_0", 64, 2, "swiglu_oai")])
 def test_fused_gated_activation_is_bit_identical(device, name, k, n, act):
     """matmul(W, g, up=u) against activation(g, u) then matmul, bit for bit, vec4 and scalar
     loads; an up of another shape is refused with a clear error."""
@@ -289,7 +289,8 @@ def test_fused_gated_activation_is_bit_identical(device, name, k, n, act):
 
 
 @pytest.mark.parametrize("name,k,n,act", [("Q4_K", 512, 1, "silu"), ("Q6_K", 256, 2, "gelu"), ("Q4_0", 64, 3, "silu"),
-                                          ("Q8_0", 2048, 1, "silu"), ("F16", 13, 1, "gelu")])
+                                          ("Q8_0", 2048, 1, "silu"), ("F16", 13, 1, "gelu"),
+                                          ("MXFP4", 64, 2, "swiglu_oai")])
 def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
     """matmul(W, x, up_weight=U) against W·x and U·x apart then the activation, bit for bit;
     gate and up rows of one tensor (one buffer), 19 rows (a part group); an up weight of another

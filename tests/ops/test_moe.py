@@ -68,3 +68,28 @@ def test_combine(device, with_shared):
     finally:
         for t in (ty, tw, ts, tg, out):
             t.close()
+
+
+@pytest.mark.parametrize("n_expert, n_used, n_tokens", [(32, 4, 5), (128, 4, 3)])
+def test_route_softmax_of_the_chosen(device, n_expert, n_used, n_tokens):
+    """gpt-oss's gating (llama.cpp's SOFTMAX_WEIGHT): the top-k by logit, weighted by the softmax
+    of their logits alone; with the logits spread wide the weights differ from the full softmax's."""
+    from vkrt.ops.moe import moe_route
+    rng = np.random.default_rng(n_expert)
+    logits = (rng.standard_normal((n_tokens, n_expert)) * 3).astype(np.float32)
+    tl = tensor_from_numpy(device, logits)
+    ids = Tensor.empty(device, "I32", (n_used, n_tokens))
+    w = Tensor.empty(device, "F32", (n_used, n_tokens))
+    try:
+        run_once(device, lambda s: moe_route(s, tl, ids, w, n_used, False, chosen_softmax=True))
+        ref_ids = np.argsort(-logits, axis=-1, kind="stable")[:, :n_used]
+        chosen = np.take_along_axis(logits, ref_ids, -1).astype(np.float64)
+        ref_w = np.exp(chosen - chosen.max(-1, keepdims=True))
+        ref_w /= ref_w.sum(-1, keepdims=True)
+        np.testing.assert_array_equal(read_tensor(ids), ref_ids)
+        np.testing.assert_allclose(read_tensor(w), ref_w, rtol=1e-5, atol=1e-7)
+        full = np.exp(logits - logits.max(-1, keepdims=True))
+        assert np.abs(np.take_along_axis(full / full.sum(-1, keepdims=True), ref_ids, -1) - ref_w).max() > 0.05
+    finally:
+        for t in (tl, ids, w):
+            t.close()

@@ -207,3 +207,73 @@ def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, unrol
         for t in (w, ids, x, wt, sh, sg, y, o1, o2):
             if t is not None:
                 t.close()
+
+
+@pytest.mark.parametrize("name,k,n_tok", [("MXFP4", 64, 2), ("Q8_0", 96, 1), ("Q4_K", 256, 20)])
+def test_bias_is_add_id(device, name, k, n_tok):
+    """A per-expert bias (gpt-oss) added in the mat-vec's store, or by add_id after the GEMM (20
+    tokens), bit for bit against mul_mat_id then add_id; a bias of another shape is refused."""
+    from vkrt.commands import run_once
+    from vkrt.ops.add_id import add_id
+    m = 22
+    rng = np.random.default_rng(k + n_tok)
+    w = weight_tensor(device, name, random_blocks(name, N_EXPERT * m, k, rng, scale=0.5), (k, m, N_EXPERT))
+    ids = tensor_from_numpy(device, routing(rng, n_tok))
+    x = tensor_from_numpy(device, rng.standard_normal((n_tok, N_USED, k)).astype(np.float32))
+    b = tensor_from_numpy(device, rng.standard_normal((N_EXPERT, m)).astype(np.float32))
+    y1, y2 = (Tensor.empty(device, "F32", (m, N_USED, n_tok)) for _ in range(2))
+    routes = RouteTable(device, N_EXPERT, n_tok)
+    try:
+        run_once(device, lambda seq: (mul_mat_id(seq, w, x, ids, y1, routes), add_id(seq, y1, b, ids, y1)))
+        run_once(device, lambda seq: mul_mat_id(seq, w, x, ids, y2, routes, bias=b))
+        np.testing.assert_array_equal(read_tensor(y2).view(np.uint32), read_tensor(y1).view(np.uint32))
+        with pytest.raises(UnsupportedShape, match="a bias must be"):
+            run_once(device, lambda seq: mul_mat_id(seq, w, x, ids, y2, routes, bias=b.slice(1, 0, N_EXPERT - 1)))
+    finally:
+        for t in (w, ids, x, b, y1, y2, routes):
+            t.close()
+
+
+@pytest.mark.parametrize("fusion", ["gate_up", "glu"])
+def test_biased_fusions_are_bit_identical(device, fusion):
+    """gpt-oss's decode FFN: gate and up in one pass with their biases before swiglu_oai
+    ("gate_up"), or the down projection reading swiglu_oai(g, u) with its bias ("glu"), bit for
+    bit against the separate mul_mat_ids, add_ids and activation."""
+    from vkrt.commands import run_once
+    from vkrt.ops.add_id import add_id
+    from vkrt.ops.elementwise import activation
+    m, k, n_tok, act = 32, 64, 2, "swiglu_oai"
+    rng = np.random.default_rng(5)
+    both = weight_tensor(device, "MXFP4", random_blocks("MXFP4", 2 * N_EXPERT * m, k, rng, scale=0.5),
+                         (k, m, 2 * N_EXPERT))
+    gate, up = both.slice(2, 0, N_EXPERT), both.slice(2, N_EXPERT, 2 * N_EXPERT)
+    ids = tensor_from_numpy(device, routing(rng, n_tok))
+    x = tensor_from_numpy(device, (rng.standard_normal((n_tok, 1, k)) * 3).astype(np.float32))
+    bg, bu = (tensor_from_numpy(device, rng.standard_normal((N_EXPERT, m)).astype(np.float32) * 2) for _ in "gu")
+    g, u, h1, h2 = (Tensor.empty(device, "F32", (m, N_USED, n_tok)) for _ in range(4))
+    try:
+        apart = lambda seq: (mul_mat_id(seq, gate, x, ids, g), add_id(seq, g, bg, ids, g),   # noqa: E731
+                             mul_mat_id(seq, up, x, ids, u), add_id(seq, u, bu, ids, u))
+        if fusion == "gate_up":
+            run_once(device, lambda seq: (apart(seq), activation(seq, act, g, h1, up=u)))
+            run_once(device, lambda seq: mul_mat_id(seq, gate, x, ids, h2, up_weight=up, act=act, bias=bg, up_bias=bu))
+        else:   # the down projection: k = m rows in, m out; gate's stack serves as down's
+            run_once(device, lambda seq: (apart(seq), activation(seq, act, g, h1, up=u)))
+            down = weight_tensor(device, "Q8_0", random_blocks("Q8_0", N_EXPERT * m, m, rng, scale=0.5),
+                                 (m, m, N_EXPERT))
+            bd = bg
+            y1, y2 = (Tensor.empty(device, "F32", (m, N_USED, n_tok)) for _ in range(2))
+            try:
+                run_once(device, lambda seq: (mul_mat_id(seq, down, h1, ids, y1), add_id(seq, y1, bd, ids, y1)))
+                run_once(device, lambda seq: mul_mat_id(seq, down, g, ids, y2, up=u, act=act, bias=bd))
+                np.testing.assert_array_equal(read_tensor(y2).view(np.uint32), read_tensor(y1).view(np.uint32))
+            finally:
+                for t in (down, y1, y2):
+                    t.close()
+            return
+        np.testing.assert_array_equal(read_tensor(h2).view(np.uint32), read_tensor(h1).view(np.uint32))
+        with pytest.raises(UnsupportedShape, match="up_bias goes with"):
+            run_once(device, lambda seq: mul_mat_id(seq, gate, x, ids, h2, up_weight=up, bias=bg))
+    finally:
+        for t in (both, ids, x, bg, bu, g, u, h1, h2):
+            t.close()

@@ -16,7 +16,7 @@ from vkrt.ops.set_rows import set_rows
 N_TOK, N_HEAD, N_CELLS = 5, 3, 11
 
 
-def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interleaved=False):
+def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interleaved=False, yarn=False):
     rng = np.random.default_rng(head_dim + n_dims + 2 * neox + 4 * norm)
     x = (rng.standard_normal((N_TOK, N_HEAD, head_dim)) * 3).astype(np.float32)
     pos = np.array([0, 1, 7, 100, 4095], np.int32)
@@ -30,6 +30,8 @@ def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interle
     args = dict(n_dims=n_dims, freq_base=10000.0, neox=neox, freq_factors=tff if ff else None)
     if sections is not None:
         args.update(sections=sections, interleaved=interleaved)
+    if yarn:   # gpt-oss's YaRN
+        args.update(freq_scale=1 / 32, ext_factor=1.0, n_ctx_orig=4096, attn_factor=1.0)
     shape = (head_dim, N_CELLS, N_HEAD) if cache else x.shape[::-1]
     outs = [Tensor.empty(device, cache or "F32", shape) for _ in range(2)]
     tmp = [Tensor.empty(device, "F32", x.shape[::-1]) for _ in range(2)]
@@ -62,6 +64,13 @@ def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interle
 def test_same_bits_as_the_separate_kernels(device, neox, head_dim, n_dims, norm, cache):
     apart, fused = case(device, head_dim, n_dims, neox, norm, cache, ff=False)
     assert np.abs(apart).max() > 0
+    bits = np.uint16 if cache == "F16" else np.uint32
+    np.testing.assert_array_equal(apart.view(bits), fused.view(bits))
+
+
+@pytest.mark.parametrize("cache", [None, "F16"])
+def test_yarn_same_bits_as_the_separate_kernels(device, cache):
+    apart, fused = case(device, 64, 64, True, False, cache, ff=False, yarn=True)
     bits = np.uint16 if cache == "F16" else np.uint32
     np.testing.assert_array_equal(apart.view(bits), fused.view(bits))
 

@@ -1,4 +1,4 @@
-"""RoPE, NORMAL and NEOX, partial rotation and frequency factors, against float64 numpy."""
+"""RoPE, NORMAL and NEOX, partial rotation, frequency factors and YaRN, against float64 numpy."""
 
 import numpy as np
 import pytest
@@ -203,3 +203,58 @@ def test_rope_sectioned_argument_errors(device):
     finally:
         for t in (x, pos, out):
             t.close()
+
+
+def yarn_corr_dims_ref(n_dims, n_ctx_orig, base, beta_fast, beta_slow):
+    """ggml_rope_yarn_corr_dims in float64."""
+    def corr_dim(n_rot):
+        return n_dims * np.log(n_ctx_orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+    return max(0.0, np.floor(corr_dim(beta_fast))), min(n_dims - 1.0, np.ceil(corr_dim(beta_slow)))
+
+
+def rope_yarn_ref(x, pos, n_dims, base, freq_scale, ext_factor, attn_factor, n_ctx_orig, beta_fast=32.0, beta_slow=1.0):
+    """NEOX RoPE with ggml's rope_yarn (ggml-cpu ops.cpp) per pair i: theta_extrap = pos * base^(-2i/n),
+    theta_interp = freq_scale * theta_extrap, mixed by ramp(i) * ext_factor where the ramp falls
+    from 1 to 0 between the correction dims; cos and sin times attn_factor * (1 + 0.1 ln(1/freq_scale))."""
+    x = x.astype(np.float64)
+    y = x.copy()
+    half = n_dims // 2
+    i = np.arange(half)
+    low, high = yarn_corr_dims_ref(n_dims, n_ctx_orig, base, beta_fast, beta_slow)
+    ramp = (1 - np.clip((i - low) / max(0.001, high - low), 0, 1)) * ext_factor
+    extrap = pos.astype(np.float64)[:, None] * base ** (-2.0 * i / n_dims)
+    theta = freq_scale * extrap * (1 - ramp) + extrap * ramp
+    mscale = attn_factor * (1 + 0.1 * np.log(1 / freq_scale)) if ext_factor else attn_factor
+    c, s = np.cos(theta)[:, None, :] * mscale, np.sin(theta)[:, None, :] * mscale
+    a, b = x[..., :half], x[..., half:n_dims]
+    y[..., :half], y[..., half:n_dims] = a * c - b * s, a * s + b * c
+    return y
+
+
+@pytest.mark.parametrize("n_dims,base,factor,n_ctx_orig", [(64, 150000.0, 32.0, 4096), (128, 1e6, 4.0, 32768),
+                                                           (32, 10000.0, 8.0, 2048)])
+def test_rope_yarn(device, n_dims, base, factor, n_ctx_orig):
+    """YaRN (gpt-oss: head 64, base 150000, factor 32 over 4096) against the numpy port of ggml's
+    rope_yarn; the correction dims as ggml computes them; far from linear scaling alone."""
+    from vkrt.ops.rope import yarn_corr_dims
+    rng = np.random.default_rng(n_dims)
+    x = rng.standard_normal((6, 3, n_dims + 16)).astype(np.float32)
+    pos = np.array([0, 1, 5, 130, 2047, 4000], np.int32)
+    args = dict(n_dims=n_dims, freq_base=base, freq_scale=1 / factor, neox=True, ext_factor=1.0,
+                n_ctx_orig=n_ctx_orig, attn_factor=0.9)
+    got = run_rope(device, x, pos, **args)
+    want = rope_yarn_ref(x, pos, n_dims, base, 1 / factor, 1.0, 0.9, n_ctx_orig)
+    assert yarn_corr_dims(n_dims, n_ctx_orig, base, 32.0, 1.0) == yarn_corr_dims_ref(n_dims, n_ctx_orig, base, 32, 1)
+    np.testing.assert_allclose(got, want, atol=4e-3)  # fp32 theta near 4096 rad, times mscale up to 1.3
+    np.testing.assert_array_equal(got[..., n_dims:], x[..., n_dims:])
+    linear = rope_ref(x, pos, n_dims, base, 1 / factor, True)
+    assert np.abs(got - linear).max() > 0.1
+    if (n_dims, factor) == (64, 32.0):
+        assert yarn_corr_dims(64, 4096, 150000.0, 32.0, 1.0) == (8.0, 18.0)   # gpt-oss's
+
+
+def test_rope_yarn_needs_the_original_context(device):
+    from vkrt.errors import OutOfRange
+    with pytest.raises(OutOfRange, match="original context"):
+        run_rope(device, np.zeros((2, 1, 64), np.float32), np.zeros(2, np.int32), n_dims=64, freq_base=1e4,
+                 ext_factor=1.0)

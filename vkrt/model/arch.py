@@ -43,7 +43,10 @@ class ArchSpec:
 
     name: str
     rope: str = ROPE_NEOX
-    attn_bias: bool = False          # attn_{q,k,v}.bias
+    attn_bias: bool = False          # attn_{q,k,v}.bias (optional in the file unless biases_required)
+    biases_required: bool = False    # every bias the architecture has must be in the file (gpt-oss)
+    attn_out_bias: bool = False      # attn_output.bias
+    attn_sinks: bool = False         # attn_sinks.weight: one softmax sink a query head (gpt-oss)
     qk_norm: bool = False            # attn_{q,k}_norm per head before RoPE
     attn_gate: bool = False          # attn_q also yields a per-head output gate: o *= sigmoid(gate)
     post_norms: bool = False         # post_attention_norm / post_ffw_norm on each block's output (gemma3)
@@ -54,9 +57,15 @@ class ArchSpec:
     moe_optional: bool = False
     shared_expert: str = "no"        # "no", "optional" (by expert_shared_feed_forward_length), "always"
     expert_weights_norm: bool = False   # default of {arch}.expert_weights_norm
-    activation: str = "silu"
+    chosen_softmax: bool = False     # experts weighted by the softmax of the chosen logits (gpt-oss)
+    router_bias: bool = False        # ffn_gate_inp.bias
+    expert_bias: bool = False        # ffn_{gate,up,down}_exps.bias: a bias per expert
+    activation: str = "silu"         # the gated FFNs' (dense and experts): silu, gelu or swiglu_oai
     embd_scale_sqrt: bool = False    # x = token_embd[ids] * sqrt(n_embd) (gemma3)
     swa_pattern: int = 0             # with a sliding window: every Nth layer attends globally (gemma3: 6)
+    swa_required: bool = False       # {arch}.attention.sliding_window must be in the file
+    rope_base_swa: float = 0.0       # sliding layers' RoPE base unless the file says (0: rope.freq_base)
+    rope_scale_swa: float = 0.0      # sliding layers' RoPE freq_scale (0: the file's, as full layers)
     hybrid_linear: bool = False      # Gated DeltaNet layers between full attention ones (qwen35)
 
 
@@ -64,13 +73,19 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
     ArchSpec("llama", rope=ROPE_NORMAL, moe_optional=True),
     ArchSpec("qwen2", attn_bias=True),
     ArchSpec("qwen3", qk_norm=True),
-    ArchSpec("gemma3", qk_norm=True, post_norms=True, activation="gelu", embd_scale_sqrt=True, swa_pattern=6),
+    ArchSpec("gemma3", qk_norm=True, post_norms=True, activation="gelu", embd_scale_sqrt=True, swa_pattern=6,
+             rope_base_swa=10000.0, rope_scale_swa=1.0),
     ArchSpec("qwen2moe", attn_bias=True, moe=True, shared_expert="optional"),
     ArchSpec("qwen3moe", qk_norm=True, moe=True, expert_weights_norm=True),
     ArchSpec("qwen35", rope=ROPE_IMROPE, qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm",
              hybrid_linear=True),
     ArchSpec("qwen35moe", rope=ROPE_IMROPE, qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm",
              moe=True, shared_expert="always", expert_weights_norm=True, hybrid_linear=True),
+    # gpt-oss: even layers attend to a sliding window (llama.cpp's set_swa_pattern(2)), YaRN from
+    # the file's rope.scaling keys
+    ArchSpec("gpt-oss", attn_bias=True, biases_required=True, attn_out_bias=True, attn_sinks=True,
+             ffn_norm="post_attention_norm", moe=True, chosen_softmax=True, router_bias=True, expert_bias=True,
+             activation="swiglu_oai", swa_pattern=2, swa_required=True),
 )}
 
 

@@ -1,12 +1,14 @@
 """Softmax attention over the KV cache (full or sliding window), with qwen35's per-head output
-gate where the architecture has one.
+gate and gpt-oss's attention sinks where the architecture has them.
 
-    q (| gate), k, v = attn_q·cur (+ bias), attn_k·cur, attn_v·cur
+    q (| gate), k, v = attn_q·cur (+ bias), attn_k·cur (+ bias), attn_v·cur (+ bias)
     q, k = rms_norm per head * attn_{q,k}_norm        (qwen3, gemma3, qwen35)
-    q, k = rope(q), rope(k)                           (qwen35: multi-section, a quarter of the head)
+    q, k = rope(q), rope(k)                           (qwen35: multi-section, a quarter of the head;
+                                                       gpt-oss: YaRN)
     cache_k[cells], cache_v[cells] = k, v
-    a = attention(q, cache_k[:n_kv], cache_v[:n_kv], mask)   (* sigmoid(gate) for qwen35)
-    o = attn_output·a                                 (post_attention_norm for gemma3)
+    a = attention(q, cache_k[:n_kv], cache_v[:n_kv], mask)   (* sigmoid(gate) for qwen35; gpt-oss:
+                                                       attn_sinks in each head's softmax)
+    o = attn_output·a (+ attn_output.bias)            (post_attention_norm for gemma3)
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from .fusions import fused, project
 
 def rope_args(cfg, w, il: int) -> dict:
     """The RoPE arguments of layer il (shared by rope and norm_rope)."""
-    args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.rope_scale,
-                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=w.get("rope_freqs.weight"))
+    args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.layer_rope_scale(il),
+                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=w.get("rope_freqs.weight"),
+                attn_factor=cfg.rope_attn_factor)
+    if cfg.rope_ext_factor:   # YaRN
+        args.update(ext_factor=cfg.rope_ext_factor, n_ctx_orig=cfg.n_ctx_orig_yarn)
     if cfg.rope_mode == ROPE_IMROPE:
         args.update(sections=cfg.rope_sections, interleaved=True)
     return args
@@ -73,17 +78,20 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     out = s.attn.view((Dv, H, T))
     attn_args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
                  out, mask)
+    sinks = w[p + "attn_sinks.weight"] if cfg.attn_sinks else None
     if flash:  # layers attending through the same mask share one mask_opt pre-pass
         op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
-                       share_mask_opt=s.mask_opt_owner.get(id(mask)))
+                       share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks)
         s.mask_opt_owner.setdefault(id(mask), op)
     else:
-        op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, label=f"attention {il}")
+        op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")
     op.record(seq)
     if gate is not None:
         gate_mul(seq, out, gate, out, act="sigmoid")
     o = s.cols("o", T)
     matmul(seq, w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
+    if cfg.attn_out_bias:
+        add(seq, o, w[p + "attn_output.bias"], o)
     if cfg.post_norms:
         tf.norm(seq, o, o, p + "post_attention_norm.weight")
     s.pending = o

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ..errors import VkrtError
 from .arch import (ARCHS, LINEAR, ROPE_IMROPE, ROPE_NEOX, ROPE_NORMAL, SLIDING, ArchSpec,  # noqa: F401
                    LayerSpec, layer_specs)
@@ -30,17 +32,28 @@ class ModelConfig:
     rope_mode: str
     rope_dims: int
     rope_base: float
-    rope_scale: float              # freq_scale (1 / linear scaling factor)
+    rope_scale: float              # freq_scale (1 / the rope.scaling.factor)
     attn_bias: bool
     qk_norm: bool
     attn_scale: float
     vocab_size: int
     layers: tuple[LayerSpec, ...] = ()
     spec: ArchSpec | None = field(default=None, compare=False, repr=False)
+    # ggml_rope_ext's attn_factor, and YaRN's (rope.scaling.type yarn) ext_factor and n_ctx_orig
+    rope_attn_factor: float = 1.0
+    rope_ext_factor: float = 0.0
+    n_ctx_orig_yarn: int = 0
+    # gpt-oss: attention output bias and sinks; router bias, expert biases, softmax of the chosen
+    attn_out_bias: bool = False
+    attn_sinks: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    chosen_softmax: bool = False
     # gemma3
     embd_scale: float = 1.0
     sliding_window: int = 0        # 0: every layer attends to everything
     rope_base_swa: float = 0.0
+    rope_scale_swa: float = 0.0    # 0: rope_scale
     post_norms: bool = False       # post_attention_norm / post_ffw_norm
     activation: str = "silu"
     # mixture of experts
@@ -99,6 +112,9 @@ class ModelConfig:
     def layer_rope_base(self, il: int) -> float:
         return self.rope_base_swa if self.layer_is_swa(il) and self.rope_base_swa else self.rope_base
 
+    def layer_rope_scale(self, il: int) -> float:
+        return self.rope_scale_swa if self.layer_is_swa(il) and self.rope_scale_swa else self.rope_scale
+
     @staticmethod
     def from_metadata(meta: dict, path: str = "model") -> "ModelConfig":
         arch = meta.get("general.architecture")
@@ -134,17 +150,20 @@ class ModelConfig:
         n_layer = n_blocks - n_nextn
         tokens = meta.get("tokenizer.ggml.tokens")
         vocab = int(get("vocab_size", len(tokens) if tokens is not None else None))
-        scaling = meta.get(f"{arch}.rope.scaling.type")
-        factor = get("rope.scaling.factor", None, required=False)
-        rope_scale = 1.0 / factor if scaling == "linear" and factor else 1.0
         scale_w = get("expert_weights_scale", 0.0, required=False)
         if scale_w not in (0, 0.0, 1, 1.0):
             raise ConfigMissing(f"{path}: {arch}.expert_weights_scale={scale_w} is not supported (only 0 or 1)")
-        kw: dict = dict(spec=spec, attn_gate=spec.attn_gate, post_norms=spec.post_norms, activation=spec.activation)
+        n_ctx_train = int(get("context_length", 4096, required=False))
+        rope_base = float(get("rope.freq_base", 10000.0, required=False))
+        kw: dict = dict(spec=spec, attn_gate=spec.attn_gate, post_norms=spec.post_norms, activation=spec.activation,
+                        attn_out_bias=spec.attn_out_bias, attn_sinks=spec.attn_sinks, router_bias=spec.router_bias,
+                        expert_bias=spec.expert_bias, chosen_softmax=spec.chosen_softmax,
+                        **_rope_scaling(meta, arch, path, get, n_ctx_train))
         window = 0
         if spec.swa_pattern:
-            window = int(get("attention.sliding_window", 0, required=False) or 0)
-            kw.update(sliding_window=window, rope_base_swa=10000.0)
+            window = int(get("attention.sliding_window", None, required=spec.swa_required) or 0)
+            kw.update(sliding_window=window, rope_scale_swa=spec.rope_scale_swa,
+                      rope_base_swa=float(get("rope.freq_base_swa", spec.rope_base_swa or rope_base, required=False)))
         if spec.embd_scale_sqrt:
             kw.update(embd_scale=math.sqrt(n_embd))
         n_ff_shared = 0
@@ -164,12 +183,39 @@ class ModelConfig:
         return ModelConfig(
             arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k,
             head_dim_v=head_v, n_ff=int(get("feed_forward_length", 0, required=not spec.moe) or 0),
-            n_ctx_train=int(get("context_length", 4096, required=False)),
-            norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6, required=False)),
+            n_ctx_train=n_ctx_train, norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6, required=False)),
             rope_mode=spec.rope, rope_dims=int(get("rope.dimension_count", head_k, required=False)),
-            rope_base=float(get("rope.freq_base", 10000.0, required=False)), rope_scale=rope_scale,
+            rope_base=rope_base,
             attn_bias=spec.attn_bias, qk_norm=spec.qk_norm, attn_scale=1.0 / math.sqrt(head_k), vocab_size=vocab,
             layers=layers, n_layer_nextn=n_nextn, **kw)
+
+
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
+def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> dict:
+    """RoPE scaling as llama.cpp reads it (the type defaults to linear; freq_scale = 1 / factor
+    unless the type is none) and, for YaRN, the context's ext_factor 1 and its original context.
+    attn_factor is the context's: rope.scaling.attn_factor (default 1), for YaRN times
+    get_mscale(factor) / (1 + 0.1 ln factor) (llama.cpp cancels here the magnitude its rope
+    kernel applies), in float32 as there."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "linear")
+    if kind not in ROPE_SCALING_TYPES:
+        raise ConfigMissing(f"{path}: {arch}.rope.scaling.type={kind!r} is not supported "
+                            f"(supported: {', '.join(ROPE_SCALING_TYPES)})")
+    factor = get("rope.scaling.factor", None, required=False) or get("rope.scale_linear", None, required=False)
+    freq_scale = 1.0 / factor if factor and kind != "none" else 1.0
+    f32 = np.float32
+    attn_factor = f32(1.0)
+    out = dict(rope_scale=freq_scale)
+    if kind == "yarn":
+        f = f32(1.0) / f32(freq_scale)
+        mscale = f32(f32(0.1) * np.log(f) + f32(1.0)) if f > 1 else f32(1.0)
+        attn_factor = f32(mscale * f32(f32(1.0) / f32(f32(1.0) + f32(0.1) * np.log(f))))
+        out.update(rope_ext_factor=1.0,
+                   n_ctx_orig_yarn=int(get("rope.scaling.original_context_length", n_ctx_train, required=False)))
+    out["rope_attn_factor"] = float(f32(attn_factor * f32(get("rope.scaling.attn_factor", 1.0, required=False))))
+    return out
 
 
 def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v: int) -> dict:

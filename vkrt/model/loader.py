@@ -28,9 +28,10 @@ def layer_of(name: str) -> int | None:
 
 
 def is_cpu_moe(name: str, n_cpu_moe: int) -> bool:
-    """--n-cpu-moe N: the expert tensors (ffn_*_exps) of the first N layers stay in host memory."""
+    """--n-cpu-moe N: the expert matrices (ffn_*_exps.weight) of the first N layers stay in host
+    memory (gpt-oss's small per-expert biases stay in VRAM)."""
     il = layer_of(name)
-    return il is not None and il < n_cpu_moe and "_exps." in name
+    return il is not None and il < n_cpu_moe and name.endswith("_exps.weight")
 
 
 @dataclass

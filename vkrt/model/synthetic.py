@@ -14,7 +14,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from ..errors import VkrtError
 from .arch import ARCHS
 from .config import ModelConfig
-from .tensors import BIAS, CONV, DT_BIAS, EMBED, EXPERTS, MATRIX, NORM, ROUTER, SSM_A, model_tensors
+from .tensors import BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROUTER, SINKS, SSM_A, model_tensors
 
 # byte offsets of the f16 scale fields in one block of each K-quant (the rest may be any bytes)
 _K_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
@@ -54,6 +54,9 @@ class SyntheticSpec:
     dequantized: bool = False          # store every quantised weight as its F32 dequantisation (a reference twin)
     rope_dims: int = 0                 # rotated dims per head (0: all)
     rope_base: float = 10000.0
+    rope_scaling: str = ""             # rope.scaling.type ("yarn", "linear"; "": none written)
+    rope_scaling_factor: float = 0.0
+    rope_orig_ctx: int = 0             # rope.scaling.original_context_length (YaRN)
     # qwen35: Gated DeltaNet layers ((il + 1) % full_attention_interval != 0) and sectioned RoPE
     full_attention_interval: int = 4
     ssm_conv_kernel: int = 4
@@ -295,6 +298,11 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
         w.add_feed_forward_length(s.n_ff)
     if s.sliding_window:
         w.add_sliding_window(s.sliding_window)
+    if s.rope_scaling:
+        w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
+        w.add_rope_scaling_factor(s.rope_scaling_factor)
+        if s.rope_orig_ctx:
+            w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
     if aspec.hybrid_linear:
         D = s.ssm_head_dim or s.head_dim
         w.add_ssm_conv_kernel(s.ssm_conv_kernel)
@@ -317,7 +325,8 @@ def _synthetic_tensor(t, wtype, etype, embd_type, ftype) -> tuple:
         return t.name, "weight", typ, shape, shape[-1] ** -0.5
     if role in (ROUTER, CONV):
         return t.name, "weight", Q.F32, shape, 0.5
-    return t.name, role, Q.F32, shape, {NORM: 0.1, BIAS: 0.02, SSM_A: 0.0, DT_BIAS: 0.5}[role]
+    return t.name, role, Q.F32, shape, {NORM: 0.1, BIAS: 0.02, SSM_A: 0.0, DT_BIAS: 0.5, EXPERT_BIAS: 0.5,
+                                        SINKS: 1.5}[role]
 
 
 def _tensor_data(rng, kind: str, qtype, shape: tuple, std: float, random_blocks: bool) -> np.ndarray:
@@ -329,4 +338,4 @@ def _tensor_data(rng, kind: str, qtype, shape: tuple, std: float, random_blocks:
         return -np.exp(rng.uniform(0.0, np.log(8.0), shape[0])).astype(np.float32)
     if kind == DT_BIAS:  # softplus(alpha + dt_bias) around 0.1: decays of a few percent a token
         return (-2.0 + std * rng.standard_normal(shape[0])).astype(np.float32)
-    return (std * rng.standard_normal(shape[0])).astype(np.float32)
+    return (std * rng.standard_normal(shape)).astype(np.float32)

@@ -21,11 +21,12 @@ SHARED_ALLOCATIONS = (("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_exps.weig
                       ("ssm_alpha.weight", "ssm_beta.weight"))
 
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
-EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS = (
-    "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias")
+EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS = (
+    "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias", "expert_bias", "sinks")
 # roles whose tensors the kernels read as plain F32 vectors (norm weights, biases, the conv taps,
-# DeltaNet's per-head constants); GGUF converters keep them F32
-F32_ROLES = (NORM, BIAS, CONV, SSM_A, DT_BIAS)
+# DeltaNet's per-head constants, gpt-oss's per-expert biases and attention sinks); GGUF
+# converters keep them F32
+F32_ROLES = (NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,11 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
         t("attn_output.weight", (H * Dv, E), MATRIX)
         if cfg.attn_bias:
             for name, n in (("q", H * Dk), ("k", KV * Dk), ("v", KV * Dv)):
-                t(f"attn_{name}.bias", (n,), BIAS, required=False)
+                t(f"attn_{name}.bias", (n,), BIAS, required=cfg.spec is not None and cfg.spec.biases_required)
+        if cfg.attn_out_bias:
+            t("attn_output.bias", (E,), BIAS)
+        if cfg.attn_sinks:
+            t("attn_sinks.weight", (H,), SINKS)
         if cfg.qk_norm:
             t("attn_q_norm.weight", (Dk,), NORM)
             t("attn_k_norm.weight", (Dk,), NORM)
@@ -78,9 +83,15 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
     else:
         n_e, fe = cfg.n_expert, cfg.n_ff_expert
         t("ffn_gate_inp.weight", (E, n_e), ROUTER)
+        if cfg.router_bias:
+            t("ffn_gate_inp.bias", (n_e,), EXPERT_BIAS)
         t("ffn_gate_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_up_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_down_exps.weight", (fe, E, n_e), EXPERTS)
+        if cfg.expert_bias:
+            t("ffn_gate_exps.bias", (fe, n_e), EXPERT_BIAS)
+            t("ffn_up_exps.bias", (fe, n_e), EXPERT_BIAS)
+            t("ffn_down_exps.bias", (E, n_e), EXPERT_BIAS)
         if layer.ffn == MOE_SHARED:
             t("ffn_gate_inp_shexp.weight", (E,), ROUTER)
             t("ffn_gate_shexp.weight", (E, cfg.n_ff_shared), MATRIX)

@@ -31,6 +31,13 @@ _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L
 # qwen35: QWEN2's shape with combining marks (\p{M}) kept with their letters and out of punctuation runs
 _QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
            r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# gpt-4o / o200k (gpt-oss, llama4) as llama.cpp writes it: the original's upper- and lower-case
+# letter classes become letters that are not a-z, and letters that are not A-Z
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+          r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+          r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> the regexes llama.cpp applies one after another (llama-vocab.cpp)
 PRE_TOKENIZERS: dict[str, list[str]] = {
@@ -39,6 +46,7 @@ PRE_TOKENIZERS: dict[str, list[str]] = {
     "llama3": [_LLAMA3], "llama-v3": [_LLAMA3], "llama-bpe": [_LLAMA3], "falcon3": [_LLAMA3],
     "qwen2": [_QWEN2], "qwen2.5": [_QWEN2], "qwen-2.5": [_QWEN2], "deepseek-r1-qwen": [_QWEN2], "stablelm2": [_QWEN2],
     "qwen35": [_QWEN35],
+    "gpt-4o": [_GPT4O], "llama4": [_GPT4O],
     "smollm": [r"\p{N}", _GPT2], "starcoder": [r"\p{N}", _GPT2], "refact": [r"\p{N}", _GPT2],
     "command-r": [r"\p{N}", _GPT2], "codeshell": [r"\p{N}", _GPT2],
 }
@@ -108,10 +116,18 @@ class Tokenizer:
                 eog.add(meta[key])
         for i, t in enumerate(tokens):  # llama.cpp also ends generation on these control tokens
             if types[i] == TOKEN_CONTROL and t in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>",
-                                                   "<|end|>", "<|eom_id|>"):
+                                                   "<|end|>", "<|eom_id|>", "<|return|>", "<|call|>"):
                 eog.add(i)
+        eog -= _harmony_end(tokens, eog)
         return Tokenizer(hf, kind, bos, eos, frozenset(eog),
                          bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)), tokens, types)
+
+
+def _harmony_end(tokens: list[str], eog: set[int]) -> set[int]:
+    """gpt-oss's harmony format ends a message with <|end|> and generation with <|return|> or
+    <|call|>: with all three among the end-of-generation tokens, <|end|> is not one (llama.cpp)."""
+    names = {tokens[i]: i for i in eog}
+    return {names["<|end|>"]} if {"<|end|>", "<|return|>", "<|call|>"} <= names.keys() else set()
 
 
 _CACHE_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",

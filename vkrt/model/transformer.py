@@ -9,7 +9,8 @@ comes from the config's LayerSpecs (arch.py).
         x = x + o;  cur = rms_norm(x) * ffn_norm  (one kernel; VKRT_FUSE_ADD_NORM=0: two;
                                                    qwen35 names this norm post_attention_norm)
         f = ffn_down·(act(ffn_gate·cur) * ffn_up·cur)   or the routed experts (+ shared expert)
-                                                 (post_ffw_norm for gemma3)
+                                                 (post_ffw_norm for gemma3; gpt-oss: biases on
+                                                 the router and each expert, swiglu_oai)
     x = x + f (fused into the next norm);  logits = output·(rms_norm(x) * output_norm)
                                                          (output = token_embd when tied)
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from ..errors import GGUFError
 from ..memory import Tensor
+from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
 from ..ops.matmul import gate_up_pair, matmul
@@ -213,18 +215,31 @@ class Transformer:
             self.norm(seq, o, o, p + "post_ffw_norm.weight")
         s.pending = o
 
+    @staticmethod
+    def _experts(seq, s, w, x, sid, y, bias, ids):
+        """y = w[sid]·x (+ bias[:, ids], gpt-oss): the bias added in the mat-vec where sid are the
+        experts' own ids, by add_id after it where they are staging slots."""
+        if bias is None or sid is ids:
+            mul_mat_id(seq, w, x, sid, y, s.routes, bias=bias)
+        else:
+            mul_mat_id(seq, w, x, sid, y, s.routes)
+            add_id(seq, y, bias, ids, y)
+
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
              staged: StagedExperts | None = None):
-        """Routed experts (+ the sigmoid-gated shared expert of qwen2moe / qwen35moe); `experts`
-        overrides where the layer's expert tensors are read from (e.g. a prefetch slot); with
-        `staged`, the chosen experts are first copied into those slot tensors and read from there."""
+        """Routed experts (+ the sigmoid-gated shared expert of qwen2moe / qwen35moe; gpt-oss's
+        router and expert biases); `experts` overrides where the layer's expert tensors are read
+        from (e.g. a prefetch slot); with `staged`, the chosen experts are first copied into those
+        slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
-        E, k = cfg.n_embd, cfg.n_expert_used
+        E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.activation
         cur = s.cols("cur", T)
         self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
         router, ids, weights = s.cols("router", T), s.moe_ids.slice(1, 0, T), s.moe_w.slice(1, 0, T)
         matmul(seq, w[p + "ffn_gate_inp.weight"], cur, router)
-        moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm)
+        if cfg.router_bias:
+            add(seq, router, w[p + "ffn_gate_inp.bias"], router)
+        moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm, chosen_softmax=cfg.chosen_softmax)
         gate, up, down = experts or tuple(w[p + n] for n in EXPERT_TENSORS)
         stacks = [(gate, ids), (up, ids), (down, ids)]
         if staged:
@@ -238,18 +253,24 @@ class Transformer:
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
         (gw, gi), (uw, ui), (dw, di) = stacks
-        summed = T <= seq.device.tuning.mv_max_n and fused("MOE_SUM")
+        bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.expert_bias else None for n in ("gate", "up", "down"))
+
+        def own(sid):   # a mat-vec adds the experts' biases where it reads by their own ids
+            return bg is None or sid is ids
+
+        # the summed down projection has no place for the experts' biases: gpt-oss sums apart
+        summed = T <= seq.device.tuning.mv_max_n and fused("MOE_SUM") and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
-        if gi is ui and self._fuse_gate_up(seq, T, gw, uw, "silu", dense=False):
-            mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw)
+        if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
+            mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw, act=act, bias=bg, up_bias=bu)
         else:
-            mul_mat_id(seq, gw, x3, gi, ge, s.routes)
-            mul_mat_id(seq, uw, x3, ui, ue, s.routes)
-            if self._fuse_glu(seq, T, dense=False) and not summed:
-                mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act="silu")
+            self._experts(seq, s, gw, x3, gi, ge, bg, ids)
+            self._experts(seq, s, uw, x3, ui, ue, bu, ids)
+            if self._fuse_glu(seq, T, dense=False) and not summed and own(di):
+                mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act=act, bias=bd)
                 down_in = None
             else:
-                activation(seq, "silu", ge, he, up=ue)
+                activation(seq, act, ge, he, up=ue)
         o = s.cols("o", T)
         shared = gate_logit = None
         if cfg.layers[il].ffn == MOE_SHARED:
@@ -265,6 +286,6 @@ class Transformer:
             s.pending = o
             return
         if down_in is not None:
-            mul_mat_id(seq, dw, down_in, di, de, s.routes)
+            self._experts(seq, s, dw, down_in, di, de, bd, ids)
         moe_combine(seq, de, weights, o, shared, gate_logit)
         s.pending = o

@@ -1,7 +1,7 @@
 """Attention without flash (`-fa 0`, and the comparison for flash attention): three kernels,
 
     scores = Q K^T (attn_qk), P = masked softmax(scores) in place (soft_max: scale, softcap,
-    ALiBi), out = P V (attn_pv)
+    ALiBi, attention sinks), out = P V (attn_pv)
 
 with the same shapes and semantics as FlashAttn (vkrt/ops/attn_shapes.py, flash_attn.py). The
 scores buffer holds n_kv x n_q x n_head x batch f32.
@@ -26,16 +26,17 @@ TILE = 16  # queries x keys (attn_qk) or queries x dims (attn_pv) per workgroup
 
 class Attention(Owned):
     """QK^T, masked softmax and PV over fixed tensors. record(seq) adds the three dispatches.
+    sinks: F32, one attention sink a query head (gpt-oss), or None.
     The scores live in `scores` (an F32 tensor of at least n_kv*n_q*n_head*batch elements, e.g.
     shared by every layer of a model) or, without it, in a buffer this object owns."""
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, scores: Tensor | None = None,
-                 label: str = "attention"):
+                 sinks: Tensor | None = None, label: str = "attention"):
         super().__init__(label)
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
-        self.mask, self.scale, self.softcap, self.max_bias = mask, scale, softcap, max_bias
+        self.mask, self.scale, self.softcap, self.max_bias, self.sinks = mask, scale, softcap, max_bias, sinks
         ne = (s.n_kv, s.n_q, s.n_head, s.batch)
         self._owns_scores = scores is None
         if scores is None:
@@ -74,7 +75,7 @@ class Attention(Owned):
         seq.dispatch(self._qk, [self._q, self._k, self._s], push=self._qk_push,
                      groups=(-(-s.n_q // TILE), -(-s.n_kv // TILE), heads), label=f"{self.label} QK^T")
         soft_max(seq, self.scores, self.scores, self.mask, scale=self.scale, softcap=self.softcap,
-                 max_bias=self.max_bias)
+                 max_bias=self.max_bias, sinks=self.sinks)
         seq.dispatch(self._pv, [self._s, self._v, self._out], push=self._pv_push,
                      groups=(-(-s.n_q // TILE), -(-s.hsv // TILE), heads), label=f"{self.label} PV")
 

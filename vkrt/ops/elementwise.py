@@ -1,6 +1,6 @@
 """Elementwise kernels on contiguous f32 tensors: fill, add/mul (b broadcast by repetition),
-scale, the (gated) SiLU/GELU/sigmoid activations (whose g may be a strided view) and the
-output gate x * act(gate)."""
+scale, the (gated) SiLU/GELU/sigmoid activations and gpt-oss's swiglu_oai (whose g may be a
+strided view) and the output gate x * act(gate)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ GLU_PUSH = PushConstants(("n", "u32"), ("g_off", "u32"), ("u_off", "u32"), ("d_o
 GLU_STRIDED_PUSH = PushConstants(*GLU_PUSH.fields, ("ne0", "u32"), ("ne1", "u32"), ("ne2", "u32"),
                                  ("g_s1", "u32"), ("g_s2", "u32"), ("g_s3", "u32"))
 _OPS = {"add": 0, "mul": 1, "scale": 2}
-_ACTS = {"silu": 0, "gelu": 1, "sigmoid": 2}
+_ACTS = {"silu": 0, "gelu": 1, "sigmoid": 2, "swiglu_oai": 3}
 
 
 def fill(seq, dst, n: int, value: int) -> None:
@@ -69,11 +69,14 @@ def scale(seq, a: Tensor, factor: float, out: Tensor) -> None:
 
 
 def activation(seq, act: str, g: Tensor, out: Tensor, up: Tensor | None = None) -> None:
-    """Record out = act(g) * up (or act(g) without `up`); act is 'silu', 'gelu' or 'sigmoid'.
+    """Record out = act(g) * up (or act(g) without `up`); act is 'silu', 'gelu' or 'sigmoid', or
+    'swiglu_oai' (gpt-oss: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(up, -7, 7) + 1)).
     out and up are contiguous (out may be up itself); g is contiguous, or any F32 view of out's
     shape with a contiguous dim 0."""
     if act not in _ACTS:
         raise VkrtError(f"activation {act!r} is not supported (supported: {', '.join(_ACTS)})")
+    if act == "swiglu_oai" and up is None:
+        raise VkrtError("activation swiglu_oai is gated: it needs `up`")
     n = g.nelements
     if out.nelements != n or (up is not None and up.nelements != n):
         raise OutOfRange(f"{act}: element counts differ: g {n}, out {out.nelements}"

@@ -1,6 +1,7 @@
 """Flash attention (DESIGN §4): scalar fp32 kernel, mask_opt pre-pass, split-K merged by the last split.
 
     out = softmax(S) V,  S = softcap * tanh(scale * Q K^T / softcap) + slope_h * mask
+    (with attention sinks, one value s_h a query head: out = exp(S) V / (sum exp(S) + exp(s_h)))
 
 (without softcap S = scale * Q K^T + slope_h * mask; slope_h = 1 without ALiBi, else ALiBi's
 slope for head h from max_bias, as ggml). Shapes and layouts: vkrt/ops/attn_shapes.py. Rows
@@ -23,6 +24,7 @@ from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor
+from .rows import f32_binding
 
 MASK_OPT_ENV = "VKRT_FA_MASK_OPT"
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
@@ -30,7 +32,8 @@ MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
 _U32 = ("N", "KV", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3", "k_off", "k_nb1", "k_nb2", "k_nb3",
         "v_off", "v_nb1", "v_nb2", "v_nb3", "m_off", "m_nb1", "m_nb2", "m_nb3", "nem2", "nem3", "o_off", "flags",
         "n_split")
-FA_PUSH = PushConstants(*((n, "u32") for n in _U32), ("scale", "f32"), ("softcap", "f32"), ("max_bias", "f32"))
+FA_PUSH = PushConstants(*((n, "u32") for n in _U32), ("scale", "f32"), ("softcap", "f32"), ("max_bias", "f32"),
+                        ("s_off", "u32"))
 MASK_OPT_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "m_off", "m_nb1", "m_nb2", "m_nb3", "nem2")))
 
 
@@ -134,14 +137,16 @@ class FlashAttn(Owned):
     the shape allows it (grouped heads, one mask plane, no ALiBi). kv_used: a 1-element I32
     tensor holding how many leading KV cells are live (written each step; the cells past it must
     be masked): later KV tiles are skipped, with the same result, and the splits share the live
-    tiles. tuning: another architecture's table entry (tests). K and V offsets and strides must
-    be multiples of 4 elements (the kernel reads 4 at a time).
+    tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
+    architecture's table entry (tests). K and V offsets and strides must be multiples of 4
+    elements (the kernel reads 4 at a time).
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
-                 tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None):
+                 tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
+                 sinks: Tensor | None = None):
         super().__init__(label)
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
@@ -161,7 +166,7 @@ class FlashAttn(Owned):
         # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
         self.mask_opt_blocks = None
         try:
-            self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used)
+            self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
         except BaseException:
             self.close()
             raise
@@ -220,7 +225,7 @@ class FlashAttn(Owned):
                           self.device.profile.max_workgroup_count[2] // s.batch, s.n_q <= self.tuning.fa_pack_max_q)
 
     # -- pipelines and scratch -----------------------------------------------------------------
-    def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used) -> None:
+    def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks) -> None:
         dev, s, tile = self.device, self.shape, self.tile
         self._q, q_off = bind_tensor(q, dev)
         self._k, k_off = bind_tensor(k, dev)
@@ -242,7 +247,13 @@ class FlashAttn(Owned):
         defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                        RG=tile.row_groups, K_F16=int(k.type == F16), V_F16=int(v.type == F16),
                        HAS_MASK=int(mask is not None), UNROLL=int(self.tuning.fa_unroll))
-        defines.update(GQA_PACK=self.pack, KV_USED=int(kv_used is not None))
+        defines.update(GQA_PACK=self.pack, KV_USED=int(kv_used is not None), SINKS=int(sinks is not None))
+        self._sinks, push["s_off"] = None, 0
+        if sinks is not None:
+            if sinks.nelements != s.n_head or not sinks.is_contiguous():
+                raise UnsupportedShape(f"{self.label}: sinks must be {s.n_head} contiguous F32 values (one a query "
+                                       f"head), got {sinks!r}")
+            self._sinks, push["s_off"], _ = f32_binding(sinks, f"{self.label} sinks")
         self._kv_used = None
         if kv_used is not None:
             self._kv_used, used_off = bind_tensor(kv_used, dev)
@@ -299,6 +310,8 @@ class FlashAttn(Owned):
             buffers += [self._mask, self.mask_opt_blocks if self.mask_opt else self._mask]  # unread when off
         if self._kv_used is not None:
             buffers.append(self._kv_used)
+        if self._sinks is not None:
+            buffers.append(self._sinks)
         seq.dispatch(self._attn, buffers, push=self._attn_push,
                      groups=(self.n_row_tiles, s.n_head // self.pack, s.batch * self.n_split), label=self.label)
 

@@ -25,7 +25,7 @@ MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32
                            ("y_slot", "u32"))
 
 
-GLU_ACTS = {"silu": 0, "gelu": 1}
+GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
 
 
 # types whose mat-vec units load 16 bytes at once where blocks are 16-byte aligned (QWIDE_OK)
@@ -72,15 +72,17 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
-                   moe_sum: int | None = None, shared: bool = False, layers: int = 1, segments: bool = False) -> MatVec:
+                   moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
+                   segments: bool = False) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
-    ('silu' or 'gelu') its input is act(x) * u; with `gate_up` (an activation) its output is
+    (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
     act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
     with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
-    output with `shared`), as moe_combine does; `segments`: the rows of up to three matrices (see
-    matmul_segments), `m` their sum. Rows a group are halved (down to one) while the
-    grid has fewer than tuning.mv_fill_groups workgroups."""
+    output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
+    rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
+    matmul_segments), `m` their sum. Rows a group are halved (down to one) while the grid has
+    fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
     if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
@@ -126,6 +128,9 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(MOE_SUM=1, NU=moe_sum, **({"SHARED": 1} if shared else {}),
                        **({"SLOT_UNROLL": 1} if tuning.mv_sum_unroll else {}))
         push = PushConstants(*push.fields, ("wt_off", "u32"), ("sh_off", "u32"), ("sg_off", "u32"))
+    if bias:
+        defines["BIAS"] = 1
+        push = PushConstants(*push.fields, ("b_off", "u32"), *((("b2_off", "u32"),) if gate_up else ()))
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows * (wg // lanes))
 

@@ -1,5 +1,6 @@
-"""Mixture-of-experts glue: routing (softmax, top-k, optional renormalisation) and the weighted
-combination of the experts' outputs (with qwen2moe's gated shared expert)."""
+"""Mixture-of-experts glue: routing (softmax, top-k, optional renormalisation, or gpt-oss's
+softmax of the chosen experts' logits) and the weighted combination of the experts' outputs
+(with qwen2moe's gated shared expert)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .binding import bind_tensor
 from .rows import f32_binding, row_groups
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
-                            ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("norm", "u32"))
+                            ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"))
 COMBINE_PUSH = PushConstants(("n_embd", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("y_off", "u32"),
                              ("w_off", "u32"), ("s_off", "u32"), ("g_off", "u32"), ("o_off", "u32"),
                              ("has_shared", "u32"))
@@ -48,9 +49,11 @@ def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None, one_s
 
 
 def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool, *,
-              subgroups: bool | None = None, one_subgroup: bool | None = None) -> None:
-    """Record routing: logits F32 [n_expert, n_tokens] -> ids I32 and weights F32 [n_used, n_tokens]
-    (`subgroups`, `one_subgroup`: see moe_route_kernel)."""
+              chosen_softmax: bool = False, subgroups: bool | None = None, one_subgroup: bool | None = None) -> None:
+    """Record routing: logits F32 [n_expert, n_tokens] -> ids I32 and weights F32 [n_used, n_tokens]:
+    the softmax probabilities of the n_used best experts, renormalised over them with `normalize`;
+    with `chosen_softmax` the softmax of their logits alone (llama.cpp's SOFTMAX_WEIGHT gating,
+    gpt-oss; the same values up to rounding). `subgroups`, `one_subgroup`: see moe_route_kernel."""
     n_expert, n_tokens = logits.ne[0], logits.ne[1]
     if not 0 < n_used <= min(MAX_USED, n_expert):
         raise OutOfRange(f"moe_route: {n_used} experts per token; supported 1..{min(MAX_USED, n_expert)}")
@@ -66,7 +69,8 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     wr, wo, _ = f32_binding(weights, "moe_route weights")
     k = moe_route_kernel(seq.device, n_expert, subgroups, one_subgroup)
     seq.dispatch(k, [lr, ir, wr], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
-                                            l_col=ls[0], ids_off=io // 4, w_off=wo, norm=int(normalize)),
+                                            l_col=ls[0], ids_off=io // 4, w_off=wo,
+                                            mode=2 if chosen_softmax else int(normalize)),
                  groups=row_groups(n_tokens, seq.device), label="moe_route")
 
 

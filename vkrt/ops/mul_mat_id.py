@@ -4,6 +4,7 @@ W is a stack of expert matrices (K, M, n_expert); every token t routes to n_used
 tuning.mv_max_n tokens, one mat-vec workgroup column per (token, slot) pair. More tokens first
 build a route table (a counting pass: per expert, the pairs that chose it), then run the tiled
 GEMM over (row tiles, token tiles, experts), where tiles past an expert's count exit at once.
+A per-expert bias (gpt-oss) is added in the mat-vec's store, or by add_id after the GEMM.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from ..errors import UnsupportedShape
 from ..memory import F32, I32, MemoryKind, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
+from .add_id import add_id
 from .matmul import gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok, wide_ok
 from .quant import bind_words, check_layout, chunks, kernel_type
 
@@ -61,12 +63,15 @@ def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor | None):
 
 def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteTable | None = None, *,
                tuning=None, max_binding: int | None = None, up: Tensor | None = None, act: str = "silu",
-               up_weight: Tensor | None = None) -> None:
+               up_weight: Tensor | None = None, bias: Tensor | None = None, up_bias: Tensor | None = None) -> None:
     """Record the expert matmul. w: (K, M, n_expert) of a supported type; x: F32 (K, 1 or n_used,
     n_tokens); ids: I32 (n_used, n_tokens) expert indices, distinct per token; y: F32 (M, n_used,
     n_tokens). More than tuning.mv_max_n tokens need `routes` (RouteTable(device, n_expert, >=
     n_tokens)). An expert stack larger than one binding runs in expert ranges. With `up_weight`
-    (an up stack laid out like w; mat-vec sizes only), y = act(w·x) * (up_weight·x) in one pass."""
+    (an up stack laid out like w; mat-vec sizes only), y = act(w·x) * (up_weight·x) in one pass.
+    `bias` F32 (M, n_expert): y[:, i, t] += bias[:, ids[i, t]] (ggml's add_id; the ids must be the
+    experts' own, not staging slots); with up_weight, `up_bias` is up_weight's, both added before
+    the activation."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
@@ -87,25 +92,38 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         ur, common["u_off"] = glu_operand(up, x, act, device)
         extra = [ur]
     xvec4 = vec4_ok(x, xo, x_slot, x_tok) and common.get("u_off", 0) % 4 == 0
+    biases = [b for b in (bias, up_bias) if b is not None]
+    if (up_bias is not None) != (up_weight is not None and bias is not None):
+        raise UnsupportedShape("mul_mat_id: up_bias goes with up_weight and a bias")
+    for b in biases:
+        if b.type != F32 or not b.is_contiguous() or b.ne[:3] != (m, n_expert, 1) or b.offset % 4:
+            raise UnsupportedShape(f"mul_mat_id: a bias must be contiguous F32 ({m}, {n_expert}), got {b!r}")
+    bound = [bind_words(b, device) for b in biases]
+    extra += [r for r, _ in bound]
+    if bias is not None:
+        common["b_off"] = bound[0][1] // 4
+        if up_bias is not None:
+            common["b2_off"] = bound[1][1] // 4
     if up_weight is not None:
         pair = gate_up_pair(w, up_weight, device, act) if up is None and n_tokens <= tune.mv_max_n else None
         if pair is None:
             raise UnsupportedShape(f"mul_mat_id: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{tune.mv_max_n} tokens, same type and layout, one binding for both)")
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4, mul_mat_id=True,
-                            gate_up=act,
+                            gate_up=act, bias=bias is not None,
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1], w.nb[2]))
         push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
                 "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
-        seq.dispatch(mv.kernel, [pair[0], xr, yr, ir], push=push, groups=(*mv.groups(m, device), n_tokens * n_used))
+        seq.dispatch(mv.kernel, [pair[0], xr, yr, ir, *extra], push=push,
+                     groups=(*mv.groups(m, device), n_tokens * n_used))
         return
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
-        bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), device, max_binding)) for e0, e1 in pieces]
+        pieces_bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), device, max_binding)) for e0, e1 in pieces]
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4,
-                            mul_mat_id=True, glu=act if up is not None else None,
-                            wide=wide_ok(typ, w.nb[1], w.nb[2], *(b[3] for b in bound)))
-        for e0, e1, wr, wo in bound:
+                            mul_mat_id=True, glu=act if up is not None else None, bias=bias is not None,
+                            wide=wide_ok(typ, w.nb[1], w.nb[2], *(b[3] for b in pieces_bound)))
+        for e0, e1, wr, wo in pieces_bound:
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
             seq.dispatch(mv.kernel, [wr, xr, yr, ir, *extra], push=push,
                          groups=(*mv.groups(m, device), n_tokens * n_used))
@@ -121,9 +139,12 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     kern = gemm_kernel(device, typ, tune, xvec4=xvec4, mul_mat_id=True)
     for e0, e1 in pieces:
         wr, wo = bind_words(w.slice(2, e0, e1), device, max_binding)
-        push = {**common, "M": m, "N": n_tokens, "w_off": wo, "e0": e0, "n_expert": n_expert}
+        gemm = {n: v for n, v in common.items() if n not in ("b_off", "b2_off")}   # add_id adds the bias after
+        push = {**gemm, "M": m, "N": n_tokens, "w_off": wo, "e0": e0, "n_expert": n_expert}
         seq.dispatch(kern, [wr, xr, yr, routes.whole()], push=push,
                      groups=(-(-m // tune.mm_bm), -(-n_tokens // tune.mm_bn), e1 - e0))
+    if bias is not None:
+        add_id(seq, y, bias, ids, y)
 
 
 def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out: Tensor,

@@ -15,6 +15,7 @@ NORM_ROPE_PUSH = PushConstants(
     *((n, "u32") for n in ("head_dim", "n_dims", "n_head", "n_tokens", "x_off", "x_s1", "x_s2", "w_off", "y_off",
                            "y_head", "y_tok", "pos_off", "ff_off", "use_ff", "neox", "rows_off")),
     ("eps", "f32"), ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"),
+    ("ext_factor", "f32"), ("corr_low", "f32"), ("corr_high", "f32"),
     ("pos_stride", "u32"), ("interleaved", "u32"), ("sections", "uvec4"))
 
 
@@ -23,7 +24,7 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     """Record rope(rms_norm(x) * weight) for x F32 [head_dim, n_head, n_tokens] (weight None: no
     norm; x may be a strided view, e.g. the query half of a [query, gate] projection). rows None:
     out is laid out like x (F32); else out is a cache F32/F16 [head_dim, n_cells, n_head] and
-    token t goes to cell rows[t] (I32). rope_args as rope(), sections included."""
+    token t goes to cell rows[t] (I32). rope_args as rope(), sections and YaRN included."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     (pr, fr), push = rope_operands(x, positions, op="norm_rope", **rope_args)
     xr, xo, xs = f32_binding(x, "norm_rope x")

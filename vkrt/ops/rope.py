@@ -1,7 +1,12 @@
 """Rotary position embedding (llama.cpp's NORMAL, NEOX and the multi-section MROPE / IMROPE
-modes) with positions read from a tensor, so a recorded sequence can be replayed at new positions."""
+modes, with YaRN scaling as ggml_rope_ext) with positions read from a tensor, so a recorded
+sequence can be replayed at new positions."""
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
 
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
@@ -14,14 +19,31 @@ ROPE_PUSH = PushConstants(
     ("x_off", "u32"), ("x_s1", "u32"), ("x_s2", "u32"), ("y_off", "u32"), ("y_s1", "u32"), ("y_s2", "u32"),
     ("pos_off", "u32"), ("ff_off", "u32"), ("use_ff", "u32"), ("neox", "u32"),
     ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"),
+    ("ext_factor", "f32"), ("corr_low", "f32"), ("corr_high", "f32"),
     ("pos_stride", "u32"), ("interleaved", "u32"), ("sections", "uvec4"))
 
 POSITION_STREAMS = 4  # t, h, w, e: the position streams of sectioned rope
 
 
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """YaRN's correction dims (ggml_rope_yarn_corr_dims, in float32 as ggml): the pairs whose
+    wavelength turns beta_fast and beta_slow times over n_ctx_orig positions, floored and ceiled
+    into [0, n_dims - 1]."""
+    f32 = np.float32
+
+    def corr_dim(n_rot: float) -> float:
+        ratio = f32(f32(n_ctx_orig) / f32(f32(n_rot) * f32(2) * f32(math.pi)))
+        return float(f32(f32(n_dims) * f32(np.log(ratio))) / f32(f32(2) * f32(np.log(f32(freq_base)))))
+
+    start, end = math.floor(corr_dim(beta_fast)), math.ceil(corr_dim(beta_slow))
+    return float(max(0, start)), float(min(n_dims - 1, end))
+
+
 def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float, freq_scale: float = 1.0,
                   neox: bool | None = None, freq_factors: Tensor | None = None, attn_factor: float = 1.0,
                   sections: tuple[int, int, int, int] | None = None, interleaved: bool = False,
+                  ext_factor: float = 0.0, n_ctx_orig: int = 0, beta_fast: float = 32.0, beta_slow: float = 1.0,
                   op: str = "rope") -> tuple[list, dict]:
     """Checks x [head_dim, n_head, n_tokens] and the rotation's arguments; returns the bindings of
     positions and frequency factors and the push fields they share with norm_rope.
@@ -30,7 +52,9 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     sections=(t, h, w, e) pair counts selects multi-section rope as ggml's rope_multi: NEOX pairs
     (neox None or True), positions I32 [4 * n_tokens] holding the streams t, h, w, e one after
     the other, and pair i rotated by the stream its sector i % sum(sections) picks: consecutive
-    ranges (MROPE, Qwen2-VL) or, with interleaved, sector % 3 within 3 * sections (IMROPE)."""
+    ranges (MROPE, Qwen2-VL) or, with interleaved, sector % 3 within 3 * sections (IMROPE).
+    ext_factor != 0 turns on YaRN (ggml_rope_ext's ext_factor, n_ctx_orig, beta_fast, beta_slow;
+    attn_factor scales cos and sin as there)."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     if x.ne[3] != 1:
         raise OutOfRange(f"{op}: x must be 3-D [head_dim, n_head, n_tokens], got {list(x.ne)}")
@@ -57,10 +81,17 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
         fr, fo, _ = f32_binding(freq_factors, f"{op} freq_factors")
     else:
         fr, fo = pr, 0
+    corr = (0.0, 0.0)
+    if ext_factor:
+        if n_ctx_orig <= 0:
+            raise OutOfRange(f"{op}: YaRN (ext_factor {ext_factor}) needs the original context length, "
+                             f"got {n_ctx_orig}")
+        corr = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     push = dict(head_dim=head_dim, n_dims=n_dims, n_head=n_head, n_tokens=n_tokens, pos_off=po // 4, ff_off=fo,
                 use_ff=int(freq_factors is not None), neox=int(bool(neox)),
                 theta_scale=float(freq_base) ** (-2.0 / n_dims), freq_scale=float(freq_scale),
-                attn_factor=float(attn_factor), pos_stride=n_tokens, interleaved=int(bool(interleaved)),
+                attn_factor=float(attn_factor), ext_factor=float(ext_factor), corr_low=corr[0], corr_high=corr[1],
+                pos_stride=n_tokens, interleaved=int(bool(interleaved)),
                 sections=sections or (0, 0, 0, 0))
     return [pr, fr], push
 
@@ -73,7 +104,7 @@ def rope_defines(push: dict) -> dict:
 def rope(seq, x: Tensor, positions: Tensor, out: Tensor, **rope_args) -> None:
     """Record out = rope(x) for x [head_dim, n_head, n_tokens] F32 and positions I32 [n_tokens]
     (with sections [4 * n_tokens]); rope_args: n_dims, freq_base, freq_scale, neox, freq_factors,
-    attn_factor, sections, interleaved (see rope_operands)."""
+    attn_factor, sections, interleaved, ext_factor, n_ctx_orig, beta_fast, beta_slow (see rope_operands)."""
     same_shape(x, out, "rope")
     (pr, fr), push = rope_operands(x, positions, **rope_args)
     xr, xo, xs = f32_binding(x, "rope x")
