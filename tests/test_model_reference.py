@@ -44,10 +44,8 @@ def model_path(name: str, tiny_dir) -> str:
 
 
 # not yet recorded from llama.cpp (scripts/record_llama_reference.py --tiny records every TINY model
-# where the peer runs); until then test_mixtral.py, test_iq_model.py and test_gpt_oss.py check them
-# against float64 numpy forward passes or F32 twins
-UNRECORDED = {"tiny-mixtral", "tiny-iq4xs", "tiny-iq3xxs", "tiny-iq2xs", "tiny-tq", "tiny-iq-moe", "tiny-mxfp4-moe",
-              "tiny-gpt-oss"}
+# where the peer runs)
+UNRECORDED: set[str] = set()
 MODELS = [SMOLLM2] + [f"{n}.gguf" for n in TINY if n not in UNRECORDED]
 
 
