@@ -32,9 +32,11 @@ from vkrt.memory import Buffer, Tensor, ggml_type
 from vkrt.ops.matmul import matmul
 from vkrt.ops.mul_mat_id import RouteTable, mul_mat_id
 
-# byte offsets of the fp16 scales in a block: random bytes elsewhere are valid data
+# byte offsets of the fp16 scales in a block: random bytes elsewhere are valid data (types not
+# listed keep random scale bits: the time does not depend on the values)
 SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
-          "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+          "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+          **{n: (0,) for n in ("IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S")}}
 
 
 def random_weight(dev, name: str, k: int, m: int, e: int, rng) -> Tensor:
@@ -46,7 +48,7 @@ def random_weight(dev, name: str, k: int, m: int, e: int, rng) -> Tensor:
         return w
     nblk = k // t.block_size
     raw = rng.integers(0, 256, (rows, nblk, t.type_size), dtype=np.uint8)
-    for off in SCALES[name]:
+    for off in SCALES.get(name, ()):
         d = (rng.uniform(-1e-3, 1e-3, (rows, nblk, 1))).astype(np.float16).view(np.uint8)
         raw[:, :, off:off + 2] = d
     write_tensor(w, raw.reshape(e, m, nblk * t.type_size) if e > 1 else raw.reshape(m, nblk * t.type_size))

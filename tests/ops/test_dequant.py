@@ -81,8 +81,8 @@ def test_bit_exact(device, name):
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_tables_shared_or_constant(device, monkeypatch, shared):
-    """The IQ grids and signs read from the constant arrays (GPUs) or from shared copies
-    (lavapipe's tuning): the same bits either way. IQ3_XXS, the smallest grid: lavapipe builds
+    """The IQ grids and signs read from the constant arrays (GCN) or from shared copies (NVIDIA,
+    lavapipe): the same bits either way. IQ3_XXS, the smallest grid: lavapipe builds
     the constant path slowly (IQ2_XXS 18 s, IQ1_M's 2048 entries 450 s)."""
     name = "IQ3_XXS"
     monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, quant_tables_shared=shared))

@@ -87,7 +87,14 @@ class Tuning:
     # weights are 16-byte aligned, instead of four word loads
     mv_wide: bool = True
     # the IQ quants' lookup grids (up to 8 KiB) read from shared-memory copies each workgroup
-    # fills first, instead of from the constant arrays (shaders/quant/iq_common.glsl)
+    # fills first, instead of from the constant arrays (shaders/quant/iq_common.glsl). On where a
+    # compiler handles a dynamically indexed constant array badly: NVIDIA (H200, 4096x14336
+    # mat-vec, constant arrays vs shared copies: IQ2_XXS 343 -> 230 us, IQ2_S 1730 -> 144, IQ1_S
+    # 1133 -> 148, IQ1_M 782 -> 148, IQ3_S 235 -> 288; an 8B-shaped IQ2_XXS decode 20.3 -> 116.9
+    # t/s; bench/matmul.py, bench/peer.py) and lavapipe (LLVM lowers each read to a search: an
+    # IQ2_XXS mat-vec took 20 s to build, 1 s from shared copies). Off on GCN: ACO reads constant
+    # arrays from memory, and the 8 KiB copies left IQ1/IQ2_S expert mat-vecs at 2 waves a SIMD
+    # (112-128 VGPRs) instead of 4 (bench/gcn_shader_stats.py)
     quant_tables_shared: bool = False
     # (type name, rows) where a weight type's mat-vec takes fewer rows a group than mv_rows (its
     # per-row state costs registers: GCN keeps 4 waves a SIMD)
@@ -209,6 +216,7 @@ TABLE: dict[Arch, Tuning] = {
     # shapes): 128 lanes a row halve the time of 512-4096-row matrices against 64 (2048x4096
     # Q4_0 22 -> 11 us); mul_mat_id at 32 lanes (Qwen3-30B-A3B down 14.8 -> 9.3 us)
     Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, fa_fill_per_cu=4, float_bits=True,
+                        quant_tables_shared=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
@@ -225,8 +233,6 @@ TABLE: dict[Arch, Tuning] = {
                           transpose_rows=2,
                           # mat-vec: a CPU's few threads need no more workgroups
                           mv_fill_groups=1,
-                          # LLVM lowers each dynamically indexed read of a constant array to a
-                          # search: an IQ2_XXS mat-vec took 20 s to build, 1 s from shared copies
                           quant_tables_shared=True,
                           # short convolution, C = 8192: T = 2048 146 ms at 32 tokens, 176 at 16;
                           # T = 512 39 ms at 32, 47 at 16, 45 at 64
