@@ -48,6 +48,7 @@ class ArchSpec:
     attn_out_bias: bool = False      # attn_output.bias
     attn_sinks: bool = False         # attn_sinks.weight: one softmax sink a query head (gpt-oss)
     qk_norm: bool = False            # attn_{q,k}_norm per head before RoPE
+    qk_norm_full: bool = False       # attn_{q,k}_norm over each token's whole q and k vectors (olmoe)
     attn_gate: bool = False          # attn_q also yields a per-head output gate: o *= sigmoid(gate)
     post_norms: bool = False         # post_attention_norm / post_ffw_norm on each block's output (gemma3)
     ffn_norm: str = "ffn_norm"       # the norm before the FFN (qwen35: post_attention_norm)
@@ -56,12 +57,19 @@ class ArchSpec:
     # softmax routing, the chosen weights renormalised, as llama.cpp's llama graph)
     moe_optional: bool = False
     shared_expert: str = "no"        # "no", "optional" (by expert_shared_feed_forward_length), "always"
+    shared_gate: bool = True         # the shared expert's output times sigmoid(ffn_gate_inp_shexp·x)
+    ff_is_expert_ff: bool = False    # the experts' FFN size is feed_forward_length (unless the file
+                                     # has expert_feed_forward_length), as llama.cpp reads it
     expert_weights_norm: bool = False   # default of {arch}.expert_weights_norm
     chosen_softmax: bool = False     # experts weighted by the softmax of the chosen logits (gpt-oss)
     router_bias: bool = False        # ffn_gate_inp.bias
     expert_bias: bool = False        # ffn_{gate,up,down}_exps.bias: a bias per expert
     activation: str = "silu"         # the gated FFNs' (dense and experts): silu, gelu or swiglu_oai
     embd_scale_sqrt: bool = False    # x = token_embd[ids] * sqrt(n_embd) (gemma3)
+    # granite's multipliers: {arch}.embedding_scale (x = token_embd[ids] * it), residual_scale (each
+    # block's output times it before the residual add), attention.scale (replaces 1/sqrt(d)), all
+    # optional, and logit_scale (logits divided by it; required)
+    granite_scales: bool = False
     swa_pattern: int = 0             # with a sliding window: every Nth layer attends globally (gemma3: 6)
     swa_required: bool = False       # {arch}.attention.sliding_window must be in the file
     rope_base_swa: float = 0.0       # sliding layers' RoPE base unless the file says (0: rope.freq_base)
@@ -70,7 +78,7 @@ class ArchSpec:
 
 
 ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
-    ArchSpec("llama", rope=ROPE_NORMAL, moe_optional=True),
+    ArchSpec("llama", rope=ROPE_NORMAL, moe_optional=True, ff_is_expert_ff=True),
     ArchSpec("qwen2", attn_bias=True),
     ArchSpec("qwen3", qk_norm=True),
     ArchSpec("gemma3", qk_norm=True, post_norms=True, activation="gelu", embd_scale_sqrt=True, swa_pattern=6,
@@ -86,6 +94,13 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
     ArchSpec("gpt-oss", attn_bias=True, biases_required=True, attn_out_bias=True, attn_sinks=True,
              ffn_norm="post_attention_norm", moe=True, chosen_softmax=True, router_bias=True, expert_bias=True,
              activation="swiglu_oai", swa_pattern=2, swa_required=True),
+    # OLMoE: q/k norms over the whole projections, softmax routing without renormalisation
+    ArchSpec("olmoe", qk_norm_full=True, moe=True, ff_is_expert_ff=True),
+    # IBM Granite 3.x: llama's graph with the multipliers; an optional attention output bias
+    ArchSpec("granite", rope=ROPE_NORMAL, attn_out_bias=True, granite_scales=True),
+    # ... and its MoE: renormalised softmax routing, an ungated shared expert where the file sizes one
+    ArchSpec("granitemoe", rope=ROPE_NORMAL, attn_out_bias=True, granite_scales=True, moe=True,
+             expert_weights_norm=True, ff_is_expert_ff=True, shared_expert="optional", shared_gate=False),
 )}
 
 

@@ -2,13 +2,16 @@
 gate and gpt-oss's attention sinks where the architecture has them.
 
     q (| gate), k, v = attn_q·cur (+ bias), attn_k·cur (+ bias), attn_v·cur (+ bias)
-    q, k = rms_norm per head * attn_{q,k}_norm        (qwen3, gemma3, qwen35)
+    q, k = rms_norm per head * attn_{q,k}_norm        (qwen3, gemma3, qwen35; olmoe: over each
+                                                       token's whole q and k)
     q, k = rope(q), rope(k)                           (qwen35: multi-section, a quarter of the head;
                                                        gpt-oss: YaRN)
     cache_k[cells], cache_v[cells] = k, v
     a = attention(q, cache_k[:n_kv], cache_v[:n_kv], mask)   (* sigmoid(gate) for qwen35; gpt-oss:
-                                                       attn_sinks in each head's softmax)
-    o = attn_output·a (+ attn_output.bias)            (post_attention_norm for gemma3)
+                                                       attn_sinks in each head's softmax; granite:
+                                                       attention.scale for 1/sqrt(d))
+    o = attn_output·a (+ attn_output.bias)            (post_attention_norm for gemma3; granite:
+                                                       times residual_scale)
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     for t, name in projections:
         if cfg.attn_bias and p + name + ".bias" in w:
             add(seq, t, w[p + name + ".bias"], t)
+    if cfg.qk_norm_full:
+        tf.norm(seq, q, q, p + "attn_q_norm.weight")
+        tf.norm(seq, k, k, p + "attn_k_norm.weight")
     if cfg.attn_gate:   # per head: D query values, then D gate values
         q3 = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H))
         gate = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H), offset=4 * D)
@@ -90,9 +96,9 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
         gate_mul(seq, out, gate, out, act="sigmoid")
     o = s.cols("o", T)
     matmul(seq, w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
-    if cfg.attn_out_bias:
+    if cfg.attn_out_bias and p + "attn_output.bias" in w:
         add(seq, o, w[p + "attn_output.bias"], o)
     if cfg.post_norms:
         tf.norm(seq, o, o, p + "post_attention_norm.weight")
-    s.pending = o
+    tf.block_output(seq, s, o)
     return op

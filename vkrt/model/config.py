@@ -49,8 +49,13 @@ class ModelConfig:
     router_bias: bool = False
     expert_bias: bool = False
     chosen_softmax: bool = False
-    # gemma3
+    qk_norm_full: bool = False     # olmoe: q/k norms over each token's whole q and k
+    # gemma3 (sqrt(n_embd)), granite ({arch}.embedding_scale)
     embd_scale: float = 1.0
+    # granite: each block's output times residual_scale before the residual add (0: none); the
+    # logits divided by logit_scale
+    residual_scale: float = 0.0
+    logit_scale: float = 1.0
     sliding_window: int = 0        # 0: every layer attends to everything
     rope_base_swa: float = 0.0
     rope_scale_swa: float = 0.0    # 0: rope_scale
@@ -61,6 +66,7 @@ class ModelConfig:
     n_expert_used: int = 0
     n_ff_expert: int = 0
     n_ff_shared: int = 0
+    shared_gate: bool = True       # the shared expert's output times sigmoid(ffn_gate_inp_shexp·x)
     expert_weights_norm: bool = False
     # qwen35: gated attention, multi-section RoPE, Gated DeltaNet layers
     attn_gate: bool = False
@@ -158,6 +164,7 @@ class ModelConfig:
         kw: dict = dict(spec=spec, attn_gate=spec.attn_gate, post_norms=spec.post_norms, activation=spec.activation,
                         attn_out_bias=spec.attn_out_bias, attn_sinks=spec.attn_sinks, router_bias=spec.router_bias,
                         expert_bias=spec.expert_bias, chosen_softmax=spec.chosen_softmax,
+                        qk_norm_full=spec.qk_norm_full, shared_gate=spec.shared_gate,
                         **_rope_scaling(meta, arch, path, get, n_ctx_train))
         window = 0
         if spec.swa_pattern:
@@ -166,11 +173,14 @@ class ModelConfig:
                       rope_base_swa=float(get("rope.freq_base_swa", spec.rope_base_swa or rope_base, required=False)))
         if spec.embd_scale_sqrt:
             kw.update(embd_scale=math.sqrt(n_embd))
+        attn_scale = 1.0 / math.sqrt(head_k)
+        if spec.granite_scales:
+            attn_scale = _granite_scales(meta, arch, path, get, kw) or attn_scale
         n_ff_shared = 0
         if spec.moe:
             n_ff_shared = int(get("expert_shared_feed_forward_length", 0, required=spec.shared_expert == "always") or 0)
             kw.update(n_expert=int(get("expert_count")), n_expert_used=int(get("expert_used_count")),
-                      n_ff_expert=int(get("expert_feed_forward_length", None, required=not spec.moe_optional)
+                      n_ff_expert=int(get("expert_feed_forward_length", None, required=not spec.ff_is_expert_ff)
                                       or get("feed_forward_length")), n_ff_shared=n_ff_shared,
                       expert_weights_norm=bool(meta.get(f"{arch}.expert_weights_norm", spec.expert_weights_norm)))
         recurrent = None
@@ -186,11 +196,25 @@ class ModelConfig:
             n_ctx_train=n_ctx_train, norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6, required=False)),
             rope_mode=spec.rope, rope_dims=int(get("rope.dimension_count", head_k, required=False)),
             rope_base=rope_base,
-            attn_bias=spec.attn_bias, qk_norm=spec.qk_norm, attn_scale=1.0 / math.sqrt(head_k), vocab_size=vocab,
+            attn_bias=spec.attn_bias, qk_norm=spec.qk_norm, attn_scale=attn_scale, vocab_size=vocab,
             layers=layers, n_layer_nextn=n_nextn, **kw)
 
 
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
+def _granite_scales(meta: dict, arch: str, path: str, get, kw: dict) -> float:
+    """granite's multipliers as llama.cpp reads them (0 or absent: not applied; logit_scale
+    required) into kw; returns attention.scale (0: 1/sqrt(d)). A file that turns RoPE off
+    (rope.scaling.finetuned false) is refused."""
+    if meta.get(f"{arch}.rope.scaling.finetuned", True) is False:
+        raise ConfigMissing(f"{path}: {arch}.rope.scaling.finetuned=false (attention without RoPE) is not supported")
+    embd = float(get("embedding_scale", 0.0, required=False))
+    kw.update(residual_scale=float(get("residual_scale", 0.0, required=False)),
+              logit_scale=float(get("logit_scale")), **({"embd_scale": embd} if embd else {}))
+    if kw["logit_scale"] == 0:
+        raise ConfigMissing(f"{path}: {arch}.logit_scale is 0 (the logits are divided by it)")
+    return float(get("attention.scale", 0.0, required=False))
 
 
 def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> dict:

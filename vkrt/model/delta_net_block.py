@@ -39,4 +39,4 @@ def record_delta_net(tf, seq, s, state, il, T, n_seqs):
              gate=z.view((D, Hv, T)))
     o = s.cols("o", T)
     matmul(seq, w[p + "ssm_out.weight"], normed, o)
-    s.pending = o
+    tf.block_output(seq, s, o)

@@ -64,6 +64,11 @@ class SyntheticSpec:
     ssm_k_heads: int = 2
     ssm_v_heads: int = 4
     rope_sections: tuple = (2, 1, 1, 0)
+    # granite's multipliers (written for granite / granitemoe; 0: left out, as the converter does)
+    embedding_scale: float = 0.0
+    residual_scale: float = 0.0
+    attention_scale: float = 0.0
+    logit_scale: float = 1.0
     tokenizer_pre: str = "gpt-2"
     chat_template: str | None = None
     extra: dict = field(default_factory=dict)
@@ -267,7 +272,7 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
 
 _CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-_TIED_OUTPUT = ("gemma3", "qwen2")   # these synthetic models tie the output matrix to token_embd
+_TIED_OUTPUT = ("gemma3", "qwen2", "granite", "granitemoe")   # these synthetic models tie the output matrix to token_embd
 
 
 def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
@@ -286,18 +291,23 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
     if s.n_expert:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
-        if aspec.moe_optional:   # Mixtral-style files (as converted) keep the experts' size here only
+        if aspec.ff_is_expert_ff:   # Mixtral-style, OLMoE, Granite MoE files keep the experts' size here only
             w.add_feed_forward_length(s.n_ff_expert)
         else:
             w.add_expert_feed_forward_length(s.n_ff_expert)
         if s.n_ff_shared:
             w.add_expert_shared_feed_forward_length(s.n_ff_shared)
-        if s.arch == "qwen2moe" or s.n_ff and not aspec.moe_optional:
+        if s.arch == "qwen2moe" or s.n_ff and not aspec.ff_is_expert_ff:
             w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
     else:
         w.add_feed_forward_length(s.n_ff)
     if s.sliding_window:
         w.add_sliding_window(s.sliding_window)
+    if aspec.granite_scales:
+        for key, value in (("embedding_scale", s.embedding_scale), ("residual_scale", s.residual_scale),
+                           ("attention.scale", s.attention_scale), ("logit_scale", s.logit_scale)):
+            if value:
+                w.add_float32(f"{s.arch}.{key}", value)
     if s.rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
         w.add_rope_scaling_factor(s.rope_scaling_factor)

@@ -62,16 +62,20 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
         t("attn_k.weight", (E, KV * Dk), MATRIX)
         t("attn_v.weight", (E, KV * Dv), MATRIX)
         t("attn_output.weight", (H * Dv, E), MATRIX)
+        biases_required = cfg.spec is None or cfg.spec.biases_required
         if cfg.attn_bias:
             for name, n in (("q", H * Dk), ("k", KV * Dk), ("v", KV * Dv)):
                 t(f"attn_{name}.bias", (n,), BIAS, required=cfg.spec is not None and cfg.spec.biases_required)
         if cfg.attn_out_bias:
-            t("attn_output.bias", (E,), BIAS)
+            t("attn_output.bias", (E,), BIAS, required=biases_required)
         if cfg.attn_sinks:
             t("attn_sinks.weight", (H,), SINKS)
         if cfg.qk_norm:
             t("attn_q_norm.weight", (Dk,), NORM)
             t("attn_k_norm.weight", (Dk,), NORM)
+        if cfg.qk_norm_full:
+            t("attn_q_norm.weight", (H * Dk,), NORM)
+            t("attn_k_norm.weight", (KV * Dk,), NORM)
     if cfg.post_norms:
         t("post_attention_norm.weight", (E,), NORM)
         t("post_ffw_norm.weight", (E,), NORM)
@@ -93,7 +97,8 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
             t("ffn_up_exps.bias", (fe, n_e), EXPERT_BIAS)
             t("ffn_down_exps.bias", (E, n_e), EXPERT_BIAS)
         if layer.ffn == MOE_SHARED:
-            t("ffn_gate_inp_shexp.weight", (E,), ROUTER)
+            if cfg.shared_gate:
+                t("ffn_gate_inp_shexp.weight", (E,), ROUTER)
             t("ffn_gate_shexp.weight", (E, cfg.n_ff_shared), MATRIX)
             t("ffn_up_shexp.weight", (E, cfg.n_ff_shared), MATRIX)
             t("ffn_down_shexp.weight", (cfg.n_ff_shared, E), MATRIX)
@@ -144,6 +149,9 @@ def check_tensors(cfg: ModelConfig, tensors: dict, path: str) -> None:
             wrong.append(f"{spec.name} has shape {list(info.ne)}, expected {list(spec.ne)}")
         elif info is not None and spec.role in F32_ROLES and info.type.name != "F32":
             wrong.append(f"{spec.name} is {info.type.name}, expected F32")
+    ffn_biases = sorted(n for n in tensors if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.bias", n))
+    if ffn_biases:
+        wrong.append(f"dense FFN biases ({ffn_biases[0]}, ...) are not supported")
     if "ffn_gate_up_exps" in " ".join(n for n in tensors if n.startswith("blk.0.")):
         wrong.append("fused gate+up expert stacks (ffn_gate_up_exps) are not supported; use a file with "
                      "separate ffn_gate_exps / ffn_up_exps")

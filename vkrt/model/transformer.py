@@ -2,7 +2,7 @@
 sequence for one batch shape. Weights are looked up by their GGUF names; what each layer is
 comes from the config's LayerSpecs (arch.py).
 
-    x = token_embd[ids] (* sqrt(n_embd) for gemma3)
+    x = token_embd[ids] (* sqrt(n_embd) for gemma3, * embedding_scale for granite)
     per layer il ("blk.{il}."):
         cur = rms_norm(x) * attn_norm           (x += the previous block's output, fused in)
         o = attention(cur)       full / sliding: attention_block.py; linear: delta_net_block.py
@@ -13,11 +13,14 @@ comes from the config's LayerSpecs (arch.py).
                                                  the router and each expert, swiglu_oai)
     x = x + f (fused into the next norm);  logits = output·(rms_norm(x) * output_norm)
                                                          (output = token_embd when tied)
+    granite: o and f times residual_scale before they join x; logits divided by logit_scale
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import GGUFError
 from ..memory import Tensor
@@ -153,8 +156,17 @@ class Transformer:
         for c in range(first, last, rows):   # slices of the logits buffer's width
             n = min(rows, last - c)
             matmul(seq, self.output, s.cols(src, n, c), s.cols("logits", n))
+            if self.cfg.logit_scale != 1.0:   # as ggml_scale by the float32 reciprocal
+                inv = float(np.float32(1.0) / np.float32(self.cfg.logit_scale))
+                scale(seq, s.cols("logits", n), inv, s.cols("logits", n))
             if opts.read_logits is not None:
                 opts.read_logits(seq, n, c - first)
+
+    def block_output(self, seq, s, o):
+        """o joins the residual stream at the next norm (granite: times residual_scale first)."""
+        if self.cfg.residual_scale:
+            scale(seq, o, self.cfg.residual_scale, o)
+        s.pending = o
 
     def norm(self, seq, src, dst, name):
         rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
@@ -213,7 +225,7 @@ class Transformer:
                         g, u, h, o, cfg.activation)
         if cfg.post_norms:
             self.norm(seq, o, o, p + "post_ffw_norm.weight")
-        s.pending = o
+        self.block_output(seq, s, o)
 
     @staticmethod
     def _experts(seq, s, w, x, sid, y, bias, ids):
@@ -227,8 +239,8 @@ class Transformer:
 
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
              staged: StagedExperts | None = None):
-        """Routed experts (+ the sigmoid-gated shared expert of qwen2moe / qwen35moe; gpt-oss's
-        router and expert biases); `experts` overrides where the layer's expert tensors are read
+        """Routed experts (+ the shared expert: sigmoid-gated in qwen2moe / qwen35moe, added as it
+        is in granitemoe; gpt-oss's router and expert biases); `experts` overrides where the layer's expert tensors are read
         from (e.g. a prefetch slot); with `staged`, the chosen experts are first copied into those
         slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
@@ -278,14 +290,19 @@ class Transformer:
             shared = s.cols("o", T)
             self._gated_ffn(seq, T, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
                             w[p + "ffn_down_shexp.weight"], cur, sg, su, sh, shared, "silu")
-            gate_logit = s.cols("sgate", T)
-            inp = w[p + "ffn_gate_inp_shexp.weight"]
-            matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)
+            if cfg.shared_gate:
+                gate_logit = s.cols("sgate", T)
+                inp = w[p + "ffn_gate_inp_shexp.weight"]
+                matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)
             o = cur  # the FFN input is no longer needed: the combined output goes there
-        if down_in is not None and summed and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit):
-            s.pending = o
-            return
-        if down_in is not None:
-            self._experts(seq, s, dw, down_in, di, de, bd, ids)
-        moe_combine(seq, de, weights, o, shared, gate_logit)
-        s.pending = o
+        ungated = None
+        if shared is not None and gate_logit is None:   # added after the routed experts' sum
+            shared, ungated = None, shared
+        if not (down_in is not None and summed
+                and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit)):
+            if down_in is not None:
+                self._experts(seq, s, dw, down_in, di, de, bd, ids)
+            moe_combine(seq, de, weights, o, shared, gate_logit)
+        if ungated is not None:
+            add(seq, o, ungated, o)
+        self.block_output(seq, s, o)
