@@ -35,13 +35,14 @@ TINY = {
     # n_embd needs), 8 experts, 2 chosen without renormalisation
     "tiny-olmoe": SyntheticSpec(arch="olmoe", n_head_kv=4, n_ff=0, n_expert=8, n_expert_used=2, n_ff_expert=32,
                                 tokenizer_pre="olmo", seed=30),
-    # Granite 3.x: the multipliers in the real files' ranges (attention 1/head_dim), tied output
-    "tiny-granite": SyntheticSpec(arch="granite", embedding_scale=12.0, residual_scale=0.22, attention_scale=0.0625,
+    # Granite 3.x, tied output; multipliers that each move these random weights' logits by more
+    # than 0.1 (the real files' 12 / 0.22 / 1/head_dim barely move them through tiny blocks)
+    "tiny-granite": SyntheticSpec(arch="granite", embedding_scale=3.0, residual_scale=0.4, attention_scale=1.0,
                                   logit_scale=8.0, tokenizer_pre="refact", seed=31),
     # Granite MoE with the shared expert of GraniteMoeShared (added to the routed experts' sum)
     "tiny-granitemoe": SyntheticSpec(arch="granitemoe", n_ff=0, n_expert=4, n_expert_used=2, n_ff_expert=32,
-                                     n_ff_shared=64, embedding_scale=12.0, residual_scale=0.22,
-                                     attention_scale=0.0625, logit_scale=6.0, tokenizer_pre="refact", seed=32),
+                                     n_ff_shared=64, embedding_scale=3.0, residual_scale=0.4,
+                                     attention_scale=1.0, logit_scale=6.0, tokenizer_pre="refact", seed=32),
     # Qwen3.5: DeltaNet layers (16-dim heads, 2 q/k and 4 v heads, conv 4) between gated full
     # attention (32-dim heads, a quarter rotated by IMROPE with sections 2/1/1/0)
     **{name: SyntheticSpec(arch=arch, n_layer=4, head_dim=32, rope_dims=8, full_attention_interval=interval,

@@ -42,42 +42,45 @@ def commands_saved(device, tmp_path, monkeypatch, name, variable="VKRT_FUSE_ADD_
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
-                                  "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss"])
+                                  "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss", "tiny-olmoe",
+                                  "tiny-granite", "tiny-granitemoe"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
+    """granite: each block's output scaled (residual_scale) before either path adds it."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name)
     assert saved == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
-                                  "tiny-gpt-oss"])
+                                  "tiny-gpt-oss", "tiny-olmoe", "tiny-granite"])
 def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
-    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN); gemma3 and
-    gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's gate follows
-    its query) under IMROPE."""
+    """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN; granite);
+    gemma3 and gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's
+    gate follows its query) under IMROPE; olmoe's whole-vector q/k norms run before, apart."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_NORM_ROPE")
-    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss") else 3
+    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2), ("tiny-qwen35moe", 2),
-                                            ("tiny-qwen35", 0)])
+                                            ("tiny-qwen35", 0), ("tiny-olmoe", 0), ("tiny-granitemoe", 2)])
 def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
     """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
-    shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe") else 1   # a shared expert is a second gated FFN
+    shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1   # a shared expert is a second gated FFN
     assert saved == 2 * cfg.n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
-                                            ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen35", 0)])
+                                            ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen35", 0),
+                                            ("tiny-granite", 0), ("tiny-granitemoe", 0)])
 def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
     """Dense (silu, gemma3's gelu), expert and shared-expert gate/up pairs in VRAM (the loader
     puts each pair in one allocation); experts staged from host stay apart and still agree."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_GATE_UP", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
-    ffns = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe") else 1   # a shared expert is a second gated FFN
+    ffns = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1   # a shared expert: a second
     fewer = 2 * 2 * (cfg.n_layer * ffns - n_cpu_moe)   # both graphs are mat-vec sized
     if n_cpu_moe:   # host experts fuse only where a prefetch slot holds gate and up together
         assert fewer <= saved <= fewer + 2 * 2 * n_cpu_moe and saved % 4 == 0
@@ -86,17 +89,20 @@ def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_c
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
-                                            ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2)])
+                                            ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
+                                            ("tiny-granitemoe", 0), ("tiny-granitemoe", 2)])
 def test_summed_expert_down_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
     """The experts' down projection summing the slots (and the gated shared expert) in its epilogue
-    against mul_mat_id then moe_combine: experts in VRAM and staged from host."""
+    against mul_mat_id then moe_combine: experts in VRAM and staged from host (granitemoe's
+    ungated shared expert is added after either)."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_MOE_SUM", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     moe_layers = sum(1 for layer in cfg.layers if layer.ffn != "dense")
     assert saved == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen35moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen35moe",
+                                  "tiny-olmoe", "tiny-granite"])
 def test_fused_projections_are_bit_identical(device, tmp_path, monkeypatch, name):
     """q, k and v in one mat-vec dispatch (qwen2: with their biases added after; gemma3: sliding
     layers; qwen35moe: DeltaNet's qkv and gate, and its alpha and beta, in one each)."""

@@ -38,14 +38,15 @@ TIGHT = 1e-4     # normalised error per position, F32 KV cache
 F16_KV = 1e-2    # the default F16 KV cache
 
 
-def attention(cfg, w, il, h, q, k, v):
-    """Causal GQA attention of q [T, H, D], k and v [T, KV, D], through attn_output."""
-    T, H, KV, D = q.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim_k
+def attention(cfg, w, il, q, k, v, kq_scale):
+    """Causal GQA attention of q [T, H, D], k and v [T, KV, D] (scores q k^T * kq_scale), through
+    attn_output."""
+    T, H, KV, D = q.shape[0], cfg.n_head, cfg.n_head_kv, cfg.head_dim_v
     causal = np.tril(np.ones((T, T), bool))
     att = np.zeros((T, H, D))
     for hd in range(H):
         kv = hd // (H // KV)
-        att[:, hd] = softmax(np.where(causal, q[:, hd] @ k[:, kv].T / np.sqrt(D), -np.inf)) @ v[:, kv]
+        att[:, hd] = softmax(np.where(causal, q[:, hd] @ k[:, kv].T * kq_scale, -np.inf)) @ v[:, kv]
     return att.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
 
 
@@ -69,7 +70,7 @@ def forward(path: str, tokens: list[int], *, per_head_norm=False, renormalise=Fa
         q = rope_neox(q.reshape(T, H, D), D, cfg.rope_base)
         k = rope_neox(k.reshape(T, KV, D), D, cfg.rope_base)
         v = (h @ w[p + "attn_v.weight"].T).reshape(T, KV, D)
-        x = x + attention(cfg, w, il, h, q, k, v)
+        x = x + attention(cfg, w, il, q, k, v, 1 / np.sqrt(D))
         x = x + moe_ffn(cfg, w, il, rms_norm(x, w[p + "ffn_norm.weight"], eps))
     return rms_norm(x, w["output_norm.weight"], eps) @ w["output.weight"].T
 
