@@ -68,7 +68,8 @@ def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_m
     """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
-    shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1   # a shared expert is a second gated FFN
+    # a shared expert is a second gated FFN
+    shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1
     assert saved == 2 * cfg.n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
 
 

@@ -128,7 +128,7 @@ def rewrite(src: str, out, arch: str, drop_tensor: str = "", drop_key: str = "")
     return str(out)
 
 
-@pytest.mark.parametrize("missing", ["blk.1.attn_k_norm.weight", "blk.0.ffn_up_exps.weight"])
+@pytest.mark.parametrize("missing", ["blk.1.attn_k_norm.weight", "blk.0.ffn_up_exps.weight", "output.weight"])
 def test_missing_tensors_are_named(device, olmoe, tmp_path, missing):
     path = rewrite(olmoe[0], tmp_path / "missing.gguf", "olmoe", drop_tensor=missing)
     with pytest.raises(GGUFError, match=missing.replace(".", r"\.")):

@@ -74,6 +74,7 @@ class ArchSpec:
     swa_required: bool = False       # {arch}.attention.sliding_window must be in the file
     rope_base_swa: float = 0.0       # sliding layers' RoPE base unless the file says (0: rope.freq_base)
     rope_scale_swa: float = 0.0      # sliding layers' RoPE freq_scale (0: the file's, as full layers)
+    output_required: bool = False    # output.weight must be in the file (llama.cpp: no fallback to token_embd)
     hybrid_linear: bool = False      # Gated DeltaNet layers between full attention ones (qwen35)
 
 
@@ -95,7 +96,7 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
              ffn_norm="post_attention_norm", moe=True, chosen_softmax=True, router_bias=True, expert_bias=True,
              activation="swiglu_oai", swa_pattern=2, swa_required=True),
     # OLMoE: q/k norms over the whole projections, softmax routing without renormalisation
-    ArchSpec("olmoe", qk_norm_full=True, moe=True, ff_is_expert_ff=True),
+    ArchSpec("olmoe", qk_norm_full=True, moe=True, ff_is_expert_ff=True, output_required=True),
     # IBM Granite 3.x: llama's graph with the multipliers; an optional attention output bias
     ArchSpec("granite", rope=ROPE_NORMAL, attn_out_bias=True, granite_scales=True),
     # ... and its MoE: renormalised softmax routing, an ungated shared expert where the file sizes one

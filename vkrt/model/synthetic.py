@@ -272,7 +272,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
 
 _CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-_TIED_OUTPUT = ("gemma3", "qwen2", "granite", "granitemoe")   # these synthetic models tie the output matrix to token_embd
+# these synthetic models tie the output matrix to token_embd (granite: as Granite 3.x)
+_TIED_OUTPUT = ("gemma3", "qwen2", "granite", "granitemoe")
 
 
 def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:

@@ -107,14 +107,15 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
 
 def model_tensors(cfg: ModelConfig, *, tied_output: bool = False) -> list[TensorSpec]:
     """Every tensor of the model (MTP blocks past the trunk excluded), in file order; the output
-    matrix is optional (llama.cpp falls back to token_embd)."""
+    matrix is optional (llama.cpp falls back to token_embd) unless the architecture requires it."""
     E, V = cfg.n_embd, cfg.vocab_size
     out = [TensorSpec("token_embd.weight", (E, V), EMBED)]
     for il in range(cfg.n_layer):
         out += layer_tensors(cfg, il)
     out.append(TensorSpec("output_norm.weight", (E,), NORM))
     if not tied_output:
-        out.append(TensorSpec("output.weight", (E, V), EMBED, required=False))
+        out.append(TensorSpec("output.weight", (E, V), EMBED,
+                              required=cfg.spec is not None and cfg.spec.output_required))
     return out
 
 

@@ -240,9 +240,9 @@ class Transformer:
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
              staged: StagedExperts | None = None):
         """Routed experts (+ the shared expert: sigmoid-gated in qwen2moe / qwen35moe, added as it
-        is in granitemoe; gpt-oss's router and expert biases); `experts` overrides where the layer's expert tensors are read
-        from (e.g. a prefetch slot); with `staged`, the chosen experts are first copied into those
-        slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
+        is in granitemoe; gpt-oss's router and expert biases); `experts` overrides where the
+        layer's expert tensors are read from (e.g. a prefetch slot); with `staged`, the chosen
+        experts are first copied into those slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.activation
         cur = s.cols("cur", T)
