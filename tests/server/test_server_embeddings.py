@@ -7,17 +7,22 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import json
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
 import openai
 import pytest
+from click.testing import CliRunner
 from models import TINY
 
+from vkrt.cli.main import cli
 from vkrt.engine.engine import Engine
 from vkrt.model.loader import Model
 from vkrt.model.synthetic import write_model
+from vkrt.server.embeddings import check_enabled
 from vkrt.server.infill import FimTokens, infill_tokens
+from vkrt.server.validation import ApiError
 
 from .conftest import SERVER_ARGS
 from .serverproc import API_KEY, serving
@@ -229,3 +234,12 @@ def test_infill_needs_fim_tokens(server):
     assert status == 501
     assert out["error"]["message"].startswith("Infill is not supported by this model: prefix token is missing. "
                                               "suffix token is missing. middle token is missing.")
+
+
+def test_rank_pooling_is_refused():
+    result = CliRunner().invoke(cli, ["serve", "-m", "model.gguf", "--pooling", "rank"])
+    assert result.exit_code == 2 and "classification head" in result.output
+    state = SimpleNamespace(config=SimpleNamespace(embeddings=True), pooling="rank")   # a reranker's GGUF default
+    with pytest.raises(ApiError, match="classification head") as exc:
+        check_enabled(state, oai=False)
+    assert exc.value.status == 501
