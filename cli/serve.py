@@ -57,15 +57,24 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
                    "many decode steps' (both measured as the server runs), so a long prompt arriving raises the "
                    "other streams' inter-token latency about this much at most (a step always reads some prompt: "
                    "up to the next multiple of 64 tokens). 0: no limit, whole micro-batches (-ub) of prompt.")
+@click.option("--embeddings", "--embedding", "embeddings", is_flag=True,
+              help="Answer /v1/embeddings and /embedding (the final hidden states after the output norm, pooled by "
+                   "--pooling and L2-normalised; without this flag they answer 501, as llama-server's).")
+@click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last", "rank"]), default=None,
+              help="How an input's token states become its embedding (default: the file's {arch}.pooling_type, "
+                   "else none as llama.cpp: /v1/embeddings then refuses, /embedding returns every token's).")
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
-          timeout, max_itl_ratio, **model_kw):
+          timeout, max_itl_ratio, embeddings, pooling, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
     from vkrt.server.backend import load_backend
     from vkrt.server.state import ServerConfig
 
+    if pooling == "rank":
+        raise click.BadParameter("rank pooling needs a reranker's classification head, which vkrt does not run",
+                                 param_hint="--pooling")
     if model_kw["n_ctx"] // n_parallel < 8:
         raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
     model_kw["model"] = model_kw["model"] or default_model()
@@ -75,7 +84,7 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
                           model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints,
                           allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout,
-                          max_itl_ratio=max_itl_ratio)
+                          max_itl_ratio=max_itl_ratio, embeddings=embeddings, pooling=pooling)
 
     def load():
         path = model_kw["model"]

@@ -116,7 +116,7 @@ class Engine(Owned):
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
-        self._tokens = self._argmax_part = self._top = self._adjust = None
+        self._tokens = self._argmax_part = self._top = self._adjust = self._hidden = None
         self._top_scratch = ()
         self.state: RecurrentState | None = None
         try:
@@ -173,15 +173,17 @@ class Engine(Owned):
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
                chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-               out_rows: int = 0) -> _Graph:
+               out_rows: int = 0, hidden: bool = False) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
         step reads back the CANDIDATES best logits of its last token instead of the row; adjust:
         after applying the logit adjustment table the host wrote (top steps only). out_rows > 0:
-        the logits of the tokens the out_ids input names, instead of the last or all."""
+        the logits of the tokens the out_ids input names, instead of the last or all. hidden:
+        every token's normed final state is read back instead of any logits (hidden_states)."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
-        key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ())
+        key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ()) \
+            + (("hidden",) if hidden else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -213,6 +215,9 @@ class Engine(Owned):
                                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
                                          name="candidates"))
         opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read, out_rows=out_rows)
+        if hidden:
+            opts.read_logits = None
+            opts.read_hidden = lambda seq, cur: seq.copy(cur.range(), self._hidden.range(0, cur.nbytes), cur.nbytes)
         cfg = self.model.cfg
         use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
         use_staging = not use_prefetch and n_tokens <= self.device.tuning.mv_max_n
@@ -312,6 +317,31 @@ class Engine(Owned):
                     outs.append(out)
         return np.concatenate(outs) if all_logits else outs[-1][-1]
 
+    def hidden_states(self, tokens, seq_id: int = 0) -> np.ndarray:
+        """Append `tokens` to sequence `seq_id`; returns every token's final hidden state after
+        the output norm, [n, n_embd] (what llama.cpp returns as a decoder model's embeddings:
+        the input of the output matrix, which these steps do not run)."""
+        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if tokens.size == 0:
+            raise VkrtError("hidden_states needs at least one token")
+        self._check_tokens(tokens)
+        n_embd = self.model.cfg.n_embd
+        if self._hidden is None:
+            self._hidden = Buffer(self.device, 4 * n_embd * self.n_ubatch, MemoryKind.READBACK, label="hidden states")
+        start = self.cache.cells.length(seq_id)
+        rows = []
+        for u0 in range(0, tokens.size, self.n_ubatch):
+            t0 = time.perf_counter()
+            ub = tokens[u0:u0 + self.n_ubatch]
+            pad, (ids, seqs, pos) = self._padded(ub, np.full(ub.size, seq_id, np.int32),
+                                                 np.arange(ub.size, dtype=np.int32) + start + u0)
+            g, slots = self._prepare(ids, seqs, pos, False, hidden=True)
+            self._run(g)
+            self._advance(slots, ub.size)
+            rows.append(self._hidden.read(np.float32, 4 * n_embd * ids.size).reshape(ids.size, n_embd)[pad:])
+            self._count(ub.size, time.perf_counter() - t0)
+        return np.concatenate(rows)
+
     def decode(self, batch: list[tuple[int, int]]) -> np.ndarray:
         """One step for several sequences at once (continuous batching): batch holds
         (seq_id, token) pairs; returns each token's next-token logits, [len(batch), vocab]."""
@@ -387,7 +417,7 @@ class Engine(Owned):
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
                  chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-                 out: np.ndarray | None = None):
+                 out: np.ndarray | None = None, hidden: bool = False):
         """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
         find its graph; returns (graph, the sequence of each group of tokens). out: the tokens
         whose logits the step computes (default: the last, or all with all_logits)."""
@@ -430,7 +460,8 @@ class Engine(Owned):
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         if out is not None:
             host[lay["out_ids"]:lay["out_ids"] + 4 * out.size] = out.astype(np.int32).view(np.uint8)
-        return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size), slots
+        return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size,
+                           hidden), slots
 
     def kv_span(self, used: int) -> int:
         """The KV cells a step attends over when `used` are in use (one past the highest): with
@@ -639,6 +670,6 @@ class Engine(Owned):
             g.close()
         self._graphs.clear()
         for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
-                    self._top, self._adjust, *self._top_scratch, self.scratch, self.state, self.cache):
+                    self._top, self._adjust, self._hidden, *self._top_scratch, self.scratch, self.state, self.cache):
             if obj is not None:
                 obj.close()

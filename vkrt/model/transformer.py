@@ -14,6 +14,7 @@ comes from the config's LayerSpecs (arch.py).
     x = x + f (fused into the next norm);  logits = output·(rms_norm(x) * output_norm)
                                                          (output = token_embd when tied)
     granite: o and f times residual_scale before they join x; logits divided by logit_scale
+    or, for embeddings (RecordOptions.read_hidden), rms_norm(x) * output_norm of every token
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class RecordOptions:
     read_logits: object = None
     # > 0: logits of this many tokens, the ones the out_ids step input names (all_logits ignored)
     out_rows: int = 0
+    # read_hidden(seq, cur): record the copy of every token's normed final state (cur, [n_embd,
+    # n_tokens]: a decoder's embeddings) instead of computing logits; None: logits as above
+    read_hidden: object = None
 
 
 class Transformer:
@@ -145,6 +149,10 @@ class Transformer:
             scale(seq, x, self.cfg.embd_scale, x)
 
     def _output(self, seq, s, T, opts: RecordOptions):
+        if opts.read_hidden is not None:   # embeddings: no output matrix
+            self.add_norm(seq, s, T, "output_norm.weight")
+            opts.read_hidden(seq, s.cols("cur", T))
+            return
         if opts.out_rows:   # the chosen tokens' normed states, gathered into x (no longer needed)
             self.add_norm(seq, s, T, "output_norm.weight")
             src, first, last = "x", 0, opts.out_rows

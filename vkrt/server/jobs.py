@@ -65,20 +65,9 @@ class Failed:
     message: str
 
 
-@dataclass
-class Job:
-    """One request's generation. Created on the event loop; run by the scheduler thread."""
-
-    prompt: list[int]
-    max_tokens: int | None
-    params: SamplingParams
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    cache_prompt: bool = True
-    logprobs: int | None = None   # None: none; n: each token's log-probability and the n most likely
-    id: int = field(default_factory=lambda: next(_ids))
-    created: float = field(default_factory=time.time)
-    cancelled: bool = False
+class Events:
+    """The events the scheduler thread sends a job's asyncio handler (a dataclass base: its
+    __post_init__ binds the running loop)."""
 
     def __post_init__(self):
         self._loop = asyncio.get_running_loop()
@@ -93,3 +82,39 @@ class Job:
 
     async def next_event(self):
         return await self._events.get()
+
+
+@dataclass
+class Job(Events):
+    """One request's generation. Created on the event loop; run by the scheduler thread."""
+
+    prompt: list[int]
+    max_tokens: int | None
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cache_prompt: bool = True
+    logprobs: int | None = None   # None: none; n: each token's log-probability and the n most likely
+    id: int = field(default_factory=lambda: next(_ids))
+    created: float = field(default_factory=time.time)
+    cancelled: bool = False
+
+
+@dataclass
+class Embedded:
+    """An embedding job's result: per input, its pooled vector [1, n_embd] (or with pooling
+    none every token's, [n_tokens, n_embd])."""
+
+    vectors: list
+
+
+@dataclass
+class EmbeddingJob(Events):
+    """One embeddings request: its inputs' tokens, read one input a scheduler iteration on an
+    idle slot's sequence (cleared before and after each), then pooled."""
+
+    inputs: list[list[int]]
+    pooling: str
+    done: list = field(default_factory=list)   # the inputs' vectors so far
+    id: int = field(default_factory=lambda: next(_ids))
+    cancelled: bool = False

@@ -12,8 +12,9 @@ from dataclasses import asdict
 from aiohttp import web
 
 from ..engine.dry import breaker_sequences
-from . import sse
+from . import embeddings, sse
 from .formats import ChatFormat, CompletionFormat, LlamaFormat
+from .infill import infill_prompt
 from .jobs import Choice, Done, Failed, Job, Piece
 from .metrics import CONTENT_TYPE
 from .scheduler import SchedulerClosed
@@ -49,6 +50,10 @@ class Api:
             web.post("/v1/completions", comp), web.post("/completions", comp),
             web.post("/completion", self.completion),
             web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize),
+            web.get("/v1/models/{model_id:.+}", self.model), web.get("/models/{model_id:.+}", self.model),
+            web.post("/v1/embeddings", self.embeddings_oai),
+            web.post("/embedding", self.embedding), web.post("/embeddings", self.embedding),
+            web.post("/apply-template", self.apply_template), web.post("/infill", self.infill),
         ]
 
     # -- information -------------------------------------------------------------------------------
@@ -56,12 +61,22 @@ class Api:
         return web.json_response({"status": "ok"})
 
     async def models(self, request):
+        return web.json_response({"object": "list", "data": [self._model_object()]})
+
+    async def model(self, request):
+        """OpenAI's model retrieval: the served model by its id, else 404."""
+        name = request.match_info["model_id"]
+        if name != self.state.model_name:
+            raise ApiError(f"The model {name!r} does not exist: this server serves {self.state.model_name!r}",
+                           "model", status=404)
+        return web.json_response(self._model_object())
+
+    def _model_object(self) -> dict:
         s = self.state
         cfg = s.model.cfg
         meta = {"n_vocab": cfg.vocab_size, "n_ctx_train": cfg.n_ctx_train, "n_embd": cfg.n_embd,
                 "n_params": s.model.n_params, "size": s.model.size_bytes}
-        return web.json_response({"object": "list", "data": [
-            {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "vkrt", "meta": meta}]})
+        return {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "vkrt", "meta": meta}
 
     async def props(self, request):
         s = self.state
@@ -101,6 +116,23 @@ class Api:
         ids = get_token_ids(raw, "tokens", self.state.limits.vocab)
         return web.json_response({"content": self.state.tokenizer.decode(ids)})
 
+    async def apply_template(self, request):
+        """llama-server's /apply-template: the prompt /v1/chat/completions would render."""
+        req = parse_chat(await read_body(request, self.state.config.timeout), self.state.limits)
+        return web.json_response({"prompt": await asyncio.to_thread(self._chat_text, req)})
+
+    # -- embeddings --------------------------------------------------------------------------------
+    async def embeddings_oai(self, request):
+        return await self._embeddings(request, oai=True)
+
+    async def embedding(self, request):
+        return await self._embeddings(request, oai=False)
+
+    async def _embeddings(self, request, oai: bool):
+        embeddings.check_enabled(self.state, oai)
+        body = await read_body(request, self.state.config.timeout)
+        return web.json_response(await embeddings.embed(self.state, body, oai))
+
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
         req = parse_chat(await read_body(request, self.state.config.timeout), self.state.limits)
@@ -113,7 +145,16 @@ class Api:
         return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
 
     async def completion(self, request):
-        req = parse_completion(await read_body(request, self.state.config.timeout), LLAMA, self.state.limits)
+        return await self._completion(request, await read_body(request, self.state.config.timeout))
+
+    async def infill(self, request):
+        """llama-server's fill-in-the-middle: /completion of the prompt the FIM tokens frame."""
+        body = await read_body(request, self.state.config.timeout)
+        tokens = await asyncio.to_thread(infill_prompt, self.state, body)
+        return await self._completion(request, {**body, "prompt": tokens})
+
+    async def _completion(self, request, body: dict):
+        req = parse_completion(body, LLAMA, self.state.limits)
         prompt = await asyncio.to_thread(self._text_prompt, req)
         settings = {"n_ctx": self.state.n_ctx_slot, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
                     "stream": req.stream, "stop": req.stop, "ignore_eos": req.ignore_eos,
@@ -133,7 +174,7 @@ class Api:
             raise BadRequest(f"the prompt is {n} bytes; at most {s.max_token_bytes} bytes a token, it cannot fit a "
                              f"slot of {s.n_ctx_slot} tokens: shorten the prompt or raise -c", field)
 
-    def _chat_prompt(self, req: GenRequest) -> list[int]:
+    def _chat_text(self, req: GenRequest) -> str:
         s = self.state
         for m in req.messages:
             if isinstance(m.get("content"), str):
@@ -141,7 +182,11 @@ class Api:
         text = s.template.render(req.messages, add_generation_prompt=True, tools=req.tools,
                                  extra=req.template_kwargs)
         self._fits(text, "messages")
-        ids = s.tokenizer.encode(text, add_special=True)
+        return text
+
+    def _chat_prompt(self, req: GenRequest) -> list[int]:
+        s = self.state
+        ids = s.tokenizer.encode(self._chat_text(req), add_special=True)
         bos = s.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == ids[1] == bos and s.tokenizer.add_bos:  # the template wrote BOS itself
             ids = ids[1:]

@@ -8,6 +8,8 @@ While slots generate, a step takes only as much prompt as keeps it within max_it
 decode step's time, so a long prompt arriving slows the other streams by a bounded factor.
 Models with a recurrent state (which groups a step's tokens by sequence) read prompts in steps
 of their own, a micro-batch an iteration, before the decode step.
+An embeddings request takes an idle slot too (its cached prefix is dropped) and reads one input
+an iteration there, in steps of its own (no output matrix), before the generation step.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import time
 from typing import Callable
 
 from ..engine.engine import ADJUST_CAP, CANDIDATES, PAD_STEP
+from ..engine.pooling import pool
 from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
-from .jobs import Failed, Job
+from .jobs import Embedded, EmbeddingJob, Failed, Job
 from .metrics import Metrics
 from .slots import Slot
 
@@ -127,6 +130,7 @@ class Scheduler:
                 return False
             self._drop_cancelled()
             self._admit(engine)
+        self._embed(engine)
         if engine.recurrent:
             self._prefill(engine)
             self._decode(engine)
@@ -149,6 +153,9 @@ class Scheduler:
             if not idle:
                 return
             job = self._queue.popleft()
+            if isinstance(job, EmbeddingJob):   # _embed runs it on the slot's sequence
+                min(idle, key=lambda s: s.last_used).job = job
+                continue
             if job.cache_prompt:
                 slot = max(idle, key=lambda s: (s.reusable(job.prompt), -s.last_used))
             else:
@@ -161,6 +168,34 @@ class Scheduler:
             engine.reset(slot.id, keep)
             ckpts.plan(job.prompt, keep, self.tokenizer.token_types)
             self.metrics.prompt_tokens_cached += keep
+
+    def _embed(self, engine) -> None:
+        """The next input of each embedding job holding a slot: its hidden states on the slot's
+        sequence, read from an empty cache (and forgotten after), pooled; the job's result once
+        every input is done."""
+        for s in self.slots:
+            job = s.job
+            if not isinstance(job, EmbeddingJob):
+                continue
+            tokens = job.inputs[len(job.done)]
+            t0 = time.perf_counter()
+            try:
+                self._clear(engine, s)
+                job.done.append(pool(engine.hidden_states(tokens, seq_id=s.id), job.pooling))
+                self._clear(engine, s)
+            except Exception as exc:
+                self._fail(engine, [s], exc)
+                continue
+            self.metrics.add_prompt(len(tokens), time.perf_counter() - t0)
+            if len(job.done) == len(job.inputs):
+                job.emit(Embedded(job.done))
+                s.release()
+
+    def _clear(self, engine, slot: Slot) -> None:
+        """Forget what the slot's sequence holds."""
+        engine.reset(slot.id)
+        self.checkpoints[slot.id].drop(engine)
+        slot.cache = []
 
     def _prefill(self, engine) -> None:
         # while other slots generate, one micro-batch of prompt a step, so a long prompt delays

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..engine.pooling import default_pooling
 from ..engine.sampler import SamplingParams
 from .chat_template import ChatTemplate
 from .metrics import Metrics
@@ -31,6 +32,8 @@ class ServerConfig:
     # while slots generate, a step holds only the prompt tokens that keep it within this many decode
     # steps' time (0: whole micro-batches)
     max_itl_ratio: float = 2.0
+    embeddings: bool = False         # /v1/embeddings and /embedding answer (llama-server's --embeddings)
+    pooling: str | None = None       # none, mean, cls, last (None: the file's {arch}.pooling_type, else none)
 
 
 class ServerState:
@@ -51,6 +54,7 @@ class ServerState:
         self.template = ChatTemplate.from_tokenizer(backend.model.gguf.metadata, self.tokenizer)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
         self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size)
+        self.pooling = self.config.pooling or default_pooling(backend.model.gguf.metadata, backend.model.cfg.arch)
         # the most bytes of text one token stands for: a prompt of more bytes than this times the
         # slot cannot fit, whatever its tokens, so it is refused before tokenising
         self.max_token_bytes = max((len(t.encode("utf-8", "surrogatepass")) for t in self.tokenizer.tokens),
