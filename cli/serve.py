@@ -57,9 +57,16 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
                    "many decode steps' (both measured as the server runs), so a long prompt arriving raises the "
                    "other streams' inter-token latency about this much at most (a step always reads some prompt: "
                    "up to the next multiple of 64 tokens). 0: no limit, whole micro-batches (-ub) of prompt.")
+@click.option("--reasoning-format", type=click.Choice(["none", "deepseek", "auto"]), default="auto", show_default=True,
+              help="Chat replies' reasoning (<think>...</think>, gpt-oss's analysis channel): none leaves it in "
+                   "'content'; deepseek and auto put it in 'reasoning_content' (a request's 'reasoning_format' "
+                   "overrides).")
+@click.option("--reasoning-budget", type=click.IntRange(-1, 0), default=-1, show_default=True,
+              help="Thinking allowed: -1 unlimited, 0 none (the chat template gets enable_thinking=false unless a "
+                   "request's chat_template_kwargs says otherwise).")
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
-          timeout, max_itl_ratio, **model_kw):
+          timeout, max_itl_ratio, reasoning_format, reasoning_budget, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -75,7 +82,8 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
                           model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints,
                           allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout,
-                          max_itl_ratio=max_itl_ratio)
+                          max_itl_ratio=max_itl_ratio, reasoning_format=reasoning_format,
+                          reasoning_budget=reasoning_budget)
 
     def load():
         path = model_kw["model"]

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from ..engine.sampler import SamplingParams
+from .chat_output import TemplateSyntax
 from .chat_template import ChatTemplate
 from .metrics import Metrics
 from .schemas import Limits
@@ -31,6 +32,8 @@ class ServerConfig:
     # while slots generate, a step holds only the prompt tokens that keep it within this many decode
     # steps' time (0: whole micro-batches)
     max_itl_ratio: float = 2.0
+    reasoning_format: str = "auto"   # llama-server's --reasoning-format: none | deepseek | auto
+    reasoning_budget: int = -1       # -1: unlimited; 0: thinking off (the template's enable_thinking=false)
 
 
 class ServerState:
@@ -49,6 +52,9 @@ class ServerState:
         self.model, self.engine = backend.model, backend.engine
         self.tokenizer = backend.model.tokenizer
         self.template = ChatTemplate.from_tokenizer(backend.model.gguf.metadata, self.tokenizer)
+        self.syntax = TemplateSyntax.detect(self.template.source)
+        kept = set(self.syntax.kept_tokens())
+        self.kept_tokens = frozenset(i for i, t in enumerate(self.tokenizer.tokens) if t in kept)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
         self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size)
         # the most bytes of text one token stands for: a prompt of more bytes than this times the
