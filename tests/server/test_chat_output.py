@@ -153,10 +153,12 @@ def test_harmony_reasoning_and_call():
 
 
 def test_harmony_final_answer():
-    text = "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>Hello there!"
-    assert check_splits(spec(HARMONY), text) == {"reasoning": "Simple.", "content": "Hello there!", "calls": []}
+    text = ("<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>analysis<|message|>Yes."
+            "<|end|><|start|>assistant<|channel|>final<|message|>Hello there!")
+    assert check_splits(spec(HARMONY), text) == {"reasoning": "Simple.Yes.", "content": "Hello there!", "calls": []}
     raw = parse(spec(HARMONY, reasoning=NONE), text)
-    assert raw.reasoning == "" and raw.content == "<|channel|>analysis<|message|>Simple.<|end|>Hello there!"
+    assert raw.reasoning == "" and raw.content == ("<|channel|>analysis<|message|>Simple.<|end|><|channel|>analysis"
+                                                   "<|message|>Yes.<|end|>Hello there!")
 
 
 @pytest.mark.parametrize("source,fmt,thinks", [

@@ -29,9 +29,9 @@ def parse(text: str, partial: bool, raw_reasoning: bool = False) -> tuple[str, s
     if not text.lstrip().startswith((START, CHANNEL)) and not (partial and CHANNEL.startswith(text.lstrip())):
         return "", text, []   # no header: plain text
     while pos < len(text):
-        seg = pos
         if text.startswith(START, pos):
             pos += len(START)
+        seg = pos + len("assistant") if text.startswith("assistant<", pos) else pos   # raw analysis from here
         head_end = text.find(MESSAGE, pos)
         if head_end < 0:
             if not partial and text[pos:].strip():
