@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from .scripted import ScriptedServer
+from .test_harmony_template import HARMONY
 
 # Qwen3's template in short: tools in <tools>, calls in <tool_call> JSON, tool results in
 # <tool_response>, and <think> (an empty one when enable_thinking is false)
@@ -183,5 +184,26 @@ def test_reasoning_budget_zero_turns_thinking_off():
         client.chat.completions.create(model="m", messages=ASK, extra_body={"chat_template_kwargs": {
             "enable_thinking": True}})
         assert server.scheduler.prompts[-1].endswith("<|im_start|>assistant\n")
+    finally:
+        server.close()
+
+
+def test_gpt_oss_harmony_call_and_reasoning():
+    reply = ("<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant<|channel|>commentary "
+             'to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}')
+    server = ScriptedServer(HARMONY, lambda prompt: reply)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
+        whole = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS).choices[0]
+        assert whole.finish_reason == "tool_calls" and whole.message.reasoning_content == "Use the tool."
+        assert whole.message.content is None and whole.message.tool_calls[0].function.arguments == '{"city": "Oslo"}'
+        got, finish = reassemble(client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, stream=True))
+        assert finish == ["tool_calls"] and got["reasoning"] == "Use the tool." and got["content"] == ""
+        assert [(c["name"], c["arguments"]) for c in got["calls"].values()] == [("get_weather", '{"city": "Oslo"}')]
+        history = ASK + [whole.message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": whole.message.tool_calls[0].id, "content": "sunny"}]
+        client.chat.completions.create(model="m", messages=history, tools=TOOLS)
+        assert ('to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}<|call|>'
+                in server.scheduler.prompts[-1])
     finally:
         server.close()
