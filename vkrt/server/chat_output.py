@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from . import harmony, tool_calls
 from .reasoning import NONE, THINK_CLOSE, THINK_OPEN, split_think
-from .tool_calls import HERMES, LLAMA3, QWEN_XML, ToolCall
+from .tool_calls import HERMES, LLAMA3, QWEN_XML, JsonScanner, ToolCall
 
 HARMONY = "harmony"
 
@@ -62,7 +62,7 @@ class Message:
     calls: list[ToolCall] = field(default_factory=list)
 
 
-def parse(spec: OutputSpec, text: str, partial: bool = False) -> Message:
+def parse(spec: OutputSpec, text: str, partial: bool = False, scan: JsonScanner | None = None) -> Message:
     syntax = spec.syntax
     if syntax.tools == HARMONY:
         reasoning, content, calls = harmony.parse(text, partial, raw_reasoning=spec.reasoning_format == NONE)
@@ -74,7 +74,7 @@ def parse(spec: OutputSpec, text: str, partial: bool = False) -> Message:
             reasoning, content = split_think(text, spec.thinking_open, partial)
         calls = []
         if spec.parse_tools and syntax.tools is not None:
-            content, calls = tool_calls.parse(syntax.tools, content, partial, spec.tools)
+            content, calls = tool_calls.parse(syntax.tools, content, partial, spec.tools, scan)
     if not spec.parallel_tool_calls:
         calls = calls[:1]
     if partial or calls:   # blanks at the end are held back until more text follows (or dropped)
@@ -105,14 +105,15 @@ class MessageStream:
         self.text = ""
         self.sent = Message()
         self.ids: list[str] = []
+        self.scan = JsonScanner()
 
     def push(self, piece: str) -> list[dict]:
         self.text += piece
-        return self._deltas(parse(self.spec, self.text, partial=True))
+        return self._deltas(parse(self.spec, self.text, partial=True, scan=self.scan))
 
     def finish(self) -> tuple[list[dict], Message]:
         """The last deltas, and the whole message."""
-        msg = parse(self.spec, self.text)
+        msg = parse(self.spec, self.text, scan=self.scan)
         return self._deltas(msg), msg
 
     def _deltas(self, msg: Message) -> list[dict]:

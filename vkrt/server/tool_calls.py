@@ -39,50 +39,76 @@ def held_prefix(text: str, markers: tuple[str, ...]) -> int:
     return best
 
 
+_SCALAR = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?|true|false|null")
+_STRUCTURE = re.compile(r'["{}\[\]]')
+_IN_STRING = re.compile(r'["\\]')
+
+
+class JsonScanner:
+    """Finds where JSON values end in a text that only grows (a stream's), resuming each value's
+    scan where the last call left it, so a long value costs O(its length) over the whole stream."""
+
+    def __init__(self):
+        self._saved: dict[int, tuple[str, tuple]] = {}   # start -> (text scanned, (pos, depth, in_str, esc))
+
+    def end(self, s: str, i: int) -> int | None:
+        """Where the JSON value starting at s[i] (after blanks) ends, or None if s ends first."""
+        n = len(s)
+        while i < n and s[i] in " \t\r\n":
+            i += 1
+        if i == n:
+            return None
+        if s[i] not in "{[\"":
+            m = _SCALAR.match(s, i)
+            return m.end() if m and m.end() < n else None   # a number may go on
+        seen, state = self._saved.get(i, ("", (i, 0, False, False)))
+        pos, depth, in_str, esc = state if s.startswith(seen) else (i, 0, False, False)
+        while pos < n:
+            if in_str:
+                if esc:
+                    pos, esc = pos + 1, False
+                    continue
+                m = _IN_STRING.search(s, pos)
+                if m is None:
+                    pos = n
+                elif m.group() == "\\":
+                    pos, esc = m.end(), True
+                else:
+                    pos, in_str = m.end(), False
+                    if depth == 0:
+                        return pos
+            else:
+                m = _STRUCTURE.search(s, pos)
+                if m is None:
+                    pos = n
+                    break
+                c, pos = m.group(), m.end()
+                if c == '"':
+                    in_str = True
+                else:
+                    depth += 1 if c in "{[" else -1
+                    if depth == 0:
+                        return pos
+        self._saved[i] = (s, (min(pos, n), depth, in_str, esc))
+        return None
+
+
 def json_end(s: str, i: int) -> int | None:
     """Where the JSON value starting at s[i] (after blanks) ends, or None if s ends first."""
-    n = len(s)
-    while i < n and s[i] in " \t\r\n":
-        i += 1
-    if i == n:
-        return None
-    if s[i] not in "{[\"":
-        m = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?|true|false|null").match(s, i)
-        return m.end() if m and m.end() < n else None   # a number may go on
-    depth, in_str, esc = 0, False, False
-    for j in range(i, n):
-        c = s[j]
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-                if depth == 0:
-                    return j + 1
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-    return None
+    return JsonScanner().end(s, i)
 
 
-_STR = r'"((?:[^"\\]|\\.)*)"'
+_STR = r'"([^"\\]*(?:\\.[^"\\]*)*)"'
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*' + _STR + r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _LLAMA_HEAD = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*' + _STR +
                          r'\s*,\s*"(?:parameters|arguments)"\s*:\s*')
 _NAME_ONLY = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*' + _STR)
 
 
-def _json_call(text: str, i: int, head: re.Pattern, partial: bool) -> tuple[ToolCall | None, int, bool]:
+def _json_call(text: str, i: int, head: re.Pattern, scan: JsonScanner) -> tuple[ToolCall | None, int, bool]:
     """The JSON object call at text[i:]: (call, end, ok). ok False: not a call (the text is content).
     An unfinished object gives the call as far as it is written (call None: no name yet)."""
-    end = json_end(text, i)
+    end = scan.end(text, i)
     m = head.match(text, i)
     if end is not None:
         try:
@@ -93,12 +119,12 @@ def _json_call(text: str, i: int, head: re.Pattern, partial: bool) -> tuple[Tool
         if not isinstance(obj.get("name") if isinstance(obj, dict) else None, str) or args is None:
             return None, end, False
         if m and m.end() <= end:
-            raw = text[m.end():json_end(text, m.end())]   # the arguments as the model wrote them
+            raw = text[m.end():scan.end(text, m.end())]   # the arguments as the model wrote them
         else:
             raw = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
         return ToolCall(obj["name"], raw), end, True
     if m:
-        args_end = json_end(text, m.end())
+        args_end = scan.end(text, m.end())
         return ToolCall(_unquote(m.group(1)), text[m.end():args_end]), len(text), True
     named = _NAME_ONLY.match(text, i)
     call = ToolCall(_unquote(named.group(1)), "") if named else None
@@ -120,8 +146,8 @@ def _skip(text: str, i: int, literal: str) -> int:
     return i
 
 
-def _hermes(text: str, partial: bool, tools: dict) -> tuple[str, list[ToolCall]]:
-    return _tagged(text, partial, lambda i: _json_call(text, i, _HERMES_HEAD, partial), (CALL_OPEN,))
+def _hermes(text: str, partial: bool, tools: dict, scan: JsonScanner) -> tuple[str, list[ToolCall]]:
+    return _tagged(text, partial, lambda i: _json_call(text, i, _HERMES_HEAD, scan), (CALL_OPEN,))
 
 
 def _tagged(text: str, partial: bool, body, markers: tuple[str, ...]) -> tuple[str, list[ToolCall]]:
@@ -205,11 +231,11 @@ def _xml_call(text: str, i: int, partial: bool, tools: dict) -> tuple[ToolCall |
     return ToolCall(name, _args_prefix(args, not partial)), len(text), True
 
 
-def _qwen_xml(text: str, partial: bool, tools: dict) -> tuple[str, list[ToolCall]]:
+def _qwen_xml(text: str, partial: bool, tools: dict, scan: JsonScanner) -> tuple[str, list[ToolCall]]:
     return _tagged(text, partial, lambda i: _xml_call(text, i, partial, tools), (CALL_OPEN, FUNCTION_OPEN))
 
 
-def _llama3(text: str, partial: bool, tools: dict) -> tuple[str, list[ToolCall]]:
+def _llama3(text: str, partial: bool, tools: dict, scan: JsonScanner) -> tuple[str, list[ToolCall]]:
     tag = text.find(PYTHON_TAG)
     start = tag + len(PYTHON_TAG) if tag >= 0 else len(text) - len(text.lstrip())
     if tag < 0 and not text.startswith("{", start):
@@ -219,7 +245,7 @@ def _llama3(text: str, partial: bool, tools: dict) -> tuple[str, list[ToolCall]]
     content = text[:tag] if tag >= 0 else ""
     calls, pos = [], start
     while True:
-        call, end, ok = _json_call(text, pos, _LLAMA_HEAD, partial)
+        call, end, ok = _json_call(text, pos, _LLAMA_HEAD, scan)
         if not ok:
             return text if not calls else content + text[pos:], calls
         if call is None:   # not yet known whether this object is a call
@@ -246,5 +272,6 @@ def schemas(tools: list | None) -> dict:
     return out
 
 
-def parse(fmt: str, text: str, partial: bool, tools: dict) -> tuple[str, list[ToolCall]]:
-    return PARSERS[fmt](text, partial, tools)
+def parse(fmt: str, text: str, partial: bool, tools: dict, scan: JsonScanner | None = None) -> tuple[str, list[ToolCall]]:
+    """scan: a stream's scanner (its text only grows), to resume JSON scans where they stopped."""
+    return PARSERS[fmt](text, partial, tools, scan or JsonScanner())
