@@ -272,6 +272,7 @@ def schemas(tools: list | None) -> dict:
     return out
 
 
-def parse(fmt: str, text: str, partial: bool, tools: dict, scan: JsonScanner | None = None) -> tuple[str, list[ToolCall]]:
+def parse(fmt: str, text: str, partial: bool, tools: dict,
+          scan: JsonScanner | None = None) -> tuple[str, list[ToolCall]]:
     """scan: a stream's scanner (its text only grows), to resume JSON scans where they stopped."""
     return PARSERS[fmt](text, partial, tools, scan or JsonScanner())
