@@ -63,9 +63,16 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
 @click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last", "rank"]), default=None,
               help="How an input's token states become its embedding (default: the file's {arch}.pooling_type, "
                    "else none as llama.cpp: /v1/embeddings then refuses, /embedding returns every token's).")
+@click.option("--reasoning-format", type=click.Choice(["none", "deepseek", "auto"]), default="auto", show_default=True,
+              help="Chat replies' reasoning (<think>...</think>, gpt-oss's analysis channel): none leaves it in "
+                   "'content'; deepseek and auto put it in 'reasoning_content' (a request's 'reasoning_format' "
+                   "overrides).")
+@click.option("--reasoning-budget", type=click.IntRange(-1, 0), default=-1, show_default=True,
+              help="Thinking allowed: -1 unlimited, 0 none (the chat template gets enable_thinking=false unless a "
+                   "request's chat_template_kwargs says otherwise).")
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
-          timeout, max_itl_ratio, embeddings, pooling, **model_kw):
+          timeout, max_itl_ratio, embeddings, pooling, reasoning_format, reasoning_budget, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -84,7 +91,8 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
                           model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints,
                           allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout,
-                          max_itl_ratio=max_itl_ratio, embeddings=embeddings, pooling=pooling)
+                          max_itl_ratio=max_itl_ratio, embeddings=embeddings, pooling=pooling,
+                          reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)
 
     def load():
         path = model_kw["model"]

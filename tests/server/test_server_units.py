@@ -64,6 +64,13 @@ def test_detokenizer_skips_special_tokens(tokenizer):
     assert "".join(d.push(t) for t in ids) + d.flush() == "Hi there"
 
 
+def test_detokenizer_keeps_the_special_tokens_asked_for(tokenizer):
+    """A reply parser's markup (llama-server's preserved tokens) stays in the text; other specials go."""
+    ids = tokenizer.encode("a<|im_start|>b<|im_end|>c", add_special=False)
+    d = Detokenizer(tokenizer, frozenset({tokenizer.tokens.index("<|im_start|>")}))
+    assert "".join(d.push(t) for t in ids) + d.flush() == "a<|im_start|>bc"
+
+
 def test_chat_template_chatml_and_helpers():
     t = ChatTemplate(None)
     assert t.source == CHATML

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from .chat_output import Message, MessageStream, OutputSpec, call_id, message_json, parse
 from .jobs import Choice, Done
 
 
@@ -56,42 +57,56 @@ def llama_probs(probs: list) -> list:
     return [{**entry(p.id, p.text, p.bytes, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in probs]
 
 
+def chat_finish(done: Done, msg: Message) -> str:
+    """llama-server's: a reply that ends with tool calls finishes with "tool_calls"."""
+    return "tool_calls" if msg.calls and done.finish_reason == "stop" else done.finish_reason
+
+
 class ChatFormat:
-    """/v1/chat/completions."""
+    """/v1/chat/completions: each choice's text read as `spec` says (reasoning, content, tool calls)."""
 
     done_line = True
 
-    def __init__(self, job_id: int, model: str):
+    def __init__(self, job_id: int, model: str, spec: OutputSpec):
         self.id, self.model, self.created = f"chatcmpl-{job_id}", model, int(time.time())
+        self.spec = spec
+        self.streams: dict[int, MessageStream] = {}
 
     def _chunk(self, choices: list, **extra) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "system_fingerprint": "vkrt", "choices": choices, **extra}
 
+    def _stream(self, index: int) -> MessageStream:
+        return self.streams.setdefault(index, MessageStream(self.spec))
+
     def start(self, n: int = 1) -> list[dict]:
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None} for i in range(n)])]
 
-    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> dict | None:
-        if not text and not probs:
-            return None
-        return self._chunk([{"index": index, "delta": {"content": text}, "logprobs": chat_logprobs(probs),
-                             "finish_reason": None}])
+    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> list[dict]:
+        deltas = self._stream(index).push(text) if text else []
+        if not deltas and probs:
+            deltas = [{"content": ""}]
+        return [self._chunk([{"index": index, "delta": d, "logprobs": chat_logprobs(probs) if k == 0 else None,
+                              "finish_reason": None}]) for k, d in enumerate(deltas)]
 
     def end(self, done: Done, include_usage: bool, index: int = 0, dones=None) -> list[dict]:
-        """The choice's last chunk; with include_usage (after the last choice) the usage of `dones`."""
-        out = [self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}],
-                           timings=timings(done))]
+        """The choice's last deltas and chunk; with include_usage (after the last choice) the usage of `dones`."""
+        deltas, msg = self._stream(index).finish()
+        out = [self._chunk([{"index": index, "delta": d, "logprobs": None, "finish_reason": None}]) for d in deltas]
+        out.append(self._chunk([{"index": index, "delta": {}, "logprobs": None,
+                                 "finish_reason": chat_finish(done, msg)}], timings=timings(done)))
         if include_usage:
             out.append(self._chunk([], usage=usage(dones or [done])))
         return out
 
     def result(self, choices: list[Choice]) -> dict:
+        msgs = [parse(self.spec, c.text) for c in choices]
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "system_fingerprint": "vkrt",
-                "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": chat_logprobs(c.probs), "finish_reason": c.done.finish_reason}
-                            for i, c in enumerate(choices)],
+                "choices": [{"index": i, "message": message_json(m, [call_id() for _ in m.calls]),
+                             "logprobs": chat_logprobs(c.probs), "finish_reason": chat_finish(c.done, m)}
+                            for i, (c, m) in enumerate(zip(choices, msgs))],
                 "usage": usage([c.done for c in choices]), "timings": timings(choices[0].done)}
 
 
@@ -115,12 +130,12 @@ class CompletionFormat:
     def start(self, n: int = 1) -> list[dict]:
         return []
 
-    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> dict | None:
+    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> list[dict]:
         if not text and not probs:
-            return None
+            return []
         offset = self.offsets.get(index, 0)
         self.offsets[index] = offset + sum(len(p.text) for p in probs)
-        return self._obj([self._choice(index, text, None, completion_logprobs(probs, offset))])
+        return [self._obj([self._choice(index, text, None, completion_logprobs(probs, offset))])]
 
     def end(self, done: Done, include_usage: bool, index: int = 0, dones=None) -> list[dict]:
         out = [self._obj([self._choice(index, "", done.finish_reason)], timings=timings(done))]
@@ -146,13 +161,13 @@ class LlamaFormat:
     def start(self, n: int = 1) -> list[dict]:
         return []
 
-    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> dict | None:
+    def piece(self, text: str, tokens: list[int], probs=(), index: int = 0) -> list[dict]:
         out = {"index": index, "content": text, "stop": False, "id_slot": -1}
         if self.return_tokens:
             out["tokens"] = tokens
         if probs:
             out["completion_probabilities"] = llama_probs(probs)
-        return out
+        return [out]
 
     def _final(self, text: str, tokens: list[int], done: Done, probs=()) -> dict:
         extra = {"completion_probabilities": llama_probs(probs)} if probs else {}

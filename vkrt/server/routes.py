@@ -13,13 +13,16 @@ from aiohttp import web
 
 from ..engine.dry import breaker_sequences
 from . import embeddings, sse
+from .chat_output import OutputSpec
 from .formats import ChatFormat, CompletionFormat, LlamaFormat
 from .infill import infill_prompt
 from .jobs import Choice, Done, Failed, Job, Piece
 from .metrics import CONTENT_TYPE
+from .reasoning import opens_thinking
 from .scheduler import SchedulerClosed
 from .schemas import COMPLETIONS, LLAMA, GenRequest, parse_chat, parse_completion
 from .state import ServerState
+from .tool_calls import schemas
 from .validation import ApiError, BadRequest, get_bool, get_str, get_token_ids, parse_json_object
 
 log = logging.getLogger("vkrt.server")
@@ -136,8 +139,14 @@ class Api:
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
         req = parse_chat(await read_body(request, self.state.config.timeout), self.state.limits)
-        prompt = await asyncio.to_thread(self._chat_prompt, req)
-        return await self._generate(request, req, prompt, lambda i: ChatFormat(i, self._model(req)), "messages")
+        prompt, text = await asyncio.to_thread(self._chat_prompt, req)
+        s = self.state
+        spec = OutputSpec(s.syntax, req.reasoning_format or s.config.reasoning_format,
+                          thinking_open=s.syntax.thinks and opens_thinking(text),
+                          parse_tools=self._offered_tools(req) is not None,
+                          parallel_tool_calls=req.parallel_tool_calls, tools=schemas(req.tools))
+        return await self._generate(request, req, prompt, lambda i: ChatFormat(i, self._model(req), spec), "messages",
+                                    keep_special=s.kept_tokens)
 
     async def completions(self, request):
         req = parse_completion(await read_body(request, self.state.config.timeout), COMPLETIONS, self.state.limits)
@@ -174,23 +183,32 @@ class Api:
             raise BadRequest(f"the prompt is {n} bytes; at most {s.max_token_bytes} bytes a token, it cannot fit a "
                              f"slot of {s.n_ctx_slot} tokens: shorten the prompt or raise -c", field)
 
+    @staticmethod
+    def _offered_tools(req: GenRequest) -> list | None:
+        """The tools the template shows the model (none with tool_choice "none")."""
+        return req.tools if req.tool_choice != "none" else None
+
     def _chat_text(self, req: GenRequest) -> str:
+        """The rendered chat prompt."""
         s = self.state
         for m in req.messages:
             if isinstance(m.get("content"), str):
                 self._fits(m["content"], "messages")
-        text = s.template.render(req.messages, add_generation_prompt=True, tools=req.tools,
-                                 extra=req.template_kwargs)
+        defaults = {"enable_thinking": False} if s.config.reasoning_budget == 0 else {}
+        text = s.template.render(req.messages, add_generation_prompt=True, tools=self._offered_tools(req),
+                                 extra={**defaults, **req.template_kwargs})
         self._fits(text, "messages")
         return text
 
-    def _chat_prompt(self, req: GenRequest) -> list[int]:
+    def _chat_prompt(self, req: GenRequest) -> tuple[list[int], str]:
+        """The prompt's tokens and text."""
         s = self.state
-        ids = s.tokenizer.encode(self._chat_text(req), add_special=True)
+        text = self._chat_text(req)
+        ids = s.tokenizer.encode(text, add_special=True)
         bos = s.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == ids[1] == bos and s.tokenizer.add_bos:  # the template wrote BOS itself
             ids = ids[1:]
-        return ids
+        return ids, text
 
     def _text_prompt(self, req: GenRequest) -> list[int]:
         if isinstance(req.prompt, list):
@@ -198,7 +216,8 @@ class Api:
         self._fits(req.prompt, "prompt")
         return self.state.tokenizer.encode(req.prompt, add_special=True)
 
-    async def _generate(self, request, req: GenRequest, prompt: list[int], make_format, field: str):
+    async def _generate(self, request, req: GenRequest, prompt: list[int], make_format, field: str,
+                        keep_special: frozenset[int] = frozenset()):
         s = self.state
         if not prompt:
             raise BadRequest(f"'{field}' is empty: no tokens to evaluate", field)
@@ -213,7 +232,7 @@ class Api:
         # one job a choice (OpenAI's n); a seeded request seeds its choices seed, seed + 1, ...
         jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
                     dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,
-                    req.logprobs) for i in range(req.n)]
+                    req.logprobs, keep_special) for i in range(req.n)]
         fmt = make_format(jobs[0].id)
         submitted = []
         try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from ..engine.dry import DEFAULT_BREAKERS
 from ..engine.sampler import SamplingParams
+from .reasoning import REASONING_FORMATS
 from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
                          get_token_ids, reject_truthy)
 
@@ -35,6 +37,9 @@ class GenRequest:
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     tools: list | None = None
+    tool_choice: str = "auto"         # "auto" | "none" ("required" and named functions are refused)
+    parallel_tool_calls: bool = True
+    reasoning_format: str | None = None   # None: the server's --reasoning-format
     template_kwargs: dict = field(default_factory=dict)
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
     dry_sequence_breakers: tuple = DEFAULT_BREAKERS
@@ -145,12 +150,72 @@ def parse_chat(body: dict, limits: Limits) -> GenRequest:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
     req.messages = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise BadRequest("'tools' must be an array", "tools")
-    req.tools = tools or None
+    req.tools = _tools(body.get("tools"))
+    req.tool_choice = _tool_choice(body.get("tool_choice"))
+    req.parallel_tool_calls = get_bool(body, "parallel_tool_calls", True)
+    req.reasoning_format = get_str(body, "reasoning_format", None)
+    if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
+        raise BadRequest(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got "
+                         f"{req.reasoning_format!r}", "reasoning_format")
     req.template_kwargs = get_dict(body, "chat_template_kwargs")
     return req
+
+
+def _tools(tools) -> list | None:
+    """OpenAI's tools: [{"type": "function", "function": {"name", "description", "parameters"}}]."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be an array of {'type': 'function', 'function': {...}} objects", "tools")
+    for i, t in enumerate(tools):
+        at = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise BadRequest(f"'{at}' must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}"
+                             " (only function tools are supported)", at)
+        f = t["function"]
+        if not isinstance(f.get("name"), str) or not f["name"]:
+            raise BadRequest(f"'{at}.function.name' must be a non-empty string", f"{at}.function.name")
+        if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
+            raise BadRequest(f"'{at}.function.parameters' must be a JSON schema object", f"{at}.function.parameters")
+    return tools or None
+
+
+def _tool_choice(choice) -> str:
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
+    forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
+    if forced:
+        what = "'required'" if choice == "required" else "a named function"
+        raise BadRequest(f"'tool_choice' {what} is not supported: forcing a call needs constrained decoding "
+                         f"(a grammar over the model's output), which vkrt does not have yet; use 'auto' or 'none'",
+                         "tool_choice")
+    raise BadRequest(f"'tool_choice' must be 'auto', 'none', 'required' or {{'type': 'function', 'function': "
+                     f"{{'name': ...}}}}, got {choice!r}", "tool_choice")
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    """An assistant message's tool calls, with JSON arguments as objects (templates such as Qwen3.5's
+    and gpt-oss's read them as mappings; llama-server passes them so)."""
+    if not isinstance(calls, list):
+        raise BadRequest(f"'{where}' must be an array of tool calls", where)
+    out = []
+    for i, c in enumerate(calls):
+        at = f"{where}[{i}]"
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise BadRequest(f"'{at}' must be {{'id': ..., 'type': 'function', 'function': {{'name': ..., "
+                             f"'arguments': ...}}}}", at)
+        args = f.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise BadRequest(f"'{at}.function.arguments' is not valid JSON", f"{at}.function.arguments") from None
+        if not isinstance(args, dict):
+            raise BadRequest(f"'{at}.function.arguments' must be a JSON object (or its text)",
+                             f"{at}.function.arguments")
+        out.append({**c, "type": "function", "function": {**f, "arguments": args}})
+    return out
 
 
 def _message(m, where: str) -> dict:
@@ -177,4 +242,10 @@ def _message(m, where: str) -> dict:
             raise BadRequest(f"'{where}.content' is required", f"{where}.content")
     elif not isinstance(content, str):
         raise BadRequest(f"'{where}.content' must be a string or an array of text parts", f"{where}.content")
-    return {**m, "content": content}
+    out = {**m, "content": content}
+    if m.get("tool_calls") is not None:
+        out["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+    for key in ("tool_call_id", "name", "reasoning_content"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise BadRequest(f"'{where}.{key}' must be a string", f"{where}.{key}")
+    return out

@@ -66,7 +66,7 @@ class Slot:
         window = self.sampler.window
         for t in job.prompt if window is None else job.prompt[-window:] if window > 0 else ():
             self.sampler.accept(t)
-        self.detok = Detokenizer(tokenizer)
+        self.detok = Detokenizer(tokenizer, job.keep_special)
         self.stops = StopMatcher(job.stop)
         room = self.n_ctx - len(job.prompt)
         self.limit = room if job.max_tokens is None else min(job.max_tokens, room)

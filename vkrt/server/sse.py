@@ -58,8 +58,7 @@ async def stream(request: web.Request, jobs: list[Job], fmt,
             await resp.write(event(chunk))
         async for i, ev in events(jobs):
             if isinstance(ev, Piece):
-                chunk = fmt.piece(ev.text, ev.tokens, ev.probs, index=i)
-                if chunk is not None:
+                for chunk in fmt.piece(ev.text, ev.tokens, ev.probs, index=i):
                     await resp.write(event(chunk))
             elif isinstance(ev, Done):
                 dones[i] = ev

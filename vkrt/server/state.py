@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..engine.pooling import default_pooling
 from ..engine.sampler import SamplingParams
+from .chat_output import TemplateSyntax
 from .chat_template import ChatTemplate
 from .metrics import Metrics
 from .schemas import Limits
@@ -34,6 +35,8 @@ class ServerConfig:
     max_itl_ratio: float = 2.0
     embeddings: bool = False         # /v1/embeddings and /embedding answer (llama-server's --embeddings)
     pooling: str | None = None       # none, mean, cls, last (None: the file's {arch}.pooling_type, else none)
+    reasoning_format: str = "auto"   # llama-server's --reasoning-format: none | deepseek | auto
+    reasoning_budget: int = -1       # -1: unlimited; 0: thinking off (the template's enable_thinking=false)
 
 
 class ServerState:
@@ -52,6 +55,9 @@ class ServerState:
         self.model, self.engine = backend.model, backend.engine
         self.tokenizer = backend.model.tokenizer
         self.template = ChatTemplate.from_tokenizer(backend.model.gguf.metadata, self.tokenizer)
+        self.syntax = TemplateSyntax.detect(self.template.source)
+        kept = set(self.syntax.kept_tokens())
+        self.kept_tokens = frozenset(i for i, t in enumerate(self.tokenizer.tokens) if t in kept)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
         self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size)
         self.pooling = self.config.pooling or default_pooling(backend.model.gguf.metadata, backend.model.cfg.arch)

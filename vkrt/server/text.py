@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+from ..model.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED
+
 
 class Detokenizer:
     """Turns a growing token list into new text, decoding only a short window of recent tokens
-    (so a long generation costs O(1) per token) and holding back incomplete UTF-8 characters."""
+    (so a long generation costs O(1) per token) and holding back incomplete UTF-8 characters.
+    Special tokens are left out, but for those in `keep` (markup a reply parser reads, e.g. <think>,
+    <tool_call>, gpt-oss's <|channel|>: llama-server's preserved tokens)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, keep: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
+        self.keep = keep
         self.tokens: list[int] = []
         self.prefix = 0   # window start: tokens before it are already text
         self.read = 0     # tokens up to here have been turned into text
 
     def _decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special=True)
+        return self.tokenizer.decode(ids, skip_special=not self.keep)
 
     def push(self, token: int) -> str:
+        if self.keep and token not in self.keep and \
+                self.tokenizer.token_types[token] in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            return ""
         self.tokens.append(int(token))
         before = self._decode(self.tokens[self.prefix:self.read])
         text = self._decode(self.tokens[self.prefix:])
