@@ -184,3 +184,11 @@ def forward(path: str, tokens: list[int]) -> np.ndarray:
             x = x + moe_ffn(cfg, w, il, h2)
     output = w.get("output.weight", w["token_embd.weight"])
     return rms_norm(x, w["output_norm.weight"], eps) @ output.T
+
+
+def prompt_then_decode(engine, tokens, prefill: int) -> np.ndarray:
+    """The engine's logits at every position of tokens[:prefill] (one prompt), then one decode
+    step a token for the rest."""
+    rows = [engine.eval(tokens[:prefill], all_logits=True)]
+    rows += [engine.eval([t])[None] for t in tokens[prefill:]]
+    return np.concatenate(rows)

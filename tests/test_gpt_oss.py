@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 import pytest
 import gguf
-from hybrid_reference import load, rms_norm, softmax
+from hybrid_reference import load, prompt_then_decode, rms_norm, softmax
 from models import tiny_model
 from test_hybrid_reference import check_logits, normalised_error
 
@@ -145,9 +145,8 @@ def test_logits_match_the_numpy_forward(device, gpt_oss, host, flash, kv_type, t
             Engine(m, n_ctx=128, n_ubatch=64, flash_attn=flash, **kw) as e:
         assert len(m.placement.host_tensors) == (12 if host else 0)
         assert bool(e.staging.layers) == (host == "cached") and e.prefetch.active == bool(host)
-        rows = [e.eval(TOKENS[:PREFILL], all_logits=True)]
-        rows += [e.eval([t])[None] for t in TOKENS[PREFILL:]]
-    check_logits(np.concatenate(rows), ref, tol, f"tiny-gpt-oss, experts {host or 'in VRAM'}, flash={flash}, "
+        got = prompt_then_decode(e, TOKENS, PREFILL)
+    check_logits(got, ref, tol, f"tiny-gpt-oss, experts {host or 'in VRAM'}, flash={flash}, "
                  f"kv {kv_type}")
 
 

@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hybrid_reference import glu_ffn, load, moe_ffn, rms_norm
+from hybrid_reference import glu_ffn, load, moe_ffn, prompt_then_decode, rms_norm
 from models import TINY, tiny_model
 from test_hybrid_reference import check_logits, normalised_error
 from test_mixtral import rope_normal
@@ -115,9 +115,8 @@ def test_logits_match_the_numpy_forward(device, granite, n_cpu_moe, flash, kv_ty
     kw = {"kv_type": kv_type} if kv_type else {}
     with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe) as m, \
             Engine(m, n_ctx=64, n_ubatch=32, flash_attn=flash, **kw) as e:
-        rows = [e.eval(TOKENS[:PREFILL], all_logits=True)]
-        rows += [e.eval([t])[None] for t in TOKENS[PREFILL:]]
-    check_logits(np.concatenate(rows), ref, tol, f"{name}, n_cpu_moe={n_cpu_moe}, flash={flash}, kv {kv_type}")
+        got = prompt_then_decode(e, TOKENS, PREFILL)
+    check_logits(got, ref, tol, f"{name}, n_cpu_moe={n_cpu_moe}, flash={flash}, kv {kv_type}")
 
 
 @pytest.mark.parametrize("drop", SCALES)

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hybrid_reference import glu_ffn, load, moe_ffn, rms_norm, softmax
+from hybrid_reference import glu_ffn, load, moe_ffn, prompt_then_decode, rms_norm, softmax
 from models import tiny_model
 from test_hybrid_reference import check_logits
 
@@ -77,9 +77,8 @@ def test_logits_match_the_numpy_forward(device, mixtral, n_cpu_moe):
     with n_cpu_moe the experts are read from host memory."""
     path, ref = mixtral
     with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe) as m, Engine(m, n_ctx=128, n_ubatch=64) as e:
-        rows = [e.eval(TOKENS[:12], all_logits=True)]
-        rows += [e.eval([t])[None] for t in TOKENS[12:]]
-    check_logits(np.concatenate(rows), ref, 2e-3, f"tiny-mixtral, n_cpu_moe={n_cpu_moe}")
+        got = prompt_then_decode(e, TOKENS, 12)
+    check_logits(got, ref, 2e-3, f"tiny-mixtral, n_cpu_moe={n_cpu_moe}")
 
 
 def test_experts_stored_apart_ask_for_a_new_conversion(device, mixtral, tmp_path):

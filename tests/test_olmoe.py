@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 import pytest
 import gguf
-from hybrid_reference import load, moe_ffn, rms_norm, rope_neox, softmax
+from hybrid_reference import load, moe_ffn, prompt_then_decode, rms_norm, rope_neox, softmax
 from models import tiny_model
 from test_hybrid_reference import check_logits, normalised_error
 
@@ -98,9 +98,8 @@ def test_logits_match_the_numpy_forward(device, olmoe, n_cpu_moe, flash, kv_type
     kw = {"kv_type": kv_type} if kv_type else {}
     with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe) as m, \
             Engine(m, n_ctx=64, n_ubatch=32, flash_attn=flash, **kw) as e:
-        rows = [e.eval(TOKENS[:PREFILL], all_logits=True)]
-        rows += [e.eval([t])[None] for t in TOKENS[PREFILL:]]
-    check_logits(np.concatenate(rows), ref, tol, f"tiny-olmoe, n_cpu_moe={n_cpu_moe}, flash={flash}, kv {kv_type}")
+        got = prompt_then_decode(e, TOKENS, PREFILL)
+    check_logits(got, ref, tol, f"tiny-olmoe, n_cpu_moe={n_cpu_moe}, flash={flash}, kv {kv_type}")
 
 
 @pytest.mark.parametrize("change", ["per_head_norm", "renormalise"])
