@@ -14,7 +14,8 @@ from ..owned import Owned
 from ..units import fmt_bytes
 from .config import ModelConfig
 from ..ops.binding import binding_limit
-from .gguf_file import GROUP_ALIGN, GGUFFile
+from .gguf_file import GGUFFile
+from .gguf_source import GROUP_ALIGN
 from .tokenizer import Tokenizer
 from .tensors import SHARED_ALLOCATIONS, check_expert_layout, check_tensors, required_tensors
 
