@@ -77,7 +77,7 @@ def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_la
     from vkrt.engine.placement import plan_n_cpu_moe
     from vkrt.engine.prefetch import slots_requested
     from vkrt.model.config import ModelConfig
-    from vkrt.model.gguf_file import GGUFFile
+    from vkrt.model.split_gguf import open_gguf
     from vkrt.model.loader import Model
     from vkrt.units import parse_size
 
@@ -86,7 +86,7 @@ def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_la
     if vram_budget is not None:
         budget = parse_size(vram_budget, "--vram-budget")
         device.vram_budget = budget
-        with GGUFFile(path, progress=False) as f:
+        with open_gguf(path, progress=False) as f:
             cfg = ModelConfig.from_metadata(f.metadata, path)
             n_cpu_moe = plan_n_cpu_moe(cfg, f.tensors, budget, requested=n_cpu_moe, n_ctx=n_ctx,
                                        n_ubatch=min(n_ubatch, n_batch), n_gpu_layers=n_gpu_layers,
