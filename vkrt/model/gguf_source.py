@@ -52,10 +52,6 @@ class GGUFSource(Owned):
     def architecture(self) -> str | None:
         return self.metadata.get("general.architecture")
 
-    @property
-    def file_bytes(self) -> int:
-        return sum(p.file_size for p in self.parts)
-
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
