@@ -8,12 +8,13 @@ import io
 import itertools
 import json
 import os
+from functools import partial
 
 import click
 
 from vkrt import __version__
 
-from .common import cache_size, default_model, flag01
+from .common import cache_size, default_model, flag01, hub_model, hub_options
 
 DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0)
 COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe")
@@ -69,6 +70,7 @@ def _fmt_params(n: int) -> str:
 
 @click.command()
 @click.option("-m", "--model", "models", multiple=True, help="GGUF model(s); comma-separated or repeated.")
+@partial(hub_options, multiple=True)
 @click.option("-p", "--n-prompt", "n_prompt", default="512", show_default=True, help="Prompt sizes (pp tests).")
 @click.option("-n", "--n-gen", "n_gen", default="128", show_default=True, help="Generation lengths (tg tests).")
 @click.option("-pg", "pg", multiple=True, help="pp,tg pairs (combined test).")
@@ -85,15 +87,19 @@ def _fmt_params(n: int) -> str:
               help="VRAM for caching host-resident experts during decode (a size, auto, or 0 = off).")
 @click.option("-r", "--repetitions", type=click.IntRange(1), default=5, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
-def bench(models, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers, flash_attn, mmap, no_mmap,
-          n_cpu_moe, expert_cache, repetitions, output):
+def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers,
+          flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, repetitions, output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
     from vkrt.device import Device
     from vkrt.engine.bench import BenchTest, run_test
     from vkrt.engine.engine import Engine
     from vkrt.model.loader import Model
 
-    paths = [p for m in models for p in m.split(",") if p] or [default_model()]
+    repos = [r for spec in hf_repo for r in spec.split(",") if r]
+    if hf_file and len(repos) != 1:
+        raise click.UsageError("--hf-file names a file of the one repository given by -hf REPO")
+    paths = [p for m in models for p in m.split(",") if p] + [hub_model(r, hf_file, hf_token) for r in repos]
+    paths = paths or [default_model()]
     tests = [BenchTest(p, 0) for p in _ints(n_prompt, "-p") if p] + [BenchTest(0, g) for g in _ints(n_gen, "-n") if g]
     tests += [BenchTest(p, g) for p, g in _pairs(pg)]
     depths = _ints(n_depth, "-d")

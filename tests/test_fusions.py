@@ -170,7 +170,7 @@ def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch):
 def test_fused_weights_share_one_allocation(device, tmp_path, name):
     """The loader puts each group of weights one pass reads (gate and up; q, k and v; DeltaNet's
     qkv and gate, alpha and beta) in one allocation, in order, owned by the first."""
-    from vkrt.model.gguf_file import GROUP_ALIGN
+    from vkrt.model.gguf_source import GROUP_ALIGN
     from vkrt.model.tensors import SHARED_ALLOCATIONS
     groups = 0
     with Model(device, tiny_model(name, tmp_path), progress=False) as m:

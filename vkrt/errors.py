@@ -25,6 +25,10 @@ class GGUFError(VkrtError, ValueError):
     """A GGUF file is unreadable, inconsistent, or lacks what the model needs; names the file."""
 
 
+class HubError(VkrtError):
+    """A Hugging Face repository, quant tag or file (`-hf`) cannot be found, listed or downloaded."""
+
+
 class DeviceNotFound(VkrtError):
     """VKRT_DEVICE (or a requested device) matches no physical device."""
 

@@ -2,7 +2,8 @@
 
 Tensor data is memory-mapped (default) or, with mmap=False (`--no-mmap`), read into page-aligned
 anonymous memory, which Vulkan drivers can import as host memory where they refuse file mappings.
-Every problem raises a GGUFError naming the file and what is wrong.
+Every problem raises a GGUFError naming the file and what is wrong. A model split over several
+files (gguf-split) is opened by split_gguf.open_gguf, each part a GGUFFile.
 """
 
 from __future__ import annotations
@@ -12,21 +13,19 @@ import os
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.constants import GGUF_MAGIC
-from gguf.quants import dequantize
 from tqdm import tqdm
 
-from ..commands import write_tensor
 from ..errors import GGUFError
-from ..memory import GGMLType, MemoryKind, Tensor, ggml_type
+from ..memory import GGMLType, ggml_type
 from ..memory.anonymous import AnonymousRegion
 from ..ops.quant import supported_types
-from ..owned import Owned
 from .gguf_reader import CheckedReader
+from .gguf_source import GGUFSource
 
 SUPPORTED_VERSIONS = (2, 3)
 HEADER_BYTES = 24  # magic, version, tensor count, metadata count
@@ -51,7 +50,7 @@ def _progress(enabled: bool | None) -> bool:
     return sys.stderr.isatty() if enabled is None else enabled
 
 
-class GGUFFile(Owned):
+class GGUFFile(GGUFSource):
     """An open GGUF file. `metadata` maps keys to Python values; `tensors` maps names to
     TensorInfo in file order. `array(name)` gives a tensor's bytes without copying; `upload`
     makes device tensors. close() releases the mapping or the anonymous copy."""
@@ -59,11 +58,13 @@ class GGUFFile(Owned):
     def __init__(self, path: str | os.PathLike, *, mmap: bool = True, progress: bool | None = None):
         self.path = os.fspath(path)
         super().__init__(f"gguf {os.path.basename(self.path)}")
-        self.mmap = mmap
+        self.mmap = True
         self.progress = _progress(progress)
         self._map = self._region = None
         try:
             self._open()
+            if not mmap:
+                self.read_into_memory()
         except BaseException:
             self.close()
             raise
@@ -85,16 +86,9 @@ class GGUFFile(Owned):
                 raise self._error(f"metadata {key!r} is not valid UTF-8 ({exc})") from None
             self.value_types[key] = list(field.types)
         self.tensors: dict[str, TensorInfo] = self._validate(reader)
-        if self.mmap:
-            self._map = reader.data
-        else:
-            del reader  # drop the header mapping before the copy
-            self._read_anonymous()
+        self._map = reader.data
 
     # -- opening ---------------------------------------------------------------------------------
-    def _error(self, message: str) -> GGUFError:
-        return GGUFError(f"{self.path}: {message}")
-
     def _check_header(self) -> int:
         try:
             size = os.path.getsize(self.path)
@@ -158,45 +152,28 @@ class GGUFFile(Owned):
                                   "overlap")
         return tensors
 
-    def _read_anonymous(self) -> None:
+    def read_into_memory(self) -> None:
+        """`--no-mmap`: copy the data section into page-aligned anonymous memory and drop the
+        mapping (a split model does this once every part's header checks out)."""
+        if self._region is not None:
+            return
         size = self.file_size - self.data_offset
+        self._map = None
         with tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {os.path.basename(self.path)}",
                   disable=not self.progress, leave=False) as bar:
             try:
                 self._region = AnonymousRegion(self.path, self.data_offset, size, progress=bar.update)
             except Exception as exc:
                 raise self._error(f"reading the tensor data failed: {exc}") from None
+        self.mmap = False
 
-    # -- metadata --------------------------------------------------------------------------------
     @property
-    def architecture(self) -> str | None:
-        return self.metadata.get("general.architecture")
+    def parts(self) -> list[GGUFFile]:
+        return [self]
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.metadata.get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self.metadata:
-            raise self._error(f"metadata key {key!r} is missing")
-        return self.metadata[key]
-
-    def require(self, keys: Iterable[str] = (), tensors: Iterable[str] = ()) -> None:
-        """Raise one GGUFError listing every missing metadata key and tensor."""
-        missing_keys = [k for k in keys if k not in self.metadata]
-        missing_tensors = [t for t in tensors if t not in self.tensors]
-        parts = []
-        if missing_keys:
-            parts.append(f"metadata key(s) {', '.join(map(repr, missing_keys))}")
-        if missing_tensors:
-            parts.append(f"tensor(s) {', '.join(map(repr, missing_tensors))}")
-        if parts:
-            arch = f" ({self.architecture} model)" if self.architecture else ""
-            raise self._error(f"missing {' and '.join(parts)}{arch}")
-
-    def tensor(self, name: str) -> TensorInfo:
-        if name not in self.tensors:
-            raise self._error(f"no tensor {name!r}")
-        return self.tensors[name]
+    def part(self, name: str) -> GGUFFile:
+        self.tensor(name)
+        return self
 
     # -- data ------------------------------------------------------------------------------------
     @property
@@ -215,58 +192,9 @@ class GGUFFile(Owned):
         start = t.offset - self.data_offset
         return self._region.array[start:start + t.nbytes]
 
-    def array(self, name: str) -> np.ndarray:
-        """Plain types: elements of numpy shape (ne[n-1], ..., ne[0]); BF16 as uint16 bit patterns.
-        Quantised types: uint8 blocks of shape (ne[n-1], ..., ne[1], row bytes), as gguf.quants takes."""
-        t = self.tensor(name)
-        raw = self.data(name)
-        shape = tuple(reversed(t.ne))
-        if t.type.quantized:
-            return raw.reshape(shape[:-1] + (t.type.row_bytes(t.ne[0]),))
-        return raw.view(t.type.dtype).reshape(shape)
-
-    def dequantize(self, name: str) -> np.ndarray:
-        """The tensor as float32 on the host, computed by gguf.quants (the reference)."""
-        t = self.tensor(name)
-        return dequantize(self.array(name), GGMLQuantizationType(t.type.id)).reshape(tuple(reversed(t.ne)))
-
-    def upload(self, device, names: Iterable[str] | None = None,
-               kind: MemoryKind = MemoryKind.DEVICE, together: Iterable[Sequence[str]] = ()) -> dict[str, Tensor]:
-        """New device tensors holding `names` (default: every tensor), with a progress bar. Each
-        group in `together` whose tensors are all uploaded shares one allocation (the first tensor
-        owns it), so that one binding can cover them (a gated FFN's gate and up weights)."""
-        names = list(self.tensors if names is None else names)
-        infos = [self.tensor(n) for n in names]
-        wanted = set(names)
-        group_of = {g[0]: g for g in together if all(n in wanted for n in g)}
-        out: dict[str, Tensor] = {}
-        with tqdm(total=sum(t.nbytes for t in infos), unit="B", unit_scale=True,
-                  desc=f"uploading {os.path.basename(self.path)}", disable=not self.progress, leave=False) as bar:
-            try:
-                for t in infos:
-                    if t.name in out:
-                        continue
-                    group = group_of.get(t.name, (t.name,))
-                    if len(group) > 1:
-                        infos_g = [self.tensor(n) for n in group]
-                        out.update((t.name, dev_t) for t, dev_t in zip(infos_g, Tensor.empty_group(
-                            device, [(t.type, t.ne, t.name) for t in infos_g], kind, GROUP_ALIGN)))
-                    else:
-                        out[t.name] = Tensor.empty(device, t.type, t.ne, name=t.name, kind=kind)
-                    for name in group:
-                        write_tensor(out[name], self.array(name))
-                        bar.update(self.tensor(name).nbytes)
-            except BaseException:
-                for dev_t in out.values():
-                    dev_t.close()
-                raise
-        return out
-
     def _release(self) -> None:
         self._map = None
         if self._region is not None:
             self._region.close()
             self._region = None
 
-
-GROUP_ALIGN = 256   # tensors after the first of a shared allocation start at a multiple of this

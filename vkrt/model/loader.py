@@ -14,7 +14,8 @@ from ..owned import Owned
 from ..units import fmt_bytes
 from .config import ModelConfig
 from ..ops.binding import binding_limit
-from .gguf_file import GROUP_ALIGN, GGUFFile
+from .gguf_source import GROUP_ALIGN
+from .split_gguf import open_gguf
 from .tokenizer import Tokenizer
 from .tensors import SHARED_ALLOCATIONS, check_expert_layout, check_tensors, required_tensors
 
@@ -63,8 +64,8 @@ class Model(Owned):
         self.path = os.fspath(path)
         self.weights: dict[str, Tensor] = {}
         self._owned: list = []
-        self._region = None
-        self.gguf = GGUFFile(path, mmap=mmap, progress=progress)
+        self._regions: list = []
+        self.gguf = open_gguf(path, mmap=mmap, progress=progress)
         try:
             meta = self.gguf.metadata
             self.cfg = ModelConfig.from_metadata(meta, self.path)
@@ -130,10 +131,14 @@ class Model(Owned):
         p = self.placement
         registry = host_registry(self.device) if pin else None
         if registry is not None:
-            start = min(self.gguf.tensor(n).offset for n in names)
-            end = max(self.gguf.tensor(n).end for n in names)
-            base = self.gguf.data(names[0]).ctypes.data - self.gguf.tensor(names[0]).offset
-            self._region = registry.register(base + start, end - start, label=os.path.basename(self.path))
+            for part in self.gguf.parts:   # one region of each file (each part of a split model)
+                mine = [n for n in names if self.gguf.part(n) is part]
+                if not mine:
+                    continue
+                start = min(part.tensor(n).offset for n in mine)
+                end = max(part.tensor(n).end for n in mine)
+                base = part.data(mine[0]).ctypes.data - part.tensor(mine[0]).offset
+                self._regions.append(registry.register(base + start, end - start, label=os.path.basename(part.path)))
         for name in names:
             info = self.gguf.tensor(name)
             data = self.gguf.data(name)
@@ -159,6 +164,6 @@ class Model(Owned):
         self.weights.clear()
         for b in self._owned:
             b.close()
-        if self._region is not None:
-            self._region.close()
+        for region in self._regions:
+            region.close()
         self.gguf.close()
