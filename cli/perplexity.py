@@ -68,7 +68,7 @@ def perplexity(text_file, n_chunks, kl_base, kl, **model_kw):
             try:
                 if n_ctx > model.cfg.n_ctx_train:
                     raise VkrtError(f"-c {n_ctx}: the model was trained on only {model.cfg.n_ctx_train} context "
-                                    f"tokens ({n_ctx} specified)")
+                                    f"tokens ({n_ctx} specified); lower -c")
                 bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
                 if reader is not None:
                     _kl_divergence(engine, reader, bos, model_kw["n_batch"])
