@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import VkrtError
-from .engine import Engine
 from .kl_file import scored_rows
+
+if TYPE_CHECKING:   # the command line imports this module before Vulkan is known to load
+    from .engine import Engine
 
 
 class PerplexityError(VkrtError):
