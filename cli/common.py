@@ -76,14 +76,17 @@ def cache_size(value: str) -> int | None:
     return None if v == "auto" else parse_size(v, "--expert-cache")
 
 
-def model_options(f):
-    """-m, -hf, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type (decorator)."""
+def model_options(f=None, *, n_ctx: int = 4096, ctx_help: str = "Context size (KV cache cells)."):
+    """-m, -hf, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type (decorator; called with
+    keywords, a command's own -c default and help)."""
+    if f is None:
+        return lambda g: model_options(g, n_ctx=n_ctx, ctx_help=ctx_help)
     opts = [
         click.option("-m", "--model", "model", default=None,
                      help="GGUF model file; of a split model its first part (default: SmolLM2-135M)."),
         hub_options,
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
-                     help="Context size (KV cache cells)."),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=n_ctx, show_default=True,
+                     help=ctx_help),
         click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True,
                      help="Logical batch size."),
         click.option("-ub", "--ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True,

@@ -34,6 +34,7 @@ def _register() -> None:
     from .bench import bench
     from .bench_h2d import bench_h2d
     from .devices import devices
+    from .perplexity import perplexity
     from .run import run
     from .serve import serve
 
@@ -42,6 +43,7 @@ def _register() -> None:
     cli.add_command(serve)
     cli.add_command(bench)
     cli.add_command(bench_h2d)
+    cli.add_command(perplexity)
 
 
 _register()
