@@ -10,7 +10,7 @@ import click
 
 from vkrt.errors import VkrtError
 
-from .common import model_options, open_engine
+from .common import model_options, open_engine, take_model
 from .perplexity_report import KL_HEADER, chunk_ppl, eta, final_estimate, kl_chunk, kl_summary
 
 
@@ -49,6 +49,7 @@ def perplexity(text_file, n_chunks, kl_base, kl, **model_kw):
     from vkrt.device import Device
     from vkrt.engine.kl_file import LogitsReader
 
+    model_kw = take_model(model_kw)
     if kl and not kl_base:
         raise click.UsageError("--kl-divergence: you must provide a name of a file containing the log "
                                "probabilities of the base model (--kl-divergence-base FILE)")
