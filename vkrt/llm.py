@@ -1,0 +1,180 @@
+"""The Python API: `vkrt.load(model, **options) -> LLM`, then generate / stream / chat /
+tokenize / logits, and close (or use it as a context manager).
+
+    import vkrt
+    with vkrt.load("model.gguf", n_ctx=2048) as llm:
+        print(llm.generate("The capital of France is", max_tokens=16, temperature=0))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from .engine.generate import TextStream, generate
+from .engine.options import EngineOptions, open_engine
+from .engine.sampler import SamplingParams
+from .errors import ConfigError
+from .model.default_model import default_model
+
+_SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
+_OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)}
+
+
+def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None = None,
+         hf_token: str | None = None, device=None, **options) -> "LLM":
+    """Open a GGUF model (a path; the first part of a split model; `hf="owner/name[:quant]"` to
+    fetch it from Hugging Face as `-hf` does; neither: the embedded SmolLM2) on `device` (default:
+    the first suitable Vulkan device, as the CLI picks it). `options` are EngineOptions fields
+    (n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, ...)."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise ConfigError(f"vkrt.load: unknown option(s) {', '.join(unknown)} (options: {', '.join(sorted(_OPTIONS))})")
+    if model and hf:
+        raise ConfigError("vkrt.load: give the model as a path or as hf='owner/name[:quant]', not both")
+    if hf_file and not hf:
+        raise ConfigError("vkrt.load: hf_file names a file of the repository given by hf='owner/name'")
+    if hf:
+        from .model.hub import resolve
+        path = resolve(hf, hf_file, hf_token)
+    else:
+        path = model or default_model()
+    opts = EngineOptions(**{"progress": False, **options})
+    owned = device is None
+    if owned:
+        from .device import Device
+        device = Device()
+    try:
+        m, engine = open_engine(device, path, opts)
+    except BaseException:
+        if owned:
+            device.close()
+        raise
+    return LLM(m, engine, device if owned else None)
+
+
+class LLM:
+    """A loaded model and its engine. Every call starts from an empty context (one sequence);
+    `sampling` keywords are SamplingParams fields (temperature=0 is greedy)."""
+
+    def __init__(self, model, engine, device=None):
+        self.model, self.engine, self._device = model, engine, device
+        self._template = None
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special=True)
+
+    def logits(self, prompt: str | list[int], all_positions: bool = False) -> np.ndarray:
+        """The logits after the prompt ([n_vocab]), or at every position ([n_tokens, n_vocab])."""
+        tokens = self._tokens(prompt)
+        self.engine.reset()
+        out = self.engine.eval(tokens, all_logits=all_positions)
+        return np.array(out, copy=True)
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, *, stop_at_eos: bool = True, **sampling) -> str:
+        """The continuation of `prompt` (text or token ids), up to max_tokens tokens."""
+        return "".join(self.stream(prompt, max_tokens, stop_at_eos=stop_at_eos, **sampling))
+
+    def stream(self, prompt: str | list[int], max_tokens: int = 128, *, stop_at_eos: bool = True,
+               **sampling) -> Iterator[str]:
+        """The continuation of `prompt` as it is generated, in text pieces; closing the iterator
+        early stops the generation."""
+        tokens, params = self._tokens(prompt), self._params(sampling)
+        if max_tokens < 0:
+            raise ConfigError(f"max_tokens must not be negative, got {max_tokens}")
+        if len(tokens) + max_tokens > self.engine.n_ctx:
+            raise ConfigError(f"the prompt ({len(tokens)} tokens) plus max_tokens {max_tokens} exceed the context of "
+                              f"{self.engine.n_ctx} tokens (load with a larger n_ctx)")
+        pieces: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        text = TextStream(self.tokenizer)
+
+        def on_token(token: int) -> bool:
+            piece = text.push(token)
+            if piece:
+                pieces.put(piece)
+            return stop.is_set()
+
+        def work():
+            try:
+                self.engine.reset()
+                generate(self.engine, tokens, max_tokens, params, on_token=on_token,
+                         stop_tokens=self.tokenizer.eog_ids if stop_at_eos else ())
+                rest = text.flush()
+                if rest:
+                    pieces.put(rest)
+                pieces.put(None)
+            except BaseException as exc:   # raised again in the caller's thread
+                pieces.put(exc)
+
+        worker = threading.Thread(target=work, name="vkrt-generate", daemon=True)
+        worker.start()
+        try:
+            while (item := pieces.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            worker.join()
+
+    def chat(self, messages: list[dict], max_tokens: int = 256, **sampling) -> str:
+        """The assistant's reply to `messages` ([{"role": ..., "content": ...}]), rendered with the
+        model's chat template."""
+        return self.generate(self.chat_prompt(messages), max_tokens, **sampling)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """The tokens the chat template makes of `messages`, ready for the assistant's reply."""
+        from .server.chat_template import ChatTemplate
+        if self._template is None:
+            self._template = ChatTemplate.from_tokenizer(self.model.gguf.metadata, self.tokenizer)
+        ids = self.tokenizer.encode(self._template.render(messages, add_generation_prompt=True), add_special=True)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == ids[1] == bos:   # the template wrote BOS itself
+            ids = ids[1:]
+        return ids
+
+    def close(self) -> None:
+        for owner in ("engine", "model", "_device"):
+            h = getattr(self, owner)
+            if h is not None:
+                h.close()
+                setattr(self, owner, None)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _tokens(self, prompt) -> list[int]:
+        if self.engine is None:
+            raise ConfigError("this LLM is closed")
+        if isinstance(prompt, str):
+            tokens = self.tokenize(prompt)
+        else:
+            tokens = [int(t) for t in prompt]
+            bad = [t for t in tokens if not 0 <= t < self.model.cfg.vocab_size]
+            if bad:
+                raise ConfigError(f"token id {bad[0]} is outside the vocabulary of {self.model.cfg.vocab_size}")
+        if not tokens:
+            raise ConfigError("the prompt is empty: no tokens to evaluate")
+        return tokens
+
+    @staticmethod
+    def _params(sampling: dict) -> SamplingParams:
+        unknown = sorted(set(sampling) - _SAMPLING)
+        if unknown:
+            raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)} (options: {', '.join(sorted(_SAMPLING))})")
+        return SamplingParams(**sampling)
