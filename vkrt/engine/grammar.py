@@ -94,9 +94,9 @@ class Constraint:
             self.matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
             self.mask_seconds += time.perf_counter() - t0
             self.masks += 1
-            self._fresh = True
             if self.matcher.is_error() or not self._mask.any():
                 raise GrammarError(f"the grammar allows no next token: {self.matcher.get_error() or 'dead end'}")
+            self._fresh = True
         return self._mask
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
