@@ -84,3 +84,21 @@ def test_a_bad_schema_is_refused_with_the_library_message(bad):
 def test_a_bad_gbnf_grammar_is_refused():
     with pytest.raises(GrammarError, match="foo"):
         gbnf_grammar("root ::= foo")
+
+
+def test_vkrt_run_takes_a_grammar_and_a_schema(tmp_path):
+    from click.testing import CliRunner
+
+    from vkrt.cli.main import cli
+    path = tiny_model("tiny-llama", tmp_path)
+    base = ["run", "-m", path, "-p", "Answer:", "-n", "40", "--temp", "0", "-c", "256", "--json"]
+    out = CliRunner().invoke(cli, base + ["--grammar", 'root ::= "yes" | "no"'])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output.strip().splitlines()[-1])["text"] in ("yes", "no")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    out = CliRunner().invoke(cli, base + ["--json-schema", json.dumps(schema)])
+    assert out.exit_code == 0, out.output
+    assert 0 <= json.loads(json.loads(out.output.strip().splitlines()[-1])["text"])["n"] <= 99
+    out = CliRunner().invoke(cli, base + ["--grammar", "root ::= nope"])
+    assert out.exit_code == 2 and "--grammar" in out.output and "nope" in out.output
