@@ -67,7 +67,7 @@ class ScriptedServer:
         self.reply = reply
         tok = ByteTokenizer()
         state = ServerState(ServerConfig(port=0, allowed_hosts=None, **config))
-        cfg = SimpleNamespace(vocab_size=256, n_ctx_train=4096, n_embd=8)
+        cfg = SimpleNamespace(vocab_size=256, n_ctx_train=4096, n_embd=8, arch="qwen3")
         model = SimpleNamespace(tokenizer=tok, gguf=SimpleNamespace(metadata={"tokenizer.chat_template": template}),
                                 cfg=cfg, path="scripted.gguf", n_params=0, size_bytes=0)
         state.ready(SimpleNamespace(model=model, engine=SimpleNamespace(n_ctx=4096)))

@@ -231,8 +231,8 @@ def _tool_choice(choice) -> str:
     forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
     if forced:
         what = "'required'" if choice == "required" else "a named function"
-        raise BadRequest(f"'tool_choice' {what} is not supported: forcing a call needs constrained decoding "
-                         f"(a grammar over the model's output), which vkrt does not have yet; use 'auto' or 'none'",
+        raise BadRequest(f"'tool_choice' {what} is not supported: vkrt does not constrain replies to its tool-call "
+                         f"formats yet; use 'auto' or 'none' (response_format constrains a plain reply)",
                          "tool_choice")
     raise BadRequest(f"'tool_choice' must be 'auto', 'none', 'required' or {{'type': 'function', 'function': "
                      f"{{'name': ...}}}}, got {choice!r}", "tool_choice")
