@@ -550,7 +550,8 @@ class Engine(Owned):
         adjust = top and adjustments is not None and any(a is not None for a in adjustments)
         if adjust:
             self._write_adjustments(list(adjustments) + [None] * (rows - len(parts)), rows)
-        masked = top and self._write_masks(None if masks is None else list(masks) + [None] * (rows - len(parts)), rows)
+        padded = None if masks is None else list(masks) + [None] * (rows - len(parts))
+        masked = top and self._write_masks(padded, rows)
         n_seqs = len(parts) if self.recurrent else 1
         g, slots = self._prepare(ids, seqs, pos, False, n_seqs, top=top, adjust=adjust, out=out, masked=masked)
         self._run(g)
@@ -692,6 +693,7 @@ class Engine(Owned):
             g.close()
         self._graphs.clear()
         for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
-                    self._top, self._adjust, self._hidden, self._masks, *self._top_scratch, self.scratch, self.state, self.cache):
+                    self._top, self._adjust, self._hidden, self._masks, *self._top_scratch, self.scratch, self.state,
+                    self.cache):
             if obj is not None:
                 obj.close()
