@@ -21,12 +21,19 @@ from .common import model_options, open_engine, take_model
 @click.option("--repeat-penalty", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--grammar", default=None, help="GBNF grammar (or Lark) the output must fit.")
+@click.option("--grammar-file", type=click.File("r"), default=None, help="File holding the GBNF grammar.")
+@click.option("-j", "--json-schema", default=None, help="JSON schema (its JSON text) the output must fit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (tokens, text, timings).")
-def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos, as_json, **model_kw):
+def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos, grammar, grammar_file,
+        json_schema, as_json, **model_kw):
     """Generate a continuation of PROMPT with a GGUF model."""
     from vkrt.device import Device
     from vkrt.engine.generate import TextStream, generate
+    from vkrt.engine.grammar import Constraint, grammar_tokenizer
     from vkrt.engine.sampler import SamplingParams
+
+    constraint = _grammar(grammar, grammar_file, json_schema)
 
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
@@ -47,8 +54,10 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
 
             if not as_json:
                 sys.stdout.write(prompt)
+            if constraint is not None:
+                constraint = Constraint(grammar_tokenizer(model.tokenizer, model.cfg.vocab_size), constraint)
             gen = generate(engine, tokens, n_predict, params, on_token=show,
-                           stop_tokens=() if ignore_eos else model.tokenizer.eog_ids)
+                           stop_tokens=() if ignore_eos else model.tokenizer.eog_ids, grammar=constraint)
             text = model.tokenizer.decode(gen.tokens, skip_special=True)
             t = gen.timings
             hits = engine.staging.hit_rate()
@@ -67,3 +76,23 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
         finally:
             engine.close()
             model.close()
+
+
+def _grammar(grammar, grammar_file, json_schema) -> str | None:
+    """The llguidance grammar of --grammar, --grammar-file or --json-schema (at most one)."""
+    from vkrt.engine.grammar import GrammarError, gbnf_grammar, json_schema_grammar
+
+    given = [(name, v) for name, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                       ("--json-schema", json_schema)) if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise click.UsageError(f"give one of --grammar, --grammar-file and --json-schema, not {given[0][0]} and "
+                               f"{given[1][0]}")
+    name, value = given[0]
+    try:
+        if name == "--json-schema":
+            return json_schema_grammar(value)
+        return gbnf_grammar(value.read() if name == "--grammar-file" else value)
+    except GrammarError as exc:
+        raise click.BadParameter(str(exc), param_hint=name) from None

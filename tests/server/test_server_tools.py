@@ -140,7 +140,7 @@ def test_forced_tool_choice_is_refused(client, choice):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=choice)
     body = err.value.body
-    assert body["param"] == "tool_choice" and "constrained decoding" in body["message"]
+    assert body["param"] == "tool_choice" and "tool-call formats" in body["message"]
 
 
 @pytest.mark.parametrize("extra,param", [

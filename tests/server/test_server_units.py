@@ -198,7 +198,7 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
 
     steps = []
 
-    def mixed(parts, adjust, top):
+    def mixed(parts, adjust, top, masks=None):
         steps.append([(s, len(t)) for s, t in parts])
         n = len(parts)
         return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
@@ -212,13 +212,13 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
         sched._decode_cost, sched._token_cost = 0.05, 0.0002   # a step of 250 tokens costs one decode step
         sampled = []
         reader = SimpleNamespace(id=0, generating=False, prefilling=True, pending=list(range(1000)), cache=[],
-                                 t_start=0.0, sampler=sampler, job=SimpleNamespace(logprobs=None))
+                                 t_start=0.0, sampler=sampler, job=SimpleNamespace(logprobs=None), mask=lambda: None)
         later = SimpleNamespace(id=2, generating=False, prefilling=True, pending=list(range(30)), cache=[],
                                 t_start=5.0, sampler=sampler, job=SimpleNamespace(logprobs=None),
-                                prefilled=lambda top: sampled.append(2))
+                                prefilled=lambda top: sampled.append(2), mask=lambda: None)
         other = SimpleNamespace(id=1, generating=generating, prefilling=False, next_token=7, t_start=1.0,
                                 sampler=sampler, job=SimpleNamespace(logprobs=None), fed=lambda: None,
-                                sample=lambda top: sampled.append(1))
+                                sample=lambda top: sampled.append(1), mask=lambda: None)
         sched.slots = [reader, other, later]
         steps.clear()
         sched._step(engine)

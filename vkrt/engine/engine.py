@@ -27,6 +27,7 @@ from ..model.loader import Model
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..ops.argmax import MAX_PARTS, argmax
 from ..ops.logit_adjust import logit_adjust, pack_table, table_words
+from ..ops.token_mask import pack_masks, table_words as mask_table_words, token_mask
 from ..ops.topk import scratch_words, top_candidates
 from ..owned import Owned
 from .kv_cache import KVCache
@@ -116,7 +117,7 @@ class Engine(Owned):
         self.transformer = Transformer(cfg, model.weights)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
-        self._tokens = self._argmax_part = self._top = self._adjust = self._hidden = None
+        self._tokens = self._argmax_part = self._top = self._adjust = self._hidden = self._masks = None
         self._top_scratch = ()
         self.state: RecurrentState | None = None
         try:
@@ -173,17 +174,18 @@ class Engine(Owned):
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
                chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-               out_rows: int = 0, hidden: bool = False) -> _Graph:
+               out_rows: int = 0, hidden: bool = False, masked: bool = False) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
         step reads back the CANDIDATES best logits of its last token instead of the row; adjust:
-        after applying the logit adjustment table the host wrote (top steps only). out_rows > 0:
+        after applying the logit adjustment table the host wrote, masked: then the token masks the
+        host wrote (grammars; top steps only). out_rows > 0:
         the logits of the tokens the out_ids input names, instead of the last or all. hidden:
         every token's normed final state is read back instead of any logits (hidden_states)."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
         key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ()) \
-            + (("hidden",) if hidden else ())
+            + (("hidden",) if hidden else ()) + (("masked",) if masked else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -211,6 +213,10 @@ class Engine(Owned):
                     words = table_words(n, ADJUST_CAP)
                     logit_adjust(seq, logits, Tensor.on(self._adjust.range(0, 4 * words), I32, (words,),
                                                         name="logit adjustments"), ADJUST_CAP)
+                if masked:
+                    words = mask_table_words(n, self.model.cfg.vocab_size)
+                    token_mask(seq, logits, Tensor.on(self._masks.range(0, 4 * words), I32, (words,),
+                                                      name="token masks"))
                 top_candidates(seq, logits, CANDIDATES, self._top_scratch,
                                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
                                          name="candidates"))
@@ -417,7 +423,7 @@ class Engine(Owned):
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
                  chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-                 out: np.ndarray | None = None, hidden: bool = False):
+                 out: np.ndarray | None = None, hidden: bool = False, masked: bool = False):
         """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
         find its graph; returns (graph, the sequence of each group of tokens). out: the tokens
         whose logits the step computes (default: the last, or all with all_logits)."""
@@ -461,7 +467,7 @@ class Engine(Owned):
         if out is not None:
             host[lay["out_ids"]:lay["out_ids"] + 4 * out.size] = out.astype(np.int32).view(np.uint8)
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size,
-                           hidden), slots
+                           hidden, masked), slots
 
     def kv_span(self, used: int) -> int:
         """The KV cells a step attends over when `used` are in use (one past the highest): with
@@ -485,21 +491,23 @@ class Engine(Owned):
         values, ids = self.decode_candidates([(seq_id, token)])
         return values[0], ids[0]
 
-    def decode_candidates(self, batch: list[tuple[int, int]],
-                          adjustments: list[LogitAdjustments | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def decode_candidates(self, batch: list[tuple[int, int]], adjustments: list[LogitAdjustments | None] | None = None,
+                          masks: list[np.ndarray | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """decode() that returns each token's CANDIDATES best next-token logits and their ids
         ([len(batch), k] each, best first) instead of the rows; at most candidate_rows tokens.
         adjustments: per token, the logit bias / penalties / DRY to apply to its row on the GPU
-        first (None: nothing; at most ADJUST_CAP tokens each)."""
+        first (None: nothing; at most ADJUST_CAP tokens each). masks: per token, the allowed-token
+        bitmask of a grammar (vkrt/engine/grammar.py) applied after them (None: every token)."""
         if not batch or len(batch) > self.candidate_rows:
             raise VkrtError(f"decode_candidates takes 1 to {self.candidate_rows} (sequence, token) pairs, "
                             f"got {len(batch)}")
         adjust = adjustments is not None and any(a is not None for a in adjustments)
         if adjust:
             self._write_adjustments(adjustments, len(batch))
+        masked = self._write_masks(masks, len(batch))
         seqs, ids, pos = self._decode_inputs(batch)
         t0 = time.perf_counter()
-        g, slots = self._prepare(ids, seqs, pos, True, n_seqs=len(batch), top=True, adjust=adjust)
+        g, slots = self._prepare(ids, seqs, pos, True, n_seqs=len(batch), top=True, adjust=adjust, masked=masked)
         self._run(g)
         self._advance(slots, 1)
         out = self._read_candidates(len(batch))
@@ -507,12 +515,12 @@ class Engine(Owned):
         return out
 
     def mixed(self, parts: list[tuple[int, object]], adjustments: list[LogitAdjustments | None] | None = None,
-              top: bool = False):
+              top: bool = False, masks: list[np.ndarray | None] | None = None):
         """One step over several sequences' tokens together (a server's decode tokens and prompt
         chunks in one micro-batch): part (seq_id, tokens) appends tokens to seq_id. Returns the
         next-token logits after each part's last token, [len(parts), vocab]; with `top` each
         part's CANDIDATES best (values, ids) instead, as decode_candidates (at most candidate_rows
-        parts; adjustments per part). A model with a recurrent state takes one token a part."""
+        parts; adjustments and masks per part). A model with a recurrent state takes one token a part."""
         if not parts:
             raise VkrtError("a step needs at least one (sequence, tokens) part")
         seq_ids = [int(s) for s, _ in parts]
@@ -542,8 +550,10 @@ class Engine(Owned):
         adjust = top and adjustments is not None and any(a is not None for a in adjustments)
         if adjust:
             self._write_adjustments(list(adjustments) + [None] * (rows - len(parts)), rows)
+        padded = None if masks is None else list(masks) + [None] * (rows - len(parts))
+        masked = top and self._write_masks(padded, rows)
         n_seqs = len(parts) if self.recurrent else 1
-        g, slots = self._prepare(ids, seqs, pos, False, n_seqs, top=top, adjust=adjust, out=out)
+        g, slots = self._prepare(ids, seqs, pos, False, n_seqs, top=top, adjust=adjust, out=out, masked=masked)
         self._run(g)
         self._advance(slots, 1)
         if top:
@@ -568,6 +578,19 @@ class Engine(Owned):
             raise VkrtError(f"decode_candidates: {len(adjustments)} adjustments for {rows} tokens")
         words = pack_table(rows, ADJUST_CAP, [None if a is None else a.words() for a in adjustments])
         self._adjust.host_bytes[:words.nbytes] = words.view(np.uint8)
+
+    def _write_masks(self, masks: list | None, rows: int) -> bool:
+        """The table token_mask reads (a flag a row, then its bitmask); whether any row has a mask."""
+        if masks is None or all(m is None for m in masks):
+            return False
+        if len(masks) != rows:
+            raise VkrtError(f"{len(masks)} token masks for {rows} tokens")
+        vocab = self.model.cfg.vocab_size
+        if self._masks is None:   # read where it lies, as the adjustments: a few KB a row
+            self._masks = Buffer(self.device, 4 * mask_table_words(self.candidate_rows, vocab), MemoryKind.HOST,
+                                 label="token masks")
+        pack_masks(rows, vocab, masks, out=self._masks.host_bytes.view(np.uint32))
+        return True
 
     def _read_candidates(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         pairs = self._top.read(np.uint32, 8 * CANDIDATES * rows).reshape(rows, CANDIDATES, 2)
@@ -670,6 +693,7 @@ class Engine(Owned):
             g.close()
         self._graphs.clear()
         for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
-                    self._top, self._adjust, self._hidden, *self._top_scratch, self.scratch, self.state, self.cache):
+                    self._top, self._adjust, self._hidden, self._masks, *self._top_scratch, self.scratch, self.state,
+                    self.cache):
             if obj is not None:
                 obj.close()

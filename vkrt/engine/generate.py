@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .engine import ADJUST_CAP, CANDIDATES
+from .grammar import Constraint
 from .sampler import Sampler, SamplingParams
 
 
@@ -42,9 +43,11 @@ class Generation:
 
 
 def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingParams, *, seq_id: int = 0,
-             stop_tokens: Iterable[int] = (), on_token: Callable[[int], bool | None] | None = None) -> Generation:
+             stop_tokens: Iterable[int] = (), on_token: Callable[[int], bool | None] | None = None,
+             grammar: Constraint | None = None) -> Generation:
     """Prefill `prompt_tokens` (after the sequence's cached ones) and sample up to n_predict tokens.
-    on_token(token) may return True to stop early."""
+    on_token(token) may return True to stop early. grammar: only tokens it allows are sampled
+    (masked on the GPU before the candidates are picked), and its EOS tokens end generation."""
     sampler = Sampler(params)
     for t in prompt_tokens[-params.repeat_last_n:] if params.repeat_last_n > 0 else ():
         sampler.accept(t)
@@ -55,11 +58,11 @@ def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingP
     gen.timings.prompt_n = len(prompt_tokens)
     gen.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    if params.greedy and not params.needs_row and n_predict > 0:
+    if params.greedy and not params.needs_row and grammar is None and n_predict > 0:
         _generate_greedy(engine, int(np.argmax(logits)), seq_id, n_predict, stops, on_token, gen)
     else:
         _generate_sampled(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen,
-                          candidates=sampler.takes_candidates(CANDIDATES, adjusted=True))
+                          candidates=sampler.takes_candidates(CANDIDATES, adjusted=True), grammar=grammar)
     gen.timings.predicted_n = len(gen.tokens)
     gen.timings.predicted_ms = (time.perf_counter() - t0) * 1e3
     return gen
@@ -91,22 +94,29 @@ def _generate_greedy(engine, first: int, seq_id: int, n_predict: int, stops, on_
 
 
 def _generate_sampled(engine, logits, seq_id: int, n_predict: int, sampler: Sampler, stops, on_token,
-                      gen: Generation, candidates: bool = False) -> None:
+                      gen: Generation, candidates: bool = False, grammar: Constraint | None = None) -> None:
     """Sampling on the host: from the whole row, or (`candidates`: a top-k of at most CANDIDATES)
     from the best logits the GPU picked after applying the sampler's logit bias, penalties and
     DRY to the row, the same draw for the host's 512 bytes (the whole row when those name more
-    than ADJUST_CAP tokens)."""
+    than ADJUST_CAP tokens). A grammar's mask goes with the adjustments (or masks a whole row here)."""
     top = None
+    ends = stops | grammar.eos if grammar is not None else stops
     for i in range(n_predict):
-        token = sampler.sample(logits) if top is None else sampler.sample_top(*top, adjusted=True)
-        if _take(token, stops, on_token, gen):
+        if top is None:
+            token = sampler.sample(logits if grammar is None else grammar.apply(logits))
+        else:
+            token = sampler.sample_top(*top, adjusted=True)
+        if _take(token, ends, on_token, gen):
             return
         sampler.accept(token)
+        if grammar is not None:
+            grammar.accept(token)
         if i + 1 >= n_predict:
             return
         adjust = sampler.adjustments() if candidates else None
         if candidates and (adjust is None or len(adjust) <= ADJUST_CAP):
-            values, ids = engine.decode_candidates([(seq_id, token)], [adjust])
+            masks = None if grammar is None else [grammar.mask()]
+            values, ids = engine.decode_candidates([(seq_id, token)], [adjust], masks)
             top = values[0], ids[0]
         else:
             top, logits = None, engine.eval([token], seq_id)

@@ -232,7 +232,7 @@ class Api:
         # one job a choice (OpenAI's n); a seeded request seeds its choices seed, seed + 1, ...
         jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
                     dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,
-                    req.logprobs, keep_special) for i in range(req.n)]
+                    req.logprobs, keep_special, grammar=req.grammar) for i in range(req.n)]
         fmt = make_format(jobs[0].id)
         submitted = []
         try:

@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 from ..engine.engine import ADJUST_CAP, CANDIDATES, PAD_STEP
+from ..engine.grammar import Constraint, GrammarError, grammar_tokenizer
 from ..engine.pooling import pool
 from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
@@ -164,10 +165,22 @@ class Scheduler:
             ckpts = self.checkpoints[slot.id]
             if engine.recurrent:   # a recurrent state resumes only where it was saved
                 keep = ckpts.resume(engine, keep, len(slot.cache))
-            slot.begin(job, self.tokenizer, keep)
+            try:
+                grammar = self._constraint(engine, job)
+            except GrammarError as exc:
+                job.emit(Failed(400, f"the grammar was refused: {exc}"))
+                continue
+            slot.begin(job, self.tokenizer, keep, grammar)
             engine.reset(slot.id, keep)
             ckpts.plan(job.prompt, keep, self.tokenizer.token_types)
             self.metrics.prompt_tokens_cached += keep
+
+    def _constraint(self, engine, job: Job) -> Constraint | None:
+        """The job's grammar state, over llguidance's view of the tokenizer (built at the first
+        grammar: about a second for a vocabulary of 50k)."""
+        if job.grammar is None:
+            return None
+        return Constraint(grammar_tokenizer(self.tokenizer, engine.model.cfg.vocab_size), job.grammar)
 
     def _embed(self, engine) -> None:
         """The next input of each embedding job holding a slot: its hidden states on the slot's
@@ -241,10 +254,10 @@ class Scheduler:
         parts = [(s.id, [s.next_token]) for s in gen] + [(s.id, chunk) for s, chunk in prompts]
         # the rows sampled this step: the decode tokens' and those of prompts read to their end
         sampled = gen + [s if len(chunk) == len(s.pending) else None for s, chunk in prompts]
-        top, adjust = self._candidates(engine, sampled)
+        top, adjust, masks = self._candidates(engine, sampled)
         t0, recording = time.perf_counter(), engine.stats.record_seconds
         try:
-            out = engine.mixed(parts, adjust, top=top)
+            out = engine.mixed(parts, adjust, top=top, masks=masks)
         except Exception as exc:
             self._fail(engine, gen + [s for s, _ in prompts], exc)
             return
@@ -276,14 +289,17 @@ class Scheduler:
         least = (n_generating // PAD_STEP + 1) * PAD_STEP
         return min(engine.n_ubatch, max(least, int(n) // PAD_STEP * PAD_STEP))
 
-    def _candidates(self, engine, slots: list) -> tuple[bool, list]:
+    def _candidates(self, engine, slots: list) -> tuple[bool, list, list | None]:
         """Whether the GPU's best candidates serve the samplers of these rows (None: a row nobody
-        samples), and each row's logit adjustments (bias, penalties, DRY) for the GPU to apply."""
+        samples), and each row's logit adjustments (bias, penalties, DRY) and grammar mask for
+        the GPU to apply (masks: None without candidates)."""
         live = [s for s in slots if s is not None]
         top = len(slots) <= engine.candidate_rows and all(
             s.sampler.takes_candidates(CANDIDATES, adjusted=True) and s.job.logprobs is None for s in live)
         adjust = [s.sampler.adjustments() if top and s is not None else None for s in slots]
-        return top and all(a is None or len(a) <= ADJUST_CAP for a in adjust), adjust
+        top = top and all(a is None or len(a) <= ADJUST_CAP for a in adjust)
+        masks = [s.mask() if s is not None else None for s in slots] if top else None
+        return top, adjust, masks
 
     def _decode(self, engine) -> None:
         active = [s for s in self.slots if s.generating]
@@ -291,9 +307,9 @@ class Scheduler:
             batch = active[i:i + engine.n_ubatch]
             t0, recording = time.perf_counter(), engine.stats.record_seconds
             pairs = [(s.id, s.next_token) for s in batch]
-            top, adjust = self._candidates(engine, batch)
+            top, adjust, masks = self._candidates(engine, batch)
             try:
-                out = engine.decode_candidates(pairs, adjust) if top else engine.decode(pairs)
+                out = engine.decode_candidates(pairs, adjust, masks) if top else engine.decode(pairs)
             except Exception as exc:
                 self._fail(engine, batch, exc)
                 continue

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..engine.dry import DEFAULT_BREAKERS
+from ..engine.grammar import GrammarError, gbnf_grammar, json_object_grammar, json_schema_grammar
 from ..engine.sampler import SamplingParams
 from .reasoning import REASONING_FORMATS
 from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
@@ -44,6 +45,7 @@ class GenRequest:
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
     dry_sequence_breakers: tuple = DEFAULT_BREAKERS
     n: int = 1                        # choices (OpenAI's n), one job each
+    grammar: str | None = None        # llguidance grammar the output must fit (response_format, json_schema, grammar)
 
 
 MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
@@ -83,14 +85,12 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
 
 
 def _common(body: dict, api: str, limits: Limits) -> GenRequest:
-    reject_truthy(body, ("echo", "suffix", "grammar", "json_schema"), "vkrt does not implement it")
+    reject_truthy(body, ("echo", "suffix"), "vkrt does not implement it")
     n = get_int(body, "n", 1, lo=1, hi=MAX_CHOICES)
     if n != 1 and api == LLAMA:
         raise BadRequest(f"'n' must be 1 on /completion (one choice a request; /v1 endpoints take up to "
                          f"{MAX_CHOICES}), got {n}", "n")
-    fmt = get_dict(body, "response_format")
-    if fmt.get("type", "text") != "text":
-        raise BadRequest(f"response_format type {fmt.get('type')!r} is not supported (only 'text')", "response_format")
+    grammar = _grammar(body)
     hint = f" (a slot holds {limits.n_ctx} tokens: -c over --parallel; raise -c)"
     if api == LLAMA:
         n_predict = get_int(body, "n_predict", None, lo=-1, hi=limits.n_ctx, hint=hint)
@@ -120,7 +120,52 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None),
         logprobs=logprobs, n=n, dry_sequence_breakers=tuple(get_stop(body, "dry_sequence_breakers", max_len=40)
                                                        if body.get("dry_sequence_breakers") is not None
-                                                       else DEFAULT_BREAKERS))
+                                                       else DEFAULT_BREAKERS), grammar=grammar)
+
+
+def _grammar(body: dict) -> str | None:
+    """The grammar the output must fit: OpenAI's response_format (json_object, json_schema) or
+    llama-server's top-level json_schema or GBNF grammar; at most one of them."""
+    given = [k for k in ("json_schema", "grammar") if body.get(k) is not None]
+    fmt = get_dict(body, "response_format")
+    kind = fmt.get("type", "text")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise BadRequest(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                         "response_format.type")
+    if kind != "text":
+        given.append("response_format")
+    if len(given) > 1:
+        raise BadRequest(f"give one of 'response_format', 'json_schema' and 'grammar', not {' and '.join(given)}",
+                         given[1])
+    if kind == "json_object":   # llama-server also takes a schema here
+        schema = fmt.get("schema")
+        return json_object_grammar() if schema is None else _compiled(json_schema_grammar, schema,
+                                                                       "response_format.schema")
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise BadRequest("'response_format.json_schema' must be an object with 'name' and 'schema'",
+                             "response_format.json_schema")
+        schema = spec.get("schema")
+        return json_object_grammar() if schema is None else _compiled(json_schema_grammar, schema,
+                                                                       "response_format.json_schema.schema")
+    if body.get("json_schema") is not None:
+        return _compiled(json_schema_grammar, body["json_schema"], "json_schema")
+    if body.get("grammar") is not None:
+        if not isinstance(body["grammar"], str):
+            raise BadRequest("'grammar' must be a GBNF grammar (a string)", "grammar")
+        return _compiled(gbnf_grammar, body["grammar"], "grammar")
+    return None
+
+
+def _compiled(compile, source, field: str) -> str:
+    """compile(source), a refusal answered with a 400 naming `field` and the library's message."""
+    if compile is json_schema_grammar and not isinstance(source, (dict, bool)):
+        raise BadRequest(f"'{field}' must be a JSON schema object", field)
+    try:
+        return compile(source)
+    except GrammarError as exc:
+        raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
 
 
 def parse_completion(body: dict, api: str, limits: Limits) -> GenRequest:
@@ -186,8 +231,8 @@ def _tool_choice(choice) -> str:
     forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
     if forced:
         what = "'required'" if choice == "required" else "a named function"
-        raise BadRequest(f"'tool_choice' {what} is not supported: forcing a call needs constrained decoding "
-                         f"(a grammar over the model's output), which vkrt does not have yet; use 'auto' or 'none'",
+        raise BadRequest(f"'tool_choice' {what} is not supported: vkrt does not constrain replies to its tool-call "
+                         f"formats yet; use 'auto' or 'none' (response_format constrains a plain reply)",
                          "tool_choice")
     raise BadRequest(f"'tool_choice' must be 'auto', 'none', 'required' or {{'type': 'function', 'function': "
                      f"{{'name': ...}}}}, got {choice!r}", "tool_choice")

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from ..engine.generate import Timings
+from ..engine.grammar import Constraint, GrammarError
 from ..engine.sampler import Sampler
 from ..errors import VkrtError
 from .jobs import Done, Job, Piece, TokenProb
@@ -36,6 +37,7 @@ class Slot:
         self.pending: list[int] = []
         self.next_token: int | None = None
         self.generated: list[int] = []
+        self.grammar: Constraint | None = None
 
     @property
     def idle(self) -> bool:
@@ -54,9 +56,9 @@ class Slot:
         for its logits)."""
         return min(common_prefix(self.cache, prompt), len(prompt) - 1)
 
-    def begin(self, job: Job, tokenizer, keep: int) -> None:
+    def begin(self, job: Job, tokenizer, keep: int, grammar: Constraint | None = None) -> None:
         """Take `job`, whose first `keep` prompt tokens the sequence already holds (the caller
-        drops the sequence's cells from there on)."""
+        drops the sequence's cells from there on); `grammar`: the job's constraint."""
         self.job = job
         self.cache = self.cache[:keep]
         self.pending = job.prompt[keep:]
@@ -71,7 +73,10 @@ class Slot:
         room = self.n_ctx - len(job.prompt)
         self.limit = room if job.max_tokens is None else min(job.max_tokens, room)
         self.slot_full = job.max_tokens is None or job.max_tokens > room   # the limit is the slot's room
+        self.grammar = grammar
         self.eog = frozenset() if job.ignore_eos else tokenizer.eog_ids
+        if grammar is not None:   # the grammar's end is the output's end
+            self.eog = self.eog | grammar.eos
         self.cached = keep
         self.timings = Timings(prompt_n=len(self.pending))
         self.t_start = time.perf_counter()
@@ -89,12 +94,20 @@ class Slot:
 
     def sample(self, logits=None, top=None) -> None:
         """Pick the next token from a row of logits, or from the best candidates (values, ids)
-        where the sampler takes them (Sampler.takes_candidates)."""
-        token = self.sampler.sample(logits) if top is None else self.sampler.sample_top(*top, adjusted=True)
+        where the sampler takes them (Sampler.takes_candidates). With a grammar the candidates
+        come masked (mask()); a whole row is masked here."""
+        if self.grammar is not None:
+            self.grammar.mask()   # a dead end is reported here
+        if top is not None:
+            token = self.sampler.sample_top(*top, adjusted=True)
+        else:
+            token = self.sampler.sample(logits if self.grammar is None else self.grammar.apply(logits))
         if token in self.eog:
             self.finish("stop", "eos")
             return
         self.sampler.accept(token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
         self.generated.append(token)
         self.metrics.tokens_predicted += 1
         text = self.stops.push(self.detok.push(token))
@@ -147,8 +160,19 @@ class Slot:
         self.release()
         return done
 
+    def mask(self):
+        """The grammar's mask of the next token for the GPU (None: no grammar, or a dead end that
+        sample() then reports)."""
+        if self.grammar is None:
+            return None
+        try:
+            return self.grammar.mask()
+        except GrammarError:
+            return None
+
     def release(self) -> None:
         self.job = None
+        self.grammar = None
         self.pending = []
         self.next_token = None
         self.last_used = time.monotonic()

@@ -1,0 +1,118 @@
+"""Constrained decoding with llguidance: a grammar (a JSON schema, GBNF or Lark) narrows each
+step's tokens to those that keep the output inside it. The host fills a bitmask of the allowed
+tokens (bit t % 32 of word t // 32) per step; the GPU sets the others to -inf before the argmax
+or the top-k candidates (vkrt/ops/token_mask.py), so only the candidates come back, as without
+a grammar. A row read back whole is masked on the host the same way (apply_mask_host)."""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+
+import llguidance
+import numpy as np
+from llguidance import LLMatcher, LLTokenizer
+
+from ..errors import VkrtError
+from ..ops.token_mask import apply_mask_host, mask_words
+
+# whitespace JSON may hold between tokens: llama.cpp's json-schema-to-grammar allows at most a
+# newline and 20 indenting blanks, so a model cannot spin in whitespace forever
+JSON_WHITESPACE = r"[ \t\n]{0,20}"
+
+
+class GrammarError(VkrtError):
+    """The constrained-decoding library refused a grammar or schema (its message)."""
+
+
+def json_schema_grammar(schema) -> str:
+    """The grammar of the JSON texts `schema` (a dict, or its JSON text) accepts."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    return _checked(LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE}))
+
+
+def json_object_grammar() -> str:
+    """Any JSON object (response_format json_object)."""
+    return json_schema_grammar({"type": "object"})
+
+
+def gbnf_grammar(text: str) -> str:
+    """A llama.cpp GBNF grammar (root rule `root`), or Lark (llguidance reads either)."""
+    try:
+        return _checked(llguidance.grammar_from("gbnf", text))
+    except ValueError as exc:
+        raise GrammarError(str(exc)) from None
+
+
+def _checked(grammar: str) -> str:
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise GrammarError(error)
+    return grammar
+
+
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def grammar_tokenizer(tokenizer, vocab: int) -> LLTokenizer:
+    """llguidance's view of our tokenizer (built once per tokenizer: about a second for 50k
+    tokens): the same `tokenizers` JSON, the model's vocabulary size (tokens past the
+    tokenizer's are never allowed) and its end-of-generation tokens as EOS."""
+    key = (vocab, tuple(sorted(tokenizer.eog_ids)))
+    cached = _tokenizers.get(tokenizer)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    llt = LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab, eos_token=list(key[1]) or None)
+    _tokenizers[tokenizer] = (key, llt)
+    return llt
+
+
+class Constraint:
+    """One sequence's grammar state: the mask of the tokens allowed next, advanced token by token."""
+
+    def __init__(self, tokenizer: LLTokenizer, grammar: str):
+        self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(self.matcher.get_error())
+        self.eos = frozenset(tokenizer.eos_tokens)
+        self._mask = np.zeros(mask_words(tokenizer.vocab_size), np.uint32)
+        self._fresh = False
+        self.mask_seconds = 0.0   # host time spent filling masks
+        self.masks = 0
+
+    def mask(self) -> np.ndarray:
+        """The allowed next tokens as uint32 bitmask words (computed once per step)."""
+        if not self._fresh:
+            t0 = time.perf_counter()
+            self.matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+            self.mask_seconds += time.perf_counter() - t0
+            self.masks += 1
+            if self.matcher.is_error() or not self._mask.any():
+                raise GrammarError(f"the grammar allows no next token: {self.matcher.get_error() or 'dead end'}")
+            self._fresh = True
+        return self._mask
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of a whole row with the disallowed tokens at -inf (the host's way)."""
+        return apply_mask_host(logits, self.mask())
+
+    def accept(self, token: int) -> None:
+        """Advance past a sampled token (one the mask allowed)."""
+        if not self.matcher.consume_token(int(token)):
+            raise GrammarError(f"token {token} does not fit the grammar: {self.matcher.get_error()}")
+        self._fresh = False
+
+    def ends(self, token: int) -> bool:
+        """Whether `token` ends the output (an EOS the grammar allowed, or the grammar is done)."""
+        return token in self.eos
+
+    @property
+    def accepting(self) -> bool:
+        return self.matcher.is_accepting()
