@@ -62,6 +62,17 @@ def test_chat_renders_the_template(llm):
     assert llm.chat(messages, max_tokens=6, temperature=0) == llm.generate(prompt, max_tokens=6, temperature=0)
 
 
+def test_grammar_and_json_schema(llm):
+    """Output fits a GBNF grammar and a JSON schema (random weights: only the constraint can
+    make it parse)."""
+    import json
+    assert llm.generate("Answer:", max_tokens=8, temperature=0, grammar='root ::= "yes" | "no"') in ("yes", "no")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    out = json.loads(llm.generate("JSON:", max_tokens=40, temperature=0, json_schema=schema))
+    assert set(out) == {"n"} and 0 <= out["n"] <= 99
+
+
 def test_bad_input_is_a_clear_error(device, path, llm):
     with pytest.raises(ConfigError, match="unknown sampling option.*temprature"):
         llm.generate("hi", temprature=0)
@@ -73,6 +84,8 @@ def test_bad_input_is_a_clear_error(device, path, llm):
         llm.generate([10 ** 7])
     with pytest.raises(ConfigError, match="empty"):
         llm.generate("", max_tokens=2) if not llm.tokenize("") else llm.generate([], max_tokens=2)
+    with pytest.raises(VkrtError, match="JSON schema is not valid JSON"):
+        llm.generate("hi", json_schema="{not json")
     with pytest.raises(VkrtError):
         vkrt.load(str(Path(path).with_name("missing.gguf")), device=device)
 

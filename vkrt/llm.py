@@ -82,15 +82,19 @@ class LLM:
         out = self.engine.eval(tokens, all_logits=all_positions)
         return np.array(out, copy=True)
 
-    def generate(self, prompt: str | list[int], max_tokens: int = 128, *, stop_at_eos: bool = True, **sampling) -> str:
-        """The continuation of `prompt` (text or token ids), up to max_tokens tokens."""
-        return "".join(self.stream(prompt, max_tokens, stop_at_eos=stop_at_eos, **sampling))
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, *, stop_at_eos: bool = True,
+                 grammar: str | None = None, json_schema: dict | str | None = None, **sampling) -> str:
+        """The continuation of `prompt` (text or token ids), up to max_tokens tokens; with
+        `grammar` (GBNF) or `json_schema` only text that fits it."""
+        return "".join(self.stream(prompt, max_tokens, stop_at_eos=stop_at_eos, grammar=grammar,
+                                   json_schema=json_schema, **sampling))
 
     def stream(self, prompt: str | list[int], max_tokens: int = 128, *, stop_at_eos: bool = True,
-               **sampling) -> Iterator[str]:
+               grammar: str | None = None, json_schema: dict | str | None = None, **sampling) -> Iterator[str]:
         """The continuation of `prompt` as it is generated, in text pieces; closing the iterator
         early stops the generation."""
         tokens, params = self._tokens(prompt), self._params(sampling)
+        constraint = self._constraint(grammar, json_schema)
         if max_tokens < 0:
             raise ConfigError(f"max_tokens must not be negative, got {max_tokens}")
         if len(tokens) + max_tokens > self.engine.n_ctx:
@@ -110,7 +114,7 @@ class LLM:
             try:
                 self.engine.reset()
                 generate(self.engine, tokens, max_tokens, params, on_token=on_token,
-                         stop_tokens=self.tokenizer.eog_ids if stop_at_eos else ())
+                         stop_tokens=self.tokenizer.eog_ids if stop_at_eos else (), grammar=constraint)
                 rest = text.flush()
                 if rest:
                     pieces.put(rest)
@@ -171,6 +175,16 @@ class LLM:
         if not tokens:
             raise ConfigError("the prompt is empty: no tokens to evaluate")
         return tokens
+
+    def _constraint(self, grammar, json_schema):
+        """The grammar state of a call (GBNF or a JSON schema), or None."""
+        if grammar is None and json_schema is None:
+            return None
+        if grammar is not None and json_schema is not None:
+            raise ConfigError("give grammar or json_schema, not both")
+        from .engine.grammar import Constraint, gbnf_grammar, grammar_tokenizer, json_schema_grammar
+        text = gbnf_grammar(grammar) if grammar is not None else json_schema_grammar(json_schema)
+        return Constraint(grammar_tokenizer(self.tokenizer, self.model.cfg.vocab_size), text)
 
     @staticmethod
     def _params(sampling: dict) -> SamplingParams:
