@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedShape
-from ..memory import F32, I32, Tensor
+from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
+from .rows import logits_and_table
 
 ADJUST_PUSH = PushConstants(*((n, "u32") for n in ("x_off", "x_row", "n", "a_off", "rows", "cap")))
 ENTRY_WORDS = 7   # vkrt/engine/logit_adjust.py: token, flags, bias, two scales, penalty, dry
@@ -40,16 +40,9 @@ def logit_adjust(seq, x: Tensor, table: Tensor, cap: int) -> None:
     """Record the adjustments of `table` (I32, table_words(rows, cap)) applied in place to the F32
     logits x (n,) or (n, rows) with contiguous rows."""
     dev = seq.device
-    n, rows = x.ne[0], x.ne[1]
-    if x.type != F32 or x.nb[0] != 4 or x.nelements != n * rows or x.nb[1] % 4:
-        raise UnsupportedShape(f"logit adjustments need F32 logits (n,) or (n, rows), got {x!r}")
-    if table.type != I32 or table.nelements < table_words(rows, cap):
-        raise UnsupportedShape(f"the logit adjustment table must be I32 of >= {table_words(rows, cap)} words "
-                               f"({rows} rows of {cap} entries), got {table!r}")
-    xr, xo = bind_tensor(x, dev)
-    ar, ao = bind_tensor(table, dev)
+    rows = x.ne[1]
+    ops = logits_and_table(x, table, table_words(rows, cap), "logit adjustments",
+                           f"the logit adjustment table ({rows} rows of {cap} entries)", dev)
     wg = min(64, dev.profile.max_workgroup_invocations)
     k = kernel(dev, "logit_adjust", defines={"WG": wg}, push=ADJUST_PUSH)
-    seq.dispatch(k, [xr, ar], push={"x_off": xo // 4, "x_row": x.nb[1] // 4 if rows > 1 else n, "n": n,
-                                    "a_off": ao // 4, "rows": rows, "cap": cap},
-                 groups=(rows, 1, 1), label="logit adjust")
+    seq.dispatch(k, ops.pop("bindings"), push={**ops, "cap": cap}, groups=(rows, 1, 1), label="logit adjust")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedShape
-from ..memory import F32, I32, Tensor
+from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
+from .rows import logits_and_table
 
 MASK_PUSH = PushConstants(*((n, "u32") for n in ("x_off", "x_row", "n", "a_off", "rows", "words")))
 
@@ -55,16 +55,10 @@ def token_mask(seq, x: Tensor, table: Tensor) -> None:
     x (n,) or (n, rows) with contiguous rows."""
     dev = seq.device
     n, rows = x.ne[0], x.ne[1]
-    if x.type != F32 or x.nb[0] != 4 or x.nelements != n * rows or x.nb[1] % 4:
-        raise UnsupportedShape(f"token masks need F32 logits (n,) or (n, rows), got {x!r}")
-    if table.type != I32 or table.nelements < table_words(rows, n):
-        raise UnsupportedShape(f"the token mask table must be I32 of >= {table_words(rows, n)} words "
-                               f"({rows} rows of {n} tokens), got {table!r}")
-    xr, xo = bind_tensor(x, dev)
-    ar, ao = bind_tensor(table, dev)
+    ops = logits_and_table(x, table, table_words(rows, n), "token masks",
+                           f"the token mask table ({rows} rows of {n} tokens)", dev)
     wg = min(64, dev.profile.max_workgroup_invocations)
     words = mask_words(n)
     k = kernel(dev, "token_mask", defines={"WG": wg}, push=MASK_PUSH)
-    seq.dispatch(k, [xr, ar], push={"x_off": xo // 4, "x_row": x.nb[1] // 4 if rows > 1 else n, "n": n,
-                                    "a_off": ao // 4, "rows": rows, "words": words},
-                 groups=(-(-words // wg), rows, 1), label="token mask")
+    seq.dispatch(k, ops.pop("bindings"), push={**ops, "words": words}, groups=(-(-words // wg), rows, 1),
+                 label="token mask")
