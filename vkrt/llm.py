@@ -140,14 +140,10 @@ class LLM:
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """The tokens the chat template makes of `messages`, ready for the assistant's reply."""
-        from .server.chat_template import ChatTemplate
+        from .server.chat_template import ChatTemplate, encode_chat
         if self._template is None:
             self._template = ChatTemplate.from_tokenizer(self.model.gguf.metadata, self.tokenizer)
-        ids = self.tokenizer.encode(self._template.render(messages, add_generation_prompt=True), add_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and ids[0] == ids[1] == bos:   # the template wrote BOS itself
-            ids = ids[1:]
-        return ids
+        return encode_chat(self.tokenizer, self._template.render(messages, add_generation_prompt=True))
 
     def close(self) -> None:
         for owner in ("engine", "model", "_device"):

@@ -100,3 +100,12 @@ class ChatTemplate:
         except Exception as exc:   # the model's template is code we do not control: any failure is its own
             raise TemplateError(f"the chat template failed on the messages: {type(exc).__name__}: {exc}",
                                 "messages") from None
+
+
+def encode_chat(tokenizer, text: str) -> list[int]:
+    """The tokens of a rendered chat prompt: BOS added where the vocabulary asks for it, once even
+    when the template wrote it itself."""
+    ids = tokenizer.encode(text, add_special=True)
+    if len(ids) >= 2 and ids[0] == ids[1] == tokenizer.bos_id and tokenizer.add_bos:
+        ids = ids[1:]
+    return ids

@@ -14,6 +14,7 @@ from aiohttp import web
 from ..engine.dry import breaker_sequences
 from . import embeddings, sse
 from .chat_output import OutputSpec
+from .chat_template import encode_chat
 from .formats import ChatFormat, CompletionFormat, LlamaFormat
 from .infill import infill_prompt
 from .jobs import Choice, Done, Failed, Job, Piece
@@ -202,13 +203,8 @@ class Api:
 
     def _chat_prompt(self, req: GenRequest) -> tuple[list[int], str]:
         """The prompt's tokens and text."""
-        s = self.state
         text = self._chat_text(req)
-        ids = s.tokenizer.encode(text, add_special=True)
-        bos = s.tokenizer.bos_id
-        if len(ids) >= 2 and ids[0] == ids[1] == bos and s.tokenizer.add_bos:  # the template wrote BOS itself
-            ids = ids[1:]
-        return ids, text
+        return encode_chat(self.state.tokenizer, text), text
 
     def _text_prompt(self, req: GenRequest) -> list[int]:
         if isinstance(req.prompt, list):
