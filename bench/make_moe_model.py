@@ -7,6 +7,10 @@ tokenizer metadata, loadable by llama.cpp and vkrt.
       DeltaNet + 1 gated full attention] x 10, 256 experts (8 used) of FFN 512 + a shared expert of
       512 on every layer; attention 16 query / 2 KV heads at head 256, a quarter rotated (IMROPE,
       sections 11/11/10/0); DeltaNet 16 q/k heads and 32 v heads of 128, conv 4; vocabulary 248320.
+  --shape gpt-oss-20b: hidden 2880, 24 layers alternating sliding-window (128) and full attention,
+      32 experts (4 used) of FFN 2880 in MXFP4 with biases (whatever --type says: the published
+      files' expert type), attention 64 query / 8 KV heads of 64 with sinks, YaRN (factor 32 over
+      4096), vocabulary 201088; --type sets the other matrices.
 
     python bench/make_moe_model.py OUT.gguf [--shape S] [--layers N] [--type Q4_0|Q4_K|Q8_0] [--seed 0]
 """
@@ -35,7 +39,15 @@ def qwen35_35b_a3b(layers: int, qtype: str, seed: int = 0) -> SyntheticSpec:
                          random_blocks=True)
 
 
-SHAPES = {"qwen3-30b-a3b": (qwen3_30b_a3b, 48), "qwen35-35b-a3b": (qwen35_35b_a3b, 40)}
+def gpt_oss_20b(layers: int, qtype: str, seed: int = 0) -> SyntheticSpec:
+    return SyntheticSpec(arch="gpt-oss", n_layer=layers, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff=0,
+                         n_ctx=131072, weight_type=qtype, expert_type="MXFP4", n_expert=32, n_expert_used=4,
+                         n_ff_expert=2880, sliding_window=128, rope_base=150000.0, rope_scaling="yarn",
+                         rope_scaling_factor=32.0, rope_orig_ctx=4096, pad_vocab_to=201088, tokenizer_pre="gpt-4o",
+                         seed=seed, random_blocks=True)
+
+
+SHAPES = {"qwen3-30b-a3b": (qwen3_30b_a3b, 48), "qwen35-35b-a3b": (qwen35_35b_a3b, 40), "gpt-oss-20b": (gpt_oss_20b, 24)}
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def model_path(name: str, tiny_dir) -> str:
 
 # not yet recorded from llama.cpp (scripts/record_llama_reference.py --tiny records every TINY model
 # where the peer runs)
-UNRECORDED: set[str] = {"tiny-olmoe", "tiny-granite", "tiny-granitemoe"}
+UNRECORDED: set[str] = set()
 MODELS = [SMOLLM2] + [f"{n}.gguf" for n in TINY if n not in UNRECORDED]
 
 
