@@ -58,14 +58,16 @@ vec4 flip4(vec4 v, uint s) {
 // signed bytes as floats
 vec4 sbytes4(uvec4 b) { return vec4(ivec4(b << 24) >> 24); }
 
-// the codebook values at four 4-bit indices
-vec4 iq4nl4(uvec4 i) {
-    return sbytes4(uvec4(TBYTE(kvalues_iq4nl, i.x), TBYTE(kvalues_iq4nl, i.y), TBYTE(kvalues_iq4nl, i.z),
-                         TBYTE(kvalues_iq4nl, i.w)));
+// the codebook values at four 4-bit indices. The 16 bytes are a vector, not an array: a vector's
+// component picked by a variable index stays in registers (a select), where a dynamically indexed
+// constant array is copied into each invocation's local memory (NVIDIA) or read from memory (ACO)
+const uvec4 KV_IQ4NL = uvec4(kvalues_iq4nl[0], kvalues_iq4nl[1], kvalues_iq4nl[2], kvalues_iq4nl[3]);
+const uvec4 KV_MXFP4 = uvec4(kvalues_mxfp4[0], kvalues_mxfp4[1], kvalues_mxfp4[2], kvalues_mxfp4[3]);
+uint vbyte(uvec4 t, uint i) { return (t[i >> 2] >> (8u * (i & 3u))) & 0xFFu; }
+vec4 codebook4(uvec4 t, uvec4 i) {
+    return sbytes4(uvec4(vbyte(t, i.x), vbyte(t, i.y), vbyte(t, i.z), vbyte(t, i.w)));
 }
-vec4 mxfp4_4(uvec4 i) {
-    return sbytes4(uvec4(TBYTE(kvalues_mxfp4, i.x), TBYTE(kvalues_mxfp4, i.y), TBYTE(kvalues_mxfp4, i.z),
-                         TBYTE(kvalues_mxfp4, i.w)));
-}
+vec4 iq4nl4(uvec4 i) { return codebook4(KV_IQ4NL, i); }
+vec4 mxfp4_4(uvec4 i) { return codebook4(KV_MXFP4, i); }
 
 #endif
