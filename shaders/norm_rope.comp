@@ -5,6 +5,8 @@
 // (head, token): the norm's sums run in rms_norm.comp's order (same WG, same tree) and each
 // pair rotates as in rope.comp, so the result has the bits of the separate kernels. With
 // SECTIONS (MROPE / IMROPE) pos holds 4 streams of pos_stride values each, as in rope.comp.
+// With STORE_V (and ROWS) the workgroup also copies V's row of its (head, token), laid out as x,
+// into the V cache, laid out as y, at the same cell: set_rows.comp's store, in this dispatch.
 #include "common.glsl"
 #include "rope.glsl"
 
@@ -24,6 +26,10 @@ layout(binding = 2) readonly buffer Pos { int pos[]; };
 layout(binding = 3) readonly buffer FF { float freq_factors[]; };
 layout(binding = 4) writeonly buffer Y { DST_T y[]; };
 layout(binding = 5) readonly buffer Rows { int rows[]; };
+#ifdef STORE_V
+layout(binding = 6) readonly buffer V { float v_src[]; };
+layout(binding = 7) writeonly buffer VD { DST_T v_dst[]; };
+#endif
 
 layout(push_constant) uniform Push {
     uint head_dim;
@@ -51,6 +57,8 @@ layout(push_constant) uniform Push {
     float corr_high;
     uint pos_stride;    // values between position streams (sectioned rope)
     uint interleaved;   // IMROPE rather than MROPE
+    uint v_off;         // STORE_V: V's offset (floats) and its cache's (elements)
+    uint vd_off;
     uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
 } p;
 
@@ -85,7 +93,14 @@ void main() {
     barrier();
 
 #ifdef ROWS
-    const uint yb = p.y_off + h * p.y_head + uint(rows[p.rows_off + t]) * p.y_tok;
+    const uint cell = uint(rows[p.rows_off + t]);
+    const uint yb = p.y_off + h * p.y_head + cell * p.y_tok;
+#ifdef STORE_V
+    const uint vb = p.v_off + h * p.x_s1 + t * p.x_s2, vdb = p.vd_off + h * p.y_head + cell * p.y_tok;
+    for (uint c = lid; c < p.head_dim; c += WG) {
+        v_dst[vdb + c] = DST_T(v_src[vb + c]);
+    }
+#endif
 #else
     const uint yb = p.y_off + h * p.y_head + t * p.y_tok;
 #endif

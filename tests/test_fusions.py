@@ -5,7 +5,8 @@ set_rows; three commands fewer a layer with q/k norms, one without) and, for dec
 activation inside the down projection's mat-vec (VKRT_FUSE_GLU=1, off by default: one command
 fewer a layer and decode step), and for decode the gate and up projections in one pass with the
 activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a gated FFN), and
-the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default)."""
+the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default),
+and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off)."""
 
 import numpy as np
 import pytest
@@ -56,9 +57,18 @@ def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
     """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN; granite);
     gemma3 and gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's
     gate follows its query) under IMROPE; olmoe's whole-vector q/k norms run before, apart."""
+    monkeypatch.setenv("VKRT_FUSE_KV_STORE", "0")   # V's store apart either way: counted below
     saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_NORM_ROPE")
     per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss"])
+def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, monkeypatch, name):
+    """V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE): one command fewer a
+    layer with attention, in both graphs; sliding layers (gemma3, gpt-oss), IMROPE (qwen35moe)."""
+    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_KV_STORE")
+    assert saved == 2 * len(cfg.kv_layers)
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
@@ -139,7 +149,9 @@ def test_fusion_defaults(monkeypatch):
     monkeypatch.delenv("VKRT_FUSE_GATE_UP", raising=False)
     monkeypatch.delenv("VKRT_FUSE_MOE_SUM", raising=False)
     monkeypatch.delenv("VKRT_FUSE_QKV", raising=False)
+    monkeypatch.delenv("VKRT_FUSE_KV_STORE", raising=False)
     assert fused("ADD_NORM") and not fused("GLU") and fused("GATE_UP") and not fused("MOE_SUM") and not fused("QKV")
+    assert fused("KV_STORE")
     monkeypatch.setenv("VKRT_FUSE_GLU", "1")
     monkeypatch.setenv("VKRT_FUSE_ADD_NORM", "0")
     assert fused("GLU") and not fused("ADD_NORM")

@@ -140,3 +140,55 @@ def test_cache_that_does_not_fit(device):
     finally:
         for t in (x, pos, bad):
             t.close()
+
+
+@pytest.mark.parametrize("cache", ["F16", "F32"])
+def test_v_store_rides_in_the_k_dispatch(device, cache):
+    """store_v: V's rows land in their cache cells with set_rows' bits, K's as without it, and
+    cells no token names keep what they held."""
+    rng = np.random.default_rng(11)
+    head_dim = 64
+    k, v = ((rng.standard_normal((N_TOK, N_HEAD, head_dim)) * 3).astype(np.float32) for _ in range(2))
+    rows = np.array([3, 0, 10, 4, 7], np.int32)
+    pos = np.array([0, 1, 7, 100, 4095], np.int32)
+    own = [tensor_from_numpy(device, a) for a in (k, v, rows, pos)]
+    tk, tv, trows, tp = own
+    caches = [Tensor.empty(device, cache, (head_dim, N_CELLS, N_HEAD)) for _ in range(4)]   # K, V apart; K, V fused
+    own += caches
+    args = dict(n_dims=head_dim, freq_base=1e4, neox=True)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                for c in caches:
+                    seq.fill(c.range(), 0x3C003C00)   # 1.0 in f16 pairs (a 1.875 f32): untouched cells show it
+                norm_rope(seq, tk, tp, caches[0], rows=trows, **args)
+                set_rows(seq, tv, trows, caches[1])
+                norm_rope(seq, tk, tp, caches[2], rows=trows, store_v=(tv, caches[3]), **args)
+            seq.run()
+        k_apart, v_apart, k_fused, v_fused = (read_tensor(c) for c in caches)
+    finally:
+        for t in own:
+            t.close()
+    bits = np.uint16 if cache == "F16" else np.uint32
+    np.testing.assert_array_equal(k_apart.view(bits), k_fused.view(bits))
+    np.testing.assert_array_equal(v_apart.view(bits), v_fused.view(bits))
+    np.testing.assert_allclose(v_fused[:, rows, :], v.transpose(1, 0, 2), rtol=1e-3)   # [head, cell, dim]
+    assert not np.isin(np.arange(N_CELLS), rows).all()
+    untouched = np.setdiff1d(np.arange(N_CELLS), rows)
+    np.testing.assert_array_equal(v_fused[:, untouched, :].view(bits), v_apart[:, untouched, :].view(bits))
+
+
+def test_v_store_needs_matching_layouts(device):
+    x = tensor_from_numpy(device, np.zeros((2, 4, 64), np.float32))
+    v = tensor_from_numpy(device, np.zeros((2, 4, 32), np.float32))
+    pos = tensor_from_numpy(device, np.zeros(2, np.int32))
+    kc, vc = Tensor.empty(device, "F16", (64, 8, 4)), Tensor.empty(device, "F16", (32, 8, 4))
+    try:
+        with CommandSequence(device) as seq, seq.record():
+            with pytest.raises(OutOfRange, match="not laid out"):
+                norm_rope(seq, x, pos, kc, rows=pos, store_v=(v, vc), n_dims=64, freq_base=1e4)
+            with pytest.raises(OutOfRange, match="needs rows"):
+                norm_rope(seq, x, pos, x, store_v=(x, kc), n_dims=64, freq_base=1e4)
+    finally:
+        for t in (x, v, pos, kc, vc):
+            t.close()

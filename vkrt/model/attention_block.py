@@ -20,7 +20,7 @@ from ..ops.attention import Attention
 from ..ops.elementwise import add, gate_mul
 from ..ops.flash_attn import FlashAttn
 from ..ops.matmul import matmul
-from ..ops.norm_rope import norm_rope
+from ..ops.norm_rope import can_store_v, norm_rope
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
 from .arch import ROPE_IMROPE, ROPE_NORMAL
@@ -68,10 +68,15 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
     pos, cells = positions(cfg, s, T), s.cells.slice(0, 0, T)
     args = rope_args(cfg, w, il)
+    v3 = v.view((Dv, KV, T))
     if fused("NORM_ROPE"):   # q/k norm, RoPE and K's store into the cache: two kernels
         norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
         norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args)
-        norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, **args)
+        store_v = (v3, cache.v[il]) if fused("KV_STORE") and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
+        norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, store_v=store_v,
+                  **args)
+        if store_v is None:
+            set_rows(seq, v3, cells, cache.v[il])
     else:
         if cfg.qk_norm:
             tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
@@ -80,7 +85,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
         rope(seq, q3, pos, qr, **args)
         rope(seq, k3, pos, kr, **args)
         set_rows(seq, kr, cells, cache.k[il])
-    set_rows(seq, v.view((Dv, KV, T)), cells, cache.v[il])
+        set_rows(seq, v3, cells, cache.v[il])
     out = s.attn.view((Dv, H, T))
     attn_args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
                  out, mask)

@@ -26,7 +26,10 @@ from ..ops.matmul import matmul, matmul_segments
 # copies: 8B's q/k/v 27.6 -> 19.3 us, 30B-A3B's 20.5 -> 12.3), but inside a decode step the three
 # already overlap (no barrier between them) and tg128 did not move (8B 171.7 apart vs 170.1
 # fused, 30B-A3B 187.6 vs 186.6; bench/peer.py, same run).
-FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True, "GATE_UP": True, "MOE_SUM": False, "QKV": False}
+# KV_STORE (with NORM_ROPE: V's store into its cache rides in K's norm_rope dispatch where V and
+# its cache are laid out as K and its cache): one dispatch fewer a layer.
+FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True, "GATE_UP": True, "MOE_SUM": False, "QKV": False,
+           "KV_STORE": True}
 
 
 def fused(what: str) -> bool:

@@ -1,5 +1,6 @@
-"""RoPE with the q/k RMS norm before it and, for K, the store into the cache after it: one kernel
-(shaders/norm_rope.comp) for what rms_norm, rope and set_rows do apart, with the same bits."""
+"""RoPE with the q/k RMS norm before it and, for K, the store into the cache after it (and V's
+store into its cache alongside): one kernel (shaders/norm_rope.comp) for what rms_norm, rope and
+set_rows do apart, with the same bits."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ NORM_ROPE_PUSH = PushConstants(
                            "y_head", "y_tok", "pos_off", "ff_off", "use_ff", "neox", "rows_off")),
     ("eps", "f32"), ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"),
     ("ext_factor", "f32"), ("corr_low", "f32"), ("corr_high", "f32"),
-    ("pos_stride", "u32"), ("interleaved", "u32"), ("sections", "uvec4"))
+    ("pos_stride", "u32"), ("interleaved", "u32"), ("v_off", "u32"), ("vd_off", "u32"), ("sections", "uvec4"))
 
 
 def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor | None = None, eps: float = 0.0,
-              rows: Tensor | None = None, **rope_args) -> None:
+              rows: Tensor | None = None, store_v: tuple[Tensor, Tensor] | None = None, **rope_args) -> None:
     """Record rope(rms_norm(x) * weight) for x F32 [head_dim, n_head, n_tokens] (weight None: no
     norm; x may be a strided view, e.g. the query half of a [query, gate] projection). rows None:
     out is laid out like x (F32); else out is a cache F32/F16 [head_dim, n_cells, n_head] and
-    token t goes to cell rows[t] (I32). rope_args as rope(), sections and YaRN included."""
+    token t goes to cell rows[t] (I32). rope_args as rope(), sections and YaRN included.
+    store_v = (v, v_cache) with rows: also set_rows(v, rows, v_cache) in the same dispatch, for v
+    laid out like x and v_cache like out (see can_store_v)."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     (pr, fr), push = rope_operands(x, positions, op="norm_rope", **rope_args)
     xr, xo, xs = f32_binding(x, "norm_rope x")
@@ -40,6 +43,8 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     if weight is not None:
         defines["NORM"] = 1
     if rows is None:
+        if store_v is not None:
+            raise OutOfRange("norm_rope: store_v needs rows (a cache store)")
         same_shape(x, out, "norm_rope")
         yr, yo, ys = f32_binding(out, "norm_rope out")
         buffers += [yr, pr]   # binding 5 is unused without rows
@@ -61,9 +66,28 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
         defines["ROWS"] = 1
         if out.type is F16:
             defines["DST_F16"] = 1
+        if store_v is not None:
+            v, v_cache = store_v
+            if not can_store_v(x, out, v, v_cache):
+                raise OutOfRange(f"norm_rope: V {v!r} / its cache {v_cache!r} are not laid out as x / out")
+            vr, vo = bind_tensor(v)
+            vdr, vdo = bind_tensor(v_cache)
+            buffers += [vr, vdr]
+            push.update(v_off=vo // 4, vd_off=vdo // es)
+            defines["STORE_V"] = 1
+    push.setdefault("v_off", 0)
+    push.setdefault("vd_off", 0)
     push.update(x_off=xo, x_s1=xs[0], x_s2=xs[1], w_off=wo, eps=float(eps))
     dev = seq.device
     k = kernel(dev, "norm_rope", defines={**defines, **reduce_defines(dev)}, push=NORM_ROPE_PUSH,
                workgroup=(norm_wg(dev, head_dim),))
     seq.dispatch(k, buffers, push=push, groups=row_groups(n_head * n_tokens, dev),
                  label="norm_rope" if weight is not None else "rope")
+
+
+def can_store_v(x: Tensor, out: Tensor, v: Tensor, v_cache: Tensor) -> bool:
+    """Whether norm_rope's K store (x -> out) can carry V's (v -> v_cache) in its dispatch: V is
+    shaped and strided as x and its cache as K's, both F32 with 4-byte aligned offsets."""
+    return (v.ne == x.ne and v.nb == x.nb and v.type is F32 and x.type is F32 and v_cache.type is out.type
+            and v_cache.ne == out.ne and v_cache.nb == out.nb
+            and bind_tensor(v)[1] % 4 == 0 and bind_tensor(v_cache)[1] % out.type.type_size == 0)
