@@ -17,12 +17,13 @@ import statistics
 import tempfile
 
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
-from vkrt.device import Device
+from vkrt.device import Arch, Device
 from vkrt.engine.bench import BenchTest, run_test
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
 from vkrt.model.synthetic import SyntheticSpec, write_model
+from vkrt.settings import Settings
 
 SHAPES = {
     "smollm2": SyntheticSpec(arch="llama", n_layer=30, n_embd=576, n_head=9, n_head_kv=3, head_dim=64, n_ff=1536,
@@ -93,7 +94,8 @@ def main() -> None:
     args = ap.parse_args()
     global TESTS
     TESTS = tuple(t for t in ALL_TESTS if t[0] in args.tests.split(","))
-    polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
+    settings = Settings.from_env()
+    polaris = settings.arch is Arch.AMD_GCN
     models = [(os.path.basename(m), m) for m in args.models]
     tmp = tempfile.mkdtemp()
     for name in filter(None, args.synthetic.split(",")):
@@ -102,7 +104,7 @@ def main() -> None:
         models.append((f"{name}-shaped (random weights)", path))
     binary = find_server(args.llama_server)
     rows = []
-    with Device() as device:
+    with Device(settings=settings) as device:
         dev_name = device.profile.name
         for label, path in models:
             rows.append({"model": label, "vkrt": vkrt_side(device, path, args.reps)})

@@ -22,6 +22,8 @@ import time
 
 import click
 
+from .common import settings
+
 SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 PATHS = ("staging", "imported", "mmap", "fallback", "naive")
 PATH_NAMES = {
@@ -154,7 +156,7 @@ def run_benchmark(max_size: int, min_size: int, queues: list[str], iters: int | 
     """Measure every path at sizes min_size..max_size (powers of 4 from 1 MiB); one dict for --json."""
     from vkrt.device import Device
 
-    with Device() as device:
+    with Device(settings=settings()) as device:
         p = device.profile
         limit = min(p.max_buffer_size, p.max_allocation_size)
         sizes = [s for s in SIZES if min_size <= s <= min(max_size, limit)]
@@ -257,8 +259,8 @@ def bench_h2d(max_size, min_size, queue, iters, tmpdir, no_cuda, as_json) -> Non
     from vkrt.units import parse_size
 
     if max_size is None:
-        with Instance(validate=False) as instance:
-            cpu = select_device(instance.profiles()).device_type == "cpu"
+        with Instance(validate=False, settings=settings()) as instance:
+            cpu = select_device(instance.profiles(), instance.settings.device).device_type == "cpu"
         max_bytes = (64 << 20) if cpu else (1 << 30)
     else:
         max_bytes = parse_size(max_size, "--max-size")

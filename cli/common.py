@@ -117,3 +117,12 @@ def open_engine(device, *, model=None, **options):
     checkpoints for models that keep a recurrent state."""
     from vkrt.engine.options import open_engine as open_with
     return open_with(device, model or default_model(), engine_options(**options))
+
+
+def settings():
+    """The Settings `vkrt` read from the environment at start (the command group's object);
+    read now when a command runs outside the group (tests invoking one command)."""
+    from vkrt.settings import Settings
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_root().obj if ctx is not None else None
+    return found if isinstance(found, Settings) else Settings.from_env()

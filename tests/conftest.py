@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
 from vkrt.device import Device, Instance
+from vkrt.settings import BY_NAME as VARIABLES_BY_NAME, read_variable
 
 
 def _profiles():
@@ -43,14 +43,23 @@ def _fail_on_validation_errors(request):
 
 
 @pytest.fixture
-def spirv_cache(tmp_path, monkeypatch):
-    """A private, empty SPIR-V cache for tests that count compiles."""
-    monkeypatch.setenv("VKRT_CACHE_DIR", str(tmp_path / "cache"))
+def spirv_cache(tmp_path):
+    """A private, empty SPIR-V cache folder for tests that count compiles (compile_shader's cache_dir)."""
     return tmp_path / "cache" / "spirv"
 
 
+@pytest.fixture
+def device_env(device, monkeypatch):
+    """device_env(VARIABLE, text): the session device's settings as if VARIABLE=text had been in
+    the environment when it opened (parsed by the variable's own parser), for this test only."""
+    def setenv(name: str, text: str) -> None:
+        var = VARIABLES_BY_NAME[name]
+        monkeypatch.setattr(device, "settings", device.settings.replace(**{var.field: var.parse(name, text)}))
+    return setenv
+
+
 def expect_lavapipe() -> bool:
-    return os.environ.get("VKRT_EXPECT_LAVAPIPE", "0") == "1"
+    return bool(read_variable("VKRT_EXPECT_LAVAPIPE"))
 
 
 @pytest.fixture

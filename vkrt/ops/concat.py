@@ -11,10 +11,9 @@ generic kernel (for comparisons); `path="fast"` insists on the fast path.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..errors import ConfigError, GGMLTypeError, OutOfRange, VkrtError
+from ..errors import GGMLTypeError, OutOfRange, VkrtError
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .copy import check_destination, check_types, copy
@@ -75,13 +74,6 @@ def fast_plan(a: Tensor, b: Tensor, dst: Tensor, dim: int) -> FastPlan | str:
     return plan
 
 
-def generic_forced() -> bool:
-    value = os.environ.get("VKRT_CONCAT_GENERIC", "0").strip()
-    if value not in ("0", "1", ""):
-        raise ConfigError(f"VKRT_CONCAT_GENERIC={value!r}: expected 0 or 1")
-    return value == "1"
-
-
 def _check(a: Tensor, b: Tensor, dst: Tensor, dim: int, what: str) -> None:
     if not 0 <= dim <= 3:
         raise OutOfRange(f"{what}: dim must be 0..3, got {dim}")
@@ -102,8 +94,7 @@ def concat(seq, a: Tensor, b: Tensor, dst: Tensor, dim: int, *, path: str = "aut
     if path not in PATHS:
         raise VkrtError(f"{what}: path must be one of {PATHS}, got {path!r}")
     _check(a, b, dst, dim, what)
-    forced_generic = path == "generic" or (path == "auto" and generic_forced())
-    plan = None if forced_generic else fast_plan(a, b, dst, dim)
+    plan = None if path == "generic" else fast_plan(a, b, dst, dim)
     if isinstance(plan, FastPlan):
         _fast(seq, plan, dst, what)
         return "fast"
