@@ -48,11 +48,11 @@ def hub_options(f, *, multiple: bool = False):
 
 
 def flag01(value: str) -> bool:
+    """An on/off option's value, spelled as a flag variable's (vkrt.settings.FLAG_ON / FLAG_OFF)."""
+    from vkrt.settings import FLAG_OFF, FLAG_ON
     v = str(value).strip().lower()
-    if v in ("1", "on", "true", "yes"):
-        return True
-    if v in ("0", "off", "false", "no"):
-        return False
+    if v in FLAG_ON + FLAG_OFF:
+        return v in FLAG_ON
     raise click.BadParameter(f"expected 0/1 or on/off, got {value!r}")
 
 
