@@ -20,10 +20,10 @@ import sys
 import time
 from collections import defaultdict
 
+from common import bench_settings, opened
+
 from vkrt.commands import CommandSequence
 from vkrt.device import Device
-from vkrt.engine.engine import Engine
-from vkrt.model.loader import Model
 from vkrt.model.transformer import RecordOptions
 from vkrt.units import parse_size
 
@@ -40,10 +40,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cache = None if args.expert_cache == "auto" else parse_size(args.expert_cache, "--expert-cache")
-    with Device() as dev, Model(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
-                                progress=False) as m, \
-            Engine(m, n_ctx=max(512, args.depth + 64) + args.tokens, n_batch=max(512, args.tokens),
-                   n_ubatch=max(64, args.tokens), expert_cache=cache, prefetch_slots=0) as e:
+    with Device(settings=bench_settings(prefetch_slots=0)) as dev, \
+            opened(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
+                   n_ctx=max(512, args.depth + 64) + args.tokens, n_batch=max(512, args.tokens),
+                   n_ubatch=max(64, args.tokens), expert_cache=cache) as (m, e):
         e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(max(1, args.depth))])
         tok, t0 = 7, time.perf_counter()
         for _ in range(16):

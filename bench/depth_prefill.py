@@ -19,12 +19,12 @@ import statistics
 import sys
 import time
 
+from common import bench_settings, polaris_class
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
-from vkrt.device import Arch, Device
+from vkrt.device import Device
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
-from vkrt.settings import Settings
 
 
 def vkrt_depth(model, depth: int, n_prompt: int, ubatch: int, reps: int) -> float:
@@ -78,8 +78,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     depths = [int(d) for d in args.depth.split(",")]
-    settings = Settings.from_env()
-    polaris = settings.arch is Arch.AMD_GCN
+    settings = bench_settings()
+    polaris = polaris_class(settings)
     rows = []
     with Device(settings=settings) as device:
         name = device.profile.name

@@ -22,12 +22,12 @@ import statistics
 import sys
 import time
 
+from common import bench_settings, polaris_class
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
-from vkrt.device import Arch, Device
+from vkrt.device import Device
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
-from vkrt.settings import Settings
 from vkrt.units import parse_size
 
 
@@ -151,8 +151,8 @@ def main() -> None:
                     help="VRAM of the emulated card for the expert-cache row (default 8G)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    settings = Settings.from_env()
-    polaris = settings.arch is Arch.AMD_GCN
+    settings = bench_settings()
+    polaris = polaris_class(settings)
     with Device(settings=settings) as device:
         rows = [] if args.no_vkrt else run_vkrt(args.model, args, device)
         name = device.profile.name

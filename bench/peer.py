@@ -16,14 +16,14 @@ import os
 import statistics
 import tempfile
 
+from common import bench_settings, polaris_class
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
-from vkrt.device import Arch, Device
+from vkrt.device import Device
 from vkrt.engine.bench import BenchTest, run_test
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
 from vkrt.model.synthetic import SyntheticSpec, write_model
-from vkrt.settings import Settings
 
 SHAPES = {
     "smollm2": SyntheticSpec(arch="llama", n_layer=30, n_embd=576, n_head=9, n_head_kv=3, head_dim=64, n_ff=1536,
@@ -94,8 +94,8 @@ def main() -> None:
     args = ap.parse_args()
     global TESTS
     TESTS = tuple(t for t in ALL_TESTS if t[0] in args.tests.split(","))
-    settings = Settings.from_env()
-    polaris = settings.arch is Arch.AMD_GCN
+    settings = bench_settings()
+    polaris = polaris_class(settings)
     models = [(os.path.basename(m), m) for m in args.models]
     tmp = tempfile.mkdtemp()
     for name in filter(None, args.synthetic.split(",")):
