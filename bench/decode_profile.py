@@ -88,7 +88,7 @@ def main(argv=None) -> int:
             m_["count"] += r["count"]
         rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
-        info = {"device": dev.profile.name, "arch": dev.profile.architecture.value, "tokens": args.tokens,
+        info = {**dev.profile.identity(), "tokens": args.tokens,
                 "n_cpu_moe": m.n_cpu_moe,
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({**info, "kernels": rows}))
         return 0
-    print(f"# {info['device']} ({info['arch']}), {args.tokens} token(s), n_cpu_moe {info['n_cpu_moe']}, "
+    print(f"# {info['device']} ({info['architecture']}), {args.tokens} token(s), n_cpu_moe {info['n_cpu_moe']}, "
           f"cache {info['expert_cache_slots']} "
           f"slots/layer: GPU {total:.0f} us/step over {info['dispatches']} commands, {info['barriers']} barriers; "
           f"engine wall {wall * 1e6:.0f} us/step")

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     for r in rows:
         r["ms_per_token"] = r["ms"] / r["tokens"]
     if args.json:
-        print(json.dumps({"model": args.model, "device": dev.profile.name, "context": args.context, "steps": rows}))
+        print(json.dumps({"model": args.model, **dev.profile.identity(), "context": args.context, "steps": rows}))
         return 0
     print(f"# {args.model} on {dev.profile.name}: every slot holds {args.context} tokens")
     print("| step | decode tokens | tokens | ms | ms a token | x decode step |")

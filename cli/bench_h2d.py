@@ -167,7 +167,7 @@ def run_benchmark(max_size: int, min_size: int, queues: list[str], iters: int | 
             raise click.UsageError(f"no size between {min_size} and {min(max_size, limit)} bytes; sizes are "
                                    "1 MiB, 4 MiB, ... 1 GiB")
         rows, registrations = _vkrt_rows(device, sizes, queues, iters, tmpdir)
-        result = {"device": p.name, "architecture": p.architecture.value,
+        result = {**p.identity(),
                   "dedicated_transfer_queue": device.has_transfer_queue,
                   "compute_queue_family": device.compute.family, "transfer_queue_family": device.transfer.family,
                   "staging_segment_bytes": device.tuning.staging_segment,

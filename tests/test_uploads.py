@@ -141,6 +141,7 @@ def test_bench_h2d_reports_every_path(device):
     assert result.exit_code == 0, result.output
     out = json.loads(result.output.strip().splitlines()[-1])
     assert out["sizes_bytes"] == [1 << 20] and out["cuda"] is None and "bench/h2d.py" in out["cuda_not_measured"]
+    assert (out["device"], out["architecture"]) == (device.profile.name, device.profile.architecture.value)
     paths = {r["path"] for r in out["results"]}
     assert paths == {"staging", "imported", "mmap", "fallback", "naive"}
     assert all(r["gbps"] > 0 and r["queue"] == "transfer" for r in out["results"])

@@ -139,6 +139,11 @@ class DeviceProfile:
     def with_architecture(self, arch: Arch) -> "DeviceProfile":
         return dataclasses.replace(self, architecture=arch)
 
+    def identity(self) -> dict:
+        """{"device": name, "architecture": value}: how every JSON report (bench-h2d, bench/)
+        names the device it ran on."""
+        return {"device": self.name, "architecture": self.architecture.value}
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["architecture"] = self.architecture.value
