@@ -119,9 +119,3 @@ def test_device_takes_its_settings(device):
         assert dev.vram_budget == 1 << 20 and dev.settings.gpu_timeout == 0.25
         with pytest.raises(GpuTimeout, match="VKRT_GPU_TIMEOUT"):
             dev.compute.timeline.wait(dev.compute.last_submitted + 1)   # nothing will signal it
-
-
-def test_library_refuses_settings_beside_a_device(device):
-    import vkrt
-    with pytest.raises(ConfigError, match="brings its own settings"):
-        vkrt.load(device=device, settings=Settings())
