@@ -1,4 +1,4 @@
-"""GPU architecture detection (DESIGN §2) and the names VKRT_ARCH accepts."""
+"""GPU architecture detection (docs/ARCHITECTURE.md §2) and the names VKRT_ARCH accepts."""
 
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 
 The generic kernel computes every destination element from its indices and reads the source
 wherever its strides say, which is catastrophic for a source stored transposed: neighbouring
-threads then read elements a whole column apart. The fast path (DESIGN §4) handles concat
-along dim 0 of a row-major source and a transposed 2-D one in a single dispatch: a coalesced
-copy of the row-major source into its columns and a tiled shared-memory transpose of the
-other into the remaining columns. `path="generic"` or VKRT_CONCAT_GENERIC=1 forces the
-generic kernel (for comparisons); `path="fast"` insists on the fast path.
+threads then read elements a whole column apart. The fast path (docs/ARCHITECTURE.md §4)
+handles concat along dim 0 of a row-major source and a transposed 2-D one in a single dispatch:
+a coalesced copy of the row-major source into its columns and a tiled shared-memory transpose
+of the other into the remaining columns. `path="generic"` forces the generic kernel (for
+comparisons); `path="fast"` insists on the fast path.
 """
 
 from __future__ import annotations

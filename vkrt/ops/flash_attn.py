@@ -1,4 +1,5 @@
-"""Flash attention (DESIGN §4): scalar fp32 kernel, mask_opt pre-pass, split-K merged by the last split.
+"""Flash attention (docs/ARCHITECTURE.md §4): scalar fp32 kernel, mask_opt pre-pass, split-K
+merged by the last split.
 
     out = softmax(S) V,  S = softcap * tanh(scale * Q K^T / softcap) + slope_h * mask
     (with attention sinks, one value s_h a query head: out = exp(S) V / (sum exp(S) + exp(s_h)))
