@@ -5,7 +5,8 @@ it; a library user who passes none gets it when the Device opens) and passed dow
 holds it (`device.settings`) for the layers below (architecture, validation, GPU timeout, VRAM
 budget, host import, staging threads, shader cache); the model and engine read their switches
 (fusions, flash attention's mask_opt, prefetch slots, expert staging, tokenizer cache) from their
-device's settings when they are built. Nothing below the CLI reads os.environ.
+device's settings when they are built. Nothing below the CLI reads os.environ
+(docs/ARCHITECTURE.md §7 says which layer takes what).
 
     python -m vkrt.settings               # the settings this environment gives
     python -m vkrt.settings --markdown    # the README's table of environment variables

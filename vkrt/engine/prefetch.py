@@ -1,4 +1,5 @@
-"""Expert prefetch: for large ubatches nearly every expert of a MoE layer is used, so the whole
+"""Expert prefetch (docs/ARCHITECTURE.md §4 and §6, the data path of a prompt ubatch): for
+large ubatches nearly every expert of a MoE layer is used, so the whole
 expert tensors (gate, up, down) of layers kept in host memory are uploaded on the transfer queue
 into a ring of device slots ahead of use. Per slot, a "ready" value of the transfer timeline
 (transfer -> compute) and a "free" value of the compute timeline (compute -> transfer) order the

@@ -1,4 +1,5 @@
-"""Expert staging and caching for decode: for steps of at most tuning.mv_max_n tokens, the
+"""Expert staging and caching for decode (docs/ARCHITECTURE.md §4 and §5, the data path of a
+decode step): for steps of at most tuning.mv_max_n tokens, the
 experts the tokens chose in a host-resident MoE layer are copied into device slots first (one
 copy per expert stack, all at once) and the mat-vecs read those.
 

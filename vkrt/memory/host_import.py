@@ -1,4 +1,5 @@
-"""The host registry: host ranges (a model's mmap, a --no-mmap buffer) made reachable by GPU DMA.
+"""The host registry: host ranges (a model's mmap, a --no-mmap buffer) made reachable by GPU DMA
+(docs/ARCHITECTURE.md §4, host import).
 
 A registered range is imported with VK_EXT_external_memory_host in chunks no larger than the
 device allows (and settings.import_chunk, VKRT_IMPORT_CHUNK), each aligned to minImportedHostPointerAlignment. Once an

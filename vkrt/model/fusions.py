@@ -1,5 +1,6 @@
 """The lossless fusions a recording may use (Fusions: each switchable, VKRT_FUSE_<name>=0/1,
-giving the same bits on and off), and the projection helper that applies QKV."""
+giving the same bits on and off; docs/ARCHITECTURE.md §4), and the projection helper that
+applies QKV."""
 
 from __future__ import annotations
 
