@@ -20,10 +20,10 @@ import sys
 import time
 from collections import defaultdict
 
+from common import bench_settings, opened
+
 from vkrt.commands import CommandSequence
 from vkrt.device import Device
-from vkrt.engine.engine import Engine
-from vkrt.model.loader import Model
 from vkrt.model.transformer import RecordOptions
 from vkrt.units import parse_size
 
@@ -40,10 +40,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cache = None if args.expert_cache == "auto" else parse_size(args.expert_cache, "--expert-cache")
-    with Device() as dev, Model(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
-                                progress=False) as m, \
-            Engine(m, n_ctx=max(512, args.depth + 64) + args.tokens, n_batch=max(512, args.tokens),
-                   n_ubatch=max(64, args.tokens), expert_cache=cache, prefetch_slots=0) as e:
+    with Device(settings=bench_settings(prefetch_slots=0)) as dev, \
+            opened(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
+                   n_ctx=max(512, args.depth + 64) + args.tokens, n_batch=max(512, args.tokens),
+                   n_ubatch=max(64, args.tokens), expert_cache=cache) as (m, e):
         e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(max(1, args.depth))])
         tok, t0 = 7, time.perf_counter()
         for _ in range(16):
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
             m_["count"] += r["count"]
         rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
-        info = {"device": dev.profile.name, "arch": dev.profile.architecture.value, "tokens": args.tokens,
+        info = {**dev.profile.identity(), "tokens": args.tokens,
                 "n_cpu_moe": m.n_cpu_moe,
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({**info, "kernels": rows}))
         return 0
-    print(f"# {info['device']} ({info['arch']}), {args.tokens} token(s), n_cpu_moe {info['n_cpu_moe']}, "
+    print(f"# {info['device']} ({info['architecture']}), {args.tokens} token(s), n_cpu_moe {info['n_cpu_moe']}, "
           f"cache {info['expert_cache_slots']} "
           f"slots/layer: GPU {total:.0f} us/step over {info['dispatches']} commands, {info['barriers']} barriers; "
           f"engine wall {wall * 1e6:.0f} us/step")

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
+from common import bench_settings, polaris_class
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
 from vkrt.device import Device
 from vkrt.engine.engine import Engine
@@ -78,19 +78,20 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     depths = [int(d) for d in args.depth.split(",")]
-    polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
+    settings = bench_settings()
+    polaris = polaris_class(settings)
     rows = []
-    with Device() as device:
+    with Device(settings=settings) as device:
         name = device.profile.name
         with Model(device, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe, progress=False) as m:
             for depth in depths:
                 row = {"depth": depth}
-                for flag in ("0", "1"):
-                    os.environ["VKRT_FA_MASK_OPT"] = flag
-                    row[f"vkrt_mask_opt_{'on' if flag == '1' else 'off'}_ts"] = vkrt_depth(
+                for flag in (False, True):   # engines built now take mask_opt from the device's settings
+                    device.settings = settings.replace(fa_mask_opt=flag)
+                    row[f"vkrt_mask_opt_{'on' if flag else 'off'}_ts"] = vkrt_depth(
                         m, depth, args.n_prompt, args.ubatch, args.reps)
                     print(json.dumps(row), file=sys.stderr, flush=True)
-                os.environ.pop("VKRT_FA_MASK_OPT")
+                device.settings = settings
                 row["mask_opt_gain"] = row["vkrt_mask_opt_on_ts"] / row["vkrt_mask_opt_off_ts"] - 1
                 rows.append(row)
     binary = None if args.no_llama else find_server(args.llama_server)

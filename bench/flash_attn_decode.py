@@ -72,7 +72,7 @@ def main() -> None:
     with Device() as dev:
         rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng)
                 for hs, nh, nkv in heads for nq in ints(args.queries) for depth in ints(args.depth)]
-        result = dict(device=dev.profile.name, architecture=dev.profile.architecture.value, rows=rows)
+        result = dict(**dev.profile.identity(), rows=rows)
     if args.json:
         print(json.dumps(result))
         return

@@ -24,15 +24,14 @@ import tempfile
 import time
 
 import numpy as np
+from common import opened
 from peer import SHAPES
 
 from vkrt.commands import CommandSequence, tensor_from_numpy
 from vkrt.device import Device
-from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
 from vkrt.engine.grammar import Constraint, grammar_tokenizer, json_schema_grammar
 from vkrt.engine.sampler import GREEDY
-from vkrt.model.loader import Model
 from vkrt.model.synthetic import write_model
 from vkrt.ops.token_mask import pack_masks, token_mask
 
@@ -155,7 +154,7 @@ def main() -> None:
     results = {}
     with Device() as dev:
         for path in paths:
-            with Model(dev, path, progress=False) as m, Engine(m, n_ctx=512, n_ubatch=64) as e:
+            with opened(dev, path, n_ctx=512, n_ubatch=64) as (m, e):
                 results[os.path.basename(path)] = measure(e, m.tokenizer, args.n)
         device = dev.profile.name
     if args.json:

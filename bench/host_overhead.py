@@ -59,8 +59,7 @@ def measure(dispatches: int, iters: int, n: int) -> dict:
             return statistics.median(samples) / dispatches * 1e6
 
         return {
-            "device": dev.profile.name,
-            "architecture": dev.profile.architecture.value,
+            **dev.profile.identity(),
             "dispatches": dispatches,
             "iters": iters,
             "elements": n,

@@ -170,13 +170,13 @@ def main(argv=None) -> int:
                     for t in ws:
                         t.close()
         fields = ("mv_wg", "mv_rows", "mv_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_prefetch")
-        info = {"device": dev.profile.name, "arch": dev.profile.architecture.value, "copy_gbs": peer,
+        info = {**dev.profile.identity(), "copy_gbs": peer,
                 "tuning": {f: getattr(tuning, f) for f in fields}}
     if args.json:
         json.dump({**info, "results": rows}, sys.stdout, indent=1)
         print()
     else:
-        print(f"# {info['device']} ({info['arch']}), copy peer {peer:.1f} GB/s, tuning {info['tuning']}")
+        print(f"# {info['device']} ({info['architecture']}), copy peer {peer:.1f} GB/s, tuning {info['tuning']}")
     return 0
 
 

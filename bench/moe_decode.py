@@ -205,12 +205,12 @@ def main(argv=None) -> int:
                     print(f"{r['type']:5} {r['path']:12} {r['us_per_layer']:9.1f} us/layer {r['gbps']:7.2f} GB/s "
                           f"{r['speedup_vs_in_place']:5.2f}x in place  {100 * r['of_copy_peer']:5.1f}% of copy peer{hits}",
                           flush=True)
-        info = {"device": dev.profile.name, "arch": dev.profile.architecture.value,
+        info = {**dev.profile.identity(),
                 "tuning": {f: getattr(tuning, f) for f in ("mv_wg", "mv_rows", "mv_max_n")}}
     if args.json:
         print(json.dumps({**info, "results": rows}))
     else:
-        print(f"# {info['device']} ({info['arch']}), tuning {info['tuning']}")
+        print(f"# {info['device']} ({info['architecture']}), tuning {info['tuning']}")
     return 0
 
 

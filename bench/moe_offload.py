@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from common import bench_settings, polaris_class
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
 from vkrt.device import Device
 from vkrt.engine.engine import Engine
@@ -150,9 +151,9 @@ def main() -> None:
                     help="VRAM of the emulated card for the expert-cache row (default 8G)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    import os
-    polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
-    with Device() as device:
+    settings = bench_settings()
+    polaris = polaris_class(settings)
+    with Device(settings=settings) as device:
         rows = [] if args.no_vkrt else run_vkrt(args.model, args, device)
         name = device.profile.name
         arch = device.profile.architecture.value

@@ -16,6 +16,7 @@ import os
 import statistics
 import tempfile
 
+from common import bench_settings, polaris_class
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
 from vkrt.device import Device
 from vkrt.engine.bench import BenchTest, run_test
@@ -93,7 +94,8 @@ def main() -> None:
     args = ap.parse_args()
     global TESTS
     TESTS = tuple(t for t in ALL_TESTS if t[0] in args.tests.split(","))
-    polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
+    settings = bench_settings()
+    polaris = polaris_class(settings)
     models = [(os.path.basename(m), m) for m in args.models]
     tmp = tempfile.mkdtemp()
     for name in filter(None, args.synthetic.split(",")):
@@ -102,7 +104,7 @@ def main() -> None:
         models.append((f"{name}-shaped (random weights)", path))
     binary = find_server(args.llama_server)
     rows = []
-    with Device() as device:
+    with Device(settings=settings) as device:
         dev_name = device.profile.name
         for label, path in models:
             rows.append({"model": label, "vkrt": vkrt_side(device, path, args.reps)})

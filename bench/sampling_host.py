@@ -18,12 +18,11 @@ import tempfile
 import time
 
 import numpy as np
+from common import opened
 from peer import SHAPES
 
 from vkrt.device import Device
-from vkrt.engine.engine import Engine
 from vkrt.engine.sampler import Sampler, SamplingParams
-from vkrt.model.loader import Model
 from vkrt.model.synthetic import write_model
 
 PROMPT = [2, 818, 5279, 529, 7001, 563]
@@ -64,12 +63,12 @@ def main() -> None:
         path = os.path.join(tempfile.mkdtemp(), "gemma3-shaped.gguf")
         write_model(path, SHAPES["gemma3"])
     rows = {}
-    with Device() as dev, Model(dev, path, progress=False) as m, Engine(m, n_ctx=512, n_ubatch=64) as e:
+    with Device() as dev, opened(dev, path, n_ctx=512, n_ubatch=64) as (m, e):
         for name, whole, picked in (("sampled top-k 40", "row", "top"), ("greedy", "argmax", "greedy")):
             host = host_ms_per_token(e, whole, args.n)
             gpu = host_ms_per_token(e, picked, args.n)
             rows[name] = {"host_ms_whole_row": host, "host_ms_gpu_picked": gpu, "speedup_vs_whole_row": host / gpu}
-        info = {"device": dev.profile.name, "vocab": m.cfg.vocab_size, "tokens": args.n, "rows": rows}
+        info = {**dev.profile.identity(), "vocab": m.cfg.vocab_size, "tokens": args.n, "rows": rows}
     if args.json:
         print(json.dumps(info))
         return

@@ -19,9 +19,9 @@ import statistics
 import sys
 import time
 
+from common import opened
+
 from vkrt.device import Device
-from vkrt.engine.engine import Engine
-from vkrt.model.loader import Model
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -50,9 +50,8 @@ def main(argv=None) -> int:
     if max(gens) >= args.slots or max(sizes) > args.ubatch:
         sys.exit("server_steps: --generating must stay below --slots and --tokens within --ubatch")
     rows = []
-    with Device() as dev, Model(dev, args.model, progress=False) as m, \
-            Engine(m, n_ctx=max(4096, args.slots * (args.context + 2 * args.ubatch)), n_ubatch=args.ubatch,
-                   n_batch=args.ubatch, n_seq_max=args.slots) as e:
+    with Device() as dev, opened(dev, args.model, n_ctx=max(4096, args.slots * (args.context + 2 * args.ubatch)),
+                                 n_ubatch=args.ubatch, n_batch=args.ubatch, n_seq_max=args.slots) as (m, e):
         vocab = m.cfg.vocab_size
         for s in range(args.slots):
             e.mixed([(s, [1 + (s * 31 + i) % (vocab - 1) for i in range(args.context)])])
@@ -77,7 +76,7 @@ def main(argv=None) -> int:
     for r in rows:
         r["ms_per_token"] = r["ms"] / r["tokens"]
     if args.json:
-        print(json.dumps({"model": args.model, "device": dev.profile.name, "context": args.context, "steps": rows}))
+        print(json.dumps({"model": args.model, **dev.profile.identity(), "context": args.context, "steps": rows}))
         return 0
     print(f"# {args.model} on {dev.profile.name}: every slot holds {args.context} tokens")
     print("| step | decode tokens | tokens | ms | ms a token | x decode step |")

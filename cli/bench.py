@@ -14,7 +14,7 @@ import click
 
 from vkrt import __version__
 
-from .common import cache_size, default_model, flag01, hub_model, hub_options
+from .common import cache_size, default_model, flag01, hub_model, hub_options, settings
 
 DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0)
 COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe")
@@ -114,7 +114,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                if len(set(vals)) > 1 or vals[0] != DEFAULTS[k]}
     rows = []
     printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index))
-    with Device() as device:
+    with Device(settings=settings()) as device:
         loaded = None
         for path, ngl, use_mmap, n_moe, nb, nub, fa in grid:
             key = (path, ngl, use_mmap, n_moe)

@@ -4,9 +4,9 @@ Paths: pageable memory through the staging ring; imported anonymous memory (the 
 straight from it); a file-backed mmap (imported where the driver allows, else its host-visible
 copy); the host-visible fallback copy (forced); and a naive upload that allocates a host-visible
 buffer, copies into it and frees it every time (the peer of the staging ring). Each on the
-compute and on the transfer queue. On an NVIDIA GPU, CUDA pinned and pageable copies of the same
-sizes are measured in the same run as the link's limit (through PyTorch with CUDA, else the
-driver's libcuda.so.1; see cli/cuda_h2d.py). GB/s are 1e9 bytes per second,
+compute and on the transfer queue. `python bench/h2d.py` runs the same measurement and, on an
+NVIDIA GPU, CUDA pinned and pageable copies of the same sizes in the same run as the link's limit
+(bench/cuda_h2d.py: the `reference` of run_benchmark). GB/s are 1e9 bytes per second,
 from the median wall time of a complete upload (submit to completion). The bench registers host
 memory whatever VKRT_REGISTER_HOST says: it measures the paths, not the setting.
 """
@@ -22,6 +22,9 @@ import time
 
 import click
 
+from .common import settings
+
+NO_REFERENCE = "vkrt bench-h2d measures vkrt's paths only; python bench/h2d.py adds CUDA's copies"
 SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 PATHS = ("staging", "imported", "mmap", "fallback", "naive")
 PATH_NAMES = {
@@ -150,11 +153,13 @@ def _annotate(rows: list[dict], cuda: dict | None) -> None:
 
 
 def run_benchmark(max_size: int, min_size: int, queues: list[str], iters: int | None, tmpdir: str | None,
-                  cuda: bool) -> dict:
-    """Measure every path at sizes min_size..max_size (powers of 4 from 1 MiB); one dict for --json."""
+                  reference=None, why_not: str = NO_REFERENCE) -> dict:
+    """Measure every path at sizes min_size..max_size (powers of 4 from 1 MiB); one dict for --json.
+    `reference(sizes, seconds) -> (result or None, why not)` measures CUDA's copies of the same
+    sizes (bench/cuda_h2d.measure); None: not measured, for the reason `why_not`."""
     from vkrt.device import Device
 
-    with Device() as device:
+    with Device(settings=settings()) as device:
         p = device.profile
         limit = min(p.max_buffer_size, p.max_allocation_size)
         sizes = [s for s in SIZES if min_size <= s <= min(max_size, limit)]
@@ -162,17 +167,15 @@ def run_benchmark(max_size: int, min_size: int, queues: list[str], iters: int | 
             raise click.UsageError(f"no size between {min_size} and {min(max_size, limit)} bytes; sizes are "
                                    "1 MiB, 4 MiB, ... 1 GiB")
         rows, registrations = _vkrt_rows(device, sizes, queues, iters, tmpdir)
-        result = {"device": p.name, "architecture": p.architecture.value,
+        result = {**p.identity(),
                   "dedicated_transfer_queue": device.has_transfer_queue,
                   "compute_queue_family": device.compute.family, "transfer_queue_family": device.transfer.family,
                   "staging_segment_bytes": device.tuning.staging_segment,
                   "staging_segments": device.tuning.staging_segments,
                   "sizes_bytes": sizes, "gb_is_bytes": int(1e9), "registrations": registrations}
-    cuda_result, why = None, "skipped (--no-cuda)"
-    if cuda:
-        from .cuda_h2d import measure
-
-        cuda_result, why = measure(sizes, lambda copy, size: _median_seconds(copy, _iters(size, iters)))
+    cuda_result, why = None, why_not
+    if reference is not None:
+        cuda_result, why = reference(sizes, lambda copy, size: _median_seconds(copy, _iters(size, iters)))
     _annotate(rows, cuda_result)
     result["results"] = rows
     result["cuda"] = cuda_result
@@ -241,29 +244,45 @@ def print_table(r: dict) -> None:
         click.echo(f"CUDA pinned/pageable: not measured ({r['cuda_not_measured']})")
 
 
+def h2d_options(f):
+    """--max-size, --min-size, --queue, --iters, --tmpdir, --json (decorator; also bench/h2d.py's)."""
+    opts = [
+        click.option("--max-size", default=None, help="Largest size (e.g. 256M, 1G). Default 1G; 64M on a CPU device."),
+        click.option("--min-size", default="1M", show_default=True, help="Smallest size."),
+        click.option("--queue", "queue", type=click.Choice(["both", "compute", "transfer"]), default="both",
+                     show_default=True, help="Queue(s) to upload on."),
+        click.option("--iters", type=int, default=None, help="Timed repetitions per size (default: 3-30 by size)."),
+        click.option("--tmpdir", default=None, help="Where the file for the file-backed mmap goes (default: $TMPDIR)."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
 @click.command("bench-h2d")
-@click.option("--max-size", default=None, help="Largest size (e.g. 256M, 1G). Default 1G; 64M on a CPU device.")
-@click.option("--min-size", default="1M", show_default=True, help="Smallest size.")
-@click.option("--queue", "queue", type=click.Choice(["both", "compute", "transfer"]), default="both",
-              show_default=True, help="Queue(s) to upload on.")
-@click.option("--iters", type=int, default=None, help="Timed repetitions per size (default: 3-30 by size).")
-@click.option("--tmpdir", default=None, help="Where the file for the file-backed mmap goes (default: $TMPDIR).")
-@click.option("--no-cuda", is_flag=True, help="Skip the CUDA pinned/pageable reference.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def bench_h2d(max_size, min_size, queue, iters, tmpdir, no_cuda, as_json) -> None:
-    """Host -> device bandwidth of each host memory path (GB/s), 1 MiB to 1 GiB."""
+@h2d_options
+def bench_h2d(max_size, min_size, queue, iters, tmpdir, as_json) -> None:
+    """Host -> device bandwidth of each host memory path (GB/s), 1 MiB to 1 GiB (with CUDA's
+    pinned and pageable copies as the reference: python bench/h2d.py)."""
+    measure_and_report(max_size, min_size, queue, iters, tmpdir, as_json)
+
+
+def measure_and_report(max_size, min_size, queue, iters, tmpdir, as_json, reference=None,
+                       why_not: str = NO_REFERENCE) -> None:
+    """bench-h2d's options -> run_benchmark -> the table or one JSON line."""
     from vkrt.device.instance import Instance
     from vkrt.device.selection import select_device
     from vkrt.units import parse_size
 
     if max_size is None:
-        with Instance(validate=False) as instance:
-            cpu = select_device(instance.profiles()).device_type == "cpu"
+        with Instance(validate=False, settings=settings()) as instance:
+            cpu = select_device(instance.profiles(), instance.settings.device).device_type == "cpu"
         max_bytes = (64 << 20) if cpu else (1 << 30)
     else:
         max_bytes = parse_size(max_size, "--max-size")
     queues = ["compute", "transfer"] if queue == "both" else [queue]
-    result = run_benchmark(max_bytes, parse_size(min_size, "--min-size"), queues, iters, tmpdir, not no_cuda)
+    result = run_benchmark(max_bytes, parse_size(min_size, "--min-size"), queues, iters, tmpdir, reference, why_not)
     if as_json:
         click.echo(json.dumps(result))
     else:

@@ -48,11 +48,11 @@ def hub_options(f, *, multiple: bool = False):
 
 
 def flag01(value: str) -> bool:
+    """An on/off option's value, spelled as a flag variable's (vkrt.settings.FLAG_ON / FLAG_OFF)."""
+    from vkrt.settings import FLAG_OFF, FLAG_ON
     v = str(value).strip().lower()
-    if v in ("1", "on", "true", "yes"):
-        return True
-    if v in ("0", "off", "false", "no"):
-        return False
+    if v in FLAG_ON + FLAG_OFF:
+        return v in FLAG_ON
     raise click.BadParameter(f"expected 0/1 or on/off, got {value!r}")
 
 
@@ -117,3 +117,12 @@ def open_engine(device, *, model=None, **options):
     checkpoints for models that keep a recurrent state."""
     from vkrt.engine.options import open_engine as open_with
     return open_with(device, model or default_model(), engine_options(**options))
+
+
+def settings():
+    """The Settings `vkrt` read from the environment at start (the command group's object);
+    read now when a command runs outside the group (tests invoking one command)."""
+    from vkrt.settings import Settings
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_root().obj if ctx is not None else None
+    return found if isinstance(found, Settings) else Settings.from_env()

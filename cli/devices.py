@@ -9,6 +9,8 @@ import click
 
 from vkrt.units import fmt_bytes
 
+from .common import settings
+
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
@@ -53,10 +55,10 @@ def devices(as_json: bool) -> None:
     from vkrt.device.tuning import tuning_for
     from vkrt.errors import VkrtError
 
-    with Instance(validate=False) as instance:
+    with Instance(validate=False, settings=settings()) as instance:
         profiles = instance.profiles()
     try:
-        selected = select_device(profiles).index
+        selected = select_device(profiles, instance.settings.device).index
     except VkrtError:
         if not profiles:
             raise

@@ -9,6 +9,7 @@ import click
 
 from vkrt import __version__
 from vkrt.errors import VkrtError
+from vkrt.settings import Settings
 
 
 class VkrtGroup(click.Group):
@@ -24,10 +25,13 @@ class VkrtGroup(click.Group):
 @click.group(cls=VkrtGroup)
 @click.version_option(__version__, prog_name="vkrt")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-def cli(verbose: int) -> None:
-    """Run and serve GGUF language models on Vulkan GPUs."""
+@click.pass_context
+def cli(ctx, verbose: int) -> None:
+    """Run and serve GGUF language models on Vulkan GPUs (environment variables:
+    python -m vkrt.settings --markdown)."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    ctx.obj = Settings.from_env()   # the environment, read once; commands pass it down (common.settings)
 
 
 def _register() -> None:

@@ -10,7 +10,7 @@ import click
 
 from vkrt.errors import VkrtError
 
-from .common import model_options, open_engine, take_model
+from .common import model_options, open_engine, settings, take_model
 from .perplexity_report import KL_HEADER, chunk_ppl, eta, final_estimate, kl_chunk, kl_summary
 
 
@@ -64,7 +64,7 @@ def perplexity(text_file, n_chunks, kl_base, kl, **model_kw):
                         "Increase it with -c and retry")
     model_kw["n_batch"] = min(model_kw["n_batch"], n_ctx)
     try:
-        with Device() as device:
+        with Device(settings=settings()) as device:
             model, engine = open_engine(device, **model_kw)
             try:
                 if n_ctx > model.cfg.n_ctx_train:

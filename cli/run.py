@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import model_options, open_engine, take_model
+from .common import model_options, open_engine, settings, take_model
 
 
 @click.command()
@@ -38,7 +38,7 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     take_model(model_kw)
-    with Device() as device:
+    with Device(settings=settings()) as device:
         model, engine = open_engine(device, progress=None if not as_json else False, **model_kw)
         try:
             if len(model.tokenizer.encode(prompt)) + n_predict > engine.n_ctx:

@@ -10,7 +10,7 @@ import click
 
 from vkrt.units import fmt_bytes
 
-from .common import model_options, open_engine, take_model
+from .common import model_options, open_engine, settings, take_model
 
 log = logging.getLogger("vkrt.server")
 
@@ -94,11 +94,14 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
                           max_itl_ratio=max_itl_ratio, embeddings=embeddings, pooling=pooling,
                           reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)
 
+    run_settings = settings()
+
     def load():
         path = model_kw["model"]
         size = os.path.getsize(path) if os.path.isfile(path) else None
         log.info("loading %s (%s)", path, fmt_bytes(size))
         return load_backend(lambda device: open_engine(device, n_seq_max=n_parallel,
-                                                       n_checkpoints=n_parallel * ctx_checkpoints, **model_kw))
+                                                       n_checkpoints=n_parallel * ctx_checkpoints, **model_kw),
+                            settings=run_settings)
 
     ctx.exit(asyncio.run(run_server(load, config, __version__)))

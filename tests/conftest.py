@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
-import os
+from pathlib import Path
 
 import pytest
 
 from vkrt.device import Device, Instance
+from vkrt.settings import BY_NAME as VARIABLES_BY_NAME, read_variable
+
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "op", "model", "server")
+# top-level test modules that load a model (Model / Engine / the CLI's model commands / vkrt.load);
+# the others are unit tests (device, memory, commands, compiler, files, sampler); tests/ops/ are
+# op tests (kernels against numpy) and tests/server/ server tests
+MODEL_MODULES = frozenset({
+    "test_api", "test_cli", "test_cli_moe", "test_cli_perplexity", "test_engine_hidden", "test_engine_kv_span",
+    "test_engine_mask_opt", "test_engine_mixed", "test_engine_padding", "test_engine_replay", "test_fusions",
+    "test_gpt_oss", "test_grammar", "test_granite", "test_greedy_gpu", "test_hub", "test_hybrid_engine",
+    "test_hybrid_reference", "test_iq_model", "test_mixtral", "test_model_reference", "test_moe_placement",
+    "test_olmoe", "test_perplexity", "test_perplexity_smollm2", "test_sampling_candidates", "test_smollm2_tensors",
+    "test_split_gguf"})
+
+
+def tier(path) -> str:
+    """The tier marker of the test module at `path`: `pytest -m unit` (or op, model, server)."""
+    folder = Path(path).resolve().relative_to(TESTS).parts[0]
+    if folder in ("ops", "server"):
+        return "op" if folder == "ops" else "server"
+    return "model" if Path(path).stem in MODEL_MODULES else "unit"
 
 
 def _profiles():
@@ -19,6 +42,8 @@ def _profiles():
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier(item.path)))
     profiles = _profiles()
     real_gpu = any(p.device_type in ("discrete", "integrated") for p in profiles)
     if real_gpu:
@@ -43,14 +68,23 @@ def _fail_on_validation_errors(request):
 
 
 @pytest.fixture
-def spirv_cache(tmp_path, monkeypatch):
-    """A private, empty SPIR-V cache for tests that count compiles."""
-    monkeypatch.setenv("VKRT_CACHE_DIR", str(tmp_path / "cache"))
+def spirv_cache(tmp_path):
+    """A private, empty SPIR-V cache folder for tests that count compiles (compile_shader's cache_dir)."""
     return tmp_path / "cache" / "spirv"
 
 
+@pytest.fixture
+def device_env(device, monkeypatch):
+    """device_env(VARIABLE, text): the session device's settings as if VARIABLE=text had been in
+    the environment when it opened (parsed by the variable's own parser), for this test only."""
+    def setenv(name: str, text: str) -> None:
+        var = VARIABLES_BY_NAME[name]
+        monkeypatch.setattr(device, "settings", device.settings.replace(**{var.field: var.parse(name, text)}))
+    return setenv
+
+
 def expect_lavapipe() -> bool:
-    return os.environ.get("VKRT_EXPECT_LAVAPIPE", "0") == "1"
+    return bool(read_variable("VKRT_EXPECT_LAVAPIPE"))
 
 
 @pytest.fixture

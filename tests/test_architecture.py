@@ -5,9 +5,10 @@ import dataclasses
 import pytest
 
 from vkrt.device.architecture import (DRIVER_ID_MESA_LLVMPIPE, VENDOR_AMD, VENDOR_INTEL, VENDOR_NVIDIA, Arch,
-                                      arch_override, detect_architecture, parse_arch)
+                                      detect_architecture, parse_arch)
 from vkrt.device.tuning import TABLE, tuning_for
 from vkrt.errors import ConfigError
+from vkrt.settings import Settings
 
 AMD_EXTS = frozenset({"VK_AMD_shader_core_properties", "VK_EXT_subgroup_size_control"})
 
@@ -41,15 +42,14 @@ def test_nvidia_intel_lavapipe():
     assert detect(vendor_id=0x13B5, subgroup_min=16, subgroup_max=16, extensions=frozenset()) is Arch.OTHER
 
 
-def test_override(monkeypatch):
-    monkeypatch.setenv("VKRT_ARCH", "gcn")
-    assert arch_override() is Arch.AMD_GCN
-    monkeypatch.setenv("VKRT_ARCH", "RDNA2")
-    assert arch_override() is Arch.AMD_RDNA2
-    monkeypatch.delenv("VKRT_ARCH")
-    assert arch_override() is None
+def test_override():
+    assert Settings.from_env({"VKRT_ARCH": "gcn"}).arch is Arch.AMD_GCN
+    assert Settings.from_env({"VKRT_ARCH": "RDNA2"}).arch is Arch.AMD_RDNA2
+    assert Settings.from_env({}).arch is None and Settings.from_env({"VKRT_ARCH": " "}).arch is None
     with pytest.raises(ConfigError, match="VKRT_ARCH='vega'"):
         parse_arch("vega")
+    with pytest.raises(ConfigError, match="VKRT_ARCH='vega'.*gcn"):
+        Settings.from_env({"VKRT_ARCH": "vega"})
 
 
 def test_override_applies_to_the_opened_device(monkeypatch, device):

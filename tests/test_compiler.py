@@ -59,14 +59,16 @@ def test_define_missing_is_an_error(spirv_cache):
 
 def test_cache_hit_on_second_compile(spirv_cache):
     hits, misses = CompileStats.hits, CompileStats.misses
-    a = compile_shader("ok", {"VALUE": 1}, source=OK)
+    a = compile_shader("ok", {"VALUE": 1}, source=OK, cache_dir=spirv_cache)
     assert (CompileStats.hits, CompileStats.misses) == (hits, misses + 1)
-    b = compile_shader("ok", {"VALUE": 1}, source=OK)
+    b = compile_shader("ok", {"VALUE": 1}, source=OK, cache_dir=spirv_cache)
     assert (CompileStats.hits, CompileStats.misses) == (hits + 1, misses + 1)
     assert a == b
     assert len(list(spirv_cache.glob("*.spv"))) == 1
-    compile_shader("ok", {"VALUE": 2}, source=OK)  # other defines: another entry
+    compile_shader("ok", {"VALUE": 2}, source=OK, cache_dir=spirv_cache)  # other defines: another entry
     assert CompileStats.misses == misses + 2
+    compile_shader("ok", {"VALUE": 1}, source=OK)  # no cache folder (VKRT_SHADER_CACHE=0): compiled again
+    assert CompileStats.misses == misses + 3
 
 
 def test_cache_key_covers_includes(spirv_cache, tmp_path):
@@ -74,9 +76,9 @@ def test_cache_key_covers_includes(spirv_cache, tmp_path):
     src = f'#version 450\n#include "{inc}"\nlayout(local_size_x = 1) in;\n' \
           'layout(binding = 0) buffer O { uint o[]; };\nvoid main() { o[0] = V; }\n'
     inc.write_text("#define V 1\n")
-    first = compile_shader("inc_key", source=src)
+    first = compile_shader("inc_key", source=src, cache_dir=spirv_cache)
     misses = CompileStats.misses
     inc.write_text("#define V 2\n")
-    second = compile_shader("inc_key", source=src)
+    second = compile_shader("inc_key", source=src, cache_dir=spirv_cache)
     assert CompileStats.misses == misses + 1
     assert first != second

@@ -8,12 +8,12 @@ from vkrt.engine.engine import Engine
 from vkrt.model.loader import Model
 
 
-def test_shared_pre_pass_and_bit_identical_logits(device, tmp_path, monkeypatch):
+def test_shared_pre_pass_and_bit_identical_logits(device, tmp_path, device_env):
     path = tiny_model("tiny-gemma3", tmp_path)  # 5 sliding-window layers + 1 global: two masks
     prompt = list(range(3, 250)) * 2
     logits = []
     for flag in ("0", "1"):
-        monkeypatch.setenv("VKRT_FA_MASK_OPT", flag)
+        device_env("VKRT_FA_MASK_OPT", flag)
         with Model(device, path, progress=False) as m, Engine(m, n_ctx=1024, n_ubatch=256) as e:
             logits.append(e.eval(prompt, all_logits=True))
             graph = next(iter(e._graphs.values()))

@@ -18,11 +18,11 @@ from vkrt.model.loader import Model
 PROMPT = [5, 9, 2, 11, 3, 7, 1, 4]
 
 
-def run(device, path, monkeypatch, fuse: bool, variable: str = "VKRT_FUSE_ADD_NORM", **engine_kw):
+def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NORM", **engine_kw):
     if variable == "VKRT_FUSE_GLU":   # the down projection's activation applies where gate and up are apart
-        monkeypatch.setenv("VKRT_FUSE_GATE_UP", "0")   # and the experts' down projection is not summed
-        monkeypatch.setenv("VKRT_FUSE_MOE_SUM", "0")
-    monkeypatch.setenv(variable, "1" if fuse else "0")
+        device_env("VKRT_FUSE_GATE_UP", "0")   # and the experts' down projection is not summed
+        device_env("VKRT_FUSE_MOE_SUM", "0")
+    device_env(variable, "on" if fuse else "off")
     with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
             Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
         prefill = e.eval(PROMPT, all_logits=True)
@@ -32,12 +32,12 @@ def run(device, path, monkeypatch, fuse: bool, variable: str = "VKRT_FUSE_ADD_NO
         return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg
 
 
-def commands_saved(device, tmp_path, monkeypatch, name, variable="VKRT_FUSE_ADD_NORM", **engine_kw):
+def commands_saved(device, tmp_path, device_env, name, variable="VKRT_FUSE_ADD_NORM", **engine_kw):
     """Run `name` with the fusion `variable` on and off, assert the outputs are the same bits;
     returns (commands the fusion saves over both graphs, the model's config)."""
     path = tiny_model(name, tmp_path)
-    fused, n_fused, cfg = run(device, path, monkeypatch, True, variable, **engine_kw)
-    plain, n_plain, _ = run(device, path, monkeypatch, False, variable, **engine_kw)
+    fused, n_fused, cfg = run(device, path, device_env, True, variable, **engine_kw)
+    plain, n_plain, _ = run(device, path, device_env, False, variable, **engine_kw)
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     return n_plain - n_fused, cfg
 
@@ -45,38 +45,38 @@ def commands_saved(device, tmp_path, monkeypatch, name, variable="VKRT_FUSE_ADD_
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
                                   "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss", "tiny-olmoe",
                                   "tiny-granite", "tiny-granitemoe"])
-def test_fused_add_norm_is_bit_identical(device, tmp_path, monkeypatch, name):
+def test_fused_add_norm_is_bit_identical(device, tmp_path, device_env, name):
     """granite: each block's output scaled (residual_scale) before either path adds it."""
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name)
+    saved, cfg = commands_saved(device, tmp_path, device_env, name)
     assert saved == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
                                   "tiny-gpt-oss", "tiny-olmoe", "tiny-granite"])
-def test_fused_norm_rope_is_bit_identical(device, tmp_path, monkeypatch, name):
+def test_fused_norm_rope_is_bit_identical(device, tmp_path, device_env, name):
     """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN; granite);
     gemma3 and gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's
     gate follows its query) under IMROPE; olmoe's whole-vector q/k norms run before, apart."""
-    monkeypatch.setenv("VKRT_FUSE_KV_STORE", "0")   # V's store apart either way: counted below
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_NORM_ROPE")
+    device_env("VKRT_FUSE_KV_STORE", "0")   # V's store apart either way: counted below
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_NORM_ROPE")
     per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss"])
-def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, monkeypatch, name):
+def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name):
     """V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE): one command fewer a
     layer with attention, in both graphs; sliding layers (gemma3, gpt-oss), IMROPE (qwen35moe)."""
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_KV_STORE")
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_KV_STORE")
     assert saved == 2 * len(cfg.kv_layers)
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2), ("tiny-qwen35moe", 2),
                                             ("tiny-qwen35", 0), ("tiny-olmoe", 0), ("tiny-granitemoe", 2)])
-def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
+def test_fused_glu_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     # a shared expert is a second gated FFN
     shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1
@@ -86,10 +86,10 @@ def test_fused_glu_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_m
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen35", 0),
                                             ("tiny-granite", 0), ("tiny-granitemoe", 0)])
-def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
+def test_fused_gate_up_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """Dense (silu, gemma3's gelu), expert and shared-expert gate/up pairs in VRAM (the loader
     puts each pair in one allocation); experts staged from host stay apart and still agree."""
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_GATE_UP", n_cpu_moe=n_cpu_moe,
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GATE_UP", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     ffns = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1   # a shared expert: a second
     fewer = 2 * 2 * (cfg.n_layer * ffns - n_cpu_moe)   # both graphs are mat-vec sized
@@ -102,11 +102,11 @@ def test_fused_gate_up_is_bit_identical(device, tmp_path, monkeypatch, name, n_c
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
                                             ("tiny-granitemoe", 0), ("tiny-granitemoe", 2)])
-def test_summed_expert_down_is_bit_identical(device, tmp_path, monkeypatch, name, n_cpu_moe):
+def test_summed_expert_down_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """The experts' down projection summing the slots (and the gated shared expert) in its epilogue
     against mul_mat_id then moe_combine: experts in VRAM and staged from host (granitemoe's
     ungated shared expert is added after either)."""
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_MOE_SUM", n_cpu_moe=n_cpu_moe,
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_MOE_SUM", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     moe_layers = sum(1 for layer in cfg.layers if layer.ffn != "dense")
     assert saved == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
@@ -114,22 +114,22 @@ def test_summed_expert_down_is_bit_identical(device, tmp_path, monkeypatch, name
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen35moe",
                                   "tiny-olmoe", "tiny-granite"])
-def test_fused_projections_are_bit_identical(device, tmp_path, monkeypatch, name):
+def test_fused_projections_are_bit_identical(device, tmp_path, device_env, name):
     """q, k and v in one mat-vec dispatch (qwen2: with their biases added after; gemma3: sliding
     layers; qwen35moe: DeltaNet's qkv and gate, and its alpha and beta, in one each)."""
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, name, "VKRT_FUSE_QKV")
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_QKV")
     # attention: 3 dispatches -> 1, DeltaNet: 4 -> 2; both graphs (the 8-token prompt is mat-vec sized)
     assert saved == 2 * 2 * cfg.n_layer
 
 
 @pytest.mark.parametrize("variable,n_cpu_moe", [("VKRT_FUSE_GLU", 0), ("VKRT_FUSE_GLU", 2), ("VKRT_FUSE_GATE_UP", 0),
                                                 ("VKRT_FUSE_GATE_UP", 2), ("VKRT_FUSE_MOE_SUM", 0)])
-def test_expert_biases_in_the_expert_fusions(device, tmp_path, monkeypatch, variable, n_cpu_moe):
+def test_expert_biases_in_the_expert_fusions(device, tmp_path, device_env, variable, n_cpu_moe):
     """gpt-oss's expert biases: the fused gate/up pass adds gate's and up's before swiglu_oai,
     the down projection reading the activation adds its own, where the mat-vec reads the experts
     by their own ids (staged slots from host: add_id after it); the summed down projection has no
     place for them and records nothing different. Bits equal the separate kernels' throughout."""
-    saved, cfg = commands_saved(device, tmp_path, monkeypatch, "tiny-gpt-oss", variable, n_cpu_moe=n_cpu_moe,
+    saved, cfg = commands_saved(device, tmp_path, device_env, "tiny-gpt-oss", variable, n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     in_vram = cfg.n_layer - n_cpu_moe   # both graphs are mat-vec sized: 2 x each layer's saving
     if variable == "VKRT_FUSE_GATE_UP":   # gate, up (their biases in their stores) and the activation: one pass
@@ -141,23 +141,22 @@ def test_expert_biases_in_the_expert_fusions(device, tmp_path, monkeypatch, vari
         assert saved == 0
 
 
-def test_fusion_defaults(monkeypatch):
-    """Unset: add+norm fused, GLU separate; =0 / =1 force either."""
-    from vkrt.model.fusions import fused
-    monkeypatch.delenv("VKRT_FUSE_ADD_NORM", raising=False)
-    monkeypatch.delenv("VKRT_FUSE_GLU", raising=False)
-    monkeypatch.delenv("VKRT_FUSE_GATE_UP", raising=False)
-    monkeypatch.delenv("VKRT_FUSE_MOE_SUM", raising=False)
-    monkeypatch.delenv("VKRT_FUSE_QKV", raising=False)
-    monkeypatch.delenv("VKRT_FUSE_KV_STORE", raising=False)
-    assert fused("ADD_NORM") and not fused("GLU") and fused("GATE_UP") and not fused("MOE_SUM") and not fused("QKV")
-    assert fused("KV_STORE")
-    monkeypatch.setenv("VKRT_FUSE_GLU", "1")
-    monkeypatch.setenv("VKRT_FUSE_ADD_NORM", "0")
-    assert fused("GLU") and not fused("ADD_NORM")
+def test_fusion_defaults():
+    """Unset: add+norm, norm+rope and gate+up fused, GLU, MOE_SUM and QKV apart; every flag
+    spelling forces either way (VKRT_FUSE_GLU=false is off), anything else is refused."""
+    from vkrt.errors import ConfigError
+    from vkrt.model.fusions import Fusions
+    from vkrt.settings import Settings
+    assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
+                                                        moe_sum=False, qkv=False, kv_store=True)
+    on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
+    assert on.glu and not on.add_norm and on.qkv
+    assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu
+    with pytest.raises(ConfigError, match="VKRT_FUSE_GLU='2'"):
+        Settings.from_env({"VKRT_FUSE_GLU": "2"})
 
 
-def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch):
+def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, device_env):
     """A dense FFN's fused mat-vecs take up to tuning.mv_dense_max_n tokens (GCN and NVIDIA: 4;
     their registers grow with the columns); experts' (one column a token-slot pair) up to
     mv_max_n; logits equal to the unfused run's bit for bit either way."""
@@ -172,8 +171,8 @@ def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch):
     assert (Transformer._fused_max(seq, True), Transformer._fused_max(seq, False)) == (4, 8)
     monkeypatch.setattr(device, "tuning", tune)
     path = tiny_model("tiny-llama", tmp_path)
-    fused_run, fused_n, _ = run(device, path, monkeypatch, True, "VKRT_FUSE_GATE_UP")
-    apart, apart_n, cfg = run(device, path, monkeypatch, False, "VKRT_FUSE_GATE_UP")
+    fused_run, fused_n, _ = run(device, path, device_env, True, "VKRT_FUSE_GATE_UP")
+    apart, apart_n, cfg = run(device, path, device_env, False, "VKRT_FUSE_GATE_UP")
     np.testing.assert_array_equal(fused_run.view(np.uint32), apart.view(np.uint32))
     assert apart_n - fused_n == 2 * cfg.n_layer   # the one-token graph fuses, the 8-token prompt does not
 

@@ -14,7 +14,7 @@ from vkrt.device.vk import ffi, vk
 from vkrt.errors import ConfigError, HostImportError, VkrtError
 from vkrt.memory import F32, Buffer, HostRegistry, ImportedBuffer, Tensor
 from vkrt.memory.anonymous import AnonymousMemory
-from vkrt.memory.host_import import parse_size
+from vkrt.units import parse_size
 from vkrt.ops.elementwise import add
 
 CHUNK = 64 << 10
@@ -239,8 +239,8 @@ def test_overlapping_registration_is_refused(registry, memory):
     registry.register(memory.array[CHUNK:2 * CHUNK])  # adjacent is fine
 
 
-def test_opt_out(device, memory, monkeypatch, caplog):
-    monkeypatch.setenv("VKRT_REGISTER_HOST", "0")
+def test_opt_out(device, memory, device_env, caplog):
+    device_env("VKRT_REGISTER_HOST", "0")
     with HostRegistry(device, chunk_size=CHUNK) as reg, caplog.at_level(logging.INFO, logger="vkrt"):
         region = reg.register(memory)
         assert not region.chunks and region.stats.bytes_uncovered == SIZE and not region.stats.failures
@@ -250,7 +250,7 @@ def test_opt_out(device, memory, monkeypatch, caplog):
             up.upload(dst.range(), memory.array).wait()
             assert up.stats.bytes_staged == SIZE and up.stats.bytes_direct == 0
             np.testing.assert_array_equal(download(device, dst.range()), memory.array)
-    monkeypatch.delenv("VKRT_REGISTER_HOST")
+    device_env("VKRT_REGISTER_HOST", "1")
     with HostRegistry(device, chunk_size=CHUNK, enabled=False) as reg:
         assert not reg.register(memory).chunks
 
@@ -262,14 +262,13 @@ def test_device_without_the_extension_registers_nothing(device, memory, monkeypa
         assert not region.chunks and "lacks VK_EXT_external_memory_host" in region.skipped
 
 
-def test_chunk_size_setting(device, monkeypatch):
-    monkeypatch.setenv("VKRT_IMPORT_CHUNK", "128K")
+def test_chunk_size_setting(device, monkeypatch, device_env):
+    device_env("VKRT_IMPORT_CHUNK", "128K")
     with HostRegistry(device) as reg:
         assert reg.chunk_size == 128 << 10
-    monkeypatch.setenv("VKRT_IMPORT_CHUNK", "lots")
-    with pytest.raises(ConfigError, match="VKRT_IMPORT_CHUNK"):
-        HostRegistry(device)
-    monkeypatch.delenv("VKRT_IMPORT_CHUNK")
+    with pytest.raises(ConfigError, match="VKRT_IMPORT_CHUNK='lots'"):
+        device_env("VKRT_IMPORT_CHUNK", "lots")
+    monkeypatch.setattr(device, "settings", device.settings.replace(import_chunk=None))
     with HostRegistry(device) as reg:
         p = device.profile
         assert reg.chunk_size <= min(p.max_buffer_size, p.max_allocation_size)

@@ -114,13 +114,13 @@ def test_host_experts_prefetch_and_cache_are_bit_identical(device, paths):
         assert (prefetched > 0) == (slots > 0)
 
 
-def test_mask_opt_is_bit_identical(device, paths, monkeypatch):
+def test_mask_opt_is_bit_identical(device, paths, device_env):
     """A 600-token prompt in ubatches of 256 over 1024 cells: mask_opt classifies the full
     attention layer's mask blocks; the logits do not change."""
     prompt = list(range(3, 203)) * 3
     logits = []
     for flag in ("0", "1"):
-        monkeypatch.setenv("VKRT_FA_MASK_OPT", flag)
+        device_env("VKRT_FA_MASK_OPT", flag)
         with Model(device, paths["tiny-qwen35moe"], progress=False) as m, Engine(m, n_ctx=1024, n_ubatch=256) as e:
             logits.append(e.eval(prompt, all_logits=True))
             graph = next(g for g in e._graphs.values() if g.opts.n_tokens == 256)

@@ -30,8 +30,7 @@ def vocab():
 
 
 @pytest.mark.parametrize("text,pieces", SPLITS)
-def test_gpt4o_pieces(vocab, text, pieces, monkeypatch):
-    monkeypatch.setenv("VKRT_TOKENIZER_CACHE", "0")
+def test_gpt4o_pieces(vocab, text, pieces):
     tok = gpt4o_tokenizer(*vocab)
     byte_of = _gpt2_byte_decoder()
     got = [bytes(byte_of[c] for c in piece).decode() for piece, _ in tok.hf.pre_tokenizer.pre_tokenize_str(text)]
@@ -40,10 +39,9 @@ def test_gpt4o_pieces(vocab, text, pieces, monkeypatch):
         assert tok.decode(tok.encode(text)) == text
 
 
-def test_harmony_end_is_not_end_of_generation(vocab, monkeypatch):
+def test_harmony_end_is_not_end_of_generation(vocab):
     """With <|return|>, <|call|> and <|end|> all control tokens, generation ends on the first two
     only: harmony ends every message with <|end|> (llama.cpp drops it from its EOG list)."""
-    monkeypatch.setenv("VKRT_TOKENIZER_CACHE", "0")
     tokens, types, merges = vocab
     harmony = ["<|return|>", "<|call|>", "<|end|>", "<|start|>"]
     tok = gpt4o_tokenizer(tokens + harmony, types + [TOKEN_CONTROL] * 4, merges)

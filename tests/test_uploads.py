@@ -2,6 +2,7 @@
 offsets; asynchronous uploads handed to compute; the compute and transfer queues."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,10 +137,11 @@ def test_bench_h2d_reports_every_path(device):
     from vkrt.cli.main import cli
 
     result = CliRunner().invoke(cli, ["bench-h2d", "--max-size", "1M", "--queue", "transfer", "--iters", "1",
-                                      "--no-cuda", "--json"])
+                                      "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output.strip().splitlines()[-1])
-    assert out["sizes_bytes"] == [1 << 20] and out["cuda"] is None
+    assert out["sizes_bytes"] == [1 << 20] and out["cuda"] is None and "bench/h2d.py" in out["cuda_not_measured"]
+    assert (out["device"], out["architecture"]) == (device.profile.name, device.profile.architecture.value)
     paths = {r["path"] for r in out["results"]}
     assert paths == {"staging", "imported", "mmap", "fallback", "naive"}
     assert all(r["gbps"] > 0 and r["queue"] == "transfer" for r in out["results"])
@@ -193,10 +195,34 @@ def _fake_libcuda(calls: list, init_result: int = 0):
         cuMemcpyHtoD_v2=copy)
 
 
+def test_bench_script_adds_the_cuda_reference(device, tmp_path):
+    """bench/h2d.py: bench-h2d's measurement with the CUDA peer (bench/cuda_h2d.py) beside it."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "bench" / "h2d.py"), "--max-size", "1M", "--queue", "compute",
+                           "--iters", "1", "--tmpdir", str(tmp_path), "--no-cuda", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["cuda"] is None and out["cuda_not_measured"] == "skipped (--no-cuda)"
+    assert {r["queue"] for r in out["results"]} == {"compute"}
+
+
+def _bench_module(name: str):
+    """A module of bench/ (not part of the installed package), loaded from its file."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_cuda_reference_through_the_driver(monkeypatch):
     import ctypes
 
-    from vkrt.cli import cuda_h2d
+    cuda_h2d = _bench_module("cuda_h2d")
 
     calls = []
     monkeypatch.setattr(ctypes, "CDLL", lambda name: _fake_libcuda(calls))

@@ -26,16 +26,20 @@ _OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)}
 
 
 def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None = None,
-         hf_token: str | None = None, device=None, **options) -> "LLM":
+         hf_token: str | None = None, device=None, settings=None, **options) -> "LLM":
     """Open a GGUF model (a path; the first part of a split model; `hf="owner/name[:quant]"` to
     fetch it from Hugging Face as `-hf` does; neither: the embedded SmolLM2) on `device` (default:
-    the first suitable Vulkan device, as the CLI picks it). `options` are EngineOptions fields
-    (n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, ...)."""
+    the device `settings` pick, as the CLI picks it). `settings`: a vkrt.settings.Settings (default:
+    read from the VKRT_* environment variables now); an open `device` brings its own.
+    `options` are EngineOptions fields (n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, mmap,
+    kv_type, n_cpu_moe, ...)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ConfigError(f"vkrt.load: unknown option(s) {', '.join(unknown)} (options: {', '.join(sorted(_OPTIONS))})")
     if model and hf:
         raise ConfigError("vkrt.load: give the model as a path or as hf='owner/name[:quant]', not both")
+    if device is not None and settings is not None:
+        raise ConfigError("vkrt.load: an open device brings its own settings (device.settings); pass one or the other")
     if hf_file and not hf:
         raise ConfigError("vkrt.load: hf_file names a file of the repository given by hf='owner/name'")
     if hf:
@@ -47,7 +51,7 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
     owned = device is None
     if owned:
         from .device import Device
-        device = Device()
+        device = Device(settings=settings)
     try:
         m, engine = open_engine(device, path, opts)
     except BaseException:

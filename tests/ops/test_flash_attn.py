@@ -11,9 +11,9 @@ from attn_reference import NEG_INF, alibi_mask, attention_reference, causal_mask
 from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy, upload
 from vkrt.device.architecture import Arch
 from vkrt.device.tuning import tuning_for
-from vkrt.errors import ConfigError, UnsupportedShape
+from vkrt.errors import UnsupportedShape
 from vkrt.memory import F16, F32, Tensor
-from vkrt.ops.flash_attn import MASK_OPT_ENV, FlashAttn
+from vkrt.ops.flash_attn import FlashAttn
 
 TOL = 1e-11  # NMSE; lavapipe measures up to 2e-13 (fp32 arithmetic against float64)
 TOL_TANH = 1e-8  # drivers' tanh may be coarser than their exp
@@ -402,7 +402,7 @@ def test_mask_opt_codes_and_their_use(device):
             t.close()
 
 
-def test_mask_opt_env_override(device, monkeypatch):
+def test_mask_opt_forced(device):
     rng = np.random.default_rng(4)
     q, k, v = make_qkv(rng, n_q=8, n_kv=40)
     mask = causal_mask(8, 40)
@@ -413,13 +413,7 @@ def test_mask_opt_env_override(device, monkeypatch):
             with FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, **kw) as fa:
                 return fa.mask_opt
         assert not decided()  # too small for the rule
-        monkeypatch.setenv(MASK_OPT_ENV, "1")
-        assert decided() and not decided(mask_opt=False)
-        monkeypatch.setenv(MASK_OPT_ENV, "0")
-        assert not decided() and decided(mask_opt=True)
-        monkeypatch.setenv(MASK_OPT_ENV, "yes")
-        with pytest.raises(ConfigError, match=MASK_OPT_ENV):
-            decided()
+        assert decided(mask_opt=True) and not decided(mask_opt=False)
         with FlashAttn(device, *ts[:3], out, None, scale=0.1, mask_opt=True) as fa:
             assert not fa.mask_opt  # nothing to classify without a mask
     finally:

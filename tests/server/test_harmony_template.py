@@ -2,17 +2,17 @@
 (macros, namespace(), slices of the messages, `in` on a message, raise_exception,
 strftime_now, tojson), and the real template where a copy is at hand."""
 
-import os
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from vkrt.server.chat_template import ChatTemplate, TemplateError
+from vkrt.settings import read_variable
 
 # the real template (llama.cpp's models/templates/openai-gpt-oss-120b.jinja, as in gpt-oss GGUFs):
 # VKRT_GPT_OSS_TEMPLATE, or shared/templates/ beside the checkout
-REAL = [Path(p) for p in (os.environ.get("VKRT_GPT_OSS_TEMPLATE", ""),
+REAL = [Path(p) for p in (read_variable("VKRT_GPT_OSS_TEMPLATE") or "",
                           Path(__file__).resolve().parents[3] / "shared" / "templates" / "openai-gpt-oss-120b.jinja")
         if p and Path(p).is_file()]
 

@@ -1,4 +1,5 @@
-"""CommandSequence: record dispatches, copies and barriers once; submit and replay many times."""
+"""CommandSequence: record dispatches, copies and barriers once; submit and replay many times
+(docs/ARCHITECTURE.md §4, record once, replay)."""
 
 from __future__ import annotations
 

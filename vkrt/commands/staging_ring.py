@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import ConfigError, OutOfRange
+from ..errors import OutOfRange
 from ..memory import Buffer, BufferRange, MemoryKind
 from ..owned import Owned
 
@@ -17,14 +17,11 @@ SEGMENT_ALIGN = 4096
 THREADED_COPY_MIN = 4 << 20  # smaller copies are not worth handing to threads
 
 
-def default_copy_threads() -> int:
-    """Threads for one memcpy (numpy releases the GIL while copying): VKRT_STAGING_THREADS,
-    else up to 4, leaving a core free."""
-    value = os.environ.get("VKRT_STAGING_THREADS", "").strip()
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ConfigError(f"VKRT_STAGING_THREADS={value!r} is not a positive number of threads")
-        return int(value)
+def default_copy_threads(settings) -> int:
+    """Threads for one memcpy (numpy releases the GIL while copying): settings.staging_threads
+    (VKRT_STAGING_THREADS), else up to 4, leaving a core free."""
+    if settings.staging_threads is not None:
+        return settings.staging_threads
     return max(1, min(4, (os.cpu_count() or 1) - 1))
 
 
@@ -49,7 +46,7 @@ class StagingRing(Owned):
         self.acquired = 0         # segments handed out (for statistics and tests)
         self._pool = self.buffer = None
         try:
-            self._threads = default_copy_threads() if copy_threads is None else copy_threads
+            self._threads = default_copy_threads(device.settings) if copy_threads is None else copy_threads
             self.buffer = Buffer(device, self.segment_size * count, kind, label=label)
         except BaseException:
             self.close()

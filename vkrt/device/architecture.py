@@ -1,9 +1,8 @@
-"""GPU architecture detection (DESIGN §2) and the VKRT_ARCH override."""
+"""GPU architecture detection (docs/ARCHITECTURE.md §2) and the names VKRT_ARCH accepts."""
 
 from __future__ import annotations
 
 import enum
-import os
 
 from ..errors import ConfigError
 
@@ -43,13 +42,12 @@ def parse_arch(name: str) -> Arch:
     key = name.strip().lower()
     if key in _OVERRIDE_NAMES:
         return _OVERRIDE_NAMES[key]
-    choices = ", ".join(sorted({k for k in _OVERRIDE_NAMES if "_" not in k}))
-    raise ConfigError(f"VKRT_ARCH={name!r} is not an architecture; expected one of: {choices}")
+    raise ConfigError(f"VKRT_ARCH={name!r} is not an architecture; expected one of: {', '.join(override_names())}")
 
 
-def arch_override() -> Arch | None:
-    value = os.environ.get("VKRT_ARCH", "").strip()
-    return parse_arch(value) if value else None
+def override_names() -> tuple[str, ...]:
+    """The short architecture names VKRT_ARCH accepts (the AMD_* spellings are accepted too)."""
+    return tuple(sorted(k for k in _OVERRIDE_NAMES if "_" not in k))
 
 
 def detect_architecture(

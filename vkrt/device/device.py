@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from typing import Callable, TypeVar
 
 from ..errors import UnsupportedDevice, ValidationError, VkrtError
-from ..units import parse_size
 from ..owned import Owned
+from ..settings import Settings
 from .instance import Instance
 from .profile import DeviceProfile
 from .queue import Queue
@@ -30,11 +29,6 @@ OPTIONAL_EXTENSIONS = (
 STATISTICS_EXTENSION = "VK_KHR_pipeline_executable_properties"
 
 
-def _env_budget() -> int | None:
-    value = os.environ.get("VKRT_VRAM_BUDGET", "").strip()
-    return parse_size(value, "VKRT_VRAM_BUDGET") if value else None
-
-
 class Device(Owned):
     """An opened GPU: `profile` (what it is), `tuning` (how kernels are shaped for it),
     `compute` and `transfer` queues (the same queue when there is no DMA-only family).
@@ -46,18 +40,27 @@ class Device(Owned):
     compiler statistics (vkrt.pipeline.pipeline_statistics). queues=False opens the device for
     building pipelines only: `compute` and `transfer` are None and nothing can be submitted
     (Mesa's null RADV device, RADV_FORCE_FAMILY, has no queue that runs work and no memory).
+
+    settings: the process's Settings (default: read from the environment now, once); the layers
+    below and the model and engine built on this device take theirs from `device.settings`.
+    `spec` (default: settings.device) picks the device; `vram_budget` (default:
+    settings.vram_budget) caps VRAM use.
     """
 
     def __init__(self, spec: str | None = None, *, instance: Instance | None = None,
                  validate: bool | None = None, label: str | None = None, vram_budget: int | None = None,
-                 capture_statistics: bool = False, queues: bool = True):
+                 capture_statistics: bool = False, queues: bool = True, settings: Settings | None = None):
         self.capture_statistics = capture_statistics
         self._open_queues = queues
         self._owns_instance = instance is None
-        self.instance = instance or Instance(validate=validate)
+        if settings is None:
+            settings = instance.settings if instance is not None else Settings.from_env()
+        self.settings: Settings = settings
+        self.instance = instance or Instance(validate=validate, settings=settings)
         self.handle = None
         try:
-            self.profile: DeviceProfile = select_device(self.instance.profiles(), spec)
+            self.profile: DeviceProfile = select_device(self.instance.profiles(),
+                                                        settings.device if spec is None else spec)
             if capture_statistics and STATISTICS_EXTENSION not in self.profile.extensions:
                 raise UnsupportedDevice(f"{self.profile.name} lacks {STATISTICS_EXTENSION}: it cannot report "
                                         "compiler statistics")
@@ -74,7 +77,7 @@ class Device(Owned):
         self.heap_used = [0] * len(self.profile.heaps)
         # bytes of DEVICE-kind buffers, and an optional cap on them (emulates a smaller card)
         self.vram_used = 0
-        self.vram_budget = vram_budget if vram_budget is not None else _env_budget()
+        self.vram_budget = vram_budget if vram_budget is not None else settings.vram_budget
         self._create()
         log.info("opened %s (%s, %s, arch %s)", self.profile.name, self.profile.device_type,
                  self.profile.driver_info or self.profile.driver_name, self.profile.architecture.value)

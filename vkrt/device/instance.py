@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from ..errors import VulkanUnavailable
 from ..owned import Owned
+from ..settings import Settings
 from .profile import DeviceProfile, query_profile
 from .vk import INSTALL_HINT, ffi, vk, vk_call
 
@@ -38,21 +38,20 @@ def _debug_callback(severity, types, data, user_data):
     return vk.VK_FALSE
 
 
-def validation_requested() -> bool:
-    return os.environ.get("VKRT_VALIDATE", "0") not in ("", "0", "false", "no")
-
-
 class Instance(Owned):
-    """A VkInstance. With VKRT_VALIDATE=1 (and the layer installed) it enables the Khronos
-    validation layer and routes its messages to the `vkrt.vulkan` logger; errors are also kept
-    in `validation_errors` so tests can fail on them."""
+    """A VkInstance. With validation on (`validate`, default: settings.validate, VKRT_VALIDATE)
+    and the layer installed it enables the Khronos validation layer and routes its messages to
+    the `vkrt.vulkan` logger; errors are also kept in `validation_errors` so tests can fail on
+    them. `settings` (default: the environment's) also give the architecture override the
+    profiles carry."""
 
-    def __init__(self, validate: bool | None = None, label: str = "instance"):
+    def __init__(self, validate: bool | None = None, label: str = "instance", *, settings: Settings | None = None):
         super().__init__(label)
         self.handle = None
         self._messenger = None
         self.validation_errors: list[str] = []
-        want = validation_requested() if validate is None else validate
+        self.settings = settings = Settings.from_env() if settings is None else settings
+        want = settings.validate if validate is None else validate
         with vk_call("enumerating Vulkan instance layers"):
             layers = {layer.layerName for layer in vk.vkEnumerateInstanceLayerProperties()}
             instance_exts = {e.extensionName for e in vk.vkEnumerateInstanceExtensionProperties(None)}
@@ -100,7 +99,7 @@ class Instance(Owned):
     def profiles(self) -> list[DeviceProfile]:
         """A DeviceProfile for every physical device, in enumeration order."""
         if self._profiles is None:
-            self._profiles = [query_profile(pd, i) for i, pd in enumerate(self.physical_devices)]
+            self._profiles = [query_profile(pd, i, self.settings.arch) for i, pd in enumerate(self.physical_devices)]
         return self._profiles
 
     def _release(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .architecture import VENDOR_NAMES, VENDOR_NVIDIA, Arch, arch_override, detect_architecture
+from .architecture import VENDOR_NAMES, VENDOR_NVIDIA, Arch, detect_architecture
 from .vk import cstr, vk, vk_call, version_str
 
 DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
@@ -139,6 +139,11 @@ class DeviceProfile:
     def with_architecture(self, arch: Arch) -> "DeviceProfile":
         return dataclasses.replace(self, architecture=arch)
 
+    def identity(self) -> dict:
+        """{"device": name, "architecture": value}: how every JSON report (bench-h2d, bench/)
+        names the device it ran on."""
+        return {"device": self.name, "architecture": self.architecture.value}
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["architecture"] = self.architecture.value
@@ -165,8 +170,9 @@ def _compute_units(amd, sm) -> int | None:
     return None
 
 
-def query_profile(physical_device, index: int) -> DeviceProfile:
-    """Read a physical device's properties, features, memory and queues into a DeviceProfile."""
+def query_profile(physical_device, index: int, arch: Arch | None = None) -> DeviceProfile:
+    """Read a physical device's properties, features, memory and queues into a DeviceProfile;
+    `arch` overrides the detected architecture (VKRT_ARCH)."""
     with vk_call(f"querying physical device {index}"):
         exts = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical_device, None))
         base = vk.vkGetPhysicalDeviceProperties(physical_device)
@@ -264,7 +270,6 @@ def query_profile(physical_device, index: int) -> DeviceProfile:
     )
     max_alloc = p11.maxMemoryAllocationSize
     max_buffer = p13.maxBufferSize if p13 is not None else max_alloc
-    override = arch_override()
     return DeviceProfile(
         index=index,
         name=cstr(props.deviceName),
@@ -276,7 +281,7 @@ def query_profile(physical_device, index: int) -> DeviceProfile:
         driver_name=cstr(p12.driverName),
         driver_info=cstr(p12.driverInfo),
         driver_version=_driver_version(props.vendorID, props.driverVersion),
-        architecture=override or detected,
+        architecture=arch or detected,
         detected_architecture=detected,
         subgroup_size=p11.subgroupSize,
         subgroup_min=subgroup_min,

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Sequence
 
 from ..owned import Owned
 from .vk import ffi, lib, result_error, vk, vk_call
-
-
-def gpu_timeout_ns() -> int:
-    """How long a host wait may take before it is an error (VKRT_GPU_TIMEOUT seconds, default 600)."""
-    return int(float(os.environ.get("VKRT_GPU_TIMEOUT", "600")) * 1e9)
 
 
 class TimelineSemaphore(Owned):
@@ -41,9 +35,10 @@ class TimelineSemaphore(Owned):
         return int(self._counter[0])
 
     def wait(self, value: int, timeout_ns: int | None = None) -> None:
-        """Block until the semaphore reaches `value`; GpuTimeout after the timeout."""
+        """Block until the semaphore reaches `value`; GpuTimeout after the timeout (default: the
+        device's settings.gpu_timeout, VKRT_GPU_TIMEOUT)."""
         self._wait_val[0] = value
-        timeout = gpu_timeout_ns() if timeout_ns is None else timeout_ns
+        timeout = int(self.device.settings.gpu_timeout * 1e9) if timeout_ns is None else timeout_ns
         result = lib.vkWaitSemaphores(self.device.handle, self._wait_info, timeout)
         if result != vk.VK_SUCCESS:
             what = f"waiting for {self.label} to reach {value} (timeout {timeout / 1e9:.0f} s; VKRT_GPU_TIMEOUT)"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from ..errors import DeviceNotFound, UnsupportedDevice, VulkanUnavailable
 from .profile import DeviceProfile
 from .vk import INSTALL_HINT
@@ -22,11 +20,11 @@ def check_supported(profile: DeviceProfile) -> None:
 
 
 def select_device(profiles: list[DeviceProfile], spec: str | None = None) -> DeviceProfile:
-    """The profile to open. `spec` (default: $VKRT_DEVICE) is an index or a name substring."""
+    """The profile to open. `spec` (settings.device, VKRT_DEVICE) is an index or a name substring;
+    empty or None: the best type."""
     if not profiles:
         raise VulkanUnavailable(f"the Vulkan loader found no devices; {INSTALL_HINT}")
-    spec = os.environ.get("VKRT_DEVICE", "") if spec is None else spec
-    spec = spec.strip()
+    spec = (spec or "").strip()
     listing = "; ".join(f"{p.index}: {p.name}" for p in profiles)
     if spec:
         if spec.isdigit():

@@ -24,6 +24,7 @@ from ..commands import CommandSequence
 from ..errors import BufferTooLarge, ConfigError, VkrtError
 from ..memory import F16, I32, Buffer, BufferRange, MemoryKind, Tensor
 from ..model.loader import Model
+from ..model.fusions import Fusions
 from ..model.transformer import RecordOptions, Scratch, Transformer
 from ..ops.argmax import MAX_PARTS, argmax
 from ..ops.logit_adjust import logit_adjust, pack_table, table_words
@@ -114,7 +115,7 @@ class Engine(Owned):
         self.max_graphs = max_graphs if max_graphs is not None else 16 + 6 * max(0, n_seq_max - 1)
         self._min_span = MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP
         self.replay = replay  # False: record every step afresh (to compare against replaying)
-        self.transformer = Transformer(cfg, model.weights)
+        self.transformer = Transformer(cfg, model.weights, Fusions.of(dev.settings), dev.settings.fa_mask_opt)
         self._graphs: dict[tuple, _Graph] = {}
         self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
         self._tokens = self._argmax_part = self._top = self._adjust = self._hidden = self._masks = None
@@ -162,7 +163,7 @@ class Engine(Owned):
         prefetch slots and a reserve for the rest of the run, up to every host-resident expert."""
         if requested is not None:
             return max(0, requested)
-        want = slots_requested(prefetch_slots) * slot_bytes(self.model)
+        want = slots_requested(prefetch_slots, self.device.settings) * slot_bytes(self.model)
         reserve = max(CACHE_RESERVE, self.device.vram_free // 20)
         return max(0, self.device.vram_free - want - reserve)
 

@@ -48,7 +48,8 @@ class EngineOptions:
 
 def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
     """Open the model at `path` and its engine as `options` say; returns (Model, Engine), each
-    to be closed by the caller (the engine first)."""
+    to be closed by the caller (the engine first). The environment's switches (fusions, prefetch
+    slots, expert staging, caches) come from `device.settings`."""
     from ..model.config import ModelConfig
     from ..model.loader import Model
     from ..model.split_gguf import open_gguf
@@ -65,7 +66,7 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
             n_cpu_moe = plan_n_cpu_moe(cfg, f.tensors, o.vram_budget, requested=n_cpu_moe, n_ctx=o.n_ctx,
                                        n_ubatch=min(o.n_ubatch, o.n_batch), n_gpu_layers=o.n_gpu_layers,
                                        kv_bytes=2 if o.kv_type == "f16" else 4, flash_attn=o.flash_attn,
-                                       prefetch_slots=slots_requested(), n_seq_max=o.n_seq_max, device=device)
+                                       prefetch_slots=slots_requested(None, device.settings), n_seq_max=o.n_seq_max, device=device)
     model = Model(device, path, mmap=o.mmap, n_gpu_layers=o.n_gpu_layers, n_cpu_moe=n_cpu_moe or 0, pin=o.pin,
                   progress=o.progress)
     try:

@@ -1,4 +1,5 @@
-"""Expert prefetch: for large ubatches nearly every expert of a MoE layer is used, so the whole
+"""Expert prefetch (docs/ARCHITECTURE.md §4 and §6, the data path of a prompt ubatch): for
+large ubatches nearly every expert of a MoE layer is used, so the whole
 expert tensors (gate, up, down) of layers kept in host memory are uploaded on the transfer queue
 into a ring of device slots ahead of use. Per slot, a "ready" value of the transfer timeline
 (transfer -> compute) and a "free" value of the compute timeline (compute -> transfer) order the
@@ -7,7 +8,6 @@ uploads and the layers reading them, so uploading layer i+1.. overlaps computing
 from __future__ import annotations
 
 import logging
-import os
 
 from ..commands import CommandSequence
 from ..errors import ConfigError, OutOfDeviceMemory, VulkanError
@@ -18,20 +18,15 @@ from ..units import fmt_bytes
 
 log = logging.getLogger("vkrt")
 
-DEFAULT_SLOTS, MAX_SLOTS, MIN_SLOTS = 3, 8, 2
+MAX_SLOTS, MIN_SLOTS = 8, 2
 ALIGN = 256
 
 
-def slots_requested(value: int | None = None) -> int:
-    """VKRT_PREFETCH_SLOTS (default 3; 0 turns prefetch off; at most 8)."""
+def slots_requested(value: int | None, settings) -> int:
+    """`value` prefetch slots, else settings.prefetch_slots (VKRT_PREFETCH_SLOTS: default 3; 0
+    turns prefetch off; at most 8)."""
     if value is None:
-        text = os.environ.get("VKRT_PREFETCH_SLOTS", "").strip()
-        if not text:
-            return DEFAULT_SLOTS
-        try:
-            value = int(text)
-        except ValueError:
-            raise ConfigError(f"VKRT_PREFETCH_SLOTS={text!r} is not a number of slots (0..{MAX_SLOTS})") from None
+        value = settings.prefetch_slots
     if not 0 <= value <= MAX_SLOTS:
         raise ConfigError(f"prefetch slots must be 0..{MAX_SLOTS}, got {value}")
     return value
@@ -62,7 +57,7 @@ class ExpertPrefetch(Owned):
         self._slots: list[Buffer] = []
         self._uploads: dict[int, CommandSequence] = {}
         self._experts: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-        want = slots_requested(n_slots) if self.layers else 0
+        want = slots_requested(n_slots, dev.settings) if self.layers else 0
         self.slot_bytes = slot_bytes(model)
         for i in range(want):
             try:

@@ -1,23 +1,23 @@
-"""Expert staging and caching for decode: for steps of at most tuning.mv_max_n tokens, the
+"""Expert staging and caching for decode (docs/ARCHITECTURE.md §4 and §5, the data path of a
+decode step): for steps of at most tuning.mv_max_n tokens, the
 experts the tokens chose in a host-resident MoE layer are copied into device slots first (one
 copy per expert stack, all at once) and the mat-vecs read those.
 
 With an expert cache (`cache_bytes`), each such layer owns `cache_slots` slots per stack kept
 on the GPU with least-recently-used replacement (shaders/moe_stage_plan.comp): a chosen expert
 already there is not copied again. Without one, which stacks are staged is decided by weight
-type (tuning.moe_read_in_place lists the types the mat-vecs read in place); VKRT_MOE_STAGE=1
-stages every stack, 0 none (and no cache).
+type (tuning.moe_read_in_place lists the types the mat-vecs read in place); settings.moe_stage
+(VKRT_MOE_STAGE) True stages every stack, False none (and no cache).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
 from ..commands import read_tensor, write_tensor
-from ..errors import ConfigError, OutOfDeviceMemory, VulkanError
+from ..errors import OutOfDeviceMemory, VulkanError
 from ..memory import I32, Buffer, MemoryKind, Tensor
 from ..model.transformer import EXPERT_TENSORS, StagedExperts
 from ..ops.binding import binding_limit
@@ -29,16 +29,6 @@ from .prefetch import host_moe_layers
 log = logging.getLogger("vkrt")
 
 ALIGN = 256
-
-
-def staging_requested() -> bool | None:
-    """VKRT_MOE_STAGE: True (stage every host expert stack), False (none), None (by type)."""
-    text = os.environ.get("VKRT_MOE_STAGE", "").strip()
-    if not text:
-        return None
-    if text not in ("0", "1"):
-        raise ConfigError(f"VKRT_MOE_STAGE={text!r}: use 1 to stage decode experts in VRAM, 0 to read them in place")
-    return text == "1"
 
 
 def staged_layers(model) -> list[int]:
@@ -67,7 +57,7 @@ class ExpertStaging(Owned):
         self.state: Tensor | None = None
         self._views: dict[int, StagedExperts] = {}
         if enabled is None:
-            enabled = staging_requested()
+            enabled = dev.settings.moe_stage
         candidates = staged_layers(model)
         if not cfg.moe or enabled is False or not candidates:
             return

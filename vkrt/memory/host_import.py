@@ -1,11 +1,12 @@
-"""The host registry: host ranges (a model's mmap, a --no-mmap buffer) made reachable by GPU DMA.
+"""The host registry: host ranges (a model's mmap, a --no-mmap buffer) made reachable by GPU DMA
+(docs/ARCHITECTURE.md §4, host import).
 
 A registered range is imported with VK_EXT_external_memory_host in chunks no larger than the
-device allows (and VKRT_IMPORT_CHUNK), each aligned to minImportedHostPointerAlignment. Once an
+device allows (and settings.import_chunk, VKRT_IMPORT_CHUNK), each aligned to minImportedHostPointerAlignment. Once an
 import fails (file-backed mmap on RADV and NVIDIA) that chunk and the rest are copied once into
 host-visible Vulkan buffers instead. lookup(pointer, size) gives the BufferRange holding those
 bytes when they lie in one chunk and None when they straddle two (upload those through staging).
-VKRT_REGISTER_HOST=0 turns registration off (every lookup is then None).
+settings.register_host (VKRT_REGISTER_HOST=0) turns registration off (every lookup is then None).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import bisect
 import logging
 import mmap
-import os
 import threading
 from dataclasses import dataclass, field
 
@@ -22,7 +22,7 @@ import numpy as np
 from ..device.vk import ffi
 from ..errors import ConfigError, HostImportError, OutOfRange, VkrtError, VulkanError
 from ..owned import Owned
-from ..units import fmt_bytes, parse_size
+from ..units import fmt_bytes
 from .buffer import Buffer, BufferRange
 from .imported import ImportedBuffer
 from .memory_types import MemoryKind
@@ -30,11 +30,6 @@ from .memory_types import MemoryKind
 log = logging.getLogger("vkrt")
 
 PAGE = mmap.PAGESIZE
-
-
-def registration_enabled() -> bool:
-    """False when VKRT_REGISTER_HOST is 0/false/no/off."""
-    return os.environ.get("VKRT_REGISTER_HOST", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def host_span(source, size: int | None = None) -> tuple[int, int, object]:
@@ -148,8 +143,8 @@ class HostRegion(Owned):
 class HostRegistry(Owned):
     """Registered host ranges of one device, looked up by host address (bisect over chunk starts).
 
-    `chunk_size` caps the chunk size (default: VKRT_IMPORT_CHUNK, else the device limits);
-    `enabled=False` (default: VKRT_REGISTER_HOST) registers nothing.
+    `chunk_size` caps the chunk size (default: the device's settings.import_chunk, else the
+    device limits); `enabled=False` (default: settings.register_host) registers nothing.
     """
 
     def __init__(self, device, *, chunk_size: int | None = None, enabled: bool | None = None,
@@ -157,10 +152,10 @@ class HostRegistry(Owned):
         super().__init__(label)
         self.device = device
         p = device.profile
-        self.enabled = registration_enabled() if enabled is None else enabled
+        self.enabled = device.settings.register_host if enabled is None else enabled
         self.alignment = max(p.host_import_alignment, PAGE) if p.host_import else PAGE
-        if chunk_size is None and os.environ.get("VKRT_IMPORT_CHUNK", "").strip():
-            chunk_size = parse_size(os.environ["VKRT_IMPORT_CHUNK"], "VKRT_IMPORT_CHUNK")
+        if chunk_size is None:
+            chunk_size = device.settings.import_chunk
         limit = min(p.max_buffer_size, p.max_allocation_size, chunk_size or p.max_buffer_size)
         self.chunk_size = limit // self.alignment * self.alignment
         if self.chunk_size <= 0:

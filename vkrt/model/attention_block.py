@@ -24,7 +24,7 @@ from ..ops.norm_rope import can_store_v, norm_rope
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
 from .arch import ROPE_IMROPE, ROPE_NORMAL
-from .fusions import fused, project
+from .fusions import project
 
 
 def rope_args(cfg, w, il: int) -> dict:
@@ -52,7 +52,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     tf.add_norm(seq, s, T, p + "attn_norm.weight")
     q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
     projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
-    project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur)
+    project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur, tf.fusions.qkv)
     for t, name in projections:
         if cfg.attn_bias and p + name + ".bias" in w:
             add(seq, t, w[p + name + ".bias"], t)
@@ -69,10 +69,10 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     pos, cells = positions(cfg, s, T), s.cells.slice(0, 0, T)
     args = rope_args(cfg, w, il)
     v3 = v.view((Dv, KV, T))
-    if fused("NORM_ROPE"):   # q/k norm, RoPE and K's store into the cache: two kernels
+    if tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
         norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
         norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args)
-        store_v = (v3, cache.v[il]) if fused("KV_STORE") and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
+        store_v = (v3, cache.v[il]) if tf.fusions.kv_store and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
         norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, store_v=store_v,
                   **args)
         if store_v is None:
@@ -92,7 +92,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     sinks = w[p + "attn_sinks.weight"] if cfg.attn_sinks else None
     if flash:  # layers attending through the same mask share one mask_opt pre-pass
         op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
-                       share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks)
+                       share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks, mask_opt=tf.fa_mask_opt)
         s.mask_opt_owner.setdefault(id(mask), op)
     else:
         op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")

@@ -1,48 +1,61 @@
-"""The lossless fusions a recording may use, each switchable (VKRT_FUSE_<name>=0/1) and giving
-the same bits on and off, and the projection helper that applies QKV."""
+"""The lossless fusions a recording may use (Fusions: each switchable, VKRT_FUSE_<name>=0/1,
+giving the same bits on and off; docs/ARCHITECTURE.md §4), and the projection helper that
+applies QKV."""
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 from ..ops.matmul import matmul, matmul_segments
 
-# Lossless fusions and whether each is on by default: ADD_NORM (residual add inside the next RMS
-# norm), NORM_ROPE (q/k norm + RoPE + K's cache store: 2 kernels instead of 5 a layer), GLU (the
-# gated activation inside the down mat-vec). GLU is off: the fused mat-vec redoes the activation
-# once per row group (M / mv_rows times per input), which cost more than the separate kernel it
-# saves where the weights are in VRAM (H200, 8-layer 30B-A3B shape, decode: 639 us fused vs
-# 507 us separate per step; bench/decode_profile.py). GATE_UP (decode: the gate and up
-# projections in one mat-vec pass with the gated activation on its output, where the loader put
-# both weights in one allocation): one dispatch and one kernel fewer a layer. MOE_SUM (decode: the
-# expert down projection sums a token's slots with the routing weights, and the shared expert's
-# gated output, in its epilogue; moe_combine's pass is gone) is off: a token's rows become its
-# only workgroups, 8x fewer than a workgroup per (token, slot), and on the latency-bound H200
-# that cost more than the pass it saves (Qwen3-30B-A3B shape, Q4_0 in VRAM, tg128: 120-123 t/s
-# summed vs 137 apart, GCN and native tables, bench/peer.py).
-# QKV (decode: matrices reading the same normed input -- attention's q, k and v, DeltaNet's qkv
-# and gate, its alpha and beta -- in one mat-vec dispatch where they share a type and an
-# allocation) is off: alone it beats the three dispatches (H200, GCN table, bench loop of weight
-# copies: 8B's q/k/v 27.6 -> 19.3 us, 30B-A3B's 20.5 -> 12.3), but inside a decode step the three
-# already overlap (no barrier between them) and tg128 did not move (8B 171.7 apart vs 170.1
-# fused, 30B-A3B 187.6 vs 186.6; bench/peer.py, same run).
-# KV_STORE (with NORM_ROPE: V's store into its cache rides in K's norm_rope dispatch where V and
-# its cache are laid out as K and its cache): one dispatch fewer a layer.
-FUSIONS = {"ADD_NORM": True, "GLU": False, "NORM_ROPE": True, "GATE_UP": True, "MOE_SUM": False, "QKV": False,
-           "KV_STORE": True}
+# The defaults are declared with the variables in vkrt/settings.py; why each is on or off:
+# ADD_NORM (residual add inside the next RMS norm) and NORM_ROPE (q/k norm + RoPE + K's cache
+# store: 2 kernels instead of 5 a layer) are on. GLU (the gated activation inside the down
+# mat-vec) is off: the fused mat-vec redoes the activation once per row group (M / mv_rows times
+# per input), which cost more than the separate kernel it saves where the weights are in VRAM
+# (H200, 8-layer 30B-A3B shape, decode: 639 us fused vs 507 us separate per step;
+# bench/decode_profile.py). GATE_UP (decode: the gate and up projections in one mat-vec pass
+# with the gated activation on its output, where the loader put both weights in one allocation):
+# one dispatch and one kernel fewer a layer. MOE_SUM (decode: the expert down projection sums a
+# token's slots with the routing weights, and the shared expert's gated output, in its epilogue;
+# moe_combine's pass is gone) is off: a token's rows become its only workgroups, 8x fewer than a
+# workgroup per (token, slot), and on the latency-bound H200 that cost more than the pass it saves
+# (Qwen3-30B-A3B shape, Q4_0 in VRAM, tg128: 120-123 t/s summed vs 137 apart, GCN and native
+# tables, bench/peer.py). QKV (decode: matrices reading the same normed input -- attention's q, k
+# and v, DeltaNet's qkv and gate, its alpha and beta -- in one mat-vec dispatch where they share a
+# type and an allocation) is off: alone it beats the three dispatches (H200, GCN table, bench loop
+# of weight copies: 8B's q/k/v 27.6 -> 19.3 us, 30B-A3B's 20.5 -> 12.3), but inside a decode step
+# the three already overlap (no barrier between them) and tg128 did not move (8B 171.7 apart vs
+# 170.1 fused, 30B-A3B 187.6 vs 186.6; bench/peer.py, same run). KV_STORE (with NORM_ROPE: V's
+# store into its cache rides in K's norm_rope dispatch where V and its cache are laid out as K and
+# its cache) is on: one dispatch fewer a layer (tg128 within noise on the H200: 8B 175.2 vs 175.5
+# apart, 30B-A3B 180.3 vs 181.9).
 
 
-def fused(what: str) -> bool:
-    """Whether the lossless fusion VKRT_FUSE_<what> is on: =1 / =0 force it, unset takes the
-    default above (both settings give the same bits)."""
-    value = os.environ.get(f"VKRT_FUSE_{what}", "")
-    return FUSIONS[what] if value == "" else value != "0"
+@dataclass(frozen=True)
+class Fusions:
+    """Which lossless fusions a recording uses (the Transformer's; both settings of each give
+    the same bits). `Fusions.of(settings)` takes them from the VKRT_FUSE_* settings."""
+
+    add_norm: bool
+    norm_rope: bool
+    glu: bool
+    gate_up: bool
+    moe_sum: bool
+    qkv: bool
+    kv_store: bool = True
+
+    @staticmethod
+    def of(settings) -> "Fusions":
+        return Fusions(add_norm=settings.fuse_add_norm, norm_rope=settings.fuse_norm_rope, glu=settings.fuse_glu,
+                       gate_up=settings.fuse_gate_up, moe_sum=settings.fuse_moe_sum, qkv=settings.fuse_qkv,
+                       kv_store=settings.fuse_kv_store)
 
 
-def project(seq, pairs, x) -> None:
+def project(seq, pairs, x, fused: bool) -> None:
     """(weight, output) pairs that read the same input x: one mat-vec dispatch over all their
-    rows where that can be (QKV), else one matmul each."""
-    if fused("QKV"):
+    rows where that can be (`fused`: Fusions.qkv), else one matmul each."""
+    if fused:
         matmul_segments(seq, [wt for wt, _ in pairs], x, [t for _, t in pairs])
     else:
         for wt, t in pairs:

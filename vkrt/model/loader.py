@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass, field
 
 from ..memory import Buffer, MemoryKind, Tensor, host_registry
-from ..memory.host_import import registration_enabled
 from ..owned import Owned
 from ..units import fmt_bytes
 from .config import ModelConfig
@@ -72,7 +71,7 @@ class Model(Owned):
             check_expert_layout(self.gguf.tensors, self.path)
             self.gguf.require(tensors=required_tensors(self.cfg))
             check_tensors(self.cfg, self.gguf.tensors, self.path)
-            self.tokenizer = Tokenizer.from_metadata(meta)
+            self.tokenizer = Tokenizer.from_metadata(meta, device.settings.tokenizer_cache_dir)
             self.placement = Placement()
             self.n_cpu_moe = min(max(n_cpu_moe, 0), self.cfg.n_layer) if self.cfg.moe else 0
 
@@ -122,7 +121,7 @@ class Model(Owned):
         self.weights.update(self.gguf.upload(self.device, vram, together=together))
         self.placement.vram_bytes = sum(self.gguf.tensor(n).nbytes for n in vram)
         if host:
-            self._map_host(host, registration_enabled() if pin is None else pin)
+            self._map_host(host, self.device.settings.register_host if pin is None else pin)
 
     def _map_host(self, names: list[str], pin: bool) -> None:
         """Host-resident tensors: read in place through imported (or once-copied) memory; a tensor

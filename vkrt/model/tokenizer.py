@@ -88,8 +88,9 @@ class Tokenizer:
         return self.decode([token]).encode("utf-8", "surrogatepass")
 
     @staticmethod
-    def from_metadata(meta: dict) -> "Tokenizer":
-        """Build from GGUF metadata values (`tokenizer.ggml.*` keys)."""
+    def from_metadata(meta: dict, cache_dir: Path | None = None) -> "Tokenizer":
+        """Build from GGUF metadata values (`tokenizer.ggml.*` keys); built tokenizers are kept
+        in `cache_dir` (settings.tokenizer_cache_dir; None: not cached)."""
         try:
             kind = meta["tokenizer.ggml.model"]
             tokens = list(meta["tokenizer.ggml.tokens"])
@@ -99,7 +100,7 @@ class Tokenizer:
         if kind not in ("gpt2", "llama"):
             raise TokenizerError(f"tokenizer.ggml.model={kind!r} is not supported (supported: gpt2, llama)")
         add_bos_default = kind == "llama"
-        cached = _cache_path(meta)
+        cached = _cache_path(meta, cache_dir)
         if cached is not None and cached.is_file():
             hf = HFTokenizer.from_str(cached.read_text())
         else:
@@ -136,9 +137,9 @@ _CACHE_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tok
 _VERSION = "1"
 
 
-def _cache_path(meta: dict) -> Path | None:
+def _cache_path(meta: dict, cache_dir: Path | None) -> Path | None:
     """Built tokenizers are cached (SentencePiece merges take seconds to derive from scores)."""
-    if os.environ.get("VKRT_TOKENIZER_CACHE", "1") == "0":
+    if cache_dir is None:
         return None
     h = hashlib.sha256(_VERSION.encode())
     for key in _CACHE_KEYS:
@@ -146,9 +147,7 @@ def _cache_path(meta: dict) -> Path | None:
         h.update(key.encode() + b"\0")
         h.update(("\x1f".join(map(str, value)) if isinstance(value, (list, tuple)) else repr(value)).encode("utf-8",
                                                                                                        "surrogatepass"))
-    root = os.environ.get("VKRT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vkrt")
-    return Path(root) / "tokenizers" / f"{h.hexdigest()}.json"
+    return Path(cache_dir) / f"{h.hexdigest()}.json"
 
 
 def _store(path: Path | None, hf: HFTokenizer) -> None:

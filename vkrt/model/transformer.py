@@ -34,11 +34,12 @@ from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
 from ..owned import Owned
+from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
 from .config import ModelConfig
 from .delta_net_block import record_delta_net
-from .fusions import fused
+from .fusions import Fusions
 from .scratch import Scratch  # noqa: F401  (re-exported: the engine builds it)
 from .tensors import EXPERT_TENSORS, required_tensors
 
@@ -90,11 +91,16 @@ class RecordOptions:
 
 
 class Transformer:
-    """Records the forward pass of `cfg` with `weights` (GGUF name -> Tensor)."""
+    """Records the forward pass of `cfg` with `weights` (GGUF name -> Tensor), using the lossless
+    `fusions` (default: the declared defaults) and flash attention's mask_opt forced on or off by
+    `fa_mask_opt` (None: the tuning rule); the engine passes its device's settings."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor]):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], fusions: Fusions | None = None,
+                 fa_mask_opt: bool | None = None):
         self.cfg = cfg
         self.w = weights
+        self.fusions = fusions if fusions is not None else Fusions.of(Settings())
+        self.fa_mask_opt = fa_mask_opt
         missing = [n for n in required_tensors(cfg) if n not in weights]
         if missing:
             raise GGUFError(f"model lacks tensor(s) {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
@@ -188,11 +194,11 @@ class Transformer:
 
     def _fuse_glu(self, seq, T, dense: bool = True) -> bool:
         """Decode-sized down projections take the gated activation inside their mat-vec."""
-        return T <= self._fused_max(seq, dense) and fused("GLU")
+        return T <= self._fused_max(seq, dense) and self.fusions.glu
 
     def _fuse_gate_up(self, seq, T, gate: Tensor, up: Tensor, act: str, dense: bool = True) -> bool:
         """Decode-sized gate and up projections run as one pass where their weights allow it."""
-        return (T <= self._fused_max(seq, dense) and fused("GATE_UP")
+        return (T <= self._fused_max(seq, dense) and self.fusions.gate_up
                 and gate_up_pair(gate, up, seq.device, act) is not None)
 
     def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act):
@@ -211,14 +217,14 @@ class Transformer:
 
     def add_norm(self, seq, s, T, name, first: int = 0):
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
-        output into x (one fused kernel unless VKRT_FUSE_ADD_NORM=0)."""
+        output into x (one fused kernel unless fusions.add_norm is off)."""
         x, cur = s.cols("x", T - first, first), s.cols("cur", T - first, first)
         pending, s.pending = s.pending, None
         if pending is None:
             self.norm(seq, x, cur, name)
             return
         pending = pending.slice(1, first, T)
-        if fused("ADD_NORM"):
+        if self.fusions.add_norm:
             rms_norm(seq, x, cur, self.cfg.norm_eps, self.w[name], residual=pending, sum_out=x)
         else:
             add(seq, x, pending, x)
@@ -279,7 +285,7 @@ class Transformer:
             return bg is None or sid is ids
 
         # the summed down projection has no place for the experts' biases: gpt-oss sums apart
-        summed = T <= seq.device.tuning.mv_max_n and fused("MOE_SUM") and bd is None
+        summed = T <= seq.device.tuning.mv_max_n and self.fusions.moe_sum and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
         if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
             mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw, act=act, bias=bg, up_bias=bu)

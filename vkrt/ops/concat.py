@@ -2,19 +2,18 @@
 
 The generic kernel computes every destination element from its indices and reads the source
 wherever its strides say, which is catastrophic for a source stored transposed: neighbouring
-threads then read elements a whole column apart. The fast path (DESIGN §4) handles concat
-along dim 0 of a row-major source and a transposed 2-D one in a single dispatch: a coalesced
-copy of the row-major source into its columns and a tiled shared-memory transpose of the
-other into the remaining columns. `path="generic"` or VKRT_CONCAT_GENERIC=1 forces the
-generic kernel (for comparisons); `path="fast"` insists on the fast path.
+threads then read elements a whole column apart. The fast path (docs/ARCHITECTURE.md §4)
+handles concat along dim 0 of a row-major source and a transposed 2-D one in a single dispatch:
+a coalesced copy of the row-major source into its columns and a tiled shared-memory transpose
+of the other into the remaining columns. `path="generic"` forces the generic kernel (for
+comparisons); `path="fast"` insists on the fast path.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..errors import ConfigError, GGMLTypeError, OutOfRange, VkrtError
+from ..errors import GGMLTypeError, OutOfRange, VkrtError
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .copy import check_destination, check_types, copy
@@ -75,13 +74,6 @@ def fast_plan(a: Tensor, b: Tensor, dst: Tensor, dim: int) -> FastPlan | str:
     return plan
 
 
-def generic_forced() -> bool:
-    value = os.environ.get("VKRT_CONCAT_GENERIC", "0").strip()
-    if value not in ("0", "1", ""):
-        raise ConfigError(f"VKRT_CONCAT_GENERIC={value!r}: expected 0 or 1")
-    return value == "1"
-
-
 def _check(a: Tensor, b: Tensor, dst: Tensor, dim: int, what: str) -> None:
     if not 0 <= dim <= 3:
         raise OutOfRange(f"{what}: dim must be 0..3, got {dim}")
@@ -102,8 +94,7 @@ def concat(seq, a: Tensor, b: Tensor, dst: Tensor, dim: int, *, path: str = "aut
     if path not in PATHS:
         raise VkrtError(f"{what}: path must be one of {PATHS}, got {path!r}")
     _check(a, b, dst, dim, what)
-    forced_generic = path == "generic" or (path == "auto" and generic_forced())
-    plan = None if forced_generic else fast_plan(a, b, dst, dim)
+    plan = None if path == "generic" else fast_plan(a, b, dst, dim)
     if isinstance(plan, FastPlan):
         _fast(seq, plan, dst, what)
         return "fast"

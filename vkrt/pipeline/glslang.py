@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.metadata
-import os
 import sys
 import threading
 from pathlib import Path
@@ -48,10 +47,8 @@ class Input(ctypes.Structure):
     ]
 
 
-def _lib_dirs() -> list[Path]:
-    dirs = []
-    if os.environ.get("VKRT_GLSLANG_LIB"):
-        dirs.append(Path(os.environ["VKRT_GLSLANG_LIB"]))
+def _lib_dirs(lib_dir: Path | None) -> list[Path]:
+    dirs = [] if lib_dir is None else [Path(lib_dir)]
     for entry in sys.path:
         if entry:
             dirs.append(Path(entry) / "cmeel.prefix" / "lib")
@@ -59,10 +56,11 @@ def _lib_dirs() -> list[Path]:
 
 
 class Glslang:
-    """The loaded libraries with argument types declared. Use `glslang()` for the process-wide one."""
+    """The loaded libraries (from `lib_dir`, settings.glslang_lib, first) with argument types
+    declared. Use `glslang(lib_dir)` for the process-wide one."""
 
-    def __init__(self):
-        for d in _lib_dirs():
+    def __init__(self, lib_dir: Path | None = None):
+        for d in _lib_dirs(lib_dir):
             if (d / _LIBS[0]).exists():
                 break
         else:
@@ -99,8 +97,8 @@ class Glslang:
 
 
 @functools.cache
-def glslang() -> Glslang:
-    return Glslang()
+def glslang(lib_dir: Path | None = None) -> Glslang:
+    return Glslang(lib_dir)
 
 
 @functools.cache

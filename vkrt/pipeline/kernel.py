@@ -40,7 +40,8 @@ class Kernel(Owned):
 
     def _build(self, defines, push, spec, workgroup, source) -> None:
         dev = self.device
-        spirv = compile_shader(self.shader, defines, source)
+        spirv = compile_shader(self.shader, defines, source, cache_dir=dev.settings.shader_cache_dir,
+                               glslang_lib=dev.settings.glslang_lib)
         iface = reflect(spirv)
         self.interface = iface
         name = f"shader {self.shader}"

@@ -14,7 +14,6 @@ from ..device import Device
 from ..engine.engine import PAD_STEP
 from ..engine.logit_adjust import logit_adjustments
 from ..engine.sampler import SamplingParams
-from ..memory.host_import import registration_enabled
 from ..units import fmt_bytes
 
 log = logging.getLogger("vkrt.server")
@@ -70,7 +69,7 @@ class Backend:
             pinning = (f"{fmt_bytes(pl.host_imported)} imported (pinned) host memory, "
                        f"{fmt_bytes(pl.host_copied)} copied to host-visible buffers")
         else:
-            why = "disabled (--no-pin / VKRT_REGISTER_HOST=0)" if not registration_enabled() else "import refused"
+            why = "disabled (--no-pin / VKRT_REGISTER_HOST=0)" if not dev.settings.register_host else "import refused"
             pinning = f"{why}: {fmt_bytes(pl.host_copied)} copied to host-visible buffers"
         heaps = ", ".join(f"heap {i} {fmt_bytes(used)} of {fmt_bytes(h.size)}"
                           for i, (used, h) in enumerate(zip(dev.heap_used, p.heaps)) if used)
@@ -92,10 +91,11 @@ class Backend:
         ]
 
 
-def load_backend(load: Callable[[object], tuple[object, object]], device_spec: str | None = None) -> Backend:
-    """Open the device and call load(device) -> (model, engine)."""
+def load_backend(load: Callable[[object], tuple[object, object]], device_spec: str | None = None,
+                 settings=None) -> Backend:
+    """Open the device (with `settings`; None: the environment's) and call load(device) -> (model, engine)."""
     t0 = time.perf_counter()
-    device = Device(device_spec)
+    device = Device(device_spec, settings=settings)
     try:
         model, engine = load(device)
     except BaseException:

@@ -1,4 +1,4 @@
-"""CUDA host -> device copy rates (pinned and pageable memory), the PCIe reference of bench-h2d:
+"""CUDA host -> device copy rates (pinned and pageable memory), the PCIe reference of bench/h2d.py:
 through PyTorch where it has CUDA, else straight through the NVIDIA driver (libcuda.so.1 with
 ctypes), so the reference needs nothing beyond the driver."""
 
