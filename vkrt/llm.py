@@ -29,8 +29,10 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
          hf_token: str | None = None, device=None, **options) -> "LLM":
     """Open a GGUF model (a path; the first part of a split model; `hf="owner/name[:quant]"` to
     fetch it from Hugging Face as `-hf` does; neither: the embedded SmolLM2) on `device` (default:
-    the first suitable Vulkan device, as the CLI picks it). `options` are EngineOptions fields
-    (n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, ...)."""
+    the first suitable Vulkan device, as the CLI picks it; a Device, a list of them, or a spec
+    as --device takes, e.g. "0,1": split by layers). `options` are EngineOptions fields (n_ctx,
+    n_batch, n_ubatch, flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, split_mode,
+    tensor_split, main_gpu, ...)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ConfigError(f"vkrt.load: unknown option(s) {', '.join(unknown)} (options: {', '.join(sorted(_OPTIONS))})")
@@ -44,10 +46,10 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
     else:
         path = model or default_model()
     opts = EngineOptions(**{"progress": False, **options})
-    owned = device is None
+    owned = device is None or isinstance(device, str)
     if owned:
-        from .device import Device
-        device = Device()
+        from .device.group import DeviceGroup, parse_device_list
+        device = DeviceGroup(parse_device_list(device))
     try:
         m, engine = open_engine(device, path, opts)
     except BaseException:
