@@ -70,6 +70,27 @@ def test_split_equals_one_device(group, paths, kind, n_cpu_moe):
         assert tokens == ref_tokens, ts
 
 
+@pytest.mark.parametrize("kind, n_cpu_moe", [("dense", 0), ("hybrid", 4)])
+def test_pipelined_prefill_equals_one_device(group, paths, kind, n_cpu_moe):
+    """A prompt of several micro-batches runs through the stages as a pipeline (stage k on
+    micro-batch i while stage k-1 reads micro-batch i+1): the logits are those of one device."""
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, 200, 100)]   # 4 micro-batches of 32
+    out = []
+    for n in (1, 2, 3):
+        opts = EngineOptions(n_ctx=256, n_ubatch=32, n_cpu_moe=n_cpu_moe, progress=False)
+        m, e = open_engine(group.devices[:n], paths[kind], opts)
+        try:
+            out.append((e.eval(prompt, all_logits=True), e.eval([5, 6])))
+            assert any("parity 1" in key for key in e._graphs) == (n > 1)   # micro-batches alternated
+            assert e.stats.tokens == len(prompt) + 2
+        finally:
+            e.close()
+            m.close()
+    for logits, last in out[1:]:
+        np.testing.assert_array_equal(logits.view(np.uint32), out[0][0].view(np.uint32))
+        np.testing.assert_array_equal(last, out[0][1])
+
+
 def test_host_experts_imported_once_by_their_device(group, paths):
     """Each device imports only its own layers' host experts: every host tensor is read in
     place (no host-visible copies), and the stages that hold host expert layers prefetch them."""

@@ -195,7 +195,7 @@ class Engine(Owned):
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
                chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-               out_rows: int = 0, hidden: bool = False, masked: bool = False) -> _Graph:
+               out_rows: int = 0, hidden: bool = False, masked: bool = False, parity: int = 0) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
@@ -203,10 +203,13 @@ class Engine(Owned):
         after applying the logit adjustment table the host wrote, masked: then the token masks the
         host wrote (grammars; top steps only). out_rows > 0:
         the logits of the tokens the out_ids input names, instead of the last or all. hidden:
-        every token's normed final state is read back instead of any logits (hidden_states)."""
+        every token's normed final state is read back instead of any logits (hidden_states).
+        parity: the copy of the inputs (and of a split's handoffs) a step that is not a chain
+        step reads (pipelined micro-batches alternate)."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
         key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ()) \
-            + (("hidden",) if hidden else ()) + (("masked",) if masked else ())
+            + (("hidden",) if hidden else ()) + (("masked",) if masked else ()) \
+            + ((f"parity {parity}",) if parity and chain is None else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -220,7 +223,7 @@ class Engine(Owned):
         row_bytes = 4 * self.model.cfg.vocab_size
         read = lambda seq, n, row: seq.copy(   # noqa: E731
             self.scratch.logits.range(), self._logits.range(row * row_bytes, n * row_bytes), n * row_bytes)
-        parity, ids_on_gpu = chain or (0, False)
+        parity, ids_on_gpu = chain or (parity, False)
         if chain is not None:
             token = Tensor.on(BufferRange(self._tokens, 16 * parity, 4), I32, (1,), name="greedy token")
             read = lambda seq, n, row: argmax(seq, self.scratch.logits.slice(1, 0, 1).view(   # noqa: E731
@@ -305,6 +308,12 @@ class Engine(Owned):
             raise VkrtError("eval needs at least one token")
         self._check_tokens(tokens)
         start = self.cache.cells.length(seq_id)
+        if self.split and tokens.size > self.n_ubatch:
+            steps = [(tokens[u0:u0 + self.n_ubatch], np.full(min(self.n_ubatch, tokens.size - u0), seq_id, np.int32),
+                      np.arange(u0, min(u0 + self.n_ubatch, tokens.size), dtype=np.int32) + start)
+                     for u0 in range(0, tokens.size, self.n_ubatch)]
+            outs = self._pipelined(steps, all_logits)
+            return np.concatenate(outs) if all_logits else outs[-1][-1]
         outs = []
         for b0 in range(0, tokens.size, self.n_batch):
             batch = tokens[b0:b0 + self.n_batch]
@@ -316,6 +325,47 @@ class Engine(Owned):
                 if all_logits or last:
                     outs.append(out)
         return np.concatenate(outs) if all_logits else outs[-1][-1]
+
+    def _pipelined(self, steps: list[tuple], all_logits: bool) -> list[np.ndarray]:
+        """Micro-batches `steps` ((ids, seqs, pos) of one sequence each) through the stages of a
+        split as a pipeline: while stage k runs micro-batch i, stage k-1 runs micro-batch i+1
+        (each tick submits every busy stage, then waits for them all and hands their activations
+        on). Micro-batches alternate between the two copies of the step inputs and handoffs.
+        Returns each micro-batch's logits: every row, or the last."""
+        n_stages, vocab = len(self.stages), self.model.cfg.vocab_size
+        flight: dict[int, tuple] = {}   # micro-batch -> (graph, its input bytes, tokens run, padding)
+        outs: list = [None] * len(steps)
+        counted = time.perf_counter()
+        for tick in range(len(steps) + n_stages - 1):
+            if tick < len(steps):
+                ids, seqs, pos = steps[tick]
+                pad, (ids, seqs, pos) = self._padded(ids, seqs, pos)
+                g, slots = self._prepare(ids, seqs, pos, all_logits, parity=tick % 2, broadcast=False)
+                self._advance(slots, ids.size)
+                base = tick % 2 * self._inputs_size
+                flight[tick] = (g, self.stages[0].inputs.host_bytes[base:base + self._inputs_size].copy(), ids.size,
+                                pad)
+            busy = [(k, tick - k) for k in range(n_stages) if 0 <= tick - k < len(steps)]
+            for k, u in busy:
+                g, inputs, _, _ = flight[u]
+                if k:
+                    base = u % 2 * self._inputs_size
+                    self.stages[k].inputs.host_bytes[base:base + self._inputs_size] = inputs
+                self.stats.layers_prefetched += self.stages[k].submit(g.stages[k])
+            for k, u in busy:
+                self._wait(flight[u][0].stages[k].seqs[-1])
+            for k, u in busy:
+                g, _, n, pad = flight[u]
+                if k < len(self.handoffs):
+                    self.handoffs[k].carry(u % 2, 4 * self.model.cfg.n_embd * n)
+                    continue
+                rows = n if all_logits else 1
+                outs[u] = self._logits.read(np.float32, 4 * vocab * rows).reshape(rows, vocab)[pad if all_logits else 0:]
+                del flight[u]
+                now = time.perf_counter()
+                self._count(n - pad, now - counted)
+                counted = now
+        return outs
 
     def hidden_states(self, tokens, seq_id: int = 0) -> np.ndarray:
         """Append `tokens` to sequence `seq_id`; returns every token's final hidden state after
@@ -418,10 +468,13 @@ class Engine(Owned):
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
                  chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-                 out: np.ndarray | None = None, hidden: bool = False, masked: bool = False):
-        """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
-        find its graph; returns (graph, the sequence of each group of tokens). out: the tokens
-        whose logits the step computes (default: the last, or all with all_logits)."""
+                 out: np.ndarray | None = None, hidden: bool = False, masked: bool = False, parity: int = 0,
+                 broadcast: bool = True):
+        """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step,
+        else copy `parity`) and find its graph; returns (graph, the sequence of each group of
+        tokens). out: the tokens whose logits the step computes (default: the last, or all with
+        all_logits). broadcast: write the inputs of every stage of a split (else the first's
+        only: a pipelined step writes the others' when they take it up)."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
         if self.state is not None:
             for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
@@ -442,7 +495,7 @@ class Engine(Owned):
         used = cells_tab.used_end()
         n_kv = self.kv_span(used)
         lay, cfg = self._layout, self.model.cfg
-        base = (chain[0] if chain else 0) * self._inputs_size
+        base = (chain[0] if chain else parity) * self._inputs_size
         host = self.stages[0].inputs.host_bytes[base:base + self._inputs_size]
         host[lay["ids"]:lay["ids"] + 4 * n] = ids.view(np.uint8)
         streams = pos   # multi-section RoPE on text: the t, h and w streams hold the position, e is 0
@@ -461,10 +514,10 @@ class Engine(Owned):
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         if out is not None:
             host[lay["out_ids"]:lay["out_ids"] + 4 * out.size] = out.astype(np.int32).view(np.uint8)
-        for st in self.stages[1:]:   # every stage of a split reads the same inputs from its own device
+        for st in self.stages[1:] if broadcast else ():   # each stage of a split reads them from its own device
             st.inputs.host_bytes[base:base + self._inputs_size] = host
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size,
-                           hidden, masked), slots
+                           hidden, masked, parity), slots
 
     def kv_span(self, used: int) -> int:
         """The KV cells a step attends over when `used` are in use (one past the highest): with
