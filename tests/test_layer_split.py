@@ -14,12 +14,10 @@ from click.testing import CliRunner
 
 from models import TINY
 from vkrt.device.group import DeviceGroup, parse_device_list
-from vkrt.engine.engine import Engine
 from vkrt.engine.options import EngineOptions, open_engine
 from vkrt.engine.placement import DoesNotFit
 from vkrt.errors import ConfigError, DeviceNotFound
 from vkrt.model.layer_split import LayerSplit, split_layers, split_order
-from vkrt.model.loader import Model
 from vkrt.model.synthetic import write_model
 from vkrt.owned import live_objects
 
