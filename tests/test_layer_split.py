@@ -62,7 +62,7 @@ def run(group, path, n_devices, tensor_split=None, n_cpu_moe=0, main_gpu=None):
 @pytest.mark.parametrize("kind, n_cpu_moe", [("dense", 0), ("moe", 3), ("hybrid", 3), ("tied", 0)])
 def test_split_equals_one_device(group, paths, kind, n_cpu_moe):
     ref_logits, ref_tokens = run(group, paths[kind], 1, n_cpu_moe=n_cpu_moe)
-    for ts, mg in (((1, 1), None), ((3, 1), 0), ((1, 1, 1), None)):
+    for ts, mg in (((1, 1), None), ((3, 1), 0), ((1, 1, 1), None), ((1, 0), None)):
         logits, tokens = run(group, paths[kind], len(ts), ts, n_cpu_moe, mg)
         np.testing.assert_array_equal(logits.view(np.uint32), ref_logits.view(np.uint32), err_msg=str(ts))
         assert tokens == ref_tokens, ts
@@ -157,7 +157,8 @@ def test_plan_from_tensor_split():
     assert split_layers(6, [1, 1]) == [range(0, 3), range(3, 6)]
     assert split_layers(6, [3, 1]) == [range(0, 5), range(5, 6)]
     assert split_layers(8, [1, 1, 2]) == [range(0, 2), range(2, 4), range(4, 8)]
-    assert split_layers(4, [1, 0]) == [range(0, 4), range(0)]
+    empty = split_layers(4, [1, 0])   # the main device runs the output only
+    assert empty == [range(0, 4), range(4, 4)] and empty[1].start == 4
     assert split_order(3, 0) == [1, 2, 0]
     devs = ["a", "b", "c"]
     plan = LayerSplit.plan(devs, 6, [1, 1, 4], 0)   # -mg 0: device a runs the output, so the last layers

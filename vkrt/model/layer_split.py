@@ -33,8 +33,8 @@ def split_layers(n_layer: int, proportions: list[float]) -> list[range]:
         cum.append(acc)
     cum[-1] = 1.0 + 1e-9
     owner = [min(bisect.bisect_right(cum, il / n_layer), len(cum) - 1) for il in range(n_layer)]
-    return [range(owner.index(k), len(owner) - owner[::-1].index(k)) if k in owner else range(0)
-            for k in range(len(proportions))]
+    # a device given no layer gets the empty range where its layers would be (the last: past them all)
+    return [range(bisect.bisect_left(owner, k), bisect.bisect_right(owner, k)) for k in range(len(proportions))]
 
 
 def split_order(n_devices: int, main: int) -> list[int]:

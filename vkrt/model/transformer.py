@@ -87,10 +87,9 @@ class RecordOptions:
     # read_hidden(seq, cur): record the copy of every token's normed final state (cur, [n_embd,
     # n_tokens]: a decoder's embeddings) instead of computing logits; None: logits as above
     read_hidden: object = None
-    # the layers recorded (a stage of a layer split; None: all): without layer 0 the residual
-    # stream x [n_embd, n_tokens] comes from receive(seq, x) instead of the embedding; without
-    # the last layer it goes to send(seq, x) (the pending block output added in) instead of
-    # the output
+    # the layers recorded (a stage of a layer split; None: all); with `receive` the residual
+    # stream x [n_embd, n_tokens] comes from receive(seq, x) instead of the embedding, with
+    # `send` it goes to send(seq, x) (the pending block output added in) instead of the output
     layers: range | None = None
     receive: object = None
     send: object = None
@@ -132,7 +131,7 @@ class Transformer:
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
         layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
-        if layers.start == 0:
+        if opts.receive is None:
             parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
         else:
             parts = [Part("receive", lambda seq: self._receive(seq, s, T, opts))]
@@ -151,7 +150,7 @@ class Transformer:
                 parts.append(Part(f"moe {il}", lambda seq, il=il: self._moe(seq, s, il, T, experts.get(il),
                                                                           staged.get(il)),
                                   layer=il if il in experts else None))
-        if layers.stop == cfg.n_layer:
+        if opts.send is None:
             parts.append(Part("output", lambda seq: self._output(seq, s, T, opts)))
         else:
             parts.append(Part("send", lambda seq: self._send(seq, s, T, opts)))
