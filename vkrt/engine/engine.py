@@ -9,6 +9,12 @@ Greedy decoding keeps the token on the GPU (Engine.greedy): each step ends with 
 writes the next token where the following step reads it and 4 bytes for the host, and the step
 after is submitted before the host reads that token (inputs are double-buffered), so host work
 overlaps the GPU's.
+
+A model split by layers over several devices (Model.split) runs as one Stage per device
+(stage.py), each with its layers' KV cache, recurrent state, activations and recorded part of
+every graph; a step runs them in turn, the residual stream handed across (handoff.py). Prompts
+of several micro-batches run as a pipeline over the stages (_pipelined); greedy decoding reads
+each token back instead of chaining it on the GPU.
 """
 
 from __future__ import annotations
