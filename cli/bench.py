@@ -14,10 +14,12 @@ import click
 
 from vkrt import __version__
 
-from .common import cache_size, default_model, flag01, hub_model, hub_options, settings
+from .common import cache_size, default_model, flag01, hub_model, hub_options, open_devices
 
-DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0)
-COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe")
+DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0,
+                split_mode="layer", main_gpu=None, tensor_split=None)
+COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe",
+                    split_mode="sm", main_gpu="mg", tensor_split="ts")
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -49,6 +51,19 @@ def _pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
                 raise click.BadParameter(f"-pg takes pp,tg pairs, got {item!r}")
             out.append((nums[0], nums[1]))
     return out
+
+
+def _split(text: str) -> tuple[float, ...]:
+    """One -ts value: 3/1 as proportions."""
+    try:
+        return tuple(float(v) for v in text.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give one proportion per device, '/'-separated (e.g. 3/1)",
+                                 param_hint="-ts") from None
+
+
+def _fmt_split(ts) -> str:
+    return "0.00" if ts is None else "/".join(f"{v:g}" for v in ts)
 
 
 def _model_desc(model) -> str:
@@ -85,14 +100,25 @@ def _fmt_params(n: int) -> str:
               help="Keep the expert tensors of the first N layers in host memory (MoE models).")
 @click.option("--expert-cache", default="auto", show_default=True,
               help="VRAM for caching host-resident experts during decode (a size, auto, or 0 = off).")
+@click.option("-dev", "--device", "device", default=None, metavar="DEV0/DEV1/...",
+              help="Devices (indices or name substrings, '/'-separated as llama-bench's; a repeated index opens "
+                   "several logical devices on one GPU); default: one device.")
+@click.option("-sm", "--split-mode", "split_mode", default="layer", show_default=True,
+              help="none or layer (comma-separated to test several).")
+@click.option("-mg", "--main-gpu", "main_gpu", default=None,
+              help="Device holding the output (index into -dev; default: the last with -sm layer, else 0).")
+@click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="TS0/TS1/...",
+              help="Share of the layers each device runs, '/'-separated (default: by free VRAM).")
 @click.option("-r", "--repetitions", type=click.IntRange(1), default=5, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
 def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers,
-          flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, repetitions, output):
+          flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu, tensor_split, repetitions,
+          output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
-    from vkrt.device import Device
     from vkrt.engine.bench import BenchTest, run_test
     from vkrt.engine.engine import Engine
+    from vkrt.engine.options import EngineOptions, plan_layer_split
+    from vkrt.errors import ConfigError
     from vkrt.model.loader import Model
 
     repos = [r for spec in hf_repo for r in spec.split(",") if r]
@@ -106,22 +132,41 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
     mmaps = [False] if no_mmap else [flag01(v) for v in mmap.split(",")]
     ncmoe = _ints(n_cpu_moe, "-ncmoe")
     cache = cache_size(expert_cache)
-    grid = list(itertools.product(paths, _ints(n_gpu_layers, "-ngl"), mmaps, ncmoe, _ints(n_batch, "-b"),
-                                  _ints(n_ubatch, "-ub"), [flag01(v) for v in flash_attn.split(",")]))
+    devices = device.replace("/", ",") if device else None
+    modes = [m.strip() for m in split_mode.split(",")]
+    mgs = [None] if main_gpu is None else _ints(main_gpu, "-mg")
+    splits = [None] if tensor_split is None else [_split(v) for v in tensor_split.split(",")]
+    grid = list(itertools.product(paths, _ints(n_gpu_layers, "-ngl"), mmaps, ncmoe, modes, mgs, splits,
+                                  _ints(n_batch, "-b"), _ints(n_ubatch, "-ub"), [flag01(v) for v in flash_attn.split(",")]))
     varying = {k for k, vals in dict(n_batch=_ints(n_batch, "-b"), n_ubatch=_ints(n_ubatch, "-ub"),
                                      flash_attn=[flag01(v) for v in flash_attn.split(",")], use_mmap=mmaps,
-                                     n_cpu_moe=ncmoe).items()
+                                     n_cpu_moe=ncmoe, split_mode=modes, main_gpu=mgs, tensor_split=splits).items()
                if len(set(vals)) > 1 or vals[0] != DEFAULTS[k]}
     rows = []
     printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index))
-    with Device(settings=settings()) as device:
+    with open_devices(devices) as group:
         loaded = None
-        for path, ngl, use_mmap, n_moe, nb, nub, fa in grid:
-            key = (path, ngl, use_mmap, n_moe)
+        for path, ngl, use_mmap, n_moe, sm, mg, ts, nb, nub, fa in grid:
+            key = (path, ngl, use_mmap, n_moe, sm, mg, ts)
             if loaded is None or loaded[0] != key:
                 if loaded is not None:
                     loaded[1].close()
-                loaded = (key, Model(device, path, mmap=use_mmap, n_gpu_layers=ngl, n_cpu_moe=n_moe, progress=False))
+                    loaded = None
+                try:
+                    opts = EngineOptions(n_gpu_layers=ngl, n_cpu_moe=n_moe, split_mode=sm, main_gpu=mg, tensor_split=ts,
+                                         n_ubatch=nub, n_batch=nb, flash_attn=fa)
+                    budgets = opts.budgets(len(group))
+                    if len(group) > 1 and sm == "layer":
+                        split, n_moe = plan_layer_split(list(group), path, opts, budgets)
+                        dev = split.main
+                    else:
+                        split, dev = None, group[opts.main_gpu or 0] if (opts.main_gpu or 0) < len(group) else None
+                        if dev is None:
+                            raise ConfigError(f"-mg {mg}: -dev gives {len(group)} device(s)")
+                except ConfigError as exc:
+                    raise click.UsageError(str(exc)) from None
+                loaded = (key, Model(dev, path, mmap=use_mmap, n_gpu_layers=ngl, n_cpu_moe=n_moe, progress=False,
+                                     split=split))
             model = loaded[1]
             for depth in depths:
                 for test in tests:
@@ -130,8 +175,11 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                     with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
                                 expert_cache=cache) as engine:
                         res = run_test(engine, t, repetitions)
+                    used = model.split.devices if model.split else [model.device]
                     row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
-                               flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res, device=device.profile.name)
+                               flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res,
+                               device=", ".join(d.profile.name for d in used), split_mode=sm,
+                               main_gpu=mg, tensor_split=ts, devices=[d.label for d in used])
                     rows.append(row)
                     printer.row(row)
         if loaded is not None:
@@ -154,7 +202,9 @@ class _Printer:
             "gpu_info": row["device"], "backends": "Vulkan", "model_filename": row["path"],
             "model_type": _model_desc(m), "model_size": m.size_bytes, "model_n_params": m.n_params,
             "n_batch": row["n_batch"], "n_ubatch": row["n_ubatch"], "n_threads": os.cpu_count(),
-            "type_k": "f16", "type_v": "f16", "n_gpu_layers": row["ngl"], "main_gpu": 0, "no_kv_offload": False,
+            "type_k": "f16", "type_v": "f16", "n_gpu_layers": row["ngl"], "split_mode": row["split_mode"],
+            "main_gpu": row["main_gpu"] if row["main_gpu"] is not None else len(row["devices"]) - 1,
+            "tensor_split": _fmt_split(row["tensor_split"]), "devices": "/".join(row["devices"]), "no_kv_offload": False,
             "flash_attn": row["flash_attn"], "use_mmap": row["use_mmap"], "n_cpu_moe": row["n_cpu_moe"], "embeddings": False,
             "n_prompt": r.test.n_prompt, "n_gen": r.test.n_gen, "n_depth": r.test.n_depth,
             "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -89,34 +89,109 @@ def model_options(f=None, *, n_ctx: int = 4096, ctx_help: str = "Context size (K
         click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(0), default=None,
                      help="Keep the expert tensors of the first N layers in host memory (MoE models)."),
         click.option("--vram-budget", default=None,
-                     help="Use at most this much VRAM (e.g. 8G); without --n-cpu-moe, place experts to fit."),
+                     help="Use at most this much VRAM (e.g. 8G; with several devices one size each, 8G,8G,4G); "
+                          "without --n-cpu-moe, place experts to fit."),
         click.option("--expert-cache", default="auto", show_default=True,
                      help="VRAM for caching host-resident experts during decode (a size, auto = what is left, 0 = off)."),
+        device_options,
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
+def device_options(f):
+    """--device, -sm, -ts, -mg, named as llama.cpp's (decorator)."""
+    opts = [
+        click.option("-dev", "--device", "device", default=None, metavar="LIST",
+                     help="Devices to use, comma-separated indices or name substrings as `vkrt devices` lists them "
+                          "(a repeated index opens several logical devices on one GPU); default: one device "
+                          "(VKRT_DEVICE, else the best)."),
+        click.option("-sm", "--split-mode", "split_mode", type=click.Choice(["none", "layer", "row"]), default="layer",
+                     show_default=True,
+                     help="With several devices: layer = each runs a share of the layers; none = only the -mg one "
+                          "(row is not supported)."),
+        click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="N0,N1,...",
+                     help="Share of the layers each device runs, e.g. 3,1 (default: by VRAM budget, else free VRAM)."),
+        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(0), default=None,
+                     help="Device (index into --device) holding the output and sampling; with -sm layer it runs "
+                          "the last layers (default: the last device), with -sm none the only one (default 0)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def parse_tensor_split(value: str | None, sep: str = ",") -> tuple[float, ...] | None:
+    """-ts 3,1 as proportions."""
+    if value is None:
+        return None
+    try:
+        return tuple(float(v) for v in str(value).split(sep))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give one number per device, e.g. 3{sep}1",
+                                 param_hint="-ts") from None
+
+
+def vram_budgets(value: str | None):
+    """--vram-budget 8G (every device) or 8G,8G,4G (one per device)."""
+    from vkrt.units import parse_size
+    if value is None:
+        return None
+    sizes = tuple(parse_size(v.strip(), "--vram-budget") for v in str(value).split(","))
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
+def open_devices(device: str | None):
+    """The DeviceGroup --device names (one device when not given)."""
+    from vkrt.device.group import DeviceGroup, parse_device_list
+    from vkrt.errors import ConfigError
+    try:
+        return DeviceGroup(parse_device_list(device), settings=settings())
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--device") from None
+
+
+def check_device_options(model_kw: dict) -> None:
+    """Refuse a bad --device list, -ts, -sm or --vram-budget before anything is loaded."""
+    from vkrt.device.group import parse_device_list
+    from vkrt.errors import ConfigError
+    try:
+        devices = parse_device_list(model_kw.get("device"))
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--device") from None
+    options = engine_options(**{k: v for k, v in model_kw.items() if k not in ("device", "model")})
+    try:
+        options.budgets(len(devices) if devices else 1)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type, n_cpu_moe=None,
-                   vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0):
+                   vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0,
+                   split_mode="layer", tensor_split=None, main_gpu=None):
     """The library's EngineOptions from the CLI's model options."""
     from vkrt.engine.options import EngineOptions
-    from vkrt.units import parse_size
-    return EngineOptions(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flag01(flash_attn),
-                         n_gpu_layers=n_gpu_layers, mmap=not no_mmap, pin=False if no_pin else None, kv_type=kv_type,
-                         n_cpu_moe=n_cpu_moe,
-                         vram_budget=None if vram_budget is None else parse_size(vram_budget, "--vram-budget"),
-                         expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
-                         progress=progress)
+    from vkrt.errors import ConfigError
+    try:
+        return EngineOptions(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flag01(flash_attn),
+                             n_gpu_layers=n_gpu_layers, mmap=not no_mmap, pin=False if no_pin else None,
+                             kv_type=kv_type, n_cpu_moe=n_cpu_moe, vram_budget=vram_budgets(vram_budget),
+                             expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
+                             progress=progress, split_mode=split_mode, tensor_split=parse_tensor_split(tensor_split),
+                             main_gpu=main_gpu)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
-def open_engine(device, *, model=None, **options):
-    """Open the model (default: the embedded one) and its engine from the CLI's model options;
-    `n_seq_max` sequences at once (the server's slots), with `n_checkpoints` recurrent-state
-    checkpoints for models that keep a recurrent state."""
+def open_engine(devices, *, model=None, **options):
+    """Open the model (default: the embedded one) and its engine from the CLI's model options on
+    `devices` (a DeviceGroup, or one Device); `n_seq_max` sequences at once (the server's
+    slots), with `n_checkpoints` recurrent-state checkpoints for models that keep a recurrent
+    state."""
     from vkrt.engine.options import open_engine as open_with
-    return open_with(device, model or default_model(), engine_options(**options))
+    options.pop("device", None)   # --device: already opened as `devices`
+    return open_with(devices, model or default_model(), engine_options(**options))
 
 
 def settings():

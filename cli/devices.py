@@ -9,7 +9,7 @@ import click
 
 from vkrt.units import fmt_bytes
 
-from .common import settings
+from .common import device_options, engine_options, open_devices, settings
 
 
 def _yes(flag: bool) -> str:
@@ -48,8 +48,27 @@ def _rows(p, tuning) -> list[tuple[str, str]]:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def devices(as_json: bool) -> None:
-    """List Vulkan devices, their capabilities and the tuning vkrt picks."""
+@click.option("-m", "--model", "model", default=None,
+              help="Show where this GGUF model's layers and buffers would go (with --device, -sm, -ts, -mg, ...).")
+@device_options
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=4096, show_default=True)
+@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True)
+@click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True)
+@click.option("-fa", "--flash-attn", "flash_attn", default="1", show_default=True)
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=click.IntRange(0), default=999)
+@click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(0), default=None)
+@click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True)
+@click.option("--vram-budget", default=None, help="A size for every device, or one per device (8G,8G,4G).")
+@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(1), default=1, show_default=True,
+              help="Sequences at once (a server's slots: the recurrent state grows with them).")
+def devices(as_json: bool, model: str | None, device: str | None, n_parallel: int, **plan_kw) -> None:
+    """List Vulkan devices, their capabilities and the tuning vkrt picks; with -m, the placement
+    of a model over --device (the layer split: layers and VRAM per device)."""
+    if model is not None:
+        _plan(model, device, n_parallel, as_json, plan_kw)
+        return
+    if device is not None or plan_kw["tensor_split"] is not None or plan_kw["main_gpu"] is not None:
+        raise click.UsageError("--device, -ts and -mg show a placement: give the model with -m")
     from vkrt.device.instance import Instance
     from vkrt.device.selection import select_device
     from vkrt.device.tuning import tuning_for
@@ -80,3 +99,61 @@ def devices(as_json: bool) -> None:
         click.echo()
     if selected is None:
         click.echo("No device meets vkrt's needs (Vulkan 1.2, timeline semaphores, a compute queue).")
+
+
+def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_kw: dict) -> None:
+    """Where `model` would go: per device its layers and the VRAM they take."""
+    from vkrt.engine.options import estimate_keywords, plan_layer_split
+    from vkrt.engine.placement import estimate
+    from vkrt.model.config import ModelConfig
+    from vkrt.model.split_gguf import open_gguf
+
+    o = engine_options(no_mmap=False, no_pin=False, n_seq_max=n_parallel, **plan_kw)
+    with open_devices(device) as group:
+        devs = list(group)
+        budgets = o.budgets(len(devs))
+        with open_gguf(model, progress=False) as f:
+            cfg = ModelConfig.from_metadata(f.metadata, model)
+            tensors = dict(f.tensors)
+        rows = []
+        if len(devs) > 1 and o.split_mode == "layer":
+            ests: list = []
+            split, n_cpu_moe = plan_layer_split(devs, model, o, budgets, ests)
+            for k, (dev, layers, est) in enumerate(zip(split.devices, split.ranges, ests)):
+                rows.append((dev, layers, k == 0, k == split.n_stages - 1, est, budgets[devs.index(dev)]))
+        else:
+            main = o.main_gpu or 0
+            if main >= len(devs):
+                raise click.BadParameter(f"{main}: the device list has {len(devs)} device(s)", param_hint="-mg")
+            n_cpu_moe = o.n_cpu_moe or 0
+            est = estimate(cfg, tensors, n_cpu_moe=n_cpu_moe, **estimate_keywords(o, devs[main]))
+            rows.append((devs[main], range(cfg.n_layer), True, True, est, budgets[main]))
+    out = {"model": model, "arch": cfg.arch, "n_layer": cfg.n_layer, "split_mode": o.split_mode if len(devs) > 1
+           else "none", "n_cpu_moe": n_cpu_moe, "devices": []}
+    for dev, layers, embed, output, est, budget in rows:
+        out["devices"].append({
+            "name": dev.label, "physical_index": dev.profile.index,
+            "layers": [layers.start, layers.stop - 1] if len(layers) else [],
+            "token_embd": embed, "output": output,
+            "vram": {k: getattr(est, k) for k in ("weights", "kv_cache", "recurrent", "activations", "prefetch",
+                                                  "staging")} | {"total": est.total},
+            "available": budget if budget is not None else dev.vram_free,
+            "available_is": "vram_budget" if budget is not None else "free_vram"})
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(f"{model}: {cfg.arch}, {cfg.n_layer} layers, split mode {out['split_mode']}"
+               + (f", --n-cpu-moe {n_cpu_moe}" if n_cpu_moe else ""))
+    for d in out["devices"]:
+        span = "no layers" if not d["layers"] else f"layers {d['layers'][0]}-{d['layers'][1]}"
+        extra = "".join(f" + {what}" for what, on in (("token embedding", d["token_embd"]),
+                                                      ("output and sampling", d["output"])) if on)
+        v = d["vram"]
+        click.echo(f"  {d['name']}: {span}{extra}")
+        click.echo(f"    VRAM {fmt_bytes(v['total'])} of {fmt_bytes(d['available'])} "
+                   f"({'--vram-budget' if d['available_is'] == 'vram_budget' else 'free'}): weights "
+                   f"{fmt_bytes(v['weights'])}, KV cache {fmt_bytes(v['kv_cache'])}"
+                   + (f", recurrent state {fmt_bytes(v['recurrent'])}" if v["recurrent"] else "")
+                   + f", activations {fmt_bytes(v['activations'])}"
+                   + (f", expert prefetch {fmt_bytes(v['prefetch'])}, staging {fmt_bytes(v['staging'])}"
+                      if v["prefetch"] or v["staging"] else ""))

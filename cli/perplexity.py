@@ -10,7 +10,7 @@ import click
 
 from vkrt.errors import VkrtError
 
-from .common import model_options, open_engine, settings, take_model
+from .common import model_options, open_devices, open_engine, take_model
 from .perplexity_report import KL_HEADER, chunk_ppl, eta, final_estimate, kl_chunk, kl_summary
 
 
@@ -46,7 +46,6 @@ def _read_text(path: str) -> str:
               help="Compare against the --kl-divergence-base file (its tokens; -f is not read).")
 def perplexity(text_file, n_chunks, kl_base, kl, **model_kw):
     """Perplexity of a text, or KL divergence against a base model's logits file (llama-perplexity's method)."""
-    from vkrt.device import Device
     from vkrt.engine.kl_file import LogitsReader
 
     model_kw = take_model(model_kw)
@@ -64,8 +63,8 @@ def perplexity(text_file, n_chunks, kl_base, kl, **model_kw):
                         "Increase it with -c and retry")
     model_kw["n_batch"] = min(model_kw["n_batch"], n_ctx)
     try:
-        with Device(settings=settings()) as device:
-            model, engine = open_engine(device, **model_kw)
+        with open_devices(model_kw["device"]) as devices:
+            model, engine = open_engine(devices, **model_kw)
             try:
                 if n_ctx > model.cfg.n_ctx_train:
                     raise VkrtError(f"-c {n_ctx}: the model was trained on only {model.cfg.n_ctx_train} context "

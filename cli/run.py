@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .common import model_options, open_engine, settings, take_model
+from .common import model_options, open_devices, open_engine, take_model
 
 
 @click.command()
@@ -28,7 +28,6 @@ from .common import model_options, open_engine, settings, take_model
 def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos, grammar, grammar_file,
         json_schema, as_json, **model_kw):
     """Generate a continuation of PROMPT with a GGUF model."""
-    from vkrt.device import Device
     from vkrt.engine.generate import TextStream, generate
     from vkrt.engine.grammar import Constraint, grammar_tokenizer
     from vkrt.engine.sampler import SamplingParams
@@ -38,8 +37,8 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=seed)
     take_model(model_kw)
-    with Device(settings=settings()) as device:
-        model, engine = open_engine(device, progress=None if not as_json else False, **model_kw)
+    with open_devices(model_kw["device"]) as devices:
+        model, engine = open_engine(devices, progress=None if not as_json else False, **model_kw)
         try:
             if len(model.tokenizer.encode(prompt)) + n_predict > engine.n_ctx:
                 raise click.UsageError(f"prompt plus -n {n_predict} exceed the context of {engine.n_ctx} tokens "
@@ -60,7 +59,7 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
                            stop_tokens=() if ignore_eos else model.tokenizer.eog_ids, grammar=constraint)
             text = model.tokenizer.decode(gen.tokens, skip_special=True)
             t = gen.timings
-            hits = engine.staging.hit_rate()
+            hits = engine.expert_cache_hit_rate()
             if as_json:
                 out = {"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": text,
                        "stop_reason": gen.stop_reason, "timings": t.to_dict()}
@@ -72,7 +71,7 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
                 cache = f" | expert cache {100 * hits:.0f}% hits" if hits is not None else ""
                 click.echo(f"\nprompt: {t.prompt_n} tokens, {t.prompt_per_second:.2f} t/s | "
                            f"generation: {t.predicted_n} tokens, {t.predicted_per_second:.2f} t/s{cache} | "
-                           f"{device.profile.name}", err=True)
+                           f"{' + '.join(st.device.profile.name for st in engine.stages)}", err=True)
         finally:
             engine.close()
             model.close()

@@ -10,7 +10,7 @@ import click
 
 from vkrt.units import fmt_bytes
 
-from .common import model_options, open_engine, settings, take_model
+from .common import check_device_options, model_options, open_engine, settings, take_model
 
 log = logging.getLogger("vkrt.server")
 
@@ -85,6 +85,7 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
     if model_kw["n_ctx"] // n_parallel < 8:
         raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
     take_model(model_kw)
+    check_device_options(model_kw)
     name = alias or os.path.basename(model_kw["model"])
     if logging.getLogger().getEffectiveLevel() > logging.INFO:  # the start-up report shows without -v
         logging.getLogger("vkrt").setLevel(logging.INFO)
@@ -100,8 +101,8 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         path = model_kw["model"]
         size = os.path.getsize(path) if os.path.isfile(path) else None
         log.info("loading %s (%s)", path, fmt_bytes(size))
-        return load_backend(lambda device: open_engine(device, n_seq_max=n_parallel,
-                                                       n_checkpoints=n_parallel * ctx_checkpoints, **model_kw),
-                            settings=run_settings)
+        return load_backend(lambda devices: open_engine(devices, n_seq_max=n_parallel,
+                                                        n_checkpoints=n_parallel * ctx_checkpoints, **model_kw),
+                            model_kw["device"], settings=run_settings)
 
     ctx.exit(asyncio.run(run_server(load, config, __version__)))

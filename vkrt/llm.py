@@ -29,16 +29,17 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
          hf_token: str | None = None, device=None, settings=None, **options) -> "LLM":
     """Open a GGUF model (a path; the first part of a split model; `hf="owner/name[:quant]"` to
     fetch it from Hugging Face as `-hf` does; neither: the embedded SmolLM2) on `device` (default:
-    the device `settings` pick, as the CLI picks it). `settings`: a vkrt.settings.Settings (default:
-    read from the VKRT_* environment variables now); an open `device` brings its own.
-    `options` are EngineOptions fields (n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, mmap,
-    kv_type, n_cpu_moe, ...)."""
+    the first suitable Vulkan device that `settings` pick, as the CLI picks it; a Device, a list
+    of them, or a spec as --device takes, e.g. "0,1": split by layers). `settings`: a
+    vkrt.settings.Settings (default: read from the VKRT_* environment variables now); an open
+    `device` brings its own. `options` are EngineOptions fields (n_ctx, n_batch, n_ubatch,
+    flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, split_mode, tensor_split, main_gpu, ...)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ConfigError(f"vkrt.load: unknown option(s) {', '.join(unknown)} (options: {', '.join(sorted(_OPTIONS))})")
     if model and hf:
         raise ConfigError("vkrt.load: give the model as a path or as hf='owner/name[:quant]', not both")
-    if device is not None and settings is not None:
+    if device is not None and not isinstance(device, str) and settings is not None:
         raise ConfigError("vkrt.load: an open device brings its own settings (device.settings); pass one or the other")
     if hf_file and not hf:
         raise ConfigError("vkrt.load: hf_file names a file of the repository given by hf='owner/name'")
@@ -48,10 +49,10 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
     else:
         path = model or default_model()
     opts = EngineOptions(**{"progress": False, **options})
-    owned = device is None
+    owned = device is None or isinstance(device, str)
     if owned:
-        from .device import Device
-        device = Device(settings=settings)
+        from .device.group import DeviceGroup, parse_device_list
+        device = DeviceGroup(parse_device_list(device), settings=settings)
     try:
         m, engine = open_engine(device, path, opts)
     except BaseException:

@@ -127,7 +127,8 @@ def _fusion(what: str, default: bool, meaning: str):
 VARIABLES: tuple[Variable, ...] = (
     Variable("VKRT_DEVICE", "device", "text", "best type",
              "device to use: an index (`0`) or a name substring (`H200`, `RX 580`); unset: the first discrete, "
-             "else integrated, else virtual, else CPU device", _text),
+             "else integrated, else virtual, else CPU device; several: `--device` (see \"Several GPUs in one "
+             "box\")", _text),
     Variable("VKRT_ARCH", "arch", "enum", "detected", "override the detected architecture (tuning and kernels)",
              _arch, _arch_choices),
     _flag("VKRT_VALIDATE", "validate", False,

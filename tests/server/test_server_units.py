@@ -154,6 +154,9 @@ def test_metrics_page_parses():
     values = parse(page)
     assert values["vkrt_prompt_tokens_total"] == 10 and values["vkrt_n_decode_sequences_total"] == 3
     assert values["vkrt_requests_processing"] == 2 and values["vkrt_kv_cache_usage_ratio"] == 0.25
+    # what routers scrape, under vLLM's names
+    assert values["vllm:num_requests_running"] == 2 and values["vllm:num_requests_waiting"] == 1
+    assert values["vllm:gpu_cache_usage_perc"] == 0.25 and values["vllm:gpu_prefix_cache_queries_total"] == 10
     for name in values:
         assert f"# TYPE {name} " in page and f"# HELP {name} " in page
 

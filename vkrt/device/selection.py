@@ -19,9 +19,9 @@ def check_supported(profile: DeviceProfile) -> None:
         raise UnsupportedDevice(f"device {profile.index} ({profile.name}) has no compute queue")
 
 
-def select_device(profiles: list[DeviceProfile], spec: str | None = None) -> DeviceProfile:
+def select_device(profiles: list[DeviceProfile], spec: str | None = None, what: str = "VKRT_DEVICE") -> DeviceProfile:
     """The profile to open. `spec` (settings.device, VKRT_DEVICE) is an index or a name substring;
-    empty or None: the best type."""
+    empty or None: the best type; `what` names where it came from in errors."""
     if not profiles:
         raise VulkanUnavailable(f"the Vulkan loader found no devices; {INSTALL_HINT}")
     spec = (spec or "").strip()
@@ -30,12 +30,12 @@ def select_device(profiles: list[DeviceProfile], spec: str | None = None) -> Dev
         if spec.isdigit():
             index = int(spec)
             if index >= len(profiles):
-                raise DeviceNotFound(f"VKRT_DEVICE={spec}: there are {len(profiles)} devices ({listing})")
+                raise DeviceNotFound(f"{what}={spec}: there are {len(profiles)} devices ({listing})")
             chosen = profiles[index]
         else:
             matches = [p for p in profiles if spec.lower() in p.name.lower()]
             if not matches:
-                raise DeviceNotFound(f"VKRT_DEVICE={spec!r} matches no device name ({listing})")
+                raise DeviceNotFound(f"{what}={spec!r} matches no device name ({listing})")
             chosen = matches[0]
         check_supported(chosen)
         return chosen

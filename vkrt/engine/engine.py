@@ -9,6 +9,12 @@ Greedy decoding keeps the token on the GPU (Engine.greedy): each step ends with 
 writes the next token where the following step reads it and 4 bytes for the host, and the step
 after is submitted before the host reads that token (inputs are double-buffered), so host work
 overlaps the GPU's.
+
+A model split by layers over several devices (Model.split) runs as one Stage per device
+(stage.py), each with its layers' KV cache, recurrent state, activations and recorded part of
+every graph; a step runs them in turn, the residual stream handed across (handoff.py). Prompts
+of several micro-batches run as a pipeline over the stages (_pipelined); greedy decoding reads
+each token back instead of chaining it on the GPU.
 """
 
 from __future__ import annotations
@@ -20,22 +26,23 @@ from typing import Iterator
 
 import numpy as np
 
-from ..commands import CommandSequence
+import dataclasses
+
 from ..errors import BufferTooLarge, ConfigError, VkrtError
 from ..memory import F16, I32, Buffer, BufferRange, MemoryKind, Tensor
 from ..model.loader import Model
-from ..model.fusions import Fusions
-from ..model.transformer import RecordOptions, Scratch, Transformer
+from ..model.transformer import RecordOptions
 from ..ops.argmax import MAX_PARTS, argmax
 from ..ops.logit_adjust import logit_adjust, pack_table, table_words
 from ..ops.token_mask import pack_masks, table_words as mask_table_words, token_mask
 from ..ops.topk import scratch_words, top_candidates
 from ..owned import Owned
-from .kv_cache import KVCache
+from .handoff import Handoff
+from .kv_cache import CellTable
 from .logit_adjust import LogitAdjustments
-from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
 from .recurrent_state import Checkpoint, RecurrentState
-from .staging import ExpertStaging
+from .stage import Stage, StageGraph
+from .state_group import StateGroup
 
 log = logging.getLogger("vkrt")
 
@@ -57,24 +64,31 @@ MULTI_SEQ_MIN_SPAN = 4096
 CANDIDATES = 64   # the best logits Engine.candidates reads back (a sampler's top-k up to this)
 CANDIDATE_ROWS = 64   # the most tokens a step reads candidates of (decode_candidates' batch)
 ADJUST_CAP = 128   # logit adjustments (bias, penalties, DRY: tokens) a candidates row takes on the GPU
-CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
 
 
 @dataclass
 class _Graph:
-    """The recorded forward pass of one shape: one sequence, or with expert prefetch one
-    sequence per segment, segment k >= 1 starting at the MoE block of prefetched layer k - 1."""
+    """The recorded forward pass of one shape: each stage's part of it (one stage on one device;
+    a layer split runs them in order, handing the residual stream across)."""
 
-    seqs: list[CommandSequence]
-    keep: list
+    stages: list[StageGraph]
     opts: RecordOptions
-    prefetched: list[int]
+
+    @property
+    def seqs(self) -> list:
+        return [seq for g in self.stages for seq in g.seqs]
+
+    @property
+    def keep(self) -> list:
+        return [k for g in self.stages for k in g.keep]
+
+    @property
+    def prefetched(self) -> list[int]:
+        return [il for g in self.stages for il in g.prefetched]
 
     def close(self) -> None:
-        for seq in self.seqs:
-            seq.close()
-        for k in self.keep:
-            k.close()
+        for g in self.stages:
+            g.close()
 
 
 @dataclass
@@ -115,26 +129,28 @@ class Engine(Owned):
         self.max_graphs = max_graphs if max_graphs is not None else 16 + 6 * max(0, n_seq_max - 1)
         self._min_span = MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP
         self.replay = replay  # False: record every step afresh (to compare against replaying)
-        self.transformer = Transformer(cfg, model.weights, Fusions.of(dev.settings), dev.settings.fa_mask_opt)
         self._graphs: dict[tuple, _Graph] = {}
-        self.cache = self.scratch = self._inputs = self._logits = self.prefetch = self.staging = None
+        self.stages: list[Stage] = []
+        self.handoffs: list[Handoff] = []
+        self._logits = self.prefetch = self.staging = None
         self._tokens = self._argmax_part = self._top = self._adjust = self._hidden = self._masks = None
         self._top_scratch = ()
-        self.state: RecurrentState | None = None
+        self.state: RecurrentState | StateGroup | None = None
+        split = model.split
+        devices, ranges = (split.devices, split.ranges) if split is not None else ([dev], [range(cfg.n_layer)])
         try:
-            try:
-                self.cache = KVCache(dev, cfg.kv_layers, cfg.head_dim_k, cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type)
-            except BufferTooLarge as exc:
-                raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
-            if cfg.linear_layers:
-                self.state = RecurrentState(dev, cfg, max(1, n_seq_max), n_checkpoints)
-            self.scratch = Scratch(dev, cfg, n_ubatch, n_ctx, flash_attn)
-            self._layout, size = {}, 0
-            for name, t in self.scratch.inputs().items():   # host copies of the step inputs, packed
-                self._layout[name] = size
-                size += -(-t.nbytes // 16) * 16
-            self._inputs_size = size   # two copies: a step's inputs are written while the last one runs
-            self._inputs = Buffer(dev, 2 * size, MemoryKind.HOST, label="step inputs")
+            cells = CellTable(n_ctx)
+            for k, (d, layers) in enumerate(zip(devices, ranges)):
+                self.stages.append(Stage(model, d, layers, cells, n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn,
+                                         kv_type=kv_type, n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
+                                         output=k == len(devices) - 1))
+            for a, b in zip(self.stages, self.stages[1:]):
+                self.handoffs.append(Handoff(a.device, b.device, 4 * cfg.n_embd * n_ubatch))
+            main = self.stages[-1]
+            self.transformer, self.scratch, self.cache = main.transformer, main.scratch, main.cache
+            states = [st.state for st in self.stages if st.state is not None]
+            self.state = states[0] if len(states) == 1 else StateGroup(states) if states else None
+            self._layout, self._inputs_size = main.layout, main.inputs_size
             self._tokens = Buffer(dev, 64, MemoryKind.READBACK, label="greedy tokens")
             self._argmax_part = Tensor.empty(dev, I32, (2 * MAX_PARTS,), name="argmax partials")
             self.candidate_rows = min(CANDIDATE_ROWS, n_ubatch)   # the most tokens decode_candidates takes
@@ -146,9 +162,9 @@ class Engine(Owned):
             self._adjust = Buffer(dev, 4 * table_words(self.candidate_rows, ADJUST_CAP), MemoryKind.HOST,
                                   label="logit adjustments")
             self._logits = Buffer(dev, 4 * cfg.vocab_size * n_ubatch, MemoryKind.READBACK, label="logits readback")
-            self.staging = ExpertStaging(model, n_ubatch, stage_experts,   # before prefetch: it leaves room
-                                         self._cache_bytes(expert_cache, prefetch_slots))
-            self.prefetch = ExpertPrefetch(model, prefetch_slots)
+            for st in self.stages:
+                st.add_experts(n_ubatch, stage_experts, expert_cache, prefetch_slots)
+            self.staging, self.prefetch = main.staging, main.prefetch
         except BufferTooLarge as exc:
             self.close()
             raise ConfigError(f"{exc}: activations, logits and the attention mask grow with the micro-batch and the "
@@ -158,14 +174,24 @@ class Engine(Owned):
             raise
         self.stats = StepStats()
 
-    def _cache_bytes(self, requested: int | None, prefetch_slots: int | None) -> int:
-        """VRAM for the decode expert cache: `requested` bytes, or (None) what is free after the
-        prefetch slots and a reserve for the rest of the run, up to every host-resident expert."""
-        if requested is not None:
-            return max(0, requested)
-        want = slots_requested(prefetch_slots, self.device.settings) * slot_bytes(self.model)
-        reserve = max(CACHE_RESERVE, self.device.vram_free // 20)
-        return max(0, self.device.vram_free - want - reserve)
+    @property
+    def split(self) -> bool:
+        """Whether the model runs on several devices (a layer split: one stage each)."""
+        return len(self.stages) > 1
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the KV cache on every device."""
+        return sum(st.cache.nbytes for st in self.stages)
+
+    def expert_cache_hit_rate(self) -> float | None:
+        """Share of the experts decode steps chose that were already cached, over every stage
+        (None: no expert cache)."""
+        counts = [c for st in self.stages if st.staging is not None and (c := st.staging.hit_counts()) is not None]
+        if not counts:
+            return None
+        hits, misses = sum(h for h, _ in counts), sum(m for _, m in counts)
+        return hits / (hits + misses) if hits + misses else 0.0
 
     # -- graphs ------------------------------------------------------------------------------------
     @property
@@ -175,7 +201,7 @@ class Engine(Owned):
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
                chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-               out_rows: int = 0, hidden: bool = False, masked: bool = False) -> _Graph:
+               out_rows: int = 0, hidden: bool = False, masked: bool = False, parity: int = 0) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
@@ -183,10 +209,13 @@ class Engine(Owned):
         after applying the logit adjustment table the host wrote, masked: then the token masks the
         host wrote (grammars; top steps only). out_rows > 0:
         the logits of the tokens the out_ids input names, instead of the last or all. hidden:
-        every token's normed final state is read back instead of any logits (hidden_states)."""
+        every token's normed final state is read back instead of any logits (hidden_states).
+        parity: the copy of the inputs (and of a split's handoffs) a step that is not a chain
+        step reads (pipelined micro-batches alternate)."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
         key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ()) \
-            + (("hidden",) if hidden else ()) + (("masked",) if masked else ())
+            + (("hidden",) if hidden else ()) + (("masked",) if masked else ()) \
+            + ((f"parity {parity}",) if parity and chain is None else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -200,7 +229,7 @@ class Engine(Owned):
         row_bytes = 4 * self.model.cfg.vocab_size
         read = lambda seq, n, row: seq.copy(   # noqa: E731
             self.scratch.logits.range(), self._logits.range(row * row_bytes, n * row_bytes), n * row_bytes)
-        parity, ids_on_gpu = chain or (0, False)
+        parity, ids_on_gpu = chain or (parity, False)
         if chain is not None:
             token = Tensor.on(BufferRange(self._tokens, 16 * parity, 4), I32, (1,), name="greedy token")
             read = lambda seq, n, row: argmax(seq, self.scratch.logits.slice(1, 0, 1).view(   # noqa: E731
@@ -226,41 +255,33 @@ class Engine(Owned):
             opts.read_logits = None
             opts.read_hidden = lambda seq, cur: seq.copy(cur.range(), self._hidden.range(0, cur.nbytes), cur.nbytes)
         cfg = self.model.cfg
-        use_prefetch = (self.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert)
-        use_staging = not use_prefetch and n_tokens <= self.device.tuning.mv_max_n
-        parts = self.transformer.parts(self.scratch, self.cache, opts,
-                                       self.prefetch.experts() if use_prefetch else None,
-                                       self.staging.tensors() if use_staging else None, state=self.state)
-        lay = self._layout
         sizes = {"ids": 4 * n_tokens, "pos": 4 * n_tokens * cfg.pos_streams,
                  "cells": 4 * n_tokens, "slots": 4 * n_seqs, "mask": 2 * n_kv * n_tokens,
                  "mask_swa": 2 * n_kv * n_tokens, "kv_used": 4, "out_ids": 4 * out_rows}
-        segments: list[list] = [[]]
-        for part in parts:
-            if part.layer is not None:
-                segments.append([])
-            segments[-1].append(part)
-        seqs, keep = [], []
+        x_bytes = 4 * cfg.n_embd * n_tokens
+        parts: list[StageGraph] = []
         try:
-            for k, segment in enumerate(segments):
-                seq = CommandSequence(self.device, label=f"forward T={n_tokens} kv={n_kv} part {k}")
-                seqs.append(seq)
-                with seq.record():
-                    if k == 0:
-                        base = parity * self._inputs_size
-                        for name, t in self.scratch.inputs().items():
-                            if sizes[name] and not (ids_on_gpu and name == "ids"):
-                                seq.copy(self._inputs.range(base + lay[name], sizes[name]), t.range(), sizes[name])
-                    for part in segment:
-                        keep.extend(part.record(seq))
+            for k, st in enumerate(self.stages):
+                st_opts = opts
+                if self.split:   # the residual stream arrives from the stage before and leaves for the next
+                    st_opts = dataclasses.replace(
+                        opts, layers=st.layers,
+                        receive=(lambda seq, x, h=self.handoffs[k - 1]: seq.copy(h.receive(parity, x_bytes), x.range(),
+                                                                                 x_bytes)) if k else None,
+                        send=(lambda seq, x, h=self.handoffs[k]: seq.copy(x.range(), h.send(parity, x_bytes),
+                                                                          x_bytes)) if k < len(self.handoffs) else None)
+                use_prefetch = st.prefetch.active and n_tokens * cfg.n_expert_used >= 2 * cfg.n_expert
+                use_staging = not use_prefetch and n_tokens <= st.device.tuning.mv_max_n
+                stage_parts = st.transformer.parts(st.scratch, st.cache, st_opts,
+                                                   st.prefetch.experts() if use_prefetch else None,
+                                                   st.staging.tensors() if use_staging else None, state=st.state)
+                label = f"forward T={n_tokens} kv={n_kv}" + (f" on {st.device.label}" if self.split else "")
+                parts.append(st.record(stage_parts, sizes, parity, ids_on_gpu, label))
         except BaseException:
-            for seq in seqs:
-                seq.close()
-            for obj in keep:
-                obj.close()
+            for part in parts:
+                part.close()
             raise
-        prefetched = [p.layer for p in parts if p.layer is not None]
-        g = self._graphs[key] = _Graph(seqs, keep, opts, prefetched)
+        g = self._graphs[key] = _Graph(parts, opts)
         self.stats.graphs_recorded += 1
         seconds = time.perf_counter() - t0
         self.stats.record_seconds += seconds
@@ -270,33 +291,14 @@ class Engine(Owned):
                   ", candidates" if top else "", seconds * 1e3)
         return g
 
-    def _run(self, g: _Graph) -> None:
-        """Submit a graph; with prefetched layers, interleave their uploads on the transfer queue."""
-        if not g.prefetched:
-            g.seqs[0].submit()
-            self._wait(g.seqs[0])
-            return
-        pf, compute = self.prefetch, self.device.compute
-        n = len(g.prefetched)
-        ready: dict[int, int] = {}
-        free = [0] * pf.n_slots  # compute value after which each slot may be overwritten
-
-        def upload(j: int) -> None:
-            slot = pf.slot_of(g.prefetched[j])
-            waits = [(compute.timeline, free[slot])] if free[slot] else []
-            ready[j] = pf.upload(g.prefetched[j], waits)
-
-        self.stats.layers_prefetched += n
-        for j in range(min(pf.n_slots, n)):
-            upload(j)
-        g.seqs[0].submit(auto_wait=False)
-        transfer = self.device.transfer
-        for k in range(1, n + 1):
-            value = g.seqs[k].submit([(transfer.timeline, ready[k - 1])], auto_wait=False)
-            free[pf.slot_of(g.prefetched[k - 1])] = value
-            if k - 1 + pf.n_slots < n:
-                upload(k - 1 + pf.n_slots)
-        self._wait(g.seqs[-1])
+    def _run(self, g: _Graph, parity: int = 0) -> None:
+        """Submit a graph and wait for it: stage by stage, each after the last one finished and
+        its activations were handed across (copy `parity` of the handoffs)."""
+        for k, (st, part) in enumerate(zip(self.stages, g.stages)):
+            self.stats.layers_prefetched += st.submit(part)
+            self._wait(part.seqs[-1])
+            if k < len(self.handoffs):
+                self.handoffs[k].carry(parity, 4 * self.model.cfg.n_embd * g.opts.n_tokens)
 
     def _wait(self, seq) -> None:
         t0 = time.perf_counter()
@@ -312,6 +314,12 @@ class Engine(Owned):
             raise VkrtError("eval needs at least one token")
         self._check_tokens(tokens)
         start = self.cache.cells.length(seq_id)
+        if self.split and tokens.size > self.n_ubatch:
+            steps = [(tokens[u0:u0 + self.n_ubatch], np.full(min(self.n_ubatch, tokens.size - u0), seq_id, np.int32),
+                      np.arange(u0, min(u0 + self.n_ubatch, tokens.size), dtype=np.int32) + start)
+                     for u0 in range(0, tokens.size, self.n_ubatch)]
+            outs = self._pipelined(steps, all_logits)
+            return np.concatenate(outs) if all_logits else outs[-1][-1]
         outs = []
         for b0 in range(0, tokens.size, self.n_batch):
             batch = tokens[b0:b0 + self.n_batch]
@@ -323,6 +331,47 @@ class Engine(Owned):
                 if all_logits or last:
                     outs.append(out)
         return np.concatenate(outs) if all_logits else outs[-1][-1]
+
+    def _pipelined(self, steps: list[tuple], all_logits: bool) -> list[np.ndarray]:
+        """Micro-batches `steps` ((ids, seqs, pos) of one sequence each) through the stages of a
+        split as a pipeline: while stage k runs micro-batch i, stage k-1 runs micro-batch i+1
+        (each tick submits every busy stage, then waits for them all and hands their activations
+        on). Micro-batches alternate between the two copies of the step inputs and handoffs.
+        Returns each micro-batch's logits: every row, or the last."""
+        n_stages, vocab = len(self.stages), self.model.cfg.vocab_size
+        flight: dict[int, tuple] = {}   # micro-batch -> (graph, its input bytes, tokens run, padding)
+        outs: list = [None] * len(steps)
+        counted = time.perf_counter()
+        for tick in range(len(steps) + n_stages - 1):
+            if tick < len(steps):
+                ids, seqs, pos = steps[tick]
+                pad, (ids, seqs, pos) = self._padded(ids, seqs, pos)
+                g, slots = self._prepare(ids, seqs, pos, all_logits, parity=tick % 2, broadcast=False)
+                self._advance(slots, ids.size)
+                base = tick % 2 * self._inputs_size
+                flight[tick] = (g, self.stages[0].inputs.host_bytes[base:base + self._inputs_size].copy(), ids.size,
+                                pad)
+            busy = [(k, tick - k) for k in range(n_stages) if 0 <= tick - k < len(steps)]
+            for k, u in busy:
+                g, inputs, _, _ = flight[u]
+                if k:
+                    base = u % 2 * self._inputs_size
+                    self.stages[k].inputs.host_bytes[base:base + self._inputs_size] = inputs
+                self.stats.layers_prefetched += self.stages[k].submit(g.stages[k])
+            for k, u in busy:
+                self._wait(flight[u][0].stages[k].seqs[-1])
+            for k, u in busy:
+                g, _, n, pad = flight[u]
+                if k < len(self.handoffs):
+                    self.handoffs[k].carry(u % 2, 4 * self.model.cfg.n_embd * n)
+                    continue
+                rows = n if all_logits else 1
+                outs[u] = self._logits.read(np.float32, 4 * vocab * rows).reshape(rows, vocab)[pad if all_logits else 0:]
+                del flight[u]
+                now = time.perf_counter()
+                self._count(n - pad, now - counted)
+                counted = now
+        return outs
 
     def hidden_states(self, tokens, seq_id: int = 0) -> np.ndarray:
         """Append `tokens` to sequence `seq_id`; returns every token's final hidden state after
@@ -381,7 +430,8 @@ class Engine(Owned):
     def pads_prompts(self) -> bool:
         """Whether prompt steps run padded (PAD_FROM): flash attention, no recurrent state, no
         host experts."""
-        return self.flash_attn and not self.recurrent and not self.prefetch.layers and not self.staging.layers
+        return self.flash_attn and not self.recurrent and not any(st.prefetch.layers or st.staging.layers
+                                                                  for st in self.stages)
 
     def padded_tokens(self, n: int) -> int:
         """The tokens a prompt step of n runs as: n, or with padding a multiple of PAD_STEP up to
@@ -424,10 +474,13 @@ class Engine(Owned):
 
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
                  chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-                 out: np.ndarray | None = None, hidden: bool = False, masked: bool = False):
-        """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step) and
-        find its graph; returns (graph, the sequence of each group of tokens). out: the tokens
-        whose logits the step computes (default: the last, or all with all_logits)."""
+                 out: np.ndarray | None = None, hidden: bool = False, masked: bool = False, parity: int = 0,
+                 broadcast: bool = True):
+        """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step,
+        else copy `parity`) and find its graph; returns (graph, the sequence of each group of
+        tokens). out: the tokens whose logits the step computes (default: the last, or all with
+        all_logits). broadcast: write the inputs of every stage of a split (else the first's
+        only: a pipelined step writes the others' when they take it up)."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
         if self.state is not None:
             for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
@@ -448,8 +501,8 @@ class Engine(Owned):
         used = cells_tab.used_end()
         n_kv = self.kv_span(used)
         lay, cfg = self._layout, self.model.cfg
-        base = (chain[0] if chain else 0) * self._inputs_size
-        host = self._inputs.host_bytes[base:base + self._inputs_size]
+        base = (chain[0] if chain else parity) * self._inputs_size
+        host = self.stages[0].inputs.host_bytes[base:base + self._inputs_size]
         host[lay["ids"]:lay["ids"] + 4 * n] = ids.view(np.uint8)
         streams = pos   # multi-section RoPE on text: the t, h and w streams hold the position, e is 0
         if cfg.pos_streams > 1:
@@ -467,8 +520,10 @@ class Engine(Owned):
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         if out is not None:
             host[lay["out_ids"]:lay["out_ids"] + 4 * out.size] = out.astype(np.int32).view(np.uint8)
+        for st in self.stages[1:] if broadcast else ():   # each stage of a split reads them from its own device
+            st.inputs.host_bytes[base:base + self._inputs_size] = host
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size,
-                           hidden, masked), slots
+                           hidden, masked, parity), slots
 
     def kv_span(self, used: int) -> int:
         """The KV cells a step attends over when `used` are in use (one past the highest): with
@@ -600,8 +655,9 @@ class Engine(Owned):
 
     def greedy(self, token: int, seq_id: int = 0, n: int = 1, pipeline: bool | None = None) -> Iterator[int]:
         """Greedy decoding on the GPU: append `token` to `seq_id`, then yield the n tokens that
-        follow, each picked by an argmax on the GPU (the host reads 4 bytes a step). With
-        `pipeline` (default: unless the model keeps a recurrent state, which cannot be rewound)
+        follow, each picked by an argmax on the GPU (the host reads 4 bytes a step; a split model
+        writes it back as the next step's input). With `pipeline` (default: unless the model
+        keeps a recurrent state, which cannot be rewound, or is split across devices)
         the step after a token is submitted before the token is yielded; when the consumer stops
         early, that step is waited for and its KV cell forgotten, so the cache holds exactly the
         tokens evaluated for what was consumed."""
@@ -610,9 +666,12 @@ class Engine(Owned):
             raise VkrtError(f"token ids must be in [0, {vocab}); got {token}")
         if n < 1:
             return
-        pipeline = not self.recurrent if pipeline is None else pipeline
+        pipeline = not (self.recurrent or self.split) if pipeline is None else pipeline
         if pipeline and self.recurrent:
             raise VkrtError("a recurrent state cannot be rewound: pipelined greedy decoding needs a model without one")
+        if pipeline and self.split:
+            raise VkrtError("a model split across devices reads each token back before the next step: pipelined "
+                            "greedy decoding needs one device")
         seqs = np.array([seq_id], np.int32)
         pending: list[tuple[int, int, _Graph]] = []   # (inputs copy, position, graph) of steps in flight
 
@@ -621,9 +680,9 @@ class Engine(Owned):
             t0 = time.perf_counter()
             pos = self.cache.cells.length(seq_id)
             g, slots = self._prepare(np.array([token], np.int32), seqs, np.array([pos], np.int32), False,
-                                     chain=(parity, not first))
-            if g.prefetched:   # uploads interleaved with the layers: submitted (and run) in order
-                self._run(g)
+                                     chain=(parity, not first and not self.split))
+            if g.prefetched or self.split:   # uploads interleaved with the layers, or stages: run in order
+                self._run(g, parity)
             else:
                 g.seqs[0].submit()
             self._advance(slots, 1)
@@ -693,8 +752,7 @@ class Engine(Owned):
         for g in self._graphs.values():
             g.close()
         self._graphs.clear()
-        for obj in (self.staging, self.prefetch, self._logits, self._inputs, self._tokens, self._argmax_part,
-                    self._top, self._adjust, self._hidden, self._masks, *self._top_scratch, self.scratch, self.state,
-                    self.cache):
+        for obj in (self._logits, self._tokens, self._argmax_part, self._top, self._adjust, self._hidden, self._masks,
+                    *self._top_scratch, *self.handoffs, *reversed(self.stages)):
             if obj is not None:
                 obj.close()

@@ -73,14 +73,15 @@ class CellTable:
 
 class KVCache(Owned):
     """K and V tensors of the `layers` that attend (DeltaNet layers keep a recurrent state
-    instead), by layer index; F16 by default (F32 on request)."""
+    instead), by layer index; F16 by default (F32 on request). `cells`: the cell table to share
+    (the stages of a layer split hold the same cells of their own layers)."""
 
     def __init__(self, device, layers, head_dim_k: int, head_dim_v: int, n_head_kv: int, n_ctx: int,
-                 type=F16):
+                 type=F16, cells: CellTable | None = None):
         super().__init__(f"KV cache {n_ctx} cells")
         self.type = ggml_type(type)
         self.n_ctx = n_ctx
-        self.cells = CellTable(n_ctx)
+        self.cells = cells if cells is not None else CellTable(n_ctx)
         self.k: dict[int, Tensor] = {}
         self.v: dict[int, Tensor] = {}
         try:

@@ -15,7 +15,13 @@ class EngineOptions:
     `mmap` (False: read into anonymous memory), `pin` (None: import host memory where allowed),
     KV type, `n_cpu_moe` expert layers in host memory, a VRAM budget in bytes (places experts to
     fit), the expert cache in bytes (None: what is left, 0: off), `n_seq_max` sequences at once
-    with `n_checkpoints` recurrent-state checkpoints, and whether to show progress bars."""
+    with `n_checkpoints` recurrent-state checkpoints, and whether to show progress bars.
+
+    Several devices (open_engine given a list): `split_mode` "layer" (llama.cpp's default: each
+    device runs a share of the layers) or "none" (only devices[main_gpu]); `tensor_split` the
+    shares, one per device (default: each device's VRAM budget, else its free VRAM); `main_gpu`
+    the device holding the output and sampling (default: the last with a layer split, else 0);
+    `vram_budget` one size for every device or a tuple of one per device."""
 
     n_ctx: int = 4096
     n_batch: int = 2048
@@ -31,44 +37,70 @@ class EngineOptions:
     n_seq_max: int = 1
     n_checkpoints: int = 0
     progress: bool | None = None
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] | None = None
+    main_gpu: int | None = None
 
     def __post_init__(self):
         if self.kv_type not in ("f16", "f32"):
             raise ConfigError(f"kv_type must be 'f16' or 'f32', got {self.kv_type!r}")
+        if self.split_mode == "row":
+            raise ConfigError("split mode 'row' (each matrix split across devices) is not supported: use -sm layer "
+                              "(each device runs a share of the layers)")
+        if self.split_mode not in ("none", "layer"):
+            raise ConfigError(f"split_mode must be 'none' or 'layer', got {self.split_mode!r}")
+        if self.main_gpu is not None and self.main_gpu < 0:
+            raise ConfigError(f"main_gpu must not be negative, got {self.main_gpu}")
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("n_gpu_layers", "n_checkpoints"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
-        for name in ("n_cpu_moe", "vram_budget", "expert_cache"):
+        for name in ("n_cpu_moe", "expert_cache"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        budgets = self.vram_budget if isinstance(self.vram_budget, tuple) else (self.vram_budget,)
+        if any(b is not None and int(b) < 0 for b in budgets):
+            raise ConfigError(f"vram_budget must not be negative, got {self.vram_budget}")
+
+    def budgets(self, n_devices: int) -> list[int | None]:
+        """The VRAM budget of each of n_devices devices (ConfigError where the per-device lists,
+        --vram-budget and -ts, do not give one per device)."""
+        if self.tensor_split is not None and len(self.tensor_split) != n_devices:
+            raise ConfigError(f"-ts gives {len(self.tensor_split)} proportion(s) for {n_devices} device(s) "
+                              "(--device); give one per device")
+        if not isinstance(self.vram_budget, tuple):
+            return [self.vram_budget] * n_devices
+        if len(self.vram_budget) != n_devices:
+            raise ConfigError(f"--vram-budget gives {len(self.vram_budget)} sizes for {n_devices} device(s); give "
+                              "one for all, or one per device")
+        return list(self.vram_budget)
 
 
 def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
-    """Open the model at `path` and its engine as `options` say; returns (Model, Engine), each
-    to be closed by the caller (the engine first). The environment's switches (fusions, prefetch
-    slots, expert staging, caches) come from `device.settings`."""
-    from ..model.config import ModelConfig
+    """Open the model at `path` and its engine as `options` say, on `device` (a Device, or a list
+    of them / a DeviceGroup: split by layers, or one of them, as options.split_mode says);
+    returns (Model, Engine), each to be closed by the caller (the engine first). The environment's
+    switches (fusions, prefetch slots, expert staging, caches) come from the devices' settings."""
     from ..model.loader import Model
-    from ..model.split_gguf import open_gguf
     from .engine import Engine
-    from .placement import plan_n_cpu_moe
-    from .prefetch import slots_requested
 
     o = options
-    n_cpu_moe = o.n_cpu_moe
-    if o.vram_budget is not None:
-        device.vram_budget = o.vram_budget
-        with open_gguf(path, progress=False) as f:
-            cfg = ModelConfig.from_metadata(f.metadata, path)
-            n_cpu_moe = plan_n_cpu_moe(cfg, f.tensors, o.vram_budget, requested=n_cpu_moe, n_ctx=o.n_ctx,
-                                       n_ubatch=min(o.n_ubatch, o.n_batch), n_gpu_layers=o.n_gpu_layers,
-                                       kv_bytes=2 if o.kv_type == "f16" else 4, flash_attn=o.flash_attn,
-                                       prefetch_slots=slots_requested(None, device.settings), n_seq_max=o.n_seq_max, device=device)
+    devices = list(device) if isinstance(device, (list, tuple)) or hasattr(device, "devices") else [device]
+    budgets = o.budgets(len(devices))
+    split = None
+    if len(devices) > 1 and o.split_mode == "layer":
+        split, n_cpu_moe = plan_layer_split(devices, path, o, budgets)
+        device = split.main
+    else:
+        main = o.main_gpu or 0
+        if main >= len(devices):
+            raise ConfigError(f"-mg {main}: the device list has {len(devices)} device(s) (0..{len(devices) - 1})")
+        device = devices[main]
+        n_cpu_moe = _plan_one(device, path, o, budgets[main])
     model = Model(device, path, mmap=o.mmap, n_gpu_layers=o.n_gpu_layers, n_cpu_moe=n_cpu_moe or 0, pin=o.pin,
-                  progress=o.progress)
+                  progress=o.progress, split=split)
     try:
         engine = Engine(model, n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
                         kv_type=o.kv_type.upper(), expert_cache=o.expert_cache, n_seq_max=o.n_seq_max,
@@ -77,3 +109,48 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
         model.close()
         raise
     return model, engine
+
+
+def estimate_keywords(o: EngineOptions, device) -> dict:
+    from .prefetch import slots_requested
+    return dict(n_ctx=o.n_ctx, n_ubatch=min(o.n_ubatch, o.n_batch), n_gpu_layers=o.n_gpu_layers,
+                kv_bytes=2 if o.kv_type == "f16" else 4, flash_attn=o.flash_attn, prefetch_slots=slots_requested(None, device.settings),
+                n_seq_max=o.n_seq_max, device=device)
+
+
+def _plan_one(device, path: str, o: EngineOptions, budget: int | None) -> int | None:
+    """The --n-cpu-moe on one device: the requested one, or under a budget the one that fits."""
+    from ..model.config import ModelConfig
+    from ..model.split_gguf import open_gguf
+    from .placement import plan_n_cpu_moe
+
+    if budget is None:
+        return o.n_cpu_moe
+    device.vram_budget = budget
+    with open_gguf(path, progress=False) as f:
+        cfg = ModelConfig.from_metadata(f.metadata, path)
+        return plan_n_cpu_moe(cfg, f.tensors, budget, requested=o.n_cpu_moe, **estimate_keywords(o, device))
+
+
+def plan_layer_split(devices: list, path: str, o: EngineOptions, budgets: list, estimates: list | None = None):
+    """(LayerSplit, --n-cpu-moe) of a layer split over `devices` (budgets set on each device);
+    `estimates` receives each stage's VramEstimate."""
+    import logging
+
+    from ..model.config import ModelConfig
+    from ..model.split_gguf import open_gguf
+    from .split_placement import plan_split
+
+    for dev, budget in zip(devices, budgets):
+        if budget is not None:
+            dev.vram_budget = budget
+    with open_gguf(path, progress=False) as f:
+        cfg = ModelConfig.from_metadata(f.metadata, path)
+        split, n_cpu_moe, ests = plan_split(cfg, f.tensors, devices, tensor_split=o.tensor_split,
+                                            main_gpu=o.main_gpu, budgets=budgets, requested=o.n_cpu_moe,
+                                            **estimate_keywords(o, devices[0]))
+    if estimates is not None:
+        estimates.extend(ests)
+    logging.getLogger("vkrt").info("layer split: %s%s", split.describe(),
+                                   f"; --n-cpu-moe {n_cpu_moe}" if n_cpu_moe else "")
+    return split, n_cpu_moe

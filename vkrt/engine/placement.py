@@ -40,15 +40,22 @@ class VramEstimate:
 
 
 def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cpu_moe: int, n_gpu_layers: int = 999,
-             kv_bytes: int = 2, flash_attn: bool = True, prefetch_slots: int = 0, n_seq_max: int = 1, device=None) -> VramEstimate:
+             kv_bytes: int = 2, flash_attn: bool = True, prefetch_slots: int = 0, n_seq_max: int = 1, device=None,
+             split=None, stage: int = 0) -> VramEstimate:
     """Bytes of VRAM a configuration takes; `tensors` maps names to objects with .nbytes (`device`:
-    see scratch_bytes)."""
+    see scratch_bytes). With `split` (a LayerSplit), what its stage `stage` takes."""
     first_gpu = max(cfg.n_layer - n_gpu_layers, 0)
+    layers = split.ranges[stage] if split is not None else range(cfg.n_layer)
     weights = 0
+    if split is not None and stage == split.n_stages - 1 and "output.weight" not in tensors \
+            and split.stage_of("token_embd.weight") != stage:   # the main device's copy of tied embeddings
+        weights += tensors["token_embd.weight"].nbytes
     layer_experts: dict[int, int] = {}
     for name, t in tensors.items():
         il = layer_of(name)
         if il is not None and il >= cfg.n_layer:   # multi-token-prediction blocks are not loaded
+            continue
+        if split is not None and split.stage_of(name) != stage:
             continue
         if is_cpu_moe(name, n_cpu_moe):
             layer_experts[il] = layer_experts.get(il, 0) + t.nbytes
@@ -56,9 +63,10 @@ def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cp
         if (il is not None and il < first_gpu) or (il is None and n_gpu_layers <= cfg.n_layer):
             continue
         weights += t.nbytes
-    kv = len(cfg.kv_layers) * n_ctx * cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * kv_bytes
+    kv = len([il for il in cfg.kv_layers if il in layers]) * n_ctx * cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) \
+        * kv_bytes
     acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device)
-    recurrent = 4 * cfg.recurrent_floats * len(cfg.linear_layers) * max(1, n_seq_max)
+    recurrent = 4 * cfg.recurrent_floats * len([il for il in cfg.linear_layers if il in layers]) * max(1, n_seq_max)
     largest = max(layer_experts.values(), default=0)
     slots = prefetch_slots * largest
     staged = min(cfg.n_expert, cfg.n_expert_used * min(n_ubatch, DECODE_TOKENS)) if largest else 0

@@ -32,33 +32,34 @@ def slots_requested(value: int | None, settings) -> int:
     return value
 
 
-def host_moe_layers(model) -> list[int]:
-    """MoE layers whose three expert tensors are all host-resident."""
+def host_moe_layers(model, layers=None) -> list[int]:
+    """MoE layers (of `layers`; None: all) whose three expert tensors are all host-resident."""
     host = set(model.placement.host_tensors)
-    return [il for il in range(model.cfg.n_layer) if model.cfg.moe
+    return [il for il in (range(model.cfg.n_layer) if layers is None else layers) if model.cfg.moe
             and all(f"blk.{il}.{n}" in host for n in EXPERT_TENSORS)]
 
 
-def slot_bytes(model) -> int:
+def slot_bytes(model, layers=None) -> int:
     """Bytes of one prefetch slot: the largest host-resident layer's three expert tensors."""
     w = model.weights
-    return max((sum(_aligned(w[f"blk.{il}.{n}"].nbytes) for n in EXPERT_TENSORS) for il in host_moe_layers(model)),
-               default=0)
+    return max((sum(_aligned(w[f"blk.{il}.{n}"].nbytes) for n in EXPERT_TENSORS)
+                for il in host_moe_layers(model, layers)), default=0)
 
 
 class ExpertPrefetch(Owned):
-    """Slots and recorded upload sequences for the host-resident expert layers of a model.
+    """Slots and recorded upload sequences for the host-resident expert layers of a model (of
+    `layers` on `device`: a stage of a layer split; default all, on the model's device).
     `n_slots` is 0 when prefetch is off or no slots could be allocated."""
 
-    def __init__(self, model, n_slots: int | None = None):
+    def __init__(self, model, n_slots: int | None = None, device=None, layers=None):
         super().__init__("expert prefetch")
-        self.device = dev = model.device
-        self.layers = host_moe_layers(model)
+        self.device = dev = device or model.device
+        self.layers = host_moe_layers(model, layers)
         self._slots: list[Buffer] = []
         self._uploads: dict[int, CommandSequence] = {}
         self._experts: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
         want = slots_requested(n_slots, dev.settings) if self.layers else 0
-        self.slot_bytes = slot_bytes(model)
+        self.slot_bytes = slot_bytes(model, layers)
         for i in range(want):
             try:
                 self._slots.append(Buffer(dev, self.slot_bytes, MemoryKind.DEVICE, label=f"expert prefetch slot {i}"))

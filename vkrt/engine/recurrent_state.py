@@ -27,17 +27,18 @@ class Checkpoint:
 
 
 class RecurrentState(Owned):
-    """Conv and delta-rule state of every DeltaNet layer for `n_slots` sequences, plus a pool of
-    `n_checkpoints` checkpoints in host memory. Layer il's views: conv[il] F32 (C, K-1, n_slots),
+    """Conv and delta-rule state of every DeltaNet layer (of `layers`) for `n_slots` sequences,
+    plus a pool of `n_checkpoints` checkpoints in host memory. Layer il's views: conv[il] F32 (C, K-1, n_slots),
     ssm[il] F32 (D, D, Hv, n_slots) (element (j, i, h, slot) = S_h[i][j] of the slot)."""
 
-    def __init__(self, device, cfg: ModelConfig, n_slots: int, n_checkpoints: int = 0):
+    def __init__(self, device, cfg: ModelConfig, n_slots: int, n_checkpoints: int = 0, layers=None):
         super().__init__(f"recurrent state {n_slots} sequences")
         self.device = device
         self.n_slots = n_slots
         C, K, D, Hv = cfg.ssm_conv_dim, cfg.ssm_conv_kernel, cfg.ssm_head_dim, cfg.ssm_v_heads
         self._conv_bytes, self._ssm_bytes = 4 * C * (K - 1), 4 * D * D * Hv
-        self.layers = cfg.linear_layers
+        # `layers`: the DeltaNet layers to hold (a stage of a layer split; None: all)
+        self.layers = [il for il in cfg.linear_layers if layers is None or il in layers]
         self.slot_bytes = len(self.layers) * (self._conv_bytes + self._ssm_bytes)
         self._layer_bytes = n_slots * (self._conv_bytes + self._ssm_bytes)   # a layer's region, all slots
         self.length = np.zeros(n_slots, np.int64)   # tokens each slot's state has absorbed

@@ -31,10 +31,10 @@ log = logging.getLogger("vkrt")
 ALIGN = 256
 
 
-def staged_layers(model) -> list[int]:
-    """MoE layers whose three expert stacks are all host-resident and can be staged."""
+def staged_layers(model, layers=None) -> list[int]:
+    """MoE layers (of `layers`) whose three expert stacks are all host-resident and can be staged."""
     w = model.weights
-    return [il for il in host_moe_layers(model) if all(stage_unit(w[f"blk.{il}.{n}"]) for n in EXPERT_TENSORS)]
+    return [il for il in host_moe_layers(model, layers) if all(stage_unit(w[f"blk.{il}.{n}"]) for n in EXPERT_TENSORS)]
 
 
 def expert_bytes(model) -> int:
@@ -46,11 +46,13 @@ class ExpertStaging(Owned):
     """Device slots for the experts decode steps choose in host-resident MoE layers: per stack
     (gate, up, down) one buffer holding each layer's `cache_slots` cache slots, then `n_stage`
     staging slots shared by all layers; plus the per-layer cache state. `layers` lists the
-    layers with at least one staged stack (empty: decode reads host memory in place)."""
+    layers with at least one staged stack (empty: decode reads host memory in place). `device`
+    and `layers`: a stage of a layer split (default: the model's device, every layer)."""
 
-    def __init__(self, model, max_tokens: int, enabled: bool | None = None, cache_bytes: int = 0):
+    def __init__(self, model, max_tokens: int, enabled: bool | None = None, cache_bytes: int = 0, device=None,
+                 layers=None):
         super().__init__("expert staging")
-        dev, cfg, w = model.device, model.cfg, model.weights
+        dev, cfg, w = device or model.device, model.cfg, model.weights
         self._by_role: list[Buffer | None] = []   # gate, up, down (None: that stack is read in place)
         self.layers: list[int] = []
         self.cache_slots = self.n_stage = 0
@@ -58,7 +60,7 @@ class ExpertStaging(Owned):
         self._views: dict[int, StagedExperts] = {}
         if enabled is None:
             enabled = dev.settings.moe_stage
-        candidates = staged_layers(model)
+        candidates = staged_layers(model, layers)
         if not cfg.moe or enabled is False or not candidates:
             return
         n_slots = min(cfg.n_expert, cfg.n_expert_used * min(max_tokens, dev.tuning.mv_max_n))
@@ -122,11 +124,19 @@ class ExpertStaging(Owned):
     def nbytes(self) -> int:
         return sum(b.size for b in self._by_role if b is not None)
 
-    def hit_rate(self) -> float | None:
-        """Share of the experts decode steps chose that were already cached (None: no cache)."""
+    def hit_counts(self) -> tuple[int, int] | None:
+        """(hits, misses) of the experts decode steps chose (None: no cache)."""
         if self.state is None:
             return None
         hits, misses = np.sum([cache_counts(layer) for layer in read_tensor(self.state)], axis=0)
+        return int(hits), int(misses)
+
+    def hit_rate(self) -> float | None:
+        """Share of the experts decode steps chose that were already cached (None: no cache)."""
+        counts = self.hit_counts()
+        if counts is None:
+            return None
+        hits, misses = counts
         return float(hits / (hits + misses)) if hits + misses else 0.0
 
     def tensors(self) -> dict[int, StagedExperts]:

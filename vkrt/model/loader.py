@@ -8,6 +8,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
 from ..memory import Buffer, MemoryKind, Tensor, host_registry
 from ..owned import Owned
 from ..units import fmt_bytes
@@ -54,14 +55,25 @@ class Placement:
 
 
 class Model(Owned):
-    """An opened model: `cfg`, `tokenizer`, `weights` (GGUF name -> Tensor) and their placement."""
+    """An opened model: `cfg`, `tokenizer`, `weights` (GGUF name -> Tensor) and their placement.
+
+    split: a LayerSplit (layer_split.py) placing each layer's tensors on its device (`device`
+    is then the split's main device); host-resident tensors are imported into the device that
+    reads them, in place (no second copy in RAM). With tied embeddings the output matrix is a
+    copy of token_embd on the main device (`output_weight`)."""
 
     def __init__(self, device, path: str | os.PathLike, *, mmap: bool = True, n_gpu_layers: int = 999,
-                 n_cpu_moe: int = 0, pin: bool | None = None, progress: bool | None = None, on_host=None):
+                 n_cpu_moe: int = 0, pin: bool | None = None, progress: bool | None = None, on_host=None,
+                 split=None):
         super().__init__(f"model {os.path.basename(os.fspath(path))}")
+        if split is not None and split.main is not device:
+            raise ConfigError(f"a split model's device is the split's main device ({split.main.label}), "
+                              f"not {device.label}")
         self.device = device
+        self.split = split
         self.path = os.fspath(path)
         self.weights: dict[str, Tensor] = {}
+        self.output_weight: Tensor | None = None
         self._owned: list = []
         self._regions: list = []
         self.gguf = open_gguf(path, mmap=mmap, progress=progress)
@@ -110,25 +122,41 @@ class Model(Owned):
                      skipped, cfg.n_layer_nextn)
         host = [n for n in names if host_resident(n)]
         vram = [n for n in names if n not in set(host)]
-        limit = binding_limit(self.device)
-        together = []
-        for il in range(cfg.n_layer):
-            for group in SHARED_ALLOCATIONS:
-                group = [f"blk.{il}.{n}" for n in group]
-                if all(n in self.gguf.tensors for n in group) and \
-                        sum(self.gguf.tensor(n).nbytes + GROUP_ALIGN for n in group) <= limit:
-                    together.append(group)
-        self.weights.update(self.gguf.upload(self.device, vram, together=together))
+        pin = self.device.settings.register_host if pin is None else pin
+        for device, mine in self._by_device(names):
+            limit = binding_limit(device)
+            together = []
+            for il in range(cfg.n_layer):
+                for group in SHARED_ALLOCATIONS:
+                    group = [f"blk.{il}.{n}" for n in group]
+                    if all(n in self.gguf.tensors for n in group) and \
+                            sum(self.gguf.tensor(n).nbytes + GROUP_ALIGN for n in group) <= limit:
+                        together.append(group)
+            self.weights.update(self.gguf.upload(device, [n for n in vram if n in mine], together=together))
+            if [n for n in host if n in mine]:
+                self._map_host(device, [n for n in host if n in mine], pin)
         self.placement.vram_bytes = sum(self.gguf.tensor(n).nbytes for n in vram)
-        if host:
-            self._map_host(host, self.device.settings.register_host if pin is None else pin)
+        if self.split is not None and "output.weight" not in self.gguf.tensors \
+                and self.split.stage_of("token_embd.weight") != self.split.n_stages - 1:
+            # tied embeddings: the main device multiplies by its own copy of token_embd
+            self.output_weight = self.gguf.upload(self.device, ["token_embd.weight"])["token_embd.weight"]
+            self.placement.vram_bytes += self.output_weight.nbytes
 
-    def _map_host(self, names: list[str], pin: bool) -> None:
+    def _by_device(self, names: list[str]) -> list[tuple[object, set[str]]]:
+        """(device, the names it holds) for each device of the split (one device without one)."""
+        if self.split is None:
+            return [(self.device, set(names))]
+        out = [(dev, set()) for dev in self.split.devices]
+        for n in names:
+            out[self.split.stage_of(n)][1].add(n)
+        return out
+
+    def _map_host(self, device, names: list[str], pin: bool) -> None:
         """Host-resident tensors: read in place through imported (or once-copied) memory; a tensor
         straddling two import chunks, or everything when pinning is off, is copied once into a
         host-visible buffer of its own."""
         p = self.placement
-        registry = host_registry(self.device) if pin else None
+        registry = host_registry(device) if pin else None
         if registry is not None:
             for part in self.gguf.parts:   # one region of each file (each part of a split model)
                 mine = [n for n in names if self.gguf.part(n) is part]
@@ -144,7 +172,7 @@ class Model(Owned):
             chunk = registry.chunk_at(data.ctypes.data) if registry is not None else None
             rng = registry.lookup(data.ctypes.data, info.nbytes) if registry is not None else None
             if rng is None:
-                buf = Buffer(self.device, max(info.nbytes, 4), MemoryKind.HOST, label=f"{name} (host copy)")
+                buf = Buffer(device, max(info.nbytes, 4), MemoryKind.HOST, label=f"{name} (host copy)")
                 buf.write(data)
                 self._owned.append(buf)
                 rng = buf.range(0, info.nbytes)
@@ -161,6 +189,8 @@ class Model(Owned):
         for name, t in self.weights.items():
             t.close()
         self.weights.clear()
+        if self.output_weight is not None:
+            self.output_weight.close()
         for b in self._owned:
             b.close()
         for region in self._regions:

@@ -88,6 +88,12 @@ class RecordOptions:
     # read_hidden(seq, cur): record the copy of every token's normed final state (cur, [n_embd,
     # n_tokens]: a decoder's embeddings) instead of computing logits; None: logits as above
     read_hidden: object = None
+    # the layers recorded (a stage of a layer split; None: all); with `receive` the residual
+    # stream x [n_embd, n_tokens] comes from receive(seq, x) instead of the embedding, with
+    # `send` it goes to send(seq, x) (the pending block output added in) instead of the output
+    layers: range | None = None
+    receive: object = None
+    send: object = None
 
 
 class Transformer:
@@ -96,7 +102,7 @@ class Transformer:
     `fa_mask_opt` (None: the tuning rule); the engine passes its device's settings."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], fusions: Fusions | None = None,
-                 fa_mask_opt: bool | None = None):
+                 fa_mask_opt: bool | None = None, output: Tensor | None = None):
         self.cfg = cfg
         self.w = weights
         self.fusions = fusions if fusions is not None else Fusions.of(Settings())
@@ -104,7 +110,8 @@ class Transformer:
         missing = [n for n in required_tensors(cfg) if n not in weights]
         if missing:
             raise GGUFError(f"model lacks tensor(s) {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
-        self.output = weights.get("output.weight", weights["token_embd.weight"])
+        # `output`: the output matrix where it is not the file's (tied embeddings on a split's main device)
+        self.output = output or weights.get("output.weight", weights["token_embd.weight"])
 
     def record(self, seq, s: Scratch, cache, opts: RecordOptions, state=None) -> list[Owned]:
         """Record one forward pass into `seq`; returns the attention objects the recording uses
@@ -129,8 +136,13 @@ class Transformer:
             masks[True] = s.mask_swa.slice(0, 0, n_kv * T).view((n_kv, T))
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
-        parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
-        for il, layer in enumerate(cfg.layers):
+        layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
+        if opts.receive is None:
+            parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
+        else:
+            parts = [Part("receive", lambda seq: self._receive(seq, s, T, opts))]
+        for il in layers:
+            layer = cfg.layers[il]
             if layer.attn == LINEAR:
                 parts.append(Part(f"delta net {il}", lambda seq, il=il: record_delta_net(
                     self, seq, s, state, il, T, opts.n_seqs)))
@@ -144,8 +156,23 @@ class Transformer:
                 parts.append(Part(f"moe {il}", lambda seq, il=il: self._moe(seq, s, il, T, experts.get(il),
                                                                           staged.get(il)),
                                   layer=il if il in experts else None))
-        parts.append(Part("output", lambda seq: self._output(seq, s, T, opts)))
+        if opts.send is None:
+            parts.append(Part("output", lambda seq: self._output(seq, s, T, opts)))
+        else:
+            parts.append(Part("send", lambda seq: self._send(seq, s, T, opts)))
         return parts
+
+    @staticmethod
+    def _receive(seq, s, T, opts: RecordOptions):
+        s.pending = None
+        opts.receive(seq, s.cols("x", T))
+
+    @staticmethod
+    def _send(seq, s, T, opts: RecordOptions):
+        x, pending, s.pending = s.cols("x", T), s.pending, None
+        if pending is not None:   # as the next norm would add it (bit-identical: VKRT_FUSE_ADD_NORM)
+            add(seq, x, pending, x)
+        opts.send(seq, x)
 
     def _embed(self, seq, s, T):
         s.pending = None

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..device import Device
+from ..device.group import DeviceGroup, parse_device_list
 from ..engine.engine import PAD_STEP
 from ..engine.logit_adjust import logit_adjustments
 from ..engine.sampler import SamplingParams
@@ -21,7 +21,7 @@ log = logging.getLogger("vkrt.server")
 
 @dataclass
 class Backend:
-    device: object
+    device: object   # what the backend closes: the DeviceGroup (or a Device)
     model: object
     engine: object
     load_seconds: float = 0.0
@@ -59,9 +59,8 @@ class Backend:
         return time.perf_counter() - t0
 
     def report(self, n_parallel: int) -> list[str]:
-        """Start-up lines: device, model, placement, pinning, memory, slots."""
-        dev, m, e = self.device, self.model, self.engine
-        p = dev.profile
+        """Start-up lines: device(s), model, placement, pinning, memory, slots."""
+        m, e = self.model, self.engine
         pl = m.placement
         if not pl.host_bytes:
             pinning = "nothing host-resident (all weights in VRAM)"
@@ -69,21 +68,31 @@ class Backend:
             pinning = (f"{fmt_bytes(pl.host_imported)} imported (pinned) host memory, "
                        f"{fmt_bytes(pl.host_copied)} copied to host-visible buffers")
         else:
-            why = "disabled (--no-pin / VKRT_REGISTER_HOST=0)" if not dev.settings.register_host else "import refused"
+            why = "disabled (--no-pin / VKRT_REGISTER_HOST=0)" if not m.device.settings.register_host \
+                else "import refused"
             pinning = f"{why}: {fmt_bytes(pl.host_copied)} copied to host-visible buffers"
-        heaps = ", ".join(f"heap {i} {fmt_bytes(used)} of {fmt_bytes(h.size)}"
-                          for i, (used, h) in enumerate(zip(dev.heap_used, p.heaps)) if used)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return [
-            f"device: {p.name} ({p.device_type}, {p.driver_info or p.driver_name}, arch "
-            f"{p.architecture.value}, VRAM {fmt_bytes(p.vram)})",
+        lines = []
+        for st in e.stages:
+            dev = st.device
+            p = dev.profile
+            layers = f"; layers {st.layers.start}-{st.layers.stop - 1}" if e.split and len(st.layers) else ""
+            lines.append(f"device: {dev.label if e.split else p.name} ({p.device_type}, "
+                         f"{p.driver_info or p.driver_name}, arch {p.architecture.value}, VRAM {fmt_bytes(p.vram)}"
+                         f"{layers})")
+        heaps = "; ".join(
+            (f"{st.device.label} " if e.split else "")
+            + (", ".join(f"heap {i} {fmt_bytes(used)} of {fmt_bytes(h.size)}"
+                         for i, (used, h) in enumerate(zip(st.device.heap_used, st.device.profile.heaps)) if used)
+               or "none") for st in e.stages)
+        cache_type = e.cache.type.name
+        return lines + [
             f"model: {os.path.basename(m.path)} ({m.cfg.arch}, {fmt_bytes(m.size_bytes)}, "
             f"{m.n_params / 1e6:.1f} M parameters) loaded in {self.load_seconds:.1f} s "
             f"({'mmap' if m.gguf.mmap else 'no mmap'})",
             f"placement: {pl.summary()}",
             f"pinning: {pinning}",
-            f"memory: device {heaps or 'none'}; KV cache {fmt_bytes(e.cache.nbytes)} "
-            f"({e.n_ctx} cells, {e.cache.type.name}"
+            f"memory: device {heaps}; KV cache {fmt_bytes(e.kv_bytes)} ({e.n_ctx} cells, {cache_type}"
             + (f"; recurrent state: {e.state.describe()}" if e.recurrent else "")
             + f"); host peak RSS {fmt_bytes(rss)}",
             f"slots: {n_parallel} x {e.n_ctx // n_parallel} tokens; batch {e.n_batch}, micro-batch {e.n_ubatch}, "
@@ -91,14 +100,15 @@ class Backend:
         ]
 
 
-def load_backend(load: Callable[[object], tuple[object, object]], device_spec: str | None = None,
+def load_backend(load: Callable[[object], tuple[object, object]], devices: str | None = None,
                  settings=None) -> Backend:
-    """Open the device (with `settings`; None: the environment's) and call load(device) -> (model, engine)."""
+    """Open the devices (`--device` LIST; None: the one vkrt picks) with `settings` (None: the
+    environment's) and call load(devices) -> (model, engine)."""
     t0 = time.perf_counter()
-    device = Device(device_spec, settings=settings)
+    group = DeviceGroup(parse_device_list(devices), settings=settings)
     try:
-        model, engine = load(device)
+        model, engine = load(group)
     except BaseException:
-        device.close()
+        group.close()
         raise
-    return Backend(device, model, engine, time.perf_counter() - t0)
+    return Backend(group, model, engine, time.perf_counter() - t0)

@@ -33,6 +33,21 @@ _DOC = {
     "engine_graph_record_seconds_total": ("counter", "Seconds spent recording them."),
 }
 
+# the same values under vLLM's names, which routers scrape (vLLM production-stack's vllm-router,
+# the Gateway API inference extension): name -> (type, help, our name or a function of the values)
+_VLLM = {
+    "vllm:num_requests_running": ("gauge", "Requests holding a slot (= requests_processing).", "requests_processing"),
+    "vllm:num_requests_waiting": ("gauge", "Requests waiting for a slot (= requests_deferred).", "requests_deferred"),
+    "vllm:gpu_cache_usage_perc": ("gauge", "KV cache usage, 1 = full (= kv_cache_usage_ratio).",
+                                  "kv_cache_usage_ratio"),
+    "vllm:kv_cache_usage_perc": ("gauge", "KV cache usage, 1 = full (= kv_cache_usage_ratio).",
+                                 "kv_cache_usage_ratio"),
+    "vllm:gpu_prefix_cache_queries_total": ("counter", "Prompt tokens looked up in the slots' cached prefixes.",
+                                            lambda v: v["prompt_tokens_total"] + v["prompt_tokens_cached_total"]),
+    "vllm:gpu_prefix_cache_hits_total": ("counter", "Prompt tokens found there (= prompt_tokens_cached_total).",
+                                         "prompt_tokens_cached_total"),
+}
+
 
 @dataclass
 class Metrics:
@@ -84,6 +99,9 @@ class Metrics:
         for name, value in values.items():
             kind, doc = _DOC[name]
             lines += [f"# HELP {prefix}_{name} {doc}", f"# TYPE {prefix}_{name} {kind}", f"{prefix}_{name} {value}"]
+        for name, (kind, doc, source) in _VLLM.items():
+            value = source(values) if callable(source) else values[source]
+            lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
 

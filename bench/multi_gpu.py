@@ -1,0 +1,162 @@
+"""Layer split over several Vulkan devices (-sm layer) next to one device and next to llama.cpp's
+`-sm layer --device ...`, in one run: prompt processing with one micro-batch and with several
+(pipelined across the devices in vkrt) and generation, as t/s and ratios.
+
+    python bench/multi_gpu.py MODEL.gguf --device 0,1 [-ts 1,1] [--ncmoe N] [--no-mmap]
+        [--tests pp2048@ub512,pp2048@ub2048,tg128] [-r 3] [--llama-server PATH] [--json]
+
+--device 0,0 splits over two logical devices of one GPU (llama.cpp cannot open one GPU twice, so
+its side then runs on one device only). MODEL may be a shape name of bench/make_moe_model.py
+(qwen3-30b-a3b, qwen35-35b-a3b) to write a random-weight model of that shape first (Q4_0).
+Set VKRT_ARCH=gcn for the Polaris-class configuration (llama.cpp then gets the matching
+GGML_VK_DISABLE_* variables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+from llama_peer import POLARIS_ENV, LlamaServer, find_server
+from vkrt.device.group import DeviceGroup
+from vkrt.engine.bench import BenchTest, run_test
+from vkrt.engine.engine import Engine
+from vkrt.engine.generate import random_tokens
+from vkrt.engine.options import EngineOptions, plan_layer_split
+from vkrt.model.loader import Model
+
+
+def parse_tests(text: str) -> list[tuple[str, int, int, int]]:
+    """pp2048@ub512,tg128 -> (name, prompt tokens, generated tokens, -ub)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        kind, _, ub = item.partition("@ub")
+        n = int(kind[2:])
+        out.append((item, n if kind.startswith("pp") else 0, n if kind.startswith("tg") else 0, int(ub or 512)))
+    return out
+
+
+def vkrt_side(devices, path, tests, reps, split: bool, ts, ncmoe, mmap) -> dict:
+    """t/s of each test on devices[0] alone, or split by layers over all of them."""
+    out = {}
+    n_ctx = max(t[1] + t[2] for t in tests) + 256
+    for ub in sorted({t[3] for t in tests}):
+        opts = EngineOptions(n_ctx=n_ctx, n_batch=max(ub, 2048), n_ubatch=ub, n_cpu_moe=ncmoe, tensor_split=ts,
+                             mmap=mmap, progress=False)
+        layer_split = None
+        if split:
+            layer_split, _ = plan_layer_split(list(devices), path, opts, opts.budgets(len(devices)))
+            out["plan"] = layer_split.describe()
+        device = layer_split.main if layer_split else devices[0]
+        with Model(device, path, mmap=mmap, n_cpu_moe=ncmoe, progress=False, split=layer_split) as m, \
+                Engine(m, n_ctx=n_ctx, n_batch=opts.n_batch, n_ubatch=ub) as e:
+            for name, n_p, n_g, u in tests:
+                if u == ub:
+                    out[name] = run_test(e, BenchTest(n_p, n_g), reps).avg_ts
+    return out
+
+
+def llama_side(binary, path, tests, reps, env, device_args, ncmoe, mmap) -> dict:
+    out = {}
+    n_ctx = max(t[1] + t[2] for t in tests) + 256
+    prompt = random_tokens(n_ctx - 256, 200, 1)
+    extra = (["--n-cpu-moe", str(ncmoe)] if ncmoe else []) + ([] if mmap else ["--no-mmap"])
+    for ub in sorted({t[3] for t in tests}):
+        args = ["-ngl", "99", "-c", str(n_ctx), "-b", str(max(ub, 2048)), "-ub", str(ub), "-fa", "on", "--no-warmup",
+                *device_args, *extra]
+        try:
+            with LlamaServer(binary, path, args, env) as srv:
+                srv.completion(prompt[:64], 4)
+                for name, n_p, n_g, u in tests:
+                    if u != ub:
+                        continue
+                    if n_p:
+                        out[name] = statistics.median(srv.completion(prompt[:n_p], 1)["prompt_per_second"]
+                                                      for _ in range(reps))
+                    else:
+                        out[name] = statistics.median(srv.completion(prompt[:16], n_g)["predicted_per_second"]
+                                                      for _ in range(reps))
+        except (RuntimeError, OSError) as exc:
+            out["error"] = str(exc).splitlines()[0]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--device", default="0,1", help="vkrt's --device list (default 0,1)")
+    ap.add_argument("-ts", "--tensor-split", default=None, help="e.g. 1,1 (default: by free VRAM)")
+    ap.add_argument("--ncmoe", type=int, default=0, help="--n-cpu-moe for both")
+    ap.add_argument("--no-mmap", action="store_true")
+    ap.add_argument("--tests", default="pp2048@ub512,pp2048@ub2048,tg128")
+    ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--no-llama", action="store_true", help="vkrt only")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    tests = parse_tests(args.tests)
+    ts = tuple(float(v) for v in args.tensor_split.split(",")) if args.tensor_split else None
+    path = args.model
+    if not os.path.exists(path):   # a shape name: write a random-weight model of that shape
+        from make_moe_model import SHAPES
+        from vkrt.model.synthetic import write_model
+        make, layers = SHAPES[path]
+        path = os.path.join(tempfile.mkdtemp(), f"{args.model}.gguf")
+        write_model(path, make(layers, "Q4_0"))
+    specs = [s.strip() for s in args.device.split(",")]
+    polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
+    rows = {}
+    with DeviceGroup(specs) as group:
+        physical = [d.profile.index for d in group]
+        names = [d.profile.name for d in group]
+        rows["vkrt one device"] = vkrt_side(group.devices[:1], path, tests, args.reps, False, None, args.ncmoe,
+                                            not args.no_mmap)
+        rows["vkrt -sm layer"] = vkrt_side(list(group), path, tests, args.reps, True, ts, args.ncmoe, not args.no_mmap)
+    binary = None if args.no_llama else find_server(args.llama_server)
+    distinct = list(dict.fromkeys(physical))
+    if binary:
+        env = {**(POLARIS_ENV if polaris else {}), "GGML_VK_VISIBLE_DEVICES": ",".join(map(str, distinct))}
+        rows["llama.cpp one device"] = llama_side(binary, path, tests, args.reps, env,
+                                                  ["-sm", "none", "--device", "Vulkan0"], args.ncmoe, not args.no_mmap)
+        if len(distinct) > 1:
+            split_args = ["-sm", "layer", "--device", ",".join(f"Vulkan{k}" for k in range(len(distinct)))]
+            if ts and len(ts) == len(distinct):
+                split_args += ["-ts", ",".join(f"{v:g}" for v in ts)]
+            rows["llama.cpp -sm layer"] = llama_side(binary, path, tests, args.reps, env, split_args, args.ncmoe,
+                                                     not args.no_mmap)
+    ratios = {}
+    for name, *_ in tests:
+        one, split = rows["vkrt one device"].get(name), rows["vkrt -sm layer"].get(name)
+        ratios[name] = {"vkrt split / one": split / one if one and split else None}
+        peer = rows.get("llama.cpp -sm layer", rows.get("llama.cpp one device", {})).get(name)
+        ratios[name]["vkrt split / llama.cpp split" if "llama.cpp -sm layer" in rows else
+                     "vkrt split / llama.cpp one device"] = split / peer if peer and split else None
+    result = {"model": args.model, "devices": [f"{p}: {n}" for p, n in zip(physical, names)], "device_list": specs,
+              "logical_on_one_gpu": len(distinct) < len(physical), "polaris_class": polaris, "tests": [t[0] for t in tests],
+              "rows": rows, "ratios": ratios}
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{args.model} over --device {args.device} ({'; '.join(result['devices'])})"
+          f"{' - logical devices of one GPU' if result['logical_on_one_gpu'] else ''}"
+          f"{' - Polaris-class configuration' if polaris else ''}, t/s")
+    if "plan" in rows["vkrt -sm layer"]:
+        print(f"vkrt plan: {rows['vkrt -sm layer']['plan']}")
+    cols = list(rows)
+    print("| test | " + " | ".join(cols) + " | " + " | ".join(next(iter(ratios.values()))) + " |")
+    print("|---|" + "---:|" * (len(cols) + len(next(iter(ratios.values())))))
+    for name, *_ in tests:
+        vals = [rows[c].get(name) for c in cols]
+        rs = list(ratios[name].values())
+        print(f"| {name} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in vals) + " | "
+              + " | ".join("-" if r is None else f"{r:.2f}" for r in rs) + " |")
+    for c in cols:
+        if "error" in rows[c]:
+            print(f"{c} failed: {rows[c]['error']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Layer split (-sm layer) over several logical devices on one GPU (a repeated --device index):
+logits and greedy tokens bit-identical to one device for a dense model, a MoE with host experts
+and a qwen35 hybrid; the server's steps; the plan from -ts / -mg; clear errors; no leaks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from models import TINY
+from vkrt.device.group import DeviceGroup, parse_device_list
+from vkrt.engine.options import EngineOptions, open_engine
+from vkrt.engine.placement import DoesNotFit
+from vkrt.errors import ConfigError, DeviceNotFound
+from vkrt.model.layer_split import LayerSplit, split_layers, split_order
+from vkrt.model.synthetic import write_model
+from vkrt.owned import live_objects
+
+PROMPT = list(range(3, 40, 2))   # 19 tokens: 19 x 2 routed >= 2 x 8 experts, so prefetch applies
+
+
+def deep(name: str, n_layer: int, folder) -> str:
+    """TINY[name] with n_layer layers (enough to give each of three devices some)."""
+    path = os.path.join(os.fspath(folder), f"{name}-{n_layer}.gguf")
+    if not os.path.exists(path):
+        write_model(path, dataclasses.replace(TINY[name], n_layer=n_layer))
+    return path
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("split")
+    return {"dense": deep("tiny-llama", 6, d), "moe": deep("tiny-qwen3moe", 6, d),
+            "hybrid": deep("tiny-qwen35moe", 8, d), "tied": deep("tiny-qwen2", 4, d)}
+
+
+@pytest.fixture(scope="module")
+def group():
+    with DeviceGroup(["0", "0", "0"]) as g:
+        yield g
+
+
+def run(group, path, n_devices, tensor_split=None, n_cpu_moe=0, main_gpu=None):
+    """(every prompt token's logits, 5 greedy tokens on the GPU) on the first n_devices."""
+    opts = EngineOptions(n_ctx=128, n_ubatch=32, n_cpu_moe=n_cpu_moe, tensor_split=tensor_split, main_gpu=main_gpu,
+                         progress=False)
+    m, e = open_engine(group.devices[:n_devices], path, opts)
+    try:
+        assert e.split == (n_devices > 1)
+        logits = e.eval(PROMPT, all_logits=True)
+        return logits, list(e.greedy(int(np.argmax(logits[-1])), n=5))
+    finally:
+        e.close()
+        m.close()
+
+
+@pytest.mark.parametrize("kind, n_cpu_moe", [("dense", 0), ("moe", 3), ("hybrid", 3), ("tied", 0)])
+def test_split_equals_one_device(group, paths, kind, n_cpu_moe):
+    ref_logits, ref_tokens = run(group, paths[kind], 1, n_cpu_moe=n_cpu_moe)
+    for ts, mg in (((1, 1), None), ((3, 1), 0), ((1, 1, 1), None), ((1, 0), None)):
+        logits, tokens = run(group, paths[kind], len(ts), ts, n_cpu_moe, mg)
+        np.testing.assert_array_equal(logits.view(np.uint32), ref_logits.view(np.uint32), err_msg=str(ts))
+        assert tokens == ref_tokens, ts
+
+
+@pytest.mark.parametrize("kind, n_cpu_moe", [("dense", 0), ("hybrid", 4)])
+def test_pipelined_prefill_equals_one_device(group, paths, kind, n_cpu_moe):
+    """A prompt of several micro-batches runs through the stages as a pipeline (stage k on
+    micro-batch i while stage k-1 reads micro-batch i+1): the logits are those of one device."""
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, 200, 100)]   # 4 micro-batches of 32
+    out = []
+    for n in (1, 2, 3):
+        opts = EngineOptions(n_ctx=256, n_ubatch=32, n_cpu_moe=n_cpu_moe, progress=False)
+        m, e = open_engine(group.devices[:n], paths[kind], opts)
+        try:
+            out.append((e.eval(prompt, all_logits=True), e.eval([5, 6])))
+            assert any("parity 1" in key for key in e._graphs) == (n > 1)   # micro-batches alternated
+            assert e.stats.tokens == len(prompt) + 2
+        finally:
+            e.close()
+            m.close()
+    for logits, last in out[1:]:
+        np.testing.assert_array_equal(logits.view(np.uint32), out[0][0].view(np.uint32))
+        np.testing.assert_array_equal(last, out[0][1])
+
+
+def test_host_experts_imported_once_by_their_device(group, paths):
+    """Each device imports only its own layers' host experts: every host tensor is read in
+    place (no host-visible copies), and the stages that hold host expert layers prefetch them."""
+    opts = EngineOptions(n_ctx=128, n_ubatch=32, n_cpu_moe=6, progress=False)
+    m, e = open_engine(group.devices[:2], paths["moe"], opts)
+    try:
+        assert m.placement.host_copied == 0 and m.placement.host_imported == m.placement.host_bytes > 0
+        for st in e.stages:
+            assert st.prefetch.layers == list(st.layers)
+            for il in st.layers:
+                w = m.weights[f"blk.{il}.ffn_up_exps.weight"]
+                assert w.range().buffer.device is st.device
+        e.eval(PROMPT)
+        assert e.stats.layers_prefetched == 6
+    finally:
+        e.close()
+        m.close()
+
+
+def test_host_copied_handoff(group, paths, monkeypatch):
+    """Without host import the activations cross through a readback buffer and a host copy."""
+    ref = run(group, paths["dense"], 1)
+    monkeypatch.setenv("VKRT_REGISTER_HOST", "0")
+    out = run(group, paths["dense"], 2, (1, 1))
+    np.testing.assert_array_equal(out[0], ref[0])
+    assert out[1] == ref[1]
+
+
+def server_steps(e):
+    """A server's steps: two prompts, then a mixed step and candidates of both sequences."""
+    out = [e.mixed([(0, PROMPT[:7])], top=True), e.mixed([(0, [5]), (1, PROMPT[:9])], top=True)]
+    out.append(e.decode_candidates([(0, 6), (1, 7)]))
+    out.append(e.decode([(0, 8), (1, 9)]))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_server_steps_on_a_split_engine(group, paths, kind):
+    results = []
+    for n in (1, 2):
+        opts = EngineOptions(n_ctx=256, n_ubatch=32, n_seq_max=2, n_checkpoints=2, progress=False)
+        m, e = open_engine(group.devices[:n], paths[kind], opts)
+        try:
+            if e.recurrent:   # one token a part: prompts are read by eval, then steps of single tokens
+                e.eval(PROMPT[:7], seq_id=0)
+                ckpt = e.save_state(0)
+                e.eval(PROMPT[:9], seq_id=1)
+                steps = [e.decode_candidates([(0, 6), (1, 7)]), e.decode([(0, 8), (1, 9)])]
+                e.restore_state(0, ckpt)   # resume sequence 0 after its prompt: the same step again
+                steps.append(e.decode_candidates([(0, 6)]))
+            else:
+                steps = server_steps(e)
+            results.append(steps)
+        finally:
+            e.close()
+            m.close()
+    flat = [np.concatenate([np.ravel(a) for a in (s if isinstance(s, tuple) else (s,))]) for s in results[0]]
+    for ref, got in zip(flat, [np.concatenate([np.ravel(a) for a in (s if isinstance(s, tuple) else (s,))])
+                               for s in results[1]]):
+        np.testing.assert_array_equal(ref, got)
+    if kind == "hybrid":   # the restored state gives what the live one gave
+        np.testing.assert_array_equal(results[1][2][0][0], results[1][0][0][0])
+
+
+def test_plan_from_tensor_split():
+    assert split_layers(6, [1, 1]) == [range(0, 3), range(3, 6)]
+    assert split_layers(6, [3, 1]) == [range(0, 5), range(5, 6)]
+    assert split_layers(8, [1, 1, 2]) == [range(0, 2), range(2, 4), range(4, 8)]
+    empty = split_layers(4, [1, 0])   # the main device runs the output only
+    assert empty == [range(0, 4), range(4, 4)] and empty[1].start == 4
+    assert split_order(3, 0) == [1, 2, 0]
+    devs = ["a", "b", "c"]
+    plan = LayerSplit.plan(devs, 6, [1, 1, 4], 0)   # -mg 0: device a runs the output, so the last layers
+    assert plan.devices == ["b", "c", "a"] and plan.ranges == [range(0, 1), range(1, 5), range(5, 6)]
+    assert plan.stage_of("token_embd.weight") == 0 and plan.stage_of("output.weight") == 2
+    assert plan.stage_of("blk.3.attn_q.weight") == 1
+    plan = LayerSplit.plan(devs, 6, [0, 1, 1], 2)   # a device given no layers is left out
+    assert plan.devices == ["b", "c"]
+
+
+def test_errors(group, paths):
+    with pytest.raises(ConfigError, match="-ts gives 3 proportion"):
+        open_engine(group.devices[:2], paths["dense"], EngineOptions(tensor_split=(1, 1, 1)))
+    with pytest.raises(ConfigError, match="'row'.*not supported"):
+        EngineOptions(split_mode="row")
+    with pytest.raises(ConfigError, match="proportions must be >= 0"):
+        open_engine(group.devices[:2], paths["dense"], EngineOptions(tensor_split=(0, 0)))
+    with pytest.raises(ConfigError, match="-mg 2: the device list has 2"):
+        open_engine(group.devices[:2], paths["dense"], EngineOptions(main_gpu=2))
+    with pytest.raises(ConfigError, match="--vram-budget gives 3 sizes for 2"):
+        open_engine(group.devices[:2], paths["dense"], EngineOptions(vram_budget=(1 << 30,) * 3))
+    budget = (1 << 30, 1 << 20)
+    try:
+        with pytest.raises(DoesNotFit, match=r"Vulkan1 .* does not fit .* \(\d+ bytes\) more than its 1\.0 MiB "
+                                             r"of --vram-budget"):
+            open_engine(group.devices[:2], paths["dense"], EngineOptions(vram_budget=budget, tensor_split=(1, 1)))
+    finally:
+        for d in group.devices:
+            d.vram_budget = None
+    with pytest.raises(DeviceNotFound, match="--device=7"):
+        DeviceGroup(["0", "7"])
+    with pytest.raises(ConfigError, match="--device"):
+        parse_device_list("0,,1")
+
+
+def test_close_leaves_no_objects(paths):
+    before = live_objects()
+    with DeviceGroup(["0", "0"]) as g:
+        m, e = open_engine(g, paths["moe"], EngineOptions(n_ctx=128, n_ubatch=32, n_cpu_moe=2, progress=False))
+        e.eval(PROMPT)
+        list(e.greedy(5, n=2))
+        e.close()
+        m.close()
+    assert live_objects() == before
+
+
+def test_cli_split(paths):
+    from vkrt.cli.main import cli as main
+
+    runner = CliRunner()
+    args = ["run", "-m", paths["moe"], "-p", "Hello", "-n", "6", "--temp", "0", "--json", "-c", "128", "-ub", "32",
+            "-ncmoe", "2"]
+    one = runner.invoke(main, args)
+    two = runner.invoke(main, args + ["--device", "0,0", "-ts", "1,2"])
+    assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
+    assert json.loads(one.output.splitlines()[-1])["tokens"] == json.loads(two.output.splitlines()[-1])["tokens"]
+    plan = runner.invoke(main, ["devices", "-m", paths["moe"], "--device", "0,0,0", "-ts", "1,1,4", "-mg", "0",
+                                "--json"])
+    assert plan.exit_code == 0, plan.output
+    devices = json.loads(plan.output)["devices"]
+    assert [d["layers"] for d in devices] == [[0, 0], [1, 4], [5, 5]]
+    assert [d["name"][:7] for d in devices] == ["Vulkan1", "Vulkan2", "Vulkan0"] and devices[2]["output"]
+    bad = runner.invoke(main, ["run", "-m", paths["moe"], "-p", "Hi", "-n", "1", "--device", "0,0", "-sm", "row"])
+    assert bad.exit_code != 0 and "not supported" in bad.output

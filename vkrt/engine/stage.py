@@ -1,0 +1,151 @@
+"""Stage: one device's part of an engine. An engine on one device has one stage holding every
+layer; a layer split (`-sm layer`) has one per device, each running its layers' part of every
+step (stage k hands the residual stream to stage k+1 through a Handoff)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..commands import CommandSequence
+from ..errors import BufferTooLarge, ConfigError
+from ..memory import Buffer, MemoryKind
+from ..model.fusions import Fusions
+from ..model.transformer import Scratch, Transformer
+from ..owned import Owned
+from .kv_cache import KVCache
+from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
+from .recurrent_state import RecurrentState
+from .staging import ExpertStaging
+
+CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
+
+
+@dataclass
+class StageGraph:
+    """A stage's recorded part of one step shape: one sequence, or with expert prefetch one
+    sequence per segment, segment k >= 1 starting at the MoE block of prefetched layer k - 1."""
+
+    seqs: list[CommandSequence]
+    keep: list
+    prefetched: list[int]
+
+    def close(self) -> None:
+        for seq in self.seqs:
+            seq.close()
+        for k in self.keep:
+            k.close()
+
+
+class Stage(Owned):
+    """Layers `layers` of `model` on `device`: their KV cache (cells in the engine's shared
+    `cells` table), recurrent state (None without DeltaNet layers), activations (`scratch`),
+    the step-input buffer (two copies, `layout` names each input's offset), and, after
+    add_experts(), expert staging and prefetch for its host-resident MoE layers. `output`: this
+    stage runs the output matrix (the model's tied-embedding copy where it has one)."""
+
+    def __init__(self, model, device, layers: range, cells, *, n_ctx: int, n_ubatch: int, flash_attn: bool,
+                 kv_type, n_seq_max: int, n_checkpoints: int, output: bool):
+        super().__init__(f"stage on {device.label}")
+        cfg = model.cfg
+        self.model, self.device, self.layers = model, device, layers
+        self.cache = self.state = self.scratch = self.inputs = self.prefetch = self.staging = None
+        self.transformer = Transformer(cfg, model.weights, Fusions.of(self.device.settings),
+                                       self.device.settings.fa_mask_opt, output=model.output_weight if output else None)
+        try:
+            try:
+                self.cache = KVCache(device, [il for il in cfg.kv_layers if il in layers], cfg.head_dim_k,
+                                     cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type, cells=cells)
+            except BufferTooLarge as exc:
+                raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
+            if any(il in layers for il in cfg.linear_layers):
+                self.state = RecurrentState(device, cfg, max(1, n_seq_max), n_checkpoints, layers=layers)
+            self.scratch = Scratch(device, cfg, n_ubatch, n_ctx, flash_attn)
+            self.layout, size = {}, 0
+            for name, t in self.scratch.inputs().items():   # host copies of the step inputs, packed
+                self.layout[name] = size
+                size += -(-t.nbytes // 16) * 16
+            self.inputs_size = size   # two copies: a step's inputs are written while the last one runs
+            self.inputs = Buffer(device, 2 * size, MemoryKind.HOST, label="step inputs")
+        except BaseException:
+            self.close()
+            raise
+
+    def add_experts(self, n_ubatch: int, stage_experts: bool | None, expert_cache: int | None,
+                    prefetch_slots: int | None) -> None:
+        """Expert staging (with the decode expert cache) and prefetch slots; after the engine's
+        other buffers, as the automatic cache takes what VRAM is left."""
+        self.staging = ExpertStaging(self.model, n_ubatch, stage_experts,   # before prefetch: it leaves room
+                                     self._cache_bytes(expert_cache, prefetch_slots), device=self.device,
+                                     layers=self.layers)
+        self.prefetch = ExpertPrefetch(self.model, prefetch_slots, device=self.device, layers=self.layers)
+
+    def _cache_bytes(self, requested: int | None, prefetch_slots: int | None) -> int:
+        """VRAM for the decode expert cache: `requested` bytes, or (None) what is free after the
+        prefetch slots and a reserve for the rest of the run, up to every host-resident expert."""
+        if requested is not None:
+            return max(0, requested)
+        want = slots_requested(prefetch_slots, self.device.settings) * slot_bytes(self.model, self.layers)
+        reserve = max(CACHE_RESERVE, self.device.vram_free // 20)
+        return max(0, self.device.vram_free - want - reserve)
+
+    def record(self, parts, input_sizes: dict, parity: int, ids_on_gpu: bool, label: str) -> StageGraph:
+        """Record `parts` (Transformer.parts of this stage), cut before each prefetched MoE block;
+        the first sequence starts by copying the step inputs (copy `parity`) to the GPU."""
+        segments: list[list] = [[]]
+        for part in parts:
+            if part.layer is not None:
+                segments.append([])
+            segments[-1].append(part)
+        seqs, keep = [], []
+        try:
+            for k, segment in enumerate(segments):
+                seq = CommandSequence(self.device, label=f"{label} part {k}")
+                seqs.append(seq)
+                with seq.record():
+                    if k == 0:
+                        base = parity * self.inputs_size
+                        for name, t in self.scratch.inputs().items():
+                            if input_sizes[name] and not (ids_on_gpu and name == "ids"):
+                                seq.copy(self.inputs.range(base + self.layout[name], input_sizes[name]), t.range(),
+                                         input_sizes[name])
+                    for part in segment:
+                        keep.extend(part.record(seq))
+        except BaseException:
+            for seq in seqs:
+                seq.close()
+            for obj in keep:
+                obj.close()
+            raise
+        return StageGraph(seqs, keep, [p.layer for p in parts if p.layer is not None])
+
+    def submit(self, g: StageGraph) -> int:
+        """Submit a stage's part of a step (not waiting); with prefetched layers, interleave their
+        uploads on the transfer queue. Returns how many layers were prefetched."""
+        if not g.prefetched:
+            g.seqs[0].submit()
+            return 0
+        pf, compute = self.prefetch, self.device.compute
+        n = len(g.prefetched)
+        ready: dict[int, int] = {}
+        free = [0] * pf.n_slots  # compute value after which each slot may be overwritten
+
+        def upload(j: int) -> None:
+            slot = pf.slot_of(g.prefetched[j])
+            waits = [(compute.timeline, free[slot])] if free[slot] else []
+            ready[j] = pf.upload(g.prefetched[j], waits)
+
+        for j in range(min(pf.n_slots, n)):
+            upload(j)
+        g.seqs[0].submit(auto_wait=False)
+        transfer = self.device.transfer
+        for k in range(1, n + 1):
+            value = g.seqs[k].submit([(transfer.timeline, ready[k - 1])], auto_wait=False)
+            free[pf.slot_of(g.prefetched[k - 1])] = value
+            if k - 1 + pf.n_slots < n:
+                upload(k - 1 + pf.n_slots)
+        return n
+
+    def _release(self) -> None:
+        for obj in (self.staging, self.prefetch, self.inputs, self.scratch, self.state, self.cache):
+            if obj is not None:
+                obj.close()
