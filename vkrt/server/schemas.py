@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from ..engine.dry import DEFAULT_BREAKERS
 from ..engine.grammar import GrammarError, gbnf_grammar, json_object_grammar, json_schema_grammar
 from ..engine.sampler import SamplingParams
+from ..engine.sampler_order import parse_order
+from ..errors import ConfigError
 from .reasoning import REASONING_FORMATS
 from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
                          get_token_ids, reject_truthy)
@@ -54,8 +56,12 @@ MAX_CHOICES = 16    # OpenAI's n: choices a request (each takes a slot while it 
 
 def _sampling(body: dict, vocab: int) -> SamplingParams:
     d = SamplingParams()
+    order = d.order
     if body.get("samplers") is not None:
-        raise BadRequest("'samplers' is not supported: vkrt samples in llama.cpp's default order", "samplers")
+        try:
+            order = parse_order(body["samplers"], "'samplers'")
+        except ConfigError as exc:
+            raise BadRequest(str(exc), "samplers") from None
     seed = get_int(body, "seed", -1, lo=-1, hi=2 ** 64 - 1)
     return SamplingParams(
         temperature=get_float(body, "temperature", d.temperature, lo=0.0),
@@ -81,7 +87,7 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
         mirostat=get_int(body, "mirostat", d.mirostat, lo=0, hi=2),
         mirostat_tau=get_float(body, "mirostat_tau", d.mirostat_tau, lo=0.0),
         mirostat_eta=get_float(body, "mirostat_eta", d.mirostat_eta, lo=0.0),
-        seed=None if seed == -1 else seed)
+        seed=None if seed == -1 else seed, order=order)
 
 
 def _common(body: dict, api: str, limits: Limits) -> GenRequest:
