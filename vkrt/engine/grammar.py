@@ -51,6 +51,14 @@ def gbnf_grammar(text: str) -> str:
         raise GrammarError(str(exc)) from None
 
 
+def lark_grammar(text: str) -> str:
+    """A grammar in llguidance's Lark dialect (with `%json {...}` schemas and `<[id]>` tokens)."""
+    try:
+        return _checked(LLMatcher.grammar_from_lark(text))
+    except ValueError as exc:
+        raise GrammarError(str(exc)) from None
+
+
 def _checked(grammar: str) -> str:
     error = LLMatcher.validate_grammar(grammar)
     if error:

@@ -1,0 +1,253 @@
+"""Grammars that hold a chat reply to tool calls, in the format the chat template teaches
+(tool_calls.py, harmony.py), written in llguidance's Lark dialect with each function's JSON
+schema embedded (`%json {...}`):
+
+- tool_choice "required" or a named function: the reply is tool calls and nothing else, of the
+  offered functions (or the named one), their arguments fitting each function's `parameters`;
+  one call with parallel_tool_calls false, one or more with true (Llama 3.x calls are joined by
+  `;`; a harmony call ends generation, so one). Thinking may come first, as llama-server's
+  grammars allow: the whole reasoning when the prompt opened `<think>`, an optional `<think>…</think>`
+  where the template thinks and the prompt did not close it (enable_thinking false), gpt-oss's
+  optional analysis message.
+- `strict: true` functions with tool_choice "auto" (formats opened by the text or token
+  `<tool_call>`, and Qwen's `<function=`): any text until the model opens a call, then the call
+  fits (the strict functions' arguments their schemas, the others' any object), then text again:
+  llama-server's lazy grammar, triggered by the opening tag. A `<tool_call>` written inside
+  the thinking opens a call there too.
+
+A marker the vocabulary holds as a special token (Qwen's `<tool_call>` and `<think>`, gpt-oss's
+`<|channel|>`) goes in as that token (`<[id]>`), any other as text."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
+from .chat_output import HARMONY
+from .reasoning import THINK_CLOSE, THINK_OPEN
+from .tool_calls import CALL_CLOSE, CALL_OPEN, FUNCTION_OPEN, HERMES, LLAMA3, QWEN_XML
+from .validation import BadRequest
+
+# the thinking before a forced call: none, an optional <think>…</think>, or the rest of one the prompt opened
+NO_THINKING, MAY_THINK, THINKING = "none", "may", "open"
+
+HARMONY_MARKERS = ("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|start|>")
+MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE) + HARMONY_MARKERS   # maybe special tokens
+PARAM_CLOSE = "</parameter>"
+# keywords a raw-text (Qwen XML) string parameter can be held to; others (pattern, format) are refused
+_RAW_STRING_KEYS = {"type", "minLength", "maxLength", "enum", "const", "description", "title", "default",
+                    "examples", "$comment"}
+
+
+@dataclass(frozen=True)
+class Function:
+    index: int          # in the request's tools
+    name: str
+    parameters: dict    # the JSON schema of its arguments
+    strict: bool
+
+
+def functions(tools: list | None) -> list[Function]:
+    out = []
+    for i, t in enumerate(tools or ()):
+        f = t["function"]
+        params = f.get("parameters") if isinstance(f.get("parameters"), dict) else {"type": "object"}
+        out.append(Function(i, f["name"], params, f.get("strict") is True))
+    return out
+
+
+def special_markers(tokens: list[str], types: list[int]) -> dict[str, int]:
+    """The MARKERS the vocabulary holds as control or user-defined tokens: marker -> token id."""
+    return {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (3, 4) and t in MARKERS}
+
+
+def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None, parallel: bool,
+                 thinking: str, specials: dict[str, int]) -> str | None:
+    """The grammar a reply must fit, or None (no tool constraint: tool_choice "none", or "auto"
+    without strict functions). choice: "auto" | "none" | "required" (name: the named function)."""
+    fns = functions(tools)
+    if choice == "none" or not fns or (choice == "auto" and not any(f.strict for f in fns)):
+        return None
+    forced = choice == "required"
+    if fmt is None:
+        field = "tool_choice" if forced else f"tools[{next(f.index for f in fns if f.strict)}].function.strict"
+        raise BadRequest("the chat template teaches no tool-call format vkrt reads (Hermes/Qwen <tool_call>, "
+                         "Qwen XML functions, Llama 3.x JSON, gpt-oss harmony), so calls cannot be constrained",
+                         field)
+    if name is not None:
+        fns = [f for f in fns if f.name == name]
+    if not forced and fmt not in (HERMES, QWEN_XML):
+        strict = next(f.index for f in fns if f.strict)
+        raise BadRequest(f"'strict' arguments with tool_choice 'auto' are constrained for templates whose calls "
+                         f"open with <tool_call> (Hermes, Qwen); this template's calls are {fmt}: use tool_choice "
+                         f"'required' or a named function, or drop 'strict'", f"tools[{strict}].function.strict")
+    for f in fns:
+        if forced or f.strict:
+            _check_schema(f)
+    g = _Writer(specials)
+    text = g.forced(fmt, fns, parallel, thinking) if forced else g.lazy(fmt, fns)
+    try:
+        return lark_grammar(text)
+    except GrammarError as exc:
+        raise BadRequest(f"the tools' grammar was refused by the grammar library (llguidance): {exc}",
+                         "tools") from None
+
+
+def _check_schema(f: Function) -> None:
+    field = f"tools[{f.index}].function.parameters"
+    try:
+        json_schema_grammar(f.parameters)
+    except GrammarError as exc:
+        raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
+
+
+def _regex_escape(text: str) -> str:
+    return "".join("\\" + c if c in "\\.^$|?*+()[]{}/" else c for c in text)
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+class _Writer:
+    """A Lark grammar being written, rule by rule."""
+
+    def __init__(self, specials: dict[str, int]):
+        self.specials = specials
+        self.rules: list[str] = []
+        self.n = 0
+
+    def rule(self, body: str, terminal: bool = False) -> str:
+        """A new rule (or terminal) with `body`; its name."""
+        self.n += 1
+        name = f"T{self.n}" if terminal else f"r{self.n}"
+        self.rules.append(f"{name}: {body}")
+        return name
+
+    def mark(self, marker: str) -> str:
+        """A marker as its special token, or as text."""
+        return f"<[{self.specials[marker]}]>" if marker in self.specials else _quote(marker)
+
+    def text_without(self, markers: tuple[str, ...], lo: int = 0, hi: int | None = None) -> str:
+        """A terminal of free text (lo to hi characters) that holds none of the text markers
+        (special tokens cannot stand in text anyway)."""
+        body = f"/(?s:.{{{lo},{'' if hi is None else hi}}})/"
+        words = [_regex_escape(m) for m in markers if m not in self.specials]
+        if words:
+            body += f" & ~/(?s:.*)({'|'.join(words)})(?s:.*)/"
+        return self.rule(body, terminal=True)
+
+    @staticmethod
+    def schema(schema) -> str:
+        if isinstance(schema, dict):
+            schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE, **schema.get("x-guidance", {})}}
+        return f"%json {json.dumps(schema, ensure_ascii=False)}"
+
+    def done(self, start: str) -> str:
+        return "\n".join([f"start: {start}"] + self.rules) + "\n"
+
+    # -- one call ----------------------------------------------------------------------------------
+    def json_call(self, f: Function, key: str, constrain: bool) -> str:
+        """A call as one JSON object {"name": ..., key: {arguments}} (Hermes: arguments, Llama 3: parameters)."""
+        args = dict(f.parameters) if constrain else {"type": "object"}
+        outer = {"type": "object", "properties": {"name": {"const": f.name}}, "required": ["name", key],
+                 "additionalProperties": False}
+        for defs in ("$defs", "definitions"):   # references are resolved from the root
+            if defs in args:
+                outer[defs] = args.pop(defs)
+        outer["properties"][key] = args
+        return self.rule(self.schema(outer))
+
+    def xml_function(self, f: Function, constrain: bool) -> str:
+        """Qwen's `NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n…</function>` (after `<function=`):
+        the schema's properties in its order, the required ones always; string values as raw text."""
+        props = f.parameters.get("properties") if constrain else None
+        close = _quote("\n" + PARAM_CLOSE + "\n")
+        if not isinstance(props, dict) or not props:
+            key = self.rule(r"/[^>\n]+/", terminal=True)
+            free = self.text_without((PARAM_CLOSE,))
+            params = self.rule(f'("<parameter=" {key} ">\\n" {free} {close})*')
+        else:
+            required = set(f.parameters.get("required") or ())
+            defs = {k: f.parameters[k] for k in ("$defs", "definitions") if k in f.parameters}
+            parts = []
+            for key, schema in props.items():
+                value = self.xml_value(f, key, schema, defs)
+                p = self.rule(f"{_quote(f'<parameter={key}>' + chr(10))} {value} {close}")
+                parts.append(p if key in required else p + "?")
+            params = self.rule(" ".join(parts))
+        return self.rule(f'{_quote(f.name + ">" + chr(10))} {params} "</function>"')
+
+    def xml_value(self, f: Function, key: str, schema, defs: dict) -> str:
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if kind not in ("string", ["string"]):
+            return self.schema({**defs, **schema} if isinstance(schema, dict) else schema)
+        field = f"tools[{f.index}].function.parameters.properties.{key}"
+        extra = sorted(set(schema) - _RAW_STRING_KEYS)
+        if extra:
+            raise BadRequest(f"'{field}' has {', '.join(extra)}: this template writes string arguments as raw "
+                             f"text, which vkrt holds only to minLength, maxLength, enum and const", field)
+        words = [schema["const"]] if "const" in schema else schema.get("enum")
+        if words is not None:
+            if not all(isinstance(w, str) for w in words):
+                raise BadRequest(f"'{field}' is a string with non-string enum/const values", field)
+            return self.rule(" | ".join(_quote(w) for w in words) or '""')
+        return self.text_without((PARAM_CLOSE,), int(schema.get("minLength", 0)), schema.get("maxLength"))
+
+    def harmony_call(self, f: Function) -> str:
+        head = f"{self.mark('<|channel|>')} {_quote(f'commentary to=functions.{f.name} ')} " \
+               f"{self.mark('<|constrain|>')} \"json\" {self.mark('<|message|>')}"
+        return self.rule(f"{head} {self.schema(f.parameters)}")
+
+    # -- whole replies -----------------------------------------------------------------------------
+    def forced(self, fmt: str, fns: list[Function], parallel: bool, thinking: str) -> str:
+        ws = self.rule(r"/[ \t\n]{1,8}/", terminal=True)
+        if fmt == HARMONY:
+            analysis = (f"{self.mark('<|channel|>')} \"analysis\" {self.mark('<|message|>')} "
+                        f"{self.text_without(HARMONY_MARKERS)} {self.mark('<|end|>')} {self.mark('<|start|>')} "
+                        f'"assistant"')
+            call = self.rule(" | ".join(self.harmony_call(f) for f in fns))
+            return self.done(f"({analysis})? {call}")
+        if fmt == HERMES:
+            body = " | ".join(self.json_call(f, "arguments", True) for f in fns)
+            call = self.rule(f'{self.mark(CALL_OPEN)} "\\n" ({body}) "\\n" {self.mark(CALL_CLOSE)}')
+        elif fmt == QWEN_XML:
+            body = " | ".join(self.xml_function(f, True) for f in fns)
+            call = self.rule(f'{self.mark(CALL_OPEN)} "\\n<function=" ({body}) "\\n" {self.mark(CALL_CLOSE)}')
+        else:   # LLAMA3
+            call = self.rule(" | ".join(self.json_call(f, "parameters", True) for f in fns))
+        sep = '";"' if fmt == LLAMA3 else '"\\n"'
+        calls = f"{call} ({sep} {call})*" if parallel else call
+        think = ""
+        if thinking != NO_THINKING and fmt != LLAMA3:
+            body = f"{self.text_without((THINK_CLOSE,))} {self.mark(THINK_CLOSE)}"
+            think = f"{body} {ws}?" if thinking == THINKING else f"({self.mark(THINK_OPEN)} {body})? {ws}?"
+        else:
+            think = f"{ws}?"
+        return self.done(f"{think} {calls}")
+
+    def lazy(self, fmt: str, fns: list[Function]) -> str:
+        """Free text, and calls wherever the model opens one (<tool_call>, or Qwen XML's <function=)."""
+        triggers = (CALL_OPEN, FUNCTION_OPEN) if fmt == QWEN_XML else (CALL_OPEN,)
+        text = self.text_without(triggers)
+        free = text
+        thinks = [self.mark(m) for m in (THINK_OPEN, THINK_CLOSE) if m in self.specials]
+        if thinks:   # special tokens are not text: free text may hold these ones
+            free = self.rule(f"{text} (({' | '.join(thinks)}) {text})*")
+        close = f'"\\n" {self.mark(CALL_CLOSE)}'
+        if fmt == HERMES:
+            body = " | ".join(self.json_call(f, "arguments", f.strict) for f in fns)
+            calls = [f'"\\n" ({body}) {close}']
+        else:
+            body = self.rule(" | ".join(self.xml_function(f, f.strict) for f in fns))
+            calls = [f'"\\n<function=" {body} {close}', body]
+        tags = []
+        for trigger, call in zip(triggers, calls):
+            if trigger in self.specials:
+                tags.append(self.rule(f"{free} {self.mark(trigger)} {call}"))
+            else:
+                head = self.rule(f"{text} {_quote(trigger)}", terminal=True)
+                opened = self.rule(head) if not thinks else self.rule(f"({free} ({' | '.join(thinks)}))? {head}")
+                tags.append(self.rule(f"{opened} {call}"))
+        return self.done(f"({' | '.join(tags)})* {free}")
