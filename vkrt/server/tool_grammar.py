@@ -138,6 +138,15 @@ class _Writer:
             body += f" & ~/(?s:.*)({'|'.join(words)})(?s:.*)/"
         return self.rule(body, terminal=True)
 
+    def text_until(self, marker: str, avoid: tuple[str, ...] = ()) -> str:
+        """Free text up to and with `marker` (and without the `avoid` markers): one terminal
+        where the marker is text (llguidance's lexer takes that far better than the text and
+        the marker apart), the text and the token where it is a special token."""
+        text = self.text_without((marker,) + avoid)
+        if marker in self.specials:
+            return f"{text} {self.mark(marker)}"
+        return self.rule(f"{text} {_quote(marker)}", terminal=True)
+
     @staticmethod
     def schema(schema) -> str:
         if isinstance(schema, dict):
@@ -166,23 +175,23 @@ class _Writer:
         close = _quote("\n" + PARAM_CLOSE + "\n")
         if not isinstance(props, dict) or not props:
             key = self.rule(r"/[^>\n]+/", terminal=True)
-            free = self.text_without((PARAM_CLOSE,))
-            params = self.rule(f'("<parameter=" {key} ">\\n" {free} {close})*')
+            params = self.rule(f'("<parameter=" {key} ">\\n" {self.text_until(PARAM_CLOSE)} "\\n")*')
         else:
             required = set(f.parameters.get("required") or ())
             defs = {k: f.parameters[k] for k in ("$defs", "definitions") if k in f.parameters}
             parts = []
             for key, schema in props.items():
-                value = self.xml_value(f, key, schema, defs)
-                p = self.rule(f"{_quote(f'<parameter={key}>' + chr(10))} {value} {close}")
+                value = self.xml_value(f, key, schema, defs, close)
+                p = self.rule(f"{_quote(f'<parameter={key}>' + chr(10))} {value}")
                 parts.append(p if key in required else p + "?")
             params = self.rule(" ".join(parts))
         return self.rule(f'{_quote(f.name + ">" + chr(10))} {params} "</function>"')
 
-    def xml_value(self, f: Function, key: str, schema, defs: dict) -> str:
+    def xml_value(self, f: Function, key: str, schema, defs: dict, close: str) -> str:
+        """A parameter's value and the `close` after it."""
         kind = schema.get("type") if isinstance(schema, dict) else None
         if kind not in ("string", ["string"]):
-            return self.schema({**defs, **schema} if isinstance(schema, dict) else schema)
+            return f"{self.schema({**defs, **schema} if isinstance(schema, dict) else schema)} {close}"
         field = f"tools[{f.index}].function.parameters.properties.{key}"
         extra = sorted(set(schema) - _RAW_STRING_KEYS)
         if extra:
@@ -192,8 +201,9 @@ class _Writer:
         if words is not None:
             if not all(isinstance(w, str) for w in words):
                 raise BadRequest(f"'{field}' is a string with non-string enum/const values", field)
-            return self.rule(" | ".join(_quote(w) for w in words) or '""')
-        return self.text_without((PARAM_CLOSE,), int(schema.get("minLength", 0)), schema.get("maxLength"))
+            return f"({' | '.join(_quote(w) for w in words)}) {close}"
+        text = self.text_without((PARAM_CLOSE,), int(schema.get("minLength", 0)), schema.get("maxLength"))
+        return self.rule(f"{text} {close}", terminal=True)   # one terminal: see text_until
 
     def harmony_call(self, f: Function) -> str:
         head = f"{self.mark('<|channel|>')} {_quote(f'commentary to=functions.{f.name} ')} " \
@@ -205,8 +215,7 @@ class _Writer:
         ws = self.rule(r"/[ \t\n]{1,8}/", terminal=True)
         if fmt == HARMONY:
             analysis = (f"{self.mark('<|channel|>')} \"analysis\" {self.mark('<|message|>')} "
-                        f"{self.text_without(HARMONY_MARKERS)} {self.mark('<|end|>')} {self.mark('<|start|>')} "
-                        f'"assistant"')
+                        f"{self.text_until('<|end|>', HARMONY_MARKERS)} {self.mark('<|start|>')} \"assistant\"")
             call = self.rule(" | ".join(self.harmony_call(f) for f in fns))
             return self.done(f"({analysis})? {call}")
         if fmt == HERMES:
@@ -221,7 +230,7 @@ class _Writer:
         calls = f"{call} ({sep} {call})*" if parallel else call
         think = ""
         if thinking != NO_THINKING and fmt != LLAMA3:
-            body = f"{self.text_without((THINK_CLOSE,))} {self.mark(THINK_CLOSE)}"
+            body = self.text_until(THINK_CLOSE)
             think = f"{body} {ws}?" if thinking == THINKING else f"({self.mark(THINK_OPEN)} {body})? {ws}?"
         else:
             think = f"{ws}?"
