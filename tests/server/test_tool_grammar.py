@@ -125,12 +125,25 @@ def test_no_grammar_without_a_constraint():
                         specials={}) is None
 
 
-@pytest.mark.parametrize("fmt", [LLAMA3, HARMONY])
-def test_strict_auto_in_formats_without_an_opening_tag_is_refused(fmt):
-    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}]
-    with pytest.raises(BadRequest) as err:
-        tool_grammar(fmt, strict, choice="auto", name=None, parallel=True, thinking=NO_THINKING, specials={})
-    assert err.value.param == "tools[0].function.strict"
+@pytest.mark.parametrize("fmt,plain,opening", [
+    (LLAMA3, "The weather is fine.", "<|python_tag|>"), (LLAMA3, "The weather is fine.", " {"),
+    (HARMONY, "<|channel|>final<|message|>Fine { to", "<|channel|>commentary to=functions."),
+    (HARMONY, "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Fine.",
+     "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions."),
+])
+def test_strict_auto_without_an_opening_tag(tok, fmt, plain, opening):
+    """Llama 3.x (a reply opening with `{` or holding <|python_tag|> is calls) and harmony (a
+    message to=functions.NAME is a call): plain replies are free, calls fit."""
+    tools = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    grammar = tool_grammar(fmt, tools, choice="auto", name=None, parallel=True, thinking=NO_THINKING, specials={})
+    text, _ = sample(tok, grammar, 0, plain, n=30)
+    assert text.startswith(plain) and not calls_of(fmt, text).calls, text
+    for seed in range(3):
+        text, ended = sample(tok, grammar, seed, opening)
+        msg = calls_of(fmt, text)
+        assert ended and msg.calls, text
+        for c in msg.calls:
+            check(json.loads(c.arguments), schemas(TOOLS)[c.name])
 
 
 def test_xml_string_patterns_are_refused():

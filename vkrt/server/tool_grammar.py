@@ -9,11 +9,16 @@ schema embedded (`%json {...}`):
   grammars allow: the whole reasoning when the prompt opened `<think>`, an optional `<think>…</think>`
   where the template thinks and the prompt did not close it (enable_thinking false), gpt-oss's
   optional analysis message.
-- `strict: true` functions with tool_choice "auto" (formats opened by the text or token
-  `<tool_call>`, and Qwen's `<function=`): any text until the model opens a call, then the call
-  fits (the strict functions' arguments their schemas, the others' any object), then text again:
-  llama-server's lazy grammar, triggered by the opening tag. A `<tool_call>` written inside
-  the thinking opens a call there too.
+- `strict: true` functions with tool_choice "auto": llama-server's lazy grammar. Any text until
+  the model opens a call, then the call fits (the strict functions' arguments their schemas, the
+  others' any object), then text again. A call opens with `<tool_call>` (Hermes, Qwen; also
+  Qwen's bare `<function=`), and a `<tool_call>` written while thinking opens one too; a Llama
+  3.x reply is calls when it opens with `{` or holds <|python_tag|>; a harmony message is a
+  call when its header names `to=functions.NAME`.
+
+Free text and the marker that ends it are one lexeme (or the text cannot hold the marker's first
+character): llguidance's lexer takes a lexeme as far as it goes and never splits it back, so text
+that may run on through a marker would swallow it.
 
 A marker the vocabulary holds as a special token (Qwen's `<tool_call>` and `<think>`, gpt-oss's
 `<|channel|>`) goes in as that token (`<[id]>`), any other as text."""
@@ -26,14 +31,14 @@ from dataclasses import dataclass
 from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
 from .chat_output import HARMONY
 from .reasoning import THINK_CLOSE, THINK_OPEN
-from .tool_calls import CALL_CLOSE, CALL_OPEN, FUNCTION_OPEN, HERMES, LLAMA3, QWEN_XML
+from .tool_calls import CALL_CLOSE, CALL_OPEN, FUNCTION_OPEN, HERMES, LLAMA3, PYTHON_TAG, QWEN_XML
 from .validation import BadRequest
 
 # the thinking before a forced call: none, an optional <think>…</think>, or the rest of one the prompt opened
 NO_THINKING, MAY_THINK, THINKING = "none", "may", "open"
 
 HARMONY_MARKERS = ("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|start|>")
-MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE) + HARMONY_MARKERS   # maybe special tokens
+MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, PYTHON_TAG) + HARMONY_MARKERS   # maybe special tokens
 PARAM_CLOSE = "</parameter>"
 # keywords a raw-text (Qwen XML) string parameter can be held to; others (pattern, format) are refused
 _RAW_STRING_KEYS = {"type", "minLength", "maxLength", "enum", "const", "description", "title", "default",
@@ -77,11 +82,6 @@ def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None,
                          field)
     if name is not None:
         fns = [f for f in fns if f.name == name]
-    if not forced and fmt not in (HERMES, QWEN_XML):
-        strict = next(f.index for f in fns if f.strict)
-        raise BadRequest(f"'strict' arguments with tool_choice 'auto' are constrained for templates whose calls "
-                         f"open with <tool_call> (Hermes, Qwen); this template's calls are {fmt}: use tool_choice "
-                         f"'required' or a named function, or drop 'strict'", f"tools[{strict}].function.strict")
     for f in fns:
         if forced or f.strict:
             _check_schema(f)
@@ -238,6 +238,10 @@ class _Writer:
 
     def lazy(self, fmt: str, fns: list[Function]) -> str:
         """Free text, and calls wherever the model opens one (<tool_call>, or Qwen XML's <function=)."""
+        if fmt == HARMONY:
+            return self.lazy_harmony(fns)
+        if fmt == LLAMA3:
+            return self.lazy_llama3(fns)
         triggers = (CALL_OPEN, FUNCTION_OPEN) if fmt == QWEN_XML else (CALL_OPEN,)
         text = self.text_without(triggers)
         free = text
@@ -260,3 +264,41 @@ class _Writer:
                 opened = self.rule(head) if not thinks else self.rule(f"({free} ({' | '.join(thinks)}))? {head}")
                 tags.append(self.rule(f"{opened} {call}"))
         return self.done(f"({' | '.join(tags)})* {free}")
+
+    def lazy_llama3(self, fns: list[Function]) -> str:
+        """Llama 3.x: a reply that opens with `{` (after blanks) or holds <|python_tag|> is calls
+        (joined by `;`); any other is free text."""
+        call = self.rule(" | ".join(self.json_call(f, "parameters", f.strict) for f in fns))
+        calls = self.rule(f'{call} (";" {call})*')
+        text = r"/(?s:.*)/ & ~/[ \t\r\n]*\{(?s:.*)/"   # text that does not open with a call
+        if PYTHON_TAG in self.specials:
+            plain = self.rule(text, terminal=True)
+            tagged = f"{plain} {self.mark(PYTHON_TAG)}"
+        else:
+            plain = self.rule(text + f" & ~/(?s:.*){_regex_escape(PYTHON_TAG)}(?s:.*)/", terminal=True)
+            tagged = self.rule(f"{plain} {_quote(PYTHON_TAG)}", terminal=True)
+        ws = self.rule(r"/[ \t\n]{1,8}/", terminal=True)
+        return self.done(f"{plain} | {ws}? {calls} | {tagged} {calls}")
+
+    def lazy_harmony(self, fns: list[Function]) -> str:
+        """gpt-oss: messages as the model likes, and a message whose header names a recipient
+        `to=functions.NAME` (in its role part or after its channel) is a call of NAME whose
+        arguments fit; it ends generation (<|call|>)."""
+        ch, msg, start = self.mark("<|channel|>"), self.mark("<|message|>"), self.mark("<|start|>")
+        # header text (a channel's name, " json", a recipient) holds no "<", so no lexeme runs on
+        # through the marker after it (llguidance's lexer takes the longest, never splitting back)
+        no_to = r" & ~/(?s:.*)to=(?s:.*)/"
+        head = self.rule(r"/[^<]{0,64}/" + no_to, terminal=True)
+        message = f"{head} ({ch} {head})? {msg}"
+        earlier = self.rule(f"{message} {self.text_until('<|end|>', HARMONY_MARKERS)} {start} \"assistant\"")
+        final = self.rule(f"{message} {self.text_without(HARMONY_MARKERS)}")
+        after_name = self.rule(r"/[ \t\n][^<]{0,31}/" + no_to, terminal=True)
+        tail = self.rule(r"/[^<]{0,32}/" + no_to, terminal=True)
+        names = []
+        for f in fns:
+            args = self.schema(f.parameters if f.strict else {"type": "object"})
+            names.append(self.rule(f"{_quote(f.name)} {after_name}? ({ch} {tail})? ({self.mark('<|constrain|>')} "
+                                   f"{tail})? {msg} {args}"))
+        to = self.rule(f'(/[^<]{{0,64}}/{no_to}) "to=functions."', terminal=True)
+        call = self.rule(f"({head} {ch})? {to} ({' | '.join(names)})")
+        return self.done(f"{earlier}* ({final} | {call})")
