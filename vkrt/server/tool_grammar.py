@@ -7,7 +7,7 @@ schema embedded (`%json {...}`):
   one call with parallel_tool_calls false, one or more with true (Llama 3.x calls are joined by
   `;`; a harmony call ends generation, so one). Thinking may come first, as llama-server's
   grammars allow: the whole reasoning when the prompt opened `<think>`, an optional `<think>…</think>`
-  where the template thinks and the prompt did not close it (enable_thinking false), gpt-oss's
+  where the template thinks and the prompt did not close it (as enable_thinking false does), gpt-oss's
   optional analysis message.
 - `strict: true` functions with tool_choice "auto": llama-server's lazy grammar. Any text until
   the model opens a call, then the call fits (the strict functions' arguments their schemas, the
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
 from .chat_output import HARMONY
+from .harmony import MARKERS as HARMONY_MARKERS
 from .reasoning import THINK_CLOSE, THINK_OPEN
 from .tool_calls import CALL_CLOSE, CALL_OPEN, FUNCTION_OPEN, HERMES, LLAMA3, PYTHON_TAG, QWEN_XML
 from .validation import BadRequest
@@ -37,7 +38,6 @@ from .validation import BadRequest
 # the thinking before a forced call: none, an optional <think>…</think>, or the rest of one the prompt opened
 NO_THINKING, MAY_THINK, THINKING = "none", "may", "open"
 
-HARMONY_MARKERS = ("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|start|>")
 MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, PYTHON_TAG) + HARMONY_MARKERS   # maybe special tokens
 PARAM_CLOSE = "</parameter>"
 # keywords a raw-text (Qwen XML) string parameter can be held to; others (pattern, format) are refused
@@ -47,6 +47,8 @@ _RAW_STRING_KEYS = {"type", "minLength", "maxLength", "enum", "const", "descript
 
 @dataclass(frozen=True)
 class Function:
+    """A function the request offers."""
+
     index: int          # in the request's tools
     name: str
     parameters: dict    # the JSON schema of its arguments
