@@ -146,12 +146,29 @@ def test_strict_auto_without_an_opening_tag(tok, fmt, plain, opening):
             check(json.loads(c.arguments), schemas(TOOLS)[c.name])
 
 
-def test_xml_string_patterns_are_refused():
+@pytest.mark.parametrize("pattern,ok,bad,extra", [("[A-Z]{3}", "xABCy", "xAby", {"format": "email"}),
+                                                  ("^\\d+$", "123", "12a", {})])
+def test_xml_string_pattern(tok, pattern, ok, bad, extra):
+    """A raw string holds a match of `pattern` anywhere unless ^/$ anchor it, as JSON Schema reads
+    it; `format` only annotates it."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}]
+        "type": "object", "properties": {"code": {"type": "string", "pattern": pattern, **extra}},
+        "required": ["code"]}}}]
+    grammar = tool_grammar(QWEN_XML, tools, choice="required", name=None, parallel=False, thinking=NO_THINKING,
+                           specials={})
+    head = "<tool_call>\n<function=f>\n<parameter=code>\n"
+    for value, fits in ((ok, True), (bad, False)):
+        m = LLMatcher(grammar_tokenizer(tok, len(tok.tokens)), grammar, log_level=0)
+        text = head + value + "\n</parameter>\n</function>\n</tool_call>"
+        assert (m.consume_tokens(tok.encode(text, add_special=False)) and m.is_accepting()) == fits, value
+
+
+def test_xml_string_keywords_it_cannot_hold_are_refused():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"code": {"type": "string", "anyOf": [{"maxLength": 3}]}}}}}]
     with pytest.raises(BadRequest) as err:
         tool_grammar(QWEN_XML, tools, choice="required", name=None, parallel=True, thinking=NO_THINKING, specials={})
-    assert err.value.param == "tools[0].function.parameters.properties.code" and "pattern" in err.value.message
+    assert err.value.param == "tools[0].function.parameters.properties.code" and "anyOf" in err.value.message
 
 
 def test_xml_unbounded_string_ends_at_its_close(tok):

@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import llguidance
+
 from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
 from .chat_output import HARMONY
 from .harmony import MARKERS as HARMONY_MARKERS
@@ -40,9 +42,10 @@ NO_THINKING, MAY_THINK, THINKING = "none", "may", "open"
 
 MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, PYTHON_TAG) + HARMONY_MARKERS   # maybe special tokens
 PARAM_CLOSE = "</parameter>"
-# keywords a raw-text (Qwen XML) string parameter can be held to; others (pattern, format) are refused
-_RAW_STRING_KEYS = {"type", "minLength", "maxLength", "enum", "const", "description", "title", "default",
-                    "examples", "$comment"}
+# keywords a raw-text (Qwen XML) string parameter is held to or that only annotate it (`format`
+# too: an annotation by JSON Schema's default); others are refused
+_RAW_STRING_KEYS = {"type", "minLength", "maxLength", "pattern", "enum", "const", "format", "description", "title",
+                    "default", "examples", "$comment", "contentMediaType", "contentEncoding"}
 
 
 @dataclass(frozen=True)
@@ -84,14 +87,14 @@ def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None,
                          field)
     if name is not None:
         fns = [f for f in fns if f.name == name]
-    for f in fns:
-        if forced or f.strict:
-            _check_schema(f)
     g = _Writer(specials)
     text = g.forced(fmt, fns, parallel, thinking) if forced else g.lazy(fmt, fns)
     try:
         return lark_grammar(text)
     except GrammarError as exc:
+        for f in fns:   # name the function whose schema was refused
+            if forced or f.strict:
+                _check_schema(f)
         raise BadRequest(f"the tools' grammar was refused by the grammar library (llguidance): {exc}",
                          "tools") from None
 
@@ -102,6 +105,17 @@ def _check_schema(f: Function) -> None:
         json_schema_grammar(f.parameters)
     except GrammarError as exc:
         raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
+
+
+def _pattern(pattern, field: str) -> str:
+    """A JSON Schema `pattern` as a Lark regex over the whole text: a match anywhere in it, as
+    JSON Schema (and llguidance's JSON) reads one, unless ^ or $ anchor it."""
+    if not isinstance(pattern, str):
+        raise BadRequest(f"'{field}.pattern' must be a string (a regular expression)", f"{field}.pattern")
+    head = "" if pattern.startswith("^") else "(?s:.*)"
+    tail = "" if pattern.endswith("$") and not pattern.endswith("\\$") else "(?s:.*)"
+    core = pattern[1 if not head else 0:len(pattern) - (0 if tail else 1)]
+    return f"/{head}(?:{llguidance.regex_to_lark(core, 'dw')}){tail}/"   # \d, \w: ASCII, as in JSON Schema
 
 
 def _regex_escape(text: str) -> str:
@@ -198,13 +212,15 @@ class _Writer:
         extra = sorted(set(schema) - _RAW_STRING_KEYS)
         if extra:
             raise BadRequest(f"'{field}' has {', '.join(extra)}: this template writes string arguments as raw "
-                             f"text, which vkrt holds only to minLength, maxLength, enum and const", field)
+                             f"text, which vkrt holds only to minLength, maxLength, pattern, enum and const", field)
         words = [schema["const"]] if "const" in schema else schema.get("enum")
         if words is not None:
             if not all(isinstance(w, str) for w in words):
                 raise BadRequest(f"'{field}' is a string with non-string enum/const values", field)
             return f"({' | '.join(_quote(w) for w in words)}) {close}"
         text = self.text_without((PARAM_CLOSE,), int(schema.get("minLength", 0)), schema.get("maxLength"))
+        if "pattern" in schema:
+            text = self.rule(f"{text} & {_pattern(schema['pattern'], field)}", terminal=True)
         return self.rule(f"{text} {close}", terminal=True)   # one terminal: see text_until
 
     def harmony_call(self, f: Function) -> str:
