@@ -52,8 +52,16 @@ TINY = {
        for name, arch, wtype, interval, seed in (
            ("tiny-qwen35moe", "qwen35moe", "Q8_0", 4, 7), ("tiny-qwen35moe-f16", "qwen35moe", "F16", 4, 8),
            ("tiny-qwen35", "qwen35", "Q8_0", 2, 9), ("tiny-qwen35-f32", "qwen35", "F32", 2, 10))},
+    # Qwen3-Next: qwen35moe's blocks with NEOX RoPE on a quarter of the head and the DeltaNet
+    # tensors grouped by key head (2 key heads, 4 value heads: value head j reads key head j // 2);
+    # the older converters' one ssm_in, and the newer ones' attn_qkv / attn_gate
+    **{name: SyntheticSpec(arch="qwen3next", n_layer=4, head_dim=32, rope_dims=8, ssm_head_dim=16, n_ff=0,
+                           n_expert=8, n_expert_used=2, n_ff_expert=32, n_ff_shared=32, weight_type=wtype,
+                           qkvz_fused=fused, tokenizer_pre="qwen2", seed=seed)
+       for name, wtype, fused, seed in (("tiny-qwen3next", "Q8_0", True, 40),
+                                        ("tiny-qwen3next-qkv", "F16", False, 41))},
 }
-HYBRID = [n for n in TINY if n.startswith("tiny-qwen35")]
+HYBRID = [n for n in TINY if n.startswith(("tiny-qwen35", "tiny-qwen3next"))]
 
 
 def tiny_model(name: str, folder) -> str:

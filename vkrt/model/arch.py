@@ -76,6 +76,11 @@ class ArchSpec:
     rope_scale_swa: float = 0.0      # sliding layers' RoPE freq_scale (0: the file's, as full layers)
     output_required: bool = False    # output.weight must be in the file (llama.cpp: no fallback to token_embd)
     hybrid_linear: bool = False      # Gated DeltaNet layers between full attention ones (qwen35)
+    # how the DeltaNet tensors lay out the heads: "tiled" (qwen35: attn_qkv / attn_gate, ssm_alpha /
+    # ssm_beta; value head j reads key head j % n_k_heads) or "grouped" (qwen3next: ssm_in (q, k, v,
+    # z) or attn_qkv / attn_gate, and ssm_ba (beta, alpha), grouped by key head; value head j reads
+    # key head j // (n_v_heads / n_k_heads)); delta_net_layout.py turns grouped into tiled at load
+    delta_net_layout: str = "tiled"
 
 
 ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
@@ -90,6 +95,10 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
              hybrid_linear=True),
     ArchSpec("qwen35moe", rope=ROPE_IMROPE, qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm",
              moe=True, shared_expert="always", expert_weights_norm=True, hybrid_linear=True),
+    # Qwen3-Next: qwen35moe's blocks with NEOX RoPE (rope.dimension_count of the head) and the
+    # grouped DeltaNet layout
+    ArchSpec("qwen3next", qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm", moe=True,
+             shared_expert="always", expert_weights_norm=True, hybrid_linear=True, delta_net_layout="grouped"),
     # gpt-oss: even layers attend to a sliding window (llama.cpp's set_swa_pattern(2)), YaRN from
     # the file's rope.scaling keys
     ArchSpec("gpt-oss", attn_bias=True, biases_required=True, attn_out_bias=True, attn_sinks=True,

@@ -76,6 +76,9 @@ class ModelConfig:
     ssm_k_heads: int = 0           # query/key heads (ssm.group_count)
     ssm_v_heads: int = 0           # value heads (ssm.time_step_rank)
     n_layer_nextn: int = 0         # multi-token-prediction blocks after the trunk (not run)
+    # qwen3next files: the DeltaNet input projection is one ssm_in (q, k, v, z grouped by key head;
+    # the converters before attn_qkv / attn_gate): set from the file's tensors (tensors.file_layout)
+    qkvz_fused: bool = False
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -185,7 +188,7 @@ class ModelConfig:
                       expert_weights_norm=bool(meta.get(f"{arch}.expert_weights_norm", spec.expert_weights_norm)))
         recurrent = None
         if spec.hybrid_linear:
-            kw.update(_linear_attention(meta, arch, path, get, head_k, head_v))
+            kw.update(_linear_attention(meta, arch, path, get, head_k, head_v, sectioned=spec.rope == ROPE_IMROPE))
             recurrent = _recurrent_layers(meta, arch, path, n_blocks)
         layers = layer_specs(spec, n_layer, sliding_window=window,
                              full_attention_interval=int(get("full_attention_interval", 4, required=False)),
@@ -242,8 +245,9 @@ def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> di
     return out
 
 
-def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v: int) -> dict:
-    """qwen35's Gated DeltaNet sizes and its multi-section RoPE, checked for consistency."""
+def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v: int, sectioned: bool) -> dict:
+    """The Gated DeltaNet sizes and (`sectioned`: qwen35's) the multi-section RoPE, checked for
+    consistency."""
     conv, d_state = int(get("ssm.conv_kernel")), int(get("ssm.state_size"))
     k_heads, v_heads, d_inner = int(get("ssm.group_count")), int(get("ssm.time_step_rank")), int(get("ssm.inner_size"))
     problems = []
@@ -255,13 +259,13 @@ def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v
         problems.append(f"ssm.time_step_rank {v_heads} is not a multiple of ssm.group_count {k_heads}")
     if conv < 2:
         problems.append(f"ssm.conv_kernel {conv} must be at least 2")
-    sections = meta.get(f"{arch}.rope.dimension_sections")
-    if not isinstance(sections, (list, tuple)) or not 1 <= len(sections) <= 4 or sum(sections) <= 0:
+    sections = meta.get(f"{arch}.rope.dimension_sections") if sectioned else ()
+    if sectioned and (not isinstance(sections, (list, tuple)) or not 1 <= len(sections) <= 4 or sum(sections) <= 0):
         problems.append(f"rope.dimension_sections {sections!r} should be up to 4 section sizes")
         sections = ()
     if problems:
         raise ConfigMissing(f"{path}: {arch} metadata is inconsistent: " + "; ".join(problems))
-    sections = tuple(int(s) for s in sections) + (0,) * (4 - len(sections))
+    sections = tuple(int(s) for s in sections) + (0,) * (4 - len(sections)) if sectioned else ()
     return dict(ssm_conv_kernel=conv, ssm_head_dim=d_state, ssm_k_heads=k_heads, ssm_v_heads=v_heads,
                 rope_sections=sections)
 

@@ -107,7 +107,7 @@ class Transformer:
         self.w = weights
         self.fusions = fusions if fusions is not None else Fusions.of(Settings())
         self.fa_mask_opt = fa_mask_opt
-        missing = [n for n in required_tensors(cfg) if n not in weights]
+        missing = [n for n in required_tensors(cfg, graph=True) if n not in weights]
         if missing:
             raise GGUFError(f"model lacks tensor(s) {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
         # `output`: the output matrix where it is not the file's (tied embeddings on a split's main device)
