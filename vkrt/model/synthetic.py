@@ -66,6 +66,13 @@ class SyntheticSpec:
     ssm_v_heads: int = 4
     rope_sections: tuple = (2, 1, 1, 0)   # written for IMROPE archs (qwen35) only
     qkvz_fused: bool = True            # qwen3next: one ssm_in (older converters), else attn_qkv / attn_gate
+    # glm4moe: leading dense layers, the routing weights' scale, the routing renormalised, the
+    # optional q/k norms (GLM-4.5 / 4.6 have them, -Air not); its shared expert is n_ff_shared wide
+    # (a multiple of n_ff_expert: expert_shared_count of them)
+    n_dense_lead: int = 0
+    expert_weights_scale: float = 0.0
+    expert_weights_norm: bool = True
+    qk_norm: bool = False
     # granite's multipliers (written for granite / granitemoe; 0: left out, as the converter does)
     embedding_scale: float = 0.0
     residual_scale: float = 0.0
@@ -241,6 +248,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     cfg = ModelConfig.from_metadata(meta, os.fspath(path))
     if aspec.delta_net_layout == "grouped":
         cfg = dataclasses.replace(cfg, qkvz_fused=s.qkvz_fused)
+    if aspec.qk_norm_optional:
+        cfg = dataclasses.replace(cfg, qk_norm=s.qk_norm)
 
     # first the table of tensors, then their data one at a time: a 30B-shaped model never has
     # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
@@ -300,8 +309,20 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
             w.add_feed_forward_length(s.n_ff_expert)
         else:
             w.add_expert_feed_forward_length(s.n_ff_expert)
-        if s.n_ff_shared:
+        if aspec.shared_expert == "count":
+            if not s.n_ff_shared or s.n_ff_shared % s.n_ff_expert:
+                raise VkrtError(f"{s.arch}: n_ff_shared {s.n_ff_shared} must be a multiple of n_ff_expert "
+                                f"{s.n_ff_expert} (expert_shared_count experts)")
+            w.add_expert_shared_count(s.n_ff_shared // s.n_ff_expert)
+        elif s.n_ff_shared:
             w.add_expert_shared_feed_forward_length(s.n_ff_shared)
+        if aspec.sigmoid_router:
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            w.add_expert_weights_norm(s.expert_weights_norm)
+            if s.expert_weights_scale:
+                w.add_expert_weights_scale(s.expert_weights_scale)
+        if aspec.dense_lead and s.n_dense_lead:
+            w.add_leading_dense_block_count(s.n_dense_lead)
         if s.arch == "qwen2moe" or s.n_ff and not aspec.ff_is_expert_ff:
             w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
     else:

@@ -103,6 +103,8 @@ def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[Ten
         t("ffn_gate_inp.weight", (E, n_e), ROUTER)
         if cfg.router_bias:
             t("ffn_gate_inp.bias", (n_e,), EXPERT_BIAS)
+        if cfg.sigmoid_router:
+            t("exp_probs_b.bias", (n_e,), EXPERT_BIAS)
         t("ffn_gate_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_up_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_down_exps.weight", (fe, E, n_e), EXPERTS)
@@ -140,7 +142,10 @@ def required_tensors(cfg: ModelConfig, *, graph: bool = False) -> list[str]:
 
 def file_layout(cfg: ModelConfig, tensors) -> ModelConfig:
     """`cfg` with what the file's tensor names say beyond its metadata: whether a grouped
-    DeltaNet's input projection is one ssm_in (qkvz_fused; llama.cpp takes either form)."""
+    DeltaNet's input projection is one ssm_in (qkvz_fused; llama.cpp takes either form), and
+    whether optional q/k norms are there (glm4moe: every layer's, as the first layer's)."""
+    if cfg.spec is not None and cfg.spec.qk_norm_optional and cfg.kv_layers:
+        cfg = replace(cfg, qk_norm=f"blk.{cfg.kv_layers[0]}.attn_q_norm.weight" in tensors)
     if not grouped_delta_net(cfg) or not cfg.linear_layers:
         return cfg
     return replace(cfg, qkvz_fused=f"blk.{cfg.linear_layers[0]}.ssm_in.weight" in tensors)
