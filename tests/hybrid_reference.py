@@ -226,3 +226,15 @@ def prompt_then_decode(engine, tokens, prefill: int) -> np.ndarray:
     rows = [engine.eval(tokens[:prefill], all_logits=True)]
     rows += [engine.eval([t])[None] for t in tokens[prefill:]]
     return np.concatenate(rows)
+
+
+def fresh_logits(device, path: str, tokens, prefill: int, *, n_cpu_moe: int = 0, flash: bool = True, kv_type=None,
+                 **model_kw) -> np.ndarray:
+    """prompt_then_decode's logits of a newly opened model and engine (64-token context, 32-token
+    ubatches); kv_type None: the engine's default F16 KV cache."""
+    from vkrt.engine.engine import Engine
+    from vkrt.model.loader import Model
+    kw = {"kv_type": kv_type} if kv_type else {}
+    with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe, **model_kw) as m, \
+            Engine(m, n_ctx=64, n_ubatch=32, flash_attn=flash, **kw) as e:
+        return prompt_then_decode(e, tokens, prefill)

@@ -23,12 +23,11 @@ move the reference by far more than the tolerance (test_the_reference_is_sensiti
 import gguf
 import numpy as np
 import pytest
-from hybrid_reference import glu_ffn, load, prompt_then_decode, rms_norm, rope_neox, sigmoid, softmax
+from hybrid_reference import fresh_logits, glu_ffn, load, rms_norm, rope_neox, sigmoid, softmax
 from models import tiny_model
 from test_hybrid_reference import check_logits, normalised_error
 from test_olmoe import attention, rewrite
 
-from vkrt.engine.engine import Engine
 from vkrt.errors import GGUFError, VkrtError
 from vkrt.memory import F32
 from vkrt.model.arch import DENSE, MOE_SHARED
@@ -108,10 +107,7 @@ def test_logits_match_the_numpy_forward(device, glm, n_cpu_moe, flash, kv_type, 
     """A 12-token prefill (all logits), then 4 decode steps; n_cpu_moe 3: every MoE layer's experts
     in host memory. kv_type None: the engine's default F16 KV cache."""
     path, ref = glm
-    kw = {"kv_type": kv_type} if kv_type else {}
-    with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe) as m, \
-            Engine(m, n_ctx=64, n_ubatch=32, flash_attn=flash, **kw) as e:
-        got = prompt_then_decode(e, TOKENS, PREFILL)
+    got = fresh_logits(device, path, TOKENS, PREFILL, n_cpu_moe=n_cpu_moe, flash=flash, kv_type=kv_type)
     check_logits(got, ref, tol, f"{path}, n_cpu_moe={n_cpu_moe}, flash={flash}, kv {kv_type}")
 
 

@@ -20,11 +20,10 @@ import numpy as np
 import pytest
 
 import hybrid_reference
-from hybrid_reference import prompt_then_decode
+from hybrid_reference import fresh_logits
 from models import tiny_model
 from test_hybrid_reference import check_logits, normalised_error
 from test_olmoe import rewrite
-from vkrt.engine.engine import Engine
 from vkrt.errors import GGUFError, VkrtError
 from vkrt.memory import F32
 from vkrt.model.arch import LINEAR, MOE_SHARED
@@ -86,19 +85,16 @@ def test_logits_match_the_numpy_forward(device, qwen3next, n_cpu_moe, flash, kv_
     """A 12-token prefill (all logits), then 4 decode steps; n_cpu_moe 4: every layer's experts in
     host memory. kv_type None: the engine's default F16 KV cache."""
     path, ref = qwen3next
-    kw = {"kv_type": kv_type} if kv_type else {}
-    with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe) as m, \
-            Engine(m, n_ctx=64, n_ubatch=32, flash_attn=flash, **kw) as e:
-        got = prompt_then_decode(e, TOKENS, PREFILL)
+    got = fresh_logits(device, path, TOKENS, PREFILL, n_cpu_moe=n_cpu_moe, flash=flash, kv_type=kv_type)
     check_logits(got, ref, tol, f"{path}, n_cpu_moe={n_cpu_moe}, flash={flash}, kv {kv_type}")
 
 
 def test_host_layers(device, qwen3next):
     """-ngl 2: the first two layers' tensors (the DeltaNet's rebuilt ones included) in host memory."""
     path, ref = qwen3next
-    with Model(device, path, progress=False, n_gpu_layers=2) as m, Engine(m, n_ctx=64, n_ubatch=32, kv_type=F32) as e:
+    with Model(device, path, progress=False, n_gpu_layers=2) as m:
         assert "blk.0.attn_qkv.weight" in m.placement.host_tensors
-        got = prompt_then_decode(e, TOKENS, PREFILL)
+    got = fresh_logits(device, path, TOKENS, PREFILL, kv_type=F32, n_gpu_layers=2)
     check_logits(got, ref, TIGHT, f"{path}, -ngl 2")
 
 
