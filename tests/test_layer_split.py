@@ -223,3 +223,65 @@ def test_cli_split(paths):
     assert [d["name"][:7] for d in devices] == ["Vulkan1", "Vulkan2", "Vulkan0"] and devices[2]["output"]
     bad = runner.invoke(main, ["run", "-m", paths["moe"], "-p", "Hi", "-n", "1", "--device", "0,0", "-sm", "row"])
     assert bad.exit_code != 0 and "not supported" in bad.output
+
+
+def serving_steps(e):
+    """A server's steps over four sequences (prompts first): mixed steps with candidates (logit
+    adjustments and a token mask on some rows) and without, decode_candidates, decode. A model
+    with a recurrent state takes one token a part."""
+    from vkrt.engine.logit_adjust import logit_adjustments
+    from vkrt.engine.sampler import SamplingParams
+    from vkrt.ops.token_mask import mask_words
+
+    vocab = e.model.cfg.vocab_size
+    bias = logit_adjustments(SamplingParams(logit_bias=((11, 5.0), (12, -3.0))), [])
+    mask = np.zeros(mask_words(vocab), np.uint32)
+    mask[0] = 0b1011_0110   # tokens 1, 2, 4, 5 and 7 allowed
+    for s in range(4):
+        e.eval(PROMPT[s:s + 5 + 2 * s], seq_id=s)
+    out = [e.mixed([(s, [20 + s]) for s in range(4)], [None, bias, None, None], top=True,
+                   masks=[None, None, mask, None]),
+           e.mixed([(s, [30 + s] * (1 if e.recurrent else 1 + s % 2)) for s in range(4)]),
+           e.decode_candidates([(s, 40 + s) for s in range(4)], [bias, None, None, bias]),
+           e.decode([(s, 50 + s) for s in range(4)]),
+           e.decode([(2, 60), (0, 61), (3, 62)])]
+    return [np.concatenate([np.ravel(a) for a in (s if isinstance(s, tuple) else (s,))]) for s in out]
+
+
+@pytest.mark.parametrize("kind, n_cpu_moe", [("dense", 0), ("moe", 3), ("hybrid", 3)])
+def test_pipelined_server_steps_equal_one_device(group, paths, kind, n_cpu_moe):
+    """pipeline_steps: a step of several sequences runs as groups of whole sequences pipelined
+    over the stages (group g on device k while group g + 1 runs on device k - 1); every output
+    (logits, candidates of adjusted and masked rows) is the unpipelined split's and one device's,
+    bit for bit."""
+    results = []
+    for n, pipelined in ((1, False), (2, False), (2, True), (3, True)):
+        opts = EngineOptions(n_ctx=256, n_ubatch=32, n_seq_max=4, n_cpu_moe=n_cpu_moe, pipeline_steps=pipelined,
+                             progress=False)
+        m, e = open_engine(group.devices[:n], paths[kind], opts)
+        try:
+            results.append(serving_steps(e))
+            # the groups alternate copies of the inputs and handoffs: only pipelined steps take copy 1
+            assert any("parity 1" in key for key in e._graphs) == pipelined, (n, pipelined)
+            results[-1].append(np.array([e.sequence_length(s) for s in range(4)], np.float32))
+        finally:
+            e.close()
+            m.close()
+    for k, got in enumerate(results[1:], 1):
+        for step, (a, b) in enumerate(zip(results[0], got)):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=f"run {k}, step {step}")
+
+
+def test_balanced_groups_and_kernel_classes():
+    from types import SimpleNamespace
+
+    from vkrt.engine.wavefront import balanced_groups, same_kernels
+
+    assert balanced_groups([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
+    assert balanced_groups([1, 1, 1], 3) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert balanced_groups([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
+    assert balanced_groups([1, 1, 9], 2) == [range(0, 2), range(2, 3)]
+    t = SimpleNamespace(mv_max_n=8, mv_dense_max_n=8, mv_chunk_n=16)
+    assert same_kernels([t], True, 8, 4) and same_kernels([t], False, 16, 8)
+    assert not same_kernels([t], True, 16, 8)   # mul_mat_id: the GEMM for 16 tokens, the mat-vec for 8
+    assert not same_kernels([t], False, 32, 16) and same_kernels([t], False, 64, 32)
