@@ -285,3 +285,10 @@ def test_balanced_groups_and_kernel_classes():
     assert same_kernels([t], True, 8, 4) and same_kernels([t], False, 16, 8)
     assert not same_kernels([t], True, 16, 8)   # mul_mat_id: the GEMM for 16 tokens, the mat-vec for 8
     assert not same_kernels([t], False, 32, 16) and same_kernels([t], False, 64, 32)
+
+
+def test_serve_refuses_pipeline_steps_without_a_split(paths):
+    from vkrt.cli.main import cli as main
+
+    out = CliRunner().invoke(main, ["serve", "-m", paths["dense"], "--pipeline-steps"])
+    assert out.exit_code != 0 and "--pipeline-steps pipelines a step over the devices of a layer split" in out.output
