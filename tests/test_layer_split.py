@@ -292,3 +292,30 @@ def test_serve_refuses_pipeline_steps_without_a_split(paths):
 
     out = CliRunner().invoke(main, ["serve", "-m", paths["dense"], "--pipeline-steps"])
     assert out.exit_code != 0 and "--pipeline-steps pipelines a step over the devices of a layer split" in out.output
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_pipelined_greedy_on_a_split(group, paths, n_devices):
+    """Greedy decoding on a split, pipelined (the next step's inputs written while the last
+    step ends, its last stage left running while a token is yielded) and not: the tokens of one
+    device; stopped early, the cache holds the tokens evaluated for what was consumed."""
+    ref = run(group, paths["moe"], 1, n_cpu_moe=2)
+    first = int(np.argmax(ref[0][-1]))
+    opts = EngineOptions(n_ctx=128, n_ubatch=32, n_cpu_moe=2, progress=False)
+    m, e = open_engine(group.devices[:n_devices], paths["moe"], opts)
+    try:
+        for pipeline in (False, True):
+            e.reset()
+            e.eval(PROMPT)
+            assert list(e.greedy(first, n=5, pipeline=pipeline)) == ref[1], pipeline
+            assert e.sequence_length(0) == len(PROMPT) + 5
+        e.reset()
+        e.eval(PROMPT)
+        gen = e.greedy(first, n=5, pipeline=True)
+        assert [next(gen), next(gen)] == ref[1][:2]
+        gen.close()   # the step submitted for a third token is waited for and forgotten
+        assert e.sequence_length(0) == len(PROMPT) + 2
+        assert list(e.greedy(ref[1][1], n=3, pipeline=True)) == ref[1][2:]
+    finally:
+        e.close()
+        m.close()

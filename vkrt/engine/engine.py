@@ -319,12 +319,14 @@ class Engine(Owned):
                   ", candidates" if top else "", seconds * 1e3)
         return g
 
-    def _run(self, g: _Graph, parity: int = 0) -> None:
-        """Submit a graph and wait for it: stage by stage, each after the last one finished and
-        its activations were handed across (copy `parity` of the handoffs)."""
+    def _run(self, g: _Graph, parity: int = 0, wait_last: bool = True) -> None:
+        """Submit a graph and wait for it (wait_last False: for all but its last stage): stage by
+        stage, each after the last one finished and its activations were handed across (copy
+        `parity` of the handoffs)."""
         for k, (st, part) in enumerate(zip(self.stages, g.stages)):
             self.stats.layers_prefetched += st.submit(part)
-            self._wait(part.seqs[-1])
+            if wait_last or k + 1 < len(self.stages):
+                self._wait(part.seqs[-1])
             if k < len(self.handoffs):
                 self.handoffs[k].carry(parity, 4 * self.model.cfg.n_embd * g.opts.n_tokens)
 
@@ -765,21 +767,21 @@ class Engine(Owned):
         """Greedy decoding on the GPU: append `token` to `seq_id`, then yield the n tokens that
         follow, each picked by an argmax on the GPU (the host reads 4 bytes a step; a split model
         writes it back as the next step's input). With `pipeline` (default: unless the model
-        keeps a recurrent state, which cannot be rewound, or is split across devices)
-        the step after a token is submitted before the token is yielded; when the consumer stops
-        early, that step is waited for and its KV cell forgotten, so the cache holds exactly the
-        tokens evaluated for what was consumed."""
+        keeps a recurrent state, which cannot be rewound) the step after a token is submitted
+        before the token is yielded; when the consumer stops early, that step is waited for and
+        its KV cell forgotten, so the cache holds exactly the tokens evaluated for what was
+        consumed. On a split the next step's first stage needs the token the last stage's argmax
+        wrote, which the host reads (separate devices share no semaphore here): its inputs are
+        written while the last step ends, then the host waits for the token, writes it and runs
+        the step's stages, the last one left running while the token is yielded."""
         vocab = self.model.cfg.vocab_size
         if not 0 <= token < vocab:
             raise VkrtError(f"token ids must be in [0, {vocab}); got {token}")
         if n < 1:
             return
-        pipeline = not (self.recurrent or self.split) if pipeline is None else pipeline
+        pipeline = not self.recurrent if pipeline is None else pipeline
         if pipeline and self.recurrent:
             raise VkrtError("a recurrent state cannot be rewound: pipelined greedy decoding needs a model without one")
-        if pipeline and self.split:
-            raise VkrtError("a model split across devices reads each token back before the next step: pipelined "
-                            "greedy decoding needs one device")
         seqs = np.array([seq_id], np.int32)
         pending: list[tuple[int, int, _Graph]] = []   # (inputs copy, position, graph) of steps in flight
 
@@ -789,8 +791,11 @@ class Engine(Owned):
             pos = self.cache.cells.length(seq_id)
             g, slots = self._prepare(np.array([token], np.int32), seqs, np.array([pos], np.int32), False,
                                      chain=(parity, not first and not self.split))
+            if self.split and pending:   # pipelined: the step before is ending; its token is the input
+                self._wait(pending[-1][2].seqs[-1])
+                self._write_token(parity, self._read_token(pending[-1][0]))
             if g.prefetched or self.split:   # uploads interleaved with the layers, or stages: run in order
-                self._run(g, parity)
+                self._run(g, parity, wait_last=not self.split)
             else:
                 g.seqs[0].submit()
             self._advance(slots, 1)
@@ -801,7 +806,7 @@ class Engine(Owned):
             parity, _, g = pending.pop(0)
             t1 = time.perf_counter()
             self._wait(g.seqs[-1])
-            out = int(self._tokens.read(np.int32, 4, 16 * parity)[0])
+            out = self._read_token(parity)
             self._count(1, time.perf_counter() - t1)
             return out
 
@@ -819,6 +824,16 @@ class Engine(Owned):
                 g.seqs[-1].wait()
                 self.cache.cells.free(seq_id, pos)
             pending.clear()
+
+    def _read_token(self, parity: int) -> int:
+        """The token a chain step's argmax wrote (copy `parity`)."""
+        return int(self._tokens.read(np.int32, 4, 16 * parity)[0])
+
+    def _write_token(self, parity: int, token: int) -> None:
+        """Make `token` the input of the chain step whose inputs are copy `parity`, on every stage."""
+        at = parity * self._inputs_size + self._layout["ids"]
+        for st in self.stages:
+            st.inputs.host_bytes[at:at + 4] = np.array([token], np.int32).view(np.uint8)
 
     def reset(self, seq_id: int | None = None, from_pos: int = 0) -> None:
         """Forget a sequence's cells from `from_pos` on (all sequences when seq_id is None). A
