@@ -13,8 +13,10 @@ overlaps the GPU's.
 A model split by layers over several devices (Model.split) runs as one Stage per device
 (stage.py), each with its layers' KV cache, recurrent state, activations and recorded part of
 every graph; a step runs them in turn, the residual stream handed across (handoff.py). Prompts
-of several micro-batches run as a pipeline over the stages (_pipelined); greedy decoding reads
-each token back instead of chaining it on the GPU.
+of several micro-batches run as a pipeline over the stages (_pipelined, wavefront.py), and with
+pipeline_steps so do the groups of sequences a step of several is split into (_groups); greedy
+decoding reads each token back instead of chaining it on the GPU (separate devices share no
+semaphore), writing the next step's other inputs while the last stage runs.
 """
 
 from __future__ import annotations
