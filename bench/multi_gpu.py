@@ -77,32 +77,33 @@ def slots_side(devices, path, slots: list[int], n_prompt: int, steps: int, reps:
     step's candidates, to compare."""
     out, first = {}, {}
     rng = np.random.default_rng(1)
-    for n in slots:
-        n_ctx = n * (n_prompt + steps * (reps + 1) + 16) + 256
-        opts = EngineOptions(n_ctx=n_ctx, n_ubatch=max(n, 512), n_cpu_moe=ncmoe, tensor_split=ts, mmap=mmap,
-                             n_seq_max=n, progress=False)
-        layer_split = plan_layer_split(list(devices), path, opts, opts.budgets(len(devices)))[0] if split else None
-        if layer_split:
-            out["plan"] = layer_split.describe()
-        device = layer_split.main if layer_split else devices[0]
-        with Model(device, path, mmap=mmap, n_cpu_moe=ncmoe, progress=False, split=layer_split) as m, \
-                Engine(m, n_ctx=n_ctx, n_ubatch=opts.n_ubatch, n_seq_max=n, pipeline_steps=pipelined) as e:
-            vocab = m.cfg.vocab_size
-            for s in range(n):
-                e.eval(random_tokens(n_prompt, vocab, s), seq_id=s)
+    ctx = {n: n * (n_prompt + steps * (reps + 1) + 16) + 256 for n in slots}
+    top = max(slots)   # the split is planned (and the model opened) once, for the most slots
+    opts = EngineOptions(n_ctx=ctx[top], n_ubatch=max(top, 512), n_cpu_moe=ncmoe, tensor_split=ts, mmap=mmap,
+                         n_seq_max=top, progress=False)
+    layer_split = plan_layer_split(list(devices), path, opts, opts.budgets(len(devices)))[0] if split else None
+    if layer_split:
+        out["plan"] = layer_split.describe()
+    device = layer_split.main if layer_split else devices[0]
+    with Model(device, path, mmap=mmap, n_cpu_moe=ncmoe, progress=False, split=layer_split) as m:
+        vocab = m.cfg.vocab_size
+        for n in slots:
+            with Engine(m, n_ctx=ctx[n], n_ubatch=max(n, 512), n_seq_max=n, pipeline_steps=pipelined) as e:
+                for s in range(n):
+                    e.eval(random_tokens(n_prompt, vocab, s), seq_id=s)
 
-            def step():
-                batch = [(s, int(t)) for s, t in enumerate(rng.integers(0, vocab, n))]
-                return e.decode_candidates(batch) if n <= e.candidate_rows else (e.decode(batch), None)
+                def step():
+                    batch = [(s, int(t)) for s, t in enumerate(rng.integers(0, vocab, n))]
+                    return e.decode_candidates(batch) if n <= e.candidate_rows else (e.decode(batch), None)
 
-            first[n] = step()   # records the step's graphs
-            samples = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    step()
-                samples.append(n * steps / (time.perf_counter() - t0))
-            out[f"{n} slots"] = statistics.median(samples)
+                first[n] = step()   # records the step's graphs
+                samples = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        step()
+                    samples.append(n * steps / (time.perf_counter() - t0))
+                out[f"{n} slots"] = statistics.median(samples)
     return out, first
 
 

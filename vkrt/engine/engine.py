@@ -138,9 +138,10 @@ class Engine(Owned):
     sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory.
     Recorded step graphs are kept for `max_graphs` shapes (default 16, and 6 a sequence more: a
     server's decode steps take every batch size up to its slots, with and without candidates,
-    and its mixed steps several sizes of prompt and of output). pipeline_steps: on a layer split,
-    run a step of several sequences (decode, decode_candidates, mixed) as groups of whole
-    sequences pipelined over the stages (see _groups), not as one pass stage after stage."""
+    and its mixed steps several sizes of prompt and of output; twice that with pipeline_steps).
+    pipeline_steps: on a layer split, run a step of several sequences (decode, decode_candidates,
+    mixed) as groups of whole sequences pipelined over the stages (see _groups), not as one pass
+    stage after stage."""
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
                  flash_attn: bool = True, kv_type=F16, max_graphs: int | None = None, replay: bool = True,
@@ -156,7 +157,9 @@ class Engine(Owned):
             n_ubatch = n_batch
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
         self.flash_attn = flash_attn
-        self.max_graphs = max_graphs if max_graphs is not None else 16 + 6 * max(0, n_seq_max - 1)
+        # pipelined steps record each group's shape for both copies of the inputs (parity)
+        self.max_graphs = max_graphs if max_graphs is not None else \
+            (16 + 6 * max(0, n_seq_max - 1)) * (2 if pipeline_steps else 1)
         self._min_span = MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP
         self.replay = replay  # False: record every step afresh (to compare against replaying)
         self._graphs: dict[tuple, _Graph] = {}
