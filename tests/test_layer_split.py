@@ -319,3 +319,27 @@ def test_pipelined_greedy_on_a_split(group, paths, n_devices):
     finally:
         e.close()
         m.close()
+
+
+def test_pipelined_large_steps_equal_one_device(group, paths):
+    """Groups past the mat-vec sizes (the GEMM and mul_mat_id's routed path, 40 tokens a group):
+    flash attention splits the KV cells as the whole step's would (on lavapipe a 40-row group
+    alone would split them and a 79-row step not), so the rows are the whole step's bit for bit."""
+    n_seqs, results = 40, []
+    for n, pipelined in ((1, False), (2, True)):
+        opts = EngineOptions(n_ctx=2048, n_ubatch=128, n_seq_max=n_seqs, n_cpu_moe=2, pipeline_steps=pipelined,
+                             progress=False)
+        m, e = open_engine(group.devices[:n], paths["moe"], opts)
+        try:
+            for s in range(n_seqs):
+                e.eval(list(range(3 + s, 10 + s)), seq_id=s)
+            results.append([e.decode([(s, 20 + s) for s in range(n_seqs)]),
+                            np.concatenate(e.decode_candidates([(s, 30 + s) for s in range(n_seqs)])),
+                            e.mixed([(s, [40 + s] * (1 + s % 3)) for s in range(n_seqs)])])
+            plans = {k for key in e._graphs for k in key if str(k).startswith("attention split as")}
+            assert plans == ({"attention split as 40 tokens", "attention split as 79 tokens"} if pipelined else set())
+        finally:
+            e.close()
+            m.close()
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

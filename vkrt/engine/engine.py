@@ -234,7 +234,8 @@ class Engine(Owned):
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
                chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-               out_rows: int = 0, hidden: bool = False, masked: bool = False, parity: int = 0) -> _Graph:
+               out_rows: int = 0, hidden: bool = False, masked: bool = False, parity: int = 0,
+               fa_plan: int = 0) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
@@ -244,11 +245,13 @@ class Engine(Owned):
         the logits of the tokens the out_ids input names, instead of the last or all. hidden:
         every token's normed final state is read back instead of any logits (hidden_states).
         parity: the copy of the inputs (and of a split's handoffs) a step that is not a chain
-        step reads (pipelined micro-batches alternate)."""
+        step reads (pipelined micro-batches alternate). fa_plan: flash attention splits the KV
+        cells as a step of this many tokens would (a group of a pipelined step; 0: this one's)."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
         key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ()) \
             + (("hidden",) if hidden else ()) + (("masked",) if masked else ()) \
-            + ((f"parity {parity}",) if parity and chain is None else ())
+            + ((f"parity {parity}",) if parity and chain is None else ()) \
+            + ((f"attention split as {fa_plan} tokens",) if fa_plan and fa_plan != n_tokens else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -283,7 +286,8 @@ class Engine(Owned):
                 top_candidates(seq, logits, CANDIDATES, self._top_scratch,
                                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
                                          name="candidates"))
-        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read, out_rows=out_rows)
+        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read, out_rows=out_rows,
+                             fa_plan_tokens=fa_plan)
         if hidden:
             opts.read_logits = None
             opts.read_hidden = lambda seq, cur: seq.copy(cur.range(), self._hidden.range(0, cur.nbytes), cur.nbytes)
@@ -530,13 +534,13 @@ class Engine(Owned):
     def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
                  chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
                  out: np.ndarray | None = None, hidden: bool = False, masked: bool = False, parity: int = 0,
-                 broadcast: bool = True, taken: tuple | None = None):
+                 broadcast: bool = True, taken: tuple | None = None, fa_plan: int = 0):
         """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step,
         else copy `parity`) and find its graph; returns (graph, the sequence of each group of
         tokens). out: the tokens whose logits the step computes (default: the last, or all with
         all_logits). broadcast: write the inputs of every stage of a split (else the first's
         only: a pipelined step writes the others' when they take it up). taken: (cells, slots)
-        from _take_cells (the step's cells taken already)."""
+        from _take_cells (the step's cells taken already). fa_plan: as _graph's."""
         cells, slots = taken or self._take_cells(ids, seqs, pos, n_seqs)
         cells_tab = self.cache.cells
         n = ids.size
@@ -565,7 +569,7 @@ class Engine(Owned):
         for st in self.stages[1:] if broadcast else ():   # each stage of a split reads them from its own device
             st.inputs.host_bytes[base:base + self._inputs_size] = host
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size,
-                           hidden, masked, parity), slots
+                           hidden, masked, parity, fa_plan), slots
 
     def kv_span(self, used: int) -> int:
         """The KV cells a step attends over when `used` are in use (one past the highest): with
@@ -664,16 +668,17 @@ class Engine(Owned):
                           dict(all_logits=False, top=top, adjust=adjust, out=out, masked=masked), read,
                           lambda: self._write_tables(adj, msk, rows))
 
-        outs = self._run_groups([group(r) for r in self._groups(sizes.tolist())])
+        outs = self._run_groups([group(r) for r in self._groups(sizes.tolist(), pads=True)])
         self._count(n, time.perf_counter() - t0)
         if top:
             return np.concatenate([v for v, _ in outs]), np.concatenate([i for _, i in outs])
         return np.concatenate(outs)
 
-    def _groups(self, sizes: list[int]) -> list[range]:
+    def _groups(self, sizes: list[int], pads: bool = False) -> list[range]:
         """The parts (sizes: tokens each) of a step in the groups it runs as: with pipeline_steps
         on a split, in as many groups of whole parts as there are stages, run as a wavefront,
-        where every group runs the kernels the whole step would (same_kernels); else one."""
+        where every group runs the kernels the whole step would (same_kernels) and, for a step
+        that `pads` its prompt tokens (mixed), none is padded; else one."""
         whole = [range(len(sizes))]
         if not (self.pipeline_steps and self.split and len(sizes) > 1):
             return whole
@@ -681,9 +686,11 @@ class Engine(Owned):
         n = sum(sizes)
         tunings = [st.device.tuning for st in self.stages]
         moe = self.model.cfg.n_expert > 0
+        if pads and self.padded_tokens(n) != n:
+            return whole
         for r in groups:
             m = sum(sizes[r.start:r.stop])
-            if not same_kernels(tunings, moe, n, m) or self.padded_tokens(m) != m or self.padded_tokens(n) != n:
+            if not same_kernels(tunings, moe, n, m) or pads and self.padded_tokens(m) != m:
                 return whole
         return groups
 
@@ -691,7 +698,8 @@ class Engine(Owned):
         """Run one step as `groups`: one group as a step; several as a wavefront through the
         stages (wavefront.py), group g on stage k while group g + 1 runs on stage k - 1. The
         KV cells are taken first, those the whole step would take: each group attends over the
-        span, and its keys lie in the cells, of the whole step.
+        span, and its keys lie in the cells, of the whole step, and flash attention splits them
+        as the whole step's would.
         Returns each group's outputs."""
         if len(groups) == 1:
             gr = groups[0]
@@ -711,7 +719,7 @@ class Engine(Owned):
         def prepare(u: int) -> WaveStep:
             gr = groups[u]
             g, _ = self._prepare(gr.ids, gr.seqs, gr.pos, n_seqs=gr.n_seqs, parity=u % 2, broadcast=False,
-                                 taken=taken[u], **gr.keywords)
+                                 taken=taken[u], fa_plan=int(ends[-1]), **gr.keywords)
             return WaveStep(g, self._step_inputs(u % 2), u % 2, lambda: outs.__setitem__(u, gr.read()), gr.tables)
 
         self.stats.layers_prefetched += run_wavefront(self.stages, self.handoffs, len(groups), prepare, self._wait)
