@@ -338,6 +338,10 @@ def test_pipelined_large_steps_equal_one_device(group, paths):
                             e.mixed([(s, [40 + s] * (1 + s % 3)) for s in range(n_seqs)])])
             plans = {k for key in e._graphs for k in key if str(k).startswith("attention split as")}
             assert plans == ({"attention split as 40 tokens", "attention split as 79 tokens"} if pipelined else set())
+            # 20 parts: 32 output rows take the GEMM, a group's 16 would take the mat-vec: not grouped
+            before = set(e._graphs)
+            results[-1].append(e.mixed([(s, [50 + s, 51]) for s in range(20)]))
+            assert not any("parity 1" in key for key in set(e._graphs) - before)
         finally:
             e.close()
             m.close()

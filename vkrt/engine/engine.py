@@ -647,13 +647,14 @@ class Engine(Owned):
         vocab = self.model.cfg.vocab_size
         t0 = time.perf_counter()
         pos = [np.arange(t.size, dtype=np.int32) + self.cache.cells.length(s) for s, t in zip(seq_ids, toks)]
+        cap = self.candidate_rows if top else self.n_ubatch   # the most output rows
 
         def group(r: range) -> _Group:
             k = len(r)
             ids, seqs = np.concatenate(toks[r.start:r.stop]), np.repeat(np.array(seq_ids[r.start:r.stop], np.int32),
                                                                          sizes[r.start:r.stop])
             pad, (ids, seqs, p) = self._padded(ids, seqs, np.concatenate(pos[r.start:r.stop]))
-            rows = self.out_rows(k, self.candidate_rows if top else self.n_ubatch)
+            rows = self.out_rows(k, cap)
             out = np.cumsum(sizes[r.start:r.stop]) - 1 + pad
             out = np.concatenate([out, np.full(rows - out.size, out[-1])])   # the extra rows repeat the last
             adj, msk = (_rows(adjustments, r, rows), _rows(masks, r, rows)) if top else (None, None)
@@ -668,16 +669,18 @@ class Engine(Owned):
                           dict(all_logits=False, top=top, adjust=adjust, out=out, masked=masked), read,
                           lambda: self._write_tables(adj, msk, rows))
 
-        outs = self._run_groups([group(r) for r in self._groups(sizes.tolist(), pads=True)])
+        outs = self._run_groups([group(r) for r in self._groups(sizes.tolist(), pads=True,
+                                                                  rows=lambda k: self.out_rows(k, cap))])
         self._count(n, time.perf_counter() - t0)
         if top:
             return np.concatenate([v for v, _ in outs]), np.concatenate([i for _, i in outs])
         return np.concatenate(outs)
 
-    def _groups(self, sizes: list[int], pads: bool = False) -> list[range]:
+    def _groups(self, sizes: list[int], pads: bool = False, rows: Callable[[int], int] | None = None) -> list[range]:
         """The parts (sizes: tokens each) of a step in the groups it runs as: with pipeline_steps
         on a split, in as many groups of whole parts as there are stages, run as a wavefront,
-        where every group runs the kernels the whole step would (same_kernels) and, for a step
+        where every group runs the kernels the whole step would (same_kernels; also the output
+        matrix's over rows(parts) columns where that is not a column a token) and, for a step
         that `pads` its prompt tokens (mixed), none is padded; else one."""
         whole = [range(len(sizes))]
         if not (self.pipeline_steps and self.split and len(sizes) > 1):
@@ -691,6 +694,8 @@ class Engine(Owned):
         for r in groups:
             m = sum(sizes[r.start:r.stop])
             if not same_kernels(tunings, moe, n, m) or pads and self.padded_tokens(m) != m:
+                return whole
+            if rows is not None and not same_kernels(tunings, False, rows(len(sizes)), rows(len(r))):
                 return whole
         return groups
 
