@@ -7,6 +7,7 @@ from ..errors import OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import groups_for
 from .rows import f32_binding
 
 ADD_ID_PUSH = PushConstants(*((n, "u32") for n in ("n", "rows", "n_used", "a_off", "b_off", "ids_off", "ids_tok",
@@ -34,4 +35,4 @@ def add_id(seq, a: Tensor, b: Tensor, ids: Tensor, out: Tensor) -> None:
     k = kernel(seq.device, "add_id", push=ADD_ID_PUSH, workgroup=(seq.device.tuning.wg_size,))
     seq.dispatch(k, [ar, br, ir, dr], push=dict(n=n, rows=n_used * n_tokens, n_used=n_used, a_off=ao, b_off=bo,
                                                  ids_off=io // 4, ids_tok=ids.nb[1] // 4, d_off=do),
-                 groups=k.groups_for(n * n_used * n_tokens), label="add_id")
+                 groups=groups_for(k, n * n_used * n_tokens), label="add_id")

@@ -15,6 +15,7 @@ from ..pipeline import PushConstants, kernel
 from ..errors import UnsupportedShape
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor
+from .grid import ceil_div
 from .softmax import soft_max
 
 QK_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsk", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3",
@@ -73,11 +74,11 @@ class Attention(Owned):
         s = self.shape
         heads = s.n_head * s.batch
         seq.dispatch(self._qk, [self._q, self._k, self._s], push=self._qk_push,
-                     groups=(-(-s.n_q // TILE), -(-s.n_kv // TILE), heads), label=f"{self.label} QK^T")
+                     groups=(ceil_div(s.n_q, TILE), ceil_div(s.n_kv, TILE), heads), label=f"{self.label} QK^T")
         soft_max(seq, self.scores, self.scores, self.mask, scale=self.scale, softcap=self.softcap,
                  max_bias=self.max_bias, sinks=self.sinks)
         seq.dispatch(self._pv, [self._s, self._v, self._out], push=self._pv_push,
-                     groups=(-(-s.n_q // TILE), -(-s.hsv // TILE), heads), label=f"{self.label} PV")
+                     groups=(ceil_div(s.n_q, TILE), ceil_div(s.hsv, TILE), heads), label=f"{self.label} PV")
 
     def _release(self) -> None:
         if self._owns_scores:

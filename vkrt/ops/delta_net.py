@@ -24,6 +24,7 @@ from ..errors import ConfigError, GGMLTypeError, OutOfRange, UnsupportedShape
 from ..memory import F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import ceil_div
 from .rows import f32_binding
 
 HEAD_SIZES = "multiples of 16 from 16 to 256"
@@ -273,7 +274,7 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
     ws = _check_workspace(workspace, need, n_tokens, n_seqs, (qkv, alpha, beta, state, out))
     wr, wo, _ = _vec4_binding(ws, f"{op} workspace")
     lay = chunk_layout(tuning, dev.profile, d)
-    n_chunks = -(-seq_tokens // lay.chunk)
+    n_chunks = ceil_div(seq_tokens, lay.chunk)
     unroll = int(tuning.gdn_unroll)
     prep = kernel(dev, "gdn_chunk_prep", defines=dict(D=d, C=lay.chunk, DT=DT, WG=lay.prep_wg, UNROLL=unroll),
                   push=PREP_PUSH)

@@ -24,6 +24,7 @@ from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor
+from .grid import ceil_div
 from .rows import f32_binding
 
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
@@ -145,8 +146,8 @@ class FlashAttn(Owned):
         if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
         self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
-        self.n_row_tiles = -(-s.n_q * self.pack // self.tile.br)
-        self.n_kv_tiles = -(-s.n_kv // self.tile.bc)
+        self.n_row_tiles = ceil_div(s.n_q * self.pack, self.tile.br)
+        self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
         self.n_split = self.decide_split(split_k)[0]
         self._scratch = []
@@ -254,7 +255,7 @@ class FlashAttn(Owned):
         if self.mask_opt and self._shared is not None:
             self.mask_opt_blocks = self._shared.mask_opt_blocks
         elif self.mask_opt:
-            words = s.nem2 * s.nem3 * self._mask_row_tiles * -(-self.n_kv_tiles // 16)
+            words = s.nem2 * s.nem3 * self._mask_row_tiles * ceil_div(self.n_kv_tiles, 16)
             self.mask_opt_blocks = self._alloc(4 * words, "mask_opt blocks")
             self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
@@ -268,7 +269,7 @@ class FlashAttn(Owned):
 
     @property
     def _mask_row_tiles(self) -> int:
-        return -(-self.shape.n_q // self.mask_rows)
+        return ceil_div(self.shape.n_q, self.mask_rows)
 
     def _alloc(self, nbytes: int, label: str):
         a = allocate(self.device, nbytes, label=f"{self.label}: {label}")
@@ -286,7 +287,7 @@ class FlashAttn(Owned):
         """Classify the mask's blocks into `mask_opt_blocks` (nothing when mask_opt is off)."""
         if self.mask_opt:
             s = self.shape
-            groups = (-(-self.n_kv_tiles // MASK_OPT_WG), self._mask_row_tiles, s.nem2 * s.nem3)
+            groups = (ceil_div(self.n_kv_tiles, MASK_OPT_WG), self._mask_row_tiles, s.nem2 * s.nem3)
             seq.dispatch(self._mask_opt_kernel, [self._mask, self.mask_opt_blocks], push=self._mask_opt_push,
                          groups=groups, label=f"{self.label} mask_opt")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
+from .grid import ceil_div, groups_for
 from .quant import bind_words, check_layout, chunks, kernel_type, type_defines
 from .rows import f32_binding
 
@@ -31,7 +32,7 @@ def get_rows(seq, table: Tensor, ids: Tensor, dst: Tensor, *, max_binding: int |
     ir, io = bind_words(ids, dev)
     k = kernel(dev, "get_rows", defines=type_defines(typ, dev.tuning), push=GET_ROWS_PUSH,
                workgroup=(dev.tuning.wg_size,))
-    groups = k.groups_for(-(-table.ne[0] // 4) * n_ids)
+    groups = groups_for(k, ceil_div(table.ne[0], 4) * n_ids)
     for a, b in chunks(1, dev, max_binding, table):
         wr, wo = bind_words(table.slice(1, a, b), dev, max_binding)
         seq.dispatch(k, [wr, ir, dr], push=dict(ne0=table.ne[0], n_ids=n_ids, row0=a, rows=b - a, w_off=wo,

@@ -7,6 +7,7 @@ from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_together
+from .grid import ceil_div, grid
 from .quant import WORD_ALIGN, bind_words, check_layout, chunks, flat_rows, kernel_type, type_defines
 
 _COMMON = (("K", "u32"), ("M", "u32"))
@@ -60,9 +61,9 @@ class MatVec:
     def __init__(self, kern, rows: int):
         self.kernel, self.rows = kern, rows
 
-    def groups(self, m: int, device) -> tuple[int, int]:
-        """The (x, y) workgroup grid for m rows."""
-        return fold(-(-m // self.rows), device)
+    def groups(self, m: int, device, z: int = 1) -> tuple[int, int, int]:
+        """The workgroup grid for m rows (x and y: the row groups; z: as given)."""
+        return grid(device, ceil_div(m, self.rows), z)
 
 
 def wide_ok(typ, *byte_offsets: int) -> bool:
@@ -92,7 +93,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     # workgroups, so fewer rows a group keep more of them in flight)
     base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
     rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
-    while rows > 1 and -(-m // (rows * (wg // lanes))) * layers < tuning.mv_fill_groups:
+    while rows > 1 and ceil_div(m, rows * (wg // lanes)) * layers < tuning.mv_fill_groups:
         rows //= 2
     defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
@@ -174,12 +175,6 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
     return kernel(device, "mul_mm", defines=defines, push=MM_ID_PUSH if mul_mat_id else MM_PUSH)
 
 
-def fold(n: int, device) -> tuple[int, int]:
-    """n workgroups as an (x, y) grid within the device's limits (the kernels flatten it)."""
-    x = min(n, device.profile.max_workgroup_count[0], 65535)
-    return x, -(-n // x)
-
-
 def f32_operand(t: Tensor, what: str, k: int) -> Tensor:
     """An f32 tensor of rows of length k as a 2-D (k, columns) view."""
     if t.type != F32 or t.ne[0] != k:
@@ -235,7 +230,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1]))
         push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                 "y_off": yo, "y_col": y_col}
-        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=(*mv.groups(m, device), 1))
+        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device))
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
     if n > max(cols, tune.mv_chunk_n):
@@ -243,7 +238,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "N": n, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col}
-            seq.dispatch(kern, [wr, xr, yr], push=push, groups=(-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1))
+            seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, tune.mm_bm), ceil_div(n, tune.mm_bn), 1))
         return
     # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
@@ -259,7 +254,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}
-            seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=(*mv.groups(b - a, device), 1))
+            seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=mv.groups(b - a, device))
 
 
 def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tuning=None) -> None:
@@ -294,7 +289,7 @@ def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tunin
                         wide=wide_ok(typ, w0.nb[1], *wb[1]))
     starts = [0]
     for m in ms:
-        starts.append(starts[-1] + -(-m // mv.rows))
+        starts.append(starts[-1] + ceil_div(m, mv.rows))
     segs = [dict(m=m, w_off=wo, y_off=yo // 4, y_col=y.nb[1] // 4, g=g)
             for m, wo, yo, y, g in zip(ms, wb[1], yb[1], y2, starts)]
     if len(segs) == 2:
@@ -302,4 +297,4 @@ def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tunin
     push = {"K": k, "M": ms[0], "w_off": segs[0]["w_off"], "w_row": w0.nb[1], "x_off": xo, "x_col": x_col,
             "y_off": segs[0]["y_off"], "y_col": segs[0]["y_col"],
             **{f"{f}{i}": segs[i][f] for i in (1, 2) for f in ("m", "w_off", "y_off", "y_col", "g")}}
-    seq.dispatch(mv.kernel, [wb[0], xr, yb[0]], push=push, groups=(*fold(starts[len(ms)], device), 1))
+    seq.dispatch(mv.kernel, [wb[0], xr, yb[0]], push=push, groups=grid(device, starts[len(ms)]))

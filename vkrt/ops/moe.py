@@ -8,7 +8,8 @@ from ..errors import OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
-from .rows import f32_binding, row_groups
+from .grid import grid, groups_for
+from .rows import f32_binding
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
                             ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"))
@@ -71,7 +72,7 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     seq.dispatch(k, [lr, ir, wr], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
                                             l_col=ls[0], ids_off=io // 4, w_off=wo,
                                             mode=2 if chosen_softmax else int(normalize)),
-                 groups=row_groups(n_tokens, seq.device), label="moe_route")
+                 groups=grid(seq.device, n_tokens), label="moe_route")
 
 
 def moe_combine(seq, experts_out: Tensor, weights: Tensor, out: Tensor, shared: Tensor | None = None,
@@ -99,4 +100,4 @@ def moe_combine(seq, experts_out: Tensor, weights: Tensor, out: Tensor, shared: 
     seq.dispatch(k, [yr, wr, sr, gr, orr], push=dict(n_embd=n_embd, n_used=n_used, n_tokens=n_tokens, y_off=yo,
                                                      w_off=wo, s_off=so, g_off=go, o_off=oo,
                                                      has_shared=int(shared is not None)),
-                 groups=k.groups_for(n_embd * n_tokens), label="moe_combine")
+                 groups=groups_for(k, n_embd * n_tokens), label="moe_combine")

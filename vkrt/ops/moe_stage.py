@@ -16,7 +16,7 @@ from ..errors import UnsupportedShape
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
-from .matmul import fold
+from .grid import ceil_div, grid
 from .quant import bind_words, chunks
 
 PLAN_PUSH = PushConstants(("n_used", "u32"), ("n_tokens", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -112,6 +112,6 @@ def moe_stage_copy(seq, stack: Tensor, slots: Tensor, plan: Tensor, max_copies: 
     for e0, e1 in chunks(2, seq.device, max_binding, stack):
         sr, so = bind_words(stack.slice(2, e0, e1), seq.device, max_binding)
         seq.dispatch(k, [sr, dr, pr], label="moe_stage_copy",
-                     groups=(*fold(-(-units // per_group), seq.device), max_copies),
+                     groups=grid(seq.device, ceil_div(units, per_group), max_copies),
                      push=dict(units=units, src_off=so // unit, src_expert=per_expert // unit, e0=e0, e1=e1,
                                dst_off=do // unit, dst_slot=slots.nb[2] // unit, plan_off=po // 4))

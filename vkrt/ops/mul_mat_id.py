@@ -14,6 +14,7 @@ from ..memory import F32, I32, MemoryKind, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .add_id import add_id
+from .grid import ceil_div, groups_for
 from .matmul import gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok, wide_ok
 from .quant import bind_words, check_layout, chunks, kernel_type
 
@@ -115,7 +116,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
                 "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
         seq.dispatch(mv.kernel, [pair[0], xr, yr, ir, *extra], push=push,
-                     groups=(*mv.groups(m, device), n_tokens * n_used))
+                     groups=mv.groups(m, device, n_tokens * n_used))
         return
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
@@ -126,14 +127,14 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         for e0, e1, wr, wo in pieces_bound:
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
             seq.dispatch(mv.kernel, [wr, xr, yr, ir, *extra], push=push,
-                         groups=(*mv.groups(m, device), n_tokens * n_used))
+                         groups=mv.groups(m, device, n_tokens * n_used))
         return
     if routes is None or routes.n_expert != n_expert or routes.max_tokens < n_tokens:
         raise UnsupportedShape(f"mul_mat_id of {n_tokens} tokens needs RouteTable(device, {n_expert}, >= {n_tokens}), "
                          f"got {routes!r}")
     count = kernel(device, "mmid_count", push=COUNT_PUSH, workgroup=(device.tuning.wg_size,))
     seq.fill(routes.counts(), 0)
-    seq.dispatch(count, [ir, routes.whole()], groups=count.groups_for(n_tokens * n_used),
+    seq.dispatch(count, [ir, routes.whole()], groups=groups_for(count, n_tokens * n_used),
                  push={"n_tokens": n_tokens, "n_used": n_used, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4,
                        "n_expert": n_expert, "cap": n_tokens})
     kern = gemm_kernel(device, typ, tune, xvec4=xvec4, mul_mat_id=True)
@@ -142,7 +143,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         gemm = {n: v for n, v in common.items() if n not in ("b_off", "b2_off")}   # add_id adds the bias after
         push = {**gemm, "M": m, "N": n_tokens, "w_off": wo, "e0": e0, "n_expert": n_expert}
         seq.dispatch(kern, [wr, xr, yr, routes.whole()], push=push,
-                     groups=(-(-m // tune.mm_bm), -(-n_tokens // tune.mm_bn), e1 - e0))
+                     groups=(ceil_div(m, tune.mm_bm), ceil_div(n_tokens, tune.mm_bn), e1 - e0))
     if bias is not None:
         add_id(seq, y, bias, ids, y)
 
@@ -188,5 +189,5 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
     xvec4 = vec4_ok(x, xo // 4, x_slot, x_tok)
     mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
                         shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
-    seq.dispatch(mv.kernel, buffers, push=push, groups=(*mv.groups(m, device), n_tokens), label="mul_mat_id_sum")
+    seq.dispatch(mv.kernel, buffers, push=push, groups=mv.groups(m, device, n_tokens), label="mul_mat_id_sum")
     return True

@@ -8,9 +8,10 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import grid
 from .norm import norm_wg, reduce_defines
 from .rope import rope_defines, rope_operands
-from .rows import f32_binding, row_groups, same_shape
+from .rows import f32_binding, same_shape
 
 NORM_ROPE_PUSH = PushConstants(
     *((n, "u32") for n in ("head_dim", "n_dims", "n_head", "n_tokens", "x_off", "x_s1", "x_s2", "w_off", "y_off",
@@ -81,7 +82,7 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     dev = seq.device
     k = kernel(dev, "norm_rope", defines={**defines, **reduce_defines(dev)}, push=NORM_ROPE_PUSH,
                workgroup=(norm_wg(dev, head_dim),))
-    seq.dispatch(k, buffers, push=push, groups=row_groups(n_head * n_tokens, dev),
+    seq.dispatch(k, buffers, push=push, groups=grid(dev, n_head * n_tokens),
                  label="norm_rope" if weight is not None else "rope")
 
 

@@ -12,6 +12,7 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import groups_for
 from .rows import f32_binding, same_shape
 
 ROPE_PUSH = PushConstants(
@@ -113,4 +114,4 @@ def rope(seq, x: Tensor, positions: Tensor, out: Tensor, **rope_args) -> None:
     k = kernel(dev, "rope", defines=rope_defines(push), push=ROPE_PUSH, workgroup=(dev.tuning.wg_size,))
     n = x.ne[0] // 2 * x.ne[1] * x.ne[2]
     seq.dispatch(k, [xr, pr, fr, yr], push=dict(push, x_off=xo, x_s1=xs[0], x_s2=xs[1], y_off=yo, y_s1=ys[0],
-                                                 y_s2=ys[1]), groups=k.groups_for(n), label="rope")
+                                                 y_s2=ys[1]), groups=groups_for(k, n), label="rope")

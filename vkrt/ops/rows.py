@@ -24,14 +24,6 @@ def same_shape(a: Tensor, b: Tensor, what: str) -> None:
         raise OutOfRange(f"{what}: shapes differ: {list(a.ne)} vs {list(b.ne)}")
 
 
-def row_groups(nrows: int, device) -> tuple[int, int, int]:
-    """A workgroup per row, folded into y beyond the x limit."""
-    max_x = min(device.profile.max_workgroup_count[0], 65535)
-    if nrows <= max_x:
-        return (nrows, 1, 1)
-    return (max_x, -(-nrows // max_x), 1)
-
-
 def logits_and_table(x: Tensor, table: Tensor, words: int, what: str, table_what: str, device) -> dict:
     """The operands of an op that changes F32 logit rows x ((n,) or (n, rows), contiguous rows) in
     place from an I32 table of at least `words` words: push fields x_off, x_row, n, a_off, rows,

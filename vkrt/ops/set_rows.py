@@ -6,6 +6,7 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import groups_for
 from .rows import f32_binding
 
 SET_ROWS_PUSH = PushConstants(("ne0", "u32"), ("n_head", "u32"), ("n_tokens", "u32"), ("s_off", "u32"),
@@ -35,4 +36,4 @@ def set_rows(seq, src: Tensor, rows: Tensor, dst: Tensor) -> None:
     seq.dispatch(k, [sr, ir, dr], push=dict(ne0=ne0, n_head=n_head, n_tokens=n_tokens, s_off=so, s_s1=ss[0],
                                             s_s2=ss[1], idx_off=io // 4, d_off=do // es, d_s1=dst.nb[1] // es,
                                             d_s2=dst.nb[2] // es),
-                 groups=k.groups_for(n), label="set_rows")
+                 groups=groups_for(k, n), label="set_rows")

@@ -7,6 +7,7 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import groups_for
 from .rows import f32_binding, same_shape
 
 SSM_CONV_PUSH = PushConstants(
@@ -63,4 +64,4 @@ def ssm_conv(seq, x: Tensor, weight: Tensor, state: Tensor, slots: Tensor, out: 
     k = kernel(dev, "ssm_conv", defines={"K": n_kernel}, push=SSM_CONV_PUSH, workgroup=(dev.tuning.wg_size,))
     push = dict(n=n, channels=channels, seq_len=seq_len, n_chunks=n_chunks, chunk=chunk, x_off=xo, x_s1=xs[0],
                 y_off=yo, y_s1=ys[0], w_off=wo, s_off=so, s_s1=ss[0], s_s2=ss[1], slot_off=qo // 4)
-    seq.dispatch(k, [xr, wr, sr, qr, yr], push=push, groups=k.groups_for(n), label=op)
+    seq.dispatch(k, [xr, wr, sr, qr, yr], push=push, groups=groups_for(k, n), label=op)
