@@ -33,10 +33,10 @@ def argmax(seq, x: Tensor, part: Tensor, out: Tensor, out2: Tensor | None = None
     n = x.ne[0]
     parts = argmax_parts(n, wg)
     chunk = -(-n // parts)
-    xr, xo = bind_tensor(x, dev)
-    pr, po = bind_tensor(part, dev, min_align=8)
-    orr, oo = bind_tensor(out, dev)
-    o2r, o2o = bind_tensor(out2 if out2 is not None else out, dev)
+    xr, xo = bind_tensor(x, "argmax x", dev)
+    pr, po = bind_tensor(part, "argmax part", dev, min_align=8)
+    orr, oo = bind_tensor(out, "argmax out", dev)
+    o2r, o2o = bind_tensor(out2 if out2 is not None else out, "argmax out2", dev)
     if po:
         raise UnsupportedShape(f"argmax scratch {part!r} must start on a storage-buffer offset alignment")
     k1 = kernel(dev, "argmax", push=ARGMAX_PUSH, defines={"WG": wg, "PARTIAL": 1})

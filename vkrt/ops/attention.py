@@ -55,11 +55,11 @@ class Attention(Owned):
 
     def _build(self, q, k, v, out) -> None:
         dev, s = self.device, self.shape
-        self._q, q_off = bind_tensor(q, dev)
-        self._k, k_off = bind_tensor(k, dev)
-        self._v, v_off = bind_tensor(v, dev)
-        self._out, o_off = bind_tensor(out, dev)
-        self._s, _ = bind_tensor(self.scores, dev)
+        self._q, q_off = bind_tensor(q, f"{self.label} q", dev)
+        self._k, k_off = bind_tensor(k, f"{self.label} k", dev)
+        self._v, v_off = bind_tensor(v, f"{self.label} v", dev)
+        self._out, o_off = bind_tensor(out, f"{self.label} out", dev)
+        self._s, _ = bind_tensor(self.scores, f"{self.label} scores", dev)
         q_nb, k_nb, v_nb = element_strides(q), element_strides(k), element_strides(v)
         self._qk = kernel(dev, "attn_qk", push=QK_PUSH, defines=dict(K_F16=int(k.type == F16)))
         self._qk_push = dict(N=s.n_q, KV=s.n_kv, hsk=s.hsk, n_head=s.n_head, gqa=s.gqa, q_off=q_off // 4,

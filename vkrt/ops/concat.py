@@ -17,7 +17,8 @@ from ..errors import GGMLTypeError, OutOfRange, VkrtError
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .copy import check_destination, check_types, copy
-from .elements import U32_MAX, bind_elements, fits_binding, storage_defines, type_defines
+from .binding import U32_MAX, bind_elements, fits_binding
+from .elements import storage_defines, type_defines
 from .grid import ceil_div, grid, groups_for
 from .transpose import tile_shape, transpose_kernel
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import BF16, F16, F32, Tensor
 from ..pipeline import PushConstants, kernel
-from .elements import U32_MAX, bind_elements, element_bits, storage_defines, type_defines
+from .binding import U32_MAX, bind_elements
+from .elements import element_bits, storage_defines, type_defines
 from .grid import groups_for
 from .split import binding_pieces
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from ..errors import OutOfRange, VkrtError
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
+from .binding import f32_binding
 from .grid import groups_for
-from .rows import f32_binding, same_shape
+from .rows import same_shape
 
 FILL_PUSH = PushConstants(("n", "u32"), ("value", "u32"))
 BINARY_PUSH = PushConstants(("n", "u32"), ("nb", "u32"), ("a_off", "u32"), ("b_off", "u32"), ("d_off", "u32"),

@@ -23,9 +23,8 @@ from ..memory import F16, I32, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
-from .binding import bind_tensor
+from .binding import bind_tensor, f32_binding
 from .grid import ceil_div
-from .rows import f32_binding
 
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
 
@@ -217,10 +216,10 @@ class FlashAttn(Owned):
     # -- pipelines and scratch -----------------------------------------------------------------
     def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks) -> None:
         dev, s, tile = self.device, self.shape, self.tile
-        self._q, q_off = bind_tensor(q, dev)
-        self._k, k_off = bind_tensor(k, dev)
-        self._v, v_off = bind_tensor(v, dev)
-        self._out, o_off = bind_tensor(out, dev)
+        self._q, q_off = bind_tensor(q, f"{self.label} q", dev)
+        self._k, k_off = bind_tensor(k, f"{self.label} k", dev)
+        self._v, v_off = bind_tensor(v, f"{self.label} v", dev)
+        self._out, o_off = bind_tensor(out, f"{self.label} out", dev)
         push = dict(N=s.n_q, KV=s.n_kv, n_head=s.n_head, gqa=s.gqa,
                     q_off=q_off // 4, k_off=_vec4_offset(k, k_off, "k"), v_off=_vec4_offset(v, v_off, "v"),
                     nem2=s.nem2, nem3=s.nem3, o_off=o_off // 4, flags=int(self.mask_opt),
@@ -231,7 +230,7 @@ class FlashAttn(Owned):
         push.update(m_off=0, m_nb1=0, m_nb2=0, m_nb3=0)
         self._mask_tensor = mask
         if mask is not None:
-            self._mask, m_off = bind_tensor(mask, dev)
+            self._mask, m_off = bind_tensor(mask, f"{self.label} mask", dev)
             push["m_off"] = m_off // 2
             push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
         defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
@@ -246,7 +245,7 @@ class FlashAttn(Owned):
             self._sinks, push["s_off"], _ = f32_binding(sinks, f"{self.label} sinks")
         self._kv_used = None
         if kv_used is not None:
-            self._kv_used, used_off = bind_tensor(kv_used, dev)
+            self._kv_used, used_off = bind_tensor(kv_used, f"{self.label} kv_used", dev)
             if used_off:
                 raise UnsupportedShape(f"kv_used {kv_used!r} must start at a storage-buffer offset alignment")
         self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))

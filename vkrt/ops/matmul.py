@@ -6,9 +6,9 @@ from __future__ import annotations
 from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_together
+from .binding import WORD_ALIGN, bind_together, bind_words
 from .grid import ceil_div, grid
-from .quant import WORD_ALIGN, bind_words, check_layout, chunks, flat_rows, kernel_type, type_defines
+from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
 
 _COMMON = (("K", "u32"), ("M", "u32"))
 _OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
@@ -155,7 +155,7 @@ def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
         raise UnsupportedShape(f"fused activation {act!r} is not supported (supported: {', '.join(GLU_ACTS)})")
     if up.type != F32 or up.ne != x.ne or up.nb != x.nb:
         raise UnsupportedShape(f"the fused activation's up {up!r} must be F32 and laid out like x {x!r}")
-    ur, uo = bind_words(up, device)
+    ur, uo = bind_words(up, "matmul up", device)
     return ur, uo // 4
 
 
@@ -211,8 +211,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     n = x2.ne[1]
     if y2.ne[1] != n:
         raise UnsupportedShape(f"matmul: x has {n} columns, y has {y2.ne[1]}")
-    xr, xo = bind_words(x2, device)
-    yr, yo = bind_words(y2, device)
+    xr, xo = bind_words(x2, "matmul x", device)
+    yr, yo = bind_words(y2, "matmul y", device)
     xo, yo, x_col, y_col = xo // 4, yo // 4, x2.nb[1] // 4, y2.nb[1] // 4
     extra, extra_push = [], {}
     if up is not None:
@@ -232,7 +232,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                 "y_off": yo, "y_col": y_col}
         seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device))
         return
-    pieces = [(a, b, *bind_words(w.slice(1, a, b), device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
+    pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
     if n > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
@@ -245,8 +245,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     for c0 in range(0, n, cols):
         nc = min(cols, n - c0)
         if n > cols:   # each run its own columns of x and y: no barrier between runs
-            xr, xo = bind_words(x2.slice(1, c0, c0 + nc), device)
-            yr, yo = bind_words(y2.slice(1, c0, c0 + nc), device)
+            xr, xo = bind_words(x2.slice(1, c0, c0 + nc), "matmul x", device)
+            yr, yo = bind_words(y2.slice(1, c0, c0 + nc), "matmul y", device)
             xo, yo = xo // 4, yo // 4
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
@@ -282,7 +282,7 @@ def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tunin
             matmul(seq, w, x, y, tuning=tuning)
         return
     typ = kernel_type(w0.type, f"matmul weight {w0.name or ''}".rstrip())
-    xr, xo = bind_words(x2, device)
+    xr, xo = bind_words(x2, "matmul_segments x", device)
     xo, x_col = xo // 4, x2.nb[1] // 4
     ms = [w.ne[1] for w in ws]
     mv = mat_vec_kernel(device, typ, n, tune, k=k, m=sum(ms), xvec4=vec4_ok(x2, xo, x_col), segments=True,

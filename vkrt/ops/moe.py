@@ -7,9 +7,8 @@ from __future__ import annotations
 from ..errors import OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
+from .binding import bind_tensor, f32_binding
 from .grid import grid, groups_for
-from .rows import f32_binding
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
                             ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"))
@@ -66,7 +65,7 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     if not weights.is_contiguous() or weights.nelements < n_used * n_tokens:
         raise OutOfRange(f"moe_route: weights must be contiguous F32 [{n_used}, {n_tokens}], got {weights!r}")
     lr, lo, ls = f32_binding(logits, "moe_route logits")
-    ir, io = bind_tensor(ids)
+    ir, io = bind_tensor(ids, "moe_route ids")
     wr, wo, _ = f32_binding(weights, "moe_route weights")
     k = moe_route_kernel(seq.device, n_expert, subgroups, one_subgroup)
     seq.dispatch(k, [lr, ir, wr], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,

@@ -7,8 +7,9 @@ from __future__ import annotations
 from ..errors import OutOfRange
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
+from .binding import f32_binding
 from .grid import grid
-from .rows import f32_binding, same_shape
+from .rows import same_shape
 
 RMS_PUSH = PushConstants(("ncols", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("nrows", "u32"),
                          ("x_off", "u32"), ("x_s1", "u32"), ("x_s2", "u32"), ("x_s3", "u32"),

@@ -11,9 +11,9 @@ import numpy as np
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
+from .binding import bind_tensor, f32_binding
 from .grid import groups_for
-from .rows import f32_binding, same_shape
+from .rows import same_shape
 
 ROPE_PUSH = PushConstants(
     ("head_dim", "u32"), ("n_dims", "u32"), ("n_head", "u32"), ("n_tokens", "u32"),
@@ -75,7 +75,7 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     if positions.type is not I32 or positions.nelements < streams * n_tokens or not positions.is_contiguous():
         want = f"{n_tokens}" if streams == 1 else f"{streams} streams (t, h, w, e) of {n_tokens}"
         raise GGMLTypeError(f"{op}: positions must be a contiguous I32 tensor of {want}, got {positions!r}")
-    pr, po = bind_tensor(positions)
+    pr, po = bind_tensor(positions, f"{op} positions")
     if freq_factors is not None:
         if freq_factors.nelements < n_dims // 2:
             raise OutOfRange(f"{op}: freq_factors need {n_dims // 2} values, got {freq_factors.nelements}")

@@ -5,9 +5,8 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
+from .binding import bind_tensor, f32_binding
 from .grid import groups_for
-from .rows import f32_binding
 
 SET_ROWS_PUSH = PushConstants(("ne0", "u32"), ("n_head", "u32"), ("n_tokens", "u32"), ("s_off", "u32"),
                               ("s_s1", "u32"), ("s_s2", "u32"), ("idx_off", "u32"), ("d_off", "u32"),
@@ -27,8 +26,8 @@ def set_rows(seq, src: Tensor, rows: Tensor, dst: Tensor) -> None:
     if dst.type is F16 and not seq.device.profile.storage_16bit:
         raise GGMLTypeError(f"set_rows: {seq.device.profile.name} has no 16-bit storage for an F16 cache")
     sr, so, ss = f32_binding(src, "set_rows src")
-    ir, io = bind_tensor(rows)
-    dr, do = bind_tensor(dst)
+    ir, io = bind_tensor(rows, "set_rows rows")
+    dr, do = bind_tensor(dst, "set_rows dst")
     es = dst.type.type_size
     k = kernel(seq.device, "set_rows", defines={"DST_F16": int(dst.type is F16)}, push=SET_ROWS_PUSH,
                workgroup=(seq.device.tuning.wg_size,))

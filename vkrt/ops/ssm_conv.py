@@ -6,9 +6,9 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
+from .binding import bind_tensor, f32_binding
 from .grid import groups_for
-from .rows import f32_binding, same_shape
+from .rows import same_shape
 
 SSM_CONV_PUSH = PushConstants(
     ("n", "u32"), ("channels", "u32"), ("seq_len", "u32"), ("n_chunks", "u32"), ("chunk", "u32"),
@@ -54,7 +54,7 @@ def ssm_conv(seq, x: Tensor, weight: Tensor, state: Tensor, slots: Tensor, out: 
     yr, yo, ys = f32_binding(out, f"{op} out")
     wr, wo, _ = f32_binding(weight, f"{op} weight")
     sr, so, ss = f32_binding(state, f"{op} state")
-    qr, qo = bind_tensor(slots)
+    qr, qo = bind_tensor(slots, "ssm_conv slots")
 
     dev = seq.device
     seq_len = n_tokens // n_seqs

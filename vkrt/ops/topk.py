@@ -46,12 +46,12 @@ def top_candidates(seq, x: Tensor, k: int, scratch: tuple[Tensor, Tensor], out: 
                                    f"words, got {t!r}")
     wg = min(256, dev.profile.max_workgroup_invocations)
     groups = passes(n, k)
-    src, src_off = bind_tensor(x, dev)
+    src, src_off = bind_tensor(x, "top_candidates x", dev)
     count, row_in = n, x.nb[1] // 4 if rows > 1 else n
     for level, g in enumerate(groups):
         last = level == len(groups) - 1
         dst_t = out if last else scratch[level % 2]
-        dst, dst_off = bind_tensor(dst_t, dev, min_align=8)
+        dst, dst_off = bind_tensor(dst_t, "top_candidates dst", dev, min_align=8)
         row_out = k if last else g * k
         defines = {"WG": wg, "CH": CHUNK, "N": k, **({"FIRST": 1} if level == 0 else {})}
         kern = kernel(dev, "topk", defines=defines, push=TOPK_PUSH)

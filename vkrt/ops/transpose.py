@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
+from .binding import bind_elements
 from .copy import check_destination
-from .elements import bind_elements, element_bits, storage_defines
+from .elements import element_bits, storage_defines
 from .grid import ceil_div
 from .split import binding_pieces
 
