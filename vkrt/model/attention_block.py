@@ -45,7 +45,7 @@ def positions(cfg, s, T):
 
 
 def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
-    """Record layer il's attention block; returns the attention op (kept alive with the recording)."""
+    """Record layer il's attention block (flash attention's work buffers are the Scratch's)."""
     cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
     D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
     cur = s.cols("cur", T)
@@ -92,11 +92,13 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     sinks = w[p + "attn_sinks.weight"] if cfg.attn_sinks else None
     if flash:  # layers attending through the same mask share one mask_opt pre-pass
         op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
-                       share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks, mask_opt=tf.fa_mask_opt)
+                       share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks, mask_opt=tf.fa_mask_opt,
+                       work=s.flash_work)
         s.mask_opt_owner.setdefault(id(mask), op)
     else:
         op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")
-    op.record(seq)
+    with op:   # owns no memory: the recording reads the Scratch's
+        op.record(seq)
     if gate is not None:
         gate_mul(seq, out, gate, out, act="sigmoid")
     o = s.cols("o", T)
@@ -106,4 +108,3 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
     if cfg.post_norms:
         tf.norm(seq, o, o, p + "post_attention_norm.weight")
     tf.block_output(seq, s, o)
-    return op

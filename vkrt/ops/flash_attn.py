@@ -14,16 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..commands import upload
 from ..device.tuning import Tuning, fa_mask_opt_rule
 from ..errors import ConfigError, UnsupportedShape
-from ..memory import F16, I32, Tensor, allocate
+from ..memory import F16, I32, Tensor
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor, f32_binding
+from .flash_work import FlashWork
 from .grid import ceil_div
 
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
@@ -118,8 +116,10 @@ def _vec4_offset(t: Tensor, byte_off: int, what: str) -> int:
 
 
 class FlashAttn(Owned):
-    """Flash attention over fixed tensors: picks the tile, mask_opt and split-K once, owns the
-    scratch they need; record(seq) adds the pre-pass, attention and reduce dispatches.
+    """Flash attention over fixed tensors: picks the tile, mask_opt and split-K once and takes
+    the memory they need from `work` (a FlashWork the caller owns, e.g. the engine's Scratch;
+    without one, from its own, closed with it); record(seq) adds the pre-pass and attention
+    dispatches (the last split merges the others).
 
     mask_opt: None = the tuning rule; True/False force it (a model passes settings.fa_mask_opt) (ignored without
     a mask). split_k: None = split when the grid is too small to fill the device; n forces n
@@ -137,7 +137,7 @@ class FlashAttn(Owned):
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
                  tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
-                 sinks: Tensor | None = None):
+                 sinks: Tensor | None = None, work: FlashWork | None = None):
         super().__init__(label)
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
@@ -149,13 +149,14 @@ class FlashAttn(Owned):
         self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
         self.n_split = self.decide_split(split_k)[0]
-        self._scratch = []
         self._mask = None
         # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
         # this one reads instead of classifying the mask again
         self._shared = share_mask_opt if self._can_share(share_mask_opt, mask) else None
         # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
         self.mask_opt_blocks = None
+        self._own_work = FlashWork(device, f"{label} work") if work is None else None
+        self.work = work or self._own_work
         try:
             self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
         except BaseException:
@@ -255,25 +256,19 @@ class FlashAttn(Owned):
             self.mask_opt_blocks = self._shared.mask_opt_blocks
         elif self.mask_opt:
             words = s.nem2 * s.nem3 * self._mask_row_tiles * ceil_div(self.n_kv_tiles, 16)
-            self.mask_opt_blocks = self._alloc(4 * words, "mask_opt blocks")
+            self.mask_opt_blocks = self.work.range(("mask_opt blocks", id(mask.buffer), mask.offset), 4 * words)
             self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
                                                      m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
         if self.n_split > 1:   # the last split of a row tile merges them (shaders/flash_attn.comp)
             rows = s.batch * s.n_q * s.n_head
-            self._part = self._alloc(4 * self.n_split * rows * s.hsv, "flash_attn split O")
-            self._ml = self._alloc(8 * self.n_split * rows, "flash_attn split M, L")
-            self._done = self._alloc(4 * self.n_tiles, "flash_attn splits done")
-            upload(dev, self._done, np.zeros(self.n_tiles, np.uint32))
+            self._part = self.work.range("split O", 4 * self.n_split * rows * s.hsv)
+            self._ml = self.work.range("split M, L", 8 * self.n_split * rows)
+            self._done = self.work.range("splits done", 4 * self.n_tiles, zeroed=True)
 
     @property
     def _mask_row_tiles(self) -> int:
         return ceil_div(self.shape.n_q, self.mask_rows)
-
-    def _alloc(self, nbytes: int, label: str):
-        a = allocate(self.device, nbytes, label=f"{self.label}: {label}")
-        self._scratch.append(a)
-        return a.range()
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, seq) -> None:
@@ -305,6 +300,5 @@ class FlashAttn(Owned):
                      groups=(self.n_row_tiles, s.n_head // self.pack, s.batch * self.n_split), label=self.label)
 
     def _release(self) -> None:
-        for a in self._scratch:
-            a.close()
-        self._scratch.clear()
+        if getattr(self, "_own_work", None) is not None:
+            self._own_work.close()
