@@ -149,7 +149,7 @@ def delta_net_workspace_bytes(device, n_v_heads: int, head_dim: int, n_tokens: i
     if n_seqs < 1 or n_tokens % n_seqs:
         raise OutOfRange(f"delta_net: {n_tokens} tokens do not split into {n_seqs} sequences of equal length")
     lay = chunk_layout(tuning or device.tuning, device.profile, head_dim)
-    chunks = -(-(n_tokens // n_seqs) // lay.chunk)
+    chunks = ceil_div(n_tokens // n_seqs, lay.chunk)
     return 4 * n_seqs * n_v_heads * chunks * lay.block_floats
 
 

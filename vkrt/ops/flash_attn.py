@@ -67,7 +67,7 @@ def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pa
     ds = max(1, min(tuning.fa_d_split, lsb // 4))
     cols = tuning.fa_cols
     rg = max(1, tuning.fa_wg // (ds * cols))
-    rpt = max(1, min(max_rows or tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), -(-n_q // rg)))
+    rpt = max(1, min(max_rows or tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), ceil_div(n_q, rg)))
     tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
     while rpt > 1 and (tile.shared_bytes(hsk, hsv) > shared_memory or (tile.br % pack and pack % tile.br)):
         rpt -= 1
@@ -85,14 +85,14 @@ def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, 
         n = 1
         if groups < tuning.fa_fill_groups:
             least = tuning.fa_decode_split_min_tiles if decode else tuning.fa_split_min_tiles
-            n = min(-(-tuning.fa_fill_groups // groups), kv_tiles // least)
+            n = min(ceil_div(tuning.fa_fill_groups, groups), kv_tiles // least)
     elif int(split_k) < 1:
         raise UnsupportedShape(f"split_k must be at least 1 (no split), got {split_k}")
     else:
         n = int(split_k)
     n = max(1, min(n, kv_tiles, max_splits))
-    per = -(-kv_tiles // n)
-    return -(-kv_tiles // per), per
+    per = ceil_div(kv_tiles, n)
+    return ceil_div(kv_tiles, per), per
 
 
 def mask_opt_rows(tile: FATile, pack: int) -> int:

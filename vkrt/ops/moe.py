@@ -8,7 +8,7 @@ from ..errors import OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
-from .grid import grid, groups_for
+from .grid import ceil_div, grid, groups_for
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
                             ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"))
@@ -42,7 +42,7 @@ def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None, one_s
     `n_expert` experts; `subgroups` None uses subgroup arithmetic where the device has it;
     `one_subgroup`: see router_layout."""
     wg, subgroups = router_layout(device, subgroups, one_subgroup)
-    defines = {"WG": wg, "EPT": -(-n_expert // wg)}
+    defines = {"WG": wg, "EPT": ceil_div(n_expert, wg)}
     if subgroups:
         defines.update(SUBGROUPS=1, NSG=max(1, wg // max(device.profile.subgroup_min, 1)))
     return kernel(device, "moe_router", defines=defines, push=ROUTER_PUSH)

@@ -7,7 +7,7 @@ from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
-from .grid import groups_for
+from .grid import ceil_div, groups_for
 from .rows import same_shape
 
 SSM_CONV_PUSH = PushConstants(
@@ -59,7 +59,7 @@ def ssm_conv(seq, x: Tensor, weight: Tensor, state: Tensor, slots: Tensor, out: 
     dev = seq.device
     seq_len = n_tokens // n_seqs
     chunk = max(dev.tuning.ssm_conv_chunk, n_kernel - 1)
-    n_chunks = -(-seq_len // chunk)
+    n_chunks = ceil_div(seq_len, chunk)
     n = channels * n_chunks * n_seqs
     k = kernel(dev, "ssm_conv", defines={"K": n_kernel}, push=SSM_CONV_PUSH, workgroup=(dev.tuning.wg_size,))
     push = dict(n=n, channels=channels, seq_len=seq_len, n_chunks=n_chunks, chunk=chunk, x_off=xo, x_s1=xs[0],

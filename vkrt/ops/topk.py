@@ -7,6 +7,7 @@ from ..errors import UnsupportedShape
 from ..memory import F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import ceil_div
 
 TOPK_PUSH = PushConstants(*((n, "u32") for n in ("n", "x_off", "x_row", "o_off", "o_row")))
 CHUNK = 2048   # entries a workgroup sorts in shared memory (16 KiB of pairs)
@@ -17,9 +18,9 @@ def passes(n: int, k: int) -> list[int]:
     until one workgroup is left."""
     if not 1 <= k <= CHUNK:
         raise UnsupportedShape(f"top-k candidates: k must be in 1..{CHUNK}, got {k}")
-    out = [max(1, -(-n // CHUNK))]
+    out = [max(1, ceil_div(n, CHUNK))]
     while out[-1] > 1:
-        out.append(-(-out[-1] * k // CHUNK))
+        out.append(ceil_div(out[-1] * k, CHUNK))
     return out
 
 
