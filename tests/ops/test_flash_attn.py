@@ -14,6 +14,7 @@ from vkrt.device.tuning import tuning_for
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import F16, F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
+from vkrt.ops.flash_work import FlashWork
 
 TOL = 1e-11  # NMSE; lavapipe measures up to 2e-13 (fp32 arithmetic against float64)
 TOL_TANH = 1e-8  # drivers' tanh may be coarser than their exp
@@ -178,6 +179,40 @@ def test_split_merge_replays(device):
             assert not download(device, fa._done, np.uint32).any()
     finally:
         for t in (*ts, out):
+            t.close()
+
+
+def test_attention_ops_share_one_work(device):
+    """Split attentions over one FlashWork (as a model's layers over the engine's): closed right
+    after recording, they own nothing the recording reads; a later, larger one grows the
+    work's buffers and the sequence recorded before still reads its own."""
+    rng = np.random.default_rng(23)
+    shapes = [(3, 400, 5), (2, 200, 3), (4, 800, 7)]   # (n_q, n_kv, split_k): the third needs the most
+    data = [(make_qkv(rng, n_head=4, n_head_kv=2, n_q=n_q, n_kv=n_kv), causal_mask(n_q, n_kv))
+            for n_q, n_kv, _ in shapes]
+    ts = [[tensor_from_numpy(device, a) for a in (*qkv, mask)] for qkv, mask in data]
+    outs = [Tensor.empty(device, F32, (64, 4, n_q, 1)) for n_q, _, _ in shapes]
+    seqs = [CommandSequence(device), CommandSequence(device)]
+    parts = []   # where each op's split partials are
+    try:
+        with FlashWork(device) as work:
+            for seq, ops in zip(seqs, ([0, 1], [2])):
+                with seq.record():
+                    for i in ops:
+                        with FlashAttn(device, *ts[i][:3], outs[i], ts[i][3], scale=0.125, split_k=shapes[i][2],
+                                       work=work) as fa:
+                            assert fa.n_split > 1
+                            fa.record(seq)
+                            parts.append((fa._part.buffer, fa._part.offset))
+                            done = fa._done
+            assert parts[0] == parts[1] != parts[2]
+            for seq in (*seqs, seqs[0]):
+                seq.run()
+            for (qkv, mask), out in zip(data, outs):
+                check(read_tensor(out), *qkv, mask, scale=0.125)
+            assert not download(device, done, np.uint32).any()
+    finally:
+        for t in (*(t for group in ts for t in group), *outs, *seqs):
             t.close()
 
 
