@@ -97,8 +97,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash):
         s.mask_opt_owner.setdefault(id(mask), op)
     else:
         op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")
-    with op:   # owns no memory: the recording reads the Scratch's
-        op.record(seq)
+    op.record(seq)
     if gate is not None:
         gate_mul(seq, out, gate, out, act="sigmoid")
     o = s.cols("o", T)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from ..device.tuning import Tuning, fa_mask_opt_rule
 from ..errors import ConfigError, UnsupportedShape
 from ..memory import F16, I32, Tensor
-from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor, f32_binding
@@ -115,11 +114,11 @@ def _vec4_offset(t: Tensor, byte_off: int, what: str) -> int:
     return off
 
 
-class FlashAttn(Owned):
+class FlashAttn:
     """Flash attention over fixed tensors: picks the tile, mask_opt and split-K once and takes
-    the memory they need from `work` (a FlashWork the caller owns, e.g. the engine's Scratch;
-    without one, from its own, closed with it); record(seq) adds the pre-pass and attention
-    dispatches (the last split merges the others).
+    the memory they need (the mask_opt block table, split-K's partials and done counts) from
+    `work`, a FlashWork the caller owns (the engine's Scratch has one); it owns nothing itself.
+    record(seq) adds the pre-pass and attention dispatches (the last split merges the others).
 
     mask_opt: None = the tuning rule; True/False force it (a model passes settings.fa_mask_opt) (ignored without
     a mask). split_k: None = split when the grid is too small to fill the device; n forces n
@@ -130,7 +129,8 @@ class FlashAttn(Owned):
     be masked): later KV tiles are skipped, with the same result, and the splits share the live
     tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
     architecture's table entry (tests). K and V offsets and strides must be multiples of 4
-    elements (the kernel reads 4 at a time).
+    elements (the kernel reads 4 at a time). work: needed where mask_opt classifies the mask
+    (not shared) or the KV tiles are split.
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
@@ -138,7 +138,7 @@ class FlashAttn(Owned):
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
                  tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
                  sinks: Tensor | None = None, work: FlashWork | None = None):
-        super().__init__(label)
+        self.label = label
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
         self.tuning = tuning or device.tuning
@@ -155,13 +155,8 @@ class FlashAttn(Owned):
         self._shared = share_mask_opt if self._can_share(share_mask_opt, mask) else None
         # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
         self.mask_opt_blocks = None
-        self._own_work = FlashWork(device, f"{label} work") if work is None else None
-        self.work = work or self._own_work
-        try:
-            self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
-        except BaseException:
-            self.close()
-            raise
+        self.work = work
+        self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
 
     # -- decisions ---------------------------------------------------------------------------
     def _can_share(self, other: "FlashAttn | None", mask) -> bool:
@@ -256,15 +251,21 @@ class FlashAttn(Owned):
             self.mask_opt_blocks = self._shared.mask_opt_blocks
         elif self.mask_opt:
             words = s.nem2 * s.nem3 * self._mask_row_tiles * ceil_div(self.n_kv_tiles, 16)
-            self.mask_opt_blocks = self.work.range(("mask_opt blocks", id(mask.buffer), mask.offset), 4 * words)
+            self.mask_opt_blocks = self._work("mask_opt").range(("mask_opt blocks", id(mask.buffer), mask.offset), 4 * words)
             self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
                                                      m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
         if self.n_split > 1:   # the last split of a row tile merges them (shaders/flash_attn.comp)
             rows = s.batch * s.n_q * s.n_head
-            self._part = self.work.range("split O", 4 * self.n_split * rows * s.hsv)
-            self._ml = self.work.range("split M, L", 8 * self.n_split * rows)
-            self._done = self.work.range("splits done", 4 * self.n_tiles, zeroed=True)
+            work = self._work(f"split-K over {self.n_split} splits")
+            self._part = work.range("split O", 4 * self.n_split * rows * s.hsv)
+            self._ml = work.range("split M, L", 8 * self.n_split * rows)
+            self._done = work.range("splits done", 4 * self.n_tiles, zeroed=True)
+
+    def _work(self, what: str) -> FlashWork:
+        if self.work is None:
+            raise UnsupportedShape(f"{self.label}: {what} needs buffers: pass a FlashWork (work=)")
+        return self.work
 
     @property
     def _mask_row_tiles(self) -> int:
@@ -299,6 +300,3 @@ class FlashAttn(Owned):
         seq.dispatch(self._attn, buffers, push=self._attn_push,
                      groups=(self.n_row_tiles, s.n_head // self.pack, s.batch * self.n_split), label=self.label)
 
-    def _release(self) -> None:
-        if getattr(self, "_own_work", None) is not None:
-            self._own_work.close()
