@@ -447,14 +447,16 @@ def test_mask_opt_forced(device):
     ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
     out = Tensor.empty(device, F32, (64, 4, 8, 1))
     try:
-        def decided(mask=ts[3], **kw):
-            with FlashWork(device) as work:
-                return FlashAttn(device, *ts[:3], out, mask, scale=0.1, work=work, **kw).mask_opt
+        def decided(mask=ts[3], **kw):   # deciding needs no memory
+            return FlashAttn(device, *ts[:3], out, mask, scale=0.1, **kw).mask_opt
         assert not decided()  # too small for the rule
         assert decided(mask_opt=True) and not decided(mask_opt=False)
         assert not decided(None, mask_opt=True)  # nothing to classify without a mask
-        with pytest.raises(UnsupportedShape, match="mask_opt needs buffers: pass a FlashWork"):
-            FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, mask_opt=True)
+        fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, mask_opt=True)
+        with CommandSequence(device) as seq:
+            with pytest.raises(UnsupportedShape, match="mask_opt needs buffers: pass a FlashWork"):
+                with seq.record():
+                    fa.record(seq)
     finally:
         for t in (*ts, out):
             t.close()

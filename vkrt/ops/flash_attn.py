@@ -129,8 +129,8 @@ class FlashAttn:
     be masked): later KV tiles are skipped, with the same result, and the splits share the live
     tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
     architecture's table entry (tests). K and V offsets and strides must be multiples of 4
-    elements (the kernel reads 4 at a time). work: needed where mask_opt classifies the mask
-    (not shared) or the KV tiles are split.
+    elements (the kernel reads 4 at a time). work: needed to record where mask_opt classifies
+    the mask (not shared) or the KV tiles are split; the decisions need none.
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
@@ -247,25 +247,27 @@ class FlashAttn:
         self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
         self._attn_push = FA_PUSH.pack(push)
 
-        if self.mask_opt and self._shared is not None:
-            self.mask_opt_blocks = self._shared.mask_opt_blocks
-        elif self.mask_opt:
-            words = s.nem2 * s.nem3 * self._mask_row_tiles * ceil_div(self.n_kv_tiles, 16)
-            self.mask_opt_blocks = self._work("mask_opt").range(("mask_opt blocks", id(mask.buffer), mask.offset), 4 * words)
+        if self.mask_opt and self._shared is None:
+            self._mask_opt_key = ("mask_opt blocks", id(mask.buffer), mask.offset)   # one table a mask
             self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
                                                      m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
-        if self.n_split > 1:   # the last split of a row tile merges them (shaders/flash_attn.comp)
-            rows = s.batch * s.n_q * s.n_head
-            work = self._work(f"split-K over {self.n_split} splits")
-            self._part = work.range("split O", 4 * self.n_split * rows * s.hsv)
-            self._ml = work.range("split M, L", 8 * self.n_split * rows)
-            self._done = work.range("splits done", 4 * self.n_tiles, zeroed=True)
 
     def _work(self, what: str) -> FlashWork:
         if self.work is None:
             raise UnsupportedShape(f"{self.label}: {what} needs buffers: pass a FlashWork (work=)")
         return self.work
+
+    def _split_buffers(self) -> tuple:
+        """Split-K's partial O, (M, L) pairs and done counts (the last split of a row tile merges
+        the splits: shaders/flash_attn.comp), from `work` as it is when recording."""
+        s = self.shape
+        rows = s.batch * s.n_q * s.n_head
+        work = self._work(f"split-K over {self.n_split} splits")
+        self._part = work.range("split O", 4 * self.n_split * rows * s.hsv)
+        self._ml = work.range("split M, L", 8 * self.n_split * rows)
+        self._done = work.range("splits done", 4 * self.n_tiles, zeroed=True)
+        return self._part, self._ml, self._done
 
     @property
     def _mask_row_tiles(self) -> int:
@@ -279,18 +281,26 @@ class FlashAttn:
         self.record_attention(seq)
 
     def record_mask_opt(self, seq) -> None:
-        """Classify the mask's blocks into `mask_opt_blocks` (nothing when mask_opt is off)."""
-        if self.mask_opt:
+        """Classify the mask's blocks into `mask_opt_blocks`, a table of `work` (nothing when
+        mask_opt is off; a sharing op reads the table of the op it shares)."""
+        if self.mask_opt and self._shared is None:
             s = self.shape
+            words = s.nem2 * s.nem3 * self._mask_row_tiles * ceil_div(self.n_kv_tiles, 16)
+            self.mask_opt_blocks = self._work("mask_opt").range(self._mask_opt_key, 4 * words)
             groups = (ceil_div(self.n_kv_tiles, MASK_OPT_WG), self._mask_row_tiles, s.nem2 * s.nem3)
             seq.dispatch(self._mask_opt_kernel, [self._mask, self.mask_opt_blocks], push=self._mask_opt_push,
                          groups=groups, label=f"{self.label} mask_opt")
 
     def record_attention(self, seq) -> None:
-        """Record the attention (reading `mask_opt_blocks` when mask_opt is on)."""
+        """Record the attention (reading the mask_opt blocks the pre-pass recorded, when on)."""
         s = self.shape
-        split = (self._part, self._ml, self._done) if self.n_split > 1 else (self._out,) * 3   # unread unsplit
+        split = self._split_buffers() if self.n_split > 1 else (self._out,) * 3   # unread unsplit
         buffers = [self._q, self._k, self._v, self._out, *split]
+        if self.mask_opt:
+            if self._shared is not None:
+                self.mask_opt_blocks = self._shared.mask_opt_blocks
+            if self.mask_opt_blocks is None:
+                raise UnsupportedShape(f"{self.label}: record the mask_opt pre-pass (of the op it shares) first")
         if self._mask is not None:
             buffers += [self._mask, self.mask_opt_blocks if self.mask_opt else self._mask]  # unread when off
         if self._kv_used is not None:
