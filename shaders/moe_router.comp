@@ -2,7 +2,9 @@
 // Mixture-of-experts routing for one token per workgroup: p = softmax(logits[:, t]) over the
 // n_expert experts; the n_used largest (ties: lower expert id first) go to ids[:, t] and their
 // probabilities to weights[:, t], divided by their sum with mode 1 (qwen3moe); mode 2 weighs
-// them by the softmax of the chosen experts' logits alone (gpt-oss).
+// them by the softmax of the chosen experts' logits alone (gpt-oss). Modes 3 and 4 (glm4moe) gate
+// by p = sigmoid(logits) and choose by p + bias (a selection bias an expert); the chosen weigh
+// their p, divided by max(sum, 2^-14) with mode 4 (as llama.cpp clamps the sum).
 // Each invocation holds its EPT experts (lid, lid + WG, ...) in registers; each of the n_used
 // rounds picks the workgroup's best untaken expert with one barrier: subgroup max/min, then a
 // scan over the subgroups' results (SUBGROUPS), or a shared-memory tree where the device has no
@@ -20,6 +22,7 @@ layout(local_size_x = WG) in;
 layout(binding = 0) readonly buffer L { float logits[]; };
 layout(binding = 1) writeonly buffer Ids { int ids[]; };
 layout(binding = 2) writeonly buffer Wts { float weights[]; };
+layout(binding = 3) readonly buffer B { float bias[]; };
 
 layout(push_constant) uniform Push {
     uint n_expert;
@@ -29,7 +32,9 @@ layout(push_constant) uniform Push {
     uint l_col;     // floats between tokens in logits
     uint ids_off;
     uint w_off;
-    uint mode;      // 0: softmax, 1: softmax renormalised over the chosen, 2: softmax of the chosen
+    uint mode;      // 0: softmax, 1: softmax renormalised over the chosen, 2: softmax of the chosen,
+                    // 3: sigmoid chosen by sigmoid + bias, 4: the same renormalised over the chosen
+    uint b_off;     // the selection bias (modes 3 and 4)
 } p;
 
 #define NONE 0xFFFFFFFFu
@@ -103,11 +108,18 @@ void main() {
     const uint lid = gl_LocalInvocationID.x;
     const uint base = p.l_off + t * p.l_col;
 
+    const bool sig = p.mode >= 3u;
     float v[EPT];
+    float gp[EPT];   // sigmoid gating: each expert's probability (v holds it plus the selection bias)
     float m = NEG_INF;
     [[unroll]] for (uint i = 0u; i < EPT; i++) {
         const uint e = lid + i * WG;
         v[i] = e < p.n_expert ? logits[base + e] : NEG_INF;
+        gp[i] = 0.0;
+        if (sig && e < p.n_expert) {
+            gp[i] = 1.0 / (1.0 + exp(-v[i]));
+            v[i] = gp[i] + bias[p.b_off + e];
+        }
         m = max(m, v[i]);
     }
     uint any_e = lid;   // the max needs only the value; any expert id keeps beats() honest
@@ -135,17 +147,33 @@ void main() {
         reduce(best, best_e, false, k & 1u);
         if (best_e % WG == lid) {
             taken |= 1u << (best_e / WG);
+            if (sig) {
+                [[unroll]] for (uint i = 0u; i < EPT; i++) {
+                    if (lid + i * WG == best_e) {
+                        picked_p[k] = gp[i];
+                    }
+                }
+            }
         }
         const float prob = p.mode == 2u ? exp(best - m) : exp(best - m) / total;
         if (lid == 0u) {
             ids[p.ids_off + t * p.n_used + k] = int(best_e);
-            picked_p[k] = prob;
+            if (!sig) {
+                picked_p[k] = prob;
+            }
         }
         picked_sum += prob;
     }
     barrier();
+    if (sig) {
+        picked_sum = 0.0;
+        for (uint j = 0u; j < p.n_used; j++) {
+            picked_sum += picked_p[j];
+        }
+        picked_sum = max(picked_sum, 6.103515625e-5);
+    }
     for (uint j = lid; j < p.n_used; j += WG) {
         const float w = picked_p[j];
-        weights[p.w_off + t * p.n_used + j] = p.mode != 0u ? w / picked_sum : w;
+        weights[p.w_off + t * p.n_used + j] = p.mode == 0u || p.mode == 3u ? w : w / picked_sum;
     }
 }

@@ -1,6 +1,14 @@
-"""A float64 numpy forward pass of Qwen3.5 / Qwen3.6 GGUF models (`qwen35`, `qwen35moe`) as
-llama.cpp's graph computes it: the test oracle for vkrt's hybrid models. Clarity over speed (tiny
-models only): one fresh sequence, every token at once, positions 0..T-1.
+"""A float64 numpy forward pass of Qwen3.5 / Qwen3.6 / Qwen3-Next GGUF models (`qwen35`,
+`qwen35moe`, `qwen3next`) as llama.cpp's graph computes it: the test oracle for vkrt's hybrid
+models. Clarity over speed (tiny models only): one fresh sequence, every token at once, positions
+0..T-1.
+
+qwen3next differs from qwen35moe only in its DeltaNet tensors (llama.cpp's src/models/qwen3next.cpp):
+the input projection is ssm_in, per key head g [q_g, k_g, v and z of value heads g*rep..] (or, from
+newer converters, attn_qkv / attn_gate as qwen35's), beta and alpha come from one ssm_ba, per key
+head g [beta of its rep value heads, their alpha], and value head j reads key head j // rep
+(q and k repeated interleaved; qwen35's are tiled: j % Hk); and in its RoPE: NEOX over
+rope.dimension_count dims (qwen35: IMROPE sections, the same rotation for text positions).
 
     x = token_embd[tokens]
     per layer: x += gated_delta_net(rms_norm(x))  or  gated_attention(rms_norm(x))
@@ -27,7 +35,7 @@ def load(path: str, hybrid: bool = True) -> tuple[ModelConfig, dict[str, np.ndar
     meta = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
     cfg = ModelConfig.from_metadata(meta, path)
     if hybrid and not cfg.spec.hybrid_linear:
-        raise ValueError(f"{path}: {cfg.arch} is not a qwen35 / qwen35moe model")
+        raise ValueError(f"{path}: {cfg.arch} is not a qwen35 / qwen35moe / qwen3next model")
     weights = {}
     for t in reader.tensors:
         shape = tuple(int(n) for n in reversed(t.shape))
@@ -70,9 +78,35 @@ def causal_conv(x, w):
     return sum(w[:, k] * padded[k:k + T] for k in range(K))
 
 
-def key_head_of(n_v_heads: int, n_k_heads: int) -> np.ndarray:
-    """The q/k head each value head reads: q/k heads are tiled (ggml_repeat), not interleaved."""
+def key_head_of(n_v_heads: int, n_k_heads: int, interleaved: bool = False) -> np.ndarray:
+    """The q/k head each value head reads: qwen35's q/k heads are tiled (ggml_repeat),
+    qwen3next's interleaved (reshaped to [D, 1, Hk], repeated to [D, rep, Hk])."""
+    if interleaved:
+        return np.arange(n_v_heads) // (n_v_heads // n_k_heads)
     return np.arange(n_v_heads) % n_k_heads
+
+
+def grouped(cfg: ModelConfig) -> bool:
+    """qwen3next's DeltaNet tensors (grouped by key head)."""
+    return cfg.spec.delta_net_layout == "grouped"
+
+
+def delta_net_inputs(cfg: ModelConfig, w: dict, il: int, h):
+    """(qkv [T, conv channels], z [T, Hv, D], alpha, beta [T, Hv]) of a DeltaNet block."""
+    D, Hk, Hv, p = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads, f"blk.{il}."
+    T, rep = h.shape[0], Hv // Hk
+    if not grouped(cfg):
+        return (h @ w[p + "attn_qkv.weight"].T, (h @ w[p + "attn_gate.weight"].T).reshape(T, Hv, D),
+                h @ w[p + "ssm_alpha.weight"].T, h @ w[p + "ssm_beta.weight"].T)
+    if p + "ssm_in.weight" in w:   # per key head: q, k, rep value heads, their rep z
+        m = (h @ w[p + "ssm_in.weight"].T).reshape(T, Hk, 2 * D + 2 * rep * D)
+        qkv = np.concatenate([m[..., :D].reshape(T, -1), m[..., D:2 * D].reshape(T, -1),
+                              m[..., 2 * D:2 * D + rep * D].reshape(T, -1)], axis=1)
+        z = m[..., 2 * D + rep * D:].reshape(T, Hv, D)
+    else:
+        qkv, z = h @ w[p + "attn_qkv.weight"].T, (h @ w[p + "attn_gate.weight"].T).reshape(T, Hv, D)
+    ba = (h @ w[p + "ssm_ba.weight"].T).reshape(T, Hk, 2 * rep)
+    return qkv, z, ba[..., rep:].reshape(T, Hv), ba[..., :rep].reshape(T, Hv)
 
 
 def delta_rule(q, k, v, g, b):
@@ -90,19 +124,17 @@ def delta_rule(q, k, v, g, b):
     return out
 
 
-def gated_delta_net(cfg: ModelConfig, w: dict, il: int, h):
-    """A linear-attention (Gated DeltaNet) block on h [T, n_embd]."""
+def gated_delta_net(cfg: ModelConfig, w: dict, il: int, h, interleaved: bool | None = None):
+    """A linear-attention (Gated DeltaNet) block on h [T, n_embd]; `interleaved` overrides how
+    value heads pair with key heads (default: the architecture's)."""
     D, Hk, Hv, eps, p = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.norm_eps, f"blk.{il}."
     T = h.shape[0]
-    qkv = h @ w[p + "attn_qkv.weight"].T
-    z = (h @ w[p + "attn_gate.weight"].T).reshape(T, Hv, D)
-    alpha = h @ w[p + "ssm_alpha.weight"].T
-    beta = h @ w[p + "ssm_beta.weight"].T
+    qkv, z, alpha, beta = delta_net_inputs(cfg, w, il, h)
     y = silu(causal_conv(qkv, w[p + "ssm_conv1d.weight"]))
     q = y[:, :Hk * D].reshape(T, Hk, D)
     k = y[:, Hk * D:2 * Hk * D].reshape(T, Hk, D)
     v = y[:, 2 * Hk * D:].reshape(T, Hv, D)
-    kh = key_head_of(Hv, Hk)
+    kh = key_head_of(Hv, Hk, grouped(cfg) if interleaved is None else interleaved)
     q = l2_normalize(q, eps)[:, kh] / np.sqrt(D)
     k = l2_normalize(k, eps)[:, kh]
     g = softplus(alpha + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]
@@ -168,15 +200,17 @@ def moe_ffn(cfg: ModelConfig, w: dict, il: int, x):
     return out
 
 
-def forward(path: str, tokens: list[int]) -> np.ndarray:
-    """float64 logits [len(tokens), vocab] of a qwen35 / qwen35moe GGUF for a fresh sequence."""
+def forward(path: str, tokens: list[int], interleaved: bool | None = None) -> np.ndarray:
+    """float64 logits [len(tokens), vocab] of a qwen35 / qwen35moe / qwen3next GGUF for a fresh
+    sequence (`interleaved`: see gated_delta_net)."""
     cfg, w = load(path)
     eps = cfg.norm_eps
     x = w["token_embd.weight"][np.asarray(tokens)]
     for il, layer in enumerate(cfg.layers):
         p = f"blk.{il}."
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)
-        x = x + (gated_delta_net(cfg, w, il, h) if layer.attn == LINEAR else gated_attention(cfg, w, il, h))
+        x = x + (gated_delta_net(cfg, w, il, h, interleaved) if layer.attn == LINEAR
+                 else gated_attention(cfg, w, il, h))
         h2 = rms_norm(x, w[p + "post_attention_norm.weight"], eps)
         if layer.ffn == DENSE:
             x = x + glu_ffn(h2, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"])
@@ -192,3 +226,15 @@ def prompt_then_decode(engine, tokens, prefill: int) -> np.ndarray:
     rows = [engine.eval(tokens[:prefill], all_logits=True)]
     rows += [engine.eval([t])[None] for t in tokens[prefill:]]
     return np.concatenate(rows)
+
+
+def fresh_logits(device, path: str, tokens, prefill: int, *, n_cpu_moe: int = 0, flash: bool = True, kv_type=None,
+                 **model_kw) -> np.ndarray:
+    """prompt_then_decode's logits of a newly opened model and engine (64-token context, 32-token
+    ubatches); kv_type None: the engine's default F16 KV cache."""
+    from vkrt.engine.engine import Engine
+    from vkrt.model.loader import Model
+    kw = {"kv_type": kv_type} if kv_type else {}
+    with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe, **model_kw) as m, \
+            Engine(m, n_ctx=64, n_ubatch=32, flash_attn=flash, **kw) as e:
+        return prompt_then_decode(e, tokens, prefill)

@@ -52,8 +52,23 @@ TINY = {
        for name, arch, wtype, interval, seed in (
            ("tiny-qwen35moe", "qwen35moe", "Q8_0", 4, 7), ("tiny-qwen35moe-f16", "qwen35moe", "F16", 4, 8),
            ("tiny-qwen35", "qwen35", "Q8_0", 2, 9), ("tiny-qwen35-f32", "qwen35", "F32", 2, 10))},
+    # Qwen3-Next: qwen35moe's blocks with NEOX RoPE on a quarter of the head and the DeltaNet
+    # tensors grouped by key head (2 key heads, 4 value heads: value head j reads key head j // 2);
+    # the older converters' one ssm_in, and the newer ones' attn_qkv / attn_gate
+    **{name: SyntheticSpec(arch="qwen3next", n_layer=4, head_dim=32, rope_dims=8, ssm_head_dim=16, n_ff=0,
+                           n_expert=8, n_expert_used=2, n_ff_expert=32, n_ff_shared=32, weight_type=wtype,
+                           qkvz_fused=fused, tokenizer_pre="qwen2", seed=seed)
+       for name, wtype, fused, seed in (("tiny-qwen3next", "Q8_0", True, 40),
+                                        ("tiny-qwen3next-qkv", "F16", False, 41))},
+    # GLM-4.5-Air / 4.6 (glm4moe): attention biases, half of each 32-dim head rotated (NEOX), q/k
+    # norms (4.5 / 4.6; -Air has none), 1 leading dense layer, then 8 sigmoid-routed experts (2
+    # chosen by sigmoid + exp_probs_b, renormalised, times 2.5 as GLM-4.6) and a shared expert
+    **{name: SyntheticSpec(arch="glm4moe", n_layer=3, head_dim=32, rope_dims=16, n_ff=96, n_expert=8, n_expert_used=2,
+                           n_ff_expert=32, n_ff_shared=32, n_dense_lead=1, expert_weights_scale=scale, qk_norm=qk,
+                           tokenizer_pre="glm4", seed=seed)
+       for name, qk, scale, seed in (("tiny-glm4moe", True, 2.5, 42), ("tiny-glm4moe-air", False, 1.0, 43))},
 }
-HYBRID = [n for n in TINY if n.startswith("tiny-qwen35")]
+HYBRID = [n for n in TINY if n.startswith(("tiny-qwen35", "tiny-qwen3next"))]
 
 
 def tiny_model(name: str, folder) -> str:

@@ -101,3 +101,16 @@ def test_context_past_the_buffer_limit_names_the_option(device, tmp_path):
                 Engine(m, n_ctx=4096, n_ubatch=16)
         finally:
             device.profile = saved
+
+
+def test_run_refuses_a_bad_sampler_chain(tmp_path):
+    """--samplers / --sampling-seq: a chain vkrt cannot run is a usage error naming the option,
+    before any model is opened."""
+    model = tmp_path / "none.gguf"
+    model.write_bytes(b"")
+    for args, hint, what in ((["--samplers", "top_k;dry"], "--samplers", "must come before"),
+                             (["--sampling-seq", "kq"], "--sampling-seq", "unknown sampler letter"),
+                             (["--samplers", "top_k", "--sampling-seq", "k"], "not both", "not both")):
+        result = CliRunner().invoke(cli, ["run", "-m", str(model), *args])
+        assert result.exit_code == 2 and hint in result.output and what in result.output, result.output
+        assert "Traceback" not in result.output

@@ -42,9 +42,14 @@ def commands_saved(device, tmp_path, device_env, name, variable="VKRT_FUSE_ADD_N
     return n_plain - n_fused, cfg
 
 
+def gated_ffns(cfg) -> int:
+    """Gated FFNs a forward pass runs: one a layer, two where a shared expert joins the routed ones."""
+    return sum(2 if layer.ffn == "moe_shared" else 1 for layer in cfg.layers)
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
                                   "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss", "tiny-olmoe",
-                                  "tiny-granite", "tiny-granitemoe"])
+                                  "tiny-granite", "tiny-granitemoe", "tiny-qwen3next", "tiny-glm4moe"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, device_env, name):
     """granite: each block's output scaled (residual_scale) before either path adds it."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name)
@@ -52,18 +57,20 @@ def test_fused_add_norm_is_bit_identical(device, tmp_path, device_env, name):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
-                                  "tiny-gpt-oss", "tiny-olmoe", "tiny-granite"])
+                                  "tiny-gpt-oss", "tiny-olmoe", "tiny-granite", "tiny-qwen3next", "tiny-glm4moe",
+                                  "tiny-glm4moe-air"])
 def test_fused_norm_rope_is_bit_identical(device, tmp_path, device_env, name):
     """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN; granite);
     gemma3 and gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's
     gate follows its query) under IMROPE; olmoe's whole-vector q/k norms run before, apart."""
     device_env("VKRT_FUSE_KV_STORE", "0")   # V's store apart either way: counted below
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_NORM_ROPE")
-    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite") else 3
+    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite", "tiny-glm4moe-air") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss",
+                                  "tiny-qwen3next", "tiny-glm4moe"])
 def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name):
     """V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE): one command fewer a
     layer with attention, in both graphs; sliding layers (gemma3, gpt-oss), IMROPE (qwen35moe)."""
@@ -73,26 +80,26 @@ def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2), ("tiny-qwen35moe", 2),
-                                            ("tiny-qwen35", 0), ("tiny-olmoe", 0), ("tiny-granitemoe", 2)])
+                                            ("tiny-qwen35", 0), ("tiny-olmoe", 0), ("tiny-granitemoe", 2),
+                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 3)])
 def test_fused_glu_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     # a shared expert is a second gated FFN
-    shared = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1
-    assert saved == 2 * cfg.n_layer * shared   # both graphs: the 8-token prompt is mat-vec sized too
+    assert saved == 2 * gated_ffns(cfg)   # both graphs: the 8-token prompt is mat-vec sized too
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen35", 0),
-                                            ("tiny-granite", 0), ("tiny-granitemoe", 0)])
+                                            ("tiny-granite", 0), ("tiny-granitemoe", 0), ("tiny-qwen3next", 0),
+                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 0)])
 def test_fused_gate_up_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """Dense (silu, gemma3's gelu), expert and shared-expert gate/up pairs in VRAM (the loader
     puts each pair in one allocation); experts staged from host stay apart and still agree."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GATE_UP", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
-    ffns = 2 if name in ("tiny-qwen2moe", "tiny-qwen35moe", "tiny-granitemoe") else 1   # a shared expert: a second
-    fewer = 2 * 2 * (cfg.n_layer * ffns - n_cpu_moe)   # both graphs are mat-vec sized
+    fewer = 2 * 2 * (gated_ffns(cfg) - n_cpu_moe)   # both graphs are mat-vec sized
     if n_cpu_moe:   # host experts fuse only where a prefetch slot holds gate and up together
         assert fewer <= saved <= fewer + 2 * 2 * n_cpu_moe and saved % 4 == 0
     else:
@@ -101,7 +108,8 @@ def test_fused_gate_up_is_bit_identical(device, tmp_path, device_env, name, n_cp
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
-                                            ("tiny-granitemoe", 0), ("tiny-granitemoe", 2)])
+                                            ("tiny-granitemoe", 0), ("tiny-granitemoe", 2), ("tiny-qwen3next", 2),
+                                            ("tiny-glm4moe", 0), ("tiny-glm4moe", 2)])
 def test_summed_expert_down_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """The experts' down projection summing the slots (and the gated shared expert) in its epilogue
     against mul_mat_id then moe_combine: experts in VRAM and staged from host (granitemoe's
@@ -113,10 +121,11 @@ def test_summed_expert_down_is_bit_identical(device, tmp_path, device_env, name,
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen35moe",
-                                  "tiny-olmoe", "tiny-granite"])
+                                  "tiny-olmoe", "tiny-granite", "tiny-qwen3next", "tiny-qwen3next-qkv", "tiny-glm4moe"])
 def test_fused_projections_are_bit_identical(device, tmp_path, device_env, name):
     """q, k and v in one mat-vec dispatch (qwen2: with their biases added after; gemma3: sliding
-    layers; qwen35moe: DeltaNet's qkv and gate, and its alpha and beta, in one each)."""
+    layers; qwen35moe: DeltaNet's qkv and gate, and its alpha and beta, in one each; qwen3next: the
+    same, rebuilt from ssm_in or attn_qkv / attn_gate and ssm_ba at load)."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_QKV")
     # attention: 3 dispatches -> 1, DeltaNet: 4 -> 2; both graphs (the 8-token prompt is mat-vec sized)
     assert saved == 2 * 2 * cfg.n_layer
@@ -177,7 +186,7 @@ def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, dev
     assert apart_n - fused_n == 2 * cfg.n_layer   # the one-token graph fuses, the 8-token prompt does not
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe", "tiny-qwen3next"])
 def test_fused_weights_share_one_allocation(device, tmp_path, name):
     """The loader puts each group of weights one pass reads (gate and up; q, k and v; DeltaNet's
     qkv and gate, alpha and beta) in one allocation, in order, owned by the first."""
@@ -195,7 +204,7 @@ def test_fused_weights_share_one_allocation(device, tmp_path, name):
                 for a, b in zip(ts, ts[1:]):
                     assert b.buffer is a.buffer and b.offset == a.offset + -(-a.nbytes // GROUP_ALIGN) * GROUP_ALIGN
     # per layer gate|up (and the shared expert's), then q|k|v or qkv|gate and alpha|beta
-    assert groups == {"tiny-llama": 2 * 2, "tiny-qwen35moe": 4 * 2 + 1 + 3 * 2}[name]
+    assert groups == {"tiny-llama": 2 * 2, "tiny-qwen35moe": 4 * 2 + 1 + 3 * 2, "tiny-qwen3next": 4 * 2 + 1 + 3 * 2}[name]
 
 
 def test_fused_outputs_share_one_allocation(device, tmp_path):

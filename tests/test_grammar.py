@@ -102,3 +102,30 @@ def test_vkrt_run_takes_a_grammar_and_a_schema(tmp_path):
     assert 0 <= json.loads(json.loads(out.output.strip().splitlines()[-1])["text"])["n"] <= 99
     out = CliRunner().invoke(cli, base + ["--grammar", "root ::= nope"])
     assert out.exit_code == 2 and "--grammar" in out.output and "nope" in out.output
+
+
+def test_plain_text_user_defined_tokens_are_text_to_the_grammar(tmp_path):
+    """Gemma 3 holds "\\n" and blank runs as user-defined tokens: a grammar's newline must allow
+    that token (llguidance took every user-defined token for a special one, which has no text)."""
+    import gguf
+
+    from vkrt.model.tokenizer import TOKEN_USER_DEFINED, Tokenizer
+    reader = gguf.GGUFReader(tiny_model("tiny-qwen3", tmp_path))
+    meta = {}
+    for key, f in reader.fields.items():
+        try:
+            meta[key] = f.contents()
+        except Exception:   # values gguf cannot render are not the tokenizer's
+            pass
+    meta["tokenizer.ggml.tokens"] = list(meta["tokenizer.ggml.tokens"]) + ["\n", "<tag>"]
+    meta["tokenizer.ggml.token_type"] = list(meta["tokenizer.ggml.token_type"]) + [TOKEN_USER_DEFINED] * 2
+    tok = Tokenizer.from_metadata(meta)
+    newline = len(tok.tokens) - 2
+    ids = tok.encode('{\n"x": 5}', add_special=False)
+    assert newline in ids
+    llt = grammar_tokenizer(tok, len(tok.tokens))
+    c = Constraint(llt, json_schema_grammar({"type": "object", "properties": {"x": {"type": "integer"}}}))
+    for t in ids:
+        assert c.mask()[t // 32] >> (t % 32) & 1, (t, tok.tokens[t])
+        c.accept(t)
+    assert c.accepting and not llt.is_special_token(newline) and llt.is_special_token(newline + 1)

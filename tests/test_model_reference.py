@@ -45,7 +45,10 @@ def model_path(name: str, tiny_dir) -> str:
 
 # not yet recorded from llama.cpp (scripts/record_llama_reference.py --tiny records every TINY model
 # where the peer runs)
-UNRECORDED: set[str] = set()
+# tiny models whose llama.cpp answers are not in tests/data yet: record them with
+# scripts/record_llama_reference.py --out tests/data/llama_reference.json --tiny-model NAME ...
+# [--llama-server PATH] on a machine whose CPU runs the peer, then empty this set
+UNRECORDED: set[str] = {"tiny-qwen3next", "tiny-qwen3next-qkv", "tiny-glm4moe", "tiny-glm4moe-air"}
 MODELS = [SMOLLM2] + [f"{n}.gguf" for n in TINY if n not in UNRECORDED]
 
 
@@ -115,7 +118,7 @@ def test_greedy_continuation_matches_llama_cpp(loaded):
             assert gen.tokens == comp["tokens"], comp["prompt"]
 
 
-@pytest.fixture(scope="module", params=[f"{n}.gguf" for n in HYBRID])
+@pytest.fixture(scope="module", params=[f"{n}.gguf" for n in HYBRID if n not in UNRECORDED])
 def hybrid(request, device, tiny_dir):
     name = request.param
     path = model_path(name, tiny_dir)

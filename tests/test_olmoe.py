@@ -22,11 +22,10 @@ import dataclasses
 import numpy as np
 import pytest
 import gguf
-from hybrid_reference import load, moe_ffn, prompt_then_decode, rms_norm, rope_neox, softmax
+from hybrid_reference import fresh_logits, load, moe_ffn, rms_norm, rope_neox, softmax
 from models import tiny_model
 from test_hybrid_reference import check_logits, normalised_error
 
-from vkrt.engine.engine import Engine
 from vkrt.errors import GGUFError
 from vkrt.memory import F32
 from vkrt.model.arch import MOE
@@ -95,10 +94,7 @@ def test_logits_match_the_numpy_forward(device, olmoe, n_cpu_moe, flash, kv_type
     """A 12-token prefill (all logits), then 4 decode steps; n_cpu_moe: every layer's experts in
     host memory. kv_type None: the engine's default F16 KV cache."""
     path, ref = olmoe
-    kw = {"kv_type": kv_type} if kv_type else {}
-    with Model(device, path, progress=False, n_cpu_moe=n_cpu_moe) as m, \
-            Engine(m, n_ctx=64, n_ubatch=32, flash_attn=flash, **kw) as e:
-        got = prompt_then_decode(e, TOKENS, PREFILL)
+    got = fresh_logits(device, path, TOKENS, PREFILL, n_cpu_moe=n_cpu_moe, flash=flash, kv_type=kv_type)
     check_logits(got, ref, tol, f"tiny-olmoe, n_cpu_moe={n_cpu_moe}, flash={flash}, kv {kv_type}")
 
 

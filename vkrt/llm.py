@@ -18,6 +18,7 @@ import numpy as np
 from .engine.generate import TextStream, generate
 from .engine.options import EngineOptions, open_engine
 from .engine.sampler import SamplingParams
+from .engine.sampler_order import parse_order
 from .errors import ConfigError
 from .model.default_model import default_model
 
@@ -192,4 +193,6 @@ class LLM:
         unknown = sorted(set(sampling) - _SAMPLING)
         if unknown:
             raise ConfigError(f"unknown sampling option(s) {', '.join(unknown)} (options: {', '.join(sorted(_SAMPLING))})")
+        if "order" in sampling:   # a list of sampler names (or their letters), checked as the server checks them
+            sampling = {**sampling, "order": parse_order(sampling["order"], "order")}
         return SamplingParams(**sampling)

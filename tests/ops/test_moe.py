@@ -93,3 +93,35 @@ def test_route_softmax_of_the_chosen(device, n_expert, n_used, n_tokens):
     finally:
         for t in (tl, ids, w):
             t.close()
+
+
+@pytest.mark.parametrize("n_expert, n_used, n_tokens", [(16, 4, 5), (128, 8, 3), (160, 8, 2)])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("subgroups", [False, True])
+def test_route_sigmoid_with_selection_bias(device, n_expert, n_used, n_tokens, normalize, subgroups):
+    """glm4moe's gating (llama.cpp's SIGMOID with exp_probs_b): the top-k by sigmoid(logit) +
+    bias, weighted by sigmoid(logit) alone (renormalised with `normalize`); the bias changes
+    which experts win, so ids by the bias-free order would differ."""
+    from vkrt.ops.moe import moe_route
+    if subgroups and not device.profile.subgroup_arithmetic:
+        pytest.skip("no subgroup arithmetic on this device")
+    rng = np.random.default_rng(n_expert + 7)
+    logits = (rng.standard_normal((n_tokens, n_expert)) * 2).astype(np.float32)
+    bias = (rng.standard_normal(n_expert) * 0.5).astype(np.float32)
+    tl, tb = tensor_from_numpy(device, logits), tensor_from_numpy(device, bias)
+    ids = Tensor.empty(device, "I32", (n_used, n_tokens))
+    w = Tensor.empty(device, "F32", (n_used, n_tokens))
+    try:
+        run_once(device, lambda s: moe_route(s, tl, ids, w, n_used, normalize, sigmoid_bias=tb,
+                                             subgroups=subgroups))
+        p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+        ref_ids = np.argsort(-(p + bias), axis=-1, kind="stable")[:, :n_used]
+        ref_w = np.take_along_axis(p, ref_ids, -1)
+        if normalize:
+            ref_w /= ref_w.sum(-1, keepdims=True)
+        np.testing.assert_array_equal(read_tensor(ids), ref_ids)
+        np.testing.assert_allclose(read_tensor(w), ref_w, rtol=1e-5, atol=1e-7)
+        assert (np.sort(np.argsort(-p, axis=-1, kind="stable")[:, :n_used]) != np.sort(ref_ids)).any()
+    finally:
+        for t in (tl, tb, ids, w):
+            t.close()

@@ -165,12 +165,31 @@ def test_openai_logprobs_shapes(client):
 
 @pytest.mark.parametrize("extra", [{"mirostat": 2, "mirostat_tau": 3.0}, {"mirostat": 1},
                                    {"xtc_probability": 1.0, "xtc_threshold": 0.05}, {"top_n_sigma": 1.0},
-                                   {"dry_multiplier": 0.8, "dry_sequence_breakers": ["\n", "fox"]}])
+                                   {"dry_multiplier": 0.8, "dry_sequence_breakers": ["\n", "fox"]},
+                                   {"samplers": ["top_k", "temperature"], "top_k": 3},
+                                   {"samplers": "ktp", "top_p": 0.5}])
 def test_more_samplers_generate(server, extra):
     """The samplers taken from llama-server's list run through the server (seeded: repeatable)."""
     body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0.9, "seed": 5, "cache_prompt": False, **extra}
     a, b = server.post("/completion", body), server.post("/completion", body)
     assert a[0] == 200 and a[1]["tokens_predicted"] >= 1 and a[1]["content"] == b[1]["content"]
+
+
+def test_samplers_run_only_the_named_ones(server):
+    """`samplers` without top_k: top_k 1 no longer forces the best token, so seeded draws at a
+    high temperature differ from greedy somewhere; with top_k in the chain they are greedy's."""
+    greedy = server.post("/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "cache_prompt": False})
+    outs = {}
+    for name, chain in (("with", ["top_k", "temperature"]), ("without", ["temperature"])):
+        texts = []
+        for seed in range(4):
+            st, out = server.post("/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 5.0, "top_k": 1,
+                                                  "seed": seed, "samplers": chain, "cache_prompt": False})
+            assert st == 200, out
+            texts.append(out["content"])
+        outs[name] = texts
+    assert set(outs["with"]) == {greedy[1]["content"]}
+    assert any(t != greedy[1]["content"] for t in outs["without"])
 
 
 def test_n_choices(client):

@@ -136,11 +136,41 @@ def test_tool_choice_none_offers_no_tools_and_parses_nothing(client, srv):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_forced_tool_choice_is_refused(client, choice):
+def test_forced_tool_choice_is_taken(client, srv, choice):
+    """The scripted reply is a call, as the grammar would make it (the scripted model ignores grammars)."""
+    out = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=choice)
+    assert out.choices[0].finish_reason == "tool_calls" and '"name": "get_weather"' in srv.scheduler.prompts[-1]
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice.function.name"),
+    ({"tool_choice": "required", "tools": None}, "tool_choice"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": "yes"}}]}, "tools[0].function.strict"),
+    ({"tools": [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}], "json_schema": {}},
+     "tools[0].function.strict"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "strin"}}}}}]},
+     "tools[0].function.parameters"),
+])
+def test_forced_or_strict_tools_refused_name_the_field(client, extra, param):
+    body = {"tools": TOOLS, **extra}
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=choice)
-    body = err.value.body
-    assert body["param"] == "tool_choice" and "tool-call formats" in body["message"]
+        client.chat.completions.create(model="m", messages=ASK, extra_body=body)
+    assert err.value.body["param"] == param, err.value.body
+
+
+def test_strict_tools_on_a_template_without_a_tool_format_are_refused():
+    server = ScriptedServer("{% for m in messages %}{{ m.content }}{% endfor %}", lambda prompt: "Hi.")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
+        strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}]
+        for extra, param in (({"tool_choice": "required"}, "tool_choice"), ({}, "tools[0].function.strict")):
+            with pytest.raises(openai.BadRequestError) as err:
+                client.chat.completions.create(model="m", messages=ASK, tools=strict, extra_body=extra)
+            assert err.value.body["param"] == param and "format" in err.value.body["message"]
+    finally:
+        server.close()
 
 
 @pytest.mark.parametrize("extra,param", [

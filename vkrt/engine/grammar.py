@@ -15,6 +15,7 @@ import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
 from ..errors import VkrtError
+from ..model.tokenizer import TOKEN_USER_DEFINED
 from ..ops.token_mask import apply_mask_host, mask_words
 
 # whitespace JSON may hold between tokens: llama.cpp's json-schema-to-grammar allows at most a
@@ -51,6 +52,14 @@ def gbnf_grammar(text: str) -> str:
         raise GrammarError(str(exc)) from None
 
 
+def lark_grammar(text: str) -> str:
+    """A grammar in llguidance's Lark dialect (with `%json {...}` schemas and `<[id]>` tokens)."""
+    try:
+        return _checked(LLMatcher.grammar_from_lark(text))
+    except ValueError as exc:
+        raise GrammarError(str(exc)) from None
+
+
 def _checked(grammar: str) -> str:
     error = LLMatcher.validate_grammar(grammar)
     if error:
@@ -69,9 +78,24 @@ def grammar_tokenizer(tokenizer, vocab: int) -> LLTokenizer:
     cached = _tokenizers.get(tokenizer)
     if cached is not None and cached[0] == key:
         return cached[1]
-    llt = LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab, eos_token=list(key[1]) or None)
+    llt = LLTokenizer(_text_user_tokens(tokenizer), n_vocab=vocab, eos_token=list(key[1]) or None)
     _tokenizers[tokenizer] = (key, llt)
     return llt
+
+
+def _text_user_tokens(tokenizer) -> str:
+    """The tokenizer's JSON with the user-defined tokens that are plain text (Gemma 3's newline
+    and blank runs, its HTML tags) no longer special: llguidance takes a special token for no
+    text, so a grammar's newline could not be that token. Control tokens, and user-defined ones
+    written <...> (Qwen's <tool_call>, <think>), stay special, as in llguidance's llama.cpp binding."""
+    data = json.loads(tokenizer.hf.to_str())
+    types = tokenizer.token_types
+    for t in data.get("added_tokens", ()):
+        i, text = t["id"], t["content"]
+        if t.get("special") and i < len(types) and types[i] == TOKEN_USER_DEFINED and not (
+                text.startswith("<") and text.endswith(">")):
+            t["special"] = False
+    return json.dumps(data, ensure_ascii=False)
 
 
 class Constraint:

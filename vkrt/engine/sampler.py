@@ -1,7 +1,9 @@
 """Sampling the next token from logits on the host, in llama.cpp's order: logit bias ->
 penalties (repeat, frequency, presence) -> DRY -> top-n-sigma -> top-k -> typical -> top-p -> min-p ->
-XTC -> temperature -> draw (greedy when temp <= 0). With mirostat (1 or 2) the chain after the penalties is llama.cpp's:
-temperature, then the mirostat sampler, which keeps its target surprise `mu` per sequence."""
+XTC -> temperature -> draw (greedy when temp <= 0), or in the order (and with only the samplers)
+`SamplingParams.order` names, as llama.cpp's `samplers`. With mirostat (1 or 2) the chain after the
+penalties is llama.cpp's: temperature, then the mirostat sampler, which keeps its target surprise
+`mu` per sequence."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 from ..errors import VkrtError
 from .dry import DryBreakers, dry_penalties
 from .logit_adjust import LogitAdjustments, logit_adjustments
+from .sampler_order import DEFAULT_ORDER
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,17 @@ class SamplingParams:
     mirostat_tau: float = 5.0         # target surprise (bits)
     mirostat_eta: float = 0.1         # learning rate of mu
     seed: int | None = None
+    order: tuple = DEFAULT_ORDER      # the samplers applied, in this order (sampler_order.parse_order)
 
     @property
     def penalized(self) -> bool:
-        return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        return "penalties" in self.order and \
+            (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0)
 
     @property
     def dry(self) -> bool:
-        return self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
+        return "dry" in self.order and \
+            self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
 
     @property
     def needs_row(self) -> bool:
@@ -59,12 +65,28 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """Temperature 0 (in the chain): the best token (without a temperature sampler the chain
+        draws at temperature 1, as llama.cpp's does)."""
+        return self.temperature <= 0.0 and "temperature" in self.order
 
     @property
     def k(self) -> int:
-        """The top-k cut in effect (<= 0: none): top_k, raised to min_keep."""
+        """The top-k cut in effect (<= 0: none): top_k, raised to min_keep; 0 when the chain has
+        no top_k sampler."""
+        if "top_k" not in self.order:
+            return 0
         return max(self.top_k, self.min_keep) if self.top_k > 0 else self.top_k
+
+    @property
+    def sigma(self) -> bool:
+        """Whether top-n-sigma cuts (it reads the whole row)."""
+        return self.top_n_sigma > 0 and "top_n_sigma" in self.order
+
+    @property
+    def before_top_k(self) -> tuple:
+        """The samplers the chain runs before top_k, past the penalties and DRY."""
+        i = self.order.index("top_k") if "top_k" in self.order else len(self.order)
+        return tuple(n for n in self.order[:i] if n not in ("penalties", "dry"))
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -114,36 +136,35 @@ class Sampler:
             return int(np.argmax(logits))
         if p.mirostat:
             return self._mirostat(logits.astype(np.float64) / p.temperature)
-        if p.top_n_sigma > 0:
-            logits = _top_n_sigma(logits, p.top_n_sigma)
-        ids = np.arange(logits.size)
-        if 0 < p.k < logits.size:
-            keep = np.argpartition(-logits, p.k - 1)[:p.k]
-            ids, logits = ids[keep], logits[keep]
-        order = np.argsort(-logits, kind="stable")
-        return self._draw(ids[order], logits[order])
+        return self._chain(np.arange(logits.size), logits, ranked=False)
 
     def takes_candidates(self, n: int, adjusted: bool = False) -> bool:
         """Whether sample_top over the best n logits picks as sample() over the whole row would:
-        greedy, or a top-k cut of at most n; nothing that needs the whole row (top-n-sigma,
-        mirostat). Logit bias, penalties and DRY (needs_row) only where the GPU applied
-        adjustments() to the row before picking the candidates (`adjusted`)."""
+        greedy, or a top-k cut of at most n with nothing before it that reads the whole row
+        (top-n-sigma, typical, top-p, min-p, XTC, dynamic temperature; mirostat). Logit bias,
+        penalties and DRY (needs_row) only where the GPU applied adjustments() to the row before
+        picking the candidates (`adjusted`)."""
         p = self.params
         if p.needs_row and not adjusted:
             return False
-        return p.greedy or (p.top_n_sigma <= 0 and not p.mirostat and 0 < p.k <= n)
+        if p.greedy:
+            return True
+        if p.mirostat or not 0 < p.k <= n:
+            return False
+        before = p.before_top_k
+        return not (any(step in before for step in ("typ_p", "top_p", "min_p", "xtc"))
+                    or (p.sigma and "top_n_sigma" in before) or ("temperature" in before and p.dynatemp_range > 0))
 
     def sample_top(self, values: np.ndarray, ids: np.ndarray, adjusted: bool = False) -> int:
         """Sample from the best candidates of a row (values descending, their token ids), as
         sample() would from the whole row (see takes_candidates; `adjusted`: the row had
         adjustments() applied)."""
-        k = self.params.k
         if not self.takes_candidates(len(values), adjusted):
             raise VkrtError(f"sampling from {len(values)} candidates needs greedy or top_k in 1..{len(values)} and "
                             f"nothing that reads the whole row (Sampler.takes_candidates), got {self.params}")
         if self.params.greedy:
             return int(ids[0])   # the best, the lowest id on ties: np.argmax's pick
-        return self._draw(np.asarray(ids[:k], np.int64), np.asarray(values[:k], np.float32))
+        return self._chain(np.asarray(ids, np.int64), np.asarray(values, np.float32), ranked=True)
 
     def _mirostat(self, scores: np.ndarray) -> int:
         """llama.cpp's mirostat (v1: top-k from the estimated Zipf exponent of the best 100; v2:
@@ -169,40 +190,75 @@ class Sampler:
         keep = np.argpartition(-scores, k - 1)[:k] if k < scores.size else np.arange(scores.size)
         return _mirostat_pick(self, keep, scores[keep])
 
-    def _draw(self, ids: np.ndarray, logits: np.ndarray) -> int:
-        """typical, top-p, min-p, XTC, temperature (dynamic with dynatemp_range) and the draw over
-        candidates sorted best first."""
+    def _chain(self, ids: np.ndarray, logits: np.ndarray, ranked: bool) -> int:
+        """The samplers of params.order after the penalties and DRY, then the draw, over the
+        candidates `ids` with `logits` (`ranked`: best first already): top-n-sigma, top-k (a cut
+        of the unranked row keeps k and ranks only those), typical, top-p, min-p, XTC and
+        temperature (dynamic with dynatemp_range) as llama.cpp's; each renormalises the
+        probabilities of what it keeps, and samplers after temperature see the scaled logits."""
         p = self.params
         keep_n = max(p.min_keep, 1)
-        logits = logits.astype(np.float64)
-        probs = np.exp(logits - logits[0])
-        probs /= probs.sum()
-        if p.typical_p < 1.0:
-            ids, logits, probs = _typical(ids, logits, probs, p.typical_p, keep_n)
-        if p.top_p < 1.0:
-            cut = max(int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1, keep_n)
-            ids, logits, probs = ids[:cut], logits[:cut], probs[:cut] / probs[:cut].sum()
-        if p.min_p > 0.0:
-            keep = probs >= p.min_p * probs[0]
-            if keep.sum() >= keep_n:   # llama.cpp: too few left, and min-p leaves them all
-                ids, logits, probs = ids[keep], logits[keep], probs[keep] / probs[keep].sum()
-        if p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and ids.size >= 2 and \
-                self.rng.random() <= p.xtc_probability:
-            # the tokens above the threshold (best first), all but the least likely of them, go
-            above = int(np.argmin(probs >= p.xtc_threshold)) if not np.all(probs >= p.xtc_threshold) else ids.size
-            if above > 1 and ids.size - (above - 1) >= p.min_keep:
-                ids, logits, probs = ids[above - 1:], logits[above - 1:], probs[above - 1:] / probs[above - 1:].sum()
-        temp = p.temperature
-        if p.dynatemp_range > 0 and ids.size > 1:   # llama.cpp's temp_ext: by the normalised entropy
-            with np.errstate(divide="ignore", invalid="ignore"):
-                entropy = -np.nansum(np.where(probs > 0, probs * np.log(probs), 0.0))
-            lo, hi = max(0.0, temp - p.dynatemp_range), temp + p.dynatemp_range
-            temp = lo + (hi - lo) * (entropy / np.log(ids.size)) ** p.dynatemp_exponent
-            if temp <= 0:
-                return int(ids[0])
-        scaled = (logits - logits.max()) / temp   # shifted first: a tiny temperature gives -inf, not NaN
-        probs = np.exp(scaled)
-        probs /= probs.sum()
+        probs = None
+        for step in p.order:
+            if step in ("penalties", "dry"):
+                continue
+            if step == "top_n_sigma":
+                if p.sigma:
+                    logits = _top_n_sigma(logits, p.top_n_sigma)
+                    probs = None
+                continue
+            if step == "top_k":
+                if 0 < p.k < ids.size:
+                    if ranked:
+                        ids, logits = ids[:p.k], logits[:p.k]
+                    else:
+                        keep = np.argpartition(-logits, p.k - 1)[:p.k]
+                        ids, logits = ids[keep], logits[keep]
+                    probs = None
+                continue
+            if not ranked:
+                order = np.argsort(-logits, kind="stable")
+                ids, logits, ranked = ids[order], logits[order], True
+            if probs is None:
+                logits = logits.astype(np.float64)
+                probs = np.exp(logits - logits[0])
+                probs /= probs.sum()
+            if step == "typ_p" and p.typical_p < 1.0:
+                ids, logits, probs = _typical(ids, logits, probs, p.typical_p, keep_n)
+            elif step == "top_p" and p.top_p < 1.0:
+                cut = max(int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1, keep_n)
+                ids, logits, probs = ids[:cut], logits[:cut], probs[:cut] / probs[:cut].sum()
+            elif step == "min_p" and p.min_p > 0.0:
+                keep = probs >= p.min_p * probs[0]
+                if keep.sum() >= keep_n:   # llama.cpp: too few left, and min-p leaves them all
+                    ids, logits, probs = ids[keep], logits[keep], probs[keep] / probs[keep].sum()
+            elif step == "xtc" and p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and ids.size >= 2 and \
+                    self.rng.random() <= p.xtc_probability:
+                # the tokens above the threshold (best first), all but the least likely of them, go
+                above = int(np.argmin(probs >= p.xtc_threshold)) if not np.all(probs >= p.xtc_threshold) \
+                    else ids.size
+                if above > 1 and ids.size - (above - 1) >= p.min_keep:
+                    ids, logits = ids[above - 1:], logits[above - 1:]
+                    probs = probs[above - 1:] / probs[above - 1:].sum()
+            elif step == "temperature":
+                temp = p.temperature
+                if p.dynatemp_range > 0 and ids.size > 1:   # llama.cpp's temp_ext: by the normalised entropy
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        entropy = -np.nansum(np.where(probs > 0, probs * np.log(probs), 0.0))
+                    lo, hi = max(0.0, temp - p.dynatemp_range), temp + p.dynatemp_range
+                    temp = lo + (hi - lo) * (entropy / np.log(ids.size)) ** p.dynatemp_exponent
+                    if temp <= 0:
+                        return int(ids[0])
+                logits = (logits - logits.max()) / temp   # shifted first: a tiny temperature gives -inf, not NaN
+                probs = np.exp(logits)
+                probs /= probs.sum()
+        if not ranked:
+            order = np.argsort(-logits, kind="stable")
+            ids, logits = ids[order], logits[order]
+        if probs is None:
+            logits = logits.astype(np.float64)
+            probs = np.exp(logits - logits.max())
+            probs /= probs.sum()
         return int(ids[self.rng.choice(ids.size, p=probs)])
 
 

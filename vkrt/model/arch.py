@@ -56,12 +56,18 @@ class ArchSpec:
     # routed experts when the file has {arch}.expert_count > 0 (Mixtral-style files stored as llama:
     # softmax routing, the chosen weights renormalised, as llama.cpp's llama graph)
     moe_optional: bool = False
-    shared_expert: str = "no"        # "no", "optional" (by expert_shared_feed_forward_length), "always"
+    shared_expert: str = "no"        # "no", "optional" (by expert_shared_feed_forward_length), "always",
+                                     # "count" (expert_shared_count experts of the routed ones' size: glm4moe)
     shared_gate: bool = True         # the shared expert's output times sigmoid(ffn_gate_inp_shexp·x)
     ff_is_expert_ff: bool = False    # the experts' FFN size is feed_forward_length (unless the file
                                      # has expert_feed_forward_length), as llama.cpp reads it
     expert_weights_norm: bool = False   # default of {arch}.expert_weights_norm
     chosen_softmax: bool = False     # experts weighted by the softmax of the chosen logits (gpt-oss)
+    # sigmoid gating chosen by sigmoid + exp_probs_b (a selection bias an expert), weighed by the
+    # sigmoid; {arch}.expert_weights_scale (any value) multiplies the weights (glm4moe)
+    sigmoid_router: bool = False
+    dense_lead: bool = False         # {arch}.leading_dense_block_count first layers have a dense FFN
+    qk_norm_optional: bool = False   # per-head q/k norms where the file has them (glm4moe: GLM-4.5, 4.6)
     router_bias: bool = False        # ffn_gate_inp.bias
     expert_bias: bool = False        # ffn_{gate,up,down}_exps.bias: a bias per expert
     activation: str = "silu"         # the gated FFNs' (dense and experts): silu, gelu or swiglu_oai
@@ -76,6 +82,11 @@ class ArchSpec:
     rope_scale_swa: float = 0.0      # sliding layers' RoPE freq_scale (0: the file's, as full layers)
     output_required: bool = False    # output.weight must be in the file (llama.cpp: no fallback to token_embd)
     hybrid_linear: bool = False      # Gated DeltaNet layers between full attention ones (qwen35)
+    # how the DeltaNet tensors lay out the heads: "tiled" (qwen35: attn_qkv / attn_gate, ssm_alpha /
+    # ssm_beta; value head j reads key head j % n_k_heads) or "grouped" (qwen3next: ssm_in (q, k, v,
+    # z) or attn_qkv / attn_gate, and ssm_ba (beta, alpha), grouped by key head; value head j reads
+    # key head j // (n_v_heads / n_k_heads)); delta_net_layout.py turns grouped into tiled at load
+    delta_net_layout: str = "tiled"
 
 
 ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
@@ -90,6 +101,14 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
              hybrid_linear=True),
     ArchSpec("qwen35moe", rope=ROPE_IMROPE, qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm",
              moe=True, shared_expert="always", expert_weights_norm=True, hybrid_linear=True),
+    # Qwen3-Next: qwen35moe's blocks with NEOX RoPE (rope.dimension_count of the head) and the
+    # grouped DeltaNet layout
+    ArchSpec("qwen3next", qk_norm=True, attn_gate=True, ffn_norm="post_attention_norm", moe=True,
+             shared_expert="always", expert_weights_norm=True, hybrid_linear=True, delta_net_layout="grouped"),
+    # GLM-4.5 / 4.6 (and -Air): attention biases, partial NEOX RoPE, optional q/k norms; leading
+    # dense layers, then sigmoid-routed experts with a selection bias and an ungated shared expert
+    ArchSpec("glm4moe", attn_bias=True, biases_required=True, qk_norm_optional=True, ffn_norm="post_attention_norm",
+             moe=True, shared_expert="count", shared_gate=False, sigmoid_router=True, dense_lead=True),
     # gpt-oss: even layers attend to a sliding window (llama.cpp's set_swa_pattern(2)), YaRN from
     # the file's rope.scaling keys
     ArchSpec("gpt-oss", attn_bias=True, biases_required=True, attn_out_bias=True, attn_sinks=True,
@@ -106,8 +125,10 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
 
 
 def layer_specs(spec: ArchSpec, n_layer: int, *, sliding_window: int = 0, full_attention_interval: int = 4,
-                recurrent_layers: tuple[bool, ...] | None = None, shared_expert: bool = False) -> tuple[LayerSpec, ...]:
-    """The per-layer specs of a model of `spec` with `n_layer` layers."""
+                recurrent_layers: tuple[bool, ...] | None = None, shared_expert: bool = False,
+                n_dense_lead: int = 0) -> tuple[LayerSpec, ...]:
+    """The per-layer specs of a model of `spec` with `n_layer` layers (the first `n_dense_lead`
+    with a dense FFN)."""
     if spec.moe:
         ffn = MOE_SHARED if shared_expert else MOE
     else:
@@ -121,5 +142,5 @@ def layer_specs(spec: ArchSpec, n_layer: int, *, sliding_window: int = 0, full_a
             attn = SLIDING if (il + 1) % spec.swa_pattern != 0 else FULL
         else:
             attn = FULL
-        out.append(LayerSpec(attn, ffn))
+        out.append(LayerSpec(attn, DENSE if il < n_dense_lead else ffn))
     return tuple(out)

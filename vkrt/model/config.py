@@ -68,6 +68,8 @@ class ModelConfig:
     n_ff_shared: int = 0
     shared_gate: bool = True       # the shared expert's output times sigmoid(ffn_gate_inp_shexp·x)
     expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0   # the routing weights times it (0 or 1: not scaled; glm4moe)
+    sigmoid_router: bool = False        # glm4moe's gating (arch.py), its selection bias exp_probs_b
     # qwen35: gated attention, multi-section RoPE, Gated DeltaNet layers
     attn_gate: bool = False
     rope_sections: tuple[int, ...] = ()
@@ -76,6 +78,9 @@ class ModelConfig:
     ssm_k_heads: int = 0           # query/key heads (ssm.group_count)
     ssm_v_heads: int = 0           # value heads (ssm.time_step_rank)
     n_layer_nextn: int = 0         # multi-token-prediction blocks after the trunk (not run)
+    # qwen3next files: the DeltaNet input projection is one ssm_in (q, k, v, z grouped by key head;
+    # the converters before attn_qkv / attn_gate): set from the file's tensors (tensors.file_layout)
+    qkvz_fused: bool = False
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -157,7 +162,7 @@ class ModelConfig:
         tokens = meta.get("tokenizer.ggml.tokens")
         vocab = int(get("vocab_size", len(tokens) if tokens is not None else None))
         scale_w = get("expert_weights_scale", 0.0, required=False)
-        if scale_w not in (0, 0.0, 1, 1.0):
+        if scale_w not in (0, 0.0, 1, 1.0) and not spec.sigmoid_router:
             raise ConfigMissing(f"{path}: {arch}.expert_weights_scale={scale_w} is not supported (only 0 or 1)")
         n_ctx_train = int(get("context_length", 4096, required=False))
         rope_base = float(get("rope.freq_base", 10000.0, required=False))
@@ -165,6 +170,7 @@ class ModelConfig:
                         attn_out_bias=spec.attn_out_bias, attn_sinks=spec.attn_sinks, router_bias=spec.router_bias,
                         expert_bias=spec.expert_bias, chosen_softmax=spec.chosen_softmax,
                         qk_norm_full=spec.qk_norm_full, shared_gate=spec.shared_gate,
+                        sigmoid_router=spec.sigmoid_router, expert_weights_scale=float(scale_w),
                         **_rope_scaling(meta, arch, path, get, n_ctx_train))
         window = 0
         if spec.swa_pattern:
@@ -176,23 +182,32 @@ class ModelConfig:
         attn_scale = 1.0 / math.sqrt(head_k)
         if spec.granite_scales:
             attn_scale = _granite_scales(meta, arch, path, get, kw) or attn_scale
-        n_ff_shared = 0
+        n_ff_shared = n_dense_lead = 0
         if spec.moe:
-            n_ff_shared = int(get("expert_shared_feed_forward_length", 0, required=spec.shared_expert == "always") or 0)
+            n_ff_expert = int(get("expert_feed_forward_length", None, required=not spec.ff_is_expert_ff)
+                              or get("feed_forward_length"))
+            if spec.shared_expert == "count":   # llama.cpp: n_ff_exp * expert_shared_count
+                n_ff_shared = n_ff_expert * int(get("expert_shared_count"))
+            else:
+                n_ff_shared = int(get("expert_shared_feed_forward_length", 0, required=spec.shared_expert == "always")
+                                  or 0)
             kw.update(n_expert=int(get("expert_count")), n_expert_used=int(get("expert_used_count")),
-                      n_ff_expert=int(get("expert_feed_forward_length", None, required=not spec.ff_is_expert_ff)
-                                      or get("feed_forward_length")), n_ff_shared=n_ff_shared,
+                      n_ff_expert=n_ff_expert, n_ff_shared=n_ff_shared,
                       expert_weights_norm=bool(meta.get(f"{arch}.expert_weights_norm", spec.expert_weights_norm)))
+        if spec.dense_lead:
+            n_dense_lead = int(get("leading_dense_block_count", 0, required=False) or 0)
+        if spec.sigmoid_router:
+            _sigmoid_gating(meta, arch, path, get)
         recurrent = None
         if spec.hybrid_linear:
-            kw.update(_linear_attention(meta, arch, path, get, head_k, head_v))
+            kw.update(_linear_attention(meta, arch, path, get, head_k, head_v, sectioned=spec.rope == ROPE_IMROPE))
             recurrent = _recurrent_layers(meta, arch, path, n_blocks)
         layers = layer_specs(spec, n_layer, sliding_window=window,
                              full_attention_interval=int(get("full_attention_interval", 4, required=False)),
-                             recurrent_layers=recurrent, shared_expert=n_ff_shared > 0)
+                             recurrent_layers=recurrent, shared_expert=n_ff_shared > 0, n_dense_lead=n_dense_lead)
         return ModelConfig(
             arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k,
-            head_dim_v=head_v, n_ff=int(get("feed_forward_length", 0, required=not spec.moe) or 0),
+            head_dim_v=head_v, n_ff=int(get("feed_forward_length", 0, required=not spec.moe or n_dense_lead > 0) or 0),
             n_ctx_train=n_ctx_train, norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6, required=False)),
             rope_mode=spec.rope, rope_dims=int(get("rope.dimension_count", head_k, required=False)),
             rope_base=rope_base,
@@ -201,6 +216,19 @@ class ModelConfig:
 
 
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+GATING_SIGMOID = 2   # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID ({arch}.expert_gating_func)
+
+
+def _sigmoid_gating(meta: dict, arch: str, path: str, get) -> None:
+    """glm4moe's gating as llama.cpp reads it: expert_gating_func absent (0) means sigmoid, any
+    other than sigmoid is refused; multi-section RoPE (a vision model's) is refused too."""
+    func = int(get("expert_gating_func", 0, required=False) or 0)
+    if func not in (0, GATING_SIGMOID):
+        raise ConfigMissing(f"{path}: {arch}.expert_gating_func={func} is not supported (only {GATING_SIGMOID}: sigmoid)")
+    sections = meta.get(f"{arch}.rope.dimension_sections")
+    if sections is not None and any(int(s) for s in sections):
+        raise ConfigMissing(f"{path}: {arch}.rope.dimension_sections={list(sections)} (multi-section RoPE of a vision "
+                            f"model) is not supported")
 
 
 def _granite_scales(meta: dict, arch: str, path: str, get, kw: dict) -> float:
@@ -242,8 +270,9 @@ def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> di
     return out
 
 
-def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v: int) -> dict:
-    """qwen35's Gated DeltaNet sizes and its multi-section RoPE, checked for consistency."""
+def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v: int, sectioned: bool) -> dict:
+    """The Gated DeltaNet sizes and (`sectioned`: qwen35's) the multi-section RoPE, checked for
+    consistency."""
     conv, d_state = int(get("ssm.conv_kernel")), int(get("ssm.state_size"))
     k_heads, v_heads, d_inner = int(get("ssm.group_count")), int(get("ssm.time_step_rank")), int(get("ssm.inner_size"))
     problems = []
@@ -255,13 +284,13 @@ def _linear_attention(meta: dict, arch: str, path: str, get, head_k: int, head_v
         problems.append(f"ssm.time_step_rank {v_heads} is not a multiple of ssm.group_count {k_heads}")
     if conv < 2:
         problems.append(f"ssm.conv_kernel {conv} must be at least 2")
-    sections = meta.get(f"{arch}.rope.dimension_sections")
-    if not isinstance(sections, (list, tuple)) or not 1 <= len(sections) <= 4 or sum(sections) <= 0:
+    sections = meta.get(f"{arch}.rope.dimension_sections") if sectioned else ()
+    if sectioned and (not isinstance(sections, (list, tuple)) or not 1 <= len(sections) <= 4 or sum(sections) <= 0):
         problems.append(f"rope.dimension_sections {sections!r} should be up to 4 section sizes")
         sections = ()
     if problems:
         raise ConfigMissing(f"{path}: {arch} metadata is inconsistent: " + "; ".join(problems))
-    sections = tuple(int(s) for s in sections) + (0,) * (4 - len(sections))
+    sections = tuple(int(s) for s in sections) + (0,) * (4 - len(sections)) if sectioned else ()
     return dict(ssm_conv_kernel=conv, ssm_head_dim=d_state, ssm_k_heads=k_heads, ssm_v_heads=v_heads,
                 rope_sections=sections)
 

@@ -1,5 +1,5 @@
-"""A Gated DeltaNet (linear attention) block of qwen35 / qwen35moe; its state lives in the
-recurrent-state cache (one slot per sequence), not in the KV cache.
+"""A Gated DeltaNet (linear attention) block of qwen35 / qwen35moe / qwen3next; its state lives in
+the recurrent-state cache (one slot per sequence), not in the KV cache.
 
     qkv, z = attn_qkv·cur, attn_gate·cur
     alpha, beta = ssm_alpha·cur, ssm_beta·cur
@@ -8,6 +8,10 @@ recurrent-state cache (one slot per sequence), not in the KV cache.
                                               * ssm_a), write strength sigmoid(beta) (state: S)
     o = rms_norm(o) * ssm_norm * silu(z)       per value head
     out = ssm_out·o
+
+qwen3next's value heads reach the kernels in tiled order (delta_net_layout.py); the gated norm
+reads them through a view that writes each head back to the file's place, where z and ssm_out
+have it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ..ops.matmul import matmul
 from ..ops.norm import rms_norm
 from ..ops.ssm_conv import ssm_conv
 from .fusions import project
+from .tensors import grouped_delta_net
 
 
 def record_delta_net(tf, seq, s, state, il, T, n_seqs):
@@ -35,8 +40,14 @@ def record_delta_net(tf, seq, s, state, il, T, n_seqs):
     delta_net(seq, conv, alpha, beta, w[p + "ssm_dt.bias"], w[p + "ssm_a"], state.ssm[il], slots, out,
               n_k_heads=Hk, n_v_heads=Hv, head_dim=D, n_seqs=n_seqs, eps=cfg.norm_eps, workspace=s.dn_work)
     normed = s.cols("dn_norm", T)
-    rms_norm(seq, out.view((D, Hv, T)), normed.view((D, Hv, T)), cfg.norm_eps, w[p + "ssm_norm.weight"],
-             gate=z.view((D, Hv, T)))
+    if grouped_delta_net(cfg):   # kernel head r * Hk + g is the file's head g * rep + r
+        rep = Hv // Hk
+        x4 = out.view((D, Hk, rep, T))
+        z4, n4 = (t.view((D, Hk, rep, T), nb=(4, 4 * rep * D, 4 * D, t.nb[1])) for t in (z, normed))
+        rms_norm(seq, x4, n4, cfg.norm_eps, w[p + "ssm_norm.weight"], gate=z4)
+    else:
+        rms_norm(seq, out.view((D, Hv, T)), normed.view((D, Hv, T)), cfg.norm_eps, w[p + "ssm_norm.weight"],
+                 gate=z.view((D, Hv, T)))
     o = s.cols("o", T)
     matmul(seq, w[p + "ssm_out.weight"], normed, o)
     tf.block_output(seq, s, o)

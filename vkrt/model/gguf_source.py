@@ -95,12 +95,22 @@ class GGUFSource(Owned):
         return dequantize(self.array(name), GGMLQuantizationType(t.type.id)).reshape(tuple(reversed(t.ne)))
 
     def upload(self, device, names: Iterable[str] | None = None,
-               kind: MemoryKind = MemoryKind.DEVICE, together: Iterable[Sequence[str]] = ()) -> dict[str, Tensor]:
+               kind: MemoryKind = MemoryKind.DEVICE, together: Iterable[Sequence[str]] = (),
+               derived: dict | None = None) -> dict[str, Tensor]:
         """New device tensors holding `names` (default: every tensor), with a progress bar. Each
         group in `together` whose tensors are all uploaded shares one allocation (the first tensor
-        owns it), so that one binding can cover them (a gated FFN's gate and up weights)."""
+        owns it), so that one binding can cover them (a gated FFN's gate and up weights).
+        `derived` maps names to DerivedTensors (delta_net_layout.py) built from the file's."""
+        derived = derived or {}
         names = list(self.tensors if names is None else names)
-        infos = [self.tensor(n) for n in names]
+
+        def info_of(n):
+            return derived[n] if n in derived else self.tensor(n)
+
+        def array_of(n):
+            return derived[n].make() if n in derived else self.array(n)
+
+        infos = [info_of(n) for n in names]
         wanted = set(names)
         group_of = {g[0]: g for g in together if all(n in wanted for n in g)}
         out: dict[str, Tensor] = {}
@@ -112,14 +122,14 @@ class GGUFSource(Owned):
                         continue
                     group = group_of.get(t.name, (t.name,))
                     if len(group) > 1:
-                        infos_g = [self.tensor(n) for n in group]
+                        infos_g = [info_of(n) for n in group]
                         out.update((t.name, dev_t) for t, dev_t in zip(infos_g, Tensor.empty_group(
                             device, [(t.type, t.ne, t.name) for t in infos_g], kind, GROUP_ALIGN)))
                     else:
                         out[t.name] = Tensor.empty(device, t.type, t.ne, name=t.name, kind=kind)
                     for name in group:
-                        write_tensor(out[name], self.array(name))
-                        bar.update(self.tensor(name).nbytes)
+                        write_tensor(out[name], array_of(name))
+                        bar.update(info_of(name).nbytes)
             except BaseException:
                 for dev_t in out.values():
                     dev_t.close()

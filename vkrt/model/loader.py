@@ -17,7 +17,8 @@ from ..ops.binding import binding_limit
 from .gguf_source import GROUP_ALIGN
 from .split_gguf import open_gguf
 from .tokenizer import Tokenizer
-from .tensors import SHARED_ALLOCATIONS, check_expert_layout, check_tensors, required_tensors
+from .delta_net_layout import derived_tensors
+from .tensors import SHARED_ALLOCATIONS, check_expert_layout, check_tensors, file_layout, required_tensors
 
 log = logging.getLogger("vkrt")
 
@@ -73,13 +74,14 @@ class Model(Owned):
         self.split = split
         self.path = os.fspath(path)
         self.weights: dict[str, Tensor] = {}
+        self._derived: dict = {}
         self.output_weight: Tensor | None = None
         self._owned: list = []
         self._regions: list = []
         self.gguf = open_gguf(path, mmap=mmap, progress=progress)
         try:
             meta = self.gguf.metadata
-            self.cfg = ModelConfig.from_metadata(meta, self.path)
+            self.cfg = file_layout(ModelConfig.from_metadata(meta, self.path), self.gguf.tensors)
             check_expert_layout(self.gguf.tensors, self.path)
             self.gguf.require(tensors=required_tensors(self.cfg))
             check_tensors(self.cfg, self.gguf.tensors, self.path)
@@ -120,6 +122,13 @@ class Model(Owned):
         if skipped:   # multi-token-prediction blocks past the trunk: vkrt does not run them
             log.info("%s: %d tensors of %d multi-token-prediction layer(s) not loaded", os.path.basename(self.path),
                      skipped, cfg.n_layer_nextn)
+        # tensors built from the file's (qwen3next's DeltaNet in the kernels' layout) replace them
+        self._derived = derived = derived_tensors(cfg, self.gguf)
+        consumed = {src for d in derived.values() for src in d.sources}
+        names = [n for n in names if n not in consumed] + list(derived)
+
+        def info_of(name: str):
+            return derived[name] if name in derived else self.gguf.tensor(name)
         host = [n for n in names if host_resident(n)]
         vram = [n for n in names if n not in set(host)]
         pin = self.device.settings.register_host if pin is None else pin
@@ -129,13 +138,14 @@ class Model(Owned):
             for il in range(cfg.n_layer):
                 for group in SHARED_ALLOCATIONS:
                     group = [f"blk.{il}.{n}" for n in group]
-                    if all(n in self.gguf.tensors for n in group) and \
-                            sum(self.gguf.tensor(n).nbytes + GROUP_ALIGN for n in group) <= limit:
+                    if all(n in mine for n in group) and \
+                            sum(info_of(n).nbytes + GROUP_ALIGN for n in group) <= limit:
                         together.append(group)
-            self.weights.update(self.gguf.upload(device, [n for n in vram if n in mine], together=together))
+            self.weights.update(self.gguf.upload(device, [n for n in vram if n in mine], together=together,
+                                                 derived=derived))
             if [n for n in host if n in mine]:
                 self._map_host(device, [n for n in host if n in mine], pin)
-        self.placement.vram_bytes = sum(self.gguf.tensor(n).nbytes for n in vram)
+        self.placement.vram_bytes = sum(info_of(n).nbytes for n in vram)
         if self.split is not None and "output.weight" not in self.gguf.tensors \
                 and self.split.stage_of("token_embd.weight") != self.split.n_stages - 1:
             # tied embeddings: the main device multiplies by its own copy of token_embd
@@ -159,7 +169,7 @@ class Model(Owned):
         registry = host_registry(device) if pin else None
         if registry is not None:
             for part in self.gguf.parts:   # one region of each file (each part of a split model)
-                mine = [n for n in names if self.gguf.part(n) is part]
+                mine = [n for n in names if n not in self._derived and self.gguf.part(n) is part]
                 if not mine:
                     continue
                 start = min(part.tensor(n).offset for n in mine)
@@ -167,10 +177,11 @@ class Model(Owned):
                 base = part.data(mine[0]).ctypes.data - part.tensor(mine[0]).offset
                 self._regions.append(registry.register(base + start, end - start, label=os.path.basename(part.path)))
         for name in names:
-            info = self.gguf.tensor(name)
-            data = self.gguf.data(name)
-            chunk = registry.chunk_at(data.ctypes.data) if registry is not None else None
-            rng = registry.lookup(data.ctypes.data, info.nbytes) if registry is not None else None
+            derived = self._derived.get(name)
+            info = derived or self.gguf.tensor(name)
+            data = derived.make() if derived is not None else self.gguf.data(name)
+            chunk = registry.chunk_at(data.ctypes.data) if registry is not None and derived is None else None
+            rng = registry.lookup(data.ctypes.data, info.nbytes) if chunk is not None else None
             if rng is None:
                 buf = Buffer(device, max(info.nbytes, 4), MemoryKind.HOST, label=f"{name} (host copy)")
                 buf.write(data)

@@ -4,6 +4,7 @@ seed; llama.cpp loads them."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -12,7 +13,7 @@ import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from ..errors import VkrtError
-from .arch import ARCHS
+from .arch import ARCHS, ROPE_IMROPE
 from .config import ModelConfig
 from .tensors import BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROUTER, SINKS, SSM_A, model_tensors
 
@@ -63,7 +64,15 @@ class SyntheticSpec:
     ssm_head_dim: int = 0              # 0: head_dim
     ssm_k_heads: int = 2
     ssm_v_heads: int = 4
-    rope_sections: tuple = (2, 1, 1, 0)
+    rope_sections: tuple = (2, 1, 1, 0)   # written for IMROPE archs (qwen35) only
+    qkvz_fused: bool = True            # qwen3next: one ssm_in (older converters), else attn_qkv / attn_gate
+    # glm4moe: leading dense layers, the routing weights' scale, the routing renormalised, the
+    # optional q/k norms (GLM-4.5 / 4.6 have them, -Air not); its shared expert is n_ff_shared wide
+    # (a multiple of n_ff_expert: expert_shared_count of them)
+    n_dense_lead: int = 0
+    expert_weights_scale: float = 0.0
+    expert_weights_norm: bool = True
+    qk_norm: bool = False
     # granite's multipliers (written for granite / granitemoe; 0: left out, as the converter does)
     embedding_scale: float = 0.0
     residual_scale: float = 0.0
@@ -237,6 +246,10 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         w.add_key_value(key, value[0], value[1])
     meta = {k: v.value for k, v in w.kv_data[0].items()}
     cfg = ModelConfig.from_metadata(meta, os.fspath(path))
+    if aspec.delta_net_layout == "grouped":
+        cfg = dataclasses.replace(cfg, qkvz_fused=s.qkvz_fused)
+    if aspec.qk_norm_optional:
+        cfg = dataclasses.replace(cfg, qk_norm=s.qk_norm)
 
     # first the table of tensors, then their data one at a time: a 30B-shaped model never has
     # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
@@ -296,8 +309,20 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
             w.add_feed_forward_length(s.n_ff_expert)
         else:
             w.add_expert_feed_forward_length(s.n_ff_expert)
-        if s.n_ff_shared:
+        if aspec.shared_expert == "count":
+            if not s.n_ff_shared or s.n_ff_shared % s.n_ff_expert:
+                raise VkrtError(f"{s.arch}: n_ff_shared {s.n_ff_shared} must be a multiple of n_ff_expert "
+                                f"{s.n_ff_expert} (expert_shared_count experts)")
+            w.add_expert_shared_count(s.n_ff_shared // s.n_ff_expert)
+        elif s.n_ff_shared:
             w.add_expert_shared_feed_forward_length(s.n_ff_shared)
+        if aspec.sigmoid_router:
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            w.add_expert_weights_norm(s.expert_weights_norm)
+            if s.expert_weights_scale:
+                w.add_expert_weights_scale(s.expert_weights_scale)
+        if aspec.dense_lead and s.n_dense_lead:
+            w.add_leading_dense_block_count(s.n_dense_lead)
         if s.arch == "qwen2moe" or s.n_ff and not aspec.ff_is_expert_ff:
             w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
     else:
@@ -322,7 +347,8 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
         w.add_ssm_time_step_rank(s.ssm_v_heads)
         w.add_ssm_inner_size(s.ssm_v_heads * D)
         w.add_full_attention_interval(s.full_attention_interval)
-        w.add_rope_dimension_sections(list(s.rope_sections))
+        if aspec.rope == ROPE_IMROPE:
+            w.add_rope_dimension_sections(list(s.rope_sections))
 
 
 def _synthetic_tensor(t, wtype, etype, embd_type, ftype) -> tuple:

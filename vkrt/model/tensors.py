@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import GGUFError
 from .arch import DENSE, LINEAR, MOE_SHARED
@@ -37,8 +37,15 @@ class TensorSpec:
     required: bool = True
 
 
-def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
-    """Layer il's tensors in the order the synthetic writer lays them out."""
+def grouped_delta_net(cfg: ModelConfig) -> bool:
+    """The file lays the DeltaNet heads out grouped by key head (qwen3next; arch.py)."""
+    return cfg.spec is not None and cfg.spec.delta_net_layout == "grouped"
+
+
+def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[TensorSpec]:
+    """Layer il's tensors in the order the synthetic writer lays them out: as the file holds
+    them, or (`graph`) as the transformer reads them (a grouped DeltaNet's fused projections
+    split into qwen35's attn_qkv / attn_gate and ssm_alpha / ssm_beta by the loader)."""
     p, E, layer = f"blk.{il}.", cfg.n_embd, cfg.layers[il]
     out: list[TensorSpec] = [TensorSpec(p + "attn_norm.weight", (E,), NORM)]
 
@@ -47,13 +54,20 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
 
     if layer.attn == LINEAR:
         D, Hv = cfg.ssm_head_dim, cfg.ssm_v_heads
-        t("attn_qkv.weight", (E, cfg.ssm_conv_dim), MATRIX)
-        t("attn_gate.weight", (E, Hv * D), MATRIX)
+        grouped = grouped_delta_net(cfg) and not graph
+        if grouped and cfg.qkvz_fused:
+            t("ssm_in.weight", (E, cfg.ssm_conv_dim + Hv * D), MATRIX)
+        else:
+            t("attn_qkv.weight", (E, cfg.ssm_conv_dim), MATRIX)
+            t("attn_gate.weight", (E, Hv * D), MATRIX)
         t("ssm_conv1d.weight", (cfg.ssm_conv_kernel, cfg.ssm_conv_dim), CONV)
         t("ssm_dt.bias", (Hv,), DT_BIAS)
         t("ssm_a", (Hv,), SSM_A)
-        t("ssm_alpha.weight", (E, Hv), MATRIX)
-        t("ssm_beta.weight", (E, Hv), MATRIX)
+        if grouped:
+            t("ssm_ba.weight", (E, 2 * Hv), MATRIX)
+        else:
+            t("ssm_alpha.weight", (E, Hv), MATRIX)
+            t("ssm_beta.weight", (E, Hv), MATRIX)
         t("ssm_norm.weight", (D,), NORM)
         t("ssm_out.weight", (Hv * D, E), MATRIX)
     else:
@@ -89,6 +103,8 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
         t("ffn_gate_inp.weight", (E, n_e), ROUTER)
         if cfg.router_bias:
             t("ffn_gate_inp.bias", (n_e,), EXPERT_BIAS)
+        if cfg.sigmoid_router:
+            t("exp_probs_b.bias", (n_e,), EXPERT_BIAS)
         t("ffn_gate_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_up_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_down_exps.weight", (fe, E, n_e), EXPERTS)
@@ -105,13 +121,14 @@ def layer_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
     return out
 
 
-def model_tensors(cfg: ModelConfig, *, tied_output: bool = False) -> list[TensorSpec]:
-    """Every tensor of the model (MTP blocks past the trunk excluded), in file order; the output
-    matrix is optional (llama.cpp falls back to token_embd) unless the architecture requires it."""
+def model_tensors(cfg: ModelConfig, *, tied_output: bool = False, graph: bool = False) -> list[TensorSpec]:
+    """Every tensor of the model (MTP blocks past the trunk excluded), in file order (`graph`:
+    as the transformer reads them); the output matrix is optional (llama.cpp falls back to
+    token_embd) unless the architecture requires it."""
     E, V = cfg.n_embd, cfg.vocab_size
     out = [TensorSpec("token_embd.weight", (E, V), EMBED)]
     for il in range(cfg.n_layer):
-        out += layer_tensors(cfg, il)
+        out += layer_tensors(cfg, il, graph=graph)
     out.append(TensorSpec("output_norm.weight", (E,), NORM))
     if not tied_output:
         out.append(TensorSpec("output.weight", (E, V), EMBED,
@@ -119,8 +136,19 @@ def model_tensors(cfg: ModelConfig, *, tied_output: bool = False) -> list[Tensor
     return out
 
 
-def required_tensors(cfg: ModelConfig) -> list[str]:
-    return [t.name for t in model_tensors(cfg) if t.required]
+def required_tensors(cfg: ModelConfig, *, graph: bool = False) -> list[str]:
+    return [t.name for t in model_tensors(cfg, graph=graph) if t.required]
+
+
+def file_layout(cfg: ModelConfig, tensors) -> ModelConfig:
+    """`cfg` with what the file's tensor names say beyond its metadata: whether a grouped
+    DeltaNet's input projection is one ssm_in (qkvz_fused; llama.cpp takes either form), and
+    whether optional q/k norms are there (glm4moe: every layer's, as the first layer's)."""
+    if cfg.spec is not None and cfg.spec.qk_norm_optional and cfg.kv_layers:
+        cfg = replace(cfg, qk_norm=f"blk.{cfg.kv_layers[0]}.attn_q_norm.weight" in tensors)
+    if not grouped_delta_net(cfg) or not cfg.linear_layers:
+        return cfg
+    return replace(cfg, qkvz_fused=f"blk.{cfg.linear_layers[0]}.ssm_in.weight" in tensors)
 
 
 def _trimmed(ne) -> tuple[int, ...]:

@@ -44,12 +44,17 @@ PRE_TOKENIZERS: dict[str, list[str]] = {
     "default": [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
     "gpt-2": [_GPT2], "gpt2": [_GPT2], "mpt": [_GPT2], "olmo": [_GPT2], "jais": [_GPT2],
     "llama3": [_LLAMA3], "llama-v3": [_LLAMA3], "llama-bpe": [_LLAMA3], "falcon3": [_LLAMA3],
+    "glm4": [_LLAMA3], "chatglm-bpe": [_LLAMA3],
     "qwen2": [_QWEN2], "qwen2.5": [_QWEN2], "qwen-2.5": [_QWEN2], "deepseek-r1-qwen": [_QWEN2], "stablelm2": [_QWEN2],
     "qwen35": [_QWEN35],
     "gpt-4o": [_GPT4O], "llama4": [_GPT4O],
     "smollm": [r"\p{N}", _GPT2], "starcoder": [r"\p{N}", _GPT2], "refact": [r"\p{N}", _GPT2],
     "command-r": [r"\p{N}", _GPT2], "codeshell": [r"\p{N}", _GPT2],
 }
+
+
+# pre-tokenizers whose files' BOS token llama.cpp ignores (special_bos_id = LLAMA_TOKEN_NULL)
+NO_BOS_PRE = ("glm4", "chatglm-bpe")
 
 
 class TokenizerError(VkrtError):
@@ -110,6 +115,8 @@ class Tokenizer:
             hf.add_special_tokens(specials)
             _store(cached, hf)
         bos = meta.get("tokenizer.ggml.bos_token_id")
+        if meta.get("tokenizer.ggml.pre") in NO_BOS_PRE:   # llama.cpp drops their BOS token
+            bos = None
         eos = meta.get("tokenizer.ggml.eos_token_id")
         eog = {eos} if eos is not None else set()
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):

@@ -106,7 +106,7 @@ class Transformer:
         self.w = weights
         self.fusions = fusions if fusions is not None else Fusions.of(Settings())
         self.fa_mask_opt = fa_mask_opt
-        missing = [n for n in required_tensors(cfg) if n not in weights]
+        missing = [n for n in required_tensors(cfg, graph=True) if n not in weights]
         if missing:
             raise GGUFError(f"model lacks tensor(s) {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
         # `output`: the output matrix where it is not the file's (tied embeddings on a split's main device)
@@ -277,7 +277,7 @@ class Transformer:
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
              staged: StagedExperts | None = None):
         """Routed experts (+ the shared expert: sigmoid-gated in qwen2moe / qwen35moe, added as it
-        is in granitemoe; gpt-oss's router and expert biases); `experts` overrides where the
+        is in granitemoe and glm4moe; gpt-oss's router and expert biases; glm4moe's sigmoid router); `experts` overrides where the
         layer's expert tensors are read from (e.g. a prefetch slot); with `staged`, the chosen
         experts are first copied into those slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
@@ -288,7 +288,10 @@ class Transformer:
         matmul(seq, w[p + "ffn_gate_inp.weight"], cur, router)
         if cfg.router_bias:
             add(seq, router, w[p + "ffn_gate_inp.bias"], router)
-        moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm, chosen_softmax=cfg.chosen_softmax)
+        moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm, chosen_softmax=cfg.chosen_softmax,
+                  sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None)
+        if cfg.expert_weights_scale not in (0.0, 1.0):   # glm4moe's routed_scaling_factor
+            scale(seq, weights, cfg.expert_weights_scale, weights)
         gate, up, down = experts or tuple(w[p + n] for n in EXPERT_TENSORS)
         stacks = [(gate, ids), (up, ids), (down, ids)]
         if staged:

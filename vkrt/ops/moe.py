@@ -1,5 +1,5 @@
 """Mixture-of-experts glue: routing (softmax, top-k, optional renormalisation, or gpt-oss's
-softmax of the chosen experts' logits) and the weighted combination of the experts' outputs
+softmax of the chosen experts' logits, or glm4moe's sigmoid gating with a selection bias) and the weighted combination of the experts' outputs
 (with qwen2moe's gated shared expert)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from .binding import bind_tensor, f32_binding
 from .grid import ceil_div, grid, groups_for
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
-                            ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"))
+                            ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"),
+                            ("b_off", "u32"))
 COMBINE_PUSH = PushConstants(("n_embd", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("y_off", "u32"),
                              ("w_off", "u32"), ("s_off", "u32"), ("g_off", "u32"), ("o_off", "u32"),
                              ("has_shared", "u32"))
@@ -49,11 +50,15 @@ def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None, one_s
 
 
 def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool, *,
-              chosen_softmax: bool = False, subgroups: bool | None = None, one_subgroup: bool | None = None) -> None:
+              chosen_softmax: bool = False, sigmoid_bias: Tensor | None = None, subgroups: bool | None = None,
+              one_subgroup: bool | None = None) -> None:
     """Record routing: logits F32 [n_expert, n_tokens] -> ids I32 and weights F32 [n_used, n_tokens]:
     the softmax probabilities of the n_used best experts, renormalised over them with `normalize`;
     with `chosen_softmax` the softmax of their logits alone (llama.cpp's SOFTMAX_WEIGHT gating,
-    gpt-oss; the same values up to rounding). `subgroups`, `one_subgroup`: see moe_route_kernel."""
+    gpt-oss; the same values up to rounding). With `sigmoid_bias` (F32 [n_expert]; llama.cpp's
+    SIGMOID gating with exp_probs_b, glm4moe): p = sigmoid(logits), the n_used best by p + bias,
+    weighed by their p (with `normalize`: over max(sum, 2^-14)). `subgroups`, `one_subgroup`: see
+    moe_route_kernel."""
     n_expert, n_tokens = logits.ne[0], logits.ne[1]
     if not 0 < n_used <= min(MAX_USED, n_expert):
         raise OutOfRange(f"moe_route: {n_used} experts per token; supported 1..{min(MAX_USED, n_expert)}")
@@ -67,10 +72,17 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     lr, lo, ls = f32_binding(logits, "moe_route logits")
     ir, io = bind_tensor(ids, "moe_route ids")
     wr, wo, _ = f32_binding(weights, "moe_route weights")
+    mode = 2 if chosen_softmax else int(normalize)
+    br, bo = lr, 0
+    if sigmoid_bias is not None:
+        if chosen_softmax or sigmoid_bias.nelements != n_expert:
+            raise OutOfRange(f"moe_route: sigmoid gating takes a bias of {n_expert} experts (not with chosen_softmax), "
+                             f"got {sigmoid_bias!r}")
+        br, bo, _ = f32_binding(sigmoid_bias, "moe_route bias")
+        mode = 4 if normalize else 3
     k = moe_route_kernel(seq.device, n_expert, subgroups, one_subgroup)
-    seq.dispatch(k, [lr, ir, wr], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
-                                            l_col=ls[0], ids_off=io // 4, w_off=wo,
-                                            mode=2 if chosen_softmax else int(normalize)),
+    seq.dispatch(k, [lr, ir, wr, br], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
+                                                l_col=ls[0], ids_off=io // 4, w_off=wo, mode=mode, b_off=bo),
                  groups=grid(seq.device, n_tokens), label="moe_route")
 
 

@@ -19,11 +19,12 @@ from .formats import ChatFormat, CompletionFormat, LlamaFormat
 from .infill import infill_prompt
 from .jobs import Choice, Done, Failed, Job, Piece
 from .metrics import CONTENT_TYPE
-from .reasoning import opens_thinking
+from .reasoning import THINK_CLOSE, opens_thinking
 from .scheduler import SchedulerClosed
 from .schemas import COMPLETIONS, LLAMA, GenRequest, parse_chat, parse_completion
 from .state import ServerState
 from .tool_calls import schemas
+from .tool_grammar import MAY_THINK, NO_THINKING, THINKING, tool_grammar
 from .validation import ApiError, BadRequest, get_bool, get_str, get_token_ids, parse_json_object
 
 log = logging.getLogger("vkrt.server")
@@ -142,12 +143,21 @@ class Api:
         req = parse_chat(await read_body(request, self.state.config.timeout), self.state.limits)
         prompt, text = await asyncio.to_thread(self._chat_prompt, req)
         s = self.state
-        spec = OutputSpec(s.syntax, req.reasoning_format or s.config.reasoning_format,
-                          thinking_open=s.syntax.thinks and opens_thinking(text),
+        thinking_open = s.syntax.thinks and opens_thinking(text)
+        req.grammar = await asyncio.to_thread(self._tool_grammar, req, text, thinking_open) or req.grammar
+        spec = OutputSpec(s.syntax, req.reasoning_format or s.config.reasoning_format, thinking_open=thinking_open,
                           parse_tools=self._offered_tools(req) is not None,
                           parallel_tool_calls=req.parallel_tool_calls, tools=schemas(req.tools))
         return await self._generate(request, req, prompt, lambda i: ChatFormat(i, self._model(req), spec), "messages",
                                     keep_special=s.kept_tokens)
+
+    def _tool_grammar(self, req: GenRequest, prompt: str, thinking_open: bool) -> str | None:
+        """The grammar of a reply held to tool calls (tool_choice required or named, strict functions)."""
+        s = self.state
+        thinking = (THINKING if thinking_open else MAY_THINK if s.syntax.thinks and not prompt.rstrip().endswith(
+            THINK_CLOSE) else NO_THINKING)
+        return tool_grammar(s.syntax.tools, req.tools, choice=req.tool_choice, name=req.tool_name,
+                            parallel=req.parallel_tool_calls, thinking=thinking, specials=s.special_markers)
 
     async def completions(self, request):
         req = parse_completion(await read_body(request, self.state.config.timeout), COMPLETIONS, self.state.limits)

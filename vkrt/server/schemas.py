@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from ..engine.dry import DEFAULT_BREAKERS
 from ..engine.grammar import GrammarError, gbnf_grammar, json_object_grammar, json_schema_grammar
 from ..engine.sampler import SamplingParams
+from ..engine.sampler_order import parse_order
+from ..errors import ConfigError
 from .reasoning import REASONING_FORMATS
 from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
                          get_token_ids, reject_truthy)
@@ -38,7 +40,8 @@ class GenRequest:
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     tools: list | None = None
-    tool_choice: str = "auto"         # "auto" | "none" ("required" and named functions are refused)
+    tool_choice: str = "auto"         # "auto" | "none" | "required" (a named function is required)
+    tool_name: str | None = None      # the named function of tool_choice {"type": "function", ...}
     parallel_tool_calls: bool = True
     reasoning_format: str | None = None   # None: the server's --reasoning-format
     template_kwargs: dict = field(default_factory=dict)
@@ -54,8 +57,12 @@ MAX_CHOICES = 16    # OpenAI's n: choices a request (each takes a slot while it 
 
 def _sampling(body: dict, vocab: int) -> SamplingParams:
     d = SamplingParams()
+    order = d.order
     if body.get("samplers") is not None:
-        raise BadRequest("'samplers' is not supported: vkrt samples in llama.cpp's default order", "samplers")
+        try:
+            order = parse_order(body["samplers"], "'samplers'")
+        except ConfigError as exc:
+            raise BadRequest(str(exc), "samplers") from None
     seed = get_int(body, "seed", -1, lo=-1, hi=2 ** 64 - 1)
     return SamplingParams(
         temperature=get_float(body, "temperature", d.temperature, lo=0.0),
@@ -81,7 +88,7 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
         mirostat=get_int(body, "mirostat", d.mirostat, lo=0, hi=2),
         mirostat_tau=get_float(body, "mirostat_tau", d.mirostat_tau, lo=0.0),
         mirostat_eta=get_float(body, "mirostat_eta", d.mirostat_eta, lo=0.0),
-        seed=None if seed == -1 else seed)
+        seed=None if seed == -1 else seed, order=order)
 
 
 def _common(body: dict, api: str, limits: Limits) -> GenRequest:
@@ -187,7 +194,8 @@ def parse_completion(body: dict, api: str, limits: Limits) -> GenRequest:
 
 
 def parse_chat(body: dict, limits: Limits) -> GenRequest:
-    """/v1/chat/completions: `messages` with roles and text content; `tools` go to the template."""
+    """/v1/chat/completions: `messages` with roles and text content; `tools` go to the template (and,
+    with tool_choice required or named or strict functions, into a grammar: routes.py, tool_grammar.py)."""
     req = _common(body, CHAT, limits)
     messages = body.get("messages")
     if messages is None:
@@ -196,7 +204,12 @@ def parse_chat(body: dict, limits: Limits) -> GenRequest:
         raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
     req.messages = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
     req.tools = _tools(body.get("tools"))
-    req.tool_choice = _tool_choice(body.get("tool_choice"))
+    req.tool_choice, req.tool_name = _tool_choice(body.get("tool_choice"), req.tools)
+    strict = [i for i, t in enumerate(req.tools or ()) if t["function"].get("strict") is True]
+    if req.grammar is not None and (req.tool_choice == "required" or (req.tool_choice == "auto" and strict)):
+        field = "tool_choice" if req.tool_choice == "required" else f"tools[{strict[0]}].function.strict"
+        raise BadRequest("a reply held to tool calls ('tool_choice' required or named, or 'strict' tools) cannot "
+                         "also be held to 'response_format', 'json_schema' or 'grammar'", field)
     req.parallel_tool_calls = get_bool(body, "parallel_tool_calls", True)
     req.reasoning_format = get_str(body, "reasoning_format", None)
     if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
@@ -222,18 +235,30 @@ def _tools(tools) -> list | None:
             raise BadRequest(f"'{at}.function.name' must be a non-empty string", f"{at}.function.name")
         if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
             raise BadRequest(f"'{at}.function.parameters' must be a JSON schema object", f"{at}.function.parameters")
+        if f.get("strict") is not None and not isinstance(f["strict"], bool):
+            raise BadRequest(f"'{at}.function.strict' must be a boolean", f"{at}.function.strict")
     return tools or None
 
 
-def _tool_choice(choice) -> str:
+def _tool_choice(choice, tools: list | None) -> tuple[str, str | None]:
+    """("auto" | "none" | "required", the named function or None); a named function is required."""
     if choice is None or choice in ("auto", "none"):
-        return choice or "auto"
-    forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
-    if forced:
-        what = "'required'" if choice == "required" else "a named function"
-        raise BadRequest(f"'tool_choice' {what} is not supported: vkrt does not constrain replies to its tool-call "
-                         f"formats yet; use 'auto' or 'none' (response_format constrains a plain reply)",
-                         "tool_choice")
+        return choice or "auto", None
+    if choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function"):
+        name = None
+        if choice != "required":
+            f = choice.get("function")
+            name = f.get("name") if isinstance(f, dict) else None
+            if not isinstance(name, str) or not name:
+                raise BadRequest("'tool_choice.function.name' must be the name of one of the 'tools'",
+                                 "tool_choice.function.name")
+        if not tools:
+            raise BadRequest(f"'tool_choice' {choice!r} needs 'tools' to call", "tool_choice")
+        names = [t["function"]["name"] for t in tools]
+        if name is not None and name not in names:
+            raise BadRequest(f"'tool_choice.function.name' is {name!r}, not one of the tools ({', '.join(names)})",
+                             "tool_choice.function.name")
+        return "required", name
     raise BadRequest(f"'tool_choice' must be 'auto', 'none', 'required' or {{'type': 'function', 'function': "
                      f"{{'name': ...}}}}, got {choice!r}", "tool_choice")
 

@@ -12,6 +12,7 @@ from .chat_output import TemplateSyntax
 from .chat_template import ChatTemplate
 from .metrics import Metrics
 from .schemas import Limits
+from .tool_grammar import special_markers
 
 LOADING, READY, STOPPING, FAILED = "loading", "ready", "stopping", "failed"
 
@@ -58,6 +59,7 @@ class ServerState:
         self.syntax = TemplateSyntax.detect(self.template.source)
         kept = set(self.syntax.kept_tokens())
         self.kept_tokens = frozenset(i for i, t in enumerate(self.tokenizer.tokens) if t in kept)
+        self.special_markers = special_markers(self.tokenizer.tokens, self.tokenizer.token_types)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
         self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size)
         self.pooling = self.config.pooling or default_pooling(backend.model.gguf.metadata, backend.model.cfg.arch)

@@ -1,0 +1,322 @@
+"""Grammars that hold a chat reply to tool calls, in the format the chat template teaches
+(tool_calls.py, harmony.py), written in llguidance's Lark dialect with each function's JSON
+schema embedded (`%json {...}`):
+
+- tool_choice "required" or a named function: the reply is tool calls and nothing else, of the
+  offered functions (or the named one), their arguments fitting each function's `parameters`;
+  one call with parallel_tool_calls false, one or more with true (Llama 3.x calls are joined by
+  `;`; a harmony call ends generation, so one). Thinking may come first, as llama-server's
+  grammars allow: the whole reasoning when the prompt opened `<think>`, an optional `<think>…</think>`
+  where the template thinks and the prompt did not close it (as enable_thinking false does), gpt-oss's
+  optional analysis message.
+- `strict: true` functions with tool_choice "auto": llama-server's lazy grammar. Any text until
+  the model opens a call, then the call fits (the strict functions' arguments their schemas, the
+  others' any object), then text again. A call opens with `<tool_call>` (Hermes, Qwen; also
+  Qwen's bare `<function=`), and a `<tool_call>` written while thinking opens one too; a Llama
+  3.x reply is calls when it opens with `{` or holds <|python_tag|>; a harmony message is a
+  call when its header names `to=functions.NAME`.
+
+Free text and the marker that ends it are one lexeme (or the text cannot hold the marker's first
+character): llguidance's lexer takes a lexeme as far as it goes and never splits it back, so text
+that may run on through a marker would swallow it.
+
+A marker the vocabulary holds as a special token (Qwen's `<tool_call>` and `<think>`, gpt-oss's
+`<|channel|>`) goes in as that token (`<[id]>`), any other as text."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import llguidance
+
+from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
+from .chat_output import HARMONY
+from .harmony import MARKERS as HARMONY_MARKERS
+from .reasoning import THINK_CLOSE, THINK_OPEN
+from .tool_calls import CALL_CLOSE, CALL_OPEN, FUNCTION_OPEN, HERMES, LLAMA3, PYTHON_TAG, QWEN_XML
+from .validation import BadRequest
+
+# the thinking before a forced call: none, an optional <think>…</think>, or the rest of one the prompt opened
+NO_THINKING, MAY_THINK, THINKING = "none", "may", "open"
+
+MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, PYTHON_TAG) + HARMONY_MARKERS   # maybe special tokens
+PARAM_CLOSE = "</parameter>"
+# keywords a raw-text (Qwen XML) string parameter is held to or that only annotate it (`format`
+# too: an annotation by JSON Schema's default); others are refused
+_RAW_STRING_KEYS = {"type", "minLength", "maxLength", "pattern", "enum", "const", "format", "description", "title",
+                    "default", "examples", "$comment", "contentMediaType", "contentEncoding"}
+
+
+@dataclass(frozen=True)
+class Function:
+    """A function the request offers."""
+
+    index: int          # in the request's tools
+    name: str
+    parameters: dict    # the JSON schema of its arguments
+    strict: bool
+
+
+def functions(tools: list | None) -> list[Function]:
+    out = []
+    for i, t in enumerate(tools or ()):
+        f = t["function"]
+        params = f.get("parameters") if isinstance(f.get("parameters"), dict) else {"type": "object"}
+        out.append(Function(i, f["name"], params, f.get("strict") is True))
+    return out
+
+
+def special_markers(tokens: list[str], types: list[int]) -> dict[str, int]:
+    """The MARKERS the vocabulary holds as control or user-defined tokens: marker -> token id."""
+    return {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (3, 4) and t in MARKERS}
+
+
+def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None, parallel: bool,
+                 thinking: str, specials: dict[str, int]) -> str | None:
+    """The grammar a reply must fit, or None (no tool constraint: tool_choice "none", or "auto"
+    without strict functions). choice: "auto" | "none" | "required" (name: the named function)."""
+    fns = functions(tools)
+    if choice == "none" or not fns or (choice == "auto" and not any(f.strict for f in fns)):
+        return None
+    forced = choice == "required"
+    if fmt is None:
+        field = "tool_choice" if forced else f"tools[{next(f.index for f in fns if f.strict)}].function.strict"
+        raise BadRequest("the chat template teaches no tool-call format vkrt reads (Hermes/Qwen <tool_call>, "
+                         "Qwen XML functions, Llama 3.x JSON, gpt-oss harmony), so calls cannot be constrained",
+                         field)
+    if name is not None:
+        fns = [f for f in fns if f.name == name]
+    g = _Writer(specials)
+    text = g.forced(fmt, fns, parallel, thinking) if forced else g.lazy(fmt, fns)
+    try:
+        return lark_grammar(text)
+    except GrammarError as exc:
+        for f in fns:   # name the function whose schema was refused
+            if forced or f.strict:
+                _check_schema(f)
+        raise BadRequest(f"the tools' grammar was refused by the grammar library (llguidance): {exc}",
+                         "tools") from None
+
+
+def _check_schema(f: Function) -> None:
+    field = f"tools[{f.index}].function.parameters"
+    try:
+        json_schema_grammar(f.parameters)
+    except GrammarError as exc:
+        raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
+
+
+def _pattern(pattern, field: str) -> str:
+    """A JSON Schema `pattern` as a Lark regex over the whole text: a match anywhere in it, as
+    JSON Schema (and llguidance's JSON) reads one, unless ^ or $ anchor it."""
+    if not isinstance(pattern, str):
+        raise BadRequest(f"'{field}.pattern' must be a string (a regular expression)", f"{field}.pattern")
+    head = "" if pattern.startswith("^") else "(?s:.*)"
+    tail = "" if pattern.endswith("$") and not pattern.endswith("\\$") else "(?s:.*)"
+    core = pattern[1 if not head else 0:len(pattern) - (0 if tail else 1)]
+    return f"/{head}(?:{llguidance.regex_to_lark(core, 'dw')}){tail}/"   # \d, \w: ASCII, as in JSON Schema
+
+
+def _regex_escape(text: str) -> str:
+    return "".join("\\" + c if c in "\\.^$|?*+()[]{}/" else c for c in text)
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+class _Writer:
+    """A Lark grammar being written, rule by rule."""
+
+    def __init__(self, specials: dict[str, int]):
+        self.specials = specials
+        self.rules: list[str] = []
+        self.n = 0
+
+    def rule(self, body: str, terminal: bool = False) -> str:
+        """A new rule (or terminal) with `body`; its name."""
+        self.n += 1
+        name = f"T{self.n}" if terminal else f"r{self.n}"
+        self.rules.append(f"{name}: {body}")
+        return name
+
+    def mark(self, marker: str) -> str:
+        """A marker as its special token, or as text."""
+        return f"<[{self.specials[marker]}]>" if marker in self.specials else _quote(marker)
+
+    def text_without(self, markers: tuple[str, ...], lo: int = 0, hi: int | None = None) -> str:
+        """A terminal of free text (lo to hi characters) that holds none of the text markers
+        (special tokens cannot stand in text anyway)."""
+        body = f"/(?s:.{{{lo},{'' if hi is None else hi}}})/"
+        words = [_regex_escape(m) for m in markers if m not in self.specials]
+        if words:
+            body += f" & ~/(?s:.*)({'|'.join(words)})(?s:.*)/"
+        return self.rule(body, terminal=True)
+
+    def text_until(self, marker: str, avoid: tuple[str, ...] = ()) -> str:
+        """Free text up to and with `marker` (and without the `avoid` markers): one terminal
+        where the marker is text (llguidance's lexer takes that far better than the text and
+        the marker apart), the text and the token where it is a special token."""
+        text = self.text_without((marker,) + avoid)
+        if marker in self.specials:
+            return f"{text} {self.mark(marker)}"
+        return self.rule(f"{text} {_quote(marker)}", terminal=True)
+
+    @staticmethod
+    def schema(schema) -> str:
+        if isinstance(schema, dict):
+            schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE, **schema.get("x-guidance", {})}}
+        return f"%json {json.dumps(schema, ensure_ascii=False)}"
+
+    def done(self, start: str) -> str:
+        return "\n".join([f"start: {start}"] + self.rules) + "\n"
+
+    # -- one call ----------------------------------------------------------------------------------
+    def json_call(self, f: Function, key: str, constrain: bool) -> str:
+        """A call as one JSON object {"name": ..., key: {arguments}} (Hermes: arguments, Llama 3: parameters)."""
+        args = dict(f.parameters) if constrain else {"type": "object"}
+        outer = {"type": "object", "properties": {"name": {"const": f.name}}, "required": ["name", key],
+                 "additionalProperties": False}
+        for defs in ("$defs", "definitions"):   # references are resolved from the root
+            if defs in args:
+                outer[defs] = args.pop(defs)
+        outer["properties"][key] = args
+        return self.rule(self.schema(outer))
+
+    def xml_function(self, f: Function, constrain: bool) -> str:
+        """Qwen's `NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n…</function>` (after `<function=`):
+        the schema's properties in its order, the required ones always; string values as raw text."""
+        props = f.parameters.get("properties") if constrain else None
+        close = _quote("\n" + PARAM_CLOSE + "\n")
+        if not isinstance(props, dict) or not props:
+            key = self.rule(r"/[^>\n]+/", terminal=True)
+            params = self.rule(f'("<parameter=" {key} ">\\n" {self.text_until(PARAM_CLOSE)} "\\n")*')
+        else:
+            required = set(f.parameters.get("required") or ())
+            defs = {k: f.parameters[k] for k in ("$defs", "definitions") if k in f.parameters}
+            parts = []
+            for key, schema in props.items():
+                value = self.xml_value(f, key, schema, defs, close)
+                p = self.rule(f"{_quote(f'<parameter={key}>' + chr(10))} {value}")
+                parts.append(p if key in required else p + "?")
+            params = self.rule(" ".join(parts))
+        return self.rule(f'{_quote(f.name + ">" + chr(10))} {params} "</function>"')
+
+    def xml_value(self, f: Function, key: str, schema, defs: dict, close: str) -> str:
+        """A parameter's value and the `close` after it."""
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if kind not in ("string", ["string"]):
+            return f"{self.schema({**defs, **schema} if isinstance(schema, dict) else schema)} {close}"
+        field = f"tools[{f.index}].function.parameters.properties.{key}"
+        extra = sorted(set(schema) - _RAW_STRING_KEYS)
+        if extra:
+            raise BadRequest(f"'{field}' has {', '.join(extra)}: this template writes string arguments as raw "
+                             f"text, which vkrt holds only to minLength, maxLength, pattern, enum and const", field)
+        words = [schema["const"]] if "const" in schema else schema.get("enum")
+        if words is not None:
+            if not all(isinstance(w, str) for w in words):
+                raise BadRequest(f"'{field}' is a string with non-string enum/const values", field)
+            return f"({' | '.join(_quote(w) for w in words)}) {close}"
+        text = self.text_without((PARAM_CLOSE,), int(schema.get("minLength", 0)), schema.get("maxLength"))
+        if "pattern" in schema:
+            text = self.rule(f"{text} & {_pattern(schema['pattern'], field)}", terminal=True)
+        return self.rule(f"{text} {close}", terminal=True)   # one terminal: see text_until
+
+    def harmony_call(self, f: Function) -> str:
+        head = f"{self.mark('<|channel|>')} {_quote(f'commentary to=functions.{f.name} ')} " \
+               f"{self.mark('<|constrain|>')} \"json\" {self.mark('<|message|>')}"
+        return self.rule(f"{head} {self.schema(f.parameters)}")
+
+    # -- whole replies -----------------------------------------------------------------------------
+    def forced(self, fmt: str, fns: list[Function], parallel: bool, thinking: str) -> str:
+        ws = self.rule(r"/[ \t\n]{1,8}/", terminal=True)
+        if fmt == HARMONY:
+            analysis = (f"{self.mark('<|channel|>')} \"analysis\" {self.mark('<|message|>')} "
+                        f"{self.text_until('<|end|>', HARMONY_MARKERS)} {self.mark('<|start|>')} \"assistant\"")
+            call = self.rule(" | ".join(self.harmony_call(f) for f in fns))
+            return self.done(f"({analysis})? {call}")
+        if fmt == HERMES:
+            body = " | ".join(self.json_call(f, "arguments", True) for f in fns)
+            call = self.rule(f'{self.mark(CALL_OPEN)} "\\n" ({body}) "\\n" {self.mark(CALL_CLOSE)}')
+        elif fmt == QWEN_XML:
+            body = " | ".join(self.xml_function(f, True) for f in fns)
+            call = self.rule(f'{self.mark(CALL_OPEN)} "\\n<function=" ({body}) "\\n" {self.mark(CALL_CLOSE)}')
+        else:   # LLAMA3
+            call = self.rule(" | ".join(self.json_call(f, "parameters", True) for f in fns))
+        sep = '";"' if fmt == LLAMA3 else '"\\n"'
+        calls = f"{call} ({sep} {call})*" if parallel else call
+        think = ""
+        if thinking != NO_THINKING and fmt != LLAMA3:
+            body = self.text_until(THINK_CLOSE)
+            think = f"{body} {ws}?" if thinking == THINKING else f"({self.mark(THINK_OPEN)} {body})? {ws}?"
+        else:
+            think = f"{ws}?"
+        return self.done(f"{think} {calls}")
+
+    def lazy(self, fmt: str, fns: list[Function]) -> str:
+        """Free text, and calls wherever the model opens one (<tool_call>, or Qwen XML's <function=)."""
+        if fmt == HARMONY:
+            return self.lazy_harmony(fns)
+        if fmt == LLAMA3:
+            return self.lazy_llama3(fns)
+        triggers = (CALL_OPEN, FUNCTION_OPEN) if fmt == QWEN_XML else (CALL_OPEN,)
+        text = self.text_without(triggers)
+        free = text
+        thinks = [self.mark(m) for m in (THINK_OPEN, THINK_CLOSE) if m in self.specials]
+        if thinks:   # special tokens are not text: free text may hold these ones
+            free = self.rule(f"{text} (({' | '.join(thinks)}) {text})*")
+        close = f'"\\n" {self.mark(CALL_CLOSE)}'
+        if fmt == HERMES:
+            body = " | ".join(self.json_call(f, "arguments", f.strict) for f in fns)
+            calls = [f'"\\n" ({body}) {close}']
+        else:
+            body = self.rule(" | ".join(self.xml_function(f, f.strict) for f in fns))
+            calls = [f'"\\n<function=" {body} {close}', body]
+        tags = []
+        for trigger, call in zip(triggers, calls):
+            if trigger in self.specials:
+                tags.append(self.rule(f"{free} {self.mark(trigger)} {call}"))
+            else:
+                head = self.rule(f"{text} {_quote(trigger)}", terminal=True)
+                opened = self.rule(head) if not thinks else self.rule(f"({free} ({' | '.join(thinks)}))? {head}")
+                tags.append(self.rule(f"{opened} {call}"))
+        return self.done(f"({' | '.join(tags)})* {free}")
+
+    def lazy_llama3(self, fns: list[Function]) -> str:
+        """Llama 3.x: a reply that opens with `{` (after blanks) or holds <|python_tag|> is calls
+        (joined by `;`); any other is free text."""
+        call = self.rule(" | ".join(self.json_call(f, "parameters", f.strict) for f in fns))
+        calls = self.rule(f'{call} (";" {call})*')
+        text = r"/(?s:.*)/ & ~/[ \t\r\n]*\{(?s:.*)/"   # text that does not open with a call
+        if PYTHON_TAG in self.specials:
+            plain = self.rule(text, terminal=True)
+            tagged = f"{plain} {self.mark(PYTHON_TAG)}"
+        else:
+            plain = self.rule(text + f" & ~/(?s:.*){_regex_escape(PYTHON_TAG)}(?s:.*)/", terminal=True)
+            tagged = self.rule(f"{plain} {_quote(PYTHON_TAG)}", terminal=True)
+        ws = self.rule(r"/[ \t\n]{1,8}/", terminal=True)
+        return self.done(f"{plain} | {ws}? {calls} | {tagged} {calls}")
+
+    def lazy_harmony(self, fns: list[Function]) -> str:
+        """gpt-oss: messages as the model likes, and a message whose header names a recipient
+        `to=functions.NAME` (in its role part or after its channel) is a call of NAME whose
+        arguments fit; it ends generation (<|call|>)."""
+        ch, msg, start = self.mark("<|channel|>"), self.mark("<|message|>"), self.mark("<|start|>")
+        # header text (a channel's name, " json", a recipient) holds no "<", so no lexeme runs on
+        # through the marker after it (llguidance's lexer takes the longest, never splitting back)
+        no_to = r" & ~/(?s:.*)to=(?s:.*)/"
+        head = self.rule(r"/[^<]{0,64}/" + no_to, terminal=True)
+        message = f"{head} ({ch} {head})? {msg}"
+        earlier = self.rule(f"{message} {self.text_until('<|end|>', HARMONY_MARKERS)} {start} \"assistant\"")
+        final = self.rule(f"{message} {self.text_without(HARMONY_MARKERS)}")
+        after_name = self.rule(r"/[ \t\n][^<]{0,31}/" + no_to, terminal=True)
+        tail = self.rule(r"/[^<]{0,32}/" + no_to, terminal=True)
+        names = []
+        for f in fns:
+            args = self.schema(f.parameters if f.strict else {"type": "object"})
+            names.append(self.rule(f"{_quote(f.name)} {after_name}? ({ch} {tail})? ({self.mark('<|constrain|>')} "
+                                   f"{tail})? {msg} {args}"))
+        to = self.rule(f'(/[^<]{{0,64}}/{no_to}) "to=functions."', terminal=True)
+        call = self.rule(f"({head} {ch})? {to} ({' | '.join(names)})")
+        return self.done(f"{earlier}* ({final} | {call})")
