@@ -10,6 +10,14 @@ its side then runs on one device only). MODEL may be a shape name of bench/make_
 (qwen3-30b-a3b, qwen35-35b-a3b) to write a random-weight model of that shape first (Q4_0).
 Set VKRT_ARCH=gcn for the Polaris-class configuration (llama.cpp then gets the matching
 GGML_VK_DISABLE_* variables).
+
+    python bench/multi_gpu.py MODEL.gguf --device 0,1 --slots 1,4,8,16 [--slot-prompt 512] [--steps 32]
+
+--slots: a server's decode steps instead: N sequences (each with a prompt of --slot-prompt tokens)
+decoding one token each a step, with the GPU's top-k candidates as the server reads them; t/s of
+the steps on one device, on the split run stage after stage, and on the split with
+pipeline_steps (the step's sequences in as many groups as devices, pipelined), and whether the
+pipelined candidates are the unpipelined ones bit for bit.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ import json
 import os
 import statistics
 import tempfile
+import time
+
+import numpy as np
 
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
 from vkrt.device.group import DeviceGroup
@@ -59,6 +70,43 @@ def vkrt_side(devices, path, tests, reps, split: bool, ts, ncmoe, mmap) -> dict:
     return out
 
 
+def slots_side(devices, path, slots: list[int], n_prompt: int, steps: int, reps: int, split: bool,
+               pipelined: bool, ts, ncmoe, mmap) -> dict:
+    """t/s of decode steps of N sequences at once (each N of `slots`) on devices[0] alone or split
+    by layers over all of them (pipelined: Engine(pipeline_steps=True)); also each first
+    step's candidates, to compare."""
+    out, first = {}, {}
+    rng = np.random.default_rng(1)
+    ctx = {n: n * (n_prompt + steps * (reps + 1) + 16) + 256 for n in slots}
+    top = max(slots)   # the split is planned (and the model opened) once, for the most slots
+    opts = EngineOptions(n_ctx=ctx[top], n_ubatch=max(top, 512), n_cpu_moe=ncmoe, tensor_split=ts, mmap=mmap,
+                         n_seq_max=top, progress=False)
+    layer_split = plan_layer_split(list(devices), path, opts, opts.budgets(len(devices)))[0] if split else None
+    if layer_split:
+        out["plan"] = layer_split.describe()
+    device = layer_split.main if layer_split else devices[0]
+    with Model(device, path, mmap=mmap, n_cpu_moe=ncmoe, progress=False, split=layer_split) as m:
+        vocab = m.cfg.vocab_size
+        for n in slots:
+            with Engine(m, n_ctx=ctx[n], n_ubatch=max(n, 512), n_seq_max=n, pipeline_steps=pipelined) as e:
+                for s in range(n):
+                    e.eval(random_tokens(n_prompt, vocab, s), seq_id=s)
+
+                def step():
+                    batch = [(s, int(t)) for s, t in enumerate(rng.integers(0, vocab, n))]
+                    return e.decode_candidates(batch) if n <= e.candidate_rows else (e.decode(batch), None)
+
+                first[n] = step()   # records the step's graphs
+                samples = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        step()
+                    samples.append(n * steps / (time.perf_counter() - t0))
+                out[f"{n} slots"] = statistics.median(samples)
+    return out, first
+
+
 def llama_side(binary, path, tests, reps, env, device_args, ncmoe, mmap) -> dict:
     out = {}
     n_ctx = max(t[1] + t[2] for t in tests) + 256
@@ -96,6 +144,9 @@ def main() -> None:
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--no-llama", action="store_true", help="vkrt only")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--slots", default=None, help="decode steps of N sequences instead, e.g. 1,4,8,16")
+    ap.add_argument("--slot-prompt", type=int, default=512, help="--slots: prompt tokens of each sequence")
+    ap.add_argument("--steps", type=int, default=32, help="--slots: decode steps a repetition")
     args = ap.parse_args()
     tests = parse_tests(args.tests)
     ts = tuple(float(v) for v in args.tensor_split.split(",")) if args.tensor_split else None
@@ -107,6 +158,9 @@ def main() -> None:
         path = os.path.join(tempfile.mkdtemp(), f"{args.model}.gguf")
         write_model(path, make(layers, "Q4_0"))
     specs = [s.strip() for s in args.device.split(",")]
+    if args.slots:
+        slots_main(args, path, specs, ts)
+        return
     polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
     rows = {}
     with DeviceGroup(specs) as group:
@@ -156,6 +210,39 @@ def main() -> None:
     for c in cols:
         if "error" in rows[c]:
             print(f"{c} failed: {rows[c]['error']}")
+
+
+def slots_main(args, path, specs, ts) -> None:
+    """--slots: decode steps of N sequences on one device, the split, the pipelined split."""
+    slots = [int(v) for v in args.slots.split(",")]
+    rows, first = {}, {}
+    with DeviceGroup(specs) as group:
+        names = [f"{d.profile.index}: {d.profile.name}" for d in group]
+        for name, devs, split, pipelined in (("vkrt one device", group.devices[:1], False, False),
+                                             ("vkrt -sm layer", list(group), True, False),
+                                             ("vkrt -sm layer, pipelined steps", list(group), True, True)):
+            rows[name], first[name] = slots_side(devs, path, slots, args.slot_prompt, args.steps, args.reps, split,
+                                                 pipelined, ts, args.ncmoe, not args.no_mmap)
+    same = {n: all(np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+                   for a, b in zip(first["vkrt -sm layer"][n], first["vkrt -sm layer, pipelined steps"][n])
+                   if a is not None)
+            for n in slots}
+    result = {"model": args.model, "devices": names, "device_list": specs, "slot_prompt": args.slot_prompt,
+              "steps": args.steps, "rows": rows, "pipelined_bit_identical": same}
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{args.model} over --device {args.device} ({'; '.join(names)}): decode steps of N sequences "
+          f"(prompts of {args.slot_prompt}), t/s")
+    if "plan" in rows["vkrt -sm layer"]:
+        print(f"vkrt plan: {rows['vkrt -sm layer']['plan']}")
+    cols = list(rows)
+    print("| slots | " + " | ".join(cols) + " | pipelined / split | split / one | pipelined = split, bit for bit |")
+    print("|---|" + "---:|" * (len(cols) + 2) + "---|")
+    for n in slots:
+        one, split, pipe = (rows[c][f"{n} slots"] for c in cols)
+        print(f"| {n} | {one:.1f} | {split:.1f} | {pipe:.1f} | {pipe / split:.2f} | {split / one:.2f} | "
+              f"{'yes' if same[n] else 'NO'} |")
 
 
 if __name__ == "__main__":

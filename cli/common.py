@@ -169,7 +169,7 @@ def check_device_options(model_kw: dict) -> None:
 
 def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type, n_cpu_moe=None,
                    vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0,
-                   split_mode="layer", tensor_split=None, main_gpu=None):
+                   split_mode="layer", tensor_split=None, main_gpu=None, pipeline_steps=False):
     """The library's EngineOptions from the CLI's model options."""
     from vkrt.engine.options import EngineOptions
     from vkrt.errors import ConfigError
@@ -179,7 +179,7 @@ def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mma
                              kv_type=kv_type, n_cpu_moe=n_cpu_moe, vram_budget=vram_budgets(vram_budget),
                              expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
                              progress=progress, split_mode=split_mode, tensor_split=parse_tensor_split(tensor_split),
-                             main_gpu=main_gpu)
+                             main_gpu=main_gpu, pipeline_steps=pipeline_steps)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
 

@@ -70,9 +70,14 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
 @click.option("--reasoning-budget", type=click.IntRange(-1, 0), default=-1, show_default=True,
               help="Thinking allowed: -1 unlimited, 0 none (the chat template gets enable_thinking=false unless a "
                    "request's chat_template_kwargs says otherwise).")
+@click.option("--pipeline-steps", is_flag=True,
+              help="With a layer split over several devices: a step of several slots runs as groups of slots "
+                   "pipelined over the devices (group g on device k while group g+1 runs on device k-1), with "
+                   "the same results; it pays where a device's step time grows with its tokens (many slots, long "
+                   "contexts), not where decode only streams the weights.")
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
-          timeout, max_itl_ratio, embeddings, pooling, reasoning_format, reasoning_budget, **model_kw):
+          timeout, max_itl_ratio, embeddings, pooling, reasoning_format, reasoning_budget, pipeline_steps, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -86,6 +91,9 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
     take_model(model_kw)
     check_device_options(model_kw)
+    if pipeline_steps and (model_kw["split_mode"] != "layer" or len((model_kw["device"] or "").split(",")) < 2):
+        raise click.UsageError("--pipeline-steps pipelines a step over the devices of a layer split: give several "
+                               "devices (--device 0,1) with -sm layer")
     name = alias or os.path.basename(model_kw["model"])
     if logging.getLogger().getEffectiveLevel() > logging.INFO:  # the start-up report shows without -v
         logging.getLogger("vkrt").setLevel(logging.INFO)
@@ -102,7 +110,8 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         size = os.path.getsize(path) if os.path.isfile(path) else None
         log.info("loading %s (%s)", path, fmt_bytes(size))
         return load_backend(lambda devices: open_engine(devices, n_seq_max=n_parallel,
-                                                        n_checkpoints=n_parallel * ctx_checkpoints, **model_kw),
+                                                        n_checkpoints=n_parallel * ctx_checkpoints,
+                                                        pipeline_steps=pipeline_steps, **model_kw),
                             model_kw["device"], settings=run_settings)
 
     ctx.exit(asyncio.run(run_server(load, config, __version__)))

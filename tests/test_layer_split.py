@@ -223,3 +223,128 @@ def test_cli_split(paths):
     assert [d["name"][:7] for d in devices] == ["Vulkan1", "Vulkan2", "Vulkan0"] and devices[2]["output"]
     bad = runner.invoke(main, ["run", "-m", paths["moe"], "-p", "Hi", "-n", "1", "--device", "0,0", "-sm", "row"])
     assert bad.exit_code != 0 and "not supported" in bad.output
+
+
+def serving_steps(e):
+    """A server's steps over four sequences (prompts first): mixed steps with candidates (logit
+    adjustments and a token mask on some rows) and without, decode_candidates, decode. A model
+    with a recurrent state takes one token a part."""
+    from vkrt.engine.logit_adjust import logit_adjustments
+    from vkrt.engine.sampler import SamplingParams
+    from vkrt.ops.token_mask import mask_words
+
+    vocab = e.model.cfg.vocab_size
+    bias = logit_adjustments(SamplingParams(logit_bias=((11, 5.0), (12, -3.0))), [])
+    mask = np.zeros(mask_words(vocab), np.uint32)
+    mask[0] = 0b1011_0110   # tokens 1, 2, 4, 5 and 7 allowed
+    for s in range(4):
+        e.eval(PROMPT[s:s + 5 + 2 * s], seq_id=s)
+    out = [e.mixed([(s, [20 + s]) for s in range(4)], [None, bias, None, None], top=True,
+                   masks=[None, None, mask, None]),
+           e.mixed([(s, [30 + s] * (1 if e.recurrent else 1 + s % 2)) for s in range(4)]),
+           e.decode_candidates([(s, 40 + s) for s in range(4)], [bias, None, None, bias]),
+           e.decode([(s, 50 + s) for s in range(4)]),
+           e.decode([(2, 60), (0, 61), (3, 62)])]
+    return [np.concatenate([np.ravel(a) for a in (s if isinstance(s, tuple) else (s,))]) for s in out]
+
+
+@pytest.mark.parametrize("kind, n_cpu_moe", [("dense", 0), ("moe", 3), ("hybrid", 3)])
+def test_pipelined_server_steps_equal_one_device(group, paths, kind, n_cpu_moe):
+    """pipeline_steps: a step of several sequences runs as groups of whole sequences pipelined
+    over the stages (group g on device k while group g + 1 runs on device k - 1); every output
+    (logits, candidates of adjusted and masked rows) is the unpipelined split's and one device's,
+    bit for bit."""
+    results = []
+    for n, pipelined in ((1, False), (2, False), (2, True), (3, True)):
+        opts = EngineOptions(n_ctx=256, n_ubatch=32, n_seq_max=4, n_cpu_moe=n_cpu_moe, pipeline_steps=pipelined,
+                             progress=False)
+        m, e = open_engine(group.devices[:n], paths[kind], opts)
+        try:
+            results.append(serving_steps(e))
+            # the groups alternate copies of the inputs and handoffs: only pipelined steps take copy 1
+            assert any("parity 1" in key for key in e._graphs) == pipelined, (n, pipelined)
+            results[-1].append(np.array([e.sequence_length(s) for s in range(4)], np.float32))
+        finally:
+            e.close()
+            m.close()
+    for k, got in enumerate(results[1:], 1):
+        for step, (a, b) in enumerate(zip(results[0], got)):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=f"run {k}, step {step}")
+
+
+def test_balanced_groups_and_kernel_classes():
+    from types import SimpleNamespace
+
+    from vkrt.engine.wavefront import balanced_groups, same_kernels
+
+    assert balanced_groups([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
+    assert balanced_groups([1, 1, 1], 3) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert balanced_groups([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
+    assert balanced_groups([1, 1, 9], 2) == [range(0, 2), range(2, 3)]
+    t = SimpleNamespace(mv_max_n=8, mv_dense_max_n=8, mv_chunk_n=16, fa_pack_max_q=16)
+    assert same_kernels([t], True, 8, 4) and same_kernels([t], False, 16, 8)
+    assert not same_kernels([t], True, 16, 8)   # mul_mat_id: the GEMM for 16 tokens, the mat-vec for 8
+    assert not same_kernels([t], False, 32, 16) and same_kernels([t], False, 64, 32)
+    assert not same_kernels([SimpleNamespace(mv_max_n=8, mv_dense_max_n=8, mv_chunk_n=16, fa_pack_max_q=4)], False, 8, 4)
+
+
+def test_serve_refuses_pipeline_steps_without_a_split(paths):
+    from vkrt.cli.main import cli as main
+
+    out = CliRunner().invoke(main, ["serve", "-m", paths["dense"], "--pipeline-steps"])
+    assert out.exit_code != 0 and "--pipeline-steps pipelines a step over the devices of a layer split" in out.output
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_pipelined_greedy_on_a_split(group, paths, n_devices):
+    """Greedy decoding on a split, pipelined (the next step's inputs written while the last
+    step ends, its last stage left running while a token is yielded) and not: the tokens of one
+    device; stopped early, the cache holds the tokens evaluated for what was consumed."""
+    ref = run(group, paths["moe"], 1, n_cpu_moe=2)
+    first = int(np.argmax(ref[0][-1]))
+    opts = EngineOptions(n_ctx=128, n_ubatch=32, n_cpu_moe=2, progress=False)
+    m, e = open_engine(group.devices[:n_devices], paths["moe"], opts)
+    try:
+        for pipeline in (False, True):
+            e.reset()
+            e.eval(PROMPT)
+            assert list(e.greedy(first, n=5, pipeline=pipeline)) == ref[1], pipeline
+            assert e.sequence_length(0) == len(PROMPT) + 5
+        e.reset()
+        e.eval(PROMPT)
+        gen = e.greedy(first, n=5, pipeline=True)
+        assert [next(gen), next(gen)] == ref[1][:2]
+        gen.close()   # the step submitted for a third token is waited for and forgotten
+        assert e.sequence_length(0) == len(PROMPT) + 2
+        assert list(e.greedy(ref[1][1], n=3, pipeline=True)) == ref[1][2:]
+    finally:
+        e.close()
+        m.close()
+
+
+def test_pipelined_large_steps_equal_one_device(group, paths):
+    """Groups past the mat-vec sizes (the GEMM and mul_mat_id's routed path, 40 tokens a group):
+    flash attention splits the KV cells as the whole step's would (on lavapipe a 40-row group
+    alone would split them and a 79-row step not), so the rows are the whole step's bit for bit."""
+    n_seqs, results = 40, []
+    for n, pipelined in ((1, False), (2, True)):
+        opts = EngineOptions(n_ctx=2048, n_ubatch=128, n_seq_max=n_seqs, n_cpu_moe=2, pipeline_steps=pipelined,
+                             progress=False)
+        m, e = open_engine(group.devices[:n], paths["moe"], opts)
+        try:
+            for s in range(n_seqs):
+                e.eval(list(range(3 + s, 10 + s)), seq_id=s)
+            results.append([e.decode([(s, 20 + s) for s in range(n_seqs)]),
+                            np.concatenate(e.decode_candidates([(s, 30 + s) for s in range(n_seqs)])),
+                            e.mixed([(s, [40 + s] * (1 + s % 3)) for s in range(n_seqs)])])
+            plans = {k for key in e._graphs for k in key if str(k).startswith("attention split as")}
+            assert plans == ({"attention split as 40 tokens", "attention split as 79 tokens"} if pipelined else set())
+            # 20 parts: 32 output rows take the GEMM, a group's 16 would take the mat-vec: not grouped
+            before = set(e._graphs)
+            results[-1].append(e.mixed([(s, [50 + s, 51]) for s in range(20)]))
+            assert not any("parity 1" in key for key in set(e._graphs) - before)
+        finally:
+            e.close()
+            m.close()
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -13,8 +13,10 @@ overlaps the GPU's.
 A model split by layers over several devices (Model.split) runs as one Stage per device
 (stage.py), each with its layers' KV cache, recurrent state, activations and recorded part of
 every graph; a step runs them in turn, the residual stream handed across (handoff.py). Prompts
-of several micro-batches run as a pipeline over the stages (_pipelined); greedy decoding reads
-each token back instead of chaining it on the GPU.
+of several micro-batches run as a pipeline over the stages (_pipelined, wavefront.py), and with
+pipeline_steps so do the groups of sequences a step of several is split into (_groups); greedy
+decoding reads each token back instead of chaining it on the GPU (separate devices share no
+semaphore), writing the next step's other inputs while the last stage runs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -43,6 +45,7 @@ from .logit_adjust import LogitAdjustments
 from .recurrent_state import Checkpoint, RecurrentState
 from .stage import Stage, StageGraph
 from .state_group import StateGroup
+from .wavefront import WaveStep, balanced_groups, run_wavefront, same_kernels
 
 log = logging.getLogger("vkrt")
 
@@ -88,6 +91,29 @@ class _Graph:
 
 
 @dataclass
+class _Group:
+    """Sequences of a step run as one (the whole step, or a group of its parts pipelined over a
+    split's stages): their tokens, _prepare's keywords, what reads the group's outputs after it
+    ran and what writes the tables its last stage reads (logit adjustments, token masks)."""
+
+    ids: np.ndarray
+    seqs: np.ndarray
+    pos: np.ndarray
+    n_seqs: int
+    keywords: dict
+    read: Callable[[], object]
+    tables: Callable[[], None] = lambda: None
+
+
+def _rows(values: list | None, r: range, rows: int) -> list | None:
+    """values[r] (per part: adjustments or masks) padded with None to `rows` rows; None where
+    no part in r has one."""
+    if values is None or all(v is None for v in values[r.start:r.stop]):
+        return None
+    return list(values[r.start:r.stop]) + [None] * (rows - len(r))
+
+
+@dataclass
 class StepStats:
     tokens: int = 0
     seconds: float = 0.0
@@ -108,13 +134,18 @@ class Engine(Owned):
     sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory.
     Recorded step graphs are kept for `max_graphs` shapes (default 16, and 6 a sequence more: a
     server's decode steps take every batch size up to its slots, with and without candidates,
-    and its mixed steps several sizes of prompt and of output)."""
+    and its mixed steps several sizes of prompt and of output; twice that with pipeline_steps).
+    pipeline_steps: on a layer split, run a step of several sequences (decode, decode_candidates,
+    mixed) as groups of whole sequences pipelined over the stages (see _groups), not as one pass
+    stage after stage."""
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
                  flash_attn: bool = True, kv_type=F16, max_graphs: int | None = None, replay: bool = True,
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
-                 expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0):
+                 expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0,
+                 pipeline_steps: bool = False):
         super().__init__("engine")
+        self.pipeline_steps = pipeline_steps
         self.model = model
         self.device = dev = model.device
         cfg = model.cfg
@@ -122,7 +153,9 @@ class Engine(Owned):
             n_ubatch = n_batch
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
         self.flash_attn = flash_attn
-        self.max_graphs = max_graphs if max_graphs is not None else 16 + 6 * max(0, n_seq_max - 1)
+        # pipelined steps record each group's shape for both copies of the inputs (parity)
+        self.max_graphs = max_graphs if max_graphs is not None else \
+            (16 + 6 * max(0, n_seq_max - 1)) * (2 if pipeline_steps else 1)
         self._min_span = MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP
         self.replay = replay  # False: record every step afresh (to compare against replaying)
         self._graphs: dict[tuple, _Graph] = {}
@@ -197,7 +230,8 @@ class Engine(Owned):
 
     def _graph(self, n_tokens: int, n_kv: int, all_logits: bool, n_seqs: int = 1,
                chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-               out_rows: int = 0, hidden: bool = False, masked: bool = False, parity: int = 0) -> _Graph:
+               out_rows: int = 0, hidden: bool = False, masked: bool = False, parity: int = 0,
+               fa_plan: int = 0) -> _Graph:
         """The recorded pass of a shape. chain = (parity, ids_on_gpu): a greedy one-token step that
         reads its inputs from copy `parity`, its token from the GPU (the last step's argmax) or
         the host, and ends with the argmax of its logits instead of reading them back. top: the
@@ -207,11 +241,13 @@ class Engine(Owned):
         the logits of the tokens the out_ids input names, instead of the last or all. hidden:
         every token's normed final state is read back instead of any logits (hidden_states).
         parity: the copy of the inputs (and of a split's handoffs) a step that is not a chain
-        step reads (pipelined micro-batches alternate)."""
+        step reads (pipelined micro-batches alternate). fa_plan: flash attention splits the KV
+        cells as a step of this many tokens would (a group of a pipelined step; 0: this one's)."""
         n_seqs = n_seqs if self.recurrent else 1   # only the DeltaNet layers care how tokens group
         key = (n_tokens, n_kv, all_logits, n_seqs, chain, out_rows, top) + (("adjust",) if adjust else ()) \
             + (("hidden",) if hidden else ()) + (("masked",) if masked else ()) \
-            + ((f"parity {parity}",) if parity and chain is None else ())
+            + ((f"parity {parity}",) if parity and chain is None else ()) \
+            + ((f"attention split as {fa_plan} tokens",) if fa_plan and fa_plan != n_tokens else ())
         g = self._graphs.get(key)
         if g is not None and self.replay:
             self._graphs[key] = self._graphs.pop(key)   # most recently used last: eviction takes the oldest
@@ -241,12 +277,13 @@ class Engine(Owned):
                                                         name="logit adjustments"), ADJUST_CAP)
                 if masked:
                     words = mask_table_words(n, self.model.cfg.vocab_size)
-                    token_mask(seq, logits, Tensor.on(self._masks.range(0, 4 * words), I32, (words,),
+                    token_mask(seq, logits, Tensor.on(self._mask_table().range(0, 4 * words), I32, (words,),
                                                       name="token masks"))
                 top_candidates(seq, logits, CANDIDATES, self._top_scratch,
                                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
                                          name="candidates"))
-        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read, out_rows=out_rows)
+        opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read, out_rows=out_rows,
+                             fa_plan_tokens=fa_plan)
         if hidden:
             opts.read_logits = None
             opts.read_hidden = lambda seq, cur: seq.copy(cur.range(), self._hidden.range(0, cur.nbytes), cur.nbytes)
@@ -287,12 +324,14 @@ class Engine(Owned):
                   ", candidates" if top else "", seconds * 1e3)
         return g
 
-    def _run(self, g: _Graph, parity: int = 0) -> None:
-        """Submit a graph and wait for it: stage by stage, each after the last one finished and
-        its activations were handed across (copy `parity` of the handoffs)."""
+    def _run(self, g: _Graph, parity: int = 0, wait_last: bool = True) -> None:
+        """Submit a graph and wait for it (wait_last False: for all but its last stage): stage by
+        stage, each after the last one finished and its activations were handed across (copy
+        `parity` of the handoffs)."""
         for k, (st, part) in enumerate(zip(self.stages, g.stages)):
             self.stats.layers_prefetched += st.submit(part)
-            self._wait(part.seqs[-1])
+            if wait_last or k + 1 < len(self.stages):
+                self._wait(part.seqs[-1])
             if k < len(self.handoffs):
                 self.handoffs[k].carry(parity, 4 * self.model.cfg.n_embd * g.opts.n_tokens)
 
@@ -330,44 +369,33 @@ class Engine(Owned):
 
     def _pipelined(self, steps: list[tuple], all_logits: bool) -> list[np.ndarray]:
         """Micro-batches `steps` ((ids, seqs, pos) of one sequence each) through the stages of a
-        split as a pipeline: while stage k runs micro-batch i, stage k-1 runs micro-batch i+1
-        (each tick submits every busy stage, then waits for them all and hands their activations
-        on). Micro-batches alternate between the two copies of the step inputs and handoffs.
-        Returns each micro-batch's logits: every row, or the last."""
-        n_stages, vocab = len(self.stages), self.model.cfg.vocab_size
-        flight: dict[int, tuple] = {}   # micro-batch -> (graph, its input bytes, tokens run, padding)
+        split as a wavefront (wavefront.py), each taking its KV cells as it enters the first
+        stage, as on one device. Returns each micro-batch's logits: every row, or the last."""
+        vocab = self.model.cfg.vocab_size
         outs: list = [None] * len(steps)
-        counted = time.perf_counter()
-        for tick in range(len(steps) + n_stages - 1):
-            if tick < len(steps):
-                ids, seqs, pos = steps[tick]
-                pad, (ids, seqs, pos) = self._padded(ids, seqs, pos)
-                g, slots = self._prepare(ids, seqs, pos, all_logits, parity=tick % 2, broadcast=False)
-                self._advance(slots, ids.size)
-                base = tick % 2 * self._inputs_size
-                flight[tick] = (g, self.stages[0].inputs.host_bytes[base:base + self._inputs_size].copy(), ids.size,
-                                pad)
-            busy = [(k, tick - k) for k in range(n_stages) if 0 <= tick - k < len(steps)]
-            for k, u in busy:
-                g, inputs, _, _ = flight[u]
-                if k:
-                    base = u % 2 * self._inputs_size
-                    self.stages[k].inputs.host_bytes[base:base + self._inputs_size] = inputs
-                self.stats.layers_prefetched += self.stages[k].submit(g.stages[k])
-            for k, u in busy:
-                self._wait(flight[u][0].stages[k].seqs[-1])
-            for k, u in busy:
-                g, _, n, pad = flight[u]
-                if k < len(self.handoffs):
-                    self.handoffs[k].carry(u % 2, 4 * self.model.cfg.n_embd * n)
-                    continue
-                rows = n if all_logits else 1
+        counted = [time.perf_counter()]
+
+        def prepare(u: int) -> WaveStep:
+            ids, seqs, pos = steps[u]
+            pad, (ids, seqs, pos) = self._padded(ids, seqs, pos)
+            g, slots = self._prepare(ids, seqs, pos, all_logits, parity=u % 2, broadcast=False)
+            self._advance(slots, ids.size)
+
+            def finish() -> None:
+                rows = ids.size if all_logits else 1
                 outs[u] = self._logits.read(np.float32, 4 * vocab * rows).reshape(rows, vocab)[pad if all_logits else 0:]
-                del flight[u]
                 now = time.perf_counter()
-                self._count(n - pad, now - counted)
-                counted = now
+                self._count(ids.size - pad, now - counted[0])
+                counted[0] = now
+            return WaveStep(g, self._step_inputs(u % 2), u % 2, finish)
+
+        self.stats.layers_prefetched += run_wavefront(self.stages, self.handoffs, len(steps), prepare, self._wait)
         return outs
+
+    def _step_inputs(self, parity: int) -> bytes:
+        """A copy of the step inputs the host wrote for the first stage (copy `parity`)."""
+        base = parity * self._inputs_size
+        return self.stages[0].inputs.host_bytes[base:base + self._inputs_size].copy()
 
     def hidden_states(self, tokens, seq_id: int = 0) -> np.ndarray:
         """Append `tokens` to sequence `seq_id`; returns every token's final hidden state after
@@ -402,7 +430,17 @@ class Engine(Owned):
         if len(batch) > self.n_ubatch:
             raise VkrtError(f"decode of {len(batch)} sequences exceeds the micro-batch of {self.n_ubatch}")
         seqs, ids, pos = self._decode_inputs(batch)
-        return self._step(ids, seqs, pos, all_logits=True, n_seqs=len(batch))
+        t0 = time.perf_counter()
+        vocab = self.model.cfg.vocab_size
+
+        def group(r: range) -> _Group:
+            n = len(r)
+            return _Group(ids[r.start:r.stop], seqs[r.start:r.stop], pos[r.start:r.stop], n, dict(all_logits=True),
+                          lambda: self._logits.read(np.float32, 4 * vocab * n).reshape(n, vocab))
+
+        outs = self._run_groups([group(r) for r in self._groups([1] * len(batch))])
+        self._count(len(batch), time.perf_counter() - t0)
+        return np.concatenate(outs)
 
     def _decode_inputs(self, batch: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(sequences, tokens, positions) of a decode batch, checked."""
@@ -468,15 +506,9 @@ class Engine(Owned):
         self.stats.steps += 1
         self.stats.seconds += seconds
 
-    def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
-                 chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
-                 out: np.ndarray | None = None, hidden: bool = False, masked: bool = False, parity: int = 0,
-                 broadcast: bool = True):
-        """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step,
-        else copy `parity`) and find its graph; returns (graph, the sequence of each group of
-        tokens). out: the tokens whose logits the step computes (default: the last, or all with
-        all_logits). broadcast: write the inputs of every stage of a split (else the first's
-        only: a pipelined step writes the others' when they take it up)."""
+    def _take_cells(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, n_seqs: int) -> tuple:
+        """Check a step's sequences (a recurrent state must be at the step's positions) and take
+        its KV cells; returns (each token's cell, the sequence of each group of tokens)."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
         if self.state is not None:
             for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
@@ -493,6 +525,20 @@ class Engine(Owned):
                 cells[sel] = cells_tab.allocate(int(s), pos[sel])
         if (seqs == PAD_SEQ).any():   # padding writes its K and V to a free cell no token attends (_step left one)
             cells[seqs == PAD_SEQ] = cells_tab.highest_free()
+        return cells, slots
+
+    def _prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool, n_seqs: int = 1,
+                 chain: tuple[int, bool] | None = None, top: bool = False, adjust: bool = False,
+                 out: np.ndarray | None = None, hidden: bool = False, masked: bool = False, parity: int = 0,
+                 broadcast: bool = True, taken: tuple | None = None, fa_plan: int = 0):
+        """Check the step, take its KV cells, write its inputs (copy chain[0] for a chain step,
+        else copy `parity`) and find its graph; returns (graph, the sequence of each group of
+        tokens). out: the tokens whose logits the step computes (default: the last, or all with
+        all_logits). broadcast: write the inputs of every stage of a split (else the first's
+        only: a pipelined step writes the others' when they take it up). taken: (cells, slots)
+        from _take_cells (the step's cells taken already). fa_plan: as _graph's."""
+        cells, slots = taken or self._take_cells(ids, seqs, pos, n_seqs)
+        cells_tab = self.cache.cells
         n = ids.size
         used = cells_tab.used_end()
         n_kv = self.kv_span(used)
@@ -519,7 +565,7 @@ class Engine(Owned):
         for st in self.stages[1:] if broadcast else ():   # each stage of a split reads them from its own device
             st.inputs.host_bytes[base:base + self._inputs_size] = host
         return self._graph(n, n_kv, all_logits, n_seqs, chain, top, adjust, 0 if out is None else out.size,
-                           hidden, masked, parity), slots
+                           hidden, masked, parity, fa_plan), slots
 
     def kv_span(self, used: int) -> int:
         """The KV cells a step attends over when `used` are in use (one past the highest): with
@@ -553,18 +599,21 @@ class Engine(Owned):
         if not batch or len(batch) > self.candidate_rows:
             raise VkrtError(f"decode_candidates takes 1 to {self.candidate_rows} (sequence, token) pairs, "
                             f"got {len(batch)}")
-        adjust = adjustments is not None and any(a is not None for a in adjustments)
-        if adjust:
-            self._write_adjustments(adjustments, len(batch))
-        masked = self._write_masks(masks, len(batch))
+        self._check_rows(adjustments, masks, len(batch), "decode_candidates")
         seqs, ids, pos = self._decode_inputs(batch)
         t0 = time.perf_counter()
-        g, slots = self._prepare(ids, seqs, pos, True, n_seqs=len(batch), top=True, adjust=adjust, masked=masked)
-        self._run(g)
-        self._advance(slots, 1)
-        out = self._read_candidates(len(batch))
+
+        def group(r: range) -> _Group:
+            n = len(r)
+            adj, msk = _rows(adjustments, r, n), _rows(masks, r, n)
+            adjust, masked = adj is not None, msk is not None
+            return _Group(ids[r.start:r.stop], seqs[r.start:r.stop], pos[r.start:r.stop], n,
+                          dict(all_logits=True, top=True, adjust=adjust, masked=masked),
+                          lambda: self._read_candidates(n), lambda: self._write_tables(adj, msk, n))
+
+        outs = self._run_groups([group(r) for r in self._groups([1] * len(batch))])
         self._count(len(batch), time.perf_counter() - t0)
-        return out
+        return np.concatenate([v for v, _ in outs]), np.concatenate([i for _, i in outs])
 
     def mixed(self, parts: list[tuple[int, object]], adjustments: list[LogitAdjustments | None] | None = None,
               top: bool = False, masks: list[np.ndarray | None] | None = None):
@@ -588,33 +637,108 @@ class Engine(Owned):
             raise VkrtError("a model with a recurrent state runs prompt chunks one sequence a step")
         if top and len(parts) > self.candidate_rows:
             raise VkrtError(f"candidates are read for at most {self.candidate_rows} parts a step, got {len(parts)}")
-        ids = np.concatenate(toks)
-        self._check_tokens(ids)
+        if top:
+            self._check_rows(adjustments, masks, len(parts), "mixed")
+        self._check_tokens(np.concatenate(toks))
         vocab = self.model.cfg.vocab_size
         t0 = time.perf_counter()
-        seqs = np.repeat(np.array(seq_ids, np.int32), sizes)
-        pos = np.concatenate([np.arange(t.size, dtype=np.int32) + self.cache.cells.length(s)
-                              for s, t in zip(seq_ids, toks)])
-        pad, (ids, seqs, pos) = self._padded(ids, seqs, pos)
-        rows = self.out_rows(len(parts), self.candidate_rows if top else self.n_ubatch)
-        out = np.cumsum(sizes) - 1 + pad
-        out = np.concatenate([out, np.full(rows - out.size, out[-1])])   # the extra rows repeat the last
-        adjust = top and adjustments is not None and any(a is not None for a in adjustments)
-        if adjust:
-            self._write_adjustments(list(adjustments) + [None] * (rows - len(parts)), rows)
-        padded = None if masks is None else list(masks) + [None] * (rows - len(parts))
-        masked = top and self._write_masks(padded, rows)
-        n_seqs = len(parts) if self.recurrent else 1
-        g, slots = self._prepare(ids, seqs, pos, False, n_seqs, top=top, adjust=adjust, out=out, masked=masked)
-        self._run(g)
-        self._advance(slots, 1)
-        if top:
-            values, cand = self._read_candidates(rows)
-            result = values[:len(parts)], cand[:len(parts)]
-        else:
-            result = self._logits.read(np.float32, 4 * vocab * rows).reshape(rows, vocab)[:len(parts)]
+        pos = [np.arange(t.size, dtype=np.int32) + self.cache.cells.length(s) for s, t in zip(seq_ids, toks)]
+        cap = self.candidate_rows if top else self.n_ubatch   # the most output rows
+
+        def group(r: range) -> _Group:
+            k = len(r)
+            ids, seqs = np.concatenate(toks[r.start:r.stop]), np.repeat(np.array(seq_ids[r.start:r.stop], np.int32),
+                                                                         sizes[r.start:r.stop])
+            pad, (ids, seqs, p) = self._padded(ids, seqs, np.concatenate(pos[r.start:r.stop]))
+            rows = self.out_rows(k, cap)
+            out = np.cumsum(sizes[r.start:r.stop]) - 1 + pad
+            out = np.concatenate([out, np.full(rows - out.size, out[-1])])   # the extra rows repeat the last
+            adj, msk = (_rows(adjustments, r, rows), _rows(masks, r, rows)) if top else (None, None)
+            adjust, masked = adj is not None, msk is not None
+
+            def read():
+                if top:
+                    values, cand = self._read_candidates(rows)
+                    return values[:k], cand[:k]
+                return self._logits.read(np.float32, 4 * vocab * rows).reshape(rows, vocab)[:k]
+            return _Group(ids, seqs, p, k if self.recurrent else 1,
+                          dict(all_logits=False, top=top, adjust=adjust, out=out, masked=masked), read,
+                          lambda: self._write_tables(adj, msk, rows))
+
+        outs = self._run_groups([group(r) for r in self._groups(sizes.tolist(), pads=True,
+                                                                  rows=lambda k: self.out_rows(k, cap))])
         self._count(n, time.perf_counter() - t0)
-        return result
+        if top:
+            return np.concatenate([v for v, _ in outs]), np.concatenate([i for _, i in outs])
+        return np.concatenate(outs)
+
+    def _groups(self, sizes: list[int], pads: bool = False, rows: Callable[[int], int] | None = None) -> list[range]:
+        """The parts (sizes: tokens each) of a step in the groups it runs as: with pipeline_steps
+        on a split, in as many groups of whole parts as there are stages, run as a wavefront,
+        where every group runs the kernels the whole step would (same_kernels; also the output
+        matrix's over rows(parts) columns where that is not a column a token) and, for a step
+        that `pads` its prompt tokens (mixed), none is padded; else one."""
+        whole = [range(len(sizes))]
+        if not (self.pipeline_steps and self.split and len(sizes) > 1):
+            return whole
+        groups = balanced_groups(sizes, min(len(self.stages), len(sizes)))
+        n = sum(sizes)
+        tunings = [st.device.tuning for st in self.stages]
+        moe = self.model.cfg.n_expert > 0
+        if pads and self.padded_tokens(n) != n:
+            return whole
+        for r in groups:
+            m = sum(sizes[r.start:r.stop])
+            if not same_kernels(tunings, moe, n, m) or pads and self.padded_tokens(m) != m:
+                return whole
+            if rows is not None and not same_kernels(tunings, False, rows(len(sizes)), rows(len(r))):
+                return whole
+        return groups
+
+    def _run_groups(self, groups: list[_Group]) -> list:
+        """Run one step as `groups`: one group as a step; several as a wavefront through the
+        stages (wavefront.py), group g on stage k while group g + 1 runs on stage k - 1. The
+        KV cells are taken first, those the whole step would take: each group attends over the
+        span, and its keys lie in the cells, of the whole step, and flash attention splits them
+        as the whole step's would.
+        Returns each group's outputs."""
+        if len(groups) == 1:
+            gr = groups[0]
+            gr.tables()
+            g, slots = self._prepare(gr.ids, gr.seqs, gr.pos, n_seqs=gr.n_seqs, **gr.keywords)
+            self._run(g)
+            self._advance(slots, 1)
+            return [gr.read()]
+        # the whole step's cells, taken as one step takes them (a sequence's cell decides where its
+        # keys sit in the cache, so the order attention sums them in)
+        cells, _ = self._take_cells(*(np.concatenate([getattr(gr, f) for gr in groups]) for f in ("ids", "seqs", "pos")),
+                                    sum(gr.n_seqs for gr in groups))
+        ends = np.cumsum([0] + [gr.ids.size for gr in groups])
+        taken = [(cells[a:b], gr.seqs[::gr.ids.size // gr.n_seqs]) for gr, a, b in zip(groups, ends, ends[1:])]
+        outs: list = [None] * len(groups)
+
+        def prepare(u: int) -> WaveStep:
+            gr = groups[u]
+            g, _ = self._prepare(gr.ids, gr.seqs, gr.pos, n_seqs=gr.n_seqs, parity=u % 2, broadcast=False,
+                                 taken=taken[u], fa_plan=int(ends[-1]), **gr.keywords)
+            return WaveStep(g, self._step_inputs(u % 2), u % 2, lambda: outs.__setitem__(u, gr.read()), gr.tables)
+
+        self.stats.layers_prefetched += run_wavefront(self.stages, self.handoffs, len(groups), prepare, self._wait)
+        for _, slots in taken:
+            self._advance(slots, 1)
+        return outs
+
+    def _check_rows(self, adjustments: list | None, masks: list | None, n: int, what: str) -> None:
+        for name, rows in (("adjustments", adjustments), ("token masks", masks)):
+            if rows is not None and len(rows) != n:
+                raise VkrtError(f"{what}: {len(rows)} {name} for {n} tokens")
+
+    def _write_tables(self, adjustments: list | None, masks: list | None, rows: int) -> None:
+        """The logit adjustments and token masks of a step's `rows` rows (None: none)."""
+        if adjustments is not None:
+            self._write_adjustments(adjustments, rows)
+        if masks is not None:
+            self._write_masks(masks, rows)
 
     @staticmethod
     def out_rows(n: int, cap: int) -> int:
@@ -637,12 +761,16 @@ class Engine(Owned):
             return False
         if len(masks) != rows:
             raise VkrtError(f"{len(masks)} token masks for {rows} tokens")
-        vocab = self.model.cfg.vocab_size
-        if self._masks is None:   # read where it lies, as the adjustments: a few KB a row
-            self._masks = Buffer(self.device, 4 * mask_table_words(self.candidate_rows, vocab), MemoryKind.HOST,
-                                 label="token masks")
-        pack_masks(rows, vocab, masks, out=self._masks.host_bytes.view(np.uint32))
+        pack_masks(rows, self.model.cfg.vocab_size, masks, out=self._mask_table().host_bytes.view(np.uint32))
         return True
+
+    def _mask_table(self) -> Buffer:
+        """The token masks' table, made on first use (read where it lies, as the adjustments: a
+        few KB a row)."""
+        if self._masks is None:
+            words = mask_table_words(self.candidate_rows, self.model.cfg.vocab_size)
+            self._masks = Buffer(self.device, 4 * words, MemoryKind.HOST, label="token masks")
+        return self._masks
 
     def _read_candidates(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         pairs = self._top.read(np.uint32, 8 * CANDIDATES * rows).reshape(rows, CANDIDATES, 2)
@@ -653,21 +781,21 @@ class Engine(Owned):
         """Greedy decoding on the GPU: append `token` to `seq_id`, then yield the n tokens that
         follow, each picked by an argmax on the GPU (the host reads 4 bytes a step; a split model
         writes it back as the next step's input). With `pipeline` (default: unless the model
-        keeps a recurrent state, which cannot be rewound, or is split across devices)
-        the step after a token is submitted before the token is yielded; when the consumer stops
-        early, that step is waited for and its KV cell forgotten, so the cache holds exactly the
-        tokens evaluated for what was consumed."""
+        keeps a recurrent state, which cannot be rewound) the step after a token is submitted
+        before the token is yielded; when the consumer stops early, that step is waited for and
+        its KV cell forgotten, so the cache holds exactly the tokens evaluated for what was
+        consumed. On a split the next step's first stage needs the token the last stage's argmax
+        wrote, which the host reads (separate devices share no semaphore here): its inputs are
+        written while the last step ends, then the host waits for the token, writes it and runs
+        the step's stages, the last one left running while the token is yielded."""
         vocab = self.model.cfg.vocab_size
         if not 0 <= token < vocab:
             raise VkrtError(f"token ids must be in [0, {vocab}); got {token}")
         if n < 1:
             return
-        pipeline = not (self.recurrent or self.split) if pipeline is None else pipeline
+        pipeline = not self.recurrent if pipeline is None else pipeline
         if pipeline and self.recurrent:
             raise VkrtError("a recurrent state cannot be rewound: pipelined greedy decoding needs a model without one")
-        if pipeline and self.split:
-            raise VkrtError("a model split across devices reads each token back before the next step: pipelined "
-                            "greedy decoding needs one device")
         seqs = np.array([seq_id], np.int32)
         pending: list[tuple[int, int, _Graph]] = []   # (inputs copy, position, graph) of steps in flight
 
@@ -677,8 +805,11 @@ class Engine(Owned):
             pos = self.cache.cells.length(seq_id)
             g, slots = self._prepare(np.array([token], np.int32), seqs, np.array([pos], np.int32), False,
                                      chain=(parity, not first and not self.split))
+            if self.split and pending:   # pipelined: the step before is ending; its token is the input
+                self._wait(pending[-1][2].seqs[-1])
+                self._write_token(parity, self._read_token(pending[-1][0]))
             if g.prefetched or self.split:   # uploads interleaved with the layers, or stages: run in order
-                self._run(g, parity)
+                self._run(g, parity, wait_last=not self.split)
             else:
                 g.seqs[0].submit()
             self._advance(slots, 1)
@@ -689,7 +820,7 @@ class Engine(Owned):
             parity, _, g = pending.pop(0)
             t1 = time.perf_counter()
             self._wait(g.seqs[-1])
-            out = int(self._tokens.read(np.int32, 4, 16 * parity)[0])
+            out = self._read_token(parity)
             self._count(1, time.perf_counter() - t1)
             return out
 
@@ -707,6 +838,16 @@ class Engine(Owned):
                 g.seqs[-1].wait()
                 self.cache.cells.free(seq_id, pos)
             pending.clear()
+
+    def _read_token(self, parity: int) -> int:
+        """The token a chain step's argmax wrote (copy `parity`)."""
+        return int(self._tokens.read(np.int32, 4, 16 * parity)[0])
+
+    def _write_token(self, parity: int, token: int) -> None:
+        """Make `token` the input of the chain step whose inputs are copy `parity`, on every stage."""
+        at = parity * self._inputs_size + self._layout["ids"]
+        for st in self.stages:
+            st.inputs.host_bytes[at:at + 4] = np.array([token], np.int32).view(np.uint8)
 
     def reset(self, seq_id: int | None = None, from_pos: int = 0) -> None:
         """Forget a sequence's cells from `from_pos` on (all sequences when seq_id is None). A

@@ -21,7 +21,8 @@ class EngineOptions:
     device runs a share of the layers) or "none" (only devices[main_gpu]); `tensor_split` the
     shares, one per device (default: each device's VRAM budget, else its free VRAM); `main_gpu`
     the device holding the output and sampling (default: the last with a layer split, else 0);
-    `vram_budget` one size for every device or a tuple of one per device."""
+    `vram_budget` one size for every device or a tuple of one per device; `pipeline_steps`: a
+    step of several sequences runs as groups pipelined over the devices (Engine)."""
 
     n_ctx: int = 4096
     n_batch: int = 2048
@@ -40,6 +41,7 @@ class EngineOptions:
     split_mode: str = "layer"
     tensor_split: tuple[float, ...] | None = None
     main_gpu: int | None = None
+    pipeline_steps: bool = False
 
     def __post_init__(self):
         if self.kv_type not in ("f16", "f32"):
@@ -104,7 +106,7 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
     try:
         engine = Engine(model, n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
                         kv_type=o.kv_type.upper(), expert_cache=o.expert_cache, n_seq_max=o.n_seq_max,
-                        n_checkpoints=o.n_checkpoints)
+                        n_checkpoints=o.n_checkpoints, pipeline_steps=o.pipeline_steps)
     except BaseException:
         model.close()
         raise

@@ -93,6 +93,9 @@ class RecordOptions:
     layers: range | None = None
     receive: object = None
     send: object = None
+    # > 0 (and not n_tokens): flash attention splits the KV cells as a step of this many tokens
+    # would (a group of a pipelined step: the whole step's count), so each row sums them alike
+    fa_plan_tokens: int = 0
 
 
 class Transformer:
@@ -130,6 +133,9 @@ class Transformer:
             masks[False] = s.mask.slice(0, 0, n_kv * T).view((n_kv, T))
         if s.mask_swa is not None:
             masks[True] = s.mask_swa.slice(0, 0, n_kv * T).view((n_kv, T))
+        plan = opts.fa_plan_tokens if opts.flash_attn and opts.fa_plan_tokens not in (0, T) else 0
+        plan_masks = {swa: (s.mask_swa if swa else s.mask).slice(0, 0, n_kv * plan).view((n_kv, plan))
+                      for swa in masks} if plan else {}
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
         layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
@@ -143,9 +149,10 @@ class Transformer:
                 parts.append(Part(f"delta net {il}", lambda seq, il=il: record_delta_net(
                     self, seq, s, state, il, T, opts.n_seqs)))
             else:
-                mask = masks[layer.attn == SLIDING]
-                parts.append(Part(f"attention {il}", lambda seq, il=il, mask=mask: record_attention(
-                    self, seq, s, cache, il, T, n_kv, mask, opts.flash_attn)))
+                swa = layer.attn == SLIDING
+                split_as = (plan, plan_masks[swa]) if plan else None
+                parts.append(Part(f"attention {il}", lambda seq, il=il, mask=masks[swa], split_as=split_as:
+                                  record_attention(self, seq, s, cache, il, T, n_kv, mask, opts.flash_attn, split_as)))
             if layer.ffn == DENSE:
                 parts.append(Part(f"ffn {il}", lambda seq, il=il: self._ffn(seq, s, il, T)))
             else:
