@@ -54,18 +54,16 @@ def main(argv=None) -> int:
         n_kv = next(k[1] for k in reversed(e._graphs) if k[0] == args.tokens)
         opts = RecordOptions(args.tokens, n_kv, False, e.flash_attn)
         staged = e.staging.tensors() if e.staging.layers and args.tokens <= dev.tuning.mv_max_n else None
-        keep, owner = [], []   # owner[i]: the part (name without layer number) of command i
+        owner = []   # owner[i]: the part (name without layer number) of command i
         with CommandSequence(dev, timestamps=True, max_timestamps=8192, label="decode profile") as seq:
             with seq.record():
                 for part in e.transformer.parts(e.scratch, e.cache, opts, None, staged, state=e.state):
-                    keep.extend(part.record(seq))
+                    part.record(seq)
                     owner += [part.name.rstrip("0123456789 ")] * (seq.timed_commands - len(owner))
             runs = []
             for _ in range(args.reps + 1):
                 seq.run()
                 runs.append(seq.gpu_times())
-        for k in keep:
-            k.close()
         per_label: dict[str, list[float]] = defaultdict(list)
         counts: dict[str, int] = defaultdict(int)
         for i, run in enumerate(runs[1:]):

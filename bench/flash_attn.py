@@ -26,6 +26,7 @@ from vkrt.device import Device
 from vkrt.device.tuning import fa_mask_opt_rule
 from vkrt.memory import F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
+from vkrt.ops.flash_work import FlashWork
 
 QUICK = dict(ubatch="64,256", depth="0,512,2048", heads="128:4:2,256:2:1", repeats=2)
 
@@ -65,16 +66,16 @@ def measure(dev, ubatch: int, depth: int, hs: int, n_head: int, n_head_kv: int, 
     v = rng.standard_normal((1, n_head_kv, n_kv, hs), dtype=np.float32).astype(np.float16)
     tensors = [tensor_from_numpy(dev, a) for a in (q, k, v, causal_mask(ubatch, n_kv))]
     outs = [Tensor.empty(dev, F32, (hs, n_head, ubatch, 1)) for _ in range(2)]
-    ops = []
+    ops, work = [], FlashWork(dev)   # the ops run one at a time, as a model's layers
     try:
         for on, out in zip((False, True), outs):
-            ops.append(FlashAttn(dev, *tensors[:3], out, tensors[3], scale=hs ** -0.5, mask_opt=on,
+            ops.append(FlashAttn(dev, *tensors[:3], out, tensors[3], scale=hs ** -0.5, mask_opt=on, work=work,
                                  label=f"flash_attn mask_opt {'on' if on else 'off'}"))
         (off_s, _), (on_s, prepass) = time_runs(dev, ops, repeats)
         fa = ops[1]
         rule = fa_mask_opt_rule(dev.tuning, has_mask=True, nem0=n_kv, nem1=ubatch, hsk=hs, hsv=hs, bc=fa.tile.bc)
     finally:
-        for x in (*ops, *tensors, *outs):
+        for x in (work, *tensors, *outs):
             x.close()
     flops = fa.shape.flops()
     return dict(ubatch=ubatch, depth=depth, n_kv=n_kv, head_size=hs, n_head=n_head, n_head_kv=n_head_kv,

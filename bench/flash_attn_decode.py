@@ -26,6 +26,7 @@ from vkrt.device import Device
 from vkrt.engine.engine import KV_STEP
 from vkrt.memory import F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
+from vkrt.ops.flash_work import FlashWork
 
 QUICK = dict(queries="1,4", depth="100,600", heads="64:4:1,128:4:2", splits="1,2,4", repeats=2)
 
@@ -41,19 +42,18 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
     tensors = [tensor_from_numpy(dev, a) for a in (q, k, v, mask, np.array([used], np.int32))]
     variants = [("unpacked, padded", dict(gqa_pack=False)), ("packed, live cells", dict(kv_used=tensors[4]))]
     variants += [(f"packed, split {n}", dict(kv_used=tensors[4], split_k=n)) for n in splits]
-    outs, ops = [], []
+    outs, ops, work = [], [], FlashWork(dev)   # the ops run one at a time, as a model's layers
     try:
         for name, kw in variants:
             outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
-            op = FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, label=name, **kw)
+            op = FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, label=name, work=work, **kw)
             if "split_k" in kw and any(o.n_split == op.n_split for o in ops[2:]):   # clamped to the tiles
-                op.close()
                 continue
             ops.append(op)
         times = [t for t, _ in time_runs(dev, ops, repeats)]
         rows = [dict(variant=op.label, pack=op.pack, n_split=op.n_split, us=t * 1e6) for op, t in zip(ops, times)]
     finally:
-        for x in (*ops, *tensors, *outs):
+        for x in (work, *tensors, *outs):
             x.close()
     return dict(queries=n_q, depth=depth, n_kv=n_kv, head_size=hs, n_head=n_head, n_head_kv=n_head_kv,
                 us_unpacked=times[0] * 1e6, us_packed=times[1] * 1e6, speedup=times[0] / times[1],

@@ -110,11 +110,11 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     o = placeholder(dev, F32, (hs, m["n_head"], n_q, 1), "out")
     used = placeholder(dev, I32, (1,), "kv_used")
     rec = Recorder(dev)
-    # mask_opt off and no split: FlashAttn then needs no scratch memory (the null device has none)
-    with FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used) as fa:
-        fa.record(rec)
-        # what FlashAttn decides by itself, without the forced values
-        rule, rows, bc = fa.decide_mask_opt(mask), fa.mask_rows, fa.tile.bc
+    # mask_opt off and no split: FlashAttn then needs no FlashWork (the null device has no memory)
+    fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used)
+    fa.record(rec)
+    # what FlashAttn decides by itself, without the forced values
+    rule, rows, bc = fa.decide_mask_opt(mask), fa.mask_rows, fa.tile.bc
     cases = []
     for on in both or (rule,):
         pre_pass = [mask_opt_kernel(dev, rows, bc)] if on else []

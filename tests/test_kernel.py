@@ -6,6 +6,7 @@ import pytest
 from vkrt.commands import CommandSequence, download
 from vkrt.errors import KernelInterfaceError
 from vkrt.memory import Buffer
+from vkrt.ops.grid import groups_for
 from vkrt.pipeline import Kernel, PushConstants, kernel
 
 SRC = """#version 450
@@ -28,7 +29,7 @@ def test_kernel_runs_with_spec_constants_and_workgroup(device):
         out = Buffer(device, 4 * 100)
         seq = CommandSequence(device)
         with seq.record():
-            seq.dispatch(k, [out], push={"n": 100, "mul": 3}, groups=k.groups_for(100))
+            seq.dispatch(k, [out], push={"n": 100, "mul": 3}, groups=groups_for(k, 100))
         seq.run()
         np.testing.assert_array_equal(download(device, out, np.uint32), np.arange(100) * 3 + 5)
         seq.close()

@@ -10,24 +10,33 @@ from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.memory import F32, Tensor
 from vkrt.ops.attention import Attention
 from vkrt.ops.flash_attn import FlashAttn
+from vkrt.ops.flash_work import FlashWork
 
 TOL = 1e-11  # NMSE; fp32 arithmetic against float64
 TOL_TANH = 1e-8
 
 
+def scores_for(device, q, k) -> Tensor:
+    """Attention's scores for numpy q (batch, n_head, n_q, hs) and k (batch, n_head_kv, n_kv, hs)."""
+    return Tensor.empty(device, F32, (k.shape[2] * q.shape[0] * q.shape[1] * q.shape[2],))
+
+
 def run(device, op, q, k, v, mask=None, *, scale=None, **kw):
+    """Run Attention (over scores of its own) or FlashAttn (over a FlashWork of its own)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     ts = [tensor_from_numpy(device, a) for a in (q, k, v)]
     tm = tensor_from_numpy(device, mask) if mask is not None else None
     out = Tensor.empty(device, F32, (v.shape[-1], q.shape[1], q.shape[2], q.shape[0]))
+    memory = scores_for(device, q, k) if op is Attention else FlashWork(device)
     try:
-        with op(device, *ts, out, tm, scale=scale, **kw) as a, CommandSequence(device) as seq:
+        a = op(device, *ts, out, tm, scale=scale, **{"scores" if op is Attention else "work": memory}, **kw)
+        with CommandSequence(device) as seq:
             with seq.record():
                 a.record(seq)
             seq.run()
         return read_tensor(out)
     finally:
-        for t in (*ts, tm, out):
+        for t in (*ts, tm, out, memory):
             if t is not None:
                 t.close()
 
@@ -82,16 +91,17 @@ def test_strided_q_and_kv_cache_views(device):
         caches.append(tensor_from_numpy(device, cache))
     tm = tensor_from_numpy(device, mask)
     out = Tensor.empty(device, F32, (hs, 4, n_q, 1))
+    scores = scores_for(device, q, k)
     try:
         tk, tv = (c.permute(0, 2, 1, 3).slice(1, 0, n_kv) for c in caches)
-        with Attention(device, q_proj.permute(0, 2, 1, 3), tk, tv, out, tm, scale=0.15) as a, \
-                CommandSequence(device) as seq:
+        a = Attention(device, q_proj.permute(0, 2, 1, 3), tk, tv, out, tm, scale=0.15, scores=scores)
+        with CommandSequence(device) as seq:
             with seq.record():
                 a.record(seq)
             seq.run()
         assert nmse(read_tensor(out), attention_reference(q, k, v, mask, scale=0.15)) < TOL
     finally:
-        for t in (q_proj, *caches, tm, out):
+        for t in (q_proj, *caches, tm, out, scores):
             t.close()
 
 

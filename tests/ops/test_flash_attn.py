@@ -14,6 +14,7 @@ from vkrt.device.tuning import tuning_for
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import F16, F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
+from vkrt.ops.flash_work import FlashWork
 
 TOL = 1e-11  # NMSE; lavapipe measures up to 2e-13 (fp32 arithmetic against float64)
 TOL_TANH = 1e-8  # drivers' tanh may be coarser than their exp
@@ -35,11 +36,11 @@ def flash(device, q, k, v, mask=None, *, scale=None, **kw):
     tm = tensor_from_numpy(device, mask) if mask is not None else None
     out = Tensor.empty(device, F32, (v.shape[-1], q.shape[1], q.shape[2], q.shape[0]))
     try:
-        with FlashAttn(device, *inputs, out, tm, scale=scale, **kw) as fa:
-            with CommandSequence(device) as seq:
-                with seq.record():
-                    fa.record(seq)
-                seq.run()
+        with FlashWork(device) as work, CommandSequence(device) as seq:
+            fa = FlashAttn(device, *inputs, out, tm, scale=scale, work=work, **kw)
+            with seq.record():
+                fa.record(seq)
+            seq.run()
             return read_tensor(out), fa
     finally:
         for t in (*inputs, tm, out):
@@ -165,7 +166,8 @@ def test_split_merge_replays(device):
     ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
     out = Tensor.empty(device, F32, (64, 4, 3, 1))
     try:
-        with FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, split_k=5) as fa, CommandSequence(device) as seq:
+        with FlashWork(device) as work, CommandSequence(device) as seq:
+            fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, split_k=5, work=work)
             assert fa.n_split == 5
             with seq.record():
                 fa.record(seq)
@@ -178,6 +180,40 @@ def test_split_merge_replays(device):
             assert not download(device, fa._done, np.uint32).any()
     finally:
         for t in (*ts, out):
+            t.close()
+
+
+def test_attention_ops_share_one_work(device):
+    """Split attentions over one FlashWork (as a model's layers over the engine's) in one
+    sequence; a later, larger one grows the work's buffers and the sequence recorded before
+    still reads its own."""
+    rng = np.random.default_rng(23)
+    shapes = [(3, 400, 5), (2, 200, 3), (4, 800, 7)]   # (n_q, n_kv, split_k): the third needs the most
+    data = [(make_qkv(rng, n_head=4, n_head_kv=2, n_q=n_q, n_kv=n_kv), causal_mask(n_q, n_kv))
+            for n_q, n_kv, _ in shapes]
+    ts = [[tensor_from_numpy(device, a) for a in (*qkv, mask)] for qkv, mask in data]
+    outs = [Tensor.empty(device, F32, (64, 4, n_q, 1)) for n_q, _, _ in shapes]
+    seqs = [CommandSequence(device), CommandSequence(device)]
+    parts = []   # where each op's split partials are
+    try:
+        with FlashWork(device) as work:
+            for seq, ops in zip(seqs, ([0, 1], [2])):
+                with seq.record():
+                    for i in ops:
+                        fa = FlashAttn(device, *ts[i][:3], outs[i], ts[i][3], scale=0.125, split_k=shapes[i][2],
+                                       work=work)
+                        assert fa.n_split > 1
+                        fa.record(seq)
+                        parts.append((fa._part.buffer, fa._part.offset))
+                        done = fa._done
+            assert parts[0] == parts[1] != parts[2]
+            for seq in (*seqs, seqs[0]):
+                seq.run()
+            for (qkv, mask), out in zip(data, outs):
+                check(read_tensor(out), *qkv, mask, scale=0.125)
+            assert not download(device, done, np.uint32).any()
+    finally:
+        for t in (*(t for group in ts for t in group), *outs, *seqs):
             t.close()
 
 
@@ -200,7 +236,8 @@ def test_strided_views(device):
         tq = q_proj.permute(0, 2, 1, 3)
         tk, tv = (c.permute(0, 2, 1, 3).slice(1, 0, n_kv) for c in caches)
         assert not tq.is_contiguous() and not tk.is_contiguous()
-        with FlashAttn(device, tq, tk, tv, out, tm, scale=hs ** -0.5) as fa, CommandSequence(device) as seq:
+        with FlashWork(device) as work, CommandSequence(device) as seq:
+            fa = FlashAttn(device, tq, tk, tv, out, tm, scale=hs ** -0.5, work=work)
             with seq.record():
                 fa.record(seq)
             seq.run()
@@ -383,7 +420,8 @@ def test_mask_opt_codes_and_their_use(device):
     ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
     out = Tensor.empty(device, F32, (64, 2, n_q, 1))
     try:
-        with FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, mask_opt=True) as fa:
+        with FlashWork(device) as work:
+            fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, mask_opt=True, work=work)
             br, bc = fa.tile.br, fa.tile.bc
             codes, got = _run_parts(device, fa, out)
             words = codes.reshape(fa.n_row_tiles, -1)
@@ -409,13 +447,16 @@ def test_mask_opt_forced(device):
     ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
     out = Tensor.empty(device, F32, (64, 4, 8, 1))
     try:
-        def decided(**kw):
-            with FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, **kw) as fa:
-                return fa.mask_opt
+        def decided(mask=ts[3], **kw):   # deciding needs no memory
+            return FlashAttn(device, *ts[:3], out, mask, scale=0.1, **kw).mask_opt
         assert not decided()  # too small for the rule
         assert decided(mask_opt=True) and not decided(mask_opt=False)
-        with FlashAttn(device, *ts[:3], out, None, scale=0.1, mask_opt=True) as fa:
-            assert not fa.mask_opt  # nothing to classify without a mask
+        assert not decided(None, mask_opt=True)  # nothing to classify without a mask
+        fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, mask_opt=True)
+        with CommandSequence(device) as seq:
+            with pytest.raises(UnsupportedShape, match="mask_opt needs buffers: pass a FlashWork"):
+                with seq.record():
+                    fa.record(seq)
     finally:
         for t in (*ts, out):
             t.close()

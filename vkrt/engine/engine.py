@@ -82,10 +82,6 @@ class _Graph:
         return [seq for g in self.stages for seq in g.seqs]
 
     @property
-    def keep(self) -> list:
-        return [k for g in self.stages for k in g.keep]
-
-    @property
     def prefetched(self) -> list[int]:
         return [il for g in self.stages for il in g.prefetched]
 

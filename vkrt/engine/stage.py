@@ -26,14 +26,11 @@ class StageGraph:
     sequence per segment, segment k >= 1 starting at the MoE block of prefetched layer k - 1."""
 
     seqs: list[CommandSequence]
-    keep: list
     prefetched: list[int]
 
     def close(self) -> None:
         for seq in self.seqs:
             seq.close()
-        for k in self.keep:
-            k.close()
 
 
 class Stage(Owned):
@@ -96,7 +93,7 @@ class Stage(Owned):
             if part.layer is not None:
                 segments.append([])
             segments[-1].append(part)
-        seqs, keep = [], []
+        seqs = []
         try:
             for k, segment in enumerate(segments):
                 seq = CommandSequence(self.device, label=f"{label} part {k}")
@@ -109,14 +106,12 @@ class Stage(Owned):
                                 seq.copy(self.inputs.range(base + self.layout[name], input_sizes[name]), t.range(),
                                          input_sizes[name])
                     for part in segment:
-                        keep.extend(part.record(seq))
+                        part.record(seq)
         except BaseException:
             for seq in seqs:
                 seq.close()
-            for obj in keep:
-                obj.close()
             raise
-        return StageGraph(seqs, keep, [p.layer for p in parts if p.layer is not None])
+        return StageGraph(seqs, [p.layer for p in parts if p.layer is not None])
 
     def submit(self, g: StageGraph) -> int:
         """Submit a stage's part of a step (not waiting); with prefetched layers, interleave their

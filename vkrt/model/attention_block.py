@@ -45,7 +45,7 @@ def positions(cfg, s, T):
 
 
 def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None):
-    """Record layer il's attention block; returns the attention op (kept alive with the recording).
+    """Record layer il's attention block (flash attention's work buffers are the Scratch's).
     split_as = (tokens, their mask): flash attention splits the KV cells as a step of that many
     tokens would (a row's sums depend on the splits only, not on how many rows run)."""
     cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
@@ -96,13 +96,12 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
         split_k = None
         if split_as is not None:   # the split a step of split_as[0] tokens takes (decided, not recorded)
             P = split_as[0]
-            with FlashAttn(seq.device, s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), attn_args[2],
-                           attn_args[3], s.attn.view((Dv, H, P)), split_as[1], scale=cfg.attn_scale, sinks=sinks,
-                           kv_used=s.kv_used, mask_opt=False, label=f"flash attention {il} (split plan)") as plan:
-                split_k = plan.n_split
+            split_k = FlashAttn(seq.device, s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), attn_args[2],
+                                attn_args[3], s.attn.view((Dv, H, P)), split_as[1], scale=cfg.attn_scale, sinks=sinks,
+                                kv_used=s.kv_used, mask_opt=False, label=f"flash attention {il} (split plan)").n_split
         op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks, mask_opt=tf.fa_mask_opt,
-                       split_k=split_k)
+                       split_k=split_k, work=s.flash_work)
         s.mask_opt_owner.setdefault(id(mask), op)
     else:
         op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")
@@ -116,4 +115,3 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     if cfg.post_norms:
         tf.norm(seq, o, o, p + "post_attention_norm.weight")
     tf.block_output(seq, s, o)
-    return op

@@ -8,6 +8,7 @@ import math
 
 from ..memory import F16, F32, I32, Tensor
 from ..ops.delta_net import delta_net_workspace_bytes
+from ..ops.flash_work import FlashWork
 from ..ops.moe_stage import plan_words
 from ..ops.mul_mat_id import RouteTable
 from ..owned import Owned
@@ -103,7 +104,8 @@ GROUPS = (("q", "k", "v"), ("qkv", "z"), ("alpha", "beta"))
 
 class Scratch(Owned):
     """The activation tensors of `scratch_shapes` as attributes (None where the model has no
-    use for one: no MoE, no DeltaNet layers, ...)."""
+    use for one: no MoE, no DeltaNet layers, ...), the routing table of MoE prefill and flash
+    attention's work buffers (`flash_work`, grown by the recordings that need them)."""
 
     def __init__(self, device, cfg: ModelConfig, max_tokens: int, n_ctx: int, flash_attn: bool = True):
         super().__init__(f"activations for {max_tokens} tokens")
@@ -111,6 +113,7 @@ class Scratch(Owned):
         self._mask_opt_owner: dict = {}
         self.pending: Tensor | None = None   # at record time: a block output not yet added into x
         self.routes: RouteTable | None = None
+        self.flash_work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)
         self._names = list(table)
         for name in self._names:
@@ -125,13 +128,16 @@ class Scratch(Owned):
                     setattr(self, n, t)
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
+            if flash_attn and any(layer.has_kv for layer in cfg.layers):
+                self.flash_work = FlashWork(device)
         except BaseException:
             self.close()
             raise
 
     @property
     def mask_opt_owner(self) -> dict:
-        """Per recording: mask -> the first FlashAttn that classified it (reset by record())."""
+        """Per recording: mask -> the first FlashAttn that classified it (reset by
+        Transformer.parts), whose mask_opt blocks the later layers read."""
         return self._mask_opt_owner
 
     def inputs(self) -> dict[str, Tensor]:
@@ -148,6 +154,7 @@ class Scratch(Owned):
             t = getattr(self, name, None)
             if t is not None:
                 t.close()
-        if self.routes is not None:
-            self.routes.close()
+        for obj in (self.routes, self.flash_work):
+            if obj is not None:
+                obj.close()
 

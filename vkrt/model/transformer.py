@@ -33,7 +33,6 @@ from ..ops.moe import moe_combine, moe_route
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
-from ..owned import Owned
 from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
@@ -61,16 +60,16 @@ class StagedExperts:
 
 @dataclass
 class Part:
-    """A piece of the forward pass: record(seq) adds its commands and returns objects to keep
-    alive. `layer` marks a MoE block whose experts come from a prefetch slot."""
+    """A piece of the forward pass: record(seq) adds its commands (over tensors the Scratch,
+    the caches and the weights own: nothing to keep alive). `layer` marks a MoE block whose
+    experts come from a prefetch slot."""
 
     name: str
     fn: object
     layer: int | None = None
 
-    def record(self, seq) -> list:
-        out = self.fn(seq)
-        return list(out) if isinstance(out, (list, tuple)) else []
+    def record(self, seq) -> None:
+        self.fn(seq)
 
 
 @dataclass
@@ -116,13 +115,10 @@ class Transformer:
         # `output`: the output matrix where it is not the file's (tied embeddings on a split's main device)
         self.output = output or weights.get("output.weight", weights["token_embd.weight"])
 
-    def record(self, seq, s: Scratch, cache, opts: RecordOptions, state=None) -> list[Owned]:
-        """Record one forward pass into `seq`; returns the attention objects the recording uses
-        (keep them alive as long as the sequence)."""
-        keep: list[Owned] = []
+    def record(self, seq, s: Scratch, cache, opts: RecordOptions, state=None) -> None:
+        """Record one forward pass into `seq`."""
         for part in self.parts(s, cache, opts, state=state):
-            keep.extend(part.record(seq))
-        return keep
+            part.record(seq)
 
     def parts(self, s: Scratch, cache, opts: RecordOptions, experts: dict | None = None,
               staged: dict | None = None, state=None) -> list["Part"]:
@@ -155,8 +151,8 @@ class Transformer:
             else:
                 swa = layer.attn == SLIDING
                 split_as = (plan, plan_masks[swa]) if plan else None
-                parts.append(Part(f"attention {il}", lambda seq, il=il, mask=masks[swa], split_as=split_as: [
-                    record_attention(self, seq, s, cache, il, T, n_kv, mask, opts.flash_attn, split_as)]))
+                parts.append(Part(f"attention {il}", lambda seq, il=il, mask=masks[swa], split_as=split_as:
+                                  record_attention(self, seq, s, cache, il, T, n_kv, mask, opts.flash_attn, split_as)))
             if layer.ffn == DENSE:
                 parts.append(Part(f"ffn {il}", lambda seq, il=il: self._ffn(seq, s, il, T)))
             else:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from ..errors import OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
-from .rows import f32_binding
+from .binding import bind_tensor, f32_binding
+from .grid import groups_for
 
 ADD_ID_PUSH = PushConstants(*((n, "u32") for n in ("n", "rows", "n_used", "a_off", "b_off", "ids_off", "ids_tok",
                                                      "d_off")))
@@ -30,8 +30,8 @@ def add_id(seq, a: Tensor, b: Tensor, ids: Tensor, out: Tensor) -> None:
     ar, ao, _ = f32_binding(a, "add_id a")
     br, bo, _ = f32_binding(b, "add_id b")
     dr, do, _ = f32_binding(out, "add_id out")
-    ir, io = bind_tensor(ids)
+    ir, io = bind_tensor(ids, "add_id ids")
     k = kernel(seq.device, "add_id", push=ADD_ID_PUSH, workgroup=(seq.device.tuning.wg_size,))
     seq.dispatch(k, [ar, br, ir, dr], push=dict(n=n, rows=n_used * n_tokens, n_used=n_used, a_off=ao, b_off=bo,
                                                  ids_off=io // 4, ids_tok=ids.nb[1] // 4, d_off=do),
-                 groups=k.groups_for(n * n_used * n_tokens), label="add_id")
+                 groups=groups_for(k, n * n_used * n_tokens), label="add_id")

@@ -7,6 +7,7 @@ from ..errors import UnsupportedShape
 from ..memory import F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import ceil_div
 
 ARGMAX_PUSH = PushConstants(*((n, "u32") for n in ("n", "x_off", "chunk", "n_parts", "t0_off", "t1_off")))
 MAX_PARTS = 128   # partial workgroups of the first pass (and the size of its scratch, in pairs of words)
@@ -14,7 +15,7 @@ MAX_PARTS = 128   # partial workgroups of the first pass (and the size of its sc
 
 def argmax_parts(n: int, wg: int) -> int:
     """Partial workgroups for n logits: a few elements an invocation, at most MAX_PARTS."""
-    return max(1, min(MAX_PARTS, -(-n // (wg * 8))))
+    return max(1, min(MAX_PARTS, ceil_div(n, wg * 8)))
 
 
 def argmax(seq, x: Tensor, part: Tensor, out: Tensor, out2: Tensor | None = None) -> None:
@@ -32,11 +33,11 @@ def argmax(seq, x: Tensor, part: Tensor, out: Tensor, out2: Tensor | None = None
     wg = 1 << (dev.tuning.reduce_wg.bit_length() - 1)
     n = x.ne[0]
     parts = argmax_parts(n, wg)
-    chunk = -(-n // parts)
-    xr, xo = bind_tensor(x, dev)
-    pr, po = bind_tensor(part, dev, min_align=8)
-    orr, oo = bind_tensor(out, dev)
-    o2r, o2o = bind_tensor(out2 if out2 is not None else out, dev)
+    chunk = ceil_div(n, parts)
+    xr, xo = bind_tensor(x, "argmax x", dev)
+    pr, po = bind_tensor(part, "argmax part", dev, min_align=8)
+    orr, oo = bind_tensor(out, "argmax out", dev)
+    o2r, o2o = bind_tensor(out2 if out2 is not None else out, "argmax out2", dev)
     if po:
         raise UnsupportedShape(f"argmax scratch {part!r} must start on a storage-buffer offset alignment")
     k1 = kernel(dev, "argmax", push=ARGMAX_PUSH, defines={"WG": wg, "PARTIAL": 1})

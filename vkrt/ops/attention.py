@@ -10,11 +10,11 @@ scores buffer holds n_kv x n_q x n_head x batch f32.
 from __future__ import annotations
 
 from ..memory import F16, F32, Tensor
-from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from ..errors import UnsupportedShape
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor
+from .grid import ceil_div
 from .softmax import soft_max
 
 QK_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsk", "n_head", "gqa", "q_off", "q_nb1", "q_nb2", "q_nb3",
@@ -24,41 +24,33 @@ PV_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsv", "n_head", "gqa"
 TILE = 16  # queries x keys (attn_qk) or queries x dims (attn_pv) per workgroup
 
 
-class Attention(Owned):
+class Attention:
     """QK^T, masked softmax and PV over fixed tensors. record(seq) adds the three dispatches.
     sinks: F32, one attention sink a query head (gpt-oss), or None.
-    The scores live in `scores` (an F32 tensor of at least n_kv*n_q*n_head*batch elements, e.g.
-    shared by every layer of a model) or, without it, in a buffer this object owns."""
+    The scores live in `scores`, a contiguous F32 tensor of at least n_kv*n_q*n_head*batch
+    elements the caller owns (the engine's Scratch.scores, shared by every layer)."""
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
-                 scale: float, softcap: float = 0.0, max_bias: float = 0.0, scores: Tensor | None = None,
+                 scores: Tensor, scale: float, softcap: float = 0.0, max_bias: float = 0.0,
                  sinks: Tensor | None = None, label: str = "attention"):
-        super().__init__(label)
+        self.label = label
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
         self.mask, self.scale, self.softcap, self.max_bias, self.sinks = mask, scale, softcap, max_bias, sinks
         ne = (s.n_kv, s.n_q, s.n_head, s.batch)
-        self._owns_scores = scores is None
-        if scores is None:
-            self.scores = Tensor.empty(device, F32, ne, name=f"{label} scores")
-        else:
-            if scores.type is not F32 or not scores.is_contiguous() or scores.nelements < s.n_kv * s.n_q * s.n_head * s.batch:
-                raise UnsupportedShape(f"{label}: scores {scores!r} must be contiguous F32 with at least "
-                                       f"{s.n_kv * s.n_q * s.n_head * s.batch} elements")
-            self.scores = scores.slice(0, 0, s.n_kv * s.n_q * s.n_head * s.batch).view(ne)
-        try:
-            self._build(q, k, v, out)
-        except BaseException:
-            self.close()
-            raise
+        if scores.type is not F32 or not scores.is_contiguous() or scores.nelements < s.n_kv * s.n_q * s.n_head * s.batch:
+            raise UnsupportedShape(f"{label}: scores {scores!r} must be contiguous F32 with at least "
+                                   f"{s.n_kv * s.n_q * s.n_head * s.batch} elements")
+        self.scores = scores.slice(0, 0, s.n_kv * s.n_q * s.n_head * s.batch).view(ne)
+        self._build(q, k, v, out)
 
     def _build(self, q, k, v, out) -> None:
         dev, s = self.device, self.shape
-        self._q, q_off = bind_tensor(q, dev)
-        self._k, k_off = bind_tensor(k, dev)
-        self._v, v_off = bind_tensor(v, dev)
-        self._out, o_off = bind_tensor(out, dev)
-        self._s, _ = bind_tensor(self.scores, dev)
+        self._q, q_off = bind_tensor(q, f"{self.label} q", dev)
+        self._k, k_off = bind_tensor(k, f"{self.label} k", dev)
+        self._v, v_off = bind_tensor(v, f"{self.label} v", dev)
+        self._out, o_off = bind_tensor(out, f"{self.label} out", dev)
+        self._s, _ = bind_tensor(self.scores, f"{self.label} scores", dev)
         q_nb, k_nb, v_nb = element_strides(q), element_strides(k), element_strides(v)
         self._qk = kernel(dev, "attn_qk", push=QK_PUSH, defines=dict(K_F16=int(k.type == F16)))
         self._qk_push = dict(N=s.n_q, KV=s.n_kv, hsk=s.hsk, n_head=s.n_head, gqa=s.gqa, q_off=q_off // 4,
@@ -73,12 +65,9 @@ class Attention(Owned):
         s = self.shape
         heads = s.n_head * s.batch
         seq.dispatch(self._qk, [self._q, self._k, self._s], push=self._qk_push,
-                     groups=(-(-s.n_q // TILE), -(-s.n_kv // TILE), heads), label=f"{self.label} QK^T")
+                     groups=(ceil_div(s.n_q, TILE), ceil_div(s.n_kv, TILE), heads), label=f"{self.label} QK^T")
         soft_max(seq, self.scores, self.scores, self.mask, scale=self.scale, softcap=self.softcap,
                  max_bias=self.max_bias, sinks=self.sinks)
         seq.dispatch(self._pv, [self._s, self._v, self._out], push=self._pv_push,
-                     groups=(-(-s.n_q // TILE), -(-s.hsv // TILE), heads), label=f"{self.label} PV")
+                     groups=(ceil_div(s.n_q, TILE), ceil_div(s.hsv, TILE), heads), label=f"{self.label} PV")
 
-    def _release(self) -> None:
-        if self._owns_scores:
-            self.scores.close()

@@ -17,7 +17,9 @@ from ..errors import GGMLTypeError, OutOfRange, VkrtError
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .copy import check_destination, check_types, copy
-from .elements import U32_MAX, bind_elements, fits_binding, storage_defines, type_defines
+from .binding import U32_MAX, bind_elements, fits_binding
+from .elements import storage_defines, type_defines
+from .grid import ceil_div, grid, groups_for
 from .transpose import tile_shape, transpose_kernel
 
 CONCAT_PUSH = PushConstants(("n", "u32"), ("ne0", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("dim", "u32"),
@@ -118,7 +120,7 @@ def _generic(seq, a: Tensor, b: Tensor, dst: Tensor, dim: int, what: str) -> Non
     push = {"n": dst.nelements, "ne0": dst.ne[0], "ne1": dst.ne[1], "ne2": dst.ne[2], "dim": dim,
             "split": a.ne[dim], "a_nb": ba.strides, "b_nb": bb.strides, "dst_nb": bd.strides,
             "a_off": ba.offset, "b_off": bb.offset, "dst_off": bd.offset}
-    seq.dispatch(k, [ba.range, bb.range, bd.range], push=push, groups=k.groups_for(dst.nelements),
+    seq.dispatch(k, [ba.range, bb.range, bd.range], push=push, groups=groups_for(k, dst.nelements),
                  label="concat")
 
 
@@ -129,14 +131,12 @@ def _fast(seq, plan: FastPlan, dst: Tensor, what: str) -> None:
     ctg, trp = plan.ctg, plan.trp
     bc, bt, bd = (bind_elements(t, what) for t in (ctg, trp, dst))
     nrows = dst.ne[1]
-    copy_col_blocks = -(-ctg.ne[0] // tile)
-    copy_groups = copy_col_blocks * -(-nrows // rows)
-    row_tiles = -(-nrows // tile)
-    total = copy_groups + row_tiles * -(-trp.ne[0] // tile)
-    max_x = min(dev.profile.max_workgroup_count[0], 65535)
-    groups = (total, 1, 1) if total <= max_x else (max_x, -(-total // max_x), 1)
+    copy_col_blocks = ceil_div(ctg.ne[0], tile)
+    copy_groups = copy_col_blocks * ceil_div(nrows, rows)
+    row_tiles = ceil_div(nrows, tile)
+    total = copy_groups + row_tiles * ceil_div(trp.ne[0], tile)
     push = {"rows": nrows, "ctg_cols": ctg.ne[0], "trp_cols": trp.ne[0], "trp_row": bt.strides[0],
             "dst_row": bd.strides[1], "ctg_off": bc.offset, "trp_off": bt.offset,
             "dst_ctg_off": bd.offset + plan.ctg_col, "dst_trp_off": bd.offset + plan.trp_col,
             "copy_groups": copy_groups, "copy_col_blocks": copy_col_blocks, "row_tiles": row_tiles}
-    seq.dispatch(k, [bc.range, bt.range, bd.range], push=push, groups=groups, label="concat (transposed fast path)")
+    seq.dispatch(k, [bc.range, bt.range, bd.range], push=push, groups=grid(dev, total), label="concat (transposed fast path)")

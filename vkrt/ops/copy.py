@@ -6,7 +6,9 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import BF16, F16, F32, Tensor
 from ..pipeline import PushConstants, kernel
-from .elements import U32_MAX, bind_elements, element_bits, storage_defines, type_defines
+from .binding import U32_MAX, bind_elements
+from .elements import element_bits, storage_defines, type_defines
+from .grid import groups_for
 from .split import binding_pieces
 
 COPY_PUSH = PushConstants(("n", "u32"), ("ne0", "u32"), ("ne1", "u32"), ("ne2", "u32"),
@@ -62,4 +64,4 @@ def copy(seq, src: Tensor, dst: Tensor) -> None:
         bs, bd = bind_elements(s, what), bind_elements(d, what)
         push = {"n": s.nelements, "ne0": s.ne[0], "ne1": s.ne[1], "ne2": s.ne[2],
                 "src_nb": bs.strides, "dst_nb": bd.strides, "src_off": bs.offset, "dst_off": bd.offset}
-        seq.dispatch(k, [bs.range, bd.range], push=push, groups=k.groups_for(s.nelements), label="copy")
+        seq.dispatch(k, [bs.range, bd.range], push=push, groups=groups_for(k, s.nelements), label="copy")

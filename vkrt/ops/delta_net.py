@@ -23,8 +23,8 @@ from ..device.tuning import Tuning
 from ..errors import ConfigError, GGMLTypeError, OutOfRange, UnsupportedShape
 from ..memory import F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
-from .rows import f32_binding
+from .binding import bind, bind_tensor, f32_binding
+from .grid import ceil_div
 
 HEAD_SIZES = "multiples of 16 from 16 to 256"
 CHUNK_SIZES = (16, 32, 64)
@@ -149,7 +149,7 @@ def delta_net_workspace_bytes(device, n_v_heads: int, head_dim: int, n_tokens: i
     if n_seqs < 1 or n_tokens % n_seqs:
         raise OutOfRange(f"delta_net: {n_tokens} tokens do not split into {n_seqs} sequences of equal length")
     lay = chunk_layout(tuning or device.tuning, device.profile, head_dim)
-    chunks = -(-(n_tokens // n_seqs) // lay.chunk)
+    chunks = ceil_div(n_tokens // n_seqs, lay.chunk)
     return 4 * n_seqs * n_v_heads * chunks * lay.block_floats
 
 
@@ -160,12 +160,11 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
 def _vec4_binding(t: Tensor, what: str):
     """(range, element offset, element strides) of an F32 tensor read 4 elements at a time: its
     offset and strides must be multiples of 16 bytes."""
-    f32_binding(t, what)
+    b = bind(t, what, unit=4, dtype=F32, contiguous=True, min_align=16)
     if t.offset % 16 or any(s % 16 for s in t.nb[1:]):
         raise UnsupportedShape(f"{what}: the kernels read it 4 floats at a time; its offset ({t.offset}) and "
                                f"strides {t.nb} must be multiples of 16 bytes")
-    rng, off = bind_tensor(t, min_align=16)
-    return rng, off // 4, (t.nb[1] // 4, t.nb[2] // 4, t.nb[3] // 4)
+    return b.range, b.offset, b.strides[1:]
 
 
 def _check_operands(qkv, alpha, beta, dt_bias, ssm_a, state, slots, out, hk: int, hv: int, d: int,
@@ -256,7 +255,7 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
     er, eo, _ = f32_binding(ssm_a, f"{op} ssm_a")
     sr, so, ss = _vec4_binding(state, f"{op} state")
     yr, yo, ys = f32_binding(out, f"{op} out")
-    lr, lo = bind_tensor(slots)
+    lr, lo = bind_tensor(slots, "delta_net slots")
     gates = dict(seq_tokens=seq_tokens, n_k_heads=hk, qkv_off=xo, qkv_s1=xs[0], alpha_off=ao, alpha_s1=as_[0],
                  beta_off=bo, beta_s1=bs[0], dt_off=do, a_off=eo)
     state_push = dict(st_off=so, st_s1=ss[0], st_s2=ss[1], st_s3=ss[2], slot_off=lo // 4, out_off=yo, out_s1=ys[0])
@@ -273,7 +272,7 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
     ws = _check_workspace(workspace, need, n_tokens, n_seqs, (qkv, alpha, beta, state, out))
     wr, wo, _ = _vec4_binding(ws, f"{op} workspace")
     lay = chunk_layout(tuning, dev.profile, d)
-    n_chunks = -(-seq_tokens // lay.chunk)
+    n_chunks = ceil_div(seq_tokens, lay.chunk)
     unroll = int(tuning.gdn_unroll)
     prep = kernel(dev, "gdn_chunk_prep", defines=dict(D=d, C=lay.chunk, DT=DT, WG=lay.prep_wg, UNROLL=unroll),
                   push=PREP_PUSH)

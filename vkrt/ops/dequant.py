@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..errors import UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
-from .quant import bind_words, check_layout, chunks, flat_rows, kernel_type, type_defines
+from .binding import bind_words
+from .grid import ceil_div, groups_for
+from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
 
 DEQUANT_PUSH = PushConstants(("ne0", "u32"), ("rows", "u32"), ("w_off", "u32"), ("w_row", "u32"),
                              ("d_off", "u32"), ("d_row", "u32"))
@@ -34,11 +36,11 @@ def dequantize(seq, src: Tensor, dst: Tensor, *, max_binding: int | None = None)
     device = seq.device
     k = kernel(device, "dequant", defines=type_defines(typ, device.tuning), push=DEQUANT_PUSH,
                workgroup=(device.tuning.wg_size,))
-    groups = -(-src.ne[0] // 4)
+    groups = ceil_div(src.ne[0], 4)
     for s2, d2 in _planes(src, dst):
         for a, b in chunks(1, device, max_binding, s2, d2):
-            wr, wo = bind_words(s2.slice(1, a, b), device, max_binding)
-            dr, do = bind_words(d2.slice(1, a, b), device, max_binding)
+            wr, wo = bind_words(s2.slice(1, a, b), "dequantize src", device, max_binding)
+            dr, do = bind_words(d2.slice(1, a, b), "dequantize dst", device, max_binding)
             seq.dispatch(k, [wr, dr], push={"ne0": src.ne[0], "rows": b - a, "w_off": wo, "w_row": s2.nb[1],
                                             "d_off": do // 4, "d_row": d2.nb[1] // 4},
-                         groups=k.groups_for(groups * (b - a)))
+                         groups=groups_for(k, groups * (b - a)))

@@ -7,7 +7,9 @@ from __future__ import annotations
 from ..errors import OutOfRange, VkrtError
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
-from .rows import f32_binding, same_shape
+from .binding import f32_binding
+from .grid import groups_for
+from .rows import same_shape
 
 FILL_PUSH = PushConstants(("n", "u32"), ("value", "u32"))
 BINARY_PUSH = PushConstants(("n", "u32"), ("nb", "u32"), ("a_off", "u32"), ("b_off", "u32"), ("d_off", "u32"),
@@ -24,7 +26,7 @@ def fill(seq, dst, n: int, value: int) -> None:
     if dst.size < 4 * n:
         raise VkrtError(f"fill: range of {dst.size} bytes holds fewer than {n} 32-bit elements")
     k = kernel(seq.device, "fill", push=FILL_PUSH, workgroup=(seq.device.tuning.wg_size,))
-    seq.dispatch(k, [dst], push={"n": n, "value": value & 0xFFFFFFFF}, groups=k.groups_for(n))
+    seq.dispatch(k, [dst], push={"n": n, "value": value & 0xFFFFFFFF}, groups=groups_for(k, n))
 
 
 def _flat(t: Tensor, what: str):
@@ -50,7 +52,7 @@ def _binary(seq, op: str, a: Tensor, b: Tensor | None, out: Tensor, scale: float
     k = kernel(seq.device, "binary", defines={"OP": _OPS[op]}, push=BINARY_PUSH,
                workgroup=(seq.device.tuning.wg_size,))
     seq.dispatch(k, [ar, br, dr], push=dict(n=n, nb=nb, a_off=ao, b_off=bo, d_off=do, scale=float(scale)),
-                 groups=k.groups_for(n), label=op)
+                 groups=groups_for(k, n), label=op)
 
 
 def add(seq, a: Tensor, b: Tensor, out: Tensor) -> None:
@@ -95,7 +97,7 @@ def activation(seq, act: str, g: Tensor, out: Tensor, up: Tensor | None = None) 
     push.update(n=n, u_off=uo, d_off=do)
     defines = {"ACT": _ACTS[act], "GATED": int(up is not None), "G_STRIDED": int(layout is GLU_STRIDED_PUSH)}
     k = kernel(seq.device, "glu", defines=defines, push=layout, workgroup=(seq.device.tuning.wg_size,))
-    seq.dispatch(k, [gr, ur, dr], push=push, groups=k.groups_for(n), label=act)
+    seq.dispatch(k, [gr, ur, dr], push=push, groups=groups_for(k, n), label=act)
 
 
 def gate_mul(seq, x: Tensor, gate: Tensor, out: Tensor, *, act: str = "sigmoid") -> None:

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..commands import upload
 from ..device.tuning import Tuning, fa_mask_opt_rule
 from ..errors import ConfigError, UnsupportedShape
-from ..memory import F16, I32, Tensor, allocate
-from ..owned import Owned
+from ..memory import F16, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
-from .binding import bind_tensor
-from .rows import f32_binding
+from .binding import bind_tensor, f32_binding
+from .flash_work import FlashWork
+from .grid import ceil_div
 
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
 
@@ -69,7 +66,7 @@ def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pa
     ds = max(1, min(tuning.fa_d_split, lsb // 4))
     cols = tuning.fa_cols
     rg = max(1, tuning.fa_wg // (ds * cols))
-    rpt = max(1, min(max_rows or tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), -(-n_q // rg)))
+    rpt = max(1, min(max_rows or tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), ceil_div(n_q, rg)))
     tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
     while rpt > 1 and (tile.shared_bytes(hsk, hsv) > shared_memory or (tile.br % pack and pack % tile.br)):
         rpt -= 1
@@ -87,14 +84,14 @@ def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, 
         n = 1
         if groups < tuning.fa_fill_groups:
             least = tuning.fa_decode_split_min_tiles if decode else tuning.fa_split_min_tiles
-            n = min(-(-tuning.fa_fill_groups // groups), kv_tiles // least)
+            n = min(ceil_div(tuning.fa_fill_groups, groups), kv_tiles // least)
     elif int(split_k) < 1:
         raise UnsupportedShape(f"split_k must be at least 1 (no split), got {split_k}")
     else:
         n = int(split_k)
     n = max(1, min(n, kv_tiles, max_splits))
-    per = -(-kv_tiles // n)
-    return -(-kv_tiles // per), per
+    per = ceil_div(kv_tiles, n)
+    return ceil_div(kv_tiles, per), per
 
 
 def mask_opt_rows(tile: FATile, pack: int) -> int:
@@ -117,9 +114,11 @@ def _vec4_offset(t: Tensor, byte_off: int, what: str) -> int:
     return off
 
 
-class FlashAttn(Owned):
-    """Flash attention over fixed tensors: picks the tile, mask_opt and split-K once, owns the
-    scratch they need; record(seq) adds the pre-pass, attention and reduce dispatches.
+class FlashAttn:
+    """Flash attention over fixed tensors: picks the tile, mask_opt and split-K once and takes
+    the memory they need (the mask_opt block table, split-K's partials and done counts) from
+    `work`, a FlashWork the caller owns (the engine's Scratch has one); it owns nothing itself.
+    record(seq) adds the pre-pass and attention dispatches (the last split merges the others).
 
     mask_opt: None = the tuning rule; True/False force it (a model passes settings.fa_mask_opt) (ignored without
     a mask). split_k: None = split when the grid is too small to fill the device; n forces n
@@ -130,37 +129,34 @@ class FlashAttn(Owned):
     be masked): later KV tiles are skipped, with the same result, and the splits share the live
     tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
     architecture's table entry (tests). K and V offsets and strides must be multiples of 4
-    elements (the kernel reads 4 at a time).
+    elements (the kernel reads 4 at a time). work: needed to record where mask_opt classifies
+    the mask (not shared) or the KV tiles are split; the decisions need none.
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
                  tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
-                 sinks: Tensor | None = None):
-        super().__init__(label)
+                 sinks: Tensor | None = None, work: FlashWork | None = None):
+        self.label = label
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
         self.tuning = tuning or device.tuning
         if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
         self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
-        self.n_row_tiles = -(-s.n_q * self.pack // self.tile.br)
-        self.n_kv_tiles = -(-s.n_kv // self.tile.bc)
+        self.n_row_tiles = ceil_div(s.n_q * self.pack, self.tile.br)
+        self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
         self.n_split = self.decide_split(split_k)[0]
-        self._scratch = []
         self._mask = None
         # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
         # this one reads instead of classifying the mask again
         self._shared = share_mask_opt if self._can_share(share_mask_opt, mask) else None
         # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
         self.mask_opt_blocks = None
-        try:
-            self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
-        except BaseException:
-            self.close()
-            raise
+        self.work = work
+        self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
 
     # -- decisions ---------------------------------------------------------------------------
     def _can_share(self, other: "FlashAttn | None", mask) -> bool:
@@ -216,10 +212,10 @@ class FlashAttn(Owned):
     # -- pipelines and scratch -----------------------------------------------------------------
     def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks) -> None:
         dev, s, tile = self.device, self.shape, self.tile
-        self._q, q_off = bind_tensor(q, dev)
-        self._k, k_off = bind_tensor(k, dev)
-        self._v, v_off = bind_tensor(v, dev)
-        self._out, o_off = bind_tensor(out, dev)
+        self._q, q_off = bind_tensor(q, f"{self.label} q", dev)
+        self._k, k_off = bind_tensor(k, f"{self.label} k", dev)
+        self._v, v_off = bind_tensor(v, f"{self.label} v", dev)
+        self._out, o_off = bind_tensor(out, f"{self.label} out", dev)
         push = dict(N=s.n_q, KV=s.n_kv, n_head=s.n_head, gqa=s.gqa,
                     q_off=q_off // 4, k_off=_vec4_offset(k, k_off, "k"), v_off=_vec4_offset(v, v_off, "v"),
                     nem2=s.nem2, nem3=s.nem3, o_off=o_off // 4, flags=int(self.mask_opt),
@@ -230,7 +226,7 @@ class FlashAttn(Owned):
         push.update(m_off=0, m_nb1=0, m_nb2=0, m_nb3=0)
         self._mask_tensor = mask
         if mask is not None:
-            self._mask, m_off = bind_tensor(mask, dev)
+            self._mask, m_off = bind_tensor(mask, f"{self.label} mask", dev)
             push["m_off"] = m_off // 2
             push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
         defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
@@ -245,35 +241,37 @@ class FlashAttn(Owned):
             self._sinks, push["s_off"], _ = f32_binding(sinks, f"{self.label} sinks")
         self._kv_used = None
         if kv_used is not None:
-            self._kv_used, used_off = bind_tensor(kv_used, dev)
+            self._kv_used, used_off = bind_tensor(kv_used, f"{self.label} kv_used", dev)
             if used_off:
                 raise UnsupportedShape(f"kv_used {kv_used!r} must start at a storage-buffer offset alignment")
         self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
         self._attn_push = FA_PUSH.pack(push)
 
-        if self.mask_opt and self._shared is not None:
-            self.mask_opt_blocks = self._shared.mask_opt_blocks
-        elif self.mask_opt:
-            words = s.nem2 * s.nem3 * self._mask_row_tiles * -(-self.n_kv_tiles // 16)
-            self.mask_opt_blocks = self._alloc(4 * words, "mask_opt blocks")
+        if self.mask_opt and self._shared is None:
+            self._mask_opt_key = ("mask_opt blocks", id(mask.buffer), mask.offset)   # one table a mask
             self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
             self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
                                                      m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
-        if self.n_split > 1:   # the last split of a row tile merges them (shaders/flash_attn.comp)
-            rows = s.batch * s.n_q * s.n_head
-            self._part = self._alloc(4 * self.n_split * rows * s.hsv, "flash_attn split O")
-            self._ml = self._alloc(8 * self.n_split * rows, "flash_attn split M, L")
-            self._done = self._alloc(4 * self.n_tiles, "flash_attn splits done")
-            upload(dev, self._done, np.zeros(self.n_tiles, np.uint32))
+
+    def _work(self, what: str) -> FlashWork:
+        if self.work is None:
+            raise UnsupportedShape(f"{self.label}: {what} needs buffers: pass a FlashWork (work=)")
+        return self.work
+
+    def _split_buffers(self) -> tuple:
+        """Split-K's partial O, (M, L) pairs and done counts (the last split of a row tile merges
+        the splits: shaders/flash_attn.comp), from `work` as it is when recording."""
+        s = self.shape
+        rows = s.batch * s.n_q * s.n_head
+        work = self._work(f"split-K over {self.n_split} splits")
+        self._part = work.range("split O", 4 * self.n_split * rows * s.hsv)
+        self._ml = work.range("split M, L", 8 * self.n_split * rows)
+        self._done = work.range("splits done", 4 * self.n_tiles, zeroed=True)
+        return self._part, self._ml, self._done
 
     @property
     def _mask_row_tiles(self) -> int:
-        return -(-self.shape.n_q // self.mask_rows)
-
-    def _alloc(self, nbytes: int, label: str):
-        a = allocate(self.device, nbytes, label=f"{self.label}: {label}")
-        self._scratch.append(a)
-        return a.range()
+        return ceil_div(self.shape.n_q, self.mask_rows)
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, seq) -> None:
@@ -283,18 +281,26 @@ class FlashAttn(Owned):
         self.record_attention(seq)
 
     def record_mask_opt(self, seq) -> None:
-        """Classify the mask's blocks into `mask_opt_blocks` (nothing when mask_opt is off)."""
-        if self.mask_opt:
+        """Classify the mask's blocks into `mask_opt_blocks`, a table of `work` (nothing when
+        mask_opt is off; a sharing op reads the table of the op it shares)."""
+        if self.mask_opt and self._shared is None:
             s = self.shape
-            groups = (-(-self.n_kv_tiles // MASK_OPT_WG), self._mask_row_tiles, s.nem2 * s.nem3)
+            words = s.nem2 * s.nem3 * self._mask_row_tiles * ceil_div(self.n_kv_tiles, 16)
+            self.mask_opt_blocks = self._work("mask_opt").range(self._mask_opt_key, 4 * words)
+            groups = (ceil_div(self.n_kv_tiles, MASK_OPT_WG), self._mask_row_tiles, s.nem2 * s.nem3)
             seq.dispatch(self._mask_opt_kernel, [self._mask, self.mask_opt_blocks], push=self._mask_opt_push,
                          groups=groups, label=f"{self.label} mask_opt")
 
     def record_attention(self, seq) -> None:
-        """Record the attention (reading `mask_opt_blocks` when mask_opt is on)."""
+        """Record the attention (reading the mask_opt blocks the pre-pass recorded, when on)."""
         s = self.shape
-        split = (self._part, self._ml, self._done) if self.n_split > 1 else (self._out,) * 3   # unread unsplit
+        split = self._split_buffers() if self.n_split > 1 else (self._out,) * 3   # unread unsplit
         buffers = [self._q, self._k, self._v, self._out, *split]
+        if self.mask_opt:
+            if self._shared is not None:
+                self.mask_opt_blocks = self._shared.mask_opt_blocks
+            if self.mask_opt_blocks is None:
+                raise UnsupportedShape(f"{self.label}: record the mask_opt pre-pass (of the op it shares) first")
         if self._mask is not None:
             buffers += [self._mask, self.mask_opt_blocks if self.mask_opt else self._mask]  # unread when off
         if self._kv_used is not None:
@@ -304,7 +310,3 @@ class FlashAttn(Owned):
         seq.dispatch(self._attn, buffers, push=self._attn_push,
                      groups=(self.n_row_tiles, s.n_head // self.pack, s.batch * self.n_split), label=self.label)
 
-    def _release(self) -> None:
-        for a in self._scratch:
-            a.close()
-        self._scratch.clear()

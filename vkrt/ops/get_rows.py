@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .quant import bind_words, check_layout, chunks, kernel_type, type_defines
-from .rows import f32_binding
+from .binding import bind_words, f32_binding
+from .grid import ceil_div, groups_for
+from .quant import check_layout, chunks, kernel_type, type_defines
 
 GET_ROWS_PUSH = PushConstants(("ne0", "u32"), ("n_ids", "u32"), ("row0", "u32"), ("rows", "u32"),
                               ("w_off", "u32"), ("w_row", "u32"), ("ids_off", "u32"), ("d_off", "u32"),
@@ -28,12 +29,12 @@ def get_rows(seq, table: Tensor, ids: Tensor, dst: Tensor, *, max_binding: int |
         raise OutOfRange(f"get_rows: dst {list(dst.ne)} must be ({table.ne[0]}, {n_ids})")
     dr, do, ds = f32_binding(dst, "get_rows dst")
     dev = seq.device
-    ir, io = bind_words(ids, dev)
+    ir, io = bind_words(ids, "get_rows ids", dev)
     k = kernel(dev, "get_rows", defines=type_defines(typ, dev.tuning), push=GET_ROWS_PUSH,
                workgroup=(dev.tuning.wg_size,))
-    groups = k.groups_for(-(-table.ne[0] // 4) * n_ids)
+    groups = groups_for(k, ceil_div(table.ne[0], 4) * n_ids)
     for a, b in chunks(1, dev, max_binding, table):
-        wr, wo = bind_words(table.slice(1, a, b), dev, max_binding)
+        wr, wo = bind_words(table.slice(1, a, b), "get_rows table", dev, max_binding)
         seq.dispatch(k, [wr, ir, dr], push=dict(ne0=table.ne[0], n_ids=n_ids, row0=a, rows=b - a, w_off=wo,
                                                 w_row=table.nb[1], ids_off=io // 4, d_off=do, d_row=ds[0]),
                      groups=groups, label="get_rows")

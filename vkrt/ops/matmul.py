@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_together
-from .quant import WORD_ALIGN, bind_words, check_layout, chunks, flat_rows, kernel_type, type_defines
+from .binding import WORD_ALIGN, bind_together, bind_words
+from .grid import ceil_div, grid
+from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
 
 _COMMON = (("K", "u32"), ("M", "u32"))
 _OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
@@ -60,9 +61,9 @@ class MatVec:
     def __init__(self, kern, rows: int):
         self.kernel, self.rows = kern, rows
 
-    def groups(self, m: int, device) -> tuple[int, int]:
-        """The (x, y) workgroup grid for m rows."""
-        return fold(-(-m // self.rows), device)
+    def groups(self, m: int, device, z: int = 1) -> tuple[int, int, int]:
+        """The workgroup grid for m rows (x and y: the row groups; z: as given)."""
+        return grid(device, ceil_div(m, self.rows), z)
 
 
 def wide_ok(typ, *byte_offsets: int) -> bool:
@@ -92,7 +93,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     # workgroups, so fewer rows a group keep more of them in flight)
     base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
     rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
-    while rows > 1 and -(-m // (rows * (wg // lanes))) * layers < tuning.mv_fill_groups:
+    while rows > 1 and ceil_div(m, rows * (wg // lanes)) * layers < tuning.mv_fill_groups:
         rows //= 2
     defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
@@ -154,7 +155,7 @@ def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
         raise UnsupportedShape(f"fused activation {act!r} is not supported (supported: {', '.join(GLU_ACTS)})")
     if up.type != F32 or up.ne != x.ne or up.nb != x.nb:
         raise UnsupportedShape(f"the fused activation's up {up!r} must be F32 and laid out like x {x!r}")
-    ur, uo = bind_words(up, device)
+    ur, uo = bind_words(up, "matmul up", device)
     return ur, uo // 4
 
 
@@ -172,12 +173,6 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
     if mul_mat_id:
         defines["MUL_MAT_ID"] = 1
     return kernel(device, "mul_mm", defines=defines, push=MM_ID_PUSH if mul_mat_id else MM_PUSH)
-
-
-def fold(n: int, device) -> tuple[int, int]:
-    """n workgroups as an (x, y) grid within the device's limits (the kernels flatten it)."""
-    x = min(n, device.profile.max_workgroup_count[0], 65535)
-    return x, -(-n // x)
 
 
 def f32_operand(t: Tensor, what: str, k: int) -> Tensor:
@@ -216,8 +211,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     n = x2.ne[1]
     if y2.ne[1] != n:
         raise UnsupportedShape(f"matmul: x has {n} columns, y has {y2.ne[1]}")
-    xr, xo = bind_words(x2, device)
-    yr, yo = bind_words(y2, device)
+    xr, xo = bind_words(x2, "matmul x", device)
+    yr, yo = bind_words(y2, "matmul y", device)
     xo, yo, x_col, y_col = xo // 4, yo // 4, x2.nb[1] // 4, y2.nb[1] // 4
     extra, extra_push = [], {}
     if up is not None:
@@ -235,23 +230,23 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1]))
         push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                 "y_off": yo, "y_col": y_col}
-        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=(*mv.groups(m, device), 1))
+        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device))
         return
-    pieces = [(a, b, *bind_words(w.slice(1, a, b), device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
+    pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
     if n > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "N": n, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col}
-            seq.dispatch(kern, [wr, xr, yr], push=push, groups=(-(-(b - a) // tune.mm_bm), -(-n // tune.mm_bn), 1))
+            seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, tune.mm_bm), ceil_div(n, tune.mm_bn), 1))
         return
     # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
     for c0 in range(0, n, cols):
         nc = min(cols, n - c0)
         if n > cols:   # each run its own columns of x and y: no barrier between runs
-            xr, xo = bind_words(x2.slice(1, c0, c0 + nc), device)
-            yr, yo = bind_words(y2.slice(1, c0, c0 + nc), device)
+            xr, xo = bind_words(x2.slice(1, c0, c0 + nc), "matmul x", device)
+            yr, yo = bind_words(y2.slice(1, c0, c0 + nc), "matmul y", device)
             xo, yo = xo // 4, yo // 4
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
@@ -259,7 +254,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}
-            seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=(*mv.groups(b - a, device), 1))
+            seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=mv.groups(b - a, device))
 
 
 def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tuning=None) -> None:
@@ -287,14 +282,14 @@ def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tunin
             matmul(seq, w, x, y, tuning=tuning)
         return
     typ = kernel_type(w0.type, f"matmul weight {w0.name or ''}".rstrip())
-    xr, xo = bind_words(x2, device)
+    xr, xo = bind_words(x2, "matmul_segments x", device)
     xo, x_col = xo // 4, x2.nb[1] // 4
     ms = [w.ne[1] for w in ws]
     mv = mat_vec_kernel(device, typ, n, tune, k=k, m=sum(ms), xvec4=vec4_ok(x2, xo, x_col), segments=True,
                         wide=wide_ok(typ, w0.nb[1], *wb[1]))
     starts = [0]
     for m in ms:
-        starts.append(starts[-1] + -(-m // mv.rows))
+        starts.append(starts[-1] + ceil_div(m, mv.rows))
     segs = [dict(m=m, w_off=wo, y_off=yo // 4, y_col=y.nb[1] // 4, g=g)
             for m, wo, yo, y, g in zip(ms, wb[1], yb[1], y2, starts)]
     if len(segs) == 2:
@@ -302,4 +297,4 @@ def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tunin
     push = {"K": k, "M": ms[0], "w_off": segs[0]["w_off"], "w_row": w0.nb[1], "x_off": xo, "x_col": x_col,
             "y_off": segs[0]["y_off"], "y_col": segs[0]["y_col"],
             **{f"{f}{i}": segs[i][f] for i in (1, 2) for f in ("m", "w_off", "y_off", "y_col", "g")}}
-    seq.dispatch(mv.kernel, [wb[0], xr, yb[0]], push=push, groups=(*fold(starts[len(ms)], device), 1))
+    seq.dispatch(mv.kernel, [wb[0], xr, yb[0]], push=push, groups=grid(device, starts[len(ms)]))

@@ -7,8 +7,8 @@ from __future__ import annotations
 from ..errors import OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
-from .rows import f32_binding, row_groups
+from .binding import bind_tensor, f32_binding
+from .grid import ceil_div, grid, groups_for
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
                             ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"),
@@ -43,7 +43,7 @@ def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None, one_s
     `n_expert` experts; `subgroups` None uses subgroup arithmetic where the device has it;
     `one_subgroup`: see router_layout."""
     wg, subgroups = router_layout(device, subgroups, one_subgroup)
-    defines = {"WG": wg, "EPT": -(-n_expert // wg)}
+    defines = {"WG": wg, "EPT": ceil_div(n_expert, wg)}
     if subgroups:
         defines.update(SUBGROUPS=1, NSG=max(1, wg // max(device.profile.subgroup_min, 1)))
     return kernel(device, "moe_router", defines=defines, push=ROUTER_PUSH)
@@ -70,7 +70,7 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     if not weights.is_contiguous() or weights.nelements < n_used * n_tokens:
         raise OutOfRange(f"moe_route: weights must be contiguous F32 [{n_used}, {n_tokens}], got {weights!r}")
     lr, lo, ls = f32_binding(logits, "moe_route logits")
-    ir, io = bind_tensor(ids)
+    ir, io = bind_tensor(ids, "moe_route ids")
     wr, wo, _ = f32_binding(weights, "moe_route weights")
     mode = 2 if chosen_softmax else int(normalize)
     br, bo = lr, 0
@@ -83,7 +83,7 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     k = moe_route_kernel(seq.device, n_expert, subgroups, one_subgroup)
     seq.dispatch(k, [lr, ir, wr, br], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
                                                 l_col=ls[0], ids_off=io // 4, w_off=wo, mode=mode, b_off=bo),
-                 groups=row_groups(n_tokens, seq.device), label="moe_route")
+                 groups=grid(seq.device, n_tokens), label="moe_route")
 
 
 def moe_combine(seq, experts_out: Tensor, weights: Tensor, out: Tensor, shared: Tensor | None = None,
@@ -111,4 +111,4 @@ def moe_combine(seq, experts_out: Tensor, weights: Tensor, out: Tensor, shared: 
     seq.dispatch(k, [yr, wr, sr, gr, orr], push=dict(n_embd=n_embd, n_used=n_used, n_tokens=n_tokens, y_off=yo,
                                                      w_off=wo, s_off=so, g_off=go, o_off=oo,
                                                      has_shared=int(shared is not None)),
-                 groups=k.groups_for(n_embd * n_tokens), label="moe_combine")
+                 groups=groups_for(k, n_embd * n_tokens), label="moe_combine")

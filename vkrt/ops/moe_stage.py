@@ -15,9 +15,9 @@ import numpy as np
 from ..errors import UnsupportedShape
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
-from .matmul import fold
-from .quant import bind_words, chunks
+from .binding import bind_tensor, bind_words
+from .grid import ceil_div, grid
+from .quant import chunks
 
 PLAN_PUSH = PushConstants(("n_used", "u32"), ("n_tokens", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
                           ("remap_off", "u32"), ("n_expert", "u32"), ("plan_off", "u32"), ("state_off", "u32"),
@@ -79,10 +79,10 @@ def moe_stage_plan(seq, ids: Tensor, remap: Tensor, plan: Tensor, n_expert: int,
                         or state.nelements < cache_state_words(n_expert, cache_slots)):
         raise UnsupportedShape(f"moe_stage_plan: a cache of {cache_slots} slots needs an I32 state of "
                                f"{cache_state_words(n_expert, cache_slots)} words, got {state!r}")
-    ir, io = bind_tensor(ids)
-    rr, ro = bind_tensor(remap)
-    pr, po = bind_tensor(plan)
-    sr, so = bind_tensor(state) if state is not None else (pr, po)
+    ir, io = bind_tensor(ids, "moe_stage_plan ids")
+    rr, ro = bind_tensor(remap, "moe_stage_plan remap")
+    pr, po = bind_tensor(plan, "moe_stage_plan plan")
+    sr, so = bind_tensor(state, "moe_stage_plan state") if state is not None else (pr, po)
     k = kernel(seq.device, "moe_stage_plan", push=PLAN_PUSH, workgroup=(PLAN_WG,),
                defines={"WG": PLAN_WG, "N_EXPERT": n_expert, "CACHE_SLOTS": cache_slots})
     seq.dispatch(k, [ir, rr, pr, sr], groups=(1, 1, 1), label="moe_stage_plan",
@@ -103,15 +103,15 @@ def moe_stage_copy(seq, stack: Tensor, slots: Tensor, plan: Tensor, max_copies: 
             or slots.nb[2] < per_expert or slots.nb[2] % unit or slots.offset % unit):
         raise UnsupportedShape(f"moe_stage_copy: slots {slots!r} must hold {stack.type.name} ({stack.ne[0]}, "
                                f"{stack.ne[1]}) experts like {stack!r}, {unit}-byte aligned")
-    dr, do = bind_tensor(slots, min_align=16)
-    pr, po = bind_tensor(plan)
+    dr, do = bind_tensor(slots, "moe_stage_copy slots", min_align=16)
+    pr, po = bind_tensor(plan, "moe_stage_copy plan")
     units = per_expert // unit
     per_group = COPY_WG * COPY_UNROLL
     k = kernel(seq.device, "moe_stage_copy", push=COPY_PUSH, workgroup=(COPY_WG,),
                defines={"WG": COPY_WG, "UNROLL": COPY_UNROLL, **({"VEC4": 1} if unit == 16 else {})})
     for e0, e1 in chunks(2, seq.device, max_binding, stack):
-        sr, so = bind_words(stack.slice(2, e0, e1), seq.device, max_binding)
+        sr, so = bind_words(stack.slice(2, e0, e1), "moe_stage_copy stack", seq.device, max_binding)
         seq.dispatch(k, [sr, dr, pr], label="moe_stage_copy",
-                     groups=(*fold(-(-units // per_group), seq.device), max_copies),
+                     groups=grid(seq.device, ceil_div(units, per_group), max_copies),
                      push=dict(units=units, src_off=so // unit, src_expert=per_expert // unit, e0=e0, e1=e1,
                                dst_off=do // unit, dst_slot=slots.nb[2] // unit, plan_off=po // 4))

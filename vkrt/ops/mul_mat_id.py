@@ -14,8 +14,10 @@ from ..memory import F32, I32, MemoryKind, Tensor, allocate
 from ..owned import Owned
 from ..pipeline import PushConstants, kernel
 from .add_id import add_id
+from .binding import bind_words
+from .grid import ceil_div, groups_for
 from .matmul import gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok, wide_ok
-from .quant import bind_words, check_layout, chunks, kernel_type
+from .quant import check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
                            ("n_expert", "u32"), ("cap", "u32"))
@@ -77,9 +79,9 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
     check_layout(w, "mul_mat_id weight")
     k, m, n_expert, n_used, n_tokens = _check(w, x, ids, y)
-    xr, xo = bind_words(x, device)
-    yr, yo = bind_words(y, device)
-    ir, io = bind_words(ids, device)
+    xr, xo = bind_words(x, "mul_mat_id x", device)
+    yr, yo = bind_words(y, "mul_mat_id y", device)
+    ir, io = bind_words(ids, "mul_mat_id ids", device)
     xo, yo = xo // 4, yo // 4
     x_slot, x_tok, y_slot, y_tok = x.nb[1] // 4, x.nb[2] // 4, y.nb[1] // 4, y.nb[2] // 4
     common = {"K": k, "x_off": xo, "x_col": x_tok, "y_off": yo, "y_col": y_tok, "w_row": w.nb[1],
@@ -98,7 +100,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     for b in biases:
         if b.type != F32 or not b.is_contiguous() or b.ne[:3] != (m, n_expert, 1) or b.offset % 4:
             raise UnsupportedShape(f"mul_mat_id: a bias must be contiguous F32 ({m}, {n_expert}), got {b!r}")
-    bound = [bind_words(b, device) for b in biases]
+    bound = [bind_words(b, "mul_mat_id bias", device) for b in biases]
     extra += [r for r, _ in bound]
     if bias is not None:
         common["b_off"] = bound[0][1] // 4
@@ -115,34 +117,34 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
                 "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
         seq.dispatch(mv.kernel, [pair[0], xr, yr, ir, *extra], push=push,
-                     groups=(*mv.groups(m, device), n_tokens * n_used))
+                     groups=mv.groups(m, device, n_tokens * n_used))
         return
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= tune.mv_max_n:
-        pieces_bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), device, max_binding)) for e0, e1 in pieces]
+        pieces_bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)) for e0, e1 in pieces]
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4,
                             mul_mat_id=True, glu=act if up is not None else None, bias=bias is not None,
                             wide=wide_ok(typ, w.nb[1], w.nb[2], *(b[3] for b in pieces_bound)))
         for e0, e1, wr, wo in pieces_bound:
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
             seq.dispatch(mv.kernel, [wr, xr, yr, ir, *extra], push=push,
-                         groups=(*mv.groups(m, device), n_tokens * n_used))
+                         groups=mv.groups(m, device, n_tokens * n_used))
         return
     if routes is None or routes.n_expert != n_expert or routes.max_tokens < n_tokens:
         raise UnsupportedShape(f"mul_mat_id of {n_tokens} tokens needs RouteTable(device, {n_expert}, >= {n_tokens}), "
                          f"got {routes!r}")
     count = kernel(device, "mmid_count", push=COUNT_PUSH, workgroup=(device.tuning.wg_size,))
     seq.fill(routes.counts(), 0)
-    seq.dispatch(count, [ir, routes.whole()], groups=count.groups_for(n_tokens * n_used),
+    seq.dispatch(count, [ir, routes.whole()], groups=groups_for(count, n_tokens * n_used),
                  push={"n_tokens": n_tokens, "n_used": n_used, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4,
                        "n_expert": n_expert, "cap": n_tokens})
     kern = gemm_kernel(device, typ, tune, xvec4=xvec4, mul_mat_id=True)
     for e0, e1 in pieces:
-        wr, wo = bind_words(w.slice(2, e0, e1), device, max_binding)
+        wr, wo = bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)
         gemm = {n: v for n, v in common.items() if n not in ("b_off", "b2_off")}   # add_id adds the bias after
         push = {**gemm, "M": m, "N": n_tokens, "w_off": wo, "e0": e0, "n_expert": n_expert}
         seq.dispatch(kern, [wr, xr, yr, routes.whole()], push=push,
-                     groups=(-(-m // tune.mm_bm), -(-n_tokens // tune.mm_bn), e1 - e0))
+                     groups=(ceil_div(m, tune.mm_bm), ceil_div(n_tokens, tune.mm_bn), e1 - e0))
     if bias is not None:
         add_id(seq, y, bias, ids, y)
 
@@ -169,11 +171,11 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
     if (shared is None) != (shared_gate is None) or (shared is not None and (
             shared.nelements != m * n_tokens or shared_gate.nelements < n_tokens)):
         raise UnsupportedShape("mul_mat_id_sum: the shared expert needs shared [M, n_tokens] and a gate per token")
-    xr, xo = bind_words(x, device)
-    yr, yo = bind_words(out, device)
-    ir, io = bind_words(ids, device)
-    wtr, wto = bind_words(weights, device)
-    wr, wo = bind_words(w, device)
+    xr, xo = bind_words(x, "mul_mat_id_sum x", device)
+    yr, yo = bind_words(out, "mul_mat_id_sum out", device)
+    ir, io = bind_words(ids, "mul_mat_id_sum ids", device)
+    wtr, wto = bind_words(weights, "mul_mat_id_sum weights", device)
+    wr, wo = bind_words(w, "mul_mat_id_sum w", device)
     x_slot, x_tok = x.nb[1] // 4, x.nb[2] // 4
     push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": xo // 4, "x_col": x_tok, "y_off": yo // 4,
             "y_col": m, "w_expert": w.nb[2], "e0": 0, "e1": n_expert, "n_used": n_used, "ids_off": io // 4,
@@ -181,12 +183,12 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
             "sh_off": 0, "sg_off": 0}
     buffers = [wr, xr, yr, ir, wtr]
     if shared is not None:
-        sr, so = bind_words(shared, device)
-        gr, go = bind_words(shared_gate, device)
+        sr, so = bind_words(shared, "mul_mat_id_sum shared", device)
+        gr, go = bind_words(shared_gate, "mul_mat_id_sum shared_gate", device)
         buffers += [sr, gr]
         push.update(sh_off=so // 4, sg_off=go // 4)
     xvec4 = vec4_ok(x, xo // 4, x_slot, x_tok)
     mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
                         shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
-    seq.dispatch(mv.kernel, buffers, push=push, groups=(*mv.groups(m, device), n_tokens), label="mul_mat_id_sum")
+    seq.dispatch(mv.kernel, buffers, push=push, groups=mv.groups(m, device, n_tokens), label="mul_mat_id_sum")
     return True

@@ -7,7 +7,9 @@ from __future__ import annotations
 from ..errors import OutOfRange
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
-from .rows import f32_binding, row_groups, same_shape
+from .binding import f32_binding
+from .grid import grid
+from .rows import same_shape
 
 RMS_PUSH = PushConstants(("ncols", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("nrows", "u32"),
                          ("x_off", "u32"), ("x_s1", "u32"), ("x_s2", "u32"), ("x_s3", "u32"),
@@ -79,4 +81,4 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
     else:
         k = kernel(dev, "rms_norm", defines=reduce_defines(dev), push=RMS_PUSH, workgroup=(wg,))  # WG: a power of two
         label = "rms_norm"
-    seq.dispatch(k, buffers, push=push, groups=row_groups(nrows, dev), label=label)
+    seq.dispatch(k, buffers, push=push, groups=grid(dev, nrows), label=label)

@@ -7,10 +7,11 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
+from .binding import bind_tensor, f32_binding
+from .grid import grid
 from .norm import norm_wg, reduce_defines
 from .rope import rope_defines, rope_operands
-from .rows import f32_binding, row_groups, same_shape
+from .rows import same_shape
 
 NORM_ROPE_PUSH = PushConstants(
     *((n, "u32") for n in ("head_dim", "n_dims", "n_head", "n_tokens", "x_off", "x_s1", "x_s2", "w_off", "y_off",
@@ -58,8 +59,8 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
             raise GGMLTypeError(f"norm_rope: {seq.device.profile.name} has no 16-bit storage for an F16 cache")
         if rows.type is not I32 or rows.nelements < n_tokens or not rows.is_contiguous():
             raise GGMLTypeError(f"norm_rope: rows must be a contiguous I32 tensor of {n_tokens}, got {rows!r}")
-        yr, yo = bind_tensor(out)
-        rr, ro = bind_tensor(rows)
+        yr, yo = bind_tensor(out, "norm_rope out")
+        rr, ro = bind_tensor(rows, "norm_rope rows")
         es = out.type.type_size
         buffers += [yr, rr]
         push.update(y_off=yo // es, y_head=out.nb[2] // es, y_tok=out.nb[1] // es, rows_off=ro // 4)
@@ -70,8 +71,8 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
             v, v_cache = store_v
             if not can_store_v(x, out, v, v_cache):
                 raise OutOfRange(f"norm_rope: V {v!r} / its cache {v_cache!r} are not laid out as x / out")
-            vr, vo = bind_tensor(v)
-            vdr, vdo = bind_tensor(v_cache)
+            vr, vo = bind_tensor(v, "norm_rope v")
+            vdr, vdo = bind_tensor(v_cache, "norm_rope v_cache")
             buffers += [vr, vdr]
             push.update(v_off=vo // 4, vd_off=vdo // es)
             defines["STORE_V"] = 1
@@ -81,7 +82,7 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     dev = seq.device
     k = kernel(dev, "norm_rope", defines={**defines, **reduce_defines(dev)}, push=NORM_ROPE_PUSH,
                workgroup=(norm_wg(dev, head_dim),))
-    seq.dispatch(k, buffers, push=push, groups=row_groups(n_head * n_tokens, dev),
+    seq.dispatch(k, buffers, push=push, groups=grid(dev, n_head * n_tokens),
                  label="norm_rope" if weight is not None else "rope")
 
 
@@ -90,4 +91,4 @@ def can_store_v(x: Tensor, out: Tensor, v: Tensor, v_cache: Tensor) -> bool:
     shaped and strided as x and its cache as K's, both F32 with 4-byte aligned offsets."""
     return (v.ne == x.ne and v.nb == x.nb and v.type is F32 and x.type is F32 and v_cache.type is out.type
             and v_cache.ne == out.ne and v_cache.nb == out.nb
-            and bind_tensor(v)[1] % 4 == 0 and bind_tensor(v_cache)[1] % out.type.type_size == 0)
+            and bind_tensor(v, "can_store_v v")[1] % 4 == 0 and bind_tensor(v_cache, "can_store_v v_cache")[1] % out.type.type_size == 0)

@@ -1,15 +1,15 @@
 """Weight types in the generic kernels (shaders/quant/): which types have kernels, the define
-that selects one, and binding weights as 32-bit words in chunks that fit one storage binding."""
+that selects one, and cutting weights into chunks that fit one storage binding (bound as words:
+binding.bind_words)."""
 
 from __future__ import annotations
 
 from ..errors import GGMLTypeError, UnsupportedShape
-from ..memory import TYPES, BufferRange, GGMLType, Tensor, ggml_type
-from .binding import RangeTooLarge, bind_tensor, binding_limit
+from ..memory import TYPES, GGMLType, Tensor, ggml_type
+from .binding import WORD_ALIGN, RangeTooLarge, binding_limit
 
 # types whose includes read large lookup tables (IQ_GRID in shaders/quant/<type>.glsl)
 TABLE_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
-WORD_ALIGN = 16  # binding starts are also 16-byte aligned, so f32 operands can be read as vec4
 
 
 def supported_types() -> list[GGMLType]:
@@ -47,11 +47,6 @@ def check_layout(t: Tensor, what: str) -> None:
     bad += [f"nb[{i}] = {t.nb[i]}" for i in (1, 2, 3) if t.ne[i] > 1 and t.nb[i] % a]
     if bad:
         raise UnsupportedShape(f"{what} {t!r}: {t.type.name} data must be {a}-byte aligned; {', '.join(bad)} is not")
-
-
-def bind_words(t: Tensor, device, max_binding: int | None = None) -> tuple[BufferRange, int]:
-    """(range to bind as uint[] / float[], byte offset of t's first element inside it)."""
-    return bind_tensor(t, device, min_align=WORD_ALIGN, max_binding=max_binding, whole_words=True)
 
 
 def chunks(dim: int, device, max_binding: int | None, *tensors: Tensor) -> list[tuple[int, int]]:

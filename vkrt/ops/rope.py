@@ -11,8 +11,9 @@ import numpy as np
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
-from .rows import f32_binding, same_shape
+from .binding import bind_tensor, f32_binding
+from .grid import groups_for
+from .rows import same_shape
 
 ROPE_PUSH = PushConstants(
     ("head_dim", "u32"), ("n_dims", "u32"), ("n_head", "u32"), ("n_tokens", "u32"),
@@ -74,7 +75,7 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     if positions.type is not I32 or positions.nelements < streams * n_tokens or not positions.is_contiguous():
         want = f"{n_tokens}" if streams == 1 else f"{streams} streams (t, h, w, e) of {n_tokens}"
         raise GGMLTypeError(f"{op}: positions must be a contiguous I32 tensor of {want}, got {positions!r}")
-    pr, po = bind_tensor(positions)
+    pr, po = bind_tensor(positions, f"{op} positions")
     if freq_factors is not None:
         if freq_factors.nelements < n_dims // 2:
             raise OutOfRange(f"{op}: freq_factors need {n_dims // 2} values, got {freq_factors.nelements}")
@@ -113,4 +114,4 @@ def rope(seq, x: Tensor, positions: Tensor, out: Tensor, **rope_args) -> None:
     k = kernel(dev, "rope", defines=rope_defines(push), push=ROPE_PUSH, workgroup=(dev.tuning.wg_size,))
     n = x.ne[0] // 2 * x.ne[1] * x.ne[2]
     seq.dispatch(k, [xr, pr, fr, yr], push=dict(push, x_off=xo, x_s1=xs[0], x_s2=xs[1], y_off=yo, y_s1=ys[0],
-                                                 y_s2=ys[1]), groups=k.groups_for(n), label="rope")
+                                                 y_s2=ys[1]), groups=groups_for(k, n), label="rope")

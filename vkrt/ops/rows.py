@@ -1,35 +1,15 @@
-"""Shared plumbing for row-wise f32 ops: element offsets and strides of bound tensors."""
+"""Shared plumbing for row-wise f32 ops: shape checks and the operands of logit-row ops."""
 
 from __future__ import annotations
 
-from ..errors import GGMLTypeError, OutOfRange, UnsupportedShape
+from ..errors import OutOfRange, UnsupportedShape
 from ..memory import F32, I32, Tensor
 from .binding import bind_tensor
-
-
-def f32_binding(t: Tensor, what: str):
-    """(BufferRange, element offset, element strides nb1..nb3) of an f32 tensor with unit stride in dim 0."""
-    if t.type is not F32:
-        raise GGMLTypeError(f"{what}: expected an F32 tensor, got {t.type.name}")
-    if t.nb[0] != 4:
-        raise OutOfRange(f"{what}: dim 0 must be contiguous (nb[0] = 4), got nb = {t.nb}")
-    if any(s % 4 for s in t.nb):
-        raise OutOfRange(f"{what}: strides {t.nb} are not multiples of 4 bytes")
-    rng, off = bind_tensor(t)
-    return rng, off // 4, (t.nb[1] // 4, t.nb[2] // 4, t.nb[3] // 4)
 
 
 def same_shape(a: Tensor, b: Tensor, what: str) -> None:
     if a.ne != b.ne:
         raise OutOfRange(f"{what}: shapes differ: {list(a.ne)} vs {list(b.ne)}")
-
-
-def row_groups(nrows: int, device) -> tuple[int, int, int]:
-    """A workgroup per row, folded into y beyond the x limit."""
-    max_x = min(device.profile.max_workgroup_count[0], 65535)
-    if nrows <= max_x:
-        return (nrows, 1, 1)
-    return (max_x, -(-nrows // max_x), 1)
 
 
 def logits_and_table(x: Tensor, table: Tensor, words: int, what: str, table_what: str, device) -> dict:
@@ -41,7 +21,7 @@ def logits_and_table(x: Tensor, table: Tensor, words: int, what: str, table_what
         raise UnsupportedShape(f"{what} need F32 logits (n,) or (n, rows), got {x!r}")
     if table.type != I32 or table.nelements < words:
         raise UnsupportedShape(f"{table_what} must be I32 of >= {words} words, got {table!r}")
-    xr, xo = bind_tensor(x, device)
-    ar, ao = bind_tensor(table, device)
+    xr, xo = bind_tensor(x, f"{what} logits", device)
+    ar, ao = bind_tensor(table, table_what, device)
     return {"bindings": [xr, ar], "x_off": xo // 4, "x_row": x.nb[1] // 4 if rows > 1 else n, "n": n,
             "a_off": ao // 4, "rows": rows}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
-from .rows import f32_binding
+from .binding import bind_tensor, f32_binding
+from .grid import groups_for
 
 SET_ROWS_PUSH = PushConstants(("ne0", "u32"), ("n_head", "u32"), ("n_tokens", "u32"), ("s_off", "u32"),
                               ("s_s1", "u32"), ("s_s2", "u32"), ("idx_off", "u32"), ("d_off", "u32"),
@@ -26,8 +26,8 @@ def set_rows(seq, src: Tensor, rows: Tensor, dst: Tensor) -> None:
     if dst.type is F16 and not seq.device.profile.storage_16bit:
         raise GGMLTypeError(f"set_rows: {seq.device.profile.name} has no 16-bit storage for an F16 cache")
     sr, so, ss = f32_binding(src, "set_rows src")
-    ir, io = bind_tensor(rows)
-    dr, do = bind_tensor(dst)
+    ir, io = bind_tensor(rows, "set_rows rows")
+    dr, do = bind_tensor(dst, "set_rows dst")
     es = dst.type.type_size
     k = kernel(seq.device, "set_rows", defines={"DST_F16": int(dst.type is F16)}, push=SET_ROWS_PUSH,
                workgroup=(seq.device.tuning.wg_size,))
@@ -35,4 +35,4 @@ def set_rows(seq, src: Tensor, rows: Tensor, dst: Tensor) -> None:
     seq.dispatch(k, [sr, ir, dr], push=dict(ne0=ne0, n_head=n_head, n_tokens=n_tokens, s_off=so, s_s1=ss[0],
                                             s_s2=ss[1], idx_off=io // 4, d_off=do // es, d_s1=dst.nb[1] // es,
                                             d_s2=dst.nb[2] // es),
-                 groups=k.groups_for(n), label="set_rows")
+                 groups=groups_for(k, n), label="set_rows")

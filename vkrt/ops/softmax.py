@@ -16,8 +16,7 @@ from ..errors import UnsupportedShape
 from ..memory import F16, F32, Tensor
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import element_strides
-from .binding import bind_tensor
-from .rows import f32_binding
+from .binding import bind_tensor, f32_binding
 
 SOFTMAX_PUSH = PushConstants(*((n, "u32") for n in ("ne0", "x_off", "x_nb1", "x_nb2", "x_nb3", "o_off", "m_off",
                                                      "m_nb1", "m_nb2", "m_nb3", "nem2", "nem3")),
@@ -45,15 +44,15 @@ def soft_max(seq, x: Tensor, out: Tensor, mask: Tensor | None = None, *, scale: 
     dev = seq.device
     _check(x, out, mask, dev.profile.max_workgroup_count)
     wg = 1 << (dev.tuning.reduce_wg.bit_length() - 1)  # the reduction halves: a power of two
-    x_rng, x_off = bind_tensor(x, dev)
-    o_rng, o_off = bind_tensor(out, dev)
+    x_rng, x_off = bind_tensor(x, "soft_max x", dev)
+    o_rng, o_off = bind_tensor(out, "soft_max out", dev)
     x_nb1, x_nb2, x_nb3 = element_strides(x)
     push = dict(ne0=x.ne[0], x_off=x_off // 4, x_nb1=x_nb1, x_nb2=x_nb2, x_nb3=x_nb3, o_off=o_off // 4,
                 m_off=0, m_nb1=0, m_nb2=0, m_nb3=0, nem2=1, nem3=1,
                 scale=scale / softcap if softcap else scale, softcap=softcap, max_bias=max_bias)
     buffers = [x_rng, o_rng]
     if mask is not None:
-        m_rng, m_off = bind_tensor(mask, dev)
+        m_rng, m_off = bind_tensor(mask, "soft_max mask", dev)
         buffers.append(m_rng)
         push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
         push.update(m_off=m_off // 2, nem2=mask.ne[2], nem3=mask.ne[3])

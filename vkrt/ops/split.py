@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import OutOfRange
 from ..memory import Tensor
-from .elements import fits_binding
+from .binding import fits_binding
 
 
 def binding_pieces(tensors: list[Tensor]) -> list[list[Tensor]]:

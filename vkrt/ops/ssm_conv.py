@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor
-from .rows import f32_binding, same_shape
+from .binding import bind_tensor, f32_binding
+from .grid import ceil_div, groups_for
+from .rows import same_shape
 
 SSM_CONV_PUSH = PushConstants(
     ("n", "u32"), ("channels", "u32"), ("seq_len", "u32"), ("n_chunks", "u32"), ("chunk", "u32"),
@@ -53,14 +54,14 @@ def ssm_conv(seq, x: Tensor, weight: Tensor, state: Tensor, slots: Tensor, out: 
     yr, yo, ys = f32_binding(out, f"{op} out")
     wr, wo, _ = f32_binding(weight, f"{op} weight")
     sr, so, ss = f32_binding(state, f"{op} state")
-    qr, qo = bind_tensor(slots)
+    qr, qo = bind_tensor(slots, "ssm_conv slots")
 
     dev = seq.device
     seq_len = n_tokens // n_seqs
     chunk = max(dev.tuning.ssm_conv_chunk, n_kernel - 1)
-    n_chunks = -(-seq_len // chunk)
+    n_chunks = ceil_div(seq_len, chunk)
     n = channels * n_chunks * n_seqs
     k = kernel(dev, "ssm_conv", defines={"K": n_kernel}, push=SSM_CONV_PUSH, workgroup=(dev.tuning.wg_size,))
     push = dict(n=n, channels=channels, seq_len=seq_len, n_chunks=n_chunks, chunk=chunk, x_off=xo, x_s1=xs[0],
                 y_off=yo, y_s1=ys[0], w_off=wo, s_off=so, s_s1=ss[0], s_s2=ss[1], slot_off=qo // 4)
-    seq.dispatch(k, [xr, wr, sr, qr, yr], push=push, groups=k.groups_for(n), label=op)
+    seq.dispatch(k, [xr, wr, sr, qr, yr], push=push, groups=groups_for(k, n), label=op)

@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import UnsupportedShape
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
+from .grid import ceil_div
 from .rows import logits_and_table
 
 MASK_PUSH = PushConstants(*((n, "u32") for n in ("x_off", "x_row", "n", "a_off", "rows", "words")))
@@ -60,5 +61,5 @@ def token_mask(seq, x: Tensor, table: Tensor) -> None:
     wg = min(64, dev.profile.max_workgroup_invocations)
     words = mask_words(n)
     k = kernel(dev, "token_mask", defines={"WG": wg}, push=MASK_PUSH)
-    seq.dispatch(k, ops.pop("bindings"), push={**ops, "words": words}, groups=(-(-words // wg), rows, 1),
+    seq.dispatch(k, ops.pop("bindings"), push={**ops, "words": words}, groups=(ceil_div(words, wg), rows, 1),
                  label="token mask")

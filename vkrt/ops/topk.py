@@ -7,6 +7,7 @@ from ..errors import UnsupportedShape
 from ..memory import F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor
+from .grid import ceil_div
 
 TOPK_PUSH = PushConstants(*((n, "u32") for n in ("n", "x_off", "x_row", "o_off", "o_row")))
 CHUNK = 2048   # entries a workgroup sorts in shared memory (16 KiB of pairs)
@@ -17,9 +18,9 @@ def passes(n: int, k: int) -> list[int]:
     until one workgroup is left."""
     if not 1 <= k <= CHUNK:
         raise UnsupportedShape(f"top-k candidates: k must be in 1..{CHUNK}, got {k}")
-    out = [max(1, -(-n // CHUNK))]
+    out = [max(1, ceil_div(n, CHUNK))]
     while out[-1] > 1:
-        out.append(-(-out[-1] * k // CHUNK))
+        out.append(ceil_div(out[-1] * k, CHUNK))
     return out
 
 
@@ -46,12 +47,12 @@ def top_candidates(seq, x: Tensor, k: int, scratch: tuple[Tensor, Tensor], out: 
                                    f"words, got {t!r}")
     wg = min(256, dev.profile.max_workgroup_invocations)
     groups = passes(n, k)
-    src, src_off = bind_tensor(x, dev)
+    src, src_off = bind_tensor(x, "top_candidates x", dev)
     count, row_in = n, x.nb[1] // 4 if rows > 1 else n
     for level, g in enumerate(groups):
         last = level == len(groups) - 1
         dst_t = out if last else scratch[level % 2]
-        dst, dst_off = bind_tensor(dst_t, dev, min_align=8)
+        dst, dst_off = bind_tensor(dst_t, "top_candidates dst", dev, min_align=8)
         row_out = k if last else g * k
         defines = {"WG": wg, "CH": CHUNK, "N": k, **({"FIRST": 1} if level == 0 else {})}
         kern = kernel(dev, "topk", defines=defines, push=TOPK_PUSH)

@@ -6,8 +6,10 @@ from __future__ import annotations
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
+from .binding import bind_elements
 from .copy import check_destination
-from .elements import bind_elements, element_bits, storage_defines
+from .elements import element_bits, storage_defines
+from .grid import ceil_div
 from .split import binding_pieces
 
 TRANSPOSE_PUSH = PushConstants(("ne0", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("nbatch", "u32"),
@@ -47,7 +49,7 @@ def transpose(seq, src: Tensor, dst: Tensor) -> None:
         d = dt.transpose()
         bs, bd = bind_elements(s, what), bind_elements(d, what)
         nbatch = s.ne[2] * s.ne[3]
-        groups = (min(-(-s.ne[0] // tile), limit[0]), min(-(-s.ne[1] // tile), limit[1]), min(nbatch, limit[2]))
+        groups = (min(ceil_div(s.ne[0], tile), limit[0]), min(ceil_div(s.ne[1], tile), limit[1]), min(nbatch, limit[2]))
         push = {"ne0": s.ne[0], "ne1": s.ne[1], "ne2": s.ne[2], "nbatch": nbatch, "src_nb": bs.strides,
                 "dst_nb": bd.strides, "src_off": bs.offset, "dst_off": bd.offset}
         seq.dispatch(k, [bs.range, bd.range], push=push, groups=groups, label="transpose")

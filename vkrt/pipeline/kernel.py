@@ -116,16 +116,6 @@ class Kernel(Owned):
             info = vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=self.layout)
             self.pipeline = vk.vkCreateComputePipelines(d, ffi.NULL, 1, [info], None)[0]
 
-    def groups_for(self, n: int) -> tuple[int, int, int]:
-        """Workgroup counts covering n invocations along x, folded into y beyond the x limit."""
-        per = self.workgroup[0]
-        total = max(1, -(-n // per))
-        max_x = self.device.profile.max_workgroup_count[0]
-        if total <= max_x:
-            return (total, 1, 1)
-        x = min(max_x, 65535)
-        return (x, -(-total // x), 1)
-
     def _release(self) -> None:
         d = self.device.handle
         self.device.forget(self)
