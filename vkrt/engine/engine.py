@@ -269,7 +269,7 @@ class Engine(Owned):
         if top:
             per_row = 8 * CANDIDATES
 
-            def read(seq, n, row):
+            def read_top(seq, n, row):
                 logits = self.scratch.logits.slice(1, 0, n)
                 if adjust:   # candidates rows fit one slice of logits: row is 0
                     words = table_words(n, ADJUST_CAP)
@@ -282,6 +282,7 @@ class Engine(Owned):
                 top_candidates(seq, logits, CANDIDATES, self._top_scratch,
                                Tensor.on(self._top.range(row * per_row, n * per_row), I32, (2 * CANDIDATES * n,),
                                          name="candidates"))
+            read = read_top
         opts = RecordOptions(n_tokens, n_kv, all_logits, self.flash_attn, n_seqs, read_logits=read, out_rows=out_rows,
                              fa_plan_tokens=fa_plan)
         if hidden:
