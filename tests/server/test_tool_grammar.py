@@ -182,3 +182,28 @@ def test_xml_unbounded_string_ends_at_its_close(tok):
     call, = calls_of(QWEN_XML, text).calls
     args = json.loads(call.arguments)
     assert ended and args["code"] == "x = '</para'" and isinstance(args["n"], int), text
+
+
+REF_TOOLS = [{"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "required": ["a", "b"], "additionalProperties": False,
+    "properties": {"a": {"type": "integer", "minimum": 3, "maximum": 5}, "b": {"$ref": "#/properties/a"},
+                   "c": {"$ref": "#/$defs/flag"}},
+    "$defs": {"flag": {"type": "boolean"}}}}}]
+
+
+@pytest.mark.parametrize("fmt", [HERMES, QWEN_XML, LLAMA3, HARMONY])
+def test_references_to_the_parameters_root(tok, fmt):
+    """A tool's parameters naming their own root ("#/properties/a") and $defs: the references
+    still resolve once the parameters sit inside the call (or, for the XML format, each value's
+    schema stands alone)."""
+    prefix = "<|channel|>analysis<|message|>ok<|end|>" if fmt == HARMONY else ""
+    grammar = tool_grammar(fmt, REF_TOOLS, choice="required", name=None, parallel=False, thinking=NO_THINKING,
+                           specials={})
+    spec = OutputSpec(TemplateSyntax(fmt, fmt != LLAMA3), "auto", parse_tools=True, tools=schemas(REF_TOOLS))
+    for seed in range(4):
+        text, ended = sample(tok, grammar, seed, prefix)
+        assert ended, text
+        (call,) = parse(spec, text).calls
+        args = json.loads(call.arguments)
+        assert 3 <= args["a"] <= 5 and 3 <= args["b"] <= 5 and isinstance(args["b"], int), text
+        assert "c" not in args or isinstance(args["c"], bool), text

@@ -118,6 +118,40 @@ def _pattern(pattern, field: str) -> str:
     return f"/{head}(?:{llguidance.regex_to_lark(core, 'dw')}){tail}/"   # \d, \w: ASCII, as in JSON Schema
 
 
+ROOT_DEF = "vkrt_tool_parameters"   # where a parameter's schema finds the root its references name
+
+
+def _root_refs(schema) -> bool:
+    """Whether `schema` holds a $ref to its root or below it, other than into $defs/definitions."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and _rebasable(ref):
+            return True
+        return any(_root_refs(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_root_refs(v) for v in schema)
+    return False
+
+
+def _rebasable(ref: str) -> bool:
+    return ref.startswith("#") and not ref.startswith(("#/$defs/", "#/definitions/"))
+
+
+def _rebased(schema, root: str):
+    """`schema` with its references to its root ("#", "#/properties/...") pointing at `root`
+    instead, where the schema is moved to (references into $defs / definitions stay: those are
+    hoisted to the new root)."""
+    if isinstance(schema, dict):
+        out = {k: _rebased(v, root) for k, v in schema.items()}
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and _rebasable(ref):
+            out["$ref"] = root + ref[1:]
+        return out
+    if isinstance(schema, list):
+        return [_rebased(v, root) for v in schema]
+    return schema
+
+
 def _regex_escape(text: str) -> str:
     return "".join("\\" + c if c in "\\.^$|?*+()[]{}/" else c for c in text)
 
@@ -175,7 +209,7 @@ class _Writer:
     # -- one call ----------------------------------------------------------------------------------
     def json_call(self, f: Function, key: str, constrain: bool) -> str:
         """A call as one JSON object {"name": ..., key: {arguments}} (Hermes: arguments, Llama 3: parameters)."""
-        args = dict(f.parameters) if constrain else {"type": "object"}
+        args = _rebased(f.parameters, f"#/properties/{key}") if constrain else {"type": "object"}
         outer = {"type": "object", "properties": {"name": {"const": f.name}}, "required": ["name", key],
                  "additionalProperties": False}
         for defs in ("$defs", "definitions"):   # references are resolved from the root
@@ -195,6 +229,11 @@ class _Writer:
         else:
             required = set(f.parameters.get("required") or ())
             defs = {k: f.parameters[k] for k in ("$defs", "definitions") if k in f.parameters}
+            if _root_refs(f.parameters):   # a value's schema stands alone: its root is kept beside it
+                defs["$defs"] = {**defs.get("$defs", {}), ROOT_DEF: _rebased(f.parameters, f"#/$defs/{ROOT_DEF}")}
+                defs["$defs"][ROOT_DEF].pop("$defs", None)
+                defs["$defs"][ROOT_DEF].pop("definitions", None)
+                props = {k: _rebased(v, f"#/$defs/{ROOT_DEF}") for k, v in props.items()}
             parts = []
             for key, schema in props.items():
                 value = self.xml_value(f, key, schema, defs, close)
