@@ -49,7 +49,7 @@ def gated_ffns(cfg) -> int:
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe",
                                   "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss", "tiny-olmoe",
-                                  "tiny-granite", "tiny-granitemoe", "tiny-qwen3next", "tiny-glm4moe"])
+                                  "tiny-granite", "tiny-granitemoe", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, device_env, name):
     """granite: each block's output scaled (residual_scale) before either path adds it."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name)
@@ -58,19 +58,20 @@ def test_fused_add_norm_is_bit_identical(device, tmp_path, device_env, name):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
                                   "tiny-gpt-oss", "tiny-olmoe", "tiny-granite", "tiny-qwen3next", "tiny-glm4moe",
-                                  "tiny-glm4moe-air"])
+                                  "tiny-glm4moe-air", "tiny-phi3"])
 def test_fused_norm_rope_is_bit_identical(device, tmp_path, device_env, name):
     """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN; granite);
     gemma3 and gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's
     gate follows its query) under IMROPE; olmoe's whole-vector q/k norms run before, apart."""
     device_env("VKRT_FUSE_KV_STORE", "0")   # V's store apart either way: counted below
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_NORM_ROPE")
-    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite", "tiny-glm4moe-air") else 3
+    per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite", "tiny-glm4moe-air",
+                              "tiny-phi3") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss",
-                                  "tiny-qwen3next", "tiny-glm4moe"])
+                                  "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3"])
 def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name):
     """V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE): one command fewer a
     layer with attention, in both graphs; sliding layers (gemma3, gpt-oss), IMROPE (qwen35moe)."""
@@ -81,7 +82,7 @@ def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2), ("tiny-qwen35moe", 2),
                                             ("tiny-qwen35", 0), ("tiny-olmoe", 0), ("tiny-granitemoe", 2),
-                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 3)])
+                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 3), ("tiny-phi3", 0)])
 def test_fused_glu_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
@@ -93,10 +94,11 @@ def test_fused_glu_is_bit_identical(device, tmp_path, device_env, name, n_cpu_mo
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen35", 0),
                                             ("tiny-granite", 0), ("tiny-granitemoe", 0), ("tiny-qwen3next", 0),
-                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 0)])
+                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 0), ("tiny-phi3", 0)])
 def test_fused_gate_up_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """Dense (silu, gemma3's gelu), expert and shared-expert gate/up pairs in VRAM (the loader
-    puts each pair in one allocation); experts staged from host stay apart and still agree."""
+    puts each pair in one allocation; phi3: views of one ffn_up); experts staged from host stay
+    apart and still agree."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GATE_UP", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     fewer = 2 * 2 * (gated_ffns(cfg) - n_cpu_moe)   # both graphs are mat-vec sized
@@ -121,11 +123,12 @@ def test_summed_expert_down_is_bit_identical(device, tmp_path, device_env, name,
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen35moe",
-                                  "tiny-olmoe", "tiny-granite", "tiny-qwen3next", "tiny-qwen3next-qkv", "tiny-glm4moe"])
+                                  "tiny-olmoe", "tiny-granite", "tiny-qwen3next", "tiny-qwen3next-qkv", "tiny-glm4moe",
+                                  "tiny-phi3"])
 def test_fused_projections_are_bit_identical(device, tmp_path, device_env, name):
     """q, k and v in one mat-vec dispatch (qwen2: with their biases added after; gemma3: sliding
     layers; qwen35moe: DeltaNet's qkv and gate, and its alpha and beta, in one each; qwen3next: the
-    same, rebuilt from ssm_in or attn_qkv / attn_gate and ssm_ba at load)."""
+    same, rebuilt from ssm_in or attn_qkv / attn_gate and ssm_ba at load; phi3: views of attn_qkv)."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_QKV")
     # attention: 3 dispatches -> 1, DeltaNet: 4 -> 2; both graphs (the 8-token prompt is mat-vec sized)
     assert saved == 2 * 2 * cfg.n_layer

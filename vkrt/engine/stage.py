@@ -47,7 +47,8 @@ class Stage(Owned):
         self.model, self.device, self.layers = model, device, layers
         self.cache = self.state = self.scratch = self.inputs = self.prefetch = self.staging = None
         self.transformer = Transformer(cfg, model.weights, Fusions.of(self.device.settings),
-                                       self.device.settings.fa_mask_opt, output=model.output_weight if output else None)
+                                       self.device.settings.fa_mask_opt, output=model.output_weight if output else None,
+                                       n_ctx_seq=n_ctx)   # one cell table for all sequences: llama.cpp's unified KV
         try:
             try:
                 self.cache = KVCache(device, [il for il in cfg.kv_layers if il in layers], cfg.head_dim_k,

@@ -87,6 +87,13 @@ class ArchSpec:
     # z) or attn_qkv / attn_gate, and ssm_ba (beta, alpha), grouped by key head; value head j reads
     # key head j // (n_v_heads / n_k_heads)); delta_net_layout.py turns grouped into tiled at load
     delta_net_layout: str = "tiled"
+    # phi3: attention's q, k, v may be one attn_qkv (rows q, k, v; separate attn_q/k/v where the file
+    # has them, as llama.cpp); ffn_up holds the gate's rows, then the up's (2 x feed_forward_length);
+    # LongRoPE's rope_factors_long / _short, chosen by the context (tensors.py, transformer.py)
+    qkv_fused_optional: bool = False
+    gate_up_fused: bool = False
+    long_rope: bool = False
+    swa_disabled: bool = False       # attention.sliding_window is not applied, as llama.cpp (phi3: warned)
 
 
 ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
@@ -116,6 +123,8 @@ ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
              activation="swiglu_oai", swa_pattern=2, swa_required=True),
     # OLMoE: q/k norms over the whole projections, softmax routing without renormalisation
     ArchSpec("olmoe", qk_norm_full=True, moe=True, ff_is_expert_ff=True, output_required=True),
+    # Phi-3 / 3.5-mini, Phi-4-mini: llama's blocks with NEOX RoPE, fused q/k/v and gate/up, LongRoPE
+    ArchSpec("phi3", qkv_fused_optional=True, gate_up_fused=True, long_rope=True, swa_disabled=True),
     # IBM Granite 3.x: llama's graph with the multipliers; an optional attention output bias
     ArchSpec("granite", rope=ROPE_NORMAL, attn_out_bias=True, granite_scales=True),
     # ... and its MoE: renormalised softmax routing, an ungated shared expert where the file sizes one

@@ -27,10 +27,11 @@ from .arch import ROPE_IMROPE, ROPE_NORMAL
 from .fusions import project
 
 
-def rope_args(cfg, w, il: int) -> dict:
-    """The RoPE arguments of layer il (shared by rope and norm_rope)."""
+def rope_args(cfg, freq_factors, il: int) -> dict:
+    """The RoPE arguments of layer il (shared by rope and norm_rope); `freq_factors` the
+    transformer's (rope_freqs, or LongRoPE's for its context; None: none)."""
     args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.layer_rope_scale(il),
-                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=w.get("rope_freqs.weight"),
+                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=freq_factors,
                 attn_factor=cfg.rope_attn_factor)
     if cfg.rope_ext_factor:   # YaRN
         args.update(ext_factor=cfg.rope_ext_factor, n_ctx_orig=cfg.n_ctx_orig_yarn)
@@ -69,7 +70,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     k3 = k.view((D, KV, T))
     qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
     pos, cells = positions(cfg, s, T), s.cells.slice(0, 0, T)
-    args = rope_args(cfg, w, il)
+    args = rope_args(cfg, tf.rope_factors, il)
     v3 = v.view((Dv, KV, T))
     if tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
         norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}

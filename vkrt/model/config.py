@@ -3,6 +3,7 @@ architecture's spec (arch.py) and one LayerSpec per layer."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 
@@ -11,6 +12,8 @@ import numpy as np
 from ..errors import VkrtError
 from .arch import (ARCHS, LINEAR, ROPE_IMROPE, ROPE_NEOX, ROPE_NORMAL, SLIDING, ArchSpec,  # noqa: F401
                    LayerSpec, layer_specs)
+
+log = logging.getLogger("vkrt")
 
 
 class ConfigMissing(VkrtError):
@@ -81,6 +84,11 @@ class ModelConfig:
     # qwen3next files: the DeltaNet input projection is one ssm_in (q, k, v, z grouped by key head;
     # the converters before attn_qkv / attn_gate): set from the file's tensors (tensors.file_layout)
     qkvz_fused: bool = False
+    # phi3: attention's projections are one attn_qkv in the file (tensors.file_layout); ffn_up holds
+    # gate and up; LongRoPE factors chosen by the context against n_ctx_orig_yarn (transformer.py)
+    qkv_fused: bool = False
+    gate_up_fused: bool = False
+    long_rope: bool = False
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -171,12 +179,19 @@ class ModelConfig:
                         expert_bias=spec.expert_bias, chosen_softmax=spec.chosen_softmax,
                         qk_norm_full=spec.qk_norm_full, shared_gate=spec.shared_gate,
                         sigmoid_router=spec.sigmoid_router, expert_weights_scale=float(scale_w),
+                        gate_up_fused=spec.gate_up_fused,
                         **_rope_scaling(meta, arch, path, get, n_ctx_train))
         window = 0
         if spec.swa_pattern:
             window = int(get("attention.sliding_window", None, required=spec.swa_required) or 0)
             kw.update(sliding_window=window, rope_scale_swa=spec.rope_scale_swa,
                       rope_base_swa=float(get("rope.freq_base_swa", spec.rope_base_swa or rope_base, required=False)))
+        if spec.swa_disabled and (get("attention.sliding_window", 0, required=False) or 0) > 0:
+            log.warning("%s: %s.attention.sliding_window is not applied: every layer attends to the whole "
+                        "context, as llama.cpp (its Phi SWA is disabled)", path, arch)
+        if spec.long_rope:   # llama.cpp's n_ctx_orig_yarn, which picks the long or the short factors
+            kw.update(long_rope=True, n_ctx_orig_yarn=int(get("rope.scaling.original_context_length", n_ctx_train,
+                                                               required=False)))
         if spec.embd_scale_sqrt:
             kw.update(embd_scale=math.sqrt(n_embd))
         attn_scale = 1.0 / math.sqrt(head_k)

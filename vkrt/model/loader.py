@@ -18,6 +18,7 @@ from .gguf_source import GROUP_ALIGN
 from .split_gguf import open_gguf
 from .tokenizer import Tokenizer
 from .delta_net_layout import derived_tensors
+from .fused_views import fused_views
 from .tensors import SHARED_ALLOCATIONS, check_expert_layout, check_tensors, file_layout, required_tensors
 
 log = logging.getLogger("vkrt")
@@ -93,6 +94,9 @@ class Model(Owned):
                 return (on_host is not None and on_host(name)) or is_cpu_moe(name, self.n_cpu_moe)
 
             self._place(n_gpu_layers, pin, host_pred)
+            views, fused = fused_views(self.cfg, self.weights)   # phi3: q/k/v and gate/up as views
+            self._owned += [self.weights.pop(n) for n in fused]
+            self.weights.update(views)
             log.info("%s: %s", os.path.basename(self.path), self.placement.summary())
         except BaseException:
             self.close()

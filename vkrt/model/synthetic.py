@@ -15,7 +15,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from ..errors import VkrtError
 from .arch import ARCHS, ROPE_IMROPE
 from .config import ModelConfig
-from .tensors import BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROUTER, SINKS, SSM_A, model_tensors
+from .tensors import (BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROPE_FACTORS, ROUTER, SINKS, SSM_A,
+                      model_tensors)
 
 # byte offsets of the f16 scale fields in one block of each K-quant (the rest may be any bytes)
 _K_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
@@ -57,7 +58,9 @@ class SyntheticSpec:
     rope_base: float = 10000.0
     rope_scaling: str = ""             # rope.scaling.type ("yarn", "linear"; "": none written)
     rope_scaling_factor: float = 0.0
-    rope_orig_ctx: int = 0             # rope.scaling.original_context_length (YaRN)
+    rope_orig_ctx: int = 0             # rope.scaling.original_context_length (YaRN, LongRoPE)
+    rope_attn_factor: float = 0.0      # rope.scaling.attn_factor (0: not written)
+    qkv_fused: bool = True             # phi3: one attn_qkv, else attn_q / attn_k / attn_v
     # qwen35: Gated DeltaNet layers ((il + 1) % full_attention_interval != 0) and sectioned RoPE
     full_attention_interval: int = 4
     ssm_conv_kernel: int = 4
@@ -250,6 +253,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         cfg = dataclasses.replace(cfg, qkvz_fused=s.qkvz_fused)
     if aspec.qk_norm_optional:
         cfg = dataclasses.replace(cfg, qk_norm=s.qk_norm)
+    if aspec.qkv_fused_optional:
+        cfg = dataclasses.replace(cfg, qkv_fused=s.qkv_fused)
 
     # first the table of tensors, then their data one at a time: a 30B-shaped model never has
     # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
@@ -337,8 +342,10 @@ def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
     if s.rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
         w.add_rope_scaling_factor(s.rope_scaling_factor)
-        if s.rope_orig_ctx:
-            w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
+    if s.rope_orig_ctx:
+        w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
+    if s.rope_attn_factor:
+        w.add_rope_scaling_attn_factors(s.rope_attn_factor)
     if aspec.hybrid_linear:
         D = s.ssm_head_dim or s.head_dim
         w.add_ssm_conv_kernel(s.ssm_conv_kernel)
@@ -363,7 +370,7 @@ def _synthetic_tensor(t, wtype, etype, embd_type, ftype) -> tuple:
     if role in (ROUTER, CONV):
         return t.name, "weight", Q.F32, shape, 0.5
     return t.name, role, Q.F32, shape, {NORM: 0.1, BIAS: 0.02, SSM_A: 0.0, DT_BIAS: 0.5, EXPERT_BIAS: 0.5,
-                                        SINKS: 1.5}[role]
+                                        SINKS: 1.5, ROPE_FACTORS: 8.0}[role]
 
 
 def _tensor_data(rng, kind: str, qtype, shape: tuple, std: float, random_blocks: bool) -> np.ndarray:
@@ -371,6 +378,8 @@ def _tensor_data(rng, kind: str, qtype, shape: tuple, std: float, random_blocks:
         return _weight(rng, qtype, shape, std, random_blocks)[0]
     if kind == NORM:
         return (1.0 + std * rng.standard_normal(shape[0])).astype(np.float32)
+    if kind == ROPE_FACTORS:   # LongRoPE's divisors: 1 for the fast pairs up to ~std for the slow ones
+        return np.sort(rng.uniform(1.0, std, shape[0])).astype(np.float32)
     if kind == SSM_A:   # -exp(A_log): per-head decay rates in [-8, -1]
         return -np.exp(rng.uniform(0.0, np.log(8.0), shape[0])).astype(np.float32)
     if kind == DT_BIAS:  # softplus(alpha + dt_bias) around 0.1: decays of a few percent a token

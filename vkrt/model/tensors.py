@@ -21,12 +21,15 @@ SHARED_ALLOCATIONS = (("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_exps.weig
                       ("ssm_alpha.weight", "ssm_beta.weight"))
 
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
-EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS = (
-    "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias", "expert_bias", "sinks")
+EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS, ROPE_FACTORS = (
+    "embed", "matrix", "experts", "router", "norm", "bias", "conv", "ssm_a", "dt_bias", "expert_bias", "sinks",
+    "rope_factors")
 # roles whose tensors the kernels read as plain F32 vectors (norm weights, biases, the conv taps,
-# DeltaNet's per-head constants, gpt-oss's per-expert biases and attention sinks); GGUF
-# converters keep them F32
-F32_ROLES = (NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS)
+# DeltaNet's per-head constants, gpt-oss's per-expert biases and attention sinks, LongRoPE's
+# factors); GGUF converters keep them F32
+F32_ROLES = (NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS, ROPE_FACTORS)
+# LongRoPE's frequency divisors (phi3): one a rotated pair, for contexts past the original one or not
+LONG_ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,8 @@ def grouped_delta_net(cfg: ModelConfig) -> bool:
 def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[TensorSpec]:
     """Layer il's tensors in the order the synthetic writer lays them out: as the file holds
     them, or (`graph`) as the transformer reads them (a grouped DeltaNet's fused projections
-    split into qwen35's attn_qkv / attn_gate and ssm_alpha / ssm_beta by the loader)."""
+    split into qwen35's attn_qkv / attn_gate and ssm_alpha / ssm_beta by the loader; phi3's
+    attn_qkv and gate+up ffn_up seen as attn_q/k/v and ffn_gate / ffn_up: fused_views.py)."""
     p, E, layer = f"blk.{il}.", cfg.n_embd, cfg.layers[il]
     out: list[TensorSpec] = [TensorSpec(p + "attn_norm.weight", (E,), NORM)]
 
@@ -72,9 +76,12 @@ def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[Ten
         t("ssm_out.weight", (Hv * D, E), MATRIX)
     else:
         H, KV, Dk, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-        t("attn_q.weight", (E, H * Dk * (2 if cfg.attn_gate else 1)), MATRIX)
-        t("attn_k.weight", (E, KV * Dk), MATRIX)
-        t("attn_v.weight", (E, KV * Dv), MATRIX)
+        if cfg.qkv_fused and not graph:
+            t("attn_qkv.weight", (E, H * Dk + KV * Dk + KV * Dv), MATRIX)
+        else:
+            t("attn_q.weight", (E, H * Dk * (2 if cfg.attn_gate else 1)), MATRIX)
+            t("attn_k.weight", (E, KV * Dk), MATRIX)
+            t("attn_v.weight", (E, KV * Dv), MATRIX)
         t("attn_output.weight", (H * Dv, E), MATRIX)
         biases_required = cfg.spec is None or cfg.spec.biases_required
         if cfg.attn_bias:
@@ -94,7 +101,10 @@ def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[Ten
         t("post_attention_norm.weight", (E,), NORM)
         t("post_ffw_norm.weight", (E,), NORM)
     t(cfg.ffn_norm + ".weight", (E,), NORM)
-    if layer.ffn == DENSE:
+    if layer.ffn == DENSE and cfg.gate_up_fused and not graph:   # the gate's rows, then the up's
+        t("ffn_up.weight", (E, 2 * cfg.n_ff), MATRIX)
+        t("ffn_down.weight", (cfg.n_ff, E), MATRIX)
+    elif layer.ffn == DENSE:
         t("ffn_gate.weight", (E, cfg.n_ff), MATRIX)
         t("ffn_up.weight", (E, cfg.n_ff), MATRIX)
         t("ffn_down.weight", (cfg.n_ff, E), MATRIX)
@@ -127,6 +137,8 @@ def model_tensors(cfg: ModelConfig, *, tied_output: bool = False, graph: bool = 
     token_embd) unless the architecture requires it."""
     E, V = cfg.n_embd, cfg.vocab_size
     out = [TensorSpec("token_embd.weight", (E, V), EMBED)]
+    if cfg.long_rope:   # optional, as llama.cpp (without them: plain RoPE)
+        out += [TensorSpec(name, (cfg.rope_dims // 2,), ROPE_FACTORS, required=False) for name in LONG_ROPE_FACTORS]
     for il in range(cfg.n_layer):
         out += layer_tensors(cfg, il, graph=graph)
     out.append(TensorSpec("output_norm.weight", (E,), NORM))
@@ -143,7 +155,10 @@ def required_tensors(cfg: ModelConfig, *, graph: bool = False) -> list[str]:
 def file_layout(cfg: ModelConfig, tensors) -> ModelConfig:
     """`cfg` with what the file's tensor names say beyond its metadata: whether a grouped
     DeltaNet's input projection is one ssm_in (qkvz_fused; llama.cpp takes either form), and
-    whether optional q/k norms are there (glm4moe: every layer's, as the first layer's)."""
+    whether optional q/k norms are there (glm4moe: every layer's, as the first layer's), and
+    whether attention's projections are one attn_qkv (phi3: every layer's, as the first's)."""
+    if cfg.spec is not None and cfg.spec.qkv_fused_optional and cfg.kv_layers:
+        cfg = replace(cfg, qkv_fused=f"blk.{cfg.kv_layers[0]}.attn_qkv.weight" in tensors)
     if cfg.spec is not None and cfg.spec.qk_norm_optional and cfg.kv_layers:
         cfg = replace(cfg, qk_norm=f"blk.{cfg.kv_layers[0]}.attn_q_norm.weight" in tensors)
     if not grouped_delta_net(cfg) or not cfg.linear_layers:
@@ -179,6 +194,9 @@ def check_tensors(cfg: ModelConfig, tensors: dict, path: str) -> None:
         elif info is not None and spec.role in F32_ROLES and info.type.name != "F32":
             wrong.append(f"{spec.name} is {info.type.name}, expected F32")
     ffn_biases = sorted(n for n in tensors if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.bias", n))
+    qkv_biases = sorted(n for n in tensors if re.fullmatch(r"blk\.\d+\.attn_qkv\.bias", n))
+    if qkv_biases and cfg.qkv_fused:
+        wrong.append(f"fused attention biases ({qkv_biases[0]}, ...) are not supported")
     if ffn_biases:
         wrong.append(f"dense FFN biases ({ffn_biases[0]}, ...) are not supported")
     if "ffn_gate_up_exps" in " ".join(n for n in tensors if n.startswith("blk.0.")):

@@ -40,7 +40,7 @@ from .config import ModelConfig
 from .delta_net_block import record_delta_net
 from .fusions import Fusions
 from .scratch import Scratch  # noqa: F401  (re-exported: the engine builds it)
-from .tensors import EXPERT_TENSORS, required_tensors
+from .tensors import EXPERT_TENSORS, LONG_ROPE_FACTORS, required_tensors
 
 
 
@@ -101,10 +101,12 @@ class RecordOptions:
 class Transformer:
     """Records the forward pass of `cfg` with `weights` (GGUF name -> Tensor), using the lossless
     `fusions` (default: the declared defaults) and flash attention's mask_opt forced on or off by
-    `fa_mask_opt` (None: the tuning rule); the engine passes its device's settings."""
+    `fa_mask_opt` (None: the tuning rule); the engine passes its device's settings. `n_ctx_seq`:
+    the context a sequence may fill, which picks LongRoPE's factors as llama.cpp does (phi3: long
+    ones past rope.scaling.original_context_length, else short; rope_freqs.weight wins)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], fusions: Fusions | None = None,
-                 fa_mask_opt: bool | None = None, output: Tensor | None = None):
+                 fa_mask_opt: bool | None = None, output: Tensor | None = None, n_ctx_seq: int = 0):
         self.cfg = cfg
         self.w = weights
         self.fusions = fusions if fusions is not None else Fusions.of(Settings())
@@ -114,6 +116,10 @@ class Transformer:
             raise GGUFError(f"model lacks tensor(s) {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
         # `output`: the output matrix where it is not the file's (tied embeddings on a split's main device)
         self.output = output or weights.get("output.weight", weights["token_embd.weight"])
+        factors = "rope_freqs.weight"
+        if factors not in weights and cfg.long_rope:
+            factors = LONG_ROPE_FACTORS[0] if n_ctx_seq > cfg.n_ctx_orig_yarn else LONG_ROPE_FACTORS[1]
+        self.rope_factors = weights.get(factors)
 
     def record(self, seq, s: Scratch, cache, opts: RecordOptions, state=None) -> None:
         """Record one forward pass into `seq`."""
