@@ -49,11 +49,12 @@ def hub_options(f, *, multiple: bool = False):
 
 def flag01(value: str) -> bool:
     """An on/off option's value, spelled as a flag variable's (vkrt.settings.FLAG_ON / FLAG_OFF)."""
-    from vkrt.settings import FLAG_OFF, FLAG_ON
-    v = str(value).strip().lower()
-    if v in FLAG_ON + FLAG_OFF:
-        return v in FLAG_ON
-    raise click.BadParameter(f"expected 0/1 or on/off, got {value!r}")
+    from vkrt.errors import ConfigError
+    from vkrt.settings import parse_flag
+    try:
+        return parse_flag("value", str(value))
+    except ConfigError:
+        raise click.BadParameter(f"expected 0/1 or on/off, got {value!r}") from None
 
 
 def cache_size(value: str) -> int | None:

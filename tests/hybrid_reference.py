@@ -179,20 +179,30 @@ def glu_ffn(x, gate, up, down):
     return (silu(x @ gate.T) * (x @ up.T)) @ down.T
 
 
+def routed_sum(cfg: ModelConfig, w: dict, il: int, x, select, weigh):
+    """Each token's n_expert_used experts with the best `select` scores [T, n_expert] (ties: the
+    lower id), summed with weigh(t, top) as their weights, on x [T, n_embd]."""
+    p = f"blk.{il}."
+    gates, ups, downs = (w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = np.argsort(-select[t], kind="stable")[:cfg.n_expert_used]
+        for e, we in zip(top, weigh(t, top)):
+            out[t] += we * glu_ffn(x[t:t + 1], gates[e], ups[e], downs[e])[0]
+    return out
+
+
 def moe_ffn(cfg: ModelConfig, w: dict, il: int, x):
     """Routed experts (softmax, top-k, weights renormalised over the chosen) plus the
     sigmoid-gated shared expert, on x [T, n_embd]."""
     p = f"blk.{il}."
     probs = softmax(x @ w[p + "ffn_gate_inp.weight"].T)
-    gates, ups, downs = (w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
-    out = np.zeros_like(x)
-    for t in range(x.shape[0]):
-        top = np.argsort(-probs[t], kind="stable")[:cfg.n_expert_used]
+
+    def weigh(t, top):
         weights = probs[t, top]
-        if cfg.expert_weights_norm:
-            weights = weights / weights.sum()
-        for e, we in zip(top, weights):
-            out[t] += we * glu_ffn(x[t:t + 1], gates[e], ups[e], downs[e])[0]
+        return weights / weights.sum() if cfg.expert_weights_norm else weights
+
+    out = routed_sum(cfg, w, il, x, probs, weigh)
     if cfg.layers[il].ffn == MOE_SHARED:
         shared = glu_ffn(x, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
                          w[p + "ffn_down_shexp.weight"])

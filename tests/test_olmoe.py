@@ -123,11 +123,16 @@ def rewrite(src: str, out, arch: str, drop_tensor: str = "", drop_key: str = "")
     return str(out)
 
 
-@pytest.mark.parametrize("missing", ["blk.1.attn_k_norm.weight", "blk.0.ffn_up_exps.weight", "output.weight"])
-def test_missing_tensors_are_named(device, olmoe, tmp_path, missing):
-    path = rewrite(olmoe[0], tmp_path / "missing.gguf", "olmoe", drop_tensor=missing)
+def assert_missing_tensor_named(device, src: str, tmp_path, arch: str, missing: str) -> None:
+    """Loading `src` without the tensor `missing` fails with a GGUFError naming it."""
+    path = rewrite(src, tmp_path / "missing.gguf", arch, drop_tensor=missing)
     with pytest.raises(GGUFError, match=missing.replace(".", r"\.")):
         Model(device, path, progress=False)
+
+
+@pytest.mark.parametrize("missing", ["blk.1.attn_k_norm.weight", "blk.0.ffn_up_exps.weight", "output.weight"])
+def test_missing_tensors_are_named(device, olmoe, tmp_path, missing):
+    assert_missing_tensor_named(device, olmoe[0], tmp_path, "olmoe", missing)
 
 
 def test_per_head_norms_are_refused(olmoe):
