@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 from common import bench_settings, opened
 
@@ -28,36 +29,53 @@ from vkrt.model.transformer import RecordOptions
 from vkrt.units import parse_size
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_step_arguments(ap) -> None:
+    """The options that choose the model and the step (shared with decode_ablation.py)."""
     ap.add_argument("model")
     ap.add_argument("--n-cpu-moe", type=int, default=0)
     ap.add_argument("--expert-cache", default="0")
     ap.add_argument("--no-mmap", action="store_true")
     ap.add_argument("--tokens", type=int, default=1, help="tokens in the profiled step (1: decode)")
     ap.add_argument("--depth", type=int, default=32, help="tokens in the context before the profiled step")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+
+
+@contextmanager
+def decode_step(args):
+    """(device, model, engine, parts, wall): the model open at --depth tokens of context with its
+    decode graphs recorded, parts() the step's forward pass as Parts to record, wall the engine's
+    own seconds per decode step (median of 32 after 8 to warm up)."""
     cache = None if args.expert_cache == "auto" else parse_size(args.expert_cache, "--expert-cache")
     with Device(settings=bench_settings(prefetch_slots=0)) as dev, \
             opened(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
-                   n_ctx=max(512, args.depth + 64) + args.tokens, n_batch=max(512, args.tokens),
+                   n_ctx=max(512, args.depth + 96) + args.tokens, n_batch=max(512, args.tokens),
                    n_ubatch=max(64, args.tokens), expert_cache=cache) as (m, e):
         e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(max(1, args.depth))])
-        tok, t0 = 7, time.perf_counter()
-        for _ in range(16):
+        tok, times = 7, []
+        for i in range(40):
+            t0 = time.perf_counter()
             tok = int(e.eval([tok]).argmax())
-        wall = (time.perf_counter() - t0) / 16
+            if i >= 8:
+                times.append(time.perf_counter() - t0)
         if args.tokens > 1:
             e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(args.tokens)])
         n_kv = next(k[1] for k in reversed(e._graphs) if k[0] == args.tokens)
         opts = RecordOptions(args.tokens, n_kv, False, e.flash_attn)
         staged = e.staging.tensors() if e.staging.layers and args.tokens <= dev.tuning.mv_max_n else None
+        yield dev, m, e, lambda: e.transformer.parts(e.scratch, e.cache, opts, None, staged, state=e.state), \
+            statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_arguments(ap)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with decode_step(args) as (dev, m, e, parts, wall):
         owner = []   # owner[i]: the part (name without layer number) of command i
         with CommandSequence(dev, timestamps=True, max_timestamps=8192, label="decode profile") as seq:
             with seq.record():
-                for part in e.transformer.parts(e.scratch, e.cache, opts, None, staged, state=e.state):
+                for part in parts():
                     part.record(seq)
                     owner += [part.name.rstrip("0123456789 ")] * (seq.timed_commands - len(owner))
             runs = []
