@@ -5,10 +5,10 @@
 
 layout(local_size_x_id = 0) in;
 
-layout(binding = 0) readonly buffer Y { float y[]; };
-layout(binding = 1) readonly buffer W { float w[]; };
-layout(binding = 2) readonly buffer S { float shared_out[]; };
-layout(binding = 3) readonly buffer G { float shared_gate[]; };
+layout(binding = 0) readonly buffer Y { float ey[]; };
+layout(binding = 1) readonly buffer W { float ew[]; };
+layout(binding = 2) readonly buffer S { float es[]; };
+layout(binding = 3) readonly buffer G { float eg[]; };
 layout(binding = 4) writeonly buffer O { float dst[]; };
 
 layout(push_constant) uniform Push {
@@ -23,6 +23,8 @@ layout(push_constant) uniform Push {
     uint has_shared;
 } p;
 
+#include "moe_sum.glsl"
+
 void main() {
     const uint i = global_index();
     if (i >= p.n_embd * p.n_tokens) {
@@ -30,13 +32,6 @@ void main() {
     }
     const uint e = i % p.n_embd;
     const uint t = i / p.n_embd;
-    precise float acc = 0.0;   // no fused multiply-add: the fused down projection (mul_mv MOE_SUM) sums alike
-    for (uint j = 0; j < p.n_used; j++) {
-        acc += w[p.w_off + t * p.n_used + j] * y[p.y_off + (t * p.n_used + j) * p.n_embd + e];
-    }
-    if (p.has_shared != 0) {
-        const float g = shared_gate[p.g_off + t];
-        acc += shared_out[p.s_off + t * p.n_embd + e] / (1.0 + exp(-g));
-    }
-    dst[p.o_off + i] = acc;
+    dst[p.o_off + i] = experts_sum(p.y_off + t * p.n_used * p.n_embd + e, p.w_off + t * p.n_used, p.n_used, p.n_embd,
+                                   p.has_shared != 0, p.s_off + t * p.n_embd + e, p.g_off + t);
 }

@@ -3,10 +3,15 @@
 // One workgroup per row; rows run over dims 1..3 with element strides.
 // With ADD the residual add before it is fused in: s = x + r (stored, often in place over x),
 // then y = norm(s) * w -- the same sums in the same order as the two kernels apart.
+// With COMBINE (and ADD) r is a token's routed-expert output, summed here from the experts'
+// outputs as moe_combine sums it (moe_sum.glsl): moe_combine's pass folded into the next norm.
 // With GATE the result is multiplied by silu(z) (a gated norm): z has x's shape and its own strides.
 #include "common.glsl"
 #if defined(ADD) && defined(GATE)
 #error "ADD and GATE share binding 3"
+#endif
+#if defined(COMBINE) && !defined(ADD)
+#error "COMBINE is ADD's residual as the experts' weighted sum"
 #endif
 #ifdef GATE
 #define ACT ACT_SILU
@@ -20,7 +25,14 @@ layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 1) readonly buffer W { float w[]; };
 layout(binding = 2) writeonly buffer Y { float y[]; };
 #ifdef ADD
+#ifdef COMBINE
+layout(binding = 3) readonly buffer EY { float ey[]; };   // experts' outputs [ncols, n_used, rows]
+layout(binding = 5) readonly buffer EW { float ew[]; };   // routing weights [n_used, rows]
+layout(binding = 6) readonly buffer ES { float es[]; };   // shared expert output [ncols, rows]
+layout(binding = 7) readonly buffer EG { float eg[]; };   // its gate logit per row
+#else
 layout(binding = 3) readonly buffer R { float r[]; };
+#endif
 layout(binding = 4) buffer S { float s[]; };   // may alias X; each element is read, then written, by one invocation
 #endif
 #ifdef GATE
@@ -44,8 +56,15 @@ layout(push_constant) uniform Push {
     uint use_w;
     float eps;
 #ifdef ADD
-    uint r_off;     // residual and sum: element offsets, the strides of x
+    uint r_off;     // residual (COMBINE: the experts' outputs) and sum: element offsets, the strides of x
     uint s_off;
+#endif
+#ifdef COMBINE
+    uint n_used;    // experts a row; float offsets of the routing weights, the shared output and its gate
+    uint ew_off;
+    uint es_off;
+    uint eg_off;
+    uint has_shared;
 #endif
 #ifdef GATE
     uint z_off;     // gate: element offset and strides
@@ -56,6 +75,41 @@ layout(push_constant) uniform Push {
 } p;
 
 #include "reduce.glsl"
+
+#ifndef HOLD
+#define HOLD 4
+#endif
+// element c of the row as the sum of squares sees it (with ADD: stored as the residual sum too)
+#if defined(COMBINE)
+#define LOAD_SUM(c) add_store(sb + (c), x[xb + (c)] + experts_sum(p.r_off + row * p.n_used * p.ncols + (c), \
+    p.ew_off + row * p.n_used, p.n_used, p.ncols, p.has_shared != 0, p.es_off + row * p.ncols + (c), p.eg_off + row))
+#elif defined(ADD)
+#define LOAD_SUM(c) add_store(sb + (c), x[xb + (c)] + r[rb + (c)])
+#else
+#define LOAD_SUM(c) x[xb + (c)]
+#endif
+#ifdef ADD
+float add_store(uint at, float v) {
+    s[at] = v;
+    return v;
+}
+#define RELOAD(c) s[sb + (c)]
+#else
+#define RELOAD(c) x[xb + (c)]
+#endif
+#ifdef COMBINE
+#include "moe_sum.glsl"
+#endif
+
+// y[at] = the normed v times the weight of column c (GATE: times silu(z[zat]))
+void store_normed(uint at, uint c, float v, uint zat) {
+    const float wv = p.use_w != 0 ? v * w[p.w_off + c] : v;
+#ifdef GATE
+    y[at] = wv * act_fn(z[zat]);
+#else
+    y[at] = wv;
+#endif
+}
 
 void main() {
     const uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -69,34 +123,38 @@ void main() {
     const uint yb = p.y_off + i1 * p.y_s1 + i2 * p.y_s2 + i3 * p.y_s3;
 #ifdef GATE
     const uint zb = p.z_off + i1 * p.z_s1 + i2 * p.z_s2 + i3 * p.z_s3;
+#else
+    const uint zb = 0u;
 #endif
+#define STORE_OUT(c, v) store_normed(yb + (c), c, v, zb + (c))
+    // the first HOLD elements of an invocation stay in registers between the sum and the scaling
+    // (a short row's second pass reads nothing back); the order of the sum is the plain loop's
     float sum = 0.0;
+    float held[HOLD];
 #ifdef ADD
     const uint rb = xb - p.x_off + p.r_off, sb = xb - p.x_off + p.s_off;
-    for (uint c = gl_LocalInvocationID.x; c < p.ncols; c += WG) {
-        const float v = x[xb + c] + r[rb + c];
-        s[sb + c] = v;
-        sum += v * v;
-    }
-#else
-    for (uint c = gl_LocalInvocationID.x; c < p.ncols; c += WG) {
-        const float v = x[xb + c];
-        sum += v * v;
-    }
 #endif
+    [[unroll]] for (uint i = 0u; i < HOLD; i++) {
+        const uint c = gl_LocalInvocationID.x + i * WG;
+        held[i] = 0.0;
+        if (c < p.ncols) {
+            held[i] = LOAD_SUM(c);
+            sum += held[i] * held[i];
+        }
+    }
+    for (uint c = gl_LocalInvocationID.x + HOLD * WG; c < p.ncols; c += WG) {
+        const float v = LOAD_SUM(c);
+        sum += v * v;
+    }
     sum = workgroup_sum(sum);
     const float scale = inversesqrt(sum / float(p.ncols) + p.eps);
-    for (uint c = gl_LocalInvocationID.x; c < p.ncols; c += WG) {
-#ifdef ADD
-        const float v = s[sb + c] * scale;
-#else
-        const float v = x[xb + c] * scale;
-#endif
-#ifdef GATE
-        const float wv = p.use_w != 0 ? v * w[p.w_off + c] : v;
-        y[yb + c] = wv * act_fn(z[zb + c]);
-#else
-        y[yb + c] = p.use_w != 0 ? v * w[p.w_off + c] : v;
-#endif
+    [[unroll]] for (uint i = 0u; i < HOLD; i++) {
+        const uint c = gl_LocalInvocationID.x + i * WG;
+        if (c < p.ncols) {
+            STORE_OUT(c, held[i] * scale);
+        }
+    }
+    for (uint c = gl_LocalInvocationID.x + HOLD * WG; c < p.ncols; c += WG) {
+        STORE_OUT(c, RELOAD(c) * scale);
     }
 }

@@ -6,7 +6,9 @@ activation inside the down projection's mat-vec (VKRT_FUSE_GLU=1, off by default
 fewer a layer and decode step), and for decode the gate and up projections in one pass with the
 activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a gated FFN), and
 the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default),
-and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off)."""
+and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off), and a MoE
+block's weighted sum of its experts inside the next RMS norm (VKRT_FUSE_COMBINE_NORM=0 turns it
+off: moe_combine's pass a MoE layer)."""
 
 import numpy as np
 import pytest
@@ -22,6 +24,8 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
     if variable == "VKRT_FUSE_GLU":   # the down projection's activation applies where gate and up are apart
         device_env("VKRT_FUSE_GATE_UP", "0")   # and the experts' down projection is not summed
         device_env("VKRT_FUSE_MOE_SUM", "0")
+    if variable == "VKRT_FUSE_MOE_SUM":   # against moe_combine's pass, not the sum inside the next norm
+        device_env("VKRT_FUSE_COMBINE_NORM", "0")
     device_env(variable, "on" if fuse else "off")
     with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
             Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
@@ -42,6 +46,15 @@ def commands_saved(device, tmp_path, device_env, name, variable="VKRT_FUSE_ADD_N
     return n_plain - n_fused, cfg
 
 
+def sums_in_norm(cfg) -> int:
+    """MoE layers whose experts' sum the next norm adds (VKRT_FUSE_COMBINE_NORM): not where an
+    ungated shared expert is added after the sum (granitemoe, glm4moe) or the block output is
+    scaled first (granite's residual_scale)."""
+    if cfg.residual_scale:
+        return 0
+    return sum(1 for layer in cfg.layers if layer.moe and not (layer.ffn == "moe_shared" and not cfg.shared_gate))
+
+
 def gated_ffns(cfg) -> int:
     """Gated FFNs a forward pass runs: one a layer, two where a shared expert joins the routed ones."""
     return sum(2 if layer.ffn == "moe_shared" else 1 for layer in cfg.layers)
@@ -51,9 +64,25 @@ def gated_ffns(cfg) -> int:
                                   "tiny-qwen2moe", "tiny-qwen35moe", "tiny-qwen35", "tiny-gpt-oss", "tiny-olmoe",
                                   "tiny-granite", "tiny-granitemoe", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3"])
 def test_fused_add_norm_is_bit_identical(device, tmp_path, device_env, name):
-    """granite: each block's output scaled (residual_scale) before either path adds it."""
+    """granite: each block's output scaled (residual_scale) before either path adds it. Apart, a
+    MoE block's experts are summed by moe_combine first (COMBINE_NORM needs ADD_NORM)."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name)
-    assert saved == 2 * cfg.n_layer * 2   # two graphs (prefill, decode), one add per block
+    assert saved == 2 * (cfg.n_layer * 2 + sums_in_norm(cfg))   # two graphs (prefill, decode), one add per block
+
+
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
+                                            ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-gpt-oss", 0),
+                                            ("tiny-olmoe", 0), ("tiny-qwen3next", 2), ("tiny-granitemoe", 0),
+                                            ("tiny-glm4moe", 0)])
+def test_experts_summed_in_the_next_norm_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
+    """The next layer's (or the output's) RMS norm adds the MoE block's weighted sum of its experts
+    (qwen2moe, qwen35moe, qwen3next: with the sigmoid-gated shared expert) as moe_combine would
+    store it, experts in VRAM and staged from host; granitemoe (residual_scale) and glm4moe (the
+    ungated shared expert added after the sum) keep moe_combine."""
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_COMBINE_NORM", n_cpu_moe=n_cpu_moe,
+                                stage_experts=True)
+    assert saved == 2 * sums_in_norm(cfg)   # both graphs: moe_combine's pass a MoE layer
+    assert name in ("tiny-granitemoe", "tiny-glm4moe") or saved > 0
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
@@ -160,7 +189,7 @@ def test_fusion_defaults():
     from vkrt.model.fusions import Fusions
     from vkrt.settings import Settings
     assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
-                                                        moe_sum=False, qkv=False, kv_store=True)
+                                                        moe_sum=False, qkv=False, kv_store=True, combine_norm=True)
     on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
     assert on.glu and not on.add_norm and on.qkv
     assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu

@@ -167,6 +167,9 @@ VARIABLES: tuple[Variable, ...] = (
                           "H200"),
     _fusion("KV_STORE", True, "store V into its cache inside K's norm_rope dispatch (with NORM_ROPE; 0: its own "
                               "kernel)"),
+    _fusion("COMBINE_NORM", True, "add a MoE block's weighted sum of its experts (and shared expert) into the "
+                                  "residual stream inside the next RMS norm, without moe_combine's pass (with "
+                                  "ADD_NORM; 0: moe_combine stores it first)"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",
@@ -212,6 +215,7 @@ class Settings:
     fuse_moe_sum: bool = False
     fuse_qkv: bool = False
     fuse_kv_store: bool = True
+    fuse_combine_norm: bool = True
     fa_mask_opt: bool | None = None
     glslang_lib: Path | None = None
 

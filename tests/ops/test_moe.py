@@ -70,6 +70,44 @@ def test_combine(device, with_shared):
             t.close()
 
 
+@pytest.mark.parametrize("with_shared, first", [(False, 0), (True, 0), (True, 4)])
+def test_combine_inside_the_norm(device, with_shared, first):
+    """rms_norm with an ExpertSum as its residual adds the experts' weighted sum (and the gated
+    shared expert) bit for bit as moe_combine then the add+norm kernel do; over tokens first.. too
+    (the output norm's last token). Against numpy as well."""
+    from vkrt.ops.moe import ExpertSum
+    from vkrt.ops.norm import rms_norm
+    rng = np.random.default_rng(7)
+    E, k, T = 96, 4, 6
+    y = rng.standard_normal((T, k, E)).astype(np.float32)
+    w = rng.random((T, k)).astype(np.float32)
+    s = rng.standard_normal((T, E)).astype(np.float32)
+    g = rng.standard_normal((T, 1)).astype(np.float32)   # [1, T], as the model's gate logits
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    gamma = rng.standard_normal(E).astype(np.float32)
+    ty, tw, ts, tg, tgamma = (tensor_from_numpy(device, a) for a in (y, w, s, g, gamma))
+    tx1, tx2 = tensor_from_numpy(device, x), tensor_from_numpy(device, x)
+    combined, out1, out2 = (Tensor.empty(device, "F32", (E, T)) for _ in range(3))
+    sh, sg = (ts, tg) if with_shared else (None, None)
+    total = ExpertSum(ty, tw, combined, sh, sg).slice(1, first, T)
+    cols = (lambda t: t.slice(1, first, T))
+    try:
+        run_once(device, lambda q: rms_norm(q, cols(tx1), cols(out1), 1e-6, tgamma, residual=total))
+        run_once(device, lambda q: rms_norm(q, cols(tx2), cols(out2), 1e-6, tgamma, residual=total.store(q)))
+        for a, b in ((tx1, tx2), (out1, out2)):
+            np.testing.assert_array_equal(read_tensor(a).view(np.uint32), read_tensor(b).view(np.uint32))
+        ref = (w[:, :, None].astype(np.float64) * y).sum(1) + x
+        if with_shared:
+            ref += s / (1 + np.exp(-g.astype(np.float64)))
+        np.testing.assert_allclose(read_tensor(tx1)[first:], ref[first:], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(read_tensor(tx1)[:first], x[:first])
+        normed = ref / np.sqrt((ref ** 2).mean(-1, keepdims=True) + 1e-6) * gamma
+        np.testing.assert_allclose(read_tensor(out1)[first:], normed[first:], rtol=1e-4, atol=1e-4)
+    finally:
+        for t in (ty, tw, ts, tg, tgamma, tx1, tx2, combined, out1, out2):
+            t.close()
+
+
 @pytest.mark.parametrize("n_expert, n_used, n_tokens", [(32, 4, 5), (128, 4, 3)])
 def test_route_softmax_of_the_chosen(device, n_expert, n_used, n_tokens):
     """gpt-oss's gating (llama.cpp's SOFTMAX_WEIGHT): the top-k by logit, weighted by the softmax

@@ -111,7 +111,7 @@ class Scratch(Owned):
         super().__init__(f"activations for {max_tokens} tokens")
         self.max_tokens, self.n_ctx = max_tokens, n_ctx
         self._mask_opt_owner: dict = {}
-        self.pending: Tensor | None = None   # at record time: a block output not yet added into x
+        self.pending = None   # at record time: a block output (Tensor or ExpertSum) not yet added into x
         self.routes: RouteTable | None = None
         self.flash_work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)

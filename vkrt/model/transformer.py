@@ -29,7 +29,7 @@ from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
 from ..ops.matmul import gate_up_pair, matmul
-from ..ops.moe import moe_combine, moe_route
+from ..ops.moe import ExpertSum, moe_route
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
@@ -96,6 +96,11 @@ class RecordOptions:
     # > 0 (and not n_tokens): flash attention splits the KV cells as a step of this many tokens
     # would (a group of a pipelined step: the whole step's count), so each row sums them alike
     fa_plan_tokens: int = 0
+
+
+def stored(seq, pending: "Tensor | ExpertSum") -> Tensor:
+    """A pending block output as a tensor (an ExpertSum is summed into its `out` first)."""
+    return pending.store(seq) if isinstance(pending, ExpertSum) else pending
 
 
 class Transformer:
@@ -180,7 +185,7 @@ class Transformer:
     def _send(seq, s, T, opts: RecordOptions):
         x, pending, s.pending = s.cols("x", T), s.pending, None
         if pending is not None:   # as the next norm would add it (bit-identical: VKRT_FUSE_ADD_NORM)
-            add(seq, x, pending, x)
+            add(seq, x, stored(seq, pending), x)
         opts.send(seq, x)
 
     def _embed(self, seq, s, T):
@@ -253,7 +258,8 @@ class Transformer:
 
     def add_norm(self, seq, s, T, name, first: int = 0):
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
-        output into x (one fused kernel unless fusions.add_norm is off)."""
+        output into x (one fused kernel unless fusions.add_norm is off; a MoE block's output may
+        still be its experts' unsummed outputs, an ExpertSum, summed by that kernel)."""
         x, cur = s.cols("x", T - first, first), s.cols("cur", T - first, first)
         pending, s.pending = s.pending, None
         if pending is None:
@@ -263,7 +269,7 @@ class Transformer:
         if self.fusions.add_norm:
             rms_norm(seq, x, cur, self.cfg.norm_eps, self.w[name], residual=pending, sum_out=x)
         else:
-            add(seq, x, pending, x)
+            add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
 
     def _ffn(self, seq, s, il, T):
@@ -355,7 +361,11 @@ class Transformer:
                 and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit)):
             if down_in is not None:
                 self._experts(seq, s, dw, down_in, di, de, bd, ids)
-            moe_combine(seq, de, weights, o, shared, gate_logit)
+            total = ExpertSum(de, weights, o, shared, gate_logit)
+            if ungated is None and not cfg.residual_scale and self.fusions.combine_norm and self.fusions.add_norm:
+                s.pending = total   # summed by the next norm (VKRT_FUSE_COMBINE_NORM)
+                return
+            total.store(seq)
         if ungated is not None:
             add(seq, o, ungated, o)
         self.block_output(seq, s, o)

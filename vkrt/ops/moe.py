@@ -4,6 +4,8 @@ softmax of the chosen experts' logits, or glm4moe's sigmoid gating with a select
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import OutOfRange
 from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
@@ -86,27 +88,65 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
                  groups=grid(seq.device, n_tokens), label="moe_route")
 
 
+def _combine_bindings(experts_out: Tensor, weights: Tensor, out: Tensor, shared: Tensor | None,
+                      shared_gate: Tensor | None, op: str) -> list:
+    """[(buffer, float offset)] of experts_out, weights, shared, shared_gate after moe_combine's
+    checks (shared and its gate bind experts_out where there is no shared expert)."""
+    n_embd, n_used, n_tokens = experts_out.ne[0], experts_out.ne[1], experts_out.ne[2]
+    for t, name in ((experts_out, "experts_out"), (weights, "weights"), (out, "out")):
+        if not t.is_contiguous():
+            raise OutOfRange(f"{op}: {name} must be contiguous, got {t!r}")
+    if out.nelements != n_embd * n_tokens or weights.nelements < n_used * n_tokens:
+        raise OutOfRange(f"{op}: out {list(out.ne)} / weights {list(weights.ne)} do not fit "
+                         f"experts_out {list(experts_out.ne)}")
+    yr, yo, _ = f32_binding(experts_out, f"{op} experts_out")
+    wr, wo, _ = f32_binding(weights, f"{op} weights")
+    if shared is None:
+        return [(yr, yo), (wr, wo), (yr, 0), (yr, 0)]
+    if shared.nelements != n_embd * n_tokens or shared_gate is None or shared_gate.nelements < n_tokens:
+        raise OutOfRange(f"{op}: the shared expert needs shared [n_embd, n_tokens] and a gate per token")
+    sr, so, _ = f32_binding(shared, f"{op} shared")
+    gr, go, _ = f32_binding(shared_gate, f"{op} shared_gate")
+    return [(yr, yo), (wr, wo), (sr, so), (gr, go)]
+
+
+@dataclass(frozen=True)
+class ExpertSum:
+    """A MoE block's output before its pass: out[:, t] = sum_j weights[j, t] * experts_out[:, j, t]
+    (+ sigmoid(shared_gate[t]) * shared[:, t]). store() runs moe_combine into `out`; rms_norm
+    takes it as its residual instead (VKRT_FUSE_COMBINE_NORM), adding the same sum, bit for bit,
+    without the pass."""
+
+    experts_out: Tensor
+    weights: Tensor
+    out: Tensor
+    shared: Tensor | None = None
+    shared_gate: Tensor | None = None
+
+    def slice(self, dim: int, start: int, stop: int) -> "ExpertSum":
+        """Tokens start..stop-1 (dim 1 of out: the token dimension of every part)."""
+        if dim != 1:
+            raise OutOfRange(f"ExpertSum slices tokens (dim 1), not dim {dim}")
+        cols = (lambda t, d: None if t is None else t.slice(d, start, stop))
+        return ExpertSum(cols(self.experts_out, 2), cols(self.weights, 1), cols(self.out, 1),
+                         cols(self.shared, 1), cols(self.shared_gate, 1))
+
+    def bindings(self, op: str) -> list:
+        return _combine_bindings(self.experts_out, self.weights, self.out, self.shared, self.shared_gate, op)
+
+    def store(self, seq) -> Tensor:
+        moe_combine(seq, self.experts_out, self.weights, self.out, self.shared, self.shared_gate)
+        return self.out
+
+
 def moe_combine(seq, experts_out: Tensor, weights: Tensor, out: Tensor, shared: Tensor | None = None,
                 shared_gate: Tensor | None = None) -> None:
     """Record out[:, t] = sum_j weights[j, t] * experts_out[:, j, t] (+ sigmoid(shared_gate[t]) *
     shared[:, t]). experts_out F32 [n_embd, n_used, n_tokens] contiguous; out [n_embd, n_tokens]."""
     n_embd, n_used, n_tokens = experts_out.ne[0], experts_out.ne[1], experts_out.ne[2]
-    for t, name in ((experts_out, "experts_out"), (weights, "weights"), (out, "out")):
-        if not t.is_contiguous():
-            raise OutOfRange(f"moe_combine: {name} must be contiguous, got {t!r}")
-    if out.nelements != n_embd * n_tokens or weights.nelements < n_used * n_tokens:
-        raise OutOfRange(f"moe_combine: out {list(out.ne)} / weights {list(weights.ne)} do not fit "
-                         f"experts_out {list(experts_out.ne)}")
-    yr, yo, _ = f32_binding(experts_out, "moe_combine experts_out")
-    wr, wo, _ = f32_binding(weights, "moe_combine weights")
+    (yr, yo), (wr, wo), (sr, so), (gr, go) = _combine_bindings(experts_out, weights, out, shared, shared_gate,
+                                                               "moe_combine")
     orr, oo, _ = f32_binding(out, "moe_combine out")
-    if shared is not None:
-        if shared.nelements != n_embd * n_tokens or shared_gate is None or shared_gate.nelements < n_tokens:
-            raise OutOfRange("moe_combine: the shared expert needs shared [n_embd, n_tokens] and a gate per token")
-        sr, so, _ = f32_binding(shared, "moe_combine shared")
-        gr, go, _ = f32_binding(shared_gate, "moe_combine shared_gate")
-    else:
-        sr, so, gr, go = yr, 0, yr, 0
     k = kernel(seq.device, "moe_combine", push=COMBINE_PUSH, workgroup=(seq.device.tuning.wg_size,))
     seq.dispatch(k, [yr, wr, sr, gr, orr], push=dict(n_embd=n_embd, n_used=n_used, n_tokens=n_tokens, y_off=yo,
                                                      w_off=wo, s_off=so, g_off=go, o_off=oo,

@@ -9,6 +9,7 @@ from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import f32_binding
 from .grid import grid
+from .moe import ExpertSum
 from .rows import same_shape
 
 RMS_PUSH = PushConstants(("ncols", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("nrows", "u32"),
@@ -16,6 +17,8 @@ RMS_PUSH = PushConstants(("ncols", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("nro
                          ("y_off", "u32"), ("y_s1", "u32"), ("y_s2", "u32"), ("y_s3", "u32"),
                          ("w_off", "u32"), ("use_w", "u32"), ("eps", "f32"))
 ADD_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("r_off", "u32"), ("s_off", "u32"))
+COMBINE_RMS_PUSH = PushConstants(*ADD_RMS_PUSH.fields, ("n_used", "u32"), ("ew_off", "u32"), ("es_off", "u32"),
+                                 ("eg_off", "u32"), ("has_shared", "u32"))
 GATED_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("z_off", "u32"), ("z_s1", "u32"), ("z_s2", "u32"), ("z_s3", "u32"))
 
 
@@ -36,10 +39,11 @@ def norm_wg(dev, ncols: int) -> int:
 
 
 def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = None, *,
-             residual: Tensor | None = None, sum_out: Tensor | None = None, gate: Tensor | None = None) -> None:
+             residual: Tensor | ExpertSum | None = None, sum_out: Tensor | None = None, gate: Tensor | None = None) -> None:
     """Record out = rms_norm(x) * weight (weight: F32 [ne0], broadcast over rows; None: no multiply).
     With `residual`: sum_out = x + residual first (sum_out may be x itself), and out = rms_norm(sum_out) * weight;
-    residual and sum_out must be laid out like x.
+    residual and sum_out must be laid out like x. `residual` may be an ExpertSum (x [n_embd, tokens]
+    contiguous): the MoE block's weighted sum of its experts, added as moe_combine would store it.
     With `gate` (F32 of x's shape, any strides with a contiguous dim 0; not with `residual`):
     out = rms_norm(x) * weight * silu(gate)."""
     same_shape(x, out, "rms_norm")
@@ -66,6 +70,21 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
         push.update(z_off=zo, z_s1=zs[0], z_s2=zs[1], z_s3=zs[2])
         k = kernel(dev, "rms_norm", defines={"GATE": 1, **reduce_defines(dev)}, push=GATED_RMS_PUSH, workgroup=(wg,))
         label = "gated_rms_norm"
+    elif isinstance(residual, ExpertSum):
+        sum_out = x if sum_out is None else sum_out
+        same_shape(x, residual.out, "rms_norm experts' sum")
+        same_shape(x, sum_out, "rms_norm sum_out")
+        if not (x.is_contiguous() and sum_out.nb == x.nb) or x.ne[2] * x.ne[3] != 1:
+            raise OutOfRange(f"rms_norm: the experts' sum needs x [n_embd, tokens] contiguous and sum_out alike, "
+                             f"got {x!r} / {sum_out!r}")
+        (yr, yo), (ewr, ewo), (esr, eso), (egr, ego) = residual.bindings("rms_norm experts' sum")
+        sr, so, _ = f32_binding(sum_out, "rms_norm sum_out")
+        buffers += [yr, sr, ewr, esr, egr]
+        push.update(r_off=yo, s_off=so, n_used=residual.experts_out.ne[1], ew_off=ewo, es_off=eso, eg_off=ego,
+                    has_shared=int(residual.shared is not None))
+        k = kernel(dev, "rms_norm", defines={"ADD": 1, "COMBINE": 1, **reduce_defines(dev)}, push=COMBINE_RMS_PUSH,
+                   workgroup=(wg,))
+        label = "combine_rms_norm"
     elif residual is not None:
         sum_out = x if sum_out is None else sum_out
         for t, name in ((residual, "residual"), (sum_out, "sum_out")):
