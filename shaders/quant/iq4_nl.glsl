@@ -10,6 +10,7 @@
 #define QU_C 2
 uint qu_run(uint u, uint i) { return 0u; }
 uint qu_ch(uint u, uint c) { return u + 4u * c; }
+#define IQ_CODEBOOK kvalues_iq4nl
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; };

@@ -13,6 +13,7 @@
 #define QU_C 4
 uint qu_run(uint u, uint i) { return u >> 1; }
 uint qu_ch(uint u, uint c) { return 2u * (u & 1u) + (c & 1u) + 4u * (c >> 1); }
+#define IQ_CODEBOOK kvalues_iq4nl
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; };

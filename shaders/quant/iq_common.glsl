@@ -5,7 +5,9 @@
 // this, and reads them through QGRID(i) and QSIGNS(i). With QTABLES_SHARED (the tuning table's
 // quant_tables_shared) they are read from shared-memory copies that qinit() fills with constant
 // indices: a compiler that lowers each dynamically indexed read of a constant array to a search
-// (lavapipe's LLVM) builds the kernel in a second instead of minutes.
+// (lavapipe's LLVM) builds the kernel in a second instead of minutes. The 4-bit codebook types
+// (IQ4_NL, IQ4_XS, MXFP4) name theirs (IQ_CODEBOOK); with QCODEBOOK_SHARED (the tuning table's
+// quant_codebook_shared) it is read from a shared copy of 16 floats instead of its vector.
 #ifndef VKRT_QUANT_IQ_COMMON_GLSL
 #define VKRT_QUANT_IQ_COMMON_GLSL
 // value = a * raw: types.glsl defines their qget
@@ -17,7 +19,15 @@
 #define TBYTE(t, i) (((t)[(i) >> 2] >> (8u * ((i) & 3u))) & 0xFFu)
 
 #if defined(QTABLES_SHARED) && (defined(IQ_GRID) || defined(IQ_SIGNS))
+#define QTABLES_GRIDS 1
+#endif
+#if defined(QCODEBOOK_SHARED) && defined(IQ_CODEBOOK)
+#define QTABLES_CODEBOOK 1
+#endif
+#if defined(QTABLES_GRIDS) || defined(QTABLES_CODEBOOK)
 #define QTABLES 1
+#endif
+#ifdef QTABLES_GRIDS
 #ifdef IQ_GRID
 shared uint qgrid_s[IQ_GRID.length()];
 #define QGRID(i) qgrid_s[i]
@@ -26,25 +36,35 @@ shared uint qgrid_s[IQ_GRID.length()];
 shared uint qsigns_s[ksigns_iq2xs.length()];
 #define QSIGNS(i) TBYTE(qsigns_s, i)
 #endif
+#else
+#define QGRID(i) IQ_GRID[i]
+#define QSIGNS(i) TBYTE(ksigns_iq2xs, i)
+#endif
+#ifdef QTABLES_CODEBOOK
+shared float qcodebook_s[16];   // IQ_CODEBOOK's 16 signed bytes as floats (QCODEBOOK_SHARED)
+#endif
+#ifdef QTABLES
 // fills the shared copies: every invocation calls it first, in uniform control flow. Every
 // invocation stores the same constants: the writes race only with equal values, and there is no
 // branch (lavapipe builds 2048 stores under a one-invocation branch as per-lane stores: 20 s)
 void qinit() {
-#ifdef IQ_GRID
+#if defined(QTABLES_GRIDS) && defined(IQ_GRID)
     [[unroll]] for (uint i = 0u; i < IQ_GRID.length(); i++) {
         qgrid_s[i] = IQ_GRID[i];
     }
 #endif
-#ifdef IQ_SIGNS
+#if defined(QTABLES_GRIDS) && defined(IQ_SIGNS)
     [[unroll]] for (uint i = 0u; i < ksigns_iq2xs.length(); i++) {
         qsigns_s[i] = ksigns_iq2xs[i];
     }
 #endif
+#ifdef QTABLES_CODEBOOK
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
+        qcodebook_s[i] = float(int(TBYTE(IQ_CODEBOOK, i) << 24) >> 24);
+    }
+#endif
     barrier();
 }
-#else
-#define QGRID(i) IQ_GRID[i]
-#define QSIGNS(i) TBYTE(ksigns_iq2xs, i)
 #endif
 
 // the four byte values of a grid word as floats
@@ -67,7 +87,12 @@ uint vbyte(uvec4 t, uint i) { return (t[i >> 2] >> (8u * (i & 3u))) & 0xFFu; }
 vec4 codebook4(uvec4 t, uvec4 i) {
     return sbytes4(uvec4(vbyte(t, i.x), vbyte(t, i.y), vbyte(t, i.z), vbyte(t, i.w)));
 }
+#ifdef QTABLES_CODEBOOK   // the type's one codebook, from its shared copy: the same values
+vec4 iq4nl4(uvec4 i) { return vec4(qcodebook_s[i.x], qcodebook_s[i.y], qcodebook_s[i.z], qcodebook_s[i.w]); }
+#define mxfp4_4 iq4nl4
+#else
 vec4 iq4nl4(uvec4 i) { return codebook4(KV_IQ4NL, i); }
 vec4 mxfp4_4(uvec4 i) { return codebook4(KV_MXFP4, i); }
+#endif
 
 #endif

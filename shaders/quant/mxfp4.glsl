@@ -12,6 +12,7 @@
 #define QU_C 2
 uint qu_run(uint u, uint i) { return 0u; }
 uint qu_ch(uint u, uint c) { return u + 4u * c; }
+#define IQ_CODEBOOK kvalues_mxfp4
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; };

@@ -128,6 +128,28 @@ def test_float_bits_is_bit_identical(device, name):
 
 
 
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS", "MXFP4"])
+def test_codebook_shared_is_bit_identical(device, name):
+    """The 4-bit codebook read from a shared copy of its 16 floats (quant_codebook_shared) against
+    picked out of its vector: the same values, so mat-vec (1 and 3 columns) and tiled GEMM (40)
+    give the same bits; and the values are gguf's."""
+    from vkrt.ops.quant import type_defines
+    rng = np.random.default_rng(23)
+    m, k = 21, k_for(name)
+    raw = random_blocks(name, m, k, rng, scale=0.5)
+    w = weight_tensor(device, name, raw, (k, m))
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    tunings = [dataclasses.replace(device.tuning, quant_codebook_shared=on) for on in (False, True)]
+    assert ["QCODEBOOK_SHARED" in type_defines(ggml_type(name), t) for t in tunings] == [False, True]
+    try:
+        outs = [[run(device, w, x[:n], m, tuning=t) for n in (1, 3, 40)] for t in tunings]
+    finally:
+        w.close()
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert nmse(outs[1][2], x.astype(np.float64) @ reference(name, raw).astype(np.float64).T) < THRESHOLD[name]
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_unrolled_units_are_bit_identical(device, name):
     """The unit loop unrolled (mv_unroll 2 and 4) sums in the rolled loop's order: the same bits.

@@ -96,6 +96,10 @@ class Tuning:
     # arrays from memory, and the 8 KiB copies left IQ1/IQ2_S expert mat-vecs at 2 waves a SIMD
     # (112-128 VGPRs) instead of 4 (bench/gcn_shader_stats.py)
     quant_tables_shared: bool = False
+    # the 16-entry codebook of IQ4_NL, IQ4_XS and MXFP4 read from a shared copy (four shared reads
+    # a vec4) instead of picked out of a uvec4 in registers (three selects, a shift and a sign
+    # extension an element)
+    quant_codebook_shared: bool = False
     # (type name, rows) where a weight type's mat-vec takes fewer rows a group than mv_rows (its
     # per-row state costs registers: GCN keeps 4 waves a SIMD)
     mv_rows_by_type: tuple = ()

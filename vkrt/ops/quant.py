@@ -10,6 +10,7 @@ from .binding import WORD_ALIGN, RangeTooLarge, binding_limit
 
 # types whose includes read large lookup tables (IQ_GRID in shaders/quant/<type>.glsl)
 TABLE_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
+CODEBOOK_TYPES = ("IQ4_NL", "IQ4_XS", "MXFP4")
 
 
 def supported_types() -> list[GGMLType]:
@@ -28,9 +29,13 @@ def kernel_type(typ, what: str = "weight") -> GGMLType:
 
 def type_defines(t: GGMLType, tuning) -> dict[str, int]:
     """The define that makes shaders/quant/types.glsl include `t`'s block layout, and where the
-    tuning says so, that its lookup tables are read from shared memory (iq_common.glsl)."""
-    shared = tuning.quant_tables_shared and t.name in TABLE_TYPES
-    return {f"QTYPE_{t.name}": 1, **({"QTABLES_SHARED": 1} if shared else {})}
+    tuning says so, that its lookup tables or codebook are read from shared memory (iq_common.glsl)."""
+    defines = {f"QTYPE_{t.name}": 1}
+    if tuning.quant_tables_shared and t.name in TABLE_TYPES:
+        defines["QTABLES_SHARED"] = 1
+    if tuning.quant_codebook_shared and t.name in CODEBOOK_TYPES:
+        defines["QCODEBOOK_SHARED"] = 1
+    return defines
 
 
 def block_align(t: GGMLType) -> int:
