@@ -40,8 +40,8 @@ from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
-from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, vec4_ok
-from vkrt.ops.moe import moe_route
+from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, matmul, vec4_ok
+from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type, supported_types
@@ -123,6 +123,19 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     return cases
 
 
+def decode_router(seq, m) -> None:
+    """One token's router logits (F32 weights) with the routing in the mat-vec's last workgroup."""
+    dev = seq.device
+    w = placeholder(dev, F32, (m["hidden"], m["n_expert"]), "router weights")
+    cur = placeholder(dev, F32, (m["hidden"], 1), "cur")
+    logits = placeholder(dev, F32, (m["n_expert"], 1), "router")
+    ids, wts = placeholder(dev, I32, (m["n_used"], 1), "ids"), placeholder(dev, F32, (m["n_used"], 1), "weights")
+    route = route_epilogue(seq, w, logits, ids, wts, m["n_used"], True, placeholder(dev, I32, (1,), "counter"))
+    if route is None:
+        raise VkrtError("the GCN tuning cannot route in the router's mat-vec")
+    matmul(seq, w, cur, logits, route=route)
+
+
 def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
     """(where it is used, pipelines) for every kernel call of a prefill and a decode step, with
     matmul kernels for the weight types `weights`."""
@@ -182,6 +195,11 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                                                                               residual=pending, sum_out=x))),
             ("rope (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rope(seq, q, pos, qr, **rope_args))),
             ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True))),
+            ("decode: router mat-vec routing in its last workgroup (VKRT_FUSE_ROUTE)",
+             recorded(dev, lambda seq: decode_router(seq, m))),
+            ("experts' weighted sum + residual add + block norm (VKRT_FUSE_COMBINE_NORM)",
+             recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden, sum_out=x, residual=ExpertSum(
+                 placeholder(dev, F32, (E, m["n_used"], T), "experts"), weights, pending)))),
             ("greedy sampling on the GPU (argmax of 151936 logits)",
              recorded(dev, lambda seq: argmax(seq, placeholder(dev, F32, (151936,), "logits"),
                                               placeholder(dev, I32, (2 * MAX_PARTS,), "partials"),

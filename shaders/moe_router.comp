@@ -1,21 +1,6 @@
 #version 450
-// Mixture-of-experts routing for one token per workgroup: p = softmax(logits[:, t]) over the
-// n_expert experts; the n_used largest (ties: lower expert id first) go to ids[:, t] and their
-// probabilities to weights[:, t], divided by their sum with mode 1 (qwen3moe); mode 2 weighs
-// them by the softmax of the chosen experts' logits alone (gpt-oss). Modes 3 and 4 (glm4moe) gate
-// by p = sigmoid(logits) and choose by p + bias (a selection bias an expert); the chosen weigh
-// their p, divided by max(sum, 2^-14) with mode 4 (as llama.cpp clamps the sum).
-// Each invocation holds its EPT experts (lid, lid + WG, ...) in registers; each of the n_used
-// rounds picks the workgroup's best untaken expert with one barrier: subgroup max/min, then a
-// scan over the subgroups' results (SUBGROUPS), or a shared-memory tree where the device has no
-// subgroup arithmetic.
+// Mixture-of-experts routing, one token per workgroup: shaders/moe_route.glsl.
 #include "common.glsl"
-#ifdef SUBGROUPS
-#extension GL_KHR_shader_subgroup_arithmetic : enable
-#define NSH NSG            // one shared entry per subgroup
-#else
-#define NSH WG
-#endif
 
 layout(local_size_x = WG) in;
 
@@ -37,143 +22,17 @@ layout(push_constant) uniform Push {
     uint b_off;     // the selection bias (modes 3 and 4)
 } p;
 
-#define NONE 0xFFFFFFFFu
-#define NEG_INF (-1.0 / 0.0)
-
-// two alternating buffers: a reduction writes one while stragglers may still read the other
-shared float sh_v[2][NSH];
-shared uint sh_i[2][NSH];
-shared float picked_p[16];
-
-// (v, e) beats (bv, be): larger value, ties to the lower expert; NONE loses to any expert
-bool beats(float v, uint e, float bv, uint be) {
-    return e != NONE && (be == NONE || v > bv || (v == bv && e < be));
-}
-
-// The workgroup's best (v, e); every invocation returns it. With SUM the v are added instead.
-void reduce(inout float v, inout uint e, const bool sum, uint buf) {
-    const uint lid = gl_LocalInvocationID.x;
-#ifdef SUBGROUPS
-    if (sum) {
-        v = subgroupAdd(v);
-    } else {
-        const float m = subgroupMax(v);
-        e = subgroupMin(v == m ? e : NONE);
-        v = m;
-    }
-#if NSG > 1   // (one subgroup: every invocation already holds the result)
-    if (subgroupElect()) {
-        sh_v[buf][gl_SubgroupID] = v;
-        sh_i[buf][gl_SubgroupID] = e;
-    }
-    barrier();
-    v = sh_v[buf][0];
-    e = sh_i[buf][0];
-    for (uint s = 1u; s < gl_NumSubgroups; s++) {
-        if (sum) {
-            v += sh_v[buf][s];
-        } else if (beats(sh_v[buf][s], sh_i[buf][s], v, e)) {
-            v = sh_v[buf][s];
-            e = sh_i[buf][s];
-        }
-    }
-#endif
-#else
-    sh_v[buf][lid] = v;
-    sh_i[buf][lid] = e;
-    barrier();
-    for (uint s = WG / 2u; s > 0u; s >>= 1) {
-        if (lid < s) {
-            const float ov = sh_v[buf][lid + s];
-            const uint oi = sh_i[buf][lid + s];
-            if (sum) {
-                sh_v[buf][lid] += ov;
-            } else if (beats(ov, oi, sh_v[buf][lid], sh_i[buf][lid])) {
-                sh_v[buf][lid] = ov;
-                sh_i[buf][lid] = oi;
-            }
-        }
-        barrier();
-    }
-    v = sh_v[buf][0];
-    e = sh_i[buf][0];
-#endif
-}
+#define RWG WG
+#define ROUTE_LOGIT(i) logits[i]
+#define ROUTE_BIAS(i) bias[i]
+#define ROUTE_ID(i, v) ids[p.ids_off + (i)] = (v)
+#define ROUTE_WEIGHT(i, v) weights[p.w_off + (i)] = (v)
+#include "moe_route.glsl"
 
 void main() {
     const uint t = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     if (t >= p.n_tokens) {
         return;
     }
-    const uint lid = gl_LocalInvocationID.x;
-    const uint base = p.l_off + t * p.l_col;
-
-    const bool sig = p.mode >= 3u;
-    float v[EPT];
-    float gp[EPT];   // sigmoid gating: each expert's probability (v holds it plus the selection bias)
-    float m = NEG_INF;
-    [[unroll]] for (uint i = 0u; i < EPT; i++) {
-        const uint e = lid + i * WG;
-        v[i] = e < p.n_expert ? logits[base + e] : NEG_INF;
-        gp[i] = 0.0;
-        if (sig && e < p.n_expert) {
-            gp[i] = 1.0 / (1.0 + exp(-v[i]));
-            v[i] = gp[i] + bias[p.b_off + e];
-        }
-        m = max(m, v[i]);
-    }
-    uint any_e = lid;   // the max needs only the value; any expert id keeps beats() honest
-    reduce(m, any_e, false, 0u);
-    float total = 0.0;
-    [[unroll]] for (uint i = 0u; i < EPT; i++) {
-        if (lid + i * WG < p.n_expert) {
-            total += exp(v[i] - m);
-        }
-    }
-    reduce(total, any_e, true, 1u);
-
-    uint taken = 0u;   // bit i: expert lid + i * WG is picked
-    float picked_sum = 0.0;
-    for (uint k = 0u; k < p.n_used; k++) {
-        float best = NEG_INF;
-        uint best_e = NONE;
-        [[unroll]] for (uint i = 0u; i < EPT; i++) {
-            const uint e = lid + i * WG;
-            if (e < p.n_expert && (taken & (1u << i)) == 0u && beats(v[i], e, best, best_e)) {
-                best = v[i];
-                best_e = e;
-            }
-        }
-        reduce(best, best_e, false, k & 1u);
-        if (best_e % WG == lid) {
-            taken |= 1u << (best_e / WG);
-            if (sig) {
-                [[unroll]] for (uint i = 0u; i < EPT; i++) {
-                    if (lid + i * WG == best_e) {
-                        picked_p[k] = gp[i];
-                    }
-                }
-            }
-        }
-        const float prob = p.mode == 2u ? exp(best - m) : exp(best - m) / total;
-        if (lid == 0u) {
-            ids[p.ids_off + t * p.n_used + k] = int(best_e);
-            if (!sig) {
-                picked_p[k] = prob;
-            }
-        }
-        picked_sum += prob;
-    }
-    barrier();
-    if (sig) {
-        picked_sum = 0.0;
-        for (uint j = 0u; j < p.n_used; j++) {
-            picked_sum += picked_p[j];
-        }
-        picked_sum = max(picked_sum, 6.103515625e-5);
-    }
-    for (uint j = lid; j < p.n_used; j += WG) {
-        const float w = picked_p[j];
-        weights[p.w_off + t * p.n_used + j] = p.mode == 0u || p.mode == 3u ? w : w / picked_sum;
-    }
+    route_token(p.l_off + t * p.l_col, t * p.n_used, p.n_expert, p.n_used, p.mode, p.b_off);
 }

@@ -17,6 +17,8 @@
 // With SEGMENTS the rows of two or three matrices of one type and K (attention's q, k and v) are
 // one dispatch: segment i's rows lie at w_off_i in W and go to y_off_i in Y with column stride
 // y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
+// With ROUTE (a plain mat-vec: the MoE router's logits) the last workgroup to finish routes the
+// NC tokens as moe_router does (shaders/moe_route.glsl): one dispatch instead of two.
 // With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
 // add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
@@ -72,7 +74,18 @@ layout(binding = B_BINDING) readonly buffer B { float b_data[]; };           // 
 layout(binding = B_BINDING + 1) readonly buffer B2 { float b2_data[]; };     // W2's, laid out alike
 #endif
 #endif
+#ifdef ROUTE
+#if defined(MUL_MAT_ID) || defined(GLU) || defined(GATE_UP) || defined(SEGMENTS)
+#error "ROUTE routes the tokens of a plain mat-vec (the MoE router's)"
+#endif
+layout(binding = 2) coherent buffer Y { float y_data[]; };   // the last workgroup reads every row back
+layout(binding = 3) writeonly buffer RIds { int route_ids[]; };
+layout(binding = 4) writeonly buffer RWts { float route_w[]; };
+layout(binding = 5) readonly buffer RBias { float route_bias[]; };
+layout(binding = 6) coherent buffer RCount { uint route_count[]; };
+#else
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
+#endif
 #ifdef MUL_MAT_ID
 layout(binding = 3) readonly buffer Ids { int ids[]; };
 #endif
@@ -120,6 +133,14 @@ layout(push_constant) uniform Push {
     uint m1, w_off1, y_off1, y_col1, g1;   // segment 1 (and 2): rows, offsets, first workgroup
     uint m2, w_off2, y_off2, y_col2, g2;   // g2 beyond the grid: two segments
 #endif
+#ifdef ROUTE
+    uint n_used;    // moe_route's: experts a token, offsets of ids and weights, mode, bias offset
+    uint ids_off;
+    uint rw_off;
+    uint mode;
+    uint b_off;
+    uint count_off; // the counter of finished workgroups (0 between dispatches)
+#endif
 #ifdef MOE_SUM
     uint wt_off;   // float offsets of the routing weights, the shared output and its gate
     uint sh_off;
@@ -132,6 +153,15 @@ layout(push_constant) uniform Push {
 #endif
 #endif
 } p;
+
+#ifdef ROUTE
+#define ROUTE_LOGIT(i) y_data[i]
+#define ROUTE_BIAS(i) route_bias[i]
+#define ROUTE_ID(i, v) route_ids[p.ids_off + (i)] = (v)
+#define ROUTE_WEIGHT(i, v) route_w[p.rw_off + (i)] = (v)
+#include "moe_route.glsl"
+shared bool route_last;
+#endif
 
 #ifdef GLU
 #define UIDX(i) ((i) - p.x_off + p.u_off)
@@ -409,6 +439,26 @@ void main() {
                 SHARED_TERM(r)
                 y_data[ybase + row0 + r] = o[r];
             }
+        }
+    }
+#endif
+#ifdef ROUTE
+    // the last workgroup to finish routes the tokens (moe_router's results, bit for bit): each
+    // workgroup's rows are stored and made visible before it counts itself; the last resets
+    // the counter for the next dispatch
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationID.x == 0u) {
+        route_last = atomicAdd(route_count[p.count_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+    }
+    barrier();
+    if (route_last) {
+        memoryBarrierBuffer();
+        for (uint t = 0u; t < NC; t++) {
+            route_token(p.y_off + t * p.y_col, t * p.n_used, p.M, p.n_used, p.mode, p.b_off);
+        }
+        if (gl_LocalInvocationID.x == 0u) {
+            route_count[p.count_off] = 0u;
         }
     }
 #endif

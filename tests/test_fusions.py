@@ -137,6 +137,18 @@ def test_fused_gate_up_is_bit_identical(device, tmp_path, device_env, name, n_cp
         assert saved == fewer
 
 
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
+                                            ("tiny-qwen35moe", 0), ("tiny-gpt-oss", 0), ("tiny-olmoe", 0),
+                                            ("tiny-granitemoe", 0), ("tiny-qwen3next", 2), ("tiny-glm4moe", 0)])
+def test_routing_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
+    """The router's mat-vec routes the tokens in its last workgroup (softmax and renormalised top-k;
+    glm4moe's sigmoid gating with its selection bias) instead of a moe_route dispatch after it,
+    experts in VRAM and from host; gpt-oss's router bias keeps them apart."""
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_ROUTE", n_cpu_moe=n_cpu_moe)
+    moe_layers = sum(1 for layer in cfg.layers if layer.moe)
+    assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
+
+
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
                                             ("tiny-granitemoe", 0), ("tiny-granitemoe", 2), ("tiny-qwen3next", 2),
@@ -189,7 +201,8 @@ def test_fusion_defaults():
     from vkrt.model.fusions import Fusions
     from vkrt.settings import Settings
     assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
-                                                        moe_sum=False, qkv=False, kv_store=True, combine_norm=True)
+                                                        moe_sum=False, qkv=False, kv_store=True, combine_norm=True,
+                                                        route=True)
     on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
     assert on.glu and not on.add_norm and on.qkv
     assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu

@@ -170,6 +170,8 @@ VARIABLES: tuple[Variable, ...] = (
     _fusion("COMBINE_NORM", True, "add a MoE block's weighted sum of its experts (and shared expert) into the "
                                   "residual stream inside the next RMS norm, without moe_combine's pass (with "
                                   "ADD_NORM; 0: moe_combine stores it first)"),
+    _fusion("ROUTE", True, "decode routes each token (softmax, top-k, weights) in the last workgroup of the MoE "
+                           "router's mat-vec instead of a moe_route dispatch after it (0: apart)"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",
@@ -216,6 +218,7 @@ class Settings:
     fuse_qkv: bool = False
     fuse_kv_store: bool = True
     fuse_combine_norm: bool = True
+    fuse_route: bool = True
     fa_mask_opt: bool | None = None
     glslang_lib: Path | None = None
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ..commands import write_tensor
 from ..memory import F16, F32, I32, Tensor
 from ..ops.delta_net import delta_net_workspace_bytes
 from ..ops.flash_work import FlashWork
@@ -73,6 +76,7 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "moe_ids": (I32, (k, T), moe),                     # chosen experts
         "moe_remap": (I32, (k, T), moe),                   # their staging slots
         "moe_plan": (I32, (plan_words(cfg.n_expert),), moe),
+        "route_count": (I32, (1,), moe),                   # the router mat-vec's finished workgroups (0 between)
         "ge": (F32, (fe, k, T), moe),                      # expert gate projections
         "ue": (F32, (fe, k, T), moe),                      # expert up projections
         "he": (F32, (fe, k, T), moe),                      # act(ge) * ue
@@ -128,6 +132,7 @@ class Scratch(Owned):
                     setattr(self, n, t)
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
+                write_tensor(self.route_count, np.zeros(1, np.int32))
             if flash_attn and any(layer.has_kv for layer in cfg.layers):
                 self.flash_work = FlashWork(device)
         except BaseException:

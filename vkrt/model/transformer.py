@@ -29,7 +29,7 @@ from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
 from ..ops.matmul import gate_up_pair, matmul
-from ..ops.moe import ExpertSum, moe_route
+from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
@@ -304,11 +304,18 @@ class Transformer:
         cur = s.cols("cur", T)
         self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
         router, ids, weights = s.cols("router", T), s.moe_ids.slice(1, 0, T), s.moe_w.slice(1, 0, T)
-        matmul(seq, w[p + "ffn_gate_inp.weight"], cur, router)
-        if cfg.router_bias:
-            add(seq, router, w[p + "ffn_gate_inp.bias"], router)
-        moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm, chosen_softmax=cfg.chosen_softmax,
-                  sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None)
+        gate_inp = w[p + "ffn_gate_inp.weight"]
+        gating = dict(chosen_softmax=cfg.chosen_softmax,
+                      sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None)
+        route = None   # routed in the router's mat-vec (VKRT_FUSE_ROUTE) where it can be
+        if self.fusions.route and not cfg.router_bias:
+            route = route_epilogue(seq, gate_inp, router, ids, weights, k, cfg.expert_weights_norm, s.route_count,
+                                   **gating)
+        matmul(seq, gate_inp, cur, router, route=route)
+        if route is None:
+            if cfg.router_bias:
+                add(seq, router, w[p + "ffn_gate_inp.bias"], router)
+            moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm, **gating)
         if cfg.expert_weights_scale not in (0.0, 1.0):   # glm4moe's routed_scaling_factor
             scale(seq, weights, cfg.expert_weights_scale, weights)
         gate, up, down = experts or tuple(w[p + n] for n in EXPERT_TENSORS)

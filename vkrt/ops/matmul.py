@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
@@ -24,6 +26,21 @@ MM_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS)
 MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32"), ("e0", "u32"),
                            ("n_expert", "u32"), ("n_used", "u32"), ("x_slot", "u32"), ("x_slots", "u32"),
                            ("y_slot", "u32"))
+
+
+# ROUTE: moe_route's fields after the mat-vec's (shaders/mul_mv.comp)
+ROUTE_FIELDS = ("n_used", "ids_off", "rw_off", "mode", "b_off", "count_off")
+
+
+@dataclass(frozen=True)
+class RouteEpilogue:
+    """What the router's mat-vec needs to route its tokens in its last workgroup (mul_mv ROUTE):
+    the defines of moe_route.glsl (RWG, EPT, SUBGROUPS, NSG), the bindings of ids, weights,
+    selection bias and the workgroup counter, and ROUTE_FIELDS' values."""
+
+    defines: dict
+    buffers: tuple
+    push: dict
 
 
 GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
@@ -74,7 +91,7 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
-                   segments: bool = False) -> MatVec:
+                   segments: bool = False, route: dict | None = None) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
@@ -82,7 +99,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
     output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
-    matmul_segments), `m` their sum. Rows a group are halved (down to one) while the grid has
+    matmul_segments), `m` their sum; `route` (moe.route_fused's defines) routes the tokens in the
+    last workgroup (RouteEpilogue). Rows a group are halved (down to one) while the grid has
     fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
@@ -132,6 +150,9 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if bias:
         defines["BIAS"] = 1
         push = PushConstants(*push.fields, ("b_off", "u32"), *((("b2_off", "u32"),) if gate_up else ()))
+    if route is not None:
+        defines.update(ROUTE=1, **route)
+        push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows * (wg // lanes))
 
@@ -192,16 +213,23 @@ def vec4_ok(t: Tensor, off: int, *strides: int) -> bool:
     return t.ne[0] % 4 == 0 and off % 4 == 0 and all(s % 4 == 0 for s in strides)
 
 
+def mat_vec_columns(tuning) -> int:
+    """Columns (tokens) one dense mat-vec run takes: more run in several."""
+    return min(tuning.mv_max_n, tuning.mv_dense_max_n)
+
+
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
-           up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None) -> None:
+           up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None,
+           route: RouteEpilogue | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
-    see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass."""
+    see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass. With `route` (one mat-vec run:
+    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y."""
     device = seq.device
     tune = tuning or device.tuning
-    cols = min(tune.mv_max_n, tune.mv_dense_max_n)   # columns a mat-vec run takes
+    cols = mat_vec_columns(tune)
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
     if w.ne[2] != 1 or w.ne[3] != 1:
         raise UnsupportedShape(f"matmul weight {w!r} must be 2-D (a stack of experts goes to mul_mat_id)")
@@ -233,6 +261,9 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device))
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
+    if route is not None and (up is not None or n > cols or len(pieces) > 1):
+        raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
+                               f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
     if n > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
@@ -250,11 +281,15 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             xo, yo = xo // 4, yo // 4
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
-                            glu=act if up is not None else None, wide=wide)
+                            glu=act if up is not None else None, wide=wide,
+                            route=route.defines if route is not None else None)
+        if route is not None:
+            extra, extra_push = list(route.buffers), route.push
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}
-            seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=mv.groups(b - a, device))
+            seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=mv.groups(b - a, device),
+                         label="router" if route is not None else None)
 
 
 def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tuning=None) -> None:
@@ -276,7 +311,7 @@ def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tunin
     same = all(w.type == w0.type and w.ne[0] == k and w.nb[1] == w0.nb[1] and w.ne[2] == w.ne[3] == 1 for w in ws)
     wb = bind_together(ws, device, min_align=WORD_ALIGN) if same else None
     yb = bind_together(y2, device) if wb is not None else None
-    cols = min(tune.mv_max_n, tune.mv_dense_max_n)
+    cols = mat_vec_columns(tune)
     if yb is None or n > cols or any(y.ne[1] != n for y in y2):
         for w, y in zip(ws, ys):
             matmul(seq, w, x, y, tuning=tuning)

@@ -11,6 +11,8 @@ from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
 from .grid import ceil_div, grid, groups_for
+from .matmul import RouteEpilogue, mat_vec_columns
+from .quant import chunks
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
                             ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"),
@@ -51,6 +53,31 @@ def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None, one_s
     return kernel(device, "moe_router", defines=defines, push=ROUTER_PUSH)
 
 
+def _route_operands(logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool,
+                    chosen_softmax: bool, sigmoid_bias: Tensor | None, wg: int) -> tuple[list, dict]:
+    """moe_route's checks; ([ids, weights, bias] bindings, its push fields but the logits')."""
+    n_expert, n_tokens = logits.ne[0], logits.ne[1]
+    if not 0 < n_used <= min(MAX_USED, n_expert):
+        raise OutOfRange(f"moe_route: {n_used} experts per token; supported 1..{min(MAX_USED, n_expert)}")
+    if n_expert > ROUTER_EPT * wg:
+        raise OutOfRange(f"moe_route: {n_expert} experts; at most {ROUTER_EPT * wg} are supported")
+    if ids.type is not I32 or not ids.is_contiguous() or ids.nelements < n_used * n_tokens:
+        raise OutOfRange(f"moe_route: ids must be contiguous I32 [{n_used}, {n_tokens}], got {ids!r}")
+    if not weights.is_contiguous() or weights.nelements < n_used * n_tokens:
+        raise OutOfRange(f"moe_route: weights must be contiguous F32 [{n_used}, {n_tokens}], got {weights!r}")
+    ir, io = bind_tensor(ids, "moe_route ids")
+    wr, wo, _ = f32_binding(weights, "moe_route weights")
+    mode = 2 if chosen_softmax else int(normalize)
+    br, bo = wr, 0
+    if sigmoid_bias is not None:
+        if chosen_softmax or sigmoid_bias.nelements != n_expert:
+            raise OutOfRange(f"moe_route: sigmoid gating takes a bias of {n_expert} experts (not with chosen_softmax), "
+                             f"got {sigmoid_bias!r}")
+        br, bo, _ = f32_binding(sigmoid_bias, "moe_route bias")
+        mode = 4 if normalize else 3
+    return [ir, wr, br], dict(n_used=n_used, ids_off=io // 4, w_off=wo, mode=mode, b_off=bo)
+
+
 def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool, *,
               chosen_softmax: bool = False, sigmoid_bias: Tensor | None = None, subgroups: bool | None = None,
               one_subgroup: bool | None = None) -> None:
@@ -62,30 +89,34 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
     weighed by their p (with `normalize`: over max(sum, 2^-14)). `subgroups`, `one_subgroup`: see
     moe_route_kernel."""
     n_expert, n_tokens = logits.ne[0], logits.ne[1]
-    if not 0 < n_used <= min(MAX_USED, n_expert):
-        raise OutOfRange(f"moe_route: {n_used} experts per token; supported 1..{min(MAX_USED, n_expert)}")
     wg = router_layout(seq.device, subgroups, one_subgroup)[0]
-    if n_expert > ROUTER_EPT * wg:
-        raise OutOfRange(f"moe_route: {n_expert} experts; at most {ROUTER_EPT * wg} are supported")
-    if ids.type is not I32 or not ids.is_contiguous() or ids.nelements < n_used * n_tokens:
-        raise OutOfRange(f"moe_route: ids must be contiguous I32 [{n_used}, {n_tokens}], got {ids!r}")
-    if not weights.is_contiguous() or weights.nelements < n_used * n_tokens:
-        raise OutOfRange(f"moe_route: weights must be contiguous F32 [{n_used}, {n_tokens}], got {weights!r}")
+    buffers, push = _route_operands(logits, ids, weights, n_used, normalize, chosen_softmax, sigmoid_bias, wg)
     lr, lo, ls = f32_binding(logits, "moe_route logits")
-    ir, io = bind_tensor(ids, "moe_route ids")
-    wr, wo, _ = f32_binding(weights, "moe_route weights")
-    mode = 2 if chosen_softmax else int(normalize)
-    br, bo = lr, 0
-    if sigmoid_bias is not None:
-        if chosen_softmax or sigmoid_bias.nelements != n_expert:
-            raise OutOfRange(f"moe_route: sigmoid gating takes a bias of {n_expert} experts (not with chosen_softmax), "
-                             f"got {sigmoid_bias!r}")
-        br, bo, _ = f32_binding(sigmoid_bias, "moe_route bias")
-        mode = 4 if normalize else 3
     k = moe_route_kernel(seq.device, n_expert, subgroups, one_subgroup)
-    seq.dispatch(k, [lr, ir, wr, br], push=dict(n_expert=n_expert, n_used=n_used, n_tokens=n_tokens, l_off=lo,
-                                                l_col=ls[0], ids_off=io // 4, w_off=wo, mode=mode, b_off=bo),
+    seq.dispatch(k, [lr, *buffers], push=dict(n_expert=n_expert, n_tokens=n_tokens, l_off=lo, l_col=ls[0], **push),
                  groups=grid(seq.device, n_tokens), label="moe_route")
+
+
+def route_epilogue(seq, router: Tensor, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool,
+                   counter: Tensor, *, chosen_softmax: bool = False, sigmoid_bias: Tensor | None = None):
+    """The RouteEpilogue that lets the router's mat-vec (`router` weights into `logits`) route its
+    tokens as moe_route would, bit for bit, in its last workgroup (`counter`: an I32 [1] holding
+    0, left 0); None where it cannot: more tokens than one mat-vec run, a weight over one
+    binding, a mat-vec workgroup that is not a multiple of the router's, subgroups of varying size."""
+    device, tuning = seq.device, seq.device.tuning
+    prof = device.profile
+    rwg, subgroups = router_layout(device)
+    mv_wg = tuning.mv_wg
+    if (logits.ne[1] > mat_vec_columns(tuning) or mv_wg % rwg or (subgroups and prof.subgroup_min != prof.subgroup_max)
+            or router.ne[1] != logits.ne[0] or len(chunks(1, device, None, router)) != 1):
+        return None
+    buffers, push = _route_operands(logits, ids, weights, n_used, normalize, chosen_softmax, sigmoid_bias, rwg)
+    cr, co = bind_tensor(counter, "router counter")
+    defines = {"RWG": rwg, "EPT": ceil_div(logits.ne[0], rwg)}
+    if subgroups:
+        defines.update(SUBGROUPS=1, NSG=max(1, mv_wg // max(prof.subgroup_min, 1)))
+    push["rw_off"] = push.pop("w_off")
+    return RouteEpilogue(defines, (*buffers, cr), {**push, "count_off": co // 4})
 
 
 def _combine_bindings(experts_out: Tensor, weights: Tensor, out: Tensor, shared: Tensor | None,
