@@ -98,8 +98,11 @@ class Tuning:
     quant_tables_shared: bool = False
     # the 16-entry codebook of IQ4_NL, IQ4_XS and MXFP4 read from a shared copy (four shared reads
     # a vec4) instead of picked out of a uvec4 in registers (three selects, a shift and a sign
-    # extension an element)
-    quant_codebook_shared: bool = False
+    # extension an element): H200, 8B-shaped IQ4_XS tg128 103.9 -> 173.1 t/s with the GCN table
+    # (llama.cpp 160.6), 103.4 -> 174.2 native (bench/peer.py). On GCN the selects would cost
+    # ~5 VALU an element where 256 GB/s brings ~10 elements a clock to a CU's 64 lanes; a shared
+    # read is one LDS access (ACO: 0 spills, bench/gcn_shader_stats.py)
+    quant_codebook_shared: bool = True
     # (type name, rows) where a weight type's mat-vec takes fewer rows a group than mv_rows (its
     # per-row state costs registers: GCN keeps 4 waves a SIMD)
     mv_rows_by_type: tuple = ()
