@@ -71,18 +71,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = []
     with decode_step(args) as (dev, m, e, parts, wall):
-        def measure(name, **how):
+        def measure(**how):
             with recorded(dev, parts, **how) as seq:
                 t = step_time(seq, args.reps)
                 return t, seq.kinds, seq.dispatch_count, seq.barrier_count
 
-        full, kinds, n_dispatch, n_barrier = measure("full")
+        full, kinds, n_dispatch, n_barrier = measure()
         for name, how in (("no barriers", {"barriers": False}), ("no dispatches", {"drop": lambda k: True})):
-            t, _, nd, nb = measure(name, **how)
+            t, _, nd, nb = measure(**how)
             rows.append({"without": name, "us_per_step": t * 1e6, "saves_us": (full - t) * 1e6,
                          "dispatches": nd, "barriers": nb})
         for kind in sorted(kinds):
-            t, _, nd, nb = measure(kind, drop=lambda k, kind=kind: k == kind)
+            t, _, nd, nb = measure(drop=lambda k, kind=kind: k == kind)
             rows.append({"without": kind, "us_per_step": t * 1e6, "saves_us": (full - t) * 1e6,
                          "dispatches": nd, "barriers": nb, "count": kinds[kind]})
         info = {**dev.profile.identity(), "model": args.model, "tokens": args.tokens, "depth": args.depth,
