@@ -199,6 +199,25 @@ def test_rows_by_type(device):
     check(device, "Q6_K", 37, 512, (1, 3), tuning=tune)
 
 
+def test_rows_of_a_run_of_columns(device):
+    """mv_rows_multi: a run of several token columns takes that many rows a group (one column
+    keeps mv_rows); each row is summed alike, so the columns' results are the one-column bits."""
+    from vkrt.ops.matmul import mat_vec_kernel
+    tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(), mv_fill_groups=1, mv_rows_multi=1)
+    q = ggml_type("Q4_K")
+    nr = lambda n: mat_vec_kernel(device, q, n, tune, k=512, m=37, xvec4=True).kernel.defines["NR"]
+    assert (nr(1), nr(3)) == (4, 1)
+    rng = np.random.default_rng(31)
+    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", 37, 512, rng, scale=0.5), (512, 37))
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    try:
+        runs = run(device, w, x, 37, tuning=tune)
+        ones = np.stack([run(device, w, x[i:i + 1], 37, tuning=tune)[0] for i in range(3)])
+    finally:
+        w.close()
+    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+
+
 
 def test_rows_halved_until_the_grid_fills(device):
     """Short matrices take fewer rows a group (down to one) until the grid has mv_fill_groups

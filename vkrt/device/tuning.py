@@ -106,6 +106,9 @@ class Tuning:
     # (type name, rows) where a weight type's mat-vec takes fewer rows a group than mv_rows (its
     # per-row state costs registers: GCN keeps 4 waves a SIMD)
     mv_rows_by_type: tuple = ()
+    # rows a group of a dense mat-vec run of several token columns (a server's decode step; 0:
+    # as for one column): its accumulators grow with rows x columns
+    mv_rows_multi: int = 0
     # the summed expert down projection (VKRT_FUSE_MOE_SUM) walks a token's slots one at a time;
     # unrolled, their loads are issued together (latency hidden within a workgroup, at the cost of
     # registers: GCN keeps the loop, at 48 VGPRs for Q4_K)

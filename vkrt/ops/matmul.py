@@ -110,6 +110,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     # gate and up: two weight rows a row; summed slots: one row a group (a token's rows are its
     # workgroups, so fewer rows a group keep more of them in flight)
     base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
+    if n > 1 and tuning.mv_rows_multi:
+        base = min(base, tuning.mv_rows_multi)
     rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
     while rows > 1 and ceil_div(m, rows * (wg // lanes)) * layers < tuning.mv_fill_groups:
         rows //= 2
