@@ -17,7 +17,13 @@ GGML_VK_DISABLE_* variables).
 decoding one token each a step, with the GPU's top-k candidates as the server reads them; t/s of
 the steps on one device, on the split run stage after stage, and on the split with
 pipeline_steps (the step's sequences in as many groups as devices, pipelined), and whether the
-pipelined candidates are the unpipelined ones bit for bit.
+pipelined candidates are the unpipelined ones bit for bit; with each step's milliseconds (JSON:
+ms_per_step, host_ms_per_step: the host's share, not waiting for the GPU) and the graphs the
+timed steps recorded (graphs_recorded_timed: 0 unless a step's shape was new). --device 0 alone
+runs the one-device row only.
+
+--set FIELD=VALUE (repeatable) overrides a tuning field of every device, e.g. --set
+mv_id_max_n=8 for mul_mat_id's GEMM past 8 tokens (before vkrt issue 16).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import time
 import numpy as np
 
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
+from matmul import parse_sets
 from vkrt.device.group import DeviceGroup
 from vkrt.engine.bench import BenchTest, run_test
 from vkrt.engine.engine import Engine
@@ -97,13 +104,19 @@ def slots_side(devices, path, slots: list[int], n_prompt: int, steps: int, reps:
                     return e.decode_candidates(batch) if n <= e.candidate_rows else (e.decode(batch), None)
 
                 first[n] = step()   # records the step's graphs
-                samples = []
+                samples, recorded = [], e.stats.graphs_recorded
+                host0, steps0 = e.stats.seconds - e.stats.gpu_wait_seconds, e.stats.steps
                 for _ in range(reps):
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         step()
-                    samples.append(n * steps / (time.perf_counter() - t0))
-                out[f"{n} slots"] = statistics.median(samples)
+                    samples.append((time.perf_counter() - t0) / steps)
+                seconds = statistics.median(samples)
+                out[f"{n} slots"] = n / seconds
+                out[f"{n} slots ms_per_step"] = seconds * 1e3
+                out[f"{n} slots host_ms_per_step"] = 1e3 * (e.stats.seconds - e.stats.gpu_wait_seconds - host0) \
+                    / (e.stats.steps - steps0)
+                out[f"{n} slots graphs_recorded_timed"] = e.stats.graphs_recorded - recorded
     return out, first
 
 
@@ -147,6 +160,8 @@ def main() -> None:
     ap.add_argument("--slots", default=None, help="decode steps of N sequences instead, e.g. 1,4,8,16")
     ap.add_argument("--slot-prompt", type=int, default=512, help="--slots: prompt tokens of each sequence")
     ap.add_argument("--steps", type=int, default=32, help="--slots: decode steps a repetition")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a tuning field of every device (repeatable)")
     args = ap.parse_args()
     tests = parse_tests(args.tests)
     ts = tuple(float(v) for v in args.tensor_split.split(",")) if args.tensor_split else None
@@ -164,6 +179,7 @@ def main() -> None:
     polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
     rows = {}
     with DeviceGroup(specs) as group:
+        retune(group, args.set)
         physical = [d.profile.index for d in group]
         names = [d.profile.name for d in group]
         rows["vkrt one device"] = vkrt_side(group.devices[:1], path, tests, args.reps, False, None, args.ncmoe,
@@ -212,37 +228,57 @@ def main() -> None:
             print(f"{c} failed: {rows[c]['error']}")
 
 
+def retune(group, sets: list[str]) -> None:
+    """--set FIELD=VALUE: the tuning fields overridden on every device of `group`."""
+    for d in group:
+        d.tuning = parse_sets(sets, d.tuning)
+
+
 def slots_main(args, path, specs, ts) -> None:
-    """--slots: decode steps of N sequences on one device, the split, the pipelined split."""
+    """--slots: decode steps of N sequences on one device, the split, the pipelined split (the
+    split rows where --device names several)."""
     slots = [int(v) for v in args.slots.split(",")]
     rows, first = {}, {}
     with DeviceGroup(specs) as group:
+        retune(group, args.set)
         names = [f"{d.profile.index}: {d.profile.name}" for d in group]
-        for name, devs, split, pipelined in (("vkrt one device", group.devices[:1], False, False),
-                                             ("vkrt -sm layer", list(group), True, False),
-                                             ("vkrt -sm layer, pipelined steps", list(group), True, True)):
+        configs = [("vkrt one device", group.devices[:1], False, False)]
+        if len(group.devices) > 1:
+            configs += [("vkrt -sm layer", list(group), True, False),
+                        ("vkrt -sm layer, pipelined steps", list(group), True, True)]
+        for name, devs, split, pipelined in configs:
             rows[name], first[name] = slots_side(devs, path, slots, args.slot_prompt, args.steps, args.reps, split,
                                                  pipelined, ts, args.ncmoe, not args.no_mmap)
+    split = len(rows) > 1
     same = {n: all(np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
                    for a, b in zip(first["vkrt -sm layer"][n], first["vkrt -sm layer, pipelined steps"][n])
                    if a is not None)
-            for n in slots}
+            for n in slots} if split else None
+    per_step = {key: {c: {n: rows[c][f"{n} slots {key}"] for n in slots} for c in rows}
+                for key in ("ms_per_step", "host_ms_per_step", "graphs_recorded_timed")}
     result = {"model": args.model, "devices": names, "device_list": specs, "slot_prompt": args.slot_prompt,
-              "steps": args.steps, "rows": rows, "pipelined_bit_identical": same}
+              "steps": args.steps, "tuning_set": args.set, "rows": rows, **per_step, "pipelined_bit_identical": same}
     if args.json:
         print(json.dumps(result))
         return
     print(f"{args.model} over --device {args.device} ({'; '.join(names)}): decode steps of N sequences "
-          f"(prompts of {args.slot_prompt}), t/s")
-    if "plan" in rows["vkrt -sm layer"]:
+          f"(prompts of {args.slot_prompt}), t/s and ms a step (host ms of it)"
+          + (f", tuning {' '.join(args.set)}" if args.set else ""))
+    if "plan" in rows.get("vkrt -sm layer", {}):
         print(f"vkrt plan: {rows['vkrt -sm layer']['plan']}")
     cols = list(rows)
-    print("| slots | " + " | ".join(cols) + " | pipelined / split | split / one | pipelined = split, bit for bit |")
-    print("|---|" + "---:|" * (len(cols) + 2) + "---|")
+    extra = " pipelined / split | split / one | pipelined = split, bit for bit |" if split else ""
+    print("| slots | " + " | ".join(f"{c} t/s | {c} ms/step" for c in cols) + " | graphs recorded while timed |"
+          + extra)
+    print("|---|" + "---:|---:|" * len(cols) + "---:|" + ("---:|---:|---|" if split else ""))
     for n in slots:
-        one, split, pipe = (rows[c][f"{n} slots"] for c in cols)
-        print(f"| {n} | {one:.1f} | {split:.1f} | {pipe:.1f} | {pipe / split:.2f} | {split / one:.2f} | "
-              f"{'yes' if same[n] else 'NO'} |")
+        cells = " | ".join(f"{rows[c][f'{n} slots']:.1f} | {rows[c][f'{n} slots ms_per_step']:.2f} "
+                           f"({rows[c][f'{n} slots host_ms_per_step']:.2f})" for c in cols)
+        line = f"| {n} | {cells} | {sum(rows[c][f'{n} slots graphs_recorded_timed'] for c in cols)} |"
+        if split:
+            one, sp, pipe = (rows[c][f"{n} slots"] for c in cols)
+            line += f" {pipe / sp:.2f} | {sp / one:.2f} | {'yes' if same[n] else 'NO'} |"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -281,11 +281,14 @@ def test_balanced_groups_and_kernel_classes():
     assert balanced_groups([1, 1, 1], 3) == [range(0, 1), range(1, 2), range(2, 3)]
     assert balanced_groups([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
     assert balanced_groups([1, 1, 9], 2) == [range(0, 2), range(2, 3)]
-    t = SimpleNamespace(mv_max_n=8, mv_dense_max_n=8, mv_chunk_n=16, fa_pack_max_q=16)
+    t = SimpleNamespace(mv_max_n=8, mv_id_max_n=32, mv_dense_max_n=8, mv_chunk_n=16, fa_pack_max_q=16)
     assert same_kernels([t], True, 8, 4) and same_kernels([t], False, 16, 8)
-    assert not same_kernels([t], True, 16, 8)   # mul_mat_id: the GEMM for 16 tokens, the mat-vec for 8
+    assert not same_kernels([t], True, 16, 8)   # mul_mat_id: the fused mat-vecs for 8 tokens, not for 16
+    assert same_kernels([t], True, 24, 20)   # both the plain mat-vec
+    assert not same_kernels([t], True, 40, 24) and same_kernels([t], False, 40, 24)   # the GEMM for 40
     assert not same_kernels([t], False, 32, 16) and same_kernels([t], False, 64, 32)
-    assert not same_kernels([SimpleNamespace(mv_max_n=8, mv_dense_max_n=8, mv_chunk_n=16, fa_pack_max_q=4)], False, 8, 4)
+    assert not same_kernels([SimpleNamespace(mv_max_n=8, mv_id_max_n=32, mv_dense_max_n=8, mv_chunk_n=16,
+                                             fa_pack_max_q=4)], False, 8, 4)
 
 
 def test_serve_refuses_pipeline_steps_without_a_split(paths):
@@ -323,9 +326,11 @@ def test_pipelined_greedy_on_a_split(group, paths, n_devices):
 
 
 def test_pipelined_large_steps_equal_one_device(group, paths):
-    """Groups past the mat-vec sizes (the GEMM and mul_mat_id's routed path, 40 tokens a group):
-    flash attention splits the KV cells as the whole step's would (on lavapipe a 40-row group
-    alone would split them and a 79-row step not), so the rows are the whole step's bit for bit."""
+    """Groups past the mat-vec sizes (the GEMM and mul_mat_id's routed path: a mixed step of 79
+    tokens in groups of about 40): flash attention splits the KV cells as the whole step's would
+    (on lavapipe a 40-row group alone would split them and a 79-row step not), so the rows are
+    the whole step's bit for bit. Decode steps of 40 sequences run whole: a group's 20 tokens
+    would take mul_mat_id's mat-vec (up to mv_id_max_n), the whole step the GEMM."""
     n_seqs, results = 40, []
     for n, pipelined in ((1, False), (2, True)):
         opts = EngineOptions(n_ctx=2048, n_ubatch=128, n_seq_max=n_seqs, n_cpu_moe=2, pipeline_steps=pipelined,
@@ -338,7 +343,7 @@ def test_pipelined_large_steps_equal_one_device(group, paths):
                             np.concatenate(e.decode_candidates([(s, 30 + s) for s in range(n_seqs)])),
                             e.mixed([(s, [40 + s] * (1 + s % 3)) for s in range(n_seqs)])])
             plans = {k for key in e._graphs for k in key if str(k).startswith("attention split as")}
-            assert plans == ({"attention split as 40 tokens", "attention split as 79 tokens"} if pipelined else set())
+            assert plans == ({"attention split as 79 tokens"} if pipelined else set())
             # 20 parts: 32 output rows take the GEMM, a group's 16 would take the mat-vec: not grouped
             before = set(e._graphs)
             results[-1].append(e.mixed([(s, [50 + s, 51]) for s in range(20)]))
@@ -346,5 +351,5 @@ def test_pipelined_large_steps_equal_one_device(group, paths):
         finally:
             e.close()
             m.close()
-    for a, b in zip(*results):
-        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    for step, (a, b) in enumerate(zip(*results)):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=f"step {step}")

@@ -8,8 +8,8 @@ from quant_data import ALL, nmse, random_blocks, reference, weight_tensor
 
 from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy
 from vkrt.errors import UnsupportedShape
-from vkrt.memory import Tensor, ggml_type
-from vkrt.ops.mul_mat_id import RouteTable, mul_mat_id
+from vkrt.memory import MemoryKind, Tensor, ggml_type
+from vkrt.ops.mul_mat_id import RouteTable, mat_vec_tokens, mul_mat_id
 
 THRESHOLD = {name: 1e-11 for name in ("F32", "F16", "BF16")} | {name: 1e-10 for name in ALL[3:]}
 N_EXPERT, N_USED = 6, 2
@@ -79,6 +79,50 @@ def test_token_counts(device, n_tokens):
     check(device, "Q4_K", 21, 256, (n_tokens,), seed=n_tokens)
 
 
+def dispatches(device, w, n_tokens: int) -> int:
+    """Dispatches mul_mat_id records over stack w for n_tokens tokens: one for the mat-vec, two
+    (the route count, the GEMM) otherwise."""
+    k, m = w.ne[0], w.ne[1]
+    x, y = Tensor.empty(device, "F32", (k, 1, n_tokens)), Tensor.empty(device, "F32", (m, N_USED, n_tokens))
+    ids, routes = Tensor.empty(device, "I32", (N_USED, n_tokens)), RouteTable(device, N_EXPERT, n_tokens)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                mul_mat_id(seq, w, x, ids, y, routes)
+            return seq.dispatch_count
+    finally:
+        for t in (x, y, ids, routes):
+            t.close()
+
+
+def test_server_step_sizes_run_the_mat_vec(device):
+    """Steps of mv_max_n + 1 .. mv_id_max_n tokens (a server's decode steps of 9-32 slots) run
+    the mat-vec, not the GEMM, whose 64-token tile a chosen expert is nearly empty there (issue
+    16); past mv_id_max_n the route table and the GEMM. A stack in host memory alike (the bits
+    do not depend on the experts' placement)."""
+    tune = device.tuning
+    assert tune.mv_id_max_n >= 32 > tune.mv_max_n and mat_vec_tokens(tune) == tune.mv_id_max_n
+    vram = Tensor.empty(device, "Q8_0", (32, 8, N_EXPERT))
+    host = Tensor.empty(device, "Q8_0", (32, 8, N_EXPERT), kind=MemoryKind.HOST)
+    try:
+        for w in (vram, host):
+            got = {n: dispatches(device, w, n) for n in (1, tune.mv_max_n, tune.mv_max_n + 1, 16, tune.mv_id_max_n,
+                                                         tune.mv_id_max_n + 1)}
+            assert got == {1: 1, tune.mv_max_n: 1, tune.mv_max_n + 1: 1, 16: 1, tune.mv_id_max_n: 1,
+                           tune.mv_id_max_n + 1: 2}, w.buffer.kind
+    finally:
+        vram.close()
+        host.close()
+
+
+@pytest.mark.parametrize("name,n_tokens", [("Q4_0", 12), ("Q4_K", 16), ("Q8_0", 32)])
+def test_mat_vec_and_gemm_agree_at_server_step_sizes(device, name, n_tokens):
+    """The sizes the mat-vec took over from the GEMM, on both paths against float64 numpy."""
+    old = dataclasses.replace(device.tuning, mv_id_max_n=device.tuning.mv_max_n)   # the GEMM past mv_max_n
+    for tuning in (None, old):
+        check(device, name, 21, k_for(name), (n_tokens,), seed=n_tokens, n_expert=16, tuning=tuning)
+
+
 def test_route_table_counts(device):
     """The counting pass groups each expert's (token, slot) pairs; unused experts count zero."""
     rng = np.random.default_rng(2)
@@ -137,10 +181,11 @@ def test_k_not_a_multiple_of_the_tile(device):
 
 
 def test_prefill_needs_a_route_table(device):
+    n = device.tuning.mv_id_max_n + 1   # the GEMM's sizes
     w = Tensor.empty(device, "Q8_0", (32, 4, N_EXPERT))
-    x = Tensor.empty(device, "F32", (32, 1, 20))
-    ids = Tensor.empty(device, "I32", (N_USED, 20))
-    y = Tensor.empty(device, "F32", (4, N_USED, 20))
+    x = Tensor.empty(device, "F32", (32, 1, n))
+    ids = Tensor.empty(device, "I32", (N_USED, n))
+    y = Tensor.empty(device, "F32", (4, N_USED, n))
     try:
         with CommandSequence(device) as seq, pytest.raises(UnsupportedShape, match="RouteTable"):
             with seq.record():
@@ -150,13 +195,14 @@ def test_prefill_needs_a_route_table(device):
             t.close()
 
 
-@pytest.mark.parametrize("name,k", [("Q4_K", 256), ("Q4_0", 96), ("Q6_K", 512)])
-def test_fused_gate_up_is_bit_identical(device, name, k):
+@pytest.mark.parametrize("name,k,n_tok", [("Q4_K", 256, 2), ("Q4_0", 96, 2), ("Q6_K", 512, 2), ("Q4_0", 96, 16)])
+def test_fused_gate_up_is_bit_identical(device, name, k, n_tok):
     """Expert gate and up stacks in one pass with the SiLU-gated product, bit for bit against
-    two mul_mat_ids and the activation."""
+    two mul_mat_ids and the activation; also past mv_max_n tokens (up to mv_id_max_n, experts in
+    VRAM: the mat-vec's sizes)."""
     from vkrt.commands import run_once
     from vkrt.ops.elementwise import activation
-    m, n_tok = 24, 2
+    m = 24
     rng = np.random.default_rng(k)
     both = weight_tensor(device, name, random_blocks(name, 2 * N_EXPERT * m, k, rng, scale=0.5), (k, m, 2 * N_EXPERT))
     gate, up = both.slice(2, 0, N_EXPERT), both.slice(2, N_EXPERT, 2 * N_EXPERT)
@@ -175,7 +221,7 @@ def test_fused_gate_up_is_bit_identical(device, name, k):
 
 @pytest.mark.parametrize("name,k,n_tok,with_shared", [("Q4_0", 96, 1, False), ("Q4_K", 256, 3, True),
                                                       ("Q6_K", 512, 2, False), ("F16", 13, 2, True),
-                                                      ("Q4_K", 256, 3, False)])
+                                                      ("Q4_K", 256, 3, False), ("Q4_0", 96, 16, True)])
 @pytest.mark.parametrize("unroll", [False, True])
 def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, unroll):
     """The expert down projection summed over a token's slots in one pass (mul_mat_id_sum)
@@ -209,9 +255,9 @@ def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, unrol
                 t.close()
 
 
-@pytest.mark.parametrize("name,k,n_tok", [("MXFP4", 64, 2), ("Q8_0", 96, 1), ("Q4_K", 256, 20)])
+@pytest.mark.parametrize("name,k,n_tok", [("MXFP4", 64, 2), ("Q8_0", 96, 1), ("Q4_K", 256, 20), ("Q4_K", 256, 40)])
 def test_bias_is_add_id(device, name, k, n_tok):
-    """A per-expert bias (gpt-oss) added in the mat-vec's store, or by add_id after the GEMM (20
+    """A per-expert bias (gpt-oss) added in the mat-vec's store, or by add_id after the GEMM (40
     tokens), bit for bit against mul_mat_id then add_id; a bias of another shape is refused."""
     from vkrt.commands import run_once
     from vkrt.ops.add_id import add_id

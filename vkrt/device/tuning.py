@@ -70,6 +70,20 @@ class Tuning:
     mv_wg: int = 64
     mv_rows: int = 4
     mv_max_n: int = 8
+    # mul_mat_id over experts in VRAM stays a mat-vec (one column a (token, slot) pair, an
+    # expert's weights read once a pair) up to mv_id_max_n tokens, rather than the route table and
+    # the GEMM, whose workgroup computes mm_bn (64) token columns of one expert however few pairs
+    # chose it. A server step of 16 slots on Qwen3-30B-A3B (128 experts, 8 used) is 128 pairs
+    # over ~81 experts, 1.6 each: the GEMM computed ~40x the live columns, and the step took 63 ms
+    # on the H200 against 9 ms for 4 slots (vkrt issue 16). The mat-vec's cost grows with the
+    # pairs, the GEMM's with the experts chosen; weight bytes over GEMM throughput put the
+    # crossover at tens of pairs a chosen expert (~25 on the H200, ~15 on Polaris, estimated),
+    # and 32 tokens keep Mixtral-like stacks (8 experts, 2 used: 8 pairs an expert) well inside
+    # it. Lavapipe, a 2-layer qwen3moe of 64 experts (8 used), Q4_0, decode steps of N slots: 16
+    # slots 1225 -> 470 ms (29 ms a token, as at 8), 32 slots 1406 -> 861; the GEMM ties at 64.
+    # Experts in host memory take the same path (bits independent of placement): read in place,
+    # the mat-vec reads a chosen expert across the bus once a pair, the GEMM once
+    mv_id_max_n: int = 32
     # up to mv_chunk_n tokens a dense matmul stays a mat-vec, over runs of mv_max_n columns (the
     # weights read once a run), rather than the GEMM, whose K loop costs the same from 1 to 128
     # tokens (a server's decode step of 9-16 slots). H200, 4096x14336 Q4_K: 16 tokens 369 us as

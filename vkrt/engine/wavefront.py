@@ -76,9 +76,10 @@ def same_kernels(tunings: list, moe: bool, n: int, m: int) -> bool:
     """Whether a step of m tokens runs the kernels one of n does where the choice could change
     the sums a token's row gets, on every device (`tunings`): the mat-vec or the GEMM for dense
     matmuls (a mat-vec run's columns are summed alike however many there are), with experts
-    (`moe`) for mul_mat_id, and flash attention's packing of a KV head's query heads (its KV
-    split the engine pins: RecordOptions.fa_plan_tokens)."""
+    (`moe`) for mul_mat_id (its fused mat-vecs up to mv_max_n, the plain ones up to
+    mv_id_max_n, the GEMM past it), and flash attention's packing of a KV head's query heads (its
+    KV split the engine pins: RecordOptions.fa_plan_tokens)."""
     def kind(t, k: int) -> tuple:
         return (k <= max(min(t.mv_max_n, t.mv_dense_max_n), t.mv_chunk_n), moe and k <= t.mv_max_n,
-                k <= t.fa_pack_max_q)
+                moe and k <= t.mv_id_max_n, k <= t.fa_pack_max_q)
     return all(kind(t, n) == kind(t, m) for t in tunings)

@@ -1,9 +1,10 @@
 """Mixture-of-experts matmul: y[:, i, t] = W[ids[i, t]] · x[:, i % x_slots, t].
 
 W is a stack of expert matrices (K, M, n_expert); every token t routes to n_used experts. Up to
-tuning.mv_max_n tokens, one mat-vec workgroup column per (token, slot) pair. More tokens first
-build a route table (a counting pass: per expert, the pairs that chose it), then run the tiled
-GEMM over (row tiles, token tiles, experts), where tiles past an expert's count exit at once.
+mat_vec_tokens() (tuning.mv_id_max_n) tokens, one mat-vec workgroup column per (token, slot)
+pair. More tokens first build a route table (a counting pass: per expert, the pairs that chose
+it), then run the tiled GEMM over (row tiles, token tiles, experts), where tiles past an
+expert's count exit at once.
 A per-expert bias (gpt-oss) is added in the mat-vec's store, or by add_id after the GEMM.
 """
 
@@ -63,13 +64,19 @@ def _check(w: Tensor, x: Tensor, ids: Tensor, y: Tensor | None):
     return k, m, n_expert, n_used, n_tokens
 
 
+def mat_vec_tokens(tuning) -> int:
+    """The most tokens mul_mat_id (and its fused passes) runs as mat-vecs rather than the GEMM,
+    wherever the stack lies (the bits do not depend on the experts' placement)."""
+    return max(tuning.mv_max_n, tuning.mv_id_max_n)
+
+
 def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteTable | None = None, *,
                tuning=None, max_binding: int | None = None, up: Tensor | None = None, act: str = "silu",
                up_weight: Tensor | None = None, bias: Tensor | None = None, up_bias: Tensor | None = None) -> None:
     """Record the expert matmul. w: (K, M, n_expert) of a supported type; x: F32 (K, 1 or n_used,
     n_tokens); ids: I32 (n_used, n_tokens) expert indices, distinct per token; y: F32 (M, n_used,
-    n_tokens). More than tuning.mv_max_n tokens need `routes` (RouteTable(device, n_expert, >=
-    n_tokens)). An expert stack larger than one binding runs in expert ranges. With `up_weight`
+    n_tokens). More than mat_vec_tokens() tokens need `routes` (RouteTable(device, n_expert, >=
+    n_tokens)); as many run as mat-vecs. An expert stack larger than one binding runs in expert ranges. With `up_weight`
     (an up stack laid out like w; mat-vec sizes only), y = act(w·x) * (up_weight·x) in one pass.
     `bias` F32 (M, n_expert): y[:, i, t] += bias[:, ids[i, t]] (ggml's add_id; the ids must be the
     experts' own, not staging slots); with up_weight, `up_bias` is up_weight's, both added before
@@ -84,12 +91,13 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     ir, io = bind_words(ids, "mul_mat_id ids", device)
     xo, yo = xo // 4, yo // 4
     x_slot, x_tok, y_slot, y_tok = x.nb[1] // 4, x.nb[2] // 4, y.nb[1] // 4, y.nb[2] // 4
+    mv_max = mat_vec_tokens(tune)
     common = {"K": k, "x_off": xo, "x_col": x_tok, "y_off": yo, "y_col": y_tok, "w_row": w.nb[1],
               "w_expert": w.nb[2], "n_used": n_used, "x_slot": x_slot, "x_slots": x.ne[1], "y_slot": y_slot}
     extra = []
     if up is not None:
-        if n_tokens > tune.mv_max_n:
-            raise UnsupportedShape(f"mul_mat_id: a fused activation needs at most {tune.mv_max_n} tokens, "
+        if n_tokens > mv_max:
+            raise UnsupportedShape(f"mul_mat_id: a fused activation needs at most {mv_max} tokens, "
                                    f"got {n_tokens}")
         ur, common["u_off"] = glu_operand(up, x, act, device)
         extra = [ur]
@@ -107,10 +115,10 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         if up_bias is not None:
             common["b2_off"] = bound[1][1] // 4
     if up_weight is not None:
-        pair = gate_up_pair(w, up_weight, device, act) if up is None and n_tokens <= tune.mv_max_n else None
+        pair = gate_up_pair(w, up_weight, device, act) if up is None and n_tokens <= mv_max else None
         if pair is None:
             raise UnsupportedShape(f"mul_mat_id: {w!r} and {up_weight!r} cannot be read in one pass (at most "
-                                   f"{tune.mv_max_n} tokens, same type and layout, one binding for both)")
+                                   f"{mv_max} tokens, same type and layout, one binding for both)")
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4, mul_mat_id=True,
                             gate_up=act, bias=bias is not None,
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1], w.nb[2]))
@@ -120,7 +128,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
                      groups=mv.groups(m, device, n_tokens * n_used))
         return
     pieces = chunks(2, device, max_binding, w)
-    if n_tokens <= tune.mv_max_n:
+    if n_tokens <= mv_max:
         pieces_bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)) for e0, e1 in pieces]
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4,
                             mul_mat_id=True, glu=act if up is not None else None, bias=bias is not None,
@@ -160,7 +168,7 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
     check_layout(w, "mul_mat_id weight")
     k, m, n_expert, n_used, n_tokens = _check(w, x, ids, None)
-    if n_tokens > tune.mv_max_n or len(chunks(2, device, None, w)) != 1:
+    if n_tokens > mat_vec_tokens(tune) or len(chunks(2, device, None, w)) != 1:
         return False
     for t, what in ((weights, "weights"), (out, "out"), (shared, "shared"), (shared_gate, "shared_gate")):
         if t is not None and (t.type != F32 or not t.is_contiguous() or t.offset % 4):
