@@ -48,15 +48,30 @@ shared float qcodebook_s[16];   // IQ_CODEBOOK's 16 signed bytes as floats (QCOD
 // invocation stores the same constants: the writes race only with equal values, and there is no
 // branch (lavapipe builds 2048 stores under a one-invocation branch as per-lane stores: 20 s)
 void qinit() {
-#if defined(QTABLES_GRIDS) && defined(IQ_GRID)
+#if defined(QTABLES_GRIDS) && defined(QTABLES_STRIDED)
+    // each invocation copies every WG-th entry (a dynamically indexed read of the constant
+    // array, but one a workgroup's entry instead of the whole table an invocation)
+#ifdef IQ_GRID
+    for (uint i = gl_LocalInvocationID.x; i < IQ_GRID.length(); i += gl_WorkGroupSize.x) {
+        qgrid_s[i] = IQ_GRID[i];
+    }
+#endif
+#ifdef IQ_SIGNS
+    for (uint i = gl_LocalInvocationID.x; i < ksigns_iq2xs.length(); i += gl_WorkGroupSize.x) {
+        qsigns_s[i] = ksigns_iq2xs[i];
+    }
+#endif
+#elif defined(QTABLES_GRIDS)
+#ifdef IQ_GRID
     [[unroll]] for (uint i = 0u; i < IQ_GRID.length(); i++) {
         qgrid_s[i] = IQ_GRID[i];
     }
 #endif
-#if defined(QTABLES_GRIDS) && defined(IQ_SIGNS)
+#ifdef IQ_SIGNS
     [[unroll]] for (uint i = 0u; i < ksigns_iq2xs.length(); i++) {
         qsigns_s[i] = ksigns_iq2xs[i];
     }
+#endif
 #endif
 #ifdef QTABLES_CODEBOOK
     [[unroll]] for (uint i = 0u; i < 16u; i++) {

@@ -150,6 +150,25 @@ def test_codebook_shared_is_bit_identical(device, name):
     assert nmse(outs[1][2], x.astype(np.float64) @ reference(name, raw).astype(np.float64).T) < THRESHOLD[name]
 
 
+def test_tables_strided_fill_is_bit_identical(device):
+    """The IQ grids' shared copies filled a strided share an invocation (quant_tables_strided,
+    NVIDIA) against every invocation storing the whole table: the same tables, the same bits.
+    IQ3_XXS: the smallest grid."""
+    from vkrt.ops.quant import type_defines
+    rng = np.random.default_rng(29)
+    m, k = 21, k_for("IQ3_XXS")
+    w = weight_tensor(device, "IQ3_XXS", random_blocks("IQ3_XXS", m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    tunings = [dataclasses.replace(device.tuning, quant_tables_shared=True, quant_tables_strided=on)
+               for on in (False, True)]
+    assert ["QTABLES_STRIDED" in type_defines(ggml_type("IQ3_XXS"), t) for t in tunings] == [False, True]
+    try:
+        a, b = (run(device, w, x, m, tuning=t) for t in tunings)
+    finally:
+        w.close()
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_unrolled_units_are_bit_identical(device, name):
     """The unit loop unrolled (mv_unroll 2 and 4) sums in the rolled loop's order: the same bits.

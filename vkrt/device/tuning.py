@@ -110,6 +110,10 @@ class Tuning:
     # arrays from memory, and the 8 KiB copies left IQ1/IQ2_S expert mat-vecs at 2 waves a SIMD
     # (112-128 VGPRs) instead of 4 (bench/gcn_shader_stats.py)
     quant_tables_shared: bool = False
+    # the shared copies filled a strided share an invocation (a dynamically indexed read of the
+    # constant array each) instead of every invocation storing the whole table with constant
+    # indices (2 KiB of stores an invocation for IQ2_XXS's grid)
+    quant_tables_strided: bool = False
     # the 16-entry codebook of IQ4_NL, IQ4_XS and MXFP4 read from a shared copy (four shared reads
     # a vec4) instead of picked out of a uvec4 in registers (three selects, a shift and a sign
     # extension an element): H200, 8B-shaped IQ4_XS tg128 103.9 -> 173.1 t/s with the GCN table
@@ -240,7 +244,9 @@ TABLE: dict[Arch, Tuning] = {
     # shapes): 128 lanes a row halve the time of 512-4096-row matrices against 64 (2048x4096
     # Q4_0 22 -> 11 us); mul_mat_id at 32 lanes (Qwen3-30B-A3B down 14.8 -> 9.3 us)
     Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, fa_fill_per_cu=4, float_bits=True,
-                        quant_tables_shared=True,
+                        # shared tables filled a strided share an invocation: 8B-shaped decode (GCN
+                        # table + shared tables) IQ2_XXS 117.2 -> 140.6 t/s, IQ3_XXS 126.8 -> 143.1
+                        quant_tables_shared=True, quant_tables_strided=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),

@@ -33,6 +33,8 @@ def type_defines(t: GGMLType, tuning) -> dict[str, int]:
     defines = {f"QTYPE_{t.name}": 1}
     if tuning.quant_tables_shared and t.name in TABLE_TYPES:
         defines["QTABLES_SHARED"] = 1
+        if tuning.quant_tables_strided:
+            defines["QTABLES_STRIDED"] = 1
     if tuning.quant_codebook_shared and t.name in CODEBOOK_TYPES:
         defines["QCODEBOOK_SHARED"] = 1
     return defines
