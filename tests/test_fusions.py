@@ -212,17 +212,17 @@ def test_fusion_defaults():
 
 def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, device_env):
     """A dense FFN's fused mat-vecs take up to tuning.mv_dense_max_n tokens (GCN and NVIDIA: 4;
-    their registers grow with the columns); experts' (one column a token-slot pair) up to
-    mv_max_n; logits equal to the unfused run's bit for bit either way."""
+    their registers grow with the columns); experts' (one column a token-slot pair) as far as
+    mul_mat_id runs mat-vecs (mv_id_max_n); logits equal to the unfused run's bit for bit either way."""
     import dataclasses
     from types import SimpleNamespace
 
     from vkrt.model.transformer import Transformer
     from vkrt.device.tuning import TABLE, Arch
     assert TABLE[Arch.AMD_GCN].mv_dense_max_n == 4 and TABLE[Arch.NVIDIA].mv_dense_max_n == 4
-    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=4)
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=4, mv_id_max_n=32)
     seq = SimpleNamespace(device=SimpleNamespace(tuning=tune))
-    assert (Transformer._fused_max(seq, True), Transformer._fused_max(seq, False)) == (4, 8)
+    assert (Transformer._fused_max(seq, True), Transformer._fused_max(seq, False)) == (4, 32)
     monkeypatch.setattr(device, "tuning", tune)
     path = tiny_model("tiny-llama", tmp_path)
     fused_run, fused_n, _ = run(device, path, device_env, True, "VKRT_FUSE_GATE_UP")

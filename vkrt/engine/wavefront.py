@@ -76,7 +76,7 @@ def same_kernels(tunings: list, moe: bool, n: int, m: int) -> bool:
     """Whether a step of m tokens runs the kernels one of n does where the choice could change
     the sums a token's row gets, on every device (`tunings`): the mat-vec or the GEMM for dense
     matmuls (a mat-vec run's columns are summed alike however many there are), with experts
-    (`moe`) for mul_mat_id (its fused mat-vecs up to mv_max_n, the plain ones up to
+    (`moe`) for mul_mat_id (decode-sized experts staged up to mv_max_n, mat-vecs, fused or not, up to
     mv_id_max_n, the GEMM past it), and flash attention's packing of a KV head's query heads (its
     KV split the engine pins: RecordOptions.fa_plan_tokens)."""
     def kind(t, k: int) -> tuple:

@@ -31,7 +31,7 @@ from ..ops.get_rows import get_rows
 from ..ops.matmul import gate_up_pair, matmul
 from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
-from ..ops.mul_mat_id import mul_mat_id, mul_mat_id_sum
+from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
 from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
@@ -229,9 +229,10 @@ class Transformer:
     @staticmethod
     def _fused_max(seq, dense: bool) -> int:
         """The most tokens a fused mat-vec takes: a dense one's columns (mv_dense_max_n: its
-        registers grow with them), mul_mat_id's one column a (token, slot) pair (mv_max_n)."""
+        registers grow with them), mul_mat_id's one column a (token, slot) pair (as many as it
+        runs as mat-vecs: mat_vec_tokens)."""
         tuning = seq.device.tuning
-        return min(tuning.mv_dense_max_n, tuning.mv_max_n) if dense else tuning.mv_max_n
+        return min(tuning.mv_dense_max_n, tuning.mv_max_n) if dense else mat_vec_tokens(tuning)
 
     def _fuse_glu(self, seq, T, dense: bool = True) -> bool:
         """Decode-sized down projections take the gated activation inside their mat-vec."""
@@ -337,7 +338,7 @@ class Transformer:
             return bg is None or sid is ids
 
         # the summed down projection has no place for the experts' biases: gpt-oss sums apart
-        summed = T <= seq.device.tuning.mv_max_n and self.fusions.moe_sum and bd is None
+        summed = T <= mat_vec_tokens(seq.device.tuning) and self.fusions.moe_sum and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
         if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
             mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw, act=act, bias=bg, up_bias=bu)
