@@ -150,6 +150,24 @@ def test_codebook_shared_is_bit_identical(device, name):
     assert nmse(outs[1][2], x.astype(np.float64) @ reference(name, raw).astype(np.float64).T) < THRESHOLD[name]
 
 
+def test_slices_take_the_kernel_of_the_whole(device):
+    """kernel_columns: a slice of a product's columns (the logits' slices of 64 rows) takes the
+    kernel the whole product would, so a column's sums do not depend on the slice it falls in:
+    the 8-column tail of 72 columns and a 36-column half get the 72-column GEMM's bits."""
+    rng = np.random.default_rng(41)
+    m, k = 40, 256
+    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((72, k)).astype(np.float32)
+    try:
+        whole = run(device, w, x, m)
+        tail = run(device, w, x[64:], m, kernel_columns=72)
+        half = run(device, w, x[36:], m, kernel_columns=72)
+    finally:
+        w.close()
+    np.testing.assert_array_equal(tail.view(np.uint32), whole[64:].view(np.uint32))
+    np.testing.assert_array_equal(half.view(np.uint32), whole[36:].view(np.uint32))
+
+
 def test_tables_strided_fill_is_bit_identical(device):
     """The IQ grids' shared copies filled a strided share an invocation (quant_tables_strided,
     NVIDIA) against every invocation storing the whole table: the same tables, the same bits.

@@ -210,7 +210,8 @@ class Transformer:
         rows = s.logits.ne[1]
         for c in range(first, last, rows):   # slices of the logits buffer's width
             n = min(rows, last - c)
-            matmul(seq, self.output, s.cols(src, n, c), s.cols("logits", n))
+            # every slice takes the kernel of the whole: a row's logits do not depend on the slice
+            matmul(seq, self.output, s.cols(src, n, c), s.cols("logits", n), kernel_columns=last - first)
             if self.cfg.logit_scale != 1.0:   # as ggml_scale by the float32 reciprocal
                 inv = float(np.float32(1.0) / np.float32(self.cfg.logit_scale))
                 scale(seq, s.cols("logits", n), inv, s.cols("logits", n))

@@ -222,13 +222,15 @@ def mat_vec_columns(tuning) -> int:
 
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None,
-           route: RouteEpilogue | None = None) -> None:
+           route: RouteEpilogue | None = None, kernel_columns: int | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
     see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass. With `route` (one mat-vec run:
-    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y."""
+    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y. `kernel_columns`: pick the
+    mat-vec or the GEMM as for that many columns (x, y: a slice of a larger product, whose
+    columns then get the same kernel, so the same sums, whatever slice they fall in)."""
     device = seq.device
     tune = tuning or device.tuning
     cols = mat_vec_columns(tune)
@@ -266,7 +268,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     if route is not None and (up is not None or n > cols or len(pieces) > 1):
         raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
                                f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
-    if n > max(cols, tune.mv_chunk_n):
+    if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "N": n, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
