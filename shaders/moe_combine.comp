@@ -1,6 +1,6 @@
 #version 450
-// out[e, t] = sum_j w[j, t] * y[e, j, t]  (+ sigmoid(g[t]) * s[e, t] with SHARED: qwen2moe's
-// shared expert and its gate). y is the experts' outputs [n_embd, n_used, n_tokens].
+// out[e, t] = sum_j ew[j, t] * ey[e, j, t]  (+ sigmoid(eg[t]) * es[e, t] with has_shared: qwen2moe's
+// shared expert and its gate), summed by moe_sum.glsl. ey is the experts' outputs [n_embd, n_used, n_tokens].
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;

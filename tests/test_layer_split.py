@@ -325,6 +325,22 @@ def test_pipelined_greedy_on_a_split(group, paths, n_devices):
         m.close()
 
 
+def one_then_pipelined(group, path, n_seqs: int, n_ctx: int, n_ubatch: int):
+    """(pipelined, engine) on one device, then split over two with pipelined steps, each engine
+    holding n_seqs sequences of a 7-token prompt (host experts of 2 layers); closed after use."""
+    for n, pipelined in ((1, False), (2, True)):
+        opts = EngineOptions(n_ctx=n_ctx, n_ubatch=n_ubatch, n_seq_max=n_seqs, n_cpu_moe=2, pipeline_steps=pipelined,
+                             progress=False)
+        m, e = open_engine(group.devices[:n], path, opts)
+        try:
+            for s in range(n_seqs):
+                e.eval(list(range(3 + s, 10 + s)), seq_id=s)
+            yield pipelined, e
+        finally:
+            e.close()
+            m.close()
+
+
 def test_pipelined_large_steps_equal_one_device(group, paths):
     """Groups past the mat-vec sizes (the GEMM and mul_mat_id's routed path: a mixed step of 79
     tokens in groups of about 40): flash attention splits the KV cells as the whole step's would
@@ -332,25 +348,16 @@ def test_pipelined_large_steps_equal_one_device(group, paths):
     the whole step's bit for bit. Decode steps of 40 sequences run whole: a group's 20 tokens
     would take mul_mat_id's mat-vec (up to mv_id_max_n), the whole step the GEMM."""
     n_seqs, results = 40, []
-    for n, pipelined in ((1, False), (2, True)):
-        opts = EngineOptions(n_ctx=2048, n_ubatch=128, n_seq_max=n_seqs, n_cpu_moe=2, pipeline_steps=pipelined,
-                             progress=False)
-        m, e = open_engine(group.devices[:n], paths["moe"], opts)
-        try:
-            for s in range(n_seqs):
-                e.eval(list(range(3 + s, 10 + s)), seq_id=s)
-            results.append([e.decode([(s, 20 + s) for s in range(n_seqs)]),
-                            np.concatenate(e.decode_candidates([(s, 30 + s) for s in range(n_seqs)])),
-                            e.mixed([(s, [40 + s] * (1 + s % 3)) for s in range(n_seqs)])])
-            plans = {k for key in e._graphs for k in key if str(k).startswith("attention split as")}
-            assert plans == ({"attention split as 79 tokens"} if pipelined else set())
-            # 20 parts: 32 output rows take the GEMM, a group's 16 would take the mat-vec: not grouped
-            before = set(e._graphs)
-            results[-1].append(e.mixed([(s, [50 + s, 51]) for s in range(20)]))
-            assert not any("parity 1" in key for key in set(e._graphs) - before)
-        finally:
-            e.close()
-            m.close()
+    for pipelined, e in one_then_pipelined(group, paths["moe"], n_seqs, n_ctx=2048, n_ubatch=128):
+        results.append([e.decode([(s, 20 + s) for s in range(n_seqs)]),
+                        np.concatenate(e.decode_candidates([(s, 30 + s) for s in range(n_seqs)])),
+                        e.mixed([(s, [40 + s] * (1 + s % 3)) for s in range(n_seqs)])])
+        plans = {k for key in e._graphs for k in key if str(k).startswith("attention split as")}
+        assert plans == ({"attention split as 79 tokens"} if pipelined else set())
+        # 20 parts: 32 output rows take the GEMM, a group's 16 would take the mat-vec: not grouped
+        before = set(e._graphs)
+        results[-1].append(e.mixed([(s, [50 + s, 51]) for s in range(20)]))
+        assert not any("parity 1" in key for key in set(e._graphs) - before)
     for step, (a, b) in enumerate(zip(*results)):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), err_msg=f"step {step}")
 
@@ -361,16 +368,7 @@ def test_pipelined_steps_past_a_logits_slice(group, paths):
     whole's kernel (the GEMM here), so rows 64-71 get the same bits as in a group (they took the
     mat-vec as an 8-row slice before, and differed)."""
     n_seqs, results = 72, []
-    for n, pipelined in ((1, False), (2, True)):
-        opts = EngineOptions(n_ctx=4096, n_ubatch=256, n_seq_max=n_seqs, n_cpu_moe=2, pipeline_steps=pipelined,
-                             progress=False)
-        m, e = open_engine(group.devices[:n], paths["moe"], opts)
-        try:
-            for s in range(n_seqs):
-                e.eval(list(range(3 + s, 10 + s)), seq_id=s)
-            results.append(e.decode([(s, 20 + s) for s in range(n_seqs)]))
-            assert any("parity 1" in str(k) for key in e._graphs for k in key) == pipelined   # grouped
-        finally:
-            e.close()
-            m.close()
+    for pipelined, e in one_then_pipelined(group, paths["moe"], n_seqs, n_ctx=4096, n_ubatch=256):
+        results.append(e.decode([(s, 20 + s) for s in range(n_seqs)]))
+        assert any("parity 1" in str(k) for key in e._graphs for k in key) == pipelined   # grouped
     np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))

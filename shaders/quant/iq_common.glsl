@@ -44,9 +44,10 @@ shared uint qsigns_s[ksigns_iq2xs.length()];
 shared float qcodebook_s[16];   // IQ_CODEBOOK's 16 signed bytes as floats (QCODEBOOK_SHARED)
 #endif
 #ifdef QTABLES
-// fills the shared copies: every invocation calls it first, in uniform control flow. Every
-// invocation stores the same constants: the writes race only with equal values, and there is no
-// branch (lavapipe builds 2048 stores under a one-invocation branch as per-lane stores: 20 s)
+// fills the shared copies: every invocation calls it first, in uniform control flow. Without
+// QTABLES_STRIDED every invocation stores the same constants: the writes race only with equal
+// values, and there is no branch (lavapipe builds 2048 stores under a one-invocation branch as
+// per-lane stores: 20 s)
 void qinit() {
 #if defined(QTABLES_GRIDS) && defined(QTABLES_STRIDED)
     // each invocation copies every WG-th entry (a dynamically indexed read of the constant

@@ -99,7 +99,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
     output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
-    matmul_segments), `m` their sum; `route` (moe.route_fused's defines) routes the tokens in the
+    matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
     last workgroup (RouteEpilogue). Rows a group are halved (down to one) while the grid has
     fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
@@ -228,9 +228,10 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
     see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass. With `route` (one mat-vec run:
-    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y. `kernel_columns`: pick the
-    mat-vec or the GEMM as for that many columns (x, y: a slice of a larger product, whose
-    columns then get the same kernel, so the same sums, whatever slice they fall in)."""
+    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y.
+    `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
+    larger product, whose columns then get the same kernel, so the same sums, whatever slice
+    they fall in)."""
     device = seq.device
     tune = tuning or device.tuning
     cols = mat_vec_columns(tune)
