@@ -306,6 +306,21 @@ def test_gqa_pack_rule(device):
         flash(device, q, k, v, per_head, gqa_pack=True)
 
 
+@pytest.mark.parametrize("gqa", [4, 1])
+def test_decode_tiles_take_fa_decode_bc(device, gqa):
+    """Decode-sized calls (up to fa_pack_max_q queries), packed or not, take fa_decode_bc KV
+    columns a tile; longer ones keep fa_bc; both against the reference, split or not."""
+    t = dataclasses.replace(device.tuning, fa_bc=32, fa_decode_bc=8)
+    rng = np.random.default_rng(gqa)
+    for n_q, bc in ((1, 8), (t.fa_pack_max_q + 1, 32)):
+        q, k, v = make_qkv(rng, n_head=4, n_head_kv=4 // gqa, n_q=n_q, n_kv=96, hsk=64)
+        mask = causal_mask(n_q, 96)
+        for split_k in (1, 3):
+            got, fa = flash(device, q, k, v, mask, tuning=t, split_k=split_k)
+            assert fa.tile.bc == bc and fa.n_kv_tiles == 96 // bc and fa.n_split == split_k
+            check(got, q, k, v, mask)
+
+
 @pytest.mark.parametrize("used,split_k", [(77, 1), (77, 3), (300, 2), (1, 1), (40, 8)])   # 40: 3 of 5 splits get no tile
 def test_kv_used_limits_the_cells(device, used, split_k):
     """kv_used ends the attention at the live cells: with the padding masked the result is the

@@ -53,6 +53,10 @@ class Tuning:
     fa_pack_max_q: int = 16
     fa_pack_rows: int = 1
     fa_decode_split_min_tiles: int = 2
+    # KV columns a tile for decode-sized calls (at most fa_pack_max_q queries; 0: fa_bc): the
+    # shorter tiles of a short context spread over more splits. H200, GCN tuning, tg128:
+    # Qwen3-30B-A3B shape 248.6 t/s at 32, 260.9 at 16, 258.9 at 8; dense 8B 201.7 / 207.1 / 205.9
+    fa_decode_bc: int = 16
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True
     # staging ring for uploads from pageable memory: segment bytes and segment count; a few
@@ -259,7 +263,7 @@ TABLE: dict[Arch, Tuning] = {
                           fa_wg=64, fa_d_split=1, fa_o_regs=128, fa_fill_groups=8, fa_unroll=False,
                           # decode: splits only add merges (depth 600, 4 query heads: unsplit 11.6 ms,
                           # 4 splits 13.3 ms; bench/flash_attn_decode.py --quick)
-                          fa_decode_split_min_tiles=64,
+                          fa_decode_split_min_tiles=64, fa_decode_bc=0,
                           transpose_rows=2,
                           # mat-vec: a CPU's few threads need no more workgroups
                           mv_fill_groups=1,

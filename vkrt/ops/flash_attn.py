@@ -53,24 +53,25 @@ class FATile:
 
 
 def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
-            max_rows: int | None = None) -> FATile | None:
+            max_rows: int | None = None, bc: int | None = None) -> FATile | None:
     """The tile for these head sizes: d_split divides both head sizes in vec4s; rows per thread
     from the accumulator budget (tuning.fa_o_regs), no more than the query rows need or the
     shared memory (the Q tile) allows (and at most `max_rows`, default tuning.fa_max_rows). With
     `pack` heads packed into the rows, Br and pack must divide one another (None when no row
-    count does)."""
-    if tuning.fa_bc % tuning.fa_cols:
-        raise ConfigError(f"tuning for {tuning.arch.value}: fa_bc {tuning.fa_bc} is not a multiple of fa_cols "
+    count does). `bc`: KV columns a tile (default tuning.fa_bc)."""
+    bc = bc or tuning.fa_bc
+    if bc % tuning.fa_cols:
+        raise ConfigError(f"tuning for {tuning.arch.value}: {bc} KV columns a tile is not a multiple of fa_cols "
                           f"{tuning.fa_cols}")
     lsb = (hsk | hsv) & -(hsk | hsv)
     ds = max(1, min(tuning.fa_d_split, lsb // 4))
     cols = tuning.fa_cols
     rg = max(1, tuning.fa_wg // (ds * cols))
     rpt = max(1, min(max_rows or tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), ceil_div(n_q, rg)))
-    tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
+    tile = FATile(rg * rpt, bc, ds, cols, rg)
     while rpt > 1 and (tile.shared_bytes(hsk, hsv) > shared_memory or (tile.br % pack and pack % tile.br)):
         rpt -= 1
-        tile = FATile(rg * rpt, tuning.fa_bc, ds, cols, rg)
+        tile = FATile(rg * rpt, bc, ds, cols, rg)
     return None if tile.br % pack and pack % tile.br else tile
 
 
@@ -171,7 +172,8 @@ class FlashAttn:
         why = ("there is one query head per KV head" if s.gqa == 1 else
                "the mask has a plane per head" if s.nem2 > 1 else
                "ALiBi slopes differ per head" if max_bias > 0 else None)
-        packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=tuning.fa_pack_rows)
+        bc = tuning.fa_decode_bc if s.n_q <= tuning.fa_pack_max_q else None
+        packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=tuning.fa_pack_rows, bc=bc)
                   if why is None else None)
         if why is None and packed is None:
             why = f"no tile of this device holds a multiple or a divisor of {s.gqa} rows"
@@ -181,7 +183,7 @@ class FlashAttn:
             forced = why is None and s.n_q <= tuning.fa_pack_max_q
         if forced:
             return s.gqa, packed
-        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared)
+        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc)
 
     @property
     def n_tiles(self) -> int:
