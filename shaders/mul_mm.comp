@@ -5,7 +5,13 @@
 // With MUL_MAT_ID, workgroup z is one expert of this binding and the tile's tokens are that
 // expert's entries in the route table built by mmid_count.comp; tiles past an expert's count
 // (all of them for an unused expert) exit at once.
+// With SPLIT_K (not with MUL_MAT_ID) workgroup z sums the K range [z * k_split, +k_split) and
+// stores its partial tile at part[z * part_split + n * M + m]; split_sum.comp adds the splits
+// in order (a short grid's workgroups each walk less of K).
 #include "common.glsl"
+#if defined(SPLIT_K) && defined(MUL_MAT_ID)
+#error "SPLIT_K splits a plain GEMM's K; mul_mat_id's z is the expert"
+#endif
 
 #define TPM (BM / TM)     // invocations along the rows of the tile
 #define TPN (BN / TN)     // invocations along its tokens
@@ -30,6 +36,9 @@ layout(binding = 1) readonly buffer X { float x_data[]; };
 #define XLOAD1(i) x_data[i]
 #endif
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
+#ifdef SPLIT_K
+layout(binding = 3) writeonly buffer Part { float part[]; };
+#endif
 #ifdef MUL_MAT_ID
 // counts[n_expert], then per expert `cap` entries token * n_used + slot
 layout(binding = 3) readonly buffer Route { uint route[]; };
@@ -66,6 +75,10 @@ layout(push_constant) uniform Push {
     uint x_slot;   // floats between the x rows of slots; x has x_slots rows per token (1: shared)
     uint x_slots;
     uint y_slot;
+#endif
+#ifdef SPLIT_K
+    uint k_split;     // K elements a split (a multiple of BK)
+    uint part_split;  // floats between the splits' partial tiles
 #endif
 } p;
 
@@ -206,17 +219,22 @@ void main() {
         acc[i] = 0.0;
     }
 
-#ifdef PREFETCH
-    load_slice(0u, m0, n0, wbase, ncols);
+#ifdef SPLIT_K
+    const uint k_begin = gl_WorkGroupID.z * p.k_split, k_end = min(p.K, k_begin + p.k_split);
+#else
+    const uint k_begin = 0u, k_end = p.K;
 #endif
-    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+#ifdef PREFETCH
+    load_slice(k_begin, m0, n0, wbase, ncols);
+#endif
+    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
 #ifndef PREFETCH
         load_slice(k0, m0, n0, wbase, ncols);
 #endif
         store_slice();
         barrier();
 #ifdef PREFETCH
-        if (k0 + BK < p.K) {
+        if (k0 + BK < k_end) {
             load_slice(k0 + BK, m0, n0, wbase, ncols);   // in flight while this slice is multiplied
         }
 #endif
@@ -240,11 +258,19 @@ void main() {
     [[unroll]] for (uint j = 0u; j < TN; j++) {
         const uint n = n0 + (j / 4u) * (4u * TPN) + 4u * tn + j % 4u;
         if (n < ncols) {
+#ifdef SPLIT_K
+            const uint col = gl_WorkGroupID.z * p.part_split + n * p.M;
+#else
             const uint col = y_column(n);
+#endif
             [[unroll]] for (uint i = 0u; i < TM; i++) {
                 const uint m = m0 + (i / 4u) * (4u * TPM) + 4u * tm + i % 4u;
                 if (m < p.M) {
+#ifdef SPLIT_K
+                    part[col + m] = acc[i * TN + j];
+#else
                     y_data[col + m] = acc[i * TN + j];
+#endif
                 }
             }
         }

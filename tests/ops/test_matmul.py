@@ -9,7 +9,7 @@ from quant_data import ALL, IQ, TQ, nmse, random_blocks, reference, weight_tenso
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import Tensor, ggml_type
-from vkrt.ops.matmul import matmul
+from vkrt.ops.matmul import gemm_splits, matmul
 
 # normalised error allowed per weight type: the weights are exact, so this is fp32 accumulation
 # (K up to a few hundred here); types dotted as a * sum(q x) + b * sum(x) lose a little more
@@ -93,6 +93,73 @@ def test_gemm_prefetch_is_bit_identical(device, name, k):
     finally:
         w.close()
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+def split_tuning(device, groups=64, **kw):
+    """The GEMM (no mat-vec) with split-K wherever it applies: small tiles so a small K has steps."""
+    return dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mv_chunk_n=0,
+                               mm_split_groups=groups, mm_split_min_steps=2, **kw)
+
+
+@pytest.mark.parametrize("name,k", [("Q4_0", 160), ("Q4_K", 768), ("Q6_K", 512), ("IQ4_XS", 512), ("F32", 101),
+                                    ("F16", 200)])
+def test_split_k_gemm(device, name, k):
+    """A short GEMM cut along K (split_sum adding the partial tiles): against the reference, K
+    not a multiple of the splits' ranges, rows not of the tile, 1 to 32 tokens; replays the same."""
+    t = split_tuning(device)
+    assert gemm_splits(t, 37, k, 32) > 1
+    check(device, name, 37, k, (1, 7, 32), tuning=t)
+    rng = np.random.default_rng(5)
+    w = weight_tensor(device, name, random_blocks(name, 37, k, rng, scale=0.5), (k, 37))
+    x = rng.standard_normal((20, k)).astype(np.float32)
+    try:
+        a, b = run(device, w, x, 37, tuning=t), run(device, w, x, 37, tuning=t)
+    finally:
+        w.close()
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_split_k_rule(device):
+    """Splits only for one token tile and fewer row tiles than mm_split_groups; at least
+    mm_split_min_steps BK steps a range, at most mm_split_max ranges, none empty."""
+    t = dataclasses.replace(device.tuning, mm_bm=64, mm_bn=64, mm_bk=16, mm_split_groups=264, mm_split_min_steps=16,
+                            mm_split_max=8)
+    assert gemm_splits(t, 4096, 4096, 64) == 5          # 64 row tiles: 264 / 64 -> 5 ranges of 52 steps
+    assert gemm_splits(t, 1024, 4096, 64) == 8          # 16 row tiles: capped at mm_split_max
+    assert gemm_splits(t, 14336, 4096, 64) == 2         # 224 row tiles
+    assert gemm_splits(t, 4096, 4096, 65) == 1          # two token tiles
+    assert gemm_splits(t, 17000, 4096, 64) == 1         # the rows fill the device
+    assert gemm_splits(t, 1024, 256, 64) == 1           # 16 steps: one range of at least 16
+    assert gemm_splits(t, 1024, 512, 64) == 2
+    for m, k in ((1024, 4096), (4096, 1040), (333, 3000)):
+        s = gemm_splits(t, m, k, 64)
+        steps = -(-k // 16)
+        size = -(-steps // s)
+        assert (s - 1) * size < steps, (m, k, s)         # the last range holds steps
+    assert gemm_splits(dataclasses.replace(t, mm_split_groups=0), 64, 4096, 8) == 1
+
+
+def test_split_k_slices_take_the_splits_of_the_whole(device):
+    """A slice of a split product's tokens (kernel_columns) is cut into the same K ranges."""
+    t = split_tuning(device)
+    rng = np.random.default_rng(43)
+    m, k = 40, 512
+    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((24, k)).astype(np.float32)
+    try:
+        whole = run(device, w, x, m, tuning=t)
+        half = run(device, w, x[12:], m, tuning=t, kernel_columns=24)
+    finally:
+        w.close()
+    np.testing.assert_array_equal(half.view(np.uint32), whole[12:].view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["Q5_1", "F16"])
+def test_split_k_in_row_ranges(device, name):
+    """Weights bound in row ranges (a binding limit): each range split and summed apart."""
+    k = 320
+    row = ggml_type(name).row_bytes(k)
+    check(device, name, 50, k, (3, 20), tuning=split_tuning(device), max_binding=7 * row + 64)
 
 
 @pytest.mark.parametrize("name,k,lanes", [("Q4_0", 64, 8), ("Q8_0", 32, 4), ("Q6_K", 256, 8), ("Q2_K", 1024, 16),

@@ -148,6 +148,16 @@ class Tuning:
     mm_bk: int = 16
     mm_tm: int = 8
     mm_tn: int = 8
+    # split-K for short GEMMs: at most mm_bn tokens (one token tile) and fewer row tiles than
+    # mm_split_groups workgroups (mm_split_fill_per_cu a compute unit where the device says how
+    # many it has; 0: never): K is cut into at most mm_split_max ranges of at least
+    # mm_split_min_steps BK steps, a workgroup each, and split_sum.comp adds their partial tiles
+    # in order. A server's mixed step of 64 tokens on an 8B model ran 64 workgroups for 4096-row
+    # matrices and 16 for 1024-row ones, each walking all of K
+    mm_split_fill_per_cu: int = 2
+    mm_split_groups: int = 0
+    mm_split_min_steps: int = 16
+    mm_split_max: int = 8
     # load the next K slice of both tiles into registers while the current one is multiplied
     # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
     # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
@@ -210,6 +220,8 @@ class Tuning:
             fa_fill_groups=(self.fa_fill_per_cu * profile.compute_units if self.fa_fill_per_cu and profile.compute_units
                             else self.fa_fill_groups),
             fa_d_split=min(self.fa_d_split, profile.subgroup_min) if profile.subgroup_shuffle else 1,
+            mm_split_groups=(self.mm_split_fill_per_cu * profile.compute_units
+                             if self.mm_split_fill_per_cu and profile.compute_units else self.mm_split_groups),
         )
 
 
@@ -264,6 +276,8 @@ TABLE: dict[Arch, Tuning] = {
                           # decode: splits only add merges (depth 600, 4 query heads: unsplit 11.6 ms,
                           # 4 splits 13.3 ms; bench/flash_attn_decode.py --quick)
                           fa_decode_split_min_tiles=64, fa_decode_bc=0,
+                          # GEMM: a CPU's threads are filled without splitting K
+                          mm_split_fill_per_cu=0,
                           transpose_rows=2,
                           # mat-vec: a CPU's few threads need no more workgroups
                           mv_fill_groups=1,

@@ -1,6 +1,7 @@
 """The memory flash attention records over besides its operands (FlashAttn, flash_attn.py):
 the mask_opt pre-pass's block classes of a mask, and split-K's partial O, (M, L) pairs and
-per-tile counts of the splits done."""
+per-tile counts of the splits done. The split-K GEMM (matmul.py) keeps its partial tiles in one
+too, a device service."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from ..errors import ConfigError, UnsupportedShape
 from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import WORD_ALIGN, bind_together, bind_words
+from .flash_work import FlashWork
 from .grid import ceil_div, grid
 from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
 
@@ -23,6 +24,9 @@ MV_ID_PUSH = PushConstants(*_COMMON, *_OPERANDS, ("w_expert", "u32"), ("e0", "u3
                            ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"), ("x_slot", "u32"),
                            ("x_slots", "u32"), ("y_slot", "u32"))
 MM_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS)
+MM_SPLIT_PUSH = PushConstants(*MM_PUSH.fields, ("k_split", "u32"), ("part_split", "u32"))
+SPLIT_SUM_PUSH = PushConstants(("M", "u32"), ("N", "u32"), ("S", "u32"), ("part_split", "u32"), ("y_off", "u32"),
+                               ("y_col", "u32"))
 MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32"), ("e0", "u32"),
                            ("n_expert", "u32"), ("n_used", "u32"), ("x_slot", "u32"), ("x_slots", "u32"),
                            ("y_slot", "u32"))
@@ -182,8 +186,9 @@ def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
     return ur, uo // 4
 
 
-def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
-    """The tiled GEMM pipeline for `typ` with the tuning table's tile."""
+def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False, split_k: bool = False):
+    """The tiled GEMM pipeline for `typ` with the tuning table's tile (split_k: workgroup z sums
+    one K range into a partial tile)."""
     bm, bn, bk, tm, tn = tuning.mm_bm, tuning.mm_bn, tuning.mm_bk, tuning.mm_tm, tuning.mm_tn
     if bm % tm or bn % tn or bk % 4 or tm % 4 or tn % 4:
         raise ConfigError(f"tuning: GEMM tile {bm}x{bn}x{bk} with thread tile {tm}x{tn} must divide evenly "
@@ -195,7 +200,39 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False):
         defines["XVEC4"] = 1
     if mul_mat_id:
         defines["MUL_MAT_ID"] = 1
-    return kernel(device, "mul_mm", defines=defines, push=MM_ID_PUSH if mul_mat_id else MM_PUSH)
+    if split_k:
+        defines["SPLIT_K"] = 1
+    push = MM_ID_PUSH if mul_mat_id else MM_SPLIT_PUSH if split_k else MM_PUSH
+    return kernel(device, "mul_mm", defines=defines, push=push)
+
+
+def gemm_splits(tuning, m: int, k: int, n: int) -> int:
+    """The K ranges a GEMM of m rows, K = k and n tokens is cut into (1: none): tuning.mm_split_*.
+    It depends on m and k only while n fits one token tile, so any slice of such a product's
+    tokens is summed alike."""
+    row_tiles = ceil_div(m, tuning.mm_bm)
+    if n > tuning.mm_bn or row_tiles >= tuning.mm_split_groups:
+        return 1
+    steps = ceil_div(k, tuning.mm_bk)
+    want = min(ceil_div(tuning.mm_split_groups, row_tiles), tuning.mm_split_max, steps // tuning.mm_split_min_steps)
+    if want <= 1:
+        return 1
+    return ceil_div(steps, ceil_div(steps, want))   # no range left empty
+
+
+def _gemm_split(seq, typ, tune, xvec4: bool, splits: int, wr, xr, yr, push: dict, m: int, n: int) -> None:
+    """A GEMM over `splits` K ranges into partial tiles, then their sum into y (push: MM_PUSH's)."""
+    device = seq.device
+    k_split = ceil_div(ceil_div(push["K"], tune.mm_bk), splits) * tune.mm_bk
+    work = device.service("gemm split-K", lambda d: FlashWork(d, label="GEMM split-K partials"))
+    part = work.range("partials", 4 * splits * m * n)
+    kern = gemm_kernel(device, typ, tune, xvec4=xvec4, split_k=True)
+    seq.dispatch(kern, [wr, xr, yr, part], push={**push, "k_split": k_split, "part_split": m * n},
+                 groups=(ceil_div(m, tune.mm_bm), ceil_div(n, tune.mm_bn), splits))
+    add = kernel(device, "split_sum", push=SPLIT_SUM_PUSH, workgroup=(device.tuning.wg_size,))
+    seq.dispatch(add, [part, yr], push=dict(M=m, N=n, S=splits, part_split=m * n, y_off=push["y_off"],
+                                            y_col=push["y_col"]),
+                 groups=grid(device, ceil_div(m * n, device.tuning.wg_size)), label="split_sum")
 
 
 def f32_operand(t: Tensor, what: str, k: int) -> Tensor:
@@ -274,6 +311,10 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "N": n, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col}
+            splits = gemm_splits(tune, b - a, k, kernel_columns or n)
+            if splits > 1:
+                _gemm_split(seq, typ, tune, xvec4, splits, wr, xr, yr, push, b - a, n)
+                continue
             seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, tune.mm_bm), ceil_div(n, tune.mm_bn), 1))
         return
     # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
