@@ -20,6 +20,7 @@ import sys
 import time
 
 from common import opened
+from matmul import parse_sets
 
 from vkrt.device import Device
 
@@ -43,6 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="64,128,256,512", help="mixed step sizes (comma-separated)")
     ap.add_argument("--ubatch", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a resolved tuning field (repeatable), e.g. mm_split_groups=0: no split-K GEMM")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     gens = [int(n) for n in args.generating.split(",")]
@@ -50,8 +53,14 @@ def main(argv=None) -> int:
     if max(gens) >= args.slots or max(sizes) > args.ubatch:
         sys.exit("server_steps: --generating must stay below --slots and --tokens within --ubatch")
     rows = []
-    with Device() as dev, opened(dev, args.model, n_ctx=max(4096, args.slots * (args.context + 2 * args.ubatch)),
-                                 n_ubatch=args.ubatch, n_batch=args.ubatch, n_seq_max=args.slots) as (m, e):
+    with Device() as dev:
+        dev.tuning = parse_sets(args.set, dev.tuning)
+        return _measure(args, dev, gens, sizes, rows)
+
+
+def _measure(args, dev, gens, sizes, rows) -> int:
+    with opened(dev, args.model, n_ctx=max(4096, args.slots * (args.context + 2 * args.ubatch)),
+                n_ubatch=args.ubatch, n_batch=args.ubatch, n_seq_max=args.slots) as (m, e):
         vocab = m.cfg.vocab_size
         for s in range(args.slots):
             e.mixed([(s, [1 + (s * 31 + i) % (vocab - 1) for i in range(args.context)])])
