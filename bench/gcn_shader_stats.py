@@ -40,14 +40,14 @@ from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
-from vkrt.ops.matmul import gemm_kernel, mat_vec_kernel, matmul, vec4_ok
+from vkrt.ops.matmul import SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type, supported_types
 from vkrt.ops.rope import rope
 from vkrt.ops.ssm_conv import ssm_conv
-from vkrt.pipeline import pipeline_statistics
+from vkrt.pipeline import kernel, pipeline_statistics
 
 ENV_HINT = ("RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json "
             "selects Mesa's null Polaris device")
@@ -147,6 +147,8 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
     out = []
     for typ in types:
         out += [(f"prefill {typ.name}: attention projections", [gemm_kernel(dev, typ, tune, xvec4=xvec4)]),
+                (f"short prompt / server step {typ.name}: GEMM split along K (tuning mm_split_*)",
+                 [gemm_kernel(dev, typ, tune, xvec4=xvec4, split_k=True)]),
                 (f"prefill {typ.name}: experts", [gemm_kernel(dev, typ, tune, xvec4=xvec4, mul_mat_id=True)])]
     for hs in (m["head"], 256):
         out += flash_attn_cases(dev, hs, m["ubatch"], "prefill", both=(False, True))
@@ -194,6 +196,8 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
             ("residual add + block norm", recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden,
                                                                               residual=pending, sum_out=x))),
             ("rope (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rope(seq, q, pos, qr, **rope_args))),
+            ("split-K GEMM: the partial tiles added (split_sum)",
+             [kernel(dev, "split_sum", push=SPLIT_SUM_PUSH, workgroup=(tune.wg_size,))]),
             ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True))),
             ("decode: router mat-vec routing in its last workgroup (VKRT_FUSE_ROUTE)",
              recorded(dev, lambda seq: decode_router(seq, m))),
