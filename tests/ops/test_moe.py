@@ -222,3 +222,70 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
     finally:
         for t in made:
             t.close()
+
+
+@pytest.mark.parametrize("k, mv_wg, reduce_wg, subgroup_sums", [(96, 64, 64, True), (2048, 64, 256, True),
+                                                                (1000, 128, 64, True), (512, 64, 256, False),
+                                                                (2048, 128, 1024, False)])
+def test_norm_in_the_router_mat_vec(monkeypatch, k, mv_wg, reduce_wg, subgroup_sums):
+    """The routing router mat-vec forming its input (mul_mv NORM: the residual add and RMS norm)
+    against rms_norm(residual=...) then the routing mat-vec: the same residual sum, normed input,
+    logits, ids and weights, bit for bit; norm workgroups wider and narrower than the mat-vec's,
+    with subgroup sums and with the shared-memory tree; replayed, it forms and routes again."""
+    import dataclasses
+
+    from vkrt.commands import CommandSequence
+    from vkrt.device import Device
+    from vkrt.ops.matmul import matmul
+    from vkrt.ops.moe import route_epilogue
+    from vkrt.ops.norm import norm_prologue, rms_norm
+    n_expert, n_used = 64, 4
+    rng = np.random.default_rng(k + mv_wg)
+    w = (rng.standard_normal((n_expert, k)) * 0.3).astype(np.float32)
+    # one square (the first element's, summed first) swallows the partial sums added to it one by
+    # one but not their sum: any other order of the sum gives other bits
+    x0 = (0.1 * rng.standard_normal((1, k))).astype(np.float32)
+    r = (0.6 * rng.standard_normal((1, k))).astype(np.float32)
+    r[0, 0] = 3e4
+    nw = (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    with Device() as dev:
+        if not subgroup_sums:
+            monkeypatch.setattr(dev, "profile", dataclasses.replace(dev.profile, subgroup_arithmetic=False))
+        dev.tuning = dataclasses.replace(dev.tuning, mv_wg=mv_wg, reduce_wg=reduce_wg)
+        tw, tr, tn = (tensor_from_numpy(dev, a) for a in (w, r, nw))
+        counter = tensor_from_numpy(dev, np.zeros(1, np.int32))
+        outs = []
+        for fused in (False, True):
+            tx = tensor_from_numpy(dev, x0)
+            cur, logits = Tensor.empty(dev, "F32", (k, 1)), Tensor.empty(dev, "F32", (n_expert, 1))
+            ids, wts = Tensor.empty(dev, "I32", (n_used, 1)), Tensor.empty(dev, "F32", (n_used, 1))
+            with CommandSequence(dev) as seq:
+                with seq.record():
+                    route = route_epilogue(seq, tw, logits, ids, wts, n_used, True, counter)
+                    assert route is not None
+                    if fused:
+                        norm = norm_prologue(dev, tx, tr, tn, cur, 1e-6, dev.tuning.mv_wg)
+                        assert norm is not None
+                        assert norm.defines["NORM_NVL"] == max(1, reduce_wg // mv_wg) or reduce_wg > 2 * k
+                        matmul(seq, tw, tx, logits, route=route, norm=norm)
+                    else:
+                        rms_norm(seq, tx, cur, 1e-6, tn, residual=tr, sum_out=tx)
+                        matmul(seq, tw, cur, logits, route=route)
+                seq.run()
+                first = [read_tensor(t).copy() for t in (tx, cur, ids)]
+                run_once(dev, lambda q: q.fill(cur.range(), 0))
+                from vkrt.commands import upload
+                upload(dev, tx.range(), x0)
+                seq.run()   # replayed: forms the input and routes again
+                for a, t in zip(first, (tx, cur, ids)):
+                    np.testing.assert_array_equal(read_tensor(t), a)
+            outs.append([read_tensor(t).view(np.uint32) for t in (tx, cur, logits, ids, wts)])
+            for t in (tx, cur, logits, ids, wts):
+                t.close()
+        assert read_tensor(counter)[0] == 0
+        for name, a, b in zip(("sum", "normed", "logits", "ids", "weights"), *outs):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        s = x0.astype(np.float64) + r
+        np.testing.assert_allclose(outs[1][0].view(np.float32), s, rtol=1e-6)
+        for t in (tw, tr, tn, counter):
+            t.close()
