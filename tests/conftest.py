@@ -19,7 +19,7 @@ TIERS = ("unit", "op", "model", "server")
 MODEL_MODULES = frozenset({
     "test_api", "test_cli", "test_cli_moe", "test_cli_perplexity", "test_engine_hidden", "test_engine_kv_span",
     "test_engine_mask_opt", "test_engine_mixed", "test_engine_padding", "test_engine_replay",
-    "test_engine_server_steps", "test_fusions",
+    "test_engine_server_steps", "test_engine_split_gemm", "test_fusions",
     "test_gpt_oss", "test_grammar", "test_granite", "test_greedy_gpu", "test_hub", "test_hybrid_engine",
     "test_hybrid_reference", "test_iq_model", "test_mixtral", "test_model_reference", "test_moe_placement",
     "test_olmoe", "test_perplexity", "test_perplexity_smollm2", "test_sampling_candidates", "test_smollm2_tensors",
