@@ -52,13 +52,24 @@ def main(argv=None) -> int:
     sizes = [int(n) for n in args.tokens.split(",")]
     if max(gens) >= args.slots or max(sizes) > args.ubatch:
         sys.exit("server_steps: --generating must stay below --slots and --tokens within --ubatch")
-    rows = []
     with Device() as dev:
         dev.tuning = parse_sets(args.set, dev.tuning)
-        return _measure(args, dev, gens, sizes, rows)
+        rows = steps(args, dev, gens, sizes)
+    if args.json:
+        print(json.dumps({"model": args.model, **dev.profile.identity(), "context": args.context, "steps": rows}))
+        return 0
+    print(f"# {args.model} on {dev.profile.name}: every slot holds {args.context} tokens")
+    print("| step | decode tokens | tokens | ms | ms a token | x decode step |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['step']} | {r['generating']} | {r['tokens']} | {r['ms']:.1f} | {r['ms_per_token']:.3f} | "
+              f"{r['ratio_to_decode']:.2f} |")
+    return 0
 
 
-def _measure(args, dev, gens, sizes, rows) -> int:
+def steps(args, dev, gens, sizes) -> list[dict]:
+    """The table's rows: each decode step of n generating slots, then the mixed steps of each size."""
+    rows = []
     with opened(dev, args.model, n_ctx=max(4096, args.slots * (args.context + 2 * args.ubatch)),
                 n_ubatch=args.ubatch, n_batch=args.ubatch, n_seq_max=args.slots) as (m, e):
         vocab = m.cfg.vocab_size
@@ -84,16 +95,7 @@ def _measure(args, dev, gens, sizes, rows) -> int:
                 rows.append({"step": "mixed", "generating": n, "tokens": t, "ms": ms, "ratio_to_decode": ms / decode})
     for r in rows:
         r["ms_per_token"] = r["ms"] / r["tokens"]
-    if args.json:
-        print(json.dumps({"model": args.model, **dev.profile.identity(), "context": args.context, "steps": rows}))
-        return 0
-    print(f"# {args.model} on {dev.profile.name}: every slot holds {args.context} tokens")
-    print("| step | decode tokens | tokens | ms | ms a token | x decode step |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['step']} | {r['generating']} | {r['tokens']} | {r['ms']:.1f} | {r['ms_per_token']:.3f} | "
-              f"{r['ratio_to_decode']:.2f} |")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

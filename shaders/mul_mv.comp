@@ -44,7 +44,6 @@ layout(local_size_x = WG) in;
 #ifdef NORM_SG
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #endif
-#undef XVEC4
 #endif
 
 layout(binding = 0) readonly buffer W { uint w_data[]; };

@@ -166,13 +166,19 @@ class FlashAttn:
                 and other.shape.n_q == self.shape.n_q and other.shape.n_kv == self.shape.n_kv
                 and other._mask_tensor is mask)
 
+    @property
+    def decode_sized(self) -> bool:
+        """At most tuning.fa_pack_max_q queries (a decode step of that many sequences): packed
+        where the shape allows, tiles of fa_decode_bc cells, split down to fa_decode_split_min_tiles."""
+        return self.shape.n_q <= self.tuning.fa_pack_max_q
+
     def decide_pack(self, max_bias: float, forced: bool | None = None) -> tuple[int, FATile]:
         """(query heads packed a workgroup: 1 or gqa, the tile); `forced` as gqa_pack."""
         s, tuning, shared = self.shape, self.tuning, self.device.profile.shared_memory
         why = ("there is one query head per KV head" if s.gqa == 1 else
                "the mask has a plane per head" if s.nem2 > 1 else
                "ALiBi slopes differ per head" if max_bias > 0 else None)
-        bc = tuning.fa_decode_bc if s.n_q <= tuning.fa_pack_max_q else None
+        bc = tuning.fa_decode_bc if self.decode_sized else None
         packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=tuning.fa_pack_rows, bc=bc)
                   if why is None else None)
         if why is None and packed is None:
@@ -180,7 +186,7 @@ class FlashAttn:
         if forced and why:
             raise UnsupportedShape(f"{self.label}: cannot pack the query heads of a KV head: {why}")
         if forced is None:
-            forced = why is None and s.n_q <= tuning.fa_pack_max_q
+            forced = why is None and self.decode_sized
         if forced:
             return s.gqa, packed
         return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc)
@@ -209,7 +215,7 @@ class FlashAttn:
         """(splits, KV tiles per split) for this grid; split_k as in split_plan."""
         s = self.shape
         return split_plan(self.tuning, self.n_tiles, self.n_kv_tiles, split_k,
-                          self.device.profile.max_workgroup_count[2] // s.batch, s.n_q <= self.tuning.fa_pack_max_q)
+                          self.device.profile.max_workgroup_count[2] // s.batch, self.decode_sized)
 
     # -- pipelines and scratch -----------------------------------------------------------------
     def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks) -> None:

@@ -121,8 +121,9 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
     matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` (with route, NormPrologue's defines) forms x itself. Rows a group are halved (down to one) while the grid has
-    fewer than tuning.mv_fill_groups workgroups."""
+    last workgroup (RouteEpilogue); `norm` (with route, NormPrologue's defines) forms x itself.
+    Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
+    workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
     if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
@@ -178,7 +179,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
     if norm is not None:
         if route is None or n != 1:
-            raise UnsupportedShape("the norm prologue forms the single column of a routing router mat-vec")
+            raise UnsupportedShape(f"the norm prologue forms the single column of a routing router mat-vec, got {n} "
+                                   f"columns{'' if route is not None else ', no routing'}")
         defines.pop("XVEC4", None)
         defines.update(NORM=1, **norm)
         push = PushConstants(*push.fields, *NORM_FIELDS)
@@ -252,10 +254,10 @@ def _gemm_split(seq, typ, tune, xvec4: bool, splits: int, wr, xr, yr, push: dict
     kern = gemm_kernel(device, typ, tune, xvec4=xvec4, split_k=True)
     seq.dispatch(kern, [wr, xr, yr, part], push={**push, "k_split": k_split, "part_split": m * n},
                  groups=(ceil_div(m, tune.mm_bm), ceil_div(n, tune.mm_bn), splits))
-    add = kernel(device, "split_sum", push=SPLIT_SUM_PUSH, workgroup=(device.tuning.wg_size,))
+    add = kernel(device, "split_sum", push=SPLIT_SUM_PUSH, workgroup=(tune.wg_size,))
     seq.dispatch(add, [part, yr], push=dict(M=m, N=n, S=splits, part_split=m * n, y_off=push["y_off"],
                                             y_col=push["y_col"]),
-                 groups=grid(device, ceil_div(m * n, device.tuning.wg_size)), label="split_sum")
+                 groups=grid(device, ceil_div(m * n, tune.wg_size)), label="split_sum")
 
 
 def f32_operand(t: Tensor, what: str, k: int) -> Tensor:
@@ -332,9 +334,6 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     if route is not None and (up is not None or n > cols or len(pieces) > 1):
         raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
                                f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
-    if norm is not None and (route is None or n != 1):
-        raise UnsupportedShape(f"matmul: the norm prologue needs the routing mat-vec of one column, got {n} columns"
-                               f"{'' if route is not None else ', no routing'}")
     if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:

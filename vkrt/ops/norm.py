@@ -124,10 +124,8 @@ def norm_prologue(dev, x: Tensor, residual: Tensor, weight: Tensor, out: Tensor,
     nsh = wg // prof.subgroup_min if sg else wg
     if 16 * ceil_div(k, 4) + 4 * nsh + 8192 > prof.shared_memory:
         return None
-    bound = [f32_binding(t, f"norm prologue {name}") for t, name in
-             ((residual, "residual"), (weight, "weight"), (out, "out"))]
-    defines = {"NORM_WG": wg, "NORM_NVL": ceil_div(wg, mv_wg), "NORM_NSH": nsh, "NORM_K4": ceil_div(k, 4)}
-    if sg:
-        defines["NORM_SG"] = 1
-    (rr, ro, _), (wr, wo, _), (orr, oo, _) = bound
+    (rr, ro, _), (wr, wo, _), (orr, oo, _) = (f32_binding(t, f"norm prologue {name}") for t, name in
+                                              ((residual, "residual"), (weight, "weight"), (out, "out")))
+    defines = {"NORM_WG": wg, "NORM_NVL": ceil_div(wg, mv_wg), "NORM_NSH": nsh, "NORM_K4": ceil_div(k, 4),
+               **({"NORM_SG": 1} if sg else {})}
     return NormPrologue(defines, (rr, wr, orr), {"r_off": ro, "nw_off": wo, "no_off": oo, "eps": float(eps)})
