@@ -42,7 +42,7 @@ from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
 from vkrt.ops.matmul import SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
-from vkrt.ops.norm import norm_prologue, rms_norm
+from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type, supported_types
 from vkrt.ops.rope import rope
@@ -123,9 +123,8 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     return cases
 
 
-def decode_router(seq, m, norm: bool = False) -> None:
-    """One token's router logits (F32 weights) with the routing in the mat-vec's last workgroup
-    (`norm`: its input formed in the mat-vec, VKRT_FUSE_NORM_ROUTER)."""
+def decode_router(seq, m) -> None:
+    """One token's router logits (F32 weights) with the routing in the mat-vec's last workgroup."""
     dev = seq.device
     w = placeholder(dev, F32, (m["hidden"], m["n_expert"]), "router weights")
     cur = placeholder(dev, F32, (m["hidden"], 1), "cur")
@@ -134,14 +133,7 @@ def decode_router(seq, m, norm: bool = False) -> None:
     route = route_epilogue(seq, w, logits, ids, wts, m["n_used"], True, placeholder(dev, I32, (1,), "counter"))
     if route is None:
         raise VkrtError("the GCN tuning cannot route in the router's mat-vec")
-    if not norm:
-        matmul(seq, w, cur, logits, route=route)
-        return
-    x, pending = (placeholder(dev, F32, (m["hidden"], 1), name) for name in ("x", "pending"))
-    prologue = norm_prologue(dev, x, pending, placeholder(dev, F32, (m["hidden"],), "w"), cur, 1e-6, dev.tuning.mv_wg)
-    if prologue is None:
-        raise VkrtError("the GCN tuning cannot form the router's input in its mat-vec")
-    matmul(seq, w, x, logits, route=route, norm=prologue)
+    matmul(seq, w, cur, logits, route=route)
 
 
 def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
@@ -209,8 +201,6 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
             ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True))),
             ("decode: router mat-vec routing in its last workgroup (VKRT_FUSE_ROUTE)",
              recorded(dev, lambda seq: decode_router(seq, m))),
-            ("decode: the router mat-vec forming its input too (residual add + norm, VKRT_FUSE_NORM_ROUTER)",
-             recorded(dev, lambda seq: decode_router(seq, m, norm=True))),
             ("experts' weighted sum + residual add + block norm (VKRT_FUSE_COMBINE_NORM)",
              recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden, sum_out=x, residual=ExpertSum(
                  placeholder(dev, F32, (E, m["n_used"], T), "experts"), weights, pending)))),

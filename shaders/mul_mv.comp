@@ -19,11 +19,6 @@
 // y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
 // With ROUTE (a plain mat-vec: the MoE router's logits) the last workgroup to finish routes the
 // NC tokens as moe_router does (shaders/moe_route.glsl): one dispatch instead of two.
-// With NORM (and ROUTE, one column) the input is computed, not read: every workgroup forms the
-// residual sum s = x + r and its RMS norm, cur = s / rms(s) * nw, into shared memory with the sums
-// rms_norm's NORM_WG invocations make in its order (norm.py rms_norm(residual=...), bit for bit:
-// NORM_SG, their subgroup sums then a walk over them; else their shared-memory tree), and the
-// last workgroup stores s over x and cur for the kernels after it: the norm's dispatch is gone.
 // With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
 // add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
@@ -37,29 +32,12 @@
 #endif
 
 layout(local_size_x = WG) in;
-#ifdef NORM
-#if !defined(ROUTE) || defined(GLU) || NC != 1
-#error "NORM computes the single column of the router's mat-vec"
-#endif
-#ifdef NORM_SG
-#extension GL_KHR_shader_subgroup_arithmetic : enable
-#endif
-#endif
 
 layout(binding = 0) readonly buffer W { uint w_data[]; };
 #ifdef QWIDE
 layout(binding = 0) readonly buffer W16 { uvec4 w16_data[]; };   // the same words, 16 bytes at a time
 #endif
-#if defined(NORM)
-layout(binding = 1) coherent buffer X { float x_data[]; };   // the residual stream: read, then s stored
-layout(binding = 7) readonly buffer NRes { float nres[]; };   // r: the block output added to it
-layout(binding = 8) readonly buffer NWt { float nwt[]; };     // the norm's weight
-layout(binding = 9) writeonly buffer NOut { float nout[]; };  // cur
-shared vec4 xn4[NORM_K4];                                     // cur, the mat-vec's input
-shared float nred[NORM_NSH];
-#define XRAW4(i) xn4[((i) - p.x_off) >> 2]
-#define XRAW1(i) xn4[((i) - p.x_off) >> 2][((i) - p.x_off) & 3u]
-#elif defined(XVEC4)
+#ifdef XVEC4
 layout(binding = 1) readonly buffer X { vec4 x4_data[]; };
 #define XRAW4(i) x4_data[(i) >> 2]
 #define XRAW1(i) x4_data[(i) >> 2][(i) & 3u]
@@ -162,12 +140,6 @@ layout(push_constant) uniform Push {
     uint mode;
     uint b_off;
     uint count_off; // the counter of finished workgroups (0 between dispatches)
-#endif
-#ifdef NORM
-    uint r_off;     // float offsets of r, the norm's weight and cur (x's is x_off); K is the row
-    uint nw_off;
-    uint no_off;
-    float eps;
 #endif
 #ifdef MOE_SUM
     uint wt_off;   // float offsets of the routing weights, the shared output and its gate
@@ -308,65 +280,8 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
     }
 }
 
-#ifdef NORM
-// s = x + r as rms_norm's ADD forms it
-float norm_sum(uint c) {
-    return x_data[p.x_off + c] + nres[p.r_off + c];
-}
-
-// cur = s * (1 / sqrt(mean(s^2) + eps)) * nw into xn4: rms_norm's arithmetic in its order. Virtual
-// invocation v < NORM_WG (this invocation's t, t + WG, ...) sums s^2 over c = v, v + NORM_WG, ...;
-// a virtual subgroup is the same lanes of a real one (WG and NORM_WG multiples of its size)
-void norm_prologue() {
-    const uint t = gl_LocalInvocationID.x;
-    for (uint j = 0u; j < NORM_NVL; j++) {
-        const uint v = t + j * WG;
-        float ps = 0.0;
-        if (v < NORM_WG) {
-            for (uint c = v; c < p.K; c += NORM_WG) {
-                const float sv = norm_sum(c);
-                ps += sv * sv;
-            }
-        }
-#ifdef NORM_SG
-        const float sg = subgroupAdd(ps);   // whole subgroups lie below NORM_WG or past it
-        if (subgroupElect() && v < NORM_WG) {
-            nred[v / gl_SubgroupSize] = sg;
-        }
-#else
-        if (v < NORM_WG) {
-            nred[v] = ps;
-        }
-#endif
-    }
-    barrier();
-    float total = 0.0;
-#ifdef NORM_SG
-    for (uint i = 0u; i < NORM_WG / gl_SubgroupSize; i++) {
-        total += nred[i];
-    }
-#else
-    for (uint h = NORM_WG / 2u; h > 0u; h >>= 1) {
-        for (uint i = t; i < h; i += WG) {
-            nred[i] += nred[i + h];
-        }
-        barrier();
-    }
-    total = nred[0];
-#endif
-    const float scale = inversesqrt(total / float(p.K) + p.eps);
-    for (uint c = t; c < p.K; c += WG) {
-        xn4[c >> 2][c & 3u] = (norm_sum(c) * scale) * nwt[p.nw_off + c];
-    }
-    barrier();
-}
-#endif
-
 void main() {
     qinit();
-#ifdef NORM
-    norm_prologue();
-#endif
 #ifdef REDUCE_CLUSTER
     // a group is TPR neighbouring invocations of one subgroup, whatever the subgroup size
     const uint flat_ = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
@@ -545,14 +460,6 @@ void main() {
         if (gl_LocalInvocationID.x == 0u) {
             route_count[p.count_off] = 0u;
         }
-#ifdef NORM
-        // every other workgroup has read x: s over it, and cur for the next kernels
-        for (uint c = gl_LocalInvocationID.x; c < p.K; c += WG) {
-            const float sv = norm_sum(c);
-            x_data[p.x_off + c] = sv;
-            nout[p.no_off + c] = xn4[c >> 2][c & 3u];
-        }
-#endif
     }
 #endif
 }

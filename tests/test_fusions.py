@@ -8,8 +8,7 @@ activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a
 the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default),
 and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off), and a MoE
 block's weighted sum of its experts inside the next RMS norm (VKRT_FUSE_COMBINE_NORM=0 turns it
-off: moe_combine's pass a MoE layer), and a MoE block's residual add and norm inside the routing
-router mat-vec (VKRT_FUSE_NORM_ROUTER=1, off by default: one command a MoE layer)."""
+off: moe_combine's pass a MoE layer)."""
 
 import numpy as np
 import pytest
@@ -150,18 +149,6 @@ def test_routing_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device
     assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
 
 
-@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
-                                            ("tiny-qwen35moe", 0), ("tiny-gpt-oss", 0), ("tiny-granitemoe", 0),
-                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 0)])
-def test_norm_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
-    """Decode forms a MoE block's input (the residual add and the RMS norm) inside the routing
-    router mat-vec instead of an add_rms_norm dispatch before it, experts in VRAM and from host;
-    not where the router is not routing (gpt-oss's router bias)."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_NORM_ROUTER", n_cpu_moe=n_cpu_moe)
-    moe_layers = sum(1 for layer in cfg.layers if layer.moe)
-    assert saved == (0 if cfg.router_bias else moe_layers)   # one decode graph, one norm a MoE layer
-
-
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
                                             ("tiny-granitemoe", 0), ("tiny-granitemoe", 2), ("tiny-qwen3next", 2),
@@ -215,7 +202,7 @@ def test_fusion_defaults():
     from vkrt.settings import Settings
     assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
                                                         moe_sum=False, qkv=False, kv_store=True, combine_norm=True,
-                                                        route=True, norm_router=False)
+                                                        route=True)
     on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
     assert on.glu and not on.add_norm and on.qkv
     assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu

@@ -29,10 +29,7 @@ from ..ops.matmul import matmul, matmul_segments
 # 170.1 fused, 30B-A3B 187.6 vs 186.6; bench/peer.py, same run). KV_STORE (with NORM_ROPE: V's
 # store into its cache rides in K's norm_rope dispatch where V and its cache are laid out as K and
 # its cache) is on: one dispatch fewer a layer (tg128 within noise on the H200: 8B 175.2 vs 175.5
-# apart, 30B-A3B 180.3 vs 181.9). NORM_ROUTER (decode: every workgroup of the routing router
-# mat-vec forms the MoE block's normed input itself, the last stores it; the add_rms_norm stage
-# before the router is gone -- 550 of 4234 us a step when removed on the H200, 30B-A3B shape) is
-# off until it is measured.
+# apart, 30B-A3B 180.3 vs 181.9).
 
 
 @dataclass(frozen=True)
@@ -49,14 +46,13 @@ class Fusions:
     kv_store: bool = True
     combine_norm: bool = True
     route: bool = True
-    norm_router: bool = False
 
     @staticmethod
     def of(settings) -> "Fusions":
         return Fusions(add_norm=settings.fuse_add_norm, norm_rope=settings.fuse_norm_rope, glu=settings.fuse_glu,
                        gate_up=settings.fuse_gate_up, moe_sum=settings.fuse_moe_sum, qkv=settings.fuse_qkv,
                        kv_store=settings.fuse_kv_store, combine_norm=settings.fuse_combine_norm,
-                       route=settings.fuse_route, norm_router=settings.fuse_norm_router)
+                       route=settings.fuse_route)
 
 
 def project(seq, pairs, x, fused: bool) -> None:

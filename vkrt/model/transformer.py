@@ -32,7 +32,7 @@ from ..ops.matmul import gate_up_pair, matmul
 from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
-from ..ops.norm import norm_prologue, rms_norm
+from ..ops.norm import rms_norm
 from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
@@ -274,15 +274,6 @@ class Transformer:
             add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
 
-    def _router_norm(self, seq, s, T, name):
-        """The NormPrologue with which the routing router mat-vec adds the pending block output
-        into x and norms it into cur itself, as add_norm would (fusions.norm_router, one token,
-        a plain pending output); None where add_norm runs."""
-        if not (self.fusions.norm_router and self.fusions.add_norm and T == 1 and isinstance(s.pending, Tensor)):
-            return None
-        return norm_prologue(seq.device, s.cols("x", T), s.pending.slice(1, 0, T), self.w[name], s.cols("cur", T),
-                             self.cfg.norm_eps, seq.device.tuning.mv_wg)
-
     def _ffn(self, seq, s, il, T):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         cur = s.cols("cur", T)
@@ -313,6 +304,7 @@ class Transformer:
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.activation
         cur = s.cols("cur", T)
+        self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
         router, ids, weights = s.cols("router", T), s.moe_ids.slice(1, 0, T), s.moe_w.slice(1, 0, T)
         gate_inp = w[p + "ffn_gate_inp.weight"]
         gating = dict(chosen_softmax=cfg.chosen_softmax,
@@ -321,13 +313,7 @@ class Transformer:
         if self.fusions.route and not cfg.router_bias:
             route = route_epilogue(seq, gate_inp, router, ids, weights, k, cfg.expert_weights_norm, s.route_count,
                                    **gating)
-        norm = self._router_norm(seq, s, T, p + cfg.ffn_norm + ".weight") if route is not None else None
-        if norm is None:
-            self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
-            matmul(seq, gate_inp, cur, router, route=route)
-        else:   # the residual add and the norm inside the router's mat-vec (VKRT_FUSE_NORM_ROUTER)
-            s.pending = None
-            matmul(seq, gate_inp, s.cols("x", T), router, route=route, norm=norm)
+        matmul(seq, gate_inp, cur, router, route=route)
         if route is None:
             if cfg.router_bias:
                 add(seq, router, w[p + "ffn_gate_inp.bias"], router)

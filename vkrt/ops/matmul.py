@@ -47,23 +47,6 @@ class RouteEpilogue:
     push: dict
 
 
-# NORM: the norm prologue's fields after ROUTE's (shaders/mul_mv.comp)
-NORM_FIELDS = (("r_off", "u32"), ("nw_off", "u32"), ("no_off", "u32"), ("eps", "f32"))
-
-
-@dataclass(frozen=True)
-class NormPrologue:
-    """What the router's mat-vec needs to form its input itself (mul_mv NORM, with ROUTE): x's sum
-    with r and that sum's RMS norm times a weight, as rms_norm(x, out, eps, w, residual=r,
-    sum_out=x) would, bit for bit; the last workgroup stores the sum over x and the norm into out.
-    The defines, the bindings of r, the weight and out, and NORM_FIELDS' values
-    (norm.norm_prologue)."""
-
-    defines: dict
-    buffers: tuple
-    push: dict
-
-
 GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
 
 
@@ -112,7 +95,7 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
-                   segments: bool = False, route: dict | None = None, norm: dict | None = None) -> MatVec:
+                   segments: bool = False, route: dict | None = None) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
@@ -121,9 +104,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
     matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` (with route, NormPrologue's defines) forms x itself.
-    Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
-    workgroups."""
+    last workgroup (RouteEpilogue). Rows a group are halved (down to one) while the grid has
+    fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
     if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
@@ -177,13 +159,6 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if route is not None:
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
-    if norm is not None:
-        if route is None or n != 1:
-            raise UnsupportedShape(f"the norm prologue forms the single column of a routing router mat-vec, got {n} "
-                                   f"columns{'' if route is not None else ', no routing'}")
-        defines.pop("XVEC4", None)
-        defines.update(NORM=1, **norm)
-        push = PushConstants(*push.fields, *NORM_FIELDS)
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows * (wg // lanes))
 
@@ -284,16 +259,13 @@ def mat_vec_columns(tuning) -> int:
 
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None,
-           route: RouteEpilogue | None = None, kernel_columns: int | None = None,
-           norm: NormPrologue | None = None) -> None:
+           route: RouteEpilogue | None = None, kernel_columns: int | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
     see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass. With `route` (one mat-vec run:
-    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y; with
-    `norm` too (one column) x is the residual stream, and the mat-vec's input is formed from it
-    (NormPrologue).
+    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y.
     `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
     larger product, whose columns then get the same kernel, so the same sums, whatever slice
     they fall in)."""
@@ -356,12 +328,9 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
                             glu=act if up is not None else None, wide=wide,
-                            route=route.defines if route is not None else None,
-                            norm=norm.defines if norm is not None else None)
+                            route=route.defines if route is not None else None)
         if route is not None:
             extra, extra_push = list(route.buffers), route.push
-        if norm is not None:
-            extra, extra_push = [*extra, *norm.buffers], {**extra_push, **norm.push}
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}

@@ -8,8 +8,7 @@ from ..errors import OutOfRange
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import f32_binding
-from .grid import ceil_div, grid
-from .matmul import NormPrologue
+from .grid import grid
 from .moe import ExpertSum
 from .rows import same_shape
 
@@ -102,30 +101,3 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
         k = kernel(dev, "rms_norm", defines=reduce_defines(dev), push=RMS_PUSH, workgroup=(wg,))  # WG: a power of two
         label = "rms_norm"
     seq.dispatch(k, buffers, push=push, groups=grid(dev, nrows), label=label)
-
-
-def norm_prologue(dev, x: Tensor, residual: Tensor, weight: Tensor, out: Tensor, eps: float,
-                  mv_wg: int) -> NormPrologue | None:
-    """The NormPrologue with which a routing router mat-vec of `mv_wg` invocations forms
-    out = rms_norm(x + residual) * weight (x <- x + residual) itself, bit for bit as
-    rms_norm(x, out, eps, weight, residual=residual, sum_out=x); None where it cannot: more than
-    one column, rows too long for shared memory, subgroups of varying size or not dividing both
-    workgroups (the mat-vec replays rms_norm's subgroup sums on the same lanes)."""
-    k = x.ne[0]
-    if x.nelements != k or any(t.nelements != k for t in (residual, weight, out)):
-        return None
-    prof = dev.profile
-    wg = norm_wg(dev, k)
-    sg = bool(reduce_defines(dev))
-    if sg:
-        size = prof.subgroup_min
-        if size != prof.subgroup_max or size < 1 or mv_wg % size or wg % size:
-            return None
-    nsh = wg // prof.subgroup_min if sg else wg
-    if 16 * ceil_div(k, 4) + 4 * nsh + 8192 > prof.shared_memory:
-        return None
-    (rr, ro, _), (wr, wo, _), (orr, oo, _) = (f32_binding(t, f"norm prologue {name}") for t, name in
-                                              ((residual, "residual"), (weight, "weight"), (out, "out")))
-    defines = {"NORM_WG": wg, "NORM_NVL": ceil_div(wg, mv_wg), "NORM_NSH": nsh, "NORM_K4": ceil_div(k, 4),
-               **({"NORM_SG": 1} if sg else {})}
-    return NormPrologue(defines, (rr, wr, orr), {"r_off": ro, "nw_off": wo, "no_off": oo, "eps": float(eps)})
