@@ -105,10 +105,10 @@ def split_tuning(device, groups=64, **kw):
                                     ("F16", 200)])
 def test_split_k_gemm(device, name, k):
     """A short GEMM cut along K (split_sum adding the partial tiles): against the reference, K
-    not a multiple of the splits' ranges, rows not of the tile, 1 to 32 tokens; replays the same."""
+    not a multiple of the splits' ranges, rows not of the tile, 1 to 96 tokens; replays the same."""
     t = split_tuning(device)
-    assert gemm_splits(t, 37, k, 32) > 1
-    check(device, name, 37, k, (1, 7, 32), tuning=t)
+    assert gemm_splits(t, 37, k, 32) > 1 and gemm_splits(t, 37, k, 96) > 1
+    check(device, name, 37, k, (1, 7, 32, 45, 96), tuning=t)   # 1 to 3 token tiles of 32
     rng = np.random.default_rng(5)
     w = weight_tensor(device, name, random_blocks(name, 37, k, rng, scale=0.5), (k, 37))
     x = rng.standard_normal((20, k)).astype(np.float32)
@@ -120,14 +120,18 @@ def test_split_k_gemm(device, name, k):
 
 
 def test_split_k_rule(device):
-    """Splits only for one token tile and fewer row tiles than mm_split_groups; at least
-    mm_split_min_steps BK steps a range, at most mm_split_max ranges, none empty."""
+    """Splits only up to mm_split_max_tiles token tiles and fewer tiles than mm_split_groups; at
+    least mm_split_min_steps BK steps a range, at most mm_split_max ranges, none empty."""
     t = dataclasses.replace(device.tuning, mm_bm=64, mm_bn=64, mm_bk=16, mm_split_groups=264, mm_split_min_steps=16,
-                            mm_split_max=8)
+                            mm_split_max=8, mm_split_max_tiles=4)
     assert gemm_splits(t, 4096, 4096, 64) == 5          # 64 row tiles: 264 / 64 -> 5 ranges of 52 steps
     assert gemm_splits(t, 1024, 4096, 64) == 8          # 16 row tiles: capped at mm_split_max
     assert gemm_splits(t, 14336, 4096, 64) == 2         # 224 row tiles
-    assert gemm_splits(t, 4096, 4096, 65) == 1          # two token tiles
+    assert gemm_splits(t, 4096, 4096, 65) == 3          # two token tiles: 128 tiles -> 3 ranges
+    assert gemm_splits(t, 4096, 4096, 128) == 3
+    assert gemm_splits(t, 1024, 4096, 256) == 5         # 4 x 16 tiles
+    assert gemm_splits(t, 1024, 4096, 257) == 1         # past mm_split_max_tiles
+    assert gemm_splits(t, 14336, 4096, 128) == 1        # 448 tiles fill the device
     assert gemm_splits(t, 17000, 4096, 64) == 1         # the rows fill the device
     assert gemm_splits(t, 1024, 256, 64) == 1           # 16 steps: one range of at least 16
     assert gemm_splits(t, 1024, 512, 64) == 2
@@ -139,19 +143,22 @@ def test_split_k_rule(device):
     assert gemm_splits(dataclasses.replace(t, mm_split_groups=0), 64, 4096, 8) == 1
 
 
-def test_split_k_slices_take_the_splits_of_the_whole(device):
-    """A slice of a split product's tokens (kernel_columns) is cut into the same K ranges."""
-    t = split_tuning(device)
+@pytest.mark.parametrize("n", [24, 70])
+def test_split_k_slices_take_the_splits_of_the_whole(device, n):
+    """A slice of a split product's tokens (kernel_columns), of one token tile or three, is cut
+    into the same K ranges as the whole, though alone it would be cut otherwise."""
+    t = split_tuning(device, groups=16)
     rng = np.random.default_rng(43)
     m, k = 40, 512
+    assert gemm_splits(t, m, k, n) != gemm_splits(t, m, k, n - n // 2) or n <= t.mm_bn
     w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m, k, rng, scale=0.5), (k, m))
-    x = rng.standard_normal((24, k)).astype(np.float32)
+    x = rng.standard_normal((n, k)).astype(np.float32)
     try:
         whole = run(device, w, x, m, tuning=t)
-        half = run(device, w, x[12:], m, tuning=t, kernel_columns=24)
+        half = run(device, w, x[n // 2:], m, tuning=t, kernel_columns=n)
     finally:
         w.close()
-    np.testing.assert_array_equal(half.view(np.uint32), whole[12:].view(np.uint32))
+    np.testing.assert_array_equal(half.view(np.uint32), whole[n // 2:].view(np.uint32))
 
 
 @pytest.mark.parametrize("name", ["Q5_1", "F16"])

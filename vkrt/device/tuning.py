@@ -148,16 +148,20 @@ class Tuning:
     mm_bk: int = 16
     mm_tm: int = 8
     mm_tn: int = 8
-    # split-K for short GEMMs: at most mm_bn tokens (one token tile) and fewer row tiles than
-    # mm_split_groups workgroups (mm_split_fill_per_cu a compute unit where the device says how
-    # many it has; 0: never): K is cut into at most mm_split_max ranges of at least
+    # split-K for short GEMMs: at most mm_split_max_tiles token tiles (mm_bn) and fewer tiles
+    # than mm_split_groups workgroups (mm_split_fill_per_cu a compute unit where the device says
+    # how many it has; 0: never): K is cut into at most mm_split_max ranges of at least
     # mm_split_min_steps BK steps, a workgroup each, and split_sum.comp adds their partial tiles
     # in order. A server's mixed step of 64 tokens on an 8B model ran 64 workgroups for 4096-row
-    # matrices and 16 for 1024-row ones, each walking all of K
-    mm_split_fill_per_cu: int = 2
+    # matrices and 16 for 1024-row ones, each walking all of K. 8 a compute unit: a GCN CU holds
+    # 8 of these 64-invocation GEMM workgroups (2 waves a SIMD at ~110 VGPRs); on the H200 a
+    # mixed step of 4 decode + 60 prompt tokens (dense 8B) took 104.6 ms unsplit, 56.6 at 2 a
+    # compute unit, 51.6 at 4, 47.0 at 8; 128 tokens 133.2 / 96.8 / 91.6 / 88.9
+    mm_split_fill_per_cu: int = 8
     mm_split_groups: int = 0
     mm_split_min_steps: int = 16
     mm_split_max: int = 8
+    mm_split_max_tiles: int = 4
     # load the next K slice of both tiles into registers while the current one is multiplied
     # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
     # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)

@@ -77,10 +77,12 @@ def same_kernels(tunings: list, moe: bool, n: int, m: int) -> bool:
     the sums a token's row gets, on every device (`tunings`): the mat-vec or the GEMM for dense
     matmuls (a mat-vec run's columns are summed alike however many there are), with experts
     (`moe`) for mul_mat_id (decode-sized experts staged up to mv_max_n, mat-vecs, fused or not, up to
-    mv_id_max_n, the GEMM past it), the GEMM's split along K (up to one token tile, mm_bn), and
+    mv_id_max_n, the GEMM past it), the GEMM's split along K (by token tiles, mm_bn, up to
+    mm_split_max_tiles), and
     flash attention's packing of a KV head's query heads (its KV split the engine pins:
     RecordOptions.fa_plan_tokens)."""
     def kind(t, k: int) -> tuple:
         return (k <= max(min(t.mv_max_n, t.mv_dense_max_n), t.mv_chunk_n), moe and k <= t.mv_max_n,
-                moe and k <= t.mv_id_max_n, k <= t.fa_pack_max_q, t.mm_split_groups > 0 and k <= t.mm_bn)
+                moe and k <= t.mv_id_max_n, k <= t.fa_pack_max_q,
+                -(-k // t.mm_bn) if t.mm_split_groups > 0 and k <= t.mm_bn * t.mm_split_max_tiles else 0)
     return all(kind(t, n) == kind(t, m) for t in tunings)

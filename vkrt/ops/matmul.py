@@ -208,13 +208,14 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False, s
 
 def gemm_splits(tuning, m: int, k: int, n: int) -> int:
     """The K ranges a GEMM of m rows, K = k and n tokens is cut into (1: none): tuning.mm_split_*.
-    It depends on m and k only while n fits one token tile, so any slice of such a product's
-    tokens is summed alike."""
-    row_tiles = ceil_div(m, tuning.mm_bm)
-    if n > tuning.mm_bn or row_tiles >= tuning.mm_split_groups:
+    It depends on m, k and n's token tiles (mm_bn) only, so any slice of a product's tokens that
+    passes the whole's column count (kernel_columns) is summed alike."""
+    row_tiles, token_tiles = ceil_div(m, tuning.mm_bm), ceil_div(n, tuning.mm_bn)
+    tiles = row_tiles * token_tiles
+    if token_tiles > tuning.mm_split_max_tiles or tiles >= tuning.mm_split_groups:
         return 1
     steps = ceil_div(k, tuning.mm_bk)
-    want = min(ceil_div(tuning.mm_split_groups, row_tiles), tuning.mm_split_max, steps // tuning.mm_split_min_steps)
+    want = min(ceil_div(tuning.mm_split_groups, tiles), tuning.mm_split_max, steps // tuning.mm_split_min_steps)
     if want <= 1:
         return 1
     return ceil_div(steps, ceil_div(steps, want))   # no range left empty
