@@ -6,14 +6,33 @@
 #ifndef VKRT_MOE_SUM_GLSL
 #define VKRT_MOE_SUM_GLSL
 
+// The loads come first, MOE_SUM_CHUNK experts at a time (indices clamped to a valid expert, so
+// they need no branch and are all in flight together), then the sum in expert order.
+#ifndef MOE_SUM_CHUNK
+#define MOE_SUM_CHUNK 8
+#endif
 float experts_sum(uint y_base, uint w_base, uint n_used, uint n_embd, bool has_shared, uint s_index, uint g_index) {
+    float sv = 0.0, g = 0.0;
+    if (has_shared) {
+        sv = es[s_index];
+        g = eg[g_index];
+    }
     precise float acc = 0.0;   // no fused multiply-add: the fused down projection (mul_mv MOE_SUM) sums alike
-    for (uint j = 0; j < n_used; j++) {
-        acc += ew[w_base + j] * ey[y_base + j * n_embd];
+    for (uint j0 = 0u; j0 < n_used; j0 += MOE_SUM_CHUNK) {
+        float wv[MOE_SUM_CHUNK], yv[MOE_SUM_CHUNK];
+        [[unroll]] for (uint i = 0u; i < MOE_SUM_CHUNK; i++) {
+            const uint j = min(j0 + i, n_used - 1u);
+            wv[i] = ew[w_base + j];
+            yv[i] = ey[y_base + j * n_embd];
+        }
+        [[unroll]] for (uint i = 0u; i < MOE_SUM_CHUNK; i++) {
+            if (j0 + i < n_used) {
+                acc += wv[i] * yv[i];
+            }
+        }
     }
     if (has_shared) {
-        const float g = eg[g_index];
-        acc += es[s_index] / (1.0 + exp(-g));
+        acc += sv / (1.0 + exp(-g));
     }
     return acc;
 }

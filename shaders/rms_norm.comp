@@ -101,9 +101,14 @@ float add_store(uint at, float v) {
 #include "moe_sum.glsl"
 #endif
 
-// y[at] = the normed v times the weight of column c (GATE: times silu(z[zat]))
-void store_normed(uint at, uint c, float v, uint zat) {
-    const float wv = p.use_w != 0 ? v * w[p.w_off + c] : v;
+// column c's weight (1 without one: unused)
+float weight_of(uint c) {
+    return p.use_w != 0 ? w[p.w_off + c] : 1.0;
+}
+
+// y[at] = the normed v times its column's weight wc (GATE: times silu(z[zat]))
+void store_normed(uint at, float wc, float v, uint zat) {
+    const float wv = p.use_w != 0 ? v * wc : v;
 #ifdef GATE
     y[at] = wv * act_fn(z[zat]);
 #else
@@ -126,18 +131,21 @@ void main() {
 #else
     const uint zb = 0u;
 #endif
-#define STORE_OUT(c, v) store_normed(yb + (c), c, v, zb + (c))
-    // the first HOLD elements of an invocation stay in registers between the sum and the scaling
-    // (a short row's second pass reads nothing back); the order of the sum is the plain loop's
+#define STORE_OUT(c, wc, v) store_normed(yb + (c), wc, v, zb + (c))
+    // the first HOLD elements of an invocation stay in registers between the sum and the scaling,
+    // their weights read before the sum (a short row's second pass reads nothing); the order of
+    // the sum is the plain loop's
     float sum = 0.0;
-    float held[HOLD];
+    float held[HOLD], held_w[HOLD];
 #ifdef ADD
     const uint rb = xb - p.x_off + p.r_off, sb = xb - p.x_off + p.s_off;
 #endif
     [[unroll]] for (uint i = 0u; i < HOLD; i++) {
         const uint c = gl_LocalInvocationID.x + i * WG;
         held[i] = 0.0;
+        held_w[i] = 1.0;
         if (c < p.ncols) {
+            held_w[i] = weight_of(c);
             held[i] = LOAD_SUM(c);
             sum += held[i] * held[i];
         }
@@ -151,10 +159,10 @@ void main() {
     [[unroll]] for (uint i = 0u; i < HOLD; i++) {
         const uint c = gl_LocalInvocationID.x + i * WG;
         if (c < p.ncols) {
-            STORE_OUT(c, held[i] * scale);
+            STORE_OUT(c, held_w[i], held[i] * scale);
         }
     }
     for (uint c = gl_LocalInvocationID.x + HOLD * WG; c < p.ncols; c += WG) {
-        STORE_OUT(c, RELOAD(c) * scale);
+        STORE_OUT(c, weight_of(c), RELOAD(c) * scale);
     }
 }

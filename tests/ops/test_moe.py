@@ -48,11 +48,23 @@ def test_route(device, n_expert, n_used, n_tokens, ties, normalize, subgroups):
             t.close()
 
 
-@pytest.mark.parametrize("with_shared", [False, True])
-def test_combine(device, with_shared):
+def expert_order_sum(w: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """sum_j w[:, j] * y[:, j] in float32, expert by expert, each product rounded (no fused
+    multiply-add): moe_sum.glsl's order."""
+    acc = np.zeros(y[:, 0].shape, np.float32)
+    for j in range(y.shape[1]):
+        acc = acc + w[:, j, None] * y[:, j]
+    return acc
+
+
+@pytest.mark.parametrize("with_shared, k", [(False, 1), (False, 4), (False, 10), (True, 4), (True, 10)])
+def test_combine(device, with_shared, k):
+    """The experts' weighted sum (and the gated shared expert): against numpy, and without the
+    shared expert bit for bit against the expert-order float32 sum; 1 to 10 experts (past one
+    chunk of moe_sum.glsl's loads)."""
     from vkrt.ops.moe import moe_combine
     rng = np.random.default_rng(4)
-    E, k, T = 33, 4, 6
+    E, T = 33, 6
     y = rng.standard_normal((T, k, E)).astype(np.float32)
     w = rng.random((T, k)).astype(np.float32)
     s = rng.standard_normal((T, E)).astype(np.float32)
@@ -65,20 +77,22 @@ def test_combine(device, with_shared):
         if with_shared:
             ref += s / (1 + np.exp(-g.astype(np.float64)))[:, None]
         np.testing.assert_allclose(read_tensor(out), ref, rtol=1e-5, atol=1e-5)
+        if not with_shared:
+            np.testing.assert_array_equal(read_tensor(out).view(np.uint32), expert_order_sum(w, y).view(np.uint32))
     finally:
         for t in (ty, tw, ts, tg, out):
             t.close()
 
 
-@pytest.mark.parametrize("with_shared, first", [(False, 0), (True, 0), (True, 4)])
-def test_combine_inside_the_norm(device, with_shared, first):
+@pytest.mark.parametrize("with_shared, first, k", [(False, 0, 4), (True, 0, 4), (True, 4, 4), (False, 0, 10)])
+def test_combine_inside_the_norm(device, with_shared, first, k):
     """rms_norm with an ExpertSum as its residual adds the experts' weighted sum (and the gated
     shared expert) bit for bit as moe_combine then the add+norm kernel do; over tokens first.. too
     (the output norm's last token). Against numpy as well."""
     from vkrt.ops.moe import ExpertSum
     from vkrt.ops.norm import rms_norm
     rng = np.random.default_rng(7)
-    E, k, T = 96, 4, 6
+    E, T = 96, 6
     y = rng.standard_normal((T, k, E)).astype(np.float32)
     w = rng.random((T, k)).astype(np.float32)
     s = rng.standard_normal((T, E)).astype(np.float32)
