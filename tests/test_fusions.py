@@ -8,7 +8,8 @@ activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a
 the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default),
 and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off), and a MoE
 block's weighted sum of its experts inside the next RMS norm (VKRT_FUSE_COMBINE_NORM=0 turns it
-off: moe_combine's pass a MoE layer)."""
+off: moe_combine's pass a MoE layer), and decode's attention output projection forming the
+FFN's normed input in its last workgroup (VKRT_FUSE_PROJ_NORM=1, off by default)."""
 
 import numpy as np
 import pytest
@@ -192,6 +193,22 @@ def test_expert_biases_in_the_expert_fusions(device, tmp_path, device_env, varia
         assert 2 * in_vram <= saved <= 2 * cfg.n_layer
     else:
         assert saved == 0
+
+
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-qwen3", 0), ("tiny-qwen3moe", 0),
+                                            ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 0), ("tiny-gemma3", 0),
+                                            ("tiny-gpt-oss", 0), ("tiny-granite", 0), ("tiny-phi3", 0),
+                                            ("tiny-olmoe", 0), ("tiny-glm4moe", 0)])
+def test_norm_in_the_output_projection_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
+    """Decode's attention output projection adding its output into the residual stream and taking
+    the FFN's norm in its last workgroup (VKRT_FUSE_PROJ_NORM) against add_rms_norm after it: one
+    command fewer a layer with attention in the decode graph, experts in VRAM and from host; not
+    where something comes between them (gemma3's post norms, granite's residual scale, gpt-oss's
+    output bias)."""
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_PROJ_NORM", n_cpu_moe=n_cpu_moe)
+    apart = bool(cfg.post_norms or cfg.residual_scale or cfg.attn_out_bias)
+    assert saved == (0 if apart else len(cfg.kv_layers))   # the one-token graph only
+    assert apart == (name in ("tiny-gemma3", "tiny-granite", "tiny-gpt-oss"))
 
 
 def test_fusion_defaults():

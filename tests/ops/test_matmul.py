@@ -522,3 +522,87 @@ def test_segments_are_bit_identical(device, name, k, n, parts):
     finally:
         for t in (both, x, out, lone, *apart):
             t.close()
+
+
+@pytest.mark.parametrize("name, m, k, mv_wg, reduce_wg, subgroup_sums, glu", [
+    ("Q4_0", 96, 256, 64, 64, True, False), ("Q4_K", 2048, 256, 64, 256, True, False),
+    ("F32", 1000, 128, 128, 256, True, True), ("Q4_0", 512, 256, 64, 256, False, False),
+    ("Q8_0", 2048, 256, 128, 1024, False, True)])
+def test_norm_epilogue(monkeypatch, name, m, k, mv_wg, reduce_wg, subgroup_sums, glu):
+    """A one-column mat-vec adding its output into the residual stream and taking the next RMS
+    norm in its last workgroup (mul_mv ADD_NORM) against the mat-vec then rms_norm(residual=...):
+    the same output, sum and normed row, bit for bit; norm workgroups as wide as the mat-vec's
+    and wider, several elements an invocation, with subgroup sums and with the shared-memory tree,
+    with the fused activation; replayed, it forms the row again and leaves its counter at 0."""
+    from vkrt.commands import upload
+    from vkrt.device import Device
+    from vkrt.ops.norm import add_norm_epilogue, rms_norm
+    rng = np.random.default_rng(m + k + mv_wg)
+    # the stream's first element (its square, 9e8, summed first: 64 a unit in the last place)
+    # swallows the other squares (~20) added to it one by one but not their sum: any other order
+    # of the sum gives other bits (the mat-vec's output is small beside the stream)
+    x0 = (4.5 + 0.1 * rng.standard_normal((1, m))).astype(np.float32)
+    x0[0, 0] = 3e4
+    h = (0.01 * rng.standard_normal((1, k))).astype(np.float32)
+    u = rng.standard_normal((1, k)).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(m)).astype(np.float32)
+    with Device() as dev:
+        if not subgroup_sums:
+            monkeypatch.setattr(dev, "profile", dataclasses.replace(dev.profile, subgroup_arithmetic=False))
+        dev.tuning = dataclasses.replace(dev.tuning, mv_wg=mv_wg, reduce_wg=reduce_wg)
+        w = weight_tensor(dev, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+        th, tu, tn = (tensor_from_numpy(dev, a) for a in (h, u, nw))
+        counter = tensor_from_numpy(dev, np.zeros(1, np.int32))
+        glu_kw = {"up": tu, "act": "silu"} if glu else {}
+        outs = []
+        try:
+            for fused in (False, True):
+                tx = tensor_from_numpy(dev, x0)
+                y, cur = Tensor.empty(dev, "F32", (m, 1)), Tensor.empty(dev, "F32", (m, 1))
+                with CommandSequence(dev) as seq:
+                    with seq.record():
+                        if fused:
+                            norm = add_norm_epilogue(seq, tx, cur, 1e-6, tn, counter)
+                            assert norm is not None and norm.defines["NORM_WG"] == min(reduce_wg, max(64, m))
+                            matmul(seq, w, th, y, norm=norm, **glu_kw)
+                        else:
+                            matmul(seq, w, th, y, **glu_kw)
+                            rms_norm(seq, tx, cur, 1e-6, tn, residual=y, sum_out=tx)
+                    seq.run()
+                    first = [read_tensor(t).copy() for t in (tx, cur)]
+                    upload(dev, tx.range(), x0)
+                    seq.run()   # replayed: the counter was left at 0, so the last workgroup forms the row again
+                    for a, t in zip(first, (tx, cur)):
+                        np.testing.assert_array_equal(read_tensor(t), a)
+                outs.append([read_tensor(t).view(np.uint32).copy() for t in (y, tx, cur)])
+                for t in (tx, y, cur):
+                    t.close()
+            assert read_tensor(counter)[0] == 0
+            for what, a, b in zip(("output", "sum", "normed"), *outs):
+                np.testing.assert_array_equal(a, b, err_msg=what)
+            assert outs[1][1].view(np.float32)[0, 0] != x0[0, 0]   # the output was added
+        finally:
+            for t in (w, th, tu, tn, counter):
+                t.close()
+
+
+def test_norm_epilogue_refused():
+    """Where the epilogue cannot replay rms_norm (a row of several columns, an invocation holding
+    too much of the row, a mat-vec workgroup wider than the norm's) it is None."""
+    from vkrt.device import Device
+    from vkrt.ops.norm import EPILOGUE_HELD_MAX, add_norm_epilogue
+    with Device() as dev:
+        dev.tuning = dataclasses.replace(dev.tuning, mv_wg=64, reduce_wg=64)
+        shapes = ((64, 2), (64, 2), (64,), (1,), *[(64 * (EPILOGUE_HELD_MAX + 1),)] * 3, (64,), (64,))
+        made = [Tensor.empty(dev, "F32" if ne != (1,) else "I32", ne) for ne in shapes]
+        x2, out2, nw, counter, bx, bo, bw, x, out = made
+        try:
+            with CommandSequence(dev) as seq:
+                assert add_norm_epilogue(seq, x2, out2, 1e-6, nw, counter) is None
+                assert add_norm_epilogue(seq, bx, bo, 1e-6, bw, counter) is None
+                assert add_norm_epilogue(seq, x, out, 1e-6, nw, counter) is not None
+                dev.tuning = dataclasses.replace(dev.tuning, mv_wg=128)
+                assert add_norm_epilogue(seq, x, out, 1e-6, nw, counter) is None
+        finally:
+            for t in made:
+                t.close()

@@ -77,6 +77,7 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "moe_remap": (I32, (k, T), moe),                   # their staging slots
         "moe_plan": (I32, (plan_words(cfg.n_expert),), moe),
         "route_count": (I32, (1,), moe),                   # the router mat-vec's finished workgroups (0 between)
+        "norm_count": (I32, (1,), kv),                     # the output projection's (fusions.proj_norm), alike
         "ge": (F32, (fe, k, T), moe),                      # expert gate projections
         "ue": (F32, (fe, k, T), moe),                      # expert up projections
         "he": (F32, (fe, k, T), moe),                      # act(ge) * ue
@@ -116,6 +117,7 @@ class Scratch(Owned):
         self.max_tokens, self.n_ctx = max_tokens, n_ctx
         self._mask_opt_owner: dict = {}
         self.pending = None   # at record time: a block output (Tensor or ExpertSum) not yet added into x
+        self.normed = None    # at record time: the norm whose output `cur` already holds (fusions.proj_norm)
         self.routes: RouteTable | None = None
         self.flash_work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)
@@ -133,6 +135,8 @@ class Scratch(Owned):
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
                 write_tensor(self.route_count, np.zeros(1, np.int32))
+            if self.norm_count is not None:
+                write_tensor(self.norm_count, np.zeros(1, np.int32))
             if flash_attn and any(layer.has_kv for layer in cfg.layers):
                 self.flash_work = FlashWork(device)
         except BaseException:

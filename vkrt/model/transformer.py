@@ -28,11 +28,11 @@ from ..memory import Tensor
 from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
-from ..ops.matmul import gate_up_pair, matmul
+from ..ops.matmul import NormEpilogue, gate_up_pair, matmul
 from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
-from ..ops.norm import rms_norm
+from ..ops.norm import add_norm_epilogue, rms_norm
 from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
@@ -149,6 +149,7 @@ class Transformer:
                       for swa in masks} if plan else {}
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
+        s.normed = None
         layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
         if opts.receive is None:
             parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
@@ -262,6 +263,9 @@ class Transformer:
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
         output into x (one fused kernel unless fusions.add_norm is off; a MoE block's output may
         still be its experts' unsummed outputs, an ExpertSum, summed by that kernel)."""
+        if s.normed == name:   # the output projection's last workgroup formed it (proj_norm_epilogue)
+            s.normed = None
+            return
         x, cur = s.cols("x", T - first, first), s.cols("cur", T - first, first)
         pending, s.pending = s.pending, None
         if pending is None:
@@ -273,6 +277,21 @@ class Transformer:
         else:
             add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
+
+    def proj_norm_epilogue(self, seq, s, T, il) -> NormEpilogue | None:
+        """The epilogue with which layer il's attention output projection, for a one-token step,
+        adds its output into x and forms the FFN's normed input (fusions.proj_norm; add_norm
+        then skips that norm); None where that cannot be: more tokens, an output bias, post
+        norms or a residual scale between them, or a shape the epilogue cannot replay."""
+        cfg, p = self.cfg, f"blk.{il}."
+        if (not (self.fusions.proj_norm and self.fusions.add_norm) or T != 1 or s.pending is not None
+                or cfg.post_norms or cfg.residual_scale or (cfg.attn_out_bias and p + "attn_output.bias" in self.w)):
+            return None
+        name = p + cfg.ffn_norm + ".weight"
+        norm = add_norm_epilogue(seq, s.cols("x", T), s.cols("cur", T), cfg.norm_eps, self.w[name], s.norm_count)
+        if norm is not None:
+            s.normed = name
+        return norm
 
     def _ffn(self, seq, s, il, T):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
