@@ -172,9 +172,9 @@ VARIABLES: tuple[Variable, ...] = (
                                   "ADD_NORM; 0: moe_combine stores it first)"),
     _fusion("ROUTE", True, "decode routes each token (softmax, top-k, weights) in the last workgroup of the MoE "
                            "router's mat-vec instead of a moe_route dispatch after it (0: apart)"),
-    _fusion("PROJ_NORM", False, "decode adds attention's output projection into the residual stream and takes "
-                                "the FFN's RMS norm in the projection mat-vec's last workgroup (with ADD_NORM); off "
-                                "by default until measured on a GPU"),
+    _fusion("PROJ_NORM", False, "decode's output projections (attention's, a dense FFN's down) add their output "
+                                "into the residual stream and take the next RMS norm in their mat-vec's last "
+                                "workgroup (with ADD_NORM); off by default until measured on a GPU"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",

@@ -29,10 +29,11 @@ from ..ops.matmul import matmul, matmul_segments
 # 170.1 fused, 30B-A3B 187.6 vs 186.6; bench/peer.py, same run). KV_STORE (with NORM_ROPE: V's
 # store into its cache rides in K's norm_rope dispatch where V and its cache are laid out as K and
 # its cache) is on: one dispatch fewer a layer (tg128 within noise on the H200: 8B 175.2 vs 175.5
-# apart, 30B-A3B 180.3 vs 181.9). PROJ_NORM (decode: attention's output projection adds its
-# output into the residual stream and takes the FFN's norm in its last workgroup, replaying
-# rms_norm's sums; the add_rms_norm dispatch and its barrier are gone) is off until measured on a
-# GPU: removing that stage saved 550 of 4234 us a step on the H200 (30B-A3B shape).
+# apart, 30B-A3B 180.3 vs 181.9). PROJ_NORM (decode: attention's output projection and a dense
+# FFN's down projection add their output into the residual stream and take the next norm in
+# their last workgroup, replaying rms_norm's sums; the add_rms_norm dispatch and its barrier are
+# gone) is off until measured on a GPU: removing the norm before the router saved 550 of 4234 us
+# a step on the H200 (30B-A3B shape).
 
 
 @dataclass(frozen=True)

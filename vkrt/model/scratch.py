@@ -118,6 +118,7 @@ class Scratch(Owned):
         self._mask_opt_owner: dict = {}
         self.pending = None   # at record time: a block output (Tensor or ExpertSum) not yet added into x
         self.normed = None    # at record time: the norm whose output `cur` already holds (fusions.proj_norm)
+        self.next_norm: dict = {}   # at record time: layer -> the norm after it (Transformer.parts)
         self.routes: RouteTable | None = None
         self.flash_work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)

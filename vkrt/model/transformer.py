@@ -151,6 +151,12 @@ class Transformer:
         s.mask_opt_owner.clear()
         s.normed = None
         layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
+        # the norm that follows each layer in this recording (for norm_epilogue): the next layer's
+        # input norm, the output norm after the last; none before a send to another device
+        order = list(layers)
+        s.next_norm = {il: f"blk.{nxt}.attn_norm.weight" for il, nxt in zip(order, order[1:]) if nxt == il + 1}
+        if order and opts.send is None and order[-1] == cfg.n_layer - 1:
+            s.next_norm[order[-1]] = "output_norm.weight"
         if opts.receive is None:
             parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
         else:
@@ -245,19 +251,20 @@ class Transformer:
         return (T <= self._fused_max(seq, dense) and self.fusions.gate_up
                 and gate_up_pair(gate, up, seq.device, act) is not None)
 
-    def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act):
-        """o = down·(act(gate·cur) * (up·cur)) through the fused passes that apply."""
+    def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act, norm: NormEpilogue | None = None):
+        """o = down·(act(gate·cur) * (up·cur)) through the fused passes that apply (`norm`: the
+        down projection's epilogue, see norm_epilogue)."""
         if self._fuse_gate_up(seq, T, gate, up, act):
             matmul(seq, gate, cur, h, up_weight=up, act=act)
-            matmul(seq, down, h, o)
+            matmul(seq, down, h, o, norm=norm)
             return
         matmul(seq, gate, cur, g)
         matmul(seq, up, cur, u)
         if self._fuse_glu(seq, T):   # decode: the activation happens inside the down mat-vec
-            matmul(seq, down, g, o, up=u, act=act)
+            matmul(seq, down, g, o, up=u, act=act, norm=norm)
         else:
             activation(seq, act, g, h, up=u)
-            matmul(seq, down, h, o)
+            matmul(seq, down, h, o, norm=norm)
 
     def add_norm(self, seq, s, T, name, first: int = 0):
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
@@ -278,28 +285,39 @@ class Transformer:
             add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
 
-    def proj_norm_epilogue(self, seq, s, T, il) -> NormEpilogue | None:
-        """The epilogue with which layer il's attention output projection, for a one-token step,
-        adds its output into x and forms the FFN's normed input (fusions.proj_norm; add_norm
-        then skips that norm); None where that cannot be: more tokens, an output bias, post
-        norms or a residual scale between them, or a shape the epilogue cannot replay."""
-        cfg, p = self.cfg, f"blk.{il}."
-        if (not (self.fusions.proj_norm and self.fusions.add_norm) or T != 1 or s.pending is not None
-                or cfg.post_norms or cfg.residual_scale or (cfg.attn_out_bias and p + "attn_output.bias" in self.w)):
+    def norm_epilogue(self, seq, s, T, name: str | None) -> NormEpilogue | None:
+        """The epilogue with which a block's output projection (attention's, a dense FFN's down),
+        for a one-token step, adds its output into x and forms the next norm `name`'s output in
+        cur (fusions.proj_norm; add_norm then skips that norm); None where that cannot be: more
+        tokens, no next norm in this recording, post norms or a residual scale between them, or
+        a shape the epilogue cannot replay. Callers rule out their own output biases."""
+        cfg = self.cfg
+        if (name is None or not (self.fusions.proj_norm and self.fusions.add_norm) or T != 1
+                or s.pending is not None or cfg.post_norms or cfg.residual_scale):
             return None
-        name = p + cfg.ffn_norm + ".weight"
         norm = add_norm_epilogue(seq, s.cols("x", T), s.cols("cur", T), cfg.norm_eps, self.w[name], s.norm_count)
         if norm is not None:
             s.normed = name
         return norm
+
+    def proj_norm_epilogue(self, seq, s, T, il) -> NormEpilogue | None:
+        """norm_epilogue for layer il's attention output projection: the FFN's norm (not with an
+        output bias)."""
+        p = f"blk.{il}."
+        if self.cfg.attn_out_bias and p + "attn_output.bias" in self.w:
+            return None
+        return self.norm_epilogue(seq, s, T, p + self.cfg.ffn_norm + ".weight")
 
     def _ffn(self, seq, s, il, T):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         cur = s.cols("cur", T)
         self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
         g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
+        norm = self.norm_epilogue(seq, s, T, s.next_norm.get(il))
         self._gated_ffn(seq, T, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"], cur,
-                        g, u, h, o, cfg.activation)
+                        g, u, h, o, cfg.activation, norm=norm)
+        if norm is not None:   # o is in x, and cur holds the next block's input
+            return
         if cfg.post_norms:
             self.norm(seq, o, o, p + "post_ffw_norm.weight")
         self.block_output(seq, s, o)
