@@ -4,6 +4,8 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# test processes (pytest-xdist); a test file stays in one process, in order
+TEST_WORKERS ?= 2
 
 .PHONY: run test setup vulkan clean
 
@@ -12,7 +14,7 @@ run: setup
 	$(VENV)/bin/vkrt run -p "The capital of France is" -n 32 --temp 0
 
 test: setup
-	$(VPY) -m pytest -q $(PYTEST_ARGS) tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
 
 setup: vulkan $(STAMP)
 
