@@ -96,13 +96,12 @@ layout(binding = 2) coherent buffer Y { float y_data[]; };   // the last workgro
 layout(binding = NORM_BINDING) buffer NX { float nx[]; };                // the residual stream: s stored over it
 layout(binding = NORM_BINDING + 1) readonly buffer NW { float nw[]; };   // the norm's weight
 layout(binding = NORM_BINDING + 2) writeonly buffer NO { float nout[]; }; // cur
-layout(binding = NORM_BINDING + 3) coherent buffer NCount { uint norm_count[]; };
+layout(binding = NORM_BINDING + 3) coherent buffer WgCount { uint wg_count[]; };
 #ifdef NORM_SG
 shared float nred[NORM_WG / NORM_SGS];
 #else
 shared float nred[NORM_WG];
 #endif
-shared bool norm_last;
 #elif defined(ROUTE)
 #if defined(MUL_MAT_ID) || defined(GLU) || defined(GATE_UP) || defined(SEGMENTS)
 #error "ROUTE routes the tokens of a plain mat-vec (the MoE router's)"
@@ -111,7 +110,7 @@ layout(binding = 2) coherent buffer Y { float y_data[]; };   // the last workgro
 layout(binding = 3) writeonly buffer RIds { int route_ids[]; };
 layout(binding = 4) writeonly buffer RWts { float route_w[]; };
 layout(binding = 5) readonly buffer RBias { float route_bias[]; };
-layout(binding = 6) coherent buffer RCount { uint route_count[]; };
+layout(binding = 6) coherent buffer WgCount { uint wg_count[]; };
 #else
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
 #endif
@@ -168,13 +167,13 @@ layout(push_constant) uniform Push {
     uint rw_off;
     uint mode;
     uint b_off;
-    uint count_off; // the counter of finished workgroups (0 between dispatches)
+    uint count_off; // the counter of finished workgroups (last_workgroup)
 #endif
 #ifdef ADD_NORM
     uint nx_off;    // float offsets of the residual stream, the norm's weight and cur; the counter's
     uint nw_off;
     uint no_off;
-    uint ncount_off;
+    uint count_off;
     float eps;
 #endif
 #ifdef MOE_SUM
@@ -196,7 +195,28 @@ layout(push_constant) uniform Push {
 #define ROUTE_ID(i, v) route_ids[p.ids_off + (i)] = (v)
 #define ROUTE_WEIGHT(i, v) route_w[p.rw_off + (i)] = (v)
 #include "moe_route.glsl"
-shared bool route_last;
+#endif
+
+#if defined(ROUTE) || defined(ADD_NORM)
+shared bool wg_last;
+// Whether this is the last workgroup of the dispatch to finish: each workgroup's rows are stored
+// and made visible before it counts itself, so the last one reads them all; it resets the
+// counter (wg_count[p.count_off], 0 between dispatches) for the next dispatch
+bool last_workgroup() {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationID.x == 0u) {
+        wg_last = atomicAdd(wg_count[p.count_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+    }
+    barrier();
+    if (wg_last) {
+        memoryBarrierBuffer();
+        if (gl_LocalInvocationID.x == 0u) {
+            wg_count[p.count_off] = 0u;
+        }
+    }
+    return wg_last;
+}
 #endif
 
 #ifdef GLU
@@ -533,38 +553,14 @@ void main() {
     }
 #endif
 #ifdef ADD_NORM
-    // the last workgroup to finish forms the next block's input (as ROUTE below counts)
-    memoryBarrierBuffer();
-    barrier();
-    if (gl_LocalInvocationID.x == 0u) {
-        norm_last = atomicAdd(norm_count[p.ncount_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
-    }
-    barrier();
-    if (norm_last) {
-        memoryBarrierBuffer();
+    if (last_workgroup()) {   // forms the next block's input
         add_norm_epilogue();
-        if (gl_LocalInvocationID.x == 0u) {
-            norm_count[p.ncount_off] = 0u;
-        }
     }
 #endif
 #ifdef ROUTE
-    // the last workgroup to finish routes the tokens (moe_router's results, bit for bit): each
-    // workgroup's rows are stored and made visible before it counts itself; the last resets
-    // the counter for the next dispatch
-    memoryBarrierBuffer();
-    barrier();
-    if (gl_LocalInvocationID.x == 0u) {
-        route_last = atomicAdd(route_count[p.count_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
-    }
-    barrier();
-    if (route_last) {
-        memoryBarrierBuffer();
+    if (last_workgroup()) {   // routes the tokens (moe_router's results, bit for bit)
         for (uint t = 0u; t < NC; t++) {
             route_token(p.y_off + t * p.y_col, t * p.n_used, p.M, p.n_used, p.mode, p.b_off);
-        }
-        if (gl_LocalInvocationID.x == 0u) {
-            route_count[p.count_off] = 0u;
         }
     }
 #endif

@@ -76,8 +76,8 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "moe_ids": (I32, (k, T), moe),                     # chosen experts
         "moe_remap": (I32, (k, T), moe),                   # their staging slots
         "moe_plan": (I32, (plan_words(cfg.n_expert),), moe),
-        "route_count": (I32, (1,), moe),                   # the router mat-vec's finished workgroups (0 between)
-        "norm_count": (I32, (1,), kv),                     # the output projection's (fusions.proj_norm), alike
+        "wg_count": (I32, (1,), moe or kv),                # a mat-vec's finished workgroups (last_workgroup in
+                                                           # mul_mv: routing, the norm epilogue; 0 between)
         "ge": (F32, (fe, k, T), moe),                      # expert gate projections
         "ue": (F32, (fe, k, T), moe),                      # expert up projections
         "he": (F32, (fe, k, T), moe),                      # act(ge) * ue
@@ -135,9 +135,8 @@ class Scratch(Owned):
                     setattr(self, n, t)
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
-                write_tensor(self.route_count, np.zeros(1, np.int32))
-            if self.norm_count is not None:
-                write_tensor(self.norm_count, np.zeros(1, np.int32))
+            if self.wg_count is not None:
+                write_tensor(self.wg_count, np.zeros(1, np.int32))
             if flash_attn and any(layer.has_kv for layer in cfg.layers):
                 self.flash_work = FlashWork(device)
         except BaseException:

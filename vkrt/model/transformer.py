@@ -295,7 +295,7 @@ class Transformer:
         if (name is None or not (self.fusions.proj_norm and self.fusions.add_norm) or T != 1
                 or s.pending is not None or cfg.post_norms or cfg.residual_scale):
             return None
-        norm = add_norm_epilogue(seq, s.cols("x", T), s.cols("cur", T), cfg.norm_eps, self.w[name], s.norm_count)
+        norm = add_norm_epilogue(seq, s.cols("x", T), s.cols("cur", T), cfg.norm_eps, self.w[name], s.wg_count)
         if norm is not None:
             s.normed = name
         return norm
@@ -348,7 +348,7 @@ class Transformer:
                       sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None)
         route = None   # routed in the router's mat-vec (VKRT_FUSE_ROUTE) where it can be
         if self.fusions.route and not cfg.router_bias:
-            route = route_epilogue(seq, gate_inp, router, ids, weights, k, cfg.expert_weights_norm, s.route_count,
+            route = route_epilogue(seq, gate_inp, router, ids, weights, k, cfg.expert_weights_norm, s.wg_count,
                                    **gating)
         matmul(seq, gate_inp, cur, router, route=route)
         if route is None:

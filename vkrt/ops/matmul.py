@@ -48,7 +48,7 @@ class RouteEpilogue:
 
 
 # ADD_NORM: the fields after the mat-vec's (shaders/mul_mv.comp)
-NORM_FIELDS = (("nx_off", "u32"), ("nw_off", "u32"), ("no_off", "u32"), ("ncount_off", "u32"), ("eps", "f32"))
+NORM_FIELDS = (("nx_off", "u32"), ("nw_off", "u32"), ("no_off", "u32"), ("count_off", "u32"), ("eps", "f32"))
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,11 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
     if norm is not None:
-        if n != 1 or mul_mat_id or gate_up or segments or route is not None or norm["NORM_WG"] % wg:
+        if n != 1 or mul_mat_id or gate_up or segments or route is not None or norm["NORM_WG"] != norm["NORM_NVL"] * wg:
             raise UnsupportedShape(f"the norm epilogue follows a plain mat-vec of one column whose workgroup "
-                                   f"({wg}) divides the norm's ({norm['NORM_WG']}), got {n} columns")
-        defines.update(ADD_NORM=1, NORM_NVL=norm["NORM_WG"] // wg, NORM_EPV=ceil_div(m, norm["NORM_WG"]), **norm)
+                                   f"({wg}) it was made for, got {n} columns, a norm of {norm['NORM_WG']} invocations "
+                                   f"in {norm['NORM_NVL']} virtual lanes")
+        defines.update(ADD_NORM=1, **norm)
         push = PushConstants(*push.fields, *NORM_FIELDS)
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows * (wg // lanes))

@@ -104,7 +104,8 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
     seq.dispatch(k, buffers, push=push, groups=grid(dev, nrows), label=label)
 
 
-# the most elements of the row one mat-vec invocation holds for the norm epilogue (registers)
+# the most elements of the row one mat-vec invocation takes in the norm epilogue (its loops are
+# unrolled over them)
 EPILOGUE_HELD_MAX = 32
 
 
@@ -121,9 +122,10 @@ def add_norm_epilogue(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor, c
         return None
     prof, mv_wg = dev.profile, dev.tuning.mv_wg
     wg = norm_wg(dev, k)
-    if wg % mv_wg or (wg // mv_wg) * -(-k // wg) > EPILOGUE_HELD_MAX:
+    lanes, per_lane = wg // mv_wg, -(-k // wg)   # virtual lanes an invocation, elements a lane
+    if wg % mv_wg or lanes * per_lane > EPILOGUE_HELD_MAX:
         return None
-    defines = {"NORM_WG": wg}
+    defines = {"NORM_WG": wg, "NORM_NVL": lanes, "NORM_EPV": per_lane}
     if reduce_defines(dev):
         size = prof.subgroup_min
         if size != prof.subgroup_max or size < 1 or mv_wg % size or wg % size:
@@ -133,4 +135,4 @@ def add_norm_epilogue(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor, c
                                               ((x, "x"), (weight, "weight"), (out, "out")))
     cr, co = bind_tensor(counter, "norm epilogue counter")
     return NormEpilogue(defines, (xr, wr, orr, cr),
-                        {"nx_off": xo, "nw_off": wo, "no_off": oo, "ncount_off": co // 4, "eps": float(eps)})
+                        {"nx_off": xo, "nw_off": wo, "no_off": oo, "count_off": co // 4, "eps": float(eps)})
