@@ -42,7 +42,7 @@ from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
 from vkrt.ops.matmul import MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
-from vkrt.ops.norm import add_norm_epilogue, rms_norm
+from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type, supported_types
 from vkrt.ops.rope import rope
@@ -136,21 +136,6 @@ def decode_router(seq, m) -> None:
     matmul(seq, w, cur, logits, route=route)
 
 
-def decode_proj_norm(seq, m, typ) -> None:
-    """One token's attention output projection adding into the residual stream and taking the
-    FFN's norm in its last workgroup."""
-    dev = seq.device
-    E, A = m["hidden"], m["n_head"] * m["head"]
-    w = placeholder(dev, typ, (A, E), "attn_output")
-    a, o = placeholder(dev, F32, (A, 1), "attn"), placeholder(dev, F32, (E, 1), "o")
-    x, cur = placeholder(dev, F32, (E, 1), "x"), placeholder(dev, F32, (E, 1), "cur")
-    norm = add_norm_epilogue(seq, x, cur, 1e-6, placeholder(dev, F32, (E,), "ffn_norm"),
-                             placeholder(dev, I32, (1,), "counter"))
-    if norm is None:
-        raise VkrtError("the GCN tuning cannot take the norm in the output projection")
-    matmul(seq, w, a, o, norm=norm)
-
-
 def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
     """(where it is used, pipelines) for every kernel call of a prefill and a decode step, with
     matmul kernels for the weight types `weights`."""
@@ -177,8 +162,6 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                  [mat_vec_kernel(dev, typ, cols, tune, k=hidden, m=hidden, xvec4=xvec4, wide=wide).kernel]),
                 (f"decode {typ.name}: attention output projection",
                  [mat_vec_kernel(dev, typ, 1, tune, k=m["n_head"] * m["head"], m=hidden, xvec4=xvec4, wide=wide).kernel]),
-                (f"decode {typ.name}: attention output projection + residual add + FFN norm (VKRT_FUSE_PROJ_NORM)",
-                 recorded(dev, lambda seq, typ=typ: decode_proj_norm(seq, m, typ))),
                 (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide, mul_mat_id=True,
                                 gate_up="silu").kernel]),

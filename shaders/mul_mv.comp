@@ -19,12 +19,6 @@
 // y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
 // With ROUTE (a plain mat-vec: the MoE router's logits) the last workgroup to finish routes the
 // NC tokens as moe_router does (shaders/moe_route.glsl): one dispatch instead of two.
-// With ADD_NORM (a plain mat-vec of one column: attention's output projection) the last
-// workgroup to finish adds y into the residual stream, s = nx + y stored over nx, and stores
-// cur = s / rms(s) * nw, the next block's normed input, with rms_norm's sums in its order
-// (norm.py rms_norm(residual=...), bit for bit): NORM_WG invocations of it become NORM_NVL
-// virtual lanes of each invocation here, on the same subgroup lanes (NORM_SG: their subgroup
-// sums, then a walk over them; else its shared-memory tree). The norm's dispatch is gone.
 // With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
 // add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
@@ -80,29 +74,7 @@ layout(binding = B_BINDING) readonly buffer B { float b_data[]; };           // 
 layout(binding = B_BINDING + 1) readonly buffer B2 { float b2_data[]; };     // W2's, laid out alike
 #endif
 #endif
-#ifdef ADD_NORM
-#if defined(MUL_MAT_ID) || defined(GATE_UP) || defined(SEGMENTS) || defined(ROUTE) || NC != 1
-#error "ADD_NORM follows a plain mat-vec of one column"
-#endif
-#ifdef NORM_SG
-#extension GL_KHR_shader_subgroup_arithmetic : enable
-#endif
-#ifdef GLU
-#define NORM_BINDING 4
-#else
-#define NORM_BINDING 3
-#endif
-layout(binding = 2) coherent buffer Y { float y_data[]; };   // the last workgroup reads every row back
-layout(binding = NORM_BINDING) buffer NX { float nx[]; };                // the residual stream: s stored over it
-layout(binding = NORM_BINDING + 1) readonly buffer NW { float nw[]; };   // the norm's weight
-layout(binding = NORM_BINDING + 2) writeonly buffer NO { float nout[]; }; // cur
-layout(binding = NORM_BINDING + 3) coherent buffer WgCount { uint wg_count[]; };
-#ifdef NORM_SG
-shared float nred[NORM_WG / NORM_SGS];
-#else
-shared float nred[NORM_WG];
-#endif
-#elif defined(ROUTE)
+#ifdef ROUTE
 #if defined(MUL_MAT_ID) || defined(GLU) || defined(GATE_UP) || defined(SEGMENTS)
 #error "ROUTE routes the tokens of a plain mat-vec (the MoE router's)"
 #endif
@@ -169,13 +141,6 @@ layout(push_constant) uniform Push {
     uint b_off;
     uint count_off; // the counter of finished workgroups (last_workgroup)
 #endif
-#ifdef ADD_NORM
-    uint nx_off;    // float offsets of the residual stream, the norm's weight and cur; the counter's
-    uint nw_off;
-    uint no_off;
-    uint count_off;
-    float eps;
-#endif
 #ifdef MOE_SUM
     uint wt_off;   // float offsets of the routing weights, the shared output and its gate
     uint sh_off;
@@ -197,7 +162,7 @@ layout(push_constant) uniform Push {
 #include "moe_route.glsl"
 #endif
 
-#if defined(ROUTE) || defined(ADD_NORM)
+#ifdef ROUTE
 shared bool wg_last;
 // Whether this is the last workgroup of the dispatch to finish: each workgroup's rows are stored
 // and made visible before it counts itself, so the last one reads them all; it resets the
@@ -335,60 +300,6 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         }
     }
 }
-
-#ifdef ADD_NORM
-// s = nx + y stored over nx and its sum of squares as rms_norm sums it, then s * scale * nw into
-// nout: invocation t is the norm's invocations v = t + j * WG (j < NORM_NVL), each summing
-// elements c = v, v + NORM_WG, ... (NORM_EPV of them); s is read back from nx for the scaling
-// (the invocation's own stores), so no register holds the row across the sum
-void add_norm_epilogue() {
-    const uint t = gl_LocalInvocationID.x, m = p.M;
-    [[unroll]] for (uint j = 0u; j < NORM_NVL; j++) {
-        const uint v = t + j * WG;
-        precise float ps = 0.0;
-        [[unroll]] for (uint e = 0u; e < NORM_EPV; e++) {
-            const uint c = v + e * NORM_WG;
-            if (c < m) {
-                const float sv = nx[p.nx_off + c] + y_data[p.y_off + c];
-                nx[p.nx_off + c] = sv;
-                ps += sv * sv;
-            }
-        }
-#ifdef NORM_SG
-        const float sg = subgroupAdd(ps);
-        if (subgroupElect()) {
-            nred[v / NORM_SGS] = sg;
-        }
-#else
-        nred[v] = ps;
-#endif
-    }
-    barrier();
-#ifdef NORM_SG
-    float total = 0.0;
-    for (uint i = 0u; i < NORM_WG / NORM_SGS; i++) {
-        total += nred[i];
-    }
-#else
-    for (uint h = NORM_WG / 2u; h > 0u; h >>= 1) {
-        for (uint i = t; i < h; i += WG) {
-            nred[i] += nred[i + h];
-        }
-        barrier();
-    }
-    const float total = nred[0];
-#endif
-    precise const float scale = inversesqrt(total / float(m) + p.eps);
-    [[unroll]] for (uint j = 0u; j < NORM_NVL; j++) {
-        [[unroll]] for (uint e = 0u; e < NORM_EPV; e++) {
-            const uint c = t + j * WG + e * NORM_WG;
-            if (c < m) {
-                nout[p.no_off + c] = (nx[p.nx_off + c] * scale) * nw[p.nw_off + c];
-            }
-        }
-    }
-}
-#endif
 
 void main() {
     qinit();
@@ -550,11 +461,6 @@ void main() {
                 y_data[ybase + row0 + r] = o[r];
             }
         }
-    }
-#endif
-#ifdef ADD_NORM
-    if (last_workgroup()) {   // forms the next block's input
-        add_norm_epilogue();
     }
 #endif
 #ifdef ROUTE

@@ -74,13 +74,13 @@ void main() {
     const uint h = row % p.n_head, t = row / p.n_head, lid = gl_LocalInvocationID.x;
     const uint xb = p.x_off + h * p.x_s1 + t * p.x_s2;
 #ifdef NORM
-    precise float sum = 0.0;   // as rms_norm sums
+    float sum = 0.0;
     for (uint c = lid; c < p.head_dim; c += WG) {
         const float v = x[xb + c];
         sum += v * v;
     }
     sum = workgroup_sum(sum);
-    precise const float scale = inversesqrt(sum / float(p.head_dim) + p.eps);
+    const float scale = inversesqrt(sum / float(p.head_dim) + p.eps);
     for (uint c = lid; c < p.head_dim; c += WG) {
         const float v = x[xb + c] * scale;
         row_sh[c] = v * w[p.w_off + c];

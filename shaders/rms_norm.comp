@@ -135,7 +135,7 @@ void main() {
     // the first HOLD elements of an invocation stay in registers between the sum and the scaling,
     // their weights read before the sum (a short row's second pass reads nothing); the order of
     // the sum is the plain loop's
-    precise float sum = 0.0;   // no fused multiply-add: mul_mv ADD_NORM replays these sums
+    float sum = 0.0;
     float held[HOLD], held_w[HOLD];
 #ifdef ADD
     const uint rb = xb - p.x_off + p.r_off, sb = xb - p.x_off + p.s_off;
@@ -155,7 +155,7 @@ void main() {
         sum += v * v;
     }
     sum = workgroup_sum(sum);
-    precise const float scale = inversesqrt(sum / float(p.ncols) + p.eps);
+    const float scale = inversesqrt(sum / float(p.ncols) + p.eps);
     [[unroll]] for (uint i = 0u; i < HOLD; i++) {
         const uint c = gl_LocalInvocationID.x + i * WG;
         if (c < p.ncols) {

@@ -8,8 +8,7 @@ activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a
 the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default),
 and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off), and a MoE
 block's weighted sum of its experts inside the next RMS norm (VKRT_FUSE_COMBINE_NORM=0 turns it
-off: moe_combine's pass a MoE layer), and decode's attention output projection forming the
-FFN's normed input in its last workgroup (VKRT_FUSE_PROJ_NORM=1, off by default)."""
+off: moe_combine's pass a MoE layer)."""
 
 import numpy as np
 import pytest
@@ -193,27 +192,6 @@ def test_expert_biases_in_the_expert_fusions(device, tmp_path, device_env, varia
         assert 2 * in_vram <= saved <= 2 * cfg.n_layer
     else:
         assert saved == 0
-
-
-@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-qwen3", 0), ("tiny-qwen3moe", 0),
-                                            ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 0), ("tiny-qwen35", 0),
-                                            ("tiny-gemma3", 0), ("tiny-gpt-oss", 0), ("tiny-granite", 0),
-                                            ("tiny-phi3", 0), ("tiny-olmoe", 0), ("tiny-glm4moe", 0)])
-def test_norm_in_the_output_projections_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
-    """Decode's output projections adding their output into the residual stream and taking the
-    next norm in their last workgroup (VKRT_FUSE_PROJ_NORM) against add_rms_norm after them:
-    attention's output projection (the FFN's norm) and a dense FFN's down projection (the next
-    layer's input norm, DeltaNet's too, or the output norm after the last layer); one command
-    fewer each in the decode graph, experts in VRAM and from host. Not where something comes
-    between (gemma3's post norms, granite's residual scale, gpt-oss's attention output bias)."""
-    from vkrt.model.arch import DENSE
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_PROJ_NORM", n_cpu_moe=n_cpu_moe)
-    between = bool(cfg.post_norms or cfg.residual_scale)
-    attn = 0 if between or cfg.attn_out_bias else len(cfg.kv_layers)
-    ffn = 0 if between else sum(layer.ffn == DENSE for layer in cfg.layers)
-    assert saved == attn + ffn   # the one-token graph only
-    assert (attn == 0) == (name in ("tiny-gemma3", "tiny-granite", "tiny-gpt-oss"))
-    assert ffn > 0 or any(layer.moe for layer in cfg.layers) or between
 
 
 def test_fusion_defaults():

@@ -172,9 +172,6 @@ VARIABLES: tuple[Variable, ...] = (
                                   "ADD_NORM; 0: moe_combine stores it first)"),
     _fusion("ROUTE", True, "decode routes each token (softmax, top-k, weights) in the last workgroup of the MoE "
                            "router's mat-vec instead of a moe_route dispatch after it (0: apart)"),
-    _fusion("PROJ_NORM", False, "decode's output projections (attention's, a dense FFN's down) add their output "
-                                "into the residual stream and take the next RMS norm in their mat-vec's last "
-                                "workgroup (with ADD_NORM); off by default until measured on a GPU"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",
@@ -222,7 +219,6 @@ class Settings:
     fuse_kv_store: bool = True
     fuse_combine_norm: bool = True
     fuse_route: bool = True
-    fuse_proj_norm: bool = False
     fa_mask_opt: bool | None = None
     glslang_lib: Path | None = None
 

@@ -110,10 +110,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     if gate is not None:
         gate_mul(seq, out, gate, out, act="sigmoid")
     o = s.cols("o", T)
-    norm = tf.proj_norm_epilogue(seq, s, T, il)
-    matmul(seq, w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o, norm=norm)
-    if norm is not None:   # o is in x, and cur holds the FFN's input
-        return
+    matmul(seq, w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
     if cfg.attn_out_bias and p + "attn_output.bias" in w:
         add(seq, o, w[p + "attn_output.bias"], o)
     if cfg.post_norms:

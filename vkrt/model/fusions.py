@@ -29,11 +29,7 @@ from ..ops.matmul import matmul, matmul_segments
 # 170.1 fused, 30B-A3B 187.6 vs 186.6; bench/peer.py, same run). KV_STORE (with NORM_ROPE: V's
 # store into its cache rides in K's norm_rope dispatch where V and its cache are laid out as K and
 # its cache) is on: one dispatch fewer a layer (tg128 within noise on the H200: 8B 175.2 vs 175.5
-# apart, 30B-A3B 180.3 vs 181.9). PROJ_NORM (decode: attention's output projection and a dense
-# FFN's down projection add their output into the residual stream and take the next norm in
-# their last workgroup, replaying rms_norm's sums; the add_rms_norm dispatch and its barrier are
-# gone) is off until measured on a GPU: removing the norm before the router saved 550 of 4234 us
-# a step on the H200 (30B-A3B shape).
+# apart, 30B-A3B 180.3 vs 181.9).
 
 
 @dataclass(frozen=True)
@@ -50,14 +46,13 @@ class Fusions:
     kv_store: bool = True
     combine_norm: bool = True
     route: bool = True
-    proj_norm: bool = False
 
     @staticmethod
     def of(settings) -> "Fusions":
         return Fusions(add_norm=settings.fuse_add_norm, norm_rope=settings.fuse_norm_rope, glu=settings.fuse_glu,
                        gate_up=settings.fuse_gate_up, moe_sum=settings.fuse_moe_sum, qkv=settings.fuse_qkv,
                        kv_store=settings.fuse_kv_store, combine_norm=settings.fuse_combine_norm,
-                       route=settings.fuse_route, proj_norm=settings.fuse_proj_norm)
+                       route=settings.fuse_route)
 
 
 def project(seq, pairs, x, fused: bool) -> None:

@@ -76,8 +76,8 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "moe_ids": (I32, (k, T), moe),                     # chosen experts
         "moe_remap": (I32, (k, T), moe),                   # their staging slots
         "moe_plan": (I32, (plan_words(cfg.n_expert),), moe),
-        "wg_count": (I32, (1,), moe or kv),                # a mat-vec's finished workgroups (last_workgroup in
-                                                           # mul_mv: routing, the norm epilogue; 0 between)
+        "wg_count": (I32, (1,), moe),                      # the router mat-vec's finished workgroups (last_workgroup
+                                                           # in mul_mv; 0 between)
         "ge": (F32, (fe, k, T), moe),                      # expert gate projections
         "ue": (F32, (fe, k, T), moe),                      # expert up projections
         "he": (F32, (fe, k, T), moe),                      # act(ge) * ue
@@ -117,8 +117,6 @@ class Scratch(Owned):
         self.max_tokens, self.n_ctx = max_tokens, n_ctx
         self._mask_opt_owner: dict = {}
         self.pending = None   # at record time: a block output (Tensor or ExpertSum) not yet added into x
-        self.normed = None    # at record time: the norm whose output `cur` already holds (fusions.proj_norm)
-        self.next_norm: dict = {}   # at record time: layer -> the norm after it (Transformer.parts)
         self.routes: RouteTable | None = None
         self.flash_work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)

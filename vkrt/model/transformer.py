@@ -28,11 +28,11 @@ from ..memory import Tensor
 from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
-from ..ops.matmul import NormEpilogue, gate_up_pair, matmul
+from ..ops.matmul import gate_up_pair, matmul
 from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
-from ..ops.norm import add_norm_epilogue, rms_norm
+from ..ops.norm import rms_norm
 from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
@@ -149,14 +149,7 @@ class Transformer:
                       for swa in masks} if plan else {}
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
-        s.normed = None
         layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
-        # the norm that follows each layer in this recording (for norm_epilogue): the next layer's
-        # input norm, the output norm after the last; none before a send to another device
-        order = list(layers)
-        s.next_norm = {il: f"blk.{nxt}.attn_norm.weight" for il, nxt in zip(order, order[1:]) if nxt == il + 1}
-        if order and opts.send is None and order[-1] == cfg.n_layer - 1:
-            s.next_norm[order[-1]] = "output_norm.weight"
         if opts.receive is None:
             parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
         else:
@@ -251,28 +244,24 @@ class Transformer:
         return (T <= self._fused_max(seq, dense) and self.fusions.gate_up
                 and gate_up_pair(gate, up, seq.device, act) is not None)
 
-    def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act, norm: NormEpilogue | None = None):
-        """o = down·(act(gate·cur) * (up·cur)) through the fused passes that apply (`norm`: the
-        down projection's epilogue, see norm_epilogue)."""
+    def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act):
+        """o = down·(act(gate·cur) * (up·cur)) through the fused passes that apply."""
         if self._fuse_gate_up(seq, T, gate, up, act):
             matmul(seq, gate, cur, h, up_weight=up, act=act)
-            matmul(seq, down, h, o, norm=norm)
+            matmul(seq, down, h, o)
             return
         matmul(seq, gate, cur, g)
         matmul(seq, up, cur, u)
         if self._fuse_glu(seq, T):   # decode: the activation happens inside the down mat-vec
-            matmul(seq, down, g, o, up=u, act=act, norm=norm)
+            matmul(seq, down, g, o, up=u, act=act)
         else:
             activation(seq, act, g, h, up=u)
-            matmul(seq, down, h, o, norm=norm)
+            matmul(seq, down, h, o)
 
     def add_norm(self, seq, s, T, name, first: int = 0):
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
         output into x (one fused kernel unless fusions.add_norm is off; a MoE block's output may
         still be its experts' unsummed outputs, an ExpertSum, summed by that kernel)."""
-        if s.normed == name:   # the output projection's last workgroup formed it (proj_norm_epilogue)
-            s.normed = None
-            return
         x, cur = s.cols("x", T - first, first), s.cols("cur", T - first, first)
         pending, s.pending = s.pending, None
         if pending is None:
@@ -285,39 +274,13 @@ class Transformer:
             add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
 
-    def norm_epilogue(self, seq, s, T, name: str | None) -> NormEpilogue | None:
-        """The epilogue with which a block's output projection (attention's, a dense FFN's down),
-        for a one-token step, adds its output into x and forms the next norm `name`'s output in
-        cur (fusions.proj_norm; add_norm then skips that norm); None where that cannot be: more
-        tokens, no next norm in this recording, post norms or a residual scale between them, or
-        a shape the epilogue cannot replay. Callers rule out their own output biases."""
-        cfg = self.cfg
-        if (name is None or not (self.fusions.proj_norm and self.fusions.add_norm) or T != 1
-                or s.pending is not None or cfg.post_norms or cfg.residual_scale):
-            return None
-        norm = add_norm_epilogue(seq, s.cols("x", T), s.cols("cur", T), cfg.norm_eps, self.w[name], s.wg_count)
-        if norm is not None:
-            s.normed = name
-        return norm
-
-    def proj_norm_epilogue(self, seq, s, T, il) -> NormEpilogue | None:
-        """norm_epilogue for layer il's attention output projection: the FFN's norm (not with an
-        output bias)."""
-        p = f"blk.{il}."
-        if self.cfg.attn_out_bias and p + "attn_output.bias" in self.w:
-            return None
-        return self.norm_epilogue(seq, s, T, p + self.cfg.ffn_norm + ".weight")
-
     def _ffn(self, seq, s, il, T):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         cur = s.cols("cur", T)
         self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
         g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
-        norm = self.norm_epilogue(seq, s, T, s.next_norm.get(il))
         self._gated_ffn(seq, T, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"], cur,
-                        g, u, h, o, cfg.activation, norm=norm)
-        if norm is not None:   # o is in x, and cur holds the next block's input
-            return
+                        g, u, h, o, cfg.activation)
         if cfg.post_norms:
             self.norm(seq, o, o, p + "post_ffw_norm.weight")
         self.block_output(seq, s, o)

@@ -47,23 +47,6 @@ class RouteEpilogue:
     push: dict
 
 
-# ADD_NORM: the fields after the mat-vec's (shaders/mul_mv.comp)
-NORM_FIELDS = (("nx_off", "u32"), ("nw_off", "u32"), ("no_off", "u32"), ("count_off", "u32"), ("eps", "f32"))
-
-
-@dataclass(frozen=True)
-class NormEpilogue:
-    """What a one-column mat-vec needs to add its output into the residual stream and take the
-    next block's RMS norm in its last workgroup (mul_mv ADD_NORM; norm.add_norm_epilogue): the
-    defines that replay rms_norm's sums (NORM_WG, NORM_NVL, NORM_EPV, NORM_SG, NORM_SGS), the
-    bindings of the stream, the norm's weight, its output and the workgroup counter, and
-    NORM_FIELDS' values."""
-
-    defines: dict
-    buffers: tuple
-    push: dict
-
-
 GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
 
 
@@ -112,7 +95,7 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
-                   segments: bool = False, route: dict | None = None, norm: dict | None = None) -> MatVec:
+                   segments: bool = False, route: dict | None = None) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
@@ -121,9 +104,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
     matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` (NormEpilogue's defines) adds the output into the
-    residual stream and takes the next norm in the last workgroup. Rows a group are halved (down
-    to one) while the grid has fewer than tuning.mv_fill_groups workgroups."""
+    last workgroup (RouteEpilogue). Rows a group are halved (down to one) while the grid has
+    fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
     if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
@@ -177,13 +159,6 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if route is not None:
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
-    if norm is not None:
-        if n != 1 or mul_mat_id or gate_up or segments or route is not None or norm["NORM_WG"] != norm["NORM_NVL"] * wg:
-            raise UnsupportedShape(f"the norm epilogue follows a plain mat-vec of one column whose workgroup "
-                                   f"({wg}) it was made for, got {n} columns, a norm of {norm['NORM_WG']} invocations "
-                                   f"in {norm['NORM_NVL']} virtual lanes")
-        defines.update(ADD_NORM=1, **norm)
-        push = PushConstants(*push.fields, *NORM_FIELDS)
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows * (wg // lanes))
 
@@ -285,8 +260,7 @@ def mat_vec_columns(tuning) -> int:
 
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None,
-           route: RouteEpilogue | None = None, kernel_columns: int | None = None,
-           norm: NormEpilogue | None = None) -> None:
+           route: RouteEpilogue | None = None, kernel_columns: int | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
@@ -333,9 +307,6 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     if route is not None and (up is not None or n > cols or len(pieces) > 1):
         raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
                                f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
-    if norm is not None and (n != 1 or len(pieces) > 1 or route is not None):
-        raise UnsupportedShape(f"matmul: the norm epilogue takes one column and a weight in one binding, "
-                               f"without routing; got {n} columns, {len(pieces)} pieces")
     if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
@@ -358,17 +329,14 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
                             glu=act if up is not None else None, wide=wide,
-                            route=route.defines if route is not None else None,
-                            norm=norm.defines if norm is not None else None)
+                            route=route.defines if route is not None else None)
         if route is not None:
             extra, extra_push = list(route.buffers), route.push
-        if norm is not None:   # after the fused activation's u
-            extra, extra_push = [*extra, *norm.buffers], {**extra_push, **norm.push}
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}
             seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=mv.groups(b - a, device),
-                         label="router" if route is not None else "mul_mv + add_rms_norm" if norm is not None else None)
+                         label="router" if route is not None else None)
 
 
 def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tuning=None) -> None:

@@ -7,9 +7,8 @@ from __future__ import annotations
 from ..errors import OutOfRange
 from ..memory import Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor, f32_binding
+from .binding import f32_binding
 from .grid import grid
-from .matmul import NormEpilogue
 from .moe import ExpertSum
 from .rows import same_shape
 
@@ -102,37 +101,3 @@ def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = No
         k = kernel(dev, "rms_norm", defines=reduce_defines(dev), push=RMS_PUSH, workgroup=(wg,))  # WG: a power of two
         label = "rms_norm"
     seq.dispatch(k, buffers, push=push, groups=grid(dev, nrows), label=label)
-
-
-# the most elements of the row one mat-vec invocation takes in the norm epilogue (its loops are
-# unrolled over them)
-EPILOGUE_HELD_MAX = 32
-
-
-def add_norm_epilogue(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor, counter: Tensor) -> NormEpilogue | None:
-    """The NormEpilogue with which a one-column mat-vec whose output r is a block's output forms
-    x <- x + r and out = rms_norm(x) * weight in its last workgroup, bit for bit as
-    rms_norm(x, out, eps, weight, residual=r, sum_out=x) (`counter`: an I32 [1] holding 0, left
-    0); None where it cannot: x not one contiguous F32 column, the mat-vec's workgroup not dividing
-    the norm's, subgroups of varying size or not dividing both workgroups (the sums are replayed
-    on the same lanes), or more of the row an invocation than EPILOGUE_HELD_MAX."""
-    dev = seq.device
-    k = x.ne[0]
-    if x.nelements != k or out.nelements != k or weight.nelements != k or not x.is_contiguous():
-        return None
-    prof, mv_wg = dev.profile, dev.tuning.mv_wg
-    wg = norm_wg(dev, k)
-    lanes, per_lane = wg // mv_wg, -(-k // wg)   # virtual lanes an invocation, elements a lane
-    if wg % mv_wg or lanes * per_lane > EPILOGUE_HELD_MAX:
-        return None
-    defines = {"NORM_WG": wg, "NORM_NVL": lanes, "NORM_EPV": per_lane}
-    if reduce_defines(dev):
-        size = prof.subgroup_min
-        if size != prof.subgroup_max or size < 1 or mv_wg % size or wg % size:
-            return None
-        defines.update(NORM_SG=1, NORM_SGS=size)
-    (xr, xo, _), (wr, wo, _), (orr, oo, _) = (f32_binding(t, f"norm epilogue {name}") for t, name in
-                                              ((x, "x"), (weight, "weight"), (out, "out")))
-    cr, co = bind_tensor(counter, "norm epilogue counter")
-    return NormEpilogue(defines, (xr, wr, orr, cr),
-                        {"nx_off": xo, "nw_off": wo, "no_off": oo, "count_off": co // 4, "eps": float(eps)})
