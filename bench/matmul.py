@@ -9,9 +9,13 @@ dense: W of M rows x K columns (a 3B model's 4096x4096 projection), y = W·x for
 this many MiB (default 512, above any GPU's L2), so a mat-vec reads DRAM, not cache.
 moe: one expert tensor K x M x n_expert with n_used experts per token (Qwen3-30B-A3B's 2048x768,
 128 experts, 8 used), routing drawn uniformly; weight bytes count each expert any token used once.
-GPU time from timestamps, median of --reps replays of one recorded command buffer. The peer in
-the same run is a buffer copy of the dense weight's size (read + write), the device's copy
-bandwidth; --peak-gbs adds the fraction of a datasheet bandwidth (e.g. 4800 for an H200).
+GPU time from timestamps, median of --reps replays of one recorded command buffer, after 2 s of
+replays (an H200 left idle between short bursts ran at a quarter of its clock: 4096x14336 Q4_0
+read 26 or 108-133 us from one process to the next with 0.2 s). Peers in the same run: a compute
+shader streaming --peer-mib of memory (vkrt/ops/stream_read.py: what the device's DRAM gives a
+shader, `of_read`) and a buffer copy of the dense weight's size (read + write, `of_copy`; on the
+H200 vkCmdCopyBuffer moves ~850 GB/s where a shader reads 4.5 TB/s); --peak-gbs adds the
+fraction of a datasheet bandwidth (e.g. 4800 for an H200).
 --set overrides tuning fields (name=value) to try tiles without editing the table.
 """
 
@@ -31,6 +35,7 @@ from vkrt.device import Device
 from vkrt.memory import Buffer, Tensor, ggml_type
 from vkrt.ops.matmul import matmul
 from vkrt.ops.mul_mat_id import RouteTable, mul_mat_id
+from vkrt.ops.stream_read import stream_groups, stream_read
 
 # byte offsets of the fp16 scales in a block: random bytes elsewhere are valid data (types not
 # listed keep random scale bits: the time does not depend on the values)
@@ -55,7 +60,7 @@ def random_weight(dev, name: str, k: int, m: int, e: int, rng) -> Tensor:
     return w
 
 
-WARM_S = 0.2   # seconds of replays before timing
+WARM_S = 2.0   # seconds of replays before timing
 
 
 def timed(dev, record, reps: int) -> float:
@@ -79,6 +84,16 @@ def copy_gbs(dev, nbytes: int, reps: int) -> float:
     with Buffer(dev, nbytes, label="copy src") as a, Buffer(dev, nbytes, label="copy dst") as b:
         t = timed(dev, lambda seq: seq.copy(a.range(0, nbytes), b.range(0, nbytes)), reps)
     return 2 * nbytes / t / 1e9
+
+
+def read_gbs(dev, nbytes: int, reps: int) -> float:
+    """GB/s of the streaming-read probe over `nbytes` (4 dispatches a replay)."""
+    groups = stream_groups(dev, dev.tuning.wg_size)
+    out = 4 * groups * dev.tuning.wg_size
+    with Buffer(dev, nbytes, label="read peer") as a, Buffer(dev, out, label="read peer out") as b:
+        t = timed(dev, lambda seq: [stream_read(seq, a.range(0, nbytes), b.range(0, out), groups=groups)
+                                    for _ in range(4)], reps) / 4
+    return nbytes / t / 1e9
 
 
 def dense_case(dev, ws: list[Tensor], n: int, reps: int, tuning, rng) -> dict:
@@ -133,6 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rotate-mib", type=int, default=512)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     ap.add_argument("--peak-gbs", type=float, default=None)
+    ap.add_argument("--peer-mib", type=int, default=1024, help="bytes the streaming-read peer reads (past the L2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -142,6 +158,7 @@ def main(argv=None) -> int:
     with Device() as dev:
         tuning = parse_sets(args.set, dev.tuning)
         peer = copy_gbs(dev, k * m, args.reps)
+        read_peer = read_gbs(dev, min(args.peer_mib << 20, dev.profile.max_buffer_size // 16 * 16), args.reps)
         for shape in args.shapes.split(","):
             for name in args.types.split(","):
                 if shape == "dense":
@@ -160,7 +177,8 @@ def main(argv=None) -> int:
                             r = moe_case(dev, w, mu, n, args.reps, tuning, rng)
                         gbs = r["weight_bytes"] / r["seconds"] / 1e9
                         row = {"shape": shape, "dims": dims, "type": name, "n": n, "us": r["seconds"] * 1e6,
-                               "gflops": r["flops"] / r["seconds"] / 1e9, "weight_gbs": gbs, "of_copy": gbs / peer}
+                               "gflops": r["flops"] / r["seconds"] / 1e9, "weight_gbs": gbs, "of_read": gbs / read_peer,
+                               "of_copy": gbs / peer}
                         if args.peak_gbs:
                             row["of_peak"] = gbs / args.peak_gbs
                         rows.append(row)
@@ -170,20 +188,22 @@ def main(argv=None) -> int:
                     for t in ws:
                         t.close()
         fields = ("mv_wg", "mv_rows", "mv_max_n", "mv_id_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_prefetch")
-        info = {**dev.profile.identity(), "copy_gbs": peer,
+        info = {**dev.profile.identity(), "copy_gbs": peer, "read_peer_gbs": read_peer,
                 "tuning": {f: getattr(tuning, f) for f in fields}}
     if args.json:
         json.dump({**info, "results": rows}, sys.stdout, indent=1)
         print()
     else:
-        print(f"# {info['device']} ({info['architecture']}), copy peer {peer:.1f} GB/s, tuning {info['tuning']}")
+        print(f"# {info['device']} ({info['architecture']}), streaming-read peer {read_peer:.1f} GB/s, "
+              f"copy peer {peer:.1f} GB/s, tuning {info['tuning']}")
     return 0
 
 
 def _line(r: dict) -> str:
     extra = f"  {100 * r['of_peak']:5.1f}% of peak" if "of_peak" in r else ""
     return (f"{r['shape']:5} {r['dims']:>18} {r['type']:5} n={r['n']:<5} {r['us']:11.1f} us "
-            f"{r['gflops']:9.1f} GFLOP/s {r['weight_gbs']:8.3g} GB/s  {100 * r['of_copy']:6.3g}% of copy{extra}")
+            f"{r['gflops']:9.1f} GFLOP/s {r['weight_gbs']:8.3g} GB/s  {100 * r['of_read']:5.1f}% of read "
+            f"{100 * r['of_copy']:6.3g}% of copy{extra}")
 
 
 if __name__ == "__main__":
