@@ -286,7 +286,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
             }
             [[unroll]] for (uint c = 0u; c < QU_C; c++) {
 #ifdef QWIDE
-                const vec4 raw = qraw16(s, wq, qu_ch(uu, c));
+                const vec4 raw = qraw16(s, wq, c);
 #else
                 const vec4 raw = qraw(s, qu_ch(uu, c));
 #endif

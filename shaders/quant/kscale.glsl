@@ -1,14 +1,16 @@
-// The 6-bit (scale, min) pair of sub-block r (0..7) from the 12 packed bytes at byte `b`
-// (Q4_K and Q5_K; gguf.quants Q4_K.get_scale_min).
+// The 6-bit (scale, min) pair of sub-block r (0..7) from the 12 packed bytes at byte `b`, a
+// multiple of 4 (Q4_K and Q5_K; gguf.quants Q4_K.get_scale_min). Without a branch: the three
+// bytes r & 3, 4 + (r & 3) and 8 + (r & 3) serve both halves, and lanes of one wave take
+// different sub-blocks (a branch ran both sides, each waiting on its own loads).
 #ifndef VKRT_KSCALE_GLSL
 #define VKRT_KSCALE_GLSL
 
 uvec2 kscale(uint b, uint r) {
-    if (r < 4u) {
-        return uvec2(q8(b + r) & 63u, q8(b + r + 4u) & 63u);
-    }
-    const uint md = q8(b + r + 4u);
-    return uvec2((md & 0xFu) | ((q8(b + r - 4u) >> 2) & 0x30u), (md >> 4) | ((q8(b + r) >> 2) & 0x30u));
+    const uint sh = (r & 3u) * 8u;
+    const uvec2 lo = uvec2(qw(b) >> sh, qw(b + 4u) >> sh) & 0xFFu;   // bytes r & 3, 4 + (r & 3)
+    const uint hi = (qw(b + 8u) >> sh) & 0xFFu;                        // byte 8 + (r & 3)
+    const uvec2 high = uvec2(hi & 0xFu, hi >> 4) | ((lo >> 2) & 0x30u);
+    return r < 4u ? lo & 63u : high;
 }
 
 #endif

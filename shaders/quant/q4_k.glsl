@@ -28,10 +28,11 @@ QRun qrun(uint blk, uint r) {
 vec4 qraw(QRun s, uint c) { return u8f(field4(qw(s.q + 4u * c), s.shift, 0xFu)); }
 
 // Wide loads (QWIDE): unit u's 16 bytes start at qu_addr16 (16-byte aligned when the block is)
-// and qraw16 takes chunk c from them.
+// and qraw16 takes the unit's chunk c (< QU_C, a constant once unrolled: chunk qu_ch(u, c) of the
+// run is word c of the 16 bytes) from them
 #define QWIDE_OK 1
 uint qu_addr16(uint blk, uint u) { return blk + 16u + 16u * u; }
-vec4 qraw16(QRun s, uvec4 w, uint c) { return u8f(field4(w[c & 3u], s.shift, 0xFu)); }
+vec4 qraw16(QRun s, uvec4 w, uint c) { return u8f(field4(w[c], s.shift, 0xFu)); }
 
 vec4 qget(QRun s, uint c) {
     precise vec4 v = s.a * qraw(s, c) + s.b;
