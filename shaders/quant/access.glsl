@@ -25,6 +25,20 @@ uint q32(uint b) {
 #endif
 }
 
+// The 4 bytes at b + 4c (b even, c a constant once unrolled) where the word after them is still
+// in the block (fields followed by scales in the same block): both words are read whatever the
+// alignment, so a run's consecutive words share their loads (5 for 4 words, not 8) and its
+// alignment test, which depends on b only
+uint q32n(uint b, uint c) {
+#if QALIGN == 4
+    return QBUF[(b >> 2) + c];
+#else
+    const uint i = (b >> 2) + c;
+    const uint lo = QBUF[i], hi = QBUF[i + 1u];
+    return (b & 2u) == 0u ? lo : (lo >> 16) | (hi << 16);
+#endif
+}
+
 // the four bytes of a word as uvec4 (byte 0 in x), and the bit field (shift, mask) of each byte;
 // written as byte extracts so compilers can use byte-to-float conversions
 uvec4 bytes4(uint w) { return uvec4(w, w >> 8, w >> 16, w >> 24) & 0xFFu; }

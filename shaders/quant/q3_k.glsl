@@ -26,8 +26,8 @@ QRun qrun(uint blk, uint r) {
 }
 
 vec4 qraw(QRun s, uint c) {
-    const uvec4 lo = field4(q32(s.q + 4u * c), s.shift, 3u);
-    const uvec4 hi = field4(q32(s.h + 4u * c), s.hbit, 1u);
+    const uvec4 lo = field4(q32n(s.q, c), s.shift, 3u);   // qs is followed by the scales, hmask by qs
+    const uvec4 hi = field4(q32n(s.h, c), s.hbit, 1u);
     return u8f(lo | (hi << 2));
 }
 

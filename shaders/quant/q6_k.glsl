@@ -25,8 +25,8 @@ QRun qrun(uint blk, uint r) {
 }
 
 vec4 qraw(QRun s, uint c) {
-    const uvec4 lo = field4(q32(s.q + 4u * c), s.qshift, 0xFu);
-    const uvec4 hi = field4(q32(s.h + 4u * c), s.hshift, 3u);
+    const uvec4 lo = field4(q32n(s.q, c), s.qshift, 0xFu);   // ql and qh are followed by the scales
+    const uvec4 hi = field4(q32n(s.h, c), s.hshift, 3u);
     return u8f(lo | (hi << 4));
 }
 
