@@ -277,6 +277,9 @@ def test_unrolled_units_are_bit_identical(device, name):
         for u, tune in zip((2, 4), tunings[1:]):
             kern = mat_vec_kernel(device, t, 1, tune, k=k, m=m, xvec4=True).kernel
             assert kern.defines.get("MV_UNROLL") == u
+        # a lane with one unit at most never runs an unrolled step: not compiled in (its registers)
+        one = dataclasses.replace(device.tuning, mv_wg=32, mv_unroll=2)
+        assert "MV_UNROLL" not in mat_vec_kernel(device, t, 1, one, k=k, m=m, xvec4=True).kernel.defines
         outs = [run(device, w, x[:n], m, tuning=tune) for tune in tunings for n in (1, 2)]
     finally:
         w.close()

@@ -129,9 +129,12 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     # unrolled where a lane's units are whole unrolled steps, or one step holds them all: a long
     # row with a single unit left after a lane's pairs (14336-element Q4_K: 3.5 units a lane) ran
     # slower unrolled (H200, GCN table: 40.1 vs 35.0 us; 8B decode 170 vs 179 t/s), a short one
-    # (768-element Q4_0 experts: 1.5) faster (30B-A3B decode 187 vs 182)
+    # (768-element Q4_0 experts: 1.5) faster (30B-A3B decode 187 vs 182). Not where a lane has
+    # one unit at most: the unrolled step would never run, yet its registers count (RX 580
+    # compiler: Q4_K over 4 rows 84 VGPRs and 3 waves with it)
     units = mat_vec_units(typ, k)
-    if tuning.mv_unroll > 1 and (units % (lanes * tuning.mv_unroll) == 0 or units <= lanes * tuning.mv_unroll):
+    if tuning.mv_unroll > 1 and units > lanes and (units % (lanes * tuning.mv_unroll) == 0
+                                                   or units <= lanes * tuning.mv_unroll):
         defines["MV_UNROLL"] = tuning.mv_unroll
     if wide and tuning.mv_wide:
         defines["QWIDE"] = 1
