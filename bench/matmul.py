@@ -35,7 +35,7 @@ from vkrt.device import Device
 from vkrt.memory import Buffer, Tensor, ggml_type
 from vkrt.ops.matmul import matmul
 from vkrt.ops.mul_mat_id import RouteTable, mul_mat_id
-from vkrt.ops.stream_read import stream_groups, stream_read
+from vkrt.ops.stream_read import stream_dst_bytes, stream_read
 
 # byte offsets of the fp16 scales in a block: random bytes elsewhere are valid data (types not
 # listed keep random scale bits: the time does not depend on the values)
@@ -88,11 +88,10 @@ def copy_gbs(dev, nbytes: int, reps: int) -> float:
 
 def read_gbs(dev, nbytes: int, reps: int) -> float:
     """GB/s of the streaming-read probe over `nbytes` (4 dispatches a replay)."""
-    groups = stream_groups(dev, dev.tuning.wg_size)
-    out = 4 * groups * dev.tuning.wg_size
+    out = stream_dst_bytes(dev)
     with Buffer(dev, nbytes, label="read peer") as a, Buffer(dev, out, label="read peer out") as b:
-        t = timed(dev, lambda seq: [stream_read(seq, a.range(0, nbytes), b.range(0, out), groups=groups)
-                                    for _ in range(4)], reps) / 4
+        t = timed(dev, lambda seq: [stream_read(seq, a.range(0, nbytes), b.range(0, out)) for _ in range(4)],
+                  reps) / 4
     return nbytes / t / 1e9
 
 

@@ -160,9 +160,7 @@ layout(push_constant) uniform Push {
 #define ROUTE_ID(i, v) route_ids[p.ids_off + (i)] = (v)
 #define ROUTE_WEIGHT(i, v) route_w[p.rw_off + (i)] = (v)
 #include "moe_route.glsl"
-#endif
 
-#ifdef ROUTE
 shared bool wg_last;
 // Whether this is the last workgroup of the dispatch to finish: each workgroup's rows are stored
 // and made visible before it counts itself, so the last one reads them all; it resets the

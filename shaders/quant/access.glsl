@@ -8,6 +8,10 @@ uint q8(uint b) { return (QBUF[b >> 2] >> ((b & 3u) * 8u)) & 0xFFu; }
 uint q16(uint b) { return (QBUF[b >> 2] >> ((b & 2u) * 8u)) & 0xFFFFu; }      // b % 2 == 0
 float qf16(uint b) { return unpackHalf2x16(q16(b)).x; }                        // exact fp16 -> fp32
 
+// the 4 bytes at an even byte offset from the word holding it (lo) and the next (hi); odd: nonzero
+// where the offset's bit 1 is set
+uint join16(uint lo, uint hi, uint odd) { return odd == 0u ? lo : (lo >> 16) | (hi << 16); }
+
 // 4 bytes at an even offset (QALIGN 1: any offset): one word when the block layout keeps it
 // 4-aligned, else pieces of two. Both loads are unconditional (the second repeats the first when
 // aligned, never past the data), so invocations with different alignments do not diverge.
@@ -20,8 +24,7 @@ uint q32(uint b) {
     return sh == 0u ? lo : (lo >> sh) | (hi << (32u - sh));
 #else
     const uint i = b >> 2, odd = (b >> 1) & 1u;
-    const uint lo = QBUF[i], hi = QBUF[i + odd];
-    return odd == 0u ? lo : (lo >> 16) | (hi << 16);
+    return join16(QBUF[i], QBUF[i + odd], odd);
 #endif
 }
 
@@ -29,15 +32,17 @@ uint q32(uint b) {
 // in the block (fields followed by scales in the same block): both words are read whatever the
 // alignment, so a run's consecutive words share their loads (5 for 4 words, not 8) and its
 // alignment test, which depends on b only
+// (not for QALIGN 1 layouts, whose offsets may be odd)
+#if QALIGN != 1
 uint q32n(uint b, uint c) {
 #if QALIGN == 4
     return QBUF[(b >> 2) + c];
 #else
     const uint i = (b >> 2) + c;
-    const uint lo = QBUF[i], hi = QBUF[i + 1u];
-    return (b & 2u) == 0u ? lo : (lo >> 16) | (hi << 16);
+    return join16(QBUF[i], QBUF[i + 1u], b & 2u);
 #endif
 }
+#endif
 
 // the four bytes of a word as uvec4 (byte 0 in x), and the bit field (shift, mask) of each byte;
 // written as byte extracts so compilers can use byte-to-float conversions

@@ -133,7 +133,6 @@ class Scratch(Owned):
                     setattr(self, n, t)
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
-            if self.wg_count is not None:
                 write_tensor(self.wg_count, np.zeros(1, np.int32))
             if flash_attn and any(layer.has_kv for layer in cfg.layers):
                 self.flash_work = FlashWork(device)

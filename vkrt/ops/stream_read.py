@@ -18,6 +18,12 @@ def stream_groups(device, wg: int) -> int:
     return max(1, GROUPS_PER_CU * cus * 256 // wg)
 
 
+def stream_dst_bytes(device, groups: int | None = None) -> int:
+    """Bytes stream_read stores: a word for each invocation of its grid."""
+    wg = device.tuning.wg_size
+    return 4 * (groups or stream_groups(device, wg)) * wg
+
+
 def stream_read(seq, src, dst, *, groups: int | None = None) -> int:
     """Record the probe over buffer range `src` (a multiple of 16 bytes): invocation t of the
     grid stores into 32-bit word t of range `dst` the xor of the uvec4s t, t + T, t + 2T, ...
