@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write shaders/quant/iq_tables.glsl, the lookup tables of the IQ quants and MXFP4, from the
-gguf package's own tables (gguf.quants): grids, sign patterns, non-linear codebooks.
+gguf package's own tables (gguf.quants): grids and non-linear codebooks.
 
     python scripts/gen_iq_tables.py [--check]
 
@@ -10,7 +10,6 @@ byte i % 4 of word i / 4):
   iq3xxs_grid, iq3s_grid              4 bytes an entry: word i
   iq1s_grid (IQ1_S and IQ1_M)         value + 1 (0, 1, 2) of element j of entry i in nibble j of
                                       word i, elements 0-3 low nibbles of bytes 0-3, 4-7 high
-  ksigns_iq2xs                        128 sign bytes
   kvalues_iq4nl, kvalues_mxfp4        16 signed bytes (MXFP4: e2m1 values doubled, as gguf)
 and IQ1S_DELTA, the shift of IQ1_S and IQ1_M values (gguf.quants.IQ1_S.delta), as a float.
 
@@ -62,7 +61,6 @@ def signed_bytes(values) -> np.ndarray:
 
 def tables() -> dict[str, np.ndarray]:
     return {
-        "ksigns_iq2xs": words(np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8)),
         "kvalues_iq4nl": signed_bytes(quants.IQ4_NL.kvalues),
         "kvalues_mxfp4": signed_bytes(quants.MXFP4.kvalues),
         "iq2xxs_grid": byte_grid(quants.IQ2_XXS),

@@ -39,6 +39,13 @@ def test_tables_read_back_to_gguf():
     w = t["iq1s_grid"]
     nib = [(w >> (8 * (j % 4) + 4 * (j // 4))) & 0xF for j in range(8)]
     np.testing.assert_array_equal(np.stack(nib, axis=1).astype(np.float32) - 1, gguf_grid(quants.IQ1_S))
-    np.testing.assert_array_equal(as_bytes["ksigns_iq2xs"], np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8))
     np.testing.assert_array_equal(as_bytes["kvalues_iq4nl"].view(np.int8), quants.IQ4_NL.kvalues)
     np.testing.assert_array_equal(as_bytes["kvalues_mxfp4"].view(np.int8), quants.MXFP4.kvalues)
+
+
+def test_sign_patterns_are_their_bits_and_parity():
+    """iq_common.glsl computes gguf's ksigns_iq2xs (QSIGNS) instead of reading a table: pattern i's
+    seven bits, and bit 7 set where they count an odd number of negative values."""
+    i = np.arange(128)
+    parity = np.array([bin(v).count("1") & 1 for v in i])
+    np.testing.assert_array_equal(i | (parity << 7), np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8))

@@ -7,7 +7,6 @@
 #define QALIGN 2
 // units: a run (its two codes, 4 bytes)
 #define IQ_GRID iq2xs_grid
-#define IQ_SIGNS 1
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; };

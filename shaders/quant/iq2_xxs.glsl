@@ -13,7 +13,6 @@
 uint qu_run(uint u, uint i) { return u >> 1; }
 uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
 #define IQ_GRID iq2xxs_grid
-#define IQ_SIGNS 1
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; uint aux; };

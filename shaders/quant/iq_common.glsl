@@ -1,10 +1,10 @@
 // Shared by the IQ quants and MXFP4: their lookup tables (iq_tables.glsl, generated from gguf's)
 // and the reads of them. Grid entries and codebook values are exact small numbers; signs flip
 // the float's sign bit, exactly as gguf's multiplication by -1.
-// A type names its grid (IQ_GRID) and whether it reads ksigns_iq2xs (IQ_SIGNS) before including
-// this, and reads them through QGRID(i) and QSIGNS(i). With QTABLES_SHARED (the tuning table's
-// quant_tables_shared) they are read from shared-memory copies that qinit() fills with constant
-// indices: a compiler that lowers each dynamically indexed read of a constant array to a search
+// A type names its grid (IQ_GRID) before including this and reads it through QGRID(i); the
+// sign patterns of IQ2_XXS, IQ2_XS and IQ3_XXS (gguf's ksigns_iq2xs) are computed (QSIGNS).
+// With QTABLES_SHARED (the tuning table's quant_tables_shared) the grid is read from a
+// shared-memory copy that qinit() fills with constant indices: a compiler that lowers each dynamically indexed read of a constant array to a search
 // (lavapipe's LLVM) builds the kernel in a second instead of minutes. The 4-bit codebook types
 // (IQ4_NL, IQ4_XS, MXFP4) name theirs (IQ_CODEBOOK); with QCODEBOOK_SHARED (the tuning table's
 // quant_codebook_shared) it is read from a shared copy of 16 floats instead of its vector.
@@ -18,7 +18,7 @@
 // byte i of a table of words
 #define TBYTE(t, i) (((t)[(i) >> 2] >> (8u * ((i) & 3u))) & 0xFFu)
 
-#if defined(QTABLES_SHARED) && (defined(IQ_GRID) || defined(IQ_SIGNS))
+#if defined(QTABLES_SHARED) && defined(IQ_GRID)
 #define QTABLES_GRIDS 1
 #endif
 #if defined(QCODEBOOK_SHARED) && defined(IQ_CODEBOOK)
@@ -28,18 +28,14 @@
 #define QTABLES 1
 #endif
 #ifdef QTABLES_GRIDS
-#ifdef IQ_GRID
 shared uint qgrid_s[IQ_GRID.length()];
 #define QGRID(i) qgrid_s[i]
-#endif
-#ifdef IQ_SIGNS
-shared uint qsigns_s[ksigns_iq2xs.length()];
-#define QSIGNS(i) TBYTE(qsigns_s, i)
-#endif
 #else
 #define QGRID(i) IQ_GRID[i]
-#define QSIGNS(i) TBYTE(ksigns_iq2xs, i)
 #endif
+// the sign byte of 7-bit pattern i: its bits and their parity in bit 7 (an even count of
+// negative values), gguf's ksigns_iq2xs[i] without a table read
+#define QSIGNS(i) ((i) | ((uint(bitCount(i)) & 1u) << 7))
 #ifdef QTABLES_CODEBOOK
 shared float qcodebook_s[16];   // IQ_CODEBOOK's 16 signed bytes as floats (QCODEBOOK_SHARED)
 #endif
@@ -52,27 +48,13 @@ void qinit() {
 #if defined(QTABLES_GRIDS) && defined(QTABLES_STRIDED)
     // each invocation copies every WG-th entry (a dynamically indexed read of the constant
     // array, but one a workgroup's entry instead of the whole table an invocation)
-#ifdef IQ_GRID
     for (uint i = gl_LocalInvocationID.x; i < IQ_GRID.length(); i += gl_WorkGroupSize.x) {
         qgrid_s[i] = IQ_GRID[i];
     }
-#endif
-#ifdef IQ_SIGNS
-    for (uint i = gl_LocalInvocationID.x; i < ksigns_iq2xs.length(); i += gl_WorkGroupSize.x) {
-        qsigns_s[i] = ksigns_iq2xs[i];
-    }
-#endif
 #elif defined(QTABLES_GRIDS)
-#ifdef IQ_GRID
     [[unroll]] for (uint i = 0u; i < IQ_GRID.length(); i++) {
         qgrid_s[i] = IQ_GRID[i];
     }
-#endif
-#ifdef IQ_SIGNS
-    [[unroll]] for (uint i = 0u; i < ksigns_iq2xs.length(); i++) {
-        qsigns_s[i] = ksigns_iq2xs[i];
-    }
-#endif
 #endif
 #ifdef QTABLES_CODEBOOK
     [[unroll]] for (uint i = 0u; i < 16u; i++) {

@@ -5,18 +5,10 @@
 //   iq3xxs_grid, iq3s_grid              4 bytes an entry: word i
 //   iq1s_grid (IQ1_S and IQ1_M)         value + 1 (0, 1, 2) of element j of entry i in nibble j of
 //                                       word i, elements 0-3 low nibbles of bytes 0-3, 4-7 high
-//   ksigns_iq2xs                        128 sign bytes
 //   kvalues_iq4nl, kvalues_mxfp4        16 signed bytes (MXFP4: e2m1 values doubled, as gguf)
 // and IQ1S_DELTA, the shift of IQ1_S and IQ1_M values (gguf.quants.IQ1_S.delta), as a float.
 #ifndef VKRT_QUANT_IQ_TABLES_GLSL
 #define VKRT_QUANT_IQ_TABLES_GLSL
-
-const uint ksigns_iq2xs[32] = uint[](
-    0x03828100u, 0x87060584u, 0x8b0a0988u, 0x0f8e8d0cu, 0x93121190u, 0x17969514u, 0x1b9a9918u, 0x9f1e1d9cu,
-    0xa32221a0u, 0x27a6a524u, 0x2baaa928u, 0xaf2e2dacu, 0x33b2b130u, 0xb73635b4u, 0xbb3a39b8u, 0x3fbebd3cu,
-    0xc34241c0u, 0x47c6c544u, 0x4bcac948u, 0xcf4e4dccu, 0x53d2d150u, 0xd75655d4u, 0xdb5a59d8u, 0x5fdedd5cu,
-    0x63e2e160u, 0xe76665e4u, 0xeb6a69e8u, 0x6feeed6cu, 0xf37271f0u, 0x77f6f574u, 0x7bfaf978u, 0xff7e7dfcu
-);
 
 const uint kvalues_iq4nl[4] = uint[](
     0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u
