@@ -262,7 +262,8 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
     [[unroll]] for (uint i = 0u; i < QU_R; i++) {
         const uint run = qu_run(uu, i);
         const uint k0 = xbase + blk * QK + run * QR;
-        // the run's x chunks for every column, then each row's dot product with them:
+#if NC == 1
+        // one column: the run's x chunks, then each row's dot product with them:
         // sum(raw * x) and sum(x), as value = a * raw + b
         vec4 xv[QU_C * NC];
         float sum_[NC];
@@ -296,6 +297,50 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
                 acc[r * NC + j] += s.a * dot_[j] + s.b * sum_[j];
             }
         }
+#else
+        // several columns: chunk by chunk, x for every column, then each row's dot products
+        // with it (a lane holds one chunk of x a column: a unit's 8 chunks x 4 columns would be
+        // 128 registers). The sums add their terms in the same order as above
+        QRun s[NW];
+#ifdef QWIDE
+        uvec4 wq[NW];
+#endif
+        float sum_[NC], dot_[NA];
+        [[unroll]] for (uint r = 0u; r < NW; r++) {
+            s[r] = qrun(rowb[r] + boff, run);
+#ifdef QWIDE
+            wq[r] = w16_data[qu_addr16(rowb[r] + boff, uu) >> 4];
+#endif
+        }
+        [[unroll]] for (uint v = 0u; v < NA; v++) {
+            dot_[v] = 0.0;
+        }
+        [[unroll]] for (uint j = 0u; j < NC; j++) {
+            sum_[j] = 0.0;
+        }
+        [[unroll]] for (uint c = 0u; c < QU_C; c++) {
+            vec4 xv[NC];
+            [[unroll]] for (uint j = 0u; j < NC; j++) {
+                xv[j] = XLOAD4(k0 + j * p.x_col + 4u * qu_ch(uu, c));
+                sum_[j] += dot(xv[j], vec4(1.0));
+            }
+            [[unroll]] for (uint r = 0u; r < NW; r++) {
+#ifdef QWIDE
+                const vec4 raw = qraw16(s[r], wq[r], c);
+#else
+                const vec4 raw = qraw(s[r], qu_ch(uu, c));
+#endif
+                [[unroll]] for (uint j = 0u; j < NC; j++) {
+                    dot_[r * NC + j] += dot(raw, xv[j]);
+                }
+            }
+        }
+        [[unroll]] for (uint r = 0u; r < NW; r++) {
+            [[unroll]] for (uint j = 0u; j < NC; j++) {
+                acc[r * NC + j] += s[r].a * dot_[r * NC + j] + s[r].b * sum_[j];
+            }
+        }
+#endif
     }
 }
 

@@ -288,7 +288,7 @@ def test_unrolled_units_are_bit_identical(device, name):
     check(device, name, m, k, (1,), tuning=dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=4))
 
 
-@pytest.mark.parametrize("name,cols", [("Q4_K", 8), ("Q4_0", 8), ("F16", 8), ("Q4_K", 3)])
+@pytest.mark.parametrize("name,cols", [("Q4_K", 8), ("Q4_0", 8), ("F16", 8), ("Q4_K", 3), ("IQ2_XXS", 4), ("Q6_K", 4)])
 def test_column_runs_equal_single_columns(device, name, cols):
     """Past mv_max_n columns (at most mv_dense_max_n; up to mv_chunk_n) the mat-vec runs over
     runs of columns: each column's sums are the one-column kernel's, bit for bit."""
