@@ -10,7 +10,10 @@
 // a scan over the subgroups' results (SUBGROUPS, NSG subgroups in the workgroup), or a
 // shared-memory tree over the WG invocations where the device has no subgroup arithmetic.
 // Invocations past RWG (a wider workgroup) hold no expert: they add zeros after the others' sums
-// and never win a maximum, so the results are the bits of an RWG-wide workgroup.
+// and never win a maximum, so the results are the bits of an RWG-wide workgroup. With
+// ROUTE_SUBGROUP (SUBGROUPS, NSG 1, RWG the subgroup size) only one subgroup routes, its
+// invocations numbered by gl_SubgroupInvocationID, and subgroup barriers stand for the
+// workgroup's: the bits of a one-subgroup router in a wider workgroup (mul_mv's last one).
 // The including shader declares WG, RWG, EPT, the buffers and these reads and writes:
 //   ROUTE_LOGIT(i), ROUTE_BIAS(i), ROUTE_ID(i, v), ROUTE_WEIGHT(i, v)
 #ifndef VKRT_MOE_ROUTE_GLSL
@@ -20,6 +23,16 @@
 #define NSH NSG            // one shared entry per subgroup
 #else
 #define NSH WG
+#endif
+#ifdef ROUTE_SUBGROUP
+#if !defined(SUBGROUPS) || NSG != 1
+#error "ROUTE_SUBGROUP routes in one subgroup (SUBGROUPS, NSG 1)"
+#endif
+#define ROUTE_LID gl_SubgroupInvocationID
+#define ROUTE_BARRIER() subgroupBarrier()
+#else
+#define ROUTE_LID gl_LocalInvocationID.x
+#define ROUTE_BARRIER() barrier()
 #endif
 #define NONE 0xFFFFFFFFu
 #define NEG_INF (-1.0 / 0.0)
@@ -86,9 +99,9 @@ void reduce(inout float v, inout uint e, const bool sum, uint buf) {
 
 // Route the token whose logits start at ROUTE_LOGIT(base): its ids at ROUTE_ID(dst + k), weights
 // at ROUTE_WEIGHT(dst + k), k < n_used; the selection bias (modes 3, 4) at ROUTE_BIAS(b_off + e).
-// Call from uniform control flow.
+// Call from uniform control flow (ROUTE_SUBGROUP: the routing subgroup's).
 void route_token(uint base, uint dst, uint n_expert, uint n_used, uint mode, uint b_off) {
-    const uint lid = gl_LocalInvocationID.x;
+    const uint lid = ROUTE_LID;
     const bool holds = lid < RWG;
     const bool sig = mode >= 3u;
     float v[EPT];
@@ -147,7 +160,7 @@ void route_token(uint base, uint dst, uint n_expert, uint n_used, uint mode, uin
         }
         picked_sum += prob;
     }
-    barrier();
+    ROUTE_BARRIER();
     if (sig) {
         picked_sum = 0.0;
         for (uint j = 0u; j < n_used; j++) {
@@ -155,11 +168,11 @@ void route_token(uint base, uint dst, uint n_expert, uint n_used, uint mode, uin
         }
         picked_sum = max(picked_sum, 6.103515625e-5);
     }
-    for (uint j = lid; j < n_used; j += WG) {
+    for (uint j = lid; j < n_used; j += RWG) {
         const float w = picked_p[j];
         ROUTE_WEIGHT(dst + j, mode == 0u || mode == 3u ? w : w / picked_sum);
     }
-    barrier();   // picked_p is read before the next token's rounds write it
+    ROUTE_BARRIER();   // picked_p is read before the next token's rounds write it
 }
 
 #endif

@@ -18,7 +18,8 @@
 // one dispatch: segment i's rows lie at w_off_i in W and go to y_off_i in Y with column stride
 // y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
 // With ROUTE (a plain mat-vec: the MoE router's logits) the last workgroup to finish routes the
-// NC tokens as moe_router does (shaders/moe_route.glsl): one dispatch instead of two.
+// NC tokens as moe_router does (shaders/moe_route.glsl): one dispatch instead of two; with
+// ROUTE_SUBGROUP its first subgroup does, as a one-subgroup router would.
 // With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
 // add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
@@ -507,7 +508,11 @@ void main() {
     }
 #endif
 #ifdef ROUTE
+#ifdef ROUTE_SUBGROUP
+    if (last_workgroup() && gl_SubgroupID == 0u) {   // one subgroup routes, without workgroup barriers
+#else
     if (last_workgroup()) {   // routes the tokens (moe_router's results, bit for bit)
+#endif
         for (uint t = 0u; t < NC; t++) {
             route_token(p.y_off + t * p.y_col, t * p.n_used, p.M, p.n_used, p.mode, p.b_off);
         }

@@ -183,10 +183,12 @@ def test_route_sigmoid_with_selection_bias(device, n_expert, n_used, n_tokens, n
                                                                  (32, 4, 2, "chosen"), (128, 8, 1, "sigmoid"),
                                                                  (256, 8, 2, "norm")])
 @pytest.mark.parametrize("mv_wg", [64, 128, 256])
-def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg):
+@pytest.mark.parametrize("one", [None, True])
+def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one):
     """The router's mat-vec routing its tokens in its last workgroup (mul_mv ROUTE) against the
     mat-vec then moe_route: the same logits, ids and weights, bit for bit, with mat-vec workgroups
-    as wide as the router's or wider; replayed, the counter is back at 0 and it routes again."""
+    as wide as the router's or wider; replayed, the counter is back at 0 and it routes again.
+    one=True: a one-subgroup router, whose epilogue routes in the last workgroup's first subgroup."""
     import dataclasses
 
     from vkrt.commands import CommandSequence
@@ -202,7 +204,7 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
     counter = tensor_from_numpy(device, np.zeros(1, np.int32))
     made = [tw, tx, tb, counter]
     outs = []
-    kw = dict(chosen_softmax=gating == "chosen", sigmoid_bias=tb if gating == "sigmoid" else None)
+    kw = dict(chosen_softmax=gating == "chosen", sigmoid_bias=tb if gating == "sigmoid" else None, one_subgroup=one)
     normalize = gating in ("norm", "sigmoid")
     try:
         for fused in (False, True):
@@ -215,6 +217,7 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
                     if fused:
                         route = route_epilogue(seq, tw, logits, ids, wts, n_used, normalize, counter, **kw)
                         assert route is not None
+                        assert ("ROUTE_SUBGROUP" in route.defines) == bool(one and device.profile.subgroup_arithmetic)
                         matmul(seq, tw, tx, logits, route=route)
                     else:
                         matmul(seq, tw, tx, logits)

@@ -98,14 +98,17 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
 
 
 def route_epilogue(seq, router: Tensor, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool,
-                   counter: Tensor, *, chosen_softmax: bool = False, sigmoid_bias: Tensor | None = None):
+                   counter: Tensor, *, chosen_softmax: bool = False, sigmoid_bias: Tensor | None = None,
+                   one_subgroup: bool | None = None):
     """The RouteEpilogue that lets the router's mat-vec (`router` weights into `logits`) route its
     tokens as moe_route would, bit for bit, in its last workgroup (`counter`: an I32 [1] holding
     0, left 0); None where it cannot: more tokens than one mat-vec run, a weight over one
-    binding, a mat-vec workgroup that is not a multiple of the router's, subgroups of varying size."""
+    binding, a mat-vec workgroup that is not a multiple of the router's, subgroups of varying size.
+    Where the router is one subgroup (router_layout; `one_subgroup` as there) the last
+    workgroup's first subgroup routes, without workgroup barriers."""
     device, tuning = seq.device, seq.device.tuning
     prof = device.profile
-    rwg, subgroups = router_layout(device)
+    rwg, subgroups = router_layout(device, one_subgroup=one_subgroup)
     mv_wg = tuning.mv_wg
     if (logits.ne[1] > mat_vec_columns(tuning) or mv_wg % rwg or (subgroups and prof.subgroup_min != prof.subgroup_max)
             or router.ne[1] != logits.ne[0] or len(chunks(1, device, None, router)) != 1):
@@ -113,7 +116,9 @@ def route_epilogue(seq, router: Tensor, logits: Tensor, ids: Tensor, weights: Te
     buffers, push = _route_operands(logits, ids, weights, n_used, normalize, chosen_softmax, sigmoid_bias, rwg)
     cr, co = bind_tensor(counter, "router counter")
     defines = {"RWG": rwg, "EPT": ceil_div(logits.ne[0], rwg)}
-    if subgroups:
+    if subgroups and rwg == prof.subgroup_min:   # a one-subgroup router: the first subgroup routes
+        defines.update(SUBGROUPS=1, NSG=1, ROUTE_SUBGROUP=1)
+    elif subgroups:
         defines.update(SUBGROUPS=1, NSG=max(1, mv_wg // max(prof.subgroup_min, 1)))
     push["rw_off"] = push.pop("w_off")
     return RouteEpilogue(defines, (*buffers, cr), {**push, "count_off": co // 4})
