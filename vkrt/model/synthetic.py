@@ -84,6 +84,10 @@ class SyntheticSpec:
     tokenizer_pre: str = "gpt-2"
     chat_template: str | None = None
     extra: dict = field(default_factory=dict)
+    # general.name ("": "vkrt synthetic <arch>"). llama.cpp gives token attributes by the name:
+    # one containing "phi3" or "phi-3" makes it look up SentencePiece's <s>, </s> and <unk>,
+    # which these byte-level vocabularies lack, and refuse the file
+    name: str = ""
 
 
 def _bpe_vocab(n_merges: int) -> tuple[list[str], list[int], list[str]]:
@@ -295,7 +299,7 @@ _TIED_OUTPUT = ("gemma3", "qwen2", "granite", "granitemoe")
 
 
 def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
-    w.add_name(f"vkrt synthetic {s.arch}")
+    w.add_name(s.name or f"vkrt synthetic {s.arch}")
     w.add_context_length(s.n_ctx)
     w.add_embedding_length(s.n_embd)
     w.add_block_count(s.n_layer)
