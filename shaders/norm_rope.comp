@@ -4,7 +4,7 @@
 // cache [head_dim, n_cells, n_head] (f32 or f16) as set_rows.comp would. One workgroup per
 // (head, token): the norm's sums run in rms_norm.comp's order (same WG, same tree) and each
 // pair rotates as in rope.comp, so the result has the bits of the separate kernels. With
-// SECTIONS (MROPE / IMROPE) pos holds 4 streams of pos_stride values each, as in rope.comp.
+// SECTIONS (MROPE / IMROPE) pos holds 4 streams of n_tokens values each, as in rope.comp.
 // With STORE_V (and ROWS) the workgroup also copies V's row of its (head, token), laid out as x,
 // into the V cache, laid out as y, at the same cell: set_rows.comp's store, in this dispatch.
 #include "common.glsl"
@@ -55,10 +55,11 @@ layout(push_constant) uniform Push {
     float ext_factor;   // YaRN (0: off) and its correction dims
     float corr_low;
     float corr_high;
-    uint pos_stride;    // values between position streams (sectioned rope)
     uint interleaved;   // IMROPE rather than MROPE
     uint v_off;         // STORE_V: V's offset (floats) and its cache's (elements)
     uint vd_off;
+    float temp_scale;   // ATTN_TEMP: the attention temperature's scale and floor (rope.glsl)
+    float temp_floor;
     uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
 } p;
 
@@ -104,11 +105,17 @@ void main() {
 #else
     const uint yb = p.y_off + h * p.y_head + t * p.y_tok;
 #endif
+#ifdef ATTN_TEMP   // every output times the token's attention temperature (rope.glsl)
+    const float temp = attn_temperature(pos[p.pos_off + t], p.temp_scale, p.temp_floor);
+#define TEMP(v) ((v) * temp)
+#else
+#define TEMP(v) (v)
+#endif
     const uint rot_pairs = p.n_dims / 2u;
     for (uint i = lid; i < p.head_dim / 2u; i += WG) {
         if (i >= rot_pairs) {   // dims past n_dims pass through unchanged
-            y[yb + 2u * i] = DST_T(row_sh[2u * i]);
-            y[yb + 2u * i + 1u] = DST_T(row_sh[2u * i + 1u]);
+            y[yb + 2u * i] = DST_T(TEMP(row_sh[2u * i]));
+            y[yb + 2u * i + 1u] = DST_T(TEMP(row_sh[2u * i + 1u]));
             continue;
         }
         const uint a = p.neox != 0u ? i : 2u * i;
@@ -119,9 +126,9 @@ void main() {
 #else
         const uint stream = 0u;
 #endif
-        const vec2 r = rope_pair(row_sh[a], row_sh[b], pos[p.pos_off + t + stream * p.pos_stride], i, p.theta_scale,
+        const vec2 r = rope_pair(row_sh[a], row_sh[b], pos[p.pos_off + t + stream * p.n_tokens], i, p.theta_scale,
                                  p.freq_scale, ff, p.attn_factor, p.ext_factor, vec2(p.corr_low, p.corr_high));
-        y[yb + a] = DST_T(r.x);
-        y[yb + b] = DST_T(r.y);
+        y[yb + a] = DST_T(TEMP(r.x));
+        y[yb + b] = DST_T(TEMP(r.y));
     }
 }

@@ -3,8 +3,10 @@
 // NORMAL rotates pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); dims >= n_dims pass through.
 // theta = pos * freq_base^(-2i/n_dims) * freq_scale / freq_factor[i]; with ext_factor YaRN
 // (rope.glsl's rope_pair)
-// With SECTIONS (MROPE / IMROPE, NEOX pairs) pos holds 4 streams of pos_stride values each and
+// With SECTIONS (MROPE / IMROPE, NEOX pairs) pos holds 4 streams of n_tokens values each and
 // pair i reads the stream rope_stream picks; without it the section fields are unused.
+// With ATTN_TEMP every output (rotated or not) is multiplied by the token's attention
+// temperature (rope.glsl's attn_temperature).
 #include "common.glsl"
 #include "rope.glsl"
 
@@ -36,9 +38,10 @@ layout(push_constant) uniform Push {
     float ext_factor;   // YaRN (0: off) and its correction dims
     float corr_low;
     float corr_high;
-    uint pos_stride;    // values between position streams (sectioned rope)
     uint interleaved;   // IMROPE rather than MROPE
     uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
+    float temp_scale;   // ATTN_TEMP: the attention temperature's scale and floor (rope.glsl)
+    float temp_floor;
 } p;
 
 void main() {
@@ -53,10 +56,16 @@ void main() {
     const uint xb = p.x_off + h * p.x_s1 + t * p.x_s2;
     const uint yb = p.y_off + h * p.y_s1 + t * p.y_s2;
 
+#ifdef ATTN_TEMP
+    const float temp = attn_temperature(pos[p.pos_off + t], p.temp_scale, p.temp_floor);
+#define TEMP(v) ((v) * temp)
+#else
+#define TEMP(v) (v)
+#endif
     const uint rot_pairs = p.n_dims / 2;
     if (i >= rot_pairs) {  // dims past n_dims pass through unchanged
-        y[yb + 2 * i] = x[xb + 2 * i];
-        y[yb + 2 * i + 1] = x[xb + 2 * i + 1];
+        y[yb + 2 * i] = TEMP(x[xb + 2 * i]);
+        y[yb + 2 * i + 1] = TEMP(x[xb + 2 * i + 1]);
         return;
     }
     const uint a = p.neox != 0 ? i : 2 * i;
@@ -67,8 +76,8 @@ void main() {
 #else
     const uint stream = 0;
 #endif
-    const vec2 r = rope_pair(x[xb + a], x[xb + b], pos[p.pos_off + t + stream * p.pos_stride], i, p.theta_scale,
+    const vec2 r = rope_pair(x[xb + a], x[xb + b], pos[p.pos_off + t + stream * p.n_tokens], i, p.theta_scale,
                              p.freq_scale, ff, p.attn_factor, p.ext_factor, vec2(p.corr_low, p.corr_high));
-    y[yb + a] = r.x;
-    y[yb + b] = r.y;
+    y[yb + a] = TEMP(r.x);
+    y[yb + b] = TEMP(r.y);
 }

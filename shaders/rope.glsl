@@ -30,6 +30,13 @@ vec2 rope_pair(float x0, float x1, int pos, uint i, float theta_scale, float fre
     return vec2(y0, y1);
 }
 
+// The attention temperature of Llama 4's scaling as Ministral 3 applies it (mistral3's
+// attention.temperature_scale): the queries at position pos are multiplied, after their
+// rotation, by log(floor(pos / floor_scale) + 1) * scale + 1 (1 below floor_scale)
+float attn_temperature(int pos, float scale, float floor_scale) {
+    return log(floor(float(pos) / floor_scale) + 1.0) * scale + 1.0;
+}
+
 // The position stream (0 t, 1 h, 2 w, 3 e) that rotates pair i under multi-section RoPE with
 // `sections` pairs per stream (ggml's rope_multi); all sections 0: stream 0 (plain RoPE).
 // The sector is i % sum(sections). MROPE: consecutive sector ranges. IMROPE (interleaved):

@@ -16,7 +16,7 @@ from vkrt.ops.set_rows import set_rows
 N_TOK, N_HEAD, N_CELLS = 5, 3, 11
 
 
-def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interleaved=False, yarn=False):
+def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interleaved=False, yarn=False, temp=False):
     rng = np.random.default_rng(head_dim + n_dims + 2 * neox + 4 * norm)
     x = (rng.standard_normal((N_TOK, N_HEAD, head_dim)) * 3).astype(np.float32)
     pos = np.array([0, 1, 7, 100, 4095], np.int32)
@@ -32,6 +32,8 @@ def case(device, head_dim, n_dims, neox, norm, cache, ff, sections=None, interle
         args.update(sections=sections, interleaved=interleaved)
     if yarn:   # gpt-oss's YaRN
         args.update(freq_scale=1 / 32, ext_factor=1.0, n_ctx_orig=4096, attn_factor=1.0)
+    if temp:   # mistral3's attention temperature, past its floor at position 100 and 4095
+        args.update(attn_temp=(0.1, 8))
     shape = (head_dim, N_CELLS, N_HEAD) if cache else x.shape[::-1]
     outs = [Tensor.empty(device, cache or "F32", shape) for _ in range(2)]
     tmp = [Tensor.empty(device, "F32", x.shape[::-1]) for _ in range(2)]
@@ -73,6 +75,14 @@ def test_yarn_same_bits_as_the_separate_kernels(device, cache):
     apart, fused = case(device, 64, 64, True, False, cache, ff=False, yarn=True)
     bits = np.uint16 if cache == "F16" else np.uint32
     np.testing.assert_array_equal(apart.view(bits), fused.view(bits))
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_attention_temperature_same_bits_as_the_separate_kernels(device, norm):
+    apart, fused = case(device, 64, 64, False, norm, None, ff=False, temp=True)
+    plain, _ = case(device, 64, 64, False, norm, None, ff=False)
+    assert not np.array_equal(apart, plain)
+    np.testing.assert_array_equal(apart.view(np.uint32), fused.view(np.uint32))
 
 
 @pytest.mark.parametrize("interleaved", [True, False])

@@ -109,6 +109,24 @@ def test_rope_freq_scale_and_factors(device):
             t.close()
 
 
+
+@pytest.mark.parametrize("n_dims", [32, 16])
+def test_rope_attention_temperature(device, n_dims):
+    """The attention temperature (mistral3's queries): after the rotation, every value of the
+    token at position p (rotated or passed through) times log(floor(p / floor) + 1) * scale + 1:
+    1 below position floor, then growing by steps."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 2, 32)).astype(np.float32)
+    pos = np.array([0, 6, 7, 8, 15, 100], np.int32)
+    temp = np.log(np.floor(pos / 8) + 1) * 0.1 + 1
+    assert np.all(temp[:3] == 1) and np.all(temp[3:] > 1)
+    got = run_rope(device, x, pos, n_dims=n_dims, freq_base=10000.0, neox=False, attn_temp=(0.1, 8))
+    want = rope_ref(x, pos, n_dims, 10000.0, 1.0, False) * temp[:, None, None]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    plain = run_rope(device, x, pos, n_dims=n_dims, freq_base=10000.0, neox=False)
+    np.testing.assert_array_equal(got[:3], plain[:3])   # a factor of 1: the same bits
+
+
 def position_streams(rng, n_tok):
     """I32 [4 * n_tok]: distinct t, h, w, e streams (e mostly 0, as llama.cpp sets it for text)."""
     t = np.array([0, 1, 7, 100, 4095, 31, 2000][:n_tok], np.int32)

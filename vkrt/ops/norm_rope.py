@@ -18,7 +18,8 @@ NORM_ROPE_PUSH = PushConstants(
                            "y_head", "y_tok", "pos_off", "ff_off", "use_ff", "neox", "rows_off")),
     ("eps", "f32"), ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"),
     ("ext_factor", "f32"), ("corr_low", "f32"), ("corr_high", "f32"),
-    ("pos_stride", "u32"), ("interleaved", "u32"), ("v_off", "u32"), ("vd_off", "u32"), ("sections", "uvec4"))
+    ("interleaved", "u32"), ("v_off", "u32"), ("vd_off", "u32"), ("temp_scale", "f32"), ("temp_floor", "f32"),
+    ("sections", "uvec4"))
 
 
 def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor | None = None, eps: float = 0.0,

@@ -21,7 +21,7 @@ ROPE_PUSH = PushConstants(
     ("pos_off", "u32"), ("ff_off", "u32"), ("use_ff", "u32"), ("neox", "u32"),
     ("theta_scale", "f32"), ("freq_scale", "f32"), ("attn_factor", "f32"),
     ("ext_factor", "f32"), ("corr_low", "f32"), ("corr_high", "f32"),
-    ("pos_stride", "u32"), ("interleaved", "u32"), ("sections", "uvec4"))
+    ("interleaved", "u32"), ("sections", "uvec4"), ("temp_scale", "f32"), ("temp_floor", "f32"))
 
 POSITION_STREAMS = 4  # t, h, w, e: the position streams of sectioned rope
 
@@ -45,7 +45,7 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
                   neox: bool | None = None, freq_factors: Tensor | None = None, attn_factor: float = 1.0,
                   sections: tuple[int, int, int, int] | None = None, interleaved: bool = False,
                   ext_factor: float = 0.0, n_ctx_orig: int = 0, beta_fast: float = 32.0, beta_slow: float = 1.0,
-                  op: str = "rope") -> tuple[list, dict]:
+                  attn_temp: tuple[float, int] | None = None, op: str = "rope") -> tuple[list, dict]:
     """Checks x [head_dim, n_head, n_tokens] and the rotation's arguments; returns the bindings of
     positions and frequency factors and the push fields they share with norm_rope.
 
@@ -55,7 +55,9 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     the other, and pair i rotated by the stream its sector i % sum(sections) picks: consecutive
     ranges (MROPE, Qwen2-VL) or, with interleaved, sector % 3 within 3 * sections (IMROPE).
     ext_factor != 0 turns on YaRN (ggml_rope_ext's ext_factor, n_ctx_orig, beta_fast, beta_slow;
-    attn_factor scales cos and sin as there)."""
+    attn_factor scales cos and sin as there). attn_temp = (scale, floor_scale): Llama 4's attention
+    temperature, every output of the token at position p times log(floor((p + 1) / floor_scale) +
+    1) * scale + 1 (mistral3's queries)."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     if x.ne[3] != 1:
         raise OutOfRange(f"{op}: x must be 3-D [head_dim, n_head, n_tokens], got {list(x.ne)}")
@@ -88,24 +90,29 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
             raise OutOfRange(f"{op}: YaRN (ext_factor {ext_factor}) needs the original context length, "
                              f"got {n_ctx_orig}")
         corr = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    temp_scale, temp_floor = attn_temp or (0.0, 1)
+    if attn_temp is not None and (not temp_scale or temp_floor <= 0):
+        raise OutOfRange(f"{op}: the attention temperature needs a scale and a floor scale above 0, got {attn_temp}")
     push = dict(head_dim=head_dim, n_dims=n_dims, n_head=n_head, n_tokens=n_tokens, pos_off=po // 4, ff_off=fo,
                 use_ff=int(freq_factors is not None), neox=int(bool(neox)),
                 theta_scale=float(freq_base) ** (-2.0 / n_dims), freq_scale=float(freq_scale),
                 attn_factor=float(attn_factor), ext_factor=float(ext_factor), corr_low=corr[0], corr_high=corr[1],
-                pos_stride=n_tokens, interleaved=int(bool(interleaved)),
-                sections=sections or (0, 0, 0, 0))
+                interleaved=int(bool(interleaved)),
+                sections=sections or (0, 0, 0, 0), temp_scale=float(temp_scale), temp_floor=float(temp_floor))
     return [pr, fr], push
 
 
 def rope_defines(push: dict) -> dict:
-    """The shader defines for rope_operands' push fields: SECTIONS compiles the stream choice in."""
-    return {"SECTIONS": 1} if any(push["sections"]) else {}
+    """The shader defines for rope_operands' push fields: SECTIONS compiles the stream choice in,
+    ATTN_TEMP the attention temperature."""
+    return {**({"SECTIONS": 1} if any(push["sections"]) else {}), **({"ATTN_TEMP": 1} if push["temp_scale"] else {})}
 
 
 def rope(seq, x: Tensor, positions: Tensor, out: Tensor, **rope_args) -> None:
     """Record out = rope(x) for x [head_dim, n_head, n_tokens] F32 and positions I32 [n_tokens]
     (with sections [4 * n_tokens]); rope_args: n_dims, freq_base, freq_scale, neox, freq_factors,
-    attn_factor, sections, interleaved, ext_factor, n_ctx_orig, beta_fast, beta_slow (see rope_operands)."""
+    attn_factor, sections, interleaved, ext_factor, n_ctx_orig, beta_fast, beta_slow, attn_temp (see
+    rope_operands)."""
     same_shape(x, out, "rope")
     (pr, fr), push = rope_operands(x, positions, **rope_args)
     xr, xo, xs = f32_binding(x, "rope x")
