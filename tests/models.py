@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
+from gguf import GGUFValueType
+
 from vkrt.model.synthetic import SyntheticSpec, write_model
+
+F32 = GGUFValueType.FLOAT32
 
 TINY = {
     "tiny-llama": SyntheticSpec(arch="llama", seed=1),
@@ -71,6 +75,14 @@ TINY = {
     # 32-token original context) with the converter's attention factor sqrt(1 + ln(s) / ln(orig))
     "tiny-phi3": SyntheticSpec(arch="phi3", rope_orig_ctx=32, rope_attn_factor=1.19, seed=50,
                                name="vkrt synthetic Phi (LongRoPE)"),
+    # Ministral 3 / Mistral Small 3.x text (mistral3): YaRN over a 16-token original context (base
+    # 100, so the file's beta_slow 2 moves a correction dim: 2, not the default's 7) and the
+    # queries' temperature from position 16 on (the recorded prompts cross its first step)
+    "tiny-mistral3": SyntheticSpec(arch="mistral3", rope_scaling="yarn", rope_scaling_factor=4.0, rope_orig_ctx=16,
+                                   rope_base=100.0, seed=51,
+                                   extra={"mistral3.attention.temperature_scale": (0.1, F32),
+                                                   "mistral3.rope.scaling.yarn_beta_fast": (16.0, F32),
+                                                   "mistral3.rope.scaling.yarn_beta_slow": (2.0, F32)}),
 }
 HYBRID = [n for n in TINY if n.startswith(("tiny-qwen35", "tiny-qwen3next"))]
 

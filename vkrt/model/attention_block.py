@@ -34,7 +34,8 @@ def rope_args(cfg, freq_factors, il: int) -> dict:
                 neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=freq_factors,
                 attn_factor=cfg.rope_attn_factor)
     if cfg.rope_ext_factor:   # YaRN
-        args.update(ext_factor=cfg.rope_ext_factor, n_ctx_orig=cfg.n_ctx_orig_yarn)
+        args.update(ext_factor=cfg.rope_ext_factor, n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
+                    beta_slow=cfg.yarn_beta_slow)
     if cfg.rope_mode == ROPE_IMROPE:
         args.update(sections=cfg.rope_sections, interleaved=True)
     return args
@@ -71,10 +72,11 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
     pos, cells = positions(cfg, s, T), s.cells.slice(0, 0, T)
     args = rope_args(cfg, tf.rope_factors, il)
+    q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
     v3 = v.view((Dv, KV, T))
     if tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
         norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
-        norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args)
+        norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args, **q_temp)
         store_v = (v3, cache.v[il]) if tf.fusions.kv_store and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
         norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, store_v=store_v,
                   **args)
@@ -85,7 +87,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
             tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
             tf.norm(seq, k3, k3, p + "attn_k_norm.weight")
             q3 = qr
-        rope(seq, q3, pos, qr, **args)
+        rope(seq, q3, pos, qr, **args, **q_temp)
         rope(seq, k3, pos, kr, **args)
         set_rows(seq, kr, cells, cache.k[il])
         set_rows(seq, v3, cells, cache.v[il])

@@ -46,6 +46,11 @@ class ModelConfig:
     rope_attn_factor: float = 1.0
     rope_ext_factor: float = 0.0
     n_ctx_orig_yarn: int = 0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    # mistral3: the queries' temperature (attention.temperature_scale; 0: none) and its floor scale
+    attn_temp_scale: float = 0.0
+    attn_temp_floor: int = 0
     # gpt-oss: attention output bias and sinks; router bias, expert biases, softmax of the chosen
     attn_out_bias: bool = False
     attn_sinks: bool = False
@@ -195,6 +200,8 @@ class ModelConfig:
         if spec.embd_scale_sqrt:
             kw.update(embd_scale=math.sqrt(n_embd))
         attn_scale = 1.0 / math.sqrt(head_k)
+        if spec.attn_scale_key:
+            attn_scale = float(get("attention.scale", 0.0, required=False) or 0.0) or attn_scale
         if spec.granite_scales:
             attn_scale = _granite_scales(meta, arch, path, get, kw) or attn_scale
         n_ff_shared = n_dense_lead = 0
@@ -266,6 +273,7 @@ def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> di
     attn_factor is the context's: rope.scaling.attn_factor (default 1), for YaRN times
     get_mscale(factor) / (1 + 0.1 ln factor) (llama.cpp cancels here the magnitude its rope
     kernel applies), in float32 as there."""
+    spec = ARCHS[arch]
     kind = meta.get(f"{arch}.rope.scaling.type", "linear")
     if kind not in ROPE_SCALING_TYPES:
         raise ConfigMissing(f"{path}: {arch}.rope.scaling.type={kind!r} is not supported "
@@ -282,6 +290,15 @@ def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> di
         out.update(rope_ext_factor=1.0,
                    n_ctx_orig_yarn=int(get("rope.scaling.original_context_length", n_ctx_train, required=False)))
     out["rope_attn_factor"] = float(f32(attn_factor * f32(get("rope.scaling.attn_factor", 1.0, required=False))))
+    if spec.attn_temperature:   # mistral3: the file's YaRN betas
+        out.update(yarn_beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0, required=False)),
+                   yarn_beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0, required=False)))
+    if spec.attn_temperature and (temp := float(get("attention.temperature_scale", 0.0, required=False) or 0.0)):
+        floor = int(get("rope.scaling.original_context_length", 0, required=False) or 0)
+        if floor <= 0:
+            raise ConfigMissing(f"{path}: {arch}.attention.temperature_scale={temp} needs "
+                                f"{arch}.rope.scaling.original_context_length (its floor scale) above 0")
+        out.update(attn_temp_scale=temp, attn_temp_floor=floor)
     return out
 
 
