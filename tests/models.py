@@ -79,7 +79,7 @@ TINY = {
     # 100, so the file's beta_slow 2 moves a correction dim: 2, not the default's 7) and the
     # queries' temperature from position 16 on (the recorded prompts cross its first step)
     "tiny-mistral3": SyntheticSpec(arch="mistral3", rope_scaling="yarn", rope_scaling_factor=4.0, rope_orig_ctx=16,
-                                   rope_base=100.0, seed=51,
+                                   rope_base=100.0, tokenizer_pre="tekken", seed=51,
                                    extra={"mistral3.attention.temperature_scale": (0.1, F32),
                                                    "mistral3.rope.scaling.yarn_beta_fast": (16.0, F32),
                                                    "mistral3.rope.scaling.yarn_beta_slow": (2.0, F32)}),

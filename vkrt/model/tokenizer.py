@@ -38,6 +38,11 @@ _GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
           r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tekken (Mistral: Ministral 3, Mistral Small 3.x): gpt-4o's letter classes without its
+# contractions, and digits one at a time
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> the regexes llama.cpp applies one after another (llama-vocab.cpp)
 PRE_TOKENIZERS: dict[str, list[str]] = {
@@ -47,7 +52,7 @@ PRE_TOKENIZERS: dict[str, list[str]] = {
     "glm4": [_LLAMA3], "chatglm-bpe": [_LLAMA3],
     "qwen2": [_QWEN2], "qwen2.5": [_QWEN2], "qwen-2.5": [_QWEN2], "deepseek-r1-qwen": [_QWEN2], "stablelm2": [_QWEN2],
     "qwen35": [_QWEN35],
-    "gpt-4o": [_GPT4O], "llama4": [_GPT4O],
+    "gpt-4o": [_GPT4O], "llama4": [_GPT4O], "tekken": [_TEKKEN],
     "smollm": [r"\p{N}", _GPT2], "starcoder": [r"\p{N}", _GPT2], "refact": [r"\p{N}", _GPT2],
     "command-r": [r"\p{N}", _GPT2], "codeshell": [r"\p{N}", _GPT2],
 }
