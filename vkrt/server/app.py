@@ -44,7 +44,7 @@ def make_app(state: ServerState) -> web.Application:
                 raise
             status = exc.status
             body = error_body(status, _http_message(exc, request, state), "invalid_request_error")
-        except Exception as exc:  # a bug: log it with its traceback, answer without one
+        except Exception:  # a bug: log it with its traceback, answer without one
             log.exception("%s %s failed", request.method, request.path)
             status, body = 500, error_body(500, "internal error (the server log has the details)", "server_error")
         if 400 <= status < 500:

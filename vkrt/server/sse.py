@@ -77,7 +77,7 @@ async def stream(request: web.Request, jobs: list[Job], fmt,
                 return resp, None, True
     except ConnectionError:  # the client closed the connection
         return resp, None, False
-    except Exception as exc:  # a bug: the status line is out, so say it in the stream
+    except Exception:  # a bug: the status line is out, so say it in the stream
         log.exception("streaming failed")
         try:
             await resp.write(event({"error": {"code": 500, "message": "internal error (the server log has the details)",
