@@ -95,17 +95,18 @@ class ArchSpec:
     long_rope: bool = False
     swa_disabled: bool = False       # attention.sliding_window is not applied, as llama.cpp (phi3: warned)
     # mistral3 (Ministral 3, Mistral Small 3.x text): the queries' temperature by position,
-    # {arch}.attention.temperature_scale over rope.scaling.original_context_length (rope.glsl),
-    # YaRN's rope.scaling.yarn_beta_fast / _slow from the file, and {arch}.attention.scale
-    # replacing 1 / sqrt(head size) where set
+    # {arch}.attention.temperature_scale over rope.scaling.original_context_length (rope.glsl);
+    # YaRN's rope.scaling.yarn_beta_fast / _slow read from the file (llama.cpp ignores them for
+    # llama); {arch}.attention.scale replacing 1 / sqrt(head size) where set
     attn_temperature: bool = False
+    yarn_betas: bool = False
     attn_scale_key: bool = False
 
 
 ARCHS: dict[str, ArchSpec] = {s.name: s for s in (
     ArchSpec("llama", rope=ROPE_NORMAL, moe_optional=True, ff_is_expert_ff=True),
     ArchSpec("mistral3", rope=ROPE_NORMAL, moe_optional=True, ff_is_expert_ff=True, attn_temperature=True,
-             attn_scale_key=True),
+             yarn_betas=True, attn_scale_key=True),
     ArchSpec("qwen2", attn_bias=True),
     ArchSpec("qwen3", qk_norm=True),
     ArchSpec("gemma3", qk_norm=True, post_norms=True, activation="gelu", embd_scale_sqrt=True, swa_pattern=6,

@@ -290,7 +290,7 @@ def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> di
         out.update(rope_ext_factor=1.0,
                    n_ctx_orig_yarn=int(get("rope.scaling.original_context_length", n_ctx_train, required=False)))
     out["rope_attn_factor"] = float(f32(attn_factor * f32(get("rope.scaling.attn_factor", 1.0, required=False))))
-    if spec.attn_temperature:   # mistral3: the file's YaRN betas
+    if spec.yarn_betas:
         out.update(yarn_beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0, required=False)),
                    yarn_beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0, required=False)))
     if spec.attn_temperature and (temp := float(get("attention.temperature_scale", 0.0, required=False) or 0.0)):
