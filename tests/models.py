@@ -83,6 +83,9 @@ TINY = {
                                    extra={"mistral3.attention.temperature_scale": (0.1, F32),
                                                    "mistral3.rope.scaling.yarn_beta_fast": (16.0, F32),
                                                    "mistral3.rope.scaling.yarn_beta_slow": (2.0, F32)}),
+    # its experts branch (llama.cpp's mistral3 graph: softmax routing, the chosen renormalised)
+    "tiny-mistral3-moe": SyntheticSpec(arch="mistral3", n_ff=0, n_expert=4, n_expert_used=2, n_ff_expert=64,
+                                       tokenizer_pre="tekken", seed=53),
 }
 HYBRID = [n for n in TINY if n.startswith(("tiny-qwen35", "tiny-qwen3next"))]
 
