@@ -257,6 +257,16 @@ float biased(float x, float b) {
 #endif
 uint rowb[NW];            // the byte offsets of the rows a group dots
 
+// unit uu's 16 bytes of the row whose block is at byte b (QWIDE; else unused), and the raw values
+// of the unit's chunk c (< QU_C) of a run s of it
+#ifdef QWIDE
+#define MV_WQ(b, uu) w16_data[qu_addr16(b, uu) >> 4]
+#define MV_RAW(s, wq, uu, c) qraw16(s, wq, c)
+#else
+#define MV_WQ(b, uu) uvec4(0u)
+#define MV_RAW(s, wq, uu, c) qraw(s, qu_ch(uu, c))
+#endif
+
 // unit u of every row the group dots: acc[r * NC + j] += W[r] (unit u) . x[j] (unit u)
 void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
     const uint blk = u / QU, uu = u % QU, boff = blk * QTS;
@@ -277,19 +287,13 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         }
         [[unroll]] for (uint r = 0u; r < NW; r++) {
             const QRun s = qrun(rowb[r] + boff, run);
-#ifdef QWIDE
-            const uvec4 wq = w16_data[qu_addr16(rowb[r] + boff, uu) >> 4];
-#endif
+            const uvec4 wq = MV_WQ(rowb[r] + boff, uu);
             float dot_[NC];
             [[unroll]] for (uint j = 0u; j < NC; j++) {
                 dot_[j] = 0.0;
             }
             [[unroll]] for (uint c = 0u; c < QU_C; c++) {
-#ifdef QWIDE
-                const vec4 raw = qraw16(s, wq, c);
-#else
-                const vec4 raw = qraw(s, qu_ch(uu, c));
-#endif
+                const vec4 raw = MV_RAW(s, wq, uu, c);
                 [[unroll]] for (uint j = 0u; j < NC; j++) {
                     dot_[j] += dot(raw, xv[c * NC + j]);
                 }
@@ -303,15 +307,11 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         // with it (a lane holds one chunk of x a column: a unit's 8 chunks x 4 columns would be
         // 128 registers). The sums add their terms in the same order as above
         QRun s[NW];
-#ifdef QWIDE
         uvec4 wq[NW];
-#endif
         float sum_[NC], dot_[NA];
         [[unroll]] for (uint r = 0u; r < NW; r++) {
             s[r] = qrun(rowb[r] + boff, run);
-#ifdef QWIDE
-            wq[r] = w16_data[qu_addr16(rowb[r] + boff, uu) >> 4];
-#endif
+            wq[r] = MV_WQ(rowb[r] + boff, uu);
         }
         [[unroll]] for (uint v = 0u; v < NA; v++) {
             dot_[v] = 0.0;
@@ -326,11 +326,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
                 sum_[j] += dot(xv[j], vec4(1.0));
             }
             [[unroll]] for (uint r = 0u; r < NW; r++) {
-#ifdef QWIDE
-                const vec4 raw = qraw16(s[r], wq[r], c);
-#else
-                const vec4 raw = qraw(s[r], qu_ch(uu, c));
-#endif
+                const vec4 raw = MV_RAW(s[r], wq[r], uu, c);
                 [[unroll]] for (uint j = 0u; j < NC; j++) {
                     dot_[r * NC + j] += dot(raw, xv[j]);
                 }

@@ -105,17 +105,12 @@ void main() {
 #else
     const uint yb = p.y_off + h * p.y_head + t * p.y_tok;
 #endif
-#ifdef ATTN_TEMP   // every output times the token's attention temperature (rope.glsl)
-    const float temp = attn_temperature(pos[p.pos_off + t], p.temp_scale, p.temp_floor);
-#define TEMP(v) ((v) * temp)
-#else
-#define TEMP(v) (v)
-#endif
+    const float temp = attn_temperature(pos[p.pos_off + t], p.temp_scale, p.temp_floor);   // rope.glsl
     const uint rot_pairs = p.n_dims / 2u;
     for (uint i = lid; i < p.head_dim / 2u; i += WG) {
         if (i >= rot_pairs) {   // dims past n_dims pass through unchanged
-            y[yb + 2u * i] = DST_T(TEMP(row_sh[2u * i]));
-            y[yb + 2u * i + 1u] = DST_T(TEMP(row_sh[2u * i + 1u]));
+            y[yb + 2u * i] = DST_T(row_sh[2u * i] * temp);
+            y[yb + 2u * i + 1u] = DST_T(row_sh[2u * i + 1u] * temp);
             continue;
         }
         const uint a = p.neox != 0u ? i : 2u * i;
@@ -128,7 +123,7 @@ void main() {
 #endif
         const vec2 r = rope_pair(row_sh[a], row_sh[b], pos[p.pos_off + t + stream * p.n_tokens], i, p.theta_scale,
                                  p.freq_scale, ff, p.attn_factor, p.ext_factor, vec2(p.corr_low, p.corr_high));
-        y[yb + a] = DST_T(TEMP(r.x));
-        y[yb + b] = DST_T(TEMP(r.y));
+        y[yb + a] = DST_T(r.x * temp);
+        y[yb + b] = DST_T(r.y * temp);
     }
 }

@@ -56,16 +56,11 @@ void main() {
     const uint xb = p.x_off + h * p.x_s1 + t * p.x_s2;
     const uint yb = p.y_off + h * p.y_s1 + t * p.y_s2;
 
-#ifdef ATTN_TEMP
     const float temp = attn_temperature(pos[p.pos_off + t], p.temp_scale, p.temp_floor);
-#define TEMP(v) ((v) * temp)
-#else
-#define TEMP(v) (v)
-#endif
     const uint rot_pairs = p.n_dims / 2;
     if (i >= rot_pairs) {  // dims past n_dims pass through unchanged
-        y[yb + 2 * i] = TEMP(x[xb + 2 * i]);
-        y[yb + 2 * i + 1] = TEMP(x[xb + 2 * i + 1]);
+        y[yb + 2 * i] = x[xb + 2 * i] * temp;
+        y[yb + 2 * i + 1] = x[xb + 2 * i + 1] * temp;
         return;
     }
     const uint a = p.neox != 0 ? i : 2 * i;
@@ -78,6 +73,6 @@ void main() {
 #endif
     const vec2 r = rope_pair(x[xb + a], x[xb + b], pos[p.pos_off + t + stream * p.n_tokens], i, p.theta_scale,
                              p.freq_scale, ff, p.attn_factor, p.ext_factor, vec2(p.corr_low, p.corr_high));
-    y[yb + a] = TEMP(r.x);
-    y[yb + b] = TEMP(r.y);
+    y[yb + a] = r.x * temp;
+    y[yb + b] = r.y * temp;
 }

@@ -31,10 +31,15 @@ vec2 rope_pair(float x0, float x1, int pos, uint i, float theta_scale, float fre
 }
 
 // The attention temperature of Llama 4's scaling as Ministral 3 applies it (mistral3's
-// attention.temperature_scale): the queries at position pos are multiplied, after their
-// rotation, by log(floor(pos / floor_scale) + 1) * scale + 1 (1 below floor_scale)
+// attention.temperature_scale): with ATTN_TEMP the queries at position pos are multiplied, after
+// their rotation, by log(floor(pos / floor_scale) + 1) * scale + 1 (1 below floor_scale);
+// without it by 1, which the compilers fold away
 float attn_temperature(int pos, float scale, float floor_scale) {
+#ifdef ATTN_TEMP
     return log(floor(float(pos) / floor_scale) + 1.0) * scale + 1.0;
+#else
+    return 1.0;
+#endif
 }
 
 // The position stream (0 t, 1 h, 2 w, 3 e) that rotates pair i under multi-section RoPE with

@@ -185,7 +185,7 @@ class ModelConfig:
                         qk_norm_full=spec.qk_norm_full, shared_gate=spec.shared_gate,
                         sigmoid_router=spec.sigmoid_router, expert_weights_scale=float(scale_w),
                         gate_up_fused=spec.gate_up_fused,
-                        **_rope_scaling(meta, arch, path, get, n_ctx_train))
+                        **_rope_scaling(meta, arch, spec, path, get, n_ctx_train))
         window = 0
         if spec.swa_pattern:
             window = int(get("attention.sliding_window", None, required=spec.swa_required) or 0)
@@ -267,13 +267,13 @@ def _granite_scales(meta: dict, arch: str, path: str, get, kw: dict) -> float:
     return float(get("attention.scale", 0.0, required=False))
 
 
-def _rope_scaling(meta: dict, arch: str, path: str, get, n_ctx_train: int) -> dict:
+def _rope_scaling(meta: dict, arch: str, spec: ArchSpec, path: str, get, n_ctx_train: int) -> dict:
     """RoPE scaling as llama.cpp reads it (the type defaults to linear; freq_scale = 1 / factor
     unless the type is none) and, for YaRN, the context's ext_factor 1 and its original context.
     attn_factor is the context's: rope.scaling.attn_factor (default 1), for YaRN times
     get_mscale(factor) / (1 + 0.1 ln factor) (llama.cpp cancels here the magnitude its rope
-    kernel applies), in float32 as there."""
-    spec = ARCHS[arch]
+    kernel applies), in float32 as there. With spec.yarn_betas the file's YaRN betas, with
+    spec.attn_temperature the queries' temperature and its floor scale (mistral3)."""
     kind = meta.get(f"{arch}.rope.scaling.type", "linear")
     if kind not in ROPE_SCALING_TYPES:
         raise ConfigMissing(f"{path}: {arch}.rope.scaling.type={kind!r} is not supported "

@@ -55,9 +55,9 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     the other, and pair i rotated by the stream its sector i % sum(sections) picks: consecutive
     ranges (MROPE, Qwen2-VL) or, with interleaved, sector % 3 within 3 * sections (IMROPE).
     ext_factor != 0 turns on YaRN (ggml_rope_ext's ext_factor, n_ctx_orig, beta_fast, beta_slow;
-    attn_factor scales cos and sin as there). attn_temp = (scale, floor_scale): Llama 4's attention
-    temperature, every output of the token at position p times log(floor((p + 1) / floor_scale) +
-    1) * scale + 1 (mistral3's queries)."""
+    attn_factor scales cos and sin as there). attn_temp = (scale, floor_scale): the attention
+    temperature, every output of the token at position p times log(floor(p / floor_scale) + 1) *
+    scale + 1 (mistral3's queries; rope.glsl)."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     if x.ne[3] != 1:
         raise OutOfRange(f"{op}: x must be 3-D [head_dim, n_head, n_tokens], got {list(x.ne)}")
