@@ -72,10 +72,10 @@ void main() {
     if (row >= p.n_head * p.n_tokens) {
         return;
     }
-    const uint h = row % p.n_head, t = row / p.n_head, lid = gl_LocalInvocationID.x;
+    const uint h = row % p.n_head, t = row / p.n_head, lid = reduce_lane();
     const uint xb = p.x_off + h * p.x_s1 + t * p.x_s2;
 #ifdef NORM
-    float sum = 0.0;
+    precise float sum = 0.0;
     for (uint c = lid; c < p.head_dim; c += WG) {
         const float v = x[xb + c];
         sum += v * v;

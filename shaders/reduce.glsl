@@ -1,13 +1,41 @@
-// Workgroup-wide sum through shared memory (with SG_REDUCE, of subgroup sums). The including shader declares
+// Workgroup-wide sum through shared memory: with SG_BUTTERFLY of subgroup sums made by a
+// butterfly of shuffles (an order fixed by the lanes, so a kernel of another shape can redo it
+// bit for bit: mul_mv's NORM_IN), with SG_REDUCE of subgroupAdd's sums, else a shared-memory tree.
+// The including shader declares
 //   layout(constant_id = 0) const uint WG = ...;  (its local_size_x_id = 0)
-// before including this file. Call from uniform control flow.
+// before including this file, and gives invocation reduce_lane() the elements c = reduce_lane() +
+// i * WG of a row in that order. Call from uniform control flow.
 #ifndef VKRT_REDUCE_GLSL
 #define VKRT_REDUCE_GLSL
 
 shared float reduce_buf[WG];
 
-#ifdef SG_REDUCE
+#if defined(SG_BUTTERFLY)
+#extension GL_KHR_shader_subgroup_shuffle : enable
+#include "butterfly.glsl"
+// subgroup by subgroup: lane i of subgroup g is invocation g * size + i of the row
+uint reduce_lane() {
+    return gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+}
+// butterfly sums of the subgroups, then the first invocation's walk over them in subgroup order
+float workgroup_sum(float v) {
+    const float s = subgroup_butterfly(v);
+    if (subgroupElect()) {
+        reduce_buf[gl_SubgroupID] = s;
+    }
+    barrier();
+    float total = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; i++) {
+        total += reduce_buf[i];
+    }
+    barrier();
+    return total;
+}
+#elif defined(SG_REDUCE)
 #extension GL_KHR_shader_subgroup_arithmetic : enable
+uint reduce_lane() {
+    return gl_LocalInvocationID.x;
+}
 // subgroup sums, then the first invocation's walk over them: two barriers instead of log2(WG) + 1
 float workgroup_sum(float v) {
     const float s = subgroupAdd(v);
@@ -23,6 +51,9 @@ float workgroup_sum(float v) {
     return total;
 }
 #else
+uint reduce_lane() {
+    return gl_LocalInvocationID.x;
+}
 float workgroup_sum(float v) {
     const uint lid = gl_LocalInvocationID.x;
     reduce_buf[lid] = v;

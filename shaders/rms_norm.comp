@@ -135,13 +135,14 @@ void main() {
     // the first HOLD elements of an invocation stay in registers between the sum and the scaling,
     // their weights read before the sum (a short row's second pass reads nothing); the order of
     // the sum is the plain loop's
-    float sum = 0.0;
+    precise float sum = 0.0;   // no contraction: mul_mv's NORM_IN sums alike
     float held[HOLD], held_w[HOLD];
+    const uint lid = reduce_lane();
 #ifdef ADD
     const uint rb = xb - p.x_off + p.r_off, sb = xb - p.x_off + p.s_off;
 #endif
     [[unroll]] for (uint i = 0u; i < HOLD; i++) {
-        const uint c = gl_LocalInvocationID.x + i * WG;
+        const uint c = lid + i * WG;
         held[i] = 0.0;
         held_w[i] = 1.0;
         if (c < p.ncols) {
@@ -150,19 +151,19 @@ void main() {
             sum += held[i] * held[i];
         }
     }
-    for (uint c = gl_LocalInvocationID.x + HOLD * WG; c < p.ncols; c += WG) {
+    for (uint c = lid + HOLD * WG; c < p.ncols; c += WG) {
         const float v = LOAD_SUM(c);
         sum += v * v;
     }
     sum = workgroup_sum(sum);
     const float scale = inversesqrt(sum / float(p.ncols) + p.eps);
     [[unroll]] for (uint i = 0u; i < HOLD; i++) {
-        const uint c = gl_LocalInvocationID.x + i * WG;
+        const uint c = lid + i * WG;
         if (c < p.ncols) {
             STORE_OUT(c, held_w[i], held[i] * scale);
         }
     }
-    for (uint c = gl_LocalInvocationID.x + HOLD * WG; c < p.ncols; c += WG) {
+    for (uint c = lid + HOLD * WG; c < p.ncols; c += WG) {
         STORE_OUT(c, weight_of(c), RELOAD(c) * scale);
     }
 }

@@ -10,6 +10,7 @@ from ..pipeline import PushConstants, kernel
 from .binding import f32_binding
 from .grid import grid
 from .moe import ExpertSum
+from .reduce import norm_wg, reduce_defines
 from .rows import same_shape
 
 RMS_PUSH = PushConstants(("ncols", "u32"), ("ne1", "u32"), ("ne2", "u32"), ("nrows", "u32"),
@@ -20,22 +21,6 @@ ADD_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("r_off", "u32"), ("s_off", "u32"
 COMBINE_RMS_PUSH = PushConstants(*ADD_RMS_PUSH.fields, ("n_used", "u32"), ("ew_off", "u32"), ("es_off", "u32"),
                                  ("eg_off", "u32"), ("has_shared", "u32"))
 GATED_RMS_PUSH = PushConstants(*RMS_PUSH.fields, ("z_off", "u32"), ("z_s1", "u32"), ("z_s2", "u32"), ("z_s3", "u32"))
-
-
-def reduce_defines(dev) -> dict[str, int]:
-    """How shaders/reduce.glsl sums a workgroup on this device (every kernel that must sum as
-    rms_norm does takes the same)."""
-    return {"SG_REDUCE": 1} if dev.profile.subgroup_arithmetic else {}
-
-
-def norm_wg(dev, ncols: int) -> int:
-    """Invocations of a workgroup that normalises rows of `ncols` (rms_norm, norm_rope: the same,
-    so their sums agree): tuning.reduce_wg, halved (down to 64) while two columns an invocation
-    still cover the row."""
-    wg = dev.tuning.reduce_wg
-    while wg // 2 >= 64 and wg >= ncols:
-        wg //= 2
-    return wg
 
 
 def rms_norm(seq, x: Tensor, out: Tensor, eps: float, weight: Tensor | None = None, *,

@@ -9,7 +9,7 @@ from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
 from .grid import grid
-from .norm import norm_wg, reduce_defines
+from .reduce import norm_wg, reduce_defines
 from .rope import rope_defines, rope_operands
 from .rows import same_shape
 
