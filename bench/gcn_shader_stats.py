@@ -40,7 +40,7 @@ from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
-from vkrt.ops.matmul import MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, vec4_ok
+from vkrt.ops.matmul import MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, norm_input, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
@@ -123,8 +123,9 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     return cases
 
 
-def decode_router(seq, m) -> None:
-    """One token's router logits (F32 weights) with the routing in the mat-vec's last workgroup."""
+def decode_router(seq, m, norm: bool = False) -> None:
+    """One token's router logits (F32 weights) with the routing in the mat-vec's last workgroup
+    (`norm`: and the residual add and norm before it in its prologue)."""
     dev = seq.device
     w = placeholder(dev, F32, (m["hidden"], m["n_expert"]), "router weights")
     cur = placeholder(dev, F32, (m["hidden"], 1), "cur")
@@ -133,7 +134,13 @@ def decode_router(seq, m) -> None:
     route = route_epilogue(seq, w, logits, ids, wts, m["n_used"], True, placeholder(dev, I32, (1,), "counter"))
     if route is None:
         raise VkrtError("the GCN tuning cannot route in the router's mat-vec")
-    matmul(seq, w, cur, logits, route=route)
+    norm_in = None
+    if norm:
+        x, pending = placeholder(dev, F32, (m["hidden"], 1), "x"), placeholder(dev, F32, (m["hidden"], 1), "pending")
+        norm_in = norm_input(seq, x, pending, placeholder(dev, F32, (m["hidden"],), "w"), 1e-6, cur)
+        if norm_in is None:
+            raise VkrtError("the GCN tuning cannot norm in the router's mat-vec")
+    matmul(seq, w, cur, logits, route=route, norm_in=norm_in)
 
 
 def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
@@ -204,6 +211,8 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
             ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True))),
             ("decode: router mat-vec routing in its last workgroup (VKRT_FUSE_ROUTE)",
              recorded(dev, lambda seq: decode_router(seq, m))),
+            ("decode: router mat-vec with the residual add and norm before it (VKRT_FUSE_NORM_ROUTE)",
+             recorded(dev, lambda seq: decode_router(seq, m, norm=True))),
             ("experts' weighted sum + residual add + block norm (VKRT_FUSE_COMBINE_NORM)",
              recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden, sum_out=x, residual=ExpertSum(
                  placeholder(dev, F32, (E, m["n_used"], T), "experts"), weights, pending)))),

@@ -22,13 +22,19 @@
 // ROUTE_SUBGROUP its first subgroup does, as a one-subgroup router would.
 // With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
 // add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
+// With NORM_IN (and ROUTE) x is the residual stream and the kernel first does rms_norm's add
+// and norm (shaders/rms_norm.comp with ADD, bit for bit): every workgroup sums x + r and
+// normalises it into shared memory, redoing the norm workgroup's sums (NORM_WG invocations,
+// SG_BUTTERFLY) subgroup by subgroup, writes its share of the normed x (the FFN's input) and the
+// last workgroup stores x + r over x; the norm's dispatch and barrier are gone.
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
 // within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
 // shared-memory tree.
 #include "common.glsl"
-#if defined(REDUCE_CLUSTER)
+#if defined(REDUCE_CLUSTER) || defined(NORM_IN)
 #extension GL_KHR_shader_subgroup_shuffle : enable
-#elif defined(REDUCE_SUBGROUP)
+#endif
+#if defined(REDUCE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #endif
 
@@ -40,12 +46,21 @@ layout(binding = 0) readonly buffer W16 { uvec4 w16_data[]; };   // the same wor
 #endif
 #ifdef XVEC4
 layout(binding = 1) readonly buffer X { vec4 x4_data[]; };
-#define XRAW4(i) x4_data[(i) >> 2]
-#define XRAW1(i) x4_data[(i) >> 2][(i) & 3u]
+#define XG4(i) x4_data[(i) >> 2]
+#define XG1(i) x4_data[(i) >> 2][(i) & 3u]
 #else
 layout(binding = 1) readonly buffer X { float x_data[]; };
-#define XRAW4(i) vec4(x_data[i], x_data[(i) + 1u], x_data[(i) + 2u], x_data[(i) + 3u])
-#define XRAW1(i) x_data[i]
+#define XG4(i) vec4(x_data[i], x_data[(i) + 1u], x_data[(i) + 2u], x_data[(i) + 3u])
+#define XG1(i) x_data[i]
+#endif
+#ifdef NORM_IN
+// the normed x of the NC columns, column j at j * K (the mat-vec's x_off 0, x_col K)
+shared vec4 xn4[NORM_XN4];
+#define XRAW4(i) xn4[(i) >> 2]
+#define XRAW1(i) xn4[(i) >> 2][(i) & 3u]
+#else
+#define XRAW4(i) XG4(i)
+#define XRAW1(i) XG1(i)
 #endif
 #if defined(GLU) && defined(GATE_UP)
 #error "GLU and GATE_UP exclude each other"
@@ -84,6 +99,12 @@ layout(binding = 3) writeonly buffer RIds { int route_ids[]; };
 layout(binding = 4) writeonly buffer RWts { float route_w[]; };
 layout(binding = 5) readonly buffer RBias { float route_bias[]; };
 layout(binding = 6) coherent buffer WgCount { uint wg_count[]; };
+#ifdef NORM_IN
+layout(binding = 7) readonly buffer NRes { float nr_data[]; };      // the block output added to x
+layout(binding = 8) readonly buffer NWt { float nw_data[]; };       // the norm's weight
+layout(binding = 9) writeonly buffer NSum { float ns_data[]; };     // x + r, over x
+layout(binding = 10) writeonly buffer NOut { float no_data[]; };    // the normed x
+#endif
 #else
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
 #endif
@@ -142,6 +163,16 @@ layout(push_constant) uniform Push {
     uint b_off;
     uint count_off; // the counter of finished workgroups (last_workgroup)
 #endif
+#ifdef NORM_IN
+    uint n_x_off;   // float offsets: the residual x (n_x_col between columns; r and x + r alike),
+    uint n_x_col;   // r, the norm's weight, x + r, the normed x (n_o_col between columns)
+    uint n_r_off;
+    uint n_w_off;
+    uint n_s_off;
+    uint n_o_off;
+    uint n_o_col;
+    float n_eps;
+#endif
 #ifdef MOE_SUM
     uint wt_off;   // float offsets of the routing weights, the shared output and its gate
     uint sh_off;
@@ -180,6 +211,92 @@ bool last_workgroup() {
         }
     }
     return wg_last;
+}
+#endif
+
+#ifdef NORM_IN
+#define BUTTERFLY_SG NORM_SG
+#include "butterfly.glsl"
+#if !defined(ROUTE) || defined(GLU)
+#error "NORM_IN feeds the router's mat-vec: its last workgroup (ROUTE's) stores x + r"
+#endif
+// a lane's elements: in each of its NORM_G norm subgroups (this subgroup's index + g * NORM_SUB)
+// the norm lane's NORM_E elements, lane + e * NORM_WG
+#define NORM_AT(g, e) ((gl_SubgroupID + (g) * NORM_SUB) * NORM_SG + gl_SubgroupInvocationID + (e) * NORM_WG)
+shared float n_sums[NC * NORM_VSG];
+float n_s[NC * NORM_G * NORM_E];   // x + r of this lane's elements (the last workgroup stores them)
+// xn4 = rms_norm(x + r) * w for the NC columns, summed as rms_norm.comp's workgroup of NORM_WG
+// invocations sums (NORM_VSG subgroups, each the butterfly of its lanes' sums over the elements
+// lane, lane + NORM_WG, ...; then the subgroups' sums in order), every load issued first; then
+// this workgroup's share of the normed x is stored
+void norm_prologue(uint wgid, uint pf) {
+    float wv[NORM_G * NORM_E];
+    [[unroll]] for (uint j = 0u; j < NC; j++) {
+        const uint xb = p.n_x_off + j * p.n_x_col, rb = p.n_r_off + j * p.n_x_col;
+        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
+            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
+                const uint c = NORM_AT(g, e);
+                n_s[(j * NORM_G + g) * NORM_E + e] = c < p.K ? XG1(xb + c) + nr_data[rb + c] : 0.0;
+                if (j == 0u) {
+                    wv[g * NORM_E + e] = c < p.K ? nw_data[p.n_w_off + c] : 0.0;
+                }
+            }
+        }
+    }
+    [[unroll]] for (uint j = 0u; j < NC; j++) {
+        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
+            precise float sum = 0.0;
+            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
+                const float v = n_s[(j * NORM_G + g) * NORM_E + e];
+                if (NORM_AT(g, e) < p.K) {
+                    sum += v * v;
+                }
+            }
+            sum = subgroup_butterfly(sum);
+            if (subgroupElect()) {
+                n_sums[j * NORM_VSG + gl_SubgroupID + g * NORM_SUB] = sum;
+            }
+        }
+    }
+    if (pf == 0x9E3779B9u && p.K == 0u) {   // never (K > 0): the prefetched words are waited for here
+        n_sums[0] = 0.0;
+    }
+    barrier();
+    [[unroll]] for (uint j = 0u; j < NC; j++) {
+        float total = 0.0;
+        for (uint g = 0u; g < NORM_VSG; g++) {
+            total += n_sums[j * NORM_VSG + g];
+        }
+        const float scale = inversesqrt(total / float(p.K) + p.n_eps);
+        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
+            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
+                const uint c = NORM_AT(g, e);
+                if (c < p.K) {
+                    const float v = n_s[(j * NORM_G + g) * NORM_E + e] * scale;
+                    xn4[(j * p.K + c) >> 2][c & 3u] = v * wv[g * NORM_E + e];
+                }
+            }
+        }
+    }
+    barrier();
+    const uint n = NC * p.K, span = (n + gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u) / (gl_NumWorkGroups.x * gl_NumWorkGroups.y);
+    for (uint i = wgid * span + gl_LocalInvocationID.x; i < min(n, (wgid + 1u) * span); i += WG) {
+        no_data[p.n_o_off + (i / p.K) * p.n_o_col + i % p.K] = xn4[i >> 2][i & 3u];
+    }
+}
+
+// the last workgroup: x + r over x (every workgroup has read x)
+void store_sums() {
+    [[unroll]] for (uint j = 0u; j < NC; j++) {
+        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
+            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
+                const uint c = NORM_AT(g, e);
+                if (c < p.K) {
+                    ns_data[p.n_s_off + j * p.n_x_col + c] = n_s[(j * NORM_G + g) * NORM_E + e];
+                }
+            }
+        }
+    }
 }
 #endif
 
@@ -402,6 +519,19 @@ void main() {
         rowb[NR + r] = wbase2 + roff;
 #endif
     }
+#ifdef NORM_IN
+    {
+        // the first word of each weight block of the lane, loaded while the norm runs: the
+        // mat-vec's own reads then find them in the cache (pf only keeps the loads alive)
+        uint pf = 0u;
+        for (uint u = lane; u < (p.K / QK) * QU; u += TPR) {
+            [[unroll]] for (uint r = 0u; r < NW; r++) {
+                pf += w_data[(rowb[r] + (u / QU) * QTS) >> 2];
+            }
+        }
+        norm_prologue(wgid, pf);
+    }
+#endif
     precise float acc[NA];   // no contraction: every variant (fused or not) sums a row alike
     [[unroll]] for (uint v = 0u; v < NA; v++) {
         acc[v] = 0.0;
@@ -504,10 +634,16 @@ void main() {
     }
 #endif
 #ifdef ROUTE
+    const bool last = last_workgroup();
+#ifdef NORM_IN
+    if (last) {
+        store_sums();
+    }
+#endif
 #ifdef ROUTE_SUBGROUP
-    if (last_workgroup() && gl_SubgroupID == 0u) {   // one subgroup routes, without workgroup barriers
+    if (last && gl_SubgroupID == 0u) {   // one subgroup routes, without workgroup barriers
 #else
-    if (last_workgroup()) {   // routes the tokens (moe_router's results, bit for bit)
+    if (last) {   // routes the tokens (moe_router's results, bit for bit)
 #endif
         for (uint t = 0u; t < NC; t++) {
             route_token(p.y_off + t * p.y_col, t * p.n_used, p.M, p.n_used, p.mode, p.b_off);

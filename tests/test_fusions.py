@@ -24,6 +24,8 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
     if variable == "VKRT_FUSE_GLU":   # the down projection's activation applies where gate and up are apart
         device_env("VKRT_FUSE_GATE_UP", "0")   # and the experts' down projection is not summed
         device_env("VKRT_FUSE_MOE_SUM", "0")
+    if variable in ("VKRT_FUSE_ADD_NORM", "VKRT_FUSE_ROUTE"):   # every add+norm a kernel of its own, none in
+        device_env("VKRT_FUSE_NORM_ROUTE", "0")                   # a router's prologue (which needs ROUTE)
     if variable == "VKRT_FUSE_MOE_SUM":   # against moe_combine's pass, not the sum inside the next norm
         device_env("VKRT_FUSE_COMBINE_NORM", "0")
     device_env(variable, "on" if fuse else "off")
@@ -149,6 +151,22 @@ def test_routing_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device
     assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
 
 
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
+                                            ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
+                                            ("tiny-granitemoe", 0), ("tiny-glm4moe", 0), ("tiny-qwen3next", 2),
+                                            ("tiny-gpt-oss", 0)])
+def test_norm_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
+    """The residual add and RMS norm before a MoE block in the prologue of its router's mat-vec
+    (VKRT_FUSE_NORM_ROUTE), each workgroup redoing the norm workgroup's sums, against the
+    add_rms_norm dispatch: after attention and after DeltaNet (qwen35moe, qwen3next), the shared
+    expert reading the normed input (qwen2moe), granite's scaled block output, glm4moe's dense
+    first layer and sigmoid router, experts in VRAM and from host; gpt-oss's router bias keeps
+    its routing, so its norm, apart."""
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_NORM_ROUTE", n_cpu_moe=n_cpu_moe)
+    moe_layers = sum(1 for layer in cfg.layers if layer.moe)
+    assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
+
+
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
                                             ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
                                             ("tiny-granitemoe", 0), ("tiny-granitemoe", 2), ("tiny-qwen3next", 2),
@@ -195,14 +213,14 @@ def test_expert_biases_in_the_expert_fusions(device, tmp_path, device_env, varia
 
 
 def test_fusion_defaults():
-    """Unset: add+norm, norm+rope and gate+up fused, GLU, MOE_SUM and QKV apart; every flag
+    """Unset: add+norm, norm+rope, gate+up, routing and the norm before it fused, GLU, MOE_SUM and QKV apart; every flag
     spelling forces either way (VKRT_FUSE_GLU=false is off), anything else is refused."""
     from vkrt.errors import ConfigError
     from vkrt.model.fusions import Fusions
     from vkrt.settings import Settings
     assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
                                                         moe_sum=False, qkv=False, kv_store=True, combine_norm=True,
-                                                        route=True)
+                                                        route=True, norm_route=True)
     on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
     assert on.glu and not on.add_norm and on.qkv
     assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu

@@ -172,6 +172,9 @@ VARIABLES: tuple[Variable, ...] = (
                                   "ADD_NORM; 0: moe_combine stores it first)"),
     _fusion("ROUTE", True, "decode routes each token (softmax, top-k, weights) in the last workgroup of the MoE "
                            "router's mat-vec instead of a moe_route dispatch after it (0: apart)"),
+    _fusion("NORM_ROUTE", True, "decode: the residual add and RMS norm before a MoE block run in the prologue of "
+                                "its router's mat-vec (with VKRT_FUSE_ROUTE) instead of a dispatch and barrier "
+                                "before it (0: apart)"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",
@@ -219,6 +222,7 @@ class Settings:
     fuse_kv_store: bool = True
     fuse_combine_norm: bool = True
     fuse_route: bool = True
+    fuse_norm_route: bool = True
     fa_mask_opt: bool | None = None
     glslang_lib: Path | None = None
 

@@ -239,3 +239,65 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
     finally:
         for t in made:
             t.close()
+
+
+@pytest.mark.parametrize("K, n_tokens, mv_wg, reduce_wg", [(96, 1, 64, 64), (96, 2, 64, 256), (520, 1, 64, 256),
+                                                          (520, 2, 64, 64), (520, 1, 128, 512), (2048, 1, 64, 256),
+                                                          (2048, 1, 128, 512), (2048, 2, 128, 1024)])
+def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, reduce_wg):
+    """The residual add and RMS norm in the router mat-vec's prologue (mul_mv NORM_IN) against
+    rms_norm (residual, sum_out=x) then the routing mat-vec: x + r, the normed x, the logits, ids
+    and weights bit for bit, with mat-vec subgroups each redoing one or several of the norm
+    workgroup's subgroups, one or several elements a lane (rows not a multiple of the norm's
+    workgroup), one and two tokens; the normed x also against numpy."""
+    import dataclasses
+
+    from vkrt.commands import CommandSequence
+    from vkrt.ops.matmul import matmul, norm_input
+    from vkrt.ops.moe import route_epilogue
+    from vkrt.ops.norm import rms_norm
+    prof = device.profile
+    if not prof.subgroup_shuffle or prof.subgroup_min != prof.subgroup_max or mv_wg < prof.subgroup_min:
+        pytest.skip("the norm prologue needs shuffles and one fixed subgroup size no wider than the mat-vec")
+    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_wg=mv_wg, reduce_wg=reduce_wg))
+    rng = np.random.default_rng(K + n_tokens)
+    n_expert, n_used = 64, 4
+    w = (rng.standard_normal((n_expert, K)) * 0.5).astype(np.float32)
+    x0 = (rng.standard_normal((n_tokens, K)) * 3).astype(np.float32)
+    r = rng.standard_normal((n_tokens, K)).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)
+    tw, tr, tnw = (tensor_from_numpy(device, a) for a in (w, r, nw))
+    counter = tensor_from_numpy(device, np.zeros(1, np.int32))
+    made = [tw, tr, tnw, counter]
+    outs = []
+    try:
+        for fused in (False, True):
+            tx = tensor_from_numpy(device, x0)
+            cur = Tensor.empty(device, "F32", (K, n_tokens))
+            logits = Tensor.empty(device, "F32", (n_expert, n_tokens))
+            ids = Tensor.empty(device, "I32", (n_used, n_tokens))
+            wts = Tensor.empty(device, "F32", (n_used, n_tokens))
+            made += [tx, cur, logits, ids, wts]
+            with CommandSequence(device) as seq:
+                with seq.record():
+                    route = route_epilogue(seq, tw, logits, ids, wts, n_used, True, counter)
+                    assert route is not None
+                    if fused:
+                        norm_in = norm_input(seq, tx, tr, tnw, 1e-5, cur)
+                        assert norm_in is not None
+                        matmul(seq, tw, cur, logits, route=route, norm_in=norm_in)
+                    else:
+                        rms_norm(seq, tx, cur, 1e-5, tnw, residual=tr, sum_out=tx)
+                        matmul(seq, tw, cur, logits, route=route)
+                seq.run()
+            outs.append([read_tensor(t).view(np.uint32).copy() for t in (tx, cur, logits, ids, wts)])
+        assert read_tensor(counter)[0] == 0
+        for a, b in zip(*outs):
+            np.testing.assert_array_equal(a, b)
+        s = x0.astype(np.float64) + r
+        ref = s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-5) * nw
+        np.testing.assert_allclose(outs[1][1].view(np.float32).reshape(n_tokens, K), ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(outs[1][0].view(np.float32).reshape(n_tokens, K), x0 + r)
+    finally:
+        for t in made:
+            t.close()

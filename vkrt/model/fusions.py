@@ -46,13 +46,14 @@ class Fusions:
     kv_store: bool = True
     combine_norm: bool = True
     route: bool = True
+    norm_route: bool = True
 
     @staticmethod
     def of(settings) -> "Fusions":
         return Fusions(add_norm=settings.fuse_add_norm, norm_rope=settings.fuse_norm_rope, glu=settings.fuse_glu,
                        gate_up=settings.fuse_gate_up, moe_sum=settings.fuse_moe_sum, qkv=settings.fuse_qkv,
                        kv_store=settings.fuse_kv_store, combine_norm=settings.fuse_combine_norm,
-                       route=settings.fuse_route)
+                       route=settings.fuse_route, norm_route=settings.fuse_norm_route)
 
 
 def project(seq, pairs, x, fused: bool) -> None:

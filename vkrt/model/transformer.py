@@ -28,7 +28,7 @@ from ..memory import Tensor
 from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
-from ..ops.matmul import gate_up_pair, matmul
+from ..ops.matmul import NormInput, gate_up_pair, matmul, norm_input
 from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
@@ -274,6 +274,18 @@ class Transformer:
             add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
 
+    def _router_norm(self, seq, s, T, name) -> NormInput | None:
+        """The add and norm before a MoE block (add_norm's) as the prologue of its router's mat-vec
+        (VKRT_FUSE_NORM_ROUTE; matmul's norm_in), the pending block output consumed; None where it
+        cannot be (see norm_input; a MoE block's unsummed experts are left to the norm)."""
+        pending = s.pending
+        if not self.fusions.norm_route or pending is None or isinstance(pending, ExpertSum):
+            return None
+        norm_in = norm_input(seq, s.cols("x", T), pending, self.w[name], self.cfg.norm_eps, s.cols("cur", T))
+        if norm_in is not None:
+            s.pending = None
+        return norm_in
+
     def _ffn(self, seq, s, il, T):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         cur = s.cols("cur", T)
@@ -304,7 +316,7 @@ class Transformer:
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.activation
         cur = s.cols("cur", T)
-        self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
+        norm_name = p + cfg.ffn_norm + ".weight"
         router, ids, weights = s.cols("router", T), s.moe_ids.slice(1, 0, T), s.moe_w.slice(1, 0, T)
         gate_inp = w[p + "ffn_gate_inp.weight"]
         gating = dict(chosen_softmax=cfg.chosen_softmax,
@@ -313,7 +325,10 @@ class Transformer:
         if self.fusions.route and not cfg.router_bias:
             route = route_epilogue(seq, gate_inp, router, ids, weights, k, cfg.expert_weights_norm, s.wg_count,
                                    **gating)
-        matmul(seq, gate_inp, cur, router, route=route)
+        norm_in = self._router_norm(seq, s, T, norm_name) if route is not None else None
+        if norm_in is None:
+            self.add_norm(seq, s, T, norm_name)
+        matmul(seq, gate_inp, cur, router, route=route, norm_in=norm_in)
         if route is None:
             if cfg.router_bias:
                 add(seq, router, w[p + "ffn_gate_inp.bias"], router)

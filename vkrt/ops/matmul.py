@@ -12,6 +12,7 @@ from .binding import WORD_ALIGN, bind_together, bind_words
 from .flash_work import FlashWork
 from .grid import ceil_div, grid
 from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
+from .reduce import butterfly_subgroups, norm_wg
 
 _COMMON = (("K", "u32"), ("M", "u32"))
 _OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
@@ -45,6 +46,68 @@ class RouteEpilogue:
     defines: dict
     buffers: tuple
     push: dict
+
+
+# NORM_IN: the add and norm's fields after ROUTE's (shaders/mul_mv.comp)
+NORM_FIELDS = (("n_x_off", "u32"), ("n_x_col", "u32"), ("n_r_off", "u32"), ("n_w_off", "u32"), ("n_s_off", "u32"),
+               ("n_o_off", "u32"), ("n_o_col", "u32"), ("n_eps", "f32"))
+
+
+@dataclass(frozen=True)
+class NormInput:
+    """The residual add and RMS norm the router's mat-vec does first (mul_mv NORM_IN, see
+    norm_input): x + residual is stored over x and rms_norm(x + residual) * weight, the mat-vec's
+    input, into matmul's x, with rms_norm's bits."""
+
+    x: Tensor
+    residual: Tensor
+    weight: Tensor
+    eps: float
+    subgroups: int   # of rms_norm's workgroup (NORM_VSG)
+
+
+def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
+    """The NormInput for a router mat-vec reading out = rms_norm(x + residual) * weight (x + residual
+    stored over x, as rms_norm with residual and sum_out=x stores it); None where the mat-vec cannot
+    redo rms_norm's sums (butterfly_subgroups), the columns are more than one mat-vec run, or the
+    normed columns would not fit its shared memory."""
+    device = seq.device
+    k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
+    subgroups = butterfly_subgroups(device, k)
+    if subgroups is None or k % 4 or n > mat_vec_columns(device.tuning):
+        return None
+    if weight.type != F32 or weight.nelements != k or out.ne != x.ne or residual.ne != x.ne:
+        return None
+    for t in (x, residual, out):
+        if t.type != F32 or t.nb[0] != 4 or flat_rows(t) is None:
+            return None
+    if residual.nb != x.nb:
+        return None
+    if 4 * n * (k + subgroups) + 8192 > device.profile.shared_memory:   # 8 KiB: the mat-vec's and routing's own
+        return None
+    if norm_layout(device, k, n, subgroups, device.tuning.mv_wg) is None:
+        return None
+    return NormInput(x, residual, weight, float(eps), subgroups)
+
+
+# the most elements of x + r (over the columns) a lane of the router's mat-vec holds for its norm
+NORM_MAX_HELD = 32
+
+
+def norm_layout(device, k: int, n: int, subgroups: int, wg: int) -> dict | None:
+    """mul_mv NORM_IN's defines for rows of k elements, n columns and rms_norm's `subgroups`: each
+    subgroup of the mat-vec's workgroup of `wg` (NORM_SUB of them, all of the norm's size NORM_SG) takes
+    NORM_G of the norm's subgroups, each lane NORM_E elements of each; None where the mat-vec's
+    subgroups do not split the norm's evenly or a lane would hold over NORM_MAX_HELD values."""
+    sg = device.profile.subgroup_min
+    if wg % sg or subgroups % (wg // sg):
+        return None
+    norm = norm_wg(device, k)
+    per, e = subgroups // (wg // sg), ceil_div(k, norm)
+    if n * per * e > NORM_MAX_HELD:
+        return None
+    return {"NORM_IN": 1, "NORM_WG": norm, "NORM_VSG": subgroups, "NORM_SG": sg, "NORM_SUB": wg // sg,
+            "NORM_G": per, "NORM_E": e, "NORM_XN4": n * k // 4}
 
 
 GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
@@ -95,7 +158,7 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
-                   segments: bool = False, route: dict | None = None) -> MatVec:
+                   segments: bool = False, route: dict | None = None, norm: int | None = None) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
@@ -104,7 +167,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
     matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue). Rows a group are halved (down to one) while the grid has
+    last workgroup (RouteEpilogue); `norm` (with route: NormInput.subgroups) adds and normalises x
+    first (NormInput). Rows a group are halved (down to one) while the grid has
     fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
@@ -162,6 +226,14 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if route is not None:
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
+    if norm is not None:
+        if route is None or glu is not None:
+            raise ConfigError("mat_vec_kernel: the add and norm in the prologue go with routing, without glu")
+        layout = norm_layout(device, k, n, norm, wg)
+        if layout is None:
+            raise ConfigError(f"mat_vec_kernel: no norm prologue for rows of {k} and {n} columns on this device")
+        defines.update(layout)
+        push = PushConstants(*push.fields, *NORM_FIELDS)
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows * (wg // lanes))
 
@@ -263,7 +335,8 @@ def mat_vec_columns(tuning) -> int:
 
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None,
-           route: RouteEpilogue | None = None, kernel_columns: int | None = None) -> None:
+           route: RouteEpilogue | None = None, kernel_columns: int | None = None,
+           norm_in: NormInput | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
@@ -272,7 +345,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y.
     `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
     larger product, whose columns then get the same kernel, so the same sums, whatever slice
-    they fall in)."""
+    they fall in). With `norm_in` (and `route`; see norm_input) x is the output of the add and
+    norm the mat-vec does first."""
     device = seq.device
     tune = tuning or device.tuning
     cols = mat_vec_columns(tune)
@@ -310,6 +384,9 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     if route is not None and (up is not None or n > cols or len(pieces) > 1):
         raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
                                f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
+    if norm_in is not None:
+        _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
+        return
     if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
@@ -340,6 +417,32 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                     "y_off": yo + a, "y_col": y_col, **extra_push}
             seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=mv.groups(b - a, device),
                          label="router" if route is not None else None)
+
+
+def _norm_route(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tensor, y: Tensor,
+                route: RouteEpilogue | None) -> None:
+    """The router's mat-vec with the add and norm in its prologue (matmul's norm_in): x + r over x,
+    out = rms_norm(x + r) * weight, y = W·out routed (one run: norm_input's checks)."""
+    device = seq.device
+    if route is None or out.ne[0] != w.ne[0]:
+        raise UnsupportedShape(f"matmul: the norm in the router's mat-vec needs routing and x of {w.ne[0]} rows")
+    k, m, n = w.ne[0], w.ne[1], out.ne[1]
+    x = f32_operand(norm_in.x, "matmul norm x", k)
+    if x.ne[1] != n:
+        raise UnsupportedShape(f"matmul: the norm's x has {x.ne[1]} columns, its output {n}")
+    (xr, xo), (rr, ro), (nwr, nwo) = (bind_words(t, f"matmul norm {what}", device) for t, what in
+                                      ((x, "x"), (f32_operand(norm_in.residual, "matmul norm residual", k), "residual"),
+                                       (norm_in.weight, "weight")))
+    (orr, oo), (yr, yo) = bind_words(out, "matmul norm out", device), bind_words(y, "matmul y", device)
+    xo, x_col = xo // 4, x.nb[1] // 4
+    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col), route=route.defines,
+                        norm=norm_in.subgroups)
+    _, _, wr, wo = piece
+    push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": 0, "x_col": k, "y_off": yo // 4,
+            "y_col": y.nb[1] // 4, **route.push, "n_x_off": xo, "n_x_col": x_col, "n_r_off": ro // 4,
+            "n_w_off": nwo // 4, "n_s_off": xo, "n_o_off": oo // 4, "n_o_col": out.nb[1] // 4, "n_eps": norm_in.eps}
+    seq.dispatch(mv.kernel, [wr, xr, yr, *route.buffers, rr, nwr, xr, orr], push=push, groups=mv.groups(m, device),
+                 label="norm router")
 
 
 def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tuning=None) -> None:
