@@ -7,6 +7,10 @@
 // SECTIONS (MROPE / IMROPE) pos holds 4 streams of n_tokens values each, as in rope.comp.
 // With STORE_V (and ROWS) the workgroup also copies V's row of its (head, token), laid out as x,
 // into the V cache, laid out as y, at the same cell: set_rows.comp's store, in this dispatch.
+// With WITH_Q (and ROWS) the first q_n_head * n_tokens workgroups are the queries' (xq, wq into
+// yq, laid out by the q_* fields, no cache): q's and K's norm and RoPE in one dispatch, each
+// workgroup computing as the separate dispatch would. The rotation's flags and sections are then
+// defines (ROPE_NEOX, ROPE_USE_FF, ROPE_INTERLEAVED, ROPE_SECTIONS) to leave room for q's fields.
 #include "common.glsl"
 #include "rope.glsl"
 
@@ -26,9 +30,17 @@ layout(binding = 2) readonly buffer Pos { int pos[]; };
 layout(binding = 3) readonly buffer FF { float freq_factors[]; };
 layout(binding = 4) writeonly buffer Y { DST_T y[]; };
 layout(binding = 5) readonly buffer Rows { int rows[]; };
-#ifdef STORE_V
-layout(binding = 6) readonly buffer V { float v_src[]; };
+#if defined(STORE_V) || defined(WITH_Q)
+layout(binding = 6) readonly buffer V { float v_src[]; };     // unused by WITH_Q without STORE_V
 layout(binding = 7) writeonly buffer VD { DST_T v_dst[]; };
+#endif
+#ifdef WITH_Q
+#if !defined(ROWS) || defined(ATTN_TEMP)
+#error "WITH_Q: the queries ride in K's cache-storing dispatch, without a temperature"
+#endif
+layout(binding = 8) readonly buffer XQ { float xq[]; };
+layout(binding = 9) readonly buffer WQ { float wq[]; };
+layout(binding = 10) writeonly buffer YQ { float yq[]; };
 #endif
 
 layout(push_constant) uniform Push {
@@ -45,8 +57,10 @@ layout(push_constant) uniform Push {
     uint y_tok;     // between tokens (ROWS: between cache rows)
     uint pos_off;
     uint ff_off;
+#ifndef WITH_Q
     uint use_ff;
     uint neox;
+#endif
     uint rows_off;
     float eps;
     float theta_scale;
@@ -55,75 +69,129 @@ layout(push_constant) uniform Push {
     float ext_factor;   // YaRN (0: off) and its correction dims
     float corr_low;
     float corr_high;
+#ifndef WITH_Q
     uint interleaved;   // IMROPE rather than MROPE
+#endif
     uint v_off;         // STORE_V: V's offset (floats) and its cache's (elements)
     uint vd_off;
+#ifdef WITH_Q
+    uint q_n_head;      // the queries: heads, x's offset and strides, their norm weight, y's layout
+    uint q_x_off;
+    uint q_x_s1;
+    uint q_x_s2;
+    uint q_w_off;
+    uint q_y_off;
+    uint q_y_head;
+    uint q_y_tok;
+#else
     float temp_scale;   // ATTN_TEMP: the attention temperature's scale and floor (rope.glsl)
     float temp_floor;
     uvec4 sections;     // pairs per stream t, h, w, e; all 0 without sections
+#endif
 } p;
+
+#ifdef WITH_Q
+#define P_NEOX ROPE_NEOX
+#define P_USE_FF ROPE_USE_FF
+#define P_INTERLEAVED ROPE_INTERLEAVED
+#define P_SECTIONS uvec4(ROPE_SECTIONS)
+#define X_AT(i) (is_q ? xq[i] : x[i])
+#define W_AT(i) (is_q ? wq[i] : w[i])
+#else
+#define P_NEOX p.neox
+#define P_USE_FF p.use_ff
+#define P_INTERLEAVED p.interleaved
+#define P_SECTIONS p.sections
+#define X_AT(i) x[i]
+#define W_AT(i) w[i]
+#endif
 
 #include "reduce.glsl"
 
 shared float row_sh[MAX_HEAD];
 
 void main() {
-    const uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    if (row >= p.n_head * p.n_tokens) {
+    uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+#ifdef WITH_Q
+    const bool is_q = row < p.q_n_head * p.n_tokens;
+    row -= is_q ? 0u : p.q_n_head * p.n_tokens;
+    const uint n_head = is_q ? p.q_n_head : p.n_head;
+    const uint x_off = is_q ? p.q_x_off : p.x_off, x_s1 = is_q ? p.q_x_s1 : p.x_s1, x_s2 = is_q ? p.q_x_s2 : p.x_s2;
+    const uint w_off = is_q ? p.q_w_off : p.w_off;
+#else
+    const uint n_head = p.n_head, x_off = p.x_off, x_s1 = p.x_s1, x_s2 = p.x_s2, w_off = p.w_off;
+#endif
+    if (row >= n_head * p.n_tokens) {
         return;
     }
-    const uint h = row % p.n_head, t = row / p.n_head, lid = reduce_lane();
-    const uint xb = p.x_off + h * p.x_s1 + t * p.x_s2;
+    const uint h = row % n_head, t = row / n_head, lid = reduce_lane();
+    const uint xb = x_off + h * x_s1 + t * x_s2;
 #ifdef NORM
     precise float sum = 0.0;
     for (uint c = lid; c < p.head_dim; c += WG) {
-        const float v = x[xb + c];
+        const float v = X_AT(xb + c);
         sum += v * v;
     }
     sum = workgroup_sum(sum);
     const float scale = inversesqrt(sum / float(p.head_dim) + p.eps);
     for (uint c = lid; c < p.head_dim; c += WG) {
-        const float v = x[xb + c] * scale;
-        row_sh[c] = v * w[p.w_off + c];
+        const float v = X_AT(xb + c) * scale;
+        row_sh[c] = v * W_AT(w_off + c);
     }
 #else
     for (uint c = lid; c < p.head_dim; c += WG) {
-        row_sh[c] = x[xb + c];
+        row_sh[c] = X_AT(xb + c);
     }
 #endif
     barrier();
 
+#ifdef WITH_Q
+#define STORE(at, v) if (is_q) { yq[qyb + (at)] = (v); } else { y[yb + (at)] = DST_T(v); }
+    const uint qyb = p.q_y_off + h * p.q_y_head + t * p.q_y_tok;
+#else
+#define STORE(at, v) y[yb + (at)] = DST_T(v);
+#endif
 #ifdef ROWS
     const uint cell = uint(rows[p.rows_off + t]);
     const uint yb = p.y_off + h * p.y_head + cell * p.y_tok;
 #ifdef STORE_V
-    const uint vb = p.v_off + h * p.x_s1 + t * p.x_s2, vdb = p.vd_off + h * p.y_head + cell * p.y_tok;
-    for (uint c = lid; c < p.head_dim; c += WG) {
-        v_dst[vdb + c] = DST_T(v_src[vb + c]);
+#ifdef WITH_Q
+    if (!is_q) {
+#else
+    {
+#endif
+        const uint vb = p.v_off + h * p.x_s1 + t * p.x_s2, vdb = p.vd_off + h * p.y_head + cell * p.y_tok;
+        for (uint c = lid; c < p.head_dim; c += WG) {
+            v_dst[vdb + c] = DST_T(v_src[vb + c]);
+        }
     }
 #endif
 #else
     const uint yb = p.y_off + h * p.y_head + t * p.y_tok;
 #endif
+#ifdef WITH_Q
+    const float temp = 1.0;
+#else
     const float temp = attn_temperature(pos[p.pos_off + t], p.temp_scale, p.temp_floor);   // rope.glsl
+#endif
     const uint rot_pairs = p.n_dims / 2u;
     for (uint i = lid; i < p.head_dim / 2u; i += WG) {
         if (i >= rot_pairs) {   // dims past n_dims pass through unchanged
-            y[yb + 2u * i] = DST_T(row_sh[2u * i] * temp);
-            y[yb + 2u * i + 1u] = DST_T(row_sh[2u * i + 1u] * temp);
+            STORE(2u * i, row_sh[2u * i] * temp)
+            STORE(2u * i + 1u, row_sh[2u * i + 1u] * temp)
             continue;
         }
-        const uint a = p.neox != 0u ? i : 2u * i;
-        const uint b = p.neox != 0u ? i + rot_pairs : 2u * i + 1u;
-        const float ff = p.use_ff != 0u ? freq_factors[p.ff_off + i] : 1.0;
+        const uint a = P_NEOX != 0u ? i : 2u * i;
+        const uint b = P_NEOX != 0u ? i + rot_pairs : 2u * i + 1u;
+        const float ff = P_USE_FF != 0u ? freq_factors[p.ff_off + i] : 1.0;
 #ifdef SECTIONS
-        const uint stream = rope_stream(i, p.sections, p.interleaved != 0u);
+        const uint stream = rope_stream(i, P_SECTIONS, P_INTERLEAVED != 0u);
 #else
         const uint stream = 0u;
 #endif
         const vec2 r = rope_pair(row_sh[a], row_sh[b], pos[p.pos_off + t + stream * p.n_tokens], i, p.theta_scale,
                                  p.freq_scale, ff, p.attn_factor, p.ext_factor, vec2(p.corr_low, p.corr_high));
-        y[yb + a] = DST_T(r.x * temp);
-        y[yb + b] = DST_T(r.y * temp);
+        STORE(a, r.x * temp)
+        STORE(b, r.y * temp)
     }
 }

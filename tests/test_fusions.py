@@ -26,6 +26,8 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
         device_env("VKRT_FUSE_MOE_SUM", "0")
     if variable in ("VKRT_FUSE_ADD_NORM", "VKRT_FUSE_ROUTE"):   # every add+norm a kernel of its own, none in
         device_env("VKRT_FUSE_NORM_ROUTE", "0")                   # a router's prologue (which needs ROUTE)
+    if variable in ("VKRT_FUSE_NORM_ROPE", "VKRT_FUSE_KV_STORE"):   # q's norm_rope its own dispatch, counted
+        device_env("VKRT_FUSE_QK_ROPE", "0")                          # below
     if variable == "VKRT_FUSE_MOE_SUM":   # against moe_combine's pass, not the sum inside the next norm
         device_env("VKRT_FUSE_COMBINE_NORM", "0")
     device_env(variable, "on" if fuse else "off")
@@ -99,6 +101,17 @@ def test_fused_norm_rope_is_bit_identical(device, tmp_path, device_env, name):
     per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite", "tiny-glm4moe-air",
                               "tiny-phi3") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
+                                  "tiny-gpt-oss", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3", "tiny-mistral3"])
+def test_q_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name):
+    """The queries' norm_rope riding in K's dispatch (VKRT_FUSE_QK_ROPE): with q/k norms and
+    without (llama, gpt-oss: YaRN, phi3: views of attn_qkv), sliding layers (gemma3, gpt-oss),
+    IMROPE sections and queries strided between their gates (qwen35moe, qwen3next); mistral3's
+    queries carry the attention temperature and keep their own dispatch."""
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_QK_ROPE")
+    assert saved == (0 if name == "tiny-mistral3" else 2 * len(cfg.kv_layers))
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss",
@@ -220,7 +233,7 @@ def test_fusion_defaults():
     from vkrt.settings import Settings
     assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
                                                         moe_sum=False, qkv=False, kv_store=True, combine_norm=True,
-                                                        route=True, norm_route=True)
+                                                        route=True, norm_route=True, qk_rope=True)
     on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
     assert on.glu and not on.add_norm and on.qkv
     assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu

@@ -172,6 +172,8 @@ VARIABLES: tuple[Variable, ...] = (
                                   "ADD_NORM; 0: moe_combine stores it first)"),
     _fusion("ROUTE", True, "decode routes each token (softmax, top-k, weights) in the last workgroup of the MoE "
                            "router's mat-vec instead of a moe_route dispatch after it (0: apart)"),
+    _fusion("QK_ROPE", True, "the queries' norm_rope rides in K's (with NORM_ROPE): q's and K's norm, RoPE and "
+                             "cache stores in one dispatch a layer (0: two)"),
     _fusion("NORM_ROUTE", True, "decode: the residual add and RMS norm before a MoE block run in the prologue of "
                                 "its router's mat-vec (with VKRT_FUSE_ROUTE) instead of a dispatch and barrier "
                                 "before it (0: apart)"),
@@ -223,6 +225,7 @@ class Settings:
     fuse_combine_norm: bool = True
     fuse_route: bool = True
     fuse_norm_route: bool = True
+    fuse_qk_rope: bool = True
     fa_mask_opt: bool | None = None
     glslang_lib: Path | None = None
 

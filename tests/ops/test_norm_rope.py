@@ -202,3 +202,77 @@ def test_v_store_needs_matching_layouts(device):
     finally:
         for t in (x, v, pos, kc, vc):
             t.close()
+
+
+@pytest.mark.parametrize("cache", ["F16", "F32"])
+@pytest.mark.parametrize("norm, sections, ff, store_v", [(True, None, False, True), (False, None, True, False),
+                                                         (True, (11, 11, 10, 0), False, True),
+                                                         (False, (11, 11, 10, 0), False, False)])
+def test_q_rides_in_the_k_dispatch(device, cache, norm, sections, ff, store_v):
+    """with_q: the queries (more heads than K, GQA) normed and rotated in K's dispatch land with the
+    bits of their own norm_rope, K's and V's cache rows with the bits of theirs; with and without
+    the norm, V's store and frequency factors, and with IMROPE sections (the flags then defines)."""
+    rng = np.random.default_rng(5 + norm + 2 * ff)
+    head_dim, n_q = 64, 2 * N_HEAD
+    q = (rng.standard_normal((N_TOK, n_q, head_dim)) * 3).astype(np.float32)
+    k, v = ((rng.standard_normal((N_TOK, N_HEAD, head_dim)) * 3).astype(np.float32) for _ in range(2))
+    rows = np.array([3, 0, 10, 4, 7], np.int32)
+    pos = np.array([0, 1, 7, 100, 4095], np.int32)
+    if sections is not None:
+        pos = np.concatenate([pos, rng.integers(0, 3000, 2 * N_TOK), [0, 0, 0, 0, 1234]]).astype(np.int32)
+    own = [tensor_from_numpy(device, a) for a in (q, k, v, rows, pos, rng.uniform(0.5, 1.5, head_dim).astype(np.float32),
+                                                  rng.uniform(0.5, 1.5, head_dim).astype(np.float32),
+                                                  rng.uniform(1.0, 4.0, head_dim // 2).astype(np.float32))]
+    tq, tk, tv, trows, tp, twq, twk, tff = own
+    caches = [Tensor.empty(device, cache, (head_dim, N_CELLS, N_HEAD)) for _ in range(4)]   # K, V apart; fused
+    qouts = [Tensor.empty(device, "F32", q.shape[::-1]) for _ in range(2)]
+    own += caches + qouts
+    args = dict(n_dims=head_dim, freq_base=1e4, neox=True, freq_factors=tff if ff else None)
+    if sections is not None:
+        args.update(sections=sections, interleaved=True)
+    wq, wk = (twq, twk) if norm else (None, None)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                for c in caches:
+                    seq.fill(c.range(), 0)
+                norm_rope(seq, tq, tp, qouts[0], weight=wq, eps=1e-6, **args)
+                norm_rope(seq, tk, tp, caches[0], weight=wk, eps=1e-6, rows=trows, **args)
+                set_rows(seq, tv, trows, caches[1])
+                norm_rope(seq, tk, tp, caches[2], weight=wk, eps=1e-6, rows=trows, with_q=(tq, qouts[1], wq),
+                          store_v=(tv, caches[3]) if store_v else None, **args)
+                if not store_v:
+                    set_rows(seq, tv, trows, caches[3])
+            seq.run()
+        got = [read_tensor(t) for t in caches + qouts]
+    finally:
+        for t in own:
+            t.close()
+    bits = np.uint16 if cache == "F16" else np.uint32
+    for a, b in ((got[0], got[2]), (got[1], got[3])):
+        np.testing.assert_array_equal(a.view(bits), b.view(bits))
+    np.testing.assert_array_equal(got[4].view(np.uint32), got[5].view(np.uint32))
+    assert np.abs(got[5]).max() > 0
+
+
+def test_q_riding_refuses_what_it_cannot_carry(device):
+    """The queries keep their own dispatch where they would need the temperature, another head
+    size, or K's dispatch does not store into a cache."""
+    q = tensor_from_numpy(device, np.ones((2, 8, 64), np.float32))
+    q32 = tensor_from_numpy(device, np.ones((2, 8, 32), np.float32))
+    k = tensor_from_numpy(device, np.ones((2, 4, 64), np.float32))
+    pos = tensor_from_numpy(device, np.zeros(2, np.int32))
+    kc, qo, qo32, plain = (Tensor.empty(device, t, shape) for t, shape in
+                           (("F16", (64, 8, 4)), ("F32", (64, 8, 2)), ("F32", (32, 8, 2)), ("F32", (64, 4, 2))))
+    try:
+        with CommandSequence(device) as seq, seq.record():
+            with pytest.raises(OutOfRange, match="cannot ride"):
+                norm_rope(seq, k, pos, kc, rows=pos, with_q=(q, qo, None), n_dims=64, freq_base=1e4,
+                          attn_temp=(0.1, 8))
+            with pytest.raises(OutOfRange, match="cannot ride"):
+                norm_rope(seq, k, pos, kc, rows=pos, with_q=(q32, qo32, None), n_dims=64, freq_base=1e4)
+            with pytest.raises(OutOfRange, match="cannot ride"):
+                norm_rope(seq, k, pos, plain, with_q=(q, qo, None), n_dims=64, freq_base=1e4)
+    finally:
+        for t in (q, q32, k, pos, kc, qo, qo32, plain):
+            t.close()

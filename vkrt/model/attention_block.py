@@ -76,10 +76,12 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     v3 = v.view((Dv, KV, T))
     if tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
         norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
-        norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args, **q_temp)
+        with_q = (q3, qr, norms["q"]) if tf.fusions.qk_rope and not q_temp else None   # q rides in K's dispatch
+        if with_q is None:
+            norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args, **q_temp)
         store_v = (v3, cache.v[il]) if tf.fusions.kv_store and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
         norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, store_v=store_v,
-                  **args)
+                  with_q=with_q, **args)
         if store_v is None:
             set_rows(seq, v3, cells, cache.v[il])
     else:

@@ -29,7 +29,13 @@ from ..ops.matmul import matmul, matmul_segments
 # 170.1 fused, 30B-A3B 187.6 vs 186.6; bench/peer.py, same run). KV_STORE (with NORM_ROPE: V's
 # store into its cache rides in K's norm_rope dispatch where V and its cache are laid out as K and
 # its cache) is on: one dispatch fewer a layer (tg128 within noise on the H200: 8B 175.2 vs 175.5
-# apart, 30B-A3B 180.3 vs 181.9).
+# apart, 30B-A3B 180.3 vs 181.9). QK_ROPE (with NORM_ROPE: the queries' norm_rope in K's dispatch,
+# not where they carry mistral3's temperature) is on: 30B-A3B 276.2 vs 272.0 apart, Qwen3.5
+# 256.3 vs 257.1, 8B 255.8 vs 254.2 (H200, GCN table, tg128, same run). NORM_ROUTE (decode: the
+# residual add and RMS norm before a MoE block in the prologue of its router's mat-vec, each
+# workgroup redoing the norm's sums in its order with every load issued at once) is on: 30B-A3B
+# 276.2 vs 272.3 apart, Qwen3.5 256.3 vs 255.5 (same run); an earlier form that walked the
+# loads one after another lost 5%.
 
 
 @dataclass(frozen=True)
@@ -47,13 +53,15 @@ class Fusions:
     combine_norm: bool = True
     route: bool = True
     norm_route: bool = True
+    qk_rope: bool = True
 
     @staticmethod
     def of(settings) -> "Fusions":
         return Fusions(add_norm=settings.fuse_add_norm, norm_rope=settings.fuse_norm_rope, glu=settings.fuse_glu,
                        gate_up=settings.fuse_gate_up, moe_sum=settings.fuse_moe_sum, qkv=settings.fuse_qkv,
                        kv_store=settings.fuse_kv_store, combine_norm=settings.fuse_combine_norm,
-                       route=settings.fuse_route, norm_route=settings.fuse_norm_route)
+                       route=settings.fuse_route, norm_route=settings.fuse_norm_route,
+                       qk_rope=settings.fuse_qk_rope)
 
 
 def project(seq, pairs, x, fused: bool) -> None:

@@ -20,16 +20,25 @@ NORM_ROPE_PUSH = PushConstants(
     ("ext_factor", "f32"), ("corr_low", "f32"), ("corr_high", "f32"),
     ("interleaved", "u32"), ("v_off", "u32"), ("vd_off", "u32"), ("temp_scale", "f32"), ("temp_floor", "f32"),
     ("sections", "uvec4"))
+# WITH_Q: the rotation's flags and sections become defines and the queries' fields take their place
+_Q_DEFINED = ("use_ff", "neox", "interleaved", "temp_scale", "temp_floor", "sections")
+NORM_ROPE_Q_PUSH = PushConstants(
+    *(f for f in NORM_ROPE_PUSH.fields if f[0] not in _Q_DEFINED),
+    *((n, "u32") for n in ("q_n_head", "q_x_off", "q_x_s1", "q_x_s2", "q_w_off", "q_y_off", "q_y_head", "q_y_tok")))
 
 
 def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor | None = None, eps: float = 0.0,
-              rows: Tensor | None = None, store_v: tuple[Tensor, Tensor] | None = None, **rope_args) -> None:
+              rows: Tensor | None = None, store_v: tuple[Tensor, Tensor] | None = None,
+              with_q: tuple[Tensor, Tensor, Tensor | None] | None = None, **rope_args) -> None:
     """Record rope(rms_norm(x) * weight) for x F32 [head_dim, n_head, n_tokens] (weight None: no
     norm; x may be a strided view, e.g. the query half of a [query, gate] projection). rows None:
     out is laid out like x (F32); else out is a cache F32/F16 [head_dim, n_cells, n_head] and
     token t goes to cell rows[t] (I32). rope_args as rope(), sections and YaRN included.
     store_v = (v, v_cache) with rows: also set_rows(v, rows, v_cache) in the same dispatch, for v
-    laid out like x and v_cache like out (see can_store_v)."""
+    laid out like x and v_cache like out (see can_store_v). with_q = (q, q_out, q_weight) with rows:
+    also the queries' norm_rope(q, positions, q_out, weight=q_weight) in the same dispatch, q of
+    x's head size and tokens, q_weight given exactly where weight is, no attention temperature
+    (see can_ride_q)."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     (pr, fr), push = rope_operands(x, positions, op="norm_rope", **rope_args)
     xr, xo, xs = f32_binding(x, "norm_rope x")
@@ -81,10 +90,39 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     push.setdefault("vd_off", 0)
     push.update(x_off=xo, x_s1=xs[0], x_s2=xs[1], w_off=wo, eps=float(eps))
     dev = seq.device
-    k = kernel(dev, "norm_rope", defines={**defines, **reduce_defines(dev)}, push=NORM_ROPE_PUSH,
+    layout, groups = NORM_ROPE_PUSH, n_head * n_tokens
+    if with_q is not None:
+        q, q_out, q_weight = with_q
+        if rows is None or not can_ride_q(x, q, q_out, weight, q_weight, push):
+            raise OutOfRange(f"norm_rope: the queries {q!r} cannot ride in K's dispatch (see can_ride_q)")
+        if store_v is None:   # bindings 6 and 7 (V and its cache) are unused without V's store
+            buffers += [xr, yr]
+        qr_, qo, qs = f32_binding(q, "norm_rope q")
+        qwr, qwo = (f32_binding(q_weight, "norm_rope q weight")[:2] if q_weight is not None else (qr_, 0))
+        qyr, qyo, qys = f32_binding(q_out, "norm_rope q out")
+        buffers += [qr_, qwr, qyr]
+        defines.update(WITH_Q=1, ROPE_NEOX=int(push.pop("neox")), ROPE_USE_FF=int(push.pop("use_ff")),
+                       ROPE_INTERLEAVED=int(push.pop("interleaved")),
+                       ROPE_SECTIONS=",".join(str(int(v)) for v in push.pop("sections")))
+        for f in ("temp_scale", "temp_floor"):
+            push.pop(f)
+        push.update(q_n_head=q.ne[1], q_x_off=qo, q_x_s1=qs[0], q_x_s2=qs[1], q_w_off=qwo, q_y_off=qyo,
+                    q_y_head=qys[0], q_y_tok=qys[1])
+        layout, groups = NORM_ROPE_Q_PUSH, (n_head + q.ne[1]) * n_tokens
+    k = kernel(dev, "norm_rope", defines={**defines, **reduce_defines(dev)}, push=layout,
                workgroup=(norm_wg(dev, head_dim),))
-    seq.dispatch(k, buffers, push=push, groups=grid(dev, n_head * n_tokens),
+    seq.dispatch(k, buffers, push=push, groups=grid(dev, groups),
                  label="norm_rope" if weight is not None else "rope")
+
+
+def can_ride_q(k: Tensor, q: Tensor, q_out: Tensor, weight: Tensor | None, q_weight: Tensor | None,
+               push: dict) -> bool:
+    """Whether the queries' norm_rope (q -> q_out, q_weight) can ride in K's (k, weight) dispatch:
+    q F32 [head_dim, n_head_q, n_tokens] of k's head size and tokens, q_out laid out like q (F32),
+    both normed or neither, and no attention temperature (rope_operands' push fields)."""
+    return (q.type is F32 and q.ne[0] == k.ne[0] and q.ne[2] == k.ne[2] and q.ne[3] == 1
+            and q_out.type is F32 and q_out.ne == q.ne and (weight is None) == (q_weight is None)
+            and (q_weight is None or q_weight.nelements == q.ne[0]) and not push.get("temp_scale"))
 
 
 def can_store_v(x: Tensor, out: Tensor, v: Tensor, v_cache: Tensor) -> bool:
