@@ -10,35 +10,26 @@
 
 shared float reduce_buf[WG];
 
-#if defined(SG_BUTTERFLY)
+#if defined(SG_BUTTERFLY) || defined(SG_REDUCE)
+#ifdef SG_BUTTERFLY
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "butterfly.glsl"
+#define SUBGROUP_SUM(v) subgroup_butterfly(v)
 // subgroup by subgroup: lane i of subgroup g is invocation g * size + i of the row
 uint reduce_lane() {
     return gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
 }
-// butterfly sums of the subgroups, then the first invocation's walk over them in subgroup order
-float workgroup_sum(float v) {
-    const float s = subgroup_butterfly(v);
-    if (subgroupElect()) {
-        reduce_buf[gl_SubgroupID] = s;
-    }
-    barrier();
-    float total = 0.0;
-    for (uint i = 0u; i < gl_NumSubgroups; i++) {
-        total += reduce_buf[i];
-    }
-    barrier();
-    return total;
-}
-#elif defined(SG_REDUCE)
+#else
 #extension GL_KHR_shader_subgroup_arithmetic : enable
+#define SUBGROUP_SUM(v) subgroupAdd(v)
 uint reduce_lane() {
     return gl_LocalInvocationID.x;
 }
-// subgroup sums, then the first invocation's walk over them: two barriers instead of log2(WG) + 1
+#endif
+// the subgroups' sums, then the first invocation's walk over them in subgroup order: two
+// barriers instead of log2(WG) + 1
 float workgroup_sum(float v) {
-    const float s = subgroupAdd(v);
+    const float s = SUBGROUP_SUM(v);
     if (subgroupElect()) {
         reduce_buf[gl_SubgroupID] = s;
     }
