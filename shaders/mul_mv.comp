@@ -279,7 +279,7 @@ void norm_prologue(uint wgid, uint pf) {
         }
     }
     barrier();
-    const uint n = NC * p.K, span = (n + gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u) / (gl_NumWorkGroups.x * gl_NumWorkGroups.y);
+    const uint n = NC * p.K, groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y, span = (n + groups - 1u) / groups;
     for (uint i = wgid * span + gl_LocalInvocationID.x; i < min(n, (wgid + 1u) * span); i += WG) {
         no_data[p.n_o_off + (i / p.K) * p.n_o_col + i % p.K] = xn4[i >> 2][i & 3u];
     }
