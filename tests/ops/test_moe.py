@@ -301,3 +301,39 @@ def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, red
     finally:
         for t in made:
             t.close()
+
+
+def test_norm_in_the_router_mat_vec_falls_back(device, monkeypatch):
+    """norm_input gives None (the norm stays a dispatch of its own) where the mat-vec cannot
+    repeat rms_norm's sums: rows not a multiple of 4, a norm weight of another length, x and the
+    residual laid out differently, more columns than one run, the normed x over shared memory."""
+    import dataclasses
+
+    from vkrt.commands import CommandSequence
+    from vkrt.ops.matmul import mat_vec_columns, norm_input
+    prof = device.profile
+    if not prof.subgroup_shuffle or prof.subgroup_min != prof.subgroup_max:
+        pytest.skip("the norm prologue needs shuffles and one fixed subgroup size")
+
+    def made(shape, nb=None):
+        t = Tensor.empty(device, "F32", shape)
+        own.append(t)
+        return t if nb is None else t.view(shape, nb=nb)
+
+    own = []
+    try:
+        with CommandSequence(device) as seq, seq.record():
+            def ok(k, n=1, wk=None, residual=None):
+                x, cur = made((k, n)), made((k, n))
+                return norm_input(seq, x, residual if residual is not None else made((k, n)),
+                                  made((wk or k,)), 1e-6, cur) is not None
+            assert ok(256)
+            assert not ok(98)
+            assert not ok(256, wk=128)
+            assert not ok(256, n=2, residual=made((256, 2), nb=(4, 2048, 4096, 4096)))
+            assert not ok(256, n=mat_vec_columns(device.tuning) + 1)
+            monkeypatch.setattr(device, "profile", dataclasses.replace(prof, shared_memory=4096))
+            assert not ok(256)
+    finally:
+        for t in own:
+            t.close()
