@@ -127,3 +127,28 @@ def test_gated_rms_norm_rejects_bad_gates(device):
     finally:
         for t in tensors:
             t.close()
+
+
+def test_reduce_layout_by_device():
+    """Norms sum by butterflies only where every subgroup is full (subgroups no wider than the
+    smallest norm workgroup: an Adreno-style 128-lane subgroup would shuffle from idle lanes),
+    else by subgroupAdd, else by a tree; the router's norm prologue needs the butterfly and one
+    fixed subgroup size."""
+    from types import SimpleNamespace
+
+    from vkrt.ops.reduce import butterfly_subgroups, reduce_defines
+
+    def dev(lo, hi, shuffle=True, arithmetic=True, reduce_wg=1024):
+        prof = SimpleNamespace(subgroup_min=lo, subgroup_max=hi, subgroup_shuffle=shuffle,
+                               subgroup_arithmetic=arithmetic)
+        return SimpleNamespace(profile=prof, tuning=SimpleNamespace(reduce_wg=reduce_wg))
+
+    assert reduce_defines(dev(32, 32)) == {"SG_BUTTERFLY": 1}
+    assert reduce_defines(dev(64, 64)) == {"SG_BUTTERFLY": 1}
+    assert reduce_defines(dev(128, 128)) == {"SG_REDUCE": 1}
+    assert reduce_defines(dev(32, 32, shuffle=False)) == {"SG_REDUCE": 1}
+    assert reduce_defines(dev(32, 32, shuffle=False, arithmetic=False)) == {}
+    assert butterfly_subgroups(dev(32, 32), 2048) == 32   # 1024 invocations
+    assert butterfly_subgroups(dev(64, 64), 2048) == 16
+    assert butterfly_subgroups(dev(8, 32), 2048) is None   # varying sizes
+    assert butterfly_subgroups(dev(32, 32, shuffle=False), 2048) is None

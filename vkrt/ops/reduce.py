@@ -3,13 +3,16 @@ kernel that must sum as rms_norm does takes (rms_norm, norm_rope, mul_mv's NORM_
 
 from __future__ import annotations
 
+MIN_NORM_WG = 64   # the smallest workgroup norm_wg gives
+
 
 def reduce_defines(dev) -> dict[str, int]:
     """How shaders/reduce.glsl sums a workgroup on this device: a butterfly of shuffles a subgroup
     where the device shuffles (an order another kernel can redo: mul_mv's NORM_IN), else
     subgroupAdd, else a tree."""
     prof = dev.profile
-    if prof.subgroup_shuffle:
+    # full subgroups only: a butterfly must not read a lane past the workgroup
+    if prof.subgroup_shuffle and prof.subgroup_max <= min(MIN_NORM_WG, dev.tuning.reduce_wg):
         return {"SG_BUTTERFLY": 1}
     return {"SG_REDUCE": 1} if prof.subgroup_arithmetic else {}
 
@@ -19,7 +22,7 @@ def norm_wg(dev, ncols: int) -> int:
     so their sums agree): tuning.reduce_wg, halved (down to 64) while two columns an invocation
     still cover the row."""
     wg = dev.tuning.reduce_wg
-    while wg // 2 >= 64 and wg >= ncols:
+    while wg // 2 >= MIN_NORM_WG and wg >= ncols:
         wg //= 2
     return wg
 
