@@ -1,11 +1,14 @@
 """vkrt next to llama.cpp's server on the same model, device and -ub, in one run: pp512,
 pp2048 (-ub 2048) and tg128 as t/s and ratios, plus vkrt's host time per decode step.
 
-    python bench/peer.py [MODEL.gguf ...] [--synthetic smollm2,gemma3] [-r 3] [--json]
+    python bench/peer.py [MODEL.gguf ...] [--synthetic smollm2,gemma3] [-r 3] [--rounds 1] [--json]
 
 --synthetic writes random-weight models with the layer shapes and vocabulary sizes of
 SmolLM2-135M (llama, Q4_1), Gemma 3 270M (gemma3, Q5_0) and Llama-3-8B (llama8b, Q4_K), for
-machines without the real files.
+machines without the real files. --rounds N runs both sides N times in turn (vkrt, llama.cpp,
+vkrt, ...) and reports each side's median over the rounds with its range: on a shared machine a
+side's figure can move several percent between minutes, and a single round puts all of one
+side's runs in one stretch of time.
 """
 
 from __future__ import annotations
@@ -82,11 +85,30 @@ def llama_side(binary, path, reps, polaris) -> dict:
     return out
 
 
+def merged(per_round: tuple[dict, ...]) -> dict:
+    """One model's rounds as one row: each side's median per figure (and its range over the rounds
+    where there are several), and the ratio of the medians."""
+    row = {"model": per_round[0]["model"]}
+    for side in ("vkrt", "llama.cpp"):
+        figures = {k for r in per_round for k, v in r[side].items() if isinstance(v, float)}
+        row[side] = {k: statistics.median(r[side][k] for r in per_round if k in r[side]) for k in figures}
+        errors = [r[side]["error"] for r in per_round if "error" in r[side]]
+        if errors:
+            row[side]["error"] = errors[0]
+        if len(per_round) > 1:
+            row[side + "_range"] = {k: (min(r[side][k] for r in per_round if k in r[side]),
+                                        max(r[side][k] for r in per_round if k in r[side])) for k in figures}
+    row["ratio_vkrt_vs_llama"] = {t: row["vkrt"][t] / row["llama.cpp"][t] for t, *_ in TESTS
+                                  if row["llama.cpp"].get(t)}
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*")
     ap.add_argument("--synthetic", default="", help="comma-separated: smollm2, gemma3, llama8b")
     ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="both sides this many times in turn; medians reported")
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--tests", default="pp512,pp2048,tg128",
                     help="of " + ", ".join(t[0] for t in ALL_TESTS))
@@ -102,26 +124,37 @@ def main() -> None:
         path = os.path.join(tmp, f"synthetic-{name}.gguf")
         write_model(path, SHAPES[name])
         models.append((f"{name}-shaped (random weights)", path))
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     binary = find_server(args.llama_server)
-    rows = []
+    rounds = [[{"model": label} for label, _ in models] for _ in range(args.rounds)]
     with Device(settings=settings) as device:
         dev_name = device.profile.name
-        for label, path in models:
-            rows.append({"model": label, "vkrt": vkrt_side(device, path, args.reps)})
-    for row, (label, path) in zip(rows, models):
-        row["llama.cpp"] = llama_side(binary, path, args.reps, polaris) if binary else {"error": "no llama-server"}
-        row["ratio_vkrt_vs_llama"] = {t: row["vkrt"][t] / row["llama.cpp"][t] for t, *_ in TESTS
-                                      if row["llama.cpp"].get(t)}
+        for rnd in rounds:   # vkrt's device stays open; each round reloads the models on both sides
+            for row, (label, path) in zip(rnd, models):
+                row["vkrt"] = vkrt_side(device, path, args.reps)
+            for row, (label, path) in zip(rnd, models):
+                row["llama.cpp"] = (llama_side(binary, path, args.reps, polaris) if binary
+                                    else {"error": "no llama-server"})
+    rows = [merged(per_model) for per_model in zip(*rounds)]
     if args.json:
-        print(json.dumps({"device": dev_name, "polaris_class": polaris, "rows": rows}))
+        print(json.dumps({"device": dev_name, "polaris_class": polaris, "rounds": args.rounds, "rows": rows}))
         return
-    print(f"vkrt vs llama.cpp on {dev_name}{' (Polaris-class configuration)' if polaris else ''}, t/s")
+    print(f"vkrt vs llama.cpp on {dev_name}{' (Polaris-class configuration)' if polaris else ''}, t/s"
+          + (f", medians of {args.rounds} rounds in turn (range)" if args.rounds > 1 else ""))
     print("| model | test | vkrt | llama.cpp | ratio |")
     print("|---|---|---:|---:|---:|")
+
+    def shown(row, side, t):
+        v = row[side].get(t)
+        if v is None:
+            return "None"
+        lo_hi = row.get(side + "_range", {}).get(t)
+        return f"{v:.1f}" + (f" ({lo_hi[0]:.1f}-{lo_hi[1]:.1f})" if lo_hi else "")
+
     for row in rows:
         for t, *_ in TESTS:
-            lv = row["llama.cpp"].get(t)
-            print(f"| {row['model']} | {t} | {row['vkrt'][t]:.1f} | {lv if lv is None else f'{lv:.1f}'} | "
+            print(f"| {row['model']} | {t} | {shown(row, 'vkrt', t)} | {shown(row, 'llama.cpp', t)} | "
                   f"{row['ratio_vkrt_vs_llama'].get(t, float('nan')):.2f} |")
         if "host_ms_per_decode_step" in row["vkrt"]:
             print(f"| {row['model']} | host ms per decode step (vkrt) | {row['vkrt']['host_ms_per_decode_step']:.2f} | | |")
