@@ -220,9 +220,9 @@ def test_q_rides_in_the_k_dispatch(device, cache, norm, sections, ff, store_v):
     pos = np.array([0, 1, 7, 100, 4095], np.int32)
     if sections is not None:
         pos = np.concatenate([pos, rng.integers(0, 3000, 2 * N_TOK), [0, 0, 0, 0, 1234]]).astype(np.int32)
-    own = [tensor_from_numpy(device, a) for a in (q, k, v, rows, pos, rng.uniform(0.5, 1.5, head_dim).astype(np.float32),
-                                                  rng.uniform(0.5, 1.5, head_dim).astype(np.float32),
-                                                  rng.uniform(1.0, 4.0, head_dim // 2).astype(np.float32))]
+    scales = [rng.uniform(lo, hi, n).astype(np.float32) for lo, hi, n in ((0.5, 1.5, head_dim), (0.5, 1.5, head_dim),
+                                                                           (1.0, 4.0, head_dim // 2))]
+    own = [tensor_from_numpy(device, a) for a in (q, k, v, rows, pos, *scales)]
     tq, tk, tv, trows, tp, twq, twk, tff = own
     caches = [Tensor.empty(device, cache, (head_dim, N_CELLS, N_HEAD)) for _ in range(4)]   # K, V apart; fused
     qouts = [Tensor.empty(device, "F32", q.shape[::-1]) for _ in range(2)]
