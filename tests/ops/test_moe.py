@@ -244,12 +244,14 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
 @pytest.mark.parametrize("K, n_tokens, mv_wg, reduce_wg", [(96, 1, 64, 64), (96, 2, 64, 256), (520, 1, 64, 256),
                                                           (520, 2, 64, 64), (520, 1, 128, 512), (2048, 1, 64, 256),
                                                           (2048, 1, 128, 512), (2048, 2, 128, 1024)])
-def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, reduce_wg):
+@pytest.mark.parametrize("one", [None, True])
+def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, reduce_wg, one):
     """The residual add and RMS norm in the router mat-vec's prologue (mul_mv NORM_IN) against
     rms_norm (residual, sum_out=x) then the routing mat-vec: x + r, the normed x, the logits, ids
     and weights bit for bit, with mat-vec subgroups each redoing one or several of the norm
     workgroup's subgroups, one or several elements a lane (rows not a multiple of the norm's
-    workgroup), one and two tokens; the normed x also against numpy."""
+    workgroup), one and two tokens, routed by the last workgroup or its first subgroup
+    (one=True); the normed x also against numpy."""
     import dataclasses
 
     from vkrt.commands import CommandSequence
@@ -280,8 +282,9 @@ def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, red
             made += [tx, cur, logits, ids, wts]
             with CommandSequence(device) as seq:
                 with seq.record():
-                    route = route_epilogue(seq, tw, logits, ids, wts, n_used, True, counter)
+                    route = route_epilogue(seq, tw, logits, ids, wts, n_used, True, counter, one_subgroup=one)
                     assert route is not None
+                    assert ("ROUTE_SUBGROUP" in route.defines) == bool(one and prof.subgroup_arithmetic)
                     if fused:
                         norm_in = norm_input(seq, tx, tr, tnw, 1e-5, cur)
                         assert norm_in is not None
