@@ -63,18 +63,16 @@ class NormInput:
     residual: Tensor
     weight: Tensor
     eps: float
-    subgroups: int   # of rms_norm's workgroup (NORM_VSG)
 
 
 def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
     """The NormInput for a router mat-vec reading out = rms_norm(x + residual) * weight (x + residual
     stored over x, as rms_norm with residual and sum_out=x stores it); None where the mat-vec cannot
-    redo rms_norm's sums (butterfly_subgroups), the columns are more than one mat-vec run, or the
-    normed columns would not fit its shared memory."""
+    redo rms_norm's sums or hold the normed columns (norm_layout), or the columns are more than
+    one mat-vec run."""
     device = seq.device
     k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
-    subgroups = butterfly_subgroups(device, k)
-    if subgroups is None or k % 4 or n > mat_vec_columns(device.tuning):
+    if k % 4 or n > mat_vec_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
         return None
     if weight.type != F32 or weight.nelements != k or out.ne != x.ne or residual.ne != x.ne:
         return None
@@ -83,24 +81,23 @@ def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out
             return None
     if residual.nb != x.nb:
         return None
-    if 4 * n * (k + subgroups) + 8192 > device.profile.shared_memory:   # 8 KiB: the mat-vec's and routing's own
-        return None
-    if norm_layout(device, k, n, subgroups, device.tuning.mv_wg) is None:
-        return None
-    return NormInput(x, residual, weight, float(eps), subgroups)
+    return NormInput(x, residual, weight, float(eps))
 
 
 # the most elements of x + r (over the columns) a lane of the router's mat-vec holds for its norm
 NORM_MAX_HELD = 32
 
 
-def norm_layout(device, k: int, n: int, subgroups: int, wg: int) -> dict | None:
-    """mul_mv NORM_IN's defines for rows of k elements, n columns and rms_norm's `subgroups`: each
-    subgroup of the mat-vec's workgroup of `wg` (NORM_SUB of them, all of the norm's size NORM_SG) takes
-    NORM_G of the norm's subgroups, each lane NORM_E elements of each; None where the mat-vec's
-    subgroups do not split the norm's evenly or a lane would hold over NORM_MAX_HELD values."""
-    sg = device.profile.subgroup_min
-    if wg % sg or subgroups % (wg // sg):
+def norm_layout(device, k: int, n: int, wg: int) -> dict | None:
+    """mul_mv NORM_IN's defines for rows of k elements and n columns: each subgroup of the
+    mat-vec's workgroup of `wg` (NORM_SUB of them, all of the norm's size NORM_SG) takes NORM_G of
+    rms_norm's NORM_VSG subgroups, each lane NORM_E elements of each; None where the mat-vec cannot
+    redo rms_norm's sums (butterfly_subgroups), its subgroups do not split the norm's evenly, a
+    lane would hold over NORM_MAX_HELD values or the normed columns would not fit shared memory."""
+    sg, subgroups = device.profile.subgroup_min, butterfly_subgroups(device, k)
+    if subgroups is None or wg % sg or subgroups % (wg // sg):
+        return None
+    if 4 * n * (k + subgroups) + 8192 > device.profile.shared_memory:   # 8 KiB: the mat-vec's and routing's own
         return None
     norm = norm_wg(device, k)
     per, e = subgroups // (wg // sg), ceil_div(k, norm)
@@ -158,7 +155,7 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
-                   segments: bool = False, route: dict | None = None, norm: int | None = None) -> MatVec:
+                   segments: bool = False, route: dict | None = None, norm: bool = False) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
@@ -167,8 +164,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
     matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` (with route: NormInput.subgroups) adds and normalises x
-    first (NormInput). Rows a group are halved (down to one) while the grid has
+    last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first (NormInput). Rows a group are halved (down to one) while the grid has
     fewer than tuning.mv_fill_groups workgroups."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
     prof = device.profile
@@ -226,10 +222,10 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if route is not None:
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
-    if norm is not None:
+    if norm:
         if route is None or glu is not None:
             raise ConfigError("mat_vec_kernel: the add and norm in the prologue go with routing, without glu")
-        layout = norm_layout(device, k, n, norm, wg)
+        layout = norm_layout(device, k, n, wg)
         if layout is None:
             raise ConfigError(f"mat_vec_kernel: no norm prologue for rows of {k} and {n} columns on this device")
         defines.update(layout)
@@ -436,7 +432,7 @@ def _norm_route(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tenso
     (orr, oo), (yr, yo) = bind_words(out, "matmul norm out", device), bind_words(y, "matmul y", device)
     xo, x_col = xo // 4, x.nb[1] // 4
     mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col), route=route.defines,
-                        norm=norm_in.subgroups)
+                        norm=True)
     _, _, wr, wo = piece
     push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": 0, "x_col": k, "y_off": yo // 4,
             "y_col": y.nb[1] // 4, **route.push, "n_x_off": xo, "n_x_col": x_col, "n_r_off": ro // 4,
