@@ -54,7 +54,10 @@ void norm_prologue(uint wgid, uint pf) {
         for (uint g = 0u; g < NORM_VSG; g++) {
             total += n_sums[j * NORM_VSG + g];
         }
-        const float scale = inversesqrt(total / float(p.K) + p.n_eps);
+        // not contracted (the division as a product with a reciprocal, fused with the add): every
+        // kernel computing this norm gets the same bits (NVIDIA fused it in some and not others)
+        precise float mean_eps = total / float(p.K) + p.n_eps;
+        const float scale = inversesqrt(mean_eps);
         [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
             [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
                 const uint c = NORM_AT(g, e);

@@ -133,7 +133,10 @@ void main() {
         sum += v * v;
     }
     sum = workgroup_sum(sum);
-    const float scale = inversesqrt(sum / float(p.head_dim) + p.eps);
+    // not contracted (the division as a product with a reciprocal, fused with the add): every
+    // kernel computing this norm gets the same bits (NVIDIA fused it in some and not others)
+    precise float mean_eps = sum / float(p.head_dim) + p.eps;
+    const float scale = inversesqrt(mean_eps);
     for (uint c = lid; c < p.head_dim; c += WG) {
         const float v = X_AT(xb + c) * scale;
         row_sh[c] = v * W_AT(w_off + c);

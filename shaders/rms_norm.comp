@@ -156,7 +156,10 @@ void main() {
         sum += v * v;
     }
     sum = workgroup_sum(sum);
-    const float scale = inversesqrt(sum / float(p.ncols) + p.eps);
+    // not contracted (the division as a product with a reciprocal, fused with the add): every
+    // kernel computing this norm gets the same bits (NVIDIA fused it in some and not others)
+    precise float mean_eps = sum / float(p.ncols) + p.eps;
+    const float scale = inversesqrt(mean_eps);
     [[unroll]] for (uint i = 0u; i < HOLD; i++) {
         const uint c = lid + i * WG;
         if (c < p.ncols) {

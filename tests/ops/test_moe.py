@@ -183,12 +183,14 @@ def test_route_sigmoid_with_selection_bias(device, n_expert, n_used, n_tokens, n
                                                                  (32, 4, 2, "chosen"), (128, 8, 1, "sigmoid"),
                                                                  (256, 8, 2, "norm")])
 @pytest.mark.parametrize("mv_wg", [64, 128, 256])
-@pytest.mark.parametrize("one", [None, True])
+@pytest.mark.parametrize("one", [False, True])
 def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one):
     """The router's mat-vec routing its tokens in its last workgroup (mul_mv ROUTE) against the
     mat-vec then moe_route: the same logits, ids and weights, bit for bit, with mat-vec workgroups
     as wide as the router's or wider; replayed, the counter is back at 0 and it routes again.
-    one=True: a one-subgroup router, whose epilogue routes in the last workgroup's first subgroup."""
+    one=True: a one-subgroup router, whose epilogue routes in the last workgroup's first subgroup;
+    one=False: the router of several subgroups, routed by the whole last workgroup (each asked for
+    explicitly: the default depends on the device's subgroup size)."""
     import dataclasses
 
     from vkrt.commands import CommandSequence
@@ -244,14 +246,14 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
 @pytest.mark.parametrize("K, n_tokens, mv_wg, reduce_wg", [(96, 1, 64, 64), (96, 2, 64, 256), (520, 1, 64, 256),
                                                           (520, 2, 64, 64), (520, 1, 128, 512), (2048, 1, 64, 256),
                                                           (2048, 1, 128, 512), (2048, 2, 128, 1024)])
-@pytest.mark.parametrize("one", [None, True])
+@pytest.mark.parametrize("one", [False, True])
 def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, reduce_wg, one):
     """The residual add and RMS norm in the router mat-vec's prologue (mul_mv NORM_IN) against
     rms_norm (residual, sum_out=x) then the routing mat-vec: x + r, the normed x, the logits, ids
     and weights bit for bit, with mat-vec subgroups each redoing one or several of the norm
     workgroup's subgroups, one or several elements a lane (rows not a multiple of the norm's
-    workgroup), one and two tokens, routed by the last workgroup or its first subgroup
-    (one=True); the normed x also against numpy."""
+    workgroup), one and two tokens, routed by the last workgroup (one=False) or its first
+    subgroup (one=True); the normed x also against numpy."""
     import dataclasses
 
     from vkrt.commands import CommandSequence
