@@ -13,9 +13,13 @@ GPU time from timestamps, median of --reps replays of one recorded command buffe
 replays (an H200 left idle between short bursts ran at a quarter of its clock: 4096x14336 Q4_0
 read 26 or 108-133 us from one process to the next with 0.2 s). Peers in the same run: a compute
 shader streaming --peer-mib of memory (vkrt/ops/stream_read.py: what the device's DRAM gives a
-shader, `of_read`) and a buffer copy of the dense weight's size (read + write, `of_copy`; on the
+shader, `of_read`), the same probe reading each dense weight copy in turn, a dispatch of the
+weight's size after a barrier as a dependent mat-vec is (`of_read_at_size`: a small matrix
+cannot reach a long stream's rate, ramp-up and tail weigh more) and a buffer copy of the dense weight's size (read + write, `of_copy`; on the
 H200 vkCmdCopyBuffer moves ~850 GB/s where a shader reads 4.5 TB/s); --peak-gbs adds the
 fraction of a datasheet bandwidth (e.g. 4800 for an H200).
+--overlap gives each copy its own output: no barrier between the copies' dispatches, so the figure
+is the kernel's streaming rate rather than a dependent dispatch's time (decode's case).
 --set overrides tuning fields (name=value) to try tiles without editing the table.
 """
 
@@ -95,16 +99,32 @@ def read_gbs(dev, nbytes: int, reps: int) -> float:
     return nbytes / t / 1e9
 
 
-def dense_case(dev, ws: list[Tensor], n: int, reps: int, tuning, rng) -> dict:
-    """One matmul per weight copy in `ws`, timed together; per-copy averages."""
+def read_at_size_gbs(dev, ws: list[Tensor], reps: int) -> float:
+    """GB/s of the streaming-read probe reading each weight copy of `ws` in turn, one dispatch a
+    copy with a barrier between them (as between dependent mat-vecs): what a shader streams in
+    dispatches of the weight's size, ramp-up and tail included."""
+    out = stream_dst_bytes(dev)
+    with Buffer(dev, out, label="read peer out") as b:
+        r = [w.range() for w in ws]
+        t = timed(dev, lambda seq: [stream_read(seq, x.sub(0, x.size // 16 * 16), b.range(0, out)) for x in r],
+                  reps) / len(ws)
+    return ws[0].nbytes / t / 1e9
+
+
+def dense_case(dev, ws: list[Tensor], n: int, reps: int, tuning, rng, overlap: bool = False) -> dict:
+    """One matmul per weight copy in `ws`, timed together; per-copy averages. With `overlap` each
+    copy writes its own output, so no barrier separates them (a streaming rate, not the latency
+    of one dependent dispatch)."""
     k, m = ws[0].ne[0], ws[0].ne[1]
     x = tensor_from_numpy(dev, rng.standard_normal((n, k)).astype(np.float32))
-    y = Tensor.empty(dev, "F32", (m, n))
+    ys = [Tensor.empty(dev, "F32", (m, n)) for _ in (ws if overlap else ws[:1])]
     try:
-        t = timed(dev, lambda seq: [matmul(seq, w, x, y, tuning=tuning) for w in ws], reps) / len(ws)
+        t = timed(dev, lambda seq: [matmul(seq, w, x, ys[i % len(ys)], tuning=tuning) for i, w in enumerate(ws)],
+                  reps) / len(ws)
     finally:
         x.close()
-        y.close()
+        for y in ys:
+            y.close()
     return {"flops": 2.0 * k * m * n, "weight_bytes": ws[0].nbytes, "seconds": t}
 
 
@@ -148,6 +168,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     ap.add_argument("--peak-gbs", type=float, default=None)
     ap.add_argument("--peer-mib", type=int, default=1024, help="bytes the streaming-read peer reads (past the L2)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="dense: each weight copy writes its own output, so the copies' dispatches are not "
+                         "separated by barriers")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -169,15 +192,20 @@ def main(argv=None) -> int:
                     w, dims = random_weight(dev, name, mk, mm, me, rng), f"{mk}x{mm} {me}e/{mu}"
                     ws = [w]
                 try:
+                    size_peer = read_at_size_gbs(dev, ws, args.reps) if shape == "dense" else None
                     for n in (int(v) for v in args.n.split(",")):
                         if shape == "dense":
-                            r = dense_case(dev, ws, n, args.reps, tuning, rng)
+                            r = dense_case(dev, ws, n, args.reps, tuning, rng, args.overlap)
                         else:
                             r = moe_case(dev, w, mu, n, args.reps, tuning, rng)
                         gbs = r["weight_bytes"] / r["seconds"] / 1e9
-                        row = {"shape": shape, "dims": dims, "type": name, "n": n, "us": r["seconds"] * 1e6,
+                        tag = shape + ("/overlap" if args.overlap and shape == "dense" else "")
+                        row = {"shape": tag, "dims": dims, "type": name, "n": n, "us": r["seconds"] * 1e6,
                                "gflops": r["flops"] / r["seconds"] / 1e9, "weight_gbs": gbs, "of_read": gbs / read_peer,
                                "of_copy": gbs / peer}
+                        if shape == "dense" and n == 1:
+                            row["read_at_size_gbs"] = size_peer
+                            row["of_read_at_size"] = gbs / size_peer
                         if args.peak_gbs:
                             row["of_peak"] = gbs / args.peak_gbs
                         rows.append(row)
@@ -200,7 +228,9 @@ def main(argv=None) -> int:
 
 def _line(r: dict) -> str:
     extra = f"  {100 * r['of_peak']:5.1f}% of peak" if "of_peak" in r else ""
-    return (f"{r['shape']:5} {r['dims']:>18} {r['type']:5} n={r['n']:<5} {r['us']:11.1f} us "
+    if "of_read_at_size" in r:
+        extra += f"  {100 * r['of_read_at_size']:5.1f}% of a read of its size ({r['read_at_size_gbs']:.4g} GB/s)"
+    return (f"{r['shape']:13} {r['dims']:>18} {r['type']:5} n={r['n']:<5} {r['us']:11.1f} us "
             f"{r['gflops']:9.1f} GFLOP/s {r['weight_gbs']:8.3g} GB/s  {100 * r['of_read']:5.1f}% of read "
             f"{100 * r['of_copy']:6.3g}% of copy{extra}")
 
