@@ -99,7 +99,9 @@ class Tuning:
     mv_dense_max_n: int = 8
     # build small integers' floats from their bits (2^23 + v, less 2^23) in the quantised kernels
     # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
-    # bounded the mat-vec; GCN's byte conversions are full rate
+    # bounded an earlier mat-vec; GCN's byte conversions are full rate. Today's mat-vec on the
+    # H200 runs 4096x14336 Q4_K in 23.8 us without it and 24.7 with it, Q8_0 30.0 and 32.6
+    # (bench/matmul.py, GCN table): NVIDIA's table keeps it until a model-level run decides
     float_bits: bool = False
     # mat-vec units of types that allow it (Q4_K) load their 16 bytes in one load where the
     # weights are 16-byte aligned, instead of four word loads
