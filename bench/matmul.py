@@ -90,25 +90,14 @@ def copy_gbs(dev, nbytes: int, reps: int) -> float:
     return 2 * nbytes / t / 1e9
 
 
-def read_gbs(dev, nbytes: int, reps: int) -> float:
-    """GB/s of the streaming-read probe over `nbytes` (4 dispatches a replay)."""
-    out = stream_dst_bytes(dev)
-    with Buffer(dev, nbytes, label="read peer") as a, Buffer(dev, out, label="read peer out") as b:
-        t = timed(dev, lambda seq: [stream_read(seq, a.range(0, nbytes), b.range(0, out)) for _ in range(4)],
-                  reps) / 4
-    return nbytes / t / 1e9
-
-
-def read_at_size_gbs(dev, ws: list[Tensor], reps: int) -> float:
-    """GB/s of the streaming-read probe reading each weight copy of `ws` in turn, one dispatch a
-    copy with a barrier between them (as between dependent mat-vecs): what a shader streams in
-    dispatches of the weight's size, ramp-up and tail included."""
+def read_gbs(dev, srcs: list, reps: int) -> float:
+    """GB/s of the streaming-read probe reading each buffer range of `srcs` in turn, one dispatch a
+    range, a barrier between them (they share an output, as dependent mat-vecs share theirs)."""
     out = stream_dst_bytes(dev)
     with Buffer(dev, out, label="read peer out") as b:
-        r = [w.range() for w in ws]
-        t = timed(dev, lambda seq: [stream_read(seq, x.sub(0, x.size // 16 * 16), b.range(0, out)) for x in r],
-                  reps) / len(ws)
-    return ws[0].nbytes / t / 1e9
+        t = timed(dev, lambda seq: [stream_read(seq, r.sub(0, r.size // 16 * 16), b.range(0, out)) for r in srcs],
+                  reps) / len(srcs)
+    return srcs[0].size / t / 1e9
 
 
 def dense_case(dev, ws: list[Tensor], n: int, reps: int, tuning, rng, overlap: bool = False) -> dict:
@@ -180,7 +169,9 @@ def main(argv=None) -> int:
     with Device() as dev:
         tuning = parse_sets(args.set, dev.tuning)
         peer = copy_gbs(dev, k * m, args.reps)
-        read_peer = read_gbs(dev, min(args.peer_mib << 20, dev.profile.max_buffer_size // 16 * 16), args.reps)
+        peer_bytes = min(args.peer_mib << 20, dev.profile.max_buffer_size // 16 * 16)
+        with Buffer(dev, peer_bytes, label="read peer") as a:
+            read_peer = read_gbs(dev, [a.range(0, peer_bytes)] * 4, args.reps)
         for shape in args.shapes.split(","):
             for name in args.types.split(","):
                 if shape == "dense":
@@ -192,7 +183,8 @@ def main(argv=None) -> int:
                     w, dims = random_weight(dev, name, mk, mm, me, rng), f"{mk}x{mm} {me}e/{mu}"
                     ws = [w]
                 try:
-                    size_peer = read_at_size_gbs(dev, ws, args.reps) if shape == "dense" else None
+                    # a read of each weight copy in turn: what a dispatch of the weight's size streams
+                    size_peer = read_gbs(dev, [t.range() for t in ws], args.reps) if shape == "dense" else None
                     for n in (int(v) for v in args.n.split(",")):
                         if shape == "dense":
                             r = dense_case(dev, ws, n, args.reps, tuning, rng, args.overlap)

@@ -54,8 +54,7 @@ void norm_prologue(uint wgid, uint pf) {
         for (uint g = 0u; g < NORM_VSG; g++) {
             total += n_sums[j * NORM_VSG + g];
         }
-        // not contracted (the division as a product with a reciprocal, fused with the add): every
-        // kernel computing this norm gets the same bits (NVIDIA fused it in some and not others)
+        // precise, as in rms_norm.comp: the same bits in every kernel
         precise float mean_eps = total / float(p.K) + p.n_eps;
         const float scale = inversesqrt(mean_eps);
         [[unroll]] for (uint g = 0u; g < NORM_G; g++) {

@@ -133,8 +133,7 @@ void main() {
         sum += v * v;
     }
     sum = workgroup_sum(sum);
-    // not contracted (the division as a product with a reciprocal, fused with the add): every
-    // kernel computing this norm gets the same bits (NVIDIA fused it in some and not others)
+    // precise, as in rms_norm.comp: the same bits in every kernel
     precise float mean_eps = sum / float(p.head_dim) + p.eps;
     const float scale = inversesqrt(mean_eps);
     for (uint c = lid; c < p.head_dim; c += WG) {
