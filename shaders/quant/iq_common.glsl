@@ -4,8 +4,9 @@
 // A type names its grid (IQ_GRID) before including this and reads it through QGRID(i); the
 // sign patterns of IQ2_XXS, IQ2_XS and IQ3_XXS (gguf's ksigns_iq2xs) are computed (QSIGNS).
 // With QTABLES_SHARED (the tuning table's quant_tables_shared) the grid is read from a
-// shared-memory copy that qinit() fills with constant indices: a compiler that lowers each dynamically indexed read of a constant array to a search
-// (lavapipe's LLVM) builds the kernel in a second instead of minutes. The 4-bit codebook types
+// shared-memory copy that qinit() fills with constant indices, or from the grids' buffer
+// (QTABLES_BUFFER): a compiler that lowers each dynamically indexed read of a constant array to a
+// search (lavapipe's LLVM) builds the kernel in a second instead of minutes. The 4-bit codebook types
 // (IQ4_NL, IQ4_XS, MXFP4) name theirs (IQ_CODEBOOK); with QCODEBOOK_SHARED (the tuning table's
 // quant_codebook_shared) it is read from a shared copy of 16 floats instead of its vector.
 #ifndef VKRT_QUANT_IQ_COMMON_GLSL
@@ -29,6 +30,9 @@
 #endif
 #ifdef QTABLES_GRIDS
 shared uint qgrid_s[IQ_GRID.length()];
+#ifdef QTABLES_BUFFER
+layout(set = 1, binding = 0) readonly buffer QTables { uvec4 qtables[]; };
+#endif
 #define QGRID(i) qgrid_s[i]
 #else
 #define QGRID(i) IQ_GRID[i]
@@ -40,16 +44,21 @@ shared uint qgrid_s[IQ_GRID.length()];
 shared float qcodebook_s[16];   // IQ_CODEBOOK's 16 signed bytes as floats (QCODEBOOK_SHARED)
 #endif
 #ifdef QTABLES
-// fills the shared copies: every invocation calls it first, in uniform control flow. Without
-// QTABLES_STRIDED every invocation stores the same constants: the writes race only with equal
-// values, and there is no branch (lavapipe builds 2048 stores under a one-invocation branch as
-// per-lane stores: 20 s)
+// fills the shared copies: every invocation calls it first, in uniform control flow. With
+// QTABLES_BUFFER the grid comes from the device's grid buffer (vkrt/pipeline/quant_tables.py:
+// set 1, the same words from QGRID_BASE on, in 16-byte units), a share of 16-byte loads an
+// invocation. Otherwise every invocation stores the same constants: the writes race only with
+// equal values, and there is no branch (lavapipe builds 2048 stores under a one-invocation
+// branch as per-lane stores: 20 s)
 void qinit() {
-#if defined(QTABLES_GRIDS) && defined(QTABLES_STRIDED)
-    // each invocation copies every WG-th entry (a dynamically indexed read of the constant
-    // array, but one a workgroup's entry instead of the whole table an invocation)
-    for (uint i = gl_LocalInvocationID.x; i < IQ_GRID.length(); i += gl_WorkGroupSize.x) {
-        qgrid_s[i] = IQ_GRID[i];
+#if defined(QTABLES_GRIDS) && defined(QTABLES_BUFFER)
+    const uint n = gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z;
+    for (uint i = gl_LocalInvocationIndex; 4u * i < IQ_GRID.length(); i += n) {
+        const uvec4 v = qtables[QGRID_BASE + i];
+        qgrid_s[4u * i] = v.x;
+        qgrid_s[4u * i + 1u] = v.y;
+        qgrid_s[4u * i + 2u] = v.z;
+        qgrid_s[4u * i + 3u] = v.w;
     }
 #elif defined(QTABLES_GRIDS)
     [[unroll]] for (uint i = 0u; i < IQ_GRID.length(); i++) {

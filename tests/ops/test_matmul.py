@@ -242,23 +242,25 @@ def test_slices_take_the_kernel_of_the_whole(device):
     np.testing.assert_array_equal(half.view(np.uint32), whole[36:].view(np.uint32))
 
 
-def test_tables_strided_fill_is_bit_identical(device):
-    """The IQ grids' shared copies filled a strided share an invocation (quant_tables_strided,
-    NVIDIA) against every invocation storing the whole table: the same tables, the same bits.
-    IQ3_XXS: the smallest grid."""
+@pytest.mark.parametrize("name", ["IQ3_XXS", "IQ2_S", "IQ1_M"])
+def test_tables_buffer_fill_is_bit_identical(device, name):
+    """The IQ grids' shared copies filled from the device's grid buffer (quant_tables_buffer,
+    set 1) against every invocation storing the whole table from the constant array: the same
+    tables, the same bits. The smallest grid, and both 8 KiB ones (IQ1_M shares IQ1_S's)."""
     from vkrt.ops.quant import type_defines
     rng = np.random.default_rng(29)
-    m, k = 21, k_for("IQ3_XXS")
-    w = weight_tensor(device, "IQ3_XXS", random_blocks("IQ3_XXS", m, k, rng, scale=0.5), (k, m))
+    m, k = 21, k_for(name)
+    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
     x = rng.standard_normal((2, k)).astype(np.float32)
-    tunings = [dataclasses.replace(device.tuning, quant_tables_shared=True, quant_tables_strided=on)
+    tunings = [dataclasses.replace(device.tuning, quant_tables_shared=True, quant_tables_buffer=on)
                for on in (False, True)]
-    assert ["QTABLES_STRIDED" in type_defines(ggml_type("IQ3_XXS"), t) for t in tunings] == [False, True]
+    assert ["QTABLES_BUFFER" in type_defines(ggml_type(name), t) for t in tunings] == [False, True]
     try:
         a, b = (run(device, w, x, m, tuning=t) for t in tunings)
     finally:
         w.close()
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    check(device, name, m, k, (1,), tuning=tunings[1])
 
 
 @pytest.mark.parametrize("name", ALL)

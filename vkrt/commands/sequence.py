@@ -194,6 +194,9 @@ class CommandSequence(Owned):
             lib.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
             self._last_pipeline = kernel.pipeline
         lib.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1, dset, 0, ffi.NULL)
+        if kernel.tables is not None:   # set 1: the IQ grids (pipeline/quant_tables.py)
+            lib.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 1, 1,
+                                        kernel.tables.sets, 0, ffi.NULL)
         if data:
             lib.vkCmdPushConstants(cb, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(data),
                                    ffi.from_buffer(data))

@@ -116,10 +116,14 @@ class Tuning:
     # arrays from memory, and the 8 KiB copies left IQ1/IQ2_S expert mat-vecs at 2 waves a SIMD
     # (112-128 VGPRs) instead of 4 (bench/gcn_shader_stats.py)
     quant_tables_shared: bool = False
-    # the shared copies filled a strided share an invocation (a dynamically indexed read of the
-    # constant array each) instead of every invocation storing the whole table with constant
-    # indices (2 KiB of stores an invocation for IQ2_XXS's grid)
-    quant_tables_strided: bool = False
+    # the shared copies filled from a device buffer holding the grids (16-byte loads, a share an
+    # invocation; vkrt/pipeline/quant_tables.py) instead of every invocation storing the whole
+    # table with constant indices (2 KiB of stores an invocation for IQ2_XXS's grid). NVIDIA
+    # serialised the lanes' reads when they were filled a share an invocation from the constant
+    # array instead: H200, 4096x14336 mat-vec, IQ2_S 78.0 us, IQ1_S 75.1, IQ2_XXS 41.3 that way,
+    # 38.1 / 32.2 / 38.5 with no fill at all (wrong sums; the fill's whole cost); 8B-shaped
+    # decode IQ2_S 95.8 -> 164.4 t/s, IQ1_S 99.8 -> 184.7 without the fill (bench/matmul.py, vkrt bench)
+    quant_tables_buffer: bool = False
     # the 16-entry codebook of IQ4_NL, IQ4_XS and MXFP4 read from a shared copy (four shared reads
     # a vec4) instead of picked out of a uvec4 in registers (three selects, a shift and a sign
     # extension an element): H200, 8B-shaped IQ4_XS tg128 103.9 -> 173.1 t/s with the GCN table
@@ -266,9 +270,10 @@ TABLE: dict[Arch, Tuning] = {
     # shapes): 128 lanes a row halve the time of 512-4096-row matrices against 64 (2048x4096
     # Q4_0 22 -> 11 us); mul_mat_id at 32 lanes (Qwen3-30B-A3B down 14.8 -> 9.3 us)
     Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, fa_fill_per_cu=4, float_bits=True,
-                        # shared tables filled a strided share an invocation: 8B-shaped decode (GCN
-                        # table + shared tables) IQ2_XXS 117.2 -> 140.6 t/s, IQ3_XXS 126.8 -> 143.1
-                        quant_tables_shared=True, quant_tables_strided=True,
+                        # shared tables filled a share an invocation (then from the constant arrays):
+                        # 8B-shaped decode (GCN table + shared tables) IQ2_XXS 117.2 -> 140.6 t/s,
+                        # IQ3_XXS 126.8 -> 143.1 against every invocation storing every entry
+                        quant_tables_shared=True, quant_tables_buffer=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
@@ -287,7 +292,8 @@ TABLE: dict[Arch, Tuning] = {
                           transpose_rows=2,
                           # mat-vec: a CPU's few threads need no more workgroups
                           mv_fill_groups=1,
-                          quant_tables_shared=True,
+                          # grids filled from the grid buffer: IQ tests (test_iq_model, mul_mat_id) 9.4 -> 7.3 s
+                          quant_tables_shared=True, quant_tables_buffer=True,
                           # short convolution, C = 8192: T = 2048 146 ms at 32 tokens, 176 at 16;
                           # T = 512 39 ms at 32, 47 at 16, 45 at 64
                           ssm_conv_chunk=32,

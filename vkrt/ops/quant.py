@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from ..errors import GGMLTypeError, UnsupportedShape
 from ..memory import TYPES, GGMLType, Tensor, ggml_type
+from ..pipeline.quant_tables import grid_base
 from .binding import WORD_ALIGN, RangeTooLarge, binding_limit
 
-# types whose includes read large lookup tables (IQ_GRID in shaders/quant/<type>.glsl)
-TABLE_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
+# types whose includes read large lookup tables: the IQ_GRID each names in shaders/quant/<type>.glsl
+GRIDS = {"IQ3_XXS": "iq3xxs_grid", "IQ3_S": "iq3s_grid", "IQ2_XXS": "iq2xxs_grid", "IQ2_XS": "iq2xs_grid",
+         "IQ2_S": "iq2s_grid", "IQ1_S": "iq1s_grid", "IQ1_M": "iq1s_grid"}
+TABLE_TYPES = tuple(GRIDS)
 CODEBOOK_TYPES = ("IQ4_NL", "IQ4_XS", "MXFP4")
 
 
@@ -29,12 +32,14 @@ def kernel_type(typ, what: str = "weight") -> GGMLType:
 
 def type_defines(t: GGMLType, tuning) -> dict[str, int]:
     """The define that makes shaders/quant/types.glsl include `t`'s block layout, and where the
-    tuning says so, that its lookup tables or codebook are read from shared memory (iq_common.glsl)."""
+    tuning says so, that its lookup tables or codebook are read from shared memory (iq_common.glsl),
+    the tables filled from the device's grid buffer (pipeline/quant_tables.py)."""
     defines = {f"QTYPE_{t.name}": 1}
     if tuning.quant_tables_shared and t.name in TABLE_TYPES:
         defines["QTABLES_SHARED"] = 1
-        if tuning.quant_tables_strided:
-            defines["QTABLES_STRIDED"] = 1
+        if tuning.quant_tables_buffer:
+            defines["QTABLES_BUFFER"] = 1
+            defines["QGRID_BASE"] = grid_base(GRIDS[t.name])
     if tuning.quant_codebook_shared and t.name in CODEBOOK_TYPES:
         defines["QCODEBOOK_SHARED"] = 1
     return defines

@@ -12,6 +12,7 @@ from ..owned import Owned
 from ..units import fmt_bytes
 from .compiler import compile_shader
 from .push_constants import MAX_PUSH_BYTES, PushConstants
+from .quant_tables import TABLES_BLOCK, TABLES_SET, quant_tables
 from .spirv import reflect
 
 _SPEC_FORMATS = {"int": "<i", "uint": "<I", "float": "<f", "bool": "<I"}
@@ -56,9 +57,16 @@ class Kernel(Owned):
         if self.push_size > min(MAX_PUSH_BYTES, dev.profile.max_push_constants_size):
             raise KernelInterfaceError(f"{name}: {self.push_size} bytes of push constants exceed the limit")
         indices = sorted(iface.bindings)
-        if indices != list(range(len(indices))) or any(b.set != 0 for b in iface.bindings.values()):
+        if indices != list(range(len(indices))):
             raise KernelInterfaceError(f"{name}: bindings must be 0..n-1 in set 0, got {indices}")
         self.bindings = [iface.bindings[i] for i in indices]
+        # set 1 may hold the IQ grids' buffer (quant_tables.py), bound by every dispatch of the kernel
+        self.tables = None
+        if iface.other_sets:
+            if [(b.set, b.binding, b.name) for b in iface.other_sets] != [(TABLES_SET, 0, TABLES_BLOCK)]:
+                raise KernelInterfaceError(f"{name}: the only binding outside set 0 may be set {TABLES_SET} binding 0, "
+                                           f"block {TABLES_BLOCK}; got {iface.other_sets}")
+            self.tables = quant_tables(dev)
         if iface.shared_bytes > dev.profile.shared_memory:
             raise KernelInterfaceError(f"{name} uses {fmt_bytes(iface.shared_bytes)} of shared memory; "
                                        f"{dev.profile.name} has {fmt_bytes(dev.profile.shared_memory)}")
@@ -97,8 +105,9 @@ class Kernel(Owned):
                 None)
             ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
                                              size=self.push_size)] if self.push_size else []
+            set_layouts = [self.set_layout] + ([self.tables.set_layout] if self.tables else [])
             self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(
-                setLayoutCount=1, pSetLayouts=[self.set_layout], pushConstantRangeCount=len(ranges),
+                setLayoutCount=len(set_layouts), pSetLayouts=set_layouts, pushConstantRangeCount=len(ranges),
                 pPushConstantRanges=ranges or None), None)
             spec_info = None
             if spec:

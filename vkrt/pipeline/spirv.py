@@ -45,7 +45,8 @@ class Binding:
 class ShaderInterface:
     push_size: int = 0
     push_members: list[Member] = field(default_factory=list)
-    bindings: dict[int, Binding] = field(default_factory=dict)
+    bindings: dict[int, Binding] = field(default_factory=dict)      # set 0's, by binding
+    other_sets: list[Binding] = field(default_factory=list)
     spec_constants: dict[int, str] = field(default_factory=dict)   # SpecId -> 'int' | 'uint' | 'float' | 'bool'
     local_size: tuple[int, int, int] = (1, 1, 1)
     local_size_spec_ids: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -152,9 +153,12 @@ def reflect(spirv: bytes) -> ShaderInterface:
             mdec = [member_decorations.get((pointee, m), {}) for m in range(n_members)]
             readonly = DEC_NON_WRITABLE in dec or (n_members > 0 and all(DEC_NON_WRITABLE in d for d in mdec))
             writeonly = DEC_NON_READABLE in dec or (n_members > 0 and all(DEC_NON_READABLE in d for d in mdec))
-            binding = dec[DEC_BINDING][0]
-            iface.bindings[binding] = Binding(dec.get(DEC_SET, [0])[0], binding,
-                                              names.get(pointee, names.get(var, "")), readonly, writeonly)
+            b = Binding(dec.get(DEC_SET, [0])[0], dec[DEC_BINDING][0], names.get(pointee, names.get(var, "")),
+                        readonly, writeonly)
+            if b.set == 0:
+                iface.bindings[b.binding] = b
+            else:
+                iface.other_sets.append(b)
         elif storage == SC_WORKGROUP:
             iface.shared_bytes += size_of(pointee)
 

@@ -1,0 +1,93 @@
+"""The IQ quants' lookup grids in one device buffer, bound as descriptor set 1 of the kernels
+that fill their shared copies from it (shaders/quant/iq_common.glsl, QTABLES_BUFFER): a
+workgroup's fill is a few coalesced 16-byte loads an invocation instead of a dynamically indexed
+constant-array read an entry, which NVIDIA's compiler serialises. The words are the generated
+constant arrays of shaders/quant/iq_tables.glsl, parsed from it: one source for both."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+
+from ..commands import upload
+from ..device.vk import ffi, vk, vk_call
+from ..errors import VkrtError
+from ..memory import allocate
+from ..owned import Owned
+from .compiler import shader_dir
+
+TABLES_SET = 1       # the descriptor set the kernels declare the grids' buffer in (binding 0)
+TABLES_BLOCK = "QTables"
+_GRID = re.compile(r"const uint (\w+_grid)\[(\d+)\] = uint\[\]\((.*?)\);", re.S)
+
+
+@functools.cache
+def grid_words() -> tuple[np.ndarray, dict[str, int]]:
+    """Every grid of iq_tables.glsl, one after another, and where each starts (in 16-byte units)."""
+    path = shader_dir() / "quant" / "iq_tables.glsl"
+    parts, starts, at = [], {}, 0
+    for name, n, body in _GRID.findall(path.read_text()):
+        words = np.array([int(w.strip().rstrip("u"), 16) for w in body.split(",")], np.uint32)
+        if len(words) != int(n) or len(words) % 4:
+            raise VkrtError(f"{path}: {name} has {len(words)} words, declared {n} (a multiple of 4 expected)")
+        starts[name] = at // 4
+        parts.append(words)
+        at += len(words)
+    if not parts:
+        raise VkrtError(f"{path}: no grid tables found")
+    return np.concatenate(parts), starts
+
+
+def grid_base(name: str) -> int:
+    """Where grid `name` (an IQ_GRID of shaders/quant/) starts in the buffer, in 16-byte units."""
+    return grid_words()[1][name]
+
+
+class QuantTables(Owned):
+    """The grids' buffer on one device, its descriptor set layout and one set pointing at it."""
+
+    def __init__(self, device):
+        super().__init__("IQ grids")
+        self.device = device
+        self.pool = self.set_layout = self.memory = None
+        try:
+            words = grid_words()[0]
+            self.memory = allocate(device, words.nbytes, label="IQ grids")
+            upload(device, self.memory.range(), words)
+            d = device.handle
+            with vk_call("creating the IQ grids' descriptor set"):
+                binding = vk.VkDescriptorSetLayoutBinding(binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                          descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                self.set_layout = vk.vkCreateDescriptorSetLayout(
+                    d, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=1, pBindings=[binding]), None)
+                size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)
+                self.pool = vk.vkCreateDescriptorPool(
+                    d, vk.VkDescriptorPoolCreateInfo(maxSets=1, poolSizeCount=1, pPoolSizes=[size]), None)
+                dset = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
+                    descriptorPool=self.pool, descriptorSetCount=1, pSetLayouts=[self.set_layout]))[0]
+                r = self.memory.range()
+                info = vk.VkDescriptorBufferInfo(buffer=r.handle, offset=r.offset, range=r.size)
+                vk.vkUpdateDescriptorSets(d, 1, [vk.VkWriteDescriptorSet(
+                    dstSet=dset, dstBinding=0, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                    pBufferInfo=[info])], 0, None)
+            self.sets = ffi.new("VkDescriptorSet[1]", [dset])   # what vkCmdBindDescriptorSets takes
+        except BaseException:
+            self.close()
+            raise
+
+    def _release(self) -> None:
+        d = self.device.handle
+        if self.pool is not None:
+            vk.vkDestroyDescriptorPool(d, self.pool, None)
+        if self.set_layout is not None:
+            vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
+        if self.memory is not None:
+            self.memory.close()
+        self.pool = self.set_layout = self.memory = None
+
+
+def quant_tables(device) -> QuantTables:
+    """The device's QuantTables, made on first use."""
+    return device.service("quant tables", QuantTables)
