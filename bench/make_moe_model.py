@@ -23,16 +23,23 @@ tokenizer metadata, loadable by llama.cpp and vkrt.
       files' expert type), attention 64 query / 8 KV heads of 64 with sinks, YaRN (factor 32 over
       4096), vocabulary 201088; --type sets the other matrices.
 
-    python bench/make_moe_model.py OUT.gguf [--shape S] [--layers N] [--type Q4_0|Q4_K|Q8_0] [--seed 0]
+  --expert-type T writes the routed experts in T instead (an "UD"-style file: K-quant attention,
+      IQ experts), any type with vkrt kernels whose blocks divide the experts' rows.
+
+    python bench/make_moe_model.py OUT.gguf [--shape S] [--layers N] [--type Q4_0|Q4_K|Q8_0]
+                                   [--expert-type IQ3_XXS] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
+from vkrt.errors import GGMLTypeError
 from vkrt.model.synthetic import SyntheticSpec, write_model
+from vkrt.ops.quant import kernel_type
 
 
 def qwen3_30b_a3b(layers: int, qtype: str, seed: int = 0) -> SyntheticSpec:
@@ -86,15 +93,26 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=None, help="layers (default: the real model's)")
     ap.add_argument("--type", default="Q4_0", choices=["Q4_0", "Q4_K", "Q8_0"])
+    ap.add_argument("--expert-type", default=None, help="the routed experts' type (default: the shape's)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     t0 = time.perf_counter()
     make, layers = SHAPES[args.shape]
     layers = args.layers or layers
-    write_model(args.out, make(layers, args.type, args.seed))
+    spec = make(layers, args.type, args.seed)
+    if args.expert_type:
+        try:
+            t = kernel_type(args.expert_type, "--expert-type")
+        except GGMLTypeError as e:
+            raise SystemExit(str(e)) from None
+        if spec.n_ff_expert % t.block_size or spec.n_embd % t.block_size:
+            raise SystemExit(f"--expert-type {t.name}: its {t.block_size}-value blocks do not divide the "
+                             f"{args.shape} experts' rows ({spec.n_embd} and {spec.n_ff_expert} values)")
+        spec = dataclasses.replace(spec, expert_type=t.name)
+    write_model(args.out, spec)
     size = os.path.getsize(args.out)
     print(f"wrote {args.out}: {size / 2**30:.2f} GiB, {args.shape}, {layers} layers, {args.type}, "
-          f"{time.perf_counter() - t0:.1f} s")
+          f"experts {spec.expert_type}, {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

@@ -101,7 +101,8 @@ class Tuning:
     # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
     # bounded an earlier mat-vec; GCN's byte conversions are full rate. Today's mat-vec on the
     # H200 runs 4096x14336 Q4_K in 23.8 us without it and 24.7 with it, Q8_0 30.0 and 32.6
-    # (bench/matmul.py, GCN table): NVIDIA's table keeps it until a model-level run decides
+    # (bench/matmul.py, GCN table), and Qwen3-30B-A3B-shaped decode (Q4_0, native) 229.7 t/s
+    # without it, 226.2 with it (vkrt bench tg128 -r 3): off everywhere today
     float_bits: bool = False
     # mat-vec units of types that allow it (Q4_K) load their 16 bytes in one load where the
     # weights are 16-byte aligned, instead of four word loads
@@ -269,7 +270,7 @@ TABLE: dict[Arch, Tuning] = {
     # 132 SMs (H200), 4 workgroups each. Mat-vec (bench/matmul.py, H200, Q4_0/Q4_K/Q6_K decode
     # shapes): 128 lanes a row halve the time of 512-4096-row matrices against 64 (2048x4096
     # Q4_0 22 -> 11 us); mul_mat_id at 32 lanes (Qwen3-30B-A3B down 14.8 -> 9.3 us)
-    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, fa_fill_per_cu=4, float_bits=True,
+    Arch.NVIDIA: Tuning(Arch.NVIDIA, subgroup=32, reduce_wg=1024, fa_fill_groups=512, fa_fill_per_cu=4,
                         # shared tables filled a share an invocation (then from the constant arrays):
                         # 8B-shaped decode (GCN table + shared tables) IQ2_XXS 117.2 -> 140.6 t/s,
                         # IQ3_XXS 126.8 -> 143.1 against every invocation storing every entry
