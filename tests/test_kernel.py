@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vkrt.commands import CommandSequence, download
+from vkrt.commands import CommandSequence, download, run_once
 from vkrt.errors import KernelInterfaceError
 from vkrt.memory import Buffer
 from vkrt.ops.grid import groups_for
@@ -67,6 +67,28 @@ def test_too_much_shared_memory(device):
           "layout(binding = 0) buffer O { uint o[]; };\nvoid main() { big[0] = 1; barrier(); o[0] = big[0]; }\n"
     with pytest.raises(KernelInterfaceError, match="shared memory"):
         Kernel(device, "big_shared", source=src)
+
+
+def test_grid_set_is_the_only_other_set(device):
+    """Set 1 is the IQ grids' buffer (pipeline/quant_tables.py), bound by the dispatch: a shader
+    that reads it gets its words; any other binding outside set 0 is refused by name."""
+    from vkrt.pipeline.quant_tables import grid_words
+    grids = "layout(set = 1, binding = 0) readonly buffer QTables { uvec4 qtables[]; };\n"
+    src = "#version 450\nlayout(local_size_x = 4) in;\nlayout(binding = 0) writeonly buffer O { uvec4 o[]; };\n" \
+          + grids + "void main() { o[gl_LocalInvocationID.x] = qtables[gl_LocalInvocationID.x + 3u]; }\n"
+    k = Kernel(device, "grids_read", source=src)
+    out = Buffer(device, 64)
+    try:
+        run_once(device, lambda seq: seq.dispatch(k, [out]))
+        np.testing.assert_array_equal(download(device, out, np.uint32), grid_words()[0][12:28])
+    finally:
+        out.close()
+        k.close()
+    for bad in (grids.replace("QTables", "Other"), grids.replace("set = 1", "set = 2")):
+        src = "#version 450\nlayout(local_size_x = 1) in;\nlayout(binding = 0) buffer O { uvec4 o[]; };\n" \
+              + bad.replace("qtables", "t") + "void main() { o[0] = t[0]; }\n"
+        with pytest.raises(KernelInterfaceError, match="outside set 0"):
+            Kernel(device, "grids_bad", source=src)
 
 
 def test_push_constant_pack_errors():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 
 import numpy as np
 
@@ -46,36 +47,47 @@ def grid_base(name: str) -> int:
 
 
 class QuantTables(Owned):
-    """The grids' buffer on one device, its descriptor set layout and one set pointing at it."""
+    """The grids' descriptor set layout on one device (what a kernel's pipeline layout names), and
+    on first use (a dispatch's `sets`) the buffer of the grids and one set pointing at it: a
+    device that only compiles (the null Polaris device of bench/gcn_shader_stats.py) allocates nothing."""
 
     def __init__(self, device):
         super().__init__("IQ grids")
         self.device = device
-        self.pool = self.set_layout = self.memory = None
-        try:
-            words = grid_words()[0]
-            self.memory = allocate(device, words.nbytes, label="IQ grids")
-            upload(device, self.memory.range(), words)
-            d = device.handle
-            with vk_call("creating the IQ grids' descriptor set"):
-                binding = vk.VkDescriptorSetLayoutBinding(binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                          descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                self.set_layout = vk.vkCreateDescriptorSetLayout(
-                    d, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=1, pBindings=[binding]), None)
-                size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)
-                self.pool = vk.vkCreateDescriptorPool(
-                    d, vk.VkDescriptorPoolCreateInfo(maxSets=1, poolSizeCount=1, pPoolSizes=[size]), None)
-                dset = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
-                    descriptorPool=self.pool, descriptorSetCount=1, pSetLayouts=[self.set_layout]))[0]
-                r = self.memory.range()
-                info = vk.VkDescriptorBufferInfo(buffer=r.handle, offset=r.offset, range=r.size)
-                vk.vkUpdateDescriptorSets(d, 1, [vk.VkWriteDescriptorSet(
-                    dstSet=dset, dstBinding=0, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                    pBufferInfo=[info])], 0, None)
-            self.sets = ffi.new("VkDescriptorSet[1]", [dset])   # what vkCmdBindDescriptorSets takes
-        except BaseException:
-            self.close()
-            raise
+        self.pool = self.memory = self._sets = None
+        self._lock = threading.Lock()
+        binding = vk.VkDescriptorSetLayoutBinding(binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                  descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+        with vk_call("creating the IQ grids' descriptor set layout"):
+            self.set_layout = vk.vkCreateDescriptorSetLayout(
+                device.handle, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=1, pBindings=[binding]), None)
+
+    @property
+    def sets(self):
+        """The one descriptor set, as the array vkCmdBindDescriptorSets takes."""
+        if self._sets is None:
+            with self._lock:
+                if self._sets is None:
+                    self._fill()
+        return self._sets
+
+    def _fill(self) -> None:
+        words = grid_words()[0]
+        self.memory = allocate(self.device, words.nbytes, label="IQ grids")
+        upload(self.device, self.memory.range(), words)
+        d = self.device.handle
+        with vk_call("creating the IQ grids' descriptor set"):
+            size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)
+            self.pool = vk.vkCreateDescriptorPool(
+                d, vk.VkDescriptorPoolCreateInfo(maxSets=1, poolSizeCount=1, pPoolSizes=[size]), None)
+            dset = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=self.pool, descriptorSetCount=1, pSetLayouts=[self.set_layout]))[0]
+            r = self.memory.range()
+            info = vk.VkDescriptorBufferInfo(buffer=r.handle, offset=r.offset, range=r.size)
+            vk.vkUpdateDescriptorSets(d, 1, [vk.VkWriteDescriptorSet(
+                dstSet=dset, dstBinding=0, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                pBufferInfo=[info])], 0, None)
+        self._sets = ffi.new("VkDescriptorSet[1]", [dset])
 
     def _release(self) -> None:
         d = self.device.handle
@@ -85,7 +97,7 @@ class QuantTables(Owned):
             vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
         if self.memory is not None:
             self.memory.close()
-        self.pool = self.set_layout = self.memory = None
+        self.pool = self.set_layout = self.memory = self._sets = None
 
 
 def quant_tables(device) -> QuantTables:
