@@ -122,8 +122,10 @@ class Tuning:
     # table with constant indices (2 KiB of stores an invocation for IQ2_XXS's grid). NVIDIA
     # serialised the lanes' reads when they were filled a share an invocation from the constant
     # array instead: H200, 4096x14336 mat-vec, IQ2_S 78.0 us, IQ1_S 75.1, IQ2_XXS 41.3 that way,
-    # 38.1 / 32.2 / 38.5 with no fill at all (wrong sums; the fill's whole cost); 8B-shaped
-    # decode IQ2_S 95.8 -> 164.4 t/s, IQ1_S 99.8 -> 184.7 without the fill (bench/matmul.py, vkrt bench)
+    # 38.1 / 32.2 / 38.5 with no fill at all (wrong sums: the fill's whole cost), 39.7 / 33.6 /
+    # 38.4 from the buffer (bench/matmul.py); 8B-shaped decode, GCN table + shared tables, IQ2_S
+    # 108.5 -> 191.5 t/s, IQ1_S 110.8 -> 201.9 (bench/peer.py). GCN keeps the constant arrays (see
+    # quant_tables_shared); with the buffer, IQ2_XXS / IQ3_XXS would keep their waves there
     quant_tables_buffer: bool = False
     # the 16-entry codebook of IQ4_NL, IQ4_XS and MXFP4 read from a shared copy (four shared reads
     # a vec4) instead of picked out of a uvec4 in registers (three selects, a shift and a sign
