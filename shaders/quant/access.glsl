@@ -21,7 +21,7 @@ uint q32(uint b) {
 #elif QALIGN == 1
     const uint i = b >> 2, sh = (b & 3u) * 8u;
     const uint lo = QBUF[i], hi = QBUF[i + min(sh, 1u)];
-    return sh == 0u ? lo : (lo >> sh) | (hi << (32u - sh));
+    return (lo >> sh) | ((hi << 1u) << (31u - sh));   // a funnel shift; hi's part is 0 when aligned
 #else
     const uint i = b >> 2, odd = (b >> 1) & 1u;
     return join16(QBUF[i], QBUF[i + odd], odd);
