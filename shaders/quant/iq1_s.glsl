@@ -4,14 +4,10 @@
 // gguf.quants computes it.
 #define QK 256
 #define QTS 50
-#define QR 32
+#define QR 16
 #define QALIGN 2
-// units: half a run (2 grid indices, 16 elements) with the run's high bits and scale
-#define QU 16
-#define QU_R 1
-#define QU_C 4
-uint qu_run(uint u, uint i) { return u >> 1; }
-uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+// runs: half of a 32-element group (2 grid indices) under the group's scale and shift, with its
+// high bits shifted down so that a chunk's fields sit at constant shifts
 #define IQ_GRID iq1s_grid
 #include "iq_common.glsl"
 #include "iq1_grid.glsl"
@@ -19,9 +15,10 @@ uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
 struct QRun { float a; float b; uint q; uint qh; float delta; };
 
 QRun qrun(uint blk, uint r) {
-    const uint qh = q16(blk + 34u + 2u * r);
+    const uint qh = q16(blk + 34u + 2u * (r >> 1));
     precise float dl = qf16(blk) * u8f(2u * ((qh >> 12) & 7u) + 1u);
-    return QRun(dl, 0.0, q32(blk + 2u + 4u * r), qh, (qh & 0x8000u) != 0u ? -IQ1S_DELTA : IQ1S_DELTA);
+    return QRun(dl, 0.0, q16(blk + 2u + 2u * r), qh >> (6u * (r & 1u)),
+                (qh & 0x8000u) != 0u ? -IQ1S_DELTA : IQ1S_DELTA);
 }
 
 vec4 qraw(QRun s, uint c) {

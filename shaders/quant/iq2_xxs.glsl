@@ -4,27 +4,23 @@
 // computes it (a sign is exact: raw values carry it).
 #define QK 256
 #define QTS 66
-#define QR 32
+#define QR 16
 #define QALIGN 2
-// units: half a run (2 grid indices, 16 elements) with the run's signs and scale
-#define QU 16
-#define QU_R 1
-#define QU_C 4
-uint qu_run(uint u, uint i) { return u >> 1; }
-uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+// runs: half of a 32-element group (2 grid indices) under the group's scale, its 2 x 7 sign bits
+// shifted down so that a chunk's fields sit at constant shifts
 #define IQ_GRID iq2xxs_grid
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; uint aux; };
 
 QRun qrun(uint blk, uint r) {
-    const uint aux = q32(blk + 6u + 8u * r);
+    const uint g = blk + 2u + 8u * (r >> 1), aux = q32(g + 4u);
     precise float db = (qf16(blk) * (0.5 + u8f(aux >> 28))) * 0.25;
-    return QRun(db, 0.0, blk + 2u + 8u * r, aux);
+    return QRun(db, 0.0, q16(g + 2u * (r & 1u)), aux >> (14u * (r & 1u)));
 }
 
 vec4 qraw(QRun s, uint c) {
     const uint l = c >> 1, h = c & 1u;
     const uint signs = QSIGNS((s.aux >> (7u * l)) & 127u) >> (4u * h);
-    return flip4(grid4(QGRID(2u * q8(s.q + l) + h)), signs);
+    return flip4(grid4(QGRID(2u * ((s.q >> (8u * l)) & 0xFFu) + h)), signs);
 }

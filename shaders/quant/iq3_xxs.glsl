@@ -3,26 +3,22 @@
 // 4-bit scale. value = ((d * (0.5 + sc)) * 0.5) * grid * sign, as gguf.quants computes it.
 #define QK 256
 #define QTS 98
-#define QR 32
+#define QR 16
 #define QALIGN 2
-// units: half a run (4 grid indices, 16 elements) with the run's signs and scale
-#define QU 16
-#define QU_R 1
-#define QU_C 4
-uint qu_run(uint u, uint i) { return u >> 1; }
-uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
+// runs: half of a 32-element group (4 grid indices) under the group's scale, its 2 x 7 sign bits
+// shifted down so that a chunk's fields sit at constant shifts
 #define IQ_GRID iq3xxs_grid
 #include "iq_common.glsl"
 
 struct QRun { float a; float b; uint q; uint aux; };
 
 QRun qrun(uint blk, uint r) {
-    const uint aux = q32(blk + 66u + 4u * r);
+    const uint aux = q32(blk + 66u + 4u * (r >> 1));
     precise float db = (qf16(blk) * (0.5 + u8f(aux >> 28))) * 0.5;
-    return QRun(db, 0.0, blk + 2u + 8u * r, aux);
+    return QRun(db, 0.0, q32(blk + 2u + 4u * r), aux >> (14u * (r & 1u)));
 }
 
 vec4 qraw(QRun s, uint c) {
     const uint signs = QSIGNS((s.aux >> (7u * (c >> 1))) & 127u) >> (4u * (c & 1u));
-    return flip4(grid4(QGRID(q8(s.q + c))), signs);
+    return flip4(grid4(QGRID((s.q >> (8u * c)) & 0xFFu)), signs);
 }
