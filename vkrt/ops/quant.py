@@ -9,10 +9,8 @@ from ..memory import TYPES, GGMLType, Tensor, ggml_type
 from ..pipeline.quant_tables import grid_base
 from .binding import WORD_ALIGN, RangeTooLarge, binding_limit
 
-# types whose includes read large lookup tables: the IQ_GRID each names in shaders/quant/<type>.glsl
-GRIDS = {"IQ3_XXS": "iq3xxs_grid", "IQ3_S": "iq3s_grid", "IQ2_XXS": "iq2xxs_grid", "IQ2_XS": "iq2xs_grid",
-         "IQ2_S": "iq2s_grid", "IQ1_S": "iq1s_grid", "IQ1_M": "iq1s_grid"}
-TABLE_TYPES = tuple(GRIDS)
+# types whose includes read large lookup tables (IQ_GRID in shaders/quant/<type>.glsl)
+TABLE_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
 CODEBOOK_TYPES = ("IQ4_NL", "IQ4_XS", "MXFP4")
 
 
@@ -39,7 +37,7 @@ def type_defines(t: GGMLType, tuning) -> dict[str, int]:
         defines["QTABLES_SHARED"] = 1
         if tuning.quant_tables_buffer:
             defines["QTABLES_BUFFER"] = 1
-            defines["QGRID_BASE"] = grid_base(GRIDS[t.name])
+            defines["QGRID_BASE"] = grid_base(t.glsl)
     if tuning.quant_codebook_shared and t.name in CODEBOOK_TYPES:
         defines["QCODEBOOK_SHARED"] = 1
     return defines

@@ -41,9 +41,16 @@ def grid_words() -> tuple[np.ndarray, dict[str, int]]:
     return np.concatenate(parts), starts
 
 
-def grid_base(name: str) -> int:
-    """Where grid `name` (an IQ_GRID of shaders/quant/) starts in the buffer, in 16-byte units."""
-    return grid_words()[1][name]
+@functools.cache
+def grid_base(include: str) -> int:
+    """Where the grid a type's include (shaders/<include>) names as IQ_GRID starts in the buffer,
+    in 16-byte units."""
+    path = shader_dir() / include
+    found = re.search(r"^#define IQ_GRID (\w+)", path.read_text(), re.M)
+    starts = grid_words()[1]
+    if found is None or found.group(1) not in starts:
+        raise VkrtError(f"{path}: no IQ_GRID among the grids of quant/iq_tables.glsl ({', '.join(starts)})")
+    return starts[found.group(1)]
 
 
 class QuantTables(Owned):
