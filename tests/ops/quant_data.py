@@ -70,7 +70,12 @@ def random_scaled(name: str, rows: int, k: int, rng, scale: float | None) -> np.
     t = ggml_type(name)
     n = rows * k // t.block_size
     raw = rng.integers(0, 256, (n, t.type_size), dtype=np.uint8)
-    set_block_scales(qtype, raw, rng.integers(0, 256, n, dtype=np.uint8) if name == "MXFP4" else finite_f16(rng, n))
+    if name == "MXFP4":
+        scales = rng.integers(0, 256, n, dtype=np.uint8)
+        scales[:2] = (0, 1)   # the subnormal scales (2^-128, 2^-127): a device that flushes them fails
+    else:
+        scales = finite_f16(rng, n)
+    set_block_scales(qtype, raw, scales)
     return raw.reshape(rows, -1)
 
 

@@ -12,8 +12,8 @@ from vkrt.errors import GGMLTypeError
 from vkrt.memory import Tensor, ggml_type
 from vkrt.ops.dequant import dequantize
 from vkrt.ops.matmul import MV_UNITS
-from vkrt.ops.quant import TABLE_TYPES, block_align, supported_types, type_defines
-from vkrt.pipeline.compiler import shader_dir
+from vkrt.ops.quant import TABLE_TYPES, block_align, exact_defines, supported_types, type_defines
+from vkrt.pipeline.compiler import compile_shader, shader_dir
 
 
 def run_dequant(device, w: Tensor, ne, **kw) -> np.ndarray:
@@ -63,6 +63,28 @@ def test_includes_match_the_type_table(name):
     assert ("#define IQ_GRID" in text) == (name in TABLE_TYPES)   # the types quant_tables_shared affects
     types = (shader_dir() / "quant" / "types.glsl").read_text()
     assert f'defined(QTYPE_{name})\n#include "{t.glsl.split("/")[-1]}"' in types
+
+
+def _execution_modes(spirv: bytes) -> list[tuple[int, ...]]:
+    words = np.frombuffer(spirv, np.uint32)
+    modes, i = [], 5
+    while i < len(words):
+        op, n = int(words[i] & 0xFFFF), int(words[i] >> 16)
+        if op == 16:   # OpExecutionMode: entry point, mode, literals
+            modes.append(tuple(int(w) for w in words[i + 2:i + n]))
+        i += n
+    return modes
+
+
+@pytest.mark.parametrize("shader", ["dequant", "get_rows"])
+def test_exact_kernels_keep_subnormals_where_the_device_can(device, shader):
+    """MXFP4's scales 2^-128 and 2^-127 are fp32 subnormals, which NVIDIA flushes by default:
+    the exact kernels ask for DenormPreserve (32-bit) exactly when the device offers it."""
+    defines = exact_defines(ggml_type("MXFP4"), device)
+    assert ("DENORM_PRESERVE" in defines) == device.profile.denorm_preserve_fp32
+    modes = _execution_modes(compile_shader(shader, {**defines, "DENORM_PRESERVE": 1}))
+    assert (4459, 32) in modes   # DenormPreserve, width 32
+    assert (4459, 32) not in _execution_modes(compile_shader(shader, type_defines(ggml_type("MXFP4"), device.tuning)))
 
 
 @pytest.mark.parametrize("name", ALL)

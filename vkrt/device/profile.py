@@ -111,6 +111,8 @@ class DeviceProfile:
     # compute units (AMD CUs, NVIDIA SMs) where the driver says (VK_AMD_shader_core_properties,
     # VK_NV_shader_sm_builtins); None elsewhere
     compute_units: int | None = None
+    # fp32 subnormals can be kept on request (DenormPreserve); devices flush them by default
+    denorm_preserve_fp32: bool = False
 
     @property
     def api(self) -> tuple[int, int]:
@@ -318,5 +320,6 @@ def query_profile(physical_device, index: int, arch: Arch | None = None) -> Devi
         memory_types=types,
         queue_families=queues,
         compute_units=_compute_units(amd, sm),
+        denorm_preserve_fp32=bool(p12.shaderDenormPreserveFloat32),
         extensions=exts,
     )

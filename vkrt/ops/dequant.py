@@ -7,7 +7,7 @@ from ..memory import F32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_words
 from .grid import ceil_div, groups_for
-from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
+from .quant import check_layout, chunks, exact_defines, flat_rows, kernel_type
 
 DEQUANT_PUSH = PushConstants(("ne0", "u32"), ("rows", "u32"), ("w_off", "u32"), ("w_row", "u32"),
                              ("d_off", "u32"), ("d_row", "u32"))
@@ -34,7 +34,7 @@ def dequantize(seq, src: Tensor, dst: Tensor, *, max_binding: int | None = None)
         raise UnsupportedShape(f"dequantize: dst {dst!r} needs contiguous, 4-byte aligned rows")
     check_layout(src, "dequantize source")
     device = seq.device
-    k = kernel(device, "dequant", defines=type_defines(typ, device.tuning), push=DEQUANT_PUSH,
+    k = kernel(device, "dequant", defines=exact_defines(typ, device), push=DEQUANT_PUSH,
                workgroup=(device.tuning.wg_size,))
     groups = ceil_div(src.ne[0], 4)
     for s2, d2 in _planes(src, dst):

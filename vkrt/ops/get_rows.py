@@ -8,7 +8,7 @@ from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_words, f32_binding
 from .grid import ceil_div, groups_for
-from .quant import check_layout, chunks, kernel_type, type_defines
+from .quant import check_layout, chunks, exact_defines, kernel_type
 
 GET_ROWS_PUSH = PushConstants(("ne0", "u32"), ("n_ids", "u32"), ("row0", "u32"), ("rows", "u32"),
                               ("w_off", "u32"), ("w_row", "u32"), ("ids_off", "u32"), ("d_off", "u32"),
@@ -30,7 +30,7 @@ def get_rows(seq, table: Tensor, ids: Tensor, dst: Tensor, *, max_binding: int |
     dr, do, ds = f32_binding(dst, "get_rows dst")
     dev = seq.device
     ir, io = bind_words(ids, "get_rows ids", dev)
-    k = kernel(dev, "get_rows", defines=type_defines(typ, dev.tuning), push=GET_ROWS_PUSH,
+    k = kernel(dev, "get_rows", defines=exact_defines(typ, dev), push=GET_ROWS_PUSH,
                workgroup=(dev.tuning.wg_size,))
     groups = groups_for(k, ceil_div(table.ne[0], 4) * n_ids)
     for a, b in chunks(1, dev, max_binding, table):

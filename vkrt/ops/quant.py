@@ -43,6 +43,15 @@ def type_defines(t: GGMLType, tuning) -> dict[str, int]:
     return defines
 
 
+def exact_defines(t: GGMLType, device) -> dict[str, int]:
+    """type_defines for kernels whose values must equal gguf.quants.dequantize bit for bit
+    (dequant, get_rows): fp32 subnormals kept where the device can (common.glsl)."""
+    defines = type_defines(t, device.tuning)
+    if device.profile.denorm_preserve_fp32:
+        defines["DENORM_PRESERVE"] = 1
+    return defines
+
+
 def block_align(t: GGMLType) -> int:
     """Byte alignment the kernels assume for blocks of `t` (QALIGN in its include)."""
     return 4 if t.type_size % 4 == 0 else 2 if t.type_size % 2 == 0 else 1
