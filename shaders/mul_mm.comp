@@ -8,14 +8,33 @@
 // With SPLIT_K (not with MUL_MAT_ID) workgroup z sums the K range [z * k_split, +k_split) and
 // stores its partial tile at part[z * part_split + n * M + m]; split_sum.comp adds the splits
 // in order (a short grid's workgroups each walk less of K).
+// With COOPMAT the tiles are stored as fp16 (W row-major, x column-major, K contiguous) and each
+// subgroup of SGS invocations multiplies a WM x WN part of the tile as 16x16x16 cooperative
+// matrices into fp32, written out through a shared 16x16 staging fragment.
 #include "common.glsl"
 #if defined(SPLIT_K) && defined(MUL_MAT_ID)
 #error "SPLIT_K splits a plain GEMM's K; mul_mat_id's z is the expert"
 #endif
 
+#ifdef COOPMAT
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#define NSM (BM / WM)            // subgroups along the tile's rows
+#define NSG (NSM * (BN / WN))    // subgroups a workgroup
+#define WG (NSG * SGS)
+#define CM (WM / 16u)            // fragments a subgroup along rows, along tokens
+#define CN (WN / 16u)
+#define BKP (BK + 8u)            // padded K of a shared row, fp16 (16-byte aligned rows)
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#else
 #define TPM (BM / TM)     // invocations along the rows of the tile
 #define TPN (BN / TN)     // invocations along its tokens
 #define WG (TPM * TPN)
+#endif
 #define BMP (BM + 4)      // padded shared rows (a multiple of 4: read as vec4)
 #define BNP (BN + 4)
 #define LW (BM * (BK / 4u))           // vec4 loads of a W tile, of an x tile
@@ -84,8 +103,14 @@ layout(push_constant) uniform Push {
 
 // An invocation's TM rows are TM / 4 runs of 4 adjacent rows (TN tokens likewise), read from
 // shared memory as vec4: 4 reads per 64 FMAs of an 8 x 8 thread tile instead of 16.
+#ifdef COOPMAT
+shared f16vec4 sw[BM * BKP / 4u];   // [m][k]
+shared f16vec4 sx[BN * BKP / 4u];   // [n][k]
+shared float sc[NSG * 256u];        // each subgroup's fragment on its way to y, column-major
+#else
 shared vec4 sw[BK * BMP / 4];
 shared vec4 sx[BK * BNP / 4];
+#endif
 vec4 rw[NLW], rx[NLX];   // the next K slice, loaded ahead into registers with PREFETCH
 
 #ifdef MUL_MAT_ID
@@ -162,6 +187,46 @@ void load_slice(uint k0, uint m0, uint n0, uint wbase, uint ncols) {
     }
 }
 
+#ifdef COOPMAT
+// Stores rw / rx as fp16 rows of K into shared memory.
+void store_slice() {
+    const uint tid = gl_LocalInvocationID.x;
+#ifdef ROW_SLICE
+    [[unroll]] for (uint r = 0u; r < RPW; r++) {
+        const uint m = tid + r * WG;
+        if (m < BM) {
+            [[unroll]] for (uint kc = 0u; kc < BK / 4u; kc++) {
+                sw[m * (BKP / 4u) + kc] = f16vec4(rw[r * (BK / 4u) + kc]);
+            }
+        }
+    }
+#else
+    [[unroll]] for (uint t = 0u; t < NLW; t++) {
+        const uint g = tid + t * WG;
+        if (g < LW) {
+            sw[(g / (BK / 4u)) * (BKP / 4u) + g % (BK / 4u)] = f16vec4(rw[t]);
+        }
+    }
+#endif
+    [[unroll]] for (uint t = 0u; t < NLX; t++) {
+        const uint g = tid + t * WG;
+        if (g < LX) {
+            sx[(g / (BK / 4u)) * (BKP / 4u) + g % (BK / 4u)] = f16vec4(rx[t]);
+        }
+    }
+}
+
+// y (or the split's partial tile) at row m, token n of the workgroup's tile, where both exist.
+void store_y(uint m, uint n, uint ncols, float v) {
+    if (m < p.M && n < ncols) {
+#ifdef SPLIT_K
+        part[gl_WorkGroupID.z * p.part_split + n * p.M + m] = v;
+#else
+        y_data[y_column(n) + m] = v;
+#endif
+    }
+}
+#else
 // Stores rw / rx transposed (K-major) into shared memory.
 void store_slice() {
     const uint tid = gl_LocalInvocationID.x;
@@ -200,6 +265,7 @@ void store_slice() {
         }
     }
 }
+#endif
 
 void main() {
     qinit();
@@ -213,11 +279,19 @@ void main() {
     }
     wbase += gl_WorkGroupID.z * p.w_expert;
 #endif
+#ifdef COOPMAT
+    const uint sg = gl_SubgroupID, sm = sg % NSM, sn = sg / NSM;
+    FRAG_C acc[CM * CN];
+    [[unroll]] for (uint i = 0u; i < CM * CN; i++) {
+        acc[i] = FRAG_C(0.0);
+    }
+#else
     const uint tm = tid % TPM, tn = tid / TPM;
     float acc[TM * TN];
     [[unroll]] for (uint i = 0u; i < TM * TN; i++) {
         acc[i] = 0.0;
     }
+#endif
 
 #ifdef SPLIT_K
     const uint k_begin = gl_WorkGroupID.z * p.k_split, k_end = min(p.K, k_begin + p.k_split);
@@ -238,6 +312,23 @@ void main() {
             load_slice(k0 + BK, m0, n0, wbase, ncols);   // in flight while this slice is multiplied
         }
 #endif
+#ifdef COOPMAT
+        [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
+            FRAG_A a[CM];
+            FRAG_B b[CN];
+            [[unroll]] for (uint i = 0u; i < CM; i++) {
+                coopMatLoad(a[i], sw, ((sm * WM + 16u * i) * BKP + kk) / 4u, BKP / 4u, gl_CooperativeMatrixLayoutRowMajor);
+            }
+            [[unroll]] for (uint j = 0u; j < CN; j++) {
+                coopMatLoad(b[j], sx, ((sn * WN + 16u * j) * BKP + kk) / 4u, BKP / 4u, gl_CooperativeMatrixLayoutColumnMajor);
+            }
+            [[unroll]] for (uint i = 0u; i < CM; i++) {
+                [[unroll]] for (uint j = 0u; j < CN; j++) {
+                    acc[i * CN + j] = coopMatMulAdd(a[i], b[j], acc[i * CN + j]);
+                }
+            }
+        }
+#else
         [[unroll]] for (uint kk = 0u; kk < BK; kk++) {
             vec4 a[TM / 4u], b[TN / 4u];
             [[unroll]] for (uint i = 0u; i < TM / 4u; i++) {
@@ -252,8 +343,27 @@ void main() {
                 }
             }
         }
+#endif
         barrier();
     }
+
+#ifdef COOPMAT
+    // each fragment through the subgroup's staging area: lane l writes rows l % 16 (+16 / SGS
+    // columns at a time), so a column's 16 rows go out as one contiguous run
+    const uint lane = gl_SubgroupInvocationID;
+    [[unroll]] for (uint i = 0u; i < CM; i++) {
+        [[unroll]] for (uint j = 0u; j < CN; j++) {
+            coopMatStore(acc[i * CN + j], sc, sg * 256u, 16u, gl_CooperativeMatrixLayoutColumnMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            const uint m = m0 + sm * WM + 16u * i, n = n0 + sn * WN + 16u * j;
+            for (uint e = lane; e < 256u; e += SGS) {
+                store_y(m + e % 16u, n + e / 16u, ncols, sc[sg * 256u + e]);
+            }
+            subgroupBarrier();
+        }
+    }
+#else
 
     [[unroll]] for (uint j = 0u; j < TN; j++) {
         const uint n = n0 + (j / 4u) * (4u * TPN) + 4u * tn + j % 4u;
@@ -275,4 +385,5 @@ void main() {
             }
         }
     }
+#endif
 }

@@ -94,6 +94,17 @@ def weight_tensor(device, name: str, raw: np.ndarray, ne: tuple[int, ...]) -> Te
     return w
 
 
+# normalised error of a GEMM on cooperative matrices: both operands rounded to fp16 (a relative
+# error up to 2^-11 each, about 1.6e-7 on random data), the sums in fp32
+FP16_OPERANDS = 2e-6
+
+
+def gemm_limit(threshold: float, tuning) -> float:
+    """The error a product may have under `tuning`: its fp32 threshold, or the fp16 operands'
+    where the GEMM runs on cooperative matrices (the mat-vec stays fp32 either way)."""
+    return max(threshold, FP16_OPERANDS) if tuning.mm_coopmat else threshold
+
+
 def nmse(got: np.ndarray, ref: np.ndarray) -> float:
     """Normalised mean squared error of got against a float64 reference."""
     ref = np.asarray(ref, np.float64)

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from quant_data import ALL, nmse, random_blocks, reference, weight_tensor
+from quant_data import ALL, gemm_limit, nmse, random_blocks, reference, weight_tensor
 
 from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy
 from vkrt.errors import UnsupportedShape
@@ -58,7 +58,7 @@ def check(device, name, m, k, token_counts, seed=0, n_expert=N_EXPERT, **kw):
                 x = rng.standard_normal((n_tokens, slots, k)).astype(np.float32)
                 got = run(device, w, x, ids, m, **kw)
                 err = nmse(got, reference_product(wf, x, ids))
-                assert err < THRESHOLD[name], f"{name} n_tokens={n_tokens} x_slots={slots}: error {err:.3g}"
+                assert err < gemm_limit(THRESHOLD[name], kw.get("tuning") or device.tuning), f"{name} n_tokens={n_tokens} x_slots={slots}: error {err:.3g}"
     finally:
         w.close()
 
@@ -169,7 +169,7 @@ def test_strided_ids(device):
             view = ids.slice(1, 0, n)
             x = rng.standard_normal((n, 1, k)).astype(np.float32)
             got = run(device, w, x, order[:n, :N_USED], m, ids=view)
-            assert nmse(got, reference_product(wf, x, order[:n, :N_USED])) < THRESHOLD["Q8_0"]
+            assert nmse(got, reference_product(wf, x, order[:n, :N_USED])) < gemm_limit(THRESHOLD["Q8_0"], device.tuning)
     finally:
         for t in (full, w):
             t.close()

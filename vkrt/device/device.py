@@ -96,8 +96,14 @@ class Device(Owned):
             self.extensions.append(STATISTICS_EXTENSION)
         f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=p.storage_16bit,
                                                   uniformAndStorageBuffer16BitAccess=p.storage_16bit)
+        coopmat = self.tuning.mm_coopmat
+        if coopmat:
+            self.extensions.append("VK_KHR_cooperative_matrix")
+        chain = (vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=f11, cooperativeMatrix=True)
+                 if coopmat else f11)
         f12 = vk.VkPhysicalDeviceVulkan12Features(
-            pNext=f11, timelineSemaphore=True, shaderFloat16=p.fp16_math, shaderInt8=p.int8_math,
+            pNext=chain, timelineSemaphore=True, vulkanMemoryModel=coopmat, shaderFloat16=p.fp16_math,
+            shaderInt8=p.int8_math,
             storageBuffer8BitAccess=p.storage_8bit, uniformAndStorageBuffer8BitAccess=p.storage_8bit,
             storagePushConstant8=False)
         head = f12

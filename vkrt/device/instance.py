@@ -99,7 +99,7 @@ class Instance(Owned):
     def profiles(self) -> list[DeviceProfile]:
         """A DeviceProfile for every physical device, in enumeration order."""
         if self._profiles is None:
-            self._profiles = [query_profile(pd, i, self.settings.arch) for i, pd in enumerate(self.physical_devices)]
+            self._profiles = [query_profile(pd, i, self.settings.arch, self.handle) for i, pd in enumerate(self.physical_devices)]
         return self._profiles
 
     def _release(self) -> None:

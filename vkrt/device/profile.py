@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .architecture import VENDOR_NAMES, VENDOR_NVIDIA, Arch, detect_architecture
-from .vk import cstr, vk, vk_call, version_str
+from .vk import cstr, ffi, lib, vk, vk_call, version_str
 
 DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 
@@ -113,6 +113,10 @@ class DeviceProfile:
     compute_units: int | None = None
     # fp32 subnormals can be kept on request (DenormPreserve); devices flush them by default
     denorm_preserve_fp32: bool = False
+    # a subgroup-scope 16 x 16 x 16 cooperative matrix product of fp16 operands into fp32
+    # (VK_KHR_cooperative_matrix), and the Vulkan memory model its shaders are compiled for
+    coopmat_f16: bool = False
+    memory_model: bool = False
 
     @property
     def api(self) -> tuple[int, int]:
@@ -163,6 +167,25 @@ def _driver_version(vendor_id: int, packed: int) -> str:
     return version_str(packed)
 
 
+def _coopmat_f16(instance, physical_device) -> bool:
+    """Whether the device lists a subgroup 16x16x16 fp16 x fp16 + fp32 -> fp32 configuration."""
+    fn = lib.vkGetInstanceProcAddr(instance, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+    if fn == ffi.NULL:
+        return False
+    fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", fn)
+    count = ffi.new("uint32_t*")
+    if fn(physical_device, count, ffi.NULL) != vk.VK_SUCCESS:
+        return False
+    out = ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+    for item in out:
+        item.sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+    if fn(physical_device, count, out) != vk.VK_SUCCESS:
+        return False
+    f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+    return any((c.MSize, c.NSize, c.KSize) == (16, 16, 16) and (c.AType, c.BType, c.CType, c.ResultType) == (f16, f16, f32, f32)
+               and c.scope == vk.VK_SCOPE_SUBGROUP_KHR for c in out[0:count[0]])
+
+
 def _compute_units(amd, sm) -> int | None:
     if amd is not None:
         units = amd.shaderEngineCount * amd.shaderArraysPerEngineCount * amd.computeUnitsPerShaderArray
@@ -172,9 +195,10 @@ def _compute_units(amd, sm) -> int | None:
     return None
 
 
-def query_profile(physical_device, index: int, arch: Arch | None = None) -> DeviceProfile:
+def query_profile(physical_device, index: int, arch: Arch | None = None, instance=None) -> DeviceProfile:
     """Read a physical device's properties, features, memory and queues into a DeviceProfile;
-    `arch` overrides the detected architecture (VKRT_ARCH)."""
+    `arch` overrides the detected architecture (VKRT_ARCH); `instance` (its handle) lets the
+    cooperative matrix configurations be listed."""
     with vk_call(f"querying physical device {index}"):
         exts = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical_device, None))
         base = vk.vkGetPhysicalDeviceProperties(physical_device)
@@ -224,6 +248,8 @@ def query_profile(physical_device, index: int, arch: Arch | None = None) -> Devi
         vk.vkGetPhysicalDeviceMemoryProperties2(physical_device, mem2)
         mem = mem2.memoryProperties
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical_device)
+        coopmat_f16 = (instance is not None and "VK_KHR_cooperative_matrix" in exts
+                       and _coopmat_f16(instance, physical_device))
 
     sub_props = p13 if p13 is not None else sgc
     subgroup_min = sub_props.minSubgroupSize if sub_props is not None else p11.subgroupSize
@@ -321,5 +347,7 @@ def query_profile(physical_device, index: int, arch: Arch | None = None) -> Devi
         queue_families=queues,
         compute_units=_compute_units(amd, sm),
         denorm_preserve_fp32=bool(p12.shaderDenormPreserveFloat32),
+        coopmat_f16=coopmat_f16,
+        memory_model=bool(f12.vulkanMemoryModel),
         extensions=exts,
     )

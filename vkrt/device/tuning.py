@@ -171,6 +171,16 @@ class Tuning:
     mm_split_min_steps: int = 16
     mm_split_max: int = 8
     mm_split_max_tiles: int = 4
+    # the GEMM on cooperative matrices (VK_KHR_cooperative_matrix, 16x16x16 fp16 products into
+    # fp32) where the device has them: both tiles stored in shared memory as fp16, each subgroup
+    # computing mm_cm_wm x mm_cm_wn of the tile; the tile becomes mm_cm_bm x mm_cm_bn x mm_cm_bk
+    # (resolved()). Not bit-identical to the fp32 GEMM: operands rounded to fp16, as llama.cpp's
+    mm_coopmat: bool = False
+    mm_cm_bm: int = 64
+    mm_cm_bn: int = 64
+    mm_cm_bk: int = 32
+    mm_cm_wm: int = 32
+    mm_cm_wn: int = 32
     # load the next K slice of both tiles into registers while the current one is multiplied
     # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
     # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
@@ -223,8 +233,11 @@ class Tuning:
     def resolved(self, profile: DeviceProfile) -> "Tuning":
         """The table entry limited by what the device can actually do."""
         wg = min(self.wg_size, profile.max_workgroup_invocations)
+        coopmat = (self.mm_coopmat and self.fp16_math and profile.fp16_math and profile.coopmat_f16
+                   and profile.memory_model and profile.subgroup_min == profile.subgroup_max)
+        tile = dict(mm_bm=self.mm_cm_bm, mm_bn=self.mm_cm_bn, mm_bk=self.mm_cm_bk) if coopmat else {}
         return dataclasses.replace(
-            self,
+            self, mm_coopmat=coopmat, **tile,
             wg_size=wg,
             reduce_wg=min(self.reduce_wg, profile.max_workgroup_invocations),
             transpose_rows=max(1, min(self.transpose_rows, profile.max_workgroup_invocations // self.transpose_tile)),
@@ -277,6 +290,7 @@ TABLE: dict[Arch, Tuning] = {
                         # 8B-shaped decode (GCN table + shared tables) IQ2_XXS 117.2 -> 140.6 t/s,
                         # IQ3_XXS 126.8 -> 143.1 against every invocation storing every entry
                         quant_tables_shared=True, quant_tables_buffer=True,
+                        mm_coopmat=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),

@@ -261,10 +261,18 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False, s
     """The tiled GEMM pipeline for `typ` with the tuning table's tile (split_k: workgroup z sums
     one K range into a partial tile)."""
     bm, bn, bk, tm, tn = tuning.mm_bm, tuning.mm_bn, tuning.mm_bk, tuning.mm_tm, tuning.mm_tn
-    if bm % tm or bn % tn or bk % 4 or tm % 4 or tn % 4:
+    defines = {**type_defines(typ, tuning), "BM": bm, "BN": bn, "BK": bk}
+    if tuning.mm_coopmat:
+        wm, wn = tuning.mm_cm_wm, tuning.mm_cm_wn
+        if bm % wm or bn % wn or wm % 16 or wn % 16 or bk % 16:
+            raise ConfigError(f"tuning: cooperative-matrix GEMM tile {bm}x{bn}x{bk} with subgroup tile {wm}x{wn} "
+                              "must divide evenly into 16x16x16 fragments")
+        defines.update(COOPMAT=1, WM=wm, WN=wn, SGS=device.profile.subgroup_size)
+    elif bm % tm or bn % tn or bk % 4 or tm % 4 or tn % 4:
         raise ConfigError(f"tuning: GEMM tile {bm}x{bn}x{bk} with thread tile {tm}x{tn} must divide evenly "
                          "and BK, TM and TN be multiples of 4")
-    defines = {**type_defines(typ, tuning), "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
+    else:
+        defines.update(TM=tm, TN=tn)
     if tuning.mm_prefetch:
         defines["PREFETCH"] = 1
     if xvec4:
