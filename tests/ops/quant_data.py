@@ -94,6 +94,31 @@ def weight_tensor(device, name: str, raw: np.ndarray, ne: tuple[int, ...]) -> Te
     return w
 
 
+def flushed_elements(name: str, raw: np.ndarray, device) -> np.ndarray | None:
+    """Where a device that may flush fp32 subnormals and cannot be asked not to (no
+    shaderDenormPreserveFloat32: the H200 flushes, lavapipe keeps them) may give zeros instead
+    of gguf's values: every element of an MXFP4 block whose scale 2^(e-128) is subnormal (e < 2),
+    as a (rows, k) mask of raw's rows; None where every element must have gguf's bits."""
+    if name != "MXFP4" or device.profile.denorm_preserve_fp32:
+        return None
+    t = ggml_type(name)
+    return np.repeat(raw.reshape(-1, t.type_size)[:, 0] < 2, t.block_size).reshape(raw.shape[0], -1)
+
+
+def assert_same_bits(got: np.ndarray, ref: np.ndarray, flushed: np.ndarray | None = None) -> None:
+    """got has ref's bits; where `flushed` is set, ref's bits or a zero of either sign."""
+    got, ref = got.reshape(ref.shape), np.ascontiguousarray(ref)
+    diff = got.view(np.uint32) != ref.view(np.uint32)
+    if flushed is not None:
+        flushed = flushed.reshape(ref.shape)
+        diff = np.where(flushed, diff & (got != 0), diff)
+    if diff.any():
+        i = tuple(np.argwhere(diff)[0])
+        raise AssertionError(f"{diff.sum()} of {diff.size} elements differ; first at {i}: got {got[i]!r} "
+                             f"({got.view(np.uint32)[i]:#010x}), gguf {ref[i]!r} ({ref.view(np.uint32)[i]:#010x})"
+                             + (" (a subnormal block: want gguf's bits or 0)" if flushed is not None and flushed[i] else ""))
+
+
 # normalised error of a GEMM on cooperative matrices: both operands rounded to fp16 (a relative
 # error up to 2^-11 each, about 1.6e-7 on random data), the sums in fp32
 FP16_OPERANDS = 2e-6

@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from quant_data import ALL, random_blocks, reference, weight_tensor
+from quant_data import ALL, assert_same_bits, flushed_elements, random_blocks, reference, weight_tensor
 
 from vkrt.commands import CommandSequence, read_tensor
 from vkrt.errors import GGMLTypeError
@@ -26,15 +26,6 @@ def run_dequant(device, w: Tensor, ne, **kw) -> np.ndarray:
         return read_tensor(out)
     finally:
         out.close()
-
-
-def assert_same_bits(got: np.ndarray, ref: np.ndarray) -> None:
-    got, ref = got.reshape(ref.shape), np.ascontiguousarray(ref)
-    diff = got.view(np.uint32) != ref.view(np.uint32)
-    if diff.any():
-        i = tuple(np.argwhere(diff)[0])
-        raise AssertionError(f"{diff.sum()} of {diff.size} elements differ; first at {i}: got {got[i]!r} "
-                             f"({got.view(np.uint32)[i]:#010x}), gguf {ref[i]!r} ({ref.view(np.uint32)[i]:#010x})")
 
 
 def test_supported_types_are_the_twenty_five():
@@ -98,7 +89,7 @@ def test_bit_exact(device, name):
         got = run_dequant(device, w, (k, 5, 2))
     finally:
         w.close()
-    assert_same_bits(got, reference(name, raw).reshape(2, 5, k))
+    assert_same_bits(got, reference(name, raw).reshape(2, 5, k), flushed_elements(name, raw, device))
 
 
 @pytest.mark.parametrize("shared", [False, True])
