@@ -64,13 +64,13 @@ class Device(Owned):
             if capture_statistics and STATISTICS_EXTENSION not in self.profile.extensions:
                 raise UnsupportedDevice(f"{self.profile.name} lacks {STATISTICS_EXTENSION}: it cannot report "
                                         "compiler statistics")
+            self.tuning: Tuning = tuning_for(self.profile, settings.coopmat)
         except Exception:
             if self._owns_instance:
                 self.instance.close()
             raise
         super().__init__(label or self.profile.name)
         self.physical = self.instance.physical_devices[self.profile.index]
-        self.tuning: Tuning = tuning_for(self.profile)
         self._children: dict[int, weakref.ref] = {}
         self._serial = 0
         self._services: dict[str, Owned] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..errors import UnsupportedDevice
 from .architecture import Arch
 from .profile import DeviceProfile
 
@@ -230,11 +231,18 @@ class Tuning:
     # unroll the chunked kernels' loops over staged columns and tokens (off where compile time is the cost)
     gdn_unroll: bool = True
 
-    def resolved(self, profile: DeviceProfile) -> "Tuning":
-        """The table entry limited by what the device can actually do."""
+    def resolved(self, profile: DeviceProfile, coopmat: bool | None = None) -> "Tuning":
+        """The table entry limited by what the device can actually do; `coopmat` (VKRT_COOPMAT)
+        forces the cooperative-matrix GEMM on or off, None leaves it to the table."""
         wg = min(self.wg_size, profile.max_workgroup_invocations)
-        coopmat = (self.mm_coopmat and self.fp16_math and profile.fp16_math and profile.coopmat_f16
-                   and profile.memory_model and profile.subgroup_min == profile.subgroup_max)
+        lacks = [what for what, has in (("fp16 math", self.fp16_math and profile.fp16_math),
+                                        ("16x16x16 fp16 cooperative matrices", profile.coopmat_f16),
+                                        ("the Vulkan memory model", profile.memory_model),
+                                        ("one subgroup size", profile.subgroup_min == profile.subgroup_max))
+                 if not has]
+        if coopmat and lacks:
+            raise UnsupportedDevice(f"VKRT_COOPMAT=1: {profile.name} ({self.arch.value} tuning) lacks {', '.join(lacks)}")
+        coopmat = (self.mm_coopmat if coopmat is None else coopmat) and not lacks
         tile = dict(mm_bm=self.mm_cm_bm, mm_bn=self.mm_cm_bn, mm_bk=self.mm_cm_bk) if coopmat else {}
         return dataclasses.replace(
             self, mm_coopmat=coopmat, **tile,
@@ -327,8 +335,8 @@ TABLE: dict[Arch, Tuning] = {
 }
 
 
-def tuning_for(profile: DeviceProfile) -> Tuning:
-    return TABLE[profile.architecture].resolved(profile)
+def tuning_for(profile: DeviceProfile, coopmat: bool | None = None) -> Tuning:
+    return TABLE[profile.architecture].resolved(profile, coopmat)
 
 
 def fa_mask_opt_rule(tuning: Tuning, *, has_mask: bool, nem0: int, nem1: int, hsk: int, hsv: int,
