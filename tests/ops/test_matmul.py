@@ -542,9 +542,9 @@ def coopmat_tuning(device):
                                     ("F32", 101), ("IQ2_XXS", 512), ("MXFP4", 160)])
 def test_coopmat_gemm(device, name, k):
     """The GEMM on cooperative matrices: 67 rows (a partial row tile), K not always a multiple of
-    BK, 9 to 130 tokens (partial token tiles), 2x2 subgroups of one fragment each and 1 subgroup
-    of 2x2, split along K; within fp16 operands' error, where the fp32 GEMM on the same device
-    keeps its own threshold."""
+    BK, 9 to 130 tokens (partial token tiles); the tuning row's tile, 2x2 subgroups of one
+    fragment each, and split along K; within fp16 operands' error, where the fp32 GEMM on the
+    same device keeps its own threshold."""
     t = coopmat_tuning(device)
     check(device, name, 67, k, (9, 64, 130), tuning=t)
     check(device, name, 67, k, (40, 100), tuning=dataclasses.replace(t, mm_cm_wm=16, mm_cm_wn=16, mm_bm=32,
