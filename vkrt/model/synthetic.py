@@ -21,6 +21,8 @@ from .tensors import (BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, 
 # byte offsets of the f16 scale fields in one block of each K-quant (the rest may be any bytes)
 _K_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 _LEGACY = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+# the mean of the unsigned quants of the K-quants with a min (Q2_K 0..3, Q4_K 0..15, Q5_K 0..31)
+_K_MEAN_Q = {Q.Q2_K: 1.5, Q.Q4_K: 7.5, Q.Q5_K: 15.5}
 
 _CORPUS = (
     "The quick brown fox jumps over the lazy dog. Hello, world! The capital of France is Paris. "
@@ -126,13 +128,43 @@ def _gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def _random_blocks(rng, qtype: Q, rows: int, cols: int) -> np.ndarray:
+def _centre_mins(qtype: Q, raw: np.ndarray) -> None:
+    """Make each sub-block's 6-bit (Q2_K: 4-bit) min equal to its scale, in place."""
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        raw[:, 8:12] = raw[:, 4:8]             # mins 0-3 and the top bits of mins 4-7
+        low = raw[:, 12:16] & 0x0F             # low nibbles of scales 4-7 ...
+        raw[:, 12:16] = low | (low << 4)       # ... are those of mins 4-7 too
+    elif qtype == Q.Q2_K:
+        low = raw[:, :16] & 0x0F
+        raw[:, :16] = low | (low << 4)
+
+
+def _random_blocks(rng, qtype: Q, rows: int, cols: int, std: float | None = None) -> np.ndarray:
+    """Random valid K-quant blocks. The K-quants with a min (value = d * sc * q - dmin * m) get
+    m = sc and dmin = d * (mean q), so the values centre on zero as a trained model's do: random
+    mins gave every weight a mean about as large as its spread, a row summed its inputs' common
+    part, and the activations of a deep model outgrew fp16. std: the values' root mean square
+    (scales spread over a factor of 3); None: any small d."""
     block, size = GGML_QUANT_SIZES[qtype]
     n_blocks = rows * cols // block
     raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
-    for off in _K_SCALES[qtype]:
-        scale = (rng.random(n_blocks) * 2e-4 + 5e-5).astype(np.float16)
-        raw[:, off:off + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+    _centre_mins(qtype, raw)
+    d_at, dmin_at = (_K_SCALES[qtype] + (None,))[:2]
+
+    def set_scales(blocks, d):
+        d = np.asarray(d, np.float16)
+        blocks[:, d_at:d_at + 2] = d.view(np.uint8).reshape(-1, 2)
+        if dmin_at is not None:
+            dmin = (d.astype(np.float32) * _K_MEAN_Q[qtype]).astype(np.float16)
+            blocks[:, dmin_at:dmin_at + 2] = dmin.view(np.uint8).reshape(-1, 2)
+
+    if std is None:
+        set_scales(raw, rng.random(n_blocks) * 2e-4 + 5e-5)
+    else:
+        sample = raw[:64].copy()   # the values at d = 1 set the scale
+        set_scales(sample, np.ones(len(sample)))
+        unit = float(np.sqrt(np.mean(gguf.quants.dequantize(sample, qtype).astype(np.float64) ** 2)))
+        set_scales(raw, rng.uniform(0.5, 1.5, n_blocks) * std / unit)
     return raw.reshape(rows, cols // block * size)
 
 
@@ -157,7 +189,7 @@ def _weight(rng, qtype: Q, shape: tuple[int, ...], std: float, random_blocks: bo
         x = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
         return gguf.quants.quantize(x, qtype).reshape(*shape[:-1], -1), qtype
     if qtype in _K_SCALES:
-        return _random_blocks(rng, qtype, rows, cols).reshape(*shape[:-1], -1), qtype
+        return _random_blocks(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
     if qtype in IQ_TYPES + TQ_TYPES:
         return random_scaled_blocks(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
     raise VkrtError(f"synthetic models cannot hold {qtype.name} weights")
