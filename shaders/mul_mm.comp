@@ -3,8 +3,9 @@
 // of y (rows x tokens); for each BK-slice of K it dequantises the W tile and copies the x tile
 // into shared memory as fp32, then each invocation accumulates TM x TN outputs in registers.
 // With MUL_MAT_ID, workgroup z is one expert of this binding and the tile's tokens are that
-// expert's entries in the route table built by mmid_count.comp; tiles past an expert's count
-// (all of them for an unused expert) exit at once.
+// expert's entries in the route table built by mmid_count.comp, gathered into shared memory as x
+// and y offsets once per workgroup; tiles past an expert's count (all of them for an unused
+// expert) exit at once.
 // With SPLIT_K (not with MUL_MAT_ID) workgroup z sums the K range [z * k_split, +k_split) and
 // stores its partial tile at part[z * part_split + n * M + m]; split_sum.comp adds the splits
 // in order (a short grid's workgroups each walk less of K).
@@ -113,19 +114,26 @@ shared vec4 sx[BK * BNP / 4];
 #endif
 vec4 rw[NLW], rx[NLX];   // the next K slice, loaded ahead into registers with PREFETCH
 
+// x's and y's float offsets of token column n (< BN) of the tile at n0
 #ifdef MUL_MAT_ID
-uint entry(uint n) { return route[p.n_expert + (p.e0 + gl_WorkGroupID.z) * p.N + n]; }
-uint x_column(uint n) {
-    const uint e = entry(n), tok = e / p.n_used, slot = e % p.n_used;
-    return p.x_off + tok * p.x_col + (slot % p.x_slots) * p.x_slot;
+// the tile's gathered columns, read from the route table once per workgroup (gather_columns)
+shared uint xcol[BN], ycol[BN];
+void gather_columns(uint n0, uint ncols) {
+    for (uint n = gl_LocalInvocationID.x; n < BN; n += WG) {
+        if (n0 + n < ncols) {
+            const uint e = route[p.n_expert + (p.e0 + gl_WorkGroupID.z) * p.N + n0 + n];
+            const uint tok = e / p.n_used, slot = e % p.n_used;
+            xcol[n] = p.x_off + tok * p.x_col + (slot % p.x_slots) * p.x_slot;
+            ycol[n] = p.y_off + tok * p.y_col + slot * p.y_slot;
+        }
+    }
+    barrier();
 }
-uint y_column(uint n) {
-    const uint e = entry(n);
-    return p.y_off + (e / p.n_used) * p.y_col + (e % p.n_used) * p.y_slot;
-}
+uint x_column(uint n0, uint n) { return xcol[n]; }
+uint y_column(uint n0, uint n) { return ycol[n]; }
 #else
-uint x_column(uint n) { return p.x_off + n * p.x_col; }
-uint y_column(uint n) { return p.y_off + n * p.y_col; }
+uint x_column(uint n0, uint n) { return p.x_off + (n0 + n) * p.x_col; }
+uint y_column(uint n0, uint n) { return p.y_off + (n0 + n) * p.y_col; }
 #endif
 
 // Loads the K slice at k0 of the W tile (dequantised) and the x tile into rw / rx.
@@ -174,7 +182,7 @@ void load_slice(uint k0, uint m0, uint n0, uint wbase, uint ncols) {
         const uint n = g / (BK / 4u), k = k0 + 4u * (g % (BK / 4u));
         vec4 v = vec4(0.0);
         if (g < LX && n0 + n < ncols && k < p.K) {
-            const uint col = x_column(n0 + n);
+            const uint col = x_column(n0, n);
             if (k + 4u <= p.K) {
                 v = XLOAD4(col + k);
             } else {
@@ -216,13 +224,13 @@ void store_slice() {
     }
 }
 
-// y (or the split's partial tile) at row m, token n of the workgroup's tile, where both exist.
-void store_y(uint m, uint n, uint ncols, float v) {
-    if (m < p.M && n < ncols) {
+// y (or the split's partial tile) at row m, token column n of the tile at n0, where both exist.
+void store_y(uint m, uint n0, uint n, uint ncols, float v) {
+    if (m < p.M && n0 + n < ncols) {
 #ifdef SPLIT_K
-        part[gl_WorkGroupID.z * p.part_split + n * p.M + m] = v;
+        part[gl_WorkGroupID.z * p.part_split + (n0 + n) * p.M + m] = v;
 #else
-        y_data[y_column(n) + m] = v;
+        y_data[y_column(n0, n) + m] = v;
 #endif
     }
 }
@@ -278,6 +286,7 @@ void main() {
         return;
     }
     wbase += gl_WorkGroupID.z * p.w_expert;
+    gather_columns(n0, ncols);
 #endif
 #ifdef COOPMAT
     const uint sg = gl_SubgroupID, sm = sg % NSM, sn = sg / NSM;
@@ -356,9 +365,9 @@ void main() {
             coopMatStore(acc[i * CN + j], sc, sg * 256u, 16u, gl_CooperativeMatrixLayoutColumnMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
-            const uint m = m0 + sm * WM + 16u * i, n = n0 + sn * WN + 16u * j;
+            const uint m = m0 + sm * WM + 16u * i, n = sn * WN + 16u * j;
             for (uint e = lane; e < 256u; e += SGS) {
-                store_y(m + e % 16u, n + e / 16u, ncols, sc[sg * 256u + e]);
+                store_y(m + e % 16u, n0, n + e / 16u, ncols, sc[sg * 256u + e]);
             }
             subgroupBarrier();
         }
@@ -366,12 +375,12 @@ void main() {
 #else
 
     [[unroll]] for (uint j = 0u; j < TN; j++) {
-        const uint n = n0 + (j / 4u) * (4u * TPN) + 4u * tn + j % 4u;
-        if (n < ncols) {
+        const uint n = (j / 4u) * (4u * TPN) + 4u * tn + j % 4u;
+        if (n0 + n < ncols) {
 #ifdef SPLIT_K
-            const uint col = gl_WorkGroupID.z * p.part_split + n * p.M;
+            const uint col = gl_WorkGroupID.z * p.part_split + (n0 + n) * p.M;
 #else
-            const uint col = y_column(n);
+            const uint col = y_column(n0, n);
 #endif
             [[unroll]] for (uint i = 0u; i < TM; i++) {
                 const uint m = m0 + (i / 4u) * (4u * TPM) + 4u * tm + i % 4u;
