@@ -323,3 +323,38 @@ def test_biased_fusions_are_bit_identical(device, fusion):
     finally:
         for t in (both, ids, x, bg, bu, g, u, h1, h2):
             t.close()
+
+
+def test_routes_counted_once_serve_the_later_stacks(device):
+    """A MoE block's gate, up and down share one counting pass: a product over the same ids with
+    routes_counted=True records no fill and no mmid_count, and gives the bits of one that counts."""
+    rng = np.random.default_rng(21)
+    n_tokens, k, m = 40, 64, 24
+    assert n_tokens > device.tuning.mv_id_max_n   # the GEMM's sizes
+    ws = [random_blocks("Q8_0", m * N_EXPERT, k, rng, scale=0.5) for _ in range(2)]
+    w = [weight_tensor(device, "Q8_0", raw, (k, m, N_EXPERT)) for raw in ws]
+    ids_np = routing(rng, n_tokens)
+    x = tensor_from_numpy(device, rng.standard_normal((n_tokens, 1, k)).astype(np.float32))
+    ids = tensor_from_numpy(device, ids_np)
+    ys = [Tensor.empty(device, "F32", (m, N_USED, n_tokens)) for _ in range(3)]
+    routes = RouteTable(device, N_EXPERT, n_tokens)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                assert mul_mat_id(seq, w[0], x, ids, ys[0], routes)
+                before = seq.dispatch_count
+                assert mul_mat_id(seq, w[1], x, ids, ys[1], routes, routes_counted=True)
+                assert seq.dispatch_count - before == 1          # the GEMM alone
+            seq.run()
+        with CommandSequence(device) as seq:
+            with seq.record():
+                mul_mat_id(seq, w[1], x, ids, ys[2], routes)       # counted afresh
+            seq.run()
+        got, fresh = read_tensor(ys[1]), read_tensor(ys[2])
+        np.testing.assert_array_equal(got.view(np.uint32), fresh.view(np.uint32))
+        wf = reference("Q8_0", ws[1]).astype(np.float64).reshape(N_EXPERT, m, k)
+        assert nmse(got, reference_product(wf, read_tensor(x).reshape(n_tokens, 1, k), ids_np)) < \
+            gemm_limit(THRESHOLD["Q8_0"], device.tuning)
+    finally:
+        for t in (*w, x, ids, *ys, routes):
+            t.close()

@@ -72,7 +72,8 @@ def mat_vec_tokens(tuning) -> int:
 
 def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteTable | None = None, *,
                tuning=None, max_binding: int | None = None, up: Tensor | None = None, act: str = "silu",
-               up_weight: Tensor | None = None, bias: Tensor | None = None, up_bias: Tensor | None = None) -> None:
+               up_weight: Tensor | None = None, bias: Tensor | None = None, up_bias: Tensor | None = None,
+               routes_counted: bool = False) -> bool:
     """Record the expert matmul. w: (K, M, n_expert) of a supported type; x: F32 (K, 1 or n_used,
     n_tokens); ids: I32 (n_used, n_tokens) expert indices, distinct per token; y: F32 (M, n_used,
     n_tokens). More than mat_vec_tokens() tokens need `routes` (RouteTable(device, n_expert, >=
@@ -80,7 +81,10 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     (an up stack laid out like w; mat-vec sizes only), y = act(w·x) * (up_weight·x) in one pass.
     `bias` F32 (M, n_expert): y[:, i, t] += bias[:, ids[i, t]] (ggml's add_id; the ids must be the
     experts' own, not staging slots); with up_weight, `up_bias` is up_weight's, both added before
-    the activation."""
+    the activation. `routes_counted`: `routes` already holds these ids' routes (an earlier call
+    recorded before this one, over the same ids and tokens, with nothing between that refills
+    it), so the counting pass is not recorded again. Returns whether `routes` holds the ids'
+    routes after the call (the GEMM ran; the mat-vec sizes never fill it)."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
@@ -126,7 +130,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
                 "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
         seq.dispatch(mv.kernel, [pair[0], xr, yr, ir, *extra], push=push,
                      groups=mv.groups(m, device, n_tokens * n_used))
-        return
+        return False
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= mv_max:
         pieces_bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)) for e0, e1 in pieces]
@@ -137,15 +141,16 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
             seq.dispatch(mv.kernel, [wr, xr, yr, ir, *extra], push=push,
                          groups=mv.groups(m, device, n_tokens * n_used))
-        return
+        return False
     if routes is None or routes.n_expert != n_expert or routes.max_tokens < n_tokens:
         raise UnsupportedShape(f"mul_mat_id of {n_tokens} tokens needs RouteTable(device, {n_expert}, >= {n_tokens}), "
                          f"got {routes!r}")
-    count = kernel(device, "mmid_count", push=COUNT_PUSH, workgroup=(device.tuning.wg_size,))
-    seq.fill(routes.counts(), 0)
-    seq.dispatch(count, [ir, routes.whole()], groups=groups_for(count, n_tokens * n_used),
-                 push={"n_tokens": n_tokens, "n_used": n_used, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4,
-                       "n_expert": n_expert, "cap": n_tokens})
+    if not routes_counted:
+        count = kernel(device, "mmid_count", push=COUNT_PUSH, workgroup=(device.tuning.wg_size,))
+        seq.fill(routes.counts(), 0)
+        seq.dispatch(count, [ir, routes.whole()], groups=groups_for(count, n_tokens * n_used),
+                     push={"n_tokens": n_tokens, "n_used": n_used, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4,
+                           "n_expert": n_expert, "cap": n_tokens})
     kern = gemm_kernel(device, typ, tune, xvec4=xvec4, mul_mat_id=True)
     for e0, e1 in pieces:
         wr, wo = bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)
@@ -155,6 +160,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
                      groups=(ceil_div(m, tune.mm_bm), ceil_div(n_tokens, tune.mm_bn), e1 - e0))
     if bias is not None:
         add_id(seq, y, bias, ids, y)
+    return True
 
 
 def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out: Tensor,
