@@ -175,7 +175,8 @@ class Tuning:
     # the GEMM on cooperative matrices (VK_KHR_cooperative_matrix, 16x16x16 fp16 products into
     # fp32) where the device has them: both tiles stored in shared memory as fp16, each subgroup
     # computing mm_cm_wm x mm_cm_wn of the tile; the tile becomes mm_cm_bm x mm_cm_bn x mm_cm_bk
-    # (resolved()). Not bit-identical to the fp32 GEMM: operands rounded to fp16, as llama.cpp's
+    # (resolved()). Not bit-identical to the fp32 GEMM: its operands are rounded to fp16, as in
+    # llama.cpp's coopmat GEMM
     mm_coopmat: bool = False
     mm_cm_bm: int = 64
     mm_cm_bn: int = 64
