@@ -16,7 +16,7 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _rows(p, tuning) -> list[tuple[str, str]]:
+def _rows(p, tuning, refused: str = "") -> list[tuple[str, str]]:
     transfer = p.transfer_family
     local = [h for h in p.heaps if h.device_local]
     vram = ", ".join(f"{fmt_bytes(h.size)} (heap {h.index}"
@@ -34,7 +34,8 @@ def _rows(p, tuning) -> list[tuple[str, str]]:
         ("fp16 math", _yes(p.fp16_math)),
         ("16/8-bit storage", f"{_yes(p.storage_16bit)} / {_yes(p.storage_8bit)}"),
         ("int8 dot", _yes(p.int_dot) + (" (accelerated)" if p.int_dot_accelerated else "")),
-        ("matrix cores", "coopmat2" if p.coopmat2 else "coopmat" if p.coopmat else "no"),
+        ("matrix cores", ("coopmat2" if p.coopmat2 else "coopmat" if p.coopmat else "no")
+                         + (" (16x16x16 fp16)" if p.coopmat_f16 else "")),
         ("shared memory", fmt_bytes(p.shared_memory)),
         ("VRAM", vram or "none (host memory only)"),
         ("host import", f"yes, alignment {p.host_import_alignment}" if p.host_import else "no"),
@@ -42,8 +43,22 @@ def _rows(p, tuning) -> list[tuple[str, str]]:
         ("buffer limits", f"storage range {fmt_bytes(p.max_storage_buffer_range)}, buffer "
                           f"{fmt_bytes(p.max_buffer_size)}, allocation {fmt_bytes(p.max_allocation_size)}"),
         ("tuning", f"workgroup {tuning.wg_size}, subgroup {tuning.subgroup}, "
-                   f"fp16 math {_yes(tuning.fp16_math)}"),
+                   f"fp16 math {_yes(tuning.fp16_math)}, prompt GEMM "
+                   + (f"on cooperative matrices ({tuning.mm_bm}x{tuning.mm_bn} tiles)" if tuning.mm_coopmat
+                      else f"fp32 ({tuning.mm_bm}x{tuning.mm_bn} tiles)")
+                   + (f"; {refused}" if refused else "")),
     ]
+
+
+def _tuning(p, coopmat):
+    """(tuning, refusal): the tuning a device opened with VKRT_COOPMAT=`coopmat` gets, or where
+    the device refuses that setting, the table's and the refusal (the list shows every device)."""
+    from vkrt.device.tuning import tuning_for
+    from vkrt.errors import UnsupportedDevice
+    try:
+        return tuning_for(p, coopmat), ""
+    except UnsupportedDevice as exc:
+        return tuning_for(p), f"opening it would fail: {exc}"
 
 
 @click.command()
@@ -71,11 +86,11 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
         raise click.UsageError("--device, -ts and -mg show a placement: give the model with -m")
     from vkrt.device.instance import Instance
     from vkrt.device.selection import select_device
-    from vkrt.device.tuning import tuning_for
     from vkrt.errors import VkrtError
 
     with Instance(validate=False, settings=settings()) as instance:
         profiles = instance.profiles()
+    coopmat = instance.settings.coopmat
     try:
         selected = select_device(profiles, instance.settings.device).index
     except VkrtError:
@@ -85,14 +100,14 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
     if as_json:
         out = {"selected": selected,
                "devices": [{**p.to_dict(), "tuning": {k: (v.value if hasattr(v, "value") else v)
-                                                      for k, v in dataclasses.asdict(tuning_for(p)).items()}}
+                                                      for k, v in dataclasses.asdict(_tuning(p, coopmat)[0]).items()}}
                            for p in profiles]}
         click.echo(json.dumps(out, indent=2))
         return
     for p in profiles:
         mark = "  [selected]" if p.index == selected else ""
         click.echo(f"Device {p.index}: {p.name}{mark}")
-        rows = _rows(p, tuning_for(p))
+        rows = _rows(p, *_tuning(p, coopmat))
         width = max(len(k) for k, _ in rows)
         for key, value in rows:
             click.echo(f"  {key:<{width}}  {value}")

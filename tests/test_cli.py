@@ -35,6 +35,23 @@ def test_arch_override_is_shown(device, monkeypatch):
     assert "AMD_GCN (VKRT_ARCH override" in result.output
 
 
+def test_coopmat_setting_is_shown(device, monkeypatch):
+    """The tuning row says which prompt GEMM the device gets; VKRT_COOPMAT=1 on a device without
+    fp16 cooperative matrices is listed with the refusal opening it would give, and a command that
+    opens it stops with that one line."""
+    result = CliRunner().invoke(cli, ["devices"])
+    want = "on cooperative matrices" if device.tuning.mm_coopmat else "fp32"
+    assert f"prompt GEMM {want} ({device.tuning.mm_bm}x{device.tuning.mm_bn} tiles)" in result.output
+    if device.profile.coopmat_f16:
+        return
+    monkeypatch.setenv("VKRT_COOPMAT", "1")
+    result = CliRunner().invoke(cli, ["devices"])
+    assert result.exit_code == 0 and "opening it would fail: VKRT_COOPMAT=1" in result.output
+    result = CliRunner().invoke(cli, ["bench", "-p", "8", "-n", "0"])
+    assert result.exit_code != 0 and "lacks 16x16x16 fp16 cooperative matrices" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_bad_arch_is_one_clear_line(monkeypatch):
     monkeypatch.setenv("VKRT_ARCH", "vega")
     result = CliRunner().invoke(cli, ["devices"])
