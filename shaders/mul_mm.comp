@@ -102,13 +102,13 @@ layout(push_constant) uniform Push {
 #endif
 } p;
 
-// An invocation's TM rows are TM / 4 runs of 4 adjacent rows (TN tokens likewise), read from
-// shared memory as vec4: 4 reads per 64 FMAs of an 8 x 8 thread tile instead of 16.
 #ifdef COOPMAT
 shared f16vec4 sw[BM * BKP / 4u];   // [m][k]
 shared f16vec4 sx[BN * BKP / 4u];   // [n][k]
 shared float sc[NSG * 256u];        // each subgroup's fragment on its way to y, column-major
 #else
+// An invocation's TM rows are TM / 4 runs of 4 adjacent rows (TN tokens likewise), read from
+// shared memory as vec4: 4 reads per 64 FMAs of an 8 x 8 thread tile instead of 16.
 shared vec4 sw[BK * BMP / 4];
 shared vec4 sx[BK * BNP / 4];
 #endif
@@ -357,8 +357,8 @@ void main() {
     }
 
 #ifdef COOPMAT
-    // each fragment through the subgroup's staging area: lane l writes rows l % 16 (+16 / SGS
-    // columns at a time), so a column's 16 rows go out as one contiguous run
+    // each fragment through the subgroup's staging area: lane l writes row l % 16 of a column,
+    // SGS / 16 columns a pass, so a column's 16 rows go out as one contiguous run
     const uint lane = gl_SubgroupInvocationID;
     [[unroll]] for (uint i = 0u; i < CM; i++) {
         [[unroll]] for (uint j = 0u; j < CN; j++) {
