@@ -358,3 +358,17 @@ def test_routes_counted_once_serve_the_later_stacks(device):
     finally:
         for t in (*w, x, ids, *ys, routes):
             t.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["Q4_K", "Q4_0", "F16", "IQ3_XXS"])
+def test_coopmat_gemm(device, name):
+    """mul_mat_id's GEMM on cooperative matrices: experts' gathered token columns through the
+    staging fragment, partial token tiles, the tuning row's tile and 2x2 subgroups of one fragment
+    each; within fp16 operands' error."""
+    if not device.tuning.mm_coopmat:
+        pytest.skip(f"{device.profile.name}: its tuning runs no GEMM on cooperative matrices")
+    k = max(ggml_type(name).block_size, 64) * 2
+    check(device, name, 40, k, (40, 150), tuning=device.tuning)
+    small = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_cm_wm=16, mm_cm_wn=16)
+    check(device, name, 40, k, (40, 100), tuning=small)
