@@ -10,6 +10,15 @@ SETS_PER_POOL = 256
 BUFFERS_PER_SET = 8
 
 
+def storage_set_layout(device, n: int):
+    """A descriptor set layout of n storage buffers, bindings 0..n-1, for compute shaders."""
+    bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                for i in range(n)]
+    return vk.vkCreateDescriptorSetLayout(
+        device.handle, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=n, pBindings=bindings or None), None)
+
+
 class DescriptorArena(Owned):
     """Allocates storage-buffer descriptor sets; reset() frees them all at once."""
 

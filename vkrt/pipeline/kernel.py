@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import threading
 
+from ..commands.descriptors import storage_set_layout
 from ..device.vk import ffi, vk, vk_call
 from ..errors import KernelInterfaceError
 from ..owned import Owned
@@ -97,12 +98,7 @@ class Kernel(Owned):
         d = dev.handle
         with vk_call(f"creating the pipeline of {name} ({self.label})"):
             self.module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(spirv), pCode=spirv), None)
-            dsl_bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                            descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                            for i in indices]
-            self.set_layout = vk.vkCreateDescriptorSetLayout(
-                d, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(dsl_bindings), pBindings=dsl_bindings or None),
-                None)
+            self.set_layout = storage_set_layout(dev, len(indices))
             ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
                                              size=self.push_size)] if self.push_size else []
             set_layouts = [self.set_layout] + ([self.tables.set_layout] if self.tables else [])

@@ -13,7 +13,8 @@ import threading
 import numpy as np
 
 from ..commands import upload
-from ..device.vk import ffi, vk, vk_call
+from ..commands.descriptors import DescriptorArena, storage_set_layout
+from ..device.vk import vk, vk_call
 from ..errors import VkrtError
 from ..memory import allocate
 from ..owned import Owned
@@ -61,13 +62,10 @@ class QuantTables(Owned):
     def __init__(self, device):
         super().__init__("IQ grids")
         self.device = device
-        self.pool = self.memory = self._sets = None
+        self.memory = self.arena = self._sets = None
         self._lock = threading.Lock()
-        binding = vk.VkDescriptorSetLayoutBinding(binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                  descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
         with vk_call("creating the IQ grids' descriptor set layout"):
-            self.set_layout = vk.vkCreateDescriptorSetLayout(
-                device.handle, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=1, pBindings=[binding]), None)
+            self.set_layout = storage_set_layout(device, 1)
 
     @property
     def sets(self):
@@ -75,36 +73,21 @@ class QuantTables(Owned):
         if self._sets is None:
             with self._lock:
                 if self._sets is None:
-                    self._fill()
+                    words = grid_words()[0]
+                    self.memory = allocate(self.device, words.nbytes, label="IQ grids")
+                    upload(self.device, self.memory.range(), words)
+                    self.arena = DescriptorArena(self.device, label="IQ grids' descriptor set")
+                    self._sets = self.arena.allocate(self.set_layout, [self.memory.range()])
         return self._sets
 
-    def _fill(self) -> None:
-        words = grid_words()[0]
-        self.memory = allocate(self.device, words.nbytes, label="IQ grids")
-        upload(self.device, self.memory.range(), words)
-        d = self.device.handle
-        with vk_call("creating the IQ grids' descriptor set"):
-            size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)
-            self.pool = vk.vkCreateDescriptorPool(
-                d, vk.VkDescriptorPoolCreateInfo(maxSets=1, poolSizeCount=1, pPoolSizes=[size]), None)
-            dset = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
-                descriptorPool=self.pool, descriptorSetCount=1, pSetLayouts=[self.set_layout]))[0]
-            r = self.memory.range()
-            info = vk.VkDescriptorBufferInfo(buffer=r.handle, offset=r.offset, range=r.size)
-            vk.vkUpdateDescriptorSets(d, 1, [vk.VkWriteDescriptorSet(
-                dstSet=dset, dstBinding=0, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                pBufferInfo=[info])], 0, None)
-        self._sets = ffi.new("VkDescriptorSet[1]", [dset])
-
     def _release(self) -> None:
-        d = self.device.handle
-        if self.pool is not None:
-            vk.vkDestroyDescriptorPool(d, self.pool, None)
+        if self.arena is not None:
+            self.arena.close()
         if self.set_layout is not None:
-            vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
+            vk.vkDestroyDescriptorSetLayout(self.device.handle, self.set_layout, None)
         if self.memory is not None:
             self.memory.close()
-        self.pool = self.set_layout = self.memory = self._sets = None
+        self.arena = self.set_layout = self.memory = self._sets = None
 
 
 def quant_tables(device) -> QuantTables:
