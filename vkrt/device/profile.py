@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..errors import VulkanError
 from .architecture import VENDOR_NAMES, VENDOR_NVIDIA, Arch, detect_architecture
-from .vk import cstr, ffi, lib, vk, vk_call, version_str
+from .vk import cstr, enumerate_structs, ffi, lib, vk, vk_call, version_str
 
 DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 
@@ -172,18 +173,16 @@ def _coopmat_f16(instance, physical_device) -> bool:
     fn = lib.vkGetInstanceProcAddr(instance, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
     if fn == ffi.NULL:
         return False
-    fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", fn)
-    count = ffi.new("uint32_t*")
-    if fn(physical_device, count, ffi.NULL) != vk.VK_SUCCESS:
-        return False
-    out = ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
-    for item in out:
-        item.sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
-    if fn(physical_device, count, out) != vk.VK_SUCCESS:
+    try:   # an optional feature: a driver that fails to list it does without
+        configs = enumerate_structs(ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", fn),
+                                    (physical_device,), "VkCooperativeMatrixPropertiesKHR",
+                                    vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR,
+                                    "listing the cooperative matrix configurations")
+    except VulkanError:
         return False
     f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
     return any((c.MSize, c.NSize, c.KSize) == (16, 16, 16) and (c.AType, c.BType, c.CType, c.ResultType) == (f16, f16, f32, f32)
-               and c.scope == vk.VK_SCOPE_SUBGROUP_KHR for c in out[0:count[0]])
+               and c.scope == vk.VK_SCOPE_SUBGROUP_KHR for c in configs)
 
 
 def _compute_units(amd, sm) -> int | None:

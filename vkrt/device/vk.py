@@ -38,6 +38,22 @@ def result_error(what: str, result: int) -> VulkanError:
     return VulkanError(f"{what} failed: {name}", name)
 
 
+def enumerate_structs(fn, args: tuple, ctype: str, stype: int, what: str) -> list:
+    """The two-call enumeration fn(*args, count, out) of `ctype` structs, with sType set in every
+    output struct; a failing VkResult raises result_error(what)."""
+    count = ffi.new("uint32_t*")
+    result = fn(*args, count, ffi.NULL)
+    if result != vk.VK_SUCCESS:
+        raise result_error(what, result)
+    out = ffi.new(f"{ctype}[]", count[0])
+    for item in out:
+        item.sType = stype
+    result = fn(*args, count, out)
+    if result != vk.VK_SUCCESS:
+        raise result_error(what, result)
+    return [out[i] for i in range(count[0])]
+
+
 def result_name(exc: BaseException) -> str:
     # VkErrorOutOfDeviceMemory -> VK_ERROR_OUT_OF_DEVICE_MEMORY
     return "VK_" + re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__[2:]).upper()

@@ -139,6 +139,14 @@ def _centre_mins(qtype: Q, raw: np.ndarray) -> None:
         raw[:, :16] = low | (low << 4)
 
 
+def _unit_rms(qtype: Q, raw: np.ndarray, at_one) -> float:
+    """The root mean square of the values of raw's first 64 blocks once `at_one` (in place) has
+    set their scale to 1: what a wanted spread divides to give the scale."""
+    sample = raw[:64].copy()
+    at_one(sample)
+    return float(np.sqrt(np.mean(gguf.quants.dequantize(sample, qtype).astype(np.float64) ** 2)))
+
+
 def _random_blocks(rng, qtype: Q, rows: int, cols: int, std: float | None = None) -> np.ndarray:
     """Random valid K-quant blocks. The K-quants with a min (value = d * sc * q - dmin * m) get
     m = sc and dmin = d * (mean q), so the values centre on zero as a trained model's do: random
@@ -161,9 +169,7 @@ def _random_blocks(rng, qtype: Q, rows: int, cols: int, std: float | None = None
     if std is None:
         set_scales(raw, rng.random(n_blocks) * 2e-4 + 5e-5)
     else:
-        sample = raw[:64].copy()   # the values at d = 1 set the scale
-        set_scales(sample, np.ones(len(sample)))
-        unit = float(np.sqrt(np.mean(gguf.quants.dequantize(sample, qtype).astype(np.float64) ** 2)))
+        unit = _unit_rms(qtype, raw, lambda sample: set_scales(sample, np.ones(len(sample))))
         set_scales(raw, rng.uniform(0.5, 1.5, n_blocks) * std / unit)
     return raw.reshape(rows, cols // block * size)
 
@@ -225,9 +231,8 @@ def random_scaled_blocks(rng, qtype: Q, rows: int, cols: int, std: float) -> np.
     block, size = GGML_QUANT_SIZES[qtype]
     n = rows * cols // block
     raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
-    sample = raw[:64].copy()   # the values at d = 1 (MXFP4: e = 128) set the scale
-    set_block_scales(qtype, sample, np.full(len(sample), 128 if qtype == Q.MXFP4 else 0x3C00))
-    unit = float(np.sqrt(np.mean(gguf.quants.dequantize(sample, qtype).astype(np.float64) ** 2)))
+    unit = _unit_rms(qtype, raw, lambda sample: set_block_scales(   # d = 1 (MXFP4: e = 128)
+        qtype, sample, np.full(len(sample), 128 if qtype == Q.MXFP4 else 0x3C00)))
     if qtype == Q.MXFP4:
         e = 128 + np.round(np.log2(std / unit)) + rng.integers(-1, 2, n)
         set_block_scales(qtype, raw, np.clip(e, 0, 254).astype(np.uint8))

@@ -298,17 +298,18 @@ class Transformer:
         self.block_output(seq, s, o)
 
     @staticmethod
-    def _experts(seq, s, w, x, sid, y, bias, ids, counted):
+    def _experts(seq, s, w, x, sid, y, bias, ids, held):
         """y = w[sid]·x (+ bias[:, ids], gpt-oss): the bias added in the mat-vec where sid are the
-        experts' own ids, by add_id after it where they are staging slots. `counted` lists the ids
-        whose routes s.routes holds (the block's gate, up and down share one counting pass)."""
-        held = any(c is sid for c in counted)
+        experts' own ids, by add_id after it where they are staging slots. `held`: the ids whose
+        routes s.routes holds from an earlier GEMM of the block (gate, up and down share one
+        counting pass); returns the ids it holds after this call (None: none)."""
+        counted = held is sid
         if bias is None or sid is ids:
-            filled = mul_mat_id(seq, w, x, sid, y, s.routes, bias=bias, routes_counted=held)
+            filled = mul_mat_id(seq, w, x, sid, y, s.routes, bias=bias, routes_counted=counted)
         else:
-            filled = mul_mat_id(seq, w, x, sid, y, s.routes, routes_counted=held)
+            filled = mul_mat_id(seq, w, x, sid, y, s.routes, routes_counted=counted)
             add_id(seq, y, bias, ids, y)
-        counted[:] = [sid] if filled else []
+        return sid if filled else None
 
     def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
              staged: StagedExperts | None = None):
@@ -359,12 +360,12 @@ class Transformer:
         # the summed down projection has no place for the experts' biases: gpt-oss sums apart
         summed = T <= mat_vec_tokens(seq.device.tuning) and self.fusions.moe_sum and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
-        counted = []   # the ids whose routes s.routes holds from an earlier GEMM of this block
+        held = None   # the ids whose routes s.routes holds from an earlier GEMM of this block
         if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
             mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw, act=act, bias=bg, up_bias=bu)
         else:
-            self._experts(seq, s, gw, x3, gi, ge, bg, ids, counted)
-            self._experts(seq, s, uw, x3, ui, ue, bu, ids, counted)
+            held = self._experts(seq, s, gw, x3, gi, ge, bg, ids, held)
+            held = self._experts(seq, s, uw, x3, ui, ue, bu, ids, held)
             if self._fuse_glu(seq, T, dense=False) and not summed and own(di):
                 mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act=act, bias=bd)
                 down_in = None
@@ -388,7 +389,7 @@ class Transformer:
         if not (down_in is not None and summed
                 and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit)):
             if down_in is not None:
-                self._experts(seq, s, dw, down_in, di, de, bd, ids, counted)
+                self._experts(seq, s, dw, down_in, di, de, bd, ids, held)
             total = ExpertSum(de, weights, o, shared, gate_logit)
             if ungated is None and not cfg.residual_scale and self.fusions.combine_norm and self.fusions.add_norm:
                 s.pending = total   # summed by the next norm (VKRT_FUSE_COMBINE_NORM)

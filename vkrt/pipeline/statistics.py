@@ -4,7 +4,7 @@ Device(capture_statistics=True), which also makes every Kernel capture them."""
 
 from __future__ import annotations
 
-from ..device.vk import cstr, ffi, lib, result_error, vk
+from ..device.vk import cstr, enumerate_structs, ffi, lib, vk
 from ..errors import VkrtError
 
 _FORMATS = {vk.VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: lambda v: bool(v.b32),
@@ -20,21 +20,6 @@ def _device_function(device, name: str):
     return ffi.cast(f"PFN_{name}", fn)
 
 
-def _enumerate(fn, device, info, ctype: str, stype: int, what: str):
-    """The two-call enumeration, with sType set in every output struct."""
-    count = ffi.new("uint32_t*")
-    result = fn(device.handle, info, count, ffi.NULL)
-    if result != vk.VK_SUCCESS:
-        raise result_error(what, result)
-    out = ffi.new(f"{ctype}[]", count[0])
-    for item in out:
-        item.sType = stype
-    result = fn(device.handle, info, count, out)
-    if result != vk.VK_SUCCESS:
-        raise result_error(what, result)
-    return [out[i] for i in range(count[0])]
-
-
 def pipeline_statistics(kern) -> dict[str, int | float | bool]:
     """{statistic name: value} of `kern`'s compute pipeline (e.g. RADV: "VGPRs", "SGPRs",
     "Spilled VGPRs", "Code size", "LDS size", "Subgroups per SIMD", "Instructions"). Where a
@@ -46,9 +31,9 @@ def pipeline_statistics(kern) -> dict[str, int | float | bool]:
     pinfo = ffi.new("VkPipelineInfoKHR*")
     pinfo.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR
     pinfo.pipeline = kern.pipeline
-    executables = _enumerate(_device_function(device, "vkGetPipelineExecutablePropertiesKHR"), device, pinfo,
-                             "VkPipelineExecutablePropertiesKHR",
-                             vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR, what)
+    executables = enumerate_structs(_device_function(device, "vkGetPipelineExecutablePropertiesKHR"), (device.handle, pinfo),
+                                    "VkPipelineExecutablePropertiesKHR",
+                                    vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR, what)
     get_stats = _device_function(device, "vkGetPipelineExecutableStatisticsKHR")
     stats: dict[str, int | float | bool] = {}
     for index, exe in enumerate(executables):
@@ -57,7 +42,7 @@ def pipeline_statistics(kern) -> dict[str, int | float | bool]:
         einfo.pipeline = kern.pipeline
         einfo.executableIndex = index
         prefix = f"{cstr(exe.name)}: " if len(executables) > 1 else ""
-        for s in _enumerate(get_stats, device, einfo, "VkPipelineExecutableStatisticKHR",
-                            vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR, what):
+        for s in enumerate_structs(get_stats, (device.handle, einfo), "VkPipelineExecutableStatisticKHR",
+                                   vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR, what):
             stats[prefix + cstr(s.name)] = _FORMATS[s.format](s.value)
     return stats
