@@ -195,8 +195,27 @@ void load_slice(uint k0, uint m0, uint n0, uint wbase, uint ncols) {
     }
 }
 
+// A W row's (an x token's) 4 values at K chunk kc into shared memory: COOPMAT as fp16 rows of K,
+// else transposed (K-major) as fp32.
 #ifdef COOPMAT
-// Stores rw / rx as fp16 rows of K into shared memory.
+void put_w(uint m, uint kc, vec4 v) { sw[m * (BKP / 4u) + kc] = f16vec4(v); }
+void put_x(uint n, uint kc, vec4 v) { sx[n * (BKP / 4u) + kc] = f16vec4(v); }
+#else
+void put_w(uint m, uint kc, vec4 v) {
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        const uint a = (4u * kc + i) * BMP + m;
+        sw[a >> 2][a & 3u] = v[i];
+    }
+}
+void put_x(uint n, uint kc, vec4 v) {
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        const uint a = (4u * kc + i) * BNP + n;
+        sx[a >> 2][a & 3u] = v[i];
+    }
+}
+#endif
+
+// Stores rw / rx into shared memory.
 void store_slice() {
     const uint tid = gl_LocalInvocationID.x;
 #ifdef ROW_SLICE
@@ -204,7 +223,7 @@ void store_slice() {
         const uint m = tid + r * WG;
         if (m < BM) {
             [[unroll]] for (uint kc = 0u; kc < BK / 4u; kc++) {
-                sw[m * (BKP / 4u) + kc] = f16vec4(rw[r * (BK / 4u) + kc]);
+                put_w(m, kc, rw[r * (BK / 4u) + kc]);
             }
         }
     }
@@ -212,18 +231,19 @@ void store_slice() {
     [[unroll]] for (uint t = 0u; t < NLW; t++) {
         const uint g = tid + t * WG;
         if (g < LW) {
-            sw[(g / (BK / 4u)) * (BKP / 4u) + g % (BK / 4u)] = f16vec4(rw[t]);
+            put_w(g / (BK / 4u), g % (BK / 4u), rw[t]);
         }
     }
 #endif
     [[unroll]] for (uint t = 0u; t < NLX; t++) {
         const uint g = tid + t * WG;
         if (g < LX) {
-            sx[(g / (BK / 4u)) * (BKP / 4u) + g % (BK / 4u)] = f16vec4(rx[t]);
+            put_x(g / (BK / 4u), g % (BK / 4u), rx[t]);
         }
     }
 }
 
+#ifdef COOPMAT
 // y (or the split's partial tile) at row m, token column n of the tile at n0, where both exist.
 void store_y(uint m, uint n0, uint n, uint ncols, float v) {
     if (m < p.M && n0 + n < ncols) {
@@ -232,45 +252,6 @@ void store_y(uint m, uint n0, uint n, uint ncols, float v) {
 #else
         y_data[y_column(n0, n) + m] = v;
 #endif
-    }
-}
-#else
-// Stores rw / rx transposed (K-major) into shared memory.
-void store_slice() {
-    const uint tid = gl_LocalInvocationID.x;
-#ifdef ROW_SLICE
-    [[unroll]] for (uint r = 0u; r < RPW; r++) {
-        const uint m = tid + r * WG;
-        if (m < BM) {
-            [[unroll]] for (uint kc = 0u; kc < BK / 4u; kc++) {
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    const uint a = (4u * kc + i) * BMP + m;
-                    sw[a >> 2][a & 3u] = rw[r * (BK / 4u) + kc][i];
-                }
-            }
-        }
-    }
-#else
-    [[unroll]] for (uint t = 0u; t < NLW; t++) {
-        const uint g = tid + t * WG;
-        if (g < LW) {
-            const uint m = g / (BK / 4u), kc = g % (BK / 4u);
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                const uint a = (4u * kc + i) * BMP + m;
-                sw[a >> 2][a & 3u] = rw[t][i];
-            }
-        }
-    }
-#endif
-    [[unroll]] for (uint t = 0u; t < NLX; t++) {
-        const uint g = tid + t * WG;
-        if (g < LX) {
-            const uint n = g / (BK / 4u), kc = g % (BK / 4u);
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                const uint a = (4u * kc + i) * BNP + n;
-                sx[a >> 2][a & 3u] = rx[t][i];
-            }
-        }
     }
 }
 #endif
