@@ -46,6 +46,7 @@ uint q32n(uint b, uint c) {
 
 // the four bytes of a word as uvec4 (byte 0 in x), and the bit field (shift, mask) of each byte;
 // written as byte extracts so compilers can use byte-to-float conversions
+uint wbyte(uint w, uint i) { return (w >> (8u * i)) & 0xFFu; }                          // byte i of a word
 uvec4 bytes4(uint w) { return uvec4(w, w >> 8, w >> 16, w >> 24) & 0xFFu; }
 uvec4 field4(uint w, uint shift, uint mask) { return bytes4((w >> shift) & (mask * 0x01010101u)); }
 

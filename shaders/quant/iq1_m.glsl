@@ -23,5 +23,5 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) {
     const uint e = c >> 1, f = (s.qh >> (4u * e)) & 0xFu;
-    return iq1_grid4(((s.q >> (8u * e)) & 0xFFu) | ((f & 7u) << 8), c & 1u, (f & 8u) != 0u ? -IQ1S_DELTA : IQ1S_DELTA);
+    return iq1_grid4(wbyte(s.q, e) | ((f & 7u) << 8), c & 1u, (f & 8u) != 0u ? -IQ1S_DELTA : IQ1S_DELTA);
 }

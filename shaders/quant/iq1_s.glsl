@@ -23,5 +23,5 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) {
     const uint e = c >> 1;
-    return iq1_grid4(((s.q >> (8u * e)) & 0xFFu) | (((s.qh >> (3u * e)) & 7u) << 8), c & 1u, s.delta);
+    return iq1_grid4(wbyte(s.q, e) | (((s.qh >> (3u * e)) & 7u) << 8), c & 1u, s.delta);
 }

@@ -23,6 +23,6 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) {
     const uint e = c >> 1, h = c & 1u;
-    const uint gi = ((s.q >> (8u * e)) & 0xFFu) | (((s.q >> (16u + 2u * e)) & 3u) << 8);
+    const uint gi = wbyte(s.q, e) | (((s.q >> (16u + 2u * e)) & 3u) << 8);
     return flip4(grid4(QGRID(2u * gi + h)), s.signs >> (8u * e + 4u * h));
 }

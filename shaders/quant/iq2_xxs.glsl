@@ -22,5 +22,5 @@ QRun qrun(uint blk, uint r) {
 vec4 qraw(QRun s, uint c) {
     const uint l = c >> 1, h = c & 1u;
     const uint signs = QSIGNS((s.aux >> (7u * l)) & 127u) >> (4u * h);
-    return flip4(grid4(QGRID(2u * ((s.q >> (8u * l)) & 0xFFu) + h)), signs);
+    return flip4(grid4(QGRID(2u * wbyte(s.q, l) + h)), signs);
 }

@@ -21,6 +21,6 @@ QRun qrun(uint blk, uint r) {
 }
 
 vec4 qraw(QRun s, uint c) {
-    const uint gi = ((s.q >> (8u * c)) & 0xFFu) | (((s.qh >> c) & 1u) << 8);
+    const uint gi = wbyte(s.q, c) | (((s.qh >> c) & 1u) << 8);
     return flip4(grid4(QGRID(gi)), s.signs >> (4u * c));
 }

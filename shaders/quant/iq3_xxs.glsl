@@ -20,5 +20,5 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) {
     const uint signs = QSIGNS((s.aux >> (7u * (c >> 1))) & 127u) >> (4u * (c & 1u));
-    return flip4(grid4(QGRID((s.q >> (8u * c)) & 0xFFu)), signs);
+    return flip4(grid4(QGRID(wbyte(s.q, c))), signs);
 }
