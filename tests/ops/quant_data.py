@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
@@ -128,6 +130,12 @@ def gemm_limit(threshold: float, tuning) -> float:
     """The error a product may have under `tuning`: its fp32 threshold, or the fp16 operands'
     where the GEMM runs on cooperative matrices (the mat-vec stays fp32 either way)."""
     return max(threshold, FP16_OPERANDS) if tuning.mm_coopmat else threshold
+
+
+def fp32_tile(tuning, **fields):
+    """`tuning` with the fp32 GEMM and these tile fields: the tests of its tile rules (the GEMM on
+    cooperative matrices, the NVIDIA default, has tiles of its own and its own tests)."""
+    return dataclasses.replace(tuning, mm_coopmat=False, **fields)
 
 
 def nmse(got: np.ndarray, ref: np.ndarray) -> float:

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from quant_data import ALL, IQ, TQ, gemm_limit, nmse, random_blocks, reference, weight_tensor
+from quant_data import ALL, IQ, TQ, fp32_tile, gemm_limit, nmse, random_blocks, reference, weight_tensor
 
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.errors import UnsupportedShape
@@ -77,7 +77,7 @@ def test_token_counts(device, name):
 
 @pytest.mark.parametrize("name,k", [("Q8_0", 96), ("Q4_0", 160), ("Q4_K", 768), ("F32", 101), ("BF16", 70)])
 def test_k_not_a_multiple_of_the_tile(device, name, k):
-    tuning = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4, mv_chunk_n=0)
+    tuning = fp32_tile(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4, mv_chunk_n=0)
     check(device, name, 33, k, (1, 40), tuning=tuning)
 
 
@@ -98,8 +98,8 @@ def test_gemm_prefetch_is_bit_identical(device, name, k):
 
 def split_tuning(device, groups=64, **kw):
     """The GEMM (no mat-vec) with split-K wherever it applies: small tiles so a small K has steps."""
-    return dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mv_chunk_n=0,
-                               mm_split_groups=groups, mm_split_min_steps=2, **kw)
+    return fp32_tile(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mv_chunk_n=0,
+                     mm_split_groups=groups, mm_split_min_steps=2, **kw)
 
 
 @pytest.mark.parametrize("name,k", [("Q4_0", 160), ("Q4_K", 768), ("Q6_K", 512), ("IQ4_XS", 512), ("F32", 101),
@@ -123,8 +123,8 @@ def test_split_k_gemm(device, name, k):
 def test_split_k_rule(device):
     """Splits only up to mm_split_max_tiles token tiles and fewer tiles than mm_split_groups; at
     least mm_split_min_steps BK steps a range, at most mm_split_max ranges, none empty."""
-    t = dataclasses.replace(device.tuning, mm_bm=64, mm_bn=64, mm_bk=16, mm_split_groups=264, mm_split_min_steps=16,
-                            mm_split_max=8, mm_split_max_tiles=4)
+    t = fp32_tile(device.tuning, mm_bm=64, mm_bn=64, mm_bk=16, mm_split_groups=264, mm_split_min_steps=16,
+                  mm_split_max=8, mm_split_max_tiles=4)
     assert gemm_splits(t, 4096, 4096, 64) == 5          # 64 row tiles: 264 / 64 -> 5 ranges of 52 steps
     assert gemm_splits(t, 1024, 4096, 64) == 8          # 16 row tiles: capped at mm_split_max
     assert gemm_splits(t, 14336, 4096, 64) == 2         # 224 row tiles

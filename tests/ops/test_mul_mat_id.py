@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from quant_data import ALL, gemm_limit, nmse, random_blocks, reference, weight_tensor
+from quant_data import ALL, fp32_tile, gemm_limit, nmse, random_blocks, reference, weight_tensor
 
 from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy
 from vkrt.errors import UnsupportedShape
@@ -176,7 +176,7 @@ def test_strided_ids(device):
 
 
 def test_k_not_a_multiple_of_the_tile(device):
-    tuning = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4)
+    tuning = fp32_tile(device.tuning, mm_bm=32, mm_bn=32, mm_bk=64, mm_tm=4, mm_tn=4)
     check(device, "Q5_0", 19, 96, (1, 30), tuning=tuning)
 
 
