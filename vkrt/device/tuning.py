@@ -307,13 +307,16 @@ TABLE: dict[Arch, Tuning] = {
                         # 8B-shaped decode (GCN table + shared tables) IQ2_XXS 117.2 -> 140.6 t/s,
                         # IQ3_XXS 126.8 -> 143.1 against every invocation storing every entry
                         quant_tables_shared=True, quant_tables_buffer=True,
-                        # GEMM on cooperative matrices, 128 x 128 tiles of 4 subgroups of 64 x 64
+                        # GEMM on cooperative matrices, 128 x 256 tiles of 8 subgroups of 64 x 64
                         # (bench/matmul.py, Q4_K n=2048, TFLOP/s dense 4096x14336 / MoE 2048x768
                         # 128e/8): fp32 GEMM 37.9 / 24.3; coopmat 64x64 tiles of 32x32 32.4 / 21.9,
-                        # 128x128 of 64x32 55.5 / 29.3, of 64x64 81.9 / 37.3; prefetch lost 10-20%
+                        # 128x128 of 64x32 55.5 / 29.3, of 64x64 82.7 / 32.7, 256x128 76.3 / 44.1,
+                        # 128x256 (8 subgroups) 87.4 / 45.7; prefetch lost 10-20% with every tile.
+                        # pp2048 with 128x128 / 128x256: 8B-shaped Q4_K 4582 / 4588 t/s (fp32
+                        # attention, vkrt bench); 30B-A3B shape 8257 (vkrt bench) / 8437 (peer.py)
                         # prompt flash attention on them: 8B-shaped Q4_K pp2048, the 32 layers'
                         # attention 93.8 -> 53.1 ms (bench/decode_profile.py), 4588 -> 5132 t/s
-                        mm_coopmat=True, mm_cm_bm=128, mm_cm_bn=128, mm_cm_wm=64, mm_cm_wn=64, fa_coopmat=True,
+                        mm_coopmat=True, mm_cm_bm=128, mm_cm_bn=256, mm_cm_wm=64, mm_cm_wn=64, fa_coopmat=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
