@@ -10,6 +10,8 @@ forced off and on; times are medians of --repeats runs after a warm-up, and incl
 mask_opt pre-pass. GFLOP/s count every key, masked or not (2 * n_q * n_kv * (hsk + hsv) * n_head),
 so mask_opt's skipped blocks show up as a higher rate. "rule" is what FlashAttn picks by itself
 on this device (VKRT_ARCH=gcn gives the GCN rule), and `gflops` the rate with that choice.
+Where the device runs prompt attention on cooperative matrices (tuning.fa_coopmat), the scalar
+fp32 kernel runs beside it (its own mask_opt rule): `speedup_vs_scalar`.
 --quick shrinks everything for lavapipe.
 """
 
@@ -71,18 +73,27 @@ def measure(dev, ubatch: int, depth: int, hs: int, n_head: int, n_head_kv: int, 
         for on, out in zip((False, True), outs):
             ops.append(FlashAttn(dev, *tensors[:3], out, tensors[3], scale=hs ** -0.5, mask_opt=on, work=work,
                                  label=f"flash_attn mask_opt {'on' if on else 'off'}"))
-        (off_s, _), (on_s, prepass) = time_runs(dev, ops, repeats)
         fa = ops[1]
         rule = fa_mask_opt_rule(dev.tuning, has_mask=True, nem0=n_kv, nem1=ubatch, hsk=hs, hsv=hs, bc=fa.tile.bc)
+        if fa.coopmat:   # the scalar fp32 kernel beside it, with its own mask_opt rule
+            outs.append(Tensor.empty(dev, F32, (hs, n_head, ubatch, 1)))
+            ops.append(FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, work=work, coopmat=False,
+                                 label="flash_attn scalar"))
+        times = time_runs(dev, ops, repeats)
+        (off_s, _), (on_s, prepass) = times[:2]
+        scalar_s = times[2][0] if fa.coopmat else None
     finally:
         for x in (work, *tensors, *outs):
             x.close()
     flops = fa.shape.flops()
+    chosen = on_s if rule else off_s
+    tile = f"{fa.tile.br}x{fa.tile.bc} wg{fa.tile.wg}" + (" coopmat" if fa.coopmat else f" ds{fa.tile.d_split}")
     return dict(ubatch=ubatch, depth=depth, n_kv=n_kv, head_size=hs, n_head=n_head, n_head_kv=n_head_kv,
-                tile=f"{fa.tile.br}x{fa.tile.bc} wg{fa.tile.wg} ds{fa.tile.d_split}", n_split=fa.n_split, rule=rule,
+                tile=tile, coopmat=fa.coopmat, n_split=fa.n_split, rule=rule,
                 ms_off=off_s * 1e3, ms_on=on_s * 1e3, prepass_ms=prepass * 1e3, gflops_off=flops / off_s / 1e9,
-                gflops_on=flops / on_s / 1e9, gflops=flops / (on_s if rule else off_s) / 1e9,
-                speedup_mask_opt=off_s / on_s)
+                gflops_on=flops / on_s / 1e9, gflops=flops / chosen / 1e9, speedup_mask_opt=off_s / on_s,
+                ms_scalar=scalar_s * 1e3 if scalar_s else None,
+                speedup_vs_scalar=scalar_s / chosen if scalar_s else None)
 
 
 def parse_args(ap, quick: dict, repeats: int):
@@ -118,14 +129,15 @@ def main() -> None:
         return
     print(f"flash attention prefill on {result['device']} ({result['architecture']}), causal, K/V f16")
     columns = ["head", "heads", "ubatch", "depth", "tile", "split", "rule", "off ms", "on ms", "pre-pass ms",
-               "off GFLOP/s", "on GFLOP/s", "mask_opt"]
+               "off GFLOP/s", "on GFLOP/s", "mask_opt", "scalar kernel ms (speedup)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
     for r in rows:
         print(f"| {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['ubatch']} | {r['depth']} | {r['tile']} "
               f"| {r['n_split']} | {'on' if r['rule'] else 'off'} | {r['ms_off']:.2f} | {r['ms_on']:.2f} "
               f"| {r['prepass_ms']:.3f} | {r['gflops_off']:.1f} | {r['gflops_on']:.1f} "
-              f"| {100 * (r['speedup_mask_opt'] - 1):+.1f}% |")
+              f"| {100 * (r['speedup_mask_opt'] - 1):+.1f}% "
+              + (f"| {r['ms_scalar']:.2f} ({r['speedup_vs_scalar']:.2f}x) |" if r["coopmat"] else "| - |"))
     fork = {16384: 8, 32768: 12}
     points = [r for r in rows if r["head_size"] == 256 and r["ubatch"] == 2048 and r["depth"] in fork]
     for r in points:
