@@ -564,28 +564,30 @@ def test_coopmat_gemm_compiles(extra):
 
 
 def test_coopmat_needs_the_device(device):
-    """The NVIDIA row asks for cooperative matrices; a device without fp16 ones (lavapipe) resolves
-    it off and keeps the fp32 tile; one with them takes the coopmat tile. A tile the fragments do
+    """The NVIDIA row asks for cooperative matrices (GEMM and prompt flash attention); a device
+    without fp16 ones (lavapipe) resolves both off and keeps the fp32 tile; one with them takes the coopmat tile. A tile the fragments do
     not divide is refused by name; VKRT_COOPMAT forces it either way."""
     from vkrt.device.architecture import Arch
     from vkrt.device.tuning import TABLE
     from vkrt.errors import ConfigError, UnsupportedDevice
     from vkrt.ops.matmul import gemm_kernel
     row = TABLE[Arch.NVIDIA]
-    assert row.mm_coopmat
+    assert row.mm_coopmat and row.fa_coopmat
     without = dataclasses.replace(device.profile, coopmat_f16=False)
     off = row.resolved(without)
-    assert not off.mm_coopmat and (off.mm_bm, off.mm_bn, off.mm_bk) == (row.mm_bm, row.mm_bn, row.mm_bk)
+    assert not off.mm_coopmat and not off.fa_coopmat
+    assert (off.mm_bm, off.mm_bn, off.mm_bk) == (row.mm_bm, row.mm_bn, row.mm_bk)
     with_cm = dataclasses.replace(device.profile, coopmat_f16=True, fp16_math=True, memory_model=True,
                                   subgroup_min=32, subgroup_max=32)
     on = row.resolved(with_cm)
-    assert on.mm_coopmat and (on.mm_bm, on.mm_bn, on.mm_bk) == (row.mm_cm_bm, row.mm_cm_bn, row.mm_cm_bk)
+    assert on.mm_coopmat and on.fa_coopmat and (on.mm_bm, on.mm_bn, on.mm_bk) == (row.mm_cm_bm, row.mm_cm_bn, row.mm_cm_bk)
     with pytest.raises(ConfigError, match="16x16x16"):
         gemm_kernel(device, ggml_type("Q4_0"), dataclasses.replace(on, mm_cm_wm=24), xvec4=True)
     # VKRT_COOPMAT: 0 keeps the fp32 GEMM and its tile on a capable device; 1 is refused by name
     # where the device lacks what it needs, and turns it on for a row that leaves it off
     forced_off = row.resolved(with_cm, coopmat=False)
-    assert not forced_off.mm_coopmat and (forced_off.mm_bm, forced_off.mm_bk) == (row.mm_bm, row.mm_bk)
+    assert not forced_off.mm_coopmat and not forced_off.fa_coopmat and (forced_off.mm_bm, forced_off.mm_bk) == (row.mm_bm, row.mm_bk)
     with pytest.raises(UnsupportedDevice, match="VKRT_COOPMAT=1.*16x16x16 fp16 cooperative matrices"):
         row.resolved(without, coopmat=True)
-    assert TABLE[Arch.OTHER].resolved(with_cm, coopmat=True).mm_coopmat
+    forced_on = TABLE[Arch.OTHER].resolved(with_cm, coopmat=True)
+    assert forced_on.mm_coopmat and forced_on.fa_coopmat
