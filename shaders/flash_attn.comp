@@ -21,6 +21,10 @@
 // by the same arithmetic as unpacked. With KV_USED the number of live cells comes from a buffer
 // written each step: tiles past it (masked padding) are not visited.
 //
+// The score's mask term, the dot products and O's update are explicit fmas: a compiler free to
+// contract a*b+c (NVIDIA's) then rounds them alike whatever the tile's shape, so packed and
+// unpacked rows keep the same bits there too.
+//
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS.
 #include "common.glsl"
@@ -243,7 +247,7 @@ void main() {
 #if HAS_MASK
         // this thread's mask values first: a thread whose part of the block is all -inf skips it
         // (with mask_opt or without: the same work either way, so the results match bit for bit)
-        float bias[RPT][CPT];
+        float mval[RPT][CPT];
         if (code == FA_MIXED) {
             bool live = false;
             FA_UNROLL for (uint r = 0; r < RPT; ++r) {
@@ -252,7 +256,7 @@ void main() {
                     const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
                     const float m = attn_half(m_u32, m_base + row * p.m_nb1 + col);
                     live = live || m != ATTN_NEG_INF;
-                    bias[r][c] = slope * m;
+                    mval[r][c] = m;
                 }
             }
             if (!live) {
@@ -276,7 +280,7 @@ void main() {
                 const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
                 const vec4 kv = load_k(k_base + col * p.k_nb1 + 4u * d4);
                 FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                    s[r][c] += dot(qc[r], kv);
+                    s[r][c] = fma(qc[r].w, kv.w, fma(qc[r].z, kv.z, fma(qc[r].y, kv.y, fma(qc[r].x, kv.x, s[r][c]))));
                 }
             }
         }
@@ -295,7 +299,7 @@ void main() {
                 }
 #if HAS_MASK
                 if (code == FA_MIXED) {
-                    x += bias[r][c];
+                    x = fma(slope, mval[r][c], x);
                 }
 #endif
                 s[r][c] = col < kv ? x : ATTN_NEG_INF;
@@ -318,7 +322,7 @@ void main() {
             FA_UNROLL for (uint v = 0; v < VD; ++v) {
                 const vec4 vv = load_v(v_base + col * p.v_nb1 + 4u * (d_tid + v * DS));
                 FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                    acc[r][v] += s[r][c] * vv;
+                    acc[r][v] = fma(vec4(s[r][c]), vv, acc[r][v]);
                 }
             }
         }
