@@ -171,9 +171,10 @@ class FlashAttn:
         if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
         self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
-        self.coopmat = self.decide_coopmat(coopmat, split_k)
+        cm_tile = self.decide_coopmat(coopmat, split_k)
+        self.coopmat = cm_tile is not None
         if self.coopmat:
-            self.tile = fa_cm_tile(s.hsk, s.hsv, device.profile.shared_memory, device.profile.subgroup_size)
+            self.tile = cm_tile
         self.n_row_tiles = ceil_div(s.n_q * self.pack, self.tile.br)
         self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
@@ -219,20 +220,20 @@ class FlashAttn:
             return s.gqa, packed
         return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc)
 
-    def decide_coopmat(self, forced: bool | None, split_k: int | None) -> bool:
-        """Whether the cooperative-matrix kernel runs this attention; `forced` as coopmat."""
-        s, tuning = self.shape, self.tuning
+    def decide_coopmat(self, forced: bool | None, split_k: int | None) -> FATile | None:
+        """The cooperative-matrix kernel's tile where it runs this attention, else None; `forced`
+        as coopmat."""
+        s, tuning, p = self.shape, self.tuning, self.device.profile
+        tile = fa_cm_tile(s.hsk, s.hsv, p.shared_memory, p.subgroup_size)
         why = ("the tuning runs no flash attention on cooperative matrices" if not tuning.fa_coopmat else
                "the query heads of a KV head are packed" if self.pack > 1 else
                f"head sizes {s.hsk}/{s.hsv} are not multiples of 16" if s.hsk % 16 or s.hsv % 16 else
                f"it does not split along KV (split_k={split_k})" if split_k not in (None, 1) else
-               "no tile fits the shared memory" if fa_cm_tile(s.hsk, s.hsv, self.device.profile.shared_memory,
-                                                              self.device.profile.subgroup_size) is None else None)
+               "no tile fits the shared memory" if tile is None else None)
         if forced and why:
             raise UnsupportedShape(f"{self.label}: no flash attention on cooperative matrices: {why}")
-        if forced is None:
-            return why is None and s.n_q >= tuning.fa_cm_min_q
-        return bool(forced)
+        runs = why is None and s.n_q >= tuning.fa_cm_min_q if forced is None else bool(forced)
+        return tile if runs else None
 
     @property
     def n_tiles(self) -> int:
@@ -284,9 +285,10 @@ class FlashAttn:
             push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
         options = dict(K_F16=int(k.type == F16), V_F16=int(v.type == F16), HAS_MASK=int(mask is not None),
                        KV_USED=int(kv_used is not None), SINKS=int(sinks is not None))
-        if self.coopmat:
-            defines = fa_cm_defines(s.hsk, s.hsv, tile, **options)
+        if self.coopmat:   # its workgroup is fixed by its defines (subgroups x lanes)
+            shader, workgroup, defines = "flash_attn_cm", None, fa_cm_defines(s.hsk, s.hsv, tile, **options)
         else:
+            shader, workgroup = "flash_attn", (tile.wg,)
             defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                            RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack, **options)
         self._sinks, push["s_off"] = None, 0
@@ -300,10 +302,7 @@ class FlashAttn:
             self._kv_used, used_off = bind_tensor(kv_used, f"{self.label} kv_used", dev)
             if used_off:
                 raise UnsupportedShape(f"kv_used {kv_used!r} must start at a storage-buffer offset alignment")
-        if self.coopmat:
-            self._attn = kernel(dev, "flash_attn_cm", push=FA_PUSH, defines=defines)
-        else:
-            self._attn = kernel(dev, "flash_attn", push=FA_PUSH, defines=defines, workgroup=(tile.wg,))
+        self._attn = kernel(dev, shader, push=FA_PUSH, defines=defines, workgroup=workgroup)
         self._attn_push = FA_PUSH.pack(push)
 
         if self.mask_opt and self._shared is None:
