@@ -26,4 +26,16 @@ float alibi_slope(uint h, uint n_head, float max_bias) {
     return h < n2 ? pow(m0, float(h + 1u)) : pow(m1, float(2u * (h - n2) + 1u));
 }
 
+// The factor on a row's O and its sum L once an attention sink of score `sink` (no value)
+// joins the row's softmax of running max m and sum l (the max moves to the sink where larger).
+float attn_sink_factor(float m, inout float l, float sink) {
+    if (sink > m) {
+        const float ms = exp(m - sink);
+        l = l * ms + 1.0;
+        return ms;
+    }
+    l += exp(sink - m);
+    return 1.0;
+}
+
 #endif

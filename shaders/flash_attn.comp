@@ -111,19 +111,13 @@ uint row_token(uint vr) { return vr; }
 uint row_head(uint vr) { return gl_WorkGroupID.y; }
 #endif
 
-// The factor on a row's O and its sum L once the sink joins the row's softmax (the row's max M
-// moves to the sink where that is larger): 1 without sinks.
+// attn_sink_factor for this head's sink: 1 without sinks.
 float sink_factor(float m, inout float l, uint head) {
 #if SINKS
-    const float sink = sinks[p.s_off + head];
-    if (sink > m) {
-        const float ms = exp(m - sink);
-        l = l * ms + 1.0;
-        return ms;
-    }
-    l += exp(sink - m);
-#endif
+    return attn_sink_factor(m, l, sinks[p.s_off + head]);
+#else
     return 1.0;
+#endif
 }
 
 // Count this split of the row tile as done; the last one to finish merges the splits that had

@@ -242,14 +242,7 @@ void main() {
 
     // O / L row by row through this subgroup's S area (16 x 16 a fragment)
 #if SINKS
-    float f = 1.0;
-    const float sink = sinks[p.s_off + h];
-    if (sink > M) {
-        f = exp(M - sink);
-        L = L * f + 1.0;
-    } else {
-        L += exp(sink - M);
-    }
+    const float f = attn_sink_factor(M, L, sinks[p.s_off + h]);
 #else
     const float f = 1.0;
 #endif
