@@ -25,12 +25,21 @@
 // contract a*b+c (NVIDIA's) then rounds them alike whatever the tile's shape, so packed and
 // unpacked rows keep the same bits there too.
 //
+// With LOADS_FIRST (decode-sized calls: few rows, short tiles) a thread issues a tile's mask, K
+// and V loads together before it uses any of them: a tile costs one memory round trip, not
+// three one after another, and the same arithmetic runs on the same values. The queries are
+// loaded before the live cells are read, in the same round trip.
+//
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, HAS_MASK, UNROLL (0: loops
-// stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS.
+// stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
+// LOADS_FIRST.
 #include "common.glsl"
 #include "attn_common.glsl"
 #if DS > 1
 #extension GL_KHR_shader_subgroup_shuffle : require
+#endif
+#ifndef LOADS_FIRST
+#define LOADS_FIRST 0
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -53,20 +62,32 @@ const uint TILE4 = BR * (HSK4 > HSV4 ? HSK4 : HSV4);
 const uint MO_BR = GQA_PACK > 1 ? (BR > GQA_PACK ? BR / GQA_PACK : 1u) : BR;
 
 layout(binding = 0) readonly buffer Q { float q[]; };
+// K and V: 4 elements from element e as stored (K_RAW / V_RAW: f16 caches keep their halves
+// packed until used) and as floats
 #if K_F16
 layout(binding = 1) readonly buffer K { uvec2 k_h4[]; };  // 4 halves
-vec4 load_k(uint e) { const uvec2 h = k_h4[e >> 2]; return vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)); }
+#define K_RAW uvec2
+K_RAW raw_k(uint e) { return k_h4[e >> 2]; }
+vec4 unpack_k(K_RAW h) { return vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)); }
 #else
 layout(binding = 1) readonly buffer K { vec4 k_v4[]; };
-vec4 load_k(uint e) { return k_v4[e >> 2]; }
+#define K_RAW vec4
+K_RAW raw_k(uint e) { return k_v4[e >> 2]; }
+vec4 unpack_k(K_RAW h) { return h; }
 #endif
 #if V_F16
 layout(binding = 2) readonly buffer V { uvec2 v_h4[]; };
-vec4 load_v(uint e) { const uvec2 h = v_h4[e >> 2]; return vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)); }
+#define V_RAW uvec2
+V_RAW raw_v(uint e) { return v_h4[e >> 2]; }
+vec4 unpack_v(V_RAW h) { return vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)); }
 #else
 layout(binding = 2) readonly buffer V { vec4 v_v4[]; };
-vec4 load_v(uint e) { return v_v4[e >> 2]; }
+#define V_RAW vec4
+V_RAW raw_v(uint e) { return v_v4[e >> 2]; }
+vec4 unpack_v(V_RAW h) { return h; }
 #endif
+vec4 load_k(uint e) { return unpack_k(raw_k(e)); }
+vec4 load_v(uint e) { return unpack_v(raw_v(e)); }
 layout(binding = 3) writeonly buffer O { float o[]; };        // output
 // split along KV: each split's unnormalised O and (M, L) per row, and per workgroup row tile the
 // number of splits done (the last one merges them and resets the count)
@@ -119,6 +140,16 @@ float sink_factor(float m, inout float l, uint head) {
     return 1.0;
 #endif
 }
+
+// K and V values of the tile's column c (cell col), dot lane share k or v: from the loads issued
+// at the tile's start (LOADS_FIRST), else loaded where they are used
+#if LOADS_FIRST
+#define TILE_K(k, c, col) unpack_k(kt[k][c])
+#define TILE_V(c, v, col) unpack_v(vt[c][v])
+#else
+#define TILE_K(k, c, col) load_k(k_base + (col) * p.k_nb1 + 4u * (d_tid + (k) * DS))
+#define TILE_V(c, v, col) load_v(v_base + (col) * p.v_nb1 + 4u * (d_tid + (v) * DS))
+#endif
 
 // Count this split of the row tile as done; the last one to finish merges the splits that had
 // tiles: out = sum_s O_s exp(M_s - M) / sum_s L_s exp(M_s - M), M = max_s M_s (0 where every L
@@ -183,6 +214,14 @@ void main() {
     const float slope = p.max_bias > 0.0 ? alibi_slope(h, p.n_head, p.max_bias) : 1.0;
 #endif
 
+    const uint q_base = p.q_off + b * p.q_nb3;
+    for (uint i = t; i < BR * HSK4; i += WG) {
+        const uint vr = row0 + i / HSK4;
+        const uint e = q_base + row_head(vr) * p.q_nb2 + row_token(vr) * p.q_nb1 + 4u * (i % HSK4);
+        tile[i] = vr < n_rows ? vec4(q[e], q[e + 1u], q[e + 2u], q[e + 3u]) : vec4(0.0);
+    }
+    barrier();
+
 #if KV_USED
     const uint kv = min(p.KV, kv_used);
 #else
@@ -198,13 +237,6 @@ void main() {
         return;
     }
 
-    const uint q_base = p.q_off + b * p.q_nb3;
-    for (uint i = t; i < BR * HSK4; i += WG) {
-        const uint vr = row0 + i / HSK4;
-        const uint e = q_base + row_head(vr) * p.q_nb2 + row_token(vr) * p.q_nb1 + 4u * (i % HSK4);
-        tile[i] = vr < n_rows ? vec4(q[e], q[e + 1u], q[e + 2u], q[e + 3u]) : vec4(0.0);
-    }
-    barrier();
 
     const uint k_base = p.k_off + b * p.k_nb3 + hk * p.k_nb2;
     const uint v_base = p.v_off + b * p.v_nb3 + hk * p.v_nb2;
@@ -238,8 +270,21 @@ void main() {
             }
         }
 #endif
+#if LOADS_FIRST
+        K_RAW kt[KD][CPT];
+        V_RAW vt[CPT][VD];
+        FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+            const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
+            FA_UNROLL for (uint k = 0; k < KD; ++k) {
+                kt[k][c] = raw_k(k_base + col * p.k_nb1 + 4u * (d_tid + k * DS));
+            }
+            FA_UNROLL for (uint v = 0; v < VD; ++v) {
+                vt[c][v] = raw_v(v_base + col * p.v_nb1 + 4u * (d_tid + v * DS));
+            }
+        }
+#endif
 #if HAS_MASK
-        // this thread's mask values first: a thread whose part of the block is all -inf skips it
+        // this thread's mask values: a thread whose part of the block is all -inf skips it
         // (with mask_opt or without: the same work either way, so the results match bit for bit)
         float mval[RPT][CPT];
         if (code == FA_MIXED) {
@@ -271,8 +316,7 @@ void main() {
                 qc[r] = tile[(rg * RPT + r) * HSK4 + d4];
             }
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-                const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
-                const vec4 kv = load_k(k_base + col * p.k_nb1 + 4u * d4);
+                const vec4 kv = TILE_K(k, c, min(j * BC + c * COLS + col_tid, p.KV - 1u));
                 FA_UNROLL for (uint r = 0; r < RPT; ++r) {
                     s[r][c] = fma(qc[r].w, kv.w, fma(qc[r].z, kv.z, fma(qc[r].y, kv.y, fma(qc[r].x, kv.x, s[r][c]))));
                 }
@@ -314,7 +358,7 @@ void main() {
         FA_UNROLL for (uint c = 0; c < CPT; ++c) {
             const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
             FA_UNROLL for (uint v = 0; v < VD; ++v) {
-                const vec4 vv = load_v(v_base + col * p.v_nb1 + 4u * (d_tid + v * DS));
+                const vec4 vv = TILE_V(c, v, col);
                 FA_UNROLL for (uint r = 0; r < RPT; ++r) {
                     acc[r][v] = fma(vec4(s[r][c]), vv, acc[r][v]);
                 }

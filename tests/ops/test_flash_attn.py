@@ -288,6 +288,44 @@ def test_gqa_pack_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, mask_o
     assert np.array_equal(_bits(packed), _bits(plain))
 
 
+LOADS_FIRST_CASES = [
+    # (tuning, n_q, n_head, n_head_kv, head size, mask, split_k, kv_used)
+    (None, 1, 8, 2, 64, "causal", 1, 150),
+    (None, 3, 4, 4, 64, "random", 2, None),      # one head a KV head: unpacked
+    (Arch.AMD_GCN, 1, 16, 2, 128, "window", 3, 190),
+    (Arch.NVIDIA, 4, 32, 8, 128, "random", 1, None),
+]
+
+
+@pytest.mark.parametrize("arch,n_q,n_head,n_head_kv,hs,kind,split_k,used", LOADS_FIRST_CASES)
+def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kind, split_k, used):
+    """Decode-sized calls issuing a tile's mask, K and V loads first (tuning.fa_loads_first) give
+    the result of loading them where they are used, bit for bit: masks with dead thread parts,
+    live cells from a buffer, splits."""
+    rng = np.random.default_rng(n_q * 10 + n_head)
+    n_kv = 200
+    q, k, v = make_qkv(rng, n_head=n_head, n_head_kv=n_head_kv, n_q=n_q, n_kv=n_kv, hsk=hs)
+    if kind == "random":
+        mask = random_mask(rng, n_q, n_kv)
+    else:   # the engine's: the cells past the live ones masked
+        live = used or n_kv
+        mask = np.full((1, 1, n_q, n_kv), NEG_INF, np.float16)
+        mask[..., :live] = causal_mask(n_q, live, window=60 if kind == "window" else 0)
+    t_used = tensor_from_numpy(device, np.array([used], np.int32)) if used else None
+    base = tuning(device, arch)
+    try:
+        got = {}
+        for first in (True, False):
+            t = dataclasses.replace(base, fa_loads_first=first)
+            got[first], fa = flash(device, q, k, v, mask, tuning=t, split_k=split_k, kv_used=t_used)
+            assert fa.decode_sized and fa.n_split == split_k and fa._attn.defines["LOADS_FIRST"] == int(first)
+        check(got[True], q, k, v, mask)
+        assert np.array_equal(_bits(got[True]), _bits(got[False]))
+    finally:
+        if t_used is not None:
+            t_used.close()
+
+
 def test_gqa_pack_rule(device):
     """Packed by default for up to fa_pack_max_q queries when the shape allows; refused by name
     where it does not."""

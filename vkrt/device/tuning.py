@@ -58,6 +58,9 @@ class Tuning:
     # shorter tiles of a short context spread over more splits. H200, GCN tuning, tg128:
     # Qwen3-30B-A3B shape 248.6 t/s at 32, 260.9 at 16, 258.9 at 8; dense 8B 201.7 / 207.1 / 205.9
     fa_decode_bc: int = 16
+    # decode-sized calls issue a tile's mask, K and V loads before using any (shaders/flash_attn.comp
+    # LOADS_FIRST): one memory round trip a tile instead of three in a row
+    fa_loads_first: bool = True
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True
     # staging ring for uploads from pageable memory: segment bytes and segment count; a few
