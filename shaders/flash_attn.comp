@@ -10,9 +10,10 @@
 // merged once at the end. A thread skips a KV tile where its own mask values are all -inf. With
 // mask_opt (flags bit 0) the 2-bit code of each Br x Bc mask block skips the block for the whole
 // workgroup before any mask read (all -inf), or the mask read and add (all zero). With
-// n_split > 1 the splits share the (live) KV tiles evenly; each writes its unnormalised O with
-// (M, L) per row, and the last split of a row tile to finish (an atomic count per tile) combines
-// them. With SINKS (attention sinks, gpt-oss) each query head's sink value counts in the final
+// n_split > 1 the splits share the (live) KV tiles evenly, at least SPLIT_MIN tiles each; each
+// writes its unnormalised O with (M, L) per row, and the last split of a row tile to finish (an
+// atomic count per tile) combines them. Where the live tiles leave one split used (a short
+// context in a dispatch recorded for a longer one) it writes the output itself, as unsplit. With SINKS (attention sinks, gpt-oss) each query head's sink value counts in the final
 // normalisation as a key of score `sink` with a zero value would (ggml's flash_attn_ext sinks).
 //
 // GQA_PACK > 1 (grouped-query attention, one mask plane, no ALiBi): a workgroup's rows are the
@@ -27,12 +28,13 @@
 //
 // With LOADS_FIRST (decode-sized calls: few rows, short tiles) a thread issues a tile's mask, K
 // and V loads together before it uses any of them: a tile costs one memory round trip, not
-// three one after another, and the same arithmetic runs on the same values. The queries are
-// loaded before the live cells are read, in the same round trip.
+// three one after another, and the same arithmetic runs on the same values. LOADS_FIRST 2 issues
+// the next tile's loads before this tile's arithmetic, so the round trip overlaps it. The
+// queries are loaded before the live cells are read, in the same round trip.
 //
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
-// LOADS_FIRST.
+// LOADS_FIRST, SPLIT_MIN.
 #include "common.glsl"
 #include "attn_common.glsl"
 #if DS > 1
@@ -40,6 +42,9 @@
 #endif
 #ifndef LOADS_FIRST
 #define LOADS_FIRST 0
+#endif
+#ifndef SPLIT_MIN
+#define SPLIT_MIN 1
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -141,6 +146,27 @@ float sink_factor(float m, inout float l, uint head) {
 #endif
 }
 
+// this thread's mask value of tile j at its row r, column c
+#define MASK_AT(j, r, c) attn_half(m_u32, m_base + min(row_token(row0 + rg * RPT + (r)), p.N - 1u) * p.m_nb1 \
+                                   + min((j) * BC + (c) * COLS + col_tid, p.KV - 1u))
+// a tile's K and V values as stored (LOADS_FIRST), and its mask values
+#define LOAD_KV(j, kt, vt)                                                              \
+    FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                          \
+        const uint col = min((j) * BC + c * COLS + col_tid, p.KV - 1u);                 \
+        FA_UNROLL for (uint k = 0; k < KD; ++k) {                                       \
+            kt[k][c] = raw_k(k_base + col * p.k_nb1 + 4u * (d_tid + k * DS));           \
+        }                                                                               \
+        FA_UNROLL for (uint v = 0; v < VD; ++v) {                                       \
+            vt[c][v] = raw_v(v_base + col * p.v_nb1 + 4u * (d_tid + v * DS));           \
+        }                                                                               \
+    }
+#define LOAD_MASK(j, mt)                                                                \
+    FA_UNROLL for (uint r = 0; r < RPT; ++r) {                                          \
+        FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                      \
+            mt[r][c] = MASK_AT(j, r, c);                                                \
+        }                                                                               \
+    }
+
 // K and V values of the tile's column c (cell col), dot lane share k or v: from the loads issued
 // at the tile's start (LOADS_FIRST), else loaded where they are used
 #if LOADS_FIRST
@@ -228,12 +254,14 @@ void main() {
     const uint kv = p.KV;
 #endif
     // the live tiles shared evenly by the splits (with KV_USED they change from step to step); a
-    // split left without tiles only counts itself done
+    // split left without tiles only counts itself done (nothing at all where one split is used)
     const uint live_tiles = (kv + BC - 1u) / BC;
-    const uint per_split = max(1u, (live_tiles + p.n_split - 1u) / p.n_split);
+    const uint per_split = max(uint(SPLIT_MIN), (live_tiles + p.n_split - 1u) / p.n_split);
     const uint used_splits = (live_tiles + per_split - 1u) / per_split;
     if (p.n_split > 1u && split >= used_splits) {
-        merge_splits(row0, n_rows, b, used_splits);
+        if (used_splits > 1u) {
+            merge_splits(row0, n_rows, b, used_splits);
+        }
         return;
     }
 
@@ -260,26 +288,37 @@ void main() {
     }
 
     const uint j_end = min(live_tiles, (split + 1u) * per_split);
+#if LOADS_FIRST > 1
+    K_RAW kn[KD][CPT];
+    V_RAW vn[CPT][VD];
+    LOAD_KV(min(split * per_split, j_end - 1u), kn, vn);
+#if HAS_MASK
+    float mn[RPT][CPT];
+    LOAD_MASK(min(split * per_split, j_end - 1u), mn);
+#endif
+#endif
     [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
+#if LOADS_FIRST > 1
+        // this tile's values from the last iteration; the next tile's loads go out now (before
+        // anything can skip this tile)
+        K_RAW kt[KD][CPT] = kn;
+        V_RAW vt[CPT][VD] = vn;
+#if HAS_MASK
+        float mt[RPT][CPT] = mn;
+        LOAD_MASK(min(j + 1u, j_end - 1u), mn);
+#endif
+        LOAD_KV(min(j + 1u, j_end - 1u), kn, vn);
+#elif LOADS_FIRST
+        K_RAW kt[KD][CPT];
+        V_RAW vt[CPT][VD];
+        LOAD_KV(j, kt, vt);
+#endif
         uint code = FA_MIXED;
 #if HAS_MASK
         if (use_mask_opt) {
             code = (mo[mo_base + j / 16u] >> (2u * (j % 16u))) & 3u;
             if (code == FA_ALL_NEG_INF) {
                 continue;
-            }
-        }
-#endif
-#if LOADS_FIRST
-        K_RAW kt[KD][CPT];
-        V_RAW vt[CPT][VD];
-        FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-            const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
-            FA_UNROLL for (uint k = 0; k < KD; ++k) {
-                kt[k][c] = raw_k(k_base + col * p.k_nb1 + 4u * (d_tid + k * DS));
-            }
-            FA_UNROLL for (uint v = 0; v < VD; ++v) {
-                vt[c][v] = raw_v(v_base + col * p.v_nb1 + 4u * (d_tid + v * DS));
             }
         }
 #endif
@@ -290,10 +329,12 @@ void main() {
         if (code == FA_MIXED) {
             bool live = false;
             FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                const uint row = min(row_token(row0 + rg * RPT + r), p.N - 1u);
                 FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-                    const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
-                    const float m = attn_half(m_u32, m_base + row * p.m_nb1 + col);
+#if LOADS_FIRST > 1
+                    const float m = mt[r][c];
+#else
+                    const float m = MASK_AT(j, r, c);
+#endif
                     live = live || m != ATTN_NEG_INF;
                     mval[r][c] = m;
                 }
@@ -402,7 +443,7 @@ void main() {
         barrier();
     }
 
-    const bool partial = p.n_split > 1u;
+    const bool partial = used_splits > 1u;
     const uint n_out = (gl_NumWorkGroups.z / p.n_split) * p.N * p.n_head;   // output rows of a split
     FA_UNROLL for (uint r = 0; r < RPT; ++r) {
         const uint row = row0 + rg * RPT + r;

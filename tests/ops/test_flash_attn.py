@@ -289,38 +289,41 @@ def test_gqa_pack_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, mask_o
 
 
 LOADS_FIRST_CASES = [
-    # (tuning, n_q, n_head, n_head_kv, head size, mask, split_k, kv_used)
-    (None, 1, 8, 2, 64, "causal", 1, 150),
-    (None, 3, 4, 4, 64, "random", 2, None),      # one head a KV head: unpacked
-    (Arch.AMD_GCN, 1, 16, 2, 128, "window", 3, 190),
-    (Arch.NVIDIA, 4, 32, 8, 128, "random", 1, None),
+    # (tuning, n_q, n_head, n_head_kv, head size, mask, split_k, kv_used, mask_opt)
+    (None, 1, 8, 2, 64, "causal", 1, 150, False),
+    (None, 3, 4, 4, 64, "random", 2, None, False),      # one head a KV head: unpacked
+    (Arch.AMD_GCN, 1, 16, 2, 128, "window", 3, 190, False),
+    (Arch.NVIDIA, 4, 32, 8, 128, "random", 1, None, False),
+    (Arch.NVIDIA, 9, 32, 8, 128, "window", 2, None, True),   # skipped blocks between live ones
 ]
 
 
-@pytest.mark.parametrize("arch,n_q,n_head,n_head_kv,hs,kind,split_k,used", LOADS_FIRST_CASES)
-def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kind, split_k, used):
-    """Decode-sized calls issuing a tile's mask, K and V loads first (tuning.fa_loads_first) give
-    the result of loading them where they are used, bit for bit: masks with dead thread parts,
-    live cells from a buffer, splits."""
+@pytest.mark.parametrize("arch,n_q,n_head,n_head_kv,hs,kind,split_k,used,mask_opt", LOADS_FIRST_CASES)
+def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kind, split_k, used, mask_opt):
+    """Decode-sized calls issuing a tile's mask, K and V loads first, or a tile ahead
+    (tuning.fa_loads_first 1, 2), give the result of loading them where they are used, bit for
+    bit: masks with dead thread parts, live cells from a buffer, splits."""
     rng = np.random.default_rng(n_q * 10 + n_head)
-    n_kv = 200
+    n_kv = 700 if mask_opt else 200
     q, k, v = make_qkv(rng, n_head=n_head, n_head_kv=n_head_kv, n_q=n_q, n_kv=n_kv, hsk=hs)
     if kind == "random":
         mask = random_mask(rng, n_q, n_kv)
     else:   # the engine's: the cells past the live ones masked
         live = used or n_kv
         mask = np.full((1, 1, n_q, n_kv), NEG_INF, np.float16)
-        mask[..., :live] = causal_mask(n_q, live, window=60 if kind == "window" else 0)
+        mask[..., :live] = causal_mask(n_q, live, window=(250 if mask_opt else 60) if kind == "window" else 0)
     t_used = tensor_from_numpy(device, np.array([used], np.int32)) if used else None
     base = tuning(device, arch)
     try:
         got = {}
-        for first in (True, False):
+        for first in (0, 1, 2):
             t = dataclasses.replace(base, fa_loads_first=first)
-            got[first], fa = flash(device, q, k, v, mask, tuning=t, split_k=split_k, kv_used=t_used)
-            assert fa.decode_sized and fa.n_split == split_k and fa._attn.defines["LOADS_FIRST"] == int(first)
-        check(got[True], q, k, v, mask)
-        assert np.array_equal(_bits(got[True]), _bits(got[False]))
+            got[first], fa = flash(device, q, k, v, mask, tuning=t, split_k=split_k, kv_used=t_used, mask_opt=mask_opt)
+            assert fa.decode_sized and fa.n_split == split_k and fa._attn.defines["LOADS_FIRST"] == first
+            assert fa.mask_opt == mask_opt
+        check(got[2], q, k, v, mask)
+        assert np.array_equal(_bits(got[1]), _bits(got[0]))
+        assert np.array_equal(_bits(got[2]), _bits(got[0]))
     finally:
         if t_used is not None:
             t_used.close()
@@ -383,6 +386,30 @@ def test_kv_used_limits_the_cells(device, used, split_k):
         check(got, q[:, :, :, :], k[:, :, :used], v[:, :, :used], open_mask[..., :used])
         got_nomask, _ = flash(device, q, k, v, None, kv_used=t_used, split_k=split_k)
         check(got_nomask, q, k[:, :, :used], v[:, :, :used])
+    finally:
+        t_used.close()
+
+
+@pytest.mark.parametrize("used,split_min,one_split", [(40, 4, True), (40, 1, False), (150, 4, False)])
+def test_live_tiles_a_split(device, used, split_min, one_split):
+    """A decode-sized call recorded with splits gives each split at least fa_decode_split_min_live
+    of the live tiles: where that leaves one split, it writes the unsplit result bit for bit (no
+    merge); else the splits merge to the reference, replayed twice (the done counts reset)."""
+    rng = np.random.default_rng(used + split_min)
+    n_q, n_kv = 1, 256
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=n_q, n_kv=n_kv, hsk=64)
+    mask = np.zeros((1, 1, n_q, n_kv), np.float16)
+    mask[..., used:] = NEG_INF
+    t = dataclasses.replace(device.tuning, fa_decode_bc=16, fa_decode_split_min_live=split_min)
+    t_used = tensor_from_numpy(device, np.array([used], np.int32))
+    try:
+        split, fa = flash(device, q, k, v, mask, tuning=t, split_k=8, kv_used=t_used)
+        again, _ = flash(device, q, k, v, mask, tuning=t, split_k=8, kv_used=t_used)
+        plain, fb = flash(device, q, k, v, mask, tuning=t, split_k=1, kv_used=t_used)
+        assert fa.n_split == 8 and fb.n_split == 1 and fa.tile.bc == 16
+        check(split, q, k, v, mask)
+        assert np.array_equal(_bits(split), _bits(again))
+        assert np.array_equal(_bits(split), _bits(plain)) == one_split
     finally:
         t_used.close()
 

@@ -54,13 +54,21 @@ class Tuning:
     fa_pack_max_q: int = 16
     fa_pack_rows: int = 1
     fa_decode_split_min_tiles: int = 2
+    # ... and at run time each split takes at least this many of the live tiles (a short context in
+    # a dispatch recorded for a longer one runs on fewer splits; one split merges nothing). H200,
+    # GCN table, heads 32/4 x 128, 8 splits recorded: at 1 / 4, depth 32 11.1 / 9.1 us, depth 128
+    # 12.0 / 13.4; 30B-A3B shape tg128 275.8 / 274.4 t/s
+    fa_decode_split_min_live: int = 1
     # KV columns a tile for decode-sized calls (at most fa_pack_max_q queries; 0: fa_bc): the
     # shorter tiles of a short context spread over more splits. H200, GCN tuning, tg128:
     # Qwen3-30B-A3B shape 248.6 t/s at 32, 260.9 at 16, 258.9 at 8; dense 8B 201.7 / 207.1 / 205.9
     fa_decode_bc: int = 16
     # decode-sized calls issue a tile's mask, K and V loads before using any (shaders/flash_attn.comp
-    # LOADS_FIRST): one memory round trip a tile instead of three in a row
-    fa_loads_first: bool = True
+    # LOADS_FIRST): one memory round trip a tile instead of three in a row; 2: the next tile's
+    # too, while this one is computed; 0: each loaded where it is used. H200, GCN table, heads
+    # 32/4 x 128, one query, split 1 at depth 4096: 520 / 305 / 189 us; Qwen3-30B-A3B shape
+    # tg128 269.1 / 274.6 / 275.8 t/s (bench/flash_attn_decode.py, vkrt bench)
+    fa_loads_first: int = 2
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True
     # staging ring for uploads from pageable memory: segment bytes and segment count; a few

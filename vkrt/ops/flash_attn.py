@@ -291,7 +291,8 @@ class FlashAttn:
             shader, workgroup = "flash_attn", (tile.wg,)
             defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                            RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack,
-                           LOADS_FIRST=int(self.decode_sized and self.tuning.fa_loads_first), **options)
+                           LOADS_FIRST=self.tuning.fa_loads_first if self.decode_sized else 0,
+                           SPLIT_MIN=self.tuning.fa_decode_split_min_live if self.decode_sized else 1, **options)
         self._sinks, push["s_off"] = None, 0
         if sinks is not None:
             if sinks.nelements != s.n_head or not sinks.is_contiguous():
