@@ -40,6 +40,7 @@ from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
+from vkrt.ops.head_epilogue import head_epilogue
 from vkrt.ops.matmul import MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, norm_input, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
 from vkrt.ops.norm import rms_norm
@@ -185,6 +186,17 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4, wide=wide,
                                 mul_mat_id=True, glu="silu").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
+    hd, nkv = m["head"], m["n_head_kv"]
+    epi = head_epilogue(Recorder(dev), placeholder(dev, F32, (nkv * hd, 1), "k"), hd,
+                        placeholder(dev, I32, (nkv,), "n"), placeholder(dev, F16, (hd, m["n_kv"], nkv), "k cache"),
+                        weight=placeholder(dev, F32, (hd,), "w"),
+                        eps=1e-6, positions=placeholder(dev, I32, (1,), "pos"),
+                        rows=placeholder(dev, I32, (1,), "rows"), rope_args=dict(n_dims=hd, freq_base=1e6, neox=True))
+    for typ in types if epi is not None else ():
+        out.append((f"decode {typ.name}: k projection with its heads' norm, RoPE and F16 cache store "
+                    "(VKRT_FUSE_QKV_ROPE=1)",
+                    [mat_vec_kernel(dev, typ, 1, tune, k=m["hidden"], m=nkv * hd, xvec4=xvec4,
+                                    wide=typ.name in MV_WIDE, head_epi=epi.defines).kernel]))
     # ops that build their pipeline while recording (the same for prefill and decode)
     T, E, D = m["ubatch"], m["hidden"], m["head"]
     x, cur, pending = (placeholder(dev, F32, (E, T), name) for name in ("x", "cur", "pending"))

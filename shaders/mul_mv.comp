@@ -27,12 +27,18 @@
 // normalises it into shared memory, redoing the norm workgroup's sums (NORM_WG invocations,
 // SG_BUTTERFLY) subgroup by subgroup, writes its share of the normed x (the FFN's input) and the
 // last workgroup stores x + r over x; the norm's dispatch and barrier are gone.
+// With HEAD_EPI (a plain mat-vec: attention's q, k or v projection) the last workgroup to finish
+// a head's rows does that head's q/k norm, RoPE and cache store (shaders/mv_head_epi.glsl): one
+// dispatch and barrier fewer a layer than norm_rope after the projections.
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
 // within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
 // shared-memory tree.
 #include "common.glsl"
-#if defined(REDUCE_CLUSTER) || defined(NORM_IN)
+#if defined(REDUCE_CLUSTER) || defined(NORM_IN) || (defined(HEAD_EPI) && EPI_NORM)
 #extension GL_KHR_shader_subgroup_shuffle : enable
+#endif
+#if defined(HEAD_EPI) && DST_F16
+#extension GL_EXT_shader_16bit_storage : require
 #endif
 #if defined(REDUCE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : enable
@@ -105,6 +111,22 @@ layout(binding = 8) readonly buffer NWt { float nw_data[]; };       // the norm'
 layout(binding = 9) writeonly buffer NSum { float ns_data[]; };     // x + r, over x
 layout(binding = 10) writeonly buffer NOut { float no_data[]; };    // the normed x
 #endif
+#elif defined(HEAD_EPI)
+#if defined(MUL_MAT_ID) || defined(GLU) || defined(GATE_UP) || defined(SEGMENTS) || defined(BIAS)
+#error "HEAD_EPI follows a plain mat-vec (attention's q, k or v projection)"
+#endif
+#if DST_F16
+#define DST_T float16_t
+#else
+#define DST_T float
+#endif
+layout(binding = 2) coherent buffer Y { float y_data[]; };   // a head's last workgroup reads its rows back
+layout(binding = 3) coherent buffer WgCount { uint wg_count[]; };   // finished workgroups a head
+layout(binding = 4) readonly buffer HW { float hw_data[]; };        // the norm's weight
+layout(binding = 5) readonly buffer EPos { int epi_pos[]; };        // positions (RoPE)
+layout(binding = 6) readonly buffer EFF { float epi_ff[]; };        // frequency factors
+layout(binding = 7) readonly buffer ERows { int epi_rows[]; };      // cache rows (EPI_ROWS)
+layout(binding = 8) writeonly buffer EDst { DST_T epi_dst[]; };     // the head's destination
 #else
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
 #endif
@@ -173,6 +195,26 @@ layout(push_constant) uniform Push {
     uint n_o_col;
     float n_eps;
 #endif
+#ifdef HEAD_EPI
+    uint e_hb;          // rows of y a head's block spans (EPI_HD of them are the head's)
+    uint e_count_off;   // the heads' counters of finished workgroups
+    uint e_w_off;       // element offsets: the norm weight, positions, frequency factors, cache rows
+    uint e_pos_off;
+    uint e_ff_off;
+    uint e_rows_off;
+    uint e_d_off;       // the destination's offset and strides between heads and tokens (cache rows)
+    uint e_d_head;
+    uint e_d_tok;
+    uint e_n_tok;       // tokens of a position stream
+    uint e_n_dims;      // rotated dims
+    float e_eps;
+    float e_theta_scale;
+    float e_freq_scale;
+    float e_attn_factor;
+    float e_ext_factor;
+    float e_corr_low;
+    float e_corr_high;
+#endif
 #ifdef MOE_SUM
     uint wt_off;   // float offsets of the routing weights, the shared output and its gate
     uint sh_off;
@@ -193,25 +235,31 @@ layout(push_constant) uniform Push {
 #define ROUTE_WEIGHT(i, v) route_w[p.rw_off + (i)] = (v)
 #include "moe_route.glsl"
 
+#endif
+
+#if defined(ROUTE) || defined(HEAD_EPI)
 shared bool wg_last;
-// Whether this is the last workgroup of the dispatch to finish: each workgroup's rows are stored
-// and made visible before it counts itself, so the last one reads them all; it resets the
-// counter (wg_count[p.count_off], 0 between dispatches) for the next dispatch
-bool last_workgroup() {
+// Whether this is the last of `of` workgroups counted at wg_count[at] to finish: each
+// workgroup's rows are stored and made visible before it counts itself, so the last one reads
+// them all; it resets the counter (0 between dispatches) for the next dispatch
+bool last_workgroup(uint at, uint of) {
     memoryBarrierBuffer();
     barrier();
     if (gl_LocalInvocationID.x == 0u) {
-        wg_last = atomicAdd(wg_count[p.count_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+        wg_last = atomicAdd(wg_count[at], 1u) == of - 1u;
     }
     barrier();
     if (wg_last) {
         memoryBarrierBuffer();
         if (gl_LocalInvocationID.x == 0u) {
-            wg_count[p.count_off] = 0u;
+            wg_count[at] = 0u;
         }
     }
     return wg_last;
 }
+#endif
+#ifdef HEAD_EPI
+#include "mv_head_epi.glsl"
 #endif
 
 #ifdef NORM_IN
@@ -551,8 +599,22 @@ void main() {
         }
     }
 #endif
+#ifdef HEAD_EPI
+    {
+        const uint rows_wg = GROUPS * NR, first = wgid * rows_wg;
+        if (rows_wg >= p.e_hb) {   // whole heads: this workgroup's own, once its rows are visible
+            memoryBarrierBuffer();
+            barrier();
+            for (uint h = first / p.e_hb; h < min(first + rows_wg, p.M) / p.e_hb; h++) {
+                head_epilogue(h, ybase, ycol);
+            }
+        } else if (first < p.M && last_workgroup(p.e_count_off + first / p.e_hb, p.e_hb / rows_wg)) {
+            head_epilogue(first / p.e_hb, ybase, ycol);   // (a grid padded past the rows: no head counts those)
+        }
+    }
+#endif
 #ifdef ROUTE
-    const bool last = last_workgroup();
+    const bool last = last_workgroup(p.count_off, gl_NumWorkGroups.x * gl_NumWorkGroups.y);
 #ifdef NORM_IN
     if (last) {
         store_sums();

@@ -43,6 +43,8 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
         device_env("VKRT_FUSE_NORM_ROUTE", "0")                   # a router's prologue (which needs ROUTE)
     if variable in ("VKRT_FUSE_NORM_ROPE", "VKRT_FUSE_KV_STORE"):   # q's norm_rope its own dispatch, counted
         device_env("VKRT_FUSE_QK_ROPE", "0")                          # below
+    if variable in ("VKRT_FUSE_NORM_ROPE", "VKRT_FUSE_KV_STORE", "VKRT_FUSE_QK_ROPE", "VKRT_FUSE_QKV"):
+        device_env("VKRT_FUSE_QKV_ROPE", "0")   # norm_rope's dispatches, not the projections' epilogues
     if variable == "VKRT_FUSE_MOE_SUM":   # against moe_combine's pass, not the sum inside the next norm
         device_env("VKRT_FUSE_COMBINE_NORM", "0")
     device_env(variable, "on" if fuse else "off")
@@ -52,6 +54,7 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
         decode = [e.eval([int(np.argmax(prefill[-1]))])]
         decode.append(e.eval([int(np.argmax(decode[-1]))]))
         dispatches = sum(s.dispatch_count for g in e._graphs.values() for s in g.seqs)
+        run.barriers = sum(s.barrier_count for g in e._graphs.values() for s in g.seqs)
         return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg
 
 
@@ -127,6 +130,27 @@ def test_q_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name
     queries carry the attention temperature and keep their own dispatch."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_QK_ROPE")
     assert saved == (0 if name == "tiny-mistral3" else 2 * len(cfg.kv_layers))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
+                                  "tiny-gpt-oss", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3", "tiny-mistral3",
+                                  "tiny-olmoe"])
+def test_norm_rope_in_the_projections_is_bit_identical(device, tmp_path, device_env, name):
+    """Each head's norm, RoPE and cache stores done by the last workgroup of its q, k or v
+    projection (VKRT_FUSE_QKV_ROPE): norm_rope's one dispatch a layer gone from both graphs (the
+    8-token prompt is mat-vec sized), the same bits: with q/k norms and without (llama), sliding
+    layers (gemma3), IMROPE and queries strided between their gates (qwen35moe, qwen3next), views
+    of attn_qkv (phi3); the projection biases of gpt-oss and glm4moe, mistral3's attention
+    temperature and olmoe's whole-vector norms keep norm_rope."""
+    path = tiny_model(name, tmp_path)
+    fused, n_fused, cfg = run(device, path, device_env, True, "VKRT_FUSE_QKV_ROPE")
+    barriers_fused = run.barriers
+    plain, n_plain, _ = run(device, path, device_env, False, "VKRT_FUSE_QKV_ROPE")
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    apart = name in ("tiny-gpt-oss", "tiny-glm4moe", "tiny-mistral3", "tiny-olmoe")
+    assert n_plain - n_fused == (0 if apart else 2 * len(cfg.kv_layers))
+    # its barrier went with it, and none came between the projections (their counters lie apart)
+    assert run.barriers - barriers_fused == n_plain - n_fused
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss",
@@ -248,7 +272,7 @@ def test_fusion_defaults():
     from vkrt.settings import Settings
     assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
                                                         moe_sum=False, qkv=False, kv_store=True, combine_norm=True,
-                                                        route=True, norm_route=True, qk_rope=True)
+                                                        route=True, norm_route=True, qk_rope=True, qkv_rope=False)
     on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
     assert on.glu and not on.add_norm and on.qkv
     assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu

@@ -177,6 +177,9 @@ VARIABLES: tuple[Variable, ...] = (
     _fusion("NORM_ROUTE", True, "decode: the residual add and RMS norm before a MoE block run in the prologue of "
                                 "its router's mat-vec (with VKRT_FUSE_ROUTE) instead of a dispatch and barrier "
                                 "before it (0: apart)"),
+    _fusion("QKV_ROPE", False, "decode: the last workgroup of each head's q, k or v projection does the head's "
+                               "norm, RoPE and cache store (with NORM_ROPE) instead of a norm_rope dispatch and "
+                               "barrier after the projections; off by default: no faster on the H200"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_COOPMAT", "coopmat", "flag or unset", "tuning table",
@@ -230,6 +233,7 @@ class Settings:
     fuse_route: bool = True
     fuse_norm_route: bool = True
     fuse_qk_rope: bool = True
+    fuse_qkv_rope: bool = False
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None
     glslang_lib: Path | None = None

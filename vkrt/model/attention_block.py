@@ -19,6 +19,7 @@ from __future__ import annotations
 from ..ops.attention import Attention
 from ..ops.elementwise import add, gate_mul
 from ..ops.flash_attn import FlashAttn
+from ..ops.head_epilogue import epilogue_fits, head_epilogue
 from ..ops.matmul import matmul
 from ..ops.norm_rope import can_store_v, norm_rope
 from ..ops.rope import rope
@@ -46,6 +47,32 @@ def positions(cfg, s, T):
     return s.pos.slice(0, 0, cfg.pos_streams * T)
 
 
+def head_epilogues(tf, seq, s, cache, il, T, q_temp) -> list | None:
+    """The HeadEpilogues of layer il's q, k and v projections (VKRT_FUSE_QKV_ROPE: each head's
+    norm, RoPE and cache store in its projection's last workgroup, norm_rope's bits, no norm_rope
+    dispatch); None where a step of T tokens cannot take them: fusions off, the q/k/v mat-vec
+    fused (VKRT_FUSE_QKV), biases, norms over whole rows, an attention temperature, more tokens
+    than one mat-vec run, or a projection whose workgroups do not fit its heads."""
+    cfg, w, p, f = tf.cfg, tf.w, f"blk.{il}.", tf.fusions
+    if not (f.qkv_rope and f.norm_rope) or f.qkv or cfg.attn_bias or cfg.qk_norm_full or q_temp:
+        return None
+    D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
+    q_block = 2 * D if cfg.attn_gate else D
+    weights = [w[p + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v")]
+    if not all(epilogue_fits(seq, wt, T, b) for wt, b in zip(weights, (q_block, D, Dv))):
+        return None
+    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+    pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)
+    third = s.head_count.ne[0] // 3   # each projection's counters (see Scratch)
+    count = [s.head_count.slice(0, i * third, i * third + n) for i, n in enumerate((H, KV, KV))]
+    epis = [head_epilogue(seq, s.cols("q", T), D, count[0], s.cols("qr", T).view((D, H, T)),
+                          block=q_block, weight=norms["q"], eps=cfg.norm_eps, positions=pos, rope_args=args),
+            head_epilogue(seq, s.cols("k", T), D, count[1], cache.k[il], weight=norms["k"],
+                          eps=cfg.norm_eps, positions=pos, rows=cells, rope_args=args),
+            head_epilogue(seq, s.cols("v", T), Dv, count[2], cache.v[il], rows=cells)]
+    return epis if all(e is not None for e in epis) else None
+
+
 def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None):
     """Record layer il's attention block (flash attention's work buffers are the Scratch's).
     split_as = (tokens, their mask): flash attention splits the KV cells as a step of that many
@@ -56,7 +83,13 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     tf.add_norm(seq, s, T, p + "attn_norm.weight")
     q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
     projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
-    project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur, tf.fusions.qkv)
+    q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
+    epis = head_epilogues(tf, seq, s, cache, il, T, q_temp)
+    if epis is not None:   # each head normed, rotated and stored by its projection's last workgroup
+        for (t, name), epi in zip(projections, epis):
+            matmul(seq, w[p + name + ".weight"], cur, t, head_epi=epi)
+    else:
+        project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur, tf.fusions.qkv)
     for t, name in projections:
         if cfg.attn_bias and p + name + ".bias" in w:
             add(seq, t, w[p + name + ".bias"], t)
@@ -72,9 +105,10 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
     pos, cells = positions(cfg, s, T), s.cells.slice(0, 0, T)
     args = rope_args(cfg, tf.rope_factors, il)
-    q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
     v3 = v.view((Dv, KV, T))
-    if tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
+    if epis is not None:   # the projections' epilogues did it all
+        pass
+    elif tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
         norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
         with_q = (q3, qr, norms["q"]) if tf.fusions.qk_rope and not q_temp else None   # q rides in K's dispatch
         if with_q is None:

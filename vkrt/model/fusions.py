@@ -35,7 +35,11 @@ from ..ops.matmul import matmul, matmul_segments
 # residual add and RMS norm before a MoE block in the prologue of its router's mat-vec, each
 # workgroup redoing the norm's sums in its order with every load issued at once) is on: 30B-A3B
 # 276.2 vs 272.3 apart, Qwen3.5 256.3 vs 255.5 (same run); an earlier form that walked the
-# loads one after another lost 5%.
+# loads one after another lost 5%. QKV_ROPE (decode: the last workgroup to finish a head's rows
+# of the q, k or v projection does that head's norm, RoPE and cache store, norm_rope's dispatch
+# and barrier gone; vkrt/ops/head_epilogue.py) is off: on the H200 the atomic count, the read-back
+# and the serial tail cost what the barrier did (Qwen3-30B-A3B shape, GCN table, tg128: 273.5 /
+# 273.8 t/s on against 274.8 off, vkrt bench, same run).
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Fusions:
     route: bool = True
     norm_route: bool = True
     qk_rope: bool = True
+    qkv_rope: bool = False
 
     @staticmethod
     def of(settings) -> "Fusions":
@@ -61,7 +66,7 @@ class Fusions:
                        gate_up=settings.fuse_gate_up, moe_sum=settings.fuse_moe_sum, qkv=settings.fuse_qkv,
                        kv_store=settings.fuse_kv_store, combine_norm=settings.fuse_combine_norm,
                        route=settings.fuse_route, norm_route=settings.fuse_norm_route,
-                       qk_rope=settings.fuse_qk_rope)
+                       qk_rope=settings.fuse_qk_rope, qkv_rope=settings.fuse_qkv_rope)
 
 
 def project(seq, pairs, x, fused: bool) -> None:

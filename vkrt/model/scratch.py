@@ -56,6 +56,10 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "v": (F32, (KV * Dv, T), kv),
         "qr": (F32, (H * Dk, T), kv),
         "kr": (F32, (KV * Dk, T), kv),
+        "head_count": (I32, (3 * HEAD_COUNT_STRIDE * -(-max(H, KV) // HEAD_COUNT_STRIDE),), kv),
+                                                           # q's, k's and v's heads' finished projection
+                                                           # workgroups (mul_mv HEAD_EPI; 0 between), a
+                                                           # third each (apart: no barrier between them)
         "attn": (F32, (max(H * Dv if kv else 1, Hv * D if dn else 1), T), True),   # also the DeltaNet output
         "scores": (F32, (n_ctx * T * H,), kv and not flash_attn),
         # Gated DeltaNet
@@ -103,6 +107,10 @@ def scratch_bytes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True,
     return sum(typ.type_size * math.prod(ne) for typ, ne in shapes.values())
 
 
+# the counters of one projection's heads start at multiples of this (in the head_count tensor)
+HEAD_COUNT_STRIDE = 64
+
+
 # outputs of projections that one mat-vec pass writes (fusions.project): one allocation each group
 GROUPS = (("q", "k", "v"), ("qkv", "z"), ("alpha", "beta"))
 
@@ -134,6 +142,8 @@ class Scratch(Owned):
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
                 write_tensor(self.wg_count, np.zeros(1, np.int32))
+            if self.head_count is not None:
+                write_tensor(self.head_count, np.zeros(self.head_count.ne[0], np.int32))
             if flash_attn and any(layer.has_kv for layer in cfg.layers):
                 self.flash_work = FlashWork(device)
         except BaseException:

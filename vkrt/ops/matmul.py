@@ -84,6 +84,26 @@ def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out
     return NormInput(x, residual, weight, float(eps))
 
 
+# HEAD_EPI: the per-head epilogue's fields (shaders/mul_mv.comp, mv_head_epi.glsl)
+HEAD_EPI_FIELDS = (*((n, "u32") for n in ("e_hb", "e_count_off", "e_w_off", "e_pos_off", "e_ff_off", "e_rows_off",
+                                          "e_d_off", "e_d_head", "e_d_tok", "e_n_tok", "e_n_dims")),
+                   *((n, "f32") for n in ("e_eps", "e_theta_scale", "e_freq_scale", "e_attn_factor", "e_ext_factor",
+                                          "e_corr_low", "e_corr_high")))
+
+
+@dataclass(frozen=True)
+class HeadEpilogue:
+    """Attention's per-head q/k norm, RoPE and store that a q, k or v projection's mat-vec does
+    in the last workgroup to finish each head (mul_mv HEAD_EPI; vkrt.ops.head_epilogue builds
+    it): its defines, the bindings 3-8 (counters, norm weight, positions, frequency factors,
+    cache rows, destination), HEAD_EPI_FIELDS' values and the rows of y a head's block spans."""
+
+    defines: dict
+    buffers: tuple
+    push: dict
+    block: int
+
+
 # the most elements of x + r (over the columns) a lane of the router's mat-vec holds for its norm
 NORM_MAX_HELD = 32
 
@@ -152,23 +172,12 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
     return typ.name in MV_WIDE and all(b % 16 == 0 for b in byte_offsets)
 
 
-def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
-                   glu: str | None = None, gate_up: str | None = None, wide: bool = False,
-                   moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
-                   segments: bool = False, route: dict | None = None, norm: bool = False) -> MatVec:
-    """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
-    mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
-    (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
-    act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
-    with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
-    output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
-    rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
-    matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first (NormInput). Rows a group are halved (down to one) while the grid has
-    fewer than tuning.mv_fill_groups workgroups."""
+def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bool = False, gate_up: bool = False,
+                  moe_sum: bool = False, layers: int = 1) -> tuple[int, int, int]:
+    """(invocations a workgroup, lanes a row, rows a group) of mat_vec_kernel's pipeline for these
+    arguments (see there): a workgroup computes rows * (invocations // lanes) rows."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
-    prof = device.profile
-    if wg & (wg - 1) or wg > prof.max_workgroup_invocations:
+    if wg & (wg - 1) or wg > device.profile.max_workgroup_invocations:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
     lanes = mat_vec_lanes(typ, k, wg)
     # gate and up: two weight rows a row; summed slots: one row a group (a token's rows are its
@@ -179,6 +188,29 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
     while rows > 1 and ceil_div(m, rows * (wg // lanes)) * layers < tuning.mv_fill_groups:
         rows //= 2
+    return wg, lanes, rows
+
+
+def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
+                   glu: str | None = None, gate_up: str | None = None, wide: bool = False,
+                   moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
+                   segments: bool = False, route: dict | None = None, norm: bool = False,
+                   head_epi: dict | None = None) -> MatVec:
+    """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
+    mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
+    (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
+    act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
+    with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
+    output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
+    rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
+    matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
+    last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first (NormInput);
+    `head_epi` (HeadEpilogue's defines) does attention's per-head work after a plain mat-vec.
+    Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
+    workgroups."""
+    wg, lanes, rows = mat_vec_shape(device, typ, n, tuning, k=k, m=m, mul_mat_id=mul_mat_id,
+                                    gate_up=gate_up is not None, moe_sum=bool(moe_sum), layers=layers)
+    prof = device.profile
     defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
         defines["REDUCE_CLUSTER"] = 1
@@ -230,6 +262,11 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
             raise ConfigError(f"mat_vec_kernel: no norm prologue for rows of {k} and {n} columns on this device")
         defines.update(layout)
         push = PushConstants(*push.fields, *NORM_FIELDS)
+    if head_epi is not None:
+        if mul_mat_id or glu or gate_up or moe_sum or bias or segments or route is not None:
+            raise ConfigError("mat_vec_kernel: the per-head epilogue follows a plain mat-vec")
+        defines.update(HEAD_EPI=1, **head_epi)
+        push = PushConstants(*push.fields, *HEAD_EPI_FIELDS)
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows * (wg // lanes))
 
@@ -340,7 +377,7 @@ def mat_vec_columns(tuning) -> int:
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None,
            route: RouteEpilogue | None = None, kernel_columns: int | None = None,
-           norm_in: NormInput | None = None) -> None:
+           norm_in: NormInput | None = None, head_epi: HeadEpilogue | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
@@ -350,7 +387,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
     larger product, whose columns then get the same kernel, so the same sums, whatever slice
     they fall in). With `norm_in` (and `route`; see norm_input) x is the output of the add and
-    norm the mat-vec does first."""
+    norm the mat-vec does first. With `head_epi` (vkrt.ops.head_epilogue; one mat-vec run, W in
+    one binding) the last workgroup of each head's rows does the head's norm, RoPE and store."""
     device = seq.device
     tune = tuning or device.tuning
     cols = mat_vec_columns(tune)
@@ -391,6 +429,16 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     if norm_in is not None:
         _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
         return
+    if head_epi is not None:
+        if up is not None or route is not None or n > cols or len(pieces) > 1:
+            raise UnsupportedShape(f"matmul: the per-head epilogue takes one mat-vec run ({cols} columns at most) "
+                                   f"over a weight in one binding, no fused activation or routing; got {n} columns, "
+                                   f"{len(pieces)} pieces")
+        wg, lanes, rows = mat_vec_shape(device, typ, n, tune, k=k, m=m)
+        per_wg = rows * (wg // lanes)
+        if (head_epi.block % per_wg and per_wg % head_epi.block) or m % head_epi.block:
+            raise UnsupportedShape(f"matmul: {m} rows in head blocks of {head_epi.block} do not split into "
+                                   f"workgroups of {per_wg} rows, nor they into blocks")
     if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
@@ -413,9 +461,12 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
                             glu=act if up is not None else None, wide=wide,
-                            route=route.defines if route is not None else None)
+                            route=route.defines if route is not None else None,
+                            head_epi=head_epi.defines if head_epi is not None else None)
         if route is not None:
             extra, extra_push = list(route.buffers), route.push
+        if head_epi is not None:
+            extra, extra_push = list(head_epi.buffers), head_epi.push
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}
