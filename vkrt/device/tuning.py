@@ -341,6 +341,10 @@ TABLE: dict[Arch, Tuning] = {
                           # decode: splits only add merges (depth 600, 4 query heads: unsplit 11.6 ms,
                           # 4 splits 13.3 ms; bench/flash_attn_decode.py --quick)
                           fa_decode_split_min_tiles=64, fa_decode_bc=0,
+                          # loads where they are used: a CPU gains nothing from loads in flight and
+                          # spills the held tiles (heads 9/3 x 64, one query, depth 100 / 600:
+                          # 2.2-2.6 / 8.3-8.9 ms, with the next tile's loads first 3.1-3.5 / 10.6-14.3)
+                          fa_loads_first=0,
                           # GEMM: a CPU's threads are filled without splitting K
                           mm_split_fill_per_cu=0,
                           transpose_rows=2,
