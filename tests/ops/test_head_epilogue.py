@@ -11,8 +11,8 @@ from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.device.tuning import TABLE, Arch
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import F32, I32, Tensor
-from vkrt.ops.head_epilogue import epilogue_fits, head_epilogue
-from vkrt.ops.matmul import mat_vec_shape, matmul
+from vkrt.ops.head_epilogue import head_epilogue
+from vkrt.ops.matmul import head_epilogue_fits, mat_vec_shape, matmul
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type
 from vkrt.ops.set_rows import set_rows
@@ -78,7 +78,7 @@ def same_bits(device, head_dim, block, heads, k, tokens, norm, rope, cache, sect
     counters = tensor_from_numpy(device, np.zeros(heads, np.int32))
     own += outs + ys + [counters]
     try:
-        assert epilogue_fits(CommandSequence(device), tw, tokens, block)
+        assert head_epilogue_fits(device, tw, tokens, block)
         with CommandSequence(device) as seq:
             epi = head_epilogue(seq, ys[1], head_dim, counters, outs[1], block=block, weight=tnorm if norm else None,
                                 eps=1e-6, positions=tpos if rope else None, rows=trows if cache else None,
@@ -138,6 +138,8 @@ def test_refusals(device):
         own += [x2, y2]
         with pytest.raises(UnsupportedShape, match="one mat-vec run"):
             matmul(seq, tw, x2, y2, head_epi=epi, tuning=bad)
+        with pytest.raises(UnsupportedShape, match="one mat-vec run"):   # a slice of a GEMM-sized product
+            matmul(seq, tw, tx, y, head_epi=epi, kernel_columns=512)
     finally:
         for t in own:
             t.close()

@@ -19,8 +19,8 @@ from __future__ import annotations
 from ..ops.attention import Attention
 from ..ops.elementwise import add, gate_mul
 from ..ops.flash_attn import FlashAttn
-from ..ops.head_epilogue import epilogue_fits, head_epilogue
-from ..ops.matmul import matmul
+from ..ops.head_epilogue import head_epilogue
+from ..ops.matmul import head_epilogue_fits, matmul
 from ..ops.norm_rope import can_store_v, norm_rope
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
@@ -59,7 +59,7 @@ def head_epilogues(tf, seq, s, cache, il, T, q_temp) -> list | None:
     D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
     q_block = 2 * D if cfg.attn_gate else D
     weights = [w[p + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v")]
-    if not all(epilogue_fits(seq, wt, T, b) for wt, b in zip(weights, (q_block, D, Dv))):
+    if not all(head_epilogue_fits(seq.device, wt, T, b) for wt, b in zip(weights, (q_block, D, Dv))):
         return None
     norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
     pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from ..memory import F16, F32, I32, Tensor
 from .binding import bind_tensor, f32_binding
-from .matmul import HEAD_EPI_FIELDS, HeadEpilogue, mat_vec_columns, mat_vec_shape
-from .quant import chunks, kernel_type
+from .matmul import HEAD_EPI_FIELDS, HeadEpilogue
 from .reduce import butterfly_subgroups, norm_wg
 from .rope import rope_operands
 
@@ -77,15 +76,3 @@ def head_epilogue(seq, y: Tensor, head_dim: int, counters: Tensor, dst: Tensor, 
         push.update(e_d_off=do // es, e_d_head=dst.nb[2] // es, e_d_tok=dst.nb[1] // es, e_rows_off=ro // 4)
     return HeadEpilogue(defines, (cr, wr, pr, fr, rr, dr), push, block)
 
-
-def epilogue_fits(seq, w: Tensor, n: int, block: int) -> bool:
-    """Whether matmul can run w's mat-vec for n columns with a head epilogue over blocks of `block`
-    rows: one run, one binding, workgroups whose rows lie in one block or are whole blocks."""
-    dev, tune = seq.device, seq.device.tuning
-    if n > mat_vec_columns(tune) or w.ne[2] != 1 or w.ne[3] != 1 or w.ne[1] % block:
-        return False
-    if len(chunks(1, dev, None, w)) != 1:
-        return False
-    wg, lanes, rows = mat_vec_shape(dev, kernel_type(w.type, "head epilogue weight"), n, tune, k=w.ne[0], m=w.ne[1])
-    per_wg = rows * (wg // lanes)
-    return block % per_wg == 0 or per_wg % block == 0

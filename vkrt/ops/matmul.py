@@ -191,6 +191,19 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bo
     return wg, lanes, rows
 
 
+def head_epilogue_fits(device, w: Tensor, n: int, block: int, tuning=None) -> bool:
+    """Whether matmul can run w's mat-vec over n columns with a HeadEpilogue over blocks of `block`
+    rows: one run, one binding, workgroups whose rows lie in one block or are whole blocks."""
+    tune = tuning or device.tuning
+    if n > mat_vec_columns(tune) or w.ne[2] != 1 or w.ne[3] != 1 or w.ne[1] % block:
+        return False
+    if len(chunks(1, device, None, w)) != 1:
+        return False
+    wg, lanes, rows = mat_vec_shape(device, kernel_type(w.type, "matmul weight"), n, tune, k=w.ne[0], m=w.ne[1])
+    per_wg = rows * (wg // lanes)
+    return block % per_wg == 0 or per_wg % block == 0
+
+
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
@@ -429,16 +442,12 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     if norm_in is not None:
         _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
         return
-    if head_epi is not None:
-        if up is not None or route is not None or n > cols or len(pieces) > 1:
-            raise UnsupportedShape(f"matmul: the per-head epilogue takes one mat-vec run ({cols} columns at most) "
-                                   f"over a weight in one binding, no fused activation or routing; got {n} columns, "
-                                   f"{len(pieces)} pieces")
-        wg, lanes, rows = mat_vec_shape(device, typ, n, tune, k=k, m=m)
-        per_wg = rows * (wg // lanes)
-        if (head_epi.block % per_wg and per_wg % head_epi.block) or m % head_epi.block:
-            raise UnsupportedShape(f"matmul: {m} rows in head blocks of {head_epi.block} do not split into "
-                                   f"workgroups of {per_wg} rows, nor they into blocks")
+    if head_epi is not None and (up is not None or route is not None or (kernel_columns or n) > cols
+                                 or len(pieces) > 1 or not head_epilogue_fits(device, w, n, head_epi.block, tune)):
+        raise UnsupportedShape(f"matmul: the per-head epilogue takes one mat-vec run ({cols} columns at most) over "
+                               f"a weight in one binding whose workgroups' rows lie in one head's block of "
+                               f"{head_epi.block} or are whole blocks, no fused activation or routing; got {n} "
+                               f"columns, {len(pieces)} pieces")
     if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
         kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
         for a, b, wr, wo in pieces:
