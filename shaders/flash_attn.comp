@@ -13,7 +13,8 @@
 // n_split > 1 the splits share the (live) KV tiles evenly, at least SPLIT_MIN tiles each; each
 // writes its unnormalised O with (M, L) per row, and the last split of a row tile to finish (an
 // atomic count per tile) combines them. Where the live tiles leave one split used (a short
-// context in a dispatch recorded for a longer one) it writes the output itself, as unsplit. With SINKS (attention sinks, gpt-oss) each query head's sink value counts in the final
+// context in a dispatch recorded for a longer one) it writes the output itself, as unsplit.
+// With SINKS (attention sinks, gpt-oss) each query head's sink value counts in the final
 // normalisation as a key of score `sink` with a zero value would (ggml's flash_attn_ext sinks).
 //
 // GQA_PACK > 1 (grouped-query attention, one mask plane, no ALiBi): a workgroup's rows are the
@@ -264,7 +265,6 @@ void main() {
         }
         return;
     }
-
 
     const uint k_base = p.k_off + b * p.k_nb3 + hk * p.k_nb2;
     const uint v_base = p.v_off + b * p.v_nb3 + hk * p.v_nb2;
