@@ -4,12 +4,8 @@
 #define QTS 18
 #define QR 32
 #define QALIGN 2
-// units: one word of nibbles, both nibbles (chunks u and u + 4), as Q4_0
-#define QU 4
-#define QU_R 1
-#define QU_C 2
-uint qu_run(uint u, uint i) { return 0u; }
-uint qu_ch(uint u, uint c) { return u + 4u * c; }
+// units: one word of nibbles, both nibbles, as Q4_0 (units32.glsl)
+#include "units32.glsl"
 #define IQ_CODEBOOK kvalues_iq4nl
 #include "iq_common.glsl"
 

@@ -4,13 +4,8 @@
 #define QTS 18
 #define QR 32
 #define QALIGN 2
-// units: one word of nibbles, both nibbles (chunks u and u + 4: 4 lanes read 16 bytes of a block
-// and x in two runs of 16 floats)
-#define QU 4
-#define QU_R 1
-#define QU_C 2
-uint qu_run(uint u, uint i) { return 0u; }
-uint qu_ch(uint u, uint c) { return u + 4u * c; }
+// units: one word of nibbles, both nibbles (units32.glsl)
+#include "units32.glsl"
 #include "access.glsl"
 
 struct QRun { float a; float b; uint q; };

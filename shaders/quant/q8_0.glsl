@@ -4,12 +4,8 @@
 #define QTS 34
 #define QR 32
 #define QALIGN 2
-// units: two words (chunks u and u + 4: 4 lanes read 16 bytes of a block and 16 floats of x at once)
-#define QU 4
-#define QU_R 1
-#define QU_C 2
-uint qu_run(uint u, uint i) { return 0u; }
-uint qu_ch(uint u, uint c) { return u + 4u * c; }
+// units: two words (units32.glsl)
+#include "units32.glsl"
 #include "access.glsl"
 
 struct QRun { float a; float b; uint q; };

@@ -40,7 +40,7 @@ def test_includes_match_the_type_table(name):
     t = ggml_type(name)
     path = shader_dir() / t.glsl
     text = path.read_text()
-    for inc in re.findall(r'^#include "(plain\.glsl)"', text, re.M):  # constants the plain types share
+    for inc in re.findall(r'^#include "(plain\.glsl|units32\.glsl)"', text, re.M):  # constants types share
         text += (path.parent / inc).read_text()
     consts = {k: int(v) for k, v in re.findall(r"^#define (QK|QTS|QR|QALIGN|QU) (\d+)", text, re.M)}
     if t.quantized:
