@@ -10,13 +10,16 @@ Each of `queries` query rows (one token of as many sequences) sees the first dep
 a KV cache covering them rounded up to 256 (the rest masked), K/V f16 as in the engine. Times
 are GPU medians (timestamps) of the attention (splits merged inside it), after a warm-up; `speedup`
 is the unpacked padded time over the packed one with the split FlashAttn picks by itself
-(VKRT_ARCH=gcn gives the GCN table). The sweep rows force the packed kernel's split count.
+(VKRT_ARCH=gcn gives the GCN table); `speedup_vs_loads_where_used` is the packed kernel with
+each K, V and mask value loaded where it is used (tuning fa_loads_first=0) over the table's. The
+sweep rows force the packed kernel's split count.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import numpy as np
 from flash_attn import parse_args, time_runs
@@ -40,14 +43,15 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
     mask = np.zeros((1, 1, n_q, n_kv), np.float16)
     mask[..., used:] = -np.inf
     tensors = [tensor_from_numpy(dev, a) for a in (q, k, v, mask, np.array([used], np.int32))]
-    variants = [("unpacked, padded", dict(gqa_pack=False)), ("packed, live cells", dict(kv_used=tensors[4]))]
+    variants = [("unpacked, padded", dict(gqa_pack=False)), ("packed, live cells", dict(kv_used=tensors[4])),
+                ("packed, loads where used", dict(kv_used=tensors[4], tuning=replace(dev.tuning, fa_loads_first=0)))]
     variants += [(f"packed, split {n}", dict(kv_used=tensors[4], split_k=n)) for n in splits]
     outs, ops, work = [], [], FlashWork(dev)   # the ops run one at a time, as a model's layers
     try:
         for name, kw in variants:
             outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
             op = FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, label=name, work=work, **kw)
-            if "split_k" in kw and any(o.n_split == op.n_split for o in ops[2:]):   # clamped to the tiles
+            if "split_k" in kw and any(o.n_split == op.n_split for o in ops[3:]):   # clamped to the tiles
                 continue
             ops.append(op)
         times = [t for t, _ in time_runs(dev, ops, repeats)]
@@ -57,7 +61,8 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
             x.close()
     return dict(queries=n_q, depth=depth, n_kv=n_kv, head_size=hs, n_head=n_head, n_head_kv=n_head_kv,
                 us_unpacked=times[0] * 1e6, us_packed=times[1] * 1e6, speedup=times[0] / times[1],
-                best_split=min(rows[2:], key=lambda r: r["us"])["n_split"] if rows[2:] else None, variants=rows)
+                us_loads_where_used=times[2] * 1e6, speedup_vs_loads_where_used=times[2] / times[1],
+                best_split=min(rows[3:], key=lambda r: r["us"])["n_split"] if rows[3:] else None, variants=rows)
 
 
 def main() -> None:
@@ -78,14 +83,15 @@ def main() -> None:
         return
     print(f"flash attention decode on {result['device']} ({result['architecture']}), K/V f16, us per call")
     columns = ["head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
-               "packed split sweep (splits: us)"]
+               "loads where used (speedup)", "packed split sweep (splits: us)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
     for r in rows:
-        sweep = ", ".join(f"{v['n_split']}: {v['us']:.1f}" for v in r["variants"][2:])
+        sweep = ", ".join(f"{v['n_split']}: {v['us']:.1f}" for v in r["variants"][3:])
         auto = r["variants"][1]["n_split"]
         print(f"| {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} | {r['n_kv']} "
-              f"| {r['us_unpacked']:.1f} | {r['us_packed']:.1f} (split {auto}) | {r['speedup']:.2f}x | {sweep} |")
+              f"| {r['us_unpacked']:.1f} | {r['us_packed']:.1f} (split {auto}) | {r['speedup']:.2f}x "
+              f"| {r['us_loads_where_used']:.1f} ({r['speedup_vs_loads_where_used']:.2f}x) | {sweep} |")
 
 
 if __name__ == "__main__":
