@@ -66,8 +66,8 @@ void head_epilogue(uint h, uint ybase, uint ycol) {
                 epi_dst[db + 2u * i + 1u] = DST_T(epi_row[2u * i + 1u]);
                 continue;
             }
-            const uint a = ROPE_NEOX != 0 ? i : 2u * i;
-            const uint b = ROPE_NEOX != 0 ? i + rot_pairs : 2u * i + 1u;
+            const uvec2 ab = rope_dims(i, rot_pairs, ROPE_NEOX != 0);
+            const uint a = ab.x, b = ab.y;
             const float ff = ROPE_USE_FF != 0 ? epi_ff[p.e_ff_off + i] : 1.0;
 #ifdef ROPE_SECTIONS
             const uint stream = rope_stream(i, uvec4(ROPE_SECTIONS), ROPE_INTERLEAVED != 0);

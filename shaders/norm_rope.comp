@@ -183,8 +183,8 @@ void main() {
             STORE(2u * i + 1u, row_sh[2u * i + 1u] * temp)
             continue;
         }
-        const uint a = P_NEOX != 0u ? i : 2u * i;
-        const uint b = P_NEOX != 0u ? i + rot_pairs : 2u * i + 1u;
+        const uvec2 ab = rope_dims(i, rot_pairs, P_NEOX != 0u);
+        const uint a = ab.x, b = ab.y;
         const float ff = P_USE_FF != 0u ? freq_factors[p.ff_off + i] : 1.0;
 #ifdef SECTIONS
         const uint stream = rope_stream(i, P_SECTIONS, P_INTERLEAVED != 0u);

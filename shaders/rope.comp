@@ -63,8 +63,8 @@ void main() {
         y[yb + 2 * i + 1] = x[xb + 2 * i + 1] * temp;
         return;
     }
-    const uint a = p.neox != 0 ? i : 2 * i;
-    const uint b = p.neox != 0 ? i + rot_pairs : 2 * i + 1;
+    const uvec2 ab = rope_dims(i, rot_pairs, p.neox != 0);
+    const uint a = ab.x, b = ab.y;
     const float ff = p.use_ff != 0 ? freq_factors[p.ff_off + i] : 1.0;
 #ifdef SECTIONS
     const uint stream = rope_stream(i, p.sections, p.interleaved != 0);

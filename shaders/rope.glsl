@@ -42,6 +42,12 @@ float attn_temperature(int pos, float scale, float floor_scale) {
 #endif
 }
 
+// The dims pair i (< rot_pairs, the rotated dims' pairs) rotates: (i, i + rot_pairs) with NEOX
+// pairing, else (2i, 2i + 1)
+uvec2 rope_dims(uint i, uint rot_pairs, bool neox) {
+    return neox ? uvec2(i, i + rot_pairs) : uvec2(2u * i, 2u * i + 1u);
+}
+
 // The position stream (0 t, 1 h, 2 w, 3 e) that rotates pair i under multi-section RoPE with
 // `sections` pairs per stream (ggml's rope_multi); all sections 0: stream 0 (plain RoPE).
 // The sector is i % sum(sections). MROPE: consecutive sector ranges. IMROPE (interleaved):
