@@ -47,12 +47,13 @@ def positions(cfg, s, T):
     return s.pos.slice(0, 0, cfg.pos_streams * T)
 
 
-def head_epilogues(tf, seq, s, cache, il, T, q_temp) -> list | None:
+def head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args) -> list | None:
     """The HeadEpilogues of layer il's q, k and v projections (VKRT_FUSE_QKV_ROPE: each head's
     norm, RoPE and cache store in its projection's last workgroup, norm_rope's bits, no norm_rope
     dispatch); None where a step of T tokens cannot take them: fusions off, the q/k/v mat-vec
     fused (VKRT_FUSE_QKV), biases, norms over whole rows, an attention temperature, more tokens
-    than one mat-vec run, or a projection whose workgroups do not fit its heads."""
+    than one mat-vec run, or a projection whose workgroups do not fit its heads. norms, pos,
+    cells, args: the q/k norm weights, positions, cache cells and RoPE arguments norm_rope gets."""
     cfg, w, p, f = tf.cfg, tf.w, f"blk.{il}.", tf.fusions
     if not (f.qkv_rope and f.norm_rope) or f.qkv or cfg.attn_bias or cfg.qk_norm_full or q_temp:
         return None
@@ -61,10 +62,7 @@ def head_epilogues(tf, seq, s, cache, il, T, q_temp) -> list | None:
     weights = [w[p + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v")]
     if not all(head_epilogue_fits(seq.device, wt, T, b) for wt, b in zip(weights, (q_block, D, Dv))):
         return None
-    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
-    pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)
-    third = s.head_count.ne[0] // 3   # each projection's counters (see Scratch)
-    count = [s.head_count.slice(0, i * third, i * third + n) for i, n in enumerate((H, KV, KV))]
+    count = s.head_counters(H, KV, KV)
     epis = [head_epilogue(seq, s.cols("q", T), D, count[0], s.cols("qr", T).view((D, H, T)),
                           block=q_block, weight=norms["q"], eps=cfg.norm_eps, positions=pos, rope_args=args),
             head_epilogue(seq, s.cols("k", T), D, count[1], cache.k[il], weight=norms["k"],
@@ -84,7 +82,9 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
     projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
     q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
-    epis = head_epilogues(tf, seq, s, cache, il, T, q_temp)
+    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+    pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)
+    epis = head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args)
     if epis is not None:   # each head normed, rotated and stored by its projection's last workgroup
         for (t, name), epi in zip(projections, epis):
             matmul(seq, w[p + name + ".weight"], cur, t, head_epi=epi)
@@ -103,13 +103,9 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
         q3, gate = q.view((D, H, T)), None
     k3 = k.view((D, KV, T))
     qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
-    pos, cells = positions(cfg, s, T), s.cells.slice(0, 0, T)
-    args = rope_args(cfg, tf.rope_factors, il)
     v3 = v.view((Dv, KV, T))
-    if epis is not None:   # the projections' epilogues did it all
-        pass
-    elif tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
-        norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+    # (with epis the projections' epilogues normed, rotated and stored every head)
+    if epis is None and tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
         with_q = (q3, qr, norms["q"]) if tf.fusions.qk_rope and not q_temp else None   # q rides in K's dispatch
         if with_q is None:
             norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args, **q_temp)
@@ -118,7 +114,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
                   with_q=with_q, **args)
         if store_v is None:
             set_rows(seq, v3, cells, cache.v[il])
-    else:
+    elif epis is None:
         if cfg.qk_norm:
             tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
             tf.norm(seq, k3, k3, p + "attn_k_norm.weight")

@@ -161,6 +161,13 @@ class Scratch(Owned):
         return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used", "out_ids")
                 if (t := getattr(self, n)) is not None}
 
+    def head_counters(self, *heads: int) -> list[Tensor]:
+        """The head epilogue's counters of the q, k and v projections (heads: each one's count):
+        slices of head_count a HEAD_COUNT_STRIDE-aligned third apart, so that the three
+        projections' bindings never overlap and need no barrier between them."""
+        third = self.head_count.ne[0] // 3
+        return [self.head_count.slice(0, i * third, i * third + n) for i, n in enumerate(heads)]
+
     def cols(self, name: str, n: int, first: int = 0) -> Tensor:
         """Columns first..first+n-1 (tokens) of a 2-D activation."""
         return getattr(self, name).slice(1, first, first + n)
