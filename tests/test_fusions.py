@@ -43,8 +43,6 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
         device_env("VKRT_FUSE_NORM_ROUTE", "0")                   # a router's prologue (which needs ROUTE)
     if variable in ("VKRT_FUSE_NORM_ROPE", "VKRT_FUSE_KV_STORE"):   # q's norm_rope its own dispatch, counted
         device_env("VKRT_FUSE_QK_ROPE", "0")                          # below
-    if variable in ("VKRT_FUSE_NORM_ROPE", "VKRT_FUSE_KV_STORE", "VKRT_FUSE_QK_ROPE", "VKRT_FUSE_QKV"):
-        device_env("VKRT_FUSE_QKV_ROPE", "0")   # norm_rope's dispatches, not the projections' epilogues
     if variable == "VKRT_FUSE_MOE_SUM":   # against moe_combine's pass, not the sum inside the next norm
         device_env("VKRT_FUSE_COMBINE_NORM", "0")
     device_env(variable, "on" if fuse else "off")
