@@ -349,6 +349,13 @@ uint rowb[NW];            // the byte offsets of the rows a group dots
 #define MV_WQ(b, uu) uvec4(0u)
 #define MV_RAW(s, wq, uu, c) qraw(s, qu_ch(uu, c))
 #endif
+// run `run` of the block at byte b, its header read in one 16-byte load where the type has one
+// (QHDR16, with the wide loads: NVIDIA issued Q4_K's four header words as four loads)
+#if defined(QWIDE) && defined(QHDR16)
+#define MV_RUN(b, run) qrun_hdr(w16_data[(b) >> 4], b, run)
+#else
+#define MV_RUN(b, run) qrun(b, run)
+#endif
 
 // unit u of every row the group dots: acc[r * NC + j] += W[r] (unit u) . x[j] (unit u)
 void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
@@ -369,7 +376,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
             }
         }
         [[unroll]] for (uint r = 0u; r < NW; r++) {
-            const QRun s = qrun(rowb[r] + boff, run);
+            const QRun s = MV_RUN(rowb[r] + boff, run);
             const uvec4 wq = MV_WQ(rowb[r] + boff, uu);
             float dot_[NC];
             [[unroll]] for (uint j = 0u; j < NC; j++) {
@@ -393,7 +400,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         uvec4 wq[NW];
         float sum_[NC], dot_[NA];
         [[unroll]] for (uint r = 0u; r < NW; r++) {
-            s[r] = qrun(rowb[r] + boff, run);
+            s[r] = MV_RUN(rowb[r] + boff, run);
             wq[r] = MV_WQ(rowb[r] + boff, uu);
         }
         [[unroll]] for (uint v = 0u; v < NA; v++) {

@@ -5,12 +5,15 @@
 #ifndef VKRT_KSCALE_GLSL
 #define VKRT_KSCALE_GLSL
 
-uvec2 kscale(uint b, uint r) {
+// (the 12 bytes as words w0, w1, w2)
+uvec2 kscale_w(uint w0, uint w1, uint w2, uint r) {
     const uint sh = (r & 3u) * 8u;
-    const uvec2 lo = uvec2(qw(b) >> sh, qw(b + 4u) >> sh) & 0xFFu;   // bytes r & 3, 4 + (r & 3)
-    const uint hi = (qw(b + 8u) >> sh) & 0xFFu;                        // byte 8 + (r & 3)
+    const uvec2 lo = uvec2(w0 >> sh, w1 >> sh) & 0xFFu;   // bytes r & 3, 4 + (r & 3)
+    const uint hi = (w2 >> sh) & 0xFFu;                    // byte 8 + (r & 3)
     const uvec2 high = uvec2(hi & 0xFu, hi >> 4) | ((lo >> 2) & 0x30u);
     return r < 4u ? lo & 63u : high;
 }
+
+uvec2 kscale(uint b, uint r) { return kscale_w(qw(b), qw(b + 4u), qw(b + 8u), r); }
 
 #endif

@@ -17,12 +17,17 @@ uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
 
 struct QRun { float a; float b; uint q; uint shift; };
 
-QRun qrun(uint blk, uint r) {
-    const vec2 d = unpackHalf2x16(qw(blk));
-    const uvec2 sm = kscale(blk + 4u, r);
+// run r of the block at byte blk from its 16 header bytes (fp16 d and dmin, the 12 scale bytes)
+QRun qrun_hdr(uvec4 h, uint blk, uint r) {
+    const vec2 d = unpackHalf2x16(h.x);
+    const uvec2 sm = kscale_w(h.y, h.z, h.w, r);
     precise float dl = d.x * u8f(sm.x);
     precise float ml = d.y * u8f(sm.y);
     return QRun(dl, -ml, blk + 16u + 32u * (r >> 1), 4u * (r & 1u));
+}
+
+QRun qrun(uint blk, uint r) {
+    return qrun_hdr(uvec4(qw(blk), qw(blk + 4u), qw(blk + 8u), qw(blk + 12u)), blk, r);
 }
 
 vec4 qraw(QRun s, uint c) { return u8f(field4(qw(s.q + 4u * c), s.shift, 0xFu)); }
@@ -31,6 +36,7 @@ vec4 qraw(QRun s, uint c) { return u8f(field4(qw(s.q + 4u * c), s.shift, 0xFu));
 // and qraw16 takes the unit's chunk c (< QU_C, a constant once unrolled: chunk qu_ch(u, c) of the
 // run is word c of the 16 bytes) from them
 #define QWIDE_OK 1
+#define QHDR16 1   // the 16 header bytes are one aligned load (qrun_hdr) where the units are
 uint qu_addr16(uint blk, uint u) { return blk + 16u + 16u * u; }
 vec4 qraw16(QRun s, uvec4 w, uint c) { return u8f(field4(w[c], s.shift, 0xFu)); }
 
