@@ -340,13 +340,15 @@ float biased(float x, float b) {
 #endif
 uint rowb[NW];            // the byte offsets of the rows a group dots
 
-// unit uu's 16 bytes of the row whose block is at byte b (QWIDE; else unused), and the raw values
-// of the unit's chunk c (< QU_C) of a run s of it
+// unit uu's bytes of the row whose block is at byte b in 16-byte loads (QWIDE: the type's QWide;
+// else unused), and the raw values of the unit's chunk c (< QU_C) of a run s of it
 #ifdef QWIDE
-#define MV_WQ(b, uu) w16_data[qu_addr16(b, uu) >> 4]
+#define MV_WQ_T QWide
+#define MV_WQ(b, uu) qwide16(b, uu)
 #define MV_RAW(s, wq, uu, c) qraw16(s, wq, c)
 #else
-#define MV_WQ(b, uu) uvec4(0u)
+#define MV_WQ_T uint
+#define MV_WQ(b, uu) 0u
 #define MV_RAW(s, wq, uu, c) qraw(s, qu_ch(uu, c))
 #endif
 // run `run` of the block at byte b, its header read in one 16-byte load where the type has one
@@ -377,7 +379,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         }
         [[unroll]] for (uint r = 0u; r < NW; r++) {
             const QRun s = MV_RUN(rowb[r] + boff, run);
-            const uvec4 wq = MV_WQ(rowb[r] + boff, uu);
+            const MV_WQ_T wq = MV_WQ(rowb[r] + boff, uu);
             float dot_[NC];
             [[unroll]] for (uint j = 0u; j < NC; j++) {
                 dot_[j] = 0.0;
@@ -397,7 +399,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         // with it (a lane holds one chunk of x a column: a unit's 8 chunks x 4 columns would be
         // 128 registers). The sums add their terms in the same order as above
         QRun s[NW];
-        uvec4 wq[NW];
+        MV_WQ_T wq[NW];
         float sum_[NC], dot_[NA];
         [[unroll]] for (uint r = 0u; r < NW; r++) {
             s[r] = MV_RUN(rowb[r] + boff, run);

@@ -32,13 +32,17 @@ QRun qrun(uint blk, uint r) {
 
 vec4 qraw(QRun s, uint c) { return u8f(field4(qw(s.q + 4u * c), s.shift, 0xFu)); }
 
-// Wide loads (QWIDE): unit u's 16 bytes start at qu_addr16 (16-byte aligned when the block is)
-// and qraw16 takes the unit's chunk c (< QU_C, a constant once unrolled: chunk qu_ch(u, c) of the
-// run is word c of the 16 bytes) from them
+// Wide loads (the mat-vec's QWIDE, w16_data the weights as uvec4): unit u's 16 bytes in one load
+// (16-byte aligned when the block is), and qraw16 takes the unit's chunk c (< QU_C, a constant once
+// unrolled: chunk qu_ch(u, c) of the run is word c of the 16 bytes) from them; the 16 header bytes
+// are one load too (qrun_hdr)
 #define QWIDE_OK 1
-#define QHDR16 1   // the 16 header bytes are one aligned load (qrun_hdr) where the units are
-uint qu_addr16(uint blk, uint u) { return blk + 16u + 16u * u; }
-vec4 qraw16(QRun s, uvec4 w, uint c) { return u8f(field4(w[c], s.shift, 0xFu)); }
+#define QHDR16 1
+#ifdef QWIDE
+struct QWide { uvec4 q; };
+QWide qwide16(uint blk, uint u) { return QWide(w16_data[(blk + 16u + 16u * u) >> 4]); }
+vec4 qraw16(QRun s, QWide w, uint c) { return u8f(field4(w.q[c], s.shift, 0xFu)); }
+#endif
 
 vec4 qget(QRun s, uint c) {
     precise vec4 v = s.a * qraw(s, c) + s.b;

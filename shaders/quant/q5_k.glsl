@@ -17,12 +17,17 @@ uint qu_ch(uint u, uint c) { return 4u * (u & 1u) + c; }
 
 struct QRun { float a; float b; uint q; uint shift; uint h; uint hbit; };
 
-QRun qrun(uint blk, uint r) {
-    const vec2 d = unpackHalf2x16(qw(blk));
-    const uvec2 sm = kscale(blk + 4u, r);
+// run r of the block at byte blk from its 16 header bytes (fp16 d and dmin, the 12 scale bytes)
+QRun qrun_hdr(uvec4 h, uint blk, uint r) {
+    const vec2 d = unpackHalf2x16(h.x);
+    const uvec2 sm = kscale_w(h.y, h.z, h.w, r);
     precise float dl = d.x * u8f(sm.x);
     precise float ml = d.y * u8f(sm.y);
     return QRun(dl, -ml, blk + 48u + 32u * (r >> 1), 4u * (r & 1u), blk + 16u, r);
+}
+
+QRun qrun(uint blk, uint r) {
+    return qrun_hdr(uvec4(qw(blk), qw(blk + 4u), qw(blk + 8u), qw(blk + 12u)), blk, r);
 }
 
 vec4 qraw(QRun s, uint c) {
@@ -30,6 +35,22 @@ vec4 qraw(QRun s, uint c) {
     const uvec4 hi = field4(qw(s.h + 4u * c), s.hbit, 1u);
     return u8f(lo | (hi << 4));
 }
+
+// Wide loads (as Q4_K's): unit u's 16 bytes of low nibbles and the 16 bytes of high bits its
+// chunks take (bytes 16 (u % 2) .. + 15 of the 32), one load each; the header in one load
+#define QWIDE_OK 1
+#define QHDR16 1
+#ifdef QWIDE
+struct QWide { uvec4 q; uvec4 h; };
+QWide qwide16(uint blk, uint u) {
+    return QWide(w16_data[(blk + 48u + 16u * u) >> 4], w16_data[(blk + 16u + 16u * (u & 1u)) >> 4]);
+}
+vec4 qraw16(QRun s, QWide w, uint c) {
+    const uvec4 lo = field4(w.q[c], s.shift, 0xFu);
+    const uvec4 hi = field4(w.h[c], s.hbit, 1u);
+    return u8f(lo | (hi << 4));
+}
+#endif
 
 vec4 qget(QRun s, uint c) {
     precise vec4 v = s.a * qraw(s, c) + s.b;

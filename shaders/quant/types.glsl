@@ -13,8 +13,11 @@
 // The mat-vec kernel walks a row in units, pieces of a block that lie together in memory so that
 // neighbouring lanes read neighbouring bytes. A type may define QU units a block, each QU_R runs
 // of QU_C chunks: run qu_run(u, i) (i < QU_R), chunks qu_c0(u) .. + QU_C. Unset: a unit is a run.
-// A type with wide loads (QWIDE_OK) may define QHDR16 and QRun qrun_hdr(uvec4 h, uint blk, uint r):
-// qrun from the block's first 16 bytes, which the mat-vec then reads in one load.
+// A type with wide loads (QWIDE_OK) defines, where the mat-vec's QWIDE is set (w16_data: the
+// weights as uvec4), a struct QWide, QWide qwide16(uint blk, uint u) loading unit u's bytes in
+// 16-byte loads, and vec4 qraw16(QRun s, QWide w, uint c) as qraw(s, qu_ch(u, c)). It may define
+// QHDR16 and QRun qrun_hdr(uvec4 h, uint blk, uint r): qrun from the block's first 16 bytes, which
+// the mat-vec then reads in one load.
 #ifndef VKRT_QUANT_TYPES_GLSL
 #define VKRT_QUANT_TYPES_GLSL
 

@@ -474,21 +474,25 @@ def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
             t.close()
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_wide_loads_are_bit_identical(device, n):
-    """Q4_K units loaded 16 bytes at once (aligned weights) against four word loads, bit for bit;
-    a weight at an offset that is not 16-byte aligned takes the word loads."""
+@pytest.mark.parametrize("name,n", [("Q4_K", 1), ("Q4_K", 3), ("Q5_K", 1), ("Q5_K", 3)])
+def test_wide_loads_are_bit_identical(device, name, n):
+    """Q4_K and Q5_K units (and block headers) loaded 16 bytes at once (aligned weights) against
+    word loads, bit for bit; a weight at an offset that is not 16-byte aligned takes the word loads."""
     from vkrt.ops.matmul import mat_vec_kernel, wide_ok
     rng = np.random.default_rng(n)
     m, k = 37, 512
-    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m + 1, k, rng, scale=0.5), (k, m + 1))
+    w = weight_tensor(device, name, random_blocks(name, m + 1, k, rng, scale=0.5), (k, m + 1))
     x = rng.standard_normal((n, k)).astype(np.float32)
     try:
-        outs = [run(device, w.slice(1, 1, m + 1), x, m, tuning=dataclasses.replace(device.tuning, mv_wide=on))
-                for on in (False, True)]
+        tunings = [dataclasses.replace(device.tuning, mv_wide=on, mv_narrow_types=()) for on in (False, True)]
+        outs = [run(device, w.slice(1, 1, m + 1), x, m, tuning=t) for t in tunings]
         np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
         assert wide_ok(w.type, w.offset, w.nb[1]) and not wide_ok(w.type, 72) and not wide_ok(ggml_type("Q6_K"), 0)
-        assert "QWIDE" in mat_vec_kernel(device, w.type, n, device.tuning, k=k, m=m, xvec4=True, wide=True).kernel.defines
+
+        def defines(t):
+            return mat_vec_kernel(device, w.type, n, t, k=k, m=m, xvec4=True, wide=True).kernel.defines
+        assert "QWIDE" in defines(tunings[1]) and "QWIDE" not in defines(tunings[0])
+        assert "QWIDE" not in defines(dataclasses.replace(tunings[1], mv_narrow_types=(name,)))
     finally:
         w.close()
 

@@ -116,9 +116,11 @@ class Tuning:
     # (bench/matmul.py, GCN table), and Qwen3-30B-A3B-shaped decode (Q4_0, native) 229.7 t/s
     # without it, 226.2 with it (vkrt bench tg128 -r 3): off everywhere today
     float_bits: bool = False
-    # mat-vec units of types that allow it (Q4_K) load their 16 bytes in one load where the
-    # weights are 16-byte aligned, instead of four word loads
+    # mat-vec units of types that allow it (Q4_K, Q5_K) load their 16 bytes in one load where the
+    # weights are 16-byte aligned, instead of four word loads, and their block headers too; not
+    # the types in mv_narrow_types (their word loads take fewer registers)
     mv_wide: bool = True
+    mv_narrow_types: tuple = ()
     # the IQ quants' lookup grids (up to 8 KiB) read from shared-memory copies each workgroup
     # fills first, instead of from the constant arrays (shaders/quant/iq_common.glsl). On where a
     # compiler handles a dynamically indexed constant array badly: NVIDIA (H200, 4096x14336
@@ -294,6 +296,9 @@ TABLE: dict[Arch, Tuning] = {
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),
+                         # Q5_K's wide loads hold its high bits' 16 bytes as well: ACO 80 VGPRs
+                         # (3 waves) against 64 (4) with word loads
+                         mv_narrow_types=("Q5_K",),
                          # 2 waves a row for dense mat-vecs, one for the experts' short rows;
                          # 36 CUs: about 7 workgroups a CU before rows a group are halved
                          mv_wg=128, mv_id_wg=64, mv_fill_groups=256, mv_unroll=2,

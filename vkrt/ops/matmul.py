@@ -131,7 +131,7 @@ GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
 
 
 # types whose mat-vec units load 16 bytes at once where blocks are 16-byte aligned (QWIDE_OK)
-MV_WIDE = ("Q4_K",)
+MV_WIDE = ("Q4_K", "Q5_K")
 # units a block of each type in the mat-vec (QU in shaders/quant/<type>.glsl; unset: one per run)
 MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
             "Q8_0": 4, "IQ4_NL": 4, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 16, "IQ2_XS": 16,
@@ -241,7 +241,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if tuning.mv_unroll > 1 and units > lanes and (units % (lanes * tuning.mv_unroll) == 0
                                                    or units <= lanes * tuning.mv_unroll):
         defines["MV_UNROLL"] = tuning.mv_unroll
-    if wide and tuning.mv_wide:
+    if wide and tuning.mv_wide and typ.name not in tuning.mv_narrow_types:
         defines["QWIDE"] = 1
     if xvec4:
         defines["XVEC4"] = 1
