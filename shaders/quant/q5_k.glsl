@@ -19,16 +19,11 @@ struct QRun { float a; float b; uint q; uint shift; uint h; uint hbit; };
 
 // run r of the block at byte blk from its 16 header bytes (fp16 d and dmin, the 12 scale bytes)
 QRun qrun_hdr(uvec4 h, uint blk, uint r) {
-    const vec2 d = unpackHalf2x16(h.x);
-    const uvec2 sm = kscale_w(h.y, h.z, h.w, r);
-    precise float dl = d.x * u8f(sm.x);
-    precise float ml = d.y * u8f(sm.y);
-    return QRun(dl, -ml, blk + 48u + 32u * (r >> 1), 4u * (r & 1u), blk + 16u, r);
+    const vec2 dm = kscale_dm(h, r);
+    return QRun(dm.x, -dm.y, blk + 48u + 32u * (r >> 1), 4u * (r & 1u), blk + 16u, r);
 }
 
-QRun qrun(uint blk, uint r) {
-    return qrun_hdr(uvec4(qw(blk), qw(blk + 4u), qw(blk + 8u), qw(blk + 12u)), blk, r);
-}
+QRun qrun(uint blk, uint r) { return qrun_hdr(khdr(blk), blk, r); }
 
 vec4 qraw(QRun s, uint c) {
     const uvec4 lo = field4(qw(s.q + 4u * c), s.shift, 0xFu);
