@@ -48,7 +48,11 @@ uint q32n(uint b, uint c) {
 // written as byte extracts so compilers can use byte-to-float conversions
 uint wbyte(uint w, uint i) { return (w >> (8u * i)) & 0xFFu; }                          // byte i of a word
 uvec4 bytes4(uint w) { return uvec4(w, w >> 8, w >> 16, w >> 24) & 0xFFu; }
-uvec4 field4(uint w, uint shift, uint mask) { return bytes4((w >> shift) & (mask * 0x01010101u)); }
+uint fieldw(uint w, uint shift, uint mask) { return (w >> shift) & (mask * 0x01010101u); }   // in place
+// bits 0..3 of v as the lowest bits of bytes 0..3 (the copies x << 7i do not overlap, so the
+// product is their union)
+uint bits4(uint v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
+uvec4 field4(uint w, uint shift, uint mask) { return bytes4(fieldw(w, shift, mask)); }
 
 // Small unsigned integers (< 2^23) as floats, exactly. QFLOAT_BITS builds the float from its bits
 // (2^23 + v, less 2^23: two full-rate operations) where the int-to-float conversion is slow

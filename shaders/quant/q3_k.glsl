@@ -26,9 +26,8 @@ QRun qrun(uint blk, uint r) {
 }
 
 vec4 qraw(QRun s, uint c) {
-    const uvec4 lo = field4(q32n(s.q, c), s.shift, 3u);   // qs is followed by the scales, hmask by qs
-    const uvec4 hi = field4(q32n(s.h, c), s.hbit, 1u);
-    return u8f(lo | (hi << 2));
+    // qs is followed by the scales, hmask by qs; the 3-bit values are put together a word at a time
+    return u8f(bytes4(fieldw(q32n(s.q, c), s.shift, 3u) | (fieldw(q32n(s.h, c), s.hbit, 1u) << 2)));
 }
 
 vec4 qget(QRun s, uint c) {

@@ -15,10 +15,9 @@ QRun qrun(uint blk, uint r) {
     return QRun(d, -16.0 * d, q32(blk + 2u), blk + 6u);
 }
 
+// the 5-bit values put together a word at a time: the nibbles, and bit e of qh in byte e's bit 4
 vec4 qraw(QRun s, uint c) {
-    const uvec4 lo = field4(q32(s.q + 4u * (c & 3u)), 4u * (c >> 2), 0xFu);
-    const uvec4 hi = (uvec4(s.qh) >> (uvec4(0u, 1u, 2u, 3u) + 4u * c)) & 1u;
-    return u8f(lo | (hi << 4));
+    return u8f(bytes4(fieldw(q32(s.q + 4u * (c & 3u)), 4u * (c >> 2), 0xFu) | (bits4(s.qh >> (4u * c)) << 4)));
 }
 
 vec4 qget(QRun s, uint c) {

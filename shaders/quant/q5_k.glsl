@@ -25,11 +25,10 @@ QRun qrun_hdr(uvec4 h, uint blk, uint r) {
 
 QRun qrun(uint blk, uint r) { return qrun_hdr(khdr(blk), blk, r); }
 
-vec4 qraw(QRun s, uint c) {
-    const uvec4 lo = field4(qw(s.q + 4u * c), s.shift, 0xFu);
-    const uvec4 hi = field4(qw(s.h + 4u * c), s.hbit, 1u);
-    return u8f(lo | (hi << 4));
-}
+// the 5-bit values put together a word at a time
+uint q5k_word(QRun s, uint q, uint h) { return fieldw(q, s.shift, 0xFu) | (fieldw(h, s.hbit, 1u) << 4); }
+
+vec4 qraw(QRun s, uint c) { return u8f(bytes4(q5k_word(s, qw(s.q + 4u * c), qw(s.h + 4u * c)))); }
 
 // Wide loads (as Q4_K's): unit u's 16 bytes of low nibbles and the 16 bytes of high bits its
 // chunks take (bytes 16 (u % 2) .. + 15 of the 32), one load each; the header in one load
@@ -40,11 +39,7 @@ struct QWide { uvec4 q; uvec4 h; };
 QWide qwide16(uint blk, uint u) {
     return QWide(w16_data[(blk + 48u + 16u * u) >> 4], w16_data[(blk + 16u + 16u * (u & 1u)) >> 4]);
 }
-vec4 qraw16(QRun s, QWide w, uint c) {
-    const uvec4 lo = field4(w.q[c], s.shift, 0xFu);
-    const uvec4 hi = field4(w.h[c], s.hbit, 1u);
-    return u8f(lo | (hi << 4));
-}
+vec4 qraw16(QRun s, QWide w, uint c) { return u8f(bytes4(q5k_word(s, w.q[c], w.h[c]))); }
 #endif
 
 vec4 qget(QRun s, uint c) {

@@ -25,9 +25,8 @@ QRun qrun(uint blk, uint r) {
 }
 
 vec4 qraw(QRun s, uint c) {
-    const uvec4 lo = field4(q32n(s.q, c), s.qshift, 0xFu);   // ql and qh are followed by the scales
-    const uvec4 hi = field4(q32n(s.h, c), s.hshift, 3u);
-    return u8f(lo | (hi << 4));
+    // ql and qh are followed by the scales; the 6-bit values are put together a word at a time
+    return u8f(bytes4(fieldw(q32n(s.q, c), s.qshift, 0xFu) | (fieldw(q32n(s.h, c), s.hshift, 3u) << 4)));
 }
 
 vec4 qget(QRun s, uint c) {
