@@ -52,6 +52,9 @@ uint fieldw(uint w, uint shift, uint mask) { return (w >> shift) & (mask * 0x010
 // bits 0..3 of v as the lowest bits of bytes 0..3 (the copies x << 7i do not overlap, so the
 // product is their union)
 uint bits4(uint v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
+// chunk c (4 elements) of a 32-element run of 5-bit values (Q5_0, Q5_1), put together a word at a
+// time: the nibbles of word w (low ones for c < 4, high after), bit 4c + i of qh as element i's bit 4
+uvec4 q5_bytes(uint w, uint qh, uint c) { return bytes4(fieldw(w, 4u * (c >> 2), 0xFu) | (bits4(qh >> (4u * c)) << 4)); }
 uvec4 field4(uint w, uint shift, uint mask) { return bytes4(fieldw(w, shift, mask)); }
 
 // Small unsigned integers (< 2^23) as floats, exactly. QFLOAT_BITS builds the float from its bits

@@ -15,10 +15,7 @@ QRun qrun(uint blk, uint r) {
     return QRun(dm.x, dm.y, qw(blk + 4u), blk + 8u);
 }
 
-// the 5-bit values put together a word at a time: the nibbles, and bit e of qh in byte e's bit 4
-vec4 qraw(QRun s, uint c) {
-    return u8f(bytes4(fieldw(qw(s.q + 4u * (c & 3u)), 4u * (c >> 2), 0xFu) | (bits4(s.qh >> (4u * c)) << 4)));
-}
+vec4 qraw(QRun s, uint c) { return u8f(q5_bytes(qw(s.q + 4u * (c & 3u)), s.qh, c)); }
 
 vec4 qget(QRun s, uint c) {
     precise vec4 v = s.a * qraw(s, c) + s.b;
