@@ -39,6 +39,7 @@ from vkrt.memory import F16, F32, I32, BufferRange, Tensor
 from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
+from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
 from vkrt.ops.head_epilogue import head_epilogue
 from vkrt.ops.matmul import MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, norm_input, vec4_ok
@@ -98,11 +99,13 @@ def recorded(dev, op) -> list:
     return rec.kernels
 
 
-def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> list[tuple[str, list]]:
+def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prologue: bool = False
+                     ) -> list[tuple[str, list]]:
     """(where, pipelines) of FlashAttn for head size `hs` and `n_q` queries against MODEL's n_kv
     keys, mask_opt as the tuning rule says or `both` (False, True), the live cells read from a
     buffer as the engine does. mask_opt and split-K are push constants of one attention pipeline
-    (the last split merges); mask_opt adds the pre-pass."""
+    (the last split merges); mask_opt adds the pre-pass. `prologue` (one query): the q/k norm,
+    RoPE and cache stores in the attention's prologue (VKRT_FUSE_FA_ROPE)."""
     m = MODEL
     q = placeholder(dev, F32, (hs, n_q, m["n_head"], 1), "q")
     k = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "k")
@@ -110,9 +113,18 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     mask = placeholder(dev, F16, (m["n_kv"], n_q), "mask")
     o = placeholder(dev, F32, (hs, m["n_head"], n_q, 1), "out")
     used = placeholder(dev, I32, (1,), "kv_used")
+    pro = None
+    if prologue:
+        raw = [placeholder(dev, F32, (hs, n, 1), name) for n, name in ((m["n_head"], "q"), (m["n_head_kv"], "k"),
+                                                                      (m["n_head_kv"], "v"))]
+        w, one = placeholder(dev, F32, (hs,), "norm"), placeholder(dev, I32, (1,), "pos")
+        pro = fa_norm_rope(dev, *raw, one, one, k, v, q_weight=w, k_weight=w, eps=1e-6,
+                           rope_args=dict(n_dims=hs, freq_base=1e6, neox=True))
     rec = Recorder(dev)
     # mask_opt off and no split: FlashAttn then needs no FlashWork (the null device has no memory)
-    fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used)
+    fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used, prologue=pro)
+    if prologue and fa.prologue is None:
+        return []
     fa.record(rec)
     # what FlashAttn decides by itself, without the forced values
     rule, rows, bc = fa.decide_mask_opt(mask), fa.mask_rows, fa.tile.bc
@@ -120,6 +132,8 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = ()) -> li
     for on in both or (rule,):
         pre_pass = [mask_opt_kernel(dev, rows, bc)] if on else []
         where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
+        if prologue:
+            where += ", the q/k norm, RoPE and F16 cache stores in its prologue (VKRT_FUSE_FA_ROPE)"
         cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
     return cases
 
@@ -186,6 +200,7 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4, wide=wide,
                                 mul_mat_id=True, glu="silu").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
+    out += flash_attn_cases(dev, m["head"], 1, "decode", prologue=True)
     hd, nkv = m["head"], m["n_head_kv"]
     epi = head_epilogue(Recorder(dev), placeholder(dev, F32, (nkv * hd, 1), "k"), hd,
                         placeholder(dev, I32, (nkv,), "n"), placeholder(dev, F16, (hd, m["n_kv"], nkv), "k cache"),

@@ -33,9 +33,13 @@
 // the next tile's loads before this tile's arithmetic, so the round trip overlaps it. The
 // queries are loaded before the live cells are read, in the same round trip.
 //
+// With NORM_ROPE_IN (decode: one token) the prologue does norm_rope's work: the queries come as
+// projected and are normed and rotated into the Q tile; the K and V of the new cell are normed,
+// rotated and stored into the caches by the split holding the cell (fa_norm_rope.glsl).
+//
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
-// LOADS_FIRST, SPLIT_MIN.
+// LOADS_FIRST, SPLIT_MIN, NORM_ROPE_IN (and fa_norm_rope.glsl's).
 #include "common.glsl"
 #include "attn_common.glsl"
 #if DS > 1
@@ -113,6 +117,33 @@ layout(binding = 7 + 2 * HAS_MASK + KV_USED) readonly buffer Sinks { float sinks
 
 // element offsets and strides (K and V ones multiples of 4); scale already divided by softcap
 // when softcap != 0
+#if NORM_ROPE_IN
+// one token of one sequence, one mask plane, no ALiBi: those fields are constants, and the
+// prologue's take their room (fa_norm_rope.glsl)
+layout(push_constant) uniform Push {
+    uint KV; uint n_head; uint gqa;
+    uint q_off; uint q_nb2;
+    uint k_off; uint k_nb1; uint k_nb2;
+    uint v_off; uint v_nb1; uint v_nb2;
+    uint m_off; uint o_off; uint flags;
+    uint n_split;
+    float scale; float softcap;
+    uint s_off;
+    uint pos_off; uint ff_off; uint rows_off; uint qw_off; uint kw_off; uint ks_off; uint vs_off;
+    float eps; float theta_scale; float freq_scale; float ext_factor; float corr_low; float corr_high;
+} p;
+#define P_N 1u
+#define P_Q_NB1 0u
+#define P_Q_NB3 0u
+#define P_K_NB3 0u
+#define P_V_NB3 0u
+#define P_M_NB1 0u
+#define P_M_NB2 0u
+#define P_M_NB3 0u
+#define P_NEM2 1u
+#define P_NEM3 1u
+#define P_MAX_BIAS 0.0
+#else
 layout(push_constant) uniform Push {
     uint N; uint KV; uint n_head; uint gqa;
     uint q_off; uint q_nb1; uint q_nb2; uint q_nb3;
@@ -124,6 +155,18 @@ layout(push_constant) uniform Push {
     float scale; float softcap; float max_bias;
     uint s_off;
 } p;
+#define P_N p.N
+#define P_Q_NB1 p.q_nb1
+#define P_Q_NB3 p.q_nb3
+#define P_K_NB3 p.k_nb3
+#define P_V_NB3 p.v_nb3
+#define P_M_NB1 p.m_nb1
+#define P_M_NB2 p.m_nb2
+#define P_M_NB3 p.m_nb3
+#define P_NEM2 p.nem2
+#define P_NEM3 p.nem3
+#define P_MAX_BIAS p.max_bias
+#endif
 
 shared vec4 tile[TILE4];           // the Q rows during the KV loop, then the merged O rows
 shared float m_sh[BR * COLS];
@@ -137,6 +180,9 @@ uint row_head(uint vr) { return gl_WorkGroupID.y * GQA_PACK + vr % GQA_PACK; }
 uint row_token(uint vr) { return vr; }
 uint row_head(uint vr) { return gl_WorkGroupID.y; }
 #endif
+#if NORM_ROPE_IN
+#include "fa_norm_rope.glsl"
+#endif
 
 // attn_sink_factor for this head's sink: 1 without sinks.
 float sink_factor(float m, inout float l, uint head) {
@@ -148,7 +194,7 @@ float sink_factor(float m, inout float l, uint head) {
 }
 
 // this thread's mask value of tile j at its row r, column c
-#define MASK_AT(j, r, c) attn_half(m_u32, m_base + min(row_token(row0 + rg * RPT + (r)), p.N - 1u) * p.m_nb1 \
+#define MASK_AT(j, r, c) attn_half(m_u32, m_base + min(row_token(row0 + rg * RPT + (r)), P_N - 1u) * P_M_NB1 \
                                    + min((j) * BC + (c) * COLS + col_tid, p.KV - 1u))
 // a tile's K and V values as stored (LOADS_FIRST), and its mask values
 #define LOAD_KV(j, kt, vt)                                                              \
@@ -171,11 +217,18 @@ float sink_factor(float m, inout float l, uint head) {
 // K and V values of the tile's column c (cell col), dot lane share k or v: from the loads issued
 // at the tile's start (LOADS_FIRST), else loaded where they are used
 #if LOADS_FIRST
-#define TILE_K(k, c, col) unpack_k(kt[k][c])
-#define TILE_V(c, v, col) unpack_v(vt[c][v])
+#define TILE_K_(k, c, col) unpack_k(kt[k][c])
+#define TILE_V_(c, v, col) unpack_v(vt[c][v])
 #else
-#define TILE_K(k, c, col) load_k(k_base + (col) * p.k_nb1 + 4u * (d_tid + (k) * DS))
-#define TILE_V(c, v, col) load_v(v_base + (col) * p.v_nb1 + 4u * (d_tid + (v) * DS))
+#define TILE_K_(k, c, col) load_k(k_base + (col) * p.k_nb1 + 4u * (d_tid + (k) * DS))
+#define TILE_V_(c, v, col) load_v(v_base + (col) * p.v_nb1 + 4u * (d_tid + (v) * DS))
+#endif
+#if NORM_ROPE_IN   // the new cell (nr_col) as the prologue stored it
+#define TILE_K(k, c, col) ((col) == nr_col ? nk_sh[d_tid + (k) * DS] : TILE_K_(k, c, col))
+#define TILE_V(c, v, col) ((col) == nr_col ? nv_sh[d_tid + (v) * DS] : TILE_V_(c, v, col))
+#else
+#define TILE_K(k, c, col) TILE_K_(k, c, col)
+#define TILE_V(c, v, col) TILE_V_(c, v, col)
 #endif
 
 // Count this split of the row tile as done; the last one to finish merges the splits that had
@@ -183,7 +236,7 @@ float sink_factor(float m, inout float l, uint head) {
 // is 0), and resets the count for the next run.
 void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
     const uint t = gl_LocalInvocationID.x;
-    const uint n_out = (gl_NumWorkGroups.z / p.n_split) * p.N * p.n_head;
+    const uint n_out = (gl_NumWorkGroups.z / p.n_split) * P_N * p.n_head;
     memoryBarrierBuffer();
     barrier();
     const uint tile_id = (b * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -200,7 +253,7 @@ void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
         if (row >= n_rows) {
             continue;
         }
-        const uint out_row = (b * p.N + row_token(row)) * p.n_head + row_head(row);
+        const uint out_row = (b * P_N + row_token(row)) * p.n_head + row_head(row);
         float mx = FA_NEG_BIG;
         for (uint sp = 0; sp < used_splits; ++sp) {
             mx = max(mx, ml[sp * n_out + out_row].x);
@@ -227,7 +280,7 @@ void main() {
     const uint col_tid = (t / DS) % COLS;
     const uint rg = t / (DS * COLS);
     const uint row0 = gl_WorkGroupID.x * BR;   // first row (token, or token x packed head)
-    const uint n_rows = p.N * GQA_PACK;
+    const uint n_rows = P_N * GQA_PACK;
     const uint split = gl_WorkGroupID.z % p.n_split;
     const uint b = gl_WorkGroupID.z / p.n_split;
 #if GQA_PACK > 1
@@ -237,17 +290,19 @@ void main() {
 #else
     const uint h = gl_WorkGroupID.y;
     const uint hk = h / p.gqa;
-    const uint h_mask = h % p.nem2;
-    const float slope = p.max_bias > 0.0 ? alibi_slope(h, p.n_head, p.max_bias) : 1.0;
+    const uint h_mask = h % P_NEM2;
+    const float slope = P_MAX_BIAS > 0.0 ? alibi_slope(h, p.n_head, P_MAX_BIAS) : 1.0;
 #endif
 
-    const uint q_base = p.q_off + b * p.q_nb3;
+    const uint q_base = p.q_off + b * P_Q_NB3;
+#if !NORM_ROPE_IN   // (the prologue fills the Q tile once the splits are known)
     for (uint i = t; i < BR * HSK4; i += WG) {
         const uint vr = row0 + i / HSK4;
-        const uint e = q_base + row_head(vr) * p.q_nb2 + row_token(vr) * p.q_nb1 + 4u * (i % HSK4);
+        const uint e = q_base + row_head(vr) * p.q_nb2 + row_token(vr) * P_Q_NB1 + 4u * (i % HSK4);
         tile[i] = vr < n_rows ? vec4(q[e], q[e + 1u], q[e + 2u], q[e + 3u]) : vec4(0.0);
     }
     barrier();
+#endif
 
 #if KV_USED
     const uint kv = min(p.KV, kv_used);
@@ -266,14 +321,20 @@ void main() {
         return;
     }
 
-    const uint k_base = p.k_off + b * p.k_nb3 + hk * p.k_nb2;
-    const uint v_base = p.v_off + b * p.v_nb3 + hk * p.v_nb2;
+    const uint k_base = p.k_off + b * P_K_NB3 + hk * p.k_nb2;
+    const uint v_base = p.v_off + b * P_V_NB3 + hk * p.v_nb2;
+#if NORM_ROPE_IN
+    // the split whose tiles hold the new cell norms, rotates and stores its K and V
+    const uint nr_cell = uint(nr_rows[p.rows_off]), nr_tile = nr_cell / BC;
+    const bool nr_owner = split == min(nr_tile / per_split, used_splits - 1u);
+    nr_prologue(row0, n_rows, q_base, hk, nr_owner, nr_cell, k_base, v_base);
+#endif
     const uint ntiles = (p.KV + BC - 1u) / BC;
 #if HAS_MASK
-    const uint m_base = p.m_off + (b % p.nem3) * p.m_nb3 + h_mask * p.m_nb2;
+    const uint m_base = p.m_off + (b % P_NEM3) * P_M_NB3 + h_mask * P_M_NB2;
     const uint mo_stride = (ntiles + 15u) / 16u;
-    const uint n_rt = (p.N + MO_BR - 1u) / MO_BR;
-    const uint mo_base = (((b % p.nem3) * p.nem2 + h_mask) * n_rt + row_token(row0) / MO_BR) * mo_stride;
+    const uint n_rt = (P_N + MO_BR - 1u) / MO_BR;
+    const uint mo_base = (((b % P_NEM3) * P_NEM2 + h_mask) * n_rt + row_token(row0) / MO_BR) * mo_stride;
     const bool use_mask_opt = (p.flags & 1u) != 0u;
 #endif
 
@@ -288,6 +349,9 @@ void main() {
     }
 
     const uint j_end = min(live_tiles, (split + 1u) * per_split);
+#if NORM_ROPE_IN
+    const uint nr_col = nr_owner && nr_tile < j_end ? nr_cell : 0xFFFFFFFFu;   // none: past every column
+#endif
 #if LOADS_FIRST > 1
     K_RAW kn[KD][CPT];
     V_RAW vn[CPT][VD];
@@ -444,13 +508,13 @@ void main() {
     }
 
     const bool partial = used_splits > 1u;
-    const uint n_out = (gl_NumWorkGroups.z / p.n_split) * p.N * p.n_head;   // output rows of a split
+    const uint n_out = (gl_NumWorkGroups.z / p.n_split) * P_N * p.n_head;   // output rows of a split
     FA_UNROLL for (uint r = 0; r < RPT; ++r) {
         const uint row = row0 + rg * RPT + r;
         if (row >= n_rows) {
             continue;
         }
-        const uint out_row = (b * p.N + row_token(row)) * p.n_head + row_head(row);
+        const uint out_row = (b * P_N + row_token(row)) * p.n_head + row_head(row);
         float l = row_l[r];
         const float f = partial ? 1.0 : sink_factor(row_m[r], l, row_head(row));
         const float inv = l > 0.0 ? f / l : 0.0;

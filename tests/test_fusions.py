@@ -45,6 +45,8 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
         device_env("VKRT_FUSE_QK_ROPE", "0")                          # below
     if variable == "VKRT_FUSE_MOE_SUM":   # against moe_combine's pass, not the sum inside the next norm
         device_env("VKRT_FUSE_COMBINE_NORM", "0")
+    if variable != "VKRT_FUSE_FA_ROPE":   # norm_rope's decode dispatch counted below, not in the attention
+        device_env("VKRT_FUSE_FA_ROPE", "0")
     device_env(variable, "on" if fuse else "off")
     with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
             Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
@@ -148,6 +150,25 @@ def test_norm_rope_in_the_projections_is_bit_identical(device, tmp_path, device_
     apart = name in ("tiny-gpt-oss", "tiny-glm4moe", "tiny-mistral3", "tiny-olmoe")
     assert n_plain - n_fused == (0 if apart else 2 * len(cfg.kv_layers))
     # its barrier went with it, and none came between the projections (their counters lie apart)
+    assert run.barriers - barriers_fused == n_plain - n_fused
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
+                                  "tiny-gpt-oss", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3", "tiny-mistral3",
+                                  "tiny-olmoe"])
+def test_norm_rope_in_the_attention_is_bit_identical(device, tmp_path, device_env, name):
+    """The decode step's q/k norm, RoPE and K/V cache stores in flash attention's prologue
+    (VKRT_FUSE_FA_ROPE): norm_rope's dispatch and its barrier gone a layer in the decode graph,
+    the same bits: with q/k norms and without (llama), sliding layers (gemma3), YaRN and sinks
+    (gpt-oss), IMROPE and queries strided between their gates (qwen35moe, qwen3next), views of
+    attn_qkv (phi3), projection biases (glm4moe), whole-vector norms before it (olmoe);
+    mistral3's attention temperature keeps norm_rope."""
+    path = tiny_model(name, tmp_path)
+    fused, n_fused, cfg = run(device, path, device_env, True, "VKRT_FUSE_FA_ROPE")
+    barriers_fused = run.barriers
+    plain, n_plain, _ = run(device, path, device_env, False, "VKRT_FUSE_FA_ROPE")
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    assert n_plain - n_fused == (0 if name == "tiny-mistral3" else len(cfg.kv_layers))
     assert run.barriers - barriers_fused == n_plain - n_fused
 
 

@@ -180,6 +180,9 @@ VARIABLES: tuple[Variable, ...] = (
     _fusion("QKV_ROPE", False, "decode: the last workgroup of each head's q, k or v projection does the head's "
                                "norm, RoPE and cache store (with NORM_ROPE) instead of a norm_rope dispatch and "
                                "barrier after the projections; off by default: no faster on the H200"),
+    _fusion("FA_ROPE", True, "decode: flash attention's prologue does the q/k norm, RoPE and the K/V cache stores "
+                             "(with NORM_ROPE; one token) instead of a norm_rope dispatch and barrier before it "
+                             "(0: apart)"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_COOPMAT", "coopmat", "flag or unset", "tuning table",
@@ -234,6 +237,7 @@ class Settings:
     fuse_norm_route: bool = True
     fuse_qk_rope: bool = True
     fuse_qkv_rope: bool = False
+    fuse_fa_rope: bool = True
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None
     glslang_lib: Path | None = None

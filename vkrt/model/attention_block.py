@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ..ops.attention import Attention
 from ..ops.elementwise import add, gate_mul
+from ..ops.fa_norm_rope import fa_norm_rope
 from ..ops.flash_attn import FlashAttn
 from ..ops.head_epilogue import head_epilogue
 from ..ops.matmul import head_epilogue_fits, matmul
@@ -71,6 +72,31 @@ def head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args) ->
     return epis if all(e is not None for e in epis) else None
 
 
+def record_norm_rope(tf, seq, cache, il, q3, k3, v3, qr, kr, q_temp, norms, pos, cells, args) -> None:
+    """Record layer il's q/k norm, RoPE and the K/V stores into the cache as their own dispatches:
+    norm_rope (VKRT_FUSE_NORM_ROPE; q riding in K's dispatch with QK_ROPE, V's store with
+    KV_STORE), else rms_norm, rope and set_rows apart. The rotated queries go to qr."""
+    cfg, p = tf.cfg, f"blk.{il}."
+    if tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
+        with_q = (q3, qr, norms["q"]) if tf.fusions.qk_rope and not q_temp else None   # q rides in K's dispatch
+        if with_q is None:
+            norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args, **q_temp)
+        store_v = (v3, cache.v[il]) if tf.fusions.kv_store and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
+        norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, store_v=store_v,
+                  with_q=with_q, **args)
+        if store_v is None:
+            set_rows(seq, v3, cells, cache.v[il])
+        return
+    if cfg.qk_norm:
+        tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
+        tf.norm(seq, k3, k3, p + "attn_k_norm.weight")
+        q3 = qr
+    rope(seq, q3, pos, qr, **args, **q_temp)
+    rope(seq, k3, pos, kr, **args)
+    set_rows(seq, kr, cells, cache.k[il])
+    set_rows(seq, v3, cells, cache.v[il])
+
+
 def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None):
     """Record layer il's attention block (flash attention's work buffers are the Scratch's).
     split_as = (tokens, their mask): flash attention splits the KV cells as a step of that many
@@ -104,29 +130,11 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     k3 = k.view((D, KV, T))
     qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
     v3 = v.view((Dv, KV, T))
-    # (with epis the projections' epilogues normed, rotated and stored every head)
-    if epis is None and tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
-        with_q = (q3, qr, norms["q"]) if tf.fusions.qk_rope and not q_temp else None   # q rides in K's dispatch
-        if with_q is None:
-            norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args, **q_temp)
-        store_v = (v3, cache.v[il]) if tf.fusions.kv_store and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
-        norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, store_v=store_v,
-                  with_q=with_q, **args)
-        if store_v is None:
-            set_rows(seq, v3, cells, cache.v[il])
-    elif epis is None:
-        if cfg.qk_norm:
-            tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
-            tf.norm(seq, k3, k3, p + "attn_k_norm.weight")
-            q3 = qr
-        rope(seq, q3, pos, qr, **args, **q_temp)
-        rope(seq, k3, pos, kr, **args)
-        set_rows(seq, kr, cells, cache.k[il])
-        set_rows(seq, v3, cells, cache.v[il])
     out = s.attn.view((Dv, H, T))
     attn_args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
                  out, mask)
     sinks = w[p + "attn_sinks.weight"] if cfg.attn_sinks else None
+    op = None
     if flash:  # layers attending through the same mask share one mask_opt pre-pass
         split_k = None
         if split_as is not None:   # the split a step of split_as[0] tokens takes (decided, not recorded)
@@ -134,11 +142,19 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
             split_k = FlashAttn(seq.device, s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), attn_args[2],
                                 attn_args[3], s.attn.view((Dv, H, P)), split_as[1], scale=cfg.attn_scale, sinks=sinks,
                                 kv_used=s.kv_used, mask_opt=False, label=f"flash attention {il} (split plan)").n_split
+        # one token: the attention's prologue may do norm_rope's work (VKRT_FUSE_FA_ROPE)
+        prologue = (fa_norm_rope(seq.device, q3, k3, v3, pos, cells, cache.k[il], cache.v[il], q_weight=norms["q"],
+                                 k_weight=norms["k"], eps=cfg.norm_eps, rope_args=args)
+                    if epis is None and T == 1 and tf.fusions.norm_rope and tf.fusions.fa_rope and not q_temp else None)
         op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks, mask_opt=tf.fa_mask_opt,
-                       split_k=split_k, work=s.flash_work)
+                       split_k=split_k, work=s.flash_work, prologue=prologue)
         s.mask_opt_owner.setdefault(id(mask), op)
-    else:
+    # (with epis the projections' epilogues normed, rotated and stored every head, with the
+    # attention's prologue the attention does)
+    if (op is None or op.prologue is None) and epis is None:
+        record_norm_rope(tf, seq, cache, il, q3, k3, v3, qr, kr, q_temp, norms, pos, cells, args)
+    if op is None:
         op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")
     op.record(seq)
     if gate is not None:

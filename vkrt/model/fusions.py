@@ -39,7 +39,12 @@ from ..ops.matmul import matmul, matmul_segments
 # of the q, k or v projection does that head's norm, RoPE and cache store, norm_rope's dispatch
 # and barrier gone; vkrt/ops/head_epilogue.py) is off: on the H200 the atomic count, the read-back
 # and the serial tail cost what the barrier did (Qwen3-30B-A3B shape, GCN table, tg128: 273.5 /
-# 273.8 t/s on against 274.8 off, vkrt bench, same run).
+# 273.8 t/s on against 274.8 off, vkrt bench, same run). FA_ROPE (decode, one token: the q/k
+# norm, RoPE and K/V cache stores in flash attention's prologue; the split whose tiles hold the new
+# cell stores it and reads its K and V back from the caches; vkrt/ops/fa_norm_rope.py) is on:
+# norm_rope's dispatch and barrier gone a layer with no atomic and no serial tail (30B-A3B shape,
+# tg128, vkrt bench, same run: GCN table 284.6 / 284.8 t/s against 277.1 / 277.2 off, native
+# 303.8 vs 293.2; Qwen3.5 shape 261.3 vs 262.8 +- 3.9; dense 8B 271.4 vs 269.4).
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Fusions:
     norm_route: bool = True
     qk_rope: bool = True
     qkv_rope: bool = False
+    fa_rope: bool = True
 
     @staticmethod
     def of(settings) -> "Fusions":
@@ -66,7 +72,8 @@ class Fusions:
                        gate_up=settings.fuse_gate_up, moe_sum=settings.fuse_moe_sum, qkv=settings.fuse_qkv,
                        kv_store=settings.fuse_kv_store, combine_norm=settings.fuse_combine_norm,
                        route=settings.fuse_route, norm_route=settings.fuse_norm_route,
-                       qk_rope=settings.fuse_qk_rope, qkv_rope=settings.fuse_qkv_rope)
+                       qk_rope=settings.fuse_qk_rope, qkv_rope=settings.fuse_qkv_rope,
+                       fa_rope=settings.fuse_fa_rope)
 
 
 def project(seq, pairs, x, fused: bool) -> None:

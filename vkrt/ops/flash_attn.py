@@ -21,6 +21,7 @@ from ..memory import F16, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .attn_shapes import attn_shape, element_strides
 from .binding import bind_tensor, f32_binding
+from .fa_norm_rope import FA_NORM_ROPE_PUSH, FANormRope
 from .flash_work import FlashWork
 from .grid import ceil_div
 
@@ -150,7 +151,11 @@ class FlashAttn:
     a mask). split_k: None = split when the grid is too small to fill the device; n forces n
     splits (1 = none). gqa_pack: pack the query heads of a KV head into one workgroup's rows (K
     and V read once per KV head); None = when there are at most tuning.fa_pack_max_q queries and
-    the shape allows it (grouped heads, one mask plane, no ALiBi). kv_used: a 1-element I32
+    the shape allows it (grouped heads, one mask plane, no ALiBi). prologue: an FANormRope (one
+    token): the attention does norm_rope's work in its prologue, reading the projection's queries
+    in place of q and storing the new cell's K and V; `self.prologue` is None where this call
+    cannot take it (prologue_blocker says why), and the caller then runs norm_rope itself.
+    kv_used: a 1-element I32
     tensor holding how many leading KV cells are live (written each step; the cells past it must
     be masked): later KV tiles are skipped, with the same result, and the splits share the live
     tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
@@ -163,7 +168,8 @@ class FlashAttn:
                  scale: float, softcap: float = 0.0, max_bias: float = 0.0, mask_opt: bool | None = None,
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
                  tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
-                 sinks: Tensor | None = None, work: FlashWork | None = None, coopmat: bool | None = None):
+                 sinks: Tensor | None = None, work: FlashWork | None = None, coopmat: bool | None = None,
+                 prologue: FANormRope | None = None):
         self.label = label
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask)
@@ -179,6 +185,7 @@ class FlashAttn:
         self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
         self.n_split = self.decide_split(split_k)[0]
+        self.prologue = prologue if prologue is not None and self.prologue_blocker(prologue, k, v, max_bias) is None else None
         self._mask = None
         # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
         # this one reads instead of classifying the mask again
@@ -263,10 +270,30 @@ class FlashAttn:
         return split_plan(self.tuning, self.n_tiles, self.n_kv_tiles, split_k,
                           self.device.profile.max_workgroup_count[2] // s.batch, self.decode_sized)
 
+    def prologue_blocker(self, pro: FANormRope, k: Tensor, v: Tensor, max_bias: float) -> str | None:
+        """Why this attention cannot do norm_rope's work in its prologue (None: it can): one token
+        of one sequence, the scalar kernel, one workgroup a KV head and split, the prologue's
+        caches those read here, room for its shared memory, whole norm subgroups a workgroup."""
+        s, tile = self.shape, self.tile
+        wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
+        extra = 4 * (s.hsk + s.hsv) + (4 * (tile.br + 1) * (wg // sg) if wg else 0)
+        same_cache = all(c.buffer is t.buffer and c.offset == t.offset and c.nb[1:3] == t.nb[1:3]
+                         for c, t in ((pro.k_cache, k), (pro.v_cache, v)))
+        return ("more than one query token" if s.n_q != 1 or s.batch != 1 else
+                "the cooperative-matrix kernel runs it" if self.coopmat else
+                "a KV head's query heads are not one workgroup's" if self.pack == 1 and s.gqa > 1 else
+                "the mask has a plane per head, or ALiBi" if s.nem2 > 1 or max_bias > 0 else
+                "its K is not the prologue's cache" if not same_cache else
+                "the queries' shape differs" if tuple(pro.q.ne[:3]) != (s.hsk, s.n_head, 1) else
+                "the norm's subgroups do not tile the workgroup" if wg and tile.wg % sg else
+                "no shared memory left for it" if tile.shared_bytes(s.hsk, s.hsv) + extra > self.device.profile.shared_memory
+                else None)
+
     # -- pipelines and scratch -----------------------------------------------------------------
     def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks) -> None:
         dev, s, tile = self.device, self.shape, self.tile
-        self._q, q_off = bind_tensor(q, f"{self.label} q", dev)
+        pro = self.prologue
+        self._q, q_off = bind_tensor(pro.q if pro else q, f"{self.label} q", dev)
         self._k, k_off = bind_tensor(k, f"{self.label} k", dev)
         self._v, v_off = bind_tensor(v, f"{self.label} v", dev)
         self._out, o_off = bind_tensor(out, f"{self.label} out", dev)
@@ -277,6 +304,8 @@ class FlashAttn:
                     scale=scale / softcap if softcap else scale, softcap=softcap, max_bias=max_bias)
         for name, t in (("q", q), ("k", k), ("v", v)):
             push[f"{name}_nb1"], push[f"{name}_nb2"], push[f"{name}_nb3"] = element_strides(t)
+        if pro:   # the projection's queries [head_dim, n_head, 1]: heads nb[1] apart
+            push["q_nb2"] = pro.q.nb[1] // 4
         push.update(m_off=0, m_nb1=0, m_nb2=0, m_nb3=0)
         self._mask_tensor = mask
         if mask is not None:
@@ -304,8 +333,13 @@ class FlashAttn:
             self._kv_used, used_off = bind_tensor(kv_used, f"{self.label} kv_used", dev)
             if used_off:
                 raise UnsupportedShape(f"kv_used {kv_used!r} must start at a storage-buffer offset alignment")
-        self._attn = kernel(dev, shader, push=FA_PUSH, defines=defines, workgroup=workgroup)
-        self._attn_push = FA_PUSH.pack(push)
+        layout = FA_PUSH
+        if pro:
+            defines.update(pro.defines)
+            layout = FA_NORM_ROPE_PUSH
+            push = {f: v for f, v in {**push, **pro.push}.items() if f in dict(layout.fields)}
+        self._attn = kernel(dev, shader, push=layout, defines=defines, workgroup=workgroup)
+        self._attn_push = layout.pack(push)
 
         if self.mask_opt and self._shared is None:
             self._mask_opt_key = ("mask_opt blocks", id(mask.buffer), mask.offset)   # one table a mask
@@ -368,6 +402,8 @@ class FlashAttn:
             buffers.append(self._kv_used)
         if self._sinks is not None:
             buffers.append(self._sinks)
+        if self.prologue is not None:
+            buffers += self.prologue.buffers
         seq.dispatch(self._attn, buffers, push=self._attn_push,
                      groups=(self.n_row_tiles, s.n_head // self.pack, s.batch * self.n_split), label=self.label)
 

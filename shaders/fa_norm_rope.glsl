@@ -1,0 +1,162 @@
+// flash_attn.comp's NORM_ROPE_IN (decode: one token of one sequence): norm_rope's work in the
+// attention's prologue, so a decode step has no norm_rope dispatch and barrier between the
+// projections and the attention (vkrt/ops/fa_norm_rope.py). The queries are read as the q
+// projection wrote them, RMS-normed by their weight (NR_NORM) and rotated into the Q tile. The
+// workgroup whose split holds the new token's cell (rows[0]; the last split where the cell lies
+// past the live ones) -- one a KV head, as the query heads of a KV head share a workgroup or there
+// is one query head a KV head -- norms and rotates its KV head's k the same way, stores it and
+// V's row into the caches, reads them back as stored, and its KV loop takes that cell's K and V
+// from those values, not from what it loaded. Every step is norm_rope.comp's, bit for bit: the
+// sums as its workgroup of NR_WG invocations in NR_SG-wide subgroups makes them (SG_BUTTERFLY:
+// each NR_SG lanes here are one of its subgroups), the rotation through rope.glsl, the stores'
+// conversion the cache's. The rotation's flags, n_dims and attn_factor are defines, its other
+// constants push fields. Included by flash_attn.comp after its bindings, push constants and
+// row_token / row_head.
+#ifndef VKRT_FA_NORM_ROPE_GLSL
+#define VKRT_FA_NORM_ROPE_GLSL
+#include "rope.glsl"
+#extension GL_KHR_shader_subgroup_basic : require
+#if K_F16 || V_F16
+#extension GL_EXT_shader_16bit_storage : require
+#endif
+#if K_F16
+#define NR_KT float16_t
+#else
+#define NR_KT float
+#endif
+#if V_F16
+#define NR_VT float16_t
+#else
+#define NR_VT float
+#endif
+
+#define NR_B (7 + 2 * HAS_MASK + KV_USED + SINKS)
+layout(binding = NR_B + 0) readonly buffer NrQW { float nr_qw[]; };    // the norms' weights
+layout(binding = NR_B + 1) readonly buffer NrKW { float nr_kw[]; };
+layout(binding = NR_B + 2) readonly buffer NrPos { int nr_pos[]; };    // 1 position, 4 with sections
+layout(binding = NR_B + 3) readonly buffer NrFF { float nr_ff[]; };
+layout(binding = NR_B + 4) readonly buffer NrRows { int nr_rows[]; };  // the new token's cell
+layout(binding = NR_B + 5) readonly buffer NrK { float nr_k[]; };      // k and v as projected
+layout(binding = NR_B + 6) readonly buffer NrV { float nr_v[]; };
+layout(binding = NR_B + 7) coherent buffer NrKC { NR_KT nr_kc[]; };    // the caches, for the stores
+layout(binding = NR_B + 8) coherent buffer NrVC { NR_VT nr_vc[]; };
+
+#if NR_NORM
+#extension GL_KHR_shader_subgroup_shuffle : enable
+#define BUTTERFLY_SG NR_SG
+#include "butterfly.glsl"
+const uint NR_G = NR_WG / NR_SG;         // norm_rope's subgroups
+shared float nr_sums[(BR + 1u) * NR_G];  // their sums: the Q tile's rows, then the new K row
+#endif
+shared vec4 nk_sh[HSK4];   // the new cell's K and V as normed, rotated and stored
+shared vec4 nv_sh[HSV4];
+
+// row r of the prologue (r < BR: the Q tile's, BR: the new K row) is live, and the element
+// index of its first value
+bool nr_live(uint r, uint row0, uint n_rows, bool with_k) {
+    return r < BR ? row0 + r < n_rows : with_k;
+}
+uint nr_base(uint r, uint row0, uint q_base, uint hk) {
+    return r < BR ? q_base + row_head(row0 + r) * p.q_nb2 : p.ks_off + hk * HSK;
+}
+#define NR_X(r, e) ((r) < BR ? q[e] : nr_k[e])
+// value c of prologue row r, as it is written (the Q tile) and read
+#define NR_AT(r, c) ((r) < BR ? tile[(r) * HSK4 + (c) / 4u][(c) % 4u] : nk_sh[(c) / 4u][(c) % 4u])
+void nr_set(uint r, uint c, float v) {
+    if (r < BR) {
+        tile[r * HSK4 + c / 4u][c % 4u] = v;
+    } else {
+        nk_sh[c / 4u][c % 4u] = v;
+    }
+}
+
+// The Q tile from the projection's queries, and with_k the new cell's K and V (stored into the
+// caches at k_base / v_base + cell's row, and into nk_sh / nv_sh as stored).
+void nr_prologue(uint row0, uint n_rows, uint q_base, uint hk, bool with_k, uint cell, uint k_base, uint v_base) {
+    const uint t = gl_LocalInvocationID.x;
+    const uint n = BR + 1u;
+#if NR_NORM
+    // lane l of row r sums that row's squares as norm_rope's invocation l would, then a
+    // butterfly over each NR_SG lanes (one of its subgroups)
+    const uint lane = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+    for (uint at = 0u; at < n * NR_WG; at += WG) {
+        const uint i = at + lane, r = i / NR_WG, l = i % NR_WG;
+        precise float sum = 0.0;
+        if (i < n * NR_WG && nr_live(r, row0, n_rows, with_k)) {
+            const uint e = nr_base(r, row0, q_base, hk);
+            for (uint c = l; c < HSK; c += NR_WG) {
+                const float v = NR_X(r, e + c);
+                sum += v * v;
+            }
+        }
+        sum = subgroup_butterfly(sum);
+        if (i < n * NR_WG && l % NR_SG == 0u) {
+            nr_sums[r * NR_G + l / NR_SG] = sum;
+        }
+    }
+    barrier();
+#endif
+    for (uint i = t; i < n * HSK; i += WG) {
+        const uint r = i / HSK, c = i % HSK;
+        if (!nr_live(r, row0, n_rows, with_k)) {
+            if (r < BR) {
+                nr_set(r, c, 0.0);
+            }
+            continue;
+        }
+        float x = NR_X(r, nr_base(r, row0, q_base, hk) + c);
+#if NR_NORM
+        float total = 0.0;
+        for (uint g = 0u; g < NR_G; g++) {
+            total += nr_sums[r * NR_G + g];
+        }
+        precise float mean_eps = total / float(HSK) + p.eps;   // as rms_norm.comp
+        const float scale = inversesqrt(mean_eps);
+        const float v = x * scale;
+        x = v * (r < BR ? nr_qw[p.qw_off + c] : nr_kw[p.kw_off + c]);
+#endif
+        nr_set(r, c, x);
+    }
+    barrier();
+    const uint rot_pairs = NR_N_DIMS / 2u;
+    for (uint i = t; i < n * rot_pairs; i += WG) {   // dims past n_dims stay as they are
+        const uint r = i / rot_pairs, pair = i % rot_pairs;
+        if (!nr_live(r, row0, n_rows, with_k)) {
+            continue;
+        }
+        const uvec2 ab = rope_dims(pair, rot_pairs, NR_NEOX != 0);
+        const float ff = NR_USE_FF != 0 ? nr_ff[p.ff_off + pair] : 1.0;
+#ifdef NR_SECTIONS
+        const uint stream = rope_stream(pair, uvec4(NR_SECTIONS), NR_INTERLEAVED != 0);
+#else
+        const uint stream = 0u;
+#endif
+        const vec2 rot = rope_pair(NR_AT(r, ab.x), NR_AT(r, ab.y), nr_pos[p.pos_off + stream], pair, p.theta_scale,
+                                   p.freq_scale, ff, uintBitsToFloat(NR_ATTN_FACTOR), p.ext_factor,
+                                   vec2(p.corr_low, p.corr_high));
+        nr_set(r, ab.x, rot.x);
+        nr_set(r, ab.y, rot.y);
+    }
+    barrier();
+    if (!with_k) {
+        return;
+    }
+    const uint kc = k_base + cell * p.k_nb1, vc = v_base + cell * p.v_nb1;
+    for (uint c = t; c < HSK; c += WG) {
+        nr_kc[kc + c] = NR_KT(nk_sh[c / 4u][c % 4u]);
+    }
+    for (uint c = t; c < HSV; c += WG) {
+        nr_vc[vc + c] = NR_VT(nr_v[p.vs_off + hk * HSV + c]);
+    }
+    memoryBarrierBuffer();
+    barrier();
+    for (uint c = t; c < HSK; c += WG) {
+        nk_sh[c / 4u][c % 4u] = float(nr_kc[kc + c]);
+    }
+    for (uint c = t; c < HSV; c += WG) {
+        nv_sh[c / 4u][c % 4u] = float(nr_vc[vc + c]);
+    }
+    barrier();
+}
+
+#endif

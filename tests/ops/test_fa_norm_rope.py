@@ -1,0 +1,135 @@
+"""norm_rope in flash attention's prologue (one token): the attention's output and both caches bit
+for bit against norm_rope (queries riding in K's dispatch, V's store alongside) and the attention
+apart, which have their own tests against rms_norm / rope / set_rows and a float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_flash_attn import tuning
+
+from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.device.architecture import Arch
+from vkrt.memory import F32, Tensor
+from vkrt.ops.fa_norm_rope import fa_norm_rope
+from vkrt.ops.flash_attn import FlashAttn
+from vkrt.ops.flash_work import FlashWork
+from vkrt.ops.norm_rope import norm_rope
+
+N_CELLS = 80
+
+
+def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
+        split_k=None, arch=None, rope=None, sections=None, seed=0):
+    """(attention output, K cache, V cache) after one token's norm_rope + attention, apart or
+    with the prologue (fused); the caches start with the same random past."""
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
+    k = (rng.standard_normal((1, n_kv_head, hd)) * 2).astype(np.float32)
+    v = rng.standard_normal((1, n_kv_head, hd)).astype(np.float32)
+    dtype = {"F16": np.float16, "F32": np.float32}[cache]
+    past_k = rng.standard_normal((n_kv_head, N_CELLS, hd)).astype(dtype)
+    past_v = rng.standard_normal((n_kv_head, N_CELLS, hd)).astype(dtype)
+    live = used or n_kv
+    mask = np.where(rng.random((1, n_kv)) < 0.2, -np.inf, 0).astype(np.float16)
+    mask[0, live:] = -np.inf
+    mask[0, min(cell, n_kv - 1)] = 0
+    pos = np.array([1234] if sections is None else [1234, 17, 99, 0], np.int32)
+    own = [tensor_from_numpy(device, a) for a in (q, k, v, past_k, past_v, mask, pos, np.array([cell], np.int32),
+                                                  rng.uniform(0.5, 1.5, hd).astype(np.float32),
+                                                  rng.uniform(0.5, 1.5, hd).astype(np.float32),
+                                                  np.array([live], np.int32))]
+    tq, tk, tv, kc, vc, tm, tp, cells, qw, kw, t_used = own
+    qr = Tensor.empty(device, F32, (hd, n_head, 1))
+    out = Tensor.empty(device, F32, (hd, n_head, 1, 1))
+    own += [qr, out]
+    args = {"n_dims": hd, "freq_base": 10000.0, "neox": True, **(rope or {})}
+    if sections is not None:
+        args.update(sections=sections, interleaved=True)
+    weights = dict(q_weight=qw, k_weight=kw) if norm else dict(q_weight=None, k_weight=None)
+    try:
+        with FlashWork(device) as work, CommandSequence(device) as seq:
+            pro = (fa_norm_rope(device, tq, tk, tv, tp, cells, kc, vc, eps=1e-6, rope_args=args, **weights)
+                   if fused else None)
+            assert pro is not None or not fused
+            fa = FlashAttn(device, qr.permute(0, 2, 1, 3), kc.slice(1, 0, n_kv), vc.slice(1, 0, n_kv), out, tm,
+                           scale=hd ** -0.5, work=work, kv_used=t_used, split_k=split_k, coopmat=False,
+                           tuning=tuning(device, arch), prologue=pro)
+            assert (fa.prologue is not None) == fused, fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
+            with seq.record():
+                if not fused:
+                    norm_rope(seq, tk, tp, kc, weight=weights["k_weight"], eps=1e-6, rows=cells, store_v=(tv, vc),
+                              with_q=(tq, qr, weights["q_weight"]), **args)
+                    seq.barrier()
+                fa.record(seq)
+            seq.run()
+            return read_tensor(out), read_tensor(kc), read_tensor(vc)
+    finally:
+        for t in own:
+            t.close()
+
+
+def same_bits(device, **kw):
+    apart, fused = run(device, fused=False, **kw), run(device, fused=True, **kw)
+    assert np.isfinite(apart[0]).all() and np.abs(apart[0]).max() > 0
+    for a, b in zip(apart, fused):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    return apart
+
+
+@pytest.mark.parametrize("cache", ["F16", "F32"])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("arch", [None, Arch.NVIDIA, Arch.AMD_GCN])
+def test_same_bits_as_norm_rope_then_attention(device, cache, norm, arch):
+    apart = same_bits(device, cache=cache, norm=norm, arch=arch)
+    before = run(device, fused=False, cache=cache, norm=norm, arch=arch, cell=38)
+    assert not np.array_equal(apart[1], before[1])   # the new cell's K was stored
+
+
+@pytest.mark.parametrize("cell,used,split_k", [(37, None, 3), (0, None, 4), (63, None, 2), (40, 41, 4),
+                                               (70, 50, 2), (5, 20, 1)])
+def test_the_cells_split_stores_it(device, cell, used, split_k):
+    """The new cell in the first, a middle or the last split, at the live cells' end, past them
+    (stored, not attended: the last split stores it) and past the attention's cells."""
+    same_bits(device, cell=cell, used=used, split_k=split_k, n_kv=64 if cell < 64 else 72, arch=Arch.NVIDIA)
+
+
+@pytest.mark.parametrize("n_head,n_kv_head", [(8, 1), (3, 3), (8, 2)])
+def test_head_groupings(device, n_head, n_kv_head):
+    same_bits(device, n_head=n_head, n_kv_head=n_kv_head, split_k=2)
+
+
+def test_unpacked_query_groups_stay_with_norm_rope(device):
+    """Where a KV head's query heads are not one workgroup's (3 heads a group, no tile packs
+    them), each would need the new K its group's first head stores: the attention says so and
+    takes no prologue."""
+    with pytest.raises(AssertionError, match="query heads are not one workgroup's"):
+        run(device, fused=True, n_head=6, n_kv_head=2)
+
+
+def test_partial_rotation_yarn_and_sections(device):
+    same_bits(device, rope=dict(n_dims=32), hd=64)
+    same_bits(device, rope=dict(freq_scale=1 / 32, ext_factor=1.0, n_ctx_orig=4096, attn_factor=1.5), hd=64)
+    same_bits(device, sections=(11, 11, 10, 0), hd=64)
+
+
+def test_head_size_128(device):
+    same_bits(device, hd=128, n_head=4, n_kv_head=1, split_k=2)
+
+
+def test_what_the_prologue_refuses(device):
+    """More than one token, and an attention temperature, stay with norm_rope."""
+    t = [Tensor.empty(device, F32, s) for s in ((64, 4, 2), (64, 2, 2), (64, 2, 2), (64, 80, 2), (64, 80, 2))]
+    pos = tensor_from_numpy(device, np.array([3, 4], np.int32))
+    try:
+        q, k, v, kc, vc = t
+        assert fa_norm_rope(device, q, k, v, pos, pos, kc, vc, rope_args=dict(n_dims=64, freq_base=1e4)) is None
+        q1, k1, v1 = (x.slice(2, 0, 1) for x in (q, k, v))
+        args = dict(n_dims=64, freq_base=1e4, attn_temp=(0.1, 8))
+        assert fa_norm_rope(device, q1, k1, v1, pos, pos, kc, vc, rope_args=args) is None
+        args.pop("attn_temp")
+        assert fa_norm_rope(device, q1, k1, v1, pos, pos, kc, vc, rope_args=args) is not None
+    finally:
+        for x in (*t, pos):
+            x.close()
