@@ -47,20 +47,46 @@ layout(binding = NR_B + 8) coherent buffer NrVC { NR_VT nr_vc[]; };
 #include "butterfly.glsl"
 const uint NR_G = NR_WG / NR_SG;         // norm_rope's subgroups
 shared float nr_sums[(BR + 1u) * NR_G];  // their sums: the Q tile's rows, then the new K row
+#else
+#define NR_WG WG                         // (any lanes: nothing is summed)
 #endif
 shared vec4 nk_sh[HSK4];   // the new cell's K and V as normed, rotated and stored
 shared vec4 nv_sh[HSV4];
 
-// row r of the prologue (r < BR: the Q tile's, BR: the new K row) is live, and the element
-// index of its first value
+const uint NR_ROWS = BR + 1u;                                // the Q tile's rows, then the new K row
+const uint NR_IT = (NR_ROWS * NR_WG + WG - 1u) / WG;         // lane rounds of the workgroup
+const uint NR_K = (HSK + NR_WG - 1u) / NR_WG;                // values a lane: c = l + k * NR_WG
+const uint NR_PAIRS = NR_N_DIMS / 2u;
+const uint NR_PT = (NR_ROWS * NR_PAIRS + WG - 1u) / WG;      // pairs an invocation rotates
+const uint NR_VN = (HSV + WG - 1u) / WG;
+#ifdef NR_SECTIONS
+const uint NR_STREAMS = 4u;
+#else
+const uint NR_STREAMS = 1u;
+#endif
+
+// Everything the prologue reads, loaded at the kernel's start in one round trip: this
+// invocation's lanes' values (round it, lane i = it * WG + its lane: row i / NR_WG, norm lane
+// i % NR_WG), their norm weights, the frequency factors of the pairs it rotates, its share of the
+// new V row, the positions and the new cell. The new K and V rows are read whether or not this
+// workgroup stores them.
+struct NrLoads {
+    float x[NR_IT][NR_K];
+    float w[NR_IT][NR_K];
+    float ff[NR_PT];
+    float v[NR_VN];   // the new V row's values c = t + k * WG
+    int pos[NR_STREAMS];
+    uint cell;
+};
+
+// row r of the prologue is live (r < BR: a query row of the tile; BR: the new K row, where this
+// workgroup stores it), and the element index of its first value
 bool nr_live(uint r, uint row0, uint n_rows, bool with_k) {
-    return r < BR ? row0 + r < n_rows : with_k;
+    return r < BR ? row0 + r < n_rows : r == BR && with_k;
 }
 uint nr_base(uint r, uint row0, uint q_base, uint hk) {
     return r < BR ? q_base + row_head(row0 + r) * p.q_nb2 : p.ks_off + hk * HSK;
 }
-#define NR_X(r, e) ((r) < BR ? q[e] : nr_k[e])
-// value c of prologue row r, as it is written (the Q tile) and read
 #define NR_AT(r, c) ((r) < BR ? tile[(r) * HSK4 + (c) / 4u][(c) % 4u] : nk_sh[(c) / 4u][(c) % 4u])
 void nr_set(uint r, uint c, float v) {
     if (r < BR) {
@@ -69,42 +95,69 @@ void nr_set(uint r, uint c, float v) {
         nk_sh[c / 4u][c % 4u] = v;
     }
 }
+uint nr_lane() {
+    return gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+}
 
-// The Q tile from the projection's queries, and with_k the new cell's K and V (stored into the
-// caches at k_base / v_base + cell's row, and into nk_sh / nv_sh as stored).
-void nr_prologue(uint row0, uint n_rows, uint q_base, uint hk, bool with_k, uint cell, uint k_base, uint v_base) {
+NrLoads nr_load(uint row0, uint n_rows, uint q_base, uint hk) {
+    NrLoads nl;
+    [[unroll]] for (uint it = 0u; it < NR_IT; it++) {
+        const uint i = it * WG + nr_lane(), r = i / NR_WG, l = i % NR_WG;
+        const bool row = r < BR ? row0 + r < n_rows : r == BR;
+        [[unroll]] for (uint k = 0u; k < NR_K; k++) {
+            const uint c = l + k * NR_WG;
+            const bool on = row && c < HSK;
+            nl.x[it][k] = on ? (r < BR ? q[nr_base(r, row0, q_base, hk) + c] : nr_k[nr_base(r, row0, q_base, hk) + c])
+                             : 0.0;
+#if NR_NORM
+            nl.w[it][k] = on ? (r < BR ? nr_qw[p.qw_off + c] : nr_kw[p.kw_off + c]) : 0.0;
+#else
+            nl.w[it][k] = 1.0;
+#endif
+        }
+    }
+    [[unroll]] for (uint j = 0u; j < NR_PT; j++) {
+        const uint pair = (gl_LocalInvocationID.x + j * WG) % NR_PAIRS;
+        nl.ff[j] = NR_USE_FF != 0 ? nr_ff[p.ff_off + pair] : 1.0;
+    }
+    [[unroll]] for (uint k = 0u; k < NR_VN; k++) {
+        const uint c = gl_LocalInvocationID.x + k * WG;
+        nl.v[k] = c < HSV ? nr_v[p.vs_off + hk * HSV + c] : 0.0;
+    }
+    [[unroll]] for (uint s = 0u; s < NR_STREAMS; s++) {
+        nl.pos[s] = nr_pos[p.pos_off + s];   // one token: stream s at pos_off + s
+    }
+    nl.cell = uint(nr_rows[p.rows_off]);
+    return nl;
+}
+
+// The Q tile from the loaded queries, and with_k the new cell's K and V (stored into the caches
+// at k_base / v_base + the cell's row, and into nk_sh / nv_sh as stored).
+void nr_prologue(NrLoads nl, uint row0, uint n_rows, uint hk, bool with_k, uint k_base, uint v_base) {
     const uint t = gl_LocalInvocationID.x;
-    const uint n = BR + 1u;
 #if NR_NORM
     // lane l of row r sums that row's squares as norm_rope's invocation l would, then a
     // butterfly over each NR_SG lanes (one of its subgroups)
-    const uint lane = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
-    for (uint at = 0u; at < n * NR_WG; at += WG) {
-        const uint i = at + lane, r = i / NR_WG, l = i % NR_WG;
+    [[unroll]] for (uint it = 0u; it < NR_IT; it++) {
+        const uint i = it * WG + nr_lane(), r = i / NR_WG, l = i % NR_WG;
         precise float sum = 0.0;
-        if (i < n * NR_WG && nr_live(r, row0, n_rows, with_k)) {
-            const uint e = nr_base(r, row0, q_base, hk);
-            for (uint c = l; c < HSK; c += NR_WG) {
-                const float v = NR_X(r, e + c);
-                sum += v * v;
-            }
+        [[unroll]] for (uint k = 0u; k < NR_K; k++) {
+            const float v = nl.x[it][k];
+            sum += v * v;
         }
         sum = subgroup_butterfly(sum);
-        if (i < n * NR_WG && l % NR_SG == 0u) {
+        if (r < NR_ROWS && l % NR_SG == 0u) {
             nr_sums[r * NR_G + l / NR_SG] = sum;
         }
     }
     barrier();
 #endif
-    for (uint i = t; i < n * HSK; i += WG) {
-        const uint r = i / HSK, c = i % HSK;
-        if (!nr_live(r, row0, n_rows, with_k)) {
-            if (r < BR) {
-                nr_set(r, c, 0.0);
-            }
+    [[unroll]] for (uint it = 0u; it < NR_IT; it++) {
+        const uint i = it * WG + nr_lane(), r = i / NR_WG, l = i % NR_WG;
+        if (r >= NR_ROWS || r == BR && !with_k) {
             continue;
         }
-        float x = NR_X(r, nr_base(r, row0, q_base, hk) + c);
+        const bool live = nr_live(r, row0, n_rows, with_k);
 #if NR_NORM
         float total = 0.0;
         for (uint g = 0u; g < NR_G; g++) {
@@ -112,27 +165,33 @@ void nr_prologue(uint row0, uint n_rows, uint q_base, uint hk, bool with_k, uint
         }
         precise float mean_eps = total / float(HSK) + p.eps;   // as rms_norm.comp
         const float scale = inversesqrt(mean_eps);
-        const float v = x * scale;
-        x = v * (r < BR ? nr_qw[p.qw_off + c] : nr_kw[p.kw_off + c]);
 #endif
-        nr_set(r, c, x);
+        [[unroll]] for (uint k = 0u; k < NR_K; k++) {
+            const uint c = l + k * NR_WG;
+            if (c < HSK) {
+#if NR_NORM
+                const float v = nl.x[it][k] * scale;
+                nr_set(r, c, live ? v * nl.w[it][k] : 0.0);
+#else
+                nr_set(r, c, live ? nl.x[it][k] : 0.0);
+#endif
+            }
+        }
     }
     barrier();
-    const uint rot_pairs = NR_N_DIMS / 2u;
-    for (uint i = t; i < n * rot_pairs; i += WG) {   // dims past n_dims stay as they are
-        const uint r = i / rot_pairs, pair = i % rot_pairs;
-        if (!nr_live(r, row0, n_rows, with_k)) {
+    [[unroll]] for (uint j = 0u; j < NR_PT; j++) {   // dims past n_dims stay as they are
+        const uint i = t + j * WG, r = i / NR_PAIRS, pair = i % NR_PAIRS;
+        if (r >= NR_ROWS || !nr_live(r, row0, n_rows, with_k)) {
             continue;
         }
-        const uvec2 ab = rope_dims(pair, rot_pairs, NR_NEOX != 0);
-        const float ff = NR_USE_FF != 0 ? nr_ff[p.ff_off + pair] : 1.0;
+        const uvec2 ab = rope_dims(pair, NR_PAIRS, NR_NEOX != 0);
 #ifdef NR_SECTIONS
         const uint stream = rope_stream(pair, uvec4(NR_SECTIONS), NR_INTERLEAVED != 0);
 #else
         const uint stream = 0u;
 #endif
-        const vec2 rot = rope_pair(NR_AT(r, ab.x), NR_AT(r, ab.y), nr_pos[p.pos_off + stream], pair, p.theta_scale,
-                                   p.freq_scale, ff, uintBitsToFloat(NR_ATTN_FACTOR), p.ext_factor,
+        const vec2 rot = rope_pair(NR_AT(r, ab.x), NR_AT(r, ab.y), nl.pos[stream], pair, p.theta_scale,
+                                   p.freq_scale, nl.ff[j], uintBitsToFloat(NR_ATTN_FACTOR), p.ext_factor,
                                    vec2(p.corr_low, p.corr_high));
         nr_set(r, ab.x, rot.x);
         nr_set(r, ab.y, rot.y);
@@ -141,12 +200,14 @@ void nr_prologue(uint row0, uint n_rows, uint q_base, uint hk, bool with_k, uint
     if (!with_k) {
         return;
     }
-    const uint kc = k_base + cell * p.k_nb1, vc = v_base + cell * p.v_nb1;
+    const uint kc = k_base + nl.cell * p.k_nb1, vc = v_base + nl.cell * p.v_nb1;
     for (uint c = t; c < HSK; c += WG) {
         nr_kc[kc + c] = NR_KT(nk_sh[c / 4u][c % 4u]);
     }
-    for (uint c = t; c < HSV; c += WG) {
-        nr_vc[vc + c] = NR_VT(nr_v[p.vs_off + hk * HSV + c]);
+    [[unroll]] for (uint k = 0u; k < NR_VN; k++) {
+        if (t + k * WG < HSV) {
+            nr_vc[vc + t + k * WG] = NR_VT(nl.v[k]);
+        }
     }
     memoryBarrierBuffer();
     barrier();

@@ -295,7 +295,9 @@ void main() {
 #endif
 
     const uint q_base = p.q_off + b * P_Q_NB3;
-#if !NORM_ROPE_IN   // (the prologue fills the Q tile once the splits are known)
+#if NORM_ROPE_IN   // (its loads go out now; the Q tile is filled once the splits are known)
+    const NrLoads nl = nr_load(row0, n_rows, q_base, hk);
+#else
     for (uint i = t; i < BR * HSK4; i += WG) {
         const uint vr = row0 + i / HSK4;
         const uint e = q_base + row_head(vr) * p.q_nb2 + row_token(vr) * P_Q_NB1 + 4u * (i % HSK4);
@@ -325,9 +327,9 @@ void main() {
     const uint v_base = p.v_off + b * P_V_NB3 + hk * p.v_nb2;
 #if NORM_ROPE_IN
     // the split whose tiles hold the new cell norms, rotates and stores its K and V
-    const uint nr_cell = uint(nr_rows[p.rows_off]), nr_tile = nr_cell / BC;
+    const uint nr_cell = nl.cell, nr_tile = nr_cell / BC;
     const bool nr_owner = split == min(nr_tile / per_split, used_splits - 1u);
-    nr_prologue(row0, n_rows, q_base, hk, nr_owner, nr_cell, k_base, v_base);
+    nr_prologue(nl, row0, n_rows, hk, nr_owner, k_base, v_base);
 #endif
     const uint ntiles = (p.KV + BC - 1u) / BC;
 #if HAS_MASK
