@@ -55,7 +55,8 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
             fa = FlashAttn(device, qr.permute(0, 2, 1, 3), kc.slice(1, 0, n_kv), vc.slice(1, 0, n_kv), out, tm,
                            scale=hd ** -0.5, work=work, kv_used=t_used, split_k=split_k, coopmat=False,
                            tuning=tuning(device, arch), prologue=pro)
-            assert (fa.prologue is not None) == fused, fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
+            why = fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
+            assert (fa.prologue is not None) == fused, why
             with seq.record():
                 if not fused:
                     norm_rope(seq, tk, tp, kc, weight=weights["k_weight"], eps=1e-6, rows=cells, store_v=(tv, vc),

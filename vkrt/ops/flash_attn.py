@@ -155,10 +155,9 @@ class FlashAttn:
     token): the attention does norm_rope's work in its prologue, reading the projection's queries
     in place of q and storing the new cell's K and V; `self.prologue` is None where this call
     cannot take it (prologue_blocker says why), and the caller then runs norm_rope itself.
-    kv_used: a 1-element I32
-    tensor holding how many leading KV cells are live (written each step; the cells past it must
-    be masked): later KV tiles are skipped, with the same result, and the splits share the live
-    tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
+    kv_used: a 1-element I32 tensor holding how many leading KV cells are live (written each
+    step; the cells past it must be masked): later KV tiles are skipped, with the same result,
+    and the splits share the live tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
     architecture's table entry (tests). K and V offsets and strides must be multiples of 4
     elements (the kernel reads 4 at a time). work: needed to record where mask_opt classifies
     the mask (not shared) or the KV tiles are split; the decisions need none.
@@ -185,7 +184,8 @@ class FlashAttn:
         self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
         self.mask_opt = self.decide_mask_opt(mask, mask_opt)
         self.n_split = self.decide_split(split_k)[0]
-        self.prologue = prologue if prologue is not None and self.prologue_blocker(prologue, k, v, max_bias) is None else None
+        usable = prologue is not None and self.prologue_blocker(prologue, k, v, max_bias) is None
+        self.prologue = prologue if usable else None
         self._mask = None
         # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
         # this one reads instead of classifying the mask again
@@ -286,8 +286,8 @@ class FlashAttn:
                 "its K is not the prologue's cache" if not same_cache else
                 "the queries' shape differs" if tuple(pro.q.ne[:3]) != (s.hsk, s.n_head, 1) else
                 "the norm's subgroups do not tile the workgroup" if wg and tile.wg % sg else
-                "no shared memory left for it" if tile.shared_bytes(s.hsk, s.hsv) + extra > self.device.profile.shared_memory
-                else None)
+                "no shared memory left for it"
+                if tile.shared_bytes(s.hsk, s.hsv) + extra > self.device.profile.shared_memory else None)
 
     # -- pipelines and scratch -----------------------------------------------------------------
     def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks) -> None:
