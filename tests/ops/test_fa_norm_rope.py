@@ -20,11 +20,11 @@ N_CELLS = 80
 
 
 def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
-        split_k=None, arch=None, rope=None, sections=None, seed=0):
+        split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0):
     """(attention output, K cache, V cache) after one token's norm_rope + attention, apart or
     with the prologue (fused); the caches start with the same random past."""
     rng = np.random.default_rng(seed)
-    q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
+    q = (rng.standard_normal((1, n_head, 2 * hd if gated else hd)) * 2).astype(np.float32)
     k = (rng.standard_normal((1, n_kv_head, hd)) * 2).astype(np.float32)
     v = rng.standard_normal((1, n_kv_head, hd)).astype(np.float32)
     dtype = {"F16": np.float16, "F32": np.float32}[cache]
@@ -40,6 +40,8 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
                                                   rng.uniform(0.5, 1.5, hd).astype(np.float32),
                                                   np.array([live], np.int32))]
     tq, tk, tv, kc, vc, tm, tp, cells, qw, kw, t_used = own
+    if gated:   # qwen35's projection: each head's queries, then its gate
+        tq = tq.view((hd, n_head, 1), nb=(4, 8 * hd, 8 * hd * n_head))
     qr = Tensor.empty(device, F32, (hd, n_head, 1))
     out = Tensor.empty(device, F32, (hd, n_head, 1, 1))
     own += [qr, out]
@@ -117,6 +119,13 @@ def test_partial_rotation_yarn_and_sections(device):
 
 def test_head_size_128(device):
     same_bits(device, hd=128, n_head=4, n_kv_head=1, split_k=2)
+
+
+def test_qwen35_attention(device):
+    """Qwen3.5's gated attention: head 256, queries strided between their gates, IMROPE over a
+    quarter of the head (sections 11, 11, 10), 16 query heads a KV head."""
+    same_bits(device, hd=256, n_head=16, n_kv_head=1, gated=True, rope={"n_dims": 64}, sections=(11, 11, 10, 0),
+              split_k=2)
 
 
 def test_what_the_prologue_refuses(device):
