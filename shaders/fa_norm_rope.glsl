@@ -9,8 +9,9 @@
 // from those values, not from what it loaded. Every step is norm_rope.comp's, bit for bit: the
 // sums as its workgroup of NR_WG invocations in NR_SG-wide subgroups makes them (SG_BUTTERFLY:
 // each NR_SG lanes here are one of its subgroups), the rotation through rope.glsl, the stores'
-// conversion the cache's. The rotation's flags, n_dims and attn_factor are defines, its other
-// constants push fields. Included by flash_attn.comp after its bindings, push constants and
+// conversion the cache's. The rotation's flags (ROPE_NEOX, ROPE_USE_FF, ROPE_INTERLEAVED,
+// ROPE_SECTIONS, as the projections' head epilogue takes them), n_dims and attn_factor are
+// defines, its other constants push fields. Included by flash_attn.comp after its bindings, push constants and
 // row_token / row_head.
 #ifndef VKRT_FA_NORM_ROPE_GLSL
 #define VKRT_FA_NORM_ROPE_GLSL
@@ -59,7 +60,7 @@ const uint NR_K = (HSK + NR_WG - 1u) / NR_WG;                // values a lane: c
 const uint NR_PAIRS = NR_N_DIMS / 2u;
 const uint NR_PT = (NR_ROWS * NR_PAIRS + WG - 1u) / WG;      // pairs an invocation rotates
 const uint NR_VN = (HSV + WG - 1u) / WG;
-#ifdef NR_SECTIONS
+#ifdef ROPE_SECTIONS
 const uint NR_STREAMS = 4u;
 #else
 const uint NR_STREAMS = 1u;
@@ -103,12 +104,11 @@ NrLoads nr_load(uint row0, uint n_rows, uint q_base, uint hk) {
     NrLoads nl;
     [[unroll]] for (uint it = 0u; it < NR_IT; it++) {
         const uint i = it * WG + nr_lane(), r = i / NR_WG, l = i % NR_WG;
-        const bool row = r < BR ? row0 + r < n_rows : r == BR;
+        const bool row = r < NR_ROWS && nr_live(r, row0, n_rows, true);
         [[unroll]] for (uint k = 0u; k < NR_K; k++) {
-            const uint c = l + k * NR_WG;
+            const uint c = l + k * NR_WG, e = nr_base(r, row0, q_base, hk) + c;
             const bool on = row && c < HSK;
-            nl.x[it][k] = on ? (r < BR ? q[nr_base(r, row0, q_base, hk) + c] : nr_k[nr_base(r, row0, q_base, hk) + c])
-                             : 0.0;
+            nl.x[it][k] = on ? (r < BR ? q[e] : nr_k[e]) : 0.0;
 #if NR_NORM
             nl.w[it][k] = on ? (r < BR ? nr_qw[p.qw_off + c] : nr_kw[p.kw_off + c]) : 0.0;
 #else
@@ -118,7 +118,7 @@ NrLoads nr_load(uint row0, uint n_rows, uint q_base, uint hk) {
     }
     [[unroll]] for (uint j = 0u; j < NR_PT; j++) {
         const uint pair = (gl_LocalInvocationID.x + j * WG) % NR_PAIRS;
-        nl.ff[j] = NR_USE_FF != 0 ? nr_ff[p.ff_off + pair] : 1.0;
+        nl.ff[j] = ROPE_USE_FF != 0 ? nr_ff[p.ff_off + pair] : 1.0;
     }
     [[unroll]] for (uint k = 0u; k < NR_VN; k++) {
         const uint c = gl_LocalInvocationID.x + k * WG;
@@ -184,12 +184,8 @@ void nr_prologue(NrLoads nl, uint row0, uint n_rows, uint hk, bool with_k, uint 
         if (r >= NR_ROWS || !nr_live(r, row0, n_rows, with_k)) {
             continue;
         }
-        const uvec2 ab = rope_dims(pair, NR_PAIRS, NR_NEOX != 0);
-#ifdef NR_SECTIONS
-        const uint stream = rope_stream(pair, uvec4(NR_SECTIONS), NR_INTERLEAVED != 0);
-#else
-        const uint stream = 0u;
-#endif
+        const uvec2 ab = rope_dims(pair, NR_PAIRS, ROPE_NEOX != 0);
+        const uint stream = rope_stream_defined(pair);
         const vec2 rot = rope_pair(NR_AT(r, ab.x), NR_AT(r, ab.y), nl.pos[stream], pair, p.theta_scale,
                                    p.freq_scale, nl.ff[j], uintBitsToFloat(NR_ATTN_FACTOR), p.ext_factor,
                                    vec2(p.corr_low, p.corr_high));

@@ -69,11 +69,7 @@ void head_epilogue(uint h, uint ybase, uint ycol) {
             const uvec2 ab = rope_dims(i, rot_pairs, ROPE_NEOX != 0);
             const uint a = ab.x, b = ab.y;
             const float ff = ROPE_USE_FF != 0 ? epi_ff[p.e_ff_off + i] : 1.0;
-#ifdef ROPE_SECTIONS
-            const uint stream = rope_stream(i, uvec4(ROPE_SECTIONS), ROPE_INTERLEAVED != 0);
-#else
-            const uint stream = 0u;
-#endif
+            const uint stream = rope_stream_defined(i);
             const vec2 r = rope_pair(epi_row[a], epi_row[b], epi_pos[p.e_pos_off + t + stream * p.e_n_tok], i,
                                      p.e_theta_scale, p.e_freq_scale, ff, p.e_attn_factor, p.e_ext_factor,
                                      vec2(p.e_corr_low, p.e_corr_high));

@@ -66,4 +66,14 @@ uint rope_stream(uint i, uvec4 sections, bool interleaved) {
     return sector < end_t ? 0u : sector < end_h ? 1u : sector < end_w ? 2u : 3u;
 }
 
+// The stream pair i takes where the rotation's flags are defines (ROPE_SECTIONS,
+// ROPE_INTERLEAVED; plain RoPE without ROPE_SECTIONS)
+uint rope_stream_defined(uint i) {
+#ifdef ROPE_SECTIONS
+    return rope_stream(i, uvec4(ROPE_SECTIONS), ROPE_INTERLEAVED != 0);
+#else
+    return 0u;
+#endif
+}
+
 #endif

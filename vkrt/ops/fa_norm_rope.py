@@ -12,7 +12,7 @@ from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants
 from .binding import bind_tensor, f32_binding
 from .reduce import butterfly_subgroups, norm_wg
-from .rope import rope_operands
+from .rope import rope_flag_defines, rope_operands
 
 # flash_attn.comp's push block under NORM_ROPE_IN: FA_PUSH less the fields a one-token step
 # fixes (N, the token and batch strides, the mask's planes, ALiBi), plus the prologue's
@@ -61,10 +61,8 @@ def fa_norm_rope(dev, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cells:
     if rope["temp_scale"]:
         return None
     defines = {"NORM_ROPE_IN": 1, "NR_NORM": int(k_weight is not None), "NR_N_DIMS": rope["n_dims"],
-               "NR_NEOX": rope["neox"], "NR_USE_FF": rope["use_ff"], "NR_INTERLEAVED": rope["interleaved"],
-               "NR_ATTN_FACTOR": f"{struct.unpack('<I', struct.pack('<f', rope['attn_factor']))[0]}u"}
-    if any(rope["sections"]):
-        defines["NR_SECTIONS"] = ",".join(str(int(s)) for s in rope["sections"])
+               "NR_ATTN_FACTOR": f"{struct.unpack('<I', struct.pack('<f', rope['attn_factor']))[0]}u",
+               **rope_flag_defines(rope)}
     kr, ko, _ = f32_binding(k, "flash attention prologue k")
     vr, vo, _ = f32_binding(v, "flash attention prologue v")
     qwr = kwr = kr   # stand-ins where the bindings are unused

@@ -10,7 +10,7 @@ from ..memory import F16, F32, I32, Tensor
 from .binding import bind_tensor, f32_binding
 from .matmul import HEAD_EPI_FIELDS, HeadEpilogue
 from .reduce import butterfly_subgroups, norm_wg
-from .rope import rope_operands
+from .rope import rope_flag_defines, rope_operands
 
 
 def head_epilogue(seq, y: Tensor, head_dim: int, counters: Tensor, dst: Tensor, *, block: int | None = None,
@@ -51,9 +51,7 @@ def head_epilogue(seq, y: Tensor, head_dim: int, counters: Tensor, dst: Tensor, 
         (pr, fr), rope = rope_operands(x3, positions, op="head epilogue", **(rope_args or {}))
         if rope["temp_scale"]:
             return None
-        defines.update(ROPE_NEOX=rope["neox"], ROPE_USE_FF=rope["use_ff"], ROPE_INTERLEAVED=rope["interleaved"])
-        if any(rope["sections"]):
-            defines["ROPE_SECTIONS"] = ",".join(str(int(v)) for v in rope["sections"])
+        defines.update(rope_flag_defines(rope))
         push.update(e_pos_off=rope["pos_off"], e_ff_off=rope["ff_off"], e_n_tok=rope["n_tokens"],
                     e_n_dims=rope["n_dims"], e_theta_scale=rope["theta_scale"], e_freq_scale=rope["freq_scale"],
                     e_attn_factor=rope["attn_factor"], e_ext_factor=rope["ext_factor"], e_corr_low=rope["corr_low"],

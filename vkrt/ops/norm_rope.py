@@ -10,7 +10,7 @@ from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
 from .grid import grid
 from .reduce import norm_wg, reduce_defines
-from .rope import rope_defines, rope_operands
+from .rope import rope_defines, rope_flag_defines, rope_operands
 from .rows import same_shape
 
 NORM_ROPE_PUSH = PushConstants(
@@ -101,10 +101,8 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
         qwr, qwo = (f32_binding(q_weight, "norm_rope q weight")[:2] if q_weight is not None else (qr_, 0))
         qyr, qyo, qys = f32_binding(q_out, "norm_rope q out")
         buffers += [qr_, qwr, qyr]
-        defines.update(WITH_Q=1, ROPE_NEOX=int(push.pop("neox")), ROPE_USE_FF=int(push.pop("use_ff")),
-                       ROPE_INTERLEAVED=int(push.pop("interleaved")),
-                       ROPE_SECTIONS=",".join(str(int(v)) for v in push.pop("sections")))
-        for f in ("temp_scale", "temp_floor"):
+        defines.update(WITH_Q=1, **rope_flag_defines(push))
+        for f in _Q_DEFINED:
             push.pop(f)
         push.update(q_n_head=q.ne[1], q_x_off=qo, q_x_s1=qs[0], q_x_s2=qs[1], q_w_off=qwo, q_y_off=qyo,
                     q_y_head=qys[0], q_y_tok=qys[1])

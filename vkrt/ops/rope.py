@@ -102,6 +102,17 @@ def rope_operands(x: Tensor, positions: Tensor, *, n_dims: int, freq_base: float
     return [pr, fr], push
 
 
+def rope_flag_defines(push: dict) -> dict:
+    """The rotation's flags (rope_operands' push fields) as defines, for kernels whose push
+    block has no room for them (rope.glsl's rope_stream_defined reads them): ROPE_NEOX,
+    ROPE_USE_FF, ROPE_INTERLEAVED, and ROPE_SECTIONS where there are sections."""
+    defines = {"ROPE_NEOX": int(push["neox"]), "ROPE_USE_FF": int(push["use_ff"]),
+               "ROPE_INTERLEAVED": int(push["interleaved"])}
+    if any(push["sections"]):
+        defines["ROPE_SECTIONS"] = ",".join(str(int(v)) for v in push["sections"])
+    return defines
+
+
 def rope_defines(push: dict) -> dict:
     """The shader defines for rope_operands' push fields: SECTIONS compiles the stream choice in,
     ATTN_TEMP the attention temperature."""
