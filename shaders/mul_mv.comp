@@ -11,9 +11,11 @@
 // the activation is the one shaders/act.glsl gives the separate kernel. With GATE_UP the output
 // is act(W·x) * (W2·x) (a gated FFN's gate and up projections in one pass): W2 lies in the same
 // binding at w2_off, laid out like W, and its rows are dotted with the same x as extra rows.
-// With MOE_SUM (and MUL_MAT_ID) workgroup z is a token and the kernel goes over its NU slots
-// itself: out[row] = sum_j wt[j] * (W[e_j] · x_j)[row] (+ sigmoid(gate) * shared[row] with
-// SHARED), the expert down projection and moe_combine in one pass, summed as moe_combine does.
+// With MOE_SUM (and MUL_MAT_ID) workgroup z is a token and its groups are the token's slots
+// (group g takes slots g, g + GROUPS, ...), all dotting the workgroup's NR rows: out[row] =
+// sum_j wt[j] * (W[e_j] · x_j)[row] (+ sigmoid(gate) * shared[row] with SHARED), the expert down
+// projection and moe_combine in one pass, summed as moe_combine does; with RESID out[row] is
+// the residual stream and the sum is added to it (rms_norm's add, in place: one workgroup a row).
 // With SEGMENTS the rows of two or three matrices of one type and K (attention's q, k and v) are
 // one dispatch: segment i's rows lie at w_off_i in W and go to y_off_i in Y with column stride
 // y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
@@ -22,11 +24,11 @@
 // ROUTE_SUBGROUP its first subgroup does, as a one-subgroup router would.
 // With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
 // add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
-// With NORM_IN (and ROUTE) x is the residual stream and the kernel first does rms_norm's add
-// and norm (shaders/rms_norm.comp with ADD, bit for bit): every workgroup sums x + r and
-// normalises it into shared memory, redoing the norm workgroup's sums (NORM_WG invocations,
-// SG_BUTTERFLY) subgroup by subgroup, writes its share of the normed x (the FFN's input) and the
-// last workgroup stores x + r over x; the norm's dispatch and barrier are gone.
+// With NORM_IN x is the residual stream and the kernel first does rms_norm's norm (bit for bit):
+// every workgroup normalises x into shared memory, redoing the norm workgroup's sums (NORM_WG
+// invocations, SG_BUTTERFLY) subgroup by subgroup; the norm's dispatch and barrier are gone. With
+// ROUTE (the router's) it is rms_norm's add and norm (ADD): x + r is normalised, each workgroup
+// writes its share of the normed x (the FFN's input) and the last one stores x + r over x.
 // With HEAD_EPI (a plain mat-vec: attention's q, k or v projection) the last workgroup to finish
 // a head's rows does that head's q/k norm, RoPE and cache store (shaders/mv_head_epi.glsl): one
 // dispatch and barrier fewer a layer than norm_rope after the projections.
@@ -127,8 +129,13 @@ layout(binding = 5) readonly buffer EPos { int epi_pos[]; };        // positions
 layout(binding = 6) readonly buffer EFF { float epi_ff[]; };        // frequency factors
 layout(binding = 7) readonly buffer ERows { int epi_rows[]; };      // cache rows (EPI_ROWS)
 layout(binding = 8) writeonly buffer EDst { DST_T epi_dst[]; };     // the head's destination
+#elif defined(MOE_SUM) && defined(RESID)
+layout(binding = 2) buffer Y { float y_data[]; };   // the residual stream the sums are added to
 #else
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
+#endif
+#if defined(NORM_IN) && !defined(ROUTE)
+layout(binding = 3) readonly buffer NWt { float nw_data[]; };       // the norm's weight
 #endif
 #ifdef MUL_MAT_ID
 layout(binding = 3) readonly buffer Ids { int ids[]; };
@@ -286,7 +293,8 @@ vec4 glu4(vec4 g, uint i) {
 #define NW NR
 #endif
 #ifdef MOE_SUM
-#define NSLOTS NU     // the kernel walks a token's slots, one expert at a time
+#define NSLOTS ((NU + GROUPS - 1u) / GROUPS)   // slots a group walks, one expert at a time
+shared float ms_part[NU * NR];   // each slot's dot products of the workgroup's rows
 #else
 #define NSLOTS 1
 #endif
@@ -328,13 +336,6 @@ float biased(float x, float b) {
 #define RESULT(v, r, sum) sum(v)
 #endif
 
-#ifdef MOE_SUM
-#ifdef SHARED
-#define SHARED_TERM(r) o[r] += shared_data[p.sh_off + tok * p.M + row0 + (r)] / (1.0 + exp(-gate_data[p.sg_off + tok]));
-#else
-#define SHARED_TERM(r)
-#endif
-#endif
 #ifndef MV_UNROLL
 #define MV_UNROLL 1
 #endif
@@ -453,18 +454,17 @@ void main() {
         wbase = p.w_off1, ybase = p.y_off1, M_ = p.m1, ycol = p.y_col1;
     }
 #endif
+#ifdef MOE_SUM
+    const uint row0 = wgid * NR;   // every group: the same rows, its own slots
+#else
     const uint row0 = (wgid * GROUPS + group) * NR;
+#endif
 #ifdef GATE_UP
     uint wbase2 = p.w2_off;
 #endif
 #if defined(MOE_SUM)
     const uint tok = gl_WorkGroupID.z;
     ybase += tok * p.y_col;
-    // the token's output rows: each slot's sums weighted and added in slot order, as moe_combine
-    precise float o[NR];
-    [[unroll]] for (uint r = 0u; r < NR; r++) {
-        o[r] = 0.0;
-    }
 #elif defined(MUL_MAT_ID)
     const uint pair = gl_WorkGroupID.z;
     const uint tok = pair / p.n_used, slot = pair % p.n_used;
@@ -482,8 +482,10 @@ void main() {
 #ifdef SLOT_UNROLL
     [[unroll]]
 #endif
-    for (uint sl = 0u; sl < NSLOTS; sl++) {
+    for (uint it = 0u; it < NSLOTS; it++) {
 #ifdef MOE_SUM
+    const bool sl_live = it * GROUPS + group < NU;
+    const uint sl = min(it * GROUPS + group, NU - 1u);
     wbase = p.w_off + uint(ids[p.ids_off + tok * p.ids_tok + sl]) * p.w_expert;
     xbase = p.x_off + tok * p.x_col + (sl % p.x_slots) * p.x_slot;
 #endif
@@ -543,8 +545,10 @@ void main() {
     }
 #define ACC(v) acc[v]
 #ifdef MOE_SUM
-    [[unroll]] for (uint r = 0u; r < NR; r++) {
-        o[r] += wt_data[p.wt_off + tok * p.n_used + sl] * acc[r];
+    if (lane == 0u && sl_live) {
+        [[unroll]] for (uint r = 0u; r < NR; r++) {
+            ms_part[sl * NR + r] = acc[r];
+        }
     }
 #else
     if (lane == 0u) {
@@ -583,10 +587,12 @@ void main() {
 #endif
 #define PSUM(v) part_sum(v, group, parts)
 #ifdef MOE_SUM
-    [[unroll]] for (uint r = 0u; r < NR; r++) {
-        o[r] += wt_data[p.wt_off + tok * p.n_used + sl] * PSUM(r);
+    if (lane == 0u && sl_live) {
+        [[unroll]] for (uint r = 0u; r < NR; r++) {
+            ms_part[sl * NR + r] = PSUM(r);
+        }
     }
-    barrier();   // every invocation has read this slot's sums before the next slot's land
+    barrier();   // every group has read this slot's sums before the next slot's land
 #else
     // the group's first lanes store its NV results (in REDUCE_SUBGROUP the workgroup is one group)
     for (uint v = lane; v < NV; v += TPR) {
@@ -599,13 +605,21 @@ void main() {
 #endif
     }
 #ifdef MOE_SUM
-    if (lane == 0u) {
-        [[unroll]] for (uint r = 0u; r < NR; r++) {
-            if (row0 + r < M_) {
-                SHARED_TERM(r)
-                y_data[ybase + row0 + r] = o[r];
-            }
+    // a row's slots weighted and added in slot order, as moe_combine sums them
+    barrier();
+    const uint r = gl_LocalInvocationID.x;
+    if (r < NR && row0 + r < M_) {
+        precise float o = 0.0;
+        for (uint j = 0u; j < NU; j++) {
+            o += wt_data[p.wt_off + tok * p.n_used + j] * ms_part[j * NR + r];
         }
+#ifdef SHARED
+        o += shared_data[p.sh_off + tok * p.M + row0 + r] / (1.0 + exp(-gate_data[p.sg_off + tok]));
+#endif
+#ifdef RESID
+        o = y_data[ybase + row0 + r] + o;
+#endif
+        y_data[ybase + row0 + r] = o;
     }
 #endif
 #ifdef HEAD_EPI

@@ -47,6 +47,8 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
         device_env("VKRT_FUSE_COMBINE_NORM", "0")
     if variable != "VKRT_FUSE_FA_ROPE":   # norm_rope's decode dispatch counted below, not in the attention
         device_env("VKRT_FUSE_FA_ROPE", "0")
+    if variable != "VKRT_FUSE_RESID_NORM":   # the norms before the projections counted as dispatches
+        device_env("VKRT_FUSE_RESID_NORM", "0")
     device_env(variable, "on" if fuse else "off")
     with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
             Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
@@ -169,6 +171,34 @@ def test_norm_rope_in_the_attention_is_bit_identical(device, tmp_path, device_en
     plain, n_plain, _ = run(device, path, device_env, False, "VKRT_FUSE_FA_ROPE")
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     assert n_plain - n_fused == (0 if name == "tiny-mistral3" else len(cfg.kv_layers))
+    assert run.barriers - barriers_fused == n_plain - n_fused
+
+
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
+                                            ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen3next", 0),
+                                            ("tiny-olmoe", 0), ("tiny-gpt-oss", 0), ("tiny-granitemoe", 0),
+                                            ("tiny-glm4moe", 0), ("tiny-llama", 0), ("tiny-qwen35", 0)])
+def test_residual_sum_and_norm_prologue_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
+    """The experts' down projection adds its weighted sum into the residual stream and the next
+    block's projections (attention's q, k, v; DeltaNet's qkv, gate, alpha, beta) do the norm in
+    their prologues (VKRT_FUSE_RESID_NORM): the same bits, experts in VRAM and staged from host
+    (read in place: no single binding, so the sum goes to the norm as before); the norm's
+    dispatch and its barrier gone before every layer whose residual stream is summed (the first
+    layer's too, after the embedding), in both graphs (the 8-token prompt is mat-vec sized).
+    gpt-oss (expert biases), granitemoe (residual_scale) and the layers with a shared expert
+    (qwen2moe, qwen35moe, qwen3next, glm4moe: the sum would wait for its down projection) sum
+    apart: only the first layer's norm goes; so do dense models' layers (their block outputs
+    still pend)."""
+    path = tiny_model(name, tmp_path)
+    fused, n_fused, cfg = run(device, path, device_env, True, "VKRT_FUSE_RESID_NORM", n_cpu_moe=n_cpu_moe,
+                              stage_experts=True)
+    barriers_fused = run.barriers
+    plain, n_plain, _ = run(device, path, device_env, False, "VKRT_FUSE_RESID_NORM", n_cpu_moe=n_cpu_moe,
+                            stage_experts=True)
+    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
+    summed = 0 if name in ("tiny-gpt-oss", "tiny-granitemoe") else sum(
+        1 for layer in cfg.layers[:-1] if layer.moe and layer.ffn != "moe_shared")
+    assert n_plain - n_fused == 2 * (1 + summed)
     assert run.barriers - barriers_fused == n_plain - n_fused
 
 

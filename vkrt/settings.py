@@ -161,7 +161,8 @@ VARIABLES: tuple[Variable, ...] = (
     _fusion("GATE_UP", True, "decode runs a gated FFN's gate and up projections (dense, shared expert, experts) "
                              "and the activation as one mat-vec pass (0: two mat-vecs and an activation kernel)"),
     _fusion("MOE_SUM", False, "decode sums a token's experts (routing weights, shared expert) inside the expert "
-                              "down projection instead of in moe_combine; off by default: slower on the H200"),
+                              "down projection instead of in moe_combine; off by default: slower on the H200 with "
+                              "the GCN table, within 0.5% with the NVIDIA one"),
     _fusion("QKV", False, "decode runs the projections that read one input (q, k and v; DeltaNet's qkv and gate, "
                           "its alpha and beta) as one mat-vec dispatch; off by default: tg128 did not move on the "
                           "H200"),
@@ -183,6 +184,11 @@ VARIABLES: tuple[Variable, ...] = (
     _fusion("FA_ROPE", True, "decode: flash attention's prologue does the q/k norm, RoPE and the K/V cache stores "
                              "(with NORM_ROPE; one token) instead of a norm_rope dispatch and barrier before it "
                              "(0: apart)"),
+    _fusion("RESID_NORM", False, "decode: the summed expert down projection adds its sum into the residual "
+                                 "stream, and the next block's projections (attention's q, k and v; DeltaNet's) "
+                                 "each do the RMS norm in their mat-vec's prologue, instead of a norm dispatch "
+                                 "and barrier between them; off by default: slower on the H200 (every workgroup "
+                                 "of the projections redoes the norm)"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_COOPMAT", "coopmat", "flag or unset", "tuning table",
@@ -238,6 +244,7 @@ class Settings:
     fuse_qk_rope: bool = True
     fuse_qkv_rope: bool = False
     fuse_fa_rope: bool = True
+    fuse_resid_norm: bool = False
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None
     glslang_lib: Path | None = None

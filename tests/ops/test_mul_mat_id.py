@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from quant_data import ALL, fp32_tile, gemm_limit, nmse, random_blocks, reference, weight_tensor
 
-from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy
+from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy, write_tensor
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import MemoryKind, Tensor, ggml_type
 from vkrt.ops.mul_mat_id import RouteTable, mat_vec_tokens, mul_mat_id
@@ -222,11 +222,12 @@ def test_fused_gate_up_is_bit_identical(device, name, k, n_tok):
 @pytest.mark.parametrize("name,k,n_tok,with_shared", [("Q4_0", 96, 1, False), ("Q4_K", 256, 3, True),
                                                       ("Q6_K", 512, 2, False), ("F16", 13, 2, True),
                                                       ("Q4_K", 256, 3, False), ("Q4_0", 96, 16, True)])
-@pytest.mark.parametrize("unroll", [False, True])
-def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, unroll):
+@pytest.mark.parametrize("slots,unroll", [(0, False), (1, False), (1, True)])
+def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, slots, unroll):
     """The expert down projection summed over a token's slots in one pass (mul_mat_id_sum)
-    against mul_mat_id then moe_combine, bit for bit, with the slot loop kept and unrolled; rows
-    past the last group dropped."""
+    against mul_mat_id then moe_combine, bit for bit: a group a slot, and one group walking the
+    slots (the loop kept and unrolled); rows past the last workgroup's dropped; with the residual
+    add, the sum added into the residual stream as rms_norm's add adds it."""
     from vkrt.commands import run_once
     from vkrt.ops.moe import moe_combine
     from vkrt.ops.mul_mat_id import mul_mat_id_sum
@@ -243,10 +244,16 @@ def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, unrol
     try:
         run_once(device, lambda seq: (mul_mat_id(seq, w, x, ids, y), moe_combine(seq, y, wt, o1, sh, sg)))
         done = []
-        tune = dataclasses.replace(device.tuning, mv_sum_unroll=unroll)
+        tune = dataclasses.replace(device.tuning, mv_sum_unroll=unroll, mv_sum_slots=slots)
         run_once(device, lambda seq: done.append(mul_mat_id_sum(seq, w, x, ids, wt, o2, sh, sg, tuning=tune)))
         assert done == [True]
-        np.testing.assert_array_equal(read_tensor(o2).view(np.uint32), read_tensor(o1).view(np.uint32))
+        want = read_tensor(o1)
+        np.testing.assert_array_equal(read_tensor(o2).view(np.uint32), want.view(np.uint32))
+        resid = rng.standard_normal(want.shape).astype(np.float32)
+        write_tensor(o2, resid)
+        run_once(device, lambda seq: done.append(mul_mat_id_sum(seq, w, x, ids, wt, o2, sh, sg, residual=True,
+                                                                tuning=tune)))
+        np.testing.assert_array_equal(read_tensor(o2).view(np.uint32), (resid + want).view(np.uint32))
         with pytest.raises(UnsupportedShape, match="shared expert"):
             run_once(device, lambda seq: mul_mat_id_sum(seq, w, x, ids, wt, o2, sh if sh is not None else o1, None))
     finally:

@@ -154,9 +154,10 @@ class Tuning:
     # rows a group of a dense mat-vec run of several token columns (a server's decode step; 0:
     # as for one column): its accumulators grow with rows x columns
     mv_rows_multi: int = 0
-    # the summed expert down projection (VKRT_FUSE_MOE_SUM) walks a token's slots one at a time;
-    # unrolled, their loads are issued together (latency hidden within a workgroup, at the cost of
-    # registers: GCN keeps the loop, at 48 VGPRs for Q4_K)
+    # the summed expert down projection (VKRT_FUSE_MOE_SUM): a workgroup's groups take a token's
+    # slots at once, a group a slot, up to mv_sum_slots of them (0: as many as the workgroup
+    # holds); a group walks any slots past those one at a time, unrolled with mv_sum_unroll
+    mv_sum_slots: int = 0
     mv_sum_unroll: bool = False
     # mat-vec units a lane loads before it uses them (the unit loop unrolled): a short mat-vec
     # on a wide GPU is bound by load latency, not bandwidth

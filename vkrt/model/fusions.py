@@ -46,7 +46,15 @@ from ..ops.matmul import matmul, matmul_segments
 # tg128, vkrt bench, same run: GCN table 284.6 / 284.8 t/s against 277.1 / 277.2 off, native
 # 303.8 vs 293.2; Qwen3.5 shape 261.3 vs 262.8 +- 3.9; dense 8B 271.4 vs 269.4). With every
 # prologue load issued at the kernel's start (not phase by phase after barriers): GCN 288.5
-# against 283.5 for the first form and 276.0 off, native 310.1 against 302.7.
+# against 283.5 for the first form and 276.0 off, native 310.1 against 302.7. MOE_SUM's workgroup
+# now takes a token's slots at once, a group a slot, where its groups reduce in shuffle clusters
+# (NVIDIA table: 310.8 t/s against 309.2 apart; it was 283.5) and walks them one row a workgroup
+# where they reduce by subgroup adds (the GCN table on the H200's 32-wide subgroups: 281 against
+# 287); still off. RESID_NORM (decode: the summed down projection adds into the residual stream
+# and the next block's projections each redo the RMS norm in their prologue, norm_input without a
+# residual; the norm's dispatch and barrier gone) is off: the projections' 1280 workgroups each
+# redoing the norm cost more than the stage (30B-A3B shape, tg128: GCN table 233.2 against 287.3
+# apart, NVIDIA table 280.9 against 309.2; Qwen3.5's shared experts keep the sum apart).
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class Fusions:
     qk_rope: bool = True
     qkv_rope: bool = False
     fa_rope: bool = True
+    resid_norm: bool = False
 
     @staticmethod
     def of(settings) -> "Fusions":
@@ -75,13 +84,17 @@ class Fusions:
                        kv_store=settings.fuse_kv_store, combine_norm=settings.fuse_combine_norm,
                        route=settings.fuse_route, norm_route=settings.fuse_norm_route,
                        qk_rope=settings.fuse_qk_rope, qkv_rope=settings.fuse_qkv_rope,
-                       fa_rope=settings.fuse_fa_rope)
+                       fa_rope=settings.fuse_fa_rope, resid_norm=settings.fuse_resid_norm)
 
 
-def project(seq, pairs, x, fused: bool) -> None:
+def project(seq, pairs, x, fused: bool, norm_in=None) -> None:
     """(weight, output) pairs that read the same input x: one mat-vec dispatch over all their
-    rows where that can be (`fused`: Fusions.qkv), else one matmul each."""
-    if fused:
+    rows where that can be (`fused`: Fusions.qkv), else one matmul each (each with the norm
+    that makes x in its prologue where `norm_in` is given: Transformer.block_norm)."""
+    if norm_in is not None:
+        for wt, t in pairs:
+            matmul(seq, wt, x, t, norm_in=norm_in)
+    elif fused:
         matmul_segments(seq, [wt for wt, _ in pairs], x, [t for _, t in pairs])
     else:
         for wt, t in pairs:

@@ -28,7 +28,7 @@ from ..memory import Tensor
 from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
-from ..ops.matmul import NormInput, gate_up_pair, matmul, norm_input
+from ..ops.matmul import NormInput, gate_up_pair, matmul, norm_input, norm_prologue_fits
 from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
@@ -274,6 +274,28 @@ class Transformer:
             add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
 
+    def block_norm(self, seq, s, T, name, weights) -> NormInput | None:
+        """The norm before a block whose mat-vecs (`weights`, each read from cur) all read one input:
+        in their prologues where the residual stream is already summed (VKRT_FUSE_RESID_NORM: the
+        experts' sum was added in their down projection), returned for matmul's norm_in; else
+        add_norm's dispatch into cur, returning None."""
+        if (self.fusions.resid_norm and not self.fusions.qkv and s.pending is None
+                and all(norm_prologue_fits(seq.device, wt) for wt in weights)):
+            norm_in = norm_input(seq, s.cols("x", T), None, self.w[name], self.cfg.norm_eps, s.cols("cur", T))
+            if norm_in is not None:
+                return norm_in
+        self.add_norm(seq, s, T, name)
+        return None
+
+    def _resid_sum(self, seq, T, il) -> bool:
+        """Whether a MoE block's summed down projection adds the sum into the residual stream itself
+        (VKRT_FUSE_RESID_NORM): decode sizes, no residual scale, experts without a down bias and no
+        shared expert (the sum would wait for its down projection: a stage between the experts'
+        and the sum, as many stages as the norm's it saves)."""
+        cfg = self.cfg
+        return (self.fusions.resid_norm and T <= mat_vec_tokens(seq.device.tuning) and not cfg.residual_scale
+                and not cfg.expert_bias and cfg.layers[il].ffn != MOE_SHARED)
+
     def _router_norm(self, seq, s, T, name) -> NormInput | None:
         """The add and norm before a MoE block (add_norm's) as the prologue of its router's mat-vec
         (VKRT_FUSE_NORM_ROUTE; matmul's norm_in), the pending block output consumed; None where it
@@ -358,7 +380,8 @@ class Transformer:
             return bg is None or sid is ids
 
         # the summed down projection has no place for the experts' biases: gpt-oss sums apart
-        summed = T <= mat_vec_tokens(seq.device.tuning) and self.fusions.moe_sum and bd is None
+        resid = self._resid_sum(seq, T, il)
+        summed = T <= mat_vec_tokens(seq.device.tuning) and (self.fusions.moe_sum or resid) and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
         held = None   # the ids whose routes s.routes holds from an earlier GEMM of this block
         if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
@@ -386,6 +409,9 @@ class Transformer:
         ungated = None
         if shared is not None and gate_logit is None:   # added after the routed experts' sum
             shared, ungated = None, shared
+        if down_in is not None and summed and resid and mul_mat_id_sum(
+                seq, dw, down_in, di, weights, s.cols("x", T), shared, gate_logit, residual=True):
+            return   # the residual stream holds the block's output (s.pending stays None)
         if not (down_in is not None and summed
                 and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit)):
             if down_in is not None:

@@ -55,33 +55,39 @@ NORM_FIELDS = (("n_x_off", "u32"), ("n_x_col", "u32"), ("n_r_off", "u32"), ("n_w
 
 @dataclass(frozen=True)
 class NormInput:
-    """The residual add and RMS norm the router's mat-vec does first (mul_mv NORM_IN, see
-    norm_input): x + residual is stored over x and rms_norm(x + residual) * weight, the mat-vec's
-    input, into matmul's x, with rms_norm's bits."""
+    """The RMS norm a mat-vec does first (mul_mv NORM_IN, see norm_input), with rms_norm's bits:
+    its input is rms_norm(x) * weight. The router's (with `residual`) is rms_norm's add and norm:
+    x + residual is stored over x and rms_norm(x + residual) * weight into matmul's x."""
 
     x: Tensor
-    residual: Tensor
+    residual: Tensor | None
     weight: Tensor
     eps: float
 
 
-def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
-    """The NormInput for a router mat-vec reading out = rms_norm(x + residual) * weight (x + residual
-    stored over x, as rms_norm with residual and sum_out=x stores it); None where the mat-vec cannot
-    redo rms_norm's sums or hold the normed columns (norm_layout), or the columns are more than
-    one mat-vec run."""
+def norm_input(seq, x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
+    """The NormInput for a mat-vec reading out = rms_norm(x (+ residual)) * weight (with residual,
+    a router's: x + residual stored over x, as rms_norm with residual and sum_out=x stores it, and
+    out written); None where the mat-vec cannot redo rms_norm's sums or hold the normed columns
+    (norm_layout), or the columns are more than one mat-vec run."""
     device = seq.device
     k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
     if k % 4 or n > mat_vec_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
         return None
-    if weight.type != F32 or weight.nelements != k or out.ne != x.ne or residual.ne != x.ne:
+    if weight.type != F32 or weight.nelements != k or out.ne != x.ne or (residual is not None and residual.ne != x.ne):
         return None
-    for t in (x, residual, out):
+    for t in (x, out) if residual is None else (x, residual, out):
         if t.type != F32 or t.nb[0] != 4 or flat_rows(t) is None:
             return None
-    if residual.nb != x.nb:
+    if residual is not None and residual.nb != x.nb:
         return None
     return NormInput(x, residual, weight, float(eps))
+
+
+def norm_prologue_fits(device, w: Tensor) -> bool:
+    """Whether matmul can run w's mat-vec with the norm in its prologue (norm_in): a 2-D weight
+    in one binding."""
+    return w.ne[2] == 1 and w.ne[3] == 1 and len(chunks(1, device, None, w)) == 1
 
 
 # HEAD_EPI: the per-head epilogue's fields (shaders/mul_mv.comp, mv_head_epi.glsl)
@@ -155,6 +161,17 @@ def mat_vec_lanes(typ, k: int, wg: int) -> int:
     return lanes
 
 
+def mat_vec_reduce(prof, lanes: int, wg: int) -> str:
+    """How a mat-vec workgroup of `wg` invocations sums a row's `lanes` partial sums: "cluster"
+    (a butterfly of shuffles within a subgroup), "subgroup" (one group a workgroup: subgroup adds,
+    then shared memory) or "tree" (shared memory)."""
+    if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
+        return "cluster"
+    if prof.subgroup_arithmetic and lanes == wg:
+        return "subgroup"
+    return "tree"
+
+
 class MatVec:
     """A mat-vec pipeline and the rows a workgroup of it computes (rows a group of mat_vec_lanes
     lanes, mv_wg / lanes groups)."""
@@ -173,20 +190,32 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
 
 
 def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bool = False, gate_up: bool = False,
-                  moe_sum: bool = False, layers: int = 1) -> tuple[int, int, int]:
+                  moe_sum: int = 0, layers: int = 1) -> tuple[int, int, int]:
     """(invocations a workgroup, lanes a row, rows a group) of mat_vec_kernel's pipeline for these
-    arguments (see there): a workgroup computes rows * (invocations // lanes) rows."""
+    arguments (see there): a workgroup computes rows * (invocations // lanes) rows, or with
+    `moe_sum` (slots a token) `rows` rows, its groups a slot each (as many as the device's
+    workgroup holds; more slots are walked in turn)."""
     wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
-    if wg & (wg - 1) or wg > device.profile.max_workgroup_invocations:
+    limit = device.profile.max_workgroup_invocations
+    if wg & (wg - 1) or wg > limit:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
     lanes = mat_vec_lanes(typ, k, wg)
-    # gate and up: two weight rows a row; summed slots: one row a group (a token's rows are its
-    # workgroups, so fewer rows a group keep more of them in flight)
+    groups = wg // lanes
+    if moe_sum and mat_vec_reduce(device.profile, lanes, wg) != "subgroup":
+        # a group a slot, a workgroup's rows the token's rows of every slot; each group sums as
+        # the plain mul_mat_id's (a cluster of whole subgroups, or its own shared-memory tree)
+        whole = max(1, device.profile.subgroup_max // lanes)
+        groups = min(moe_sum, tuning.mv_sum_slots or moe_sum, max(1, min(limit, 1024) // lanes))
+        wg = ceil_div(groups, whole) * whole * lanes
+        groups = 1
+    elif moe_sum:   # one group (subgroup adds over the workgroup): it walks the slots, one row
+        return wg, lanes, 1   # a workgroup keeping more workgroups in flight (H200, GCN table: 4 rows 16% slower)
+    # gate and up: two weight rows a row
     base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
     if n > 1 and tuning.mv_rows_multi:
         base = min(base, tuning.mv_rows_multi)
-    rows = 1 if moe_sum else max(1, base // 2) if gate_up else base
-    while rows > 1 and ceil_div(m, rows * (wg // lanes)) * layers < tuning.mv_fill_groups:
+    rows = max(1, base // 2) if gate_up else base
+    while rows > 1 and ceil_div(m, rows * groups) * layers < tuning.mv_fill_groups:
         rows //= 2
     return wg, lanes, rows
 
@@ -208,26 +237,31 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
                    segments: bool = False, route: dict | None = None, norm: bool = False,
-                   head_epi: dict | None = None) -> MatVec:
+                   head_epi: dict | None = None, resid: bool = False) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
     act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
     with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
-    output with `shared`), as moe_combine does; `bias` (mul_mat_id) adds each expert's bias to its
+    output with `shared`), as moe_combine does, and with `resid` adds that into y (the residual
+    stream); `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
     matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first (NormInput);
+    last workgroup (RouteEpilogue); `norm` normalises x first (with route: adds and normalises;
+    NormInput);
     `head_epi` (HeadEpilogue's defines) does attention's per-head work after a plain mat-vec.
     Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
     workgroups."""
     wg, lanes, rows = mat_vec_shape(device, typ, n, tuning, k=k, m=m, mul_mat_id=mul_mat_id,
-                                    gate_up=gate_up is not None, moe_sum=bool(moe_sum), layers=layers)
+                                    gate_up=gate_up is not None, moe_sum=moe_sum or 0, layers=layers)
     prof = device.profile
     defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
-    if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
+    # the summed experts' groups reduce as mul_mat_id's workgroup does (the same bits)
+    reduce = mat_vec_reduce(prof, lanes, mat_vec_shape(device, typ, n, tuning, k=k, m=m, mul_mat_id=True)[0]
+                            if moe_sum else wg)
+    if reduce == "cluster":
         defines["REDUCE_CLUSTER"] = 1
-    elif prof.subgroup_arithmetic and lanes == wg:
+    elif reduce == "subgroup":
         defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
     if tuning.float_bits:
         defines["QFLOAT_BITS"] = 1
@@ -261,6 +295,10 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(MOE_SUM=1, NU=moe_sum, **({"SHARED": 1} if shared else {}),
                        **({"SLOT_UNROLL": 1} if tuning.mv_sum_unroll else {}))
         push = PushConstants(*push.fields, ("wt_off", "u32"), ("sh_off", "u32"), ("sg_off", "u32"))
+        if resid:
+            defines["RESID"] = 1
+    elif resid:
+        raise ConfigError("mat_vec_kernel: the residual add follows the summed expert projection")
     if bias:
         defines["BIAS"] = 1
         push = PushConstants(*push.fields, ("b_off", "u32"), *((("b2_off", "u32"),) if gate_up else ()))
@@ -268,8 +306,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
     if norm:
-        if route is None or glu is not None:
-            raise ConfigError("mat_vec_kernel: the add and norm in the prologue go with routing, without glu")
+        if glu is not None or mul_mat_id or head_epi is not None:
+            raise ConfigError("mat_vec_kernel: the norm in the prologue goes with a plain mat-vec, without glu")
         layout = norm_layout(device, k, n, wg)
         if layout is None:
             raise ConfigError(f"mat_vec_kernel: no norm prologue for rows of {k} and {n} columns on this device")
@@ -281,7 +319,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(HEAD_EPI=1, **head_epi)
         push = PushConstants(*push.fields, *HEAD_EPI_FIELDS)
     kern = kernel(device, "mul_mv", defines=defines, push=push)
-    return MatVec(kern, rows * (wg // lanes))
+    return MatVec(kern, rows if moe_sum else rows * (wg // lanes))
 
 
 def gate_up_pair(gate: Tensor, up: Tensor, device, act: str):
@@ -440,7 +478,10 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
                                f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
     if norm_in is not None:
-        _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
+        if up is not None or len(pieces) > 1 or head_epi is not None:
+            raise UnsupportedShape(f"matmul: the norm in the mat-vec's prologue takes a weight in one binding, no "
+                                   f"fused activation or per-head epilogue; got {len(pieces)} pieces")
+        _norm_mat_vec(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
         return
     if head_epi is not None and (up is not None or route is not None or (kernel_columns or n) > cols
                                  or len(pieces) > 1 or not head_epilogue_fits(device, w, n, head_epi.block, tune)):
@@ -483,28 +524,35 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                          label="router" if route is not None else None)
 
 
-def _norm_route(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tensor, y: Tensor,
-                route: RouteEpilogue | None) -> None:
-    """The router's mat-vec with the add and norm in its prologue (matmul's norm_in): x + r over x,
-    out = rms_norm(x + r) * weight, y = W·out routed (one run: norm_input's checks)."""
+def _norm_mat_vec(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tensor, y: Tensor,
+                  route: RouteEpilogue | None) -> None:
+    """A mat-vec with the norm in its prologue (matmul's norm_in; one run: norm_input's checks):
+    y = W·(rms_norm(x) * weight). The router's (with routing and the residual): x + r over x,
+    out = rms_norm(x + r) * weight, y = W·out routed."""
     device = seq.device
-    if route is None or out.ne[0] != w.ne[0]:
-        raise UnsupportedShape(f"matmul: the norm in the router's mat-vec needs routing and x of {w.ne[0]} rows")
+    if (route is None) != (norm_in.residual is None) or out.ne[0] != w.ne[0]:
+        raise UnsupportedShape(f"matmul: the add and norm in the mat-vec go with routing (the router's), a norm "
+                               f"alone without; x needs {w.ne[0]} rows")
     k, m, n = w.ne[0], w.ne[1], out.ne[1]
     x = f32_operand(norm_in.x, "matmul norm x", k)
     if x.ne[1] != n:
         raise UnsupportedShape(f"matmul: the norm's x has {x.ne[1]} columns, its output {n}")
-    (xr, xo), (rr, ro), (nwr, nwo) = (bind_words(t, f"matmul norm {what}", device) for t, what in
-                                      ((x, "x"), (f32_operand(norm_in.residual, "matmul norm residual", k), "residual"),
-                                       (norm_in.weight, "weight")))
-    (orr, oo), (yr, yo) = bind_words(out, "matmul norm out", device), bind_words(y, "matmul y", device)
+    (xr, xo), (nwr, nwo) = (bind_words(t, f"matmul norm {what}", device) for t, what in
+                            ((x, "x"), (norm_in.weight, "weight")))
+    yr, yo = bind_words(y, "matmul y", device)
     xo, x_col = xo // 4, x.nb[1] // 4
-    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col), route=route.defines,
-                        norm=True)
+    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col),
+                        route=route.defines if route is not None else None, norm=True)
     _, _, wr, wo = piece
     push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": 0, "x_col": k, "y_off": yo // 4,
-            "y_col": y.nb[1] // 4, **route.push, "n_x_off": xo, "n_x_col": x_col, "n_r_off": ro // 4,
-            "n_w_off": nwo // 4, "n_s_off": xo, "n_o_off": oo // 4, "n_o_col": out.nb[1] // 4, "n_eps": norm_in.eps}
+            "y_col": y.nb[1] // 4, "n_x_off": xo, "n_x_col": x_col, "n_r_off": 0, "n_w_off": nwo // 4, "n_s_off": xo,
+            "n_o_off": 0, "n_o_col": 0, "n_eps": norm_in.eps}
+    if route is None:
+        seq.dispatch(mv.kernel, [wr, xr, yr, nwr], push=push, groups=mv.groups(m, device), label="norm mat-vec")
+        return
+    rr, ro = bind_words(f32_operand(norm_in.residual, "matmul norm residual", k), "matmul norm residual", device)
+    orr, oo = bind_words(out, "matmul norm out", device)
+    push.update(route.push, n_r_off=ro // 4, n_o_off=oo // 4, n_o_col=out.nb[1] // 4)
     seq.dispatch(mv.kernel, [wr, xr, yr, *route.buffers, rr, nwr, xr, orr], push=push, groups=mv.groups(m, device),
                  label="norm router")
 

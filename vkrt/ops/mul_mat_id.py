@@ -164,10 +164,12 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
 
 
 def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out: Tensor,
-                   shared: Tensor | None = None, shared_gate: Tensor | None = None, *, tuning=None) -> bool:
+                   shared: Tensor | None = None, shared_gate: Tensor | None = None, *, residual: bool = False,
+                   tuning=None) -> bool:
     """Record out[:, t] = sum_j weights[j, t] * (w[ids[j, t]] · x[:, j, t]) (+ sigmoid(shared_gate[t])
     * shared[:, t]): the expert down projection and moe_combine in one pass, bit for bit the same
-    (mat-vec sizes; the stack in one binding). Returns False, recording nothing, where it does not
+    (mat-vec sizes; the stack in one binding). With `residual`, out (the residual stream) gets the
+    sum added, as rms_norm's add would add it. Returns False, recording nothing, where it does not
     apply (the caller runs mul_mat_id and moe_combine)."""
     device = seq.device
     tune = tuning or device.tuning
@@ -203,6 +205,6 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
         push.update(sh_off=so // 4, sg_off=go // 4)
     xvec4 = vec4_ok(x, xo // 4, x_slot, x_tok)
     mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
-                        shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
+                        shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]), resid=residual)
     seq.dispatch(mv.kernel, buffers, push=push, groups=mv.groups(m, device, n_tokens), label="mul_mat_id_sum")
     return True
