@@ -187,13 +187,13 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                 (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide, mul_mat_id=True,
                                 gate_up="silu").kernel]),
-                (f"decode {typ.name}: expert down summed over 8 slots into the residual stream "
-                 "(VKRT_FUSE_RESID_NORM)",
+                (f"decode {typ.name}: expert down summed over 8 slots (VKRT_FUSE_MOE_SUM)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, wide=wide, mul_mat_id=True,
-                                moe_sum=m["n_used"], resid=True).kernel]),
-                (f"decode {typ.name}: attention projections with the RMS norm in the prologue "
-                 "(VKRT_FUSE_RESID_NORM)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=hidden, xvec4=xvec4, wide=wide, norm=True).kernel]),
+                                moe_sum=m["n_used"]).kernel]),
+                (f"decode {typ.name}: expert down summed into the residual stream, its last workgroup "
+                 "doing the next RMS norm (VKRT_FUSE_RESID_NORM)",
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, wide=wide, mul_mat_id=True,
+                                moe_sum=m["n_used"], resid=True, norm_out=True).kernel]),
                 (f"decode {typ.name}: expert gate/up apart (VKRT_FUSE_GATE_UP=0)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide,
                                 mul_mat_id=True).kernel]),

@@ -15,7 +15,9 @@
 // (group g takes slots g, g + GROUPS, ...), all dotting the workgroup's NR rows: out[row] =
 // sum_j wt[j] * (W[e_j] · x_j)[row] (+ sigmoid(gate) * shared[row] with SHARED), the expert down
 // projection and moe_combine in one pass, summed as moe_combine does; with RESID out[row] is
-// the residual stream and the sum is added to it (rms_norm's add, in place: one workgroup a row).
+// the residual stream and the sum is added to it (rms_norm's add, in place: one workgroup a row),
+// and with NORM_OUT the last workgroup to finish normalises the new stream into no (the next
+// block's input: rms_norm's bits, shaders/mv_norm_in.glsl), the norm's dispatch and barrier gone.
 // With SEGMENTS the rows of two or three matrices of one type and K (attention's q, k and v) are
 // one dispatch: segment i's rows lie at w_off_i in W and go to y_off_i in Y with column stride
 // y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
@@ -24,11 +26,11 @@
 // ROUTE_SUBGROUP its first subgroup does, as a one-subgroup router would.
 // With BIAS (and MUL_MAT_ID, not MOE_SUM) each output row gets its expert's bias, b[e][row], as
 // add_id would add it after the store (GATE_UP: W's bias b and W2's b2, before the activation).
-// With NORM_IN x is the residual stream and the kernel first does rms_norm's norm (bit for bit):
-// every workgroup normalises x into shared memory, redoing the norm workgroup's sums (NORM_WG
-// invocations, SG_BUTTERFLY) subgroup by subgroup; the norm's dispatch and barrier are gone. With
-// ROUTE (the router's) it is rms_norm's add and norm (ADD): x + r is normalised, each workgroup
-// writes its share of the normed x (the FFN's input) and the last one stores x + r over x.
+// With NORM_IN (and ROUTE) x is the residual stream and the kernel first does rms_norm's add
+// and norm (shaders/rms_norm.comp with ADD, bit for bit): every workgroup sums x + r and
+// normalises it into shared memory, redoing the norm workgroup's sums (NORM_WG invocations,
+// SG_BUTTERFLY) subgroup by subgroup, writes its share of the normed x (the FFN's input) and the
+// last workgroup stores x + r over x; the norm's dispatch and barrier are gone.
 // With HEAD_EPI (a plain mat-vec: attention's q, k or v projection) the last workgroup to finish
 // a head's rows does that head's q/k norm, RoPE and cache store (shaders/mv_head_epi.glsl): one
 // dispatch and barrier fewer a layer than norm_rope after the projections.
@@ -36,7 +38,7 @@
 // within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
 // shared-memory tree.
 #include "common.glsl"
-#if defined(REDUCE_CLUSTER) || defined(NORM_IN) || (defined(HEAD_EPI) && EPI_NORM)
+#if defined(REDUCE_CLUSTER) || defined(NORM_IN) || defined(NORM_OUT) || (defined(HEAD_EPI) && EPI_NORM)
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #endif
 #if defined(HEAD_EPI) && DST_F16
@@ -69,6 +71,9 @@ shared vec4 xn4[NORM_XN4];
 #else
 #define XRAW4(i) XG4(i)
 #define XRAW1(i) XG1(i)
+#endif
+#ifdef NORM_OUT
+shared vec4 xn4[NORM_XN4];   // the normed residual stream of a token, then stored to no
 #endif
 #if defined(GLU) && defined(GATE_UP)
 #error "GLU and GATE_UP exclude each other"
@@ -129,13 +134,20 @@ layout(binding = 5) readonly buffer EPos { int epi_pos[]; };        // positions
 layout(binding = 6) readonly buffer EFF { float epi_ff[]; };        // frequency factors
 layout(binding = 7) readonly buffer ERows { int epi_rows[]; };      // cache rows (EPI_ROWS)
 layout(binding = 8) writeonly buffer EDst { DST_T epi_dst[]; };     // the head's destination
+#elif defined(MOE_SUM) && defined(RESID) && defined(NORM_OUT)
+layout(binding = 2) coherent buffer Y { float y_data[]; };   // the residual stream: the last workgroup reads it back
+#ifdef SHARED
+#define NO_BINDING 7   // after the shared expert's
+#else
+#define NO_BINDING 5
+#endif
+layout(binding = NO_BINDING) coherent buffer WgCount { uint wg_count[]; };   // finished workgroups
+layout(binding = NO_BINDING + 1) readonly buffer NWt { float nw_data[]; };   // the norm's weight
+layout(binding = NO_BINDING + 2) writeonly buffer NOut { float no_data[]; }; // the normed stream
 #elif defined(MOE_SUM) && defined(RESID)
 layout(binding = 2) buffer Y { float y_data[]; };   // the residual stream the sums are added to
 #else
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
-#endif
-#if defined(NORM_IN) && !defined(ROUTE)
-layout(binding = 3) readonly buffer NWt { float nw_data[]; };       // the norm's weight
 #endif
 #ifdef MUL_MAT_ID
 layout(binding = 3) readonly buffer Ids { int ids[]; };
@@ -226,6 +238,13 @@ layout(push_constant) uniform Push {
     uint wt_off;   // float offsets of the routing weights, the shared output and its gate
     uint sh_off;
     uint sg_off;
+#ifdef NORM_OUT
+    uint count_off;   // the counter of finished workgroups (last_workgroup)
+    uint n_w_off;     // float offsets: the norm's weight, the normed stream (n_o_col between tokens)
+    uint n_o_off;
+    uint n_o_col;
+    float n_eps;
+#endif
 #endif
 #ifdef BIAS
     uint b_off;    // float offsets of the biases of expert 0 (row r of expert e: + e * M + r)
@@ -244,7 +263,7 @@ layout(push_constant) uniform Push {
 
 #endif
 
-#if defined(ROUTE) || defined(HEAD_EPI)
+#if defined(ROUTE) || defined(HEAD_EPI) || defined(NORM_OUT)
 shared bool wg_last;
 // Whether this is the last of `of` workgroups counted at wg_count[at] to finish: each
 // workgroup's rows are stored and made visible before it counts itself, so the last one reads
@@ -269,7 +288,7 @@ bool last_workgroup(uint at, uint of) {
 #include "mv_head_epi.glsl"
 #endif
 
-#ifdef NORM_IN
+#if defined(NORM_IN) || defined(NORM_OUT)
 #include "mv_norm_in.glsl"
 #endif
 
@@ -621,6 +640,18 @@ void main() {
 #endif
         y_data[ybase + row0 + r] = o;
     }
+#ifdef NORM_OUT
+    // the last workgroup of all the tokens' normalises each token's new residual stream
+    if (last_workgroup(p.count_off, gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z)) {
+        for (uint t = 0u; t < gl_NumWorkGroups.z; t++) {
+            norm_rows(p.y_off + t * p.y_col, 0u);
+            for (uint i = gl_LocalInvocationID.x; i < p.M; i += WG) {
+                no_data[p.n_o_off + t * p.n_o_col + i] = xn4[i >> 2][i & 3u];
+            }
+            barrier();   // xn4 read before the next token's norm writes it
+        }
+    }
+#endif
 #endif
 #ifdef HEAD_EPI
     {

@@ -184,11 +184,10 @@ VARIABLES: tuple[Variable, ...] = (
     _fusion("FA_ROPE", True, "decode: flash attention's prologue does the q/k norm, RoPE and the K/V cache stores "
                              "(with NORM_ROPE; one token) instead of a norm_rope dispatch and barrier before it "
                              "(0: apart)"),
-    _fusion("RESID_NORM", False, "decode: the summed expert down projection adds its sum into the residual "
-                                 "stream, and the next block's projections (attention's q, k and v; DeltaNet's) "
-                                 "each do the RMS norm in their mat-vec's prologue, instead of a norm dispatch "
-                                 "and barrier between them; off by default: slower on the H200 (every workgroup "
-                                 "of the projections redoes the norm)"),
+    _fusion("RESID_NORM", True, "decode: a MoE block without a shared expert sums its experts into the residual "
+                                "stream in the down projection, whose last workgroup does the next RMS norm, "
+                                "instead of the combining norm's dispatch and barrier (where the summed down "
+                                "projection takes a token's slots at once; 0: apart)"),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_COOPMAT", "coopmat", "flag or unset", "tuning table",
@@ -244,7 +243,7 @@ class Settings:
     fuse_qk_rope: bool = True
     fuse_qkv_rope: bool = False
     fuse_fa_rope: bool = True
-    fuse_resid_norm: bool = False
+    fuse_resid_norm: bool = True
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None
     glslang_lib: Path | None = None

@@ -219,6 +219,18 @@ def test_fused_gate_up_is_bit_identical(device, name, k, n_tok):
             t.close()
 
 
+def summed_down_inputs(device, name, k, m, n_tok, with_shared, rng):
+    """An expert down stack (k x m, N_EXPERT of type `name`), routing ids, activations, routing
+    weights and (with_shared) a shared expert's output and gate logits, as device tensors."""
+    w = weight_tensor(device, name, random_blocks(name, N_EXPERT * m, k, rng, scale=0.5), (k, m, N_EXPERT))
+    ids = tensor_from_numpy(device, routing(rng, n_tok))
+    x = tensor_from_numpy(device, rng.standard_normal((n_tok, N_USED, k)).astype(np.float32))
+    wt = tensor_from_numpy(device, rng.uniform(0, 1, (n_tok, N_USED)).astype(np.float32))
+    sh = tensor_from_numpy(device, rng.standard_normal((n_tok, m)).astype(np.float32)) if with_shared else None
+    sg = tensor_from_numpy(device, rng.standard_normal((n_tok,)).astype(np.float32)) if with_shared else None
+    return w, ids, x, wt, sh, sg
+
+
 @pytest.mark.parametrize("name,k,n_tok,with_shared", [("Q4_0", 96, 1, False), ("Q4_K", 256, 3, True),
                                                       ("Q6_K", 512, 2, False), ("F16", 13, 2, True),
                                                       ("Q4_K", 256, 3, False), ("Q4_0", 96, 16, True)])
@@ -233,12 +245,7 @@ def test_summed_down_is_bit_identical(device, name, k, n_tok, with_shared, slots
     from vkrt.ops.mul_mat_id import mul_mat_id_sum
     m = 22
     rng = np.random.default_rng(k + n_tok)
-    w = weight_tensor(device, name, random_blocks(name, N_EXPERT * m, k, rng, scale=0.5), (k, m, N_EXPERT))
-    ids = tensor_from_numpy(device, routing(rng, n_tok))
-    x = tensor_from_numpy(device, rng.standard_normal((n_tok, N_USED, k)).astype(np.float32))
-    wt = tensor_from_numpy(device, rng.uniform(0, 1, (n_tok, N_USED)).astype(np.float32))
-    sh = tensor_from_numpy(device, rng.standard_normal((n_tok, m)).astype(np.float32)) if with_shared else None
-    sg = tensor_from_numpy(device, rng.standard_normal((n_tok,)).astype(np.float32)) if with_shared else None
+    w, ids, x, wt, sh, sg = summed_down_inputs(device, name, k, m, n_tok, with_shared, rng)
     y = Tensor.empty(device, "F32", (m, N_USED, n_tok))
     o1, o2 = Tensor.empty(device, "F32", (m, n_tok)), Tensor.empty(device, "F32", (m, n_tok))
     try:
@@ -379,3 +386,65 @@ def test_coopmat_gemm(device, name):
     check(device, name, 40, k, (40, 150), tuning=device.tuning)
     small = dataclasses.replace(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_cm_wm=16, mm_cm_wn=16)
     check(device, name, 40, k, (40, 100), tuning=small)
+
+
+@pytest.mark.parametrize("name,k,m,n_tok,with_shared,slots", [
+    ("Q4_0", 96, 64, 1, False, 0), ("Q4_K", 256, 512, 2, True, 0), ("Q6_K", 256, 128, 3, False, 1),
+    ("F16", 13, 96, 1, True, 1)])
+def test_summed_down_normalises_the_stream_it_added_into(device, name, k, m, n_tok, with_shared, slots):
+    """The summed down projection adding into the residual stream, its last workgroup normalising
+    the new stream (NORM_OUT) against mul_mat_id, moe_combine and rms_norm with the residual:
+    the stream and the normed stream bit for bit, one to three tokens, a shared expert; the
+    counter left at 0 for the next dispatch."""
+    from vkrt.commands import run_once
+    from vkrt.ops.matmul import NormOutput
+    from vkrt.ops.moe import moe_combine
+    from vkrt.ops.mul_mat_id import mul_mat_id_sum
+    from vkrt.ops.norm import rms_norm
+    prof = device.profile
+    if not prof.subgroup_shuffle or prof.subgroup_min != prof.subgroup_max:
+        pytest.skip("the norm in the last workgroup needs shuffles and one fixed subgroup size")
+    rng = np.random.default_rng(k + m + n_tok)
+    w, ids, x, wt, sh, sg = summed_down_inputs(device, name, k, m, n_tok, with_shared, rng)
+    resid = (rng.standard_normal((n_tok, m)) * 2).astype(np.float32)
+    nw = tensor_from_numpy(device, (1 + 0.1 * rng.standard_normal(m)).astype(np.float32))
+    counter = tensor_from_numpy(device, np.zeros(1, np.int32))
+    y = Tensor.empty(device, "F32", (m, N_USED, n_tok))
+    o = Tensor.empty(device, "F32", (m, n_tok))
+    s1, s2 = tensor_from_numpy(device, resid), tensor_from_numpy(device, resid)
+    c1, c2 = Tensor.empty(device, "F32", (m, n_tok)), Tensor.empty(device, "F32", (m, n_tok))
+    made = [w, ids, x, wt, sh, sg, nw, counter, y, o, s1, s2, c1, c2]
+    try:
+        run_once(device, lambda seq: (mul_mat_id(seq, w, x, ids, y), moe_combine(seq, y, wt, o, sh, sg),
+                                      rms_norm(seq, s1, c1, 1e-6, nw, residual=o, sum_out=s1)))
+        tune = dataclasses.replace(device.tuning, mv_sum_slots=slots)
+        done = []
+        for _ in range(2):   # twice: the counter is back at 0 after each dispatch
+            write_tensor(s2, resid)
+            run_once(device, lambda seq: done.append(mul_mat_id_sum(
+                seq, w, x, ids, wt, s2, sh, sg, residual=True, norm=NormOutput(nw, 1e-6, c2, counter), tuning=tune)))
+            assert done[-1]
+            np.testing.assert_array_equal(read_tensor(s2).view(np.uint32), read_tensor(s1).view(np.uint32))
+            np.testing.assert_array_equal(read_tensor(c2).view(np.uint32), read_tensor(c1).view(np.uint32))
+        assert read_tensor(counter)[0] == 0
+    finally:
+        for t in made:
+            if t is not None:
+                t.close()
+
+
+def test_norm_output_only_where_the_slots_go_at_once(device):
+    """The last workgroup's norm (NORM_OUT) is refused where one group walks the slots (the plain
+    kernel reduces by subgroup adds over its whole workgroup: a row a workgroup, thousands
+    counting in), and taken where groups take them at once."""
+    from vkrt.ops.matmul import mat_vec_lanes, norm_layout, norm_output_fits
+    from vkrt.ops.quant import kernel_type
+    prof = device.profile
+    typ, k, m = kernel_type("Q4_0"), 256, 64
+    lanes = mat_vec_lanes(typ, k, 1024)
+    if not prof.subgroup_arithmetic or lanes < prof.subgroup_min or norm_layout(device, m, 1, lanes) is None:
+        pytest.skip("needs subgroup adds over a workgroup of a row's lanes and the norm's layout there")
+    walked = dataclasses.replace(device.tuning, mv_id_wg=lanes)
+    assert not norm_output_fits(device, m, N_USED, typ, k, walked)
+    at_once = dataclasses.replace(device.tuning, mv_id_wg=2 * lanes)
+    assert norm_output_fits(device, m, N_USED, typ, k, at_once) == (norm_layout(device, m, 1, 2 * lanes) is not None)

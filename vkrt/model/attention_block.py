@@ -104,22 +104,18 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
     D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
     cur = s.cols("cur", T)
+    tf.add_norm(seq, s, T, p + "attn_norm.weight")
     q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
     projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
-    if tf.fusions.qkv_rope:
-        tf.add_norm(seq, s, T, p + "attn_norm.weight")
-        norm_in = None
-    else:   # the norm in the projections' prologues where it can be (VKRT_FUSE_RESID_NORM)
-        norm_in = tf.block_norm(seq, s, T, p + "attn_norm.weight", [w[p + n + ".weight"] for _, n in projections])
     q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
     norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
     pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)
-    epis = head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args) if norm_in is None else None
+    epis = head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args)
     if epis is not None:   # each head normed, rotated and stored by its projection's last workgroup
         for (t, name), epi in zip(projections, epis):
             matmul(seq, w[p + name + ".weight"], cur, t, head_epi=epi)
     else:
-        project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur, tf.fusions.qkv, norm_in)
+        project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur, tf.fusions.qkv)
     for t, name in projections:
         if cfg.attn_bias and p + name + ".bias" in w:
             add(seq, t, w[p + name + ".bias"], t)

@@ -29,13 +29,10 @@ def record_delta_net(tf, seq, s, state, il, T, n_seqs):
     cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
     D, Hk, Hv = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads
     cur = s.cols("cur", T)
+    tf.add_norm(seq, s, T, p + "attn_norm.weight")
     qkv, z, alpha, beta = (s.cols(n, T) for n in ("qkv", "z", "alpha", "beta"))
-    pairs = [(w[p + n + ".weight"], t) for n, t in (("attn_qkv", qkv), ("attn_gate", z), ("ssm_alpha", alpha),
-                                                    ("ssm_beta", beta))]
-    # the norm in the projections' prologues where it can be (VKRT_FUSE_RESID_NORM)
-    norm_in = tf.block_norm(seq, s, T, p + "attn_norm.weight", [wt for wt, _ in pairs])
-    project(seq, pairs[:2], cur, tf.fusions.qkv, norm_in)
-    project(seq, pairs[2:], cur, tf.fusions.qkv, norm_in)
+    project(seq, [(w[p + "attn_qkv.weight"], qkv), (w[p + "attn_gate.weight"], z)], cur, tf.fusions.qkv)
+    project(seq, [(w[p + "ssm_alpha.weight"], alpha), (w[p + "ssm_beta.weight"], beta)], cur, tf.fusions.qkv)
     slots = s.slots.slice(0, 0, n_seqs)
     conv = s.cols("conv", T)
     ssm_conv(seq, qkv, w[p + "ssm_conv1d.weight"], state.conv[il], slots, conv, n_seqs=n_seqs)

@@ -51,10 +51,13 @@ from ..ops.matmul import matmul, matmul_segments
 # (NVIDIA table: 310.8 t/s against 309.2 apart; it was 283.5) and walks them one row a workgroup
 # where they reduce by subgroup adds (the GCN table on the H200's 32-wide subgroups: 281 against
 # 287); still off. RESID_NORM (decode: the summed down projection adds into the residual stream
-# and the next block's projections each redo the RMS norm in their prologue, norm_input without a
-# residual; the norm's dispatch and barrier gone) is off: the projections' 1280 workgroups each
-# redoing the norm cost more than the stage (30B-A3B shape, tg128: GCN table 233.2 against 287.3
-# apart, NVIDIA table 280.9 against 309.2; Qwen3.5's shared experts keep the sum apart).
+# and its last workgroup does the next block's RMS norm into cur; the combining norm's dispatch
+# and barrier gone a MoE layer) is on where the summed down takes a token's slots at once: NVIDIA
+# table 319.5 t/s against 309.2 apart (30B-A3B shape, tg128, same call); with the GCN table on
+# the H200 (its 32-wide subgroups: one group walking the slots, a row a workgroup) it lost, 220.8
+# against 287.4, and is not taken there (norm_output_fits). Its first form, the next block's
+# projections each redoing the norm in their prologue, lost too (GCN table 233.2 against 287.3,
+# NVIDIA table 280.9 against 309.2: 1280 workgroups each redoing the norm) and was not kept.
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class Fusions:
     qk_rope: bool = True
     qkv_rope: bool = False
     fa_rope: bool = True
-    resid_norm: bool = False
+    resid_norm: bool = True
 
     @staticmethod
     def of(settings) -> "Fusions":
@@ -87,14 +90,10 @@ class Fusions:
                        fa_rope=settings.fuse_fa_rope, resid_norm=settings.fuse_resid_norm)
 
 
-def project(seq, pairs, x, fused: bool, norm_in=None) -> None:
+def project(seq, pairs, x, fused: bool) -> None:
     """(weight, output) pairs that read the same input x: one mat-vec dispatch over all their
-    rows where that can be (`fused`: Fusions.qkv), else one matmul each (each with the norm
-    that makes x in its prologue where `norm_in` is given: Transformer.block_norm)."""
-    if norm_in is not None:
-        for wt, t in pairs:
-            matmul(seq, wt, x, t, norm_in=norm_in)
-    elif fused:
+    rows where that can be (`fused`: Fusions.qkv), else one matmul each."""
+    if fused:
         matmul_segments(seq, [wt for wt, _ in pairs], x, [t for _, t in pairs])
     else:
         for wt, t in pairs:

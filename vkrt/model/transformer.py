@@ -28,11 +28,12 @@ from ..memory import Tensor
 from ..ops.add_id import add_id
 from ..ops.elementwise import activation, add, scale
 from ..ops.get_rows import get_rows
-from ..ops.matmul import NormInput, gate_up_pair, matmul, norm_input, norm_prologue_fits
+from ..ops.matmul import NormInput, NormOutput, gate_up_pair, matmul, norm_input, norm_output_fits
 from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
+from ..ops.quant import kernel_type
 from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
@@ -178,7 +179,7 @@ class Transformer:
 
     @staticmethod
     def _receive(seq, s, T, opts: RecordOptions):
-        s.pending = None
+        s.pending = s.normed = None
         opts.receive(seq, s.cols("x", T))
 
     @staticmethod
@@ -189,7 +190,7 @@ class Transformer:
         opts.send(seq, x)
 
     def _embed(self, seq, s, T):
-        s.pending = None
+        s.pending = s.normed = None
         x = s.cols("x", T)
         get_rows(seq, self.w["token_embd.weight"], s.ids.slice(0, 0, T), x)
         if self.cfg.embd_scale != 1.0:
@@ -222,7 +223,7 @@ class Transformer:
         """o joins the residual stream at the next norm (granite: times residual_scale first)."""
         if self.cfg.residual_scale:
             scale(seq, o, self.cfg.residual_scale, o)
-        s.pending = o
+        s.pending, s.normed = o, None
 
     def norm(self, seq, src, dst, name):
         rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
@@ -264,6 +265,9 @@ class Transformer:
         still be its experts' unsummed outputs, an ExpertSum, summed by that kernel)."""
         x, cur = s.cols("x", T - first, first), s.cols("cur", T - first, first)
         pending, s.pending = s.pending, None
+        normed, s.normed = s.normed, None
+        if pending is None and normed == name:   # done by the summed down projection (VKRT_FUSE_RESID_NORM)
+            return
         if pending is None:
             self.norm(seq, x, cur, name)
             return
@@ -274,27 +278,23 @@ class Transformer:
             add(seq, x, stored(seq, pending), x)
             self.norm(seq, x, cur, name)
 
-    def block_norm(self, seq, s, T, name, weights) -> NormInput | None:
-        """The norm before a block whose mat-vecs (`weights`, each read from cur) all read one input:
-        in their prologues where the residual stream is already summed (VKRT_FUSE_RESID_NORM: the
-        experts' sum was added in their down projection), returned for matmul's norm_in; else
-        add_norm's dispatch into cur, returning None."""
-        if (self.fusions.resid_norm and not self.fusions.qkv and s.pending is None
-                and all(norm_prologue_fits(seq.device, wt) for wt in weights)):
-            norm_in = norm_input(seq, s.cols("x", T), None, self.w[name], self.cfg.norm_eps, s.cols("cur", T))
-            if norm_in is not None:
-                return norm_in
-        self.add_norm(seq, s, T, name)
-        return None
-
-    def _resid_sum(self, seq, T, il) -> bool:
-        """Whether a MoE block's summed down projection adds the sum into the residual stream itself
-        (VKRT_FUSE_RESID_NORM): decode sizes, no residual scale, experts without a down bias and no
-        shared expert (the sum would wait for its down projection: a stage between the experts'
-        and the sum, as many stages as the norm's it saves)."""
+    def _resid_norm(self, seq, s, T, il, down: Tensor) -> tuple[str, NormOutput] | None:
+        """(the next block's norm weight name, its NormOutput) where a MoE block's summed down
+        projection adds the sum into the residual stream and its last workgroup does the next
+        block's RMS norm into cur (VKRT_FUSE_RESID_NORM): decode sizes, no residual scale, experts
+        without a down bias and no shared expert (the sum would wait for its down projection: a
+        stage between the experts' and the sum, as many stages as the norm's it saves), and a
+        summed down projection (`down`: the stack it reads) that takes a token's slots at once
+        (norm_output_fits). The next norm is the next layer's attn_norm or the output's; add_norm
+        finds it done (s.normed)."""
         cfg = self.cfg
-        return (self.fusions.resid_norm and T <= mat_vec_tokens(seq.device.tuning) and not cfg.residual_scale
-                and not cfg.expert_bias and cfg.layers[il].ffn != MOE_SHARED)
+        if not self.fusions.resid_norm or cfg.residual_scale or cfg.expert_bias or cfg.layers[il].ffn == MOE_SHARED:
+            return None
+        name = f"blk.{il + 1}.attn_norm.weight" if il + 1 < cfg.n_layer else "output_norm.weight"
+        if name not in self.w or s.wg_count is None or not norm_output_fits(
+                seq.device, down.ne[1], cfg.n_expert_used, kernel_type(down.type, "expert down weight"), down.ne[0]):
+            return None
+        return name, NormOutput(self.w[name], self.cfg.norm_eps, s.cols("cur", T), s.wg_count)
 
     def _router_norm(self, seq, s, T, name) -> NormInput | None:
         """The add and norm before a MoE block (add_norm's) as the prologue of its router's mat-vec
@@ -380,8 +380,8 @@ class Transformer:
             return bg is None or sid is ids
 
         # the summed down projection has no place for the experts' biases: gpt-oss sums apart
-        resid = self._resid_sum(seq, T, il)
-        summed = T <= mat_vec_tokens(seq.device.tuning) and (self.fusions.moe_sum or resid) and bd is None
+        resid = self._resid_norm(seq, s, T, il, dw) if T <= mat_vec_tokens(seq.device.tuning) else None
+        summed = T <= mat_vec_tokens(seq.device.tuning) and (self.fusions.moe_sum or resid is not None) and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
         held = None   # the ids whose routes s.routes holds from an earlier GEMM of this block
         if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
@@ -409,9 +409,10 @@ class Transformer:
         ungated = None
         if shared is not None and gate_logit is None:   # added after the routed experts' sum
             shared, ungated = None, shared
-        if down_in is not None and summed and resid and mul_mat_id_sum(
-                seq, dw, down_in, di, weights, s.cols("x", T), shared, gate_logit, residual=True):
-            return   # the residual stream holds the block's output (s.pending stays None)
+        if down_in is not None and summed and resid is not None and mul_mat_id_sum(
+                seq, dw, down_in, di, weights, s.cols("x", T), shared, gate_logit, residual=True, norm=resid[1]):
+            s.normed = resid[0]   # the residual stream holds the block's output, cur its next norm
+            return
         if not (down_in is not None and summed
                 and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit)):
             if down_in is not None:

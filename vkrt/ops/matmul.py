@@ -55,39 +55,63 @@ NORM_FIELDS = (("n_x_off", "u32"), ("n_x_col", "u32"), ("n_r_off", "u32"), ("n_w
 
 @dataclass(frozen=True)
 class NormInput:
-    """The RMS norm a mat-vec does first (mul_mv NORM_IN, see norm_input), with rms_norm's bits:
-    its input is rms_norm(x) * weight. The router's (with `residual`) is rms_norm's add and norm:
-    x + residual is stored over x and rms_norm(x + residual) * weight into matmul's x."""
+    """The residual add and RMS norm the router's mat-vec does first (mul_mv NORM_IN, see
+    norm_input): x + residual is stored over x and rms_norm(x + residual) * weight, the mat-vec's
+    input, into matmul's x, with rms_norm's bits."""
 
     x: Tensor
-    residual: Tensor | None
+    residual: Tensor
     weight: Tensor
     eps: float
 
 
-def norm_input(seq, x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
-    """The NormInput for a mat-vec reading out = rms_norm(x (+ residual)) * weight (with residual,
-    a router's: x + residual stored over x, as rms_norm with residual and sum_out=x stores it, and
-    out written); None where the mat-vec cannot redo rms_norm's sums or hold the normed columns
-    (norm_layout), or the columns are more than one mat-vec run."""
+@dataclass(frozen=True)
+class NormOutput:
+    """The RMS norm the summed expert down projection's last workgroup does after adding into the
+    residual stream (mul_mv NORM_OUT): out = rms_norm(stream) * weight, rms_norm's bits; `counter`
+    (I32, 0 between dispatches) counts its finished workgroups."""
+
+    weight: Tensor
+    eps: float
+    out: Tensor
+    counter: Tensor
+
+
+def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
+    """The NormInput for a router mat-vec reading out = rms_norm(x + residual) * weight (x + residual
+    stored over x, as rms_norm with residual and sum_out=x stores it); None where the mat-vec cannot
+    redo rms_norm's sums or hold the normed columns (norm_layout), or the columns are more than
+    one mat-vec run."""
     device = seq.device
     k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
     if k % 4 or n > mat_vec_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
         return None
-    if weight.type != F32 or weight.nelements != k or out.ne != x.ne or (residual is not None and residual.ne != x.ne):
+    if weight.type != F32 or weight.nelements != k or out.ne != x.ne or residual.ne != x.ne:
         return None
-    for t in (x, out) if residual is None else (x, residual, out):
+    for t in (x, residual, out):
         if t.type != F32 or t.nb[0] != 4 or flat_rows(t) is None:
             return None
-    if residual is not None and residual.nb != x.nb:
+    if residual.nb != x.nb:
         return None
     return NormInput(x, residual, weight, float(eps))
 
 
-def norm_prologue_fits(device, w: Tensor) -> bool:
-    """Whether matmul can run w's mat-vec with the norm in its prologue (norm_in): a 2-D weight
-    in one binding."""
-    return w.ne[2] == 1 and w.ne[3] == 1 and len(chunks(1, device, None, w)) == 1
+# NORM_OUT's fields (shaders/mul_mv.comp)
+NORM_OUT_FIELDS = (("count_off", "u32"), ("n_w_off", "u32"), ("n_o_off", "u32"), ("n_o_col", "u32"), ("n_eps", "f32"))
+
+
+def norm_output_fits(device, m: int, n_used: int, typ, k: int, tuning=None) -> bool:
+    """Whether the summed expert down projection (m rows, K = k, n_used slots) normalises the
+    residual stream in its last workgroup (NORM_OUT: norm_layout for its workgroup): only where
+    its workgroup takes the slots at once. Where one group walks them, a row a workgroup, the
+    thousands of workgroups counting in and the tail in one small workgroup cost more than the
+    norm's stage (H200, GCN table, 32-wide subgroups: Qwen3-30B-A3B shape tg128 220.8 against
+    287.4 t/s)."""
+    tune = tuning or device.tuning
+    wg, lanes, _ = mat_vec_shape(device, typ, 1, tune, k=k, m=m, mul_mat_id=True, moe_sum=n_used)
+    wg0 = mat_vec_shape(device, typ, 1, tune, k=k, m=m, mul_mat_id=True)[0]
+    return (m % 4 == 0 and mat_vec_reduce(device.profile, lanes, wg0) != "subgroup"
+            and norm_layout(device, m, 1, wg) is not None)
 
 
 # HEAD_EPI: the per-head epilogue's fields (shaders/mul_mv.comp, mv_head_epi.glsl)
@@ -209,7 +233,7 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bo
         wg = ceil_div(groups, whole) * whole * lanes
         groups = 1
     elif moe_sum:   # one group (subgroup adds over the workgroup): it walks the slots, one row
-        return wg, lanes, 1   # a workgroup keeping more workgroups in flight (H200, GCN table: 4 rows 16% slower)
+        return wg, lanes, 1   # a row a workgroup keeps more in flight (H200, GCN table: 4 rows 16% slower)
     # gate and up: two weight rows a row
     base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
     if n > 1 and tuning.mv_rows_multi:
@@ -237,18 +261,18 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
                    glu: str | None = None, gate_up: str | None = None, wide: bool = False,
                    moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
                    segments: bool = False, route: dict | None = None, norm: bool = False,
-                   head_epi: dict | None = None, resid: bool = False) -> MatVec:
+                   head_epi: dict | None = None, resid: bool = False, norm_out: bool = False) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
     mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
     (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
     act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
     with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
     output with `shared`), as moe_combine does, and with `resid` adds that into y (the residual
-    stream); `bias` (mul_mat_id) adds each expert's bias to its
+    stream), and with `norm_out` normalises that stream in its last workgroup (NormOutput);
+    `bias` (mul_mat_id) adds each expert's bias to its
     rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
     matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` normalises x first (with route: adds and normalises;
-    NormInput);
+    last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first (NormInput);
     `head_epi` (HeadEpilogue's defines) does attention's per-head work after a plain mat-vec.
     Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
     workgroups."""
@@ -297,8 +321,15 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         push = PushConstants(*push.fields, ("wt_off", "u32"), ("sh_off", "u32"), ("sg_off", "u32"))
         if resid:
             defines["RESID"] = 1
-    elif resid:
-        raise ConfigError("mat_vec_kernel: the residual add follows the summed expert projection")
+        if norm_out:
+            layout = norm_layout(device, m, 1, wg) if resid else None
+            if layout is None:
+                raise ConfigError(f"mat_vec_kernel: no norm of the residual stream ({m} rows) after the summed "
+                                  "expert projection on this device")
+            defines.update({d: v for d, v in layout.items() if d != "NORM_IN"}, NORM_OUT=1)
+            push = PushConstants(*push.fields, *NORM_OUT_FIELDS)
+    elif resid or norm_out:
+        raise ConfigError("mat_vec_kernel: the residual add and norm follow the summed expert projection")
     if bias:
         defines["BIAS"] = 1
         push = PushConstants(*push.fields, ("b_off", "u32"), *((("b2_off", "u32"),) if gate_up else ()))
@@ -306,8 +337,8 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
     if norm:
-        if glu is not None or mul_mat_id or head_epi is not None:
-            raise ConfigError("mat_vec_kernel: the norm in the prologue goes with a plain mat-vec, without glu")
+        if route is None or glu is not None:
+            raise ConfigError("mat_vec_kernel: the add and norm in the prologue go with routing, without glu")
         layout = norm_layout(device, k, n, wg)
         if layout is None:
             raise ConfigError(f"mat_vec_kernel: no norm prologue for rows of {k} and {n} columns on this device")
@@ -478,10 +509,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
                                f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
     if norm_in is not None:
-        if up is not None or len(pieces) > 1 or head_epi is not None:
-            raise UnsupportedShape(f"matmul: the norm in the mat-vec's prologue takes a weight in one binding, no "
-                                   f"fused activation or per-head epilogue; got {len(pieces)} pieces")
-        _norm_mat_vec(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
+        _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
         return
     if head_epi is not None and (up is not None or route is not None or (kernel_columns or n) > cols
                                  or len(pieces) > 1 or not head_epilogue_fits(device, w, n, head_epi.block, tune)):
@@ -524,35 +552,28 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                          label="router" if route is not None else None)
 
 
-def _norm_mat_vec(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tensor, y: Tensor,
-                  route: RouteEpilogue | None) -> None:
-    """A mat-vec with the norm in its prologue (matmul's norm_in; one run: norm_input's checks):
-    y = W·(rms_norm(x) * weight). The router's (with routing and the residual): x + r over x,
-    out = rms_norm(x + r) * weight, y = W·out routed."""
+def _norm_route(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tensor, y: Tensor,
+                route: RouteEpilogue | None) -> None:
+    """The router's mat-vec with the add and norm in its prologue (matmul's norm_in): x + r over x,
+    out = rms_norm(x + r) * weight, y = W·out routed (one run: norm_input's checks)."""
     device = seq.device
-    if (route is None) != (norm_in.residual is None) or out.ne[0] != w.ne[0]:
-        raise UnsupportedShape(f"matmul: the add and norm in the mat-vec go with routing (the router's), a norm "
-                               f"alone without; x needs {w.ne[0]} rows")
+    if route is None or out.ne[0] != w.ne[0]:
+        raise UnsupportedShape(f"matmul: the norm in the router's mat-vec needs routing and x of {w.ne[0]} rows")
     k, m, n = w.ne[0], w.ne[1], out.ne[1]
     x = f32_operand(norm_in.x, "matmul norm x", k)
     if x.ne[1] != n:
         raise UnsupportedShape(f"matmul: the norm's x has {x.ne[1]} columns, its output {n}")
-    (xr, xo), (nwr, nwo) = (bind_words(t, f"matmul norm {what}", device) for t, what in
-                            ((x, "x"), (norm_in.weight, "weight")))
-    yr, yo = bind_words(y, "matmul y", device)
+    (xr, xo), (rr, ro), (nwr, nwo) = (bind_words(t, f"matmul norm {what}", device) for t, what in
+                                      ((x, "x"), (f32_operand(norm_in.residual, "matmul norm residual", k), "residual"),
+                                       (norm_in.weight, "weight")))
+    (orr, oo), (yr, yo) = bind_words(out, "matmul norm out", device), bind_words(y, "matmul y", device)
     xo, x_col = xo // 4, x.nb[1] // 4
-    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col),
-                        route=route.defines if route is not None else None, norm=True)
+    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col), route=route.defines,
+                        norm=True)
     _, _, wr, wo = piece
     push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": 0, "x_col": k, "y_off": yo // 4,
-            "y_col": y.nb[1] // 4, "n_x_off": xo, "n_x_col": x_col, "n_r_off": 0, "n_w_off": nwo // 4, "n_s_off": xo,
-            "n_o_off": 0, "n_o_col": 0, "n_eps": norm_in.eps}
-    if route is None:
-        seq.dispatch(mv.kernel, [wr, xr, yr, nwr], push=push, groups=mv.groups(m, device), label="norm mat-vec")
-        return
-    rr, ro = bind_words(f32_operand(norm_in.residual, "matmul norm residual", k), "matmul norm residual", device)
-    orr, oo = bind_words(out, "matmul norm out", device)
-    push.update(route.push, n_r_off=ro // 4, n_o_off=oo // 4, n_o_col=out.nb[1] // 4)
+            "y_col": y.nb[1] // 4, **route.push, "n_x_off": xo, "n_x_col": x_col, "n_r_off": ro // 4,
+            "n_w_off": nwo // 4, "n_s_off": xo, "n_o_off": oo // 4, "n_o_col": out.nb[1] // 4, "n_eps": norm_in.eps}
     seq.dispatch(mv.kernel, [wr, xr, yr, *route.buffers, rr, nwr, xr, orr], push=push, groups=mv.groups(m, device),
                  label="norm router")
 

@@ -17,7 +17,8 @@ from ..pipeline import PushConstants, kernel
 from .add_id import add_id
 from .binding import bind_words
 from .grid import ceil_div, groups_for
-from .matmul import gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, vec4_ok, wide_ok
+from .matmul import (NormOutput, gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, norm_output_fits, vec4_ok,
+                     wide_ok)
 from .quant import check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -165,18 +166,21 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
 
 def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out: Tensor,
                    shared: Tensor | None = None, shared_gate: Tensor | None = None, *, residual: bool = False,
-                   tuning=None) -> bool:
+                   norm: NormOutput | None = None, tuning=None) -> bool:
     """Record out[:, t] = sum_j weights[j, t] * (w[ids[j, t]] · x[:, j, t]) (+ sigmoid(shared_gate[t])
     * shared[:, t]): the expert down projection and moe_combine in one pass, bit for bit the same
     (mat-vec sizes; the stack in one binding). With `residual`, out (the residual stream) gets the
-    sum added, as rms_norm's add would add it. Returns False, recording nothing, where it does not
-    apply (the caller runs mul_mat_id and moe_combine)."""
+    sum added, as rms_norm's add would add it, and with `norm` (and residual) its last workgroup
+    normalises out into norm.out as rms_norm would (see norm_output_fits). Returns False,
+    recording nothing, where it does not apply (the caller runs mul_mat_id and moe_combine)."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
     check_layout(w, "mul_mat_id weight")
     k, m, n_expert, n_used, n_tokens = _check(w, x, ids, None)
     if n_tokens > mat_vec_tokens(tune) or len(chunks(2, device, None, w)) != 1:
+        return False
+    if norm is not None and not (residual and norm_output_fits(device, m, n_used, typ, k, tune)):
         return False
     for t, what in ((weights, "weights"), (out, "out"), (shared, "shared"), (shared_gate, "shared_gate")):
         if t is not None and (t.type != F32 or not t.is_contiguous() or t.offset % 4):
@@ -203,8 +207,19 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
         gr, go = bind_words(shared_gate, "mul_mat_id_sum shared_gate", device)
         buffers += [sr, gr]
         push.update(sh_off=so // 4, sg_off=go // 4)
+    if norm is not None:
+        if norm.weight.type != F32 or norm.weight.nelements != m or norm.out.ne[:2] != (m, n_tokens) \
+                or norm.out.type != F32 or norm.out.nb[0] != 4:
+            raise UnsupportedShape(f"mul_mat_id_sum: the norm needs an F32 weight of {m} and an F32 out of {m} x "
+                                   f"{n_tokens}, got {norm.weight!r} / {norm.out!r}")
+        (cr, co), (nwr, nwo), (nor, noo) = (bind_words(t, f"mul_mat_id_sum norm {what}", device) for t, what in
+                                            ((norm.counter, "counter"), (norm.weight, "weight"), (norm.out, "out")))
+        buffers += [cr, nwr, nor]
+        push.update(count_off=co // 4, n_w_off=nwo // 4, n_o_off=noo // 4, n_o_col=norm.out.nb[1] // 4,
+                    n_eps=float(norm.eps))
     xvec4 = vec4_ok(x, xo // 4, x_slot, x_tok)
     mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
-                        shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]), resid=residual)
+                        shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]), resid=residual,
+                        norm_out=norm is not None)
     seq.dispatch(mv.kernel, buffers, push=push, groups=mv.groups(m, device, n_tokens), label="mul_mat_id_sum")
     return True
