@@ -437,14 +437,16 @@ def test_norm_output_only_where_the_slots_go_at_once(device):
     """The last workgroup's norm (NORM_OUT) is refused where one group walks the slots (the plain
     kernel reduces by subgroup adds over its whole workgroup: a row a workgroup, thousands
     counting in), and taken where groups take them at once."""
-    from vkrt.ops.matmul import mat_vec_lanes, norm_layout, norm_output_fits
+    from vkrt.ops.matmul import mat_vec_lanes, mat_vec_reduce, norm_layout, norm_output_fits
     from vkrt.ops.quant import kernel_type
     prof = device.profile
-    typ, k, m = kernel_type("Q4_0"), 256, 64
-    lanes = mat_vec_lanes(typ, k, 1024)
-    if not prof.subgroup_arithmetic or lanes < prof.subgroup_min or norm_layout(device, m, 1, lanes) is None:
+    lanes = 2 * prof.subgroup_max   # a row's lanes: wider than a subgroup, no shuffle cluster
+    typ, k, m = kernel_type("Q4_0"), lanes * 8, 256   # 4 units a 32-element block: a unit a lane
+    assert mat_vec_lanes(typ, k, 4 * lanes) == lanes
+    if mat_vec_reduce(prof, lanes, lanes) != "subgroup" or norm_layout(device, m, 1, lanes) is None:
         pytest.skip("needs subgroup adds over a workgroup of a row's lanes and the norm's layout there")
     walked = dataclasses.replace(device.tuning, mv_id_wg=lanes)
     assert not norm_output_fits(device, m, N_USED, typ, k, walked)
-    at_once = dataclasses.replace(device.tuning, mv_id_wg=2 * lanes)
+    at_once = dataclasses.replace(device.tuning, mv_id_wg=2 * lanes)   # shared-memory trees, a group a slot
+    assert mat_vec_reduce(prof, lanes, 2 * lanes) == "tree"
     assert norm_output_fits(device, m, N_USED, typ, k, at_once) == (norm_layout(device, m, 1, 2 * lanes) is not None)
