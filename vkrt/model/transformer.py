@@ -126,6 +126,7 @@ class Transformer:
         if factors not in weights and cfg.long_rope:
             factors = LONG_ROPE_FACTORS[0] if n_ctx_seq > cfg.n_ctx_orig_yarn else LONG_ROPE_FACTORS[1]
         self.rope_factors = weights.get(factors)
+        self._next_norm: dict[int, str | None] = {}   # parts(): the norm after each recorded layer
 
     def record(self, seq, s: Scratch, cache, opts: RecordOptions, state=None) -> None:
         """Record one forward pass into `seq`."""
@@ -151,6 +152,10 @@ class Transformer:
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
         layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
+        # the norm that follows each recorded layer in this recording (None: another device's)
+        follows = [f"blk.{il}.attn_norm.weight" for il in layers[1:]]
+        follows.append("output_norm.weight" if opts.send is None else None)
+        self._next_norm = dict(zip(layers, follows))
         if opts.receive is None:
             parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
         else:
@@ -285,13 +290,13 @@ class Transformer:
         without a down bias and no shared expert (the sum would wait for its down projection: a
         stage between the experts' and the sum, as many stages as the norm's it saves), and a
         summed down projection (`down`: the stack it reads) that takes a token's slots at once
-        (norm_output_fits). The next norm is the next layer's attn_norm or the output's; add_norm
-        finds it done (s.normed)."""
+        (norm_output_fits). The next norm is the next recorded layer's attn_norm or the output's
+        (none where the stream goes to another device); add_norm finds it done (s.normed)."""
         cfg = self.cfg
         if not self.fusions.resid_norm or cfg.residual_scale or cfg.expert_bias or cfg.layers[il].ffn == MOE_SHARED:
             return None
-        name = f"blk.{il + 1}.attn_norm.weight" if il + 1 < cfg.n_layer else "output_norm.weight"
-        if name not in self.w or s.wg_count is None or not norm_output_fits(
+        name = self._next_norm.get(il)   # none across a layer split's devices
+        if name is None or name not in self.w or s.wg_count is None or not norm_output_fits(
                 seq.device, down.ne[1], cfg.n_expert_used, kernel_type(down.type, "expert down weight"), down.ne[0]):
             return None
         return name, NormOutput(self.w[name], self.cfg.norm_eps, s.cols("cur", T), s.wg_count)
