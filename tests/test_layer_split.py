@@ -379,3 +379,20 @@ def test_pipelined_steps_past_a_logits_slice(group, paths):
         results.append(e.decode([(s, 20 + s) for s in range(n_seqs)]))
         assert any("parity 1" in str(k) for key in e._graphs for k in key) == pipelined   # grouped
     np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+
+
+def test_a_tensor_of_another_device_is_not_bound(group):
+    """Binding one logical device's tensor into another's dispatch is refused by name (a MoE layer
+    before a split's boundary once bound the next device's norm weight: a segfault under
+    validation, undefined behaviour without)."""
+    from vkrt.errors import OutOfRange
+    from vkrt.memory import Tensor
+    from vkrt.ops.binding import bind_words
+    a, b = group.devices[:2]
+    t = Tensor.empty(b, "F32", (16,))
+    try:
+        with pytest.raises(OutOfRange, match="lives on .* not on the dispatch's device"):
+            bind_words(t, "test operand", a)
+        assert bind_words(t, "test operand", b)[1] == t.offset
+    finally:
+        t.close()

@@ -126,6 +126,7 @@ class Scratch(Owned):
         self._mask_opt_owner: dict = {}
         self.pending = None   # at record time: a block output (Tensor or ExpertSum) not yet added into x
         self.normed = None    # at record time: the norm weight name whose rms_norm(x) cur holds (RESID_NORM)
+        self.next_norm: dict = {}   # at record time: the norm after each recorded layer (None: another device's)
         self.routes: RouteTable | None = None
         self.flash_work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)

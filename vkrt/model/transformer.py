@@ -126,7 +126,6 @@ class Transformer:
         if factors not in weights and cfg.long_rope:
             factors = LONG_ROPE_FACTORS[0] if n_ctx_seq > cfg.n_ctx_orig_yarn else LONG_ROPE_FACTORS[1]
         self.rope_factors = weights.get(factors)
-        self._next_norm: dict[int, str | None] = {}   # parts(): the norm after each recorded layer
 
     def record(self, seq, s: Scratch, cache, opts: RecordOptions, state=None) -> None:
         """Record one forward pass into `seq`."""
@@ -152,10 +151,9 @@ class Transformer:
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
         layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
-        # the norm that follows each recorded layer in this recording (None: another device's)
         follows = [f"blk.{il}.attn_norm.weight" for il in layers[1:]]
         follows.append("output_norm.weight" if opts.send is None else None)
-        self._next_norm = dict(zip(layers, follows))
+        s.next_norm = dict(zip(layers, follows))
         if opts.receive is None:
             parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
         else:
@@ -295,7 +293,7 @@ class Transformer:
         cfg = self.cfg
         if not self.fusions.resid_norm or cfg.residual_scale or cfg.expert_bias or cfg.layers[il].ffn == MOE_SHARED:
             return None
-        name = self._next_norm.get(il)   # none across a layer split's devices
+        name = s.next_norm.get(il)   # none across a layer split's devices
         if name is None or name not in self.w or s.wg_count is None or not norm_output_fits(
                 seq.device, down.ne[1], cfg.n_expert_used, kernel_type(down.type, "expert down weight"), down.ne[0]):
             return None
@@ -385,8 +383,9 @@ class Transformer:
             return bg is None or sid is ids
 
         # the summed down projection has no place for the experts' biases: gpt-oss sums apart
-        resid = self._resid_norm(seq, s, T, il, dw) if T <= mat_vec_tokens(seq.device.tuning) else None
-        summed = T <= mat_vec_tokens(seq.device.tuning) and (self.fusions.moe_sum or resid is not None) and bd is None
+        decode = T <= mat_vec_tokens(seq.device.tuning)
+        resid = self._resid_norm(seq, s, T, il, dw) if decode else None
+        summed = decode and (self.fusions.moe_sum or resid is not None) and bd is None
         down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
         held = None   # the ids whose routes s.routes holds from an earlier GEMM of this block
         if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):

@@ -55,6 +55,9 @@ def bind(t: Tensor, what: str, device=None, *, unit: int | None = None, dtype: G
     (`t.slice`) in several dispatches.
     """
     device = device or t.buffer.device
+    if t.buffer.device is not device:   # another device's memory: undefined in this device's descriptor set
+        raise OutOfRange(f"{what}: {t!r} lives on {t.buffer.device.profile.name!r}, not on the dispatch's device "
+                         f"{device.profile.name!r} (logical devices of one GPU included)")
     if dtype is not None and t.type is not dtype:
         raise GGMLTypeError(f"{what}: expected an {dtype.name} tensor, got {t.type.name}")
     if contiguous and t.nb[0] != unit:

@@ -109,8 +109,7 @@ def norm_output_fits(device, m: int, n_used: int, typ, k: int, tuning=None) -> b
     287.4 t/s)."""
     tune = tuning or device.tuning
     wg, lanes, _ = mat_vec_shape(device, typ, 1, tune, k=k, m=m, mul_mat_id=True, moe_sum=n_used)
-    wg0 = mat_vec_shape(device, typ, 1, tune, k=k, m=m, mul_mat_id=True)[0]
-    return (m % 4 == 0 and mat_vec_reduce(device.profile, lanes, wg0) != "subgroup"
+    return (m % 4 == 0 and slots_at_once(device.profile, lanes, mat_vec_wg(tune, mul_mat_id=True))
             and norm_layout(device, m, 1, wg) is not None)
 
 
@@ -196,6 +195,18 @@ def mat_vec_reduce(prof, lanes: int, wg: int) -> str:
     return "tree"
 
 
+def slots_at_once(prof, lanes: int, wg: int) -> bool:
+    """Whether the summed expert projection's groups take a token's slots at once: each sums as
+    mul_mat_id's workgroup of `wg` does, so not where that is subgroup adds over the whole
+    workgroup (then one group walks the slots)."""
+    return mat_vec_reduce(prof, lanes, wg) != "subgroup"
+
+
+def mat_vec_wg(tuning, mul_mat_id: bool = False) -> int:
+    """Invocations a mat-vec workgroup (mul_mat_id's: mv_id_wg where set)."""
+    return tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
+
+
 class MatVec:
     """A mat-vec pipeline and the rows a workgroup of it computes (rows a group of mat_vec_lanes
     lanes, mv_wg / lanes groups)."""
@@ -219,19 +230,17 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bo
     arguments (see there): a workgroup computes rows * (invocations // lanes) rows, or with
     `moe_sum` (slots a token) `rows` rows, its groups a slot each (as many as the device's
     workgroup holds; more slots are walked in turn)."""
-    wg = tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
+    wg = mat_vec_wg(tuning, mul_mat_id)
     limit = device.profile.max_workgroup_invocations
     if wg & (wg - 1) or wg > limit:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
     lanes = mat_vec_lanes(typ, k, wg)
-    groups = wg // lanes
-    if moe_sum and mat_vec_reduce(device.profile, lanes, wg) != "subgroup":
-        # a group a slot, a workgroup's rows the token's rows of every slot; each group sums as
-        # the plain mul_mat_id's (a cluster of whole subgroups, or its own shared-memory tree)
+    row_groups = wg // lanes   # groups of `rows` rows a workgroup (the fill rule below counts them)
+    if moe_sum and slots_at_once(device.profile, lanes, wg):
+        # a group a slot (in whole subgroups for the shuffle clusters), all on the workgroup's rows
         whole = max(1, device.profile.subgroup_max // lanes)
-        groups = min(moe_sum, tuning.mv_sum_slots or moe_sum, max(1, min(limit, 1024) // lanes))
-        wg = ceil_div(groups, whole) * whole * lanes
-        groups = 1
+        slots = min(moe_sum, tuning.mv_sum_slots or moe_sum, max(1, min(limit, 1024) // lanes))
+        wg, row_groups = ceil_div(slots, whole) * whole * lanes, 1
     elif moe_sum:   # one group (subgroup adds over the workgroup): it walks the slots, one row
         return wg, lanes, 1   # a row a workgroup keeps more in flight (H200, GCN table: 4 rows 16% slower)
     # gate and up: two weight rows a row
@@ -239,7 +248,7 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bo
     if n > 1 and tuning.mv_rows_multi:
         base = min(base, tuning.mv_rows_multi)
     rows = max(1, base // 2) if gate_up else base
-    while rows > 1 and ceil_div(m, rows * groups) * layers < tuning.mv_fill_groups:
+    while rows > 1 and ceil_div(m, rows * row_groups) * layers < tuning.mv_fill_groups:
         rows //= 2
     return wg, lanes, rows
 
@@ -281,8 +290,7 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     prof = device.profile
     defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
     # the summed experts' groups reduce as mul_mat_id's workgroup does (the same bits)
-    reduce = mat_vec_reduce(prof, lanes, mat_vec_shape(device, typ, n, tuning, k=k, m=m, mul_mat_id=True)[0]
-                            if moe_sum else wg)
+    reduce = mat_vec_reduce(prof, lanes, mat_vec_wg(tuning, mul_mat_id=True) if moe_sum else wg)
     if reduce == "cluster":
         defines["REDUCE_CLUSTER"] = 1
     elif reduce == "subgroup":
