@@ -35,8 +35,8 @@
 // a head's rows does that head's q/k norm, RoPE and cache store (shaders/mv_head_epi.glsl): one
 // dispatch and barrier fewer a layer than norm_rope after the projections.
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
-// within one subgroup), a subgroup add then shared memory (REDUCE_SUBGROUP: one group a workgroup), or a
-// shared-memory tree.
+// within one subgroup), subgroup adds then shared memory (REDUCE_SUBGROUP: a group is whole
+// subgroups, one group a workgroup or with MOE_SUM one a slot), or a shared-memory tree.
 #include "common.glsl"
 #if defined(REDUCE_CLUSTER) || defined(NORM_IN) || defined(NORM_OUT) || (defined(HEAD_EPI) && EPI_NORM)
 #extension GL_KHR_shader_subgroup_shuffle : enable
@@ -326,11 +326,11 @@ shared float red[WG * NA];
 #endif
 
 #if !defined(REDUCE_CLUSTER)
-// the sum of value v of this invocation's group over the parts left in red
-float part_sum(uint v, uint group, uint parts) {
+// the sum of value v of this invocation's group over the parts it left in red from `first` on
+float part_sum(uint v, uint first, uint parts) {
     float sum = 0.0;
     for (uint i = 0u; i < parts; i++) {
-        sum += red[(i + group * TPR) * NA + v];
+        sum += red[(first + i) * NA + v];
     }
     return sum;
 }
@@ -455,8 +455,9 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
 
 void main() {
     qinit();
-#ifdef REDUCE_CLUSTER
-    // a group is TPR neighbouring invocations of one subgroup, whatever the subgroup size
+#if defined(REDUCE_CLUSTER) || defined(REDUCE_SUBGROUP)
+    // a group is TPR neighbouring invocations of one subgroup (or whole subgroups), whatever the
+    // subgroup size
     const uint flat_ = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
 #else
     const uint flat_ = gl_LocalInvocationID.x;
@@ -588,7 +589,7 @@ void main() {
         }
     }
     barrier();
-    const uint parts = gl_NumSubgroups;
+    const uint parts = TPR / gl_SubgroupSize, first = group * parts;
 #else
     [[unroll]] for (uint v = 0u; v < NA; v++) {
         red[flat_ * NA + v] = acc[v];
@@ -602,9 +603,9 @@ void main() {
         }
         barrier();
     }
-    const uint parts = 1u;
+    const uint parts = 1u, first = group * TPR;
 #endif
-#define PSUM(v) part_sum(v, group, parts)
+#define PSUM(v) part_sum(v, first, parts)
 #ifdef MOE_SUM
     if (lane == 0u && sl_live) {
         [[unroll]] for (uint r = 0u; r < NR; r++) {

@@ -435,9 +435,12 @@ def test_summed_down_normalises_the_stream_it_added_into(device, name, k, m, n_t
 
 def test_norm_output_only_where_the_slots_go_at_once(device):
     """The last workgroup's norm (NORM_OUT) is refused where one group walks the slots (the plain
-    kernel reduces by subgroup adds over its whole workgroup: a row a workgroup, thousands
-    counting in), and taken where groups take them at once."""
-    from vkrt.ops.matmul import mat_vec_lanes, mat_vec_reduce, norm_layout, norm_output_fits
+    kernel reduces by subgroup adds over its whole workgroup, in subgroups of varying size: a row
+    a workgroup, thousands counting in), and taken where groups take them at once: shared-memory
+    trees, or subgroup adds in whole subgroups of one fixed size."""
+    from types import SimpleNamespace
+
+    from vkrt.ops.matmul import mat_vec_lanes, mat_vec_reduce, norm_layout, norm_output_fits, slots_at_once
     from vkrt.ops.quant import kernel_type
     prof = device.profile
     lanes = 2 * prof.subgroup_max   # a row's lanes: wider than a subgroup, no shuffle cluster
@@ -445,8 +448,68 @@ def test_norm_output_only_where_the_slots_go_at_once(device):
     assert mat_vec_lanes(typ, k, 4 * lanes) == lanes
     if mat_vec_reduce(prof, lanes, lanes) != "subgroup" or norm_layout(device, m, 1, lanes) is None:
         pytest.skip("needs subgroup adds over a workgroup of a row's lanes and the norm's layout there")
-    walked = dataclasses.replace(device.tuning, mv_id_wg=lanes)
-    assert not norm_output_fits(device, m, N_USED, typ, k, walked)
+    sub = dataclasses.replace(device.tuning, mv_id_wg=lanes)
+    fixed = prof.subgroup_min == prof.subgroup_max
+    assert slots_at_once(prof, lanes, lanes) == fixed
+    varying = SimpleNamespace(profile=dataclasses.replace(prof, subgroup_min=max(1, prof.subgroup_max // 2)),
+                              tuning=device.tuning)
+    assert not slots_at_once(varying.profile, lanes, lanes)
+    assert not norm_output_fits(varying, m, N_USED, typ, k, sub)
+    if fixed:
+        assert norm_output_fits(device, m, N_USED, typ, k, sub) == (norm_layout(device, m, 1, N_USED * lanes)
+                                                                   is not None)
     at_once = dataclasses.replace(device.tuning, mv_id_wg=2 * lanes)   # shared-memory trees, a group a slot
     assert mat_vec_reduce(prof, lanes, 2 * lanes) == "tree"
     assert norm_output_fits(device, m, N_USED, typ, k, at_once) == (norm_layout(device, m, 1, 2 * lanes) is not None)
+
+
+@pytest.mark.parametrize("n_tok,with_shared", [(1, False), (3, True)])
+def test_summed_down_in_subgroup_groups_is_bit_identical(device, n_tok, with_shared):
+    """Where mul_mat_id's workgroup is one row's lanes reducing by subgroup adds (wider than a
+    subgroup), the summed down projection gives each slot such a group (whole subgroups) and sums
+    as mul_mat_id then moe_combine do, bit for bit; with the residual add and the last
+    workgroup's norm as well."""
+    from vkrt.commands import run_once
+    from vkrt.ops.matmul import NormOutput, mat_vec_reduce, mat_vec_shape, norm_layout
+    from vkrt.ops.moe import moe_combine
+    from vkrt.ops.mul_mat_id import mul_mat_id_sum
+    from vkrt.ops.norm import rms_norm
+    from vkrt.ops.quant import kernel_type
+    prof = device.profile
+    lanes = 2 * prof.subgroup_max
+    if (not prof.subgroup_arithmetic or not prof.subgroup_shuffle or prof.subgroup_min != prof.subgroup_max
+            or mat_vec_reduce(prof, lanes, lanes) != "subgroup"):
+        pytest.skip("needs subgroup adds in subgroups of one fixed size")
+    tune = dataclasses.replace(device.tuning, mv_id_wg=lanes)
+    k = lanes * 8   # Q4_0: a unit a lane
+    wg, got_lanes, _ = mat_vec_shape(device, kernel_type("Q4_0"), 1, tune, k=k, m=64, mul_mat_id=True, moe_sum=N_USED)
+    assert got_lanes == lanes and wg > lanes   # the slots' groups at once
+    # rows whose norm the workgroup's subgroups split evenly
+    m = next((m for m in (64, 256, 1024, 2048) if norm_layout(device, m, 1, wg) is not None), None)
+    if m is None:
+        pytest.skip(f"no norm layout for a workgroup of {wg}")
+    rng = np.random.default_rng(n_tok)
+    w, ids, x, wt, sh, sg = summed_down_inputs(device, "Q4_0", k, m, n_tok, with_shared, rng)
+    resid = rng.standard_normal((n_tok, m)).astype(np.float32)
+    nw = tensor_from_numpy(device, (1 + 0.1 * rng.standard_normal(m)).astype(np.float32))
+    counter = tensor_from_numpy(device, np.zeros(1, np.int32))
+    y = Tensor.empty(device, "F32", (m, N_USED, n_tok))
+    o1, o2 = Tensor.empty(device, "F32", (m, n_tok)), Tensor.empty(device, "F32", (m, n_tok))
+    s1, s2 = tensor_from_numpy(device, resid), tensor_from_numpy(device, resid)
+    c1, c2 = Tensor.empty(device, "F32", (m, n_tok)), Tensor.empty(device, "F32", (m, n_tok))
+    made = [w, ids, x, wt, sh, sg, nw, counter, y, o1, o2, s1, s2, c1, c2]
+    try:
+        run_once(device, lambda seq: (mul_mat_id(seq, w, x, ids, y, tuning=tune), moe_combine(seq, y, wt, o1, sh, sg),
+                                      rms_norm(seq, s1, c1, 1e-6, nw, residual=o1, sum_out=s1)))
+        done = []
+        run_once(device, lambda seq: done.append(mul_mat_id_sum(seq, w, x, ids, wt, o2, sh, sg, tuning=tune)))
+        np.testing.assert_array_equal(read_tensor(o2).view(np.uint32), read_tensor(o1).view(np.uint32))
+        run_once(device, lambda seq: done.append(mul_mat_id_sum(
+            seq, w, x, ids, wt, s2, sh, sg, residual=True, norm=NormOutput(nw, 1e-6, c2, counter), tuning=tune)))
+        assert done == [True, True]
+        np.testing.assert_array_equal(read_tensor(s2).view(np.uint32), read_tensor(s1).view(np.uint32))
+        np.testing.assert_array_equal(read_tensor(c2).view(np.uint32), read_tensor(c1).view(np.uint32))
+    finally:
+        for t in made:
+            if t is not None:
+                t.close()

@@ -105,8 +105,8 @@ def norm_output_fits(device, m: int, n_used: int, typ, k: int, tuning=None) -> b
     residual stream in its last workgroup (NORM_OUT: norm_layout for its workgroup): only where
     its workgroup takes the slots at once. Where one group walks them, a row a workgroup, the
     thousands of workgroups counting in and the tail in one small workgroup cost more than the
-    norm's stage (H200, GCN table, 32-wide subgroups: Qwen3-30B-A3B shape tg128 220.8 against
-    287.4 t/s)."""
+    norm's stage (H200, GCN table, 64 lanes a row as two 32-wide subgroups walking the slots:
+    Qwen3-30B-A3B shape tg128 220.8 against 287.4 t/s)."""
     tune = tuning or device.tuning
     wg, lanes, _ = mat_vec_shape(device, typ, 1, tune, k=k, m=m, mul_mat_id=True, moe_sum=n_used)
     return (m % 4 == 0 and slots_at_once(device.profile, lanes, mat_vec_wg(tune, mul_mat_id=True))
@@ -197,9 +197,11 @@ def mat_vec_reduce(prof, lanes: int, wg: int) -> str:
 
 def slots_at_once(prof, lanes: int, wg: int) -> bool:
     """Whether the summed expert projection's groups take a token's slots at once: each sums as
-    mul_mat_id's workgroup of `wg` does, so not where that is subgroup adds over the whole
-    workgroup (then one group walks the slots)."""
-    return mat_vec_reduce(prof, lanes, wg) != "subgroup"
+    mul_mat_id's workgroup of `wg` does, so where that is subgroup adds over the whole workgroup
+    only if a group is whole subgroups of one fixed size (else one group walks the slots)."""
+    if mat_vec_reduce(prof, lanes, wg) != "subgroup":
+        return True
+    return prof.subgroup_min == prof.subgroup_max and lanes % prof.subgroup_max == 0
 
 
 def mat_vec_wg(tuning, mul_mat_id: bool = False) -> int:
@@ -241,7 +243,7 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bo
         whole = max(1, device.profile.subgroup_max // lanes)
         slots = min(moe_sum, tuning.mv_sum_slots or moe_sum, max(1, min(limit, 1024) // lanes))
         wg, row_groups = ceil_div(slots, whole) * whole * lanes, 1
-    elif moe_sum:   # one group (subgroup adds over the workgroup): it walks the slots, one row
+    elif moe_sum:   # one group (subgroup adds, subgroups of varying size) walks the slots, one row
         return wg, lanes, 1   # a row a workgroup keeps more in flight (H200, GCN table: 4 rows 16% slower)
     # gate and up: two weight rows a row
     base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
