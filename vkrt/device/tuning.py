@@ -300,6 +300,13 @@ TABLE: dict[Arch, Tuning] = {
                          # Q5_K's wide loads hold its high bits' 16 bytes as well: ACO 80 VGPRs
                          # (3 waves) against 64 (4) with word loads
                          mv_narrow_types=("Q5_K",),
+                         # GEMM tiles of 128 x 128 (4 waves of 8 x 8 outputs an invocation): half
+                         # the weight loads and dequantisation a FLOP of 64 x 64; ACO 100-104 VGPRs
+                         # (108-112 at 64 x 64; 2 waves either way), 17 KiB LDS, no spills. H200,
+                         # this table, Q4_0 n=2048 (bench/matmul.py): 2048x4096 22.1 -> 30.0
+                         # TFLOP/s, experts 2048x768 128e/8 17.0 -> 19.7; 64 x 128 26.5 / 19.1,
+                         # 128 x 64 23.6 / 18.9
+                         mm_bm=128, mm_bn=128,
                          # 2 waves a row for dense mat-vecs, one for the experts' short rows;
                          # 36 CUs: about 7 workgroups a CU before rows a group are halved
                          mv_wg=128, mv_id_wg=64, mv_fill_groups=256, mv_unroll=2,
