@@ -589,7 +589,8 @@ void main() {
         }
     }
     barrier();
-    const uint parts = TPR / gl_SubgroupSize, first = group * parts;
+    // a group's subgroups (one where the workgroup is narrower than a subgroup)
+    const uint parts = (TPR + gl_SubgroupSize - 1u) / gl_SubgroupSize, first = group * parts;
 #else
     [[unroll]] for (uint v = 0u; v < NA; v++) {
         red[flat_ * NA + v] = acc[v];

@@ -182,6 +182,20 @@ def test_mat_vec_row_groups(device, name, k, lanes, rows):
     check(device, name, 37, k, (1, 2), tuning=dataclasses.replace(device.tuning, mv_wg=64, mv_rows=rows))
 
 
+def test_mat_vec_workgroup_narrower_than_a_subgroup(device):
+    """A mat-vec workgroup of fewer invocations than a subgroup, all one row's lanes, sums them
+    by subgroup adds over the part of one subgroup it fills."""
+    from vkrt.ops.matmul import mat_vec_kernel, mat_vec_reduce
+    prof = device.profile
+    wg = prof.subgroup_min // 2
+    if wg < 2 or not prof.subgroup_arithmetic or mat_vec_reduce(prof, wg, wg) != "subgroup":
+        pytest.skip("needs subgroup adds and subgroups of 4 lanes or more")
+    tune = dataclasses.replace(device.tuning, mv_wg=wg)
+    k = 32 * wg   # Q4_0: 4 units a block, so k / 8 = 4 * wg units, 4 a lane
+    assert "REDUCE_SUBGROUP" in mat_vec_kernel(device, ggml_type("Q4_0"), 1, tune, k=k, m=9, xvec4=True).kernel.defines
+    check(device, "Q4_0", 9, k, (1, 2), tuning=tune)
+
+
 # of the IQ and TQ types, those whose raw values differ in kind: a codebook (signed), grid bytes
 # with signs, a grid of -1/0/1 plus a shift, MXFP4's codebook under a power-of-two scale, base-3 digits
 @pytest.mark.parametrize("name", [n for n in ALL if n not in IQ + TQ] + ["IQ4_XS", "IQ2_XS", "IQ1_M", "MXFP4",
