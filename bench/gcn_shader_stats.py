@@ -42,7 +42,8 @@ from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
 from vkrt.ops.head_epilogue import head_epilogue
-from vkrt.ops.matmul import MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, mat_vec_kernel, matmul, norm_input, vec4_ok
+from vkrt.ops.matmul import (MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, gemm_tuning, mat_vec_kernel, matmul, norm_input,
+                             vec4_ok)
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
@@ -168,10 +169,14 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
     types = [kernel_type(name) for name in weights]
     out = []
     for typ in types:
-        out += [(f"prefill {typ.name}: attention projections", [gemm_kernel(dev, typ, tune, xvec4=xvec4)]),
+        wide = gemm_tuning(tune, 1 << 30)   # the tile for columns that fill the wide one (mm_big_*)
+        out += [(f"prefill {typ.name}: attention projections", [gemm_kernel(dev, typ, wide, xvec4=xvec4)]),
+                (f"short prompt / server step {typ.name}: GEMM", [gemm_kernel(dev, typ, tune, xvec4=xvec4)]),
                 (f"short prompt / server step {typ.name}: GEMM split along K (tuning mm_split_*)",
                  [gemm_kernel(dev, typ, tune, xvec4=xvec4, split_k=True)]),
-                (f"prefill {typ.name}: experts", [gemm_kernel(dev, typ, tune, xvec4=xvec4, mul_mat_id=True)])]
+                (f"prefill {typ.name}: experts", [gemm_kernel(dev, typ, wide, xvec4=xvec4, mul_mat_id=True)]),
+                (f"prefill {typ.name}: experts of few pairs", [gemm_kernel(dev, typ, tune, xvec4=xvec4,
+                                                                            mul_mat_id=True)])]
     for hs in (m["head"], 256):
         out += flash_attn_cases(dev, hs, m["ubatch"], "prefill", both=(False, True))
     for typ in types:
@@ -335,7 +340,8 @@ def open_device() -> Device:
 def print_table(result: dict) -> None:
     t = result["tuning"]
     print(f"{result['device']} ({result['driver']}), {result['architecture']} tuning: GEMM tile "
-          f"{t['mm_bm']}x{t['mm_bn']}x{t['mm_bk']} ({t['mm_tm']}x{t['mm_tn']} a thread), mat-vec wg {t['mv_wg']} "
+          f"{t['mm_bm']}x{t['mm_bn']}x{t['mm_bk']} ({t['mm_tm']}x{t['mm_tn']} a thread; "
+          f"{t['mm_big_bm']}x{t['mm_big_bn']} from {t['mm_big_bn']} columns), mat-vec wg {t['mv_wg']} "
           f"x {t['mv_rows']} rows, flash attention wg {t['fa_wg']}")
     columns = ["kernel", "variant", "used by", "VGPRs", "SGPRs", "spills S/V", "LDS bytes", "waves/SIMD",
                "instructions", "code bytes"]
@@ -359,7 +365,7 @@ def main(argv=None) -> int:
                else [w.strip().upper() for w in args.weights.split(",") if w.strip()])
     with open_device() as dev:
         p = dev.profile
-        fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mv_wg", "mv_rows", "fa_wg")
+        fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_big_bm", "mm_big_bn", "mv_wg", "mv_rows", "fa_wg")
         result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,
                       model={**MODEL, "weights": weights}, tuning={f: getattr(dev.tuning, f) for f in fields},
                       kernels=collect(dev, weights))

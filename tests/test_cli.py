@@ -41,7 +41,7 @@ def test_coopmat_setting_is_shown(device, monkeypatch):
     opens it stops with that one line."""
     result = CliRunner().invoke(cli, ["devices"])
     want = "on cooperative matrices" if device.tuning.mm_coopmat else "fp32"
-    assert f"prompt GEMM {want} ({device.tuning.mm_bm}x{device.tuning.mm_bn} tiles)" in result.output
+    assert f"prompt GEMM {want} ({device.tuning.mm_bm}x{device.tuning.mm_bn} tiles" in result.output
     if device.profile.coopmat_f16:
         return
     monkeypatch.setenv("VKRT_COOPMAT", "1")

@@ -79,6 +79,25 @@ def test_token_counts(device, n_tokens):
     check(device, "Q4_K", 21, 256, (n_tokens,), seed=n_tokens)
 
 
+def test_wide_tile_where_experts_average_its_columns(device):
+    """mul_mat_id's GEMM takes the wide tile (mm_big_*) where the experts average mm_big_bn pairs
+    or more, with the narrow tile's sums bit for bit, against the reference too."""
+    narrow = fp32_tile(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mm_big_bm=0, mm_big_bn=0)
+    wide = dataclasses.replace(narrow, mm_big_bm=64, mm_big_bn=32)
+    m, k = 70, 256
+    rng = np.random.default_rng(8)
+    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m * N_EXPERT, k, rng, scale=0.5), (k, m, N_EXPERT))
+    try:
+        for n_tokens in (40, 120):   # 13 and 40 pairs an expert
+            ids = routing(rng, n_tokens)
+            x = rng.standard_normal((n_tokens, N_USED, k)).astype(np.float32)
+            a, b = run(device, w, x, ids, m, tuning=narrow), run(device, w, x, ids, m, tuning=wide)
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    finally:
+        w.close()
+    check(device, "Q4_0", m, 128, (120,), tuning=wide)
+
+
 def dispatches(device, w, n_tokens: int) -> int:
     """Dispatches mul_mat_id records over stack w for n_tokens tokens: one for the mat-vec, two
     (the route count, the GEMM) otherwise."""

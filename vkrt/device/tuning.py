@@ -207,6 +207,12 @@ class Tuning:
     # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
     # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
     mm_prefetch: bool = False
+    # a wider fp32 GEMM tile (0: none) for products whose token columns fill its width: a dense
+    # GEMM of at least mm_big_bn tokens (kernel_columns), mul_mat_id whose experts average at
+    # least mm_big_bn pairs. Narrower products keep mm_bm x mm_bn (a wide tile over a few columns
+    # computes mostly padding). The sums are the same either way: a tile adds K in BK steps in order
+    mm_big_bm: int = 0
+    mm_big_bn: int = 0
     # decode with experts in host memory: copy the chosen experts into device slots with wide
     # loads first (vkrt/ops/moe_stage.py) rather than let the mat-vecs read host memory in place,
     # except for these weight types. H200, PCIe 5, 8 of 128 experts of 2048x768 per stack
@@ -300,13 +306,13 @@ TABLE: dict[Arch, Tuning] = {
                          # Q5_K's wide loads hold its high bits' 16 bytes as well: ACO 80 VGPRs
                          # (3 waves) against 64 (4) with word loads
                          mv_narrow_types=("Q5_K",),
-                         # GEMM tiles of 128 x 128 (4 waves of 8 x 8 outputs an invocation): half
-                         # the weight loads and dequantisation a FLOP of 64 x 64; ACO 100-104 VGPRs
-                         # (108-112 at 64 x 64; 2 waves either way), 17 KiB LDS, no spills. H200,
-                         # this table, Q4_0 n=2048 (bench/matmul.py): 2048x4096 22.1 -> 30.0
-                         # TFLOP/s, experts 2048x768 128e/8 17.0 -> 19.7; 64 x 128 26.5 / 19.1,
-                         # 128 x 64 23.6 / 18.9
-                         mm_bm=128, mm_bn=128,
+                         # GEMM tiles of 128 x 128 where the columns fill them (4 waves of 8 x 8
+                         # outputs an invocation): half the weight loads and dequantisation a FLOP
+                         # of 64 x 64; ACO 100-104 VGPRs (108-112 at 64 x 64; 2 waves either way),
+                         # 17 KiB LDS, no spills. H200, this table, Q4_0 n=2048 (bench/matmul.py):
+                         # 2048x4096 22.1 -> 30.0 TFLOP/s, experts 2048x768 128e/8 17.0 -> 19.7;
+                         # 64 x 128 26.5 / 19.1, 128 x 64 23.6 / 18.9
+                         mm_big_bm=128, mm_big_bn=128,
                          # 2 waves a row for dense mat-vecs, one for the experts' short rows;
                          # 36 CUs: about 7 workgroups a CU before rows a group are halved
                          mv_wg=128, mv_id_wg=64, mv_fill_groups=256, mv_unroll=2,

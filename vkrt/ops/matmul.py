@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..errors import ConfigError, UnsupportedShape
@@ -414,6 +415,15 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False, s
     return kernel(device, "mul_mm", defines=defines, push=push)
 
 
+def gemm_tuning(tuning, columns: float):
+    """The tuning whose fp32 GEMM tile a product of `columns` token columns takes (mul_mat_id:
+    the pairs an expert has on average): mm_big_bm x mm_big_bn where the table sets it and the
+    columns fill its width, else the table's tile."""
+    if tuning.mm_coopmat or not tuning.mm_big_bn or columns < tuning.mm_big_bn:
+        return tuning
+    return dataclasses.replace(tuning, mm_bm=tuning.mm_big_bm, mm_bn=tuning.mm_big_bn)
+
+
 def gemm_splits(tuning, m: int, k: int, n: int) -> int:
     """The K ranges a GEMM of m rows, K = k and n tokens is cut into (1: none): tuning.mm_split_*.
     It depends on m, k and n's token tiles (mm_bn) only, so any slice of a product's tokens that
@@ -528,15 +538,16 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                                f"{head_epi.block} or are whole blocks, no fused activation or routing; got {n} "
                                f"columns, {len(pieces)} pieces")
     if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
-        kern = gemm_kernel(device, typ, tune, xvec4=xvec4)
+        gt = gemm_tuning(tune, kernel_columns or n)
+        kern = gemm_kernel(device, typ, gt, xvec4=xvec4)
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "N": n, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col}
-            splits = gemm_splits(tune, b - a, k, kernel_columns or n)
+            splits = gemm_splits(gt, b - a, k, kernel_columns or n)
             if splits > 1:
-                _gemm_split(seq, typ, tune, xvec4, splits, wr, xr, yr, push, b - a, n)
+                _gemm_split(seq, typ, gt, xvec4, splits, wr, xr, yr, push, b - a, n)
                 continue
-            seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, tune.mm_bm), ceil_div(n, tune.mm_bn), 1))
+            seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, gt.mm_bm), ceil_div(n, gt.mm_bn), 1))
         return
     # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))

@@ -17,8 +17,8 @@ from ..pipeline import PushConstants, kernel
 from .add_id import add_id
 from .binding import bind_words
 from .grid import ceil_div, groups_for
-from .matmul import (NormOutput, gate_up_pair, gemm_kernel, glu_operand, mat_vec_kernel, norm_output_fits, vec4_ok,
-                     wide_ok)
+from .matmul import (NormOutput, gate_up_pair, gemm_kernel, gemm_tuning, glu_operand, mat_vec_kernel,
+                     norm_output_fits, vec4_ok, wide_ok)
 from .quant import check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -152,13 +152,14 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         seq.dispatch(count, [ir, routes.whole()], groups=groups_for(count, n_tokens * n_used),
                      push={"n_tokens": n_tokens, "n_used": n_used, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4,
                            "n_expert": n_expert, "cap": n_tokens})
-    kern = gemm_kernel(device, typ, tune, xvec4=xvec4, mul_mat_id=True)
+    gt = gemm_tuning(tune, n_tokens * n_used / n_expert)
+    kern = gemm_kernel(device, typ, gt, xvec4=xvec4, mul_mat_id=True)
     for e0, e1 in pieces:
         wr, wo = bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)
         gemm = {n: v for n, v in common.items() if n not in ("b_off", "b2_off")}   # add_id adds the bias after
         push = {**gemm, "M": m, "N": n_tokens, "w_off": wo, "e0": e0, "n_expert": n_expert}
         seq.dispatch(kern, [wr, xr, yr, routes.whole()], push=push,
-                     groups=(ceil_div(m, tune.mm_bm), ceil_div(n_tokens, tune.mm_bn), e1 - e0))
+                     groups=(ceil_div(m, gt.mm_bm), ceil_div(n_tokens, gt.mm_bn), e1 - e0))
     if bias is not None:
         add_id(seq, y, bias, ids, y)
     return True
