@@ -168,8 +168,8 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                 for k in (m["hidden"], m["ff_expert"], m["n_head"] * m["head"]))
     types = [kernel_type(name) for name in weights]
     out = []
+    wide = gemm_tuning(tune, 1 << 30)   # the tile for columns that fill the wide one (mm_big_*)
     for typ in types:
-        wide = gemm_tuning(tune, 1 << 30)   # the tile for columns that fill the wide one (mm_big_*)
         out += [(f"prefill {typ.name}: attention projections", [gemm_kernel(dev, typ, wide, xvec4=xvec4)]),
                 (f"short prompt / server step {typ.name}: GEMM", [gemm_kernel(dev, typ, tune, xvec4=xvec4)]),
                 (f"short prompt / server step {typ.name}: GEMM split along K (tuning mm_split_*)",

@@ -138,6 +138,13 @@ def fp32_tile(tuning, **fields):
     return dataclasses.replace(tuning, mm_coopmat=False, **fields)
 
 
+def wide_tile_pair(tuning, big_bn: int, **fields):
+    """(narrow, wide): the fp32 GEMM at 32 x 32 tiles (4 x 4 a thread) with no wide tile, and the
+    same with a wide tile 64 rows by `big_bn` tokens (mm_big_*); `fields`: more changes to both."""
+    narrow = fp32_tile(tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mm_big_bm=0, mm_big_bn=0, **fields)
+    return narrow, dataclasses.replace(narrow, mm_big_bm=64, mm_big_bn=big_bn)
+
+
 def nmse(got: np.ndarray, ref: np.ndarray) -> float:
     """Normalised mean squared error of got against a float64 reference."""
     ref = np.asarray(ref, np.float64)

@@ -4,7 +4,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from quant_data import ALL, IQ, TQ, fp32_tile, gemm_limit, nmse, random_blocks, reference, weight_tensor
+from quant_data import (ALL, IQ, TQ, fp32_tile, gemm_limit, nmse, random_blocks, reference, weight_tensor,
+                        wide_tile_pair)
 
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.errors import UnsupportedShape
@@ -182,18 +183,11 @@ def test_mat_vec_row_groups(device, name, k, lanes, rows):
     check(device, name, 37, k, (1, 2), tuning=dataclasses.replace(device.tuning, mv_wg=64, mv_rows=rows))
 
 
-def wide_tile_tunings(device):
-    """(narrow, wide): 32 x 32 GEMM tiles, no split along K, and the same with a 64 x 64 wide tile."""
-    narrow = fp32_tile(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mv_chunk_n=0,
-                       mm_split_groups=0, mm_big_bm=0, mm_big_bn=0)
-    return narrow, dataclasses.replace(narrow, mm_big_bm=64, mm_big_bn=64)
-
-
 def test_wide_tile_where_the_columns_fill_it(device):
     """The wide GEMM tile (mm_big_*) is taken from mm_big_bn token columns on (kernel_columns for
     a slice) and gives the narrow tile's sums bit for bit; never on cooperative matrices."""
     from vkrt.ops.matmul import gemm_tuning
-    narrow, wide = wide_tile_tunings(device)
+    narrow, wide = wide_tile_pair(device.tuning, 64, mv_chunk_n=0, mm_split_groups=0)   # no split along K
     assert gemm_tuning(wide, 63) is wide and gemm_tuning(narrow, 4096) is narrow
     assert (gemm_tuning(wide, 64).mm_bm, gemm_tuning(wide, 64).mm_bn) == (64, 64)
     assert gemm_tuning(dataclasses.replace(wide, mm_coopmat=True), 4096).mm_bn == wide.mm_bn

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from quant_data import ALL, fp32_tile, gemm_limit, nmse, random_blocks, reference, weight_tensor
+from quant_data import ALL, fp32_tile, gemm_limit, nmse, random_blocks, reference, weight_tensor, wide_tile_pair
 
 from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy, write_tensor
 from vkrt.errors import UnsupportedShape
@@ -82,8 +82,7 @@ def test_token_counts(device, n_tokens):
 def test_wide_tile_where_experts_average_its_columns(device):
     """mul_mat_id's GEMM takes the wide tile (mm_big_*) where the experts average mm_big_bn pairs
     or more, with the narrow tile's sums bit for bit, against the reference too."""
-    narrow = fp32_tile(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mm_big_bm=0, mm_big_bn=0)
-    wide = dataclasses.replace(narrow, mm_big_bm=64, mm_big_bn=32)
+    narrow, wide = wide_tile_pair(device.tuning, 32)
     m, k = 70, 256
     rng = np.random.default_rng(8)
     w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m * N_EXPERT, k, rng, scale=0.5), (k, m, N_EXPERT))

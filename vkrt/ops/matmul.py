@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from ..errors import ConfigError, UnsupportedShape
@@ -421,6 +422,12 @@ def gemm_tuning(tuning, columns: float):
     columns fill its width, else the table's tile."""
     if tuning.mm_coopmat or not tuning.mm_big_bn or columns < tuning.mm_big_bn:
         return tuning
+    return _wide_tile(tuning)
+
+
+@functools.lru_cache(maxsize=16)
+def _wide_tile(tuning):
+    """`tuning` with its wide GEMM tile as the tile (one object a tuning, however many GEMMs)."""
     return dataclasses.replace(tuning, mm_bm=tuning.mm_big_bm, mm_bn=tuning.mm_big_bn)
 
 
