@@ -168,7 +168,7 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                 for k in (m["hidden"], m["ff_expert"], m["n_head"] * m["head"]))
     types = [kernel_type(name) for name in weights]
     out = []
-    wide = gemm_tuning(tune, 1 << 30)   # the tile for columns that fill the wide one (mm_big_*)
+    wide = gemm_tuning(tune, 1 << 30)   # the tile of many token columns (mm_big_*)
     for typ in types:
         out += [(f"prefill {typ.name}: attention projections", [gemm_kernel(dev, typ, wide, xvec4=xvec4)]),
                 (f"short prompt / server step {typ.name}: GEMM", [gemm_kernel(dev, typ, tune, xvec4=xvec4)]),
@@ -341,7 +341,7 @@ def print_table(result: dict) -> None:
     t = result["tuning"]
     print(f"{result['device']} ({result['driver']}), {result['architecture']} tuning: GEMM tile "
           f"{t['mm_bm']}x{t['mm_bn']}x{t['mm_bk']} ({t['mm_tm']}x{t['mm_tn']} a thread; "
-          f"{t['mm_big_bm']}x{t['mm_big_bn']} from {t['mm_big_bn']} columns), mat-vec wg {t['mv_wg']} "
+          f"{t['mm_big_bm']}x{t['mm_big_bn']} past {t['mm_bn']} columns), mat-vec wg {t['mv_wg']} "
           f"x {t['mv_rows']} rows, flash attention wg {t['fa_wg']}")
     columns = ["kernel", "variant", "used by", "VGPRs", "SGPRs", "spills S/V", "LDS bytes", "waves/SIMD",
                "instructions", "code bytes"]

@@ -283,24 +283,26 @@ def test_balanced_groups_and_kernel_classes():
     assert balanced_groups([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
     assert balanced_groups([1, 1, 9], 2) == [range(0, 2), range(2, 3)]
     t = SimpleNamespace(mv_max_n=8, mv_id_max_n=32, mv_dense_max_n=8, mv_chunk_n=16, fa_pack_max_q=16,
-                        mm_split_groups=0, mm_bn=64, mm_split_max_tiles=4, mm_coopmat=False, mm_big_bn=0)
+                        mm_split_groups=0, mm_bm=64, mm_bn=64, mm_split_max_tiles=4, mm_coopmat=False, mm_big_bn=0)
     assert same_kernels([t], True, 8, 4) and same_kernels([t], False, 16, 8)
     assert not same_kernels([t], True, 16, 8)   # mul_mat_id: the fused mat-vecs for 8 tokens, not for 16
     assert same_kernels([t], True, 24, 20)   # both the plain mat-vec
     assert not same_kernels([t], True, 40, 24) and same_kernels([t], False, 40, 24)   # the GEMM for 40
     assert not same_kernels([t], False, 32, 16) and same_kernels([t], False, 64, 32)
     assert not same_kernels([SimpleNamespace(mv_max_n=8, mv_id_max_n=32, mv_dense_max_n=8, mv_chunk_n=16,
-                                             fa_pack_max_q=4, mm_split_groups=0, mm_bn=64,
+                                             fa_pack_max_q=4, mm_split_groups=0, mm_bm=64, mm_bn=64,
                                              mm_split_max_tiles=4, mm_coopmat=False, mm_big_bn=0)], False, 8, 4)
     split = SimpleNamespace(**{**vars(t), "mm_split_groups": 72})   # split along K by token tiles up to 256 tokens
     assert same_kernels([split], False, 64, 32) and same_kernels([split], False, 128, 100)
     assert same_kernels([split], False, 600, 300)   # past mm_split_max_tiles: never split
     assert not same_kernels([split], False, 128, 64) and same_kernels([t], False, 128, 64)
     assert not same_kernels([split], False, 300, 256)
-    # the GCN table's 128-wide tile from 128 tokens: 100 tokens take two 64-wide token tiles, 128 one
+    # the GCN table's 128 x 128 tile past 64 tokens: 64 tokens take one 64 x 64 tile (split as
+    # such), 65 and 100 one 128 x 128 tile, 200 two of them
     gcn = dataclasses.replace(TABLE[Arch.AMD_GCN], mm_split_groups=72)
     assert gcn.mm_big_bn == 128 and gcn.mm_bn == 64
-    assert not same_kernels([gcn], False, 128, 100) and same_kernels([gcn], False, 256, 200)
+    assert not same_kernels([gcn], False, 65, 64) and same_kernels([gcn], False, 128, 65)
+    assert not same_kernels([gcn], False, 200, 128) and same_kernels([gcn], False, 256, 200)
 
 
 def test_serve_refuses_pipeline_steps_without_a_split(paths):

@@ -184,23 +184,25 @@ def test_mat_vec_row_groups(device, name, k, lanes, rows):
 
 
 def test_wide_tile_where_the_columns_fill_it(device):
-    """The wide GEMM tile (mm_big_*) is taken from mm_big_bn token columns on (kernel_columns for
-    a slice) and gives the narrow tile's sums bit for bit; never on cooperative matrices."""
+    """The wide GEMM tile (mm_big_*) is taken past one narrow token tile (mm_bn) of columns
+    (kernel_columns for a slice; experts' average pairs from one tile on) and gives the narrow
+    tile's sums bit for bit; never on cooperative matrices."""
     from vkrt.ops.matmul import gemm_tuning
     narrow, wide = wide_tile_pair(device.tuning, 64, mv_chunk_n=0, mm_split_groups=0)   # no split along K
-    assert gemm_tuning(wide, 63) is wide and gemm_tuning(narrow, 4096) is narrow
-    assert (gemm_tuning(wide, 64).mm_bm, gemm_tuning(wide, 64).mm_bn) == (64, 64)
+    assert gemm_tuning(wide, 32) is wide and gemm_tuning(narrow, 4096) is narrow
+    assert (gemm_tuning(wide, 33).mm_bm, gemm_tuning(wide, 33).mm_bn) == (64, 64)
+    assert gemm_tuning(wide, 31.5, spread=True) is wide and gemm_tuning(wide, 32, spread=True).mm_bn == 64
     assert gemm_tuning(dataclasses.replace(wide, mm_coopmat=True), 4096).mm_bn == wide.mm_bn
     rng = np.random.default_rng(21)
     m, k = 70, 256
     w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m, k, rng, scale=0.5), (k, m))
     x = rng.standard_normal((100, k)).astype(np.float32)
     try:
-        for n in (40, 100):
+        for n in (20, 100):
             a, b = run(device, w, x[:n], m, tuning=narrow), run(device, w, x[:n], m, tuning=wide)
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
-        half = run(device, w, x[:40], m, tuning=wide, kernel_columns=100)   # a slice of a wide product
-        np.testing.assert_array_equal(half.view(np.uint32), b[:40].view(np.uint32))
+        part = run(device, w, x[:20], m, tuning=wide, kernel_columns=100)   # a slice of a wide product
+        np.testing.assert_array_equal(part.view(np.uint32), b[:20].view(np.uint32))
     finally:
         w.close()
     check(device, "Q4_0", m, 128, (64, 100), tuning=wide)

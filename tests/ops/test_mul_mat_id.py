@@ -80,8 +80,8 @@ def test_token_counts(device, n_tokens):
 
 
 def test_wide_tile_where_experts_average_its_columns(device):
-    """mul_mat_id's GEMM takes the wide tile (mm_big_*) where the experts average mm_big_bn pairs
-    or more, with the narrow tile's sums bit for bit, against the reference too."""
+    """mul_mat_id's GEMM takes the wide tile (mm_big_*) where the experts average a narrow tile's
+    width (mm_bn) of pairs or more, with the narrow tile's sums bit for bit, against the reference too."""
     narrow, wide = wide_tile_pair(device.tuning, 32)
     m, k = 70, 256
     rng = np.random.default_rng(8)

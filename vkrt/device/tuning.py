@@ -207,10 +207,15 @@ class Tuning:
     # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
     # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
     mm_prefetch: bool = False
-    # a wider fp32 GEMM tile (0: none) for products whose token columns fill its width: a dense
-    # GEMM of at least mm_big_bn tokens (kernel_columns), mul_mat_id whose experts average at
-    # least mm_big_bn pairs. Narrower products keep mm_bm x mm_bn (a wide tile over a few columns
-    # computes mostly padding). The sums are the same either way: a tile adds K in BK steps in order
+    # a wider fp32 GEMM tile (0: none) for products whose token columns overflow one token tile
+    # of mm_bn: a dense GEMM of more than mm_bn tokens (kernel_columns), mul_mat_id whose experts
+    # average mm_bn pairs or more (their counts spread around the mean: at a mean of mm_bn about
+    # half need two narrow tiles). Narrower products keep mm_bm x mm_bn (a wide tile over a few
+    # columns computes mostly padding). H200, GCN table, 128 x 128 against 64 x 64 (split-K as
+    # the rules give; bench/matmul.py): dense 4096x4096 Q4_K, 32 / 64 / 96 tokens 144.5 / 148.7
+    # / 153.8 us against 100.7 / 105.1 / 214.7; Qwen3.5-35B-A3B's experts (2048x512, 256 of
+    # them, 8 used) at 2048 tokens, 64 pairs an expert, Q4_0 / Q4_K 2302 / 2224 us against
+    # 2490 / 2439. The sums are the same either way: a tile adds K in BK steps in order
     mm_big_bm: int = 0
     mm_big_bn: int = 0
     # decode with experts in host memory: copy the chosen experts into device slots with wide

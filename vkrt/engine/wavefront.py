@@ -79,13 +79,14 @@ def same_kernels(tunings: list, moe: bool, n: int, m: int) -> bool:
     the sums a token's row gets, on every device (`tunings`): the mat-vec or the GEMM for dense
     matmuls (a mat-vec run's columns are summed alike however many there are), with experts
     (`moe`) for mul_mat_id (decode-sized experts staged up to mv_max_n, mat-vecs, fused or not, up to
-    mv_id_max_n, the GEMM past it), the GEMM's split along K (by token tiles of gemm_tuning's tile, up to
-    mm_split_max_tiles), and
+    mv_id_max_n, the GEMM past it), the GEMM's split along K (by gemm_tuning's tile and its token tiles,
+    up to mm_split_max_tiles), and
     flash attention's packing of a KV head's query heads (its KV split the engine pins:
     RecordOptions.fa_plan_tokens)."""
     def kind(t, k: int) -> tuple:
         g = gemm_tuning(t, k)   # the dense GEMM's tile (mul_mat_id's adds K alike, unsplit, whatever its tile)
         return (k <= max(min(t.mv_max_n, t.mv_dense_max_n), t.mv_chunk_n), moe and k <= t.mv_max_n,
                 moe and k <= t.mv_id_max_n, k <= t.fa_pack_max_q,
-                -(-k // g.mm_bn) if g.mm_split_groups > 0 and k <= g.mm_bn * g.mm_split_max_tiles else 0)
+                (g.mm_bm, g.mm_bn, -(-k // g.mm_bn)) if g.mm_split_groups > 0 and k <= g.mm_bn * g.mm_split_max_tiles
+                else 0)
     return all(kind(t, n) == kind(t, m) for t in tunings)

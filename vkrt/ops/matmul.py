@@ -416,13 +416,16 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False, s
     return kernel(device, "mul_mm", defines=defines, push=push)
 
 
-def gemm_tuning(tuning, columns: float):
-    """The tuning whose fp32 GEMM tile a product of `columns` token columns takes (mul_mat_id:
-    the pairs an expert has on average): mm_big_bm x mm_big_bn where the table sets it and the
-    columns fill its width, else the table's tile."""
-    if tuning.mm_coopmat or not tuning.mm_big_bn or columns < tuning.mm_big_bn:
+def gemm_tuning(tuning, columns: float, *, spread: bool = False):
+    """The tuning whose fp32 GEMM tile a product of `columns` token columns takes: mm_big_bm x
+    mm_big_bn where the table sets it and the columns overflow one token tile of the table's
+    (mm_bn), else the table's tile. With `spread` (mul_mat_id: `columns` is the pairs an expert
+    has on average) already at one tile's width: the experts' counts spread around their mean,
+    so about half of them would need two of the table's tiles."""
+    if tuning.mm_coopmat or not tuning.mm_big_bn:
         return tuning
-    return _wide_tile(tuning)
+    wide = columns >= tuning.mm_bn if spread else columns > tuning.mm_bn
+    return _wide_tile(tuning) if wide else tuning
 
 
 @functools.lru_cache(maxsize=16)

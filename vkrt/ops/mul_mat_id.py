@@ -152,7 +152,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         seq.dispatch(count, [ir, routes.whole()], groups=groups_for(count, n_tokens * n_used),
                      push={"n_tokens": n_tokens, "n_used": n_used, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4,
                            "n_expert": n_expert, "cap": n_tokens})
-    gt = gemm_tuning(tune, n_tokens * n_used / n_expert)
+    gt = gemm_tuning(tune, n_tokens * n_used / n_expert, spread=True)
     kern = gemm_kernel(device, typ, gt, xvec4=xvec4, mul_mat_id=True)
     for e0, e1 in pieces:
         wr, wo = bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)
