@@ -8,6 +8,8 @@ from quant_data import (ALL, IQ, TQ, fp32_tile, gemm_limit, nmse, random_blocks,
                         wide_tile_pair)
 
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.device import Arch
+from vkrt.device.tuning import TABLE
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import Tensor, ggml_type
 from vkrt.ops.matmul import gemm_splits, matmul
@@ -193,6 +195,11 @@ def test_wide_tile_where_the_columns_fill_it(device):
     assert (gemm_tuning(wide, 33).mm_bm, gemm_tuning(wide, 33).mm_bn) == (64, 64)
     assert gemm_tuning(wide, 31.5, spread=True) is wide and gemm_tuning(wide, 32, spread=True).mm_bn == 64
     assert gemm_tuning(dataclasses.replace(wide, mm_coopmat=True), 4096).mm_bn == wide.mm_bn
+    # the GCN table (measured on the H200): 64 x 64 for one 64-wide token tile, 128 x 128 past it
+    gcn = TABLE[Arch.AMD_GCN]
+    assert gemm_tuning(gcn, 64) is gcn and gemm_tuning(gcn, 63.9, spread=True) is gcn
+    assert (gemm_tuning(gcn, 65).mm_bm, gemm_tuning(gcn, 65).mm_bn) == (128, 128) == (
+        gemm_tuning(gcn, 64, spread=True).mm_bm, gemm_tuning(gcn, 64, spread=True).mm_bn)
     rng = np.random.default_rng(21)
     m, k = 70, 256
     w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m, k, rng, scale=0.5), (k, m))
