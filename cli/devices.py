@@ -46,8 +46,8 @@ def _rows(p, tuning, refused: str = "") -> list[tuple[str, str]]:
                    f"fp16 math {_yes(tuning.fp16_math)}, prompt GEMM "
                    + (f"on cooperative matrices ({tuning.mm_bm}x{tuning.mm_bn} tiles)" if tuning.mm_coopmat
                       else f"fp32 ({tuning.mm_bm}x{tuning.mm_bn} tiles"
-                      + (f"; {tuning.mm_big_bm}x{tuning.mm_big_bn} past {tuning.mm_bn} token columns)"
-                         if tuning.mm_big_bn else ")"))
+                      + (f"; {tuning.mm_big_bm}x{tuning.mm_big_bn} past {tuning.mm_bn} token columns"
+                         if tuning.mm_big_bn else "") + ")")
                    + ", prompt attention " + ("on cooperative matrices" if tuning.fa_coopmat else "fp32")
                    + (f"; {refused}" if refused else "")),
     ]

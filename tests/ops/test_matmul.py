@@ -12,7 +12,7 @@ from vkrt.device import Arch
 from vkrt.device.tuning import TABLE
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import Tensor, ggml_type
-from vkrt.ops.matmul import gemm_splits, matmul
+from vkrt.ops.matmul import gemm_splits, gemm_tuning, matmul
 
 # normalised error allowed per weight type: the weights are exact, so this is fp32 accumulation
 # (K up to a few hundred here); types dotted as a * sum(q x) + b * sum(x) lose a little more
@@ -189,7 +189,6 @@ def test_wide_tile_where_the_columns_fill_it(device):
     """The wide GEMM tile (mm_big_*) is taken past one narrow token tile (mm_bn) of columns
     (kernel_columns for a slice; experts' average pairs from one tile on) and gives the narrow
     tile's sums bit for bit; never on cooperative matrices."""
-    from vkrt.ops.matmul import gemm_tuning
     narrow, wide = wide_tile_pair(device.tuning, 64, mv_chunk_n=0, mm_split_groups=0)   # no split along K
     assert gemm_tuning(wide, 32) is wide and gemm_tuning(narrow, 4096) is narrow
     assert (gemm_tuning(wide, 33).mm_bm, gemm_tuning(wide, 33).mm_bn) == (64, 64)
