@@ -67,6 +67,34 @@ def test_sequences_decoding_together_match_each_alone(device, paths, name):
         assert (np.stack(together[s]).argmax(-1) == alone[s].argmax(-1)).all()
 
 
+@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen35moe", 0), ("tiny-qwen35moe", 4), ("tiny-qwen35", 0)])
+def test_prompts_read_together_match_each_alone(device, paths, name, n_cpu_moe):
+    """Engine.mixed on a recurrent model: several sequences' prompt chunks of one length in one
+    step (the DeltaNet layers read them as equal runs, a sequence each) give each sequence what
+    reading its prompt alone gives (experts in VRAM or in host memory), the states carry on as
+    one sequence's would, and parts of different lengths are refused."""
+    prompts = [PROMPT_A[:12], PROMPT_B[:12], PROMPT_A[7:19]]
+    with Model(device, paths[name], n_cpu_moe=n_cpu_moe, progress=False) as m:
+        alone = []
+        for p in prompts:
+            with Engine(m, n_ctx=128, n_ubatch=64) as e:
+                rows = [e.eval(p[:5]), e.eval(p[5:])]
+                rows.append(e.eval([int(np.argmax(rows[-1]))]))
+                alone.append(np.stack(rows))
+        with Engine(m, n_ctx=256, n_ubatch=64, n_seq_max=3) as e:
+            firsts = e.mixed([(k, p[:5]) for k, p in enumerate(prompts)])
+            lasts = e.mixed([(k, p[5:]) for k, p in enumerate(prompts)])   # runs of 7
+            assert [e.sequence_length(k) for k in range(3)] == [12] * 3 and e.state.length.tolist() == [12] * 3
+            steps = e.decode([(k, int(np.argmax(r))) for k, r in enumerate(lasts)])
+            with pytest.raises(VkrtError, match="parts of one size"):
+                e.mixed([(0, [1, 2]), (1, [3])])
+            assert e.state.length.tolist() == [13] * 3
+    for k in range(3):
+        together = np.stack([firsts[k], lasts[k], steps[k]])
+        np.testing.assert_allclose(together, alone[k], rtol=0, atol=1e-4 * np.abs(alone[k]).max())
+        assert (together.argmax(-1) == alone[k].argmax(-1)).all()
+
+
 def test_checkpoint_restore_is_bit_identical_to_a_fresh_sequence(device, paths):
     with Model(device, paths["tiny-qwen35moe"], progress=False) as m:
         with Engine(m, n_ctx=128, n_ubatch=32) as e:

@@ -50,3 +50,16 @@ def test_edited_last_message_resumes_from_a_checkpoint(hybrid_server):
     assert resumed == fresh
     slots = wait_idle(hybrid_server)
     assert all(s["n_checkpoints"] <= 4 for s in slots) and any(s["n_checkpoints"] > 0 for s in slots)
+
+
+def test_concurrent_prompts_get_their_own_text(hybrid_server):
+    """Two clients at once on the recurrent model (their prompts may be read in one step, in
+    runs of one length): each gets the text it gets alone."""
+    from .test_server_concurrency import _run
+
+    prompts = ["Once upon a time there was a fox", "Once upon a time there was a dog"]
+    wait_idle(hybrid_server)
+    alone = _run(hybrid_server, prompts, 12, concurrent=False)
+    together = _run(hybrid_server, prompts, 12, concurrent=True)
+    assert together == alone and len(set(alone)) > 1
+    wait_idle(hybrid_server)

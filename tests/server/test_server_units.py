@@ -161,31 +161,92 @@ def test_metrics_page_parses():
         assert f"# TYPE {name} " in page and f"# HELP {name} " in page
 
 
-def test_prefill_gives_way_to_generating_slots():
-    """A model with a recurrent state: with a slot generating, a step reads one micro-batch of
-    another slot's long prompt (its next token waits one micro-batch, not the whole batch);
-    alone, the prompt reads a batch."""
+class _Reader:
+    """A prefilling slot of the fake scheduler: prefilling while its prompt is pending."""
+
+    def __init__(self, id, pending, t_start, done):
+        from types import SimpleNamespace
+        self.id, self.pending, self.cache, self.t_start = id, list(range(pending)), [], t_start
+        self.generating = False
+        self.sampler = SimpleNamespace(takes_candidates=lambda n, adjusted: True, adjustments=lambda: None)
+        self.job = SimpleNamespace(logprobs=None)
+        self._done = done
+
+    @property
+    def prefilling(self):
+        return bool(self.pending)
+
+    def mask(self):
+        return None
+
+    def prefilled(self, top=None, logits=None):
+        self._done.append(self.id)
+
+
+def _prefill_steps(pendings: list[int], generating: bool, n_batch: int = 64, n_ubatch: int = 16):
+    """The engine steps one _prefill of a recurrent model runs, [(slot, tokens)] each, and the
+    slots whose prompt ended, in order: one prefilling slot per entry of `pendings` (oldest
+    first) and, when `generating`, a generating one."""
     from types import SimpleNamespace
+
+    import numpy as np
 
     from vkrt.server.checkpoints import SlotCheckpoints
     from vkrt.server.metrics import Metrics
     from vkrt.server.scheduler import Scheduler
 
-    calls = []
-    engine = SimpleNamespace(n_batch=64, n_ubatch=16, eval=lambda chunk, seq_id: calls.append(len(chunk)))
-    sched = Scheduler(lambda: None, 2, Metrics())
-    reader = SimpleNamespace(id=0, prefilling=True, generating=False, pending=list(range(100)), cache=[], t_start=0.0)
-    sched.checkpoints = [SlotCheckpoints(0, 0), SlotCheckpoints(1, 0)]
+    steps, done = [], []
 
-    def step(generating: bool):
-        calls.clear()
-        other = SimpleNamespace(id=1, prefilling=False, generating=generating, t_start=1.0)
-        sched.slots = [reader, other]
-        sched._prefill(engine)
-        return list(calls)
+    def mixed(parts, adjust, top, masks=None):
+        assert len({len(t) for _, t in parts}) == 1, "a recurrent step's parts have one size"
+        steps.append([(s, len(t)) for s, t in parts])
+        n = len(parts)
+        return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
 
-    assert step(generating=True) == [16]
-    assert step(generating=False) == [16, 16, 16, 16]
+    engine = SimpleNamespace(n_batch=n_batch, n_ubatch=n_ubatch, recurrent=True, candidate_rows=64, mixed=mixed)
+    n = len(pendings) + 1
+    sched = Scheduler(lambda: None, n, Metrics())
+    sched.checkpoints = [SlotCheckpoints(i, 0) for i in range(n)]
+    sched.slots = [_Reader(i, p, float(i), done) for i, p in enumerate(pendings)]
+    sched.slots.append(SimpleNamespace(id=n - 1, prefilling=False, generating=generating, t_start=99.0))
+    sched._prefill(engine)
+    return steps, done
+
+
+def test_prefill_gives_way_to_generating_slots():
+    """A model with a recurrent state: with a slot generating, a step reads one micro-batch of
+    another slot's long prompt (its next token waits one micro-batch, not the whole batch);
+    alone, the prompt reads a batch."""
+    assert _prefill_steps([100], generating=True) == ([[(0, 16)]], [])
+    assert _prefill_steps([100], generating=False) == ([[(0, 16)]] * 4, [])
+
+
+def test_prompts_arriving_together_share_a_step():
+    """A recurrent model's prompts of one length are read in one step (one pass over the
+    weights, not one a prompt); of different lengths, in runs of the length that reads most."""
+    assert _prefill_steps([5, 5, 5], generating=True) == ([[(0, 5), (1, 5), (2, 5)]], [0, 1, 2])
+    # 6, 7, 7 tokens: runs of 6 for all three, then the last token of the two longer prompts
+    assert _prefill_steps([6, 7, 7], generating=False, n_ubatch=32) == \
+        ([[(0, 6), (1, 6), (2, 6)], [(1, 1), (2, 1)]], [0, 1, 2])
+    # the micro-batch caps a step: 4 slots of 4 tokens, then the fifth's
+    assert _prefill_steps([4] * 5, generating=False) == ([[(k, 4) for k in range(4)], [(4, 4)]], [0, 1, 2, 3, 4])
+    # the oldest slot always reads: a long prompt's micro-batch, the short ones at the next iteration
+    assert _prefill_steps([40, 3, 3], generating=True) == ([[(0, 16)]], [])
+
+
+def test_prompt_runs():
+    from vkrt.server.scheduler import prompt_runs
+
+    assert prompt_runs([105] + [106] * 15, 2048) == (16, 105)
+    assert prompt_runs([106] * 15, 2048) == (15, 106)
+    assert prompt_runs([106] * 15, 2048 - 16 * 105) == (3, 106)   # what the step's budget leaves
+    assert prompt_runs([2048, 100, 100], 2048) == (1, 2048)   # the oldest reads a whole micro-batch
+    assert prompt_runs([5, 100, 100], 2048) == (3, 5)          # the oldest is always among them
+    assert prompt_runs([100] * 30, 2048) == (20, 100)
+    assert prompt_runs([30, 10, 10, 10, 10], 64) == (5, 10)    # 50 tokens beat the oldest's 30 alone
+    assert prompt_runs([30, 20, 20], 64) == (3, 20)
+    assert prompt_runs([20, 10], 64) == (2, 10)               # a tie (2 x 10, 1 x 20): the shorter run, more slots
+    assert prompt_runs([1], 1) == (1, 1)
 
 
 def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():

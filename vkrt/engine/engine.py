@@ -622,7 +622,9 @@ class Engine(Owned):
         chunks in one micro-batch): part (seq_id, tokens) appends tokens to seq_id. Returns the
         next-token logits after each part's last token, [len(parts), vocab]; with `top` each
         part's CANDIDATES best (values, ids) instead, as decode_candidates (at most candidate_rows
-        parts; adjustments and masks per part). A model with a recurrent state takes one token a part."""
+        parts; adjustments and masks per part). A model with a recurrent state takes parts of one size
+        (its DeltaNet layers read a step as equal runs of tokens, a sequence each): one token a part
+        (decode), or several prompts' chunks of one length read together."""
         if not parts:
             raise VkrtError("a step needs at least one (sequence, tokens) part")
         seq_ids = [int(s) for s, _ in parts]
@@ -634,8 +636,9 @@ class Engine(Owned):
         if sizes.min() == 0 or n > self.n_ubatch:
             raise VkrtError(f"a step takes 1 to {self.n_ubatch} tokens (the micro-batch), at least one a part; "
                             f"got {sizes.tolist()}")
-        if self.recurrent and sizes.max() > 1:
-            raise VkrtError("a model with a recurrent state runs prompt chunks one sequence a step")
+        if self.recurrent and sizes.min() != sizes.max():
+            raise VkrtError(f"a model with a recurrent state takes parts of one size a step (its DeltaNet layers "
+                            f"read a step as equal runs of tokens, a sequence each); got sizes {sizes.tolist()}")
         if top and len(parts) > self.candidate_rows:
             raise VkrtError(f"candidates are read for at most {self.candidate_rows} parts a step, got {len(parts)}")
         if top:
@@ -708,7 +711,7 @@ class Engine(Owned):
             gr.tables()
             g, slots = self._prepare(gr.ids, gr.seqs, gr.pos, n_seqs=gr.n_seqs, **gr.keywords)
             self._run(g)
-            self._advance(slots, 1)
+            self._advance(slots, gr.ids.size // gr.n_seqs)
             return [gr.read()]
         # the whole step's cells, taken as one step takes them (a sequence's cell decides where its
         # keys sit in the cache, so the order attention sums them in)
@@ -725,8 +728,8 @@ class Engine(Owned):
             return WaveStep(g, self._step_inputs(u % 2), u % 2, lambda: outs.__setitem__(u, gr.read()), gr.tables)
 
         self.stats.layers_prefetched += run_wavefront(self.stages, self.handoffs, len(groups), prepare, self._wait)
-        for _, slots in taken:
-            self._advance(slots, 1)
+        for gr, (_, slots) in zip(groups, taken):
+            self._advance(slots, gr.ids.size // gr.n_seqs)
         return outs
 
     def _check_rows(self, adjustments: list | None, masks: list | None, n: int, what: str) -> None:

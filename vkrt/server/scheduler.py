@@ -6,8 +6,10 @@ and, in the same micro-batch, the pending prompts (Engine.mixed): those that fit
 chunks of longer ones, oldest request first.
 While slots generate, a step takes only as much prompt as keeps it within max_itl_ratio times a
 decode step's time, so a long prompt arriving slows the other streams by a bounded factor.
-Models with a recurrent state (which groups a step's tokens by sequence) read prompts in steps
-of their own, a micro-batch an iteration, before the decode step.
+Models with a recurrent state read prompts in steps of their own before the decode step (a
+micro-batch an iteration while slots generate): their DeltaNet layers read a step as equal runs of
+tokens, a sequence each, so a step reads several slots' prompts in runs of one length
+(prompt_runs), and prompts arriving together cost one pass over the weights, not one each.
 An embeddings request takes an idle slot too (its cached prefix is dropped) and reads one input
 an iteration there, in steps of its own (no output matrix), before the generation step.
 """
@@ -32,6 +34,20 @@ from .slots import Slot
 log = logging.getLogger("vkrt.server")
 
 EMA = 0.2   # weight of the newest step in the running step-cost estimates
+
+
+def prompt_runs(limits: list[int], cap: int) -> tuple[int, int]:
+    """(slots, run length) of a recurrent model's prompt step: limits are the waiting slots'
+    longest next runs, oldest first; the step reads `run` tokens of each of the first `slots`
+    slots whose limit reaches it, at most `cap` in all. The oldest slot is always among them; of
+    the run lengths up to its limit, the one that reads the most tokens wins (a tie: the shorter,
+    which moves more slots)."""
+    best = (0, 0, 0)
+    for run in sorted({min(n, limits[0], cap) for n in limits}):
+        slots = min(sum(n >= run for n in limits), cap // run)
+        if slots * run > best[0]:
+            best = (slots * run, slots, run)
+    return best[1], best[2]
 
 
 class SchedulerClosed(VkrtError):
@@ -211,30 +227,42 @@ class Scheduler:
         slot.cache = []
 
     def _prefill(self, engine) -> None:
-        # while other slots generate, one micro-batch of prompt a step, so a long prompt delays
-        # their next token by one micro-batch, not a whole batch
+        """A recurrent model's prompt steps: while other slots generate, one micro-batch of prompt
+        an iteration, so a long prompt delays their next token by one micro-batch, not a batch."""
         budget = engine.n_ubatch if any(s.generating for s in self.slots) else engine.n_batch
-        for s in sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start):
-            # whole micro-batches, so a prompt is cut the same way whatever else is running
-            ckpts = self.checkpoints[s.id]
-            while s.prefilling and budget > 0:
-                stop = ckpts.next_stop(len(s.cache))   # read up to the next checkpoint, then save it
-                chunk = s.pending[:min(engine.n_ubatch, stop - len(s.cache)) if stop else engine.n_ubatch]
-                t0 = time.perf_counter()
-                try:
-                    logits = engine.eval(chunk, seq_id=s.id)
-                except Exception as exc:
-                    self._fail(engine, [s], exc)
-                    break
-                self.metrics.add_prompt(len(chunk), time.perf_counter() - t0)
-                s.cache.extend(chunk)
-                del s.pending[:len(chunk)]
-                ckpts.reached(engine, len(s.cache))
-                budget -= len(chunk)
-                if not s.pending:
-                    self._guarded(engine, s, s.prefilled, logits)
-            if budget <= 0:
+        while budget > 0:
+            waiting = sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start)
+            if not waiting:
                 return
+            # runs end at a checkpoint's position, so the state there can be saved
+            limits = []
+            for s in waiting:
+                stop = self.checkpoints[s.id].next_stop(len(s.cache))
+                limits.append(min(len(s.pending), engine.n_ubatch, stop - len(s.cache) if stop else engine.n_ubatch))
+            n, run = prompt_runs(limits, min(budget, engine.n_ubatch))
+            group = [s for s, limit in zip(waiting, limits) if limit >= run][:n]
+            if not self._prompt_step(engine, group, run):
+                return
+            budget -= n * run
+
+    def _prompt_step(self, engine, group: list[Slot], run: int) -> bool:
+        """`run` prompt tokens of each slot of `group` in one step; whether it ran."""
+        sampled = [s if len(s.pending) == run else None for s in group]   # those whose prompt ends here
+        top, adjust, masks = self._candidates(engine, sampled)
+        t0 = time.perf_counter()
+        try:
+            out = engine.mixed([(s.id, s.pending[:run]) for s in group], adjust, top=top, masks=masks)
+        except Exception as exc:
+            self._fail(engine, group, exc)
+            return False
+        self.metrics.add_prompt(run * len(group), time.perf_counter() - t0)
+        for k, s in enumerate(group):
+            s.cache.extend(s.pending[:run])
+            del s.pending[:run]
+            self.checkpoints[s.id].reached(engine, len(s.cache))
+            if not s.pending:
+                self._sampled(engine, s, s.prefilled, out, k, top)
+        return True
 
     def _step(self, engine) -> None:
         """One step: every generating slot's next token and as much pending prompt as fits."""
