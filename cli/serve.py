@@ -56,7 +56,10 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
               help="While slots generate, a step holds only as much pending prompt as keeps its time within this "
                    "many decode steps' (both measured as the server runs), so a long prompt arriving raises the "
                    "other streams' inter-token latency about this much at most (a step always reads some prompt: "
-                   "up to the next multiple of 64 tokens). 0: no limit, whole micro-batches (-ub) of prompt.")
+                   "up to the next multiple of 64 tokens). 0: no limit, whole micro-batches (-ub) of prompt. Not "
+                   "applied (the server's log says so) where experts live in host memory (a step carrying prompt "
+                   "streams them whatever its size) or the model keeps a recurrent state: whole micro-batches, "
+                   "one an iteration while slots generate.")
 @click.option("--embeddings", "--embedding", "embeddings", is_flag=True,
               help="Answer /v1/embeddings and /embedding (the final hidden states after the output norm, pooled by "
                    "--pooling and L2-normalised; without this flag they answer 501, as llama-server's).")

@@ -252,7 +252,8 @@ def test_prompt_runs():
 def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
     """One step holds every generating slot's token, the pending prompts that fit whole and a
     chunk of the oldest longer one; while slots generate the step keeps within max_itl_ratio
-    decode steps (from the measured costs), alone or with no limit it fills the micro-batch."""
+    decode steps (from the measured costs), alone, with no limit or with host experts it fills
+    the micro-batch."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -267,7 +268,7 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
         n = len(parts)
         return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
 
-    engine = SimpleNamespace(n_ubatch=512, recurrent=False, candidate_rows=64, mixed=mixed,
+    engine = SimpleNamespace(n_ubatch=512, recurrent=False, candidate_rows=64, mixed=mixed, host_experts=False,
                              stats=SimpleNamespace(record_seconds=0.0), padded_tokens=lambda n: n)
     sampler = SimpleNamespace(takes_candidates=lambda n, adjusted: True, adjustments=lambda: None)
 
@@ -294,6 +295,10 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
     assert run(1.2, generating=True)[0] == [(1, 1), (2, 30), (0, 225)]
     assert run(1.1, generating=True)[0] == [(1, 1), (2, 30), (0, 225)]   # 275 tokens
     assert run(1.01, generating=True)[0] == [(1, 1), (2, 30), (0, 161)]
+    # experts in host memory: a step carrying prompt streams them whatever its size, so it reads
+    # a whole micro-batch
+    engine.host_experts = True
+    assert run(2.0, generating=True) == ([(1, 1), (2, 30), (0, 481)], [1, 2], 481)
 
 
 def test_dry_breaker_tokens_and_the_sampler(tokenizer):

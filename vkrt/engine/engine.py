@@ -462,11 +462,16 @@ class Engine(Owned):
         return self.cache.cells.length(seq_id)
 
     @property
+    def host_experts(self) -> bool:
+        """Whether MoE layers read their experts from host memory: a prompt step then streams them
+        over the bus (or reads them in place), a cost that hardly depends on its size."""
+        return any(st.prefetch.layers or st.staging.layers for st in self.stages)
+
+    @property
     def pads_prompts(self) -> bool:
         """Whether prompt steps run padded (PAD_FROM): flash attention, no recurrent state, no
         host experts."""
-        return self.flash_attn and not self.recurrent and not any(st.prefetch.layers or st.staging.layers
-                                                                  for st in self.stages)
+        return self.flash_attn and not self.recurrent and not self.host_experts
 
     def padded_tokens(self, n: int) -> int:
         """The tokens a prompt step of n runs as: n, or with padding a multiple of PAD_STEP up to

@@ -5,7 +5,9 @@ prompt wins), then runs one step (continuous batching): the next token of every 
 and, in the same micro-batch, the pending prompts (Engine.mixed): those that fit whole, then
 chunks of longer ones, oldest request first.
 While slots generate, a step takes only as much prompt as keeps it within max_itl_ratio times a
-decode step's time, so a long prompt arriving slows the other streams by a bounded factor.
+decode step's time, so a long prompt arriving slows the other streams by a bounded factor; not
+where the experts live in host memory: a step carrying prompt streams them whatever its size,
+so it reads a whole micro-batch (small chunks would each pay the stream).
 Models with a recurrent state read prompts in steps of their own before the decode step (a
 micro-batch an iteration while slots generate): their DeltaNet layers read a step as equal runs of
 tokens, a sequence each, so a step reads several slots' prompts in runs of one length
@@ -129,6 +131,11 @@ class Scheduler:
             self.slots = [Slot(i, self.n_ctx_slot, self.metrics) for i in range(self.n_parallel)]
             limit = self.ctx_checkpoints if engine.recurrent else 0
             self.checkpoints = [SlotCheckpoints(i, limit) for i in range(self.n_parallel)]
+            if self.max_itl_ratio and (engine.recurrent or engine.host_experts):
+                log.info("--max-itl-ratio %g does not apply to this model: %s, so a step carrying prompt reads a "
+                         "whole micro-batch (one an iteration while slots generate)", self.max_itl_ratio,
+                         "its experts stream from host memory in every prompt step" if engine.host_experts
+                         else "its recurrent state reads prompts in steps of their own")
             self._on_ready(self.backend)
             while self._iterate(engine):
                 pass
@@ -310,8 +317,10 @@ class Scheduler:
     def _step_tokens(self, engine, n_generating: int) -> int:
         """Tokens a step may hold: the micro-batch; with slots generating and max_itl_ratio set,
         as many as keep the step's estimated time (a mixed step's measured cost a token) within
-        max_itl_ratio decode steps, in whole PAD_STEPs, and at least one prompt token."""
-        if not n_generating or not self.max_itl_ratio or not self._token_cost or self._decode_cost is None:
+        max_itl_ratio decode steps, in whole PAD_STEPs, and at least one prompt token. With host
+        experts, the micro-batch: the stream they cost a step has no share a token."""
+        if not n_generating or not self.max_itl_ratio or engine.host_experts or not self._token_cost \
+                or self._decode_cost is None:
             return engine.n_ubatch
         n = self.max_itl_ratio * self._decode_cost / self._token_cost
         least = (n_generating // PAD_STEP + 1) * PAD_STEP
