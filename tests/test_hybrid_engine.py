@@ -198,3 +198,32 @@ def test_inconsistent_files_are_refused_clearly(paths):
         del meta["qwen35moe.ssm.conv_kernel"]
         with pytest.raises(ConfigMissing, match="qwen35moe.ssm.conv_kernel is missing"):
             ModelConfig.from_metadata(meta, "m.gguf")
+
+
+def test_warm_up_creates_every_gemm_kernel_a_prompt_step_takes(paths):
+    """After the server's warm-up, prompt steps of any size create no GEMM pipeline (NVIDIA's
+    compiler took 27-37 s over each GCN-tiled one), where they run unpadded: a recurrent
+    state, experts in host memory (staged or prefetched by the step's size). A device of its own,
+    so that no other test's pipelines stand in for the warm-up's."""
+    from vkrt.device import Device
+    from vkrt.pipeline.kernel import KernelCache
+    from vkrt.server.backend import Backend
+
+    def gemms(kernels):
+        return {key for key in kernels._kernels if key[0] == "mul_mm"}
+
+    with Device() as dev, Model(dev, paths["tiny-qwen35moe"], n_cpu_moe=4, progress=False) as m, \
+            Engine(m, n_ctx=512, n_ubatch=128, n_seq_max=3) as e:
+        assert e.host_experts and not e.pads_prompts
+        Backend(dev, m, e).warm_up(n_parallel=3)
+        kernels = dev.service("kernels", KernelCache)
+        created = gemms(kernels)
+        for n in (2, 5, 9, 13, 17, 33, 40, 63, 64, 65, 100, 127, 128):
+            e.mixed([(1, list(range(3, 3 + n)))], top=True)
+            e.reset()
+            if 2 * n <= e.n_ubatch:
+                e.mixed([(0, list(range(3, 3 + n))), (2, list(range(4, 4 + n)))], top=True)
+                e.reset()
+        assert gemms(kernels) == created
+        with pytest.raises(VkrtError, match="a prompt step takes 1 to 128 tokens, got 129"):
+            e.record_prompt_step(129)

@@ -480,6 +480,16 @@ class Engine(Owned):
             return n
         return min(self.n_ubatch, -(-n // PAD_STEP) * PAD_STEP)
 
+    def record_prompt_step(self, n_tokens: int) -> None:
+        """Record, not run, the graph of a step of n_tokens prompt tokens of one sequence over
+        an empty cache that reads back its last token's candidates (as mixed with top): the
+        pipelines such a step takes are created without its run (with host experts, a stream of
+        every expert)."""
+        if not 0 < n_tokens <= min(self.n_ubatch, self.n_ctx):
+            raise VkrtError(f"a prompt step takes 1 to {min(self.n_ubatch, self.n_ctx)} tokens, got {n_tokens}")
+        n = self.padded_tokens(n_tokens)
+        self._graph(n, self.kv_span(n), False, top=True, out_rows=self.out_rows(1, self.candidate_rows))
+
     def _step(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, all_logits: bool,
               n_seqs: int = 1) -> np.ndarray:
         t0 = time.perf_counter()

@@ -3,8 +3,10 @@ made into a compute pipeline. Get them through `kernel(device, ...)`, which cach
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
+import time
 
 from ..commands.descriptors import storage_set_layout
 from ..device.vk import ffi, vk, vk_call
@@ -15,6 +17,8 @@ from .compiler import compile_shader
 from .push_constants import MAX_PUSH_BYTES, PushConstants
 from .quant_tables import TABLES_BLOCK, TABLES_SET, quant_tables
 from .spirv import reflect
+
+log = logging.getLogger("vkrt")
 
 _SPEC_FORMATS = {"int": "<i", "uint": "<I", "float": "<f", "bool": "<I"}
 
@@ -42,6 +46,7 @@ class Kernel(Owned):
 
     def _build(self, defines, push, spec, workgroup, source) -> None:
         dev = self.device
+        t0 = time.perf_counter()
         spirv = compile_shader(self.shader, defines, source, cache_dir=dev.settings.shader_cache_dir,
                                glslang_lib=dev.settings.glslang_lib)
         iface = reflect(spirv)
@@ -119,7 +124,11 @@ class Kernel(Owned):
                                                        pName="main", pSpecializationInfo=spec_info)
             flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if dev.capture_statistics else 0
             info = vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=self.layout)
+            t1 = time.perf_counter()
             self.pipeline = vk.vkCreateComputePipelines(d, ffi.NULL, 1, [info], None)[0]
+        log.debug("pipeline %s (%s, spec %s): SPIR-V in %.0f ms, created in %.0f ms", self.label,
+                  " ".join(f"{k}={v}" for k, v in sorted(defines.items())) or "no defines", spec,
+                  (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
 
     def _release(self) -> None:
         d = self.device.handle

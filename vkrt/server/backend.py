@@ -33,20 +33,28 @@ class Backend:
     def warm_up(self, n_parallel: int = 1) -> float:
         """Run a short prompt; where prompt steps are padded, steps of the padded sizes up to 512
         tokens as the scheduler makes them (a prompt chunk with each bucket of output rows up to
-        the slots: other slots' decode tokens); and a decode step of every batch size the slots can make (with the
-        GPU's candidates, with candidates of adjusted rows and with whole rows); then forget them,
-        so requests do not pay for creating pipelines and recording graphs. Returns the seconds
-        it took."""
+        the slots: other slots' decode tokens); record (not run) prompt steps of 16, 64, 256 and
+        1024 tokens and of the micro-batch, so that every GEMM variant a prompt step takes (tile,
+        split-K, experts staged or prefetched) exists before the first request (the NVIDIA
+        compiler takes half a minute over some); and a decode step of every batch size the slots
+        can make (with the GPU's candidates, with candidates of adjusted rows and with whole
+        rows); then forget them, so requests do not pay for creating pipelines and recording
+        graphs. Returns the seconds it took."""
         t0 = time.perf_counter()
         e = self.engine
         token = self.model.tokenizer.bos_id or 0
         e.eval([token] * min(8, e.n_ubatch), seq_id=0)
-        if e.pads_prompts:   # a prompt chunk with 0, 1, 3, 7, ... decode tokens: each size of output rows
+        longest = min(e.n_ubatch, e.n_ctx)
+        padded = range(PAD_STEP, min(longest, 512) + 1, PAD_STEP) if e.pads_prompts else range(0)
+        if padded:   # a prompt chunk with 0, 1, 3, 7, ... decode tokens: each size of output rows
             parts = sorted({e.out_rows(p, e.candidate_rows) for p in range(1, min(n_parallel, e.candidate_rows) + 1)})
-            for n in range(PAD_STEP, min(e.n_ubatch, 512) + 1, PAD_STEP):
+            for n in padded:
                 for rows in (p for p in parts if p < n):
                     e.reset()
                     e.mixed([(s, [token]) for s in range(1, rows)] + [(0, [token] * (n - rows + 1))], top=True)
+        for n in sorted({min(n, longest) for n in (16, 64, 256, 1024, longest)}):
+            if e.padded_tokens(n) not in padded:
+                e.record_prompt_step(n)
         e.reset()
         bias = logit_adjustments(SamplingParams(logit_bias=((token, 0.0),)), [])   # the adjusted variant
         for n in range(1, min(n_parallel, e.n_ubatch) + 1):

@@ -262,7 +262,9 @@ class Scheduler:
         except Exception as exc:
             self._fail(engine, group, exc)
             return False
-        self.metrics.add_prompt(run * len(group), time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.metrics.add_prompt(run * len(group), seconds)
+        log.debug("prompt step: %d slot(s) x %d token(s), %.0f ms", len(group), run, seconds * 1e3)
         for k, s in enumerate(group):
             s.cache.extend(s.pending[:run])
             del s.pending[:run]
@@ -299,6 +301,8 @@ class Scheduler:
         seconds = time.perf_counter() - t0
         run = seconds - (engine.stats.record_seconds - recording)   # a new shape's recording is no step cost
         n_prompt = sum(len(chunk) for _, chunk in prompts)
+        log.debug("mixed step: %d decode + %d prompt token(s) of %d slot(s), %.0f ms (recording %.0f ms)",
+                  len(gen), n_prompt, len(prompts), seconds * 1e3, (seconds - run) * 1e3)
         share = n_prompt / (n_prompt + len(gen))   # the step's time is counted by token
         self.metrics.add_prompt(n_prompt, seconds * share)
         if gen:
@@ -352,6 +356,7 @@ class Scheduler:
                 continue
             seconds = time.perf_counter() - t0
             self.metrics.add_decode(len(batch), seconds)
+            log.debug("decode step: %d token(s), %.1f ms", len(batch), seconds * 1e3)
             if len(batch) == len(active):
                 run = seconds - (engine.stats.record_seconds - recording)
                 self._decode_cost = run if self._decode_cost is None else (1 - EMA) * self._decode_cost + EMA * run
