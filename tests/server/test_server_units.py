@@ -183,27 +183,32 @@ class _Reader:
         self._done.append(self.id)
 
 
+def _recorded_steps(steps: list, one_size: bool = False):
+    """A fake Engine.mixed that appends each step's [(slot, tokens)] to `steps` (one_size: the
+    parts of a recurrent model's step must have one size) and returns empty candidates or rows."""
+    import numpy as np
+
+    def mixed(parts, adjust, top, masks=None):
+        assert not one_size or len({len(t) for _, t in parts}) == 1, "a recurrent step's parts have one size"
+        steps.append([(s, len(t)) for s, t in parts])
+        n = len(parts)
+        return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
+    return mixed
+
+
 def _prefill_steps(pendings: list[int], generating: bool, n_batch: int = 64, n_ubatch: int = 16):
     """The engine steps one _prefill of a recurrent model runs, [(slot, tokens)] each, and the
     slots whose prompt ended, in order: one prefilling slot per entry of `pendings` (oldest
     first) and, when `generating`, a generating one."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from vkrt.server.checkpoints import SlotCheckpoints
     from vkrt.server.metrics import Metrics
     from vkrt.server.scheduler import Scheduler
 
     steps, done = [], []
-
-    def mixed(parts, adjust, top, masks=None):
-        assert len({len(t) for _, t in parts}) == 1, "a recurrent step's parts have one size"
-        steps.append([(s, len(t)) for s, t in parts])
-        n = len(parts)
-        return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
-
-    engine = SimpleNamespace(n_batch=n_batch, n_ubatch=n_ubatch, recurrent=True, candidate_rows=64, mixed=mixed)
+    engine = SimpleNamespace(n_batch=n_batch, n_ubatch=n_ubatch, recurrent=True, candidate_rows=64,
+                             mixed=_recorded_steps(steps, one_size=True))
     n = len(pendings) + 1
     sched = Scheduler(lambda: None, n, Metrics())
     sched.checkpoints = [SlotCheckpoints(i, 0) for i in range(n)]
@@ -256,20 +261,12 @@ def test_prompt_chunks_ride_with_decode_tokens_within_the_latency_budget():
     the micro-batch."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from vkrt.server.metrics import Metrics
     from vkrt.server.scheduler import Scheduler
 
     steps = []
-
-    def mixed(parts, adjust, top, masks=None):
-        steps.append([(s, len(t)) for s, t in parts])
-        n = len(parts)
-        return (np.zeros((n, 4), np.float32), np.zeros((n, 4), np.int64)) if top else np.zeros((n, 10), np.float32)
-
-    engine = SimpleNamespace(n_ubatch=512, recurrent=False, candidate_rows=64, mixed=mixed, host_experts=False,
-                             stats=SimpleNamespace(record_seconds=0.0), padded_tokens=lambda n: n)
+    engine = SimpleNamespace(n_ubatch=512, recurrent=False, candidate_rows=64, mixed=_recorded_steps(steps),
+                             host_experts=False, stats=SimpleNamespace(record_seconds=0.0), padded_tokens=lambda n: n)
     sampler = SimpleNamespace(takes_candidates=lambda n, adjusted: True, adjustments=lambda: None)
 
     def run(ratio: float, generating: bool):
