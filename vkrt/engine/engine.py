@@ -485,8 +485,9 @@ class Engine(Owned):
         an empty cache that reads back its last token's candidates (as mixed with top): the
         pipelines such a step takes are created without its run (with host experts, a stream of
         every expert)."""
-        if not 0 < n_tokens <= min(self.n_ubatch, self.n_ctx):
-            raise VkrtError(f"a prompt step takes 1 to {min(self.n_ubatch, self.n_ctx)} tokens, got {n_tokens}")
+        longest = min(self.n_ubatch, self.n_ctx)
+        if not 0 < n_tokens <= longest:
+            raise VkrtError(f"a prompt step takes 1 to {longest} tokens, got {n_tokens}")
         n = self.padded_tokens(n_tokens)
         self._graph(n, self.kv_span(n), False, top=True, out_rows=self.out_rows(1, self.candidate_rows))
 

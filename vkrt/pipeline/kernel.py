@@ -126,9 +126,8 @@ class Kernel(Owned):
             info = vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=self.layout)
             t1 = time.perf_counter()
             self.pipeline = vk.vkCreateComputePipelines(d, ffi.NULL, 1, [info], None)[0]
-        log.debug("pipeline %s (%s, spec %s): SPIR-V in %.0f ms, created in %.0f ms", self.label,
-                  " ".join(f"{k}={v}" for k, v in sorted(defines.items())) or "no defines", spec,
-                  (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
+        log.debug("pipeline %s (defines %s, spec %s): SPIR-V in %.0f ms, created in %.0f ms", self.label, defines,
+                  spec, (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
 
     def _release(self) -> None:
         d = self.device.handle
