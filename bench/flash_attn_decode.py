@@ -4,7 +4,7 @@ cells read from a buffer, against one head a workgroup over the cells padded to 
 
     python bench/flash_attn_decode.py [--queries 1,16] [--depth 100,1000,4000,16000]
                                       [--heads 128:32:4,256:16:2] [--splits 1,2,4,8,16,32]
-                                      [--repeats 5] [--quick] [--json]
+                                      [--repeats 5] [--set FIELD=VALUE ...] [--quick] [--json]
 
 Each of `queries` query rows (one token of as many sequences) sees the first depth + 1 cells of
 a KV cache covering them rounded up to 256 (the rest masked), K/V f16 as in the engine. Times
@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 from flash_attn import parse_args, time_runs
+from matmul import parse_sets
 
 from vkrt.commands import tensor_from_numpy
 from vkrt.device import Device
@@ -70,11 +71,14 @@ def main() -> None:
     ap.add_argument("--queries", default="1,16", help="query rows (sequences decoding), comma-separated")
     ap.add_argument("--depth", default="100,1000,4000,16000", help="cached tokens before the query")
     ap.add_argument("--splits", default="1,2,4,8,16,32", help="split counts the packed sweep forces")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a tuning field (repeatable), e.g. fa_pack_rows=2")
     args = parse_args(ap, QUICK, repeats=5)
     ints = lambda text: [int(x) for x in text.split(",") if x]   # noqa: E731
     heads = args.heads
     rng = np.random.default_rng(0)
     with Device() as dev:
+        dev.tuning = parse_sets(args.set, dev.tuning)
         rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng)
                 for hs, nh, nkv in heads for nq in ints(args.queries) for depth in ints(args.depth)]
         result = dict(**dev.profile.identity(), rows=rows)

@@ -40,7 +40,8 @@ SHAPES = {
 }
 # (name, prompt tokens, generated tokens, -ub, depth: tokens in the context before the test)
 ALL_TESTS = (("pp512", 512, 0, 512, 0), ("pp2048", 2048, 0, 2048, 0), ("tg128", 0, 128, 512, 0),
-             ("pp64", 64, 0, 64, 0), ("tg16", 0, 16, 64, 0), ("tg128@d4096", 0, 128, 512, 4096))
+             ("pp64", 64, 0, 64, 0), ("tg16", 0, 16, 64, 0), ("tg128@d4096", 0, 128, 512, 4096),
+             ("tg128@d16384", 0, 128, 512, 16384))
 TESTS = ALL_TESTS[:3]
 
 
