@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from vkrt.device import Arch, Device
 from vkrt.errors import VkrtError
@@ -100,13 +101,14 @@ def recorded(dev, op) -> list:
     return rec.kernels
 
 
-def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prologue: bool = False
-                     ) -> list[tuple[str, list]]:
+def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prologue: bool = False,
+                     tuning=None, note: str = "") -> list[tuple[str, list]]:
     """(where, pipelines) of FlashAttn for head size `hs` and `n_q` queries against MODEL's n_kv
     keys, mask_opt as the tuning rule says or `both` (False, True), the live cells read from a
     buffer as the engine does. mask_opt and split-K are push constants of one attention pipeline
     (the last split merges); mask_opt adds the pre-pass. `prologue` (one query): the q/k norm,
-    RoPE and cache stores in the attention's prologue (VKRT_FUSE_FA_ROPE)."""
+    RoPE and cache stores in the attention's prologue (VKRT_FUSE_FA_ROPE). `tuning` (default the
+    device's) with `note` added to the row's place."""
     m = MODEL
     q = placeholder(dev, F32, (hs, n_q, m["n_head"], 1), "q")
     k = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "k")
@@ -123,7 +125,8 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
                            rope_args=dict(n_dims=hs, freq_base=1e6, neox=True))
     rec = Recorder(dev)
     # mask_opt off and no split: FlashAttn then needs no FlashWork (the null device has no memory)
-    fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used, prologue=pro)
+    fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used, prologue=pro,
+                   tuning=tuning)
     if prologue and fa.prologue is None:
         return []
     fa.record(rec)
@@ -135,6 +138,7 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
         where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
         if prologue:
             where += ", the q/k norm, RoPE and F16 cache stores in its prologue (VKRT_FUSE_FA_ROPE)"
+        where += note
         cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
     return cases
 
@@ -210,6 +214,10 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                                 mul_mat_id=True, glu="silu").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
     out += flash_attn_cases(dev, m["head"], 1, "decode", prologue=True)
+    shared_kv = replace(tune, fa_loads_first=3)
+    for prologue in (False, True):
+        out += flash_attn_cases(dev, m["head"], 1, "decode", prologue=prologue, tuning=shared_kv,
+                                note=", the K/V tile in shared memory (fa_loads_first=3; no table takes it)")
     hd, nkv = m["head"], m["n_head_kv"]
     epi = head_epilogue(Recorder(dev), placeholder(dev, F32, (nkv * hd, 1), "k"), hd,
                         placeholder(dev, I32, (nkv,), "n"), placeholder(dev, F16, (hd, m["n_kv"], nkv), "k cache"),

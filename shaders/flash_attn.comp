@@ -30,8 +30,11 @@
 // With LOADS_FIRST (decode-sized calls: few rows, short tiles) a thread issues a tile's mask, K
 // and V loads together before it uses any of them: a tile costs one memory round trip, not
 // three one after another, and the same arithmetic runs on the same values. LOADS_FIRST 2 issues
-// the next tile's loads before this tile's arithmetic, so the round trip overlaps it. The
-// queries are loaded before the live cells are read, in the same round trip.
+// the next tile's loads before this tile's arithmetic, so the round trip overlaps it. LOADS_FIRST
+// 3 loads a tile's K and V once a workgroup into shared memory (each thread a share of it, the
+// next tile's share in flight while this one computes) and every row group reads them there:
+// with 2 each row group loaded the whole tile itself. The queries are loaded before the live
+// cells are read, in the same round trip.
 //
 // With NORM_ROPE_IN (decode: one token) the prologue does norm_rope's work: the queries come as
 // projected and are normed and rotated into the Q tile; the K and V of the new cell are normed,
@@ -169,6 +172,13 @@ layout(push_constant) uniform Push {
 #endif
 
 shared vec4 tile[TILE4];           // the Q rows during the KV loop, then the merged O rows
+#if LOADS_FIRST == 3
+// the KV tile's K and V rows as stored, a row padded by one element (shared-memory banks)
+const uint KSTR = HSK4 + 1u, VSTR = HSV4 + 1u;
+const uint KSH = (BC * HSK4 + WG - 1u) / WG, VSH = (BC * HSV4 + WG - 1u) / WG;   // a thread's share
+shared K_RAW k_sh[BC * KSTR];
+shared V_RAW v_sh[BC * VSTR];
+#endif
 shared float m_sh[BR * COLS];
 shared float l_sh[BR * COLS];
 shared bool last_split;
@@ -207,6 +217,31 @@ float sink_factor(float m, inout float l, uint head) {
             vt[c][v] = raw_v(v_base + col * p.v_nb1 + 4u * (d_tid + v * DS));           \
         }                                                                               \
     }
+// this thread's share of tile j's K and V (cells clamped to the last, as LOAD_KV's), and its store
+#define LOAD_KV_SHARE(j, ks, vs)                                                        \
+    FA_UNROLL for (uint i = 0; i < KSH; ++i) {                                          \
+        const uint e = min(t + i * WG, BC * HSK4 - 1u);                                 \
+        const uint col = min((j) * BC + e / HSK4, p.KV - 1u);                           \
+        ks[i] = raw_k(k_base + col * p.k_nb1 + 4u * (e % HSK4));                        \
+    }                                                                                   \
+    FA_UNROLL for (uint i = 0; i < VSH; ++i) {                                          \
+        const uint e = min(t + i * WG, BC * HSV4 - 1u);                                 \
+        const uint col = min((j) * BC + e / HSV4, p.KV - 1u);                           \
+        vs[i] = raw_v(v_base + col * p.v_nb1 + 4u * (e % HSV4));                        \
+    }
+#define STORE_KV_SHARE(ks, vs)                                                          \
+    FA_UNROLL for (uint i = 0; i < KSH; ++i) {                                          \
+        const uint e = t + i * WG;                                                      \
+        if (e < BC * HSK4) {                                                            \
+            k_sh[(e / HSK4) * KSTR + e % HSK4] = ks[i];                                 \
+        }                                                                               \
+    }                                                                                   \
+    FA_UNROLL for (uint i = 0; i < VSH; ++i) {                                          \
+        const uint e = t + i * WG;                                                      \
+        if (e < BC * HSV4) {                                                            \
+            v_sh[(e / HSV4) * VSTR + e % HSV4] = vs[i];                                 \
+        }                                                                               \
+    }
 #define LOAD_MASK(j, mt)                                                                \
     FA_UNROLL for (uint r = 0; r < RPT; ++r) {                                          \
         FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                      \
@@ -216,7 +251,10 @@ float sink_factor(float m, inout float l, uint head) {
 
 // K and V values of the tile's column c (cell col), dot lane share k or v: from the loads issued
 // at the tile's start (LOADS_FIRST), else loaded where they are used
-#if LOADS_FIRST
+#if LOADS_FIRST == 3
+#define TILE_K_(k, c, col) unpack_k(k_sh[((c) * COLS + col_tid) * KSTR + d_tid + (k) * DS])
+#define TILE_V_(c, v, col) unpack_v(v_sh[((c) * COLS + col_tid) * VSTR + d_tid + (v) * DS])
+#elif LOADS_FIRST
 #define TILE_K_(k, c, col) unpack_k(kt[k][c])
 #define TILE_V_(c, v, col) unpack_v(vt[c][v])
 #else
@@ -354,7 +392,15 @@ void main() {
 #if NORM_ROPE_IN
     const uint nr_col = nr_owner && nr_tile < j_end ? nr_cell : 0xFFFFFFFFu;   // none: past every column
 #endif
-#if LOADS_FIRST > 1
+#if LOADS_FIRST == 3
+    K_RAW ksn[KSH];
+    V_RAW vsn[VSH];
+    LOAD_KV_SHARE(min(split * per_split, j_end - 1u), ksn, vsn);
+#if HAS_MASK
+    float mn[RPT][CPT];
+    LOAD_MASK(min(split * per_split, j_end - 1u), mn);
+#endif
+#elif LOADS_FIRST > 1
     K_RAW kn[KD][CPT];
     V_RAW vn[CPT][VD];
     LOAD_KV(min(split * per_split, j_end - 1u), kn, vn);
@@ -364,7 +410,19 @@ void main() {
 #endif
 #endif
     [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
-#if LOADS_FIRST > 1
+#if LOADS_FIRST == 3
+        // every thread's share of this tile into shared memory (once the last tile's reads are
+        // done), then the next tile's loads go out (the trip count is the workgroup's: no thread
+        // skips these barriers)
+        barrier();
+        STORE_KV_SHARE(ksn, vsn);
+        barrier();
+#if HAS_MASK
+        float mt[RPT][CPT] = mn;
+        LOAD_MASK(min(j + 1u, j_end - 1u), mn);
+#endif
+        LOAD_KV_SHARE(min(j + 1u, j_end - 1u), ksn, vsn);
+#elif LOADS_FIRST > 1
         // this tile's values from the last iteration; the next tile's loads go out now (before
         // anything can skip this tile)
         K_RAW kt[KD][CPT] = kn;

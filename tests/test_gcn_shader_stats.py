@@ -120,4 +120,8 @@ def test_gcn_shader_stats_on_null_polaris():
     # the one known miss: Q4_K's 16-byte loads over 4 weight rows a group take 84 VGPRs (3 waves;
     # 64 and 4 without them, or over 2 rows); which is faster on an RX 580 is not measured
     assert below == {("mul_mv", "QTYPE_Q4_K", True, 4, 3)}, below
+    # decode attention with its K/V tile in shared memory (fa_loads_first=3), with and without the
+    # prologue: 4 waves, where the tables' 2 (a tile ahead in registers) leave 2
+    shared_kv = [r["statistics"] for r in rows if r["kernel"] == "flash_attn" and r["defines"].get("LOADS_FIRST") == 3]
+    assert len(shared_kv) == 2 and all(s["Subgroups per SIMD"] >= 4 and s["Spilled VGPRs"] == 0 for s in shared_kv)
     assert any(r["kernel"] == "mul_mv" and r["defines"].get("NC", 1) > 1 for r in rows)

@@ -4,6 +4,8 @@ apart, which have their own tests against rms_norm / rope / set_rows and a float
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_flash_attn import tuning
@@ -20,7 +22,7 @@ N_CELLS = 80
 
 
 def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
-        split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0):
+        split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0, loads_first=None):
     """(attention output, K cache, V cache) after one token's norm_rope + attention, apart or
     with the prologue (fused); the caches start with the same random past."""
     rng = np.random.default_rng(seed)
@@ -51,12 +53,15 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
     weights = dict(q_weight=qw, k_weight=kw) if norm else dict(q_weight=None, k_weight=None)
     try:
         with FlashWork(device) as work, CommandSequence(device) as seq:
+            tune = tuning(device, arch)
+            if loads_first is not None:
+                tune = dataclasses.replace(tune, fa_loads_first=loads_first)
             pro = (fa_norm_rope(device, tq, tk, tv, tp, cells, kc, vc, eps=1e-6, rope_args=args, **weights)
                    if fused else None)
             assert pro is not None or not fused
             fa = FlashAttn(device, qr.permute(0, 2, 1, 3), kc.slice(1, 0, n_kv), vc.slice(1, 0, n_kv), out, tm,
                            scale=hd ** -0.5, work=work, kv_used=t_used, split_k=split_k, coopmat=False,
-                           tuning=tuning(device, arch), prologue=pro)
+                           tuning=tune, prologue=pro)
             why = fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
             assert (fa.prologue is not None) == fused, why
             with seq.record():
@@ -65,6 +70,7 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
                               with_q=(tq, qr, weights["q_weight"]), **args)
                     seq.barrier()
                 fa.record(seq)
+            assert loads_first is None or fa._attn.defines["LOADS_FIRST"] == loads_first
             seq.run()
             return read_tensor(out), read_tensor(kc), read_tensor(vc)
     finally:
@@ -96,6 +102,14 @@ def test_the_cells_split_stores_it(device, cell, used, split_k):
     """The new cell in the first, a middle or the last split, at the live cells' end, past them
     (stored, not attended: the last split stores it) and past the attention's cells."""
     same_bits(device, cell=cell, used=used, split_k=split_k, n_kv=64 if cell < 64 else 72, arch=Arch.NVIDIA)
+
+
+@pytest.mark.parametrize("cache,cell,used,split_k", [("F16", 37, None, 3), ("F32", 63, None, 2), ("F16", 70, 50, 2)])
+def test_kv_tile_in_shared_memory(device, cache, cell, used, split_k):
+    """The K/V tile loaded once a workgroup into shared memory (fa_loads_first=3) with the
+    prologue: the new cell read from the prologue's copy, the same bits."""
+    same_bits(device, cache=cache, cell=cell, used=used, split_k=split_k, n_kv=64 if cell < 64 else 72,
+              arch=Arch.AMD_GCN, loads_first=3)
 
 
 @pytest.mark.parametrize("n_head,n_kv_head", [(8, 1), (3, 3), (8, 2)])

@@ -301,8 +301,9 @@ LOADS_FIRST_CASES = [
 @pytest.mark.parametrize("arch,n_q,n_head,n_head_kv,hs,kind,split_k,used,mask_opt", LOADS_FIRST_CASES)
 def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kind, split_k, used, mask_opt):
     """Decode-sized calls issuing a tile's mask, K and V loads first, or a tile ahead
-    (tuning.fa_loads_first 1, 2), give the result of loading them where they are used, bit for
-    bit: masks with dead thread parts, live cells from a buffer, splits."""
+    (tuning.fa_loads_first 1, 2), or the tile's K and V into shared memory a share a thread (3),
+    give the result of loading them where they are used, bit for bit: masks with dead thread
+    parts, live cells from a buffer, splits."""
     rng = np.random.default_rng(n_q * 10 + n_head)
     n_kv = 700 if mask_opt else 200
     q, k, v = make_qkv(rng, n_head=n_head, n_head_kv=n_head_kv, n_q=n_q, n_kv=n_kv, hsk=hs)
@@ -316,7 +317,7 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
     base = tuning(device, arch)
     try:
         got = {}
-        for first in (0, 1, 2):
+        for first in (0, 1, 2, 3):
             t = dataclasses.replace(base, fa_loads_first=first)
             got[first], fa = flash(device, q, k, v, mask, tuning=t, split_k=split_k, kv_used=t_used, mask_opt=mask_opt)
             assert fa.decode_sized and fa.n_split == split_k and fa._attn.defines["LOADS_FIRST"] == first
@@ -324,6 +325,7 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
         check(got[2], q, k, v, mask)
         assert np.array_equal(_bits(got[1]), _bits(got[0]))
         assert np.array_equal(_bits(got[2]), _bits(got[0]))
+        assert np.array_equal(_bits(got[3]), _bits(got[0]))
     finally:
         if t_used is not None:
             t_used.close()

@@ -67,7 +67,12 @@ class Tuning:
     # LOADS_FIRST): one memory round trip a tile instead of three in a row; 2: the next tile's
     # too, while this one is computed; 0: each loaded where it is used. H200, GCN table, heads
     # 32/4 x 128, one query, split 1 at depth 4096: 520 / 305 / 189 us; Qwen3-30B-A3B shape
-    # tg128 269.1 / 274.6 / 275.8 t/s (bench/flash_attn_decode.py, vkrt bench)
+    # tg128 269.1 / 274.6 / 275.8 t/s (bench/flash_attn_decode.py, vkrt bench). 3: a tile's K and V
+    # loaded once a workgroup into shared memory (a share a thread, the next tile's in flight), not
+    # once a row group: the RX 580's compiler gives it 60 VGPRs (4 waves) against 108 (2), but on
+    # the H200 the two barriers a 16-cell tile cost more than the loads saved (GCN table, heads
+    # 32/4 x 128 at depth 16000: 60.6 against 52.1 us; Qwen3-30B-A3B shape tg128@d16384 150.1
+    # against 169.6 t/s), so no table takes it; one to try on an RX 580 (flash_attn_decode.py --set)
     fa_loads_first: int = 2
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True

@@ -276,7 +276,7 @@ class FlashAttn:
         caches those read here, room for its shared memory, whole norm subgroups a workgroup."""
         s, tile = self.shape, self.tile
         wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
-        extra = 4 * (s.hsk + s.hsv) + (4 * (tile.br + 1) * (wg // sg) if wg else 0)
+        extra = self.prologue_shared_bytes(pro)
         same_cache = all(c.buffer is t.buffer and c.offset == t.offset and c.nb[1:3] == t.nb[1:3]
                          for c, t in ((pro.k_cache, k), (pro.v_cache, v)))
         return ("more than one query token" if s.n_q != 1 or s.batch != 1 else
@@ -288,6 +288,24 @@ class FlashAttn:
                 "the norm's subgroups do not tile the workgroup" if wg and tile.wg % sg else
                 "no shared memory left for it"
                 if tile.shared_bytes(s.hsk, s.hsv) + extra > self.device.profile.shared_memory else None)
+
+    def prologue_shared_bytes(self, pro) -> int:
+        """Shared memory the q/k norm and RoPE prologue `pro` (FANormRope) adds to the kernel's."""
+        wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
+        return 4 * (self.shape.hsk + self.shape.hsv) + (4 * (self.tile.br + 1) * (wg // sg) if wg else 0)
+
+    def loads_first(self, k_f16: bool, v_f16: bool) -> int:
+        """The kernel's LOADS_FIRST: tuning.fa_loads_first for decode-sized calls (0 otherwise),
+        3 (the K/V tile in shared memory) taken down to 2 where the tile does not fit beside the
+        rest of the kernel's shared memory."""
+        first = self.tuning.fa_loads_first if self.decode_sized else 0
+        if first == 3:
+            s, tile = self.shape, self.tile
+            kv = tile.bc * ((s.hsk // 4 + 1) * (8 if k_f16 else 16) + (s.hsv // 4 + 1) * (8 if v_f16 else 16))
+            extra = self.prologue_shared_bytes(self.prologue) if self.prologue else 0
+            if tile.shared_bytes(s.hsk, s.hsv) + extra + kv > self.device.profile.shared_memory:
+                first = 2
+        return first
 
     # -- pipelines and scratch -----------------------------------------------------------------
     def _build(self, q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks) -> None:
@@ -320,7 +338,7 @@ class FlashAttn:
             shader, workgroup = "flash_attn", (tile.wg,)
             defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                            RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack,
-                           LOADS_FIRST=self.tuning.fa_loads_first if self.decode_sized else 0,
+                           LOADS_FIRST=self.loads_first(k.type == F16, v.type == F16),
                            SPLIT_MIN=self.tuning.fa_decode_split_min_live if self.decode_sized else 1, **options)
         self._sinks, push["s_off"] = None, 0
         if sinks is not None:
