@@ -331,6 +331,22 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
             t_used.close()
 
 
+@pytest.mark.parametrize("kv_dtype,expect", [(np.float16, 3), (np.float32, 2)])
+def test_kv_tile_in_shared_memory_falls_back_where_it_does_not_fit(device, kv_dtype, expect):
+    """fa_loads_first=3 holds a 16-cell K/V tile of head 256 in shared memory: 16.6 KiB as f16
+    fits beside the Q tile, 33 KiB as f32 does not (a 32 KiB device takes 2 then); the same
+    result either way."""
+    if device.profile.shared_memory != 32768:
+        pytest.skip("the sizes are chosen for 32 KiB of shared memory")
+    rng = np.random.default_rng(8)
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=1, n_q=1, n_kv=100, hsk=256, kv_dtype=kv_dtype)
+    mask = causal_mask(1, 100)
+    t = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_loads_first=3, fa_decode_bc=16)
+    got, fa = flash(device, q, k, v, mask, tuning=t, split_k=2)
+    assert fa._attn.defines["LOADS_FIRST"] == expect
+    check(got, q, k, v, mask)
+
+
 def test_gqa_pack_rule(device):
     """Packed by default for up to fa_pack_max_q queries when the shape allows; refused by name
     where it does not."""
