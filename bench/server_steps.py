@@ -4,7 +4,7 @@ carry a prompt chunk along with the slots' decode tokens, as `vkrt serve` runs t
     python bench/server_steps.py MODEL.gguf [--slots 16] [--context 100] [--tokens 64,128,256,512]
                                  [--reps 5] [--json]
 
-Every slot first holds --context tokens. A decode step of n slots reads each slot's candidates
+Every slot first holds --context tokens (read in steps of the micro-batch). A decode step of n slots reads each slot's candidates
 (as the server's samplers do); a mixed step of T tokens holds n decode tokens and T - n prompt
 tokens of one more sequence (whose cells are dropped after each repetition). The table gives the
 median milliseconds a step, per token, and the ratio to the decode step of the same n: what
@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     gens = [int(n) for n in args.generating.split(",")]
     sizes = [int(n) for n in args.tokens.split(",")]
+    if args.context < 1:
+        sys.exit("server_steps: --context must be at least 1 token")
     if max(gens) >= args.slots or max(sizes) > args.ubatch:
         sys.exit("server_steps: --generating must stay below --slots and --tokens within --ubatch")
     with Device() as dev:
@@ -73,8 +75,10 @@ def steps(args, dev, gens, sizes) -> list[dict]:
     with opened(dev, args.model, n_ctx=max(4096, args.slots * (args.context + 2 * args.ubatch)),
                 n_ubatch=args.ubatch, n_batch=args.ubatch, n_seq_max=args.slots) as (m, e):
         vocab = m.cfg.vocab_size
-        for s in range(args.slots):
-            e.mixed([(s, [1 + (s * 31 + i) % (vocab - 1) for i in range(args.context)])])
+        for s in range(args.slots):   # each slot's context in micro-batch-sized steps
+            tokens = [1 + (s * 31 + i) % (vocab - 1) for i in range(args.context)]
+            for at in range(0, len(tokens), args.ubatch):
+                e.mixed([(s, tokens[at:at + args.ubatch])])
         reader = args.slots - 1   # the sequence whose prompt chunk rides along
         for n in gens:
             pairs = [(s, 7) for s in range(n)]
