@@ -4,11 +4,11 @@ carry a prompt chunk along with the slots' decode tokens, as `vkrt serve` runs t
     python bench/server_steps.py MODEL.gguf [--slots 16] [--context 100] [--tokens 64,128,256,512]
                                  [--reps 5] [--json]
 
-Every slot first holds --context tokens (read in steps of the micro-batch). A decode step of n slots reads each slot's candidates
-(as the server's samplers do); a mixed step of T tokens holds n decode tokens and T - n prompt
-tokens of one more sequence (whose cells are dropped after each repetition). The table gives the
-median milliseconds a step, per token, and the ratio to the decode step of the same n: what
---max-itl-ratio compares against.
+Every slot first holds --context tokens (read in steps of the micro-batch). A decode step of n
+slots reads each slot's candidates (as the server's samplers do); a mixed step of T tokens holds
+n decode tokens and T - n prompt tokens of one more sequence (whose cells are dropped after each
+repetition). The table gives the median milliseconds a step, per token, and the ratio to the
+decode step of the same n: what --max-itl-ratio compares against.
 """
 
 from __future__ import annotations

@@ -392,46 +392,41 @@ void main() {
 #if NORM_ROPE_IN
     const uint nr_col = nr_owner && nr_tile < j_end ? nr_cell : 0xFFFFFFFFu;   // none: past every column
 #endif
+#if LOADS_FIRST > 1
+    // the next tile's K and V: this thread's share of it (3) or its own columns (2)
 #if LOADS_FIRST == 3
     K_RAW ksn[KSH];
     V_RAW vsn[VSH];
-    LOAD_KV_SHARE(min(split * per_split, j_end - 1u), ksn, vsn);
-#if HAS_MASK
-    float mn[RPT][CPT];
-    LOAD_MASK(min(split * per_split, j_end - 1u), mn);
-#endif
-#elif LOADS_FIRST > 1
+#define LOAD_NEXT_KV(j) LOAD_KV_SHARE(j, ksn, vsn)
+#else
     K_RAW kn[KD][CPT];
     V_RAW vn[CPT][VD];
-    LOAD_KV(min(split * per_split, j_end - 1u), kn, vn);
+#define LOAD_NEXT_KV(j) LOAD_KV(j, kn, vn)
+#endif
+    LOAD_NEXT_KV(min(split * per_split, j_end - 1u));
 #if HAS_MASK
     float mn[RPT][CPT];
     LOAD_MASK(min(split * per_split, j_end - 1u), mn);
 #endif
 #endif
     [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
+#if LOADS_FIRST > 1
+        // this tile's values from the last iteration (3: every thread's share stored once the
+        // last tile's reads are done; the trip count is the workgroup's, so no thread skips these
+        // barriers); the next tile's loads go out now (before anything can skip this tile)
 #if LOADS_FIRST == 3
-        // every thread's share of this tile into shared memory (once the last tile's reads are
-        // done), then the next tile's loads go out (the trip count is the workgroup's: no thread
-        // skips these barriers)
         barrier();
         STORE_KV_SHARE(ksn, vsn);
         barrier();
-#if HAS_MASK
-        float mt[RPT][CPT] = mn;
-        LOAD_MASK(min(j + 1u, j_end - 1u), mn);
-#endif
-        LOAD_KV_SHARE(min(j + 1u, j_end - 1u), ksn, vsn);
-#elif LOADS_FIRST > 1
-        // this tile's values from the last iteration; the next tile's loads go out now (before
-        // anything can skip this tile)
+#else
         K_RAW kt[KD][CPT] = kn;
         V_RAW vt[CPT][VD] = vn;
+#endif
 #if HAS_MASK
         float mt[RPT][CPT] = mn;
         LOAD_MASK(min(j + 1u, j_end - 1u), mn);
 #endif
-        LOAD_KV(min(j + 1u, j_end - 1u), kn, vn);
+        LOAD_NEXT_KV(min(j + 1u, j_end - 1u));
 #elif LOADS_FIRST
         K_RAW kt[KD][CPT];
         V_RAW vt[CPT][VD];

@@ -53,6 +53,10 @@ class FATile:
     def shared_bytes(self, hsk: int, hsv: int) -> int:
         return 4 * self.br * max(hsk, hsv) + 8 * self.br * self.cols
 
+    def kv_shared_bytes(self, hsk: int, hsv: int, k_f16: bool, v_f16: bool) -> int:
+        """The K/V tile that LOADS_FIRST 3 adds: bc rows of each as stored, padded by one vec4."""
+        return self.bc * ((hsk // 4 + 1) * (8 if k_f16 else 16) + (hsv // 4 + 1) * (8 if v_f16 else 16))
+
 
 def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
             max_rows: int | None = None, bc: int | None = None) -> FATile | None:
@@ -301,7 +305,7 @@ class FlashAttn:
         first = self.tuning.fa_loads_first if self.decode_sized else 0
         if first == 3:
             s, tile = self.shape, self.tile
-            kv = tile.bc * ((s.hsk // 4 + 1) * (8 if k_f16 else 16) + (s.hsv // 4 + 1) * (8 if v_f16 else 16))
+            kv = tile.kv_shared_bytes(s.hsk, s.hsv, k_f16, v_f16)
             extra = self.prologue_shared_bytes(self.prologue) if self.prologue else 0
             if tile.shared_bytes(s.hsk, s.hsv) + extra + kv > self.device.profile.shared_memory:
                 first = 2
