@@ -6,14 +6,20 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from vkrt.device import Arch
+from vkrt.device import Arch, parse_tune
 from vkrt.engine.options import EngineOptions, open_engine
 from vkrt.settings import Settings
 
 
-def bench_settings(**changes) -> Settings:
-    """The VKRT_* environment as Settings, with `changes` (Settings fields) on top."""
-    return Settings.from_env().replace(**changes)
+def bench_settings(sets: list[str] = (), **changes) -> Settings:
+    """The VKRT_* environment as Settings, with `changes` (Settings fields) on top and a script's
+    --set FIELD=VALUE items added to VKRT_TUNE's tuning overrides (vkrt/device/tune.py; a --set
+    field wins over the same field in VKRT_TUNE)."""
+    settings = Settings.from_env().replace(**changes)
+    if sets:
+        tune = {**dict(settings.tune), **dict(parse_tune(" ".join(sets), "--set"))}
+        settings = settings.replace(tune=tuple(tune.items()))
+    return settings
 
 
 def polaris_class(settings: Settings) -> bool:

@@ -105,7 +105,7 @@ def main() -> None:
     with Device() as dev:
         cases = [measure_case(dev, ggml_type(t), args.rows, tuple(args.cols), w, args.reps, args.iters)
                  for t in args.types for w in which]
-        result = {"bench": "concat_transposed_source", **dev.profile.identity(),
+        result = {"bench": "concat_transposed_source", **dev.identity(),
                   "transpose_tile": dev.tuning.transpose_tile, "transpose_rows": dev.tuning.transpose_rows, "reps": args.reps, "iters": args.iters,
                   "cases": cases}
     if args.json:

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             t, _, nd, nb = measure(drop=lambda k, kind=kind: k == kind)
             rows.append({"without": kind, "us_per_step": t * 1e6, "saves_us": (full - t) * 1e6,
                          "dispatches": nd, "barriers": nb, "count": kinds[kind]})
-        info = {**dev.profile.identity(), "model": args.model, "tokens": args.tokens, "depth": args.depth,
+        info = {**dev.identity(), "model": args.model, "tokens": args.tokens, "depth": args.depth,
                 "full_us_per_step": full * 1e6, "engine_wall_us_per_step": wall * 1e6,
                 "dispatches": n_dispatch, "barriers": n_barrier}
     shown = rows[:2] + sorted((r for r in rows[2:] if 100 * r["saves_us"] / info["full_us_per_step"] >= args.min_share),

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
             m_["count"] += r["count"]
         rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
-        info = {**dev.profile.identity(), "tokens": args.tokens,
+        info = {**dev.identity(), "tokens": args.tokens,
                 "n_cpu_moe": m.n_cpu_moe,
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),

@@ -123,7 +123,7 @@ def main() -> None:
     with Device() as dev:
         rows = [measure(dev, ub, depth, hs, nh, nkv, args.repeats, rng)
                 for hs, nh, nkv in heads for ub in ubatches for depth in depths]
-        result = dict(**dev.profile.identity(), rows=rows)
+        result = dict(**dev.identity(), rows=rows)
     if args.json:
         print(json.dumps(result))
         return

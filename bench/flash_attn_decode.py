@@ -22,8 +22,8 @@ import json
 from dataclasses import replace
 
 import numpy as np
+from common import bench_settings
 from flash_attn import parse_args, time_runs
-from matmul import parse_sets
 
 from vkrt.commands import tensor_from_numpy
 from vkrt.device import Device
@@ -77,15 +77,15 @@ def main() -> None:
     ints = lambda text: [int(x) for x in text.split(",") if x]   # noqa: E731
     heads = args.heads
     rng = np.random.default_rng(0)
-    with Device() as dev:
-        dev.tuning = parse_sets(args.set, dev.tuning)
+    with Device(settings=bench_settings(args.set)) as dev:
         rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng)
                 for hs, nh, nkv in heads for nq in ints(args.queries) for depth in ints(args.depth)]
-        result = dict(**dev.profile.identity(), rows=rows)
+        result = dict(**dev.identity(), rows=rows)
     if args.json:
         print(json.dumps(result))
         return
-    print(f"flash attention decode on {result['device']} ({result['architecture']}), K/V f16, us per call")
+    tune = f", VKRT_TUNE {result['tune']!r}" if "tune" in result else ""
+    print(f"flash attention decode on {result['device']} ({result['architecture']}{tune}), K/V f16, us per call")
     columns = ["head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
                "loads where used (speedup)", "packed split sweep (splits: us)"]
     print("| " + " | ".join(columns) + " |")

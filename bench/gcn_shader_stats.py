@@ -350,7 +350,8 @@ def print_table(result: dict) -> None:
     print(f"{result['device']} ({result['driver']}), {result['architecture']} tuning: GEMM tile "
           f"{t['mm_bm']}x{t['mm_bn']}x{t['mm_bk']} ({t['mm_tm']}x{t['mm_tn']} a thread; "
           f"{t['mm_big_bm']}x{t['mm_big_bn']} past {t['mm_bn']} columns), mat-vec wg {t['mv_wg']} "
-          f"x {t['mv_rows']} rows, flash attention wg {t['fa_wg']}")
+          f"x {t['mv_rows']} rows, flash attention wg {t['fa_wg']}"
+          + (f"; tuning overrides VKRT_TUNE={result['tune']!r}" if result["tune"] else ""))
     columns = ["kernel", "variant", "used by", "VGPRs", "SGPRs", "spills S/V", "LDS bytes", "waves/SIMD",
                "instructions", "code bytes"]
     print("| " + " | ".join(columns) + " |")
@@ -375,7 +376,7 @@ def main(argv=None) -> int:
         p = dev.profile
         fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_big_bm", "mm_big_bn", "mv_wg", "mv_rows", "fa_wg")
         result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,
-                      model={**MODEL, "weights": weights}, tuning={f: getattr(dev.tuning, f) for f in fields},
+                      tune=dev.identity().get("tune", ""), model={**MODEL, "weights": weights}, tuning={f: getattr(dev.tuning, f) for f in fields},
                       kernels=collect(dev, weights))
         dev.check_validation()  # with VKRT_VALIDATE=1: the layer's errors fail the run
     if args.json:

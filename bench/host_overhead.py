@@ -59,7 +59,7 @@ def measure(dispatches: int, iters: int, n: int) -> dict:
             return statistics.median(samples) / dispatches * 1e6
 
         return {
-            **dev.profile.identity(),
+            **dev.identity(),
             "dispatches": dispatches,
             "iters": iters,
             "elements": n,

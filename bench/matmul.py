@@ -28,13 +28,13 @@ is the kernel's streaming rate rather than a dependent dispatch's time (decode's
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
 import time
 
 import numpy as np
+from common import bench_settings
 
 from vkrt.commands import CommandSequence, tensor_from_numpy, write_tensor
 from vkrt.device import Device
@@ -146,17 +146,6 @@ def moe_case(dev, w: Tensor, n_used: int, n: int, reps: int, tuning, rng) -> dic
             "experts_used": used, "rounds": rounds}
 
 
-def parse_sets(items: list[str], tuning):
-    fields = {f.name: f.type for f in dataclasses.fields(tuning)}
-    changes = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"--set {item}: no tuning field {key!r}; fields are {', '.join(fields)}")
-        changes[key] = value != "0" if fields[key] in (bool, "bool") else int(value)
-    return dataclasses.replace(tuning, **changes)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_1")
@@ -178,8 +167,8 @@ def main(argv=None) -> int:
     k, m = (int(v) for v in args.dense.split("x"))
     mk, mm, me, mu = (int(v) for v in args.moe.split("x"))
     rows = []
-    with Device() as dev:
-        tuning = parse_sets(args.set, dev.tuning)
+    with Device(settings=bench_settings(args.set)) as dev:
+        tuning = dev.tuning
         peer = copy_gbs(dev, k * m, args.reps)
         peer_bytes = min(args.peer_mib << 20, dev.profile.max_buffer_size, dev.profile.max_storage_buffer_range) // 16 * 16
         with Buffer(dev, peer_bytes, label="read peer") as a:
@@ -222,7 +211,7 @@ def main(argv=None) -> int:
                         t.close()
         fields = ("mv_wg", "mv_rows", "mv_max_n", "mv_id_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn",
                   "mm_big_bm", "mm_big_bn", "mm_prefetch")
-        info = {**dev.profile.identity(), "copy_gbs": peer, "read_peer_gbs": read_peer,
+        info = {**dev.identity(), "copy_gbs": peer, "read_peer_gbs": read_peer,
                 "tuning": {f: getattr(tuning, f) for f in fields}}
     if args.json:
         json.dump({**info, "results": rows}, sys.stdout, indent=1)

@@ -27,7 +27,8 @@ import statistics
 import sys
 
 import numpy as np
-from matmul import SCALES, parse_sets
+from common import bench_settings
+from matmul import SCALES
 
 from vkrt.commands import CommandSequence, tensor_from_numpy
 from vkrt.device import Device
@@ -195,8 +196,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = []
-    with Device() as dev:
-        tuning = parse_sets(args.set, dev.tuning)
+    with Device(settings=bench_settings(args.set)) as dev:
+        tuning = dev.tuning
         for typ in args.types.split(","):
             for r in run_type(dev, typ, args, tuning, rng):
                 rows.append(r)
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
                     print(f"{r['type']:5} {r['path']:12} {r['us_per_layer']:9.1f} us/layer {r['gbps']:7.2f} GB/s "
                           f"{r['speedup_vs_in_place']:5.2f}x in place  {100 * r['of_copy_peer']:5.1f}% of copy peer{hits}",
                           flush=True)
-        info = {**dev.profile.identity(),
+        info = {**dev.identity(),
                 "tuning": {f: getattr(tuning, f) for f in ("mv_wg", "mv_rows", "mv_max_n")}}
     if args.json:
         print(json.dumps({**info, "results": rows}))

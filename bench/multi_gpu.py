@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
+from common import bench_settings
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
-from matmul import parse_sets
 from vkrt.device.group import DeviceGroup
 from vkrt.engine.bench import BenchTest, run_test
 from vkrt.engine.engine import Engine
@@ -178,8 +178,7 @@ def main() -> None:
         return
     polaris = os.environ.get("VKRT_ARCH", "").lower() in ("gcn", "amd_gcn", "polaris")
     rows = {}
-    with DeviceGroup(specs) as group:
-        retune(group, args.set)
+    with DeviceGroup(specs, settings=bench_settings(args.set)) as group:
         physical = [d.profile.index for d in group]
         names = [d.profile.name for d in group]
         rows["vkrt one device"] = vkrt_side(group.devices[:1], path, tests, args.reps, False, None, args.ncmoe,
@@ -228,19 +227,12 @@ def main() -> None:
             print(f"{c} failed: {rows[c]['error']}")
 
 
-def retune(group, sets: list[str]) -> None:
-    """--set FIELD=VALUE: the tuning fields overridden on every device of `group`."""
-    for d in group:
-        d.tuning = parse_sets(sets, d.tuning)
-
-
 def slots_main(args, path, specs, ts) -> None:
     """--slots: decode steps of N sequences on one device, the split, the pipelined split (the
     split rows where --device names several)."""
     slots = [int(v) for v in args.slots.split(",")]
     rows, first = {}, {}
-    with DeviceGroup(specs) as group:
-        retune(group, args.set)
+    with DeviceGroup(specs, settings=bench_settings(args.set)) as group:
         names = [f"{d.profile.index}: {d.profile.name}" for d in group]
         configs = [("vkrt one device", group.devices[:1], False, False)]
         if len(group.devices) > 1:

@@ -68,7 +68,7 @@ def main() -> None:
             host = host_ms_per_token(e, whole, args.n)
             gpu = host_ms_per_token(e, picked, args.n)
             rows[name] = {"host_ms_whole_row": host, "host_ms_gpu_picked": gpu, "speedup_vs_whole_row": host / gpu}
-        info = {**dev.profile.identity(), "vocab": m.cfg.vocab_size, "tokens": args.n, "rows": rows}
+        info = {**dev.identity(), "vocab": m.cfg.vocab_size, "tokens": args.n, "rows": rows}
     if args.json:
         print(json.dumps(info))
         return

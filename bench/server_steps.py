@@ -19,8 +19,7 @@ import statistics
 import sys
 import time
 
-from common import opened
-from matmul import parse_sets
+from common import bench_settings, opened
 
 from vkrt.device import Device
 
@@ -54,11 +53,10 @@ def main(argv=None) -> int:
         sys.exit("server_steps: --context must be at least 1 token")
     if max(gens) >= args.slots or max(sizes) > args.ubatch:
         sys.exit("server_steps: --generating must stay below --slots and --tokens within --ubatch")
-    with Device() as dev:
-        dev.tuning = parse_sets(args.set, dev.tuning)
+    with Device(settings=bench_settings(args.set)) as dev:
         rows = steps(args, dev, gens, sizes)
     if args.json:
-        print(json.dumps({"model": args.model, **dev.profile.identity(), "context": args.context, "steps": rows}))
+        print(json.dumps({"model": args.model, **dev.identity(), "context": args.context, "steps": rows}))
         return 0
     print(f"# {args.model} on {dev.profile.name}: every slot holds {args.context} tokens")
     print("| step | decode tokens | tokens | ms | ms a token | x decode step |")

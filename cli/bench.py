@@ -115,6 +115,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
           flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu, tensor_split, repetitions,
           output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
+    from vkrt.device.tune import describe_tune
     from vkrt.engine.bench import BenchTest, run_test
     from vkrt.engine.engine import Engine
     from vkrt.engine.options import EngineOptions, plan_layer_split
@@ -179,7 +180,8 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                     row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
                                flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res,
                                device=", ".join(d.profile.name for d in used), split_mode=sm,
-                               main_gpu=mg, tensor_split=ts, devices=[d.label for d in used])
+                               main_gpu=mg, tensor_split=ts, devices=[d.label for d in used],
+                               tune=describe_tune(model.device.settings.tune))
                     rows.append(row)
                     printer.row(row)
         if loaded is not None:
@@ -209,7 +211,7 @@ class _Printer:
             "n_prompt": r.test.n_prompt, "n_gen": r.test.n_gen, "n_depth": r.test.n_depth,
             "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "avg_ns": int(r.avg_ns), "stddev_ns": int(r.stddev_ns), "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts,
-            "samples_ns": r.samples_ns, "samples_ts": r.samples_ts,
+            "samples_ns": r.samples_ns, "samples_ts": r.samples_ts, "vkrt_tune": row["tune"],
         }
 
     def row(self, row) -> None:
@@ -241,4 +243,5 @@ class _Printer:
         if self.fmt == "json":
             click.echo(json.dumps(self.records, indent=2))
         elif self.fmt == "md":
-            click.echo(f"\nbuild: vkrt {__version__}")
+            tune = self.records[-1]["vkrt_tune"] if self.records else ""
+            click.echo(f"\nbuild: vkrt {__version__}" + (f", tuning overrides VKRT_TUNE={tune!r}" if tune else ""))

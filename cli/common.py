@@ -146,9 +146,11 @@ def vram_budgets(value: str | None):
 def open_devices(device: str | None):
     """The DeviceGroup --device names (one device when not given)."""
     from vkrt.device.group import DeviceGroup, parse_device_list
-    from vkrt.errors import ConfigError
+    from vkrt.errors import ConfigError, TuningOverrideError
     try:
         return DeviceGroup(parse_device_list(device), settings=settings())
+    except TuningOverrideError as exc:
+        raise click.ClickException(str(exc)) from None
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--device") from None
 

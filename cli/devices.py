@@ -53,14 +53,15 @@ def _rows(p, tuning, refused: str = "") -> list[tuple[str, str]]:
     ]
 
 
-def _tuning(p, coopmat):
-    """(tuning, refusal): the tuning a device opened with VKRT_COOPMAT=`coopmat` gets, or where
-    the device refuses that setting, the table's and the refusal (the list shows every device)."""
-    from vkrt.device.tuning import tuning_for
-    from vkrt.errors import UnsupportedDevice
+def _tuning(p, coopmat, tune):
+    """(tuning, refusal): the tuning a device opened with VKRT_COOPMAT=`coopmat` and VKRT_TUNE's
+    `tune` gets, or where the device refuses those settings, the table's and the refusal (the list
+    shows every device)."""
+    from vkrt.device.tune import tuning_for
+    from vkrt.errors import ConfigError, UnsupportedDevice
     try:
-        return tuning_for(p, coopmat), ""
-    except UnsupportedDevice as exc:
+        return tuning_for(p, coopmat, tune), ""
+    except (UnsupportedDevice, ConfigError) as exc:
         return tuning_for(p), f"opening it would fail: {exc}"
 
 
@@ -89,11 +90,12 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
         raise click.UsageError("--device, -ts and -mg show a placement: give the model with -m")
     from vkrt.device.instance import Instance
     from vkrt.device.selection import select_device
+    from vkrt.device.tune import describe_tune
     from vkrt.errors import VkrtError
 
     with Instance(validate=False, settings=settings()) as instance:
         profiles = instance.profiles()
-    coopmat = instance.settings.coopmat
+    coopmat, tune = instance.settings.coopmat, instance.settings.tune
     try:
         selected = select_device(profiles, instance.settings.device).index
     except VkrtError:
@@ -101,16 +103,18 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
             raise
         selected = None
     if as_json:
-        out = {"selected": selected,
+        out = {"selected": selected, "tune": describe_tune(tune),
                "devices": [{**p.to_dict(), "tuning": {k: (v.value if hasattr(v, "value") else v)
-                                                      for k, v in dataclasses.asdict(_tuning(p, coopmat)[0]).items()}}
+                                                      for k, v in dataclasses.asdict(_tuning(p, coopmat, tune)[0]).items()}}
                            for p in profiles]}
         click.echo(json.dumps(out, indent=2))
         return
     for p in profiles:
         mark = "  [selected]" if p.index == selected else ""
         click.echo(f"Device {p.index}: {p.name}{mark}")
-        rows = _rows(p, *_tuning(p, coopmat))
+        rows = _rows(p, *_tuning(p, coopmat, tune))
+        if tune:
+            rows.append(("tuning overrides", f"VKRT_TUNE={describe_tune(tune)!r}"))
         width = max(len(k) for k, _ in rows)
         for key, value in rows:
             click.echo(f"  {key:<{width}}  {value}")

@@ -6,7 +6,8 @@ import pytest
 
 from vkrt.device.architecture import (DRIVER_ID_MESA_LLVMPIPE, VENDOR_AMD, VENDOR_INTEL, VENDOR_NVIDIA, Arch,
                                       detect_architecture, parse_arch)
-from vkrt.device.tuning import TABLE, tuning_for
+from vkrt.device.tune import tuning_for
+from vkrt.device.tuning import TABLE
 from vkrt.errors import ConfigError
 from vkrt.settings import Settings
 

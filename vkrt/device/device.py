@@ -13,7 +13,8 @@ from .instance import Instance
 from .profile import DeviceProfile
 from .queue import Queue
 from .selection import select_device
-from .tuning import Tuning, tuning_for
+from .tune import describe_tune, tuning_for
+from .tuning import Tuning
 from .vk import vk, vk_call
 
 log = logging.getLogger("vkrt")
@@ -64,7 +65,7 @@ class Device(Owned):
             if capture_statistics and STATISTICS_EXTENSION not in self.profile.extensions:
                 raise UnsupportedDevice(f"{self.profile.name} lacks {STATISTICS_EXTENSION}: it cannot report "
                                         "compiler statistics")
-            self.tuning: Tuning = tuning_for(self.profile, settings.coopmat)
+            self.tuning: Tuning = tuning_for(self.profile, settings.coopmat, settings.tune)
         except Exception:
             if self._owns_instance:
                 self.instance.close()
@@ -81,6 +82,14 @@ class Device(Owned):
         self._create()
         log.info("opened %s (%s, %s, arch %s)", self.profile.name, self.profile.device_type,
                  self.profile.driver_info or self.profile.driver_name, self.profile.architecture.value)
+        if settings.tune:
+            log.info("tuning overrides: VKRT_TUNE=%r", describe_tune(settings.tune))
+
+    def identity(self) -> dict:
+        """The profile's identity (how bench reports name the device) and, where VKRT_TUNE or a
+        script's --set changed the tuning, those changes as `tune`."""
+        tune = describe_tune(self.settings.tune)
+        return {**self.profile.identity(), **({"tune": tune} if tune else {})}
 
     def _create(self) -> None:
         p = self.profile

@@ -393,10 +393,6 @@ TABLE: dict[Arch, Tuning] = {
 }
 
 
-def tuning_for(profile: DeviceProfile, coopmat: bool | None = None) -> Tuning:
-    return TABLE[profile.architecture].resolved(profile, coopmat)
-
-
 def fa_mask_opt_rule(tuning: Tuning, *, has_mask: bool, nem0: int, nem1: int, hsk: int, hsv: int,
                      bc: int) -> bool:
     """Whether flash attention classifies the mask's Br x Bc blocks in a pre-pass (mask_opt).

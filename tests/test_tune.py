@@ -1,0 +1,70 @@
+"""Tuning overrides (VKRT_TUNE, the bench scripts' --set): parsing, refusals, the device's limits,
+and a device opened with them (vkrt/device/tune.py)."""
+
+import dataclasses
+
+import pytest
+
+from vkrt.device import Device
+from vkrt.device.architecture import Arch
+from vkrt.device.tune import describe_tune, parse_tune, tuning_for
+from vkrt.device.tuning import TABLE
+from vkrt.errors import TuningOverrideError
+from vkrt.settings import Settings
+
+
+def test_every_value_form_parses():
+    text = "fa_loads_first=3, mv_rows_by_type=Q4_K:2+Q6_K:2 fa_unroll=off mv_narrow_types=none moe_read_in_place=Q4_0"
+    assert dict(parse_tune(text)) == {"fa_loads_first": 3, "mv_rows_by_type": (("Q4_K", 2), ("Q6_K", 2)),
+                                      "fa_unroll": False, "mv_narrow_types": (), "moe_read_in_place": ("Q4_0",)}
+    assert parse_tune("") == () and parse_tune("mv_rows=2 mv_rows=8") == (("mv_rows", 8),)
+    changes = parse_tune(text)
+    assert parse_tune(describe_tune(changes)) == changes
+
+
+@pytest.mark.parametrize("text, says", [
+    ("fa_loads_first", "'fa_loads_first' is not FIELD=VALUE"),
+    ("fa_load=3", "'fa_load' is not a tuning field; did you mean fa_loads_first"),
+    ("arch=gcn", "arch is set by VKRT_ARCH"),
+    ("mm_coopmat=1", "mm_coopmat is set by VKRT_COOPMAT"),
+    ("fa_unroll=maybe", "fa_unroll is a switch"),
+    ("mv_rows=-1", "mv_rows takes a whole number"),
+    ("mv_rows=2.5", "mv_rows takes a whole number"),
+    ("mv_rows_by_type=Q4K:2", "'Q4K' is not a GGUF weight type"),
+    ("mv_rows_by_type=Q4_K", "TYPE:COUNT pairs"),
+    ("mv_rows_by_type=Q4_K:0", "TYPE:COUNT pairs"),
+    ("mv_narrow_types=Q5_K+Q9_K", "'Q9_K' is not a GGUF weight type"),
+])
+def test_bad_items_are_refused_by_name(text, says):
+    with pytest.raises(TuningOverrideError, match="VKRT_TUNE: .*" + says.replace("(", r"\(")):
+        parse_tune(text)
+    with pytest.raises(TuningOverrideError, match="VKRT_TUNE"):
+        Settings.from_env({"VKRT_TUNE": text})
+
+
+def test_overrides_apply_before_the_device_limits(device):
+    gcn = dataclasses.replace(device.profile, architecture=Arch.AMD_GCN, compute_units=36,
+                              max_workgroup_invocations=1024)
+    assert tuning_for(gcn).fa_fill_groups == 72
+    # a per-CU count is resolved against the device (a --set after resolution changed nothing)
+    assert tuning_for(gcn, changes=parse_tune("fa_fill_per_cu=4")).fa_fill_groups == 144
+    # the derived field set alone is taken as written
+    t = tuning_for(gcn, changes=parse_tune("fa_fill_groups=100"))
+    assert (t.fa_fill_groups, t.fa_fill_per_cu) == (100, 0)
+    t = tuning_for(gcn, changes=parse_tune("mv_rows_by_type=Q4_K:2 fa_loads_first=3"))
+    assert t.mv_rows_by_type == (("Q4_K", 2),) and t.fa_loads_first == 3
+    assert t.mv_wg == TABLE[Arch.AMD_GCN].mv_wg   # the rest is the table's
+
+
+def test_a_value_the_device_cannot_hold_is_an_error(device):
+    small = dataclasses.replace(device.profile, architecture=Arch.AMD_GCN, max_workgroup_invocations=256)
+    with pytest.raises(TuningOverrideError, match="fa_wg=512 cannot be honoured on .*resolves it to 256"):
+        tuning_for(small, changes=parse_tune("fa_wg=512"))
+
+
+def test_an_opened_device_takes_them(device):
+    settings = Settings.from_env({"VKRT_TUNE": "mv_rows=2 fa_loads_first=0"})
+    with Device(settings=settings) as dev:
+        assert (dev.tuning.mv_rows, dev.tuning.fa_loads_first) == (2, 0)
+        assert dev.identity()["tune"] == "mv_rows=2 fa_loads_first=0"
+    assert "tune" not in device.identity()
