@@ -20,8 +20,8 @@ from vkrt.ops.set_rows import set_rows
 N_CELLS = 9
 # the tuning fields that decide a mat-vec's rows a workgroup (and the norm's workgroup), pinned to
 # lavapipe's table so that CASES take both epilogue paths on every device
-SHAPE_FIELDS = ("mv_wg", "mv_rows", "mv_rows_by_type", "mv_rows_multi", "mv_fill_groups", "mv_max_n",
-                "mv_dense_max_n", "reduce_wg")
+SHAPE_FIELDS = ("mv_wg", "mv_rows", "mv_rows_by_type", "mv_rows_one_column_by_type", "mv_rows_multi",
+                "mv_fill_groups", "mv_max_n", "mv_dense_max_n", "reduce_wg")
 
 
 @pytest.fixture

@@ -156,6 +156,9 @@ class Tuning:
     # (type name, rows) where a weight type's mat-vec takes fewer rows a group than mv_rows (its
     # per-row state costs registers: GCN keeps 4 waves a SIMD)
     mv_rows_by_type: tuple = ()
+    # the same for a mat-vec of one token column only (decode of one sequence, mul_mat_id's pairs,
+    # the summed expert down projection): a run of several columns keeps mv_rows_by_type's rows
+    mv_rows_one_column_by_type: tuple = ()
     # rows a group of a dense mat-vec run of several token columns (a server's decode step; 0:
     # as for one column): its accumulators grow with rows x columns
     mv_rows_multi: int = 0
@@ -313,6 +316,12 @@ TABLE: dict[Arch, Tuning] = {
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),
+                         # Q2_K / Q4_K one column at 2 rows: ACO 64 VGPRs (4 waves) against 84 (3)
+                         # at 4. H200, this table, tg128 (bench/peer.py, same calls): dense 8B
+                         # Q4_K 257.2-257.7 against 258.9-260.2 t/s, 176.2 against 176.6 at depth
+                         # 16384. Their runs of 4 columns keep 4 rows: at 2 an 8B Q4_K decode step
+                         # of 2 / 4 slots took 6.9 / 11.9 ms against 5.8 / 8.4 (server_steps.py)
+                         mv_rows_one_column_by_type=(("Q2_K", 2), ("Q4_K", 2)),
                          # Q5_K's wide loads hold its high bits' 16 bytes as well: ACO 80 VGPRs
                          # (3 waves) against 64 (4) with word loads
                          mv_narrow_types=("Q5_K",),

@@ -248,7 +248,8 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bo
     elif moe_sum:   # one group (subgroup adds, subgroups of varying size) walks the slots, one row
         return wg, lanes, 1   # a row a workgroup keeps more in flight (H200, GCN table: 4 rows 16% slower)
     # gate and up: two weight rows a row
-    base = dict(tuning.mv_rows_by_type).get(typ.name, tuning.mv_rows)
+    by_type = dict(tuning.mv_rows_by_type) | (dict(tuning.mv_rows_one_column_by_type) if n == 1 else {})
+    base = by_type.get(typ.name, tuning.mv_rows)
     if n > 1 and tuning.mv_rows_multi:
         base = min(base, tuning.mv_rows_multi)
     rows = max(1, base // 2) if gate_up else base
