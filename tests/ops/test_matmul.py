@@ -362,6 +362,19 @@ def test_rows_by_type(device):
     check(device, "Q6_K", 37, 512, (1, 3), tuning=tune)
 
 
+def assert_run_is_one_columns_bits(device, tune, seed):
+    """A Q4_K mat-vec over a run of 3 token columns gives each column's one-column bits."""
+    rng = np.random.default_rng(seed)
+    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", 37, 512, rng, scale=0.5), (512, 37))
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    try:
+        runs = run(device, w, x, 37, tuning=tune)
+        ones = np.stack([run(device, w, x[i:i + 1], 37, tuning=tune)[0] for i in range(3)])
+    finally:
+        w.close()
+    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+
+
 def test_rows_of_one_column_by_type(device):
     """mv_rows_one_column_by_type: a type's one-column mat-vec takes its own rows a group (GCN:
     Q4_K at 2, for 4 waves), a run of several columns keeps mv_rows_by_type's or mv_rows; the
@@ -373,15 +386,7 @@ def test_rows_of_one_column_by_type(device):
     nr = lambda t, n: mat_vec_kernel(device, ggml_type(t), n, tune, k=512, m=37, xvec4=True).kernel.defines["NR"]
     assert (nr("Q4_K", 1), nr("Q4_K", 3), nr("Q6_K", 1), nr("Q6_K", 3), nr("Q4_0", 1)) == (2, 4, 1, 2, 4)
     check(device, "Q4_K", 37, 512, (1, 3), tuning=tune)
-    rng = np.random.default_rng(32)
-    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", 37, 512, rng, scale=0.5), (512, 37))
-    x = rng.standard_normal((3, 512)).astype(np.float32)
-    try:
-        runs = run(device, w, x, 37, tuning=tune)
-        ones = np.stack([run(device, w, x[i:i + 1], 37, tuning=tune)[0] for i in range(3)])
-    finally:
-        w.close()
-    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+    assert_run_is_one_columns_bits(device, tune, 32)
 
 
 def test_rows_of_a_run_of_columns(device):
@@ -392,15 +397,7 @@ def test_rows_of_a_run_of_columns(device):
     q = ggml_type("Q4_K")
     nr = lambda n: mat_vec_kernel(device, q, n, tune, k=512, m=37, xvec4=True).kernel.defines["NR"]
     assert (nr(1), nr(3)) == (4, 1)
-    rng = np.random.default_rng(31)
-    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", 37, 512, rng, scale=0.5), (512, 37))
-    x = rng.standard_normal((3, 512)).astype(np.float32)
-    try:
-        runs = run(device, w, x, 37, tuning=tune)
-        ones = np.stack([run(device, w, x[i:i + 1], 37, tuning=tune)[0] for i in range(3)])
-    finally:
-        w.close()
-    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+    assert_run_is_one_columns_bits(device, tune, 31)
 
 
 
