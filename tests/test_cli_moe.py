@@ -52,3 +52,18 @@ def test_bench_takes_the_model_cards_ub_spelling(device, moe_model):
                                       "-o", "json"])
     assert result.exit_code == 0, result.output
     assert sorted(r["n_ubatch"] for r in json.loads(result.output)) == [8, 16]
+
+
+def test_bench_records_the_tuning_overrides(device, moe_model, monkeypatch):
+    """`VKRT_TUNE=... vkrt bench` runs with the overrides and says so: `vkrt_tune` in every
+    record, and under the markdown table."""
+    monkeypatch.setenv("VKRT_TUNE", "mv_rows=2 fa_loads_first=0")
+    args = ["bench", "-m", moe_model, "-p", "0", "-n", "2", "-r", "1"]
+    result = CliRunner().invoke(cli, args + ["-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert [r["vkrt_tune"] for r in json.loads(result.output)] == ["mv_rows=2 fa_loads_first=0"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0 and "tuning overrides VKRT_TUNE='mv_rows=2 fa_loads_first=0'" in result.output
+    monkeypatch.delenv("VKRT_TUNE")
+    result = CliRunner().invoke(cli, args + ["-o", "json"])
+    assert [r["vkrt_tune"] for r in json.loads(result.output)] == [""]
