@@ -67,3 +67,20 @@ def test_bench_records_the_tuning_overrides(device, moe_model, monkeypatch):
     monkeypatch.delenv("VKRT_TUNE")
     result = CliRunner().invoke(cli, args + ["-o", "json"])
     assert [r["vkrt_tune"] for r in json.loads(result.output)] == [""]
+
+
+def test_tune_ab_times_variants_against_the_table(device, moe_model):
+    """bench/tune_ab.py: the table and each variant on their own device, the ratio to the table,
+    and a variant the tuning refuses reported as refused (the others still run)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "bench" / "tune_ab.py"
+    proc = subprocess.run([sys.executable, str(script), moe_model, "--tests", "tg16", "-r", "1", "--variant",
+                           "fa_loads_first=0 mv_rows=2", "--variant", "fa_lods_first=3", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    table, variant, refused = json.loads(proc.stdout)["rows"]
+    assert table["variant"] == "table" and table["tune"] == "" and table["tg16"] > 0
+    assert variant["tune"] == "fa_loads_first=0 mv_rows=2" and variant["ratio_vs_table"]["tg16"] > 0
+    assert "'fa_lods_first' is not a tuning field; did you mean fa_loads_first" in refused["error"]

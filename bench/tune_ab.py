@@ -1,0 +1,95 @@
+"""Tuning variants against the table on this card, in one run: each side (the table, then every
+--variant of VKRT_TUNE items) opens its own device, loads the model and runs the tests; t/s and
+each variant's ratio to the table.
+
+    python bench/tune_ab.py MODEL.gguf [--variant "fa_loads_first=3"] ... [--tests tg128,tg128@d16384]
+                            [-r 3] [--rounds 1] [--json]
+
+Without --variant: the variants README's "Trying a kernel variant on your card" lists whose
+effect these tests see (the GCN table leaves them out because the H200 ran them slower or never
+ran them; an RX 580 decides). The several-column server kernels (`mv_rows_multi=2`) need
+several slots: `bench/server_steps.py --set`. --rounds N runs every side N times in turn and
+reports medians with their range. VKRT_TUNE in the environment applies to every side (the
+table's too); a variant's items win over it. Tests as bench/peer.py names them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import peer
+from common import bench_settings
+
+from vkrt.device import Device
+from vkrt.errors import VkrtError
+
+VARIANTS = ("fa_loads_first=3", "mv_rows_one_column_by_type=Q2_K:2+Q3_K:1+Q4_K:2")
+
+
+def side(path: str, sets: list[str], reps: int) -> dict:
+    """t/s of peer.TESTS on a device tuned with `sets` ({"error": why} where it refuses them)."""
+    try:
+        with Device(settings=bench_settings(sets)) as dev:
+            return {"tune": dev.identity().get("tune", ""), **peer.vkrt_side(dev, path, reps)}
+    except VkrtError as exc:
+        return {"error": str(exc)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--variant", action="append", default=None, metavar="ITEMS",
+                    help="VKRT_TUNE items, e.g. 'fa_loads_first=3' (repeatable; default: README's list)")
+    ap.add_argument("--tests", default="tg128,tg128@d16384", help="of " + ", ".join(t[0] for t in peer.ALL_TESTS))
+    ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    names = args.tests.split(",")
+    unknown = sorted(set(names) - {t[0] for t in peer.ALL_TESTS})
+    if unknown or args.rounds < 1 or args.reps < 1:
+        ap.error(f"unknown tests {', '.join(unknown)}" if unknown else "--rounds and --reps must be at least 1")
+    peer.TESTS = tuple(t for t in peer.ALL_TESTS if t[0] in names)
+    sides = [("table", [])] + [(v, v.split()) for v in (args.variant or VARIANTS)]
+    runs = [[side(args.model, sets, args.reps) for _, sets in sides] for _ in range(args.rounds)]
+    rows = []
+    for i, (label, _) in enumerate(sides):
+        per_round = [r[i] for r in runs]
+        row = {"variant": label, "tune": per_round[0].get("tune", "")}
+        errors = [r["error"] for r in per_round if "error" in r]
+        if errors:
+            row["error"] = errors[0]
+        for name in names:
+            values = [r[name] for r in per_round if name in r]
+            if values:
+                row[name] = statistics.median(values)
+                row[name + "_range"] = (min(values), max(values))
+        rows.append(row)
+    table = rows[0]
+    for row in rows[1:]:
+        row["ratio_vs_table"] = {n: row[n] / table[n] for n in names if row.get(n) and table.get(n)}
+    with Device(settings=bench_settings()) as dev:
+        identity = dev.identity()
+    if args.json:
+        print(json.dumps({**identity, "model": args.model, "rounds": args.rounds, "rows": rows}))
+        return 0
+    print(f"tuning variants against the table on {identity['device']} ({identity['architecture']} tuning"
+          + (f", VKRT_TUNE {identity['tune']!r} on every side" if "tune" in identity else "") + "), t/s"
+          + (f", medians of {args.rounds} rounds in turn" if args.rounds > 1 else ""))
+    print("| variant | " + " | ".join(f"{n} | ratio" for n in names) + " |")
+    print("|---|" + "---:|---:|" * len(names))
+    for row in rows:
+        if "error" in row:
+            print(f"| {row['variant']} | refused: {row['error']} |")
+            continue
+        cells = [f"{row[n]:.1f} | {row.get('ratio_vs_table', {}).get(n, 1.0):.3f}" if n in row else "– | –"
+                 for n in names]
+        print(f"| {row['variant']} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
