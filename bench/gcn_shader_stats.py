@@ -376,7 +376,8 @@ def main(argv=None) -> int:
         p = dev.profile
         fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_big_bm", "mm_big_bn", "mv_wg", "mv_rows", "fa_wg")
         result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,
-                      tune=dev.identity().get("tune", ""), model={**MODEL, "weights": weights}, tuning={f: getattr(dev.tuning, f) for f in fields},
+                      tune=dev.identity().get("tune", ""), model={**MODEL, "weights": weights},
+                      tuning={f: getattr(dev.tuning, f) for f in fields},
                       kernels=collect(dev, weights))
         dev.check_validation()  # with VKRT_VALIDATE=1: the layer's errors fail the run
     if args.json:

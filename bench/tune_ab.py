@@ -30,10 +30,11 @@ VARIANTS = ("fa_loads_first=3", "mv_rows_one_column_by_type=Q2_K:2+Q3_K:1+Q4_K:2
 
 
 def side(path: str, sets: list[str], reps: int) -> dict:
-    """t/s of peer.TESTS on a device tuned with `sets` ({"error": why} where it refuses them)."""
+    """t/s of peer.TESTS on a device tuned with `sets`, and the device's identity ({"error": why}
+    where it refuses them)."""
     try:
         with Device(settings=bench_settings(sets)) as dev:
-            return {"tune": dev.identity().get("tune", ""), **peer.vkrt_side(dev, path, reps)}
+            return {"identity": dev.identity(), **peer.vkrt_side(dev, path, reps)}
     except VkrtError as exc:
         return {"error": str(exc)}
 
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     rows = []
     for i, (label, _) in enumerate(sides):
         per_round = [r[i] for r in runs]
-        row = {"variant": label, "tune": per_round[0].get("tune", "")}
+        row = {"variant": label, "tune": per_round[0].get("identity", {}).get("tune", "")}
         errors = [r["error"] for r in per_round if "error" in r]
         if errors:
             row["error"] = errors[0]
@@ -71,8 +72,9 @@ def main(argv=None) -> int:
     table = rows[0]
     for row in rows[1:]:
         row["ratio_vs_table"] = {n: row[n] / table[n] for n in names if row.get(n) and table.get(n)}
-    with Device(settings=bench_settings()) as dev:
-        identity = dev.identity()
+    if "error" in runs[0][0]:   # the table's own device: the environment's settings refused
+        sys.exit(f"tune_ab: {runs[0][0]['error']}")
+    identity = runs[0][0]["identity"]
     if args.json:
         print(json.dumps({**identity, "model": args.model, "rounds": args.rounds, "rows": rows}))
         return 0

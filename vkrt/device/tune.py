@@ -18,6 +18,7 @@ import difflib
 import gguf
 
 from ..errors import TuningOverrideError
+from ..settings import FLAG_OFF, FLAG_ON
 from .profile import DeviceProfile
 from .tuning import TABLE, Tuning
 
@@ -27,7 +28,6 @@ SET_ELSEWHERE = {"arch": "VKRT_ARCH", "mm_coopmat": "VKRT_COOPMAT", "fa_coopmat"
 # (the field as written, which is what its 0 means)
 DERIVED_FROM = {"fa_fill_groups": "fa_fill_per_cu", "mm_split_groups": "mm_split_fill_per_cu"}
 TYPE_PAIRS = ("mv_rows_by_type", "mv_rows_one_column_by_type")
-SWITCH = {"1": True, "on": True, "true": True, "yes": True, "0": False, "off": False, "false": False, "no": False}
 
 
 def _fields() -> dict[str, str]:
@@ -42,9 +42,9 @@ def _type_name(source: str, item: str, name: str) -> str:
 
 def _value(source: str, item: str, field: str, kind: str, text: str):
     if kind == "bool":
-        if text.lower() not in SWITCH:
+        if text.lower() not in FLAG_ON + FLAG_OFF:
             raise TuningOverrideError(f"{source}: {item!r}: {field} is a switch; expected 1 or 0 (on/off)")
-        return SWITCH[text.lower()]
+        return text.lower() in FLAG_ON
     if kind == "int":
         if not text.isdigit():
             raise TuningOverrideError(f"{source}: {item!r}: {field} takes a whole number of at least 0")
@@ -58,14 +58,14 @@ def _value(source: str, item: str, field: str, kind: str, text: str):
             name, sep, count = pair.partition(":")
             if not sep or not count.isdigit() or int(count) < 1:
                 raise TuningOverrideError(f"{source}: {item!r}: {field} takes TYPE:COUNT pairs joined by '+' "
-                                  f"(e.g. Q4_K:2+Q6_K:2), got {pair!r}")
+                                          f"(e.g. Q4_K:2+Q6_K:2), got {pair!r}")
             pairs.append((_type_name(source, item, name), int(count)))
         return tuple(pairs)
     raise TuningOverrideError(f"{source}: {item!r}: {field} cannot be set from text")
 
 
 def parse_tune(text: str, source: str = "VKRT_TUNE") -> tuple[tuple[str, object], ...]:
-    """The (field, value) pairs of `text` (module docstring); a ConfigError naming `source`, the
+    """The (field, value) pairs of `text` (module docstring); a TuningOverrideError naming `source`, the
     item and what was expected where one is not a tuning field or its value does not parse. A
     field named twice keeps its last value."""
     fields = _fields()
@@ -84,12 +84,13 @@ def parse_tune(text: str, source: str = "VKRT_TUNE") -> tuple[tuple[str, object]
     return tuple(changes.items())
 
 
-def tuning_for(profile: DeviceProfile, coopmat: bool | None = None, changes: tuple[tuple[str, object], ...] = (),
-               source: str = "VKRT_TUNE") -> Tuning:
+def tuning_for(profile: DeviceProfile, coopmat: bool | None = None,
+               changes: tuple[tuple[str, object], ...] = ()) -> Tuning:
     """The device's tuning: its architecture's table entry, with `changes` (parse_tune's pairs)
-    set, limited by what the device can do (Tuning.resolved; `coopmat` is VKRT_COOPMAT); a field derived from a per-CU count that is set alone has that
-    count zeroed (DERIVED_FROM). A ConfigError where the result does not hold a value asked for
-    (the device limits it, or another field replaces it)."""
+    set, limited by what the device can do (Tuning.resolved; `coopmat` is VKRT_COOPMAT). A field
+    derived from a per-CU count that is set alone has that count zeroed (DERIVED_FROM). A
+    TuningOverrideError where the result does not hold a value asked for (the device limits it,
+    or another field replaces it)."""
     values = dict(changes)
     for derived, per_cu in DERIVED_FROM.items():
         if derived in values and per_cu not in values:
@@ -98,9 +99,9 @@ def tuning_for(profile: DeviceProfile, coopmat: bool | None = None, changes: tup
     for field, value in changes:
         got = getattr(resolved, field)
         if got != value:
-            raise TuningOverrideError(f"{source}: {field}={describe_tune(((field, value),)).partition('=')[2]} cannot be "
-                              f"honoured on {profile.name}: its tuning resolves it to {got} (the device's limits, "
-                              "or another field that sets it)")
+            raise TuningOverrideError(f"VKRT_TUNE: {describe_tune(((field, value),))} cannot be honoured on "
+                                      f"{profile.name}: its tuning resolves it to {got} (the device's limits, or "
+                                      "another field that sets it)")
     return resolved
 
 
