@@ -42,7 +42,6 @@ from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
-from vkrt.ops.head_epilogue import head_epilogue
 from vkrt.ops.matmul import (MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, gemm_tuning, mat_vec_kernel, matmul, norm_input,
                              vec4_ok)
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
@@ -196,39 +195,22 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                 (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide, mul_mat_id=True,
                                 gate_up="silu").kernel]),
-                (f"decode {typ.name}: expert down summed over 8 slots (VKRT_FUSE_MOE_SUM)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, wide=wide, mul_mat_id=True,
-                                moe_sum=m["n_used"]).kernel]),
                 (f"decode {typ.name}: expert down summed into the residual stream, its last workgroup "
                  "doing the next RMS norm (VKRT_FUSE_RESID_NORM)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, wide=wide, mul_mat_id=True,
-                                moe_sum=m["n_used"], resid=True, norm_out=True).kernel]),
+                                moe_sum=m["n_used"]).kernel]),
                 (f"decode {typ.name}: expert gate/up apart (VKRT_FUSE_GATE_UP=0)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide,
                                 mul_mat_id=True).kernel]),
-                (f"decode {typ.name}: expert down apart (VKRT_FUSE_MOE_SUM=0)",
+                (f"decode {typ.name}: expert down apart (VKRT_FUSE_RESID_NORM=0)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4, wide=wide,
-                                mul_mat_id=True).kernel]),
-                (f"decode {typ.name}: expert down with SiLU-GLU (VKRT_FUSE_GLU=1)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4, wide=wide,
-                                mul_mat_id=True, glu="silu").kernel])]
+                                mul_mat_id=True).kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
     out += flash_attn_cases(dev, m["head"], 1, "decode", prologue=True)
     shared_kv = replace(tune, fa_loads_first=3)
     for prologue in (False, True):
         out += flash_attn_cases(dev, m["head"], 1, "decode", prologue=prologue, tuning=shared_kv,
                                 note=", the K/V tile in shared memory (fa_loads_first=3; no table takes it)")
-    hd, nkv = m["head"], m["n_head_kv"]
-    epi = head_epilogue(Recorder(dev), placeholder(dev, F32, (nkv * hd, 1), "k"), hd,
-                        placeholder(dev, I32, (nkv,), "n"), placeholder(dev, F16, (hd, m["n_kv"], nkv), "k cache"),
-                        weight=placeholder(dev, F32, (hd,), "w"),
-                        eps=1e-6, positions=placeholder(dev, I32, (1,), "pos"),
-                        rows=placeholder(dev, I32, (1,), "rows"), rope_args=dict(n_dims=hd, freq_base=1e6, neox=True))
-    for typ in types if epi is not None else ():
-        out.append((f"decode {typ.name}: k projection with its heads' norm, RoPE and F16 cache store "
-                    "(VKRT_FUSE_QKV_ROPE=1)",
-                    [mat_vec_kernel(dev, typ, 1, tune, k=m["hidden"], m=nkv * hd, xvec4=xvec4,
-                                    wide=typ.name in MV_WIDE, head_epi=epi.defines).kernel]))
     # ops that build their pipeline while recording (the same for prefill and decode)
     T, E, D = m["ubatch"], m["hidden"], m["head"]
     x, cur, pending = (placeholder(dev, F32, (E, T), name) for name in ("x", "cur", "pending"))

@@ -7,20 +7,15 @@
 // lanes a row when a row has few units, so short rows still keep every lane busy).
 // With MUL_MAT_ID, workgroup z is one (token, slot) pair of the routing ids and W is the stack of
 // expert matrices; pairs whose expert lies outside [e0, e1) (another binding's) exit at once.
-// With GLU the input is act(x) * u (a gated FFN's down projection): u is laid out like x, and
-// the activation is the one shaders/act.glsl gives the separate kernel. With GATE_UP the output
-// is act(W·x) * (W2·x) (a gated FFN's gate and up projections in one pass): W2 lies in the same
+// With GATE_UP the output is act(W·x) * (W2·x) (a gated FFN's gate and up projections in one pass): W2 lies in the same
 // binding at w2_off, laid out like W, and its rows are dotted with the same x as extra rows.
 // With MOE_SUM (and MUL_MAT_ID) workgroup z is a token and its groups are the token's slots
-// (group g takes slots g, g + GROUPS, ...), all dotting the workgroup's NR rows: out[row] =
-// sum_j wt[j] * (W[e_j] · x_j)[row] (+ sigmoid(gate) * shared[row] with SHARED), the expert down
-// projection and moe_combine in one pass, summed as moe_combine does; with RESID out[row] is
-// the residual stream and the sum is added to it (rms_norm's add, in place: one workgroup a row),
-// and with NORM_OUT the last workgroup to finish normalises the new stream into no (the next
-// block's input: rms_norm's bits, shaders/mv_norm_in.glsl), the norm's dispatch and barrier gone.
-// With SEGMENTS the rows of two or three matrices of one type and K (attention's q, k and v) are
-// one dispatch: segment i's rows lie at w_off_i in W and go to y_off_i in Y with column stride
-// y_col_i, from workgroup g_i on (segment 0 is the plain fields); a workgroup's rows lie in one segment.
+// (group g takes slots g, g + GROUPS, ...), all dotting the workgroup's NR rows: y[row] (the
+// residual stream) += sum_j wt[j] * (W[e_j] · x_j)[row], the expert down projection and
+// moe_combine in one pass, summed as moe_combine does and added as rms_norm's add adds it (in
+// place: one workgroup a row); the last workgroup to finish then normalises the new stream into
+// no (the next block's input: rms_norm's bits, shaders/mv_norm_in.glsl), the norm's dispatch and
+// barrier gone.
 // With ROUTE (a plain mat-vec: the MoE router's logits) the last workgroup to finish routes the
 // NC tokens as moe_router does (shaders/moe_route.glsl): one dispatch instead of two; with
 // ROUTE_SUBGROUP its first subgroup does, as a one-subgroup router would.
@@ -31,18 +26,12 @@
 // normalises it into shared memory, redoing the norm workgroup's sums (NORM_WG invocations,
 // SG_BUTTERFLY) subgroup by subgroup, writes its share of the normed x (the FFN's input) and the
 // last workgroup stores x + r over x; the norm's dispatch and barrier are gone.
-// With HEAD_EPI (a plain mat-vec: attention's q, k or v projection) the last workgroup to finish
-// a head's rows does that head's q/k norm, RoPE and cache store (shaders/mv_head_epi.glsl): one
-// dispatch and barrier fewer a layer than norm_rope after the projections.
 // The lanes' partial sums meet in a butterfly of subgroup shuffles (REDUCE_CLUSTER: a group lies
 // within one subgroup), subgroup adds then shared memory (REDUCE_SUBGROUP: a group is whole
 // subgroups, one group a workgroup or with MOE_SUM one a slot), or a shared-memory tree.
 #include "common.glsl"
-#if defined(REDUCE_CLUSTER) || defined(NORM_IN) || defined(NORM_OUT) || (defined(HEAD_EPI) && EPI_NORM)
+#if defined(REDUCE_CLUSTER) || defined(NORM_IN) || defined(MOE_SUM)
 #extension GL_KHR_shader_subgroup_shuffle : enable
-#endif
-#if defined(HEAD_EPI) && DST_F16
-#extension GL_EXT_shader_16bit_storage : require
 #endif
 #if defined(REDUCE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : enable
@@ -72,39 +61,23 @@ shared vec4 xn4[NORM_XN4];
 #define XRAW4(i) XG4(i)
 #define XRAW1(i) XG1(i)
 #endif
-#ifdef NORM_OUT
+#ifdef MOE_SUM
 shared vec4 xn4[NORM_XN4];   // the normed residual stream of a token, then stored to no
 #endif
-#if defined(GLU) && defined(GATE_UP)
-#error "GLU and GATE_UP exclude each other"
-#endif
-#if defined(GLU) || defined(GATE_UP)
+#ifdef GATE_UP
 #include "act.glsl"
-#endif
-#ifdef GLU
-#ifdef MUL_MAT_ID
-#define U_BINDING 4
-#else
-#define U_BINDING 3
-#endif
-layout(binding = U_BINDING) readonly buffer U { float u_data[]; };
 #endif
 #ifdef BIAS
 #if !defined(MUL_MAT_ID) || defined(MOE_SUM)
 #error "BIAS is a per-expert bias of mul_mat_id's stored rows"
 #endif
-#ifdef GLU
-#define B_BINDING 5
-#else
-#define B_BINDING 4
-#endif
-layout(binding = B_BINDING) readonly buffer B { float b_data[]; };           // [M, n_expert]
+layout(binding = 4) readonly buffer B { float b_data[]; };           // [M, n_expert]
 #ifdef GATE_UP
-layout(binding = B_BINDING + 1) readonly buffer B2 { float b2_data[]; };     // W2's, laid out alike
+layout(binding = 5) readonly buffer B2 { float b2_data[]; };         // W2's, laid out alike
 #endif
 #endif
 #ifdef ROUTE
-#if defined(MUL_MAT_ID) || defined(GLU) || defined(GATE_UP) || defined(SEGMENTS)
+#if defined(MUL_MAT_ID) || defined(GATE_UP)
 #error "ROUTE routes the tokens of a plain mat-vec (the MoE router's)"
 #endif
 layout(binding = 2) coherent buffer Y { float y_data[]; };   // the last workgroup reads every row back
@@ -118,34 +91,14 @@ layout(binding = 8) readonly buffer NWt { float nw_data[]; };       // the norm'
 layout(binding = 9) writeonly buffer NSum { float ns_data[]; };     // x + r, over x
 layout(binding = 10) writeonly buffer NOut { float no_data[]; };    // the normed x
 #endif
-#elif defined(HEAD_EPI)
-#if defined(MUL_MAT_ID) || defined(GLU) || defined(GATE_UP) || defined(SEGMENTS) || defined(BIAS)
-#error "HEAD_EPI follows a plain mat-vec (attention's q, k or v projection)"
+#elif defined(MOE_SUM)
+#ifndef MUL_MAT_ID
+#error "MOE_SUM sums mul_mat_id's slots"
 #endif
-#if DST_F16
-#define DST_T float16_t
-#else
-#define DST_T float
-#endif
-layout(binding = 2) coherent buffer Y { float y_data[]; };   // a head's last workgroup reads its rows back
-layout(binding = 3) coherent buffer WgCount { uint wg_count[]; };   // finished workgroups a head
-layout(binding = 4) readonly buffer HW { float hw_data[]; };        // the norm's weight
-layout(binding = 5) readonly buffer EPos { int epi_pos[]; };        // positions (RoPE)
-layout(binding = 6) readonly buffer EFF { float epi_ff[]; };        // frequency factors
-layout(binding = 7) readonly buffer ERows { int epi_rows[]; };      // cache rows (EPI_ROWS)
-layout(binding = 8) writeonly buffer EDst { DST_T epi_dst[]; };     // the head's destination
-#elif defined(MOE_SUM) && defined(RESID) && defined(NORM_OUT)
 layout(binding = 2) coherent buffer Y { float y_data[]; };   // the residual stream: the last workgroup reads it back
-#ifdef SHARED
-#define NO_BINDING 7   // after the shared expert's
-#else
-#define NO_BINDING 5
-#endif
-layout(binding = NO_BINDING) coherent buffer WgCount { uint wg_count[]; };   // finished workgroups
-layout(binding = NO_BINDING + 1) readonly buffer NWt { float nw_data[]; };   // the norm's weight
-layout(binding = NO_BINDING + 2) writeonly buffer NOut { float no_data[]; }; // the normed stream
-#elif defined(MOE_SUM) && defined(RESID)
-layout(binding = 2) buffer Y { float y_data[]; };   // the residual stream the sums are added to
+layout(binding = 5) coherent buffer WgCount { uint wg_count[]; };   // finished workgroups
+layout(binding = 6) readonly buffer NWt { float nw_data[]; };       // the norm's weight
+layout(binding = 7) writeonly buffer NOut { float no_data[]; };     // the normed stream
 #else
 layout(binding = 2) writeonly buffer Y { float y_data[]; };
 #endif
@@ -154,10 +107,6 @@ layout(binding = 3) readonly buffer Ids { int ids[]; };
 #endif
 #ifdef MOE_SUM
 layout(binding = 4) readonly buffer Wt { float wt_data[]; };       // routing weights [n_used, n_tokens]
-#ifdef SHARED
-layout(binding = 5) readonly buffer Sh { float shared_data[]; };   // shared expert output [M, n_tokens]
-layout(binding = 6) readonly buffer Sg { float gate_data[]; };     // its gate logit per token
-#endif
 #endif
 
 #define QBUF w_data
@@ -186,15 +135,8 @@ layout(push_constant) uniform Push {
     uint x_slots;
     uint y_slot;
 #endif
-#ifdef GLU
-    uint u_off;    // float offset of u (its strides are x's)
-#endif
 #ifdef GATE_UP
     uint w2_off;   // byte offset of W2's row 0 (of expert e0) in W
-#endif
-#ifdef SEGMENTS
-    uint m1, w_off1, y_off1, y_col1, g1;   // segment 1 (and 2): rows, offsets, first workgroup
-    uint m2, w_off2, y_off2, y_col2, g2;   // g2 beyond the grid: two segments
 #endif
 #ifdef ROUTE
     uint n_used;    // moe_route's: experts a token, offsets of ids and weights, mode, bias offset
@@ -214,37 +156,13 @@ layout(push_constant) uniform Push {
     uint n_o_col;
     float n_eps;
 #endif
-#ifdef HEAD_EPI
-    uint e_hb;          // rows of y a head's block spans (EPI_HD of them are the head's)
-    uint e_count_off;   // the heads' counters of finished workgroups
-    uint e_w_off;       // element offsets: the norm weight, positions, frequency factors, cache rows
-    uint e_pos_off;
-    uint e_ff_off;
-    uint e_rows_off;
-    uint e_d_off;       // the destination's offset and strides between heads and tokens (cache rows)
-    uint e_d_head;
-    uint e_d_tok;
-    uint e_n_tok;       // tokens of a position stream
-    uint e_n_dims;      // rotated dims
-    float e_eps;
-    float e_theta_scale;
-    float e_freq_scale;
-    float e_attn_factor;
-    float e_ext_factor;
-    float e_corr_low;
-    float e_corr_high;
-#endif
 #ifdef MOE_SUM
-    uint wt_off;   // float offsets of the routing weights, the shared output and its gate
-    uint sh_off;
-    uint sg_off;
-#ifdef NORM_OUT
+    uint wt_off;      // float offset of the routing weights
     uint count_off;   // the counter of finished workgroups (last_workgroup)
     uint n_w_off;     // float offsets: the norm's weight, the normed stream (n_o_col between tokens)
     uint n_o_off;
     uint n_o_col;
     float n_eps;
-#endif
 #endif
 #ifdef BIAS
     uint b_off;    // float offsets of the biases of expert 0 (row r of expert e: + e * M + r)
@@ -263,7 +181,7 @@ layout(push_constant) uniform Push {
 
 #endif
 
-#if defined(ROUTE) || defined(HEAD_EPI) || defined(NORM_OUT)
+#if defined(ROUTE) || defined(MOE_SUM)
 shared bool wg_last;
 // Whether this is the last of `of` workgroups counted at wg_count[at] to finish: each
 // workgroup's rows are stored and made visible before it counts itself, so the last one reads
@@ -284,26 +202,12 @@ bool last_workgroup(uint at, uint of) {
     return wg_last;
 }
 #endif
-#ifdef HEAD_EPI
-#include "mv_head_epi.glsl"
-#endif
-
-#if defined(NORM_IN) || defined(NORM_OUT)
+#if defined(NORM_IN) || defined(MOE_SUM)
 #include "mv_norm_in.glsl"
 #endif
 
-#ifdef GLU
-#define UIDX(i) ((i) - p.x_off + p.u_off)
-vec4 glu4(vec4 g, uint i) {
-    return vec4(glu_fn(g.x, u_data[UIDX(i)]), glu_fn(g.y, u_data[UIDX(i) + 1u]), glu_fn(g.z, u_data[UIDX(i) + 2u]),
-                glu_fn(g.w, u_data[UIDX(i) + 3u]));
-}
-#define XLOAD4(i) glu4(XRAW4(i), i)
-#define XLOAD1(i) glu_fn(XRAW1(i), u_data[UIDX(i)])
-#else
 #define XLOAD4(i) XRAW4(i)
 #define XLOAD1(i) XRAW1(i)
-#endif
 
 #define NV (NR * NC)
 #ifdef GATE_UP
@@ -463,17 +367,9 @@ void main() {
     const uint flat_ = gl_LocalInvocationID.x;
 #endif
     const uint lane = flat_ % TPR, group = flat_ / TPR;
-    uint wgid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    uint wbase = p.w_off, xbase = p.x_off, ybase = p.y_off, M_ = p.M, ycol = p.y_col;
-#ifdef SEGMENTS
-    if (wgid >= p.g2) {
-        wgid -= p.g2;
-        wbase = p.w_off2, ybase = p.y_off2, M_ = p.m2, ycol = p.y_col2;
-    } else if (wgid >= p.g1) {
-        wgid -= p.g1;
-        wbase = p.w_off1, ybase = p.y_off1, M_ = p.m1, ycol = p.y_col1;
-    }
-#endif
+    const uint wgid = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint wbase = p.w_off, xbase = p.x_off, ybase = p.y_off;
+    const uint M_ = p.M, ycol = p.y_col;
 #ifdef MOE_SUM
     const uint row0 = wgid * NR;   // every group: the same rows, its own slots
 #else
@@ -634,15 +530,9 @@ void main() {
         for (uint j = 0u; j < NU; j++) {
             o += wt_data[p.wt_off + tok * p.n_used + j] * ms_part[j * NR + r];
         }
-#ifdef SHARED
-        o += shared_data[p.sh_off + tok * p.M + row0 + r] / (1.0 + exp(-gate_data[p.sg_off + tok]));
-#endif
-#ifdef RESID
         o = y_data[ybase + row0 + r] + o;
-#endif
         y_data[ybase + row0 + r] = o;
     }
-#ifdef NORM_OUT
     // the last workgroup of all the tokens' normalises each token's new residual stream
     if (last_workgroup(p.count_off, gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z)) {
         for (uint t = 0u; t < gl_NumWorkGroups.z; t++) {
@@ -651,21 +541,6 @@ void main() {
                 no_data[p.n_o_off + t * p.n_o_col + i] = xn4[i >> 2][i & 3u];
             }
             barrier();   // xn4 read before the next token's norm writes it
-        }
-    }
-#endif
-#endif
-#ifdef HEAD_EPI
-    {
-        const uint rows_wg = GROUPS * NR, first = wgid * rows_wg;
-        if (rows_wg >= p.e_hb) {   // whole heads: this workgroup's own, once its rows are visible
-            memoryBarrierBuffer();
-            barrier();
-            for (uint h = first / p.e_hb; h < min(first + rows_wg, p.M) / p.e_hb; h++) {
-                head_epilogue(h, ybase, ycol);
-            }
-        } else if (first < p.M && last_workgroup(p.e_count_off + first / p.e_hb, p.e_hb / rows_wg)) {
-            head_epilogue(first / p.e_hb, ybase, ycol);   // (a grid padded past the rows: no head counts those)
         }
     }
 #endif

@@ -1,5 +1,5 @@
 // mul_mv.comp's NORM_IN: the residual add and RMS norm the router's mat-vec does first, and
-// NORM_OUT: the RMS norm of the summed expert down projection's output (the residual stream)
+// MOE_SUM's: the RMS norm of the summed expert down projection's output (the residual stream)
 // its last workgroup does, both with rms_norm.comp's bits (see mul_mv.comp). Included after its
 // bindings, push constants and xn4.
 #ifndef VKRT_MV_NORM_IN_GLSL
@@ -7,15 +7,15 @@
 #define BUTTERFLY_SG NORM_SG
 #include "butterfly.glsl"
 #ifdef NORM_IN
-#if !defined(ROUTE) || defined(GLU) || defined(NORM_OUT)
+#if !defined(ROUTE) || defined(MOE_SUM)
 #error "NORM_IN feeds the router's mat-vec: its last workgroup (ROUTE's) stores x + r"
 #endif
 #else
-#if !defined(RESID) || NC != 1
-#error "NORM_OUT normalises the residual stream the summed expert down projection added into"
+#if !defined(MOE_SUM) || NC != 1
+#error "MOE_SUM normalises the residual stream the summed expert down projection added into"
 #endif
 #endif
-#ifdef NORM_OUT
+#ifdef MOE_SUM
 #define NORM_LEN p.M
 #define NORM_SRC(j, c) y_data[nbase + (c)]
 #else
@@ -27,7 +27,7 @@
 #define NORM_AT(g, e) ((gl_SubgroupID + (g) * NORM_SUB) * NORM_SG + gl_SubgroupInvocationID + (e) * NORM_WG)
 shared float n_sums[NC * NORM_VSG];
 float n_s[NC * NORM_G * NORM_E];   // x + r of this lane's elements (NORM_IN's last workgroup stores them)
-// xn4 = rms_norm(x + r) * w for the NC columns (NORM_OUT: of y from nbase), summed as
+// xn4 = rms_norm(x + r) * w for the NC columns (MOE_SUM: of y from nbase), summed as
 // rms_norm.comp's workgroup of NORM_WG invocations sums (NORM_VSG subgroups, each the butterfly
 // of its lanes' sums over the elements lane, lane + NORM_WG, ...; then the subgroups' sums in
 // order), every load issued first; xn4 is complete for every invocation on return

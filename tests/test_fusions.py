@@ -1,12 +1,9 @@
 """Lossless fusions, bit for bit against the separate kernels on every architecture: each block's
 residual add inside the next RMS norm (VKRT_FUSE_ADD_NORM=0: add, then norm; two commands fewer
 a layer), q/k norm + RoPE + K's cache store in one kernel (VKRT_FUSE_NORM_ROPE=0: norms, ropes,
-set_rows; three commands fewer a layer with q/k norms, one without) and, for decode, the gated
-activation inside the down projection's mat-vec (VKRT_FUSE_GLU=1, off by default: one command
-fewer a layer and decode step), and for decode the gate and up projections in one pass with the
-activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two commands fewer a gated FFN), and
-the projections reading one input (q, k and v) in one dispatch (VKRT_FUSE_QKV=1, off by default),
-and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off), and a MoE
+set_rows; three commands fewer a layer with q/k norms, one without), for decode the gate and up
+projections in one pass with the activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two
+commands fewer a gated FFN), and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off), and a MoE
 block's weighted sum of its experts inside the next RMS norm (VKRT_FUSE_COMBINE_NORM=0 turns it
 off: moe_combine's pass a MoE layer)."""
 
@@ -36,15 +33,10 @@ def _lavapipe_shape_limits(device, monkeypatch):
 
 
 def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NORM", **engine_kw):
-    if variable == "VKRT_FUSE_GLU":   # the down projection's activation applies where gate and up are apart
-        device_env("VKRT_FUSE_GATE_UP", "0")   # and the experts' down projection is not summed
-        device_env("VKRT_FUSE_MOE_SUM", "0")
     if variable in ("VKRT_FUSE_ADD_NORM", "VKRT_FUSE_ROUTE"):   # every add+norm a kernel of its own, none in
         device_env("VKRT_FUSE_NORM_ROUTE", "0")                   # a router's prologue (which needs ROUTE)
     if variable in ("VKRT_FUSE_NORM_ROPE", "VKRT_FUSE_KV_STORE"):   # q's norm_rope its own dispatch, counted
         device_env("VKRT_FUSE_QK_ROPE", "0")                          # below
-    if variable == "VKRT_FUSE_MOE_SUM":   # against moe_combine's pass, not the sum inside the next norm
-        device_env("VKRT_FUSE_COMBINE_NORM", "0")
     if variable != "VKRT_FUSE_FA_ROPE":   # norm_rope's decode dispatch counted below, not in the attention
         device_env("VKRT_FUSE_FA_ROPE", "0")
     if variable != "VKRT_FUSE_RESID_NORM":   # the norms before the projections counted as dispatches
@@ -137,27 +129,6 @@ def test_q_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
                                   "tiny-gpt-oss", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3", "tiny-mistral3",
                                   "tiny-olmoe"])
-def test_norm_rope_in_the_projections_is_bit_identical(device, tmp_path, device_env, name):
-    """Each head's norm, RoPE and cache stores done by the last workgroup of its q, k or v
-    projection (VKRT_FUSE_QKV_ROPE): norm_rope's one dispatch a layer gone from both graphs (the
-    8-token prompt is mat-vec sized), the same bits: with q/k norms and without (llama), sliding
-    layers (gemma3), IMROPE and queries strided between their gates (qwen35moe, qwen3next), views
-    of attn_qkv (phi3); the projection biases of gpt-oss and glm4moe, mistral3's attention
-    temperature and olmoe's whole-vector norms keep norm_rope."""
-    path = tiny_model(name, tmp_path)
-    fused, n_fused, cfg = run(device, path, device_env, True, "VKRT_FUSE_QKV_ROPE")
-    barriers_fused = run.barriers
-    plain, n_plain, _ = run(device, path, device_env, False, "VKRT_FUSE_QKV_ROPE")
-    np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
-    apart = name in ("tiny-gpt-oss", "tiny-glm4moe", "tiny-mistral3", "tiny-olmoe")
-    assert n_plain - n_fused == (0 if apart else 2 * len(cfg.kv_layers))
-    # its barrier went with it, and none came between the projections (their counters lie apart)
-    assert run.barriers - barriers_fused == n_plain - n_fused
-
-
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
-                                  "tiny-gpt-oss", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3", "tiny-mistral3",
-                                  "tiny-olmoe"])
 def test_norm_rope_in_the_attention_is_bit_identical(device, tmp_path, device_env, name):
     """The decode step's q/k norm, RoPE and K/V cache stores in flash attention's prologue
     (VKRT_FUSE_FA_ROPE): norm_rope's dispatch and its barrier gone a layer in the decode graph,
@@ -211,18 +182,6 @@ def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
-                                            ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 2), ("tiny-qwen35moe", 2),
-                                            ("tiny-qwen35", 0), ("tiny-olmoe", 0), ("tiny-granitemoe", 2),
-                                            ("tiny-qwen3next", 2), ("tiny-glm4moe", 3), ("tiny-phi3", 0)])
-def test_fused_glu_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
-    """gelu (gemma3) and silu, dense and expert (in VRAM, and staged from host) down projections."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GLU", n_cpu_moe=n_cpu_moe,
-                                stage_experts=True)
-    # a shared expert is a second gated FFN
-    assert saved == 2 * gated_ffns(cfg)   # both graphs: the 8-token prompt is mat-vec sized too
-
-
-@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
                                             ("tiny-qwen35moe", 0), ("tiny-qwen35moe", 2), ("tiny-qwen35", 0),
                                             ("tiny-granite", 0), ("tiny-granitemoe", 0), ("tiny-qwen3next", 0),
                                             ("tiny-qwen3next", 2), ("tiny-glm4moe", 0), ("tiny-phi3", 0)])
@@ -267,65 +226,34 @@ def test_norm_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device_en
     assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
 
 
-@pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen2moe", 0), ("tiny-qwen35moe", 0),
-                                            ("tiny-qwen3moe", 2), ("tiny-qwen35moe", 2), ("tiny-olmoe", 0),
-                                            ("tiny-granitemoe", 0), ("tiny-granitemoe", 2), ("tiny-qwen3next", 2),
-                                            ("tiny-glm4moe", 0), ("tiny-glm4moe", 2)])
-def test_summed_expert_down_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
-    """The experts' down projection summing the slots (and the gated shared expert) in its epilogue
-    against mul_mat_id then moe_combine: experts in VRAM and staged from host (granitemoe's
-    ungated shared expert is added after either)."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_MOE_SUM", n_cpu_moe=n_cpu_moe,
-                                stage_experts=True)
-    moe_layers = sum(1 for layer in cfg.layers if layer.ffn != "dense")
-    assert saved == 2 * moe_layers   # both graphs: moe_combine's pass a MoE layer
-
-
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3moe", "tiny-gemma3", "tiny-qwen35moe",
-                                  "tiny-olmoe", "tiny-granite", "tiny-qwen3next", "tiny-qwen3next-qkv", "tiny-glm4moe",
-                                  "tiny-phi3"])
-def test_fused_projections_are_bit_identical(device, tmp_path, device_env, name):
-    """q, k and v in one mat-vec dispatch (qwen2: with their biases added after; gemma3: sliding
-    layers; qwen35moe: DeltaNet's qkv and gate, and its alpha and beta, in one each; qwen3next: the
-    same, rebuilt from ssm_in or attn_qkv / attn_gate and ssm_ba at load; phi3: views of attn_qkv)."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_QKV")
-    # attention: 3 dispatches -> 1, DeltaNet: 4 -> 2; both graphs (the 8-token prompt is mat-vec sized)
-    assert saved == 2 * 2 * cfg.n_layer
-
-
-@pytest.mark.parametrize("variable,n_cpu_moe", [("VKRT_FUSE_GLU", 0), ("VKRT_FUSE_GLU", 2), ("VKRT_FUSE_GATE_UP", 0),
-                                                ("VKRT_FUSE_GATE_UP", 2), ("VKRT_FUSE_MOE_SUM", 0)])
+@pytest.mark.parametrize("variable,n_cpu_moe", [("VKRT_FUSE_GATE_UP", 0), ("VKRT_FUSE_GATE_UP", 2),
+                                                ("VKRT_FUSE_RESID_NORM", 0)])
 def test_expert_biases_in_the_expert_fusions(device, tmp_path, device_env, variable, n_cpu_moe):
-    """gpt-oss's expert biases: the fused gate/up pass adds gate's and up's before swiglu_oai,
-    the down projection reading the activation adds its own, where the mat-vec reads the experts
-    by their own ids (staged slots from host: add_id after it); the summed down projection has no
-    place for them and records nothing different. Bits equal the separate kernels' throughout."""
+    """gpt-oss's expert biases: the fused gate/up pass adds gate's and up's before swiglu_oai
+    where the mat-vec reads the experts by their own ids (staged slots from host: add_id after
+    it); the summed down projection has no place for them and records nothing different. Bits
+    equal the separate kernels' throughout."""
     saved, cfg = commands_saved(device, tmp_path, device_env, "tiny-gpt-oss", variable, n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     in_vram = cfg.n_layer - n_cpu_moe   # both graphs are mat-vec sized: 2 x each layer's saving
     if variable == "VKRT_FUSE_GATE_UP":   # gate, up (their biases in their stores) and the activation: one pass
         # host experts fuse only where the prompt's prefetch slot holds gate and up together
         assert 2 * 2 * in_vram <= saved <= 2 * 2 * cfg.n_layer and saved % 2 == 0
-    elif variable == "VKRT_FUSE_GLU":   # the activation, where the down projection reads by the experts' ids
-        assert 2 * in_vram <= saved <= 2 * cfg.n_layer
     else:
         assert saved == 0
 
 
 def test_fusion_defaults():
-    """Unset: add+norm, norm+rope, gate+up, routing and the norm before it fused, GLU, MOE_SUM and QKV apart; every flag
-    spelling forces either way (VKRT_FUSE_GLU=false is off), anything else is refused."""
+    """Unset: every fusion on; every flag spelling forces either way (VKRT_FUSE_GATE_UP=false is
+    off), anything else is refused."""
     from vkrt.errors import ConfigError
     from vkrt.model.fusions import Fusions
     from vkrt.settings import Settings
-    assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, glu=False, gate_up=True,
-                                                        moe_sum=False, qkv=False, kv_store=True, combine_norm=True,
-                                                        route=True, norm_route=True, qk_rope=True, qkv_rope=False)
-    on = Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "1", "VKRT_FUSE_ADD_NORM": "off", "VKRT_FUSE_QKV": "True"}))
-    assert on.glu and not on.add_norm and on.qkv
-    assert not Fusions.of(Settings.from_env({"VKRT_FUSE_GLU": "false"})).glu
-    with pytest.raises(ConfigError, match="VKRT_FUSE_GLU='2'"):
-        Settings.from_env({"VKRT_FUSE_GLU": "2"})
+    assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, gate_up=True)
+    off = Fusions.of(Settings.from_env({"VKRT_FUSE_GATE_UP": "false", "VKRT_FUSE_ADD_NORM": "off"}))
+    assert not off.gate_up and not off.add_norm and off.norm_rope
+    with pytest.raises(ConfigError, match="VKRT_FUSE_GATE_UP='2'"):
+        Settings.from_env({"VKRT_FUSE_GATE_UP": "2"})
 
 
 def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, device_env):
@@ -351,8 +279,8 @@ def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, dev
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe", "tiny-qwen3next"])
 def test_fused_weights_share_one_allocation(device, tmp_path, name):
-    """The loader puts each group of weights one pass reads (gate and up; q, k and v; DeltaNet's
-    qkv and gate, alpha and beta) in one allocation, in order, owned by the first."""
+    """The loader puts each pair of weights one pass reads (a gated FFN's gate and up) in one
+    allocation, in order, owned by the first."""
     from vkrt.model.gguf_source import GROUP_ALIGN
     from vkrt.model.tensors import SHARED_ALLOCATIONS
     groups = 0
@@ -366,16 +294,5 @@ def test_fused_weights_share_one_allocation(device, tmp_path, name):
                 assert ts[0].owner is not None and all(t.owner is None for t in ts[1:])
                 for a, b in zip(ts, ts[1:]):
                     assert b.buffer is a.buffer and b.offset == a.offset + -(-a.nbytes // GROUP_ALIGN) * GROUP_ALIGN
-    # per layer gate|up (and the shared expert's), then q|k|v or qkv|gate and alpha|beta
-    assert groups == {"tiny-llama": 2 * 2, "tiny-qwen35moe": 4 * 2 + 1 + 3 * 2, "tiny-qwen3next": 4 * 2 + 1 + 3 * 2}[name]
-
-
-def test_fused_outputs_share_one_allocation(device, tmp_path):
-    """The activations one pass writes (q, k, v; DeltaNet's qkv and z, alpha and beta) lie in one
-    allocation each, so that one binding covers them whatever their size."""
-    from vkrt.model.scratch import GROUPS, Scratch
-    with Model(device, tiny_model("tiny-qwen35moe", tmp_path), progress=False) as m, \
-            Scratch(device, m.cfg, 64, 256) as s:
-        for group in GROUPS:
-            ts = [getattr(s, n) for n in group]
-            assert ts[0].owner is not None and all(t.owner is None and t.buffer is ts[0].buffer for t in ts[1:])
+    # per layer gate|up (and the shared expert's)
+    assert groups == {"tiny-llama": 2, "tiny-qwen35moe": 4 * 2, "tiny-qwen3next": 4 * 2}[name]

@@ -105,8 +105,8 @@ def test_gcn_shader_stats_on_null_polaris():
         assert r["statistics"]["Spilled VGPRs"] == 0, r
     heads = {r["defines"]["HSK"] for r in rows if r["kernel"] == "flash_attn"}
     assert heads == {128, 256}
-    glu = [r for r in rows if r["kernel"] == "mul_mv" and "GLU" in r["defines"]]
-    assert len(glu) == len(weights)   # one a weight type
+    summed = [r for r in rows if r["kernel"] == "mul_mv" and "MOE_SUM" in r["defines"]]
+    assert len(summed) == len(weights)   # one a weight type
     below = set()
     for r in rows:   # decode reads each weight (and DeltaNet state) once: enough waves to hide memory
         if r["kernel"] in ("mul_mv", "gdn_recurrent"):

@@ -22,9 +22,9 @@ def test_flag_on_spellings(text):
 
 @pytest.mark.parametrize("text", ["0", "off", "Off", "false", "FALSE", "no"])
 def test_flag_off_spellings(text):
-    """VKRT_VALIDATE=off once turned validation on, VKRT_FUSE_GLU=false a fusion on."""
-    s = Settings.from_env({"VKRT_VALIDATE": text, "VKRT_FUSE_GLU": text, "VKRT_FUSE_ADD_NORM": text})
-    assert s.validate is False and s.fuse_glu is False and s.fuse_add_norm is False
+    """VKRT_VALIDATE=off once turned validation on."""
+    s = Settings.from_env({"VKRT_VALIDATE": text, "VKRT_FUSE_ADD_NORM": text})
+    assert s.validate is False and s.fuse_add_norm is False
 
 
 @pytest.mark.parametrize("name", [v.name for v in VARIABLES if v.field and v.kind.startswith("flag")])
@@ -78,7 +78,7 @@ def test_unknown_and_retired_variables_are_named(caplog):
 
 
 def test_replace_refuses_unknown_fields():
-    assert Settings().replace(fuse_qkv=True).fuse_qkv
+    assert Settings().replace(validate=True).validate
     with pytest.raises(ConfigError, match="fuse_qvk"):
         Settings().replace(fuse_qvk=True)
 

@@ -161,16 +161,8 @@ VARIABLES: tuple[Variable, ...] = (
                               "(0: in its own kernel)"),
     _fusion("NORM_ROPE", True, "q/k norm, RoPE and the store of K into the cache as one kernel per q and k "
                                "(0: separate kernels)"),
-    _fusion("GLU", False, "decode computes the gated activation inside the down projection's mat-vec; off by "
-                          "default: slower with weights in VRAM"),
     _fusion("GATE_UP", True, "decode runs a gated FFN's gate and up projections (dense, shared expert, experts) "
                              "and the activation as one mat-vec pass (0: two mat-vecs and an activation kernel)"),
-    _fusion("MOE_SUM", False, "decode sums a token's experts (routing weights, shared expert) inside the expert "
-                              "down projection instead of in moe_combine; off by default: slower on the H200 with "
-                              "the GCN table, within 0.5% with the NVIDIA one"),
-    _fusion("QKV", False, "decode runs the projections that read one input (q, k and v; DeltaNet's qkv and gate, "
-                          "its alpha and beta) as one mat-vec dispatch; off by default: tg128 did not move on the "
-                          "H200"),
     _fusion("KV_STORE", True, "store V into its cache inside K's norm_rope dispatch (with NORM_ROPE; 0: its own "
                               "kernel)"),
     _fusion("COMBINE_NORM", True, "add a MoE block's weighted sum of its experts (and shared expert) into the "
@@ -183,9 +175,6 @@ VARIABLES: tuple[Variable, ...] = (
     _fusion("NORM_ROUTE", True, "decode: the residual add and RMS norm before a MoE block run in the prologue of "
                                 "its router's mat-vec (with VKRT_FUSE_ROUTE) instead of a dispatch and barrier "
                                 "before it (0: apart)"),
-    _fusion("QKV_ROPE", False, "decode: the last workgroup of each head's q, k or v projection does the head's "
-                               "norm, RoPE and cache store (with NORM_ROPE) instead of a norm_rope dispatch and "
-                               "barrier after the projections; off by default: no faster on the H200"),
     _fusion("FA_ROPE", True, "decode: flash attention's prologue does the q/k norm, RoPE and the K/V cache stores "
                              "(with NORM_ROPE; one token) instead of a norm_rope dispatch and barrier before it "
                              "(0: apart)"),
@@ -242,16 +231,12 @@ class Settings:
     vram_budget: int | None = None
     fuse_add_norm: bool = True
     fuse_norm_rope: bool = True
-    fuse_glu: bool = False
     fuse_gate_up: bool = True
-    fuse_moe_sum: bool = False
-    fuse_qkv: bool = False
     fuse_kv_store: bool = True
     fuse_combine_norm: bool = True
     fuse_route: bool = True
     fuse_norm_route: bool = True
     fuse_qk_rope: bool = True
-    fuse_qkv_rope: bool = False
     fuse_fa_rope: bool = True
     fuse_resid_norm: bool = True
     fa_mask_opt: bool | None = None

@@ -483,34 +483,6 @@ def test_output_matrix_larger_than_a_binding(device):
         w.close()
 
 
-@pytest.mark.parametrize("name,k,n,act", [("Q4_K", 256, 1, "silu"), ("Q8_0", 64, 3, "gelu"), ("F32", 13, 2, "silu"),
-                                          ("F16", 6, 1, "gelu"), ("Q8_0", 64, 2, "swiglu_oai")])
-def test_fused_gated_activation_is_bit_identical(device, name, k, n, act):
-    """matmul(W, g, up=u) against activation(g, u) then matmul, bit for bit, vec4 and scalar
-    loads; an up of another shape is refused with a clear error."""
-    from vkrt.commands import run_once
-    from vkrt.errors import UnsupportedShape
-    from vkrt.ops.elementwise import activation
-    m = 8
-    rng = np.random.default_rng(k + n)
-    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
-    g = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32) * 3)
-    u = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32))
-    h = Tensor.empty(device, "F32", (k, n))
-    y1, y2 = Tensor.empty(device, "F32", (m, n)), Tensor.empty(device, "F32", (m, n))
-    try:
-        run_once(device, lambda seq: (activation(seq, act, g, h, up=u), matmul(seq, w, h, y1)))
-        run_once(device, lambda seq: matmul(seq, w, g, y2, up=u, act=act))
-        np.testing.assert_array_equal(read_tensor(y2).view(np.uint32), read_tensor(y1).view(np.uint32))
-        wrong = Tensor.empty(device, "F32", (k, n + 1))
-        with pytest.raises(UnsupportedShape, match="laid out like x"):
-            run_once(device, lambda seq: matmul(seq, w, g, y2, up=wrong, act=act))
-        wrong.close()
-    finally:
-        for t in (w, g, u, h, y1, y2):
-            t.close()
-
-
 @pytest.mark.parametrize("name,k,n,act", [("Q4_K", 512, 1, "silu"), ("Q6_K", 256, 2, "gelu"), ("Q4_0", 64, 3, "silu"),
                                           ("Q8_0", 2048, 1, "silu"), ("F16", 13, 1, "gelu"),
                                           ("MXFP4", 64, 2, "swiglu_oai")])
@@ -560,43 +532,6 @@ def test_wide_loads_are_bit_identical(device, name, n):
         assert "QWIDE" not in defines(dataclasses.replace(tunings[1], mv_narrow_types=(name,)))
     finally:
         w.close()
-
-
-@pytest.mark.parametrize("name,k,n,parts", [("Q4_K", 512, 1, (19, 7, 7)), ("Q4_0", 64, 3, (33, 5)),
-                                            ("Q8_0", 256, 2, (8, 40, 3)), ("F16", 13, 1, (5, 9))])
-def test_segments_are_bit_identical(device, name, k, n, parts):
-    """matmul_segments (q, k and v rows in one dispatch) against one matmul each, bit for bit:
-    segments of odd sizes (part row groups), 2 and 3 of them, several columns; a weight of
-    another type runs apart."""
-    from vkrt.commands import run_once
-    from vkrt.ops.matmul import matmul_segments
-    rng = np.random.default_rng(k + n)
-    m = sum(parts)
-    both = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
-    starts = np.cumsum((0,) + parts)
-    ws = [both.slice(1, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
-    x = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32))
-    out = Tensor.empty(device, "F32", (m + 8, n))   # the outputs lie apart, each its own column stride
-    ys = [out.view((p, n), nb=(4, 4 * p), offset=4 * (n * int(a) + 3 * i)) for i, (p, a) in
-          enumerate(zip(parts, starts))]
-    apart = [Tensor.empty(device, "F32", (p, n)) for p in parts]
-    lone = weight_tensor(device, "F32", random_blocks("F32", parts[-1], k, rng, scale=0.5), (k, parts[-1]))
-    try:
-        with CommandSequence(device) as seq:
-            with seq.record():
-                matmul_segments(seq, ws, x, ys)
-            assert seq.dispatch_count == 1
-            seq.run()
-        run_once(device, lambda seq: [matmul(seq, w, x, y) for w, y in zip(ws, apart)])
-        for y, a in zip(ys, apart):
-            np.testing.assert_array_equal(read_tensor(y).view(np.uint32), read_tensor(a).view(np.uint32))
-        with CommandSequence(device) as seq:   # another type: one matmul each
-            with seq.record():
-                matmul_segments(seq, [*ws[:-1], lone], x, ys)
-            assert seq.dispatch_count == len(parts)
-    finally:
-        for t in (both, x, out, lone, *apart):
-            t.close()
 
 
 def coopmat_tuning(device):

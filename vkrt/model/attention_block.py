@@ -20,13 +20,11 @@ from ..ops.attention import Attention
 from ..ops.elementwise import add, gate_mul
 from ..ops.fa_norm_rope import fa_norm_rope
 from ..ops.flash_attn import FlashAttn
-from ..ops.head_epilogue import head_epilogue
-from ..ops.matmul import head_epilogue_fits, matmul
+from ..ops.matmul import matmul
 from ..ops.norm_rope import can_store_v, norm_rope
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
 from .arch import ROPE_IMROPE, ROPE_NORMAL
-from .fusions import project
 
 
 def rope_args(cfg, freq_factors, il: int) -> dict:
@@ -46,30 +44,6 @@ def rope_args(cfg, freq_factors, il: int) -> dict:
 def positions(cfg, s, T):
     """The positions tensor a T-token step reads: 4 streams of T with sectioned RoPE."""
     return s.pos.slice(0, 0, cfg.pos_streams * T)
-
-
-def head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args) -> list | None:
-    """The HeadEpilogues of layer il's q, k and v projections (VKRT_FUSE_QKV_ROPE: each head's
-    norm, RoPE and cache store in its projection's last workgroup, norm_rope's bits, no norm_rope
-    dispatch); None where a step of T tokens cannot take them: fusions off, the q/k/v mat-vec
-    fused (VKRT_FUSE_QKV), biases, norms over whole rows, an attention temperature, more tokens
-    than one mat-vec run, or a projection whose workgroups do not fit its heads. norms, pos,
-    cells, args: the q/k norm weights, positions, cache cells and RoPE arguments norm_rope gets."""
-    cfg, w, p, f = tf.cfg, tf.w, f"blk.{il}.", tf.fusions
-    if not (f.qkv_rope and f.norm_rope) or f.qkv or cfg.attn_bias or cfg.qk_norm_full or q_temp:
-        return None
-    D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
-    q_block = 2 * D if cfg.attn_gate else D
-    weights = [w[p + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v")]
-    if not all(head_epilogue_fits(seq.device, wt, T, b) for wt, b in zip(weights, (q_block, D, Dv))):
-        return None
-    count = s.head_counters(H, KV, KV)
-    epis = [head_epilogue(seq, s.cols("q", T), D, count[0], s.cols("qr", T).view((D, H, T)),
-                          block=q_block, weight=norms["q"], eps=cfg.norm_eps, positions=pos, rope_args=args),
-            head_epilogue(seq, s.cols("k", T), D, count[1], cache.k[il], weight=norms["k"],
-                          eps=cfg.norm_eps, positions=pos, rows=cells, rope_args=args),
-            head_epilogue(seq, s.cols("v", T), Dv, count[2], cache.v[il], rows=cells)]
-    return epis if all(e is not None for e in epis) else None
 
 
 def record_norm_rope(tf, seq, cache, il, q3, k3, v3, qr, kr, q_temp, norms, pos, cells, args) -> None:
@@ -110,12 +84,8 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
     norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
     pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)
-    epis = head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args)
-    if epis is not None:   # each head normed, rotated and stored by its projection's last workgroup
-        for (t, name), epi in zip(projections, epis):
-            matmul(seq, w[p + name + ".weight"], cur, t, head_epi=epi)
-    else:
-        project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur, tf.fusions.qkv)
+    for t, name in projections:
+        matmul(seq, w[p + name + ".weight"], cur, t)
     for t, name in projections:
         if cfg.attn_bias and p + name + ".bias" in w:
             add(seq, t, w[p + name + ".bias"], t)
@@ -145,14 +115,12 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
         # one token: the attention's prologue may do norm_rope's work (VKRT_FUSE_FA_ROPE)
         prologue = (fa_norm_rope(seq.device, q3, k3, v3, pos, cells, cache.k[il], cache.v[il], q_weight=norms["q"],
                                  k_weight=norms["k"], eps=cfg.norm_eps, rope_args=args)
-                    if epis is None and T == 1 and tf.fusions.norm_rope and tf.fusions.fa_rope and not q_temp else None)
+                    if T == 1 and tf.fusions.norm_rope and tf.fusions.fa_rope and not q_temp else None)
         op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks, mask_opt=tf.fa_mask_opt,
                        split_k=split_k, work=s.flash_work, prologue=prologue)
         s.mask_opt_owner.setdefault(id(mask), op)
-    # (with epis the projections' epilogues normed, rotated and stored every head, with the
-    # attention's prologue the attention does)
-    if (op is None or op.prologue is None) and epis is None:
+    if op is None or op.prologue is None:   # (else the attention's prologue does it)
         record_norm_rope(tf, seq, cache, il, q3, k3, v3, qr, kr, q_temp, norms, pos, cells, args)
     if op is None:
         op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")

@@ -20,7 +20,6 @@ from ..ops.delta_net import delta_net
 from ..ops.matmul import matmul
 from ..ops.norm import rms_norm
 from ..ops.ssm_conv import ssm_conv
-from .fusions import project
 from .tensors import grouped_delta_net
 
 
@@ -31,8 +30,8 @@ def record_delta_net(tf, seq, s, state, il, T, n_seqs):
     cur = s.cols("cur", T)
     tf.add_norm(seq, s, T, p + "attn_norm.weight")
     qkv, z, alpha, beta = (s.cols(n, T) for n in ("qkv", "z", "alpha", "beta"))
-    project(seq, [(w[p + "attn_qkv.weight"], qkv), (w[p + "attn_gate.weight"], z)], cur, tf.fusions.qkv)
-    project(seq, [(w[p + "ssm_alpha.weight"], alpha), (w[p + "ssm_beta.weight"], beta)], cur, tf.fusions.qkv)
+    for name, out in (("attn_qkv", qkv), ("attn_gate", z), ("ssm_alpha", alpha), ("ssm_beta", beta)):
+        matmul(seq, w[p + name + ".weight"], cur, out)
     slots = s.slots.slice(0, 0, n_seqs)
     conv = s.cols("conv", T)
     ssm_conv(seq, qkv, w[p + "ssm_conv1d.weight"], state.conv[il], slots, conv, n_seqs=n_seqs)

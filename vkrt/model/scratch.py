@@ -56,10 +56,6 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "v": (F32, (KV * Dv, T), kv),
         "qr": (F32, (H * Dk, T), kv),
         "kr": (F32, (KV * Dk, T), kv),
-        "head_count": (I32, (3 * HEAD_COUNT_STRIDE * -(-max(H, KV) // HEAD_COUNT_STRIDE),), kv),
-                                                           # q's, k's and v's heads' finished projection
-                                                           # workgroups (mul_mv HEAD_EPI; 0 between), a
-                                                           # third each (apart: no barrier between them)
         "attn": (F32, (max(H * Dv if kv else 1, Hv * D if dn else 1), T), True),   # also the DeltaNet output
         "scores": (F32, (n_ctx * T * H,), kv and not flash_attn),
         # Gated DeltaNet
@@ -107,14 +103,6 @@ def scratch_bytes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True,
     return sum(typ.type_size * math.prod(ne) for typ, ne in shapes.values())
 
 
-# the counters of one projection's heads start at multiples of this (in the head_count tensor)
-HEAD_COUNT_STRIDE = 64
-
-
-# outputs of projections that one mat-vec pass writes (fusions.project): one allocation each group
-GROUPS = (("q", "k", "v"), ("qkv", "z"), ("alpha", "beta"))
-
-
 class Scratch(Owned):
     """The activation tensors of `scratch_shapes` as attributes (None where the model has no
     use for one: no MoE, no DeltaNet layers, ...), the routing table of MoE prefill and flash
@@ -134,18 +122,12 @@ class Scratch(Owned):
         for name in self._names:
             setattr(self, name, None)
         try:
-            grouped = {n: g for g in GROUPS for n in g}
             for name, (typ, ne, needed) in table.items():
-                if not needed or getattr(self, name) is not None:
-                    continue
-                group = [n for n in grouped.get(name, (name,)) if table[n][2]]
-                for n, t in zip(group, Tensor.empty_group(device, [(*table[n][:2], n) for n in group])):
-                    setattr(self, n, t)
+                if needed:
+                    setattr(self, name, Tensor.empty(device, typ, ne, name=name))
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
                 write_tensor(self.wg_count, np.zeros(1, np.int32))
-            if self.head_count is not None:
-                write_tensor(self.head_count, np.zeros(self.head_count.ne[0], np.int32))
             if flash_attn and any(layer.has_kv for layer in cfg.layers):
                 self.flash_work = FlashWork(device)
         except BaseException:
@@ -162,13 +144,6 @@ class Scratch(Owned):
         """The step inputs the host writes: name -> tensor (absent ones left out)."""
         return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used", "out_ids")
                 if (t := getattr(self, n)) is not None}
-
-    def head_counters(self, *heads: int) -> list[Tensor]:
-        """The head epilogue's counters of the q, k and v projections (heads: each one's count):
-        slices of head_count a HEAD_COUNT_STRIDE-aligned third apart, so that the three
-        projections' bindings never overlap and need no barrier between them."""
-        third = self.head_count.ne[0] // 3
-        return [self.head_count.slice(0, i * third, i * third + n) for i, n in enumerate(heads)]
 
     def cols(self, name: str, n: int, first: int = 0) -> Tensor:
         """Columns first..first+n-1 (tokens) of a 2-D activation."""

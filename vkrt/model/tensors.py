@@ -13,12 +13,9 @@ from .arch import DENSE, LINEAR, MOE_SHARED
 from .config import ModelConfig
 
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-# weights read in one mat-vec pass when they share an allocation: a gated FFN's gate and up, and
-# the projections of one input (fusions.project)
+# weights read in one mat-vec pass when they share an allocation: a gated FFN's gate and up
 SHARED_ALLOCATIONS = (("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_exps.weight", "ffn_up_exps.weight"),
-                      ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"),
-                      ("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("attn_qkv.weight", "attn_gate.weight"),
-                      ("ssm_alpha.weight", "ssm_beta.weight"))
+                      ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
 
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
 EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS, ROPE_FACTORS = (

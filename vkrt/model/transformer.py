@@ -239,10 +239,6 @@ class Transformer:
         tuning = seq.device.tuning
         return min(tuning.mv_dense_max_n, tuning.mv_max_n) if dense else mat_vec_tokens(tuning)
 
-    def _fuse_glu(self, seq, T, dense: bool = True) -> bool:
-        """Decode-sized down projections take the gated activation inside their mat-vec."""
-        return T <= self._fused_max(seq, dense) and self.fusions.glu
-
     def _fuse_gate_up(self, seq, T, gate: Tensor, up: Tensor, act: str, dense: bool = True) -> bool:
         """Decode-sized gate and up projections run as one pass where their weights allow it."""
         return (T <= self._fused_max(seq, dense) and self.fusions.gate_up
@@ -256,11 +252,8 @@ class Transformer:
             return
         matmul(seq, gate, cur, g)
         matmul(seq, up, cur, u)
-        if self._fuse_glu(seq, T):   # decode: the activation happens inside the down mat-vec
-            matmul(seq, down, g, o, up=u, act=act)
-        else:
-            activation(seq, act, g, h, up=u)
-            matmul(seq, down, h, o)
+        activation(seq, act, g, h, up=u)
+        matmul(seq, down, h, o)
 
     def add_norm(self, seq, s, T, name, first: int = 0):
         """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
@@ -385,19 +378,14 @@ class Transformer:
         # the summed down projection has no place for the experts' biases: gpt-oss sums apart
         decode = T <= mat_vec_tokens(seq.device.tuning)
         resid = self._resid_norm(seq, s, T, il, dw) if decode else None
-        summed = decode and (self.fusions.moe_sum or resid is not None) and bd is None
-        down_in = he   # the routed experts' activations; None: the down projection already ran (GLU)
+        summed = resid is not None and bd is None
         held = None   # the ids whose routes s.routes holds from an earlier GEMM of this block
         if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
             mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw, act=act, bias=bg, up_bias=bu)
         else:
             held = self._experts(seq, s, gw, x3, gi, ge, bg, ids, held)
             held = self._experts(seq, s, uw, x3, ui, ue, bu, ids, held)
-            if self._fuse_glu(seq, T, dense=False) and not summed and own(di):
-                mul_mat_id(seq, dw, ge, di, de, s.routes, up=ue, act=act, bias=bd)
-                down_in = None
-            else:
-                activation(seq, act, ge, he, up=ue)
+            activation(seq, act, ge, he, up=ue)
         o = s.cols("o", T)
         shared = gate_logit = None
         if cfg.layers[il].ffn == MOE_SHARED:
@@ -413,19 +401,15 @@ class Transformer:
         ungated = None
         if shared is not None and gate_logit is None:   # added after the routed experts' sum
             shared, ungated = None, shared
-        if down_in is not None and summed and resid is not None and mul_mat_id_sum(
-                seq, dw, down_in, di, weights, s.cols("x", T), shared, gate_logit, residual=True, norm=resid[1]):
+        if summed and mul_mat_id_sum(seq, dw, he, di, weights, s.cols("x", T), resid[1]):
             s.normed = resid[0]   # the residual stream holds the block's output, cur its next norm
             return
-        if not (down_in is not None and summed
-                and mul_mat_id_sum(seq, dw, down_in, di, weights, o, shared, gate_logit)):
-            if down_in is not None:
-                self._experts(seq, s, dw, down_in, di, de, bd, ids, held)
-            total = ExpertSum(de, weights, o, shared, gate_logit)
-            if ungated is None and not cfg.residual_scale and self.fusions.combine_norm and self.fusions.add_norm:
-                s.pending = total   # summed by the next norm (VKRT_FUSE_COMBINE_NORM)
-                return
-            total.store(seq)
+        self._experts(seq, s, dw, he, di, de, bd, ids, held)
+        total = ExpertSum(de, weights, o, shared, gate_logit)
+        if ungated is None and not cfg.residual_scale and self.fusions.combine_norm and self.fusions.add_norm:
+            s.pending = total   # summed by the next norm (VKRT_FUSE_COMBINE_NORM)
+            return
+        total.store(seq)
         if ungated is not None:
             add(seq, o, ungated, o)
         self.block_output(seq, s, o)

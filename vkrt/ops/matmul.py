@@ -20,9 +20,6 @@ _COMMON = (("K", "u32"), ("M", "u32"))
 _OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
              ("y_col", "u32"))
 MV_PUSH = PushConstants(*_COMMON, *_OPERANDS)
-# SEGMENTS: segments 1 and 2 of a mat-vec over several matrices' rows (segment 0 is the fields above)
-MV_SEG_PUSH = PushConstants(*_COMMON, *_OPERANDS, *((f"{f}{i}", "u32") for i in (1, 2)
-                                                     for f in ("m", "w_off", "y_off", "y_col", "g")))
 MV_ID_PUSH = PushConstants(*_COMMON, *_OPERANDS, ("w_expert", "u32"), ("e0", "u32"), ("e1", "u32"),
                            ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"), ("x_slot", "u32"),
                            ("x_slots", "u32"), ("y_slot", "u32"))
@@ -98,13 +95,14 @@ def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out
     return NormInput(x, residual, weight, float(eps))
 
 
-# NORM_OUT's fields (shaders/mul_mv.comp)
-NORM_OUT_FIELDS = (("count_off", "u32"), ("n_w_off", "u32"), ("n_o_off", "u32"), ("n_o_col", "u32"), ("n_eps", "f32"))
+# MOE_SUM's fields (shaders/mul_mv.comp): the routing weights, then the norm of the stream
+MOE_SUM_FIELDS = (("wt_off", "u32"), ("count_off", "u32"), ("n_w_off", "u32"), ("n_o_off", "u32"), ("n_o_col", "u32"),
+                  ("n_eps", "f32"))
 
 
 def norm_output_fits(device, m: int, n_used: int, typ, k: int, tuning=None) -> bool:
-    """Whether the summed expert down projection (m rows, K = k, n_used slots) normalises the
-    residual stream in its last workgroup (NORM_OUT: norm_layout for its workgroup): only where
+    """Whether the summed expert down projection (m rows, K = k, n_used slots) can add into the
+    residual stream and normalise it in its last workgroup (norm_layout for its workgroup): only where
     its workgroup takes the slots at once. Where one group walks them, a row a workgroup, the
     thousands of workgroups counting in and the tail in one small workgroup cost more than the
     norm's stage (H200, GCN table, 64 lanes a row as two 32-wide subgroups walking the slots:
@@ -113,26 +111,6 @@ def norm_output_fits(device, m: int, n_used: int, typ, k: int, tuning=None) -> b
     wg, lanes, _ = mat_vec_shape(device, typ, 1, tune, k=k, m=m, mul_mat_id=True, moe_sum=n_used)
     return (m % 4 == 0 and slots_at_once(device.profile, lanes, mat_vec_wg(tune, mul_mat_id=True))
             and norm_layout(device, m, 1, wg) is not None)
-
-
-# HEAD_EPI: the per-head epilogue's fields (shaders/mul_mv.comp, mv_head_epi.glsl)
-HEAD_EPI_FIELDS = (*((n, "u32") for n in ("e_hb", "e_count_off", "e_w_off", "e_pos_off", "e_ff_off", "e_rows_off",
-                                          "e_d_off", "e_d_head", "e_d_tok", "e_n_tok", "e_n_dims")),
-                   *((n, "f32") for n in ("e_eps", "e_theta_scale", "e_freq_scale", "e_attn_factor", "e_ext_factor",
-                                          "e_corr_low", "e_corr_high")))
-
-
-@dataclass(frozen=True)
-class HeadEpilogue:
-    """Attention's per-head q/k norm, RoPE and store that a q, k or v projection's mat-vec does
-    in the last workgroup to finish each head (mul_mv HEAD_EPI; vkrt.ops.head_epilogue builds
-    it): its defines, the bindings 3-8 (counters, norm weight, positions, frequency factors,
-    cache rows, destination), HEAD_EPI_FIELDS' values and the rows of y a head's block spans."""
-
-    defines: dict
-    buffers: tuple
-    push: dict
-    block: int
 
 
 # the most elements of x + r (over the columns) a lane of the router's mat-vec holds for its norm
@@ -258,37 +236,18 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bo
     return wg, lanes, rows
 
 
-def head_epilogue_fits(device, w: Tensor, n: int, block: int, tuning=None) -> bool:
-    """Whether matmul can run w's mat-vec over n columns with a HeadEpilogue over blocks of `block`
-    rows: one run, one binding, workgroups whose rows lie in one block or are whole blocks."""
-    tune = tuning or device.tuning
-    if n > mat_vec_columns(tune) or w.ne[2] != 1 or w.ne[3] != 1 or w.ne[1] % block:
-        return False
-    if len(chunks(1, device, None, w)) != 1:
-        return False
-    wg, lanes, rows = mat_vec_shape(device, kernel_type(w.type, "matmul weight"), n, tune, k=w.ne[0], m=w.ne[1])
-    per_wg = rows * (wg // lanes)
-    return block % per_wg == 0 or per_wg % block == 0
-
-
 def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
-                   glu: str | None = None, gate_up: str | None = None, wide: bool = False,
-                   moe_sum: int | None = None, shared: bool = False, layers: int = 1, bias: bool = False,
-                   segments: bool = False, route: dict | None = None, norm: bool = False,
-                   head_epi: dict | None = None, resid: bool = False, norm_out: bool = False) -> MatVec:
+                   gate_up: str | None = None, wide: bool = False, moe_sum: int | None = None, layers: int = 1,
+                   bias: bool = False, route: dict | None = None, norm: bool = False) -> MatVec:
     """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
-    mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With `glu`
-    (one of GLU_ACTS) its input is act(x) * u; with `gate_up` (an activation) its output is
-    act(W·x) * (W2·x); `wide` (see wide_ok) loads 16 bytes at once; `moe_sum` (slots a token,
-    with mul_mat_id) sums the slots' outputs with the routing weights (and a gated shared expert's
-    output with `shared`), as moe_combine does, and with `resid` adds that into y (the residual
-    stream), and with `norm_out` normalises that stream in its last workgroup (NormOutput);
-    `bias` (mul_mat_id) adds each expert's bias to its
-    rows (both W's and W2's with gate_up); `segments`: the rows of up to three matrices (see
-    matmul_segments), `m` their sum; `route` (moe.route_epilogue's defines) routes the tokens in the
-    last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first (NormInput);
-    `head_epi` (HeadEpilogue's defines) does attention's per-head work after a plain mat-vec.
-    Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
+    mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With
+    `gate_up` (an activation) its output is act(W·x) * (W2·x); `wide` (see wide_ok) loads 16
+    bytes at once; `moe_sum` (slots a token, with mul_mat_id) sums the slots' outputs with the
+    routing weights, as moe_combine does, adds that into y (the residual stream) and normalises
+    the stream in its last workgroup (NormOutput); `bias` (mul_mat_id) adds each expert's bias to
+    its rows (both W's and W2's with gate_up); `route` (moe.route_epilogue's defines) routes the
+    tokens in the last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first
+    (NormInput). Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
     workgroups."""
     wg, lanes, rows = mat_vec_shape(device, typ, n, tuning, k=k, m=m, mul_mat_id=mul_mat_id,
                                     gate_up=gate_up is not None, moe_sum=moe_sum or 0, layers=layers)
@@ -319,30 +278,17 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
     if mul_mat_id:
         defines["MUL_MAT_ID"] = 1
     push = MV_ID_PUSH if mul_mat_id else MV_PUSH
-    if segments:
-        defines["SEGMENTS"] = 1
-        push = MV_SEG_PUSH
-    if glu is not None:
-        defines.update(GLU=1, ACT=GLU_ACTS[glu])
-        push = PushConstants(*push.fields, ("u_off", "u32"))
     if gate_up is not None:
         defines.update(GATE_UP=1, ACT=GLU_ACTS[gate_up])
         push = PushConstants(*push.fields, ("w2_off", "u32"))
     if moe_sum:
-        defines.update(MOE_SUM=1, NU=moe_sum, **({"SHARED": 1} if shared else {}),
+        layout = norm_layout(device, m, 1, wg) if mul_mat_id else None
+        if layout is None:
+            raise ConfigError(f"mat_vec_kernel: no norm of the residual stream ({m} rows) after the summed "
+                              "expert projection on this device")
+        defines.update({d: v for d, v in layout.items() if d != "NORM_IN"}, MOE_SUM=1, NU=moe_sum,
                        **({"SLOT_UNROLL": 1} if tuning.mv_sum_unroll else {}))
-        push = PushConstants(*push.fields, ("wt_off", "u32"), ("sh_off", "u32"), ("sg_off", "u32"))
-        if resid:
-            defines["RESID"] = 1
-        if norm_out:
-            layout = norm_layout(device, m, 1, wg) if resid else None
-            if layout is None:
-                raise ConfigError(f"mat_vec_kernel: no norm of the residual stream ({m} rows) after the summed "
-                                  "expert projection on this device")
-            defines.update({d: v for d, v in layout.items() if d != "NORM_IN"}, NORM_OUT=1)
-            push = PushConstants(*push.fields, *NORM_OUT_FIELDS)
-    elif resid or norm_out:
-        raise ConfigError("mat_vec_kernel: the residual add and norm follow the summed expert projection")
+        push = PushConstants(*push.fields, *MOE_SUM_FIELDS)
     if bias:
         defines["BIAS"] = 1
         push = PushConstants(*push.fields, ("b_off", "u32"), *((("b2_off", "u32"),) if gate_up else ()))
@@ -350,18 +296,13 @@ def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, 
         defines.update(ROUTE=1, **route)
         push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
     if norm:
-        if route is None or glu is not None:
-            raise ConfigError("mat_vec_kernel: the add and norm in the prologue go with routing, without glu")
+        if route is None:
+            raise ConfigError("mat_vec_kernel: the add and norm in the prologue go with routing")
         layout = norm_layout(device, k, n, wg)
         if layout is None:
             raise ConfigError(f"mat_vec_kernel: no norm prologue for rows of {k} and {n} columns on this device")
         defines.update(layout)
         push = PushConstants(*push.fields, *NORM_FIELDS)
-    if head_epi is not None:
-        if mul_mat_id or glu or gate_up or moe_sum or bias or segments or route is not None:
-            raise ConfigError("mat_vec_kernel: the per-head epilogue follows a plain mat-vec")
-        defines.update(HEAD_EPI=1, **head_epi)
-        push = PushConstants(*push.fields, *HEAD_EPI_FIELDS)
     kern = kernel(device, "mul_mv", defines=defines, push=push)
     return MatVec(kern, rows if moe_sum else rows * (wg // lanes))
 
@@ -377,16 +318,6 @@ def gate_up_pair(gate: Tensor, up: Tensor, device, act: str):
         return None
     rng, (go, uo) = both
     return rng, go, uo
-
-
-def glu_operand(up: Tensor, x: Tensor, act: str, device) -> tuple:
-    """(binding, float offset) of the `up` input of a fused gated activation: laid out like x."""
-    if act not in GLU_ACTS:
-        raise UnsupportedShape(f"fused activation {act!r} is not supported (supported: {', '.join(GLU_ACTS)})")
-    if up.type != F32 or up.ne != x.ne or up.nb != x.nb:
-        raise UnsupportedShape(f"the fused activation's up {up!r} must be F32 and laid out like x {x!r}")
-    ur, uo = bind_words(up, "matmul up", device)
-    return ur, uo // 4
 
 
 def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False, split_k: bool = False):
@@ -488,20 +419,18 @@ def mat_vec_columns(tuning) -> int:
 
 
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
-           up: Tensor | None = None, act: str = "silu", up_weight: Tensor | None = None,
-           route: RouteEpilogue | None = None, kernel_columns: int | None = None,
-           norm_in: NormInput | None = None, head_epi: HeadEpilogue | None = None) -> None:
+           act: str = "silu", up_weight: Tensor | None = None, route: RouteEpilogue | None = None,
+           kernel_columns: int | None = None, norm_in: NormInput | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
-    With `up` (mat-vec sizes only), y = W·(act(x) * up). With `up_weight` (mat-vec sizes only;
+    With `up_weight` (mat-vec sizes only;
     see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass. With `route` (one mat-vec run:
     n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y.
     `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
     larger product, whose columns then get the same kernel, so the same sums, whatever slice
     they fall in). With `norm_in` (and `route`; see norm_input) x is the output of the add and
-    norm the mat-vec does first. With `head_epi` (vkrt.ops.head_epilogue; one mat-vec run, W in
-    one binding) the last workgroup of each head's rows does the head's norm, RoPE and store."""
+    norm the mat-vec does first."""
     device = seq.device
     tune = tuning or device.tuning
     cols = mat_vec_columns(tune)
@@ -518,14 +447,9 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     yr, yo = bind_words(y2, "matmul y", device)
     xo, yo, x_col, y_col = xo // 4, yo // 4, x2.nb[1] // 4, y2.nb[1] // 4
     extra, extra_push = [], {}
-    if up is not None:
-        if n > cols:
-            raise UnsupportedShape(f"matmul: a fused activation needs at most {cols} columns, got {n}")
-        ur, uo = glu_operand(f32_operand(up, "matmul up", k), x2, act, device)
-        extra, extra_push = [ur], {"u_off": uo}
-    xvec4 = vec4_ok(x2, xo, x_col) and (up is None or extra_push["u_off"] % 4 == 0)
+    xvec4 = vec4_ok(x2, xo, x_col)
     if up_weight is not None:
-        pair = gate_up_pair(w, up_weight, device, act) if up is None and n <= cols else None
+        pair = gate_up_pair(w, up_weight, device, act) if n <= cols else None
         if pair is None:
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{cols} columns, same type and layout, one binding for both)")
@@ -536,18 +460,12 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device))
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
-    if route is not None and (up is not None or n > cols or len(pieces) > 1):
+    if route is not None and (n > cols or len(pieces) > 1):
         raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
-                               f"binding, no fused activation; got {n} columns, {len(pieces)} pieces")
+                               f"binding; got {n} columns, {len(pieces)} pieces")
     if norm_in is not None:
         _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
         return
-    if head_epi is not None and (up is not None or route is not None or (kernel_columns or n) > cols
-                                 or len(pieces) > 1 or not head_epilogue_fits(device, w, n, head_epi.block, tune)):
-        raise UnsupportedShape(f"matmul: the per-head epilogue takes one mat-vec run ({cols} columns at most) over "
-                               f"a weight in one binding whose workgroups' rows lie in one head's block of "
-                               f"{head_epi.block} or are whole blocks, no fused activation or routing; got {n} "
-                               f"columns, {len(pieces)} pieces")
     if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
         gt = gemm_tuning(tune, kernel_columns or n)
         kern = gemm_kernel(device, typ, gt, xvec4=xvec4)
@@ -570,13 +488,9 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             xo, yo = xo // 4, yo // 4
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
-                            glu=act if up is not None else None, wide=wide,
-                            route=route.defines if route is not None else None,
-                            head_epi=head_epi.defines if head_epi is not None else None)
+                            wide=wide, route=route.defines if route is not None else None)
         if route is not None:
             extra, extra_push = list(route.buffers), route.push
-        if head_epi is not None:
-            extra, extra_push = list(head_epi.buffers), head_epi.push
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}
@@ -608,46 +522,3 @@ def _norm_route(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tenso
             "n_w_off": nwo // 4, "n_s_off": xo, "n_o_off": oo // 4, "n_o_col": out.nb[1] // 4, "n_eps": norm_in.eps}
     seq.dispatch(mv.kernel, [wr, xr, yr, *route.buffers, rr, nwr, xr, orr], push=push, groups=mv.groups(m, device),
                  label="norm router")
-
-
-def matmul_segments(seq, ws: list[Tensor], x: Tensor, ys: list[Tensor], *, tuning=None) -> None:
-    """y_i = W_i·x for two or three weights of one type, K and row stride (attention's q, k and
-    v): one mat-vec dispatch over all their rows where the weights lie in one binding, the
-    outputs in another, and x has at most mv_dense_max_n columns; otherwise one matmul each. Each
-    row is summed as matmul sums it."""
-    device = seq.device
-    tune = tuning or device.tuning
-    w0 = ws[0]
-    if not 2 <= len(ws) <= 3 or len(ys) != len(ws):
-        raise UnsupportedShape(f"matmul_segments takes two or three weights and as many outputs, got {len(ws)} / {len(ys)}")
-    for w in ws:
-        check_layout(w, "matmul weight")
-    k = w0.ne[0]
-    x2 = f32_operand(x, "matmul x", k)
-    n = x2.ne[1]
-    y2 = [f32_operand(y, "matmul y", w.ne[1]) for w, y in zip(ws, ys)]
-    same = all(w.type == w0.type and w.ne[0] == k and w.nb[1] == w0.nb[1] and w.ne[2] == w.ne[3] == 1 for w in ws)
-    wb = bind_together(ws, device, min_align=WORD_ALIGN) if same else None
-    yb = bind_together(y2, device) if wb is not None else None
-    cols = mat_vec_columns(tune)
-    if yb is None or n > cols or any(y.ne[1] != n for y in y2):
-        for w, y in zip(ws, ys):
-            matmul(seq, w, x, y, tuning=tuning)
-        return
-    typ = kernel_type(w0.type, f"matmul weight {w0.name or ''}".rstrip())
-    xr, xo = bind_words(x2, "matmul_segments x", device)
-    xo, x_col = xo // 4, x2.nb[1] // 4
-    ms = [w.ne[1] for w in ws]
-    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=sum(ms), xvec4=vec4_ok(x2, xo, x_col), segments=True,
-                        wide=wide_ok(typ, w0.nb[1], *wb[1]))
-    starts = [0]
-    for m in ms:
-        starts.append(starts[-1] + ceil_div(m, mv.rows))
-    segs = [dict(m=m, w_off=wo, y_off=yo // 4, y_col=y.nb[1] // 4, g=g)
-            for m, wo, yo, y, g in zip(ms, wb[1], yb[1], y2, starts)]
-    if len(segs) == 2:
-        segs.append(dict(segs[1], g=0xFFFFFFFF))
-    push = {"K": k, "M": ms[0], "w_off": segs[0]["w_off"], "w_row": w0.nb[1], "x_off": xo, "x_col": x_col,
-            "y_off": segs[0]["y_off"], "y_col": segs[0]["y_col"],
-            **{f"{f}{i}": segs[i][f] for i in (1, 2) for f in ("m", "w_off", "y_off", "y_col", "g")}}
-    seq.dispatch(mv.kernel, [wb[0], xr, yb[0]], push=push, groups=grid(device, starts[len(ms)]))

@@ -17,7 +17,7 @@ from ..pipeline import PushConstants, kernel
 from .add_id import add_id
 from .binding import bind_words
 from .grid import ceil_div, groups_for
-from .matmul import (NormOutput, gate_up_pair, gemm_kernel, gemm_tuning, glu_operand, mat_vec_kernel,
+from .matmul import (NormOutput, gate_up_pair, gemm_kernel, gemm_tuning, mat_vec_kernel,
                      norm_output_fits, vec4_ok, wide_ok)
 from .quant import check_layout, chunks, kernel_type
 
@@ -72,8 +72,7 @@ def mat_vec_tokens(tuning) -> int:
 
 
 def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteTable | None = None, *,
-               tuning=None, max_binding: int | None = None, up: Tensor | None = None, act: str = "silu",
-               up_weight: Tensor | None = None, bias: Tensor | None = None, up_bias: Tensor | None = None,
+               tuning=None, max_binding: int | None = None, act: str = "silu", up_weight: Tensor | None = None, bias: Tensor | None = None, up_bias: Tensor | None = None,
                routes_counted: bool = False) -> bool:
     """Record the expert matmul. w: (K, M, n_expert) of a supported type; x: F32 (K, 1 or n_used,
     n_tokens); ids: I32 (n_used, n_tokens) expert indices, distinct per token; y: F32 (M, n_used,
@@ -99,14 +98,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     mv_max = mat_vec_tokens(tune)
     common = {"K": k, "x_off": xo, "x_col": x_tok, "y_off": yo, "y_col": y_tok, "w_row": w.nb[1],
               "w_expert": w.nb[2], "n_used": n_used, "x_slot": x_slot, "x_slots": x.ne[1], "y_slot": y_slot}
-    extra = []
-    if up is not None:
-        if n_tokens > mv_max:
-            raise UnsupportedShape(f"mul_mat_id: a fused activation needs at most {mv_max} tokens, "
-                                   f"got {n_tokens}")
-        ur, common["u_off"] = glu_operand(up, x, act, device)
-        extra = [ur]
-    xvec4 = vec4_ok(x, xo, x_slot, x_tok) and common.get("u_off", 0) % 4 == 0
+    xvec4 = vec4_ok(x, xo, x_slot, x_tok)
     biases = [b for b in (bias, up_bias) if b is not None]
     if (up_bias is not None) != (up_weight is not None and bias is not None):
         raise UnsupportedShape("mul_mat_id: up_bias goes with up_weight and a bias")
@@ -114,13 +106,13 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         if b.type != F32 or not b.is_contiguous() or b.ne[:3] != (m, n_expert, 1) or b.offset % 4:
             raise UnsupportedShape(f"mul_mat_id: a bias must be contiguous F32 ({m}, {n_expert}), got {b!r}")
     bound = [bind_words(b, "mul_mat_id bias", device) for b in biases]
-    extra += [r for r, _ in bound]
+    extra = [r for r, _ in bound]
     if bias is not None:
         common["b_off"] = bound[0][1] // 4
         if up_bias is not None:
             common["b2_off"] = bound[1][1] // 4
     if up_weight is not None:
-        pair = gate_up_pair(w, up_weight, device, act) if up is None and n_tokens <= mv_max else None
+        pair = gate_up_pair(w, up_weight, device, act) if n_tokens <= mv_max else None
         if pair is None:
             raise UnsupportedShape(f"mul_mat_id: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{mv_max} tokens, same type and layout, one binding for both)")
@@ -136,7 +128,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     if n_tokens <= mv_max:
         pieces_bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)) for e0, e1 in pieces]
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4,
-                            mul_mat_id=True, glu=act if up is not None else None, bias=bias is not None,
+                            mul_mat_id=True, bias=bias is not None,
                             wide=wide_ok(typ, w.nb[1], w.nb[2], *(b[3] for b in pieces_bound)))
         for e0, e1, wr, wo in pieces_bound:
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
@@ -165,15 +157,14 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     return True
 
 
-def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out: Tensor,
-                   shared: Tensor | None = None, shared_gate: Tensor | None = None, *, residual: bool = False,
-                   norm: NormOutput | None = None, tuning=None) -> bool:
-    """Record out[:, t] = sum_j weights[j, t] * (w[ids[j, t]] · x[:, j, t]) (+ sigmoid(shared_gate[t])
-    * shared[:, t]): the expert down projection and moe_combine in one pass, bit for bit the same
-    (mat-vec sizes; the stack in one binding). With `residual`, out (the residual stream) gets the
-    sum added, as rms_norm's add would add it, and with `norm` (and residual) its last workgroup
-    normalises out into norm.out as rms_norm would (see norm_output_fits). Returns False,
-    recording nothing, where it does not apply (the caller runs mul_mat_id and moe_combine)."""
+def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, stream: Tensor, norm: NormOutput, *,
+                   tuning=None) -> bool:
+    """Record stream[:, t] += sum_j weights[j, t] * (w[ids[j, t]] · x[:, j, t]) and then
+    norm.out = rms_norm(stream) * norm.weight: the expert down projection, moe_combine, the
+    residual add and the next RMS norm in one pass, bit for bit the same as those kernels apart
+    (mat-vec sizes; the stack in one binding; a workgroup that takes a token's slots at once:
+    norm_output_fits). Returns False, recording nothing, where it does not apply (the caller runs
+    mul_mat_id, moe_combine and the add and norm)."""
     device = seq.device
     tune = tuning or device.tuning
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
@@ -181,46 +172,33 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, out:
     k, m, n_expert, n_used, n_tokens = _check(w, x, ids, None)
     if n_tokens > mat_vec_tokens(tune) or len(chunks(2, device, None, w)) != 1:
         return False
-    if norm is not None and not (residual and norm_output_fits(device, m, n_used, typ, k, tune)):
+    if not norm_output_fits(device, m, n_used, typ, k, tune):
         return False
-    for t, what in ((weights, "weights"), (out, "out"), (shared, "shared"), (shared_gate, "shared_gate")):
-        if t is not None and (t.type != F32 or not t.is_contiguous() or t.offset % 4):
+    for t, what in ((weights, "weights"), (stream, "stream")):
+        if t.type != F32 or not t.is_contiguous() or t.offset % 4:
             raise UnsupportedShape(f"mul_mat_id_sum {what} must be a contiguous, 4-byte aligned F32 tensor, got {t!r}")
-    if out.nelements != m * n_tokens or weights.nelements < n_used * n_tokens:
-        raise UnsupportedShape(f"mul_mat_id_sum: out {list(out.ne)} / weights {list(weights.ne)} do not fit "
+    if stream.nelements != m * n_tokens or weights.nelements < n_used * n_tokens:
+        raise UnsupportedShape(f"mul_mat_id_sum: stream {list(stream.ne)} / weights {list(weights.ne)} do not fit "
                                f"{m} rows x {n_tokens} tokens of {n_used} slots")
-    if (shared is None) != (shared_gate is None) or (shared is not None and (
-            shared.nelements != m * n_tokens or shared_gate.nelements < n_tokens)):
-        raise UnsupportedShape("mul_mat_id_sum: the shared expert needs shared [M, n_tokens] and a gate per token")
+    if norm.weight.type != F32 or norm.weight.nelements != m or norm.out.ne[:2] != (m, n_tokens) \
+            or norm.out.type != F32 or norm.out.nb[0] != 4:
+        raise UnsupportedShape(f"mul_mat_id_sum: the norm needs an F32 weight of {m} and an F32 out of {m} x "
+                               f"{n_tokens}, got {norm.weight!r} / {norm.out!r}")
     xr, xo = bind_words(x, "mul_mat_id_sum x", device)
-    yr, yo = bind_words(out, "mul_mat_id_sum out", device)
+    yr, yo = bind_words(stream, "mul_mat_id_sum stream", device)
     ir, io = bind_words(ids, "mul_mat_id_sum ids", device)
     wtr, wto = bind_words(weights, "mul_mat_id_sum weights", device)
     wr, wo = bind_words(w, "mul_mat_id_sum w", device)
+    (cr, co), (nwr, nwo), (nor, noo) = (bind_words(t, f"mul_mat_id_sum norm {what}", device) for t, what in
+                                        ((norm.counter, "counter"), (norm.weight, "weight"), (norm.out, "out")))
     x_slot, x_tok = x.nb[1] // 4, x.nb[2] // 4
     push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": xo // 4, "x_col": x_tok, "y_off": yo // 4,
             "y_col": m, "w_expert": w.nb[2], "e0": 0, "e1": n_expert, "n_used": n_used, "ids_off": io // 4,
             "ids_tok": ids.nb[1] // 4, "x_slot": x_slot, "x_slots": x.ne[1], "y_slot": 0, "wt_off": wto // 4,
-            "sh_off": 0, "sg_off": 0}
-    buffers = [wr, xr, yr, ir, wtr]
-    if shared is not None:
-        sr, so = bind_words(shared, "mul_mat_id_sum shared", device)
-        gr, go = bind_words(shared_gate, "mul_mat_id_sum shared_gate", device)
-        buffers += [sr, gr]
-        push.update(sh_off=so // 4, sg_off=go // 4)
-    if norm is not None:
-        if norm.weight.type != F32 or norm.weight.nelements != m or norm.out.ne[:2] != (m, n_tokens) \
-                or norm.out.type != F32 or norm.out.nb[0] != 4:
-            raise UnsupportedShape(f"mul_mat_id_sum: the norm needs an F32 weight of {m} and an F32 out of {m} x "
-                                   f"{n_tokens}, got {norm.weight!r} / {norm.out!r}")
-        (cr, co), (nwr, nwo), (nor, noo) = (bind_words(t, f"mul_mat_id_sum norm {what}", device) for t, what in
-                                            ((norm.counter, "counter"), (norm.weight, "weight"), (norm.out, "out")))
-        buffers += [cr, nwr, nor]
-        push.update(count_off=co // 4, n_w_off=nwo // 4, n_o_off=noo // 4, n_o_col=norm.out.nb[1] // 4,
-                    n_eps=float(norm.eps))
-    xvec4 = vec4_ok(x, xo // 4, x_slot, x_tok)
-    mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=xvec4, mul_mat_id=True, moe_sum=n_used,
-                        shared=shared is not None, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]), resid=residual,
-                        norm_out=norm is not None)
-    seq.dispatch(mv.kernel, buffers, push=push, groups=mv.groups(m, device, n_tokens), label="mul_mat_id_sum")
+            "count_off": co // 4, "n_w_off": nwo // 4, "n_o_off": noo // 4, "n_o_col": norm.out.nb[1] // 4,
+            "n_eps": float(norm.eps)}
+    mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=vec4_ok(x, xo // 4, x_slot, x_tok),
+                        mul_mat_id=True, moe_sum=n_used, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
+    seq.dispatch(mv.kernel, [wr, xr, yr, ir, wtr, cr, nwr, nor], push=push, groups=mv.groups(m, device, n_tokens),
+                 label="mul_mat_id_sum")
     return True
