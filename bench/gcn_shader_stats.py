@@ -150,13 +150,13 @@ def decode_router(seq, m, norm: bool = False) -> None:
     cur = placeholder(dev, F32, (m["hidden"], 1), "cur")
     logits = placeholder(dev, F32, (m["n_expert"], 1), "router")
     ids, wts = placeholder(dev, I32, (m["n_used"], 1), "ids"), placeholder(dev, F32, (m["n_used"], 1), "weights")
-    route = route_epilogue(seq, w, logits, ids, wts, m["n_used"], True, placeholder(dev, I32, (1,), "counter"))
+    route = route_epilogue(dev, w, logits, ids, wts, m["n_used"], True, placeholder(dev, I32, (1,), "counter"))
     if route is None:
         raise VkrtError("the GCN tuning cannot route in the router's mat-vec")
     norm_in = None
     if norm:
         x, pending = placeholder(dev, F32, (m["hidden"], 1), "x"), placeholder(dev, F32, (m["hidden"], 1), "pending")
-        norm_in = norm_input(seq, x, pending, placeholder(dev, F32, (m["hidden"],), "w"), 1e-6, cur)
+        norm_in = norm_input(dev, x, pending, placeholder(dev, F32, (m["hidden"],), "w"), 1e-6, cur)
         if norm_in is None:
             raise VkrtError("the GCN tuning cannot norm in the router's mat-vec")
     matmul(seq, w, cur, logits, route=route, norm_in=norm_in)

@@ -93,9 +93,10 @@ def test_bad_input_is_a_clear_error(device, path, llm):
 def test_settings_reach_the_engine(device, path):
     """vkrt.load(settings=...) opens its device with them; the engine records with their fusions.
     An open device brings its own settings: both at once is refused."""
-    with vkrt.load(path, settings=device.settings.replace(fuse_gate_up=False, fuse_add_norm=False), n_ctx=64) as llm:
+    with vkrt.load(path, settings=device.settings.replace(fuse=("all", "-gate_up", "-add_norm")), n_ctx=64) as llm:
         fusions = llm.engine.transformer.fusions
-        assert not fusions.gate_up and not fusions.add_norm and llm.engine.device is not device
+        assert "gate_up" not in fusions and "add_norm" not in fusions and "norm_rope" in fusions
+        assert llm.engine.device is not device
         assert llm.generate([5, 9, 2], max_tokens=2, temperature=0)
     with pytest.raises(ConfigError, match="brings its own settings"):
         vkrt.load(path, device=device, settings=device.settings)

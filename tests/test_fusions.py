@@ -1,11 +1,11 @@
-"""Lossless fusions, bit for bit against the separate kernels on every architecture: each block's
-residual add inside the next RMS norm (VKRT_FUSE_ADD_NORM=0: add, then norm; two commands fewer
-a layer), q/k norm + RoPE + K's cache store in one kernel (VKRT_FUSE_NORM_ROPE=0: norms, ropes,
-set_rows; three commands fewer a layer with q/k norms, one without), for decode the gate and up
-projections in one pass with the activation on its output (VKRT_FUSE_GATE_UP=0 turns it off: two
-commands fewer a gated FFN), and V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE=0 turns it off), and a MoE
-block's weighted sum of its experts inside the next RMS norm (VKRT_FUSE_COMBINE_NORM=0 turns it
-off: moe_combine's pass a MoE layer)."""
+"""Lossless fusions (vkrt/model/fuse.py, chosen by VKRT_FUSE), bit for bit against the separate
+kernels on every architecture, each with the commands it saves counted: each block's residual
+add inside the next RMS norm (add_norm: two commands fewer a layer), q/k norm + RoPE + K's cache
+store in one kernel (norm_rope: norms, ropes, set_rows; three commands fewer a layer with q/k
+norms, one without), for decode the gate and up projections in one pass with the activation on
+its output (gate_up: two commands fewer a gated FFN), V's cache store inside K's norm_rope
+dispatch (kv_store), a MoE block's weighted sum of its experts inside the next RMS norm
+(combine_norm: moe_combine's pass a MoE layer), and the decode fusions below."""
 
 import dataclasses
 
@@ -32,38 +32,53 @@ def _lavapipe_shape_limits(device, monkeypatch):
     monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, **{f: getattr(lp, f) for f in SHAPE_FIELDS}))
 
 
-def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NORM", **engine_kw):
-    if variable in ("VKRT_FUSE_ADD_NORM", "VKRT_FUSE_ROUTE"):   # every add+norm a kernel of its own, none in
-        device_env("VKRT_FUSE_NORM_ROUTE", "0")                   # a router's prologue (which needs ROUTE)
-    if variable in ("VKRT_FUSE_NORM_ROPE", "VKRT_FUSE_KV_STORE"):   # q's norm_rope its own dispatch, counted
-        device_env("VKRT_FUSE_QK_ROPE", "0")                          # below
-    if variable != "VKRT_FUSE_FA_ROPE":   # norm_rope's decode dispatch counted below, not in the attention
-        device_env("VKRT_FUSE_FA_ROPE", "0")
-    if variable != "VKRT_FUSE_RESID_NORM":   # the norms before the projections counted as dispatches
-        device_env("VKRT_FUSE_RESID_NORM", "0")
-    device_env(variable, "on" if fuse else "off")
+# the fusions a test of each leaves off on both sides, so that the commands it saves are its own:
+# every add+norm a kernel of its own, none in a router's prologue (which needs route); q's
+# norm_rope its own dispatch; norm_rope's decode dispatch counted, not in the attention; the norms
+# before the projections counted as dispatches
+PINNED_OFF = {"add_norm": ("norm_route", "fa_rope", "resid_norm"), "route": ("norm_route", "fa_rope", "resid_norm"),
+              "norm_rope": ("qk_rope", "kv_store", "fa_rope", "resid_norm"), "kv_store": ("qk_rope", "fa_rope", "resid_norm"),
+              "fa_rope": ("resid_norm",), "resid_norm": ("fa_rope",)}
+
+
+def fuse_items(fuse: bool, fusion: str) -> str:
+    """VKRT_FUSE for a run with `fusion` on or off: every other fusion on, but PINNED_OFF's."""
+    off = PINNED_OFF.get(fusion, ("fa_rope", "resid_norm")) + (() if fuse else (fusion,))
+    return ",".join(("all", *(f"-{name}" for name in off)))
+
+
+def run(device, path, device_env, fuse: bool, fusion: str = "add_norm", **engine_kw):
+    device_env("VKRT_FUSE", fuse_items(fuse, fusion))
+    out, dispatches = run_as_set(device, path, **engine_kw)
+    with Model(device, path, progress=False) as m:
+        return out, dispatches, m.cfg
+
+
+def run_as_set(device, path, **engine_kw):
+    """A prompt, then two decode steps, with the device's settings as they are: (the logits, the
+    dispatches both graphs recorded); run_as_set.barriers: their barriers."""
     with Model(device, path, progress=False, n_cpu_moe=engine_kw.pop("n_cpu_moe", 0)) as m, \
             Engine(m, n_ctx=64, n_ubatch=16, **engine_kw) as e:
         prefill = e.eval(PROMPT, all_logits=True)
         decode = [e.eval([int(np.argmax(prefill[-1]))])]
         decode.append(e.eval([int(np.argmax(decode[-1]))]))
         dispatches = sum(s.dispatch_count for g in e._graphs.values() for s in g.seqs)
-        run.barriers = sum(s.barrier_count for g in e._graphs.values() for s in g.seqs)
-        return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg
+        run_as_set.barriers = sum(s.barrier_count for g in e._graphs.values() for s in g.seqs)
+        return np.concatenate([prefill.reshape(-1), *decode]), dispatches
 
 
-def commands_saved(device, tmp_path, device_env, name, variable="VKRT_FUSE_ADD_NORM", **engine_kw):
-    """Run `name` with the fusion `variable` on and off, assert the outputs are the same bits;
+def commands_saved(device, tmp_path, device_env, name, fusion="add_norm", **engine_kw):
+    """Run `name` with `fusion` on and off (fuse_items), assert the outputs are the same bits;
     returns (commands the fusion saves over both graphs, the model's config)."""
     path = tiny_model(name, tmp_path)
-    fused, n_fused, cfg = run(device, path, device_env, True, variable, **engine_kw)
-    plain, n_plain, _ = run(device, path, device_env, False, variable, **engine_kw)
+    fused, n_fused, cfg = run(device, path, device_env, True, fusion, **engine_kw)
+    plain, n_plain, _ = run(device, path, device_env, False, fusion, **engine_kw)
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     return n_plain - n_fused, cfg
 
 
 def sums_in_norm(cfg) -> int:
-    """MoE layers whose experts' sum the next norm adds (VKRT_FUSE_COMBINE_NORM): not where an
+    """MoE layers whose experts' sum the next norm adds (combine_norm): not where an
     ungated shared expert is added after the sum (granitemoe, glm4moe) or the block output is
     scaled first (granite's residual_scale)."""
     if cfg.residual_scale:
@@ -95,7 +110,7 @@ def test_experts_summed_in_the_next_norm_is_bit_identical(device, tmp_path, devi
     (qwen2moe, qwen35moe, qwen3next: with the sigmoid-gated shared expert) as moe_combine would
     store it, experts in VRAM and staged from host; granitemoe (residual_scale) and glm4moe (the
     ungated shared expert added after the sum) keep moe_combine."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_COMBINE_NORM", n_cpu_moe=n_cpu_moe,
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "combine_norm", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     assert saved == 2 * sums_in_norm(cfg)   # both graphs: moe_combine's pass a MoE layer
     assert name in ("tiny-granitemoe", "tiny-glm4moe") or saved > 0
@@ -108,8 +123,7 @@ def test_fused_norm_rope_is_bit_identical(device, tmp_path, device_env, name):
     """With q/k norms (qwen3, gemma3, qwen3moe) and without (llama, gpt-oss: YaRN; granite);
     gemma3 and gpt-oss have sliding layers; qwen35moe's queries are a strided view (each head's
     gate follows its query) under IMROPE; olmoe's whole-vector q/k norms run before, apart."""
-    device_env("VKRT_FUSE_KV_STORE", "0")   # V's store apart either way: counted below
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_NORM_ROPE")
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "norm_rope")
     per_layer = 1 if name in ("tiny-llama", "tiny-gpt-oss", "tiny-olmoe", "tiny-granite", "tiny-glm4moe-air",
                               "tiny-phi3") else 3
     assert saved == 2 * len(cfg.kv_layers) * per_layer   # DeltaNet layers have no RoPE
@@ -118,11 +132,11 @@ def test_fused_norm_rope_is_bit_identical(device, tmp_path, device_env, name):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-qwen35moe",
                                   "tiny-gpt-oss", "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3", "tiny-mistral3"])
 def test_q_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name):
-    """The queries' norm_rope riding in K's dispatch (VKRT_FUSE_QK_ROPE): with q/k norms and
+    """The queries' norm_rope riding in K's dispatch (qk_rope): with q/k norms and
     without (llama, gpt-oss: YaRN, phi3: views of attn_qkv), sliding layers (gemma3, gpt-oss),
     IMROPE sections and queries strided between their gates (qwen35moe, qwen3next); mistral3's
     queries carry the attention temperature and keep their own dispatch."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_QK_ROPE")
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "qk_rope")
     assert saved == (0 if name == "tiny-mistral3" else 2 * len(cfg.kv_layers))
 
 
@@ -131,18 +145,18 @@ def test_q_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name
                                   "tiny-olmoe"])
 def test_norm_rope_in_the_attention_is_bit_identical(device, tmp_path, device_env, name):
     """The decode step's q/k norm, RoPE and K/V cache stores in flash attention's prologue
-    (VKRT_FUSE_FA_ROPE): norm_rope's dispatch and its barrier gone a layer in the decode graph,
+    (fa_rope): norm_rope's dispatch and its barrier gone a layer in the decode graph,
     the same bits: with q/k norms and without (llama), sliding layers (gemma3), YaRN and sinks
     (gpt-oss), IMROPE and queries strided between their gates (qwen35moe, qwen3next), views of
     attn_qkv (phi3), projection biases (glm4moe), whole-vector norms before it (olmoe);
     mistral3's attention temperature keeps norm_rope."""
     path = tiny_model(name, tmp_path)
-    fused, n_fused, cfg = run(device, path, device_env, True, "VKRT_FUSE_FA_ROPE")
-    barriers_fused = run.barriers
-    plain, n_plain, _ = run(device, path, device_env, False, "VKRT_FUSE_FA_ROPE")
+    fused, n_fused, cfg = run(device, path, device_env, True, "fa_rope")
+    barriers_fused = run_as_set.barriers
+    plain, n_plain, _ = run(device, path, device_env, False, "fa_rope")
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     assert n_plain - n_fused == (0 if name == "tiny-mistral3" else len(cfg.kv_layers))
-    assert run.barriers - barriers_fused == n_plain - n_fused
+    assert run_as_set.barriers - barriers_fused == n_plain - n_fused
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
@@ -152,32 +166,32 @@ def test_norm_rope_in_the_attention_is_bit_identical(device, tmp_path, device_en
 def test_residual_sum_and_next_norm_in_the_down_projection_is_bit_identical(device, tmp_path, device_env, name,
                                                                            n_cpu_moe):
     """The experts' summed down projection adds its sum into the residual stream and its last
-    workgroup does the next block's RMS norm (the next layer's or the output's; VKRT_FUSE_RESID_NORM):
+    workgroup does the next block's RMS norm (the next layer's or the output's; resid_norm):
     the same bits, experts in VRAM and staged from host; the combining norm's dispatch and its
     barrier gone a MoE layer in both graphs (the 8-token prompt is mat-vec sized). gpt-oss (expert
     biases), granitemoe (residual_scale) and the layers with a shared expert (qwen2moe, qwen35moe,
     qwen3next, glm4moe: the sum would wait for its down projection) keep the norm apart, as do
     dense models."""
     path = tiny_model(name, tmp_path)
-    fused, n_fused, cfg = run(device, path, device_env, True, "VKRT_FUSE_RESID_NORM", n_cpu_moe=n_cpu_moe,
+    fused, n_fused, cfg = run(device, path, device_env, True, "resid_norm", n_cpu_moe=n_cpu_moe,
                               stage_experts=True)
-    barriers_fused = run.barriers
-    plain, n_plain, _ = run(device, path, device_env, False, "VKRT_FUSE_RESID_NORM", n_cpu_moe=n_cpu_moe,
+    barriers_fused = run_as_set.barriers
+    plain, n_plain, _ = run(device, path, device_env, False, "resid_norm", n_cpu_moe=n_cpu_moe,
                             stage_experts=True)
     np.testing.assert_array_equal(fused.view(np.uint32), plain.view(np.uint32))
     summed = 0 if name in ("tiny-gpt-oss", "tiny-granitemoe") else sum(
         1 for layer in cfg.layers if layer.moe and layer.ffn != "moe_shared")
     assert n_plain - n_fused == 2 * summed
-    assert run.barriers - barriers_fused == n_plain - n_fused
+    assert run_as_set.barriers - barriers_fused == n_plain - n_fused
     assert summed or name not in ("tiny-qwen3moe", "tiny-olmoe")
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-qwen35moe", "tiny-gpt-oss",
                                   "tiny-qwen3next", "tiny-glm4moe", "tiny-phi3"])
 def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env, name):
-    """V's cache store inside K's norm_rope dispatch (VKRT_FUSE_KV_STORE): one command fewer a
+    """V's cache store inside K's norm_rope dispatch (kv_store): one command fewer a
     layer with attention, in both graphs; sliding layers (gemma3, gpt-oss), IMROPE (qwen35moe)."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_KV_STORE")
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "kv_store")
     assert saved == 2 * len(cfg.kv_layers)
 
 
@@ -189,7 +203,7 @@ def test_fused_gate_up_is_bit_identical(device, tmp_path, device_env, name, n_cp
     """Dense (silu, gemma3's gelu), expert and shared-expert gate/up pairs in VRAM (the loader
     puts each pair in one allocation; phi3: views of one ffn_up); experts staged from host stay
     apart and still agree."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_GATE_UP", n_cpu_moe=n_cpu_moe,
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "gate_up", n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     fewer = 2 * 2 * (gated_ffns(cfg) - n_cpu_moe)   # both graphs are mat-vec sized
     if n_cpu_moe:   # host experts fuse only where a prefetch slot holds gate and up together
@@ -205,7 +219,7 @@ def test_routing_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device
     """The router's mat-vec routes the tokens in its last workgroup (softmax and renormalised top-k;
     glm4moe's sigmoid gating with its selection bias) instead of a moe_route dispatch after it,
     experts in VRAM and from host; gpt-oss's router bias keeps them apart."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_ROUTE", n_cpu_moe=n_cpu_moe)
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "route", n_cpu_moe=n_cpu_moe)
     moe_layers = sum(1 for layer in cfg.layers if layer.moe)
     assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
 
@@ -216,18 +230,18 @@ def test_routing_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device
                                             ("tiny-gpt-oss", 0)])
 def test_norm_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device_env, name, n_cpu_moe):
     """The residual add and RMS norm before a MoE block in the prologue of its router's mat-vec
-    (VKRT_FUSE_NORM_ROUTE), each workgroup redoing the norm workgroup's sums, against the
+    (norm_route), each workgroup redoing the norm workgroup's sums, against the
     add_rms_norm dispatch: after attention and after DeltaNet (qwen35moe, qwen3next), the shared
     expert reading the normed input (qwen2moe), granite's scaled block output, glm4moe's dense
     first layer and sigmoid router, experts in VRAM and from host; gpt-oss's router bias keeps
     its routing, so its norm, apart."""
-    saved, cfg = commands_saved(device, tmp_path, device_env, name, "VKRT_FUSE_NORM_ROUTE", n_cpu_moe=n_cpu_moe)
+    saved, cfg = commands_saved(device, tmp_path, device_env, name, "norm_route", n_cpu_moe=n_cpu_moe)
     moe_layers = sum(1 for layer in cfg.layers if layer.moe)
     assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
 
 
-@pytest.mark.parametrize("variable,n_cpu_moe", [("VKRT_FUSE_GATE_UP", 0), ("VKRT_FUSE_GATE_UP", 2),
-                                                ("VKRT_FUSE_RESID_NORM", 0)])
+@pytest.mark.parametrize("variable,n_cpu_moe", [("gate_up", 0), ("gate_up", 2),
+                                                ("resid_norm", 0)])
 def test_expert_biases_in_the_expert_fusions(device, tmp_path, device_env, variable, n_cpu_moe):
     """gpt-oss's expert biases: the fused gate/up pass adds gate's and up's before swiglu_oai
     where the mat-vec reads the experts by their own ids (staged slots from host: add_id after
@@ -236,24 +250,50 @@ def test_expert_biases_in_the_expert_fusions(device, tmp_path, device_env, varia
     saved, cfg = commands_saved(device, tmp_path, device_env, "tiny-gpt-oss", variable, n_cpu_moe=n_cpu_moe,
                                 stage_experts=True)
     in_vram = cfg.n_layer - n_cpu_moe   # both graphs are mat-vec sized: 2 x each layer's saving
-    if variable == "VKRT_FUSE_GATE_UP":   # gate, up (their biases in their stores) and the activation: one pass
+    if variable == "gate_up":   # gate, up (their biases in their stores) and the activation: one pass
         # host experts fuse only where the prompt's prefetch slot holds gate and up together
         assert 2 * 2 * in_vram <= saved <= 2 * 2 * cfg.n_layer and saved % 2 == 0
     else:
         assert saved == 0
 
 
-def test_fusion_defaults():
-    """Unset: every fusion on; every flag spelling forces either way (VKRT_FUSE_GATE_UP=false is
-    off), anything else is refused."""
+def test_fuse_setting_names_the_fusions():
+    """VKRT_FUSE: unset or `all` is every fusion, `none` none; a name brings the fusions it builds
+    on, a `-name` leaves it (and what builds on it) out of all; anything else is refused naming
+    the variable and the item."""
     from vkrt.errors import ConfigError
-    from vkrt.model.fusions import Fusions
+    from vkrt.model.fuse import ALL, FUSIONS, enabled
     from vkrt.settings import Settings
-    assert Fusions.of(Settings.from_env({})) == Fusions(add_norm=True, norm_rope=True, gate_up=True)
-    off = Fusions.of(Settings.from_env({"VKRT_FUSE_GATE_UP": "false", "VKRT_FUSE_ADD_NORM": "off"}))
-    assert not off.gate_up and not off.add_norm and off.norm_rope
-    with pytest.raises(ConfigError, match="VKRT_FUSE_GATE_UP='2'"):
-        Settings.from_env({"VKRT_FUSE_GATE_UP": "2"})
+    assert enabled(Settings.from_env({}).fuse) == ALL == enabled(("all",)) == set(FUSIONS)
+    assert enabled(Settings.from_env({"VKRT_FUSE": "none"}).fuse) == frozenset()
+    assert enabled(Settings.from_env({"VKRT_FUSE": "fa_rope, GATE_UP"}).fuse) == {"fa_rope", "norm_rope", "gate_up"}
+    assert enabled(("-norm_rope",)) == ALL - {"norm_rope", "qk_rope", "kv_store", "fa_rope"}
+    assert enabled(("all", "-add_norm")) == ALL - {"add_norm", "combine_norm"}
+    assert enabled(("norm_route", "-route")) == frozenset()
+    with pytest.raises(ConfigError, match="VKRT_FUSE: 'gate_upp' is not a fusion"):
+        enabled(("gate_upp",))
+    with pytest.raises(ConfigError, match="VKRT_FUSE='add_norm;x'"):
+        Settings.from_env({"VKRT_FUSE": "add_norm;x"})
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen35moe", "tiny-gemma3", "tiny-gpt-oss"])
+def test_every_fuse_value_gives_the_same_bits(device, tmp_path, device_env, name):
+    """Every value of VKRT_FUSE -- all, each fusion alone (with what it builds on), none -- gives the
+    unfused run's logits bit for bit (experts from host for the MoE models: staged decode, prefetched
+    prompt), and each one on its own changes what is recorded."""
+    from vkrt.model.fuse import FUSIONS
+    path = tiny_model(name, tmp_path)
+    kw = dict(n_cpu_moe=1, stage_experts=True) if name != "tiny-gemma3" else {}
+
+    def outputs(value):
+        device_env("VKRT_FUSE", value)
+        return run_as_set(device, path, **kw)
+    plain, n_plain = outputs("none")
+    counts = {}
+    for value in ("all", *FUSIONS):
+        got, counts[value] = outputs(value)
+        np.testing.assert_array_equal(got.view(np.uint32), plain.view(np.uint32), err_msg=f"VKRT_FUSE={value}")
+    assert counts["all"] < n_plain and sum(n < n_plain for n in counts.values()) >= 5
 
 
 def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, device_env):
@@ -261,18 +301,17 @@ def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, dev
     their registers grow with the columns); experts' (one column a token-slot pair) as far as
     mul_mat_id runs mat-vecs (mv_id_max_n); logits equal to the unfused run's bit for bit either way."""
     import dataclasses
-    from types import SimpleNamespace
 
-    from vkrt.model.transformer import Transformer
     from vkrt.device.tuning import TABLE, Arch
+    from vkrt.ops.matmul import mat_vec_columns
+    from vkrt.ops.mul_mat_id import mat_vec_tokens
     assert TABLE[Arch.AMD_GCN].mv_dense_max_n == 4 and TABLE[Arch.NVIDIA].mv_dense_max_n == 4
     tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=4, mv_id_max_n=32)
-    seq = SimpleNamespace(device=SimpleNamespace(tuning=tune))
-    assert (Transformer._fused_max(seq, True), Transformer._fused_max(seq, False)) == (4, 32)
+    assert (mat_vec_columns(tune), mat_vec_tokens(tune)) == (4, 32)
     monkeypatch.setattr(device, "tuning", tune)
     path = tiny_model("tiny-llama", tmp_path)
-    fused_run, fused_n, _ = run(device, path, device_env, True, "VKRT_FUSE_GATE_UP")
-    apart, apart_n, cfg = run(device, path, device_env, False, "VKRT_FUSE_GATE_UP")
+    fused_run, fused_n, _ = run(device, path, device_env, True, "gate_up")
+    apart, apart_n, cfg = run(device, path, device_env, False, "gate_up")
     np.testing.assert_array_equal(fused_run.view(np.uint32), apart.view(np.uint32))
     assert apart_n - fused_n == 2 * cfg.n_layer   # the one-token graph fuses, the 8-token prompt does not
 

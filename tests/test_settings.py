@@ -24,8 +24,8 @@ def test_flag_on_spellings(text):
 @pytest.mark.parametrize("text", ["0", "off", "Off", "false", "FALSE", "no"])
 def test_flag_off_spellings(text):
     """VKRT_VALIDATE=off once turned validation on."""
-    s = Settings.from_env({"VKRT_VALIDATE": text, "VKRT_FUSE_ADD_NORM": text})
-    assert s.validate is False and s.fuse_add_norm is False
+    s = Settings.from_env({"VKRT_VALIDATE": text, "VKRT_SHADER_CACHE": text})
+    assert s.validate is False and s.shader_cache is False
 
 
 @pytest.mark.parametrize("name", [v.name for v in VARIABLES if v.field and v.kind.startswith("flag")])

@@ -82,6 +82,15 @@ def _text(name: str, text: str) -> str:
     return text.strip()
 
 
+def _items(name: str, text: str) -> tuple[str, ...]:
+    """Lower-case words split by commas or spaces, each optionally led by '-'."""
+    items = tuple(text.replace(",", " ").lower().split())
+    bad = [i for i in items if not i.lstrip("-").replace("_", "").isalpha() or i.count("-") > 1 or "-" in i[1:]]
+    if bad:
+        raise ConfigError(f"{name}={text!r}: {bad[0]!r} is not a name (letters and '_', optionally led by '-')")
+    return items
+
+
 def _arch(name: str, text: str):
     from .device.architecture import parse_arch   # the Arch enum lives with the device layer
     return parse_arch(text)
@@ -124,11 +133,6 @@ def _flag(name, field_name, default: bool, meaning):
     return Variable(name, field_name, "flag", "1" if default else "0", meaning, parse_flag)
 
 
-def _fusion(what: str, default: bool, meaning: str):
-    return _flag(f"VKRT_FUSE_{what}", f"fuse_{what.lower()}", default, "lossless fusion (the same bits on and off): "
-                 + meaning)
-
-
 VARIABLES: tuple[Variable, ...] = (
     Variable("VKRT_DEVICE", "device", "text", "best type",
              "device to use: an index (`0`) or a name substring (`H200`, `RX 580`); unset: the first discrete, "
@@ -156,31 +160,11 @@ VARIABLES: tuple[Variable, ...] = (
              "unset: by weight type", parse_flag),
     Variable("VKRT_VRAM_BUDGET", "vram_budget", "size", "none",
              "cap on VRAM use (as `--vram-budget`; that option wins)", _size),
-    _fusion("ADD_NORM", True, "add each block's output into the residual stream inside the next RMS norm "
-                              "(0: in its own kernel)"),
-    _fusion("NORM_ROPE", True, "q/k norm, RoPE and the store of K into the cache as one kernel per q and k "
-                               "(0: separate kernels)"),
-    _fusion("GATE_UP", True, "decode runs a gated FFN's gate and up projections (dense, shared expert, experts) "
-                             "and the activation as one mat-vec pass (0: two mat-vecs and an activation kernel)"),
-    _fusion("KV_STORE", True, "store V into its cache inside K's norm_rope dispatch (with NORM_ROPE; 0: its own "
-                              "kernel)"),
-    _fusion("COMBINE_NORM", True, "add a MoE block's weighted sum of its experts (and shared expert) into the "
-                                  "residual stream inside the next RMS norm, without moe_combine's pass (with "
-                                  "ADD_NORM; 0: moe_combine stores it first)"),
-    _fusion("ROUTE", True, "decode routes each token (softmax, top-k, weights) in the last workgroup of the MoE "
-                           "router's mat-vec instead of a moe_route dispatch after it (0: apart)"),
-    _fusion("QK_ROPE", True, "the queries' norm_rope rides in K's (with NORM_ROPE): q's and K's norm, RoPE and "
-                             "cache stores in one dispatch a layer (0: two)"),
-    _fusion("NORM_ROUTE", True, "decode: the residual add and RMS norm before a MoE block run in the prologue of "
-                                "its router's mat-vec (with VKRT_FUSE_ROUTE) instead of a dispatch and barrier "
-                                "before it (0: apart)"),
-    _fusion("FA_ROPE", True, "decode: flash attention's prologue does the q/k norm, RoPE and the K/V cache stores "
-                             "(with NORM_ROPE; one token) instead of a norm_rope dispatch and barrier before it "
-                             "(0: apart)"),
-    _fusion("RESID_NORM", True, "decode: a MoE block without a shared expert sums its experts into the residual "
-                                "stream in the down projection, whose last workgroup does the next RMS norm, "
-                                "instead of the combining norm's dispatch and barrier (where the summed down "
-                                "projection takes a token's slots at once; 0: apart)"),
+    Variable("VKRT_FUSE", "fuse", "text", "all",
+             "the lossless fusions a recording uses (the same bits whatever the choice; for debugging): `all`, "
+             "`none`, or names split by commas (each brings the ones it builds on), or `-name`s (all but those): "
+             "add_norm, combine_norm, resid_norm, norm_rope, qk_rope, kv_store, fa_rope, gate_up, route, "
+             "norm_route (vkrt/model/fuse.py says what each fuses)", _items),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_COOPMAT", "coopmat", "flag or unset", "tuning table",
@@ -228,16 +212,7 @@ class Settings:
     prefetch_slots: int = 3
     moe_stage: bool | None = None
     vram_budget: int | None = None
-    fuse_add_norm: bool = True
-    fuse_norm_rope: bool = True
-    fuse_gate_up: bool = True
-    fuse_kv_store: bool = True
-    fuse_combine_norm: bool = True
-    fuse_route: bool = True
-    fuse_norm_route: bool = True
-    fuse_qk_rope: bool = True
-    fuse_fa_rope: bool = True
-    fuse_resid_norm: bool = True
+    fuse: tuple = ("all",)               # VKRT_FUSE's items (vkrt.model.fuse.enabled)
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None
     tune: tuple = ()                      # (tuning field, value) pairs: vkrt.device.tune.parse_tune

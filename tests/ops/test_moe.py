@@ -217,7 +217,7 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
             with CommandSequence(device) as seq:
                 with seq.record():
                     if fused:
-                        route = route_epilogue(seq, tw, logits, ids, wts, n_used, normalize, counter, **kw)
+                        route = route_epilogue(device, tw, logits, ids, wts, n_used, normalize, counter, **kw)
                         assert route is not None
                         assert ("ROUTE_SUBGROUP" in route.defines) == bool(one and device.profile.subgroup_arithmetic)
                         matmul(seq, tw, tx, logits, route=route)
@@ -284,11 +284,11 @@ def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, red
             made += [tx, cur, logits, ids, wts]
             with CommandSequence(device) as seq:
                 with seq.record():
-                    route = route_epilogue(seq, tw, logits, ids, wts, n_used, True, counter, one_subgroup=one)
+                    route = route_epilogue(device, tw, logits, ids, wts, n_used, True, counter, one_subgroup=one)
                     assert route is not None
                     assert ("ROUTE_SUBGROUP" in route.defines) == bool(one and prof.subgroup_arithmetic)
                     if fused:
-                        norm_in = norm_input(seq, tx, tr, tnw, 1e-5, cur)
+                        norm_in = norm_input(device, tx, tr, tnw, 1e-5, cur)
                         assert norm_in is not None
                         matmul(seq, tw, cur, logits, route=route, norm_in=norm_in)
                     else:
@@ -330,7 +330,7 @@ def test_norm_in_the_router_mat_vec_falls_back(device, monkeypatch):
         with CommandSequence(device) as seq, seq.record():
             def ok(k, n=1, wk=None, residual=None):
                 x, cur = made((k, n)), made((k, n))
-                return norm_input(seq, x, residual if residual is not None else made((k, n)),
+                return norm_input(device, x, residual if residual is not None else made((k, n)),
                                   made((wk or k,)), 1e-6, cur) is not None
             assert ok(256)
             assert not ok(98)

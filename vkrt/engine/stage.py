@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..commands import CommandSequence
 from ..errors import BufferTooLarge, ConfigError
 from ..memory import Buffer, MemoryKind
-from ..model.fusions import Fusions
+from ..model.fuse import enabled
 from ..model.transformer import Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
@@ -46,7 +46,7 @@ class Stage(Owned):
         cfg = model.cfg
         self.model, self.device, self.layers = model, device, layers
         self.cache = self.state = self.scratch = self.inputs = self.prefetch = self.staging = None
-        self.transformer = Transformer(cfg, model.weights, Fusions.of(self.device.settings),
+        self.transformer = Transformer(cfg, model.weights, enabled(self.device.settings.fuse),
                                        self.device.settings.fa_mask_opt, output=model.output_weight if output else None,
                                        n_ctx_seq=n_ctx)   # one cell table for all sequences: llama.cpp's unified KV
         try:

@@ -16,15 +16,9 @@ gate and gpt-oss's attention sinks where the architecture has them.
 
 from __future__ import annotations
 
-from ..ops.attention import Attention
 from ..ops.elementwise import add, gate_mul
-from ..ops.fa_norm_rope import fa_norm_rope
-from ..ops.flash_attn import FlashAttn
-from ..ops.matmul import matmul
-from ..ops.norm_rope import can_store_v, norm_rope
-from ..ops.rope import rope
-from ..ops.set_rows import set_rows
 from .arch import ROPE_IMROPE, ROPE_NORMAL
+from .nodes import Attend, QKRope
 
 
 def rope_args(cfg, freq_factors, il: int) -> dict:
@@ -46,91 +40,48 @@ def positions(cfg, s, T):
     return s.pos.slice(0, 0, cfg.pos_streams * T)
 
 
-def record_norm_rope(tf, seq, cache, il, q3, k3, v3, qr, kr, q_temp, norms, pos, cells, args) -> None:
-    """Record layer il's q/k norm, RoPE and the K/V stores into the cache as their own dispatches:
-    norm_rope (VKRT_FUSE_NORM_ROPE; q riding in K's dispatch with QK_ROPE, V's store with
-    KV_STORE), else rms_norm, rope and set_rows apart. The rotated queries go to qr."""
-    cfg, p = tf.cfg, f"blk.{il}."
-    if tf.fusions.norm_rope:   # q/k norm, RoPE and K's store into the cache: two kernels
-        with_q = (q3, qr, norms["q"]) if tf.fusions.qk_rope and not q_temp else None   # q rides in K's dispatch
-        if with_q is None:
-            norm_rope(seq, q3, pos, qr, weight=norms["q"], eps=cfg.norm_eps, **args, **q_temp)
-        store_v = (v3, cache.v[il]) if tf.fusions.kv_store and can_store_v(k3, cache.k[il], v3, cache.v[il]) else None
-        norm_rope(seq, k3, pos, cache.k[il], weight=norms["k"], eps=cfg.norm_eps, rows=cells, store_v=store_v,
-                  with_q=with_q, **args)
-        if store_v is None:
-            set_rows(seq, v3, cells, cache.v[il])
-        return
-    if cfg.qk_norm:
-        tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
-        tf.norm(seq, k3, k3, p + "attn_k_norm.weight")
-        q3 = qr
-    rope(seq, q3, pos, qr, **args, **q_temp)
-    rope(seq, k3, pos, kr, **args)
-    set_rows(seq, kr, cells, cache.k[il])
-    set_rows(seq, v3, cells, cache.v[il])
-
-
-def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None):
-    """Record layer il's attention block (flash attention's work buffers are the Scratch's).
-    split_as = (tokens, their mask): flash attention splits the KV cells as a step of that many
-    tokens would (a row's sums depend on the splits only, not on how many rows run)."""
-    cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
-    D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
-    cur = s.cols("cur", T)
-    tf.add_norm(seq, s, T, p + "attn_norm.weight")
+def record_attention(tf, g, cache, il: int, n_kv: int, mask, flash: bool, split_as=None) -> None:
+    """Emit layer il's attention block into the Graph g (flash attention's work buffers are the
+    Scratch's). split_as = (tokens, their mask): flash attention splits the KV cells as a step of
+    that many tokens would (a row's sums depend on the splits only, not on how many rows run)."""
+    cfg, w, p, s, T = tf.cfg, tf.w, f"blk.{il}.", g.s, g.T
+    D, Dv, H, KV, eps = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv, cfg.norm_eps
+    cur = g.residual_norm(w[p + "attn_norm.weight"], eps)
     q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
     projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
-    q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
-    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
-    pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)
     for t, name in projections:
-        matmul(seq, w[p + name + ".weight"], cur, t)
+        g.matmul(w[p + name + ".weight"], cur, t)
     for t, name in projections:
         if cfg.attn_bias and p + name + ".bias" in w:
-            add(seq, t, w[p + name + ".bias"], t)
+            g.call("bias", lambda seq, t=t, b=w[p + name + ".bias"]: add(seq, t, b, t))
     if cfg.qk_norm_full:
-        tf.norm(seq, q, q, p + "attn_q_norm.weight")
-        tf.norm(seq, k, k, p + "attn_k_norm.weight")
+        g.norm(q, q, w[p + "attn_q_norm.weight"], eps)
+        g.norm(k, k, w[p + "attn_k_norm.weight"], eps)
     if cfg.attn_gate:   # per head: D query values, then D gate values
         q3 = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H))
         gate = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H), offset=4 * D)
     else:
         q3, gate = q.view((D, H, T)), None
-    k3 = k.view((D, KV, T))
-    qr, kr = s.cols("qr", T).view((D, H, T)), s.cols("kr", T).view((D, KV, T))
-    v3 = v.view((Dv, KV, T))
+    qr = s.cols("qr", T).view((D, H, T))
+    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+    q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
+    g.add(QKRope(q3, k.view((D, KV, T)), v.view((Dv, KV, T)), qr, s.cols("kr", T).view((D, KV, T)), cache.k[il],
+                 cache.v[il], s.cells.slice(0, 0, T), positions(cfg, s, T), norms["q"], norms["k"], eps,
+                 rope_args(cfg, tf.rope_factors, il), q_temp))
     out = s.attn.view((Dv, H, T))
-    attn_args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
-                 out, mask)
-    sinks = w[p + "attn_sinks.weight"] if cfg.attn_sinks else None
-    op = None
-    if flash:  # layers attending through the same mask share one mask_opt pre-pass
-        split_k = None
-        if split_as is not None:   # the split a step of split_as[0] tokens takes (decided, not recorded)
-            P = split_as[0]
-            split_k = FlashAttn(seq.device, s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), attn_args[2],
-                                attn_args[3], s.attn.view((Dv, H, P)), split_as[1], scale=cfg.attn_scale, sinks=sinks,
-                                kv_used=s.kv_used, mask_opt=False, label=f"flash attention {il} (split plan)").n_split
-        # one token: the attention's prologue may do norm_rope's work (VKRT_FUSE_FA_ROPE)
-        prologue = (fa_norm_rope(seq.device, q3, k3, v3, pos, cells, cache.k[il], cache.v[il], q_weight=norms["q"],
-                                 k_weight=norms["k"], eps=cfg.norm_eps, rope_args=args)
-                    if T == 1 and tf.fusions.norm_rope and tf.fusions.fa_rope and not q_temp else None)
-        op = FlashAttn(*attn_args, scale=cfg.attn_scale, label=f"flash attention {il}", kv_used=s.kv_used,
-                       share_mask_opt=s.mask_opt_owner.get(id(mask)), sinks=sinks, mask_opt=tf.fa_mask_opt,
-                       split_k=split_k, work=s.flash_work, prologue=prologue)
-        s.mask_opt_owner.setdefault(id(mask), op)
-    if op is None or op.prologue is None:   # (else the attention's prologue does it)
-        record_norm_rope(tf, seq, cache, il, q3, k3, v3, qr, kr, q_temp, norms, pos, cells, args)
-    if op is None:
-        op = Attention(*attn_args, scale=cfg.attn_scale, scores=s.scores, sinks=sinks, label=f"attention {il}")
-    op.record(seq)
+    plan = None
+    if split_as is not None:   # the queries, output and mask of a step of split_as[0] tokens
+        P = split_as[0]
+        plan = (s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), s.attn.view((Dv, H, P)), split_as[1])
+    g.add(Attend(qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv), out, mask,
+                 cfg.attn_scale, w[p + "attn_sinks.weight"] if cfg.attn_sinks else None, flash, s,
+                 f"flash attention {il}" if flash else f"attention {il}", tf.fa_mask_opt, plan))
     if gate is not None:
-        gate_mul(seq, out, gate, out, act="sigmoid")
+        g.call("gate", lambda seq: gate_mul(seq, out, gate, out, act="sigmoid"))
     o = s.cols("o", T)
-    matmul(seq, w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
+    g.matmul(w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
     if cfg.attn_out_bias and p + "attn_output.bias" in w:
-        add(seq, o, w[p + "attn_output.bias"], o)
+        g.call("bias", lambda seq: add(seq, o, w[p + "attn_output.bias"], o))
     if cfg.post_norms:
-        tf.norm(seq, o, o, p + "post_attention_norm.weight")
-    tf.block_output(seq, s, o)
+        g.norm(o, o, w[p + "post_attention_norm.weight"], eps)
+    tf.block_output(g, o)

@@ -17,36 +17,36 @@ have it.
 from __future__ import annotations
 
 from ..ops.delta_net import delta_net
-from ..ops.matmul import matmul
 from ..ops.norm import rms_norm
 from ..ops.ssm_conv import ssm_conv
 from .tensors import grouped_delta_net
 
 
-def record_delta_net(tf, seq, s, state, il, T, n_seqs):
-    """Record layer il's DeltaNet block for T tokens of n_seqs sequences (T / n_seqs each)."""
-    cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
+def record_delta_net(tf, g, state, il: int, n_seqs: int) -> None:
+    """Emit layer il's DeltaNet block into the Graph g for T tokens of n_seqs sequences (T / n_seqs each)."""
+    cfg, w, p, s, T = tf.cfg, tf.w, f"blk.{il}.", g.s, g.T
     D, Hk, Hv = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads
-    cur = s.cols("cur", T)
-    tf.add_norm(seq, s, T, p + "attn_norm.weight")
+    cur = g.residual_norm(w[p + "attn_norm.weight"], cfg.norm_eps)
     qkv, z, alpha, beta = (s.cols(n, T) for n in ("qkv", "z", "alpha", "beta"))
     for name, out in (("attn_qkv", qkv), ("attn_gate", z), ("ssm_alpha", alpha), ("ssm_beta", beta)):
-        matmul(seq, w[p + name + ".weight"], cur, out)
+        g.matmul(w[p + name + ".weight"], cur, out)
     slots = s.slots.slice(0, 0, n_seqs)
     conv = s.cols("conv", T)
-    ssm_conv(seq, qkv, w[p + "ssm_conv1d.weight"], state.conv[il], slots, conv, n_seqs=n_seqs)
+    g.call("ssm_conv", lambda seq: ssm_conv(seq, qkv, w[p + "ssm_conv1d.weight"], state.conv[il], slots, conv,
+                                            n_seqs=n_seqs))
     out = s.attn.view((Hv * D, T))
-    delta_net(seq, conv, alpha, beta, w[p + "ssm_dt.bias"], w[p + "ssm_a"], state.ssm[il], slots, out,
-              n_k_heads=Hk, n_v_heads=Hv, head_dim=D, n_seqs=n_seqs, eps=cfg.norm_eps, workspace=s.dn_work)
+    g.call("delta_net", lambda seq: delta_net(seq, conv, alpha, beta, w[p + "ssm_dt.bias"], w[p + "ssm_a"],
+                                              state.ssm[il], slots, out, n_k_heads=Hk, n_v_heads=Hv, head_dim=D,
+                                              n_seqs=n_seqs, eps=cfg.norm_eps, workspace=s.dn_work))
     normed = s.cols("dn_norm", T)
     if grouped_delta_net(cfg):   # kernel head r * Hk + g is the file's head g * rep + r
         rep = Hv // Hk
         x4 = out.view((D, Hk, rep, T))
         z4, n4 = (t.view((D, Hk, rep, T), nb=(4, 4 * rep * D, 4 * D, t.nb[1])) for t in (z, normed))
-        rms_norm(seq, x4, n4, cfg.norm_eps, w[p + "ssm_norm.weight"], gate=z4)
+        g.call("gated norm", lambda seq: rms_norm(seq, x4, n4, cfg.norm_eps, w[p + "ssm_norm.weight"], gate=z4))
     else:
-        rms_norm(seq, out.view((D, Hv, T)), normed.view((D, Hv, T)), cfg.norm_eps, w[p + "ssm_norm.weight"],
-                 gate=z.view((D, Hv, T)))
+        g.call("gated norm", lambda seq: rms_norm(seq, out.view((D, Hv, T)), normed.view((D, Hv, T)), cfg.norm_eps,
+                                                  w[p + "ssm_norm.weight"], gate=z.view((D, Hv, T))))
     o = s.cols("o", T)
-    matmul(seq, w[p + "ssm_out.weight"], normed, o)
-    tf.block_output(seq, s, o)
+    g.matmul(w[p + "ssm_out.weight"], normed, o)
+    tf.block_output(g, o)

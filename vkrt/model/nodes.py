@@ -100,14 +100,13 @@ class Glu(Node):
 @dataclass(eq=False)
 class Route(Node):
     """A MoE block's routing of the router's logits into chosen expert ids and weights (moe_route's
-    arguments; `counter` the I32 the router's mat-vec counts its workgroups in where it routes)."""
+    arguments)."""
 
     logits: Tensor
     ids: Tensor
     weights: Tensor
     n_used: int
     normalize: bool
-    counter: Tensor
     chosen_softmax: bool = False
     sigmoid_bias: Tensor | None = None
 
@@ -241,8 +240,9 @@ class Attend(Node):
     flash: bool
     scratch: object
     label: str
-    split_plan: int | None = None
     mask_opt: bool | None = None
+    # (queries, output, mask) of the step whose KV split flash attention takes (None: this one's)
+    plan: tuple | None = None
 
     def build(self, device, prologue=None):
         """The attention op, built now (with `prologue`, an FANormRope, where it takes it)."""
@@ -250,9 +250,14 @@ class Attend(Node):
         args = (device, self.q, self.k, self.v, self.out, self.mask)
         if not self.flash:
             return Attention(*args, scale=self.scale, scores=s.scores, sinks=self.sinks, label=self.label)
+        split_k = None
+        if self.plan is not None:   # the split that step takes (decided, not recorded)
+            q, out, mask = self.plan
+            split_k = FlashAttn(device, q, self.k, self.v, out, mask, scale=self.scale, sinks=self.sinks,
+                                kv_used=s.kv_used, mask_opt=False, label=f"{self.label} (split plan)").n_split
         op = FlashAttn(*args, scale=self.scale, label=self.label, kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(self.mask)), sinks=self.sinks,
-                       mask_opt=self.mask_opt, split_k=self.split_plan, work=s.flash_work, prologue=prologue)
+                       mask_opt=self.mask_opt, split_k=split_k, work=s.flash_work, prologue=prologue)
         s.mask_opt_owner.setdefault(id(self.mask), op)
         return op
 

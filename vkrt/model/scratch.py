@@ -110,11 +110,8 @@ class Scratch(Owned):
 
     def __init__(self, device, cfg: ModelConfig, max_tokens: int, n_ctx: int, flash_attn: bool = True):
         super().__init__(f"activations for {max_tokens} tokens")
-        self.max_tokens, self.n_ctx = max_tokens, n_ctx
+        self.device, self.max_tokens, self.n_ctx = device, max_tokens, n_ctx
         self._mask_opt_owner: dict = {}
-        self.pending = None   # at record time: a block output (Tensor or ExpertSum) not yet added into x
-        self.normed = None    # at record time: the norm weight name whose rms_norm(x) cur holds (RESID_NORM)
-        self.next_norm: dict = {}   # at record time: the norm after each recorded layer (None: another device's)
         self.routes: RouteTable | None = None
         self.flash_work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)

@@ -4,45 +4,41 @@ comes from the config's LayerSpecs (arch.py).
 
     x = token_embd[ids] (* sqrt(n_embd) for gemma3, * embedding_scale for granite)
     per layer il ("blk.{il}."):
-        cur = rms_norm(x) * attn_norm           (x += the previous block's output, fused in)
+        x = x + o;  cur = rms_norm(x) * attn_norm      (o: the previous block's output)
         o = attention(cur)       full / sliding: attention_block.py; linear: delta_net_block.py
-        x = x + o;  cur = rms_norm(x) * ffn_norm  (one kernel; VKRT_FUSE_ADD_NORM=0: two;
-                                                   qwen35 names this norm post_attention_norm)
+        x = x + o;  cur = rms_norm(x) * ffn_norm   (qwen35 names this norm post_attention_norm)
         f = ffn_down·(act(ffn_gate·cur) * ffn_up·cur)   or the routed experts (+ shared expert)
                                                  (post_ffw_norm for gemma3; gpt-oss: biases on
                                                  the router and each expert, swiglu_oai)
-    x = x + f (fused into the next norm);  logits = output·(rms_norm(x) * output_norm)
+    x = x + f;  logits = output·(rms_norm(x) * output_norm)
                                                          (output = token_embd when tied)
     granite: o and f times residual_scale before they join x; logits divided by logit_scale
     or, for embeddings (RecordOptions.read_hidden), rms_norm(x) * output_norm of every token
+
+The model code emits plain ops (nodes.py) into a Graph; the fusion pass (fuse.py) rewrites them
+into fused kernels before they are recorded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import GGUFError
 from ..memory import Tensor
-from ..ops.add_id import add_id
-from ..ops.elementwise import activation, add, scale
+from ..ops.elementwise import add, scale
 from ..ops.get_rows import get_rows
-from ..ops.matmul import NormInput, NormOutput, gate_up_pair, matmul, norm_input, norm_output_fits
-from ..ops.moe import ExpertSum, moe_route, route_epilogue
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
-from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
-from ..ops.norm import rms_norm
-from ..ops.quant import kernel_type
-from ..settings import Settings
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
 from .attention_block import record_attention
 from .config import ModelConfig
 from .delta_net_block import record_delta_net
-from .fusions import Fusions
+from .fuse import ALL, fuse
+from .graph import Graph
+from .nodes import Glu, MoeCombine, MulMatId, Route, RouteCount
 from .scratch import Scratch  # noqa: F401  (re-exported: the engine builds it)
 from .tensors import EXPERT_TENSORS, LONG_ROPE_FACTORS, required_tensors
-
 
 
 @dataclass
@@ -61,16 +57,17 @@ class StagedExperts:
 
 @dataclass
 class Part:
-    """A piece of the forward pass: record(seq) adds its commands (over tensors the Scratch,
+    """A piece of the forward pass: record(seq) adds its ops' commands (over tensors the Scratch,
     the caches and the weights own: nothing to keep alive). `layer` marks a MoE block whose
     experts come from a prefetch slot."""
 
     name: str
-    fn: object
     layer: int | None = None
+    nodes: list = field(default_factory=list)
 
     def record(self, seq) -> None:
-        self.fn(seq)
+        for node in self.nodes:
+            node.record(seq)
 
 
 @dataclass
@@ -99,23 +96,19 @@ class RecordOptions:
     fa_plan_tokens: int = 0
 
 
-def stored(seq, pending: "Tensor | ExpertSum") -> Tensor:
-    """A pending block output as a tensor (an ExpertSum is summed into its `out` first)."""
-    return pending.store(seq) if isinstance(pending, ExpertSum) else pending
-
-
 class Transformer:
-    """Records the forward pass of `cfg` with `weights` (GGUF name -> Tensor), using the lossless
-    `fusions` (default: the declared defaults) and flash attention's mask_opt forced on or off by
-    `fa_mask_opt` (None: the tuning rule); the engine passes its device's settings. `n_ctx_seq`:
-    the context a sequence may fill, which picks LongRoPE's factors as llama.cpp does (phi3: long
-    ones past rope.scaling.original_context_length, else short; rope_freqs.weight wins)."""
+    """Records the forward pass of `cfg` with `weights` (GGUF name -> Tensor), with the fusions
+    `fusions` (names of fuse.FUSIONS; default all) and flash attention's mask_opt forced on or off
+    by `fa_mask_opt` (None: the tuning rule); the engine passes its device's settings.
+    `n_ctx_seq`: the context a sequence may fill, which picks LongRoPE's factors as llama.cpp
+    does (phi3: long ones past rope.scaling.original_context_length, else short; rope_freqs.weight
+    wins)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], fusions: Fusions | None = None,
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], fusions: frozenset[str] = ALL,
                  fa_mask_opt: bool | None = None, output: Tensor | None = None, n_ctx_seq: int = 0):
         self.cfg = cfg
         self.w = weights
-        self.fusions = fusions if fusions is not None else Fusions.of(Settings())
+        self.fusions = fusions
         self.fa_mask_opt = fa_mask_opt
         missing = [n for n in required_tensors(cfg, graph=True) if n not in weights]
         if missing:
@@ -133,12 +126,12 @@ class Transformer:
             part.record(seq)
 
     def parts(self, s: Scratch, cache, opts: RecordOptions, experts: dict | None = None,
-              staged: dict | None = None, state=None) -> list["Part"]:
+              staged: dict | None = None, state=None) -> list[Part]:
         """The forward pass as an ordered list of parts (embedding, per layer attention and FFN,
-        output). `cache` is the KV cache, `state` the recurrent state of the DeltaNet layers.
-        `experts` maps a layer to the (gate, up, down) tensors to read instead of the model's;
-        the engine cuts its command sequences before such layers' FFN parts. `staged` maps a
-        layer to (gate, up, down) slot tensors: the chosen experts are copied there first."""
+        output), fused. `cache` is the KV cache, `state` the recurrent state of the DeltaNet
+        layers. `experts` maps a layer to the (gate, up, down) tensors to read instead of the
+        model's; the engine cuts its command sequences before such layers' FFN parts. `staged`
+        maps a layer to a StagedExperts: the chosen experts are copied there first."""
         cfg, T, n_kv = self.cfg, opts.n_tokens, opts.n_kv
         masks = {}
         if s.mask is not None:
@@ -150,266 +143,163 @@ class Transformer:
                       for swa in masks} if plan else {}
         experts, staged = experts or {}, staged or {}
         s.mask_opt_owner.clear()
-        layers = opts.layers if opts.layers is not None else range(cfg.n_layer)
-        follows = [f"blk.{il}.attn_norm.weight" for il in layers[1:]]
-        follows.append("output_norm.weight" if opts.send is None else None)
-        s.next_norm = dict(zip(layers, follows))
+        g, parts = Graph(s, T), []
+
+        def part(name: str, layer: int | None = None) -> None:
+            g.part = len(parts)
+            parts.append(Part(name, layer))
+
         if opts.receive is None:
-            parts = [Part("embed", lambda seq: self._embed(seq, s, T))]
+            part("embed")
+            self._embed(g)
         else:
-            parts = [Part("receive", lambda seq: self._receive(seq, s, T, opts))]
-        for il in layers:
+            part("receive")
+            g.call("receive", lambda seq: opts.receive(seq, g.x))
+        for il in (opts.layers if opts.layers is not None else range(cfg.n_layer)):
             layer = cfg.layers[il]
             if layer.attn == LINEAR:
-                parts.append(Part(f"delta net {il}", lambda seq, il=il: record_delta_net(
-                    self, seq, s, state, il, T, opts.n_seqs)))
+                part(f"delta net {il}")
+                record_delta_net(self, g, state, il, opts.n_seqs)
             else:
                 swa = layer.attn == SLIDING
-                split_as = (plan, plan_masks[swa]) if plan else None
-                parts.append(Part(f"attention {il}", lambda seq, il=il, mask=masks[swa], split_as=split_as:
-                                  record_attention(self, seq, s, cache, il, T, n_kv, mask, opts.flash_attn, split_as)))
+                part(f"attention {il}")
+                record_attention(self, g, cache, il, n_kv, masks[swa], opts.flash_attn,
+                                 (plan, plan_masks[swa]) if plan else None)
             if layer.ffn == DENSE:
-                parts.append(Part(f"ffn {il}", lambda seq, il=il: self._ffn(seq, s, il, T)))
+                part(f"ffn {il}")
+                self._ffn(g, il)
             else:
-                parts.append(Part(f"moe {il}", lambda seq, il=il: self._moe(seq, s, il, T, experts.get(il),
-                                                                          staged.get(il)),
-                                  layer=il if il in experts else None))
+                part(f"moe {il}", il if il in experts else None)
+                self._moe(g, il, experts.get(il), staged.get(il))
         if opts.send is None:
-            parts.append(Part("output", lambda seq: self._output(seq, s, T, opts)))
+            part("output")
+            self._output(g, opts)
         else:
-            parts.append(Part("send", lambda seq: self._send(seq, s, T, opts)))
+            part("send")
+            g.add_pending()
+            g.call("send", lambda seq: opts.send(seq, g.x))
+        for node in fuse(g.nodes, s.device, self.fusions, s.wg_count):
+            parts[node.part].nodes.append(node)
         return parts
 
-    @staticmethod
-    def _receive(seq, s, T, opts: RecordOptions):
-        s.pending = s.normed = None
-        opts.receive(seq, s.cols("x", T))
-
-    @staticmethod
-    def _send(seq, s, T, opts: RecordOptions):
-        x, pending, s.pending = s.cols("x", T), s.pending, None
-        if pending is not None:   # as the next norm would add it (bit-identical: VKRT_FUSE_ADD_NORM)
-            add(seq, x, stored(seq, pending), x)
-        opts.send(seq, x)
-
-    def _embed(self, seq, s, T):
-        s.pending = s.normed = None
-        x = s.cols("x", T)
-        get_rows(seq, self.w["token_embd.weight"], s.ids.slice(0, 0, T), x)
+    def _embed(self, g: Graph) -> None:
+        x, table = g.x, self.w["token_embd.weight"]
+        ids = g.s.ids.slice(0, 0, g.T)
+        g.call("embed", lambda seq: get_rows(seq, table, ids, x))
         if self.cfg.embd_scale != 1.0:
-            scale(seq, x, self.cfg.embd_scale, x)
+            g.call("embed scale", lambda seq: scale(seq, x, self.cfg.embd_scale, x))
 
-    def _output(self, seq, s, T, opts: RecordOptions):
+    def _output(self, g: Graph, opts: RecordOptions) -> None:
+        s, T, norm = g.s, g.T, self.w["output_norm.weight"]
+        eps = self.cfg.norm_eps
         if opts.read_hidden is not None:   # embeddings: no output matrix
-            self.add_norm(seq, s, T, "output_norm.weight")
-            opts.read_hidden(seq, s.cols("cur", T))
+            cur = g.residual_norm(norm, eps)
+            g.call("read hidden", lambda seq: opts.read_hidden(seq, cur))
             return
         if opts.out_rows:   # the chosen tokens' normed states, gathered into x (no longer needed)
-            self.add_norm(seq, s, T, "output_norm.weight")
+            cur = g.residual_norm(norm, eps)
             src, first, last = "x", 0, opts.out_rows
-            get_rows(seq, s.cols("cur", T), s.out_ids.slice(0, 0, last), s.cols(src, last))
+            rows_of = s.cols(src, last)
+            g.call("out rows", lambda seq: get_rows(seq, cur, s.out_ids.slice(0, 0, last), rows_of))
         else:
             src, first, last = "cur", T - (T if opts.all_logits else 1), T
-            self.add_norm(seq, s, T, "output_norm.weight", first=first)
+            g.residual_norm(norm, eps, first)
         rows = s.logits.ne[1]
         for c in range(first, last, rows):   # slices of the logits buffer's width
             n = min(rows, last - c)
+            logits = s.cols("logits", n)
             # every slice takes the kernel of the whole: a row's logits do not depend on the slice
-            matmul(seq, self.output, s.cols(src, n, c), s.cols("logits", n), kernel_columns=last - first)
+            g.matmul(self.output, s.cols(src, n, c), logits, kernel_columns=last - first)
             if self.cfg.logit_scale != 1.0:   # as ggml_scale by the float32 reciprocal
                 inv = float(np.float32(1.0) / np.float32(self.cfg.logit_scale))
-                scale(seq, s.cols("logits", n), inv, s.cols("logits", n))
+                g.call("logit scale", lambda seq, t=logits: scale(seq, t, inv, t))
             if opts.read_logits is not None:
-                opts.read_logits(seq, n, c - first)
+                g.call("read logits", lambda seq, n=n, row=c - first: opts.read_logits(seq, n, row))
 
-    def block_output(self, seq, s, o):
+    def block_output(self, g: Graph, o: Tensor) -> None:
         """o joins the residual stream at the next norm (granite: times residual_scale first)."""
         if self.cfg.residual_scale:
-            scale(seq, o, self.cfg.residual_scale, o)
-        s.pending, s.normed = o, None
-
-    def norm(self, seq, src, dst, name):
-        rms_norm(seq, src, dst, self.cfg.norm_eps, self.w[name])
+            g.call("residual scale", lambda seq: scale(seq, o, self.cfg.residual_scale, o))
+        g.join(o)
 
     @staticmethod
-    def _fused_max(seq, dense: bool) -> int:
-        """The most tokens a fused mat-vec takes: a dense one's columns (mv_dense_max_n: its
-        registers grow with them), mul_mat_id's one column a (token, slot) pair (as many as it
-        runs as mat-vecs: mat_vec_tokens)."""
-        tuning = seq.device.tuning
-        return min(tuning.mv_dense_max_n, tuning.mv_max_n) if dense else mat_vec_tokens(tuning)
+    def _gated_ffn(g: Graph, gate, up, down, cur, gt, u, h, o, act) -> None:
+        """o = down·(act(gate·cur) * (up·cur))."""
+        g.matmul(gate, cur, gt)
+        g.matmul(up, cur, u)
+        g.add(Glu(act, gt, u, h))
+        g.matmul(down, h, o)
 
-    def _fuse_gate_up(self, seq, T, gate: Tensor, up: Tensor, act: str, dense: bool = True) -> bool:
-        """Decode-sized gate and up projections run as one pass where their weights allow it."""
-        return (T <= self._fused_max(seq, dense) and self.fusions.gate_up
-                and gate_up_pair(gate, up, seq.device, act) is not None)
-
-    def _gated_ffn(self, seq, T, gate, up, down, cur, g, u, h, o, act):
-        """o = down·(act(gate·cur) * (up·cur)) through the fused passes that apply."""
-        if self._fuse_gate_up(seq, T, gate, up, act):
-            matmul(seq, gate, cur, h, up_weight=up, act=act)
-            matmul(seq, down, h, o)
-            return
-        matmul(seq, gate, cur, g)
-        matmul(seq, up, cur, u)
-        activation(seq, act, g, h, up=u)
-        matmul(seq, down, h, o)
-
-    def add_norm(self, seq, s, T, name, first: int = 0):
-        """cur = rms_norm(x) * w[name] over columns first..T-1, after adding the pending block
-        output into x (one fused kernel unless fusions.add_norm is off; a MoE block's output may
-        still be its experts' unsummed outputs, an ExpertSum, summed by that kernel)."""
-        x, cur = s.cols("x", T - first, first), s.cols("cur", T - first, first)
-        pending, s.pending = s.pending, None
-        normed, s.normed = s.normed, None
-        if pending is None and normed == name:   # done by the summed down projection (VKRT_FUSE_RESID_NORM)
-            return
-        if pending is None:
-            self.norm(seq, x, cur, name)
-            return
-        pending = pending.slice(1, first, T)
-        if self.fusions.add_norm:
-            rms_norm(seq, x, cur, self.cfg.norm_eps, self.w[name], residual=pending, sum_out=x)
-        else:
-            add(seq, x, stored(seq, pending), x)
-            self.norm(seq, x, cur, name)
-
-    def _resid_norm(self, seq, s, T, il, down: Tensor) -> tuple[str, NormOutput] | None:
-        """(the next block's norm weight name, its NormOutput) where a MoE block's summed down
-        projection adds the sum into the residual stream and its last workgroup does the next
-        block's RMS norm into cur (VKRT_FUSE_RESID_NORM): decode sizes, no residual scale, experts
-        without a down bias and no shared expert (the sum would wait for its down projection: a
-        stage between the experts' and the sum, as many stages as the norm's it saves), and a
-        summed down projection (`down`: the stack it reads) that takes a token's slots at once
-        (norm_output_fits). The next norm is the next recorded layer's attn_norm or the output's
-        (none where the stream goes to another device); add_norm finds it done (s.normed)."""
-        cfg = self.cfg
-        if not self.fusions.resid_norm or cfg.residual_scale or cfg.expert_bias or cfg.layers[il].ffn == MOE_SHARED:
-            return None
-        name = s.next_norm.get(il)   # none across a layer split's devices
-        if name is None or name not in self.w or s.wg_count is None or not norm_output_fits(
-                seq.device, down.ne[1], cfg.n_expert_used, kernel_type(down.type, "expert down weight"), down.ne[0]):
-            return None
-        return name, NormOutput(self.w[name], self.cfg.norm_eps, s.cols("cur", T), s.wg_count)
-
-    def _router_norm(self, seq, s, T, name) -> NormInput | None:
-        """The add and norm before a MoE block (add_norm's) as the prologue of its router's mat-vec
-        (VKRT_FUSE_NORM_ROUTE; matmul's norm_in), the pending block output consumed; None where it
-        cannot be (see norm_input; a MoE block's unsummed experts are left to the norm)."""
-        pending = s.pending
-        if not self.fusions.norm_route or pending is None or isinstance(pending, ExpertSum):
-            return None
-        norm_in = norm_input(seq, s.cols("x", T), pending, self.w[name], self.cfg.norm_eps, s.cols("cur", T))
-        if norm_in is not None:
-            s.pending = None
-        return norm_in
-
-    def _ffn(self, seq, s, il, T):
-        cfg, w, p = self.cfg, self.w, f"blk.{il}."
-        cur = s.cols("cur", T)
-        self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
-        g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
-        self._gated_ffn(seq, T, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"], cur,
-                        g, u, h, o, cfg.activation)
+    def _ffn(self, g: Graph, il: int) -> None:
+        cfg, w, p, s, T = self.cfg, self.w, f"blk.{il}.", g.s, g.T
+        cur = g.residual_norm(w[p + cfg.ffn_norm + ".weight"], cfg.norm_eps)
+        o = s.cols("o", T)
+        self._gated_ffn(g, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"], cur,
+                        s.cols("g", T), s.cols("u", T), s.cols("h", T), o, cfg.activation)
         if cfg.post_norms:
-            self.norm(seq, o, o, p + "post_ffw_norm.weight")
-        self.block_output(seq, s, o)
+            g.norm(o, o, w[p + "post_ffw_norm.weight"], cfg.norm_eps)
+        self.block_output(g, o)
 
-    @staticmethod
-    def _experts(seq, s, w, x, sid, y, bias, ids, held):
-        """y = w[sid]·x (+ bias[:, ids], gpt-oss): the bias added in the mat-vec where sid are the
-        experts' own ids, by add_id after it where they are staging slots. `held`: the ids whose
-        routes s.routes holds from an earlier GEMM of the block (gate, up and down share one
-        counting pass); returns the ids it holds after this call (None: none)."""
-        counted = held is sid
-        if bias is None or sid is ids:
-            filled = mul_mat_id(seq, w, x, sid, y, s.routes, bias=bias, routes_counted=counted)
-        else:
-            filled = mul_mat_id(seq, w, x, sid, y, s.routes, routes_counted=counted)
-            add_id(seq, y, bias, ids, y)
-        return sid if filled else None
-
-    def _moe(self, seq, s, il, T, experts: tuple[Tensor, Tensor, Tensor] | None = None,
-             staged: StagedExperts | None = None):
+    def _moe(self, g: Graph, il: int, experts: tuple[Tensor, Tensor, Tensor] | None = None,
+             staged: StagedExperts | None = None) -> None:
         """Routed experts (+ the shared expert: sigmoid-gated in qwen2moe / qwen35moe, added as it
-        is in granitemoe and glm4moe; gpt-oss's router and expert biases; glm4moe's sigmoid router); `experts` overrides where the
-        layer's expert tensors are read from (e.g. a prefetch slot); with `staged`, the chosen
-        experts are first copied into those slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
-        cfg, w, p = self.cfg, self.w, f"blk.{il}."
-        E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.activation
-        cur = s.cols("cur", T)
-        norm_name = p + cfg.ffn_norm + ".weight"
+        is in granitemoe and glm4moe; gpt-oss's router and expert biases; glm4moe's sigmoid router);
+        `experts` overrides where the layer's expert tensors are read from (e.g. a prefetch slot);
+        with `staged`, the chosen experts are first copied into those slot tensors and read from
+        there. The biases stay in VRAM, read by the experts' own ids."""
+        cfg, w, p, s, T = self.cfg, self.w, f"blk.{il}.", g.s, g.T
+        E, act = cfg.n_embd, cfg.activation
+        cur = g.residual_norm(w[p + cfg.ffn_norm + ".weight"], cfg.norm_eps)
         router, ids, weights = s.cols("router", T), s.moe_ids.slice(1, 0, T), s.moe_w.slice(1, 0, T)
-        gate_inp = w[p + "ffn_gate_inp.weight"]
-        gating = dict(chosen_softmax=cfg.chosen_softmax,
-                      sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None)
-        route = None   # routed in the router's mat-vec (VKRT_FUSE_ROUTE) where it can be
-        if self.fusions.route and not cfg.router_bias:
-            route = route_epilogue(seq, gate_inp, router, ids, weights, k, cfg.expert_weights_norm, s.wg_count,
-                                   **gating)
-        norm_in = self._router_norm(seq, s, T, norm_name) if route is not None else None
-        if norm_in is None:
-            self.add_norm(seq, s, T, norm_name)
-        matmul(seq, gate_inp, cur, router, route=route, norm_in=norm_in)
-        if route is None:
-            if cfg.router_bias:
-                add(seq, router, w[p + "ffn_gate_inp.bias"], router)
-            moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm, **gating)
+        g.matmul(w[p + "ffn_gate_inp.weight"], cur, router)
+        if cfg.router_bias:
+            g.call("router bias", lambda seq: add(seq, router, w[p + "ffn_gate_inp.bias"], router))
+        g.add(Route(router, ids, weights, cfg.n_expert_used, cfg.expert_weights_norm,
+                    chosen_softmax=cfg.chosen_softmax,
+                    sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None))
         if cfg.expert_weights_scale not in (0.0, 1.0):   # glm4moe's routed_scaling_factor
-            scale(seq, weights, cfg.expert_weights_scale, weights)
-        gate, up, down = experts or tuple(w[p + n] for n in EXPERT_TENSORS)
-        stacks = [(gate, ids), (up, ids), (down, ids)]
+            g.call("routing scale", lambda seq: scale(seq, weights, cfg.expert_weights_scale, weights))
+        stacks = [(t, ids) for t in (experts or tuple(w[p + n] for n in EXPERT_TENSORS))]
         if staged:
-            remap, plan = s.moe_remap.slice(1, 0, T), s.moe_plan
-            moe_stage_plan(seq, ids, remap, plan, cfg.n_expert, state=staged.state, cache_slots=staged.cache_slots,
-                           stage_base=staged.stage_base)
-            for r, slots in enumerate(staged.stacks):
-                if slots is not None:
-                    moe_stage_copy(seq, stacks[r][0], slots, plan, staged.max_copies)
-                    stacks[r] = (slots, remap)
+            self._stage(g, ids, stacks, staged)
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
         (gw, gi), (uw, ui), (dw, di) = stacks
         bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.expert_bias else None for n in ("gate", "up", "down"))
-
-        def own(sid):   # a mat-vec adds the experts' biases where it reads by their own ids
-            return bg is None or sid is ids
-
-        # the summed down projection has no place for the experts' biases: gpt-oss sums apart
-        decode = T <= mat_vec_tokens(seq.device.tuning)
-        resid = self._resid_norm(seq, s, T, il, dw) if decode else None
-        summed = resid is not None and bd is None
-        held = None   # the ids whose routes s.routes holds from an earlier GEMM of this block
-        if gi is ui and own(gi) and self._fuse_gate_up(seq, T, gw, uw, act, dense=False):
-            mul_mat_id(seq, gw, x3, gi, he, s.routes, up_weight=uw, act=act, bias=bg, up_bias=bu)
-        else:
-            held = self._experts(seq, s, gw, x3, gi, ge, bg, ids, held)
-            held = self._experts(seq, s, uw, x3, ui, ue, bu, ids, held)
-            activation(seq, act, ge, he, up=ue)
-        o = s.cols("o", T)
-        shared = gate_logit = None
+        count = RouteCount()
+        g.add(MulMatId(gw, x3, gi, ge, s.routes, count, ids, bg))
+        g.add(MulMatId(uw, x3, ui, ue, s.routes, count, ids, bu))
+        g.add(Glu(act, ge, ue, he))
+        o, shared, gate_logit = s.cols("o", T), None, None
         if cfg.layers[il].ffn == MOE_SHARED:
-            sg, su, sh = s.cols("sg", T), s.cols("su", T), s.cols("sh", T)
             shared = s.cols("o", T)
-            self._gated_ffn(seq, T, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
-                            w[p + "ffn_down_shexp.weight"], cur, sg, su, sh, shared, "silu")
+            self._gated_ffn(g, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
+                            w[p + "ffn_down_shexp.weight"], cur, s.cols("sg", T), s.cols("su", T), s.cols("sh", T),
+                            shared, "silu")
             if cfg.shared_gate:
                 gate_logit = s.cols("sgate", T)
                 inp = w[p + "ffn_gate_inp_shexp.weight"]
-                matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)
-            o = cur  # the FFN input is no longer needed: the combined output goes there
-        ungated = None
+                g.matmul(inp.view((inp.ne[0], 1)), cur, gate_logit)
+            o = cur   # the FFN input is no longer needed: the combined output goes there
+        g.add(MulMatId(dw, he, di, de, s.routes, count, ids, bd))
         if shared is not None and gate_logit is None:   # added after the routed experts' sum
-            shared, ungated = None, shared
-        if summed and mul_mat_id_sum(seq, dw, he, di, weights, s.cols("x", T), resid[1]):
-            s.normed = resid[0]   # the residual stream holds the block's output, cur its next norm
-            return
-        self._experts(seq, s, dw, he, di, de, bd, ids, held)
-        total = ExpertSum(de, weights, o, shared, gate_logit)
-        if ungated is None and not cfg.residual_scale and self.fusions.combine_norm and self.fusions.add_norm:
-            s.pending = total   # summed by the next norm (VKRT_FUSE_COMBINE_NORM)
-            return
-        total.store(seq)
-        if ungated is not None:
-            add(seq, o, ungated, o)
-        self.block_output(seq, s, o)
+            g.add(MoeCombine(de, weights, o))
+            g.call("shared expert", lambda seq: add(seq, o, shared, o))
+        else:
+            g.add(MoeCombine(de, weights, o, shared, gate_logit))
+        self.block_output(g, o)
+
+    def _stage(self, g: Graph, ids: Tensor, stacks: list, staged: StagedExperts) -> None:
+        """Decode's copy of a host-resident layer's chosen experts into VRAM slots: the plan, then
+        each staged stack's copy; those stacks are then read from their slots by remapped ids."""
+        s, T = g.s, g.T
+        remap, plan = s.moe_remap.slice(1, 0, T), s.moe_plan
+        g.call("stage plan", lambda seq: moe_stage_plan(seq, ids, remap, plan, self.cfg.n_expert, state=staged.state,
+                                                        cache_slots=staged.cache_slots,
+                                                        stage_base=staged.stage_base))
+        for r, slots in enumerate(staged.stacks):
+            if slots is not None:
+                stack = stacks[r][0]
+                g.call("stage copy", lambda seq, stack=stack, slots=slots: moe_stage_copy(
+                    seq, stack, slots, plan, staged.max_copies))
+                stacks[r] = (slots, remap)

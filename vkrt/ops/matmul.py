@@ -76,12 +76,11 @@ class NormOutput:
     counter: Tensor
 
 
-def norm_input(seq, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
+def norm_input(device, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out: Tensor) -> NormInput | None:
     """The NormInput for a router mat-vec reading out = rms_norm(x + residual) * weight (x + residual
     stored over x, as rms_norm with residual and sum_out=x stores it); None where the mat-vec cannot
     redo rms_norm's sums or hold the normed columns (norm_layout), or the columns are more than
     one mat-vec run."""
-    device = seq.device
     k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
     if k % 4 or n > mat_vec_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
         return None

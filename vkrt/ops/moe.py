@@ -97,7 +97,7 @@ def moe_route(seq, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, no
                  groups=grid(seq.device, n_tokens), label="moe_route")
 
 
-def route_epilogue(seq, router: Tensor, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool,
+def route_epilogue(device, router: Tensor, logits: Tensor, ids: Tensor, weights: Tensor, n_used: int, normalize: bool,
                    counter: Tensor, *, chosen_softmax: bool = False, sigmoid_bias: Tensor | None = None,
                    one_subgroup: bool | None = None):
     """The RouteEpilogue that lets the router's mat-vec (`router` weights into `logits`) route its
@@ -106,8 +106,7 @@ def route_epilogue(seq, router: Tensor, logits: Tensor, ids: Tensor, weights: Te
     binding, a mat-vec workgroup that is not a multiple of the router's, subgroups of varying size.
     Where the router is one subgroup (router_layout; `one_subgroup` as there) the last
     workgroup's first subgroup routes, without workgroup barriers."""
-    device, tuning = seq.device, seq.device.tuning
-    prof = device.profile
+    tuning, prof = device.tuning, device.profile
     rwg, subgroups = router_layout(device, one_subgroup=one_subgroup)
     mv_wg = tuning.mv_wg
     if (logits.ne[1] > mat_vec_columns(tuning) or mv_wg % rwg or (subgroups and prof.subgroup_min != prof.subgroup_max)

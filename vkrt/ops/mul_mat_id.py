@@ -157,6 +157,17 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     return True
 
 
+def summed_down_fits(device, w: Tensor, n_tokens: int, n_used: int, tuning=None) -> bool:
+    """Whether mul_mat_id_sum takes this expert stack for n_tokens tokens of n_used slots: mat-vec
+    sizes, the stack in one binding, a workgroup that takes a token's slots at once
+    (norm_output_fits)."""
+    tune = tuning or device.tuning
+    if n_tokens > mat_vec_tokens(tune) or len(chunks(2, device, None, w)) != 1:
+        return False
+    typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
+    return norm_output_fits(device, w.ne[1], n_used, typ, w.ne[0], tune)
+
+
 def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, stream: Tensor, norm: NormOutput, *,
                    tuning=None) -> bool:
     """Record stream[:, t] += sum_j weights[j, t] * (w[ids[j, t]] · x[:, j, t]) and then
@@ -170,9 +181,7 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, stre
     typ = kernel_type(w.type, f"mul_mat_id weight {w.name or ''}".rstrip())
     check_layout(w, "mul_mat_id weight")
     k, m, n_expert, n_used, n_tokens = _check(w, x, ids, None)
-    if n_tokens > mat_vec_tokens(tune) or len(chunks(2, device, None, w)) != 1:
-        return False
-    if not norm_output_fits(device, m, n_used, typ, k, tune):
+    if not summed_down_fits(device, w, n_tokens, n_used, tune):
         return False
     for t, what in ((weights, "weights"), (stream, "stream")):
         if t.type != F32 or not t.is_contiguous() or t.offset % 4:
