@@ -72,8 +72,12 @@ def test_cache_dir_follows_xdg(tmp_path):
 
 def test_unknown_and_retired_variables_are_named(caplog):
     with caplog.at_level(logging.WARNING, logger="vkrt"):
-        Settings.from_env({"VKRT_FUSE_GLUE": "1", "VKRT_CONCAT_GENERIC": "1", "VKRT_EXPECT_LAVAPIPE": "1"})
+        Settings.from_env({"VKRT_FUSE_GLUE": "1", "VKRT_CONCAT_GENERIC": "1", "VKRT_EXPECT_LAVAPIPE": "1",
+                           "VKRT_FUSE_GATE_UP": "0", "VKRT_FUSE_QKV": "1"})
     assert "VKRT_FUSE_GLUE is set but ignored" in caplog.text
+    assert "VKRT_FUSE_GATE_UP is set but ignored: VKRT_FUSE chooses the fusions now (e.g. VKRT_FUSE=all,-gate_up)" \
+        in caplog.text
+    assert "VKRT_FUSE_QKV is set but ignored: that fusion was deleted" in caplog.text
     assert "VKRT_CONCAT_GENERIC is set but ignored: pass path='generic'" in caplog.text
     assert "VKRT_EXPECT_LAVAPIPE" not in caplog.text   # declared (the tests read it)
 

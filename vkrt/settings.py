@@ -186,7 +186,12 @@ VARIABLES: tuple[Variable, ...] = (
 )
 BY_NAME = {v.name: v for v in VARIABLES}
 # variables vkrt once read, and what replaced them (a warning names them when set)
-RETIRED = {"VKRT_CONCAT_GENERIC": "pass path='generic' to vkrt.ops.concat.concat (no recording uses concat)"}
+RETIRED = {"VKRT_CONCAT_GENERIC": "pass path='generic' to vkrt.ops.concat.concat (no recording uses concat)",
+           **{f"VKRT_FUSE_{name}": f"VKRT_FUSE chooses the fusions now (e.g. VKRT_FUSE=all,-{name.lower()})"
+              for name in ("ADD_NORM", "NORM_ROPE", "GATE_UP", "KV_STORE", "COMBINE_NORM", "ROUTE", "NORM_ROUTE",
+                           "QK_ROPE", "FA_ROPE", "RESID_NORM")},
+           **{f"VKRT_FUSE_{name}": "that fusion was deleted (it measured slower or no faster)"
+              for name in ("GLU", "MOE_SUM", "QKV", "QKV_ROPE")}}
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:

@@ -149,7 +149,7 @@ def _combine_bindings(experts_out: Tensor, weights: Tensor, out: Tensor, shared:
 class ExpertSum:
     """A MoE block's output before its pass: out[:, t] = sum_j weights[j, t] * experts_out[:, j, t]
     (+ sigmoid(shared_gate[t]) * shared[:, t]). store() runs moe_combine into `out`; rms_norm
-    takes it as its residual instead (VKRT_FUSE_COMBINE_NORM), adding the same sum, bit for bit,
+    takes it as its residual instead (the combine_norm fusion), adding the same sum, bit for bit,
     without the pass."""
 
     experts_out: Tensor
