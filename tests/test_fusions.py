@@ -263,7 +263,7 @@ def test_fuse_setting_names_the_fusions():
     the variable and the item."""
     from vkrt.errors import ConfigError
     from vkrt.model.fuse import ALL, FUSIONS, enabled
-    from vkrt.settings import Settings
+    from vkrt.settings import BY_NAME, Settings
     assert enabled(Settings.from_env({}).fuse) == ALL == enabled(("all",)) == set(FUSIONS)
     assert enabled(Settings.from_env({"VKRT_FUSE": "none"}).fuse) == frozenset()
     assert enabled(Settings.from_env({"VKRT_FUSE": "fa_rope, GATE_UP"}).fuse) == {"fa_rope", "norm_rope", "gate_up"}
@@ -274,6 +274,8 @@ def test_fuse_setting_names_the_fusions():
         enabled(("gate_upp",))
     with pytest.raises(ConfigError, match="VKRT_FUSE='add_norm;x'"):
         Settings.from_env({"VKRT_FUSE": "add_norm;x"})
+    meaning = BY_NAME["VKRT_FUSE"].meaning   # the documented names are the pass's
+    assert [n for n in meaning.replace(",", " ").replace("(", " ").split() if n in FUSIONS] == list(FUSIONS)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen35moe", "tiny-gemma3", "tiny-gpt-oss"])
