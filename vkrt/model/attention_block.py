@@ -25,7 +25,7 @@ from ..ops.matmul import head_epilogue_fits, matmul
 from ..ops.norm_rope import can_store_v, norm_rope
 from ..ops.rope import rope
 from ..ops.set_rows import set_rows
-from .arch import ROPE_IMROPE, ROPE_NORMAL
+from .arch import Bias, QKNorm, RopeKind
 from .fusions import project
 
 
@@ -33,12 +33,12 @@ def rope_args(cfg, freq_factors, il: int) -> dict:
     """The RoPE arguments of layer il (shared by rope and norm_rope); `freq_factors` the
     transformer's (rope_freqs, or LongRoPE's for its context; None: none)."""
     args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.layer_rope_scale(il),
-                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=freq_factors,
+                neox=cfg.spec.rope.kind is not RopeKind.NORMAL, freq_factors=freq_factors,
                 attn_factor=cfg.rope_attn_factor)
     if cfg.rope_ext_factor:   # YaRN
         args.update(ext_factor=cfg.rope_ext_factor, n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
                     beta_slow=cfg.yarn_beta_slow)
-    if cfg.rope_mode == ROPE_IMROPE:
+    if cfg.spec.rope.kind is RopeKind.IMROPE:
         args.update(sections=cfg.rope_sections, interleaved=True)
     return args
 
@@ -56,10 +56,11 @@ def head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args) ->
     than one mat-vec run, or a projection whose workgroups do not fit its heads. norms, pos,
     cells, args: the q/k norm weights, positions, cache cells and RoPE arguments norm_rope gets."""
     cfg, w, p, f = tf.cfg, tf.w, f"blk.{il}.", tf.fusions
-    if not (f.qkv_rope and f.norm_rope) or f.qkv or cfg.attn_bias or cfg.qk_norm_full or q_temp:
+    if (not (f.qkv_rope and f.norm_rope) or f.qkv or cfg.spec.attn.qkv_bias is not Bias.NONE
+            or cfg.spec.attn.qk_norm is QKNorm.WHOLE_ROW or q_temp):
         return None
     D, Dv, H, KV = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv
-    q_block = 2 * D if cfg.attn_gate else D
+    q_block = 2 * D if cfg.spec.attn.gate else D
     weights = [w[p + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v")]
     if not all(head_epilogue_fits(seq.device, wt, T, b) for wt, b in zip(weights, (q_block, D, Dv))):
         return None
@@ -87,7 +88,7 @@ def record_norm_rope(tf, seq, cache, il, q3, k3, v3, qr, kr, q_temp, norms, pos,
         if store_v is None:
             set_rows(seq, v3, cells, cache.v[il])
         return
-    if cfg.qk_norm:
+    if cfg.spec.attn.qk_norm is QKNorm.PER_HEAD:
         tf.norm(seq, q3, qr, p + "attn_q_norm.weight")
         tf.norm(seq, k3, k3, p + "attn_k_norm.weight")
         q3 = qr
@@ -108,7 +109,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
     projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
     q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
-    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.spec.attn.qk_norm is QKNorm.PER_HEAD else None for n in "qk"}
     pos, cells, args = positions(cfg, s, T), s.cells.slice(0, 0, T), rope_args(cfg, tf.rope_factors, il)
     epis = head_epilogues(tf, seq, s, cache, il, T, q_temp, norms, pos, cells, args)
     if epis is not None:   # each head normed, rotated and stored by its projection's last workgroup
@@ -117,12 +118,12 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     else:
         project(seq, [(w[p + name + ".weight"], t) for t, name in projections], cur, tf.fusions.qkv)
     for t, name in projections:
-        if cfg.attn_bias and p + name + ".bias" in w:
+        if cfg.spec.attn.qkv_bias is not Bias.NONE and p + name + ".bias" in w:
             add(seq, t, w[p + name + ".bias"], t)
-    if cfg.qk_norm_full:
+    if cfg.spec.attn.qk_norm is QKNorm.WHOLE_ROW:
         tf.norm(seq, q, q, p + "attn_q_norm.weight")
         tf.norm(seq, k, k, p + "attn_k_norm.weight")
-    if cfg.attn_gate:   # per head: D query values, then D gate values
+    if cfg.spec.attn.gate:   # per head: D query values, then D gate values
         q3 = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H))
         gate = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H), offset=4 * D)
     else:
@@ -133,7 +134,7 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
     out = s.attn.view((Dv, H, T))
     attn_args = (seq.device, qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv),
                  out, mask)
-    sinks = w[p + "attn_sinks.weight"] if cfg.attn_sinks else None
+    sinks = w[p + "attn_sinks.weight"] if cfg.spec.attn.sinks else None
     op = None
     if flash:  # layers attending through the same mask share one mask_opt pre-pass
         split_k = None
@@ -161,8 +162,8 @@ def record_attention(tf, seq, s, cache, il, T, n_kv, mask, flash, split_as=None)
         gate_mul(seq, out, gate, out, act="sigmoid")
     o = s.cols("o", T)
     matmul(seq, w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
-    if cfg.attn_out_bias and p + "attn_output.bias" in w:
+    if cfg.spec.attn.out_bias is not Bias.NONE and p + "attn_output.bias" in w:
         add(seq, o, w[p + "attn_output.bias"], o)
-    if cfg.post_norms:
+    if cfg.spec.norms.post:
         tf.norm(seq, o, o, p + "post_attention_norm.weight")
     tf.block_output(seq, s, o)

@@ -13,8 +13,9 @@ import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from ..errors import VkrtError
-from .arch import ARCHS, ROPE_IMROPE
-from .config import ModelConfig
+from .arch import ARCHS, ArchSpec, DeltaNet, RopeKind, Router, SharedExpert, with_layout
+from .config import GATING_SIGMOID, ModelConfig
+from .metadata_keys import write_keys
 from .random_weights import check_row, random_weight
 from .tensors import (BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROPE_FACTORS, ROUTER, SINKS, SSM_A,
                       model_tensors)
@@ -131,7 +132,6 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     if arch not in ARCHS:
         raise VkrtError(f"synthetic models of architecture {arch!r} are not supported "
                         f"(supported: {', '.join(sorted(ARCHS))})")
-    aspec = ARCHS[arch]
     wtype = Q[s.weight_type.upper()]
     etype = Q[(s.expert_type or s.weight_type).upper()]
     tokens, types, merges = _bpe_vocab(s.vocab_merges)
@@ -140,7 +140,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         types = types + [5] * (s.pad_vocab_to - len(types))  # 5: unused
     n_vocab = len(tokens)
     w = gguf.GGUFWriter(os.fspath(path), arch)
-    _write_metadata(w, s, aspec, n_vocab)
+    w.add_name(s.name or f"vkrt synthetic {arch}")
+    write_keys(w, ARCHS[arch], _key_values(s, ARCHS[arch], n_vocab))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(s.tokenizer_pre)
     w.add_token_list(tokens)
@@ -154,12 +155,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         w.add_key_value(key, value[0], value[1])
     meta = {k: v.value for k, v in w.kv_data[0].items()}
     cfg = ModelConfig.from_metadata(meta, os.fspath(path))
-    if aspec.delta_net_layout == "grouped":
-        cfg = dataclasses.replace(cfg, qkvz_fused=s.qkvz_fused)
-    if aspec.qk_norm_optional:
-        cfg = dataclasses.replace(cfg, qk_norm=s.qk_norm)
-    if aspec.qkv_fused_optional:
-        cfg = dataclasses.replace(cfg, qkv_fused=s.qkv_fused)
+    cfg = dataclasses.replace(cfg, spec=with_layout(cfg.spec, qk_norm=s.qk_norm, qkv_fused=s.qkv_fused,
+                                                    qkvz_fused=s.qkvz_fused))
 
     # first the table of tensors, then their data one at a time: a 30B-shaped model never has
     # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
@@ -197,70 +194,48 @@ _CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['con
                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # these synthetic models tie the output matrix to token_embd (granite: as Granite 3.x)
 _TIED_OUTPUT = ("gemma3", "qwen2", "granite", "granitemoe")
+# files that give feed_forward_length beside their experts' size (as qwen2moe's converter does)
+_FF_WITH_EXPERTS = ("qwen2moe",)
 
 
-def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
-    w.add_name(s.name or f"vkrt synthetic {s.arch}")
-    w.add_context_length(s.n_ctx)
-    w.add_embedding_length(s.n_embd)
-    w.add_block_count(s.n_layer)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.rope_dims or s.head_dim)
-    w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_vocab_size(n_vocab)
-    if s.n_expert:
-        w.add_expert_count(s.n_expert)
-        w.add_expert_used_count(s.n_expert_used)
-        if aspec.ff_is_expert_ff:   # Mixtral-style, OLMoE, Granite MoE files keep the experts' size here only
-            w.add_feed_forward_length(s.n_ff_expert)
-        else:
-            w.add_expert_feed_forward_length(s.n_ff_expert)
-        if aspec.shared_expert == "count":
-            if not s.n_ff_shared or s.n_ff_shared % s.n_ff_expert:
-                raise VkrtError(f"{s.arch}: n_ff_shared {s.n_ff_shared} must be a multiple of n_ff_expert "
-                                f"{s.n_ff_expert} (expert_shared_count experts)")
-            w.add_expert_shared_count(s.n_ff_shared // s.n_ff_expert)
-        elif s.n_ff_shared:
-            w.add_expert_shared_feed_forward_length(s.n_ff_shared)
-        if aspec.sigmoid_router:
-            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-            w.add_expert_weights_norm(s.expert_weights_norm)
-            if s.expert_weights_scale:
-                w.add_expert_weights_scale(s.expert_weights_scale)
-        if aspec.dense_lead and s.n_dense_lead:
-            w.add_leading_dense_block_count(s.n_dense_lead)
-        if s.arch == "qwen2moe" or s.n_ff and not aspec.ff_is_expert_ff:
-            w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
-    else:
-        w.add_feed_forward_length(s.n_ff)
-    if s.sliding_window:
-        w.add_sliding_window(s.sliding_window)
-    if aspec.granite_scales:
-        for key, value in (("embedding_scale", s.embedding_scale), ("residual_scale", s.residual_scale),
-                           ("attention.scale", s.attention_scale), ("logit_scale", s.logit_scale)):
-            if value:
-                w.add_float32(f"{s.arch}.{key}", value)
-    if s.rope_scaling:
-        w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
-        w.add_rope_scaling_factor(s.rope_scaling_factor)
-    if s.rope_orig_ctx:
-        w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
-    if s.rope_attn_factor:
-        w.add_rope_scaling_attn_factors(s.rope_attn_factor)
-    if aspec.hybrid_linear:
-        D = s.ssm_head_dim or s.head_dim
-        w.add_ssm_conv_kernel(s.ssm_conv_kernel)
-        w.add_ssm_state_size(D)
-        w.add_ssm_group_count(s.ssm_k_heads)
-        w.add_ssm_time_step_rank(s.ssm_v_heads)
-        w.add_ssm_inner_size(s.ssm_v_heads * D)
-        w.add_full_attention_interval(s.full_attention_interval)
-        if aspec.rope == ROPE_IMROPE:
-            w.add_rope_dimension_sections(list(s.rope_sections))
+def _key_values(s: SyntheticSpec, spec: ArchSpec, n_vocab: int) -> dict:
+    """`s` as values of metadata_keys fields (None: not written); write_keys writes those a file
+    of `spec` has."""
+    moe, experts = spec.moe, s.n_expert > 0 and spec.moe is not None
+    sigmoid = experts and moe.router is Router.SIGMOID
+    n_shared_experts = None
+    if experts and moe.shared is SharedExpert.COUNT:
+        if not s.n_ff_shared or s.n_ff_shared % s.n_ff_expert:
+            raise VkrtError(f"{s.arch}: n_ff_shared {s.n_ff_shared} must be a multiple of n_ff_expert "
+                            f"{s.n_ff_expert} (expert_shared_count experts)")
+        n_shared_experts = s.n_ff_shared // s.n_ff_expert
+    n_ff = s.n_ff
+    if experts and moe.ff_is_expert_ff:   # feed_forward_length holds the experts' size (written_under)
+        n_ff = None
+    elif experts:   # the dense FFNs' size beside the experts' where asked
+        n_ff = (s.n_ff or s.n_ff_expert) if s.n_ff or s.arch in _FF_WITH_EXPERTS else None
+    D = s.ssm_head_dim or s.head_dim
+    delta_net = spec.layers.delta_net is not DeltaNet.NONE
+
+    def moe_value(value):
+        return value if experts else None
+
+    return dict(
+        n_ctx_train=s.n_ctx, n_embd=s.n_embd, n_blocks=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv,
+        head_dim_k=s.head_dim, head_dim_v=s.head_dim, rope_dims=s.rope_dims or s.head_dim, rope_base=s.rope_base,
+        norm_eps=1e-6, vocab_size=n_vocab, n_expert=moe_value(s.n_expert), n_expert_used=moe_value(s.n_expert_used),
+        n_ff_expert=moe_value(s.n_ff_expert),
+        n_shared_experts=n_shared_experts, n_ff_shared=moe_value(s.n_ff_shared or None),
+        expert_gating_func=moe_value(GATING_SIGMOID), expert_weights_norm=s.expert_weights_norm if sigmoid else None,
+        expert_weights_scale=(s.expert_weights_scale or None) if sigmoid else None,
+        n_dense_lead=moe_value(s.n_dense_lead or None), n_ff=n_ff, sliding_window=s.sliding_window or None,
+        embd_scale=s.embedding_scale or None, residual_scale=s.residual_scale or None,
+        attn_scale=s.attention_scale or None, logit_scale=s.logit_scale or None,
+        rope_scaling=s.rope_scaling or None, rope_factor=s.rope_scaling_factor if s.rope_scaling else None,
+        n_ctx_orig=s.rope_orig_ctx or None, rope_attn_factor=s.rope_attn_factor or None,
+        ssm_conv_kernel=s.ssm_conv_kernel, ssm_head_dim=D, ssm_k_heads=s.ssm_k_heads, ssm_v_heads=s.ssm_v_heads,
+        ssm_inner_size=s.ssm_v_heads * D, full_attention_interval=s.full_attention_interval if delta_net else None,
+        rope_sections=list(s.rope_sections) if spec.rope.kind is RopeKind.IMROPE else None)
 
 
 def _synthetic_tensor(t, wtype, etype, embd_type, ftype) -> tuple:

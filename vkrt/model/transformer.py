@@ -35,7 +35,7 @@ from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum
 from ..ops.norm import rms_norm
 from ..ops.quant import kernel_type
 from ..settings import Settings
-from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
+from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING, Router
 from .attention_block import record_attention
 from .config import ModelConfig
 from .delta_net_block import record_delta_net
@@ -123,7 +123,7 @@ class Transformer:
         # `output`: the output matrix where it is not the file's (tied embeddings on a split's main device)
         self.output = output or weights.get("output.weight", weights["token_embd.weight"])
         factors = "rope_freqs.weight"
-        if factors not in weights and cfg.long_rope:
+        if factors not in weights and cfg.spec.rope.long_rope:
             factors = LONG_ROPE_FACTORS[0] if n_ctx_seq > cfg.n_ctx_orig_yarn else LONG_ROPE_FACTORS[1]
         self.rope_factors = weights.get(factors)
 
@@ -291,7 +291,7 @@ class Transformer:
         (norm_output_fits). The next norm is the next recorded layer's attn_norm or the output's
         (none where the stream goes to another device); add_norm finds it done (s.normed)."""
         cfg = self.cfg
-        if not self.fusions.resid_norm or cfg.residual_scale or cfg.expert_bias or cfg.layers[il].ffn == MOE_SHARED:
+        if not self.fusions.resid_norm or cfg.residual_scale or cfg.spec.moe.expert_bias or cfg.layers[il].ffn == MOE_SHARED:
             return None
         name = s.next_norm.get(il)   # none across a layer split's devices
         if name is None or name not in self.w or s.wg_count is None or not norm_output_fits(
@@ -314,11 +314,11 @@ class Transformer:
     def _ffn(self, seq, s, il, T):
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
         cur = s.cols("cur", T)
-        self.add_norm(seq, s, T, p + cfg.ffn_norm + ".weight")
+        self.add_norm(seq, s, T, p + cfg.spec.norms.ffn + ".weight")
         g, u, h, o = s.cols("g", T), s.cols("u", T), s.cols("h", T), s.cols("o", T)
         self._gated_ffn(seq, T, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"], cur,
-                        g, u, h, o, cfg.activation)
-        if cfg.post_norms:
+                        g, u, h, o, cfg.spec.ffn.activation)
+        if cfg.spec.norms.post:
             self.norm(seq, o, o, p + "post_ffw_norm.weight")
         self.block_output(seq, s, o)
 
@@ -343,15 +343,15 @@ class Transformer:
         layer's expert tensors are read from (e.g. a prefetch slot); with `staged`, the chosen
         experts are first copied into those slot tensors and read from there. The biases stay in VRAM, read by the experts' own ids."""
         cfg, w, p = self.cfg, self.w, f"blk.{il}."
-        E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.activation
+        E, k, act = cfg.n_embd, cfg.n_expert_used, cfg.spec.ffn.activation
         cur = s.cols("cur", T)
-        norm_name = p + cfg.ffn_norm + ".weight"
+        norm_name = p + cfg.spec.norms.ffn + ".weight"
         router, ids, weights = s.cols("router", T), s.moe_ids.slice(1, 0, T), s.moe_w.slice(1, 0, T)
         gate_inp = w[p + "ffn_gate_inp.weight"]
-        gating = dict(chosen_softmax=cfg.chosen_softmax,
-                      sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None)
+        gating = dict(chosen_softmax=cfg.spec.moe.router is Router.CHOSEN_SOFTMAX,
+                      sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.spec.moe.router is Router.SIGMOID else None)
         route = None   # routed in the router's mat-vec (VKRT_FUSE_ROUTE) where it can be
-        if self.fusions.route and not cfg.router_bias:
+        if self.fusions.route and not cfg.spec.moe.router_bias:
             route = route_epilogue(seq, gate_inp, router, ids, weights, k, cfg.expert_weights_norm, s.wg_count,
                                    **gating)
         norm_in = self._router_norm(seq, s, T, norm_name) if route is not None else None
@@ -359,7 +359,7 @@ class Transformer:
             self.add_norm(seq, s, T, norm_name)
         matmul(seq, gate_inp, cur, router, route=route, norm_in=norm_in)
         if route is None:
-            if cfg.router_bias:
+            if cfg.spec.moe.router_bias:
                 add(seq, router, w[p + "ffn_gate_inp.bias"], router)
             moe_route(seq, router, ids, weights, k, cfg.expert_weights_norm, **gating)
         if cfg.expert_weights_scale not in (0.0, 1.0):   # glm4moe's routed_scaling_factor
@@ -377,7 +377,7 @@ class Transformer:
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
         (gw, gi), (uw, ui), (dw, di) = stacks
-        bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.expert_bias else None for n in ("gate", "up", "down"))
+        bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.spec.moe.expert_bias else None for n in ("gate", "up", "down"))
 
         def own(sid):   # a mat-vec adds the experts' biases where it reads by their own ids
             return bg is None or sid is ids
@@ -405,7 +405,7 @@ class Transformer:
             shared = s.cols("o", T)
             self._gated_ffn(seq, T, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
                             w[p + "ffn_down_shexp.weight"], cur, sg, su, sh, shared, "silu")
-            if cfg.shared_gate:
+            if cfg.spec.moe.shared_gate:
                 gate_logit = s.cols("sgate", T)
                 inp = w[p + "ffn_gate_inp_shexp.weight"]
                 matmul(seq, inp.view((inp.ne[0], 1)), cur, gate_logit)
