@@ -25,7 +25,7 @@ import numpy as np
 import gguf
 from gguf.quants import dequantize
 
-from vkrt.model.arch import DENSE, LINEAR, MOE_SHARED
+from vkrt.model.arch import DENSE, LINEAR, MOE_SHARED, DeltaNet
 from vkrt.model.config import ModelConfig
 
 
@@ -34,7 +34,7 @@ def load(path: str, hybrid: bool = True) -> tuple[ModelConfig, dict[str, np.ndar
     reader = gguf.GGUFReader(path)
     meta = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
     cfg = ModelConfig.from_metadata(meta, path)
-    if hybrid and not cfg.spec.hybrid_linear:
+    if hybrid and cfg.spec.layers.delta_net is DeltaNet.NONE:
         raise ValueError(f"{path}: {cfg.arch} is not a qwen35 / qwen35moe / qwen3next model")
     weights = {}
     for t in reader.tensors:
@@ -88,7 +88,7 @@ def key_head_of(n_v_heads: int, n_k_heads: int, interleaved: bool = False) -> np
 
 def grouped(cfg: ModelConfig) -> bool:
     """qwen3next's DeltaNet tensors (grouped by key head)."""
-    return cfg.spec.delta_net_layout == "grouped"
+    return cfg.spec.layers.delta_net is DeltaNet.GROUPED
 
 
 def delta_net_inputs(cfg: ModelConfig, w: dict, il: int, h):

@@ -83,7 +83,8 @@ def sums_in_norm(cfg) -> int:
     scaled first (granite's residual_scale)."""
     if cfg.residual_scale:
         return 0
-    return sum(1 for layer in cfg.layers if layer.moe and not (layer.ffn == "moe_shared" and not cfg.shared_gate))
+    return sum(1 for layer in cfg.layers
+               if layer.moe and not (layer.ffn == "moe_shared" and not cfg.spec.moe.shared_gate))
 
 
 def gated_ffns(cfg) -> int:
@@ -221,7 +222,7 @@ def test_routing_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device
     experts in VRAM and from host; gpt-oss's router bias keeps them apart."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "route", n_cpu_moe=n_cpu_moe)
     moe_layers = sum(1 for layer in cfg.layers if layer.moe)
-    assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
+    assert saved == (0 if cfg.spec.moe.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
@@ -237,7 +238,7 @@ def test_norm_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device_en
     its routing, so its norm, apart."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "norm_route", n_cpu_moe=n_cpu_moe)
     moe_layers = sum(1 for layer in cfg.layers if layer.moe)
-    assert saved == (0 if cfg.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
+    assert saved == (0 if cfg.spec.moe.router_bias else 2 * moe_layers)   # both graphs are mat-vec sized
 
 
 @pytest.mark.parametrize("variable,n_cpu_moe", [("gate_up", 0), ("gate_up", 2),

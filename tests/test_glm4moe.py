@@ -30,7 +30,7 @@ from test_olmoe import assert_missing_tensor_named, attention, rewrite
 
 from vkrt.errors import VkrtError
 from vkrt.memory import F32
-from vkrt.model.arch import DENSE, MOE_SHARED
+from vkrt.model.arch import DENSE, MOE_SHARED, Bias, QKNorm, RopeKind, Router
 from vkrt.model.loader import Model
 
 TOKENS = [3, 17, 42, 5, 99, 120, 7, 64, 11, 200, 31, 8, 77, 150, 2, 45]
@@ -93,9 +93,11 @@ def test_config(device, glm):
     air = path.endswith("-air.gguf")
     with Model(device, path, progress=False) as m:
         cfg = m.cfg
-        assert cfg.rope_mode == "neox" and cfg.rope_dims == 16 and cfg.attn_bias and cfg.sigmoid_router
-        assert cfg.qk_norm == (not air) and cfg.expert_weights_norm and cfg.expert_weights_scale == (1.0 if air else 2.5)
-        assert [layer.ffn for layer in cfg.layers] == [DENSE, MOE_SHARED, MOE_SHARED] and not cfg.shared_gate
+        attn = cfg.spec.attn
+        assert cfg.spec.rope.kind is RopeKind.NEOX and cfg.rope_dims == 16 and attn.qkv_bias is Bias.REQUIRED
+        assert cfg.spec.moe.router is Router.SIGMOID and attn.qk_norm is (QKNorm.NONE if air else QKNorm.PER_HEAD)
+        assert cfg.expert_weights_norm and cfg.expert_weights_scale == (1.0 if air else 2.5)
+        assert [layer.ffn for layer in cfg.layers] == [DENSE, MOE_SHARED, MOE_SHARED] and not cfg.spec.moe.shared_gate
         assert cfg.n_ff == 96 and cfg.n_ff_expert == 32 and cfg.n_ff_shared == 32
 
 

@@ -32,7 +32,7 @@ from test_hybrid_reference import check_logits, normalised_error
 from vkrt.engine.engine import Engine
 from vkrt.errors import GGUFError
 from vkrt.memory import F32
-from vkrt.model.arch import FULL, MOE, SLIDING
+from vkrt.model.arch import FULL, MOE, SLIDING, Router
 from vkrt.model.loader import Model
 
 TOKENS = [3, 17, 42, 5, 99, 120, 7, 64, 11, 200, 31, 8, 77, 150, 2, 45, 19, 230, 6, 88]
@@ -125,7 +125,9 @@ def test_config(device, gpt_oss):
         assert all(layer.ffn == MOE for layer in cfg.layers) and cfg.sliding_window == 8
         assert cfg.rope_scale == 1 / 32 and cfg.rope_ext_factor == 1.0 and cfg.n_ctx_orig_yarn == 4096
         assert cfg.rope_base_swa == cfg.rope_base == 150000.0 and abs(cfg.rope_attn_factor - 1) < 1e-6
-        assert cfg.attn_sinks and cfg.expert_bias and cfg.chosen_softmax and cfg.activation == "swiglu_oai"
+        moe = cfg.spec.moe
+        assert cfg.spec.attn.sinks and moe.expert_bias and moe.router is Router.CHOSEN_SOFTMAX
+        assert cfg.spec.ffn.activation == "swiglu_oai"
         assert all(not n.startswith("blk.") or not n.endswith("_exps.bias") for n in m.placement.host_tensors)
 
 

@@ -31,7 +31,7 @@ from test_olmoe import assert_missing_tensor_named, attention, rewrite
 from vkrt.engine.engine import Engine
 from vkrt.errors import GGUFError
 from vkrt.memory import F32
-from vkrt.model.arch import DENSE, MOE, MOE_SHARED
+from vkrt.model.arch import DENSE, MOE, MOE_SHARED, RopeKind
 from vkrt.model.loader import Model
 from vkrt.model.synthetic import write_model
 
@@ -95,12 +95,12 @@ def test_config(device, granite):
     spec = TINY[name]
     with Model(device, path, progress=False) as m:
         cfg = m.cfg
-        assert cfg.rope_mode == "normal" and "output.weight" not in m.weights
+        assert cfg.spec.rope.kind is RopeKind.NORMAL and "output.weight" not in m.weights
         assert (cfg.embd_scale, cfg.residual_scale, cfg.logit_scale) == pytest.approx(
             (spec.embedding_scale, spec.residual_scale, spec.logit_scale))
         assert cfg.attn_scale == pytest.approx(spec.attention_scale)
         if name == "tiny-granitemoe":
-            assert all(layer.ffn == MOE_SHARED for layer in cfg.layers) and not cfg.shared_gate
+            assert all(layer.ffn == MOE_SHARED for layer in cfg.layers) and not cfg.spec.moe.shared_gate
             assert cfg.expert_weights_norm and cfg.n_ff_expert == 32 and cfg.n_ff_shared == 64
 
 

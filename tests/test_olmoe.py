@@ -28,7 +28,7 @@ from test_hybrid_reference import check_logits, normalised_error
 
 from vkrt.errors import GGUFError
 from vkrt.memory import F32
-from vkrt.model.arch import MOE
+from vkrt.model.arch import MOE, QKNorm, RopeKind
 from vkrt.model.loader import Model
 
 TOKENS = [3, 17, 42, 5, 99, 120, 7, 64, 11, 200, 31, 8, 77, 150, 2, 45]
@@ -83,7 +83,8 @@ def olmoe(tmp_path_factory):
 def test_config(device, olmoe):
     with Model(device, olmoe[0], progress=False) as m:
         cfg = m.cfg
-        assert cfg.qk_norm_full and not cfg.qk_norm and not cfg.expert_weights_norm and cfg.rope_mode == "neox"
+        assert cfg.spec.attn.qk_norm is QKNorm.WHOLE_ROW and not cfg.expert_weights_norm
+        assert cfg.spec.rope.kind is RopeKind.NEOX
         assert all(layer.ffn == MOE for layer in cfg.layers) and cfg.n_ff_expert == 32 and cfg.n_expert == 8
         assert m.weights["blk.0.attn_q_norm.weight"].ne[0] == cfg.n_head * cfg.head_dim_k
 

@@ -30,6 +30,7 @@ from test_olmoe import attention
 from vkrt.engine.engine import Engine
 from vkrt.errors import GGUFError
 from vkrt.memory import F32
+from vkrt.model.arch import Packing, RopeKind
 from vkrt.model.loader import Model
 from vkrt.model.synthetic import write_model
 
@@ -91,7 +92,8 @@ def phi3(tmp_path_factory):
 def test_config(device, phi3):
     with Model(device, phi3, progress=False) as m:
         cfg = m.cfg
-        assert cfg.qkv_fused and cfg.gate_up_fused and cfg.long_rope and cfg.rope_mode == "neox"
+        assert cfg.spec.attn.qkv is Packing.FUSED and cfg.spec.ffn.gate_up is Packing.FUSED
+        assert cfg.spec.rope.long_rope and cfg.spec.rope.kind is RopeKind.NEOX
         assert cfg.n_ctx_orig_yarn == 32 and abs(cfg.rope_attn_factor - 1.19) < 1e-6 and cfg.sliding_window == 0
         w = m.weights
         assert "blk.0.attn_qkv.weight" not in w and w["blk.0.attn_v.weight"].ne[:2] == (64, 32)
@@ -125,7 +127,7 @@ def test_separate_projections(device, tmp_path):
     """A file with attn_q / attn_k / attn_v (llama.cpp takes either form)."""
     path = write_model(tmp_path / "phi3-qkv.gguf", dataclasses.replace(TINY["tiny-phi3"], qkv_fused=False))
     with Model(device, path, progress=False) as m:
-        assert not m.cfg.qkv_fused
+        assert m.cfg.spec.attn.qkv is Packing.SEPARATE
     check_logits(logits(device, path, LONG_CTX), forward(path, TOKENS, LONG_CTX), TIGHT, "tiny-phi3 with attn_q/k/v")
 
 

@@ -26,7 +26,7 @@ from test_hybrid_reference import check_logits, normalised_error
 from test_olmoe import assert_missing_tensor_named, rewrite
 from vkrt.errors import GGUFError, VkrtError
 from vkrt.memory import F32
-from vkrt.model.arch import LINEAR, MOE_SHARED
+from vkrt.model.arch import LINEAR, MOE_SHARED, Packing, RopeKind
 from vkrt.model.delta_net_layout import tiled_heads
 from vkrt.model.loader import Model
 
@@ -48,8 +48,9 @@ def test_config_and_tensors(device, qwen3next):
     fused = "qkv" not in path
     with Model(device, path, progress=False) as m:
         cfg = m.cfg
-        assert cfg.arch == "qwen3next" and cfg.rope_mode == "neox" and cfg.rope_dims == 8 and not cfg.rope_sections
-        assert cfg.qkvz_fused == fused and cfg.ssm_k_heads == 2 and cfg.ssm_v_heads == 4
+        assert cfg.arch == "qwen3next" and cfg.spec.rope.kind is RopeKind.NEOX and cfg.rope_dims == 8
+        assert not cfg.rope_sections and cfg.spec.layers.qkvz is (Packing.FUSED if fused else Packing.SEPARATE)
+        assert cfg.ssm_k_heads == 2 and cfg.ssm_v_heads == 4
         assert [layer.attn == LINEAR for layer in cfg.layers] == [True, True, True, False]
         assert all(layer.ffn == MOE_SHARED for layer in cfg.layers)
         # the kernels' tensors under qwen35's names; the file's fused ones are not uploaded

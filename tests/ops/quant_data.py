@@ -10,7 +10,7 @@ from gguf.quants import dequantize, quantize
 
 from vkrt.commands import write_tensor
 from vkrt.memory import Tensor, ggml_type
-from vkrt.model.synthetic import IQ_TYPES, TQ_TYPES, random_scaled_blocks, set_block_scales
+from vkrt.model.random_weights import IQ_TYPES, TQ_TYPES, random_scaled_blocks, set_block_scales
 
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # byte offsets of the fp16 scales inside one K-quant block

@@ -20,7 +20,7 @@ def test_get_rows_matches_gguf_dequantize(device, typ):
     if typ in IQ + TQ:
         raw = random_blocks(typ, n_rows, ne0, rng)
     elif typ in ("Q4_K", "Q6_K"):
-        from vkrt.model.synthetic import _random_blocks
+        from vkrt.model.random_weights import _random_blocks
         raw = _random_blocks(rng, qt, n_rows, ne0)
     elif typ == "F16":
         raw = x.astype(np.float16).view(np.uint8)

@@ -17,7 +17,7 @@ gate and gpt-oss's attention sinks where the architecture has them.
 from __future__ import annotations
 
 from ..ops.elementwise import add, gate_mul
-from .arch import ROPE_IMROPE, ROPE_NORMAL
+from .arch import Bias, QKNorm, RopeKind
 from .nodes import Attend, QKRope
 
 
@@ -25,12 +25,12 @@ def rope_args(cfg, freq_factors, il: int) -> dict:
     """The RoPE arguments of layer il (shared by rope and norm_rope); `freq_factors` the
     transformer's (rope_freqs, or LongRoPE's for its context; None: none)."""
     args = dict(n_dims=cfg.rope_dims, freq_base=cfg.layer_rope_base(il), freq_scale=cfg.layer_rope_scale(il),
-                neox=cfg.rope_mode != ROPE_NORMAL, freq_factors=freq_factors,
+                neox=cfg.spec.rope.kind is not RopeKind.NORMAL, freq_factors=freq_factors,
                 attn_factor=cfg.rope_attn_factor)
     if cfg.rope_ext_factor:   # YaRN
         args.update(ext_factor=cfg.rope_ext_factor, n_ctx_orig=cfg.n_ctx_orig_yarn, beta_fast=cfg.yarn_beta_fast,
                     beta_slow=cfg.yarn_beta_slow)
-    if cfg.rope_mode == ROPE_IMROPE:
+    if cfg.spec.rope.kind is RopeKind.IMROPE:
         args.update(sections=cfg.rope_sections, interleaved=True)
     return args
 
@@ -52,18 +52,19 @@ def record_attention(tf, g, cache, il: int, n_kv: int, mask, flash: bool, split_
     for t, name in projections:
         g.matmul(w[p + name + ".weight"], cur, t)
     for t, name in projections:
-        if cfg.attn_bias and p + name + ".bias" in w:
+        if cfg.spec.attn.qkv_bias is not Bias.NONE and p + name + ".bias" in w:
             g.call("bias", lambda seq, t=t, b=w[p + name + ".bias"]: add(seq, t, b, t))
-    if cfg.qk_norm_full:
+    if cfg.spec.attn.qk_norm is QKNorm.WHOLE_ROW:
         g.norm(q, q, w[p + "attn_q_norm.weight"], eps)
         g.norm(k, k, w[p + "attn_k_norm.weight"], eps)
-    if cfg.attn_gate:   # per head: D query values, then D gate values
+    if cfg.spec.attn.gate:   # per head: D query values, then D gate values
         q3 = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H))
         gate = q.view((D, H, T), nb=(4, 8 * D, 8 * D * H), offset=4 * D)
     else:
         q3, gate = q.view((D, H, T)), None
     qr = s.cols("qr", T).view((D, H, T))
-    norms = {n: w[p + f"attn_{n}_norm.weight"] if cfg.qk_norm else None for n in "qk"}
+    per_head = cfg.spec.attn.qk_norm is QKNorm.PER_HEAD
+    norms = {n: w[p + f"attn_{n}_norm.weight"] if per_head else None for n in "qk"}
     q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
     g.add(QKRope(q3, k.view((D, KV, T)), v.view((Dv, KV, T)), qr, s.cols("kr", T).view((D, KV, T)), cache.k[il],
                  cache.v[il], s.cells.slice(0, 0, T), positions(cfg, s, T), norms["q"], norms["k"], eps,
@@ -74,14 +75,14 @@ def record_attention(tf, g, cache, il: int, n_kv: int, mask, flash: bool, split_
         P = split_as[0]
         plan = (s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), s.attn.view((Dv, H, P)), split_as[1])
     g.add(Attend(qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv), out, mask,
-                 cfg.attn_scale, w[p + "attn_sinks.weight"] if cfg.attn_sinks else None, flash, s,
+                 cfg.attn_scale, w[p + "attn_sinks.weight"] if cfg.spec.attn.sinks else None, flash, s,
                  f"flash attention {il}" if flash else f"attention {il}", tf.fa_mask_opt, plan))
     if gate is not None:
         g.call("gate", lambda seq: gate_mul(seq, out, gate, out, act="sigmoid"))
     o = s.cols("o", T)
     g.matmul(w[p + "attn_output.weight"], s.attn.view((Dv * H, T)), o)
-    if cfg.attn_out_bias and p + "attn_output.bias" in w:
+    if cfg.spec.attn.out_bias is not Bias.NONE and p + "attn_output.bias" in w:
         g.call("bias", lambda seq: add(seq, o, w[p + "attn_output.bias"], o))
-    if cfg.post_norms:
+    if cfg.spec.norms.post:
         g.norm(o, o, w[p + "post_attention_norm.weight"], eps)
     tf.block_output(g, o)

@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from .arch import Packing
 from .config import ModelConfig
 from .tensors import grouped_delta_net
 
@@ -74,7 +75,7 @@ def derived_tensors(cfg: ModelConfig, source) -> dict[str, DerivedTensor]:
     conv_rows = np.concatenate([np.arange(qk), v_tiled])
     for il in cfg.linear_layers:
         p = f"blk.{il}."
-        if cfg.qkvz_fused:
+        if cfg.spec.layers.qkvz is Packing.FUSED:
             width = 2 * D + 2 * rep * D                  # one key head's rows of ssm_in
             g = np.arange(Hk)
             q = (g[:, None] * width + np.arange(D)).reshape(-1)

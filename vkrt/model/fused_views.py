@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..memory import Tensor
-from .arch import DENSE
+from .arch import DENSE, Packing
 from .config import ModelConfig
 
 
@@ -36,11 +36,11 @@ def fused_views(cfg: ModelConfig, weights: dict[str, Tensor]) -> tuple[dict[str,
     H, KV, Dk, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
-        if cfg.qkv_fused and p + "attn_qkv.weight" in weights:
+        if cfg.spec.attn.qkv is Packing.FUSED and p + "attn_qkv.weight" in weights:
             qkv = weights[p + "attn_qkv.weight"]
             fused.append(p + "attn_qkv.weight")
             views.update(_rows(qkv, [H * Dk, KV * Dk, KV * Dv], [p + f"attn_{n}.weight" for n in "qkv"]))
-        if cfg.gate_up_fused and cfg.layers[il].ffn == DENSE and p + "ffn_up.weight" in weights:
+        if cfg.spec.ffn.gate_up is Packing.FUSED and cfg.layers[il].ffn == DENSE and p + "ffn_up.weight" in weights:
             up = weights[p + "ffn_up.weight"]
             fused.append(p + "ffn_up.weight")
             views.update(_rows(up, [cfg.n_ff, cfg.n_ff], [p + "ffn_gate.weight", p + "ffn_up.weight"]))

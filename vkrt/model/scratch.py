@@ -51,7 +51,7 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "o": (F32, (E, T), True),                          # block output (added into x by the next norm)
         "logits": (F32, (cfg.vocab_size, min(T, LOGITS_ROWS)), True),
         # attention: q (| per-head gate), k, v, roped q / k, attention output
-        "q": (F32, (H * Dk * (2 if cfg.attn_gate else 1), T), kv),
+        "q": (F32, (H * Dk * (2 if cfg.spec.attn.gate else 1), T), kv),
         "k": (F32, (KV * Dk, T), kv),
         "v": (F32, (KV * Dv, T), kv),
         "qr": (F32, (H * Dk, T), kv),

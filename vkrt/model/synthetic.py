@@ -13,16 +13,12 @@ import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from ..errors import VkrtError
-from .arch import ARCHS, ROPE_IMROPE
-from .config import ModelConfig
+from .arch import ARCHS, ArchSpec, DeltaNet, RopeKind, Router, SharedExpert, with_layout
+from .config import GATING_SIGMOID, ModelConfig
+from .metadata_keys import write_keys
+from .random_weights import check_row, random_weight
 from .tensors import (BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROPE_FACTORS, ROUTER, SINKS, SSM_A,
                       model_tensors)
-
-# byte offsets of the f16 scale fields in one block of each K-quant (the rest may be any bytes)
-_K_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
-_LEGACY = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
-# the mean of the unsigned quants of the K-quants with a min (Q2_K 0..3, Q4_K 0..15, Q5_K 0..31)
-_K_MEAN_Q = {Q.Q2_K: 1.5, Q.Q4_K: 7.5, Q.Q5_K: 15.5}
 
 _CORPUS = (
     "The quick brown fox jumps over the lazy dog. Hello, world! The capital of France is Paris. "
@@ -128,137 +124,6 @@ def _gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def _centre_mins(qtype: Q, raw: np.ndarray) -> None:
-    """Make each sub-block's 6-bit (Q2_K: 4-bit) min equal to its scale, in place."""
-    if qtype in (Q.Q4_K, Q.Q5_K):
-        raw[:, 8:12] = raw[:, 4:8]             # mins 0-3 and the top bits of mins 4-7
-        low = raw[:, 12:16] & 0x0F             # low nibbles of scales 4-7 ...
-        raw[:, 12:16] = low | (low << 4)       # ... are those of mins 4-7 too
-    elif qtype == Q.Q2_K:
-        low = raw[:, :16] & 0x0F
-        raw[:, :16] = low | (low << 4)
-
-
-def _unit_rms(qtype: Q, raw: np.ndarray, at_one) -> float:
-    """The root mean square of the values of raw's first 64 blocks once `at_one` (in place) has
-    set their scale to 1: what a wanted spread divides to give the scale."""
-    sample = raw[:64].copy()
-    at_one(sample)
-    return float(np.sqrt(np.mean(gguf.quants.dequantize(sample, qtype).astype(np.float64) ** 2)))
-
-
-def _random_blocks(rng, qtype: Q, rows: int, cols: int, std: float | None = None) -> np.ndarray:
-    """Random valid K-quant blocks. The K-quants with a min (value = d * sc * q - dmin * m) get
-    m = sc and dmin = d * (mean q), so the values centre on zero as a trained model's do: random
-    mins gave every weight a mean about as large as its spread, a row summed its inputs' common
-    part, and the activations of a deep model outgrew fp16. std: the values' root mean square
-    (scales spread over a factor of 3); None: any small d."""
-    block, size = GGML_QUANT_SIZES[qtype]
-    n_blocks = rows * cols // block
-    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
-    _centre_mins(qtype, raw)
-    d_at, dmin_at = (_K_SCALES[qtype] + (None,))[:2]
-
-    def set_scales(blocks, d):
-        d = np.asarray(d, np.float16)
-        blocks[:, d_at:d_at + 2] = d.view(np.uint8).reshape(-1, 2)
-        if dmin_at is not None:
-            dmin = (d.astype(np.float32) * _K_MEAN_Q[qtype]).astype(np.float16)
-            blocks[:, dmin_at:dmin_at + 2] = dmin.view(np.uint8).reshape(-1, 2)
-
-    if std is None:
-        set_scales(raw, rng.random(n_blocks) * 2e-4 + 5e-5)
-    else:
-        unit = _unit_rms(qtype, raw, lambda sample: set_scales(sample, np.ones(len(sample))))
-        set_scales(raw, rng.uniform(0.5, 1.5, n_blocks) * std / unit)
-    return raw.reshape(rows, cols // block * size)
-
-
-def _check_row(qtype: Q, shape: tuple[int, ...]) -> None:
-    if shape[-1] % GGML_QUANT_SIZES[qtype][0]:
-        raise VkrtError(f"{qtype.name} weights need rows of a multiple of {GGML_QUANT_SIZES[qtype][0]} values; "
-                        f"a row here has {shape[-1]}")
-
-
-def _weight(rng, qtype: Q, shape: tuple[int, ...], std: float, random_blocks: bool = False):
-    """(data, raw_dtype) of one weight; shape in numpy order (rows..., cols)."""
-    _check_row(qtype, shape)
-    cols = shape[-1]
-    rows = int(np.prod(shape[:-1]))
-    if qtype == Q.F32:
-        return (rng.standard_normal(shape) * std).astype(np.float32), None
-    if qtype == Q.F16:
-        return (rng.standard_normal(shape) * std).astype(np.float16), None
-    if random_blocks and qtype in _LEGACY_SCALES:
-        return _random_legacy(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
-    if qtype in _LEGACY or qtype == Q.BF16:
-        x = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
-        return gguf.quants.quantize(x, qtype).reshape(*shape[:-1], -1), qtype
-    if qtype in _K_SCALES:
-        return _random_blocks(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
-    if qtype in IQ_TYPES + TQ_TYPES:
-        return random_scaled_blocks(rng, qtype, rows, cols, std).reshape(*shape[:-1], -1), qtype
-    raise VkrtError(f"synthetic models cannot hold {qtype.name} weights")
-
-
-# the IQ quants and MXFP4, and the ternary TQ types: random bytes are valid blocks once their one
-# scale is set. It is an fp16 d at byte 0 or _D_AT, but for IQ1_M (its d is the top nibbles of
-# the four 16-bit scale words at byte 48) and MXFP4 (an e8m0 exponent byte at byte 0)
-IQ_TYPES = (Q.IQ4_NL, Q.IQ4_XS, Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M, Q.MXFP4)
-TQ_TYPES = (Q.TQ1_0, Q.TQ2_0)
-_D_AT = {Q.TQ1_0: 52, Q.TQ2_0: 64}
-_IQ1_M_SCALES = 48
-
-
-def set_block_scales(qtype: Q, blocks: np.ndarray, d: np.ndarray) -> None:
-    """Write one scale a block of an IQ_TYPES or TQ_TYPES type into blocks (n_blocks, type_size)
-    in place: fp16 bit patterns (uint16), or for MXFP4 e8m0 exponent bytes (uint8)."""
-    if qtype == Q.MXFP4:
-        blocks[:, 0] = d
-    elif qtype == Q.IQ1_M:
-        words = blocks[:, _IQ1_M_SCALES:_IQ1_M_SCALES + 8].copy().view("<u2")
-        for i in range(4):
-            words[:, i] = (words[:, i] & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
-        blocks[:, _IQ1_M_SCALES:_IQ1_M_SCALES + 8] = words.view(np.uint8)
-    else:
-        at = _D_AT.get(qtype, 0)
-        blocks[:, at:at + 2] = np.asarray(d, np.uint16).reshape(-1, 1).view(np.uint8)
-
-
-def random_scaled_blocks(rng, qtype: Q, rows: int, cols: int, std: float) -> np.ndarray:
-    """Random valid blocks of an IQ_TYPES or TQ_TYPES type whose values have a root mean square
-    of about `std` (scales spread over a factor of 3, random signs; MXFP4: powers of two)."""
-    block, size = GGML_QUANT_SIZES[qtype]
-    n = rows * cols // block
-    raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
-    unit = _unit_rms(qtype, raw, lambda sample: set_block_scales(   # d = 1 (MXFP4: e = 128)
-        qtype, sample, np.full(len(sample), 128 if qtype == Q.MXFP4 else 0x3C00)))
-    if qtype == Q.MXFP4:
-        e = 128 + np.round(np.log2(std / unit)) + rng.integers(-1, 2, n)
-        set_block_scales(qtype, raw, np.clip(e, 0, 254).astype(np.uint8))
-    else:
-        d = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n) * std / unit
-        set_block_scales(qtype, raw, d.astype(np.float16).view(np.uint16))
-    return raw.reshape(rows, -1)
-
-
-# legacy block types: (offset of the f16 scale, offset of the f16 min or None, typical |q - zero|)
-_LEGACY_SCALES = {Q.Q4_0: (0, None, 4.6), Q.Q4_1: (0, 2, 4.6), Q.Q5_0: (0, None, 9.2), Q.Q5_1: (0, 2, 9.2),
-                  Q.Q8_0: (0, None, 74.0)}
-
-
-def _random_legacy(rng, qtype: Q, rows: int, cols: int, std: float) -> np.ndarray:
-    """Random valid blocks whose values have roughly standard deviation `std` (fast for big models)."""
-    block, size = GGML_QUANT_SIZES[qtype]
-    n_blocks = rows * cols // block
-    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
-    d_off, m_off, spread = _LEGACY_SCALES[qtype]
-    raw[:, d_off:d_off + 2] = np.full(n_blocks, std / spread, np.float16).view(np.uint8).reshape(n_blocks, 2)
-    if m_off is not None:
-        raw[:, m_off:m_off + 2] = np.full(n_blocks, -std * 1.5, np.float16).view(np.uint8).reshape(n_blocks, 2)
-    return raw.reshape(rows, cols // block * size)
-
-
 def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     """Write a GGUF for `spec` to `path` and return the path."""
     s = spec
@@ -267,7 +132,6 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     if arch not in ARCHS:
         raise VkrtError(f"synthetic models of architecture {arch!r} are not supported "
                         f"(supported: {', '.join(sorted(ARCHS))})")
-    aspec = ARCHS[arch]
     wtype = Q[s.weight_type.upper()]
     etype = Q[(s.expert_type or s.weight_type).upper()]
     tokens, types, merges = _bpe_vocab(s.vocab_merges)
@@ -276,7 +140,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         types = types + [5] * (s.pad_vocab_to - len(types))  # 5: unused
     n_vocab = len(tokens)
     w = gguf.GGUFWriter(os.fspath(path), arch)
-    _write_metadata(w, s, aspec, n_vocab)
+    w.add_name(s.name or f"vkrt synthetic {arch}")
+    write_keys(w, ARCHS[arch], _key_values(s, ARCHS[arch], n_vocab))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(s.tokenizer_pre)
     w.add_token_list(tokens)
@@ -290,12 +155,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
         w.add_key_value(key, value[0], value[1])
     meta = {k: v.value for k, v in w.kv_data[0].items()}
     cfg = ModelConfig.from_metadata(meta, os.fspath(path))
-    if aspec.delta_net_layout == "grouped":
-        cfg = dataclasses.replace(cfg, qkvz_fused=s.qkvz_fused)
-    if aspec.qk_norm_optional:
-        cfg = dataclasses.replace(cfg, qk_norm=s.qk_norm)
-    if aspec.qkv_fused_optional:
-        cfg = dataclasses.replace(cfg, qkv_fused=s.qkv_fused)
+    cfg = dataclasses.replace(cfg, spec=with_layout(cfg.spec, qk_norm=s.qk_norm, qkv_fused=s.qkv_fused,
+                                                    qkvz_fused=s.qkvz_fused))
 
     # first the table of tensors, then their data one at a time: a 30B-shaped model never has
     # to fit in memory. Data comes from `rng` in table order, so files are deterministic.
@@ -305,7 +166,7 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     specs = [_synthetic_tensor(t, wtype, etype, embd_type, ftype) for t in model_tensors(cfg, tied_output=tied)]
     for name, kind, qtype, shape, std in specs:
         if kind == "weight":
-            _check_row(qtype, shape)
+            check_row(qtype, shape)
             block, size = GGML_QUANT_SIZES[qtype]
             nbytes = int(np.prod(shape[:-1])) * shape[-1] // block * size
             if s.dequantized and qtype not in (Q.F32, Q.F16):
@@ -333,70 +194,48 @@ _CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['con
                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # these synthetic models tie the output matrix to token_embd (granite: as Granite 3.x)
 _TIED_OUTPUT = ("gemma3", "qwen2", "granite", "granitemoe")
+# files that give feed_forward_length beside their experts' size (as qwen2moe's converter does)
+_FF_WITH_EXPERTS = ("qwen2moe",)
 
 
-def _write_metadata(w, s: SyntheticSpec, aspec, n_vocab: int) -> None:
-    w.add_name(s.name or f"vkrt synthetic {s.arch}")
-    w.add_context_length(s.n_ctx)
-    w.add_embedding_length(s.n_embd)
-    w.add_block_count(s.n_layer)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.rope_dims or s.head_dim)
-    w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_vocab_size(n_vocab)
-    if s.n_expert:
-        w.add_expert_count(s.n_expert)
-        w.add_expert_used_count(s.n_expert_used)
-        if aspec.ff_is_expert_ff:   # Mixtral-style, OLMoE, Granite MoE files keep the experts' size here only
-            w.add_feed_forward_length(s.n_ff_expert)
-        else:
-            w.add_expert_feed_forward_length(s.n_ff_expert)
-        if aspec.shared_expert == "count":
-            if not s.n_ff_shared or s.n_ff_shared % s.n_ff_expert:
-                raise VkrtError(f"{s.arch}: n_ff_shared {s.n_ff_shared} must be a multiple of n_ff_expert "
-                                f"{s.n_ff_expert} (expert_shared_count experts)")
-            w.add_expert_shared_count(s.n_ff_shared // s.n_ff_expert)
-        elif s.n_ff_shared:
-            w.add_expert_shared_feed_forward_length(s.n_ff_shared)
-        if aspec.sigmoid_router:
-            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-            w.add_expert_weights_norm(s.expert_weights_norm)
-            if s.expert_weights_scale:
-                w.add_expert_weights_scale(s.expert_weights_scale)
-        if aspec.dense_lead and s.n_dense_lead:
-            w.add_leading_dense_block_count(s.n_dense_lead)
-        if s.arch == "qwen2moe" or s.n_ff and not aspec.ff_is_expert_ff:
-            w.add_feed_forward_length(s.n_ff or s.n_ff_expert)
-    else:
-        w.add_feed_forward_length(s.n_ff)
-    if s.sliding_window:
-        w.add_sliding_window(s.sliding_window)
-    if aspec.granite_scales:
-        for key, value in (("embedding_scale", s.embedding_scale), ("residual_scale", s.residual_scale),
-                           ("attention.scale", s.attention_scale), ("logit_scale", s.logit_scale)):
-            if value:
-                w.add_float32(f"{s.arch}.{key}", value)
-    if s.rope_scaling:
-        w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
-        w.add_rope_scaling_factor(s.rope_scaling_factor)
-    if s.rope_orig_ctx:
-        w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
-    if s.rope_attn_factor:
-        w.add_rope_scaling_attn_factors(s.rope_attn_factor)
-    if aspec.hybrid_linear:
-        D = s.ssm_head_dim or s.head_dim
-        w.add_ssm_conv_kernel(s.ssm_conv_kernel)
-        w.add_ssm_state_size(D)
-        w.add_ssm_group_count(s.ssm_k_heads)
-        w.add_ssm_time_step_rank(s.ssm_v_heads)
-        w.add_ssm_inner_size(s.ssm_v_heads * D)
-        w.add_full_attention_interval(s.full_attention_interval)
-        if aspec.rope == ROPE_IMROPE:
-            w.add_rope_dimension_sections(list(s.rope_sections))
+def _key_values(s: SyntheticSpec, spec: ArchSpec, n_vocab: int) -> dict:
+    """`s` as values of metadata_keys fields (None: not written); write_keys writes those a file
+    of `spec` has."""
+    moe, experts = spec.moe, s.n_expert > 0 and spec.moe is not None
+    sigmoid = experts and moe.router is Router.SIGMOID
+    n_shared_experts = None
+    if experts and moe.shared is SharedExpert.COUNT:
+        if not s.n_ff_shared or s.n_ff_shared % s.n_ff_expert:
+            raise VkrtError(f"{s.arch}: n_ff_shared {s.n_ff_shared} must be a multiple of n_ff_expert "
+                            f"{s.n_ff_expert} (expert_shared_count experts)")
+        n_shared_experts = s.n_ff_shared // s.n_ff_expert
+    n_ff = s.n_ff
+    if experts and moe.ff_is_expert_ff:   # feed_forward_length holds the experts' size (written_under)
+        n_ff = None
+    elif experts:   # the dense FFNs' size beside the experts' where asked
+        n_ff = (s.n_ff or s.n_ff_expert) if s.n_ff or s.arch in _FF_WITH_EXPERTS else None
+    D = s.ssm_head_dim or s.head_dim
+    delta_net = spec.layers.delta_net is not DeltaNet.NONE
+
+    def moe_value(value):
+        return value if experts else None
+
+    return dict(
+        n_ctx_train=s.n_ctx, n_embd=s.n_embd, n_blocks=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv,
+        head_dim_k=s.head_dim, head_dim_v=s.head_dim, rope_dims=s.rope_dims or s.head_dim, rope_base=s.rope_base,
+        norm_eps=1e-6, vocab_size=n_vocab, n_expert=moe_value(s.n_expert), n_expert_used=moe_value(s.n_expert_used),
+        n_ff_expert=moe_value(s.n_ff_expert),
+        n_shared_experts=n_shared_experts, n_ff_shared=moe_value(s.n_ff_shared or None),
+        expert_gating_func=moe_value(GATING_SIGMOID), expert_weights_norm=s.expert_weights_norm if sigmoid else None,
+        expert_weights_scale=(s.expert_weights_scale or None) if sigmoid else None,
+        n_dense_lead=moe_value(s.n_dense_lead or None), n_ff=n_ff, sliding_window=s.sliding_window or None,
+        embd_scale=s.embedding_scale or None, residual_scale=s.residual_scale or None,
+        attn_scale=s.attention_scale or None, logit_scale=s.logit_scale or None,
+        rope_scaling=s.rope_scaling or None, rope_factor=s.rope_scaling_factor if s.rope_scaling else None,
+        n_ctx_orig=s.rope_orig_ctx or None, rope_attn_factor=s.rope_attn_factor or None,
+        ssm_conv_kernel=s.ssm_conv_kernel, ssm_head_dim=D, ssm_k_heads=s.ssm_k_heads, ssm_v_heads=s.ssm_v_heads,
+        ssm_inner_size=s.ssm_v_heads * D, full_attention_interval=s.full_attention_interval if delta_net else None,
+        rope_sections=list(s.rope_sections) if spec.rope.kind is RopeKind.IMROPE else None)
 
 
 def _synthetic_tensor(t, wtype, etype, embd_type, ftype) -> tuple:
@@ -416,7 +255,7 @@ def _synthetic_tensor(t, wtype, etype, embd_type, ftype) -> tuple:
 
 def _tensor_data(rng, kind: str, qtype, shape: tuple, std: float, random_blocks: bool) -> np.ndarray:
     if kind == "weight":
-        return _weight(rng, qtype, shape, std, random_blocks)[0]
+        return random_weight(rng, qtype, shape, std, random_blocks)[0]
     if kind == NORM:
         return (1.0 + std * rng.standard_normal(shape[0])).astype(np.float32)
     if kind == ROPE_FACTORS:   # LongRoPE's divisors: 1 for the fast pairs up to ~std for the slow ones

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..errors import GGUFError
-from .arch import DENSE, LINEAR, MOE_SHARED
+from .arch import DENSE, LINEAR, MOE_SHARED, Bias, DeltaNet, Packing, QKNorm, Router, with_layout
 from .config import ModelConfig
 
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
@@ -39,7 +39,7 @@ class TensorSpec:
 
 def grouped_delta_net(cfg: ModelConfig) -> bool:
     """The file lays the DeltaNet heads out grouped by key head (qwen3next; arch.py)."""
-    return cfg.spec is not None and cfg.spec.delta_net_layout == "grouped"
+    return cfg.spec.layers.delta_net is DeltaNet.GROUPED
 
 
 def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[TensorSpec]:
@@ -47,7 +47,8 @@ def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[Ten
     them, or (`graph`) as the transformer reads them (a grouped DeltaNet's fused projections
     split into qwen35's attn_qkv / attn_gate and ssm_alpha / ssm_beta by the loader; phi3's
     attn_qkv and gate+up ffn_up seen as attn_q/k/v and ffn_gate / ffn_up: fused_views.py)."""
-    p, E, layer = f"blk.{il}.", cfg.n_embd, cfg.layers[il]
+    p, E, layer, spec = f"blk.{il}.", cfg.n_embd, cfg.layers[il], cfg.spec
+    attn, moe = spec.attn, spec.moe
     out: list[TensorSpec] = [TensorSpec(p + "attn_norm.weight", (E,), NORM)]
 
     def t(name, ne, role, required=True):
@@ -56,7 +57,7 @@ def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[Ten
     if layer.attn == LINEAR:
         D, Hv = cfg.ssm_head_dim, cfg.ssm_v_heads
         grouped = grouped_delta_net(cfg) and not graph
-        if grouped and cfg.qkvz_fused:
+        if grouped and spec.layers.qkvz is Packing.FUSED:
             t("ssm_in.weight", (E, cfg.ssm_conv_dim + Hv * D), MATRIX)
         else:
             t("attn_qkv.weight", (E, cfg.ssm_conv_dim), MATRIX)
@@ -73,32 +74,31 @@ def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[Ten
         t("ssm_out.weight", (Hv * D, E), MATRIX)
     else:
         H, KV, Dk, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-        if cfg.qkv_fused and not graph:
+        if attn.qkv is Packing.FUSED and not graph:
             t("attn_qkv.weight", (E, H * Dk + KV * Dk + KV * Dv), MATRIX)
         else:
-            t("attn_q.weight", (E, H * Dk * (2 if cfg.attn_gate else 1)), MATRIX)
+            t("attn_q.weight", (E, H * Dk * (2 if attn.gate else 1)), MATRIX)
             t("attn_k.weight", (E, KV * Dk), MATRIX)
             t("attn_v.weight", (E, KV * Dv), MATRIX)
         t("attn_output.weight", (H * Dv, E), MATRIX)
-        biases_required = cfg.spec is None or cfg.spec.biases_required
-        if cfg.attn_bias:
+        if attn.qkv_bias is not Bias.NONE:
             for name, n in (("q", H * Dk), ("k", KV * Dk), ("v", KV * Dv)):
-                t(f"attn_{name}.bias", (n,), BIAS, required=cfg.spec is not None and cfg.spec.biases_required)
-        if cfg.attn_out_bias:
-            t("attn_output.bias", (E,), BIAS, required=biases_required)
-        if cfg.attn_sinks:
+                t(f"attn_{name}.bias", (n,), BIAS, required=attn.qkv_bias is Bias.REQUIRED)
+        if attn.out_bias is not Bias.NONE:
+            t("attn_output.bias", (E,), BIAS, required=attn.out_bias is Bias.REQUIRED)
+        if attn.sinks:
             t("attn_sinks.weight", (H,), SINKS)
-        if cfg.qk_norm:
+        if attn.qk_norm is QKNorm.PER_HEAD:
             t("attn_q_norm.weight", (Dk,), NORM)
             t("attn_k_norm.weight", (Dk,), NORM)
-        if cfg.qk_norm_full:
+        if attn.qk_norm is QKNorm.WHOLE_ROW:
             t("attn_q_norm.weight", (H * Dk,), NORM)
             t("attn_k_norm.weight", (KV * Dk,), NORM)
-    if cfg.post_norms:
+    if spec.norms.post:
         t("post_attention_norm.weight", (E,), NORM)
         t("post_ffw_norm.weight", (E,), NORM)
-    t(cfg.ffn_norm + ".weight", (E,), NORM)
-    if layer.ffn == DENSE and cfg.gate_up_fused and not graph:   # the gate's rows, then the up's
+    t(spec.norms.ffn + ".weight", (E,), NORM)
+    if layer.ffn == DENSE and spec.ffn.gate_up is Packing.FUSED and not graph:   # the gate's rows, then the up's
         t("ffn_up.weight", (E, 2 * cfg.n_ff), MATRIX)
         t("ffn_down.weight", (cfg.n_ff, E), MATRIX)
     elif layer.ffn == DENSE:
@@ -108,19 +108,19 @@ def layer_tensors(cfg: ModelConfig, il: int, *, graph: bool = False) -> list[Ten
     else:
         n_e, fe = cfg.n_expert, cfg.n_ff_expert
         t("ffn_gate_inp.weight", (E, n_e), ROUTER)
-        if cfg.router_bias:
+        if moe.router_bias:
             t("ffn_gate_inp.bias", (n_e,), EXPERT_BIAS)
-        if cfg.sigmoid_router:
+        if moe.router is Router.SIGMOID:
             t("exp_probs_b.bias", (n_e,), EXPERT_BIAS)
         t("ffn_gate_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_up_exps.weight", (E, fe, n_e), EXPERTS)
         t("ffn_down_exps.weight", (fe, E, n_e), EXPERTS)
-        if cfg.expert_bias:
+        if moe.expert_bias:
             t("ffn_gate_exps.bias", (fe, n_e), EXPERT_BIAS)
             t("ffn_up_exps.bias", (fe, n_e), EXPERT_BIAS)
             t("ffn_down_exps.bias", (E, n_e), EXPERT_BIAS)
         if layer.ffn == MOE_SHARED:
-            if cfg.shared_gate:
+            if moe.shared_gate:
                 t("ffn_gate_inp_shexp.weight", (E,), ROUTER)
             t("ffn_gate_shexp.weight", (E, cfg.n_ff_shared), MATRIX)
             t("ffn_up_shexp.weight", (E, cfg.n_ff_shared), MATRIX)
@@ -134,14 +134,14 @@ def model_tensors(cfg: ModelConfig, *, tied_output: bool = False, graph: bool = 
     token_embd) unless the architecture requires it."""
     E, V = cfg.n_embd, cfg.vocab_size
     out = [TensorSpec("token_embd.weight", (E, V), EMBED)]
-    if cfg.long_rope:   # optional, as llama.cpp (without them: plain RoPE)
+    if cfg.spec.rope.long_rope:   # optional, as llama.cpp (without them: plain RoPE)
         out += [TensorSpec(name, (cfg.rope_dims // 2,), ROPE_FACTORS, required=False) for name in LONG_ROPE_FACTORS]
     for il in range(cfg.n_layer):
         out += layer_tensors(cfg, il, graph=graph)
     out.append(TensorSpec("output_norm.weight", (E,), NORM))
     if not tied_output:
         out.append(TensorSpec("output.weight", (E, V), EMBED,
-                              required=cfg.spec is not None and cfg.spec.output_required))
+                              required=cfg.spec.output_required))
     return out
 
 
@@ -150,17 +150,17 @@ def required_tensors(cfg: ModelConfig, *, graph: bool = False) -> list[str]:
 
 
 def file_layout(cfg: ModelConfig, tensors) -> ModelConfig:
-    """`cfg` with what the file's tensor names say beyond its metadata: whether a grouped
-    DeltaNet's input projection is one ssm_in (qkvz_fused; llama.cpp takes either form), and
-    whether optional q/k norms are there (glm4moe: every layer's, as the first layer's), and
-    whether attention's projections are one attn_qkv (phi3: every layer's, as the first's)."""
-    if cfg.spec is not None and cfg.spec.qkv_fused_optional and cfg.kv_layers:
-        cfg = replace(cfg, qkv_fused=f"blk.{cfg.kv_layers[0]}.attn_qkv.weight" in tensors)
-    if cfg.spec is not None and cfg.spec.qk_norm_optional and cfg.kv_layers:
-        cfg = replace(cfg, qk_norm=f"blk.{cfg.kv_layers[0]}.attn_q_norm.weight" in tensors)
-    if not grouped_delta_net(cfg) or not cfg.linear_layers:
-        return cfg
-    return replace(cfg, qkvz_fused=f"blk.{cfg.linear_layers[0]}.ssm_in.weight" in tensors)
+    """`cfg` with its spec settled by the file's tensor names (arch.with_layout): whether optional
+    q/k norms are there (glm4moe: every layer's, as the first attention layer's), whether
+    attention's projections are one attn_qkv (phi3: likewise), whether a grouped DeltaNet's input
+    projection is one ssm_in (qwen3next: every layer's, as the first DeltaNet layer's; llama.cpp
+    takes either form)."""
+    first_kv = f"blk.{cfg.kv_layers[0]}." if cfg.kv_layers else None
+    first_linear = f"blk.{cfg.linear_layers[0]}." if cfg.linear_layers else None
+    return replace(cfg, spec=with_layout(
+        cfg.spec, qk_norm=first_kv is not None and first_kv + "attn_q_norm.weight" in tensors,
+        qkv_fused=first_kv is not None and first_kv + "attn_qkv.weight" in tensors,
+        qkvz_fused=first_linear is not None and first_linear + "ssm_in.weight" in tensors))
 
 
 def _trimmed(ne) -> tuple[int, ...]:
@@ -192,7 +192,7 @@ def check_tensors(cfg: ModelConfig, tensors: dict, path: str) -> None:
             wrong.append(f"{spec.name} is {info.type.name}, expected F32")
     ffn_biases = sorted(n for n in tensors if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.bias", n))
     qkv_biases = sorted(n for n in tensors if re.fullmatch(r"blk\.\d+\.attn_qkv\.bias", n))
-    if qkv_biases and cfg.qkv_fused:
+    if qkv_biases and cfg.spec.attn.qkv is Packing.FUSED:
         wrong.append(f"fused attention biases ({qkv_biases[0]}, ...) are not supported")
     if ffn_biases:
         wrong.append(f"dense FFN biases ({ffn_biases[0]}, ...) are not supported")

@@ -30,7 +30,7 @@ from ..memory import Tensor
 from ..ops.elementwise import add, scale
 from ..ops.get_rows import get_rows
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
-from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING
+from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING, Router
 from .attention_block import record_attention
 from .config import ModelConfig
 from .delta_net_block import record_delta_net
@@ -116,7 +116,7 @@ class Transformer:
         # `output`: the output matrix where it is not the file's (tied embeddings on a split's main device)
         self.output = output or weights.get("output.weight", weights["token_embd.weight"])
         factors = "rope_freqs.weight"
-        if factors not in weights and cfg.long_rope:
+        if factors not in weights and cfg.spec.rope.long_rope:
             factors = LONG_ROPE_FACTORS[0] if n_ctx_seq > cfg.n_ctx_orig_yarn else LONG_ROPE_FACTORS[1]
         self.rope_factors = weights.get(factors)
 
@@ -232,11 +232,11 @@ class Transformer:
 
     def _ffn(self, g: Graph, il: int) -> None:
         cfg, w, p, s, T = self.cfg, self.w, f"blk.{il}.", g.s, g.T
-        cur = g.residual_norm(w[p + cfg.ffn_norm + ".weight"], cfg.norm_eps)
+        cur = g.residual_norm(w[p + cfg.spec.norms.ffn + ".weight"], cfg.norm_eps)
         o = s.cols("o", T)
         self._gated_ffn(g, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"], cur,
-                        s.cols("g", T), s.cols("u", T), s.cols("h", T), o, cfg.activation)
-        if cfg.post_norms:
+                        s.cols("g", T), s.cols("u", T), s.cols("h", T), o, cfg.spec.ffn.activation)
+        if cfg.spec.norms.post:
             g.norm(o, o, w[p + "post_ffw_norm.weight"], cfg.norm_eps)
         self.block_output(g, o)
 
@@ -248,15 +248,15 @@ class Transformer:
         with `staged`, the chosen experts are first copied into those slot tensors and read from
         there. The biases stay in VRAM, read by the experts' own ids."""
         cfg, w, p, s, T = self.cfg, self.w, f"blk.{il}.", g.s, g.T
-        E, act = cfg.n_embd, cfg.activation
-        cur = g.residual_norm(w[p + cfg.ffn_norm + ".weight"], cfg.norm_eps)
+        E, act = cfg.n_embd, cfg.spec.ffn.activation
+        cur = g.residual_norm(w[p + cfg.spec.norms.ffn + ".weight"], cfg.norm_eps)
         router, ids, weights = s.cols("router", T), s.moe_ids.slice(1, 0, T), s.moe_w.slice(1, 0, T)
         g.matmul(w[p + "ffn_gate_inp.weight"], cur, router)
-        if cfg.router_bias:
+        if cfg.spec.moe.router_bias:
             g.call("router bias", lambda seq: add(seq, router, w[p + "ffn_gate_inp.bias"], router))
         g.add(Route(router, ids, weights, cfg.n_expert_used, cfg.expert_weights_norm,
-                    chosen_softmax=cfg.chosen_softmax,
-                    sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.sigmoid_router else None))
+                    chosen_softmax=cfg.spec.moe.router is Router.CHOSEN_SOFTMAX,
+                    sigmoid_bias=w[p + "exp_probs_b.bias"] if cfg.spec.moe.router is Router.SIGMOID else None))
         if cfg.expert_weights_scale not in (0.0, 1.0):   # glm4moe's routed_scaling_factor
             g.call("routing scale", lambda seq: scale(seq, weights, cfg.expert_weights_scale, weights))
         stacks = [(t, ids) for t in (experts or tuple(w[p + n] for n in EXPERT_TENSORS))]
@@ -265,7 +265,7 @@ class Transformer:
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
         (gw, gi), (uw, ui), (dw, di) = stacks
-        bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.expert_bias else None for n in ("gate", "up", "down"))
+        bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.spec.moe.expert_bias else None for n in ("gate", "up", "down"))
         count = RouteCount()
         g.add(MulMatId(gw, x3, gi, ge, s.routes, count, ids, bg))
         g.add(MulMatId(uw, x3, ui, ue, s.routes, count, ids, bu))
@@ -276,7 +276,7 @@ class Transformer:
             self._gated_ffn(g, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
                             w[p + "ffn_down_shexp.weight"], cur, s.cols("sg", T), s.cols("su", T), s.cols("sh", T),
                             shared, "silu")
-            if cfg.shared_gate:
+            if cfg.spec.moe.shared_gate:
                 gate_logit = s.cols("sgate", T)
                 inp = w[p + "ffn_gate_inp_shexp.weight"]
                 g.matmul(inp.view((inp.ne[0], 1)), cur, gate_logit)
