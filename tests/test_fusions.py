@@ -55,8 +55,8 @@ def run(device, path, device_env, fuse: bool, variable: str = "VKRT_FUSE_ADD_NOR
         prefill = e.eval(PROMPT, all_logits=True)
         decode = [e.eval([int(np.argmax(prefill[-1]))])]
         decode.append(e.eval([int(np.argmax(decode[-1]))]))
-        dispatches = sum(s.dispatch_count for g in e._graphs.values() for s in g.seqs)
-        run.barriers = sum(s.barrier_count for g in e._graphs.values() for s in g.seqs)
+        dispatches = sum(s.dispatch_count for g in e.steps.graphs.values() for s in g.seqs)
+        run.barriers = sum(s.barrier_count for g in e.steps.graphs.values() for s in g.seqs)
         return np.concatenate([prefill.reshape(-1), *decode]), dispatches, m.cfg
 
 
