@@ -88,8 +88,9 @@ class Engine(Owned):
             for st in self.stages:
                 st.add_experts(n_ubatch, stage_experts, expert_cache, prefetch_slots)
             self.staging, self.prefetch = main.staging, main.prefetch
+            pads = flash_attn and not self.recurrent and not self.host_experts   # padding without side effects
             self.inputs = StepInputs(self.stages, cells, self.state, cfg, n_ctx=n_ctx, n_ubatch=n_ubatch,
-                                     flash_attn=flash_attn, pads=flash_attn and not self.recurrent and not self.host_experts,
+                                     flash_attn=flash_attn, pads=pads,
                                      min_span=MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP)
             # pipelined steps record each group's shape for both copies of the inputs (parity)
             max_graphs = max_graphs if max_graphs is not None else \
@@ -129,7 +130,6 @@ class Engine(Owned):
     def recurrent(self) -> bool:
         """Whether the model keeps a recurrent state (it cannot be rewound: see save_state)."""
         return self.state is not None
-
 
     @property
     def host_experts(self) -> bool:

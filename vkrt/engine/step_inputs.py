@@ -37,7 +37,8 @@ class StepInputs:
     def __init__(self, stages: list, cells, state, cfg, *, n_ctx: int, n_ubatch: int, flash_attn: bool,
                  pads: bool, min_span: int):
         self.stages, self.cells, self.state, self.cfg = stages, cells, state, cfg
-        self.n_ctx, self.n_ubatch, self.flash_attn, self.pads, self.min_span = n_ctx, n_ubatch, flash_attn, pads, min_span
+        self.n_ctx, self.n_ubatch, self.flash_attn = n_ctx, n_ubatch, flash_attn
+        self.pads, self.min_span = pads, min_span
         self.layout, self.size = stages[0].layout, stages[0].inputs_size
 
     def kv_span(self, used: int) -> int:

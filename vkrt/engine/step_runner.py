@@ -23,6 +23,9 @@ log = logging.getLogger("vkrt")
 
 @dataclass
 class StepStats:
+    """What an engine's steps cost: tokens and steps run, host seconds (GPU waits apart), graphs
+    recorded and the time that took, layers whose experts were prefetched."""
+
     tokens: int = 0
     seconds: float = 0.0
     graphs_recorded: int = 0
