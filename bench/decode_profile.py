@@ -58,7 +58,7 @@ def decode_step(args):
                 times.append(time.perf_counter() - t0)
         if args.tokens > 1:
             e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(args.tokens)])
-        n_kv = next(k[1] for k in reversed(e._graphs) if k[0] == args.tokens)
+        n_kv = next(k.n_kv for k in reversed(e.steps.graphs) if k.n_tokens == args.tokens)
         opts = RecordOptions(args.tokens, n_kv, False, e.flash_attn)
         staged = e.staging.tensors() if e.staging.layers and args.tokens <= dev.tuning.mv_max_n else None
         yield dev, m, e, lambda: e.transformer.parts(e.scratch, e.cache, opts, None, staged, state=e.state), \

@@ -27,7 +27,7 @@ from flash_attn import parse_args, time_runs
 
 from vkrt.commands import tensor_from_numpy
 from vkrt.device import Device
-from vkrt.engine.engine import KV_STEP
+from vkrt.engine.step_inputs import KV_STEP
 from vkrt.memory import F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
 from vkrt.ops.flash_work import FlashWork

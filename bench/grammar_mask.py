@@ -141,7 +141,7 @@ def measure(engine, tokenizer, n: int, tools: str | None = None) -> dict:
     pack = []
     for m in step_masks:
         t = time.perf_counter()
-        engine._write_masks([m], 1)
+        engine.readback.write_masks([m], 1)
         pack.append(time.perf_counter() - t)
     ms = lambda xs: 1e3 * statistics.median(xs) if xs else 0.0   # noqa: E731
     return {"vocab": vocab, "mask_bytes": int(masks[0].nbytes), "tokenizer_build_s": build,

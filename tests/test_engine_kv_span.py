@@ -5,7 +5,8 @@ steps; the non-flash path keeps the 256-cell steps."""
 import numpy as np
 
 from models import tiny_model
-from vkrt.engine.engine import KV_STEP, Engine
+from vkrt.engine.engine import Engine
+from vkrt.engine.step_inputs import KV_STEP
 from vkrt.model.loader import Model
 
 
@@ -31,13 +32,13 @@ def test_power_of_two_span_keeps_logits_and_graphs(device, tmp_path, monkeypatch
     for pow2 in (True, False):
         with Model(device, path, progress=False) as m, Engine(m, n_ctx=1024, n_ubatch=64) as e:
             if not pow2:
-                monkeypatch.setattr(e, "kv_span", lambda used: -(-used // KV_STEP) * KV_STEP)
+                monkeypatch.setattr(e.inputs, "kv_span", lambda used: -(-used // KV_STEP) * KV_STEP)
             rows = [e.eval(prompt)]
             token = int(rows[0].argmax())
             for _ in range(300):   # through cells 240..540: spans 256, 512, 1024 (or 256, 512, 768)
                 rows.append(e.eval([token]))
                 token = int(rows[-1].argmax())
-            spans = sorted({key[1] for key in e._graphs})
+            spans = sorted({key.n_kv for key in e.steps.graphs})
             runs.append((np.stack(rows), spans))
             monkeypatch.undo()
     assert runs[0][1] == [256, 512, 1024] and runs[1][1] == [256, 512, 768]   # the prompt at 256

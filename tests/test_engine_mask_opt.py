@@ -16,7 +16,7 @@ def test_shared_pre_pass_and_bit_identical_logits(device, tmp_path, device_env):
         device_env("VKRT_FA_MASK_OPT", flag)
         with Model(device, path, progress=False) as m, Engine(m, n_ctx=1024, n_ubatch=256) as e:
             logits.append(e.eval(prompt, all_logits=True))
-            graph = next(iter(e._graphs.values()))
+            graph = next(iter(e.steps.graphs.values()))
             dispatches.append(sum(seq.dispatch_count for seq in graph.seqs))
             classified = [key for key in e.scratch.flash_work._current if key[0] == "mask_opt blocks"]
             assert len(classified) == (2 if flag == "1" else 0)   # one block table a mask

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from models import tiny_model
 
-from vkrt.engine.engine import CANDIDATES, Engine
+from vkrt.engine.engine import Engine
+from vkrt.engine.readback import CANDIDATES
 from vkrt.errors import VkrtError
 from vkrt.model.loader import Model
 
@@ -62,9 +63,9 @@ def test_mixed_steps_share_graphs(qwen3):
     """Steps of new lengths and part counts inside one bucket replay one graph."""
     with Engine(qwen3, n_ctx=1024, n_ubatch=128, n_seq_max=4) as e:
         e.mixed([(0, list(range(3, 30))), (1, list(range(3, 25)))])
-        n = len(e._graphs)
+        n = len(e.steps.graphs)
         e.mixed([(2, list(range(3, 33))), (3, list(range(5, 35)))])
-        assert len(e._graphs) == n
+        assert len(e.steps.graphs) == n
 
 
 def test_mixed_refuses_bad_steps(qwen3, device, tmp_path):

@@ -6,14 +6,15 @@ side effects."""
 import numpy as np
 from models import tiny_model
 
-from vkrt.engine.engine import PAD_STEP, Engine
+from vkrt.engine.engine import Engine
+from vkrt.engine.step_inputs import PAD_STEP
 from vkrt.model.loader import Model
 
 
 def _run(m, prompts, pad: bool, **kw):
     with Engine(m, n_ctx=1024, n_ubatch=128, n_seq_max=2, **kw) as e:
         if not pad:
-            e.padded_tokens = lambda n: n
+            e.inputs.pads = False   # prompt steps run at their length
         out = []
         for k, prompt in enumerate(prompts):
             rows = e.eval(prompt, seq_id=k % 2, all_logits=True)
@@ -22,7 +23,7 @@ def _run(m, prompts, pad: bool, **kw):
                 follow.append(token)
                 token = int(e.eval([token], seq_id=k % 2).argmax())
             out.append((rows, follow))
-        return out, {key[0] for key in e._graphs}
+        return out, {key.n_tokens for key in e.steps.graphs}
 
 
 def test_padding_keeps_results_and_shares_graphs(device, tmp_path):
@@ -49,7 +50,7 @@ def test_no_padding_where_it_has_side_effects(device, tmp_path):
         for n_ctx, shape in ((40, 64), (37, 37)):   # the padding shares one free cell; none left: no padding
             with Engine(m, n_ctx=n_ctx, n_ubatch=64) as e:
                 e.eval(list(range(3, 40)))
-                assert e.sequence_length(0) == 37 and {key[0] for key in e._graphs} == {shape}
+                assert e.sequence_length(0) == 37 and {key.n_tokens for key in e.steps.graphs} == {shape}
     with Model(device, tiny_model("tiny-qwen35", tmp_path), progress=False) as m, \
             Engine(m, n_ctx=256, n_ubatch=128) as e:
         assert e.padded_tokens(40) == 40   # a recurrent state would take the padding in

@@ -24,7 +24,7 @@ def decode_steps(device, path: str) -> tuple[list, int, int, int]:
         first = e.decode_candidates([(s, 20 + s) for s in range(SLOTS)])
         recorded = e.stats.graphs_recorded
         second = e.decode_candidates([(s, int(first[1][s, 0])) for s in range(SLOTS)])
-        step = [g for key, g in e._graphs.items() if key[0] == SLOTS]
+        step = [g for key, g in e.steps.graphs.items() if key.n_tokens == SLOTS]
         assert len(step) == 1
         return ([first, second], sum(s.dispatch_count for s in step[0].seqs), e.stats.graphs_recorded - recorded,
                 m.cfg.n_layer)

@@ -62,8 +62,8 @@ def run_as_set(device, path, **engine_kw):
         prefill = e.eval(PROMPT, all_logits=True)
         decode = [e.eval([int(np.argmax(prefill[-1]))])]
         decode.append(e.eval([int(np.argmax(decode[-1]))]))
-        dispatches = sum(s.dispatch_count for g in e._graphs.values() for s in g.seqs)
-        run_as_set.barriers = sum(s.barrier_count for g in e._graphs.values() for s in g.seqs)
+        dispatches = sum(s.dispatch_count for g in e.steps.graphs.values() for s in g.seqs)
+        run_as_set.barriers = sum(s.barrier_count for g in e.steps.graphs.values() for s in g.seqs)
         return np.concatenate([prefill.reshape(-1), *decode]), dispatches
 
 

@@ -72,8 +72,8 @@ def test_repetition_penalty_is_applied_before_the_candidates(device, tmp_path, m
     with Model(device, path, progress=False) as m, Engine(m, n_ctx=320, n_ubatch=16) as e:
         steps = e.stats.steps
         gpu = generate(e, PROMPT, 4, params)
-        graphs = list(e._graphs)
-        assert all(key[4] is None for key in graphs) and any("adjust" in key for key in graphs)
+        graphs = list(e.steps.graphs)
+        assert not any(key.chain for key in graphs) and any(key.adjust for key in graphs)
         assert e.stats.steps - steps == 4
         e.reset()
         monkeypatch.setattr(generate_mod, "CANDIDATES", 0)   # whole rows on the host
@@ -92,6 +92,6 @@ def test_greedy_with_row_changes_skips_the_gpu_argmax(device, tmp_path, extra):
         if "logit_bias" in extra:
             extra = {"logit_bias": ((want[0], float("-inf")),)}
         gen = generate(e, PROMPT, 4, SamplingParams(temperature=0.0, **extra))
-        assert all(key[4] is None for key in e._graphs)   # no chained argmax step
+        assert not any(key.chain for key in e.steps.graphs)   # no chained argmax step
         if "logit_bias" in extra:
             assert want[0] not in gen.tokens

@@ -151,7 +151,7 @@ def test_mask_opt_is_bit_identical(device, paths, device_env):
         device_env("VKRT_FA_MASK_OPT", flag)
         with Model(device, paths["tiny-qwen35moe"], progress=False) as m, Engine(m, n_ctx=1024, n_ubatch=256) as e:
             logits.append(e.eval(prompt, all_logits=True))
-            graph = next(g for g in e._graphs.values() if g.opts.n_tokens == 256)
+            graph = next(g for g in e.steps.graphs.values() if g.opts.n_tokens == 256)
             dispatches.append(sum(seq.dispatch_count for seq in graph.seqs))
     assert dispatches[1] == dispatches[0] + 1   # the pre-pass
     np.testing.assert_array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32))

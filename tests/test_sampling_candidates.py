@@ -6,7 +6,8 @@ import pytest
 
 from models import tiny_model
 from vkrt.engine import generate as generate_mod
-from vkrt.engine.engine import CANDIDATES, Engine
+from vkrt.engine.engine import Engine
+from vkrt.engine.readback import CANDIDATES
 from vkrt.engine.generate import generate
 from vkrt.engine.sampler import Sampler, SamplingParams
 from vkrt.errors import VkrtError
@@ -41,7 +42,7 @@ def test_generation_draws_as_the_host_sampler(device, tmp_path, monkeypatch, nam
     with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=16) as e:
         steps = e.stats.steps
         gpu = generate(e, PROMPT, 12, params)
-        assert any(key[-1] for key in e._graphs), "the candidates path was not taken"
+        assert any(key.top for key in e.steps.graphs), "the candidates path was not taken"
         e.reset()
         monkeypatch.setattr(generate_mod, "CANDIDATES", 0)   # the whole row on the host
         host = generate(e, PROMPT, 12, params)
@@ -101,7 +102,7 @@ def test_adjusted_candidates_match_the_adjusted_row(device, tmp_path):
                 e.eval(PROMPT[s:], seq_id=s)
             batch = [(0, 3), (1, 8)]
             outs.append(e.decode_candidates(batch, adjust) if candidates else e.decode(batch))
-        assert any("adjust" in key for key in e._graphs)
+        assert any(key.adjust for key in e.steps.graphs)
         rows, (values, ids) = outs
         for r in range(2):
             row = adjust[r].apply(rows[r]) if adjust[r] is not None else rows[r]
@@ -119,7 +120,7 @@ def test_penalised_generation_draws_as_the_host_sampler(device, tmp_path, monkey
                             logit_bias=((3, -2.0),), dry_multiplier=0.8, seed=11)
     with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=16) as e:
         gpu = generate(e, PROMPT, 16, params)
-        assert any("adjust" in key for key in e._graphs), "the adjusted candidates path was not taken"
+        assert any(key.adjust for key in e.steps.graphs), "the adjusted candidates path was not taken"
         e.reset()
         monkeypatch.setattr(generate_mod, "CANDIDATES", 0)
         host = generate(e, PROMPT, 16, params)

@@ -8,8 +8,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .engine import ADJUST_CAP, CANDIDATES
 from .grammar import Constraint
+from .readback import ADJUST_CAP, CANDIDATES
 from .sampler import Sampler, SamplingParams
 
 

@@ -2,8 +2,8 @@
 runs step t - k, so while stage k runs step i, stage k - 1 runs step i + 1; each tick submits
 every busy stage, waits for them all, hands the activations on (copy `parity` of the handoffs:
 neighbouring steps alternate) and reads the outputs of the step the last stage finished. A
-prompt's micro-batches run so (Engine._pipelined), and, with Engine(pipeline_steps=True), the
-groups of sequences a server's step is split into (Engine._grouped)."""
+prompt's micro-batches run so (StepRunner.pipelined), and, with Engine(pipeline_steps=True), the
+groups of sequences a server's step is split into (StepRunner.run_groups)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..device.group import DeviceGroup, parse_device_list
-from ..engine.engine import PAD_STEP
 from ..engine.logit_adjust import logit_adjustments
 from ..engine.sampler import SamplingParams
+from ..engine.step_inputs import PAD_STEP
 from ..units import fmt_bytes
 
 log = logging.getLogger("vkrt.server")

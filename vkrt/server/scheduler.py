@@ -24,9 +24,10 @@ import threading
 import time
 from typing import Callable
 
-from ..engine.engine import ADJUST_CAP, CANDIDATES, PAD_STEP
 from ..engine.grammar import Constraint, GrammarError, grammar_tokenizer
 from ..engine.pooling import pool
+from ..engine.readback import ADJUST_CAP, CANDIDATES
+from ..engine.step_inputs import PAD_STEP
 from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
 from .jobs import Embedded, EmbeddingJob, Failed, Job
