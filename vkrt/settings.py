@@ -12,7 +12,7 @@ This module sits at the bottom of the layers and imports only errors and units. 
 words belong to a layer above -- VKRT_ARCH's architecture names, VKRT_TUNE's tuning fields,
 VKRT_FUSE's fusion names -- is kept here as its text (or items), and that layer parses it when it
 takes its part (Instance, Device, the model's fuse.enabled), with an error naming the variable;
-the CLI has each layer check its words at start (vkrt.cli.common.read_settings).
+the CLI has each layer check its words at start (vkrt.cli.common.check_settings).
 
     python -m vkrt.settings               # the settings this environment gives
     python -m vkrt.settings --markdown    # docs/environment.md's table (scripts/env_table.py writes it there)
