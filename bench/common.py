@@ -6,25 +6,26 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from vkrt.device import Arch, parse_tune
+from vkrt.device import Arch, parse_arch, parse_tune
 from vkrt.engine.options import EngineOptions, open_engine
 from vkrt.settings import Settings
 
 
 def bench_settings(sets: list[str] = (), **changes) -> Settings:
     """The VKRT_* environment as Settings, with `changes` (Settings fields) on top and a script's
-    --set FIELD=VALUE items added to VKRT_TUNE's tuning overrides (vkrt/device/tune.py; a --set
-    field wins over the same field in VKRT_TUNE)."""
+    --set FIELD=VALUE items added after VKRT_TUNE's tuning overrides (vkrt/device/tune.py; a --set
+    field wins over the same field in VKRT_TUNE, as a later item does). A --set item that does not
+    parse is refused here, by that name."""
     settings = Settings.from_env().replace(**changes)
     if sets:
-        tune = {**dict(settings.tune), **dict(parse_tune(" ".join(sets), "--set"))}
-        settings = settings.replace(tune=tuple(tune.items()))
+        parse_tune(" ".join(sets), "--set")
+        settings = settings.replace(tune=" ".join((settings.tune, *sets)).strip())
     return settings
 
 
 def polaris_class(settings: Settings) -> bool:
     """VKRT_ARCH=gcn: vkrt runs Polaris-class kernels, so the llama.cpp peer gets POLARIS_ENV."""
-    return settings.arch is Arch.AMD_GCN
+    return bool(settings.arch) and parse_arch(settings.arch) is Arch.AMD_GCN
 
 
 @contextmanager

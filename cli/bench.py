@@ -181,7 +181,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                                flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res,
                                device=", ".join(d.profile.name for d in used), split_mode=sm,
                                main_gpu=mg, tensor_split=ts, devices=[d.label for d in used],
-                               tune=describe_tune(model.device.settings.tune))
+                               tune=describe_tune(model.device.tuning_overrides))
                     rows.append(row)
                     printer.row(row)
         if loaded is not None:

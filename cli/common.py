@@ -197,10 +197,29 @@ def open_engine(devices, *, model=None, **options):
     return open_with(devices, model or default_model(), engine_options(**options))
 
 
+def check_settings(settings):
+    """`settings`, once each layer that owns a variable's words has checked them: the device's
+    architecture names (VKRT_ARCH) and tuning fields (VKRT_TUNE), the model's fusions (VKRT_FUSE).
+    A bad value raises the error naming it that opening a device or building a model would, so
+    the command stops at start with that one line. A layer is imported only where its variable
+    is set (the CLI starts without Vulkan)."""
+    from vkrt.settings import Settings
+    if settings.arch:
+        from vkrt.device.architecture import parse_arch
+        parse_arch(settings.arch)
+    if settings.tune:
+        from vkrt.device.tune import parse_tune
+        parse_tune(settings.tune)
+    if settings.fuse != Settings().fuse:
+        from vkrt.model.fuse import enabled
+        enabled(settings.fuse)
+    return settings
+
+
 def settings():
     """The Settings `vkrt` read from the environment at start (the command group's object);
-    read now when a command runs outside the group (tests invoking one command)."""
+    read (and checked) now when a command runs outside the group (tests invoking one command)."""
     from vkrt.settings import Settings
     ctx = click.get_current_context(silent=True)
     found = ctx.find_root().obj if ctx is not None else None
-    return found if isinstance(found, Settings) else Settings.from_env()
+    return found if isinstance(found, Settings) else check_settings(Settings.from_env())

@@ -55,8 +55,8 @@ def _rows(p, tuning, refused: str = "") -> list[tuple[str, str]]:
 
 def _tuning(p, coopmat, tune):
     """(tuning, refusal): the tuning a device opened with VKRT_COOPMAT=`coopmat` and VKRT_TUNE's
-    `tune` gets, or where the device refuses those settings, the table's and the refusal (the list
-    shows every device)."""
+    overrides `tune` (parse_tune's pairs) gets, or where the device refuses those settings, the
+    table's and the refusal (the list shows every device)."""
     from vkrt.device.tune import tuning_for
     from vkrt.errors import ConfigError, UnsupportedDevice
     try:
@@ -90,12 +90,12 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
         raise click.UsageError("--device, -ts and -mg show a placement: give the model with -m")
     from vkrt.device.instance import Instance
     from vkrt.device.selection import select_device
-    from vkrt.device.tune import describe_tune
+    from vkrt.device.tune import describe_tune, parse_tune
     from vkrt.errors import VkrtError
 
     with Instance(validate=False, settings=settings()) as instance:
         profiles = instance.profiles()
-    coopmat, tune = instance.settings.coopmat, instance.settings.tune
+    coopmat, tune = instance.settings.coopmat, parse_tune(instance.settings.tune)
     try:
         selected = select_device(profiles, instance.settings.device).index
     except VkrtError:

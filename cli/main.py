@@ -11,6 +11,8 @@ from vkrt import __version__
 from vkrt.errors import VkrtError
 from vkrt.settings import Settings
 
+from .common import check_settings
+
 
 class VkrtGroup(click.Group):
     """Turns vkrt errors into one clear line on stderr and exit status 1, never a traceback."""
@@ -31,7 +33,7 @@ def cli(ctx, verbose: int) -> None:
     python -m vkrt.settings --markdown)."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    ctx.obj = Settings.from_env()   # the environment, read once; commands pass it down (common.settings)
+    ctx.obj = check_settings(Settings.from_env())   # read once; commands pass it down (common.settings)
 
 
 def _register() -> None:

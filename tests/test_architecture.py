@@ -5,11 +5,12 @@ import dataclasses
 import pytest
 
 from vkrt.device.architecture import (DRIVER_ID_MESA_LLVMPIPE, VENDOR_AMD, VENDOR_INTEL, VENDOR_NVIDIA, Arch,
-                                      detect_architecture, parse_arch)
+                                      detect_architecture, override_names, parse_arch)
 from vkrt.device.tune import tuning_for
 from vkrt.device.tuning import TABLE
 from vkrt.errors import ConfigError
-from vkrt.settings import Settings
+from vkrt.owned import live_objects
+from vkrt.settings import BY_NAME, Settings
 
 AMD_EXTS = frozenset({"VK_AMD_shader_core_properties", "VK_EXT_subgroup_size_control"})
 
@@ -44,19 +45,38 @@ def test_nvidia_intel_lavapipe():
 
 
 def test_override():
-    assert Settings.from_env({"VKRT_ARCH": "gcn"}).arch is Arch.AMD_GCN
-    assert Settings.from_env({"VKRT_ARCH": "RDNA2"}).arch is Arch.AMD_RDNA2
-    assert Settings.from_env({}).arch is None and Settings.from_env({"VKRT_ARCH": " "}).arch is None
-    with pytest.raises(ConfigError, match="VKRT_ARCH='vega'"):
+    """VKRT_ARCH is kept as its text by the settings and parsed by the device layer."""
+    assert parse_arch(Settings.from_env({"VKRT_ARCH": "gcn"}).arch) is Arch.AMD_GCN
+    assert parse_arch(Settings.from_env({"VKRT_ARCH": " RDNA2 "}).arch) is Arch.AMD_RDNA2
+    assert parse_arch("amd_gcn") is parse_arch("Polaris") is Arch.AMD_GCN
+    assert Settings.from_env({}).arch == "" and Settings.from_env({"VKRT_ARCH": " "}).arch == ""
+    with pytest.raises(ConfigError, match="VKRT_ARCH='vega' is not an architecture; expected one of: gcn"):
         parse_arch("vega")
+
+
+def test_the_settings_table_lists_the_names_the_override_takes():
+    """settings.py declares VKRT_ARCH's names (docs/environment.md's table) without importing the
+    device layer: they must be the ones parse_arch takes."""
+    assert BY_NAME["VKRT_ARCH"].choices == override_names()
+    assert {parse_arch(name) for name in override_names()} == set(Arch)
+
+
+def test_instance_refuses_a_bad_override_before_creating_anything():
+    from vkrt.device import Device, Instance
+    before = live_objects()
+    bad = Settings.from_env({"VKRT_ARCH": "vega"})
     with pytest.raises(ConfigError, match="VKRT_ARCH='vega'.*gcn"):
-        Settings.from_env({"VKRT_ARCH": "vega"})
+        Instance(settings=bad)
+    with pytest.raises(ConfigError, match="VKRT_ARCH='vega'.*gcn"):
+        Device(settings=bad)
+    assert live_objects() == before
 
 
 def test_override_applies_to_the_opened_device(monkeypatch, device):
     monkeypatch.setenv("VKRT_ARCH", "gcn")
     from vkrt.device import Device
     with Device() as dev:
+        assert dev.instance.arch_override is Arch.AMD_GCN and device.instance.arch_override is None
         assert dev.profile.architecture is Arch.AMD_GCN
         assert dev.profile.detected_architecture is device.profile.detected_architecture
         assert dev.tuning.arch is Arch.AMD_GCN

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from vkrt.cli.main import cli
@@ -77,6 +78,24 @@ def test_bad_arch_is_one_clear_line(monkeypatch):
     assert "VKRT_ARCH='vega'" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("name, text, says", [
+    ("VKRT_ARCH", "vega", "VKRT_ARCH='vega' is not an architecture"),
+    ("VKRT_TUNE", "fa_wg=wide", "VKRT_TUNE: 'fa_wg=wide': fa_wg takes a whole number"),
+    ("VKRT_FUSE", "gate_upp", "VKRT_FUSE: 'gate_upp' is not a fusion"),
+])
+def test_bad_layer_words_stop_the_command_at_start(monkeypatch, name, text, says):
+    """The settings keep VKRT_ARCH, VKRT_TUNE and VKRT_FUSE as text for their layers to parse; the
+    CLI has those layers check them at start (common.check_settings), before any Vulkan instance."""
+    from vkrt.device.instance import Instance
+
+    def opened(*args, **kwargs):
+        raise AssertionError("an instance was created before the settings were checked")
+    monkeypatch.setattr(Instance, "__init__", opened)
+    monkeypatch.setenv(name, text)
+    result = CliRunner().invoke(cli, ["devices"])
+    assert result.exit_code == 1 and f"Error: {says}" in result.output and "Traceback" not in result.output
+
+
 def _run_vkrt(env_extra, tmp_path):
     env = {**os.environ, **env_extra}
     return subprocess.run([sys.executable, "-m", "vkrt.cli", "devices"], capture_output=True, text=True, env=env,
@@ -119,8 +138,6 @@ def test_serve_refuses_a_negative_itl_ratio(tmp_path):
 def test_context_past_the_buffer_limit_names_the_option(device, tmp_path):
     """A buffer past the device's limit: a ConfigError that says which option to lower."""
     import dataclasses
-
-    import pytest
 
     from models import tiny_model
     from vkrt.engine.engine import Engine

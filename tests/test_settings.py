@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from vkrt.device.architecture import Arch
 from vkrt.errors import ConfigError
 from vkrt.settings import BY_NAME, VARIABLES, Settings, markdown_table, read_variable
 
@@ -50,16 +49,25 @@ def test_tristate_flags():
 
 def test_sizes_counts_seconds_and_enums():
     s = Settings.from_env({"VKRT_IMPORT_CHUNK": "256M", "VKRT_VRAM_BUDGET": "7.5G", "VKRT_STAGING_THREADS": "2",
-                           "VKRT_PREFETCH_SLOTS": "0", "VKRT_GPU_TIMEOUT": "2.5", "VKRT_ARCH": "Polaris"})
-    assert (s.import_chunk, s.vram_budget, s.staging_threads, s.prefetch_slots, s.gpu_timeout, s.arch) == \
-        (256 << 20, int(7.5 * (1 << 30)), 2, 0, 2.5, Arch.AMD_GCN)
+                           "VKRT_PREFETCH_SLOTS": "0", "VKRT_GPU_TIMEOUT": "2.5"})
+    assert (s.import_chunk, s.vram_budget, s.staging_threads, s.prefetch_slots, s.gpu_timeout) == \
+        (256 << 20, int(7.5 * (1 << 30)), 2, 0, 2.5)
     bad = [("VKRT_IMPORT_CHUNK", "lots", "is not a size"), ("VKRT_VRAM_BUDGET", "0", "more than 0"),
            ("VKRT_STAGING_THREADS", "0", "out of range"), ("VKRT_STAGING_THREADS", "two", "not a whole number"),
            ("VKRT_PREFETCH_SLOTS", "9", r"out of range \(0\.\.8\)"), ("VKRT_GPU_TIMEOUT", "soon", "seconds"),
-           ("VKRT_GPU_TIMEOUT", "-1", "more than 0"), ("VKRT_ARCH", "vega", "expected one of: gcn")]
+           ("VKRT_GPU_TIMEOUT", "-1", "more than 0")]
     for name, text, why in bad:
         with pytest.raises(ConfigError, match=f"{name}={text!r}.*{why}"):
             Settings.from_env({name: text})
+
+
+def test_a_layers_words_are_kept_as_text():
+    """VKRT_ARCH and VKRT_TUNE name things of the device layer, which parses them when the device
+    opens (tests/test_architecture.py, test_tune.py); the settings keep their text, unjudged."""
+    s = Settings.from_env({"VKRT_ARCH": " Polaris ", "VKRT_TUNE": " mv_rows=2, fa_wg=wide "})
+    assert (s.arch, s.tune) == ("Polaris", "mv_rows=2, fa_wg=wide")
+    assert (Settings().arch, Settings().tune) == ("", "")
+    assert "`gcn`, `intel`" in markdown_table()   # the names VKRT_ARCH takes, declared here
 
 
 def test_cache_dir_follows_xdg(tmp_path):

@@ -2,6 +2,8 @@
 and a device opened with them (vkrt/device/tune.py)."""
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,7 @@ from vkrt.device.architecture import Arch
 from vkrt.device.tune import describe_tune, parse_tune, tuning_for
 from vkrt.device.tuning import TABLE
 from vkrt.errors import TuningOverrideError
+from vkrt.owned import live_objects
 from vkrt.settings import Settings
 
 
@@ -38,8 +41,10 @@ def test_every_value_form_parses():
 def test_bad_items_are_refused_by_name(text, says):
     with pytest.raises(TuningOverrideError, match="VKRT_TUNE: .*" + says.replace("(", r"\(")):
         parse_tune(text)
-    with pytest.raises(TuningOverrideError, match="VKRT_TUNE"):
-        Settings.from_env({"VKRT_TUNE": text})
+    before = live_objects()
+    with pytest.raises(TuningOverrideError, match="VKRT_TUNE: .*" + says.replace("(", r"\(")):
+        Device(settings=Settings.from_env({"VKRT_TUNE": text}))   # refused before anything opens
+    assert live_objects() == before
 
 
 def test_overrides_apply_before_the_device_limits(device):
@@ -65,6 +70,22 @@ def test_a_value_the_device_cannot_hold_is_an_error(device):
 def test_an_opened_device_takes_them(device):
     settings = Settings.from_env({"VKRT_TUNE": "mv_rows=2 fa_loads_first=0"})
     with Device(settings=settings) as dev:
+        assert dev.tuning_overrides == (("mv_rows", 2), ("fa_loads_first", 0))
         assert (dev.tuning.mv_rows, dev.tuning.fa_loads_first) == (2, 0)
         assert dev.identity()["tune"] == "mv_rows=2 fa_loads_first=0"
     assert "tune" not in device.identity()
+
+
+def test_a_scripts_set_items_follow_vkrt_tune(monkeypatch):
+    """bench/common.py: --set items are added after VKRT_TUNE's, a later item winning; a --set item
+    that does not parse is refused by that name."""
+    spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).resolve().parents[1] / "bench"
+                                                  / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    monkeypatch.setenv("VKRT_TUNE", "mv_rows=2 fa_loads_first=0")
+    assert parse_tune(common.bench_settings(["mv_rows=4", "fa_unroll=0"]).tune) == \
+        (("mv_rows", 4), ("fa_loads_first", 0), ("fa_unroll", False))
+    assert common.bench_settings().tune == "mv_rows=2 fa_loads_first=0"
+    with pytest.raises(TuningOverrideError, match="--set: 'fa_load' is not a tuning field"):
+        common.bench_settings(["fa_load=3"])

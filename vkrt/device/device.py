@@ -13,7 +13,7 @@ from .instance import Instance
 from .profile import DeviceProfile
 from .queue import Queue
 from .selection import select_device
-from .tune import describe_tune, tuning_for
+from .tune import describe_tune, parse_tune, tuning_for
 from .tuning import Tuning
 from .vk import vk, vk_call
 
@@ -45,7 +45,9 @@ class Device(Owned):
     settings: the process's Settings (default: read from the environment now, once); the layers
     below and the model and engine built on this device take theirs from `device.settings`.
     `spec` (default: settings.device) picks the device; `vram_budget` (default:
-    settings.vram_budget) caps VRAM use.
+    settings.vram_budget) caps VRAM use. `tuning_overrides`: settings.tune (VKRT_TUNE) parsed, the
+    (field, value) pairs set in the tuning row; a TuningOverrideError naming VKRT_TUNE before
+    anything is opened where they do not parse.
     """
 
     def __init__(self, spec: str | None = None, *, instance: Instance | None = None,
@@ -57,6 +59,7 @@ class Device(Owned):
         if settings is None:
             settings = instance.settings if instance is not None else Settings.from_env()
         self.settings: Settings = settings
+        self.tuning_overrides: tuple[tuple[str, object], ...] = parse_tune(settings.tune)
         self.instance = instance or Instance(validate=validate, settings=settings)
         self.handle = None
         try:
@@ -65,7 +68,7 @@ class Device(Owned):
             if capture_statistics and STATISTICS_EXTENSION not in self.profile.extensions:
                 raise UnsupportedDevice(f"{self.profile.name} lacks {STATISTICS_EXTENSION}: it cannot report "
                                         "compiler statistics")
-            self.tuning: Tuning = tuning_for(self.profile, settings.coopmat, settings.tune)
+            self.tuning: Tuning = tuning_for(self.profile, settings.coopmat, self.tuning_overrides)
         except Exception:
             if self._owns_instance:
                 self.instance.close()
@@ -82,13 +85,13 @@ class Device(Owned):
         self._create()
         log.info("opened %s (%s, %s, arch %s)", self.profile.name, self.profile.device_type,
                  self.profile.driver_info or self.profile.driver_name, self.profile.architecture.value)
-        if settings.tune:
-            log.info("tuning overrides: VKRT_TUNE=%r", describe_tune(settings.tune))
+        if self.tuning_overrides:
+            log.info("tuning overrides: VKRT_TUNE=%r", describe_tune(self.tuning_overrides))
 
     def identity(self) -> dict:
         """The profile's identity (how bench reports name the device) and, where VKRT_TUNE or a
         script's --set changed the tuning, those changes as `tune`."""
-        tune = describe_tune(self.settings.tune)
+        tune = describe_tune(self.tuning_overrides)
         return {**self.profile.identity(), **({"tune": tune} if tune else {})}
 
     def _create(self) -> None:

@@ -8,6 +8,7 @@ import threading
 from ..errors import VulkanUnavailable
 from ..owned import Owned
 from ..settings import Settings
+from .architecture import Arch, parse_arch
 from .profile import DeviceProfile, query_profile
 from .vk import INSTALL_HINT, ffi, vk, vk_call
 
@@ -43,14 +44,18 @@ class Instance(Owned):
     and the layer installed it enables the Khronos validation layer and routes its messages to
     the `vkrt.vulkan` logger; errors are also kept in `validation_errors` so tests can fail on
     them. `settings` (default: the environment's) also give the architecture override the
-    profiles carry."""
+    profiles carry (`arch_override`, settings.arch parsed: a ConfigError naming VKRT_ARCH before
+    anything is created where it is not an architecture)."""
 
     def __init__(self, validate: bool | None = None, label: str = "instance", *, settings: Settings | None = None):
+        settings = Settings.from_env() if settings is None else settings
+        arch_override = parse_arch(settings.arch) if settings.arch else None
         super().__init__(label)
+        self.settings = settings
+        self.arch_override: Arch | None = arch_override
         self.handle = None
         self._messenger = None
         self.validation_errors: list[str] = []
-        self.settings = settings = Settings.from_env() if settings is None else settings
         want = settings.validate if validate is None else validate
         with vk_call("enumerating Vulkan instance layers"):
             layers = {layer.layerName for layer in vk.vkEnumerateInstanceLayerProperties()}
@@ -99,7 +104,7 @@ class Instance(Owned):
     def profiles(self) -> list[DeviceProfile]:
         """A DeviceProfile for every physical device, in enumeration order."""
         if self._profiles is None:
-            self._profiles = [query_profile(pd, i, self.settings.arch, self.handle) for i, pd in enumerate(self.physical_devices)]
+            self._profiles = [query_profile(pd, i, self.arch_override, self.handle) for i, pd in enumerate(self.physical_devices)]
         return self._profiles
 
     def _release(self) -> None:
