@@ -180,7 +180,7 @@ def test_mat_vec_row_groups(device, name, k, lanes, rows):
     """Rows short enough for a few lanes share a workgroup in groups (lanes sum by subgroup
     shuffles, a shared-memory tree or subgroup adds, by how many there are); rows past M in
     the last group are computed and dropped."""
-    from vkrt.ops.matmul import mat_vec_lanes
+    from vkrt.ops.mat_vec import mat_vec_lanes
     assert mat_vec_lanes(ggml_type(name), k, 64) == lanes
     check(device, name, 37, k, (1, 2), tuning=dataclasses.replace(device.tuning, mv_wg=64, mv_rows=rows))
 
@@ -217,7 +217,7 @@ def test_wide_tile_where_the_columns_fill_it(device):
 def test_mat_vec_workgroup_narrower_than_a_subgroup(device):
     """A mat-vec workgroup of fewer invocations than a subgroup, all one row's lanes, sums them
     by subgroup adds over the part of one subgroup it fills."""
-    from vkrt.ops.matmul import mat_vec_kernel, mat_vec_reduce
+    from vkrt.ops.mat_vec import mat_vec_kernel, mat_vec_reduce
     prof = device.profile
     wg = prof.subgroup_min // 2
     if wg < 2 or not prof.subgroup_arithmetic or mat_vec_reduce(prof, wg, wg) != "subgroup":
@@ -315,7 +315,7 @@ def test_unrolled_units_are_bit_identical(device, name):
     """The unit loop unrolled (mv_unroll 2 and 4) sums in the rolled loop's order: the same bits.
     Lanes a row fewer than its units (mv_wg 8), so a lane walks several (32 units a row: whole
     unrolled steps, which is where the kernel unrolls)."""
-    from vkrt.ops.matmul import MV_UNITS, mat_vec_kernel
+    from vkrt.ops.mat_vec import MV_UNITS, mat_vec_kernel
     rng = np.random.default_rng(10)
     t = ggml_type(name)
     m, k = 13, t.block_size * 32 // MV_UNITS.get(name, 1) if t.quantized else 128
@@ -355,7 +355,7 @@ def test_column_runs_equal_single_columns(device, name, cols):
 
 def test_rows_by_type(device):
     """A type listed in tuning.mv_rows_by_type takes its own rows a group (GCN: Q6_K at 2)."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_kernel
     tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(("Q6_K", 2),), mv_fill_groups=1)
     assert mat_vec_kernel(device, ggml_type("Q6_K"), 1, tune, k=256, m=37, xvec4=True).kernel.defines["NR"] == 2
     assert mat_vec_kernel(device, ggml_type("Q4_K"), 1, tune, k=256, m=37, xvec4=True).kernel.defines["NR"] == 4
@@ -379,7 +379,7 @@ def test_rows_of_one_column_by_type(device):
     """mv_rows_one_column_by_type: a type's one-column mat-vec takes its own rows a group (GCN:
     Q4_K at 2, for 4 waves), a run of several columns keeps mv_rows_by_type's or mv_rows; the
     columns' results are the one-column bits either way."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_kernel
     tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(("Q6_K", 2),),
                                mv_rows_one_column_by_type=(("Q4_K", 2), ("Q6_K", 1)), mv_rows_multi=0,
                                mv_fill_groups=1, mv_dense_max_n=4)
@@ -392,7 +392,7 @@ def test_rows_of_one_column_by_type(device):
 def test_rows_of_a_run_of_columns(device):
     """mv_rows_multi: a run of several token columns takes that many rows a group (one column
     keeps mv_rows); each row is summed alike, so the columns' results are the one-column bits."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_kernel
     tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(), mv_fill_groups=1, mv_rows_multi=1)
     q = ggml_type("Q4_K")
     nr = lambda n: mat_vec_kernel(device, q, n, tune, k=512, m=37, xvec4=True).kernel.defines["NR"]
@@ -404,7 +404,7 @@ def test_rows_of_a_run_of_columns(device):
 def test_rows_halved_until_the_grid_fills(device):
     """Short matrices take fewer rows a group (down to one) until the grid has mv_fill_groups
     workgroups; the grid's z extent (mul_mat_id's token-slot pairs) counts. Results unchanged."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_kernel
     tune = dataclasses.replace(device.tuning, mv_wg=64, mv_rows=4, mv_rows_by_type=(), mv_fill_groups=40)
     q = ggml_type("Q4_0")   # k = 2048: 256 units, 64 lanes a row, one group a workgroup
     rows = lambda m, layers=1: mat_vec_kernel(device, q, 1, tune, k=2048, m=m, layers=layers,
@@ -515,7 +515,7 @@ def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
 def test_wide_loads_are_bit_identical(device, name, n):
     """Q4_K and Q5_K units (and block headers) loaded 16 bytes at once (aligned weights) against
     word loads, bit for bit; a weight at an offset that is not 16-byte aligned takes the word loads."""
-    from vkrt.ops.matmul import mat_vec_kernel, wide_ok
+    from vkrt.ops.mat_vec import mat_vec_kernel, wide_ok
     rng = np.random.default_rng(n)
     m, k = 37, 512
     w = weight_tensor(device, name, random_blocks(name, m + 1, k, rng, scale=0.5), (k, m + 1))
