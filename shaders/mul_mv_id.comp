@@ -47,26 +47,26 @@ layout(push_constant) uniform Push {
 #include "mv_reduce.glsl"
 #ifdef BIAS
 layout(binding = 4) readonly buffer B { float b_data[]; };           // [M, n_expert]
+#ifdef GATE_UP
+layout(binding = 5) readonly buffer B2 { float b2_data[]; };         // W2's, laid out alike
+#endif
 // x + b as a separate add_id computes it
 float biased(float x, float b) {
     precise float r = x + b;
     return r;
 }
-// value v's sum, row r's bias from buffer b at push field off added
-#define SUM(acc, group, v, r, b, off) biased(MV_SUM(acc, group, v), b[p.off + e * p.M + row0 + (r)])
+// sum s of row row0 + r with its expert's bias (buffer b from push field off) added
+#define BIASED(s, b, off, r) biased(s, b[p.off + e * p.M + row0 + (r)])
 #else
-#define SUM(acc, group, v, r, b, off) MV_SUM(acc, group, v)
+#define BIASED(s, b, off, r) (s)
 #endif
 #ifdef GATE_UP
-#ifdef BIAS
-layout(binding = 5) readonly buffer B2 { float b2_data[]; };         // W2's, laid out alike
-#endif
 #include "act.glsl"
-#define RESULT(acc, group, v) \
-    glu_fn(SUM(acc, group, v, v, b_data, b_off), SUM(acc, group, (v) + NV, v, b2_data, b2_off))
+#define RESULT(acc, group, v) glu_fn(BIASED(MV_SUM(acc, group, v), b_data, b_off, v), \
+                                     BIASED(MV_SUM(acc, group, (v) + NV), b2_data, b2_off, v))
 #define W2_OFF (p.w2_off + (e - p.e0) * p.w_expert)
 #else
-#define RESULT(acc, group, v) SUM(acc, group, v, v, b_data, b_off)
+#define RESULT(acc, group, v) BIASED(MV_SUM(acc, group, v), b_data, b_off, v)
 #define W2_OFF 0u
 #endif
 

@@ -1,6 +1,7 @@
 // Workgroup-wide sum through shared memory: with SG_BUTTERFLY of subgroup sums made by a
 // butterfly of shuffles (an order fixed by the lanes, so a kernel of another shape can redo it
-// bit for bit: mul_mv's NORM_IN), with SG_REDUCE of subgroupAdd's sums, else a shared-memory tree.
+// bit for bit: the mat-vec's norms, mv_norm.glsl), with SG_REDUCE of subgroupAdd's sums, else a
+// shared-memory tree; the subgroups are subgroup.glsl's.
 // The including shader declares
 //   layout(constant_id = 0) const uint WG = ...;  (its local_size_x_id = 0)
 // before including this file, and gives invocation reduce_lane() the elements c = reduce_lane() +
