@@ -1,10 +1,10 @@
 // How the lanes of a mat-vec group (mv_dot.glsl) sum their partial sums: a butterfly of
 // shuffles (REDUCE_CLUSTER: a group lies within one subgroup), subgroup adds then shared memory
 // (REDUCE_SUBGROUP: a group is whole subgroups; RED_SG subgroups a workgroup, one where the
-// workgroup is narrower than a subgroup), or a shared-memory tree. After mv_reduce(flat_, acc)
-// in the workgroup's uniform control flow, MV_SUM(acc, group, v) is group `group`'s sum of value
-// v (< NA) for the lanes the loop MV_EACH_SUM(lane, v) { ... } gives values v < NV; before the
-// next mv_reduce, MV_PARTS_READ() waits until every group has read its sums.
+// workgroup is narrower than a subgroup), or a shared-memory tree. Call mv_reduce(flat_, acc)
+// in the workgroup's uniform control flow; then MV_EACH_SUM(lane, v) { ... } is a loop over the
+// values v < NV this lane stores, and MV_SUM(acc, group, v) the group's sum of value v (< NA).
+// MV_PARTS_READ() waits until every group has read its sums (before the next mv_reduce).
 #ifndef VKRT_MV_REDUCE_GLSL
 #define VKRT_MV_REDUCE_GLSL
 #include "subgroup.glsl"
