@@ -42,8 +42,8 @@ from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
-from vkrt.ops.matmul import (MV_WIDE, SPLIT_SUM_PUSH, gemm_kernel, gemm_tuning, mat_vec_kernel, matmul, norm_input,
-                             vec4_ok)
+from vkrt.ops.mat_vec import MV_WIDE, mat_vec_kernel
+from vkrt.ops.matmul import SPLIT_SUM_PUSH, gemm_kernel, gemm_tuning, matmul, norm_input, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
@@ -193,18 +193,18 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                 (f"decode {typ.name}: attention output projection",
                  [mat_vec_kernel(dev, typ, 1, tune, k=m["n_head"] * m["head"], m=hidden, xvec4=xvec4, wide=wide).kernel]),
                 (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide, mul_mat_id=True,
-                                gate_up="silu").kernel]),
+                 [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide,
+                                entry="mul_mv_id", gate_up="silu").kernel]),
                 (f"decode {typ.name}: expert down summed into the residual stream, its last workgroup "
                  "doing the next RMS norm (VKRT_FUSE_RESID_NORM)",
-                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, wide=wide, mul_mat_id=True,
-                                moe_sum=m["n_used"]).kernel]),
+                 [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, wide=wide, entry="mul_mv_id_sum",
+                                slots=m["n_used"]).kernel]),
                 (f"decode {typ.name}: expert gate/up apart (VKRT_FUSE_GATE_UP=0)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide,
-                                mul_mat_id=True).kernel]),
+                                entry="mul_mv_id").kernel]),
                 (f"decode {typ.name}: expert down apart (VKRT_FUSE_RESID_NORM=0)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4, wide=wide,
-                                mul_mat_id=True).kernel])]
+                                entry="mul_mv_id").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
     out += flash_attn_cases(dev, m["head"], 1, "decode", prologue=True)
     shared_kv = replace(tune, fa_loads_first=3)

@@ -1,5 +1,5 @@
-// Mixture-of-experts routing of one token by one workgroup (moe_router.comp; mul_mv's ROUTE, where
-// the last workgroup of the router's mat-vec routes its tokens): p = softmax(logits) over the
+// Mixture-of-experts routing of one token by one workgroup (moe_router.comp; mul_mv_route.comp,
+// where the last workgroup of the router's mat-vec routes its tokens): p = softmax(logits) over the
 // n_expert experts; the n_used largest (ties: lower expert id first) go to ids and their
 // probabilities to weights, divided by their sum with mode 1 (qwen3moe); mode 2 weighs them by
 // the softmax of the chosen experts' logits alone (gpt-oss). Modes 3 and 4 (glm4moe) gate by
@@ -11,15 +11,16 @@
 // shared-memory tree over the WG invocations where the device has no subgroup arithmetic.
 // Invocations past RWG (a wider workgroup) hold no expert: they add zeros after the others' sums
 // and never win a maximum, so the results are the bits of an RWG-wide workgroup. With
-// ROUTE_SUBGROUP (SUBGROUPS, NSG 1, RWG the subgroup size) only one subgroup routes, its
-// invocations numbered by gl_SubgroupInvocationID, and subgroup barriers stand for the
-// workgroup's: the bits of a one-subgroup router in a wider workgroup (mul_mv's last one).
+// ROUTE_SUBGROUP (SUBGROUPS, NSG 1, RWG the subgroup size) only one subgroup routes (where
+// ROUTE_RUNS), its invocations numbered by their lane, and subgroup barriers stand for the
+// workgroup's: the bits of a one-subgroup router in a wider workgroup (the router mat-vec's last
+// one, shaders/mul_mv_route.comp).
 // The including shader declares WG, RWG, EPT, the buffers and these reads and writes:
 //   ROUTE_LOGIT(i), ROUTE_BIAS(i), ROUTE_ID(i, v), ROUTE_WEIGHT(i, v)
 #ifndef VKRT_MOE_ROUTE_GLSL
 #define VKRT_MOE_ROUTE_GLSL
 #ifdef SUBGROUPS
-#extension GL_KHR_shader_subgroup_arithmetic : enable
+#include "subgroup.glsl"
 #define NSH NSG            // one shared entry per subgroup
 #else
 #define NSH WG
@@ -28,11 +29,21 @@
 #if !defined(SUBGROUPS) || NSG != 1
 #error "ROUTE_SUBGROUP routes in one subgroup (SUBGROUPS, NSG 1)"
 #endif
-#define ROUTE_LID gl_SubgroupInvocationID
-#define ROUTE_BARRIER() subgroupBarrier()
+#define ROUTE_LID sg_lane()
+#define ROUTE_BARRIER() sg_barrier()
+#ifdef SG_LOGICAL
+// emulated subgroups wait at workgroup barriers: every subgroup routes alike, the first writes
+#define ROUTE_RUNS true
+#define ROUTE_WRITES (sg_id() == 0u)
+#else
+#define ROUTE_RUNS (sg_id() == 0u)   // the invocations that route (the includer's condition)
+#define ROUTE_WRITES true            // and write the results
+#endif
 #else
 #define ROUTE_LID gl_LocalInvocationID.x
 #define ROUTE_BARRIER() barrier()
+#define ROUTE_RUNS true
+#define ROUTE_WRITES true
 #endif
 #define NONE 0xFFFFFFFFu
 #define NEG_INF (-1.0 / 0.0)
@@ -52,21 +63,21 @@ void reduce(inout float v, inout uint e, const bool sum, uint buf) {
     const uint lid = gl_LocalInvocationID.x;
 #ifdef SUBGROUPS
     if (sum) {
-        v = subgroupAdd(v);
+        v = sg_add(v);
     } else {
-        const float m = subgroupMax(v);
-        e = subgroupMin(v == m ? e : NONE);
+        const float m = sg_max(v);
+        e = sg_min(v == m ? e : NONE);
         v = m;
     }
 #if NSG > 1   // (one subgroup: every invocation already holds the result)
-    if (subgroupElect()) {
-        sh_v[buf][gl_SubgroupID] = v;
-        sh_i[buf][gl_SubgroupID] = e;
+    if (sg_elect()) {
+        sh_v[buf][sg_id()] = v;
+        sh_i[buf][sg_id()] = e;
     }
     barrier();
     v = sh_v[buf][0];
     e = sh_i[buf][0];
-    for (uint s = 1u; s < gl_NumSubgroups; s++) {
+    for (uint s = 1u; s < sg_count(); s++) {
         if (sum) {
             v += sh_v[buf][s];
         } else if (beats(sh_v[buf][s], sh_i[buf][s], v, e)) {
@@ -143,7 +154,7 @@ void route_token(uint base, uint dst, uint n_expert, uint n_used, uint mode, uin
         reduce(best, best_e, false, k & 1u);
         if (best_e % RWG == lid) {
             taken |= 1u << (best_e / RWG);
-            if (sig) {
+            if (sig && ROUTE_WRITES) {
                 [[unroll]] for (uint i = 0u; i < EPT; i++) {
                     if (lid + i * RWG == best_e) {
                         picked_p[k] = gp[i];
@@ -152,7 +163,7 @@ void route_token(uint base, uint dst, uint n_expert, uint n_used, uint mode, uin
             }
         }
         const float prob = mode == 2u ? exp(best - m) : exp(best - m) / total;
-        if (lid == 0u) {
+        if (lid == 0u && ROUTE_WRITES) {
             ROUTE_ID(dst + k, int(best_e));
             if (!sig) {
                 picked_p[k] = prob;
@@ -168,7 +179,7 @@ void route_token(uint base, uint dst, uint n_expert, uint n_used, uint mode, uin
         }
         picked_sum = max(picked_sum, 6.103515625e-5);
     }
-    for (uint j = lid; j < n_used; j += RWG) {
+    for (uint j = lid; ROUTE_WRITES && j < n_used; j += RWG) {
         const float w = picked_p[j];
         ROUTE_WEIGHT(dst + j, mode == 0u || mode == 3u ? w : w / picked_sum);
     }

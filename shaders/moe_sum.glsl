@@ -17,7 +17,7 @@ float experts_sum(uint y_base, uint w_base, uint n_used, uint n_embd, bool has_s
         sv = es[s_index];
         g = eg[g_index];
     }
-    precise float acc = 0.0;   // no fused multiply-add: the fused down projection (mul_mv MOE_SUM) sums alike
+    precise float acc = 0.0;   // no fused multiply-add: the fused down projection (mul_mv_id_sum.comp) sums alike
     for (uint j0 = 0u; j0 < n_used; j0 += MOE_SUM_CHUNK) {
         float wv[MOE_SUM_CHUNK], yv[MOE_SUM_CHUNK];
         [[unroll]] for (uint i = 0u; i < MOE_SUM_CHUNK; i++) {

@@ -1,6 +1,7 @@
 // Workgroup-wide sum through shared memory: with SG_BUTTERFLY of subgroup sums made by a
 // butterfly of shuffles (an order fixed by the lanes, so a kernel of another shape can redo it
-// bit for bit: mul_mv's NORM_IN), with SG_REDUCE of subgroupAdd's sums, else a shared-memory tree.
+// bit for bit: the mat-vec's norms, mv_norm.glsl), with SG_REDUCE of subgroupAdd's sums, else a
+// shared-memory tree; the subgroups are subgroup.glsl's.
 // The including shader declares
 //   layout(constant_id = 0) const uint WG = ...;  (its local_size_x_id = 0)
 // before including this file, and gives invocation reduce_lane() the elements c = reduce_lane() +
@@ -11,17 +12,16 @@
 shared float reduce_buf[WG];
 
 #if defined(SG_BUTTERFLY) || defined(SG_REDUCE)
+#include "subgroup.glsl"
 #ifdef SG_BUTTERFLY
-#extension GL_KHR_shader_subgroup_shuffle : enable
 #include "butterfly.glsl"
 #define SUBGROUP_SUM(v) subgroup_butterfly(v)
 // subgroup by subgroup: lane i of subgroup g is invocation g * size + i of the row
 uint reduce_lane() {
-    return gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+    return sg_flat();
 }
 #else
-#extension GL_KHR_shader_subgroup_arithmetic : enable
-#define SUBGROUP_SUM(v) subgroupAdd(v)
+#define SUBGROUP_SUM(v) sg_add(v)
 uint reduce_lane() {
     return gl_LocalInvocationID.x;
 }
@@ -30,12 +30,12 @@ uint reduce_lane() {
 // barriers instead of log2(WG) + 1
 float workgroup_sum(float v) {
     const float s = SUBGROUP_SUM(v);
-    if (subgroupElect()) {
-        reduce_buf[gl_SubgroupID] = s;
+    if (sg_elect()) {
+        reduce_buf[sg_id()] = s;
     }
     barrier();
     float total = 0.0;
-    for (uint i = 0u; i < gl_NumSubgroups; i++) {
+    for (uint i = 0u; i < sg_count(); i++) {
         total += reduce_buf[i];
     }
     barrier();

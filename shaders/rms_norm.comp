@@ -135,7 +135,7 @@ void main() {
     // the first HOLD elements of an invocation stay in registers between the sum and the scaling,
     // their weights read before the sum (a short row's second pass reads nothing); the order of
     // the sum is the plain loop's
-    precise float sum = 0.0;   // no contraction: mul_mv's NORM_IN sums alike
+    precise float sum = 0.0;   // no contraction: the mat-vec's norms (mv_norm.glsl) sum alike
     float held[HOLD], held_w[HOLD];
     const uint lid = reduce_lane();
 #ifdef ADD

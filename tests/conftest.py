@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vkrt.device import Device, Instance
+from vkrt.device import Arch, Device, Instance
+from vkrt.device.tuning import TABLE
 from vkrt.settings import BY_NAME as VARIABLES_BY_NAME, read_variable
 
 
@@ -95,3 +96,19 @@ def lavapipe_binding_limit(device, monkeypatch):
     limit = min(device.profile.max_storage_buffer_range, 128 << 20)
     monkeypatch.setattr(device, "profile", dataclasses.replace(device.profile, max_storage_buffer_range=limit))
     return limit
+
+
+@pytest.fixture
+def wave64(device, monkeypatch):
+    """The session device laid out as the RX 580 for this test: 64-lane subgroups (emulated on
+    narrower ones: vkrt/ops/reduce.py subgroup_defines, shaders/subgroup.glsl) and the AMD_GCN
+    tuning table. Only the kernels that take the emulation run such layouts: the mat-vec
+    entries, rms_norm, norm_rope and moe_route (and kernels without subgroup operations)."""
+    prof = device.profile
+    if (not prof.subgroup_shuffle or not prof.subgroup_arithmetic or prof.subgroup_min != prof.subgroup_max
+            or 64 % prof.subgroup_min):
+        pytest.skip("64-lane subgroups are emulated on shuffles and subgroup adds of one fixed size dividing 64")
+    wide = dataclasses.replace(prof, subgroup_min=64, subgroup_max=64)
+    monkeypatch.setattr(device, "profile", wide)
+    monkeypatch.setattr(device, "tuning", TABLE[Arch.AMD_GCN].resolved(wide))
+    return device

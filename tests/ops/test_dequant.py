@@ -11,7 +11,7 @@ from vkrt.commands import CommandSequence, read_tensor
 from vkrt.errors import GGMLTypeError
 from vkrt.memory import Tensor, ggml_type
 from vkrt.ops.dequant import dequantize
-from vkrt.ops.matmul import MV_UNITS
+from vkrt.ops.mat_vec import MV_UNITS
 from vkrt.ops.quant import TABLE_TYPES, block_align, exact_defines, supported_types, type_defines
 from vkrt.pipeline.compiler import compile_shader, shader_dir
 

@@ -180,7 +180,7 @@ def test_mat_vec_row_groups(device, name, k, lanes, rows):
     """Rows short enough for a few lanes share a workgroup in groups (lanes sum by subgroup
     shuffles, a shared-memory tree or subgroup adds, by how many there are); rows past M in
     the last group are computed and dropped."""
-    from vkrt.ops.matmul import mat_vec_lanes
+    from vkrt.ops.mat_vec import mat_vec_lanes
     assert mat_vec_lanes(ggml_type(name), k, 64) == lanes
     check(device, name, 37, k, (1, 2), tuning=dataclasses.replace(device.tuning, mv_wg=64, mv_rows=rows))
 
@@ -217,14 +217,14 @@ def test_wide_tile_where_the_columns_fill_it(device):
 def test_mat_vec_workgroup_narrower_than_a_subgroup(device):
     """A mat-vec workgroup of fewer invocations than a subgroup, all one row's lanes, sums them
     by subgroup adds over the part of one subgroup it fills."""
-    from vkrt.ops.matmul import mat_vec_kernel, mat_vec_reduce
+    from vkrt.ops.mat_vec import mat_vec_reduce, mat_vec_variant
     prof = device.profile
     wg = prof.subgroup_min // 2
     if wg < 2 or not prof.subgroup_arithmetic or mat_vec_reduce(prof, wg, wg) != "subgroup":
         pytest.skip("needs subgroup adds and subgroups of 4 lanes or more")
     tune = dataclasses.replace(device.tuning, mv_wg=wg)
     k = 32 * wg   # Q4_0: 4 units a block, so k / 8 = 4 * wg units, 4 a lane
-    assert "REDUCE_SUBGROUP" in mat_vec_kernel(device, ggml_type("Q4_0"), 1, tune, k=k, m=9, xvec4=True).kernel.defines
+    assert "REDUCE_SUBGROUP" in mat_vec_variant(device, ggml_type("Q4_0"), 1, tune, k=k, m=9, xvec4=True)[0]
     check(device, "Q4_0", 9, k, (1, 2), tuning=tune)
 
 
@@ -234,14 +234,15 @@ def test_mat_vec_workgroup_narrower_than_a_subgroup(device):
                                                                        "TQ1_0"])
 def test_float_bits_is_bit_identical(device, name):
     """Building small integers' floats from their bits (the NVIDIA tuning) against converting
-    them: the same exact values, so the same sums bit for bit."""
+    them: the same exact values, so the same sums bit for bit; one column and a run of 5 (the
+    converting kernels are test_every_type's)."""
     rng = np.random.default_rng(9)
     m, k = 21, k_for(name)
     w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
-    x = rng.standard_normal((3, k)).astype(np.float32)
+    x = rng.standard_normal((5, k)).astype(np.float32)
     try:
         outs = [run(device, w, x[:n], m, tuning=dataclasses.replace(device.tuning, float_bits=on))
-                for on in (False, True) for n in (1, 3)]
+                for on in (False, True) for n in (1, 5)]
     finally:
         w.close()
     for a, b in ((0, 2), (1, 3)):
@@ -310,12 +311,15 @@ def test_tables_buffer_fill_is_bit_identical(device, name):
     check(device, name, m, k, (1,), tuning=tunings[1])
 
 
-@pytest.mark.parametrize("name", ALL)
+# a type of each unit layout: plain (4 elements, a K tail), 4 units a block, 8 with a header,
+# K-quant units of 4, 16 units reading grids, 17-byte blocks, base-3 digits
+@pytest.mark.parametrize("name", ["F32", "F16", "Q4_0", "Q4_K", "Q3_K", "IQ2_XXS", "MXFP4", "TQ1_0"])
 def test_unrolled_units_are_bit_identical(device, name):
-    """The unit loop unrolled (mv_unroll 2 and 4) sums in the rolled loop's order: the same bits.
+    """The unit loop unrolled (mv_unroll 2 and 4) sums in the rolled loop's order: the same bits
+    (the loop, mv_dots, is the same for every type; the types differ in the unit it calls).
     Lanes a row fewer than its units (mv_wg 8), so a lane walks several (32 units a row: whole
     unrolled steps, which is where the kernel unrolls)."""
-    from vkrt.ops.matmul import MV_UNITS, mat_vec_kernel
+    from vkrt.ops.mat_vec import MV_UNITS, mat_vec_variant
     rng = np.random.default_rng(10)
     t = ggml_type(name)
     m, k = 13, t.block_size * 32 // MV_UNITS.get(name, 1) if t.quantized else 128
@@ -324,11 +328,10 @@ def test_unrolled_units_are_bit_identical(device, name):
     tunings = [dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=u) for u in (1, 2, 4)]
     try:
         for u, tune in zip((2, 4), tunings[1:]):
-            kern = mat_vec_kernel(device, t, 1, tune, k=k, m=m, xvec4=True).kernel
-            assert kern.defines.get("MV_UNROLL") == u
+            assert mat_vec_variant(device, t, 1, tune, k=k, m=m, xvec4=True)[0].get("MV_UNROLL") == u
         # a lane with one unit at most never runs an unrolled step: not compiled in (its registers)
         one = dataclasses.replace(device.tuning, mv_wg=32, mv_unroll=2)
-        assert "MV_UNROLL" not in mat_vec_kernel(device, t, 1, one, k=k, m=m, xvec4=True).kernel.defines
+        assert "MV_UNROLL" not in mat_vec_variant(device, t, 1, one, k=k, m=m, xvec4=True)[0]
         outs = [run(device, w, x[:n], m, tuning=tune) for tune in tunings for n in (1, 2)]
     finally:
         w.close()
@@ -355,10 +358,10 @@ def test_column_runs_equal_single_columns(device, name, cols):
 
 def test_rows_by_type(device):
     """A type listed in tuning.mv_rows_by_type takes its own rows a group (GCN: Q6_K at 2)."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_variant
     tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(("Q6_K", 2),), mv_fill_groups=1)
-    assert mat_vec_kernel(device, ggml_type("Q6_K"), 1, tune, k=256, m=37, xvec4=True).kernel.defines["NR"] == 2
-    assert mat_vec_kernel(device, ggml_type("Q4_K"), 1, tune, k=256, m=37, xvec4=True).kernel.defines["NR"] == 4
+    assert mat_vec_variant(device, ggml_type("Q6_K"), 1, tune, k=256, m=37, xvec4=True)[0]["NR"] == 2
+    assert mat_vec_variant(device, ggml_type("Q4_K"), 1, tune, k=256, m=37, xvec4=True)[0]["NR"] == 4
     check(device, "Q6_K", 37, 512, (1, 3), tuning=tune)
 
 
@@ -379,11 +382,11 @@ def test_rows_of_one_column_by_type(device):
     """mv_rows_one_column_by_type: a type's one-column mat-vec takes its own rows a group (GCN:
     Q4_K at 2, for 4 waves), a run of several columns keeps mv_rows_by_type's or mv_rows; the
     columns' results are the one-column bits either way."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_variant
     tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(("Q6_K", 2),),
                                mv_rows_one_column_by_type=(("Q4_K", 2), ("Q6_K", 1)), mv_rows_multi=0,
                                mv_fill_groups=1, mv_dense_max_n=4)
-    nr = lambda t, n: mat_vec_kernel(device, ggml_type(t), n, tune, k=512, m=37, xvec4=True).kernel.defines["NR"]
+    nr = lambda t, n: mat_vec_variant(device, ggml_type(t), n, tune, k=512, m=37, xvec4=True)[0]["NR"]
     assert (nr("Q4_K", 1), nr("Q4_K", 3), nr("Q6_K", 1), nr("Q6_K", 3), nr("Q4_0", 1)) == (2, 4, 1, 2, 4)
     check(device, "Q4_K", 37, 512, (1, 3), tuning=tune)
     assert_run_is_one_columns_bits(device, tune, 32)
@@ -392,10 +395,10 @@ def test_rows_of_one_column_by_type(device):
 def test_rows_of_a_run_of_columns(device):
     """mv_rows_multi: a run of several token columns takes that many rows a group (one column
     keeps mv_rows); each row is summed alike, so the columns' results are the one-column bits."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_variant
     tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(), mv_fill_groups=1, mv_rows_multi=1)
     q = ggml_type("Q4_K")
-    nr = lambda n: mat_vec_kernel(device, q, n, tune, k=512, m=37, xvec4=True).kernel.defines["NR"]
+    nr = lambda n: mat_vec_variant(device, q, n, tune, k=512, m=37, xvec4=True)[0]["NR"]
     assert (nr(1), nr(3)) == (4, 1)
     assert_run_is_one_columns_bits(device, tune, 31)
 
@@ -404,11 +407,11 @@ def test_rows_of_a_run_of_columns(device):
 def test_rows_halved_until_the_grid_fills(device):
     """Short matrices take fewer rows a group (down to one) until the grid has mv_fill_groups
     workgroups; the grid's z extent (mul_mat_id's token-slot pairs) counts. Results unchanged."""
-    from vkrt.ops.matmul import mat_vec_kernel
+    from vkrt.ops.mat_vec import mat_vec_variant
     tune = dataclasses.replace(device.tuning, mv_wg=64, mv_rows=4, mv_rows_by_type=(), mv_fill_groups=40)
     q = ggml_type("Q4_0")   # k = 2048: 256 units, 64 lanes a row, one group a workgroup
-    rows = lambda m, layers=1: mat_vec_kernel(device, q, 1, tune, k=2048, m=m, layers=layers,
-                                              xvec4=True).kernel.defines["NR"]
+    rows = lambda m, layers=1: mat_vec_variant(device, q, 1, tune, k=2048, m=m, layers=layers,
+                                               xvec4=True)[0]["NR"]
     assert (rows(160), rows(100), rows(30), rows(30, layers=8)) == (4, 2, 1, 4)
     check(device, "Q4_0", 30, 2048, (1, 2), tuning=tune)
 
@@ -515,7 +518,7 @@ def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
 def test_wide_loads_are_bit_identical(device, name, n):
     """Q4_K and Q5_K units (and block headers) loaded 16 bytes at once (aligned weights) against
     word loads, bit for bit; a weight at an offset that is not 16-byte aligned takes the word loads."""
-    from vkrt.ops.matmul import mat_vec_kernel, wide_ok
+    from vkrt.ops.mat_vec import mat_vec_variant, wide_ok
     rng = np.random.default_rng(n)
     m, k = 37, 512
     w = weight_tensor(device, name, random_blocks(name, m + 1, k, rng, scale=0.5), (k, m + 1))
@@ -527,7 +530,7 @@ def test_wide_loads_are_bit_identical(device, name, n):
         assert wide_ok(w.type, w.offset, w.nb[1]) and not wide_ok(w.type, 72) and not wide_ok(ggml_type("Q6_K"), 0)
 
         def defines(t):
-            return mat_vec_kernel(device, w.type, n, t, k=k, m=m, xvec4=True, wide=True).kernel.defines
+            return mat_vec_variant(device, w.type, n, t, k=k, m=m, xvec4=True, wide=True)[0]
         assert "QWIDE" in defines(tunings[1]) and "QWIDE" not in defines(tunings[0])
         assert "QWIDE" not in defines(dataclasses.replace(tunings[1], mv_narrow_types=(name,)))
     finally:

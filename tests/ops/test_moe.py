@@ -179,6 +179,14 @@ def test_route_sigmoid_with_selection_bias(device, n_expert, n_used, n_tokens, n
             t.close()
 
 
+def routes_in_one_subgroup(device, one: bool) -> bool:
+    """Whether the router's epilogue routes in one subgroup (ROUTE_SUBGROUP): the one-subgroup
+    router's, and the other's where its workgroup (ROUTER_WG) is one subgroup (64 lanes)."""
+    from vkrt.ops.moe import ROUTER_WG
+    prof = device.profile
+    return bool(prof.subgroup_arithmetic and (one or ROUTER_WG == prof.subgroup_min))
+
+
 @pytest.mark.parametrize("n_expert, n_used, n_tokens, gating", [(128, 8, 1, "norm"), (60, 4, 3, "softmax"),
                                                                  (32, 4, 2, "chosen"), (128, 8, 1, "sigmoid"),
                                                                  (256, 8, 2, "norm")])
@@ -219,7 +227,7 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
                     if fused:
                         route = route_epilogue(device, tw, logits, ids, wts, n_used, normalize, counter, **kw)
                         assert route is not None
-                        assert ("ROUTE_SUBGROUP" in route.defines) == bool(one and device.profile.subgroup_arithmetic)
+                        assert ("ROUTE_SUBGROUP" in route.defines) == routes_in_one_subgroup(device, one)
                         matmul(seq, tw, tx, logits, route=route)
                     else:
                         matmul(seq, tw, tx, logits)
@@ -286,7 +294,7 @@ def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, red
                 with seq.record():
                     route = route_epilogue(device, tw, logits, ids, wts, n_used, True, counter, one_subgroup=one)
                     assert route is not None
-                    assert ("ROUTE_SUBGROUP" in route.defines) == bool(one and prof.subgroup_arithmetic)
+                    assert ("ROUTE_SUBGROUP" in route.defines) == routes_in_one_subgroup(device, one)
                     if fused:
                         norm_in = norm_input(device, tx, tr, tnw, 1e-5, cur)
                         assert norm_in is not None
@@ -315,7 +323,8 @@ def test_norm_in_the_router_mat_vec_falls_back(device, monkeypatch):
     import dataclasses
 
     from vkrt.commands import CommandSequence
-    from vkrt.ops.matmul import mat_vec_columns, norm_input
+    from vkrt.ops.mat_vec import mat_vec_columns
+    from vkrt.ops.matmul import norm_input
     prof = device.profile
     if not prof.subgroup_shuffle or prof.subgroup_min != prof.subgroup_max:
         pytest.skip("the norm prologue needs shuffles and one fixed subgroup size")

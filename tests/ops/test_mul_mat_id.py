@@ -407,7 +407,8 @@ def test_norm_output_only_where_the_slots_go_at_once(device):
     trees, or subgroup adds in whole subgroups of one fixed size."""
     from types import SimpleNamespace
 
-    from vkrt.ops.matmul import mat_vec_lanes, mat_vec_reduce, norm_layout, norm_output_fits, slots_at_once
+    from vkrt.ops.mat_vec import mat_vec_lanes, mat_vec_reduce, norm_layout, slots_at_once
+    from vkrt.ops.matmul import norm_output_fits
     from vkrt.ops.quant import kernel_type
     prof = device.profile
     lanes = 2 * prof.subgroup_max   # a row's lanes: wider than a subgroup, no shuffle cluster
@@ -436,7 +437,8 @@ def test_summed_down_in_subgroup_groups_is_bit_identical(device, n_tok):
     subgroup), the summed down projection gives each slot such a group (whole subgroups) and sums
     as mul_mat_id, moe_combine, the residual add and the norm do, bit for bit."""
     from vkrt.commands import run_once
-    from vkrt.ops.matmul import NormOutput, mat_vec_reduce, mat_vec_shape, norm_layout
+    from vkrt.ops.mat_vec import mat_vec_reduce, mat_vec_shape, norm_layout
+    from vkrt.ops.matmul import NormOutput
     from vkrt.ops.moe import moe_combine
     from vkrt.ops.mul_mat_id import mul_mat_id_sum
     from vkrt.ops.norm import rms_norm
@@ -448,7 +450,8 @@ def test_summed_down_in_subgroup_groups_is_bit_identical(device, n_tok):
         pytest.skip("needs subgroup adds in subgroups of one fixed size")
     tune = dataclasses.replace(device.tuning, mv_id_wg=lanes)
     k = lanes * 8   # Q4_0: a unit a lane
-    wg, got_lanes, _ = mat_vec_shape(device, kernel_type("Q4_0"), 1, tune, k=k, m=64, mul_mat_id=True, moe_sum=N_USED)
+    wg, got_lanes, _ = mat_vec_shape(device, kernel_type("Q4_0"), 1, tune, k=k, m=64, entry="mul_mv_id_sum",
+                                     slots=N_USED)
     assert got_lanes == lanes and wg > lanes   # the slots' groups at once
     # rows whose norm the workgroup's subgroups split evenly
     m = next((m for m in (64, 256, 1024, 2048) if norm_layout(device, m, 1, wg) is not None), None)

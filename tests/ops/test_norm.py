@@ -133,18 +133,22 @@ def test_reduce_layout_by_device():
     """Norms sum by butterflies only where every subgroup is full (subgroups no wider than the
     smallest norm workgroup: an Adreno-style 128-lane subgroup would shuffle from idle lanes),
     else by subgroupAdd, else by a tree; the router's norm prologue needs the butterfly and one
-    fixed subgroup size."""
+    fixed subgroup size. A profile laid out for wider subgroups than the device runs (a test's:
+    tests/conftest.py wave64) emulates them (SG_LOGICAL)."""
     from types import SimpleNamespace
 
     from vkrt.ops.reduce import butterfly_subgroups, reduce_defines
 
-    def dev(lo, hi, shuffle=True, arithmetic=True, reduce_wg=1024):
+    def dev(lo, hi, shuffle=True, arithmetic=True, reduce_wg=1024, runs=None):
         prof = SimpleNamespace(subgroup_min=lo, subgroup_max=hi, subgroup_shuffle=shuffle,
-                               subgroup_arithmetic=arithmetic)
+                               subgroup_arithmetic=arithmetic, subgroup_size=runs or hi)
         return SimpleNamespace(profile=prof, tuning=SimpleNamespace(reduce_wg=reduce_wg))
 
     assert reduce_defines(dev(32, 32)) == {"SG_BUTTERFLY": 1}
     assert reduce_defines(dev(64, 64)) == {"SG_BUTTERFLY": 1}
+    assert reduce_defines(dev(32, 64, runs=32)) == {"SG_BUTTERFLY": 1}   # RDNA: 32 to 64 lanes
+    assert reduce_defines(dev(64, 64, runs=8)) == {"SG_BUTTERFLY": 1, "SG_LOGICAL": 64}
+    assert reduce_defines(dev(64, 64, shuffle=False, runs=8)) == {"SG_REDUCE": 1, "SG_LOGICAL": 64}
     assert reduce_defines(dev(128, 128)) == {"SG_REDUCE": 1}
     assert reduce_defines(dev(32, 32, shuffle=False)) == {"SG_REDUCE": 1}
     assert reduce_defines(dev(32, 32, shuffle=False, arithmetic=False)) == {}

@@ -13,16 +13,13 @@ from ..pipeline import PushConstants, kernel
 from .binding import WORD_ALIGN, bind_together, bind_words
 from .flash_work import FlashWork
 from .grid import ceil_div, grid
+from .mat_vec import (GLU_ACTS, mat_vec_columns, mat_vec_kernel, mat_vec_shape, mat_vec_wg, norm_layout,
+                      slots_at_once, wide_ok)
 from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
-from .reduce import butterfly_subgroups, norm_wg
 
 _COMMON = (("K", "u32"), ("M", "u32"))
 _OPERANDS = (("w_off", "u32"), ("w_row", "u32"), ("x_off", "u32"), ("x_col", "u32"), ("y_off", "u32"),
              ("y_col", "u32"))
-MV_PUSH = PushConstants(*_COMMON, *_OPERANDS)
-MV_ID_PUSH = PushConstants(*_COMMON, *_OPERANDS, ("w_expert", "u32"), ("e0", "u32"), ("e1", "u32"),
-                           ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"), ("x_slot", "u32"),
-                           ("x_slots", "u32"), ("y_slot", "u32"))
 MM_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS)
 MM_SPLIT_PUSH = PushConstants(*MM_PUSH.fields, ("k_split", "u32"), ("part_split", "u32"))
 SPLIT_SUM_PUSH = PushConstants(("M", "u32"), ("N", "u32"), ("S", "u32"), ("part_split", "u32"), ("y_off", "u32"),
@@ -32,29 +29,20 @@ MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32
                            ("y_slot", "u32"))
 
 
-# ROUTE: moe_route's fields after the mat-vec's (shaders/mul_mv.comp)
-ROUTE_FIELDS = ("n_used", "ids_off", "rw_off", "mode", "b_off", "count_off")
-
-
 @dataclass(frozen=True)
 class RouteEpilogue:
-    """What the router's mat-vec needs to route its tokens in its last workgroup (mul_mv ROUTE):
-    the defines of moe_route.glsl (RWG, EPT, SUBGROUPS, NSG), the bindings of ids, weights,
-    selection bias and the workgroup counter, and ROUTE_FIELDS' values."""
+    """What the router's mat-vec (shaders/mul_mv_route.comp) needs to route its tokens in its
+    last workgroup: the defines of moe_route.glsl (RWG, EPT, SUBGROUPS, NSG), the bindings of
+    ids, weights, selection bias and the workgroup counter, and mat_vec.ROUTE_FIELDS' values."""
 
     defines: dict
     buffers: tuple
     push: dict
 
 
-# NORM_IN: the add and norm's fields after ROUTE's (shaders/mul_mv.comp)
-NORM_FIELDS = (("n_x_off", "u32"), ("n_x_col", "u32"), ("n_r_off", "u32"), ("n_w_off", "u32"), ("n_s_off", "u32"),
-               ("n_o_off", "u32"), ("n_o_col", "u32"), ("n_eps", "f32"))
-
-
 @dataclass(frozen=True)
 class NormInput:
-    """The residual add and RMS norm the router's mat-vec does first (mul_mv NORM_IN, see
+    """The residual add and RMS norm the router's mat-vec does first (mul_mv_route's NORM_IN, see
     norm_input): x + residual is stored over x and rms_norm(x + residual) * weight, the mat-vec's
     input, into matmul's x, with rms_norm's bits."""
 
@@ -67,8 +55,8 @@ class NormInput:
 @dataclass(frozen=True)
 class NormOutput:
     """The RMS norm the summed expert down projection's last workgroup does after adding into the
-    residual stream (mul_mv NORM_OUT): out = rms_norm(stream) * weight, rms_norm's bits; `counter`
-    (I32, 0 between dispatches) counts its finished workgroups."""
+    residual stream (shaders/mul_mv_id_sum.comp): out = rms_norm(stream) * weight, rms_norm's
+    bits; `counter` (I32, 0 between dispatches) counts its finished workgroups."""
 
     weight: Tensor
     eps: float
@@ -94,11 +82,6 @@ def norm_input(device, x: Tensor, residual: Tensor, weight: Tensor, eps: float, 
     return NormInput(x, residual, weight, float(eps))
 
 
-# MOE_SUM's fields (shaders/mul_mv.comp): the routing weights, then the norm of the stream
-MOE_SUM_FIELDS = (("wt_off", "u32"), ("count_off", "u32"), ("n_w_off", "u32"), ("n_o_off", "u32"), ("n_o_col", "u32"),
-                  ("n_eps", "f32"))
-
-
 def norm_output_fits(device, m: int, n_used: int, typ, k: int, tuning=None) -> bool:
     """Whether the summed expert down projection (m rows, K = k, n_used slots) can add into the
     residual stream and normalise it in its last workgroup (norm_layout for its workgroup): only where
@@ -107,203 +90,9 @@ def norm_output_fits(device, m: int, n_used: int, typ, k: int, tuning=None) -> b
     norm's stage (H200, GCN table, 64 lanes a row as two 32-wide subgroups walking the slots:
     Qwen3-30B-A3B shape tg128 220.8 against 287.4 t/s)."""
     tune = tuning or device.tuning
-    wg, lanes, _ = mat_vec_shape(device, typ, 1, tune, k=k, m=m, mul_mat_id=True, moe_sum=n_used)
-    return (m % 4 == 0 and slots_at_once(device.profile, lanes, mat_vec_wg(tune, mul_mat_id=True))
+    wg, lanes, _ = mat_vec_shape(device, typ, 1, tune, k=k, m=m, entry="mul_mv_id_sum", slots=n_used)
+    return (m % 4 == 0 and slots_at_once(device.profile, lanes, mat_vec_wg(tune, experts=True))
             and norm_layout(device, m, 1, wg) is not None)
-
-
-# the most elements of x + r (over the columns) a lane of the router's mat-vec holds for its norm
-NORM_MAX_HELD = 32
-
-
-def norm_layout(device, k: int, n: int, wg: int) -> dict | None:
-    """mul_mv NORM_IN's defines for rows of k elements and n columns: each subgroup of the
-    mat-vec's workgroup of `wg` (NORM_SUB of them, all of the norm's size NORM_SG) takes NORM_G of
-    rms_norm's NORM_VSG subgroups, each lane NORM_E elements of each; None where the mat-vec cannot
-    redo rms_norm's sums (butterfly_subgroups), its subgroups do not split the norm's evenly, a
-    lane would hold over NORM_MAX_HELD values or the normed columns would not fit shared memory."""
-    sg, subgroups = device.profile.subgroup_min, butterfly_subgroups(device, k)
-    if subgroups is None or wg % sg or subgroups % (wg // sg):
-        return None
-    if 4 * n * (k + subgroups) + 8192 > device.profile.shared_memory:   # 8 KiB: the mat-vec's and routing's own
-        return None
-    norm = norm_wg(device, k)
-    per, e = subgroups // (wg // sg), ceil_div(k, norm)
-    if n * per * e > NORM_MAX_HELD:
-        return None
-    return {"NORM_IN": 1, "NORM_WG": norm, "NORM_VSG": subgroups, "NORM_SG": sg, "NORM_SUB": wg // sg,
-            "NORM_G": per, "NORM_E": e, "NORM_XN4": n * k // 4}
-
-
-GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 3}   # shaders/act.glsl
-
-
-# types whose mat-vec units load 16 bytes at once where blocks are 16-byte aligned (QWIDE_OK)
-MV_WIDE = ("Q4_K", "Q5_K")
-# units a block of each type in the mat-vec (QU in shaders/quant/<type>.glsl; unset: one per run)
-MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
-            "Q8_0": 4, "IQ4_NL": 4, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 16, "IQ2_XS": 16,
-            "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4, "TQ1_0": 16, "TQ2_0": 4}
-
-
-def mat_vec_units(typ, k: int) -> int:
-    """Units (the pieces a lane takes at a time) in a row of k elements of `typ`."""
-    if typ.quantized:
-        return (k // typ.block_size) * MV_UNITS.get(typ.name, 1)
-    return k // 4 + (k % 4 > 0)
-
-
-def mat_vec_lanes(typ, k: int, wg: int) -> int:
-    """Lanes a row (TPR) for rows of k elements of `typ`: enough for every unit of a row, a power
-    of two, at most the workgroup."""
-    units = mat_vec_units(typ, k)
-    lanes = 1
-    while lanes < min(units, wg):
-        lanes *= 2
-    return lanes
-
-
-def mat_vec_reduce(prof, lanes: int, wg: int) -> str:
-    """How a mat-vec workgroup of `wg` invocations sums a row's `lanes` partial sums: "cluster"
-    (a butterfly of shuffles within a subgroup), "subgroup" (one group a workgroup: subgroup adds,
-    then shared memory) or "tree" (shared memory)."""
-    if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
-        return "cluster"
-    if prof.subgroup_arithmetic and lanes == wg:
-        return "subgroup"
-    return "tree"
-
-
-def slots_at_once(prof, lanes: int, wg: int) -> bool:
-    """Whether the summed expert projection's groups take a token's slots at once: each sums as
-    mul_mat_id's workgroup of `wg` does, so where that is subgroup adds over the whole workgroup
-    only if a group is whole subgroups of one fixed size (else one group walks the slots)."""
-    if mat_vec_reduce(prof, lanes, wg) != "subgroup":
-        return True
-    return prof.subgroup_min == prof.subgroup_max and lanes % prof.subgroup_max == 0
-
-
-def mat_vec_wg(tuning, mul_mat_id: bool = False) -> int:
-    """Invocations a mat-vec workgroup (mul_mat_id's: mv_id_wg where set)."""
-    return tuning.mv_id_wg if mul_mat_id and tuning.mv_id_wg else tuning.mv_wg
-
-
-class MatVec:
-    """A mat-vec pipeline and the rows a workgroup of it computes (rows a group of mat_vec_lanes
-    lanes, mv_wg / lanes groups)."""
-
-    def __init__(self, kern, rows: int):
-        self.kernel, self.rows = kern, rows
-
-    def groups(self, m: int, device, z: int = 1) -> tuple[int, int, int]:
-        """The workgroup grid for m rows (x and y: the row groups; z: as given)."""
-        return grid(device, ceil_div(m, self.rows), z)
-
-
-def wide_ok(typ, *byte_offsets: int) -> bool:
-    """Whether a mat-vec over `typ` with these weight offsets and strides can load 16 bytes at once."""
-    return typ.name in MV_WIDE and all(b % 16 == 0 for b in byte_offsets)
-
-
-def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, mul_mat_id: bool = False, gate_up: bool = False,
-                  moe_sum: int = 0, layers: int = 1) -> tuple[int, int, int]:
-    """(invocations a workgroup, lanes a row, rows a group) of mat_vec_kernel's pipeline for these
-    arguments (see there): a workgroup computes rows * (invocations // lanes) rows, or with
-    `moe_sum` (slots a token) `rows` rows, its groups a slot each (as many as the device's
-    workgroup holds; more slots are walked in turn)."""
-    wg = mat_vec_wg(tuning, mul_mat_id)
-    limit = device.profile.max_workgroup_invocations
-    if wg & (wg - 1) or wg > limit:
-        raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
-    lanes = mat_vec_lanes(typ, k, wg)
-    row_groups = wg // lanes   # groups of `rows` rows a workgroup (the fill rule below counts them)
-    if moe_sum and slots_at_once(device.profile, lanes, wg):
-        # a group a slot (in whole subgroups for the shuffle clusters), all on the workgroup's rows
-        whole = max(1, device.profile.subgroup_max // lanes)
-        slots = min(moe_sum, tuning.mv_sum_slots or moe_sum, max(1, min(limit, 1024) // lanes))
-        wg, row_groups = ceil_div(slots, whole) * whole * lanes, 1
-    elif moe_sum:   # one group (subgroup adds, subgroups of varying size) walks the slots, one row
-        return wg, lanes, 1   # a row a workgroup keeps more in flight (H200, GCN table: 4 rows 16% slower)
-    # gate and up: two weight rows a row
-    by_type = dict(tuning.mv_rows_by_type) | (dict(tuning.mv_rows_one_column_by_type) if n == 1 else {})
-    base = by_type.get(typ.name, tuning.mv_rows)
-    if n > 1 and tuning.mv_rows_multi:
-        base = min(base, tuning.mv_rows_multi)
-    rows = max(1, base // 2) if gate_up else base
-    while rows > 1 and ceil_div(m, rows * row_groups) * layers < tuning.mv_fill_groups:
-        rows //= 2
-    return wg, lanes, rows
-
-
-def mat_vec_kernel(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool, mul_mat_id: bool = False,
-                   gate_up: str | None = None, wide: bool = False, moe_sum: int | None = None, layers: int = 1,
-                   bias: bool = False, route: dict | None = None, norm: bool = False) -> MatVec:
-    """The mat-vec pipeline for `typ`, `m` rows of `k` elements and `n` token columns (1 for
-    mul_mat_id); `layers` is the grid's z extent (mul_mat_id: the (token, slot) pairs). With
-    `gate_up` (an activation) its output is act(W·x) * (W2·x); `wide` (see wide_ok) loads 16
-    bytes at once; `moe_sum` (slots a token, with mul_mat_id) sums the slots' outputs with the
-    routing weights, as moe_combine does, adds that into y (the residual stream) and normalises
-    the stream in its last workgroup (NormOutput); `bias` (mul_mat_id) adds each expert's bias to
-    its rows (both W's and W2's with gate_up); `route` (moe.route_epilogue's defines) routes the
-    tokens in the last workgroup (RouteEpilogue); `norm` (with route) adds and normalises x first
-    (NormInput). Rows a group are halved (down to one) while the grid has fewer than tuning.mv_fill_groups
-    workgroups."""
-    wg, lanes, rows = mat_vec_shape(device, typ, n, tuning, k=k, m=m, mul_mat_id=mul_mat_id,
-                                    gate_up=gate_up is not None, moe_sum=moe_sum or 0, layers=layers)
-    prof = device.profile
-    defines = {**type_defines(typ, tuning), "WG": wg, "NR": rows, "NC": n, "TPR": lanes}
-    # the summed experts' groups reduce as mul_mat_id's workgroup does (the same bits)
-    reduce = mat_vec_reduce(prof, lanes, mat_vec_wg(tuning, mul_mat_id=True) if moe_sum else wg)
-    if reduce == "cluster":
-        defines["REDUCE_CLUSTER"] = 1
-    elif reduce == "subgroup":
-        defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
-    if tuning.float_bits:
-        defines["QFLOAT_BITS"] = 1
-    # unrolled where a lane's units are whole unrolled steps, or one step holds them all: a long
-    # row with a single unit left after a lane's pairs (14336-element Q4_K: 3.5 units a lane) ran
-    # slower unrolled (H200, GCN table: 40.1 vs 35.0 us; 8B decode 170 vs 179 t/s), a short one
-    # (768-element Q4_0 experts: 1.5) faster (30B-A3B decode 187 vs 182). Not where a lane has
-    # one unit at most: the unrolled step would never run, yet its registers count (RX 580
-    # compiler: Q4_K over 4 rows 84 VGPRs and 3 waves with it)
-    units = mat_vec_units(typ, k)
-    if tuning.mv_unroll > 1 and units > lanes and (units % (lanes * tuning.mv_unroll) == 0
-                                                   or units <= lanes * tuning.mv_unroll):
-        defines["MV_UNROLL"] = tuning.mv_unroll
-    if wide and tuning.mv_wide and typ.name not in tuning.mv_narrow_types:
-        defines["QWIDE"] = 1
-    if xvec4:
-        defines["XVEC4"] = 1
-    if mul_mat_id:
-        defines["MUL_MAT_ID"] = 1
-    push = MV_ID_PUSH if mul_mat_id else MV_PUSH
-    if gate_up is not None:
-        defines.update(GATE_UP=1, ACT=GLU_ACTS[gate_up])
-        push = PushConstants(*push.fields, ("w2_off", "u32"))
-    if moe_sum:
-        layout = norm_layout(device, m, 1, wg) if mul_mat_id else None
-        if layout is None:
-            raise ConfigError(f"mat_vec_kernel: no norm of the residual stream ({m} rows) after the summed "
-                              "expert projection on this device")
-        defines.update({d: v for d, v in layout.items() if d != "NORM_IN"}, MOE_SUM=1, NU=moe_sum,
-                       **({"SLOT_UNROLL": 1} if tuning.mv_sum_unroll else {}))
-        push = PushConstants(*push.fields, *MOE_SUM_FIELDS)
-    if bias:
-        defines["BIAS"] = 1
-        push = PushConstants(*push.fields, ("b_off", "u32"), *((("b2_off", "u32"),) if gate_up else ()))
-    if route is not None:
-        defines.update(ROUTE=1, **route)
-        push = PushConstants(*push.fields, *((f, "u32") for f in ROUTE_FIELDS))
-    if norm:
-        if route is None:
-            raise ConfigError("mat_vec_kernel: the add and norm in the prologue go with routing")
-        layout = norm_layout(device, k, n, wg)
-        if layout is None:
-            raise ConfigError(f"mat_vec_kernel: no norm prologue for rows of {k} and {n} columns on this device")
-        defines.update(layout)
-        push = PushConstants(*push.fields, *NORM_FIELDS)
-    kern = kernel(device, "mul_mv", defines=defines, push=push)
-    return MatVec(kern, rows if moe_sum else rows * (wg // lanes))
 
 
 def gate_up_pair(gate: Tensor, up: Tensor, device, act: str):
@@ -412,11 +201,6 @@ def vec4_ok(t: Tensor, off: int, *strides: int) -> bool:
     return t.ne[0] % 4 == 0 and off % 4 == 0 and all(s % 4 == 0 for s in strides)
 
 
-def mat_vec_columns(tuning) -> int:
-    """Columns (tokens) one dense mat-vec run takes: more run in several."""
-    return min(tuning.mv_max_n, tuning.mv_dense_max_n)
-
-
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            act: str = "silu", up_weight: Tensor | None = None, route: RouteEpilogue | None = None,
            kernel_columns: int | None = None, norm_in: NormInput | None = None) -> None:
@@ -487,7 +271,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             xo, yo = xo // 4, yo // 4
             xvec4 = xvec4 and xo % 4 == 0
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
-                            wide=wide, route=route.defines if route is not None else None)
+                            wide=wide, entry="mul_mv" if route is None else "mul_mv_route",
+                            route=route.defines if route is not None else None)
         if route is not None:
             extra, extra_push = list(route.buffers), route.push
         for a, b, wr, wo in pieces:
@@ -513,8 +298,8 @@ def _norm_route(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tenso
                                        (norm_in.weight, "weight")))
     (orr, oo), (yr, yo) = bind_words(out, "matmul norm out", device), bind_words(y, "matmul y", device)
     xo, x_col = xo // 4, x.nb[1] // 4
-    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col), route=route.defines,
-                        norm=True)
+    mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=vec4_ok(x, xo, x_col), entry="mul_mv_route",
+                        route=route.defines, norm_in=True)
     _, _, wr, wo = piece
     push = {"K": k, "M": m, "w_off": wo, "w_row": w.nb[1], "x_off": 0, "x_col": k, "y_off": yo // 4,
             "y_col": y.nb[1] // 4, **route.push, "n_x_off": xo, "n_x_col": x_col, "n_r_off": ro // 4,

@@ -11,8 +11,10 @@ from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
 from .grid import ceil_div, grid, groups_for
-from .matmul import RouteEpilogue, mat_vec_columns
+from .mat_vec import mat_vec_columns
+from .matmul import RouteEpilogue
 from .quant import chunks
+from .reduce import subgroup_defines
 
 ROUTER_PUSH = PushConstants(("n_expert", "u32"), ("n_used", "u32"), ("n_tokens", "u32"), ("l_off", "u32"),
                             ("l_col", "u32"), ("ids_off", "u32"), ("w_off", "u32"), ("mode", "u32"),
@@ -49,7 +51,7 @@ def moe_route_kernel(device, n_expert: int, subgroups: bool | None = None, one_s
     wg, subgroups = router_layout(device, subgroups, one_subgroup)
     defines = {"WG": wg, "EPT": ceil_div(n_expert, wg)}
     if subgroups:
-        defines.update(SUBGROUPS=1, NSG=max(1, wg // max(device.profile.subgroup_min, 1)))
+        defines.update(SUBGROUPS=1, NSG=max(1, wg // max(device.profile.subgroup_min, 1)), **subgroup_defines(device))
     return kernel(device, "moe_router", defines=defines, push=ROUTER_PUSH)
 
 

@@ -17,8 +17,8 @@ from ..pipeline import PushConstants, kernel
 from .add_id import add_id
 from .binding import bind_words
 from .grid import ceil_div, groups_for
-from .matmul import (NormOutput, gate_up_pair, gemm_kernel, gemm_tuning, mat_vec_kernel,
-                     norm_output_fits, vec4_ok, wide_ok)
+from .mat_vec import mat_vec_kernel, wide_ok
+from .matmul import NormOutput, gate_up_pair, gemm_kernel, gemm_tuning, norm_output_fits, vec4_ok
 from .quant import check_layout, chunks, kernel_type
 
 COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "u32"), ("ids_tok", "u32"),
@@ -116,7 +116,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         if pair is None:
             raise UnsupportedShape(f"mul_mat_id: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{mv_max} tokens, same type and layout, one binding for both)")
-        mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4, mul_mat_id=True,
+        mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4, entry="mul_mv_id",
                             gate_up=act, bias=bias is not None,
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1], w.nb[2]))
         push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
@@ -128,7 +128,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
     if n_tokens <= mv_max:
         pieces_bound = [(e0, e1, *bind_words(w.slice(2, e0, e1), "mul_mat_id w", device, max_binding)) for e0, e1 in pieces]
         mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens * n_used, xvec4=xvec4,
-                            mul_mat_id=True, bias=bias is not None,
+                            entry="mul_mv_id", bias=bias is not None,
                             wide=wide_ok(typ, w.nb[1], w.nb[2], *(b[3] for b in pieces_bound)))
         for e0, e1, wr, wo in pieces_bound:
             push = {**common, "M": m, "w_off": wo, "e0": e0, "e1": e1, "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
@@ -207,7 +207,7 @@ def mul_mat_id_sum(seq, w: Tensor, x: Tensor, ids: Tensor, weights: Tensor, stre
             "count_off": co // 4, "n_w_off": nwo // 4, "n_o_off": noo // 4, "n_o_col": norm.out.nb[1] // 4,
             "n_eps": float(norm.eps)}
     mv = mat_vec_kernel(device, typ, 1, tune, k=k, m=m, layers=n_tokens, xvec4=vec4_ok(x, xo // 4, x_slot, x_tok),
-                        mul_mat_id=True, moe_sum=n_used, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
+                        entry="mul_mv_id_sum", slots=n_used, wide=wide_ok(typ, wo, w.nb[1], w.nb[2]))
     seq.dispatch(mv.kernel, [wr, xr, yr, ir, wtr, cr, nwr, nor], push=push, groups=mv.groups(m, device, n_tokens),
                  label="mul_mat_id_sum")
     return True

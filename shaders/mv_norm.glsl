@@ -1,33 +1,19 @@
-// mul_mv.comp's NORM_IN: the residual add and RMS norm the router's mat-vec does first, and
-// MOE_SUM's: the RMS norm of the summed expert down projection's output (the residual stream)
-// its last workgroup does, both with rms_norm.comp's bits (see mul_mv.comp). Included after its
-// bindings, push constants and xn4.
-#ifndef VKRT_MV_NORM_IN_GLSL
-#define VKRT_MV_NORM_IN_GLSL
+// The RMS norm two mat-vec entries do with rms_norm.comp's bits: mul_mv_route.comp's NORM_IN
+// (of x + r, before its dot products) and mul_mv_id_sum.comp's (of the residual stream it added
+// into, in its last workgroup). The including entry declares xn4 (the normed rows: NC of
+// NORM_LEN floats), nw_data (the norm's weight), the push fields n_w_off and n_eps, NORM_LEN
+// and NORM_SRC(j, c), element c of row j of what it norms (norm_rows' nbase in scope), and the
+// layout of vkrt/ops/mat_vec.py norm_layout: NORM_WG, NORM_VSG, NORM_SG, NORM_SUB, NORM_G, NORM_E.
+#ifndef VKRT_MV_NORM_GLSL
+#define VKRT_MV_NORM_GLSL
 #define BUTTERFLY_SG NORM_SG
 #include "butterfly.glsl"
-#ifdef NORM_IN
-#if !defined(ROUTE) || defined(MOE_SUM)
-#error "NORM_IN feeds the router's mat-vec: its last workgroup (ROUTE's) stores x + r"
-#endif
-#else
-#if !defined(MOE_SUM) || NC != 1
-#error "MOE_SUM normalises the residual stream the summed expert down projection added into"
-#endif
-#endif
-#ifdef MOE_SUM
-#define NORM_LEN p.M
-#define NORM_SRC(j, c) y_data[nbase + (c)]
-#else
-#define NORM_LEN p.K
-#define NORM_SRC(j, c) XG1(p.n_x_off + (j) * p.n_x_col + (c)) + nr_data[p.n_r_off + (j) * p.n_x_col + (c)]
-#endif
 // a lane's elements: in each of its NORM_G norm subgroups (this subgroup's index + g * NORM_SUB)
 // the norm lane's NORM_E elements, lane + e * NORM_WG
-#define NORM_AT(g, e) ((gl_SubgroupID + (g) * NORM_SUB) * NORM_SG + gl_SubgroupInvocationID + (e) * NORM_WG)
+#define NORM_AT(g, e) ((sg_id() + (g) * NORM_SUB) * NORM_SG + sg_lane() + (e) * NORM_WG)
 shared float n_sums[NC * NORM_VSG];
-float n_s[NC * NORM_G * NORM_E];   // x + r of this lane's elements (NORM_IN's last workgroup stores them)
-// xn4 = rms_norm(x + r) * w for the NC columns (MOE_SUM: of y from nbase), summed as
+float n_s[NC * NORM_G * NORM_E];   // this lane's elements (NORM_IN's last workgroup stores x + r)
+// xn4 = rms_norm(NORM_SRC) * w for the NC rows (from nbase, where NORM_SRC reads it), summed as
 // rms_norm.comp's workgroup of NORM_WG invocations sums (NORM_VSG subgroups, each the butterfly
 // of its lanes' sums over the elements lane, lane + NORM_WG, ...; then the subgroups' sums in
 // order), every load issued first; xn4 is complete for every invocation on return
@@ -54,8 +40,8 @@ void norm_rows(uint nbase, uint pf) {
                 }
             }
             sum = subgroup_butterfly(sum);
-            if (subgroupElect()) {
-                n_sums[j * NORM_VSG + gl_SubgroupID + g * NORM_SUB] = sum;
+            if (sg_elect()) {
+                n_sums[j * NORM_VSG + sg_id() + g * NORM_SUB] = sum;
             }
         }
     }
@@ -83,30 +69,5 @@ void norm_rows(uint nbase, uint pf) {
     }
     barrier();
 }
-
-#ifdef NORM_IN
-// the prologue: xn4 from x + r, then this workgroup's share of the normed x is stored
-void norm_prologue(uint wgid, uint pf) {
-    norm_rows(0u, pf);
-    const uint n = NC * p.K, groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y, span = (n + groups - 1u) / groups;
-    for (uint i = wgid * span + gl_LocalInvocationID.x; i < min(n, (wgid + 1u) * span); i += WG) {
-        no_data[p.n_o_off + (i / p.K) * p.n_o_col + i % p.K] = xn4[i >> 2][i & 3u];
-    }
-}
-
-// the last workgroup: x + r over x (every workgroup has read x)
-void store_sums() {
-    [[unroll]] for (uint j = 0u; j < NC; j++) {
-        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
-            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
-                const uint c = NORM_AT(g, e);
-                if (c < p.K) {
-                    ns_data[p.n_s_off + j * p.n_x_col + c] = n_s[(j * NORM_G + g) * NORM_E + e];
-                }
-            }
-        }
-    }
-}
-#endif
 
 #endif
