@@ -39,6 +39,7 @@ from common import bench_settings
 from vkrt.commands import CommandSequence, tensor_from_numpy, write_tensor
 from vkrt.device import Device
 from vkrt.memory import Buffer, Tensor, ggml_type
+from vkrt.ops.flash_work import FlashWork
 from vkrt.ops.matmul import matmul
 from vkrt.ops.mul_mat_id import RouteTable, mul_mat_id
 from vkrt.ops.stream_read import stream_dst_bytes, stream_read
@@ -109,10 +110,12 @@ def dense_case(dev, ws: list[Tensor], n: int, reps: int, tuning, rng, overlap: b
     k, m = ws[0].ne[0], ws[0].ne[1]
     x = tensor_from_numpy(dev, rng.standard_normal((n, k)).astype(np.float32))
     ys = [Tensor.empty(dev, "F32", (m, n)) for _ in (ws if overlap else ws[:1])]
+    work = FlashWork(dev, label="GEMM split-K partials")   # a GEMM cut along K keeps its partial tiles there
     try:
-        t = timed(dev, lambda seq: [matmul(seq, w, x, ys[i % len(ys)], tuning=tuning) for i, w in enumerate(ws)],
-                  reps) / len(ws)
+        t = timed(dev, lambda seq: [matmul(seq, w, x, ys[i % len(ys)], tuning=tuning, work=work)
+                                    for i, w in enumerate(ws)], reps) / len(ws)
     finally:
+        work.close()
         x.close()
         for y in ys:
             y.close()

@@ -18,7 +18,7 @@ def test_shared_pre_pass_and_bit_identical_logits(device, tmp_path, device_env):
             logits.append(e.eval(prompt, all_logits=True))
             graph = next(iter(e.steps.graphs.values()))
             dispatches.append(sum(seq.dispatch_count for seq in graph.seqs))
-            classified = [key for key in e.scratch.flash_work._current if key[0] == "mask_opt blocks"]
+            classified = [key for key in e.scratch.work._current if key[0] == "mask_opt blocks"]
             assert len(classified) == (2 if flag == "1" else 0)   # one block table a mask
     assert dispatches[1] - dispatches[0] == 2   # a pre-pass a mask, not one a layer
     np.testing.assert_array_equal(logits[0], logits[1])

@@ -15,13 +15,14 @@ PROMPT = [3, 17, 5, 29, 11, 2, 41, 7, 13, 19, 23, 31, 37, 43, 47, 53, 59, 61, 67
 
 
 def prompt_logits(path: str, split: bool) -> tuple[np.ndarray, bool]:
-    """(every prompt position's logits, whether the split-K work buffer was made)."""
+    """(every prompt position's logits, whether the split-K partial tiles' buffer was made)."""
     with Device() as dev:
         dev.tuning = dataclasses.replace(dev.tuning, mv_chunk_n=0, mv_max_n=1, mm_split_min_steps=1,
                                          mm_split_groups=1000 if split else 0)
         with Model(dev, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=32) as e:
             logits = e.eval(PROMPT, all_logits=True)
-        return logits, "gemm split-K" in dev._services
+            made = any(key == "GEMM split-K partials" for key in e.scratch.work._current)
+        return logits, made
 
 
 def test_split_gemm_prompt_matches_the_unsplit_one(tmp_path):

@@ -23,12 +23,6 @@ ALLOCATING = frozenset({"allocate", "allocator", "alloc", "Buffer", "ImportedBuf
                         "FlashWork", "RouteTable"})
 # the scratch classes of vkrt/ops that own memory for their callers (Scratch holds them)
 SCRATCH_CLASSES = frozenset({"FlashWork", "RouteTable"})
-# (file, function, call): ops that still allocate, each to be fixed
-KNOWN_OWNERS = {
-    ("vkrt/ops/matmul.py", "_gemm_split", "service"):
-        "split-K partials in a device-wide FlashWork service; they belong in the caller's Scratch",
-    ("vkrt/ops/matmul.py", "_gemm_split", "FlashWork"): "the FlashWork that service holds (the line above)",
-}
 
 
 def sources(root: Path) -> list[Path]:
@@ -140,17 +134,12 @@ def allocations(path: Path) -> list[tuple[int, str, str]]:
 
 def test_ops_own_no_memory():
     """An op records over memory its caller allocated (docs/ARCHITECTURE.md §3, the op contract)."""
-    seen, wrong = set(), []
+    wrong = []
     for path in sorted((ROOT / "vkrt" / "ops").rglob("*.py")):
         name = str(path.relative_to(ROOT))
-        for line, function, call in allocations(path):
-            if (name, function, call) in KNOWN_OWNERS:
-                seen.add((name, function, call))
-            else:
-                wrong.append(f"{name}:{line}: {function} calls {call}(...)")
+        wrong += [f"{name}:{line}: {function} calls {call}(...)" for line, function, call in allocations(path)]
     assert not wrong, ("ops that allocate device memory (give the op its memory from the caller, or make it a "
                        "scratch class its caller owns):\n" + "\n".join(wrong))
-    assert seen == KNOWN_OWNERS.keys(), f"fixed: remove from KNOWN_OWNERS {sorted(KNOWN_OWNERS.keys() - seen)}"
 
 
 def test_the_memory_rule_sees_allocations():

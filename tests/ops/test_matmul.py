@@ -99,6 +99,14 @@ def test_gemm_prefetch_is_bit_identical(device, name, k):
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
 
+@pytest.fixture
+def work(device):
+    """The caller's buffers for a GEMM's split-K partial tiles (a Scratch holds one in the engine)."""
+    from vkrt.ops.flash_work import FlashWork
+    with FlashWork(device, label="test work") as w:
+        yield w
+
+
 def split_tuning(device, groups=64, **kw):
     """The GEMM (no mat-vec) with split-K wherever it applies: small tiles so a small K has steps."""
     return fp32_tile(device.tuning, mm_bm=32, mm_bn=32, mm_bk=16, mm_tm=4, mm_tn=4, mv_chunk_n=0,
@@ -107,17 +115,21 @@ def split_tuning(device, groups=64, **kw):
 
 @pytest.mark.parametrize("name,k", [("Q4_0", 160), ("Q4_K", 768), ("Q6_K", 512), ("IQ4_XS", 512), ("F32", 101),
                                     ("F16", 200)])
-def test_split_k_gemm(device, name, k):
-    """A short GEMM cut along K (split_sum adding the partial tiles): against the reference, K
-    not a multiple of the splits' ranges, rows not of the tile, 1 to 96 tokens; replays the same."""
+def test_split_k_gemm(device, work, name, k):
+    """A short GEMM cut along K (split_sum adding the partial tiles, kept in the caller's work
+    buffers): against the reference, K not a multiple of the splits' ranges, rows not of the
+    tile, 1 to 96 tokens; replays the same; refused without work buffers."""
+    from vkrt.errors import UnsupportedShape
     t = split_tuning(device)
     assert gemm_splits(t, 37, k, 32) > 1 and gemm_splits(t, 37, k, 96) > 1
-    check(device, name, 37, k, (1, 7, 32, 45, 96), tuning=t)   # 1 to 3 token tiles of 32
+    check(device, name, 37, k, (1, 7, 32, 45, 96), tuning=t, work=work)   # 1 to 3 token tiles of 32
     rng = np.random.default_rng(5)
     w = weight_tensor(device, name, random_blocks(name, 37, k, rng, scale=0.5), (k, 37))
     x = rng.standard_normal((20, k)).astype(np.float32)
     try:
-        a, b = run(device, w, x, 37, tuning=t), run(device, w, x, 37, tuning=t)
+        a, b = run(device, w, x, 37, tuning=t, work=work), run(device, w, x, 37, tuning=t, work=work)
+        with pytest.raises(UnsupportedShape, match="cut along K .* needs work="):
+            run(device, w, x, 37, tuning=t)
     finally:
         w.close()
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
@@ -148,7 +160,7 @@ def test_split_k_rule(device):
 
 
 @pytest.mark.parametrize("n", [24, 70])
-def test_split_k_slices_take_the_splits_of_the_whole(device, n):
+def test_split_k_slices_take_the_splits_of_the_whole(device, work, n):
     """A slice of a split product's tokens (kernel_columns), of one token tile or three, is cut
     into the same K ranges as the whole, though alone it would be cut otherwise."""
     t = split_tuning(device, groups=16)
@@ -158,19 +170,19 @@ def test_split_k_slices_take_the_splits_of_the_whole(device, n):
     w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", m, k, rng, scale=0.5), (k, m))
     x = rng.standard_normal((n, k)).astype(np.float32)
     try:
-        whole = run(device, w, x, m, tuning=t)
-        half = run(device, w, x[n // 2:], m, tuning=t, kernel_columns=n)
+        whole = run(device, w, x, m, tuning=t, work=work)
+        half = run(device, w, x[n // 2:], m, tuning=t, kernel_columns=n, work=work)
     finally:
         w.close()
     np.testing.assert_array_equal(half.view(np.uint32), whole[n // 2:].view(np.uint32))
 
 
 @pytest.mark.parametrize("name", ["Q5_1", "F16"])
-def test_split_k_in_row_ranges(device, name):
+def test_split_k_in_row_ranges(device, work, name):
     """Weights bound in row ranges (a binding limit): each range split and summed apart."""
     k = 320
     row = ggml_type(name).row_bytes(k)
-    check(device, name, 50, k, (3, 20), tuning=split_tuning(device), max_binding=7 * row + 64)
+    check(device, name, 50, k, (3, 20), tuning=split_tuning(device), max_binding=7 * row + 64, work=work)
 
 
 @pytest.mark.parametrize("name,k,lanes", [("Q4_0", 64, 8), ("Q8_0", 32, 4), ("Q6_K", 256, 8), ("Q2_K", 1024, 16),

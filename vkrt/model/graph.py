@@ -29,7 +29,7 @@ class Graph:
         self.add(Call(name, fn))
 
     def matmul(self, w: Tensor, x: Tensor, y: Tensor, kernel_columns: int | None = None) -> None:
-        self.add(MatMul(w, x, y, kernel_columns))
+        self.add(MatMul(w, x, y, kernel_columns, self.s.work))
 
     def norm(self, src: Tensor, dst: Tensor, weight: Tensor, eps: float) -> None:
         self.add(Norm(src, dst, weight, eps))

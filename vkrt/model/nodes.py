@@ -73,15 +73,17 @@ class Norm(Node):
 
 @dataclass(eq=False)
 class MatMul(Node):
-    """y = w·x (matmul's kernel_columns: the kernel picked as for that many columns)."""
+    """y = w·x (matmul's kernel_columns: the kernel picked as for that many columns; work: where a
+    GEMM cut along K keeps its partial tiles)."""
 
     w: Tensor
     x: Tensor
     y: Tensor
     kernel_columns: int | None = None
+    work: object = None
 
     def record(self, seq) -> None:
-        matmul(seq, self.w, self.x, self.y, kernel_columns=self.kernel_columns)
+        matmul(seq, self.w, self.x, self.y, kernel_columns=self.kernel_columns, work=self.work)
 
 
 @dataclass(eq=False)
@@ -257,7 +259,7 @@ class Attend(Node):
                                 kv_used=s.kv_used, mask_opt=False, label=f"{self.label} (split plan)").n_split
         op = FlashAttn(*args, scale=self.scale, label=self.label, kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(self.mask)), sinks=self.sinks,
-                       mask_opt=self.mask_opt, split_k=split_k, work=s.flash_work, prologue=prologue)
+                       mask_opt=self.mask_opt, split_k=split_k, work=s.work, prologue=prologue)
         s.mask_opt_owner.setdefault(id(self.mask), op)
         return op
 

@@ -105,15 +105,16 @@ def scratch_bytes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True,
 
 class Scratch(Owned):
     """The activation tensors of `scratch_shapes` as attributes (None where the model has no
-    use for one: no MoE, no DeltaNet layers, ...), the routing table of MoE prefill and flash
-    attention's work buffers (`flash_work`, grown by the recordings that need them)."""
+    use for one: no MoE, no DeltaNet layers, ...), the routing table of MoE prefill and the
+    work buffers of flash attention and of GEMMs cut along K (`work`, grown by the recordings
+    that need them)."""
 
     def __init__(self, device, cfg: ModelConfig, max_tokens: int, n_ctx: int, flash_attn: bool = True):
         super().__init__(f"activations for {max_tokens} tokens")
         self.device, self.max_tokens, self.n_ctx = device, max_tokens, n_ctx
         self._mask_opt_owner: dict = {}
         self.routes: RouteTable | None = None
-        self.flash_work: FlashWork | None = None
+        self.work: FlashWork | None = None
         table = _table(cfg, max_tokens, n_ctx, flash_attn, device)
         self._names = list(table)
         for name in self._names:
@@ -125,8 +126,7 @@ class Scratch(Owned):
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
                 write_tensor(self.wg_count, np.zeros(1, np.int32))
-            if flash_attn and any(layer.has_kv for layer in cfg.layers):
-                self.flash_work = FlashWork(device)
+            self.work = FlashWork(device, label="step work")
         except BaseException:
             self.close()
             raise
@@ -151,7 +151,7 @@ class Scratch(Owned):
             t = getattr(self, name, None)
             if t is not None:
                 t.close()
-        for obj in (self.routes, self.flash_work):
+        for obj in (self.routes, self.work):
             if obj is not None:
                 obj.close()
 

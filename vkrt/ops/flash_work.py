@@ -13,7 +13,8 @@ from ..owned import Owned
 
 
 class FlashWork(Owned):
-    """Buffers by key, each grown (never shrunk) to the most bytes a recording asked for.
+    """Buffers by key, each grown (never shrunk) to the most bytes a recording asked for: flash
+    attention's mask_opt blocks and split-K partials, a GEMM's split-K partial tiles.
 
     An engine stage's Scratch owns one, shared by every layer and every recorded step of that
     stage: its steps run one at a time and, within a step, the sequence's barriers order the

@@ -169,12 +169,13 @@ def gemm_splits(tuning, m: int, k: int, n: int) -> int:
     return ceil_div(steps, ceil_div(steps, want))   # no range left empty
 
 
-def _gemm_split(seq, typ, tune, xvec4: bool, splits: int, wr, xr, yr, push: dict, m: int, n: int) -> None:
-    """A GEMM over `splits` K ranges into partial tiles, then their sum into y (push: MM_PUSH's)."""
+def _gemm_split(seq, typ, tune, xvec4: bool, splits: int, wr, xr, yr, push: dict, m: int, n: int,
+                work: FlashWork) -> None:
+    """A GEMM over `splits` K ranges into partial tiles (in `work`), then their sum into y (push:
+    MM_PUSH's)."""
     device = seq.device
     k_split = ceil_div(ceil_div(push["K"], tune.mm_bk), splits) * tune.mm_bk
-    work = device.service("gemm split-K", lambda d: FlashWork(d, label="GEMM split-K partials"))
-    part = work.range("partials", 4 * splits * m * n)
+    part = work.range("GEMM split-K partials", 4 * splits * m * n)
     kern = gemm_kernel(device, typ, tune, xvec4=xvec4, split_k=True)
     seq.dispatch(kern, [wr, xr, yr, part], push={**push, "k_split": k_split, "part_split": m * n},
                  groups=(ceil_div(m, tune.mm_bm), ceil_div(n, tune.mm_bn), splits))
@@ -203,7 +204,8 @@ def vec4_ok(t: Tensor, off: int, *strides: int) -> bool:
 
 def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: int | None = None,
            act: str = "silu", up_weight: Tensor | None = None, route: RouteEpilogue | None = None,
-           kernel_columns: int | None = None, norm_in: NormInput | None = None) -> None:
+           kernel_columns: int | None = None, norm_in: NormInput | None = None,
+           work: FlashWork | None = None) -> None:
     """Record y = W·x. W: (K, M) of a supported type; x: F32 (K, N...); y: F32 (M, N...), where
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
@@ -213,7 +215,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
     larger product, whose columns then get the same kernel, so the same sums, whatever slice
     they fall in). With `norm_in` (and `route`; see norm_input) x is the output of the add and
-    norm the mat-vec does first."""
+    norm the mat-vec does first. `work`: the caller's FlashWork, where a GEMM cut along K
+    (gemm_splits) keeps its partial tiles; a GEMM that is cut needs one."""
     device = seq.device
     tune = tuning or device.tuning
     cols = mat_vec_columns(tune)
@@ -257,7 +260,11 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                     "y_off": yo + a, "y_col": y_col}
             splits = gemm_splits(gt, b - a, k, kernel_columns or n)
             if splits > 1:
-                _gemm_split(seq, typ, gt, xvec4, splits, wr, xr, yr, push, b - a, n)
+                if work is None:
+                    raise UnsupportedShape(f"matmul: a GEMM of {b - a} rows, K {k} and {n} columns is cut along K "
+                                           f"({splits} ranges, gemm_splits) and needs work=, a FlashWork for "
+                                           "its partial tiles")
+                _gemm_split(seq, typ, gt, xvec4, splits, wr, xr, yr, push, b - a, n, work)
                 continue
             seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, gt.mm_bm), ceil_div(n, gt.mm_bn), 1))
         return
