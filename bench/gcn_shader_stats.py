@@ -106,7 +106,7 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
     keys, mask_opt as the tuning rule says or `both` (False, True), the live cells read from a
     buffer as the engine does. mask_opt and split-K are push constants of one attention pipeline
     (the last split merges); mask_opt adds the pre-pass. `prologue` (one query): the q/k norm,
-    RoPE and cache stores in the attention's prologue (VKRT_FUSE_FA_ROPE). `tuning` (default the
+    RoPE and cache stores in the attention's prologue (the fa_rope fusion). `tuning` (default the
     device's) with `note` added to the row's place."""
     m = MODEL
     q = placeholder(dev, F32, (hs, n_q, m["n_head"], 1), "q")
@@ -136,7 +136,7 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
         pre_pass = [mask_opt_kernel(dev, rows, bc)] if on else []
         where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
         if prologue:
-            where += ", the q/k norm, RoPE and F16 cache stores in its prologue (VKRT_FUSE_FA_ROPE)"
+            where += ", the q/k norm, RoPE and F16 cache stores in its prologue (the fa_rope fusion)"
         where += note
         cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
     return cases
@@ -192,17 +192,17 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
                  [mat_vec_kernel(dev, typ, cols, tune, k=hidden, m=hidden, xvec4=xvec4, wide=wide).kernel]),
                 (f"decode {typ.name}: attention output projection",
                  [mat_vec_kernel(dev, typ, 1, tune, k=m["n_head"] * m["head"], m=hidden, xvec4=xvec4, wide=wide).kernel]),
-                (f"decode {typ.name}: expert gate and up in one pass (VKRT_FUSE_GATE_UP)",
+                (f"decode {typ.name}: expert gate and up in one pass (the gate_up fusion)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide,
                                 entry="mul_mv_id", gate_up="silu").kernel]),
                 (f"decode {typ.name}: expert down summed into the residual stream, its last workgroup "
-                 "doing the next RMS norm (VKRT_FUSE_RESID_NORM)",
+                 "doing the next RMS norm (the resid_norm fusion)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, xvec4=xvec4, wide=wide, entry="mul_mv_id_sum",
                                 slots=m["n_used"]).kernel]),
-                (f"decode {typ.name}: expert gate/up apart (VKRT_FUSE_GATE_UP=0)",
+                (f"decode {typ.name}: expert gate/up apart (VKRT_FUSE=all,-gate_up)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=hidden, m=ff, layers=m["n_used"], xvec4=xvec4, wide=wide,
                                 entry="mul_mv_id").kernel]),
-                (f"decode {typ.name}: expert down apart (VKRT_FUSE_RESID_NORM=0)",
+                (f"decode {typ.name}: expert down apart (VKRT_FUSE=all,-resid_norm)",
                  [mat_vec_kernel(dev, typ, 1, tune, k=ff, m=hidden, layers=m["n_used"], xvec4=xvec4, wide=wide,
                                 entry="mul_mv_id").kernel])]
     out += flash_attn_cases(dev, m["head"], 1, "decode")
@@ -228,21 +228,21 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
             ("k norm + rope + store into the F16 cache (norm_rope)",
              recorded(dev, lambda seq: norm_rope(seq, k3, pos, cache, weight=w_head, eps=1e-6, rows=pos,
                                                  **rope_args))),
-            ("q and k norm + rope + K's store into the F16 cache in one dispatch (VKRT_FUSE_QK_ROPE)",
+            ("q and k norm + rope + K's store into the F16 cache in one dispatch (the qk_rope fusion)",
              recorded(dev, lambda seq: norm_rope(seq, k3, pos, cache, weight=w_head, eps=1e-6, rows=pos,
                                                  with_q=(q, qr, w_head), **rope_args))),
-            ("q/k norm per head (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rms_norm(seq, q, q, 1e-6, w_head))),
+            ("q/k norm per head (VKRT_FUSE=all,-norm_rope)", recorded(dev, lambda seq: rms_norm(seq, q, q, 1e-6, w_head))),
             ("residual add + block norm", recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden,
                                                                               residual=pending, sum_out=x))),
-            ("rope (VKRT_FUSE_NORM_ROPE=0)", recorded(dev, lambda seq: rope(seq, q, pos, qr, **rope_args))),
+            ("rope (VKRT_FUSE=all,-norm_rope)", recorded(dev, lambda seq: rope(seq, q, pos, qr, **rope_args))),
             ("split-K GEMM: the partial tiles added (split_sum)",
              [kernel(dev, "split_sum", push=SPLIT_SUM_PUSH, workgroup=(tune.wg_size,))]),
             ("expert routing", recorded(dev, lambda seq: moe_route(seq, router, ids, weights, m["n_used"], True))),
-            ("decode: router mat-vec routing in its last workgroup (VKRT_FUSE_ROUTE)",
+            ("decode: router mat-vec routing in its last workgroup (the route fusion)",
              recorded(dev, lambda seq: decode_router(seq, m))),
-            ("decode: router mat-vec with the residual add and norm before it (VKRT_FUSE_NORM_ROUTE)",
+            ("decode: router mat-vec with the residual add and norm before it (the norm_route fusion)",
              recorded(dev, lambda seq: decode_router(seq, m, norm=True))),
-            ("experts' weighted sum + residual add + block norm (VKRT_FUSE_COMBINE_NORM)",
+            ("experts' weighted sum + residual add + block norm (the combine_norm fusion)",
              recorded(dev, lambda seq: rms_norm(seq, x, cur, 1e-6, w_hidden, sum_out=x, residual=ExpertSum(
                  placeholder(dev, F32, (E, m["n_used"], T), "experts"), weights, pending)))),
             ("greedy sampling on the GPU (argmax of 151936 logits)",
