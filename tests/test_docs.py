@@ -3,9 +3,10 @@ docs/ARCHITECTURE.md (and no code cites the old design brief, "DESIGN §n"); the
 and its results table is rendered from docs/results/current.json, whose updates from benchmark JSON
 are tested here; every relative link in the README and docs/ leads somewhere."""
 
-import importlib.util
 import re
 from pathlib import Path
+
+from file_modules import load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,10 +30,7 @@ def test_cited_sections_exist():
 
 
 def load_results_script():
-    spec = importlib.util.spec_from_file_location("results_table", ROOT / "scripts" / "results_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts", "results_table")
 
 
 def test_readme_is_short():

@@ -1,20 +1,17 @@
 """shaders/quant/iq_tables.glsl is what scripts/gen_iq_tables.py makes from the gguf package now,
 and its packed words read back (as the shaders read them) to gguf's own tables."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
+from file_modules import load
 from gguf import quants
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("gen_iq_tables", ROOT / "scripts" / "gen_iq_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts", "gen_iq_tables")
 
 
 def test_committed_tables_are_generated():

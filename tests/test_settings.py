@@ -1,7 +1,6 @@
 """vkrt.settings: every VKRT_* variable parsed by one rule per type, read once into Settings,
 and docs/environment.md's table generated from the declarations."""
 
-import importlib.util
 import logging
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from file_modules import load
 from vkrt.errors import ConfigError
 from vkrt.settings import BY_NAME, VARIABLES, Settings, markdown_table, read_variable
 
@@ -117,9 +117,7 @@ def test_no_layer_below_the_cli_reads_the_environment():
 
 
 def test_documented_table_is_generated_from_the_declarations():
-    spec = importlib.util.spec_from_file_location("env_table", ROOT / "scripts" / "env_table.py")
-    env_table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(env_table)
+    env_table = load("scripts", "env_table")
     doc = (ROOT / "docs" / "environment.md").read_text()
     assert env_table.BEGIN + markdown_table() + env_table.END in doc, \
         "docs/environment.md's table differs from the declarations: run scripts/env_table.py"

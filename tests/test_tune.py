@@ -2,11 +2,10 @@
 and a device opened with them (vkrt/device/tune.py)."""
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
+from file_modules import load
 from vkrt.device import Device
 from vkrt.device.architecture import Arch
 from vkrt.device.tune import describe_tune, parse_tune, tuning_for
@@ -79,10 +78,7 @@ def test_an_opened_device_takes_them(device):
 def test_a_scripts_set_items_follow_vkrt_tune(monkeypatch):
     """bench/common.py: --set items are added after VKRT_TUNE's, a later item winning; a --set item
     that does not parse is refused by that name."""
-    spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).resolve().parents[1] / "bench"
-                                                  / "common.py")
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
+    common = load("bench", "common")
     monkeypatch.setenv("VKRT_TUNE", "mv_rows=2 fa_loads_first=0")
     assert parse_tune(common.bench_settings(["mv_rows=4", "fa_unroll=0"]).tune) == \
         (("mv_rows", 4), ("fa_loads_first", 0), ("fa_unroll", False))

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from file_modules import load
 from vkrt.commands import CommandSequence, Upload, Uploader, download, upload, upload_async, uploader
 from vkrt.errors import OutOfRange, VkrtError
 from vkrt.memory import Buffer, HostRegistry, MemoryKind, allocate
@@ -210,13 +211,7 @@ def test_bench_script_adds_the_cuda_reference(device, tmp_path):
 
 
 def _bench_module(name: str):
-    """A module of bench/ (not part of the installed package), loaded from its file."""
-    import importlib.util
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("bench", name)
 
 
 def test_cuda_reference_through_the_driver(monkeypatch):
