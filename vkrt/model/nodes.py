@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..memory import Tensor
+from ..ops.add_id import add_id
 from ..ops.attention import Attention
 from ..ops.elementwise import activation, add
 from ..ops.flash_attn import FlashAttn
 from ..ops.matmul import matmul
 from ..ops.moe import moe_combine, moe_route
 from ..ops.mul_mat_id import mul_mat_id
-from ..ops.add_id import add_id
 from ..ops.norm import rms_norm
 from ..ops.norm_rope import norm_rope
 from ..ops.rope import rope
