@@ -306,7 +306,7 @@ def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, dev
     import dataclasses
 
     from vkrt.device.tuning import TABLE, Arch
-    from vkrt.ops.matmul import mat_vec_columns
+    from vkrt.ops.mat_vec import mat_vec_columns
     from vkrt.ops.mul_mat_id import mat_vec_tokens
     assert TABLE[Arch.AMD_GCN].mv_dense_max_n == 4 and TABLE[Arch.NVIDIA].mv_dense_max_n == 4
     tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=4, mv_id_max_n=32)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..memory import Tensor
 from ..ops.fa_norm_rope import fa_norm_rope
-from ..ops.matmul import NormOutput, gate_up_pair, mat_vec_columns, matmul, norm_input
+from ..ops.mat_vec import mat_vec_columns
+from ..ops.matmul import NormOutput, gate_up_pair, matmul, norm_input
 from ..ops.moe import ExpertSum, route_epilogue
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum, summed_down_fits
 from ..ops.norm import rms_norm
