@@ -16,11 +16,11 @@
 // Defines: D (head size), LANES (a power of two, at most the subgroup size; 1 = no shuffles), ROWS.
 #include "common.glsl"
 #include "gdn.glsl"
-#if LANES > 1
-#extension GL_KHR_shader_subgroup_shuffle : require
-#endif
 
 layout(local_size_x_id = 0) in;
+#if LANES > 1
+#include "subgroup.glsl"   // (emulated subgroups, SG_LOGICAL, need the workgroup size as WG)
+#endif
 
 const uint NV4 = D / (4u * LANES);   // vec4s of a row per lane
 const uint NRED = 3u + 2u * ROWS;    // values reduced per token
@@ -117,7 +117,7 @@ void main() {
 #if LANES > 1
         [[unroll]] for (uint w = 1; w < LANES; w <<= 1) {
             [[unroll]] for (uint i = 0; i < NRED; ++i) {
-                red[i] += subgroupShuffleXor(red[i], w);
+                red[i] += sg_shuffle_xor(red[i], w);
             }
         }
 #endif

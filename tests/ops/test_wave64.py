@@ -12,7 +12,9 @@ as there, its butterflies adding in the 64-lane order:
   - router_layout's one-subgroup router (64 lanes) alone and as the router mat-vec's epilogue
     (ROUTE_SUBGROUP; with emulated subgroups only where the workgroup is that subgroup), the
     whole-workgroup epilogue over two waves, and the router's norm prologue with NORM_SG 64
-    (butterfly_subgroups, norm_wg at reduce_wg 1024): bit for bit against the kernels apart."""
+    (butterfly_subgroups, norm_wg at reduce_wg 1024): bit for bit against the kernels apart;
+  - the delta rule's recurrent form with a row's 16 or 32 lanes (recurrent_layout at head sizes
+    128 and 256) summing by shuffles across them: against the loop."""
 
 import numpy as np
 import pytest
@@ -148,3 +150,20 @@ def test_norm_in_the_router(wave64, monkeypatch, n_tokens, mv_wg):
     """The router's add and norm prologue at reduce_wg 1024 (16 norm subgroups of 64, 16 or 8 a
     wave), bit for bit against rms_norm."""
     norm_in_router_bits(wave64, monkeypatch, 2048, n_tokens, mv_wg, 1024, True)
+
+
+@pytest.mark.parametrize("head_dim, lanes", [(128, 16), (256, 32)])
+def test_delta_rule_lanes(wave64, head_dim, lanes):
+    """The delta rule's recurrent form with a row's lanes across 16 or 32 of a wave (the RX 580's
+    layouts at head sizes 128, Qwen3.5's, and 256), its sums by shuffles across them (wider than
+    this device's subgroups: emulated), against the loop."""
+    from test_delta_net import assert_close, make_case, run_gdn
+
+    from vkrt.ops.delta_net import recurrent_layout
+    assert recurrent_layout(wave64.tuning, wave64.profile, head_dim).lanes == lanes
+    c = make_case(head_dim, n_k_heads=1, n_v_heads=2, head_dim=head_dim, n_tokens=3, n_seqs=1, n_slots=1)
+    want_o, want_s = c.reference()
+    out, state, used = run_gdn(wave64, c, False)
+    assert used is False
+    assert_close(out, want_o)
+    assert_close(state, want_s, what="state")

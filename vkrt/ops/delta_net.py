@@ -25,6 +25,7 @@ from ..memory import F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind, bind_tensor, f32_binding
 from .grid import ceil_div
+from .reduce import subgroup_defines
 
 HEAD_SIZES = "multiples of 16 from 16 to 256"
 CHUNK_SIZES = (16, 32, 64)
@@ -262,8 +263,9 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
 
     if not chunked:
         lay = recurrent_layout(tuning, dev.profile, d)
-        k = kernel(dev, "gdn_recurrent", defines=dict(D=d, LANES=lay.lanes, ROWS=lay.rows), push=RECURRENT_PUSH,
-                   workgroup=(lay.wg,))
+        emulated = subgroup_defines(dev) if lay.lanes > 1 else {}
+        defines = dict(D=d, LANES=lay.lanes, ROWS=lay.rows, **emulated, **({"WG": lay.wg} if emulated else {}))
+        k = kernel(dev, "gdn_recurrent", defines=defines, push=RECURRENT_PUSH, workgroup=(lay.wg,))
         seq.dispatch(k, [xr, ar, br, dr, er, sr, lr, yr], push=dict(gates, **state_push, eps=float(eps)),
                      groups=(d // lay.rows_per_group, hv, n_seqs), label="gdn_recurrent")
         return False
