@@ -103,8 +103,8 @@ def wave64(device, monkeypatch):
     """The session device laid out as the RX 580 for this test: 64-lane subgroups (emulated on
     narrower ones: vkrt/ops/reduce.py subgroup_defines, shaders/subgroup.glsl) and the AMD_GCN
     tuning table. Only the kernels that take the emulation run such layouts: the mat-vec
-    entries, rms_norm, norm_rope, moe_route and the delta rule's recurrent form (and kernels
-    without subgroup operations)."""
+    entries, rms_norm, norm_rope, moe_route, the delta rule's recurrent form and flash attention's
+    norm_rope prologue (and kernels without subgroup operations)."""
     prof = device.profile
     if (not prof.subgroup_shuffle or not prof.subgroup_arithmetic or prof.subgroup_min != prof.subgroup_max
             or 64 % prof.subgroup_min):

@@ -14,7 +14,9 @@ as there, its butterflies adding in the 64-lane order:
     whole-workgroup epilogue over two waves, and the router's norm prologue with NORM_SG 64
     (butterfly_subgroups, norm_wg at reduce_wg 1024): bit for bit against the kernels apart;
   - the delta rule's recurrent form with a row's 16 or 32 lanes (recurrent_layout at head sizes
-    128 and 256) summing by shuffles across them: against the loop."""
+    128 and 256) summing by shuffles across them: against the loop;
+  - flash attention's norm_rope prologue with its norm in 64-lane subgroups: bit for bit against
+    norm_rope then the attention."""
 
 import numpy as np
 import pytest
@@ -167,3 +169,15 @@ def test_delta_rule_lanes(wave64, head_dim, lanes):
     assert used is False
     assert_close(out, want_o)
     assert_close(state, want_s, what="state")
+
+
+@pytest.mark.parametrize("hd, n_head", [(128, 4), (256, 16)])
+def test_norm_rope_in_flash_attention(wave64, hd, n_head):
+    """Flash attention's norm_rope prologue with its q/k norm in 64-lane subgroups (NR_SG, the
+    profile's subgroup_min: norm_rope's sums as the RX 580 runs them), bit for bit against
+    norm_rope then the attention; head 128 and Qwen3.5's 256 with 16 query heads a KV head."""
+    from test_fa_norm_rope import same_bits
+
+    from vkrt.ops.reduce import butterfly_subgroups
+    assert wave64.profile.subgroup_min == 64 and butterfly_subgroups(wave64, hd) is not None
+    same_bits(wave64, hd=hd, n_head=n_head, n_kv_head=1, split_k=2, norm=True)

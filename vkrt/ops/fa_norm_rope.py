@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants
 from .binding import bind_tensor, f32_binding
-from .reduce import butterfly_subgroups, norm_wg
+from .reduce import butterfly_subgroups, norm_wg, subgroup_defines
 from .rope import rope_flag_defines, rope_operands
 
 # flash_attn.comp's push block under NORM_ROPE_IN: FA_PUSH less the fields a one-token step
@@ -74,7 +74,7 @@ def fa_norm_rope(dev, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cells:
             return None
         qwr, qwo, _ = f32_binding(q_weight, "flash attention prologue q norm")
         kwr, kwo, _ = f32_binding(k_weight, "flash attention prologue k norm")
-        defines.update(NR_WG=norm_wg(dev, D), NR_SG=sg)
+        defines.update(NR_WG=norm_wg(dev, D), NR_SG=sg, **subgroup_defines(dev))
     rr, ro = bind_tensor(cells, "flash attention prologue cells")
     kcr = bind_tensor(k_cache, "flash attention prologue k cache")[0]
     vcr = bind_tensor(v_cache, "flash attention prologue v cache")[0]

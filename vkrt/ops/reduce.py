@@ -12,8 +12,8 @@ def subgroup_defines(dev) -> dict[str, int]:
     profile lays kernels out for wider subgroups than the device runs: subgroup_min above the
     subgroup size the device reports, a profile only a test gives (lavapipe's 8 lanes running the
     RX 580's 64-lane layouts, tests/conftest.py wave64). Empty for every device as it reports
-    itself. The kernels that take it: the mat-vec entries, rms_norm, norm_rope, moe_route and the
-    delta rule's recurrent form."""
+    itself. The kernels that take it: the mat-vec entries, rms_norm, norm_rope, moe_route, the
+    delta rule's recurrent form and flash attention's norm_rope prologue."""
     prof = dev.profile
     return {"SG_LOGICAL": prof.subgroup_min} if prof.subgroup_min > prof.subgroup_size else {}
 
