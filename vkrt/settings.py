@@ -91,7 +91,7 @@ def _text(name: str, text: str) -> str:
 def _items(name: str, text: str) -> tuple[str, ...]:
     """Lower-case words split by commas or spaces, each optionally led by '-'."""
     items = tuple(text.replace(",", " ").lower().split())
-    bad = [i for i in items if not i.lstrip("-").replace("_", "").isalpha() or i.count("-") > 1 or "-" in i[1:]]
+    bad = [i for i in items if not i.lstrip("-").replace("_", "").isalpha() or "-" in i[1:]]
     if bad:
         raise ConfigError(f"{name}={text!r}: {bad[0]!r} is not a name (letters and '_', optionally led by '-')")
     return items

@@ -352,9 +352,7 @@ class Engine(Owned):
         With `pipeline` (default: unless the model keeps a recurrent state, which cannot be
         rewound) the step after a token is submitted before the token is yielded; when the
         consumer stops early, that step is waited for and its KV cell forgotten."""
-        vocab = self.model.cfg.vocab_size
-        if not 0 <= token < vocab:
-            raise VkrtError(f"token ids must be in [0, {vocab}); got {token}")
+        self.inputs.check_tokens(np.array([token]))
         if n < 1:
             return
         pipeline = not self.recurrent if pipeline is None else pipeline

@@ -119,18 +119,14 @@ class Readback(Owned):
                 raise VkrtError(f"{what}: {len(rows)} {name} for {n} tokens")
 
     def write_tables(self, adjustments: list | None, masks: list | None, rows: int) -> None:
-        """The logit adjustments and token masks of a step's `rows` rows (None: none)."""
+        """The logit adjustments (the table logit_adjust reads: a count a row, then ADJUST_CAP
+        entries a row) and token masks of a step's `rows` rows (None: none; group_rows padded
+        the callers' lists, check_tables checked, to `rows`)."""
         if adjustments is not None:
-            self.write_adjustments(adjustments, rows)
+            words = pack_table(rows, ADJUST_CAP, [None if a is None else a.words() for a in adjustments])
+            self._adjust.host_bytes[:words.nbytes] = words.view(np.uint8)
         if masks is not None:
             self.write_masks(masks, rows)
-
-    def write_adjustments(self, adjustments: list, rows: int) -> None:
-        """The table logit_adjust reads: a count a row, then ADJUST_CAP entries a row."""
-        if len(adjustments) != rows:
-            raise VkrtError(f"decode_candidates: {len(adjustments)} adjustments for {rows} tokens")
-        words = pack_table(rows, ADJUST_CAP, [None if a is None else a.words() for a in adjustments])
-        self._adjust.host_bytes[:words.nbytes] = words.view(np.uint8)
 
     def write_masks(self, masks: list | None, rows: int) -> bool:
         """The table token_mask reads (a flag a row, then its bitmask); whether any row has a mask."""

@@ -79,12 +79,10 @@ class AddNorm(Node):
     combine: MoeCombine | None = None
 
     def record(self, seq) -> None:
-        r, n = self.res, self.norm
+        r, n, c = self.res, self.norm, self.combine
         T, first = r.x.ne[1], r.first
-        pending = r.o.slice(1, first, T)
-        if self.combine is not None:
-            c = self.combine
-            pending = ExpertSum(c.experts_out, c.weights, c.out, c.shared, c.shared_gate).slice(1, first, T)
+        pending = r.o if c is None else ExpertSum(c.experts_out, c.weights, c.out, c.shared, c.shared_gate)
+        pending = pending.slice(1, first, T)
         x = r.x.slice(1, first, T)
         rms_norm(seq, x, n.dst.slice(1, first, T), n.eps, n.weight, residual=pending, sum_out=x)
 

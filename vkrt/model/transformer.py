@@ -272,7 +272,7 @@ class Transformer:
         g.add(Glu(act, ge, ue, he))
         o, shared, gate_logit = s.cols("o", T), None, None
         if cfg.layers[il].ffn == MOE_SHARED:
-            shared = s.cols("o", T)
+            shared = o   # the shared expert's output
             self._gated_ffn(g, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
                             w[p + "ffn_down_shexp.weight"], cur, s.cols("sg", T), s.cols("su", T), s.cols("sh", T),
                             shared, "silu")
