@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # the layers, bottom first: a module may import from its own layer and the ones below it
-ORDER = ("bottom", "device", "memory", "commands", "pipeline", "ops", "model", "engine", "server", "cli")
+ORDER = ("bottom", "cpu", "device", "memory", "commands", "pipeline", "ops", "model", "engine", "server", "cli")
 # the modules of the bottom layer (vkrt/<name>.py)
 BOTTOM = frozenset({"errors", "units", "owned", "settings"})
 # the library's front end, vkrt.load (vkrt/__init__.py, vkrt/llm.py), stands on the engine beside
