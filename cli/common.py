@@ -94,7 +94,27 @@ def model_options(f=None, *, n_ctx: int = 4096, ctx_help: str = "Context size (K
                           "without --n-cpu-moe, place experts to fit."),
         click.option("--expert-cache", default="auto", show_default=True,
                      help="VRAM for caching host-resident experts during decode (a size, auto = what is left, 0 = off)."),
+        cpu_expert_options,
         device_options,
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def cpu_expert_options(f):
+    """--cpu-experts, --cpu-moe-threads, --link-bandwidth (decorator)."""
+    opts = [
+        click.option("--cpu-experts", "cpu_experts", type=click.Choice(["off", "auto", "all"]), default="auto",
+                     show_default=True,
+                     help="Host-resident experts not in the expert cache: auto = on the CPU or copied to the GPU, "
+                          "whichever the measured rates say is cheaper; all = on the CPU; off = copied to the GPU."),
+        click.option("--cpu-moe-threads", "cpu_moe_threads", type=click.IntRange(1), default=None,
+                     help="Threads of the CPU expert kernels (default: the CPU's cores)."),
+        click.option("--link-bandwidth", "link_bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
+                     metavar="GB/s",
+                     help="Pace host-to-device expert traffic to this rate, as a slower PCIe link would "
+                          "(PCIe 3 x16 ~12, x4 ~3, x1 ~1; default VKRT_LINK_BANDWIDTH, else unpaced)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -172,7 +192,8 @@ def check_device_options(model_kw: dict) -> None:
 
 def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type, n_cpu_moe=None,
                    vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0,
-                   split_mode="layer", tensor_split=None, main_gpu=None, pipeline_steps=False):
+                   split_mode="layer", tensor_split=None, main_gpu=None, pipeline_steps=False, cpu_experts="auto",
+                   cpu_moe_threads=None, link_bandwidth=None):
     """The library's EngineOptions from the CLI's model options."""
     from vkrt.engine.options import EngineOptions
     from vkrt.errors import ConfigError
@@ -182,7 +203,8 @@ def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mma
                              kv_type=kv_type, n_cpu_moe=n_cpu_moe, vram_budget=vram_budgets(vram_budget),
                              expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
                              progress=progress, split_mode=split_mode, tensor_split=parse_tensor_split(tensor_split),
-                             main_gpu=main_gpu, pipeline_steps=pipeline_steps)
+                             main_gpu=main_gpu, pipeline_steps=pipeline_steps, cpu_experts=cpu_experts,
+                             cpu_moe_threads=cpu_moe_threads, link_bandwidth=link_bandwidth)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
 

@@ -80,6 +80,16 @@ def _size(name: str, text: str) -> int:
     return value
 
 
+def _gbps(name: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number of GB/s") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={text!r}: the rate must be more than 0 GB/s")
+    return value
+
+
 def _path(name: str, text: str) -> Path:
     return Path(text.strip()).expanduser()
 
@@ -150,6 +160,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("VKRT_MOE_STAGE", "moe_stage", "flag or unset", "by weight type",
              "decode reads host experts in place (0, no cache) or stages every expert tensor in VRAM (1); "
              "unset: by weight type", parse_flag),
+    Variable("VKRT_LINK_BANDWIDTH", "link_bandwidth", "GB/s", "unpaced",
+             "pace host-to-device expert traffic to this rate, as a slower PCIe link would (as `--link-bandwidth`; "
+             "that option wins)", _gbps),
     Variable("VKRT_VRAM_BUDGET", "vram_budget", "size", "none",
              "cap on VRAM use (as `--vram-budget`; that option wins)", _size),
     Variable("VKRT_FUSE", "fuse", "text", "all",
@@ -209,6 +222,7 @@ class Settings:
     prefetch_slots: int = 3
     moe_stage: bool | None = None
     vram_budget: int | None = None
+    link_bandwidth: float | None = None
     fuse: tuple = ("all",)               # VKRT_FUSE's items (vkrt.model.fuse.enabled)
     fa_mask_opt: bool | None = None
     coopmat: bool | None = None

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 
+CPU_EXPERTS = ("off", "auto", "all")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """The model options of `vkrt run` / `bench` / `serve` (same names and defaults): context
@@ -22,7 +25,13 @@ class EngineOptions:
     shares, one per device (default: each device's VRAM budget, else its free VRAM); `main_gpu`
     the device holding the output and sampling (default: the last with a layer split, else 0);
     `vram_budget` one size for every device or a tuple of one per device; `pipeline_steps`: a
-    step of several sequences runs as groups pipelined over the devices (Engine)."""
+    step of several sequences runs as groups pipelined over the devices (Engine).
+
+    Host-resident experts (docs/host-experts.md): `cpu_experts` "off" (every chosen expert runs
+    on the GPU, copied over the link), "auto" (each runs where the measured rates say is cheaper:
+    the expert cache, the CPU or a copy) or "all" (every expert not in the cache on the CPU);
+    `cpu_moe_threads` the CPU expert kernels' threads (None: the CPU's cores); `link_bandwidth`
+    GB/s paces host-to-device expert traffic to that rate, as a slower link would (None: unpaced)."""
 
     n_ctx: int = 4096
     n_batch: int = 2048
@@ -42,8 +51,17 @@ class EngineOptions:
     tensor_split: tuple[float, ...] | None = None
     main_gpu: int | None = None
     pipeline_steps: bool = False
+    cpu_experts: str = "auto"
+    cpu_moe_threads: int | None = None
+    link_bandwidth: float | None = None
 
     def __post_init__(self):
+        if self.cpu_experts not in CPU_EXPERTS:
+            raise ConfigError(f"cpu_experts must be one of {', '.join(CPU_EXPERTS)}, got {self.cpu_experts!r}")
+        if self.cpu_moe_threads is not None and int(self.cpu_moe_threads) < 1:
+            raise ConfigError(f"cpu_moe_threads must be at least 1, got {self.cpu_moe_threads}")
+        if self.link_bandwidth is not None and not float(self.link_bandwidth) > 0:
+            raise ConfigError(f"link_bandwidth must be a positive GB/s figure, got {self.link_bandwidth}")
         if self.kv_type not in ("f16", "f32"):
             raise ConfigError(f"kv_type must be 'f16' or 'f32', got {self.kv_type!r}")
         if self.split_mode == "row":
