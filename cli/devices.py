@@ -65,6 +65,55 @@ def _tuning(p, coopmat, tune):
         return tuning_for(p), f"opening it would fail: {exc}"
 
 
+def _parse_types(ctx, param, value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    from vkrt.cpu.dot_types import DOTS
+    names = tuple(dict.fromkeys(v.strip().upper() for v in value.split(",") if v.strip()))
+    bad = [n for n in names if n not in DOTS]
+    if bad or not names:
+        raise click.BadParameter(f"{', '.join(bad) or repr(value)}: the CPU expert kernels take {', '.join(DOTS)}")
+    return names
+
+
+class _BoxRequest:
+    """What `vkrt devices` asked of the box's rates (vkrt/engine/box_rates.py): the CPU types
+    (None: the default), whether to measure again, and whether to say so before measuring."""
+
+    def __init__(self, types: tuple[str, ...] | None, remeasure: bool, announce: bool):
+        self.types, self.remeasure, self.announce = types, remeasure, announce
+
+    def measure(self, dev, default_types: tuple[str, ...]):
+        """(rates, "") on the open device `dev`, or (None, why) where measuring failed."""
+        from vkrt.engine.box_rates import box_rates
+        from vkrt.errors import VkrtError
+        try:
+            return box_rates(dev, self.types or default_types, refresh=self.remeasure,
+                             announce=click.echo if self.announce else None), ""
+        except (VkrtError, OSError) as exc:
+            return None, str(exc)
+
+    def measure_default(self, usable: bool):
+        """(rates, why not) on the device vkrt picks, opened for it."""
+        from vkrt.device import Device
+        from vkrt.errors import VkrtError
+        if not usable:
+            return None, "no usable device"
+        try:
+            with Device(validate=False, settings=settings()) as dev:
+                return self.measure(dev, ("Q4_K",))
+        except VkrtError as exc:
+            return None, f"opening the device failed: {exc}"
+
+    @staticmethod
+    def show(rates, why: str) -> None:
+        if rates is None:
+            click.echo(f"box: not measured ({why})")
+            return
+        for line in rates.summary_lines():
+            click.echo(line)
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("-m", "--model", "model", default=None,
@@ -80,11 +129,19 @@ def _tuning(p, coopmat, tune):
 @click.option("--vram-budget", default=None, help="A size for every device, or one per device (8G,8G,4G).")
 @click.option("-np", "--parallel", "n_parallel", type=click.IntRange(1), default=1, show_default=True,
               help="Sequences at once (a server's slots: the recurrent state grows with them).")
-def devices(as_json: bool, model: str | None, device: str | None, n_parallel: int, **plan_kw) -> None:
-    """List Vulkan devices, their capabilities and the tuning vkrt picks; with -m, the placement
-    of a model over --device (the layer split: layers and VRAM per device)."""
+@click.option("--remeasure", is_flag=True,
+              help="Measure the box's rates (host -> GPU copy, RAM, CPU experts) again instead of reading the cache.")
+@click.option("--types", "cpu_types", default=None, callback=_parse_types,
+              help="GGUF weight types to measure the CPU expert FFN on, e.g. Q4_K,Q6_K (default: those of -m "
+                   "MODEL's experts that the CPU kernels take, else Q4_K).")
+def devices(as_json: bool, model: str | None, device: str | None, n_parallel: int, remeasure: bool,
+            cpu_types: tuple[str, ...] | None, **plan_kw) -> None:
+    """List Vulkan devices, their capabilities and the tuning vkrt picks, then this box's measured
+    rates (cached); with -m, the placement of a model over --device (the layer split: layers and
+    VRAM per device)."""
+    box = _BoxRequest(cpu_types, remeasure, not as_json)
     if model is not None:
-        _plan(model, device, n_parallel, as_json, plan_kw)
+        _plan(model, device, n_parallel, as_json, plan_kw, box)
         return
     if device is not None or plan_kw["tensor_split"] is not None or plan_kw["main_gpu"] is not None:
         raise click.UsageError("--device, -ts and -mg show a placement: give the model with -m")
@@ -107,6 +164,10 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
                "devices": [{**p.to_dict(), "tuning": {k: (v.value if hasattr(v, "value") else v)
                                                       for k, v in dataclasses.asdict(_tuning(p, coopmat, tune)[0]).items()}}
                            for p in profiles]}
+        rates, why = box.measure_default(selected is not None)
+        out["box"] = rates.as_dict() if rates else None
+        if why:
+            out["box_error"] = why
         click.echo(json.dumps(out, indent=2))
         return
     for p in profiles:
@@ -121,10 +182,13 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
         click.echo()
     if selected is None:
         click.echo("No device meets vkrt's needs (Vulkan 1.2, timeline semaphores, a compute queue).")
+    box.show(*box.measure_default(selected is not None))
 
 
-def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_kw: dict) -> None:
+def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_kw: dict, box: _BoxRequest) -> None:
     """Where `model` would go: per device its layers and the VRAM they take."""
+    from vkrt.cpu.dot_types import DOTS
+    from vkrt.engine.box_rates import expert_types
     from vkrt.engine.options import estimate_keywords, plan_layer_split
     from vkrt.engine.placement import estimate
     from vkrt.model.config import ModelConfig
@@ -150,6 +214,8 @@ def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_k
             n_cpu_moe = o.n_cpu_moe or 0
             est = estimate(cfg, tensors, n_cpu_moe=n_cpu_moe, **estimate_keywords(o, devs[main]))
             rows.append((devs[main], range(cfg.n_layer), True, True, est, budgets[main]))
+        on_cpu = tuple(t for t in expert_types(tensors) if t in DOTS)
+        rates, why = box.measure(rows[0][0], on_cpu or ("Q4_K",))
     out = {"model": model, "arch": cfg.arch, "n_layer": cfg.n_layer, "split_mode": o.split_mode if len(devs) > 1
            else "none", "n_cpu_moe": n_cpu_moe, "devices": []}
     for dev, layers, embed, output, est, budget in rows:
@@ -161,6 +227,9 @@ def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_k
                                                   "staging")} | {"total": est.total},
             "available": budget if budget is not None else dev.vram_free,
             "available_is": "vram_budget" if budget is not None else "free_vram"})
+    out["box"] = rates.as_dict() if rates else None
+    if why:
+        out["box_error"] = why
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -179,3 +248,4 @@ def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_k
                    + f", activations {fmt_bytes(v['activations'])}"
                    + (f", expert prefetch {fmt_bytes(v['prefetch'])}, staging {fmt_bytes(v['staging'])}"
                       if v["prefetch"] or v["staging"] else ""))
+    box.show(rates, why)

@@ -24,14 +24,15 @@ MODEL_MODULES = frozenset({
     "test_gpt_oss", "test_grammar", "test_granite", "test_greedy_gpu", "test_hub", "test_hybrid_engine",
     "test_hybrid_reference", "test_iq_model", "test_mixtral", "test_model_reference", "test_moe_placement",
     "test_olmoe", "test_perplexity", "test_perplexity_smollm2", "test_sampling_candidates", "test_smollm2_tensors",
-    "test_layer_split", "test_split_gguf", "test_qwen3next", "test_glm4moe", "test_phi3", "test_mistral3"})
+    "test_layer_split", "test_split_gguf", "test_qwen3next", "test_glm4moe", "test_phi3", "test_mistral3",
+    "test_box_rates"})
 
 
 def tier(path) -> str:
     """The tier marker of the test module at `path`: `pytest -m unit` (or op, model, server)."""
     folder = Path(path).resolve().relative_to(TESTS).parts[0]
-    if folder in ("ops", "server"):
-        return "op" if folder == "ops" else "server"
+    if folder in ("ops", "cpu", "server"):
+        return "server" if folder == "server" else "op"
     return "model" if Path(path).stem in MODEL_MODULES else "unit"
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..device.group import DeviceGroup, parse_device_list
+from ..engine.box_rates import model_box_rates
 from ..engine.logit_adjust import logit_adjustments
 from ..engine.sampler import SamplingParams
 from ..engine.step_inputs import PAD_STEP
@@ -119,4 +120,5 @@ def load_backend(load: Callable[[object], tuple[object, object]], devices: str |
     except BaseException:
         group.close()
         raise
+    model_box_rates(model)   # /props shows the box's rates where experts live in host memory (cached)
     return Backend(group, model, engine, time.perf_counter() - t0)

@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from aiohttp import web
 
+from ..engine.box_rates import cached_box_rates, host_expert_types
 from ..engine.dry import breaker_sequences
 from . import embeddings, sse
 from .chat_output import OutputSpec
@@ -44,6 +45,7 @@ async def read_body(request: web.Request, timeout: float) -> dict:
 class Api:
     def __init__(self, state: ServerState):
         self.state = state
+        self._box_rates = None   # read once found (BoxRates)
 
     def routes(self) -> list:
         chat, comp = self.chat_completions, self.completions
@@ -89,7 +91,14 @@ class Api:
             "model_path": os.path.basename(s.model.path), "model_alias": s.model_name, "total_slots": s.config.n_parallel,
             "chat_template": s.template.source, "bos_token": s.template.bos_token, "eos_token": s.template.eos_token,
             "default_generation_settings": {"n_ctx": s.n_ctx_slot, "params": asdict(s.defaults)},
-            "build_info": f"vkrt {s.version}"})
+            "build_info": f"vkrt {s.version}", **self._box()})
+
+    def _box(self) -> dict:
+        """{"box": the box's cached rates} where the model keeps experts in host memory and they
+        were measured (at start: vkrt/engine/box_rates.py model_box_rates); else nothing."""
+        if self._box_rates is None and host_expert_types(self.state.model):
+            self._box_rates = cached_box_rates(self.state.model.device)
+        return {"box": self._box_rates.as_dict()} if self._box_rates is not None else {}
 
     async def slots(self, request):
         return web.json_response(self.state.scheduler.slot_info())
