@@ -21,5 +21,6 @@ def test_model_modules_are_the_ones_that_load_a_model():
 def test_tier_of_each_folder():
     assert tier(TESTS / "ops" / "test_rope.py") == "op"
     assert tier(TESTS / "server" / "test_server_api.py") == "server"
+    assert tier(TESTS / "cpu" / "test_expert_ffn.py") == "op"
     assert tier(TESTS / "test_engine_replay.py") == "model"
     assert tier(TESTS / "test_settings.py") == "unit"

@@ -18,6 +18,7 @@ into (StepRunner.groups).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Iterator
 
@@ -29,6 +30,7 @@ from ..model.loader import Model
 from ..owned import Owned
 from .greedy import greedy_tokens
 from .handoff import Handoff
+from .host_experts import ExpertTraffic, cpu_expert_options
 from .kv_cache import CellTable
 from .logit_adjust import LogitAdjustments
 from .readback import Readback
@@ -49,14 +51,18 @@ class Engine(Owned):
     and its mixed steps several sizes of prompt and of output; twice that with pipeline_steps).
     pipeline_steps: on a layer split, run a step of several sequences (decode, decode_candidates,
     mixed) as groups of whole sequences pipelined over the stages (see StepRunner.groups), not
-    as one pass stage after stage. The parts it runs with: `stages`, `inputs` (StepInputs),
+    as one pass stage after stage. cpu_experts "auto" / "all" (with cpu_moe_threads, and
+    link_bandwidth GB/s pacing the expert copies): decode steps plan host-resident experts on
+    the host and compute some on the CPU (host_experts.py); "off": the GPU computes them all.
+    The parts it runs with: `stages`, `inputs` (StepInputs),
     `readback` (Readback) and `steps` (StepRunner: the recorded graphs, `steps.graphs`)."""
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 2048, n_ubatch: int = 512,
                  flash_attn: bool = True, kv_type=F16, max_graphs: int | None = None, replay: bool = True,
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
                  expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0,
-                 pipeline_steps: bool = False):
+                 pipeline_steps: bool = False, cpu_experts: str = "off", cpu_moe_threads: int | None = None,
+                 link_bandwidth: float | None = None):
         super().__init__("engine")
         self.model = model
         self.device = dev = model.device
@@ -85,8 +91,9 @@ class Engine(Owned):
             self.state = states[0] if len(states) == 1 else StateGroup(states) if states else None
             self.readback = Readback(dev, cfg.vocab_size, cfg.n_embd, n_ubatch)
             self.candidate_rows = self.readback.candidate_rows   # the most tokens decode_candidates takes
+            cpu = cpu_expert_options(dev, model, cpu_experts, cpu_moe_threads, link_bandwidth)
             for st in self.stages:
-                st.add_experts(n_ubatch, stage_experts, expert_cache, prefetch_slots)
+                st.add_experts(n_ubatch, stage_experts, expert_cache, prefetch_slots, cpu)
             self.staging, self.prefetch = main.staging, main.prefetch
             pads = flash_attn and not self.recurrent and not self.host_experts   # padding without side effects
             self.inputs = StepInputs(self.stages, cells, self.state, cfg, n_ctx=n_ctx, n_ubatch=n_ubatch,
@@ -117,9 +124,25 @@ class Engine(Owned):
         """Bytes of the KV cache on every device."""
         return sum(st.cache.nbytes for st in self.stages)
 
+    def expert_traffic(self) -> ExpertTraffic | None:
+        """Where the decode steps' (token, expert) pairs ran and the expert bytes that crossed the
+        link, over every stage (None: the host does not plan the experts, --cpu-experts off)."""
+        hosts = [st.host_experts for st in self.stages if st.host_experts is not None]
+        if not hosts:
+            return None
+        total = ExpertTraffic()
+        for h in hosts:
+            for f in dataclasses.fields(total):
+                setattr(total, f.name, getattr(total, f.name) + getattr(h.traffic, f.name))
+        return total
+
     def expert_cache_hit_rate(self) -> float | None:
         """Share of the experts decode steps chose that were already cached, over every stage
         (None: no expert cache)."""
+        traffic = self.expert_traffic()
+        if traffic is not None and any(st.staging.cache_slots for st in self.stages):
+            pairs = traffic.pairs_cached + traffic.pairs_copied + traffic.pairs_cpu
+            return traffic.pairs_cached / pairs if pairs else 0.0
         counts = [c for st in self.stages if st.staging is not None and (c := st.staging.hit_counts()) is not None]
         if not counts:
             return None

@@ -35,7 +35,7 @@ def greedy_tokens(steps: StepRunner, token: int, seq_id: int, n: int, pipeline: 
         if split and pending:   # pipelined: the step before is ending; its token is the input
             steps.wait(pending[-1][2].seqs[-1])
             inputs.write_token(parity, steps.readback.token(pending[-1][0]))
-        if g.prefetched or split:   # uploads interleaved with the layers, or stages: run in order
+        if g.prefetched or g.hosted or split:   # uploads or host work between the layers, or stages: in order
             steps.run(g, parity, wait_last=not split)
         else:
             g.seqs[0].submit()

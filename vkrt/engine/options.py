@@ -124,7 +124,8 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
     try:
         engine = Engine(model, n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
                         kv_type=o.kv_type.upper(), expert_cache=o.expert_cache, n_seq_max=o.n_seq_max,
-                        n_checkpoints=o.n_checkpoints, pipeline_steps=o.pipeline_steps)
+                        n_checkpoints=o.n_checkpoints, pipeline_steps=o.pipeline_steps, cpu_experts=o.cpu_experts,
+                        cpu_moe_threads=o.cpu_moe_threads, link_bandwidth=o.link_bandwidth)
     except BaseException:
         model.close()
         raise

@@ -4,7 +4,8 @@ step (stage k hands the residual stream to stage k+1 through a Handoff)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 from ..commands import CommandSequence
 from ..errors import BufferTooLarge, ConfigError
@@ -15,18 +16,26 @@ from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
 from .recurrent_state import RecurrentState
-from .staging import ExpertStaging
+from .host_experts import CpuExpertOptions, HostExperts, host_expert_types_ok
+from .staging import ExpertStaging, staged_layers
 
 CACHE_RESERVE = 512 << 20   # VRAM the automatic expert cache leaves free
+
+log = logging.getLogger("vkrt")
+
 
 
 @dataclass
 class StageGraph:
     """A stage's recorded part of one step shape: one sequence, or with expert prefetch one
-    sequence per segment, segment k >= 1 starting at the MoE block of prefetched layer k - 1."""
+    sequence per segment, segment k >= 1 starting at the MoE block of prefetched layer k - 1;
+    or, with host-planned experts, `hosts[k]` the host's work before segment k ((what, layer),
+    Part.host; None: none) for a step of `n_tokens`."""
 
     seqs: list[CommandSequence]
     prefetched: list[int]
+    hosts: list = field(default_factory=list)
+    n_tokens: int = 0
 
     def close(self) -> None:
         for seq in self.seqs:
@@ -46,6 +55,7 @@ class Stage(Owned):
         cfg = model.cfg
         self.model, self.device, self.layers = model, device, layers
         self.cache = self.state = self.scratch = self.inputs = self.prefetch = self.staging = None
+        self.host_experts = None   # HostExperts: the host plans the decode steps' experts, the CPU computes some
         self.transformer = Transformer(cfg, model.weights, enabled(self.device.settings.fuse),
                                        self.device.settings.fa_mask_opt, output=model.output_weight if output else None,
                                        n_ctx_seq=n_ctx)   # one cell table for all sequences: llama.cpp's unified KV
@@ -69,13 +79,29 @@ class Stage(Owned):
             raise
 
     def add_experts(self, n_ubatch: int, stage_experts: bool | None, expert_cache: int | None,
-                    prefetch_slots: int | None) -> None:
+                    prefetch_slots: int | None, cpu: CpuExpertOptions | None = None) -> None:
         """Expert staging (with the decode expert cache) and prefetch slots; after the engine's
-        other buffers, as the automatic cache takes what VRAM is left."""
-        self.staging = ExpertStaging(self.model, n_ubatch, stage_experts,   # before prefetch: it leaves room
-                                     self._cache_bytes(expert_cache, prefetch_slots), device=self.device,
-                                     layers=self.layers)
+        other buffers, as the automatic cache takes what VRAM is left. `cpu`: the host plans the
+        decode steps' experts and the CPU computes some (HostExperts), where it can."""
+        cache = self._cache_bytes(expert_cache, prefetch_slots)
+        hybrid = cpu is not None and self._hybrid(cpu)
+        self.staging = ExpertStaging(self.model, n_ubatch, True if hybrid else stage_experts, cache,  # before
+                                     device=self.device, layers=self.layers, zero_slot=hybrid)  # prefetch: it leaves room
+        if hybrid and self.staging.layers:
+            self.host_experts = HostExperts(self.model, self.staging, self.device, mode=cpu.mode, threads=cpu.threads,
+                                            link_gbps=cpu.link_gbps, rates=cpu.rates, max_tokens=n_ubatch)
         self.prefetch = ExpertPrefetch(self.model, prefetch_slots, device=self.device, layers=self.layers)
+
+    def _hybrid(self, cpu: CpuExpertOptions) -> bool:
+        """Whether this stage's host-resident MoE layers run hybrid decode (logs why not)."""
+        layers = staged_layers(self.model, self.layers)
+        if not layers:
+            return False
+        why = host_expert_types_ok(self.model, layers) if cpu.mode != "off" else None
+        if why is not None:
+            log.warning("--cpu-experts %s: %s; the GPU computes every expert", cpu.mode, why)
+            return False
+        return True
 
     def _cache_bytes(self, requested: int | None, prefetch_slots: int | None) -> int:
         """VRAM for the decode expert cache: `requested` bytes, or (None) what is free after the
@@ -86,13 +112,17 @@ class Stage(Owned):
         reserve = max(CACHE_RESERVE, self.device.vram_free // 20)
         return max(0, self.device.vram_free - want - reserve)
 
-    def record(self, parts, input_sizes: dict, parity: int, ids_on_gpu: bool, label: str) -> StageGraph:
-        """Record `parts` (Transformer.parts of this stage), cut before each prefetched MoE block;
-        the first sequence starts by copying the step inputs (copy `parity`) to the GPU."""
+    def record(self, parts, input_sizes: dict, parity: int, ids_on_gpu: bool, label: str,
+               n_tokens: int = 0) -> StageGraph:
+        """Record `parts` (Transformer.parts of this stage), cut before each prefetched MoE block
+        and each part the host works before; the first sequence starts by copying the step
+        inputs (copy `parity`) to the GPU."""
         segments: list[list] = [[]]
+        hosts: list = [None]
         for part in parts:
-            if part.layer is not None:
+            if part.layer is not None or part.host is not None:
                 segments.append([])
+                hosts.append(part.host)
             segments[-1].append(part)
         seqs = []
         try:
@@ -112,11 +142,22 @@ class Stage(Owned):
             for seq in seqs:
                 seq.close()
             raise
-        return StageGraph(seqs, [p.layer for p in parts if p.layer is not None])
+        return StageGraph(seqs, [p.layer for p in parts if p.layer is not None],
+                          hosts if any(hosts) else [], n_tokens)
 
     def submit(self, g: StageGraph) -> int:
         """Submit a stage's part of a step (not waiting); with prefetched layers, interleave their
-        uploads on the transfer queue. Returns how many layers were prefetched."""
+        uploads on the transfer queue; with host-planned experts, the host plans each such layer
+        (after the routing) and computes its CPU experts while the GPU runs the rest of the
+        layer. Returns how many layers were prefetched."""
+        if g.hosts:
+            previous = None
+            for seq, host in zip(g.seqs, g.hosts):
+                if host is not None:
+                    self.host_experts.before(host, g.n_tokens, previous)
+                seq.submit()
+                previous = seq
+            return 0
         if not g.prefetched:
             g.seqs[0].submit()
             return 0
@@ -142,6 +183,7 @@ class Stage(Owned):
         return n
 
     def _release(self) -> None:
-        for obj in (self.staging, self.prefetch, self.inputs, self.scratch, self.state, self.cache):
+        for obj in (self.host_experts, self.staging, self.prefetch, self.inputs, self.scratch, self.state,
+                    self.cache):
             if obj is not None:
                 obj.close()

@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-from ..commands import read_tensor, write_tensor
+from ..commands import CommandSequence, read_tensor, write_tensor
 from ..errors import OutOfDeviceMemory, VulkanError
 from ..memory import I32, Buffer, MemoryKind, Tensor
 from ..model.transformer import EXPERT_TENSORS, StagedExperts
@@ -45,12 +45,13 @@ def expert_bytes(model) -> int:
 class ExpertStaging(Owned):
     """Device slots for the experts decode steps choose in host-resident MoE layers: per stack
     (gate, up, down) one buffer holding each layer's `cache_slots` cache slots, then `n_stage`
-    staging slots shared by all layers; plus the per-layer cache state. `layers` lists the
+    staging slots shared by all layers (then, with `zero_slot`, one zeroed slot the pairs the
+    CPU computes read: every stack staged); plus the per-layer cache state. `layers` lists the
     layers with at least one staged stack (empty: decode reads host memory in place). `device`
     and `layers`: a stage of a layer split (default: the model's device, every layer)."""
 
     def __init__(self, model, max_tokens: int, enabled: bool | None = None, cache_bytes: int = 0, device=None,
-                 layers=None):
+                 layers=None, zero_slot: bool = False):
         super().__init__("expert staging")
         dev, cfg, w = device or model.device, model.cfg, model.weights
         self._by_role: list[Buffer | None] = []   # gate, up, down (None: that stack is read in place)
@@ -58,6 +59,8 @@ class ExpertStaging(Owned):
         self.cache_slots = self.n_stage = 0
         self.state: Tensor | None = None
         self._views: dict[int, StagedExperts] = {}
+        self.view_base: dict[int, int] = {}   # layer -> the slot of the whole buffer its view starts at
+        self.zero_slot: int | None = None
         if enabled is None:
             enabled = dev.settings.moe_stage
         candidates = staged_layers(model, layers)
@@ -69,7 +72,8 @@ class ExpertStaging(Owned):
         limit = binding_limit(dev) - ALIGN
         cache = min(cfg.n_expert, cache_bytes // (L * sum(strides)),
                     min((limit // s - n_slots) // L for s in strides))
-        if cache > 0:
+        if cache > 0 or zero_slot:
+            cache = max(cache, 0)
             roles = [(True, True, True)] * L
         else:
             cache = 0
@@ -78,8 +82,9 @@ class ExpertStaging(Owned):
         plan = {il: r for il, r in zip(candidates, roles) if any(r)}
         if not plan:
             return
+        extra = 1 if zero_slot else 0
         for attempt in (cache, 0) if cache else (0,):
-            n_stage = 0 if attempt >= n_slots else n_slots
+            n_stage = (0 if attempt >= n_slots and not zero_slot else n_slots) + extra
             sizes = [(L * attempt + n_stage) * s if any(r[i] for r in plan.values()) else 0
                      for i, s in enumerate(strides)]
             try:
@@ -91,7 +96,10 @@ class ExpertStaging(Owned):
                             "; trying without the expert cache" if attempt else "; decode reads host memory")
         else:
             return
-        self.cache_slots, self.n_stage = attempt, n_stage
+        self.cache_slots, self.n_stage = attempt, n_stage - extra
+        self.zero_slot = L * attempt + n_stage - 1 if zero_slot else None   # in the whole buffer
+        if zero_slot:
+            self._zero(dev, strides)
         words = cache_state_words(cfg.n_expert, attempt)
         if attempt:
             self.state = Tensor.empty(dev, I32, (words, L), name="expert cache")   # a row per layer
@@ -110,10 +118,22 @@ class ExpertStaging(Owned):
                 stacks.append(t.view((src.ne[0], src.ne[1], n_view), (t.nb[0], t.nb[1], s), name=f"staged {src.name}"))
             state = self.state.slice(1, j, j + 1) if attempt else None
             self._views[il] = StagedExperts(tuple(stacks), n_slots, attempt, (L - j) * attempt, state)
+            self.view_base[il] = j * attempt
         self.layers = sorted(plan)
         what = f"{attempt} cached experts per layer + " if attempt else ""
         log.info("expert staging: %d host-resident MoE layers, %s%d staging slots (%s)", len(plan), what, n_stage,
                  fmt_bytes(self.nbytes))
+
+    def _zero(self, dev, strides) -> None:
+        """Fill the zero slot of every stack with zeros (a block of zero bytes is 0 in every type)."""
+        seq = CommandSequence(dev, label="zero expert slot")
+        try:
+            with seq.record():
+                for buf, stride in zip(self._by_role, strides):
+                    seq.fill(buf.range(self.zero_slot * stride, stride), 0)
+            seq.run()
+        finally:
+            seq.close()
 
     def _allocate(self, dev, sizes, cache, n_stage) -> None:
         for n, size in zip(EXPERT_TENSORS, sizes):

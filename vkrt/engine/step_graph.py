@@ -49,6 +49,11 @@ class StepGraph:
         return [seq for g in self.stages for seq in g.seqs]
 
     @property
+    def hosted(self) -> bool:
+        """Whether the host works between its segments (host-planned experts)."""
+        return any(g.hosts for g in self.stages)
+
+    @property
     def prefetched(self) -> list[int]:
         return [il for g in self.stages for il in g.prefetched]
 
@@ -91,11 +96,13 @@ def record_graph(key: GraphKey, stages: list, handoffs: list, readback, flash_at
                                                                  x_bytes)) if k < len(handoffs) else None)
             use_prefetch = st.prefetch.active and n * cfg.n_expert_used >= 2 * cfg.n_expert
             use_staging = not use_prefetch and n <= st.device.tuning.mv_max_n
+            staged = None
+            if use_staging:
+                staged = st.host_experts.tensors() if st.host_experts is not None else st.staging.tensors()
             stage_parts = st.transformer.parts(st.scratch, st.cache, st_opts,
-                                               st.prefetch.experts() if use_prefetch else None,
-                                               st.staging.tensors() if use_staging else None, state=st.state)
+                                               st.prefetch.experts() if use_prefetch else None, staged, state=st.state)
             label = f"forward T={n} kv={n_kv}" + (f" on {st.device.label}" if split else "")
-            parts.append(st.record(stage_parts, sizes, parity, key.ids_on_gpu, label))
+            parts.append(st.record(stage_parts, sizes, parity, key.ids_on_gpu, label, n))
     except BaseException:
         for part in parts:
             part.close()

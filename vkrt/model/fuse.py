@@ -168,7 +168,7 @@ class _Pass:
                 hit = rule(nodes, i)
                 if hit is not None:
                     used, node, anchor = hit
-                    node.part = nodes[i + anchor].part
+                    node.part, node.segment = nodes[i + anchor].part, nodes[i + anchor].segment
                     out.append(node)
                     i += used
                     break
@@ -180,7 +180,9 @@ class _Pass:
     @staticmethod
     def _window(nodes, i, *kinds) -> list | None:
         run = nodes[i:i + len(kinds)]
-        return run if len(run) == len(kinds) and all(isinstance(n, k) for n, k in zip(run, kinds)) else None
+        if len(run) != len(kinds) or any(n.segment != run[0].segment for n in run):   # never across a cut
+            return None
+        return run if all(isinstance(n, k) for n, k in zip(run, kinds)) else None
 
     @staticmethod
     def _joins(res: Residual, norm: Norm) -> bool:

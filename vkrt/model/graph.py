@@ -18,10 +18,11 @@ class Graph:
         self.x, self.cur = s.cols("x", T), s.cols("cur", T)
         self.nodes: list[Node] = []
         self.part = 0
+        self.segment = 0   # bumped where the engine cuts the recording into another command sequence
         self.pending: Tensor | None = None
 
     def add(self, node: Node) -> Node:
-        node.part = self.part
+        node.part, node.segment = self.part, self.segment
         self.nodes.append(node)
         return node
 

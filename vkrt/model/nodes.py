@@ -24,6 +24,7 @@ from ..ops.set_rows import set_rows
 
 class Node:
     part: int = -1
+    segment: int = 0   # the command sequence it is recorded into (parts are cut into sequences)
 
     def record(self, seq) -> None:
         raise TypeError(f"{type(self).__name__} records nothing")

@@ -42,28 +42,53 @@ from .tensors import EXPERT_TENSORS, LONG_ROPE_FACTORS, required_tensors
 
 
 @dataclass
+class HostExchange:
+    """Where a step of one host-resident MoE layer meets the host, which plans its experts and
+    computes some on the CPU. The GPU writes `x` (the FFN input, [n_embd, T]), `ids` and
+    `weights` (the routing, [k, T]); the host writes `remap` (each pair's slot), `gpu_weights`
+    (the routing weights the GPU sums with: 0 for the pairs the CPU computes), `plan` (the
+    copies, as moe_stage_plan writes them) and `cpu_sum` (the CPU's weighted expert sum,
+    [n_embd, T]). Host-visible tensors of the most tokens a step stages, sliced to T."""
+
+    x: Tensor
+    ids: Tensor
+    weights: Tensor
+    remap: Tensor
+    gpu_weights: Tensor
+    plan: Tensor
+    cpu_sum: Tensor
+
+
+@dataclass
 class StagedExperts:
     """Where a decode step of one host-resident MoE layer stages its chosen experts: per stack
     (gate, up, down) a slot tensor (K, M, n) or None (read in place); at most `max_copies`
     experts are copied per step; with `cache_slots` > 0 the first slots are the layer's expert
-    cache (state in `state`) and staging slots start at `stage_base`."""
+    cache (state in `state`) and staging slots start at `stage_base`. With `host` the host
+    plans the copies (and the cache) and computes some experts on the CPU: the step is cut
+    after the routing (the host reads it) and before the block output joins the residual
+    stream (the CPU's sum is added)."""
 
     stacks: tuple
     max_copies: int
     cache_slots: int = 0
     stage_base: int = 0
     state: Tensor | None = None
+    host: HostExchange | None = None
 
 
 @dataclass
 class Part:
     """A piece of the forward pass: record(seq) adds its ops' commands (over tensors the Scratch,
     the caches and the weights own: nothing to keep alive). `layer` marks a MoE block whose
-    experts come from a prefetch slot."""
+    experts come from a prefetch slot; `host` = (what, layer) marks a part the host works before
+    (("plan", il): the staging plan of layer il's experts; ("cpu", il): its CPU experts).
+    Both start a command sequence of their own."""
 
     name: str
     layer: int | None = None
     nodes: list = field(default_factory=list)
+    host: tuple[str, int] | None = None
 
     def record(self, seq) -> None:
         for node in self.nodes:
@@ -145,9 +170,12 @@ class Transformer:
         s.mask_opt_owner.clear()
         g, parts = Graph(s, T), []
 
-        def part(name: str, layer: int | None = None) -> None:
+        def part(name: str, layer: int | None = None, host: tuple[str, int] | None = None) -> None:
             g.part = len(parts)
-            parts.append(Part(name, layer))
+            if layer is not None or host is not None:
+                g.segment += 1
+            parts.append(Part(name, layer, host=host))
+        self._cut = part
 
         if opts.receive is None:
             part("embed")
@@ -260,7 +288,9 @@ class Transformer:
         if cfg.expert_weights_scale not in (0.0, 1.0):   # glm4moe's routed_scaling_factor
             g.call("routing scale", lambda seq: scale(seq, weights, cfg.expert_weights_scale, weights))
         stacks = [(t, ids) for t in (experts or tuple(w[p + n] for n in EXPERT_TENSORS))]
-        if staged:
+        if staged and staged.host is not None:
+            self._host_plan(g, il, cur, ids, weights, stacks, staged)
+        elif staged:
             self._stage(g, ids, stacks, staged)
         ge, ue, he, de = (getattr(s, n).slice(2, 0, T) for n in ("ge", "ue", "he", "de"))
         x3 = cur.view((E, 1, T))
@@ -287,7 +317,29 @@ class Transformer:
             g.call("shared expert", lambda seq: add(seq, o, shared, o))
         else:
             g.add(MoeCombine(de, weights, o, shared, gate_logit))
+        if staged and staged.host is not None:
+            cpu_sum = staged.host.cpu_sum.slice(1, 0, T)
+            self._cut(f"moe {il} cpu experts", host=("cpu", il))
+            g.call("cpu experts", lambda seq: add(seq, o, cpu_sum, o))
         self.block_output(g, o)
+
+    def _host_plan(self, g: Graph, il: int, cur: Tensor, ids: Tensor, weights: Tensor, stacks: list,
+                   staged: StagedExperts) -> None:
+        """The routing goes to the host, which plans the step's copies and which experts the CPU
+        computes; the GPU then copies the planned experts and reads every stack from its slots
+        (the pairs the CPU computes read a zeroed slot with weight 0)."""
+        s, T, h = g.s, g.T, staged.host
+        remap, plan = s.moe_remap.slice(1, 0, T), s.moe_plan
+        out = [(cur, h.x.slice(1, 0, T)), (ids, h.ids.slice(1, 0, T)), (weights, h.weights.slice(1, 0, T))]
+        g.call("routing to host", lambda seq: [seq.copy(a.range(), b.range(), a.nbytes) for a, b in out])
+        self._cut(f"moe {il} experts", host=("plan", il))
+        back = [(h.remap.slice(1, 0, T), remap), (h.gpu_weights.slice(1, 0, T), weights), (h.plan, plan)]
+        g.call("plan from host", lambda seq: [seq.copy(a.range(), b.range(), a.nbytes) for a, b in back])
+        for r, slots in enumerate(staged.stacks):
+            stack = stacks[r][0]
+            g.call("stage copy", lambda seq, stack=stack, slots=slots: moe_stage_copy(
+                seq, stack, slots, plan, staged.max_copies))
+            stacks[r] = (slots, remap)
 
     def _stage(self, g: Graph, ids: Tensor, stacks: list, staged: StagedExperts) -> None:
         """Decode's copy of a host-resident layer's chosen experts into VRAM slots: the plan, then

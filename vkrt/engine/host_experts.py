@@ -1,0 +1,313 @@
+"""Host experts: the host's side of a decode step of host-resident MoE layers when it plans the
+experts itself (docs/host-experts.md, `--cpu-experts auto|all`).
+
+Per such layer and step the GPU routes the tokens and hands the routing to the host (the step's
+command sequence is cut there). The host decides, per chosen expert: in the layer's VRAM expert
+cache -> the GPU computes it; otherwise the CPU computes it (vkrt/cpu, reading the expert where
+it lies in RAM) or it is copied over the link into a VRAM slot (and admitted to the cache),
+whichever the measured rates say finishes first ("auto"; "all": every uncached expert on the
+CPU). The GPU then copies what was planned and runs its experts and the shared expert while
+the CPU computes the rest; the CPU's weighted sum joins the block output before the next layer.
+`link_gbps` paces the copies to a slower link's rate (the step does not go on before the
+copies would have crossed it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ..cpu.dot_types import DOTS
+from ..cpu.expert_ffn import ACTIVATIONS, ExpertFFN, ExpertStack
+from ..memory import F32, I32, Buffer, MemoryKind, Tensor
+from ..model.transformer import EXPERT_TENSORS, HostExchange, StagedExperts
+from ..ops.moe_stage import plan_words
+from ..owned import Owned
+
+log = logging.getLogger("vkrt")
+
+
+@dataclass
+class ExpertTraffic:
+    """Where the (token, expert) pairs of decode steps ran, and the expert bytes that crossed the
+    link, counted since the engine started."""
+
+    tokens: int = 0
+    pairs_cached: int = 0
+    pairs_copied: int = 0
+    pairs_cpu: int = 0
+    bus_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CpuExpertOptions:
+    """How decode treats host-resident experts not in the expert cache: `mode` "auto" (the CPU
+    or a copy, by the measured `rates`), "all" (the CPU) or "off" (a copy: the host plans it to
+    pace it), with `threads` CPU threads; `link_gbps` paces the copies (None: unpaced)."""
+
+    mode: str
+    threads: int
+    link_gbps: float | None = None
+    rates: object = None
+
+    @property
+    def link_or_measured(self) -> float | None:
+        """The link's rate decisions assume: the paced one, else the measured one."""
+        return self.link_gbps or (self.rates.h2d_gbps if self.rates is not None else None)
+
+
+def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps: float | None):
+    """The CpuExpertOptions of `--cpu-experts mode`, or None where the GPU plans and computes
+    every expert itself: a model without host-resident experts, "off", or "auto" where the link
+    (`link_gbps`, else the measured one) outpaces the CPU so that it would copy every expert
+    anyway -- but with a paced link (`link_gbps` or the setting) the host plans the copies ("off":
+    every uncached expert copied) to pace them. Threads default to the CPU's cores; "auto" reads
+    the box's rates (engine/box_rates.py: measured once per machine)."""
+    link_gbps = link_gbps or device.settings.link_bandwidth
+    if not model.cfg.moe or (mode == "off" and not link_gbps):
+        return None
+    types = sorted({model.weights[n].type.name for n in model.placement.host_tensors if "_exps." in n})
+    if not types:
+        return None
+    cores = len(os.sched_getaffinity(0))
+    threads = min(threads or cores, numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(threads)
+    options = CpuExpertOptions(mode, threads, link_gbps, None)
+    if mode == "auto":
+        from .box_rates import box_rates   # measures the box on first use: only where it decides
+        options = dataclasses.replace(options, rates=box_rates(device, types=tuple(types)))
+        k, link, cpu = model.cfg.n_expert_used, options.link_or_measured, cpu_rate(options.rates, types[0], threads)
+        if link and cpu and copies(k, link, cpu) >= k:
+            log.info("--cpu-experts auto: the link (%.1f GB/s) outpaces the CPU expert kernels (%.1f GB/s at %d "
+                     "threads): the GPU computes every expert", link, cpu, threads)
+            return dataclasses.replace(options, mode="off") if link_gbps else None
+    return options
+
+
+def cpu_rate(rates, type_name: str, threads: int) -> float | None:
+    """The measured CPU expert rate of `type_name` (None: not measured)."""
+    return rates.cpu_rate(type_name, threads) if rates is not None and rates.cpu_gbps.get(type_name) else None
+
+
+def copies(n_missing: int, link_gbps: float | None, cpu_gbps: float | None) -> int:
+    """Of `n_missing` uncached experts, how many to copy over the link rather than compute on the
+    CPU: the split that has both finish together (half each where a rate is unknown)."""
+    if not link_gbps or not cpu_gbps:
+        return n_missing // 2
+    return int(round(n_missing * link_gbps / (link_gbps + cpu_gbps)))
+
+
+class LayerCache:
+    """The host's record of one layer's VRAM expert cache: which expert each of `slots` slots
+    holds; the least recently used is replaced."""
+
+    def __init__(self, n_expert: int, slots: int):
+        self.slot_of = np.full(n_expert, -1, np.int64)
+        self.expert_in = np.full(slots, -1, np.int64)
+        self.used = np.zeros(slots, np.int64)
+
+    @property
+    def slots(self) -> int:
+        return self.expert_in.size
+
+    def admit(self, expert: int, stamp: int, keep: set) -> int:
+        """The slot `expert` is copied to: the least recently used one not in `keep` (-1: none)."""
+        order = np.argsort(self.used, kind="stable")
+        for slot in order:
+            if int(slot) not in keep:
+                old = self.expert_in[slot]
+                if old >= 0:
+                    self.slot_of[old] = -1
+                self.expert_in[slot], self.slot_of[expert], self.used[slot] = expert, slot, stamp
+                return int(slot)
+        return -1
+
+
+def host_expert_types_ok(model, layers) -> str | None:
+    """Why the CPU cannot compute these layers' experts (None: it can)."""
+    act = model.cfg.spec.ffn.activation
+    if act not in ACTIVATIONS:
+        return f"activation {act} is not one the CPU expert kernels take"
+    for il in layers:
+        for n in EXPERT_TENSORS:
+            t = model.weights[f"blk.{il}.{n}"]
+            if t.type.name not in DOTS:
+                return f"blk.{il}.{n} is {t.type.name}, a type the CPU expert kernels do not take"
+    return None
+
+
+class HostExperts(Owned):
+    """Hybrid decode of the host-resident MoE layers of a stage (see the module docstring), over
+    `staging`'s slots (made with a zero slot). `mode` "auto" or "all"; `rates` a BoxRates
+    (h2d_gbps, cpu_rate(type, threads)) or None (then "auto" copies as often as the CPU runs)."""
+
+    def __init__(self, model, staging, device, *, mode: str, threads: int, link_gbps: float | None, rates,
+                 max_tokens: int):
+        super().__init__("host experts")
+        cfg = model.cfg
+        self.model, self.staging, self.mode, self.threads = model, staging, mode, threads
+        self.link_gbps, self.rates = link_gbps, rates
+        self.traffic = ExpertTraffic()
+        self._views: dict[int, StagedExperts] = {}
+        self._ffn: dict[int, ExpertFFN] = {}
+        self._cache: dict[int, LayerCache] = {}
+        self._pending: dict[int, tuple] = {}
+        self._stamp = 0
+        self._hot = {il: np.zeros(cfg.n_expert, np.int64) for il in staging.layers}
+        self.T = T = min(max_tokens, device.tuning.mv_max_n)
+        k, E, L = cfg.n_expert_used, cfg.n_embd, len(staging.layers)
+        self._down_size = 4 * (E * T + 2 * k * T)
+        self._up_size = 4 * (2 * k * T + plan_words(cfg.n_expert) + E * T)
+        self._to_host = self._from_host = None
+        try:
+            self._to_host = Buffer(device, L * self._down_size, MemoryKind.READBACK, label="routing to host")
+            self._from_host = Buffer(device, L * self._up_size, MemoryKind.HOST, label="expert plans and CPU sums")
+            views = staging.tensors()
+            for j, il in enumerate(staging.layers):
+                self._views[il] = dataclasses.replace(views[il], host=self._exchange(j, E, k, T, cfg.n_expert))
+                if mode != "off":
+                    self._ffn[il] = self._cpu_ffn(il)
+                self._cache[il] = LayerCache(cfg.n_expert, staging.cache_slots)
+        except BaseException:
+            self.close()
+            raise
+        w = model.weights
+        self.expert_bytes = {il: sum(w[f"blk.{il}.{n}"].nb[1] * w[f"blk.{il}.{n}"].ne[1] for n in EXPERT_TENSORS)
+                             for il in staging.layers}
+
+    def _exchange(self, j: int, E: int, k: int, T: int, n_expert: int) -> HostExchange:
+        down, up = j * self._down_size, j * self._up_size
+
+        def on(buf, at, typ, ne, name):
+            n = 4 * int(np.prod(ne))
+            return Tensor.on(buf.range(at, n), typ, ne, name=name), at + n
+        x, at = on(self._to_host, down, F32, (E, T), "FFN input to host")
+        ids, at = on(self._to_host, at, I32, (k, T), "routing ids to host")
+        weights, _ = on(self._to_host, at, F32, (k, T), "routing weights to host")
+        remap, at = on(self._from_host, up, I32, (k, T), "expert slots from host")
+        gpu_weights, at = on(self._from_host, at, F32, (k, T), "GPU routing weights from host")
+        plan, at = on(self._from_host, at, I32, (plan_words(n_expert),), "expert copies from host")
+        cpu_sum, _ = on(self._from_host, at, F32, (E, T), "CPU expert sum")
+        return HostExchange(x, ids, weights, remap, gpu_weights, plan, cpu_sum)
+
+    def _cpu_ffn(self, il: int) -> ExpertFFN:
+        m, cfg = self.model, self.model.cfg
+        stacks = []
+        for n, role in zip(EXPERT_TENSORS, ("gate", "up", "down")):
+            t = m.weights[f"blk.{il}.{n}"]
+            bias_name = f"blk.{il}.ffn_{role}_exps.bias"
+            bias = None
+            if cfg.spec.moe.expert_bias and bias_name in m.gguf.tensors:
+                bias = m.gguf.data(bias_name).view(np.float32).reshape(t.ne[2], t.ne[1])
+            stacks.append(ExpertStack(t.name, m.gguf.data(t.name), t.type.name, t.ne[0], t.ne[1], t.ne[2],
+                                      t.nb[1], t.nb[2], bias))
+        return ExpertFFN(*stacks, cfg.spec.ffn.activation)
+
+    def tensors(self) -> dict[int, StagedExperts]:
+        """layer -> where its decode steps stage experts, the host planning them."""
+        return dict(self._views)
+
+    # -- the host's work within a step ------------------------------------------------------------
+    def before(self, host: tuple[str, int], n_tokens: int, previous) -> None:
+        """The host's work before the segment `host` names (Part.host): ("plan", il) after
+        `previous` (the routing of layer il) finished; ("cpu", il) while the GPU runs the rest
+        of the layer."""
+        what, il = host
+        if what == "plan":
+            previous.wait()
+            self._plan(il, n_tokens)
+        else:
+            self._compute(il, n_tokens)
+
+    def _plan(self, il: int, T: int) -> None:
+        h, cache, view = self._views[il].host, self._cache[il], self._views[il]
+        k = h.ids.ne[0]
+        ids = _host(h.ids, np.int32)[:k * T].reshape(T, k).astype(np.int64)
+        weights = _host(h.weights, np.float32)[:k * T].reshape(T, k)
+        self._stamp += 1
+        chosen = np.unique(ids)
+        cached = {int(e) for e in chosen if cache.slots and cache.slot_of[e] >= 0}
+        missing = [int(e) for e in chosen if int(e) not in cached]
+        n_copy = self._copies(il, len(missing))
+        hot = self._hot[il]
+        missing.sort(key=lambda e: -hot[e])       # the experts that kept running on the CPU go first
+        keep = {int(cache.slot_of[e]) for e in cached}
+        slot_of: dict[int, int] = {}
+        for e in cached:
+            slot_of[e] = int(cache.slot_of[e])
+            cache.used[slot_of[e]] = self._stamp
+        plan = [0]
+        for i, e in enumerate(missing[:n_copy]):
+            slot = cache.admit(e, self._stamp, keep) if cache.slots else view.stage_base + i
+            if slot < 0:
+                break
+            keep.add(slot)
+            slot_of[e] = slot
+            plan += [e, slot]
+        plan[0] = (len(plan) - 1) // 2
+        zero = self.staging.zero_slot - self.staging.view_base[il]
+        remap = np.full((T, k), zero, np.int32)
+        gpu_w = np.zeros((T, k), np.float32)
+        on_gpu = np.zeros((T, k), bool)
+        for e, slot in slot_of.items():
+            sel = ids == e
+            remap[sel], on_gpu[sel] = slot, True
+        gpu_w[on_gpu] = weights[on_gpu]
+        _host(h.remap, np.int32)[:k * T] = remap.reshape(-1)
+        _host(h.gpu_weights, np.float32)[:k * T] = gpu_w.reshape(-1)
+        _host(h.plan, np.int32)[:len(plan)] = plan
+        cpu = ~on_gpu
+        tokens = np.nonzero(cpu)[0].astype(np.int32)
+        experts = ids[cpu].astype(np.int32)
+        np.add.at(hot, experts, 1)
+        copied = plan[0]
+        t = self.traffic
+        if il == self.staging.layers[0]:
+            t.tokens += T
+        t.pairs_cpu += int(cpu.sum())
+        copied_pairs = int(sum((ids == e).sum() for e in plan[1::2]))
+        t.pairs_copied += copied_pairs
+        t.pairs_cached += int(on_gpu.sum()) - copied_pairs
+        t.bus_bytes += copied * self.expert_bytes[il]
+        self._pending[il] = (experts, tokens, weights[cpu].astype(np.float32), copied * self.expert_bytes[il],
+                             time.perf_counter())
+
+    def _copies(self, il: int, n_missing: int) -> int:
+        if self.mode == "all" or n_missing == 0:
+            return 0
+        if self.mode == "off":
+            return n_missing
+        link = self.link_gbps or (self.rates.h2d_gbps if self.rates is not None else None)
+        return copies(n_missing, link, cpu_rate(self.rates, self._ffn[il].gate.type_name, self.threads))
+
+    def _compute(self, il: int, T: int) -> None:
+        h = self._views[il].host
+        E = h.x.ne[0]
+        experts, tokens, weights, copy_bytes, t0 = self._pending.pop(il)
+        out = _host(h.cpu_sum, np.float32)[:E * T].reshape(T, E)
+        out[:] = 0
+        if experts.size:
+            x = _host(h.x, np.float32)[:E * T].reshape(T, E)
+            self._ffn[il].run(x, experts, tokens, weights, out)
+        if self.link_gbps and copy_bytes:
+            wait = t0 + copy_bytes / (self.link_gbps * 1e9) - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+
+    def _release(self) -> None:
+        self._views.clear()
+        self._ffn.clear()
+        for b in (self._to_host, self._from_host):
+            if b is not None:
+                b.close()
+
+
+def _host(t: Tensor, dtype) -> np.ndarray:
+    """The host-visible bytes of `t` as a flat array of `dtype`."""
+    return t.buffer.host_bytes[t.offset:t.offset + t.nbytes].view(dtype)
