@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import importlib.util
 import io
 import itertools
 import json
@@ -17,9 +18,12 @@ from vkrt import __version__
 from .common import cache_size, default_model, flag01, hub_model, hub_options, open_devices
 
 DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0,
-                split_mode="layer", main_gpu=None, tensor_split=None)
+                split_mode="layer", main_gpu=None, tensor_split=None, cpu_experts="auto", cpu_moe_threads=None,
+                link_gbps=None)
 COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe",
-                    split_mode="sm", main_gpu="mg", tensor_split="ts")
+                    split_mode="sm", main_gpu="mg", tensor_split="ts", cpu_experts="cpu_experts",
+                    cpu_moe_threads="moe_threads", link_gbps="link GB/s")
+TRAFFIC_COLUMNS = ("experts % cache/copy/cpu", "MB/tok")   # tg rows: where the experts ran, bus bytes a token
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -50,6 +54,36 @@ def _pairs(values: tuple[str, ...]) -> list[tuple[int, int]]:
             if len(nums) != 2:
                 raise click.BadParameter(f"-pg takes pp,tg pairs, got {item!r}")
             out.append((nums[0], nums[1]))
+    return out
+
+
+def _words(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
+    out = [w.strip() for w in str(text).split(",") if w.strip()]
+    for w in out:
+        if w not in allowed:
+            raise click.BadParameter(f"{what}: {w!r} is not one of {', '.join(allowed)}")
+    return out
+
+
+def _counts(text: str, what: str) -> list[int]:
+    """A list of counts of at least 1 (threads)."""
+    out = _ints(text, what)
+    if 0 in out:
+        raise click.BadParameter(f"{what}: {text!r} holds 0; give at least 1")
+    return out
+
+
+def _rates(text: str, what: str) -> list[float]:
+    """A list of positive GB/s figures."""
+    out = []
+    for part in (p.strip() for p in str(text).split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            raise click.BadParameter(f"{what}: {part!r} is not a number of GB/s") from None
+        if not value > 0:
+            raise click.BadParameter(f"{what}: {part!r}: the rate must be more than 0 GB/s")
+        out.append(value)
     return out
 
 
@@ -109,16 +143,24 @@ def _fmt_params(n: int) -> str:
               help="Device holding the output (index into -dev; default: the last with -sm layer, else 0).")
 @click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="TS0/TS1/...",
               help="Share of the layers each device runs, '/'-separated (default: by free VRAM).")
+@click.option("--cpu-experts", "cpu_experts", default=None, metavar="off|auto|all",
+              help="Host-resident experts not in the expert cache: off = copied to the GPU, all = on the CPU, auto = "
+                   "where the measured rates say is cheaper (comma-separated to test several; default auto).")
+@click.option("--cpu-moe-threads", "cpu_moe_threads", default=None, metavar="N",
+              help="Threads of the CPU expert kernels (comma-separated to test several; default: the CPU's cores).")
+@click.option("--link-bandwidth", "link_bandwidth", default=None, metavar="GB/s",
+              help="Pace host-to-device expert traffic to this rate, as a slower PCIe link would (comma-separated to "
+                   "test several; default VKRT_LINK_BANDWIDTH, else unpaced).")
 @click.option("-r", "--repetitions", type=click.IntRange(1), default=5, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
 def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers,
-          flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu, tensor_split, repetitions,
-          output):
+          flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu, tensor_split, cpu_experts,
+          cpu_moe_threads, link_bandwidth, repetitions, output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
     from vkrt.device.tune import describe_tune
     from vkrt.engine.bench import BenchTest, run_test
     from vkrt.engine.engine import Engine
-    from vkrt.engine.options import EngineOptions, plan_layer_split
+    from vkrt.engine.options import CPU_EXPERTS, EngineOptions, plan_layer_split
     from vkrt.errors import ConfigError
     from vkrt.model.loader import Model
 
@@ -137,25 +179,36 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
     modes = [m.strip() for m in split_mode.split(",")]
     mgs = [None] if main_gpu is None else _ints(main_gpu, "-mg")
     splits = [None] if tensor_split is None else [_split(v) for v in tensor_split.split(",")]
+    host = dict(cpu_experts=["auto"] if cpu_experts is None else _words(cpu_experts, "--cpu-experts", CPU_EXPERTS),
+                cpu_moe_threads=[None] if cpu_moe_threads is None else _counts(cpu_moe_threads, "--cpu-moe-threads"),
+                link_gbps=[None] if link_bandwidth is None else _rates(link_bandwidth, "--link-bandwidth"))
     grid = list(itertools.product(paths, _ints(n_gpu_layers, "-ngl"), mmaps, ncmoe, modes, mgs, splits,
-                                  _ints(n_batch, "-b"), _ints(n_ubatch, "-ub"), [flag01(v) for v in flash_attn.split(",")]))
+                                  _ints(n_batch, "-b"), _ints(n_ubatch, "-ub"),
+                                  [flag01(v) for v in flash_attn.split(",")], *host.values()))
     varying = {k for k, vals in dict(n_batch=_ints(n_batch, "-b"), n_ubatch=_ints(n_ubatch, "-ub"),
                                      flash_attn=[flag01(v) for v in flash_attn.split(",")], use_mmap=mmaps,
                                      n_cpu_moe=ncmoe, split_mode=modes, main_gpu=mgs, tensor_split=splits).items()
                if len(set(vals)) > 1 or vals[0] != DEFAULTS[k]}
+    varying |= {k for k, given in zip(host, (cpu_experts, cpu_moe_threads, link_bandwidth)) if given is not None}
+    traffic = any(ncmoe) and any(not t.n_prompt for t in tests)
     rows = []
-    printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index))
+    printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index), traffic)
+    box_device = None   # a device that ran host-resident experts: the footer gives its rates
     with open_devices(devices) as group:
         loaded = None
-        for path, ngl, use_mmap, n_moe, sm, mg, ts, nb, nub, fa in grid:
+        for path, ngl, use_mmap, n_moe, sm, mg, ts, nb, nub, fa, cpu, threads, link in grid:
             key = (path, ngl, use_mmap, n_moe, sm, mg, ts)
+            try:
+                opts = EngineOptions(n_gpu_layers=ngl, n_cpu_moe=n_moe, split_mode=sm, main_gpu=mg, tensor_split=ts,
+                                     n_ubatch=nub, n_batch=nb, flash_attn=fa, cpu_experts=cpu, cpu_moe_threads=threads,
+                                     link_bandwidth=link)
+            except ConfigError as exc:
+                raise click.UsageError(str(exc)) from None
             if loaded is None or loaded[0] != key:
                 if loaded is not None:
                     loaded[1].close()
                     loaded = None
                 try:
-                    opts = EngineOptions(n_gpu_layers=ngl, n_cpu_moe=n_moe, split_mode=sm, main_gpu=mg, tensor_split=ts,
-                                         n_ubatch=nub, n_batch=nb, flash_attn=fa)
                     budgets = opts.budgets(len(group))
                     if len(group) > 1 and sm == "layer":
                         split, n_moe = plan_layer_split(list(group), path, opts, budgets)
@@ -174,11 +227,15 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                     t = BenchTest(test.n_prompt, test.n_gen, depth)
                     n_ctx = max(256, -(-(depth + t.n_prompt + t.n_gen) // 256) * 256)
                     with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
-                                expert_cache=cache) as engine:
+                                expert_cache=cache, cpu_experts=cpu, cpu_moe_threads=threads,
+                                link_bandwidth=link) as engine:
                         res = run_test(engine, t, repetitions)
+                        if engine.host_experts:
+                            box_device = model.device
                     used = model.split.devices if model.split else [model.device]
                     row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
-                               flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res,
+                               flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res, cpu_experts=cpu,
+                               cpu_moe_threads=threads, link_gbps=link,
                                device=", ".join(d.profile.name for d in used), split_mode=sm,
                                main_gpu=mg, tensor_split=ts, devices=[d.label for d in used],
                                tune=describe_tune(model.device.tuning_overrides))
@@ -186,14 +243,25 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                     printer.row(row)
         if loaded is not None:
             loaded[1].close()
-    printer.done()
+        footer = _box_line(box_device) if box_device is not None and output == "md" else None
+    printer.done(footer)
+
+
+def _box_line(device) -> str | None:
+    """The footer line of vkrt.engine.box_rates (the box's CPU and link rates) for `device`;
+    None where this build has no such module."""
+    if importlib.util.find_spec("vkrt.engine.box_rates") is None:
+        return None
+    from vkrt.engine import box_rates
+    return box_rates.footer_line(box_rates.box_rates(device))
 
 
 class _Printer:
-    """Writes rows as they come (md, jsonl, csv) or all at the end (json)."""
+    """Writes rows as they come (md, jsonl, csv) or all at the end (json). `traffic`: the md
+    table has the columns of where tg rows' experts ran and the bytes that crossed the bus."""
 
-    def __init__(self, fmt: str, extra_cols: list[str]):
-        self.fmt, self.extra = fmt, extra_cols
+    def __init__(self, fmt: str, extra_cols: list[str], traffic: bool = False):
+        self.fmt, self.extra, self.traffic = fmt, extra_cols, traffic
         self.records: list[dict] = []
         self.header_done = False
 
@@ -203,7 +271,8 @@ class _Printer:
             "build_commit": "vkrt", "build_number": 0, "vkrt_version": __version__, "cpu_info": "",
             "gpu_info": row["device"], "backends": "Vulkan", "model_filename": row["path"],
             "model_type": _model_desc(m), "model_size": m.size_bytes, "model_n_params": m.n_params,
-            "n_batch": row["n_batch"], "n_ubatch": row["n_ubatch"], "n_threads": os.cpu_count(),
+            "n_batch": row["n_batch"], "n_ubatch": row["n_ubatch"],
+            "n_threads": row["cpu_moe_threads"] or os.cpu_count(),
             "type_k": "f16", "type_v": "f16", "n_gpu_layers": row["ngl"], "split_mode": row["split_mode"],
             "main_gpu": row["main_gpu"] if row["main_gpu"] is not None else len(row["devices"]) - 1,
             "tensor_split": _fmt_split(row["tensor_split"]), "devices": "/".join(row["devices"]), "no_kv_offload": False,
@@ -212,6 +281,8 @@ class _Printer:
             "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "avg_ns": int(r.avg_ns), "stddev_ns": int(r.stddev_ns), "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts,
             "samples_ns": r.samples_ns, "samples_ts": r.samples_ts, "vkrt_tune": row["tune"],
+            "cpu_experts": row["cpu_experts"], "cpu_moe_threads": row["cpu_moe_threads"], "link_gbps": row["link_gbps"],
+            **_traffic_fields(r),
         }
 
     def row(self, row) -> None:
@@ -228,20 +299,45 @@ class _Printer:
             click.echo(buf.getvalue(), nl=False)
         elif self.fmt == "md":
             cols = ["model", "size", "params", "backend", "ngl"] + [COLUMN_NAMES[c] for c in self.extra] + ["test", "t/s"]
+            cols += list(TRAFFIC_COLUMNS) if self.traffic else []
             if not self.header_done:
                 click.echo("| " + " | ".join(cols) + " |")
-                click.echo("| " + " | ".join("---:" if c in ("size", "params", "ngl", "t/s", "test") or c in
-                                             COLUMN_NAMES.values() else "---" for c in cols) + " |")
-            extra = [str(int(rec[c]) if isinstance(rec[c], bool) else rec[c]) for c in self.extra]
+                click.echo("| " + " | ".join("---:" if c in ("size", "params", "ngl", "t/s", "test", *TRAFFIC_COLUMNS)
+                                             or c in COLUMN_NAMES.values() else "---" for c in cols) + " |")
+            extra = [str(int(rec[c]) if isinstance(rec[c], bool) else f"{rec[c]:g}" if isinstance(rec[c], float)
+                         else rec[c]) for c in self.extra]
             r = row["result"]
             vals = [rec["model_type"], _fmt_size(rec["model_size"]), _fmt_params(rec["model_n_params"]), "Vulkan",
                     str(rec["n_gpu_layers"])] + extra + [r.test.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"]
+            if self.traffic:
+                vals += _traffic_cells(r)
             click.echo("| " + " | ".join(vals) + " |")
         self.header_done = True
 
-    def done(self) -> None:
+    def done(self, footer: str | None = None) -> None:
+        """The json list, or md's build line and `footer` (the box's rates) under the table."""
         if self.fmt == "json":
             click.echo(json.dumps(self.records, indent=2))
         elif self.fmt == "md":
             tune = self.records[-1]["vkrt_tune"] if self.records else ""
             click.echo(f"\nbuild: vkrt {__version__}" + (f", tuning overrides VKRT_TUNE={tune!r}" if tune else ""))
+            if footer:
+                click.echo(footer)
+
+
+def _traffic_fields(r) -> dict:
+    """A record's expert-traffic figures over the timed runs of a tg test (None: not counted)."""
+    shares = r.expert_shares if not r.test.n_prompt else None
+    per_token = r.bus_bytes_per_token if not r.test.n_prompt else None
+    return {"experts_cached_share": shares and shares[0], "experts_copied_share": shares and shares[1],
+            "experts_cpu_share": shares and shares[2], "bus_bytes_per_token": per_token}
+
+
+def _traffic_cells(r) -> list[str]:
+    """The md table's expert-traffic cells of a row: percent cached/copied/CPU and MB/tok."""
+    f = _traffic_fields(r)
+    if f["experts_cached_share"] is None:
+        return ["-", "-"]
+    shares = "/".join(f"{100 * f[k]:.0f}" for k in ("experts_cached_share", "experts_copied_share",
+                                                    "experts_cpu_share"))
+    return [shares, f"{f['bus_bytes_per_token'] / 1e6:.2f}" if f["bus_bytes_per_token"] is not None else "-"]

@@ -1,5 +1,6 @@
 """llama-bench-style measurements: prompt processing (pp) and text generation (tg) throughput,
-optionally at a KV depth, repeated, with mean and standard deviation."""
+optionally at a KV depth, repeated, with mean and standard deviation. As llama-bench, pp
+evaluates random tokens and tg decodes a new random token each step."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def _stddev(samples: list) -> float:
 class BenchResult:
     test: BenchTest
     samples_ns: list[int] = field(default_factory=list)
+    traffic: dict | None = None   # expert-traffic counters' change over the timed runs (TRAFFIC_COUNTERS)
 
     @property
     def samples_ts(self) -> list[float]:
@@ -58,10 +60,55 @@ class BenchResult:
     def stddev_ts(self) -> float:
         return _stddev(self.samples_ts)
 
+    @property
+    def expert_shares(self) -> tuple[float, float, float] | None:
+        """Shares of the (token, expert) pairs of the timed runs that ran from the GPU's expert
+        cache, copied to the GPU, on the CPU (None: not counted, or no pairs)."""
+        t = self.traffic
+        pairs = t and t["pairs_cached"] + t["pairs_copied"] + t["pairs_cpu"]
+        return tuple(t[k] / pairs for k in ("pairs_cached", "pairs_copied", "pairs_cpu")) if pairs else None
+
+    @property
+    def bus_bytes_per_token(self) -> float | None:
+        """Expert bytes that crossed the bus per token of the timed runs (None: not counted)."""
+        t = self.traffic
+        return t["bus_bytes"] / t["tokens"] if t and t["tokens"] else None
+
+
+TRAFFIC_COUNTERS = ("pairs_cached", "pairs_copied", "pairs_cpu", "bus_bytes", "tokens")
+
+
+def _traffic(engine) -> dict | None:
+    """The engine's cumulative expert-traffic counters now (None: the engine counts none, or
+    its model has no host-resident experts)."""
+    read = getattr(engine, "expert_traffic", None)
+    counters = read() if read is not None else None
+    return None if counters is None else {k: getattr(counters, k) for k in TRAFFIC_COUNTERS}
+
+
+def _add_traffic(total: dict | None, before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return total
+    total = total or dict.fromkeys(TRAFFIC_COUNTERS, 0)
+    return {k: total[k] + after[k] - before[k] for k in TRAFFIC_COUNTERS}
+
+
+def decode_tokens(engine, tokens: list[int], seq_id: int = 0) -> None:
+    """Decode `tokens`, one a step, each given by the host as llama-bench's tg gives
+    `rand() % n_vocab`: a greedy step (the output matrix and the argmax on the GPU, 4 bytes read
+    back) whose input is the host's token, not the last step's argmax."""
+    for token in tokens:
+        for _ in engine.greedy(token, seq_id, 1):
+            pass
+
 
 def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0) -> BenchResult:
     """One warm-up, then `repetitions` timed runs; the KV cache is cleared (and the depth
-    prefilled, untimed) before each. Generation is greedy with the token picked on the GPU."""
+    prefilled, untimed) before each. Generation decodes a new random token each step, as
+    llama-bench does, from another seeded sequence in the warm-up and in each repetition: a
+    greedy chain would meet in the timed runs exactly the experts its warm-up brought into the
+    expert cache. With expert-traffic counters (Engine.expert_traffic), `traffic` sums their
+    change over the timed runs."""
     vocab = engine.model.cfg.vocab_size
     result = BenchResult(test)
     for rep in range(repetitions + 1):
@@ -69,15 +116,15 @@ def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0) -> BenchR
         if test.n_depth:
             engine.eval(random_tokens(test.n_depth, vocab, seed + 1000 + rep))
         prompt = random_tokens(test.n_prompt, vocab, seed + rep)
+        generated = random_tokens(test.n_gen, vocab, seed + 2000 + rep)
+        before = _traffic(engine)
         t0 = time.perf_counter_ns()
         if test.n_prompt:
             engine.eval(prompt)
-        token = prompt[-1] if prompt else 1
-        if test.n_gen:   # generation as users get it: greedy, the token chosen on the GPU
-            for _ in engine.greedy(token, 0, test.n_gen):
-                pass
+        decode_tokens(engine, generated)
         elapsed = time.perf_counter_ns() - t0
         if rep:  # the first run warms up (records the command sequences)
             result.samples_ns.append(elapsed)
+            result.traffic = _add_traffic(result.traffic, before, _traffic(engine))
     engine.reset()
     return result
