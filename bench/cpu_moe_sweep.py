@@ -98,7 +98,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="0, card, auto or a size (default 0,card,auto)")
     ap.add_argument("--card-budget", type=lambda v: parse_size(v, "--card-budget"), default=8 << 30,
                     help="VRAM of the card whose expert cache `card` is (default 8G)")
-    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512, help="0: no pp")
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-ub", "--ubatch", type=int, default=512)
     ap.add_argument("-r", "--reps", type=int, default=3)
@@ -106,9 +106,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-peer", action="store_true", help="vkrt's rows only")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    for name in ("n_cpu_moe", "n_prompt", "n_gen", "ubatch", "reps"):
+    for name in ("n_cpu_moe", "n_gen", "ubatch", "reps"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.n_prompt < 0:
+        ap.error("--n-prompt must not be negative (0: no pp)")
     return args
 
 
@@ -151,14 +153,14 @@ def vkrt_row(model, config: dict, args) -> dict:
                     link_bandwidth=o.link_bandwidth) as engine:
             row["cache_experts_per_layer"] = engine.staging.cache_slots
             tg = run_test(engine, BenchTest(0, args.n_gen), args.reps)
-            pp = run_test(engine, BenchTest(args.n_prompt, 0), args.reps)
+            pp = run_test(engine, BenchTest(args.n_prompt, 0), args.reps) if args.n_prompt else None
     except VkrtError as exc:
         return progress(dict(row, error=str(exc).splitlines()[0]))
     finally:
         dev.vram_budget = budget
     shares = tg.expert_shares
     per_token = tg.bus_bytes_per_token
-    return progress(dict(row, tg_ts=tg.avg_ts, pp_ts=pp.avg_ts,
+    return progress(dict(row, tg_ts=tg.avg_ts, pp_ts=pp and pp.avg_ts,
                          experts_cached_share=shares and shares[0], experts_copied_share=shares and shares[1],
                          experts_cpu_share=shares and shares[2],
                          bus_mb_per_token=None if per_token is None else per_token / 1e6))
@@ -172,7 +174,7 @@ def vkrt_rows(device, args) -> list[dict]:
 def llama_row(binary: str, args, threads: int, polaris: bool) -> dict:
     """llama.cpp's tg and pp (medians over the repetitions) with its experts of the first N layers on the CPU."""
     n_ctx = max(args.n_prompt, args.n_gen + 32) + 64
-    prompt = random_tokens(args.n_prompt, 200, 1)
+    prompt = random_tokens(max(args.n_prompt, 32), 200, 1)
     flags = ["-ngl", "99", "-c", str(n_ctx), "-b", str(max(2048, args.ubatch)), "-ub", str(args.ubatch), "-fa", "on",
              "--no-warmup", "--n-cpu-moe", str(args.n_cpu_moe), "--no-mmap", "-t", str(threads)]
     row = dict(threads=threads)
@@ -184,7 +186,9 @@ def llama_row(binary: str, args, threads: int, polaris: bool) -> dict:
             if short:   # a figure over fewer tokens is not this test's
                 raise RuntimeError(f"llama.cpp timed {min(short)} of {args.n_gen} generated tokens")
             row["tg_ts"] = statistics.median(r["predicted_per_second"] for r in runs)
-            row["pp_ts"] = statistics.median(srv.completion(prompt, 1)["prompt_per_second"] for _ in range(args.reps))
+            if args.n_prompt:
+                row["pp_ts"] = statistics.median(srv.completion(prompt[:args.n_prompt], 1)["prompt_per_second"]
+                                                 for _ in range(args.reps))
     except (RuntimeError, OSError) as exc:   # the server died, or refused the request
         row["error"] = str(exc).splitlines()[0]
     return progress(row)
@@ -197,7 +201,7 @@ def add_ratios(rows: list[dict], peers: list[dict]) -> None:
         peer = by_threads.get(r["threads"] if r["threads"] is not None else max(by_threads, default=None))
         r["llama_cpp_threads"] = peer and peer["threads"]
         r["ratio_vs_llama_cpp"] = {k: r[f"{k}_ts"] / peer[f"{k}_ts"] for k in ("tg", "pp")
-                                   if peer and f"{k}_ts" in r and peer[f"{k}_ts"]}
+                                   if peer and r.get(f"{k}_ts") and peer.get(f"{k}_ts")}
 
 
 def _cell(value, fmt: str) -> str:

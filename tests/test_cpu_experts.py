@@ -16,7 +16,8 @@ from models import tiny_model
 from vkrt.engine.box_rates import BoxRates
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
-from vkrt.engine.host_experts import HostExperts, copies
+from vkrt.engine.expert_plan import copies, copy_share
+from vkrt.engine.host_experts import HostExperts
 from vkrt.engine.sampler import GREEDY
 from vkrt.model.loader import Model
 
@@ -126,8 +127,11 @@ def test_auto_leaves_a_link_faster_than_the_cpu_to_the_gpu(device, tiny_dir, mon
 
 
 def test_copies_balance_the_link_and_the_cpu():
-    assert copies(8, 12.0, 36.0) == 2 and copies(8, 1.0, 36.0) == 0 and copies(8, 50.0, 1.0) == 8
-    assert copies(8, None, 5.0) == 4 and copies(0, 10.0, 10.0) == 0
+    share = copy_share("auto", 12.0, 36.0)
+    assert share == 0.25 and copies(8, share) == 2 and copies(8, copy_share("auto", 1.0, 36.0)) == 0
+    assert copies(8, copy_share("auto", 50.0, 1.0)) == 8 and copies(8, copy_share("auto", None, 5.0)) == 4
+    assert copies(8, copy_share("all", 50.0, 1.0)) == 0 and copies(5, copy_share("off", 1.0, 50.0)) == 5
+    assert copies(0, 0.5) == 0
 
 
 def test_link_bandwidth_paces_the_copies(device, tiny_dir, monkeypatch):

@@ -8,7 +8,7 @@ s int32 [n, K / 32] (q8_0: each block's sum) or [n, K / 16] (q8_K: every 16 valu
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 FAMILIES = {"q8_0": (32, 32), "q8_K": (256, 16)}   # family -> (block, values per sum)
 
@@ -27,11 +27,12 @@ def _quantize_block(x, q, o, n):
     return d
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(nogil=True, cache=True)
 def quantize_rows(x, q, d, s, block, per_sum):
-    """Quantise every row of x in blocks of `block` values; s gets the sum of each `per_sum`."""
+    """Quantise every row of x in blocks of `block` values; s gets the sum of each `per_sum`
+    (one thread: a step's rows are few, a parallel launch would cost more than it saves)."""
     n, K = x.shape
-    for i in prange(n):
+    for i in range(n):
         for b in range(K // block):
             d[i, b] = _quantize_block(x[i], q[i], b * block, block)
         for c in range(K // per_sum):

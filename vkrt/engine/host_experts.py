@@ -29,6 +29,7 @@ from ..memory import F32, I32, Buffer, MemoryKind, Tensor
 from ..model.transformer import EXPERT_TENSORS, HostExchange, StagedExperts
 from ..ops.moe_stage import plan_words
 from ..owned import Owned
+from .expert_plan import copies, copy_share, plan_step
 
 log = logging.getLogger("vkrt")
 
@@ -83,7 +84,7 @@ def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps:
         from .box_rates import box_rates   # measures the box on first use: only where it decides
         options = dataclasses.replace(options, rates=box_rates(device, types=tuple(types)))
         k, link, cpu = model.cfg.n_expert_used, options.link_or_measured, cpu_rate(options.rates, types[0], threads)
-        if link and cpu and copies(k, link, cpu) >= k:
+        if link and cpu and copies(k, copy_share("auto", link, cpu)) >= k:
             log.info("--cpu-experts auto: the link (%.1f GB/s) outpaces the CPU expert kernels (%.1f GB/s at %d "
                      "threads): the GPU computes every expert", link, cpu, threads)
             return dataclasses.replace(options, mode="off") if link_gbps else None
@@ -93,14 +94,6 @@ def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps:
 def cpu_rate(rates, type_name: str, threads: int) -> float | None:
     """The measured CPU expert rate of `type_name` (None: not measured)."""
     return rates.cpu_rate(type_name, threads) if rates is not None and rates.cpu_gbps.get(type_name) else None
-
-
-def copies(n_missing: int, link_gbps: float | None, cpu_gbps: float | None) -> int:
-    """Of `n_missing` uncached experts, how many to copy over the link rather than compute on the
-    CPU: the split that has both finish together (half each where a rate is unknown)."""
-    if not link_gbps or not cpu_gbps:
-        return n_missing // 2
-    return int(round(n_missing * link_gbps / (link_gbps + cpu_gbps)))
 
 
 class LayerCache:
@@ -115,18 +108,6 @@ class LayerCache:
     @property
     def slots(self) -> int:
         return self.expert_in.size
-
-    def admit(self, expert: int, stamp: int, keep: set) -> int:
-        """The slot `expert` is copied to: the least recently used one not in `keep` (-1: none)."""
-        order = np.argsort(self.used, kind="stable")
-        for slot in order:
-            if int(slot) not in keep:
-                old = self.expert_in[slot]
-                if old >= 0:
-                    self.slot_of[old] = -1
-                self.expert_in[slot], self.slot_of[expert], self.used[slot] = expert, slot, stamp
-                return int(slot)
-        return -1
 
 
 def host_expert_types_ok(model, layers) -> str | None:
@@ -180,6 +161,9 @@ class HostExperts(Owned):
         w = model.weights
         self.expert_bytes = {il: sum(w[f"blk.{il}.{n}"].nb[1] * w[f"blk.{il}.{n}"].ne[1] for n in EXPERT_TENSORS)
                              for il in staging.layers}
+        link = link_gbps or (rates.h2d_gbps if rates is not None else None)
+        self._share = {il: copy_share(mode, link, cpu_rate(rates, w[f"blk.{il}.{EXPERT_TENSORS[0]}"].type.name,
+                                                           threads)) for il in staging.layers}
 
     def _exchange(self, j: int, E: int, k: int, T: int, n_expert: int) -> HostExchange:
         down, up = j * self._down_size, j * self._up_size
@@ -228,63 +212,23 @@ class HostExperts(Owned):
     def _plan(self, il: int, T: int) -> None:
         h, cache, view = self._views[il].host, self._cache[il], self._views[il]
         k = h.ids.ne[0]
-        ids = _host(h.ids, np.int32)[:k * T].reshape(T, k).astype(np.int64)
-        weights = _host(h.weights, np.float32)[:k * T].reshape(T, k)
+        n = k * T
         self._stamp += 1
-        chosen = np.unique(ids)
-        cached = {int(e) for e in chosen if cache.slots and cache.slot_of[e] >= 0}
-        missing = [int(e) for e in chosen if int(e) not in cached]
-        n_copy = self._copies(il, len(missing))
-        hot = self._hot[il]
-        missing.sort(key=lambda e: -hot[e])       # the experts that kept running on the CPU go first
-        keep = {int(cache.slot_of[e]) for e in cached}
-        slot_of: dict[int, int] = {}
-        for e in cached:
-            slot_of[e] = int(cache.slot_of[e])
-            cache.used[slot_of[e]] = self._stamp
-        plan = [0]
-        for i, e in enumerate(missing[:n_copy]):
-            slot = cache.admit(e, self._stamp, keep) if cache.slots else view.stage_base + i
-            if slot < 0:
-                break
-            keep.add(slot)
-            slot_of[e] = slot
-            plan += [e, slot]
-        plan[0] = (len(plan) - 1) // 2
-        zero = self.staging.zero_slot - self.staging.view_base[il]
-        remap = np.full((T, k), zero, np.int32)
-        gpu_w = np.zeros((T, k), np.float32)
-        on_gpu = np.zeros((T, k), bool)
-        for e, slot in slot_of.items():
-            sel = ids == e
-            remap[sel], on_gpu[sel] = slot, True
-        gpu_w[on_gpu] = weights[on_gpu]
-        _host(h.remap, np.int32)[:k * T] = remap.reshape(-1)
-        _host(h.gpu_weights, np.float32)[:k * T] = gpu_w.reshape(-1)
-        _host(h.plan, np.int32)[:len(plan)] = plan
-        cpu = ~on_gpu
-        tokens = np.nonzero(cpu)[0].astype(np.int32)
-        experts = ids[cpu].astype(np.int32)
-        np.add.at(hot, experts, 1)
-        copied = plan[0]
+        cpu_e, cpu_t, cpu_w = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32))
+        n_cpu, copied, copied_pairs, on_gpu = plan_step(
+            _host(h.ids, np.int32)[:n], _host(h.weights, np.float32)[:n], k, cache.slot_of, cache.expert_in,
+            cache.used, self._hot[il], self._stamp, self._share[il], view.stage_base,
+            self.staging.zero_slot - self.staging.view_base[il], _host(h.remap, np.int32)[:n],
+            _host(h.gpu_weights, np.float32)[:n], _host(h.plan, np.int32), cpu_e, cpu_t, cpu_w)
         t = self.traffic
         if il == self.staging.layers[0]:
             t.tokens += T
-        t.pairs_cpu += int(cpu.sum())
-        copied_pairs = int(sum((ids == e).sum() for e in plan[1::2]))
+        t.pairs_cpu += n_cpu
         t.pairs_copied += copied_pairs
-        t.pairs_cached += int(on_gpu.sum()) - copied_pairs
+        t.pairs_cached += on_gpu - copied_pairs
         t.bus_bytes += copied * self.expert_bytes[il]
-        self._pending[il] = (experts, tokens, weights[cpu].astype(np.float32), copied * self.expert_bytes[il],
+        self._pending[il] = (cpu_e[:n_cpu], cpu_t[:n_cpu], cpu_w[:n_cpu], copied * self.expert_bytes[il],
                              time.perf_counter())
-
-    def _copies(self, il: int, n_missing: int) -> int:
-        if self.mode == "all" or n_missing == 0:
-            return 0
-        if self.mode == "off":
-            return n_missing
-        link = self.link_gbps or (self.rates.h2d_gbps if self.rates is not None else None)
-        return copies(n_missing, link, cpu_rate(self.rates, self._ffn[il].gate.type_name, self.threads))
 
     def _compute(self, il: int, T: int) -> None:
         h = self._views[il].host
