@@ -16,8 +16,9 @@ from models import tiny_model
 from vkrt.engine.box_rates import BoxRates
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
-from vkrt.engine.expert_plan import copies, copy_share
+from vkrt.engine.expert_plan import copies, copy_share, hybrid_pays
 from vkrt.engine.host_experts import HostExperts
+from vkrt.engine.staging import expert_bytes, staged_layers
 from vkrt.engine.sampler import GREEDY
 from vkrt.model.loader import Model
 
@@ -110,10 +111,14 @@ def Rates(link: float, cpu: float) -> BoxRates:
 
 
 def test_auto_splits_copies_and_cpu_and_admits_to_the_cache(device, tiny_dir, monkeypatch):
-    monkeypatch.setattr("vkrt.engine.box_rates.box_rates", lambda *a, **k: Rates(10.0, 10.0))
+    # tiny experts: rates slow enough that splitting pays for the host step
+    monkeypatch.setattr("vkrt.engine.box_rates.box_rates", lambda *a, **k: Rates(1e-4, 1e-4))
     path = tiny_model("tiny-qwen3moe", tiny_dir)
     gpu, _, _ = greedy(device, path, cpu_experts="off")
-    traffic, host = agrees(device, path, gpu, cpu_experts="auto", cpu_moe_threads=1)
+    with Model(device, path, n_cpu_moe=99, progress=False) as m:
+        room = 3 * expert_bytes(m) * len(staged_layers(m))   # 3 of the 8 experts of each layer
+    traffic, host = agrees(device, path, gpu, cpu_experts="auto", cpu_moe_threads=1, expert_cache=room)
+    assert host.staging.cache_slots == 3
     assert traffic.pairs_copied and traffic.pairs_cpu and traffic.pairs_cached   # copied experts hit later
     one = next(iter(host.expert_bytes.values()))
     assert traffic.bus_bytes and traffic.bus_bytes % one == 0   # whole experts crossed the link
@@ -131,7 +136,13 @@ def test_copies_balance_the_link_and_the_cpu():
     assert share == 0.25 and copies(8, share) == 2 and copies(8, copy_share("auto", 1.0, 36.0)) == 0
     assert copies(8, copy_share("auto", 50.0, 1.0)) == 8 and copies(8, copy_share("auto", None, 5.0)) == 4
     assert copies(8, copy_share("all", 50.0, 1.0)) == 0 and copies(5, copy_share("off", 1.0, 50.0)) == 5
-    assert copies(0, 0.5) == 0
+    assert copies(0, 0.5) == 0 and copy_share("auto", 1.0, 50.0, cache_fits_all=True) == 1.0
+
+
+def test_hybrid_pays_where_the_split_beats_the_host_step():
+    b = 3 * 2048 * 512 * 144 // 256   # a Qwen3.5-35B-A3B Q4_K expert, 1.7 MB
+    assert not hybrid_pays(8, b, 48.0, 29.0)   # the H100 box's own link: copying all is as fast
+    assert hybrid_pays(8, b, 12.0, 29.0) and hybrid_pays(8, b, 1.0, 29.0)
 
 
 def test_link_bandwidth_paces_the_copies(device, tiny_dir, monkeypatch):

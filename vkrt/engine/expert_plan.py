@@ -10,17 +10,31 @@ import numpy as np
 from numba import njit
 
 
-def copy_share(mode: str, link_gbps: float | None, cpu_gbps: float | None) -> float:
+# the host's part of one hybrid layer step (the wait for the routing, the plan, two submissions),
+# what a host-planned step costs beyond the GPU-planned one: ~130 us measured on the H100 box
+HOST_STEP_SECONDS = 150e-6
+
+
+def copy_share(mode: str, link_gbps: float | None, cpu_gbps: float | None, cache_fits_all: bool = False) -> float:
     """The share of a step's uncached experts to copy rather than compute on the CPU: none
-    ("all"), every one ("off"), or for "auto" the split that has the link and the CPU finish
+    ("all"), every one ("off", or "auto" where the layer's cache holds all its experts: a copy is
+    then never copied again), else for "auto" the split that has the link and the CPU finish
     together at their rates (half where a rate is unknown)."""
     if mode == "all":
         return 0.0
-    if mode == "off":
+    if mode == "off" or cache_fits_all:
         return 1.0
     if not link_gbps or not cpu_gbps:
         return 0.5
     return link_gbps / (link_gbps + cpu_gbps)
+
+
+def hybrid_pays(k: int, expert_bytes: int, link_gbps: float, cpu_gbps: float) -> bool:
+    """Whether a step of k uncached experts (expert_bytes each) ends sooner split between the link
+    and the CPU, with the host's HOST_STEP_SECONDS, than with every expert copied."""
+    n_copy = copies(k, copy_share("auto", link_gbps, cpu_gbps))
+    split = max(n_copy * expert_bytes / (link_gbps * 1e9), (k - n_copy) * expert_bytes / (cpu_gbps * 1e9))
+    return split + HOST_STEP_SECONDS < k * expert_bytes / (link_gbps * 1e9)
 
 
 def copies(n_missing: int, share: float) -> int:

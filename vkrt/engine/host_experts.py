@@ -29,7 +29,7 @@ from ..memory import F32, I32, Buffer, MemoryKind, Tensor
 from ..model.transformer import EXPERT_TENSORS, HostExchange, StagedExperts
 from ..ops.moe_stage import plan_words
 from ..owned import Owned
-from .expert_plan import copies, copy_share, plan_step
+from .expert_plan import copy_share, hybrid_pays, plan_step
 
 log = logging.getLogger("vkrt")
 
@@ -65,11 +65,12 @@ class CpuExpertOptions:
 
 def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps: float | None):
     """The CpuExpertOptions of `--cpu-experts mode`, or None where the GPU plans and computes
-    every expert itself: a model without host-resident experts, "off", or "auto" where the link
-    (`link_gbps`, else the measured one) outpaces the CPU so that it would copy every expert
-    anyway -- but with a paced link (`link_gbps` or the setting) the host plans the copies ("off":
-    every uncached expert copied) to pace them. Threads default to the CPU's cores; "auto" reads
-    the box's rates (engine/box_rates.py: measured once per machine)."""
+    every expert itself: a model without host-resident experts, "off", or "auto" where splitting a
+    step's experts between the link (`link_gbps`, else the measured one) and the CPU would not end
+    it sooner than copying them all, the host's own work counted (expert_plan.hybrid_pays) -- but
+    with a paced link (`link_gbps` or the setting) the host plans the copies ("off": every
+    uncached expert copied) to pace them. Threads default to the CPU's cores; "auto" reads the
+    box's rates (engine/box_rates.py: measured once per machine)."""
     link_gbps = link_gbps or device.settings.link_bandwidth
     if not model.cfg.moe or (mode == "off" and not link_gbps):
         return None
@@ -84,11 +85,18 @@ def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps:
         from .box_rates import box_rates   # measures the box on first use: only where it decides
         options = dataclasses.replace(options, rates=box_rates(device, types=tuple(types)))
         k, link, cpu = model.cfg.n_expert_used, options.link_or_measured, cpu_rate(options.rates, types[0], threads)
-        if link and cpu and copies(k, copy_share("auto", link, cpu)) >= k:
-            log.info("--cpu-experts auto: the link (%.1f GB/s) outpaces the CPU expert kernels (%.1f GB/s at %d "
-                     "threads): the GPU computes every expert", link, cpu, threads)
+        if link and cpu and not hybrid_pays(k, max_expert_bytes(model), link, cpu):
+            log.info("--cpu-experts auto: the link (%.1f GB/s) against the CPU expert kernels (%.1f GB/s at %d "
+                     "threads): copying every expert is as fast; the GPU computes them", link, cpu, threads)
             return dataclasses.replace(options, mode="off") if link_gbps else None
     return options
+
+
+def max_expert_bytes(model) -> int:
+    """Bytes of the largest host-resident expert (gate, up and down)."""
+    w = model.weights
+    layers = {int(n.split(".")[1]) for n in model.placement.host_tensors if "_exps." in n}
+    return max(sum(w[f"blk.{il}.{n}"].nb[1] * w[f"blk.{il}.{n}"].ne[1] for n in EXPERT_TENSORS) for il in layers)
 
 
 def cpu_rate(rates, type_name: str, threads: int) -> float | None:
@@ -162,8 +170,9 @@ class HostExperts(Owned):
         self.expert_bytes = {il: sum(w[f"blk.{il}.{n}"].nb[1] * w[f"blk.{il}.{n}"].ne[1] for n in EXPERT_TENSORS)
                              for il in staging.layers}
         link = link_gbps or (rates.h2d_gbps if rates is not None else None)
+        fits = staging.cache_slots >= cfg.n_expert
         self._share = {il: copy_share(mode, link, cpu_rate(rates, w[f"blk.{il}.{EXPERT_TENSORS[0]}"].type.name,
-                                                           threads)) for il in staging.layers}
+                                                           threads), fits) for il in staging.layers}
 
     def _exchange(self, j: int, E: int, k: int, T: int, n_expert: int) -> HostExchange:
         down, up = j * self._down_size, j * self._up_size
