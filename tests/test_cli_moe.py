@@ -181,7 +181,7 @@ def test_bench_host_expert_lists_reach_the_engine(device, moe_model, monkeypatch
         [(c, 2, b, 2) for c in ("off", "all") for b in (3.0, 1.5)]
     assert all("experts_cpu_share" in r and "bus_bytes_per_token" in r for r in rows)
     from vkrt.engine import box_rates
-    monkeypatch.setattr(box_rates, "box_rates", lambda dev: None)   # the footer's rates: not measured here
+    monkeypatch.setattr(box_rates, "box_rates", lambda *a, **k: None)   # no rates measured here
     monkeypatch.setattr(box_rates, "footer_line", lambda rates: "box")
     header = CliRunner().invoke(cli, args + ["--cpu-experts", "all"]).output.splitlines()[0]
     assert "| cpu_experts |" in header and "| MB/tok |" in header and "moe_threads" not in header

@@ -177,3 +177,38 @@ def test_host_experts_close_idempotently(device, tiny_dir):
         assert np.isfinite(logits).all()
     host.close()
     host.close()
+
+
+def test_prompt_steps_take_the_host_plan_where_the_rates_say(device, tiny_dir, monkeypatch):
+    """A 12-token prompt (more than mv_max_n) over a slow link: its experts run on the CPU (and
+    the copies the plan allows) instead of streaming every expert; the logits stay the GPU's."""
+    monkeypatch.setattr("vkrt.engine.box_rates.box_rates", lambda *a, **k: Rates(1e-4, 10.0))
+    path = tiny_model("tiny-qwen3moe", tiny_dir)
+    prompt = PROMPTS[0]
+    with Model(device, path, n_cpu_moe=99, progress=False) as m:
+        assert len(prompt) > device.tuning.mv_max_n
+        with Engine(m, n_ctx=128, n_ubatch=32, cpu_experts="off") as e:
+            gpu = e.eval(prompt)
+        with Engine(m, n_ctx=128, n_ubatch=32, cpu_experts="all", expert_cache=0) as e:
+            assert e.stages[0].host_experts.takes_prompt(len(prompt), True)
+            cpu = e.eval(prompt)
+            assert e.expert_traffic().pairs_cpu == len(prompt) * m.cfg.n_expert_used * len(e.staging.layers)
+    assert int(np.argmax(cpu)) == int(np.argmax(gpu)) or gpu.max() - gpu[int(np.argmax(cpu))] < 0.1
+    assert np.abs(cpu - gpu).max() < 0.05 * np.abs(gpu).max()
+
+
+def test_paced_link_paces_prompt_uploads(device, tiny_dir):
+    """--cpu-experts off with a paced link: a prompt that streams every layer's experts takes at
+    least the layers' bytes over the link's rate."""
+    path = tiny_model("tiny-qwen3moe", tiny_dir)
+    with Model(device, path, n_cpu_moe=99, progress=False) as m, \
+            Engine(m, n_ctx=128, n_ubatch=32, cpu_experts="off", link_bandwidth=0.001) as e:
+        st = e.stages[0]
+        if not st.prefetch.active:
+            pytest.skip("no expert prefetch on this device")
+        tokens = list(range(3, 3 + 32))
+        assert not st.host_experts.takes_prompt(len(tokens), True)
+        t0 = time.perf_counter()
+        e.eval(tokens)
+        seconds = time.perf_counter() - t0
+    assert seconds >= len(st.prefetch.layers) * st.prefetch.slot_bytes / 1e6 * 0.95

@@ -33,32 +33,36 @@ def _act(kind, g, u):
 
 @functools.cache
 def gate_up_kernel(gate_type: str, up_type: str, act: str):
-    """h[p] = act(gate[e_p]·x[t_p] + bg, up[e_p]·x[t_p] + bu) for every pair p."""
+    """h[p] = act(gate[e_p]·x[t_p] + bg, up[e_p]·x[t_p] + bu) for every pair p; the pairs come
+    grouped by expert (group g: pairs starts[g]..starts[g+1]-1), a thread takes a group's chunk of
+    rows and each row, read once, meets every token of the group."""
     dot_g, dot_u = DOTS[gate_type][1], DOTS[up_type][1]
     kind = ACTIVATIONS[act]
 
     @njit(parallel=True, nogil=True)
-    def run(wg, wu, eg, eu, rg, ru, nbg, nbu, ex, tok, qg, dg, sg, qu, du, su, bg, bu, h):
-        n_pairs, rows = h.shape
+    def run(wg, wu, eg, eu, rg, ru, nbg, nbu, starts, ex, tok, qg, dg, sg, qu, du, su, bg, bu, h):
+        rows = h.shape[1]
         chunks = (rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
-        for item in prange(n_pairs * chunks):
-            p = item // chunks
-            e = np.int64(ex[p])
-            t = tok[p]
+        for item in prange((starts.size - 1) * chunks):
+            grp = item // chunks
+            e = np.int64(ex[starts[grp]])
             for r in range((item % chunks) * ROWS_PER_ITEM, min(rows, (item % chunks + 1) * ROWS_PER_ITEM)):
-                g = dot_g(wg, e * eg + r * rg, qg[t], dg[t], sg[t], nbg)
-                u = dot_u(wu, e * eu + r * ru, qu[t], du[t], su[t], nbu)
-                if bg.shape[0]:
-                    g += bg[e, r]
-                    u += bu[e, r]
-                h[p, r] = _act(kind, g, u)
+                for p in range(starts[grp], starts[grp + 1]):
+                    t = tok[p]
+                    g = dot_g(wg, e * eg + r * rg, qg[t], dg[t], sg[t], nbg)
+                    u = dot_u(wu, e * eu + r * ru, qu[t], du[t], su[t], nbu)
+                    if bg.shape[0]:
+                        g += bg[e, r]
+                        u += bu[e, r]
+                    h[p, r] = _act(kind, g, u)
 
     return run
 
 
 @functools.cache
 def down_kernel(down_type: str):
-    """out[t_p] += weight_p * (down[e_p]·h[p] + bd) over the pairs, a thread per rows chunk."""
+    """out[t_p] += weight_p * (down[e_p]·h[p] + bd) over the pairs (grouped by expert: a row is
+    read once for a group), a thread per rows chunk."""
     dot_d = DOTS[down_type][1]
 
     @njit(parallel=True, nogil=True)
@@ -135,11 +139,14 @@ class ExpertFFN:
         xq = [quantized(x, g.family)]
         xq.append(xq[0] if u.family == g.family else quantized(x, u.family))
         h = np.empty((experts.size, g.rows), np.float32)
-        ex, tok = experts.astype(np.int32, copy=False), tokens.astype(np.int32, copy=False)
+        order = np.argsort(experts, kind="stable")   # by expert: a row read once serves its tokens
+        ex, tok = experts[order].astype(np.int32), tokens[order].astype(np.int32)
+        weights = weights[order]
+        starts = np.flatnonzero(np.concatenate(([True], ex[1:] != ex[:-1], [True]))).astype(np.int64)
         bg = g.bias if g.bias.size else _NO_BIAS
         bu = u.bias if u.bias.size else (np.zeros_like(bg) if bg.size else _NO_BIAS)
         self._gate_up(g.data, u.data, g.expert_bytes, u.expert_bytes, g.row_bytes, u.row_bytes, g.blocks, u.blocks,
-                      ex, tok, *xq[0], *xq[1], bg, bu, h)
+                      starts, ex, tok, *xq[0], *xq[1], bg, bu, h)
         hq = quantized(h, d.family)
         self._down(d.data, d.expert_bytes, d.row_bytes, d.blocks, ex, tok, weights.astype(np.float32, copy=False),
                    *hq, d.bias if d.bias.size else _NO_BIAS, out)

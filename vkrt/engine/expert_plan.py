@@ -42,12 +42,31 @@ def copies(n_missing: int, share: float) -> int:
     return int(math.floor(n_missing * share + 0.5))
 
 
+# a (token, expert) pair on the CPU whose expert's rows another pair of the step already read
+# costs this share of one that reads them from RAM (the dot products remain)
+REUSE_COST = 0.6
+
+
+def prompt_on_host(n_tokens: int, n_expert: int, k: int, expert_bytes: int, max_copies: int, link_gbps: float,
+                   cpu_gbps: float, streams: bool, every_cpu: bool = False) -> bool:
+    """Whether a step of n_tokens ends sooner with its chosen experts split between the link (at
+    most max_copies) and the CPU (every_cpu: all on the CPU) than with every expert of the layer
+    streamed to the GPU (streams) or the chosen ones read over the link in place."""
+    distinct = n_expert * (1 - (1 - k / n_expert) ** n_tokens)
+    per_expert = n_tokens * k / distinct
+    cpu_eff = cpu_gbps / (1 + (per_expert - 1) * REUSE_COST)
+    n_copy = 0 if every_cpu else min(max_copies, distinct * link_gbps / (link_gbps + cpu_eff))
+    host = max(n_copy * expert_bytes / (link_gbps * 1e9), (distinct - n_copy) * expert_bytes / (cpu_eff * 1e9))
+    gpu = (n_expert if streams else distinct) * expert_bytes / (link_gbps * 1e9)
+    return host + HOST_STEP_SECONDS < gpu
+
+
 @njit(cache=True, nogil=True)
-def plan_step(ids, weights, k, slot_of, expert_in, used, hot, stamp, share, stage_base, zero,
+def plan_step(ids, weights, k, slot_of, expert_in, used, hot, stamp, share, max_copies, stage_base, zero,
               remap, gpu_w, plan, cpu_e, cpu_t, cpu_w):
     """Plan the pairs ids/weights (flat, token-major, k a token) and write the GPU's `remap` (slot
     a pair), `gpu_w` (its weight, 0 for the CPU's pairs) and `plan` (count, then expert and slot
-    of each copy); the CPU's pairs go to cpu_e / cpu_t / cpu_w. The cache (slot_of, expert_in,
+    of each copy: at most max_copies); the CPU's pairs go to cpu_e / cpu_t / cpu_w. The cache (slot_of, expert_in,
     used) and the CPU run counts `hot` are updated. Returns (CPU pairs, experts copied, pairs
     copied, pairs on the GPU)."""
     n_expert, slots = slot_of.size, expert_in.size
@@ -74,7 +93,7 @@ def plan_step(ids, weights, k, slot_of, expert_in, used, hot, stamp, share, stag
             missing[j] = missing[j - 1]
             j -= 1
         missing[j] = e
-    n_copy = int(math.floor(n_missing * share + 0.5))
+    n_copy = min(int(math.floor(n_missing * share + 0.5)), max_copies)
     copied = 0
     for i in range(n_copy):
         e = missing[i]

@@ -29,7 +29,7 @@ from ..memory import F32, I32, Buffer, MemoryKind, Tensor
 from ..model.transformer import EXPERT_TENSORS, HostExchange, StagedExperts
 from ..ops.moe_stage import plan_words
 from ..owned import Owned
-from .expert_plan import copy_share, hybrid_pays, plan_step
+from .expert_plan import copy_share, hybrid_pays, plan_step, prompt_on_host
 
 log = logging.getLogger("vkrt")
 
@@ -81,9 +81,10 @@ def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps:
     threads = min(threads or cores, numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(threads)
     options = CpuExpertOptions(mode, threads, link_gbps, None)
-    if mode == "auto":
+    if mode != "off":   # the rates decide auto's split, and for both which prompt steps the host plans
         from .box_rates import box_rates   # measures the box on first use: only where it decides
         options = dataclasses.replace(options, rates=box_rates(device, types=tuple(types)))
+    if mode == "auto":
         k, link, cpu = model.cfg.n_expert_used, options.link_or_measured, cpu_rate(options.rates, types[0], threads)
         if link and cpu and not hybrid_pays(k, max_expert_bytes(model), link, cpu):
             log.info("--cpu-experts auto: the link (%.1f GB/s) against the CPU expert kernels (%.1f GB/s at %d "
@@ -149,17 +150,20 @@ class HostExperts(Owned):
         self._pending: dict[int, tuple] = {}
         self._stamp = 0
         self._hot = {il: np.zeros(cfg.n_expert, np.int64) for il in staging.layers}
-        self.T = T = min(max_tokens, device.tuning.mv_max_n)
-        k, E, L = cfg.n_expert_used, cfg.n_embd, len(staging.layers)
-        self._down_size = 4 * (E * T + 2 * k * T)
-        self._up_size = 4 * (2 * k * T + plan_words(cfg.n_expert) + E * T)
+        self.T = T = max_tokens
+        self.mv_max_n = device.tuning.mv_max_n
+        k, E = cfg.n_expert_used, cfg.n_embd
         self._to_host = self._from_host = None
         try:
-            self._to_host = Buffer(device, L * self._down_size, MemoryKind.READBACK, label="routing to host")
-            self._from_host = Buffer(device, L * self._up_size, MemoryKind.HOST, label="expert plans and CPU sums")
+            # one exchange serves every layer: the host is done with a layer's before the next one's
+            # routing is submitted, and each command sequence starts after the last one's commands
+            self._to_host = Buffer(device, 4 * (E * T + 2 * k * T), MemoryKind.READBACK, label="routing to host")
+            self._from_host = Buffer(device, 4 * (2 * k * T + plan_words(cfg.n_expert) + E * T), MemoryKind.HOST,
+                                     label="expert plans and CPU sums")
+            exchange = self._exchange(E, k, T, cfg.n_expert)
             views = staging.tensors()
-            for j, il in enumerate(staging.layers):
-                self._views[il] = dataclasses.replace(views[il], host=self._exchange(j, E, k, T, cfg.n_expert))
+            for il in staging.layers:
+                self._views[il] = dataclasses.replace(views[il], host=exchange)
                 if mode != "off":
                     self._ffn[il] = self._cpu_ffn(il)
                 self._cache[il] = LayerCache(cfg.n_expert, staging.cache_slots)
@@ -174,8 +178,8 @@ class HostExperts(Owned):
         self._share = {il: copy_share(mode, link, cpu_rate(rates, w[f"blk.{il}.{EXPERT_TENSORS[0]}"].type.name,
                                                            threads), fits) for il in staging.layers}
 
-    def _exchange(self, j: int, E: int, k: int, T: int, n_expert: int) -> HostExchange:
-        down, up = j * self._down_size, j * self._up_size
+    def _exchange(self, E: int, k: int, T: int, n_expert: int) -> HostExchange:
+        down = up = 0
 
         def on(buf, at, typ, ne, name):
             n = 4 * int(np.prod(ne))
@@ -202,6 +206,23 @@ class HostExperts(Owned):
                                       t.nb[1], t.nb[2], bias))
         return ExpertFFN(*stacks, cfg.spec.ffn.activation)
 
+    def takes_prompt(self, n_tokens: int, streams: bool) -> bool:
+        """Whether a step of `n_tokens` runs the host-resident layers through the host's plan (the
+        chosen experts copied, or computed on the CPU) rather than streaming every expert of a
+        layer (`streams`: expert prefetch can) or reading them in place: up to mv_max_n tokens
+        always; beyond, where the measured rates say it ends sooner (prompt_on_host)."""
+        if n_tokens <= self.mv_max_n:
+            return True
+        if n_tokens > self.T or self.mode == "off":
+            return False
+        cfg, il = self.model.cfg, self.staging.layers[0]
+        link = self.link_gbps or (self.rates.h2d_gbps if self.rates is not None else None)
+        cpu = cpu_rate(self.rates, self.model.weights[f"blk.{il}.{EXPERT_TENSORS[0]}"].type.name, self.threads)
+        if not link or not cpu:
+            return False
+        return prompt_on_host(n_tokens, cfg.n_expert, cfg.n_expert_used, max(self.expert_bytes.values()),
+                              self._views[il].max_copies, link, cpu, streams, every_cpu=self.mode == "all")
+
     def tensors(self) -> dict[int, StagedExperts]:
         """layer -> where its decode steps stage experts, the host planning them."""
         return dict(self._views)
@@ -226,7 +247,7 @@ class HostExperts(Owned):
         cpu_e, cpu_t, cpu_w = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32))
         n_cpu, copied, copied_pairs, on_gpu = plan_step(
             _host(h.ids, np.int32)[:n], _host(h.weights, np.float32)[:n], k, cache.slot_of, cache.expert_in,
-            cache.used, self._hot[il], self._stamp, self._share[il], view.stage_base,
+            cache.used, self._hot[il], self._stamp, self._share[il], view.max_copies, view.stage_base,
             self.staging.zero_slot - self.staging.view_base[il], _host(h.remap, np.int32)[:n],
             _host(h.gpu_weights, np.float32)[:n], _host(h.plan, np.int32), cpu_e, cpu_t, cpu_w)
         t = self.traffic

@@ -5,6 +5,7 @@ step (stage k hands the residual stream to stage k+1 through a Handoff)."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from ..commands import CommandSequence
@@ -165,10 +166,16 @@ class Stage(Owned):
         n = len(g.prefetched)
         ready: dict[int, int] = {}
         free = [0] * pf.n_slots  # compute value after which each slot may be overwritten
+        link = self.host_experts.link_gbps if self.host_experts is not None else None
+        start = time.perf_counter()
 
         def upload(j: int) -> None:
             slot = pf.slot_of(g.prefetched[j])
             waits = [(compute.timeline, free[slot])] if free[slot] else []
+            if link:   # paced: upload j may not end before j + 1 layers would have crossed the link
+                wait = start + (j + 1) * pf.slot_bytes / (link * 1e9) - self._upload_seconds() - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
             ready[j] = pf.upload(g.prefetched[j], waits)
 
         for j in range(min(pf.n_slots, n)):
@@ -181,6 +188,12 @@ class Stage(Owned):
             if k - 1 + pf.n_slots < n:
                 upload(k - 1 + pf.n_slots)
         return n
+
+    def _upload_seconds(self) -> float:
+        """How long one layer's upload takes over the real link (the measured rate; 0 unknown)."""
+        rates = self.host_experts.rates if self.host_experts is not None else None
+        real = rates.h2d_gbps if rates is not None else None
+        return self.prefetch.slot_bytes / (real * 1e9) if real else 0.0
 
     def _release(self) -> None:
         for obj in (self.host_experts, self.staging, self.prefetch, self.inputs, self.scratch, self.state,

@@ -97,8 +97,10 @@ def record_graph(key: GraphKey, stages: list, handoffs: list, readback, flash_at
             use_prefetch = st.prefetch.active and n * cfg.n_expert_used >= 2 * cfg.n_expert
             use_staging = not use_prefetch and n <= st.device.tuning.mv_max_n
             staged = None
-            if use_staging:
-                staged = st.host_experts.tensors() if st.host_experts is not None else st.staging.tensors()
+            if st.host_experts is not None and st.host_experts.takes_prompt(n, st.prefetch.active):
+                use_prefetch, staged = False, st.host_experts.tensors()   # the host's plan: rates and n decide
+            elif use_staging:
+                staged = st.staging.tensors()
             stage_parts = st.transformer.parts(st.scratch, st.cache, st_opts,
                                                st.prefetch.experts() if use_prefetch else None, staged, state=st.state)
             label = f"forward T={n} kv={n_kv}" + (f" on {st.device.label}" if split else "")
