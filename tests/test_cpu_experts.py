@@ -179,18 +179,23 @@ def test_host_experts_close_idempotently(device, tiny_dir):
     host.close()
 
 
-def test_prompt_steps_take_the_host_plan_where_the_rates_say(device, tiny_dir, monkeypatch):
-    """A 12-token prompt (more than mv_max_n) over a slow link: its experts run on the CPU (and
-    the copies the plan allows) instead of streaming every expert; the logits stay the GPU's."""
+@pytest.mark.parametrize("cached", [False, True])
+def test_prompt_steps_take_the_host_plan_where_the_rates_say(device, tiny_dir, monkeypatch, cached):
+    """A 40-token prompt (more than mv_max_n and mv_id_max_n) over a slow link: its experts run on the CPU (and
+    the copies the plan allows) instead of streaming every expert; the logits stay the GPU's.
+    With an expert cache the slot views are wider than the layer's experts (every later layer's
+    cache slots, then the staging slots): the step counts its pairs in a table that wide."""
     monkeypatch.setattr("vkrt.engine.box_rates.box_rates", lambda *a, **k: Rates(1e-4, 10.0))
     path = tiny_model("tiny-qwen3moe", tiny_dir)
-    prompt = PROMPTS[0]
+    prompt = [(7 * i) % 250 + 3 for i in range(40)]
     with Model(device, path, n_cpu_moe=99, progress=False) as m:
-        assert len(prompt) > device.tuning.mv_max_n
-        with Engine(m, n_ctx=128, n_ubatch=32, cpu_experts="off") as e:
+        assert len(prompt) > max(device.tuning.mv_max_n, device.tuning.mv_id_max_n)
+        with Engine(m, n_ctx=128, n_ubatch=64, cpu_experts="off") as e:
             gpu = e.eval(prompt)
-        with Engine(m, n_ctx=128, n_ubatch=32, cpu_experts="all", expert_cache=0) as e:
+        room = 3 * expert_bytes(m) * len(staged_layers(m)) if cached else 0
+        with Engine(m, n_ctx=128, n_ubatch=64, cpu_experts="all", expert_cache=room) as e:
             assert e.stages[0].host_experts.takes_prompt(len(prompt), True)
+            assert (e.staging.cache_slots > 0) == cached
             cpu = e.eval(prompt)
             assert e.expert_traffic().pairs_cpu == len(prompt) * m.cfg.n_expert_used * len(e.staging.layers)
     assert int(np.argmax(cpu)) == int(np.argmax(gpu)) or gpu.max() - gpu[int(np.argmax(cpu))] < 0.1

@@ -28,6 +28,7 @@ from ..cpu.expert_ffn import ACTIVATIONS, ExpertFFN, ExpertStack
 from ..memory import F32, I32, Buffer, MemoryKind, Tensor
 from ..model.transformer import EXPERT_TENSORS, HostExchange, StagedExperts
 from ..ops.moe_stage import plan_words
+from ..ops.mul_mat_id import RouteTable
 from ..owned import Owned
 from .expert_plan import copy_share, hybrid_pays, plan_step, prompt_on_host
 
@@ -153,7 +154,7 @@ class HostExperts(Owned):
         self.T = T = max_tokens
         self.mv_max_n = device.tuning.mv_max_n
         k, E = cfg.n_expert_used, cfg.n_embd
-        self._to_host = self._from_host = None
+        self._to_host = self._from_host = self._routes = None
         try:
             # one exchange serves every layer: the host is done with a layer's before the next one's
             # routing is submitted, and each command sequence starts after the last one's commands
@@ -162,8 +163,10 @@ class HostExperts(Owned):
                                      label="expert plans and CPU sums")
             exchange = self._exchange(E, k, T, cfg.n_expert)
             views = staging.tensors()
+            # a prompt step over the slots counts its pairs per slot: a table as wide as the widest view
+            self._routes = RouteTable(device, max(v.stacks[0].ne[2] for v in views.values()), T)
             for il in staging.layers:
-                self._views[il] = dataclasses.replace(views[il], host=exchange)
+                self._views[il] = dataclasses.replace(views[il], host=exchange, routes=self._routes)
                 if mode != "off":
                     self._ffn[il] = self._cpu_ffn(il)
                 self._cache[il] = LayerCache(cfg.n_expert, staging.cache_slots)
@@ -277,7 +280,7 @@ class HostExperts(Owned):
     def _release(self) -> None:
         self._views.clear()
         self._ffn.clear()
-        for b in (self._to_host, self._from_host):
+        for b in (self._routes, self._to_host, self._from_host):
             if b is not None:
                 b.close()
 

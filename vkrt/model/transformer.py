@@ -75,6 +75,7 @@ class StagedExperts:
     stage_base: int = 0
     state: Tensor | None = None
     host: HostExchange | None = None
+    routes: object = None   # the RouteTable of a step of more than mv_max_n tokens over these slots
 
 
 @dataclass
@@ -297,8 +298,9 @@ class Transformer:
         (gw, gi), (uw, ui), (dw, di) = stacks
         bg, bu, bd = (w[p + f"ffn_{n}_exps.bias"] if cfg.spec.moe.expert_bias else None for n in ("gate", "up", "down"))
         count = RouteCount()
-        g.add(MulMatId(gw, x3, gi, ge, s.routes, count, ids, bg))
-        g.add(MulMatId(uw, x3, ui, ue, s.routes, count, ids, bu))
+        routes = staged.routes if staged is not None and staged.routes is not None else s.routes
+        g.add(MulMatId(gw, x3, gi, ge, routes, count, ids, bg))
+        g.add(MulMatId(uw, x3, ui, ue, routes, count, ids, bu))
         g.add(Glu(act, ge, ue, he))
         o, shared, gate_logit = s.cols("o", T), None, None
         if cfg.layers[il].ffn == MOE_SHARED:
@@ -311,7 +313,7 @@ class Transformer:
                 inp = w[p + "ffn_gate_inp_shexp.weight"]
                 g.matmul(inp.view((inp.ne[0], 1)), cur, gate_logit)
             o = cur   # the FFN input is no longer needed: the combined output goes there
-        g.add(MulMatId(dw, he, di, de, s.routes, count, ids, bd))
+        g.add(MulMatId(dw, he, di, de, routes, count, ids, bd))
         if shared is not None and gate_logit is None:   # added after the routed experts' sum
             g.add(MoeCombine(de, weights, o))
             g.call("shared expert", lambda seq: add(seq, o, shared, o))

@@ -27,7 +27,8 @@ COUNT_PUSH = PushConstants(("n_tokens", "u32"), ("n_used", "u32"), ("ids_off", "
 
 class RouteTable(Owned):
     """Device scratch for the counting pass: n_expert counters, then max_tokens entries per expert.
-    Allocate once per (n_expert, max_tokens) and reuse across calls and replays."""
+    Allocate once per (n_expert, max_tokens) and reuse across calls and replays; it serves stacks
+    of up to n_expert experts (a call lays it out for its own count)."""
 
     def __init__(self, device, n_expert: int, max_tokens: int):
         super().__init__(f"route table {n_expert} experts x {max_tokens} tokens")
@@ -135,8 +136,8 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
             seq.dispatch(mv.kernel, [wr, xr, yr, ir, *extra], push=push,
                          groups=mv.groups(m, device, n_tokens * n_used))
         return False
-    if routes is None or routes.n_expert != n_expert or routes.max_tokens < n_tokens:
-        raise UnsupportedShape(f"mul_mat_id of {n_tokens} tokens needs RouteTable(device, {n_expert}, >= {n_tokens}), "
+    if routes is None or routes.n_expert < n_expert or routes.max_tokens < n_tokens:   # a wider table serves
+        raise UnsupportedShape(f"mul_mat_id of {n_tokens} tokens needs RouteTable(device, >= {n_expert}, >= {n_tokens}), "
                          f"got {routes!r}")
     if not routes_counted:
         count = kernel(device, "mmid_count", push=COUNT_PUSH, workgroup=(device.tuning.wg_size,))
