@@ -217,3 +217,19 @@ def test_paced_link_paces_prompt_uploads(device, tiny_dir):
         e.eval(tokens)
         seconds = time.perf_counter() - t0
     assert seconds >= len(st.prefetch.layers) * st.prefetch.slot_bytes / 1e6 * 0.95
+
+
+def test_flags_with_nothing_to_do_are_named(device, tiny_dir, caplog):
+    """--cpu-moe-threads with the CPU computing nothing, or the CPU flags on a model with every
+    expert in VRAM: a warning names them (never silently ignored)."""
+    path = tiny_model("tiny-qwen3moe", tiny_dir)
+    with caplog.at_level("WARNING", logger="vkrt"):
+        with Model(device, path, n_cpu_moe=99, progress=False) as m, \
+                Engine(m, n_ctx=64, cpu_experts="off", cpu_moe_threads=2):
+            pass
+        assert "--cpu-moe-threads 2: with --cpu-experts off the CPU computes no expert" in caplog.text
+        caplog.clear()
+        with Model(device, path, progress=False) as m, \
+                Engine(m, n_ctx=64, cpu_experts="all", link_bandwidth=3.0) as e:
+            assert e.expert_traffic() is None
+        assert "--link-bandwidth, --cpu-experts all: tiny-qwen3moe.gguf keeps no expert in host memory" in caplog.text

@@ -73,10 +73,17 @@ def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps:
     uncached expert copied) to pace them. Threads default to the CPU's cores; "auto" reads the
     box's rates (engine/box_rates.py: measured once per machine)."""
     link_gbps = link_gbps or device.settings.link_bandwidth
-    if not model.cfg.moe or (mode == "off" and not link_gbps):
-        return None
     types = sorted({model.weights[n].type.name for n in model.placement.host_tensors if "_exps." in n})
     if not types:
+        asked = [f for f, on in (("--cpu-moe-threads", threads), ("--link-bandwidth", link_gbps),
+                                 ("--cpu-experts all", mode == "all")) if on]
+        if asked:
+            log.warning("%s: %s keeps no expert in host memory (see --n-cpu-moe); nothing to place or pace",
+                        ", ".join(asked), os.path.basename(getattr(model, "path", "the model")))
+        return None
+    if mode == "off" and threads:
+        log.warning("--cpu-moe-threads %d: with --cpu-experts off the CPU computes no expert", threads)
+    if mode == "off" and not link_gbps:
         return None
     cores = len(os.sched_getaffinity(0))
     threads = min(threads or cores, numba.config.NUMBA_NUM_THREADS)
