@@ -63,30 +63,27 @@ def _count(low: int, high: int | None = None) -> Callable[[str, str], int]:
     return parse
 
 
-def _seconds(name: str, text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={text!r}: the timeout must be more than 0 seconds")
-    return value
+def _positive(unit: str, what: str) -> Callable[[str, str], float]:
+    """The parser of a number more than 0 (`unit` names it in errors, `what` in the range's)."""
+    def parse(name: str, text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ConfigError(f"{name}={text!r} is not a number of {unit}") from None
+        if not value > 0:
+            raise ConfigError(f"{name}={text!r}: {what} must be more than 0 {unit}")
+        return value
+    return parse
+
+
+_seconds = _positive("seconds", "the timeout")
+_gbps = _positive("GB/s", "the rate")
 
 
 def _size(name: str, text: str) -> int:
     value = parse_size(text, name)
     if value <= 0:
         raise ConfigError(f"{name}={text!r}: the size must be more than 0 bytes")
-    return value
-
-
-def _gbps(name: str, text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number of GB/s") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={text!r}: the rate must be more than 0 GB/s")
     return value
 
 

@@ -95,19 +95,21 @@ def dot_q3_k(w, o, q, d, s, nb):
 
 
 @njit(inline="always")
-def dot_q4_k(w, o, q, d, s, nb):
-    """Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles; each 64
-    values are 32 bytes, low nibbles then high; value d sc n - dmin mn."""
+def _dot_k45(w, o, q, d, s, nb, size, high):
+    """Q4_K (high 0) and Q5_K (high 1): fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins,
+    with Q5_K 32 bytes of high bits (bit l of byte j: value 32 l + j), then 128 bytes of nibbles,
+    each 64 values 32 bytes, low nibbles then high; value d sc (n + 16 hbit) - dmin mn."""
     acc = np.float32(0)
     for b in range(nb):
-        bo = o + b * 144
+        bo = o + b * size
         xo = b * 256
         a = acc_zero()
         for p in range(4):
             for n in range(2):
                 c = 2 * p + n
                 sc = _scale_min_k4(c, w, bo + 4)[0]
-                a = mac_fields(a, w, bo + 16 + 32 * p, 4 * n, 4, bo, 0, 0, q, xo + 32 * c, sc, sc)
+                a = mac_fields(a, w, bo + 16 + 32 * high + 32 * p, 4 * n, 4, bo + 16 * high, c * high, high, q,
+                               xo + 32 * c, sc, sc)
         msum = np.int32(0)
         for c in range(8):
             msum += _scale_min_k4(c, w, bo + 4)[1] * (s[b * 16 + 2 * c] + s[b * 16 + 2 * c + 1])
@@ -116,24 +118,15 @@ def dot_q4_k(w, o, q, d, s, nb):
 
 
 @njit(inline="always")
+def dot_q4_k(w, o, q, d, s, nb):
+    """Q4_K (see _dot_k45)."""
+    return _dot_k45(w, o, q, d, s, nb, 144, 0)
+
+
+@njit(inline="always")
 def dot_q5_k(w, o, q, d, s, nb):
-    """Q5_K: as Q4_K, with 32 bytes of high bits (bit l of byte j: value 32 l + j) before the 128
-    bytes of nibbles; value d sc (n + 16 hbit) - dmin mn."""
-    acc = np.float32(0)
-    for b in range(nb):
-        bo = o + b * 176
-        xo = b * 256
-        a = acc_zero()
-        for p in range(4):
-            for n in range(2):
-                c = 2 * p + n
-                sc = _scale_min_k4(c, w, bo + 4)[0]
-                a = mac_fields(a, w, bo + 48 + 32 * p, 4 * n, 4, bo + 16, c, 1, q, xo + 32 * c, sc, sc)
-        msum = np.int32(0)
-        for c in range(8):
-            msum += _scale_min_k4(c, w, bo + 4)[1] * (s[b * 16 + 2 * c] + s[b * 16 + 2 * c + 1])
-        acc += d[b] * (_f16(w, bo) * np.float32(acc_sum(a)) - _f16(w, bo + 2) * np.float32(msum))
-    return acc
+    """Q5_K (see _dot_k45)."""
+    return _dot_k45(w, o, q, d, s, nb, 176, 1)
 
 
 @njit(inline="always")

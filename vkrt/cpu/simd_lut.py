@@ -7,7 +7,7 @@ and the 32 int8 activations x[xo:xo+32] (|x| <= 127), and returns the int32 dot 
     dot_nibbles5(w, wo, bits, x, xo)       sum_j (n_j + 16 bit_j) * x[xo+j]  (bit j of the uint32 `bits`)
     dot_lut_nibbles(w, wo, lut, x, xo)     sum_j lut[n_j] * x[xo+j]  (lut: 16 int8 in -127..127)
 
-One reduction per block instead of one per 16 values (simd.dot_field, simd.sum_bits). On x86
+One reduction per block instead of one per 16 values. On x86
 CPUs with SSSE3 the table lookup is a byte shuffle (pshufb) and the products are summed as
 llama.cpp's CPU backend does (pmaddubsw, pmaddwd); elsewhere the portable vector IR of simd.py,
 a select tree for the table. Every sum is exact.
