@@ -45,15 +45,19 @@ def group():
         yield g
 
 
-def run(group, path, n_devices, tensor_split=None, n_cpu_moe=0, main_gpu=None):
-    """(every prompt token's logits, 5 greedy tokens on the GPU) on the first n_devices."""
+def run(group, path, n_devices, tensor_split=None, n_cpu_moe=0, main_gpu=None, traffic=None, **more):
+    """(every prompt token's logits, 5 greedy tokens on the GPU) on the first n_devices;
+    traffic(engine) is called before it closes."""
     opts = EngineOptions(n_ctx=128, n_ubatch=32, n_cpu_moe=n_cpu_moe, tensor_split=tensor_split, main_gpu=main_gpu,
-                         progress=False)
+                         progress=False, **more)
     m, e = open_engine(group.devices[:n_devices], path, opts)
     try:
         assert e.split == (n_devices > 1)
         logits = e.eval(PROMPT, all_logits=True)
-        return logits, list(e.greedy(int(np.argmax(logits[-1])), n=5))
+        tokens = list(e.greedy(int(np.argmax(logits[-1])), n=5))
+        if traffic is not None:
+            traffic(e)
+        return logits, tokens
     finally:
         e.close()
         m.close()
@@ -66,6 +70,23 @@ def test_split_equals_one_device(group, paths, kind, n_cpu_moe):
         logits, tokens = run(group, paths[kind], len(ts), ts, n_cpu_moe, mg)
         np.testing.assert_array_equal(logits.view(np.uint32), ref_logits.view(np.uint32), err_msg=str(ts))
         assert tokens == ref_tokens, ts
+
+
+@pytest.mark.parametrize("kind", ["moe", "hybrid"])
+def test_split_with_cpu_experts_equals_one_device(group, paths, kind):
+    """--cpu-experts all on a layer split: each stage's host plans its own layers' experts and
+    its CPU computes them; the logits and tokens are one device's, bit for bit."""
+    def traffic(e):
+        hosts = [st.host_experts for st in e.stages if st.staging.layers]
+        assert hosts and all(h is not None and h.traffic.pairs_cpu for h in hosts)
+        assert len(hosts) == (2 if kind == "moe" else 1)   # layer 3 of the moe model is on the second stage
+        total = e.expert_traffic()
+        assert total.tokens == hosts[0].traffic.tokens and total.pairs_cpu == sum(h.traffic.pairs_cpu for h in hosts)
+
+    ref_logits, ref_tokens = run(group, paths[kind], 1, n_cpu_moe=4, cpu_experts="all", expert_cache=0)
+    logits, tokens = run(group, paths[kind], 2, (1, 1), 4, cpu_experts="all", expert_cache=0, traffic=traffic)
+    np.testing.assert_array_equal(logits.view(np.uint32), ref_logits.view(np.uint32))
+    assert tokens == ref_tokens
 
 
 @pytest.mark.parametrize("kind, n_cpu_moe", [("dense", 0), ("hybrid", 4)])

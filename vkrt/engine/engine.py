@@ -131,9 +131,10 @@ class Engine(Owned):
         if not hosts:
             return None
         total = ExpertTraffic()
-        for h in hosts:
+        for h in hosts:   # the stages of a split count their own layers' pairs, each the same tokens
             for f in dataclasses.fields(total):
-                setattr(total, f.name, getattr(total, f.name) + getattr(h.traffic, f.name))
+                mine = getattr(h.traffic, f.name)
+                setattr(total, f.name, max(total.tokens, mine) if f.name == "tokens" else getattr(total, f.name) + mine)
         return total
 
     def expert_cache_hit_rate(self) -> float | None:
