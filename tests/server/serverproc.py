@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -71,6 +72,18 @@ class ServerProcess:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
+    def raw(self, head: str, body: bytes = b"", timeout: float = 5.0) -> tuple[int, bytes, float]:
+        """Send `head` (request line and headers, without Host, the API key or the blank line)
+        and `body` as they are on a new connection left open, for what urllib will not send (no
+        Content-Type, a false Content-Length, chunks); the answer's status and body, and the
+        seconds it took to come."""
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        head += f"\r\nHost: {host}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers().items()) + "\r\n"
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            start = time.monotonic()
+            sock.sendall(head.encode() + body)
+            return (*_read_answer(sock), time.monotonic() - start)
+
     def get(self, path: str, **kw) -> tuple[int, bytes]:
         return self.request("GET", path, **kw)
 
@@ -87,6 +100,26 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"the server did not exit within {timeout} s of {sig!r}:\n{self.log}")
+
+
+def _read_answer(sock: socket.socket) -> tuple[int, bytes]:
+    """The status and body of one HTTP/1.1 answer with a Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += _recv(sock, data)
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+    while len(body) < length:
+        body += _recv(sock, head + body)
+    return int(lines[0].split()[1]), body[:length]
+
+
+def _recv(sock: socket.socket, so_far: bytes) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise AssertionError(f"the server closed the connection before its whole answer: {so_far!r}")
+    return chunk
 
 
 def serving(model: str, *args: str):

@@ -195,3 +195,35 @@ def test_json_content_type_required(server, ctype):
     got, _ = server.request("POST", COMP, body(prompt="x", max_tokens=1),
                             headers={"Content-Type": "application/json; charset=utf-8"})
     assert got == 200
+
+
+@pytest.mark.parametrize("ctype", [None, ""])
+def test_json_content_type_missing(server, ctype):
+    """No Content-Type (urllib always adds one, so a raw request) is refused like a wrong one."""
+    raw = body(prompt="x", max_tokens=1)
+    head = f"POST {COMP} HTTP/1.1\r\nContent-Length: {len(raw)}" + ("" if ctype is None else f"\r\nContent-Type: {ctype}")
+    status, out, _ = server.raw(head, raw)
+    err = json.loads(out)["error"]
+    assert status == 415 and err["code"] == 415 and "got no Content-Type header" in err["message"], out
+    status, out, _ = server.raw(f"POST {COMP} HTTP/1.1\r\nContent-Length: {len(raw)}\r\n"
+                                f"Content-Type: Application/JSON; charset=UTF-8", raw)
+    assert status == 200, out
+
+
+def test_huge_content_length_is_413_at_once(server):
+    """A Content-Length past --body-limit is answered from the header, not after waiting for the body."""
+    status, out, seconds = server.raw(f"POST {COMP} HTTP/1.1\r\nContent-Type: application/json\r\n"
+                                      f"Content-Length: {10 ** 10}", b'{"prompt": "')
+    err = json.loads(out)["error"]
+    assert status == 413 and "--body-limit" in err["message"] and str(10 ** 10) in err["message"], out
+    assert seconds < 1.0
+    assert server.get("/health")[0] == 200
+
+
+def test_chunked_body_past_the_limit_is_413_at_once(server):
+    """A chunked body is refused once it passes --body-limit (64 KiB here), its end never sent."""
+    chunk = b"x" * 70_000
+    status, out, seconds = server.raw(f"POST {COMP} HTTP/1.1\r\nContent-Type: application/json\r\n"
+                                      f"Transfer-Encoding: chunked", b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+    assert status == 413 and "--body-limit" in json.loads(out)["error"]["message"], out
+    assert seconds < 1.0

@@ -50,7 +50,10 @@ def make_app(state: ServerState) -> web.Application:
         if 400 <= status < 500:
             state.metrics.bad_requests += 1
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return web.json_response(body, status=status, headers=headers)
+        resp = web.json_response(body, status=status, headers=headers)
+        if status == 413:   # the rest of the body is not wanted: no next request on this connection
+            resp.force_close()
+        return resp
 
     @web.middleware
     async def gate(request, handler):
@@ -63,10 +66,8 @@ def make_app(state: ServerState) -> web.Application:
         if allowed is not None and _host_name(request) not in allowed:
             raise ApiError(f"Host {request.headers.get('Host', '')!r} is not one this server answers to "
                            f"(--allowed-hosts)", status=403, type="permission_error")
-        if request.method == "POST" and request.can_read_body and \
-                request.headers.get("Content-Type") is not None and request.content_type != "application/json":
-            raise ApiError(f"the request body must be JSON sent with Content-Type: application/json (curl: "
-                           f"-H 'Content-Type: application/json'), got {request.content_type!r}", status=415)
+        if request.method == "POST" and request.match_info.http_exception is None:
+            _check_json_body(request, state.config.body_limit)
         if key is not None and not _authorized(request, key):
             raise ApiError("Invalid API Key: send 'Authorization: Bearer KEY'", status=401, type="authentication_error")
         if state.status == LOADING:
@@ -78,6 +79,19 @@ def make_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[errors, gate], client_max_size=state.config.body_limit)
     app.add_routes(Api(state).routes())
     return app
+
+
+def _check_json_body(request, limit: int) -> None:
+    """Refuse a POST, from its headers alone, whose body is not declared JSON (415: a web page's
+    plain cross-origin POST sends none or a form type) or says it is over `limit` bytes (413)."""
+    declared = request.headers.get("Content-Type", "").strip()
+    if not declared or request.content_type != "application/json":
+        got = f"Content-Type {request.content_type!r}" if declared else "no Content-Type header"
+        raise ApiError(f"the request body must be JSON sent with Content-Type: application/json (curl: "
+                       f"-H 'Content-Type: application/json'), got {got}", status=415)
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(f"the request body is larger than {limit} bytes (--body-limit): its Content-Length "
+                       f"says {request.content_length}", status=413)
 
 
 def _host_name(request) -> str:
