@@ -73,3 +73,28 @@ def test_a_slot_without_grammar_is_unaffected(server):
         results = [j.result() for j in jobs]
     assert all(status == 200 for status, _ in results), results
     assert results[-1][1]["tokens"] == alone
+
+
+def test_grammars_past_the_limits_are_refused_and_the_server_lives_on(server):
+    """A 4,000-rule chain (44 KB) overflowed the grammar compiler's stack and killed the server;
+    such grammars and schemas are a 400 naming the field, in a line."""
+    chain = "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(4000)) + 'r4000: "x"\n'
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(1000)} | {"d1000": {"type": "integer"}}
+    refs = {"$ref": "#/$defs/d0", "$defs": defs}
+    cases = [
+        ("/completion", {"prompt": PROMPT, "n_predict": 4, "grammar": chain}, "grammar", "4002 rules"),
+        ("/completion", {"prompt": PROMPT, "n_predict": 4, "json_schema": refs}, "json_schema", "$refs followed"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": refs}}},
+         "response_format.json_schema.schema", "$refs followed"),
+        ("/completion", {"prompt": PROMPT, "n_predict": 4, "json_schema": {"$ref": "#"}}, "json_schema", "loop"),
+        ("/completion", {"prompt": PROMPT, "n_predict": 4, "json_schema": {"type": "array", "minItems": 10 ** 12}},
+         "json_schema", "minItems"),
+    ]
+    for path, body, field, words in cases:
+        status, out = server.post(path, body)
+        error = out["error"]
+        assert status == 400 and error["param"] == field and words in error["message"], (status, out)
+        assert "\n" not in error["message"] and len(error["message"]) < 300, error["message"]
+    status, out = server.post("/completion", {"prompt": PROMPT, "n_predict": 4, "grammar": 'root ::= "yes" | "no"'})
+    assert status == 200 and out["content"] in ("yes", "no"), out

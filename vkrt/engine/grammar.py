@@ -7,24 +7,27 @@ a grammar. A row read back whole is masked on the host the same way (apply_mask_
 from __future__ import annotations
 
 import json
+import threading
 import time
 import weakref
+from concurrent.futures import Future
 
 import llguidance
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
-from ..errors import VkrtError
 from ..model.tokenizer import TOKEN_USER_DEFINED
 from ..ops.token_mask import apply_mask_host, mask_words
+from .grammar_limits import GrammarError, check_grammar, check_schema
 
 # whitespace JSON may hold between tokens: llama.cpp's json-schema-to-grammar allows at most a
 # newline and 20 indenting blanks, so a model cannot spin in whitespace forever
 JSON_WHITESPACE = r"[ \t\n]{0,20}"
 
-
-class GrammarError(VkrtError):
-    """The constrained-decoding library refused a grammar or schema (its message)."""
+# the compiler's native stack: 256 MiB took a chain of 30,000 $refs where the main thread's 8 MiB
+# died at 2,500 (grammar_limits.py keeps requests far below either)
+COMPILE_STACK_BYTES = 256 << 20
+_stack_size_lock = threading.Lock()
 
 
 def json_schema_grammar(schema) -> str:
@@ -32,11 +35,17 @@ def json_schema_grammar(schema) -> str:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
-    if not isinstance(schema, (dict, bool)):
+    if schema is True:
+        schema = {}
+    if schema is False:
+        raise GrammarError("the schema false matches no JSON value")
+    if not isinstance(schema, dict):
         raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-    return _checked(LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE}))
+    check_schema(schema)
+    options = {"whitespace_pattern": JSON_WHITESPACE}
+    return _compiled(lambda: LLMatcher.grammar_from_json_schema(schema, defaults=options))
 
 
 def json_object_grammar() -> str:
@@ -46,25 +55,60 @@ def json_object_grammar() -> str:
 
 def gbnf_grammar(text: str) -> str:
     """A llama.cpp GBNF grammar (root rule `root`), or Lark (llguidance reads either)."""
-    try:
-        return _checked(llguidance.grammar_from("gbnf", text))
-    except ValueError as exc:
-        raise GrammarError(str(exc)) from None
+    check_grammar(text)
+    return _compiled(lambda: llguidance.grammar_from("gbnf", text))
 
 
 def lark_grammar(text: str) -> str:
-    """A grammar in llguidance's Lark dialect (with `%json {...}` schemas and `<[id]>` tokens)."""
-    try:
-        return _checked(LLMatcher.grammar_from_lark(text))
-    except ValueError as exc:
-        raise GrammarError(str(exc)) from None
+    """A grammar in llguidance's Lark dialect (with `%json {...}` schemas and `<[id]>` tokens),
+    written by vkrt (tool_grammar.py checks the schemas it embeds; check_grammar a client's text)."""
+    return _compiled(lambda: LLMatcher.grammar_from_lark(text))
 
 
-def _checked(grammar: str) -> str:
-    error = LLMatcher.validate_grammar(grammar)
-    if error:
-        raise GrammarError(error)
-    return grammar
+def _compiled(convert) -> str:
+    """convert()'s grammar, validated (compiled) by llguidance on a deep stack; a refusal as a
+    GrammarError with the library's message in brief."""
+    def compile_():
+        try:
+            grammar = convert()
+        except ValueError as exc:
+            raise GrammarError(brief(str(exc))) from None
+        error = LLMatcher.validate_grammar(grammar)
+        if error:
+            raise GrammarError(brief(error))
+        return grammar
+    return on_deep_stack(compile_)
+
+
+def brief(message: str) -> str:
+    """llguidance's message in one line of at most 200 characters, without the parser state or
+    the source excerpt it may append."""
+    lines = [line.strip() for line in message.split("<state>")[0].splitlines() if line.strip()]
+    if not lines:
+        return "refused"
+    detail = next((line for line in lines[1:] if line.startswith("error:")), None)
+    text = f"{lines[0].rstrip(':')}: {detail[len('error:'):].strip()}" if detail else lines[0]
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def on_deep_stack(fn):
+    """fn() on a thread of COMPILE_STACK_BYTES stack (the grammar compiler recurses natively and
+    an overflow kills the process); its result, or its exception raised here."""
+    done: Future = Future()
+
+    def run():
+        try:
+            done.set_result(fn())
+        except BaseException as exc:   # handed to the caller
+            done.set_exception(exc)
+
+    with _stack_size_lock:   # stack_size is process-wide: set it for this one thread only
+        old = threading.stack_size(COMPILE_STACK_BYTES)
+        try:
+            threading.Thread(target=run, name="vkrt-grammar-compile", daemon=True).start()
+        finally:
+            threading.stack_size(old)
+    return done.result()
 
 
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -102,9 +146,9 @@ class Constraint:
     """One sequence's grammar state: the mask of the tokens allowed next, advanced token by token."""
 
     def __init__(self, tokenizer: LLTokenizer, grammar: str):
-        self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        self.matcher = on_deep_stack(lambda: LLMatcher(tokenizer, grammar, log_level=0))
         if self.matcher.is_error():
-            raise GrammarError(self.matcher.get_error())
+            raise GrammarError(brief(self.matcher.get_error()))
         self.eos = frozenset(tokenizer.eos_tokens)
         self._mask = np.zeros(mask_words(tokenizer.vocab_size), np.uint32)
         self._fresh = False
@@ -119,7 +163,7 @@ class Constraint:
             self.mask_seconds += time.perf_counter() - t0
             self.masks += 1
             if self.matcher.is_error() or not self._mask.any():
-                raise GrammarError(f"the grammar allows no next token: {self.matcher.get_error() or 'dead end'}")
+                raise GrammarError(f"the grammar allows no next token: {brief(self.matcher.get_error() or 'dead end')}")
             self._fresh = True
         return self._mask
 
@@ -130,7 +174,7 @@ class Constraint:
     def accept(self, token: int) -> None:
         """Advance past a sampled token (one the mask allowed)."""
         if not self.matcher.consume_token(int(token)):
-            raise GrammarError(f"token {token} does not fit the grammar: {self.matcher.get_error()}")
+            raise GrammarError(f"token {token} does not fit the grammar: {brief(self.matcher.get_error())}")
         self._fresh = False
 
     def ends(self, token: int) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..engine.dry import DEFAULT_BREAKERS
 from ..engine.grammar import GrammarError, gbnf_grammar, json_object_grammar, json_schema_grammar
+from ..engine.grammar_limits import GrammarLimitError
 from ..engine.sampler import SamplingParams
 from ..engine.sampler_order import parse_order
 from ..errors import ConfigError
@@ -171,6 +172,8 @@ def _compiled(compile, source, field: str) -> str:
         raise BadRequest(f"'{field}' must be a JSON schema object", field)
     try:
         return compile(source)
+    except GrammarLimitError as exc:
+        raise BadRequest(f"'{field}' {exc}", field) from None
     except GrammarError as exc:
         raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
 

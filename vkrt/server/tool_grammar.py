@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import llguidance
 
 from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
+from ..engine.grammar_limits import GrammarLimitError, check_schema
 from .chat_output import HARMONY
 from .harmony import MARKERS as HARMONY_MARKERS
 from .reasoning import THINK_CLOSE, THINK_OPEN
@@ -87,6 +88,9 @@ def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None,
                          field)
     if name is not None:
         fns = [f for f in fns if f.name == name]
+    for f in fns:
+        if forced or f.strict:
+            _check_limits(f)
     g = _Writer(specials)
     text = g.forced(fmt, fns, parallel, thinking) if forced else g.lazy(fmt, fns)
     try:
@@ -97,6 +101,15 @@ def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None,
                 _check_schema(f)
         raise BadRequest(f"the tools' grammar was refused by the grammar library (llguidance): {exc}",
                          "tools") from None
+
+
+def _check_limits(f: Function) -> None:
+    """A 400 naming the function whose parameters are past grammar_limits.py's bounds."""
+    field = f"tools[{f.index}].function.parameters"
+    try:
+        check_schema(f.parameters)
+    except GrammarLimitError as exc:
+        raise BadRequest(f"'{field}' {exc}", field) from None
 
 
 def _check_schema(f: Function) -> None:
