@@ -8,6 +8,7 @@ import importlib.util
 import io
 import itertools
 import json
+import math
 import os
 from functools import partial
 
@@ -15,7 +16,17 @@ import click
 
 from vkrt import __version__
 
-from .common import cache_size, default_model, flag01, hub_model, hub_options, open_devices
+from .common import (
+    INT32_MAX,
+    cache_size,
+    count,
+    default_model,
+    flag01,
+    hub_model,
+    hub_options,
+    open_devices,
+    parse_tensor_split,
+)
 
 DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0,
                 split_mode="layer", main_gpu=None, tensor_split=None, cpu_experts="auto", cpu_moe_threads=None,
@@ -23,6 +34,7 @@ DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, u
 COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe",
                     split_mode="sm", main_gpu="mg", tensor_split="ts", cpu_experts="cpu_experts",
                     cpu_moe_threads="moe_threads", link_gbps="link GB/s")
+MAX_RANGE = 4096   # values an a-b range of counts may hold
 TRAFFIC_COLUMNS = ("experts % cache/copy/cpu", "MB/tok")   # tg rows: where the experts ran, bus bytes a token
 
 
@@ -33,9 +45,12 @@ def _ints(text: str, what: str) -> list[int]:
         if "-" in part[1:] and "*" not in part:  # a-b range as llama-bench allows (step 1)
             a, b = part.split("-", 1)
             try:
-                out.extend(range(int(a), int(b) + 1))
+                first, last = int(a), int(b)
             except ValueError:
                 raise click.BadParameter(f"{what}: {part!r} is not a range of integers") from None
+            if last - first >= MAX_RANGE:
+                raise click.BadParameter(f"{what}: {part!r} spans more than {MAX_RANGE} values")
+            out.extend(range(first, last + 1))
         elif part:
             try:
                 out.append(int(part))
@@ -43,6 +58,8 @@ def _ints(text: str, what: str) -> list[int]:
                 raise click.BadParameter(f"{what}: {part!r} is not an integer") from None
     if any(v < 0 for v in out):
         raise click.BadParameter(f"{what}: {text!r} holds a negative count; sizes are 0 or more")
+    if any(v > INT32_MAX for v in out):
+        raise click.BadParameter(f"{what}: {text!r} holds a count over {INT32_MAX}")
     return out
 
 
@@ -81,19 +98,10 @@ def _rates(text: str, what: str) -> list[float]:
             value = float(part)
         except ValueError:
             raise click.BadParameter(f"{what}: {part!r} is not a number of GB/s") from None
-        if not value > 0:
-            raise click.BadParameter(f"{what}: {part!r}: the rate must be more than 0 GB/s")
+        if not 0 < value < math.inf:
+            raise click.BadParameter(f"{what}: {part!r}: the rate must be more than 0 GB/s and finite")
         out.append(value)
     return out
-
-
-def _split(text: str) -> tuple[float, ...]:
-    """One -ts value: 3/1 as proportions."""
-    try:
-        return tuple(float(v) for v in text.split("/"))
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: give one proportion per device, '/'-separated (e.g. 3/1)",
-                                 param_hint="-ts") from None
 
 
 def _fmt_split(ts) -> str:
@@ -151,7 +159,7 @@ def _fmt_params(n: int) -> str:
 @click.option("--link-bandwidth", "link_bandwidth", default=None, metavar="GB/s",
               help="Pace host-to-device expert traffic to this rate, as a slower PCIe link would (comma-separated to "
                    "test several; default VKRT_LINK_BANDWIDTH, else unpaced).")
-@click.option("-r", "--repetitions", type=click.IntRange(1), default=5, show_default=True)
+@click.option("-r", "--repetitions", type=count(1), default=5, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
 def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers,
           flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu, tensor_split, cpu_experts,
@@ -178,7 +186,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
     devices = device.replace("/", ",") if device else None
     modes = [m.strip() for m in split_mode.split(",")]
     mgs = [None] if main_gpu is None else _ints(main_gpu, "-mg")
-    splits = [None] if tensor_split is None else [_split(v) for v in tensor_split.split(",")]
+    splits = [None] if tensor_split is None else [parse_tensor_split(v, "/") for v in tensor_split.split(",")]
     host = dict(cpu_experts=["auto"] if cpu_experts is None else _words(cpu_experts, "--cpu-experts", CPU_EXPERTS),
                 cpu_moe_threads=[None] if cpu_moe_threads is None else _counts(cpu_moe_threads, "--cpu-moe-threads"),
                 link_gbps=[None] if link_bandwidth is None else _rates(link_bandwidth, "--link-bandwidth"))

@@ -22,7 +22,7 @@ import time
 
 import click
 
-from .common import settings
+from .common import count, settings
 
 NO_REFERENCE = "vkrt bench-h2d measures vkrt's paths only; python bench/h2d.py adds CUDA's copies"
 SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
@@ -251,7 +251,7 @@ def h2d_options(f):
         click.option("--min-size", default="1M", show_default=True, help="Smallest size."),
         click.option("--queue", "queue", type=click.Choice(["both", "compute", "transfer"]), default="both",
                      show_default=True, help="Queue(s) to upload on."),
-        click.option("--iters", type=int, default=None, help="Timed repetitions per size (default: 3-30 by size)."),
+        click.option("--iters", type=count(1), default=None, help="Timed repetitions per size (default: 3-30 by size)."),
         click.option("--tmpdir", default=None, help="Where the file for the file-backed mmap goes (default: $TMPDIR)."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table."),
     ]

@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 import click
+
+INT32_MAX = 2 ** 31 - 1   # the largest count the engine indexes buffers and shaders with
+
+
+def count(low: int = 0, high: int = INT32_MAX) -> click.IntRange:
+    """An integer option's type: low..high, by default at most 2^31-1 (refused with a usage
+    error past it, as past what the engine's 32-bit indices reach)."""
+    return click.IntRange(low, high)
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def default_model() -> str:
@@ -15,6 +37,23 @@ def hub_model(hf_repo: str, hf_file: str | None, hf_token: str | None) -> str:
     into the Hugging Face cache where it is not there yet."""
     from vkrt.model.hub import resolve
     return resolve(hf_repo, hf_file, hf_token)
+
+
+def check_hub_names(ctx, param, value):
+    """-hf's callback: every repository named (comma-separated where repeated) follows Hugging
+    Face's owner/name[:quant] rules, else a usage error before any network access."""
+    from vkrt.errors import HubError
+    from vkrt.model.hub_files import split_repo_tag
+    if param.multiple:   # bench: -hf repeated or comma-separated, empty items skipped as bench skips them
+        repos = [repo for spec in value for repo in spec.split(",") if repo]
+    else:
+        repos = [] if value is None else [value]
+    for repo in repos:
+        try:
+            split_repo_tag(repo)
+        except HubError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+    return value
 
 
 def take_model(model_kw: dict) -> dict:
@@ -33,7 +72,7 @@ def hub_options(f, *, multiple: bool = False):
     """-hf, --hf-file, --hf-token, named as llama.cpp's (decorator)."""
     opts = [
         click.option("-hf", "-hfr", "--hf-repo", "hf_repo", default=None, multiple=multiple,
-                     metavar="<user>/<model>[:quant]",
+                     metavar="<user>/<model>[:quant]", callback=check_hub_names,
                      help="Hugging Face repository to load the model from; quant is case-insensitive, default "
                           "Q4_K_M, else Q8_0, else the first GGUF file (downloaded into the Hugging Face cache; "
                           "HF_HUB_OFFLINE=1: cached files only)."),
@@ -73,21 +112,21 @@ def model_options(f=None, *, n_ctx: int = 4096, ctx_help: str = "Context size (K
         click.option("-m", "--model", "model", default=None,
                      help="GGUF model file; of a split model its first part (default: SmolLM2-135M)."),
         hub_options,
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=n_ctx, show_default=True,
+        click.option("-c", "--ctx-size", "n_ctx", type=count(16), default=n_ctx, show_default=True,
                      help=ctx_help),
-        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True,
+        click.option("-b", "--batch-size", "n_batch", type=count(1), default=2048, show_default=True,
                      help="Logical batch size."),
-        click.option("-ub", "--ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True,
+        click.option("-ub", "--ub", "--ubatch-size", "n_ubatch", type=count(1), default=512, show_default=True,
                      help="Micro-batch size (tokens per forward pass)."),
         click.option("-fa", "--flash-attn", "flash_attn", default="1", show_default=True,
                      help="Flash attention: 1/on or 0/off."),
-        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=click.IntRange(0), default=999,
+        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=count(0), default=999,
                      help="Layers whose weights go to VRAM; the rest stay in host memory (default: all)."),
         click.option("--no-mmap", is_flag=True, help="Read weights into anonymous memory instead of mapping the file."),
         click.option("--no-pin", is_flag=True, help="Do not import host-resident weights (VKRT_REGISTER_HOST=0)."),
         click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
                      help="KV cache type."),
-        click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(0), default=None,
+        click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=count(0), default=None,
                      help="Keep the expert tensors of the first N layers in host memory (MoE models)."),
         click.option("--vram-budget", default=None,
                      help="Use at most this much VRAM (e.g. 8G; with several devices one size each, 8G,8G,4G); "
@@ -109,9 +148,9 @@ def cpu_expert_options(f):
                      show_default=True,
                      help="Host-resident experts not in the expert cache: auto = on the CPU or copied to the GPU, "
                           "whichever the measured rates say is cheaper; all = on the CPU; off = copied to the GPU."),
-        click.option("--cpu-moe-threads", "cpu_moe_threads", type=click.IntRange(1), default=None,
+        click.option("--cpu-moe-threads", "cpu_moe_threads", type=count(1), default=None,
                      help="Threads of the CPU expert kernels (default: the CPU's cores)."),
-        click.option("--link-bandwidth", "link_bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--link-bandwidth", "link_bandwidth", type=FiniteFloat(min=0, min_open=True), default=None,
                      metavar="GB/s",
                      help="Pace host-to-device expert traffic to this rate, as a slower PCIe link would "
                           "(PCIe 3 x16 ~12, x4 ~3, x1 ~1; default VKRT_LINK_BANDWIDTH, else unpaced)."),
@@ -134,7 +173,7 @@ def device_options(f):
                           "(row is not supported)."),
         click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="N0,N1,...",
                      help="Share of the layers each device runs, e.g. 3,1 (default: by VRAM budget, else free VRAM)."),
-        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(0), default=None,
+        click.option("-mg", "--main-gpu", "main_gpu", type=count(0), default=None,
                      help="Device (index into --device) holding the output and sampling; with -sm layer it runs "
                           "the last layers (default: the last device), with -sm none the only one (default 0)."),
     ]
@@ -144,14 +183,17 @@ def device_options(f):
 
 
 def parse_tensor_split(value: str | None, sep: str = ",") -> tuple[float, ...] | None:
-    """-ts 3,1 as proportions."""
+    """-ts 3,1 as proportions: finite, none negative, not all 0."""
     if value is None:
         return None
     try:
-        return tuple(float(v) for v in str(value).split(sep))
+        shares = tuple(float(v) for v in str(value).split(sep))
     except ValueError:
-        raise click.BadParameter(f"{value!r}: give one number per device, e.g. 3{sep}1",
-                                 param_hint="-ts") from None
+        shares = ()
+    if not shares or not all(0 <= s < math.inf for s in shares) or not any(shares):
+        raise click.BadParameter(f"{value!r}: give one proportion (a number 0 or more, not all 0) per device, "
+                                 f"e.g. 3{sep}1", param_hint="-ts")
+    return shares
 
 
 def vram_budgets(value: str | None):

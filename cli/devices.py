@@ -9,7 +9,7 @@ import click
 
 from vkrt.units import fmt_bytes
 
-from .common import device_options, engine_options, open_devices, settings
+from .common import count, device_options, engine_options, open_devices, settings
 
 
 def _yes(flag: bool) -> str:
@@ -119,15 +119,15 @@ class _BoxRequest:
 @click.option("-m", "--model", "model", default=None,
               help="Show where this GGUF model's layers and buffers would go (with --device, -sm, -ts, -mg, ...).")
 @device_options
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(16), default=4096, show_default=True)
-@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), default=2048, show_default=True)
-@click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(1), default=512, show_default=True)
+@click.option("-c", "--ctx-size", "n_ctx", type=count(16), default=4096, show_default=True)
+@click.option("-b", "--batch-size", "n_batch", type=count(1), default=2048, show_default=True)
+@click.option("-ub", "--ubatch-size", "n_ubatch", type=count(1), default=512, show_default=True)
 @click.option("-fa", "--flash-attn", "flash_attn", default="1", show_default=True)
-@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=click.IntRange(0), default=999)
-@click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(0), default=None)
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=count(0), default=999)
+@click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=count(0), default=None)
 @click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True)
 @click.option("--vram-budget", default=None, help="A size for every device, or one per device (8G,8G,4G).")
-@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(1), default=1, show_default=True,
+@click.option("-np", "--parallel", "n_parallel", type=count(1), default=1, show_default=True,
               help="Sequences at once (a server's slots: the recurrent state grows with them).")
 @click.option("--remeasure", is_flag=True,
               help="Measure the box's rates (host -> GPU copy, RAM, CPU experts) again instead of reading the cache.")

@@ -10,7 +10,7 @@ import click
 
 from vkrt.errors import VkrtError
 
-from .common import model_options, open_devices, open_engine, take_model
+from .common import count, model_options, open_devices, open_engine, take_model
 from .perplexity_report import KL_HEADER, chunk_ppl, eta, final_estimate, kl_chunk, kl_summary
 
 
@@ -37,7 +37,7 @@ def _read_text(path: str) -> str:
 @click.command()
 @model_options(n_ctx=512, ctx_help="Tokens per chunk; each chunk is scored on its second half.")
 @click.option("-f", "--file", "text_file", default=None, help="Text to evaluate perplexity on.")
-@click.option("--chunks", "n_chunks", type=int, default=-1, show_default=True,
+@click.option("--chunks", "n_chunks", type=count(-1), default=-1, show_default=True,
               help="Evaluate at most this many chunks (-1: all the text makes).")
 @click.option("--kl-divergence-base", "kl_base", default=None,
               help="Logits file: written with the base model's log-probabilities (perplexity mode), "

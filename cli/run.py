@@ -7,19 +7,26 @@ import sys
 
 import click
 
-from .common import model_options, open_devices, open_engine, take_model
+from .common import (
+    FiniteFloat,
+    count,
+    model_options,
+    open_devices,
+    open_engine,
+    take_model,
+)
 
 
 @click.command()
 @model_options
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="Prompt text.")
-@click.option("-n", "--n-predict", type=click.IntRange(0), default=64, show_default=True, help="Tokens to generate.")
-@click.option("--temp", type=float, default=0.8, show_default=True, help="Temperature (0 = greedy).")
-@click.option("--top-k", type=int, default=40, show_default=True)
-@click.option("--top-p", type=float, default=0.95, show_default=True)
-@click.option("--min-p", type=float, default=0.05, show_default=True)
-@click.option("--repeat-penalty", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
+@click.option("-n", "--n-predict", type=count(0), default=64, show_default=True, help="Tokens to generate.")
+@click.option("--temp", type=FiniteFloat(), default=0.8, show_default=True, help="Temperature (0 = greedy).")
+@click.option("--top-k", type=count(-2 ** 31), default=40, show_default=True)
+@click.option("--top-p", type=FiniteFloat(), default=0.95, show_default=True)
+@click.option("--min-p", type=FiniteFloat(), default=0.05, show_default=True)
+@click.option("--repeat-penalty", type=FiniteFloat(), default=1.0, show_default=True)
+@click.option("--seed", type=count(-1, 2 ** 32 - 1), default=None, help="Sampling seed (-1 or default: random).")
 @click.option("--samplers", default=None,
               help="Sampler chain, in order, ';'-separated (llama.cpp's names, e.g. "
                    "'penalties;dry;top_k;top_p;min_p;temperature'); only these run. Default: llama.cpp's chain.")
@@ -39,7 +46,7 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samp
     constraint = _grammar(grammar, grammar_file, json_schema)
 
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, seed=seed, order=_order(samplers, sampling_seq))
+                            repeat_penalty=repeat_penalty, seed=None if seed == -1 else seed, order=_order(samplers, sampling_seq))
     take_model(model_kw)
     with open_devices(model_kw["device"]) as devices:
         model, engine = open_engine(devices, progress=None if not as_json else False, **model_kw)

@@ -10,7 +10,15 @@ import click
 
 from vkrt.units import fmt_bytes
 
-from .common import check_device_options, model_options, open_engine, settings, take_model
+from .common import (
+    FiniteFloat,
+    check_device_options,
+    count,
+    model_options,
+    open_engine,
+    settings,
+    take_model,
+)
 
 log = logging.getLogger("vkrt.server")
 
@@ -37,7 +45,7 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
 @click.option("--api-key", envvar="VKRT_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every endpoint but /health (env VKRT_API_KEY).")
 @click.option("-a", "--alias", default=None, help="Model name reported to clients (default: the file name).")
-@click.option("--body-limit", type=click.IntRange(1024), default=8 << 20, show_default=True,
+@click.option("--body-limit", type=count(1024), default=8 << 20, show_default=True,
               help="Largest request body in bytes.")
 @click.option("--ctx-checkpoints", type=click.IntRange(0, 64), default=4, show_default=True,
               help="Recurrent-state checkpoints each slot keeps in host memory for prompt-prefix reuse "
@@ -46,13 +54,13 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
               help="Host header names requests may carry, comma-separated ('*': any). Default: on a loopback "
                    "address localhost, 127.0.0.1 and ::1 only (a web page cannot reach the server through DNS "
                    "rebinding); elsewhere any.")
-@click.option("--shutdown-timeout", type=click.FloatRange(0), default=10.0, show_default=True,
+@click.option("--shutdown-timeout", type=FiniteFloat(0), default=10.0, show_default=True,
               help="Seconds in-flight requests may take to finish on SIGINT/SIGTERM before they are cancelled.")
-@click.option("-to", "--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True,
+@click.option("-to", "--timeout", type=FiniteFloat(0.1), default=60.0, show_default=True,
               help="Seconds a client has to send a request's headers (after connecting, or after the last "
                    "answer on a kept-alive connection: then the connection is closed), and then its body "
                    "(else 408). Generation time does not count.")
-@click.option("--max-itl-ratio", type=click.FloatRange(0), default=2.0, show_default=True,
+@click.option("--max-itl-ratio", type=FiniteFloat(0), default=2.0, show_default=True,
               help="While slots generate, a step holds only as much pending prompt as keeps its time within this "
                    "many decode steps' (both measured as the server runs), so a long prompt arriving raises the "
                    "other streams' inter-token latency about this much at most (a step always reads some prompt: "

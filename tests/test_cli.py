@@ -166,3 +166,57 @@ def test_run_refuses_a_bad_sampler_chain(tmp_path):
         result = CliRunner().invoke(cli, ["run", "-m", str(model), *args])
         assert result.exit_code == 2 and hint in result.output and what in result.output, result.output
         assert "Traceback" not in result.output
+
+
+BAD_OPTION_VALUES = [
+    *[(["run", "-hf", name], "-hf") for name in ("a/b/c:Q4", ":::", "owner/", "/name", "a b/c", "o/x..y", "o/..",
+                                                  "-o/n", "o/n.", "o--w/n", "o/n:Q4 K", "o/n:x:Q4", "", "o/" + "n" * 97)],
+    (["bench", "-hf", "o/n,a/b/c"], "-hf"),
+    (["serve", "-hf", "a/b/c"], "-hf"),
+    (["perplexity", "-hf", "owner/"], "-hf"),
+    *[(["run", opt, "99999999999999999999999"], opt) for opt in ("-c", "-b", "-ub", "-n", "-ngl", "-ncmoe", "-mg",
+                                                                  "--cpu-moe-threads", "--top-k", "--seed")],
+    (["run", "-c", "2147483648"], "-c"),
+    (["run", "--top-k", "-99999999999999999999999"], "--top-k"),
+    (["run", "--seed", "-2"], "--seed"),
+    *[(["run", opt, value], opt) for opt in ("--temp", "--top-p", "--min-p", "--repeat-penalty", "--link-bandwidth")
+      for value in ("nan", "inf")],
+    *[(["run", "-ts", value], "-ts") for value in ("nan,1", "inf,1", "-1,1", "0,0", "")],
+    *[(["serve", opt, "99999999999999999999999"], opt) for opt in ("-c", "--port", "-np", "--body-limit",
+                                                                    "--ctx-checkpoints", "--reasoning-budget")],
+    (["serve", "--port", "65536"], "--port"),
+    *[(["serve", opt, "nan"], opt) for opt in ("--shutdown-timeout", "-to", "--max-itl-ratio")],
+    (["serve", "-to", "inf"], "-to"),
+    (["perplexity", "--chunks", "99999999999999999999999"], "--chunks"),
+    (["perplexity", "--chunks", "-2"], "--chunks"),
+    *[(["devices", opt, "99999999999999999999999"], opt) for opt in ("-c", "-b", "-ub", "-ngl", "-ncmoe", "-np")],
+    *[(["bench", opt, "99999999999999999999999"], opt) for opt in ("-p", "-n", "-d", "-b", "-ub", "-ngl", "-ncmoe",
+                                                                    "-mg", "--cpu-moe-threads", "-r")],
+    (["bench", "-p", "0-99999999999"], "-p"),
+    (["bench", "-pg", "512,99999999999999999999999"], "-pg"),
+    (["bench", "-ts", "nan/1"], "-ts"),
+    (["bench", "--link-bandwidth", "inf"], "--link-bandwidth"),
+    (["bench-h2d", "--iters", "99999999999999999999999"], "--iters"),
+    (["bench-h2d", "--iters", "0"], "--iters"),
+]
+
+
+@pytest.mark.parametrize("args, option", BAD_OPTION_VALUES)
+def test_bad_option_value_is_one_usage_line(tmp_path, monkeypatch, args, option):
+    """Malformed -hf names and option values past what the engine takes (beyond 2^31-1, ports past
+    65535, nan or inf) stop the command at start with one error line naming the option: no model
+    is opened and the hub is never asked."""
+    from vkrt.model import hub
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the hub was asked about a malformed name")
+    monkeypatch.setattr(hub, "list_files", asked)
+    model = tmp_path / "none.gguf"
+    model.write_bytes(b"")
+    command, *rest = args
+    model_args = [] if command == "bench-h2d" or "-hf" in rest else ["-m", str(model)]
+    result = CliRunner().invoke(cli, [command, *model_args, *rest])
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert result.exit_code == 2, result.output
+    assert len(errors) == 1 and option in errors[0], result.output
+    assert "Traceback" not in result.output and "not a GGUF file" not in result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,8 +85,13 @@ def test_hf_file_and_missing_parts():
 def test_repo_spec():
     assert split_repo_tag("unsloth/Qwen3.5-35B-A3B-GGUF:UD-Q4_K_XL") == ("unsloth/Qwen3.5-35B-A3B-GGUF", "UD-Q4_K_XL")
     assert split_repo_tag("owner/name") == ("owner/name", "")
-    for bad in ("name", "a/b/c", "/b:Q4_K_M"):
-        with pytest.raises(HubError, match="expected <user>/<model>\\[:quant\\]"):
+    assert split_repo_tag("bartowski/Qwen_Qwen3-30B-A3B-GGUF:q4_k_m") == ("bartowski/Qwen_Qwen3-30B-A3B-GGUF", "q4_k_m")
+    for bad, why in (("name", "not one '/'"), ("a/b/c", "not one '/'"), ("/b:Q4_K_M", "an empty owner or name"),
+                     ("a b/c", "holds characters other than"), ("o/x..y", "holds '--' or '..'"),
+                     ("o--w/n", "holds '--' or '..'"), (".o/n", "starts or ends with"), ("o/n-", "starts or ends with"),
+                     ("o/" + "n" * 97, "a part of 97 characters"), ("o/n:Q4:K", "the quant tag 'Q4:K'"),
+                     ("o/n:", "the quant tag ''")):
+        with pytest.raises(HubError, match=f"-hf {re.escape(repr(bad))}: .*{re.escape(why)}.*expected <user>/<model>"):
             split_repo_tag(bad)
 
 

@@ -16,6 +16,8 @@ DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 _NOT_MODELS = ("mmproj", "imatrix", "mtp-")
+_REPO_PART = re.compile(r"[A-Za-z0-9._-]+")
+_QUANT = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,33 @@ def parse_name(path: str) -> GGUFName | None:
     return GGUFName(prefix, tag[1].upper() if tag else "", index, count)
 
 
+def _name_fault(part: str) -> str | None:
+    """Why `part` is not an owner or repository name by Hugging Face's rules, or None."""
+    if not part:
+        return "an empty owner or name"
+    if len(part) > 96:
+        return f"a part of {len(part)} characters (at most 96)"
+    if not _REPO_PART.fullmatch(part):
+        return f"{part!r} holds characters other than letters, digits, '.', '_' and '-'"
+    if part[0] in ".-" or part[-1] in ".-":
+        return f"{part!r} starts or ends with '.' or '-'"
+    if "--" in part or ".." in part:
+        return f"{part!r} holds '--' or '..'"
+    return None
+
+
 def split_repo_tag(spec: str) -> tuple[str, str]:
-    """'owner/name:quant' -> ('owner/name', 'quant'); the tag is '' when not given."""
-    repo, _, tag = spec.partition(":")
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise HubError(f"-hf {spec!r}: expected <user>/<model>[:quant], e.g. unsloth/Qwen3-8B-GGUF:Q4_K_M")
-    return repo, tag.rpartition(":")[2]
+    """'owner/name:quant' -> ('owner/name', 'quant'); the tag is '' when not given. A name that
+    breaks Hugging Face's repository id rules is a HubError before anything is fetched."""
+    repo, colon, tag = spec.partition(":")
+    parts = repo.split("/")
+    fault = "not one '/'" if len(parts) != 2 else next(filter(None, map(_name_fault, parts)), None)
+    if fault is None and colon and not _QUANT.fullmatch(tag):
+        fault = f"the quant tag {tag!r} is not letters, digits, '_' and '-'"
+    if fault:
+        raise HubError(f"-hf {spec!r}: {fault}; expected <user>/<model>[:quant], e.g. "
+                       "unsloth/Qwen3-8B-GGUF:Q4_K_M")
+    return repo, tag
 
 
 def is_model_file(path: str) -> bool:
