@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import llguidance
 
 from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
-from ..engine.grammar_limits import GrammarLimitError, check_schema
+from ..engine.grammar_limits import check_schema
 from .chat_output import HARMONY
 from .harmony import MARKERS as HARMONY_MARKERS
 from .reasoning import THINK_CLOSE, THINK_OPEN
@@ -105,19 +105,20 @@ def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None,
 
 def _check_limits(f: Function) -> None:
     """A 400 naming the function whose parameters are past grammar_limits.py's bounds."""
-    field = f"tools[{f.index}].function.parameters"
-    try:
-        check_schema(f.parameters)
-    except GrammarLimitError as exc:
-        raise BadRequest(f"'{field}' {exc}", field) from None
+    _refused(f, check_schema, "")
 
 
 def _check_schema(f: Function) -> None:
+    _refused(f, json_schema_grammar, "was refused by the grammar library (llguidance): ")
+
+
+def _refused(f: Function, check, why: str) -> None:
+    """check(f.parameters); its GrammarError (a limit's too) as a 400 naming the function's parameters."""
     field = f"tools[{f.index}].function.parameters"
     try:
-        json_schema_grammar(f.parameters)
+        check(f.parameters)
     except GrammarError as exc:
-        raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
+        raise BadRequest(f"'{field}' {why}{exc}", field) from None
 
 
 def _pattern(pattern, field: str) -> str:
