@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from ..errors import VkrtError
 
@@ -163,6 +164,15 @@ def get_token_ids(value, name: str, vocab: int) -> list[int]:
     return list(value)
 
 
+_TOKEN_ID = re.compile(r"-?[0-9]{1,18}")
+
+
+def _short(value, limit: int = 40) -> str:
+    """repr(value) cut to `limit` characters (an error message quotes what it refused)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else f"an integer of {len(str(value))} digits"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def get_logit_bias(body: dict, name: str, vocab: int) -> tuple:
     """OpenAI's {"token id": bias} or llama-server's [[token id, bias], ...]; a bias of false
     bans the token. ((id, bias), ...) sorted by id, repeated ids summed."""
@@ -175,18 +185,17 @@ def get_logit_bias(body: dict, name: str, vocab: int) -> tuple:
         raise BadRequest(f"'{name}' must be an object of token id -> bias or an array of [token id, bias] pairs", name)
     out: dict[int, float] = {}
     for tok, bias in pairs:
-        if isinstance(tok, str) and tok.strip().lstrip("-").isdigit():
+        if isinstance(tok, str) and _TOKEN_ID.fullmatch(tok.strip()):   # ASCII digits: int() takes "²" and 5000 digits badly
             tok = int(tok)
         if isinstance(tok, bool) or not isinstance(tok, int):
-            raise BadRequest(f"'{name}' keys must be token ids (integers), got {tok!r}", name)
+            raise BadRequest(f"'{name}' keys must be token ids (integers), got {_short(tok)}", name)
         if not 0 <= tok < vocab:
-            raise BadRequest(f"'{name}' holds token id {tok}, outside the vocabulary [0, {vocab})", name)
+            raise BadRequest(f"'{name}' holds token id {_short(tok)}, outside the vocabulary [0, {vocab})", name)
         if bias is False:
             bias = -math.inf
-        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
-                or not -100 <= bias <= 100:
-            raise BadRequest(f"'{name}' bias of token {tok} must be a number in [-100, 100] or false, got {bias!r}",
-                             name)
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:   # also nan
+            raise BadRequest(f"'{name}' bias of token {tok} must be a number in [-100, 100] or false, got "
+                             f"{_short(bias)}", name)
         out[tok] = out.get(tok, 0.0) + float(bias)
     return tuple(sorted(out.items()))
 
