@@ -85,6 +85,9 @@ CORPUS = [
     (CHAT, body(messages=MSG, logit_bias={"1": "x"}), 400, "[-100, 100]", "logit_bias"),
     (LLAMA, body(prompt="x", logit_bias=[[1, True]]), 400, "[-100, 100]", "logit_bias"),
     (CHAT, body(messages=MSG, logit_bias=[1, 2]), 400, "[token id, bias] pairs", "logit_bias"),
+    (CHAT, body(messages=MSG + [{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function",
+                "function": {"name": "f", "arguments": "[" * 20000 + "]" * 20000}}]}, {"role": "user", "content": "x"}]),
+     400, "nested too deeply", "messages[1].tool_calls[0].function.arguments"),   # json.loads' recursion
     (CHAT, body(messages=MSG, logit_bias={"²": 1}), 400, "token ids", "logit_bias"),        # a digit int() refuses
     (CHAT, body(messages=MSG, logit_bias={"9" * 5000: 1}), 400, "token ids", "logit_bias"),  # past int()'s digits
     (LLAMA, body(prompt="x", logit_bias=[[1, 10 ** 400]]), 400, "[-100, 100]", "logit_bias"),  # no float of it

@@ -284,6 +284,8 @@ def _tool_calls(calls, where: str) -> list[dict]:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
                 raise BadRequest(f"'{at}.function.arguments' is not valid JSON", f"{at}.function.arguments") from None
+            except RecursionError:
+                raise BadRequest(f"'{at}.function.arguments' is nested too deeply", f"{at}.function.arguments") from None
         if not isinstance(args, dict):
             raise BadRequest(f"'{at}.function.arguments' must be a JSON object (or its text)",
                              f"{at}.function.arguments")
