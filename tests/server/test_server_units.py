@@ -348,3 +348,30 @@ def test_warm_up_records_every_decode_batch_size(device, tiny_gguf):
             e.mixed([(0, [5]), (2, [6]), (1, list(range(3, 1 + n)))], top=True)
             e.reset()
         assert e.stats.graphs_recorded == recorded
+
+
+def test_request_bodies_are_parsed_off_the_event_loop(monkeypatch):
+    """read_body parses the JSON in a worker thread: a body of megabytes does not stall the loop
+    (and every stream it serves) while it is parsed."""
+    import asyncio
+    import threading
+
+    from vkrt.server import routes
+
+    seen = {}
+
+    def parse(raw):
+        seen["thread"] = threading.get_ident()
+        return parse_json_object(raw)
+
+    class Request:
+        async def read(self):
+            return b'{"prompt": "x"}'
+
+    async def main():
+        seen["loop"] = threading.get_ident()
+        return await routes.read_body(Request(), 5.0)
+
+    monkeypatch.setattr(routes, "parse_json_object", parse)
+    assert asyncio.run(main()) == {"prompt": "x"}
+    assert seen["thread"] != seen["loop"]

@@ -32,14 +32,15 @@ log = logging.getLogger("vkrt.server")
 
 
 async def read_body(request: web.Request, timeout: float) -> dict:
-    """The JSON object in the body, which must arrive within `timeout` seconds (408 if not)."""
+    """The JSON object in the body, which must arrive within `timeout` seconds (408 if not),
+    parsed off the event loop (a body of megabytes takes its time)."""
     try:
         async with asyncio.timeout(timeout):
             data = await request.read()
     except TimeoutError:
         raise ApiError(f"the request body did not arrive within {timeout:g} s (--timeout)", status=408,
                        type="timeout_error") from None
-    return parse_json_object(data)
+    return await asyncio.to_thread(parse_json_object, data)
 
 
 class Api:
@@ -132,7 +133,8 @@ class Api:
 
     async def apply_template(self, request):
         """llama-server's /apply-template: the prompt /v1/chat/completions would render."""
-        req = parse_chat(await read_body(request, self.state.config.timeout), self.state.limits)
+        body = await read_body(request, self.state.config.timeout)
+        req = await asyncio.to_thread(parse_chat, body, self.state.limits)
         return web.json_response({"prompt": await asyncio.to_thread(self._chat_text, req)})
 
     # -- embeddings --------------------------------------------------------------------------------
@@ -149,7 +151,9 @@ class Api:
 
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
-        req = parse_chat(await read_body(request, self.state.config.timeout), self.state.limits)
+        # validation compiles response_format / json_schema grammars: off the event loop
+        body = await read_body(request, self.state.config.timeout)
+        req = await asyncio.to_thread(parse_chat, body, self.state.limits)
         prompt, text = await asyncio.to_thread(self._chat_prompt, req)
         s = self.state
         thinking_open = s.syntax.thinks and opens_thinking(text)
@@ -169,7 +173,8 @@ class Api:
                             parallel=req.parallel_tool_calls, thinking=thinking, specials=s.special_markers)
 
     async def completions(self, request):
-        req = parse_completion(await read_body(request, self.state.config.timeout), COMPLETIONS, self.state.limits)
+        body = await read_body(request, self.state.config.timeout)
+        req = await asyncio.to_thread(parse_completion, body, COMPLETIONS, self.state.limits)
         prompt = await asyncio.to_thread(self._text_prompt, req)
         return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
 
@@ -183,7 +188,7 @@ class Api:
         return await self._completion(request, {**body, "prompt": tokens})
 
     async def _completion(self, request, body: dict):
-        req = parse_completion(body, LLAMA, self.state.limits)
+        req = await asyncio.to_thread(parse_completion, body, LLAMA, self.state.limits)
         prompt = await asyncio.to_thread(self._text_prompt, req)
         settings = {"n_ctx": self.state.n_ctx_slot, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
                     "stream": req.stream, "stop": req.stop, "ignore_eos": req.ignore_eos,
