@@ -101,11 +101,15 @@ def cpu_expert_options(device, model, mode: str, threads: int | None, link_gbps:
     return options
 
 
+def layer_expert_bytes(model, il: int) -> int:
+    """Bytes of one expert (gate, up and down) of layer il."""
+    return sum(model.weights[f"blk.{il}.{n}"].nb[1] * model.weights[f"blk.{il}.{n}"].ne[1] for n in EXPERT_TENSORS)
+
+
 def max_expert_bytes(model) -> int:
-    """Bytes of the largest host-resident expert (gate, up and down)."""
-    w = model.weights
-    layers = {int(n.split(".")[1]) for n in model.placement.host_tensors if "_exps." in n}
-    return max(sum(w[f"blk.{il}.{n}"].nb[1] * w[f"blk.{il}.{n}"].ne[1] for n in EXPERT_TENSORS) for il in layers)
+    """Bytes of the largest host-resident expert."""
+    return max(layer_expert_bytes(model, int(n.split(".")[1]))
+               for n in model.placement.host_tensors if "_exps." in n)
 
 
 def cpu_rate(rates, type_name: str, threads: int) -> float | None:
@@ -161,6 +165,8 @@ class HostExperts(Owned):
         self.T = T = max_tokens
         self.mv_max_n = device.tuning.mv_max_n
         k, E = cfg.n_expert_used, cfg.n_embd
+        # the CPU's pairs of a step (expert, token, weight): one layer's are in use at a time
+        self._cpu_pairs = (np.empty(k * T, np.int32), np.empty(k * T, np.int32), np.empty(k * T, np.float32))
         self._to_host = self._from_host = self._routes = None
         try:
             # one exchange serves every layer: the host is done with a layer's before the next one's
@@ -181,8 +187,7 @@ class HostExperts(Owned):
             self.close()
             raise
         w = model.weights
-        self.expert_bytes = {il: sum(w[f"blk.{il}.{n}"].nb[1] * w[f"blk.{il}.{n}"].ne[1] for n in EXPERT_TENSORS)
-                             for il in staging.layers}
+        self.expert_bytes = {il: layer_expert_bytes(model, il) for il in staging.layers}
         link = link_gbps or (rates.h2d_gbps if rates is not None else None)
         fits = staging.cache_slots >= cfg.n_expert
         self._share = {il: copy_share(mode, link, cpu_rate(rates, w[f"blk.{il}.{EXPERT_TENSORS[0]}"].type.name,
@@ -254,7 +259,7 @@ class HostExperts(Owned):
         k = h.ids.ne[0]
         n = k * T
         self._stamp += 1
-        cpu_e, cpu_t, cpu_w = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32))
+        cpu_e, cpu_t, cpu_w = self._cpu_pairs
         n_cpu, copied, copied_pairs, on_gpu = plan_step(
             _host(h.ids, np.int32)[:n], _host(h.weights, np.float32)[:n], k, cache.slot_of, cache.expert_in,
             cache.used, self._hot[il], self._stamp, self._share[il], view.max_copies, view.stage_base,
