@@ -34,7 +34,8 @@ from peer import SHAPES
 from vkrt.commands import CommandSequence, tensor_from_numpy
 from vkrt.device import Device
 from vkrt.engine.generate import generate
-from vkrt.engine.grammar import Constraint, grammar_tokenizer, json_schema_grammar
+from vkrt.engine.grammar import Constraint, grammar_tokenizer
+from vkrt.engine.grammar_compile import json_schema_grammar
 from vkrt.engine.sampler import GREEDY
 from vkrt.model.synthetic import write_model
 from vkrt.ops.token_mask import pack_masks, token_mask

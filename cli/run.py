@@ -104,7 +104,7 @@ def _order(samplers, sampling_seq) -> tuple:
 
 def _grammar(grammar, grammar_file, json_schema) -> str | None:
     """The llguidance grammar of --grammar, --grammar-file or --json-schema (at most one)."""
-    from vkrt.engine.grammar import GrammarError, gbnf_grammar, json_schema_grammar
+    from vkrt.engine.grammar_compile import GrammarError, gbnf_grammar, json_schema_grammar
 
     given = [(name, v) for name, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
                                        ("--json-schema", json_schema)) if v is not None]

@@ -10,7 +10,8 @@ from grammar_schemas import check, random_schema
 from models import tiny_model
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
-from vkrt.engine.grammar import Constraint, GrammarError, gbnf_grammar, grammar_tokenizer, json_schema_grammar
+from vkrt.engine.grammar import Constraint, GrammarError, grammar_tokenizer
+from vkrt.engine.grammar_compile import gbnf_grammar, json_schema_grammar
 from vkrt.engine.sampler import GREEDY, SamplingParams
 from vkrt.model.loader import Model
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vkrt.engine.grammar import GrammarError, brief, gbnf_grammar, json_schema_grammar, lark_grammar
+from vkrt.engine.grammar_compile import GrammarError, brief, gbnf_grammar, json_schema_grammar, lark_grammar
 from vkrt.engine.grammar_limits import MAX_GRAMMAR_BYTES, MAX_SCHEMA_DEPTH, GrammarLimitError
 from vkrt.server.tool_calls import HERMES
 from vkrt.server.tool_grammar import NO_THINKING, tool_grammar
@@ -122,7 +122,7 @@ def test_the_compiler_runs_on_a_deep_stack():
     """A 5,000-rule chain, which the compiler cannot take on the main thread's 8 MiB stack, compiles
     (past the limits: compiled here with lark_grammar, which vkrt keeps for its own grammars)."""
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            "from test_grammar_limits import rule_chain; from vkrt.engine.grammar import lark_grammar; "
+            "from test_grammar_limits import rule_chain; from vkrt.engine.grammar_compile import lark_grammar; "
             "lark_grammar(rule_chain(5000, lark=True)); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-500:])

@@ -184,7 +184,8 @@ class LLM:
             return None
         if grammar is not None and json_schema is not None:
             raise ConfigError("give grammar or json_schema, not both")
-        from .engine.grammar import Constraint, gbnf_grammar, grammar_tokenizer, json_schema_grammar
+        from .engine.grammar import Constraint, grammar_tokenizer
+        from .engine.grammar_compile import gbnf_grammar, json_schema_grammar
         text = gbnf_grammar(grammar) if grammar is not None else json_schema_grammar(json_schema)
         return Constraint(grammar_tokenizer(self.tokenizer, self.model.cfg.vocab_size), text)
 

@@ -71,6 +71,7 @@ class ScriptedServer:
         model = SimpleNamespace(tokenizer=tok, gguf=SimpleNamespace(metadata={"tokenizer.chat_template": template}),
                                 cfg=cfg, path="scripted.gguf", n_params=0, size_bytes=0)
         state.ready(SimpleNamespace(model=model, engine=SimpleNamespace(n_ctx=4096)))
+        state.constraints = lambda grammar, n: [None] * n   # the scripted model ignores grammars
         state.scheduler = self.scheduler = ScriptedScheduler(tok, lambda prompt: self.reply(prompt))
         self.state = state
         self._loop = asyncio.new_event_loop()
@@ -92,5 +93,6 @@ class ScriptedServer:
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.state.sandbox.close(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)

@@ -6,112 +6,22 @@ a grammar. A row read back whole is masked on the host the same way (apply_mask_
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
 import weakref
-from concurrent.futures import Future
 
-import llguidance
 import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
 from ..model.tokenizer import TOKEN_USER_DEFINED
 from ..ops.token_mask import apply_mask_host, mask_words
-from .grammar_limits import GrammarError, check_grammar, check_schema
-
-# whitespace JSON may hold between tokens: llama.cpp's json-schema-to-grammar allows at most a
-# newline and 20 indenting blanks, so a model cannot spin in whitespace forever
-JSON_WHITESPACE = r"[ \t\n]{0,20}"
-
-# the compiler's native stack: 256 MiB took a chain of 30,000 $refs where the main thread's 8 MiB
-# died at 2,500 (grammar_limits.py keeps requests far below either)
-COMPILE_STACK_BYTES = 256 << 20
-_stack_size_lock = threading.Lock()
-
-
-def json_schema_grammar(schema) -> str:
-    """The grammar of the JSON texts `schema` (a dict, or its JSON text) accepts."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except (ValueError, RecursionError) as exc:
-            raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
-    if schema is True:
-        schema = {}
-    if schema is False:
-        raise GrammarError("the schema false matches no JSON value")
-    if not isinstance(schema, dict):
-        raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-    check_schema(schema)
-    options = {"whitespace_pattern": JSON_WHITESPACE}
-    return _compiled(lambda: LLMatcher.grammar_from_json_schema(schema, defaults=options))
-
-
-def json_object_grammar() -> str:
-    """Any JSON object (response_format json_object)."""
-    return json_schema_grammar({"type": "object"})
-
-
-def gbnf_grammar(text: str) -> str:
-    """A llama.cpp GBNF grammar (root rule `root`), or Lark (llguidance reads either)."""
-    check_grammar(text)
-    return _compiled(lambda: llguidance.grammar_from("gbnf", text))
-
-
-def lark_grammar(text: str) -> str:
-    """A grammar in llguidance's Lark dialect (with `%json {...}` schemas and `<[id]>` tokens),
-    written by vkrt (tool_grammar.py checks the schemas it embeds; check_grammar a client's text)."""
-    return _compiled(lambda: LLMatcher.grammar_from_lark(text))
-
-
-def _compiled(convert) -> str:
-    """convert()'s grammar, validated (compiled) by llguidance on a deep stack; a refusal as a
-    GrammarError with the library's message in brief."""
-    def compile_():
-        try:
-            grammar = convert()
-        except ValueError as exc:
-            raise GrammarError(brief(str(exc))) from None
-        error = LLMatcher.validate_grammar(grammar)
-        if error:
-            raise GrammarError(brief(error))
-        return grammar
-    return on_deep_stack(compile_)
-
-
-def brief(message: str) -> str:
-    """llguidance's message in one line of at most 200 characters, without the parser state or
-    the source excerpt it may append."""
-    lines = [line.strip() for line in message.split("<state>")[0].splitlines() if line.strip()]
-    if not lines:
-        return "refused"
-    detail = next((line for line in lines[1:] if line.startswith("error:")), None)
-    text = f"{lines[0].rstrip(':')}: {detail[len('error:'):].strip()}" if detail else lines[0]
-    return text if len(text) <= 200 else text[:199] + "…"
-
-
-def on_deep_stack(fn):
-    """fn() on a thread of COMPILE_STACK_BYTES stack (the grammar compiler recurses natively and
-    an overflow kills the process); its result, or its exception raised here."""
-    done: Future = Future()
-
-    def run():
-        try:
-            done.set_result(fn())
-        except BaseException as exc:   # handed to the caller
-            done.set_exception(exc)
-
-    with _stack_size_lock:   # stack_size is process-wide: set it for this one thread only
-        old = threading.stack_size(COMPILE_STACK_BYTES)
-        try:
-            threading.Thread(target=run, name="vkrt-grammar-compile", daemon=True).start()
-        finally:
-            threading.stack_size(old)
-    return done.result()
-
+from .grammar_compile import brief, on_deep_stack
+from .grammar_limits import GrammarError
 
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_tokenizers_lock = threading.Lock()
 
 
 def grammar_tokenizer(tokenizer, vocab: int) -> LLTokenizer:
@@ -119,12 +29,13 @@ def grammar_tokenizer(tokenizer, vocab: int) -> LLTokenizer:
     tokens): the same `tokenizers` JSON, the model's vocabulary size (tokens past the
     tokenizer's are never allowed) and its end-of-generation tokens as EOS."""
     key = (vocab, tuple(sorted(tokenizer.eog_ids)))
-    cached = _tokenizers.get(tokenizer)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    llt = LLTokenizer(_text_user_tokens(tokenizer), n_vocab=vocab, eos_token=list(key[1]) or None)
-    _tokenizers[tokenizer] = (key, llt)
-    return llt
+    with _tokenizers_lock:   # requests' threads ask at once: one builds it
+        cached = _tokenizers.get(tokenizer)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        llt = LLTokenizer(_text_user_tokens(tokenizer), n_vocab=vocab, eos_token=list(key[1]) or None)
+        _tokenizers[tokenizer] = (key, llt)
+        return llt
 
 
 def _text_user_tokens(tokenizer) -> str:
@@ -154,6 +65,14 @@ class Constraint:
         self._fresh = False
         self.mask_seconds = 0.0   # host time spent filling masks
         self.masks = 0
+
+    def copy(self) -> "Constraint":
+        """A constraint in this one's state with its own matcher (another choice of the request)."""
+        twin = copy.copy(self)
+        twin.matcher = self.matcher.deep_copy()
+        twin._mask = np.zeros_like(self._mask)
+        twin._fresh, twin.mask_seconds, twin.masks = False, 0.0, 0
+        return twin
 
     def mask(self) -> np.ndarray:
         """The allowed next tokens as uint32 bitmask words (computed once per step)."""

@@ -132,6 +132,7 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
     state = ServerState(config, version)
     stop, force = asyncio.Event(), asyncio.Event()
     outcome = {"rc": 0}
+    background = set()   # tasks kept alive until done
 
     def on_ready(backend):
         try:
@@ -143,6 +144,7 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
             on_failed(exc)
             return
         log.info("ready: model %r, %d slot(s)", state.model_name, config.n_parallel)
+        background.add(loop.create_task(state.sandbox.start()))
 
     def on_failed(exc):
         state.status = FAILED
@@ -201,6 +203,7 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        await state.sandbox.close()
         await asyncio.to_thread(scheduler.close)
     log.info("stopped")
     return outcome["rc"]

@@ -83,14 +83,25 @@ class ChatTemplate:
             return cls(None, text(tokenizer.bos_id), text(tokenizer.eos_id))
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list | None = None,
-               extra: dict | None = None) -> str:
-        """`extra`: more template variables (a request's chat_template_kwargs, e.g. enable_thinking)."""
+               extra: dict | None = None, max_bytes: int | None = None, too_long: str = "") -> str:
+        """`extra`: more template variables (a request's chat_template_kwargs, e.g. enable_thinking);
+        output past `max_bytes` (UTF-8) stops the render with a TemplateError of `too_long`."""
         ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token, "date_string": _strftime_now("%d %b %Y"),
                **(extra or {}), "messages": messages, "add_generation_prompt": add_generation_prompt}
         if tools is not None:
             ctx["tools"] = tools
         try:
-            return self.template.render(**ctx)
+            if max_bytes is None:
+                return self.template.render(**ctx)
+            pieces, size = [], 0
+            for piece in self.template.generate(**ctx):
+                size += len(piece.encode("utf-8", "surrogatepass"))
+                if size > max_bytes:
+                    raise TemplateError(too_long or f"the chat template's output passed {max_bytes} bytes", "messages")
+                pieces.append(piece)
+            return "".join(pieces)
+        except TemplateError:
+            raise
         except jinja2.exceptions.TemplateError as exc:
             raise TemplateError(f"the chat template rejected the messages: {exc}", "messages") from None
         except RecursionError:

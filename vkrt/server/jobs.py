@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..engine.generate import Timings
+from ..engine.grammar import Constraint
 from ..engine.sampler import SamplingParams
 
 _ids = itertools.count(1)
@@ -96,7 +97,7 @@ class Job(Events):
     cache_prompt: bool = True
     logprobs: int | None = None   # None: none; n: each token's log-probability and the n most likely
     keep_special: frozenset[int] = frozenset()   # special tokens whose text the reply keeps
-    grammar: str | None = None    # the llguidance grammar the output must fit (vkrt/engine/grammar.py)
+    constraint: Constraint | None = None   # the grammar state the output must fit (built by routes.py)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.time)
     cancelled: bool = False

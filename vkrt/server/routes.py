@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import asdict
@@ -25,8 +26,10 @@ from .scheduler import SchedulerClosed
 from .schemas import COMPLETIONS, LLAMA, GenRequest, parse_chat, parse_completion
 from .state import ServerState
 from .tool_calls import schemas
-from .tool_grammar import MAY_THINK, NO_THINKING, THINKING, tool_grammar
+from .tool_grammar import MAY_THINK, NO_THINKING, THINKING, constrains
 from .validation import ApiError, BadRequest, get_bool, get_str, get_token_ids, parse_json_object
+
+MAX_TOKEN_IDS = 1 << 20   # token ids /tokenize answers and /detokenize takes
 
 log = logging.getLogger("vkrt.server")
 
@@ -41,6 +44,12 @@ async def read_body(request: web.Request, timeout: float) -> dict:
         raise ApiError(f"the request body did not arrive within {timeout:g} s (--timeout)", status=408,
                        type="timeout_error") from None
     return await asyncio.to_thread(parse_json_object, data)
+
+
+async def json_reply(data) -> web.Response:
+    """A JSON response serialised off the event loop (token lists run to megabytes)."""
+    text = await asyncio.to_thread(json.dumps, data, ensure_ascii=False)
+    return web.Response(text=text, content_type="application/json")
 
 
 class Api:
@@ -118,24 +127,33 @@ class Api:
         add_special = get_bool(body, "add_special", False)
         with_pieces = get_bool(body, "with_pieces", False)
         tok = self.state.tokenizer
-        ids = await asyncio.to_thread(tok.encode, content, add_special)
-        if with_pieces:
-            return web.json_response({"tokens": [{"id": i, "piece": tok.decode([i])} for i in ids]})
-        return web.json_response({"tokens": ids})
+
+        def tokens():
+            ids = tok.encode(content, add_special)
+            if len(ids) > MAX_TOKEN_IDS:
+                raise BadRequest(f"'content' is {len(ids)} tokens; /tokenize answers at most {MAX_TOKEN_IDS}",
+                                 "content")
+            return [{"id": i, "piece": tok.decode([i])} for i in ids] if with_pieces else ids
+        return await json_reply({"tokens": await asyncio.to_thread(tokens)})
 
     async def detokenize(self, request):
         body = await read_body(request, self.state.config.timeout)
         raw = body.get("tokens")
         if not isinstance(raw, list):
             raise BadRequest("'tokens' must be an array of token ids", "tokens")
-        ids = get_token_ids(raw, "tokens", self.state.limits.vocab)
-        return web.json_response({"content": self.state.tokenizer.decode(ids)})
+        if len(raw) > MAX_TOKEN_IDS:
+            raise BadRequest(f"'tokens' holds {len(raw)} token ids; /detokenize takes at most {MAX_TOKEN_IDS}",
+                             "tokens")
+
+        def content():
+            return self.state.tokenizer.decode(get_token_ids(raw, "tokens", self.state.limits.vocab))
+        return await json_reply({"content": await asyncio.to_thread(content)})
 
     async def apply_template(self, request):
         """llama-server's /apply-template: the prompt /v1/chat/completions would render."""
         body = await read_body(request, self.state.config.timeout)
         req = await asyncio.to_thread(parse_chat, body, self.state.limits)
-        return web.json_response({"prompt": await asyncio.to_thread(self._chat_text, req)})
+        return await json_reply({"prompt": await self._chat_text(req)})
 
     # -- embeddings --------------------------------------------------------------------------------
     async def embeddings_oai(self, request):
@@ -151,31 +169,46 @@ class Api:
 
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
-        # validation compiles response_format / json_schema grammars: off the event loop
-        body = await read_body(request, self.state.config.timeout)
-        req = await asyncio.to_thread(parse_chat, body, self.state.limits)
-        prompt, text = await asyncio.to_thread(self._chat_prompt, req)
         s = self.state
+        body = await read_body(request, s.config.timeout)
+        req = await asyncio.to_thread(parse_chat, body, s.limits)
+        text = await self._chat_text(req)
+        prompt = await asyncio.to_thread(encode_chat, s.tokenizer, text)
         thinking_open = s.syntax.thinks and opens_thinking(text)
-        req.grammar = await asyncio.to_thread(self._tool_grammar, req, text, thinking_open) or req.grammar
+        if constrains(req.tools, req.tool_choice):
+            req.grammar = await s.sandbox.call("tool_grammar", self._tool_grammar_args(req, text, thinking_open),
+                                               what="the tools' grammar", field="tools")
+        else:
+            await self._compile(req)
         spec = OutputSpec(s.syntax, req.reasoning_format or s.config.reasoning_format, thinking_open=thinking_open,
                           parse_tools=self._offered_tools(req) is not None,
                           parallel_tool_calls=req.parallel_tool_calls, tools=schemas(req.tools))
         return await self._generate(request, req, prompt, lambda i: ChatFormat(i, self._model(req), spec), "messages",
                                     keep_special=s.kept_tokens)
 
-    def _tool_grammar(self, req: GenRequest, prompt: str, thinking_open: bool) -> str | None:
-        """The grammar of a reply held to tool calls (tool_choice required or named, strict functions)."""
+    def _tool_grammar_args(self, req: GenRequest, prompt: str, thinking_open: bool) -> dict:
+        """tool_grammar's arguments: the grammar of a reply held to tool calls (tool_choice
+        required or named, strict functions)."""
         s = self.state
         thinking = (THINKING if thinking_open else MAY_THINK if s.syntax.thinks and not prompt.rstrip().endswith(
             THINK_CLOSE) else NO_THINKING)
-        return tool_grammar(s.syntax.tools, req.tools, choice=req.tool_choice, name=req.tool_name,
-                            parallel=req.parallel_tool_calls, thinking=thinking, specials=s.special_markers)
+        return {"fmt": s.syntax.tools, "tools": req.tools, "choice": req.tool_choice, "name": req.tool_name,
+                "parallel": req.parallel_tool_calls, "thinking": thinking, "specials": s.special_markers}
+
+    async def _compile(self, req: GenRequest) -> None:
+        """req.grammar from its source (response_format, json_schema, grammar), compiled in a sandbox."""
+        src = req.grammar_source
+        if src is not None:
+            req.grammar = await self.state.sandbox.call("grammar", {"kind": src.kind, "source": src.source,
+                                                                    "field": src.field},
+                                                        what=f"'{src.field}'", field=src.field)
+
 
     async def completions(self, request):
         body = await read_body(request, self.state.config.timeout)
         req = await asyncio.to_thread(parse_completion, body, COMPLETIONS, self.state.limits)
         prompt = await asyncio.to_thread(self._text_prompt, req)
+        await self._compile(req)
         return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
 
     async def completion(self, request):
@@ -190,6 +223,7 @@ class Api:
     async def _completion(self, request, body: dict):
         req = await asyncio.to_thread(parse_completion, body, LLAMA, self.state.limits)
         prompt = await asyncio.to_thread(self._text_prompt, req)
+        await self._compile(req)
         settings = {"n_ctx": self.state.n_ctx_slot, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
                     "stream": req.stream, "stop": req.stop, "ignore_eos": req.ignore_eos,
                     "cache_prompt": req.cache_prompt, **asdict(req.params)}
@@ -213,22 +247,20 @@ class Api:
         """The tools the template shows the model (none with tool_choice "none")."""
         return req.tools if req.tool_choice != "none" else None
 
-    def _chat_text(self, req: GenRequest) -> str:
-        """The rendered chat prompt."""
+    async def _chat_text(self, req: GenRequest) -> str:
+        """The rendered chat prompt, rendered in a sandbox (the template is the model file's code)."""
         s = self.state
         for m in req.messages:
             if isinstance(m.get("content"), str):
                 self._fits(m["content"], "messages")
         defaults = {"enable_thinking": False} if s.config.reasoning_budget == 0 else {}
-        text = s.template.render(req.messages, add_generation_prompt=True, tools=self._offered_tools(req),
-                                 extra={**defaults, **req.template_kwargs})
-        self._fits(text, "messages")
-        return text
-
-    def _chat_prompt(self, req: GenRequest) -> tuple[list[int], str]:
-        """The prompt's tokens and text."""
-        text = self._chat_text(req)
-        return encode_chat(self.state.tokenizer, text), text
+        limit = s.max_token_bytes * s.n_ctx_slot
+        t = s.template
+        args = {"source": t.source, "bos": t.bos_token, "eos": t.eos_token, "messages": req.messages,
+                "tools": self._offered_tools(req), "extra": {**defaults, **req.template_kwargs}, "max_bytes": limit,
+                "too_long": f"the rendered prompt is over {limit} bytes; at most {s.max_token_bytes} bytes a token, "
+                            f"it cannot fit a slot of {s.n_ctx_slot} tokens: shorten the prompt or raise -c"}
+        return await s.sandbox.call("render", args, what="the chat template", field="messages")
 
     def _text_prompt(self, req: GenRequest) -> list[int]:
         if isinstance(req.prompt, list):
@@ -250,9 +282,11 @@ class Api:
             seqs = await asyncio.to_thread(breaker_sequences, s.tokenizer, req.dry_sequence_breakers)
             params = dataclasses.replace(params, dry_breakers=seqs)
         # one job a choice (OpenAI's n); a seeded request seeds its choices seed, seed + 1, ...
+        constraints = (await asyncio.to_thread(s.constraints, req.grammar, req.n) if req.grammar is not None
+                       else [None] * req.n)
         jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
                     dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,
-                    req.logprobs, keep_special, grammar=req.grammar) for i in range(req.n)]
+                    req.logprobs, keep_special, constraint=constraints[i]) for i in range(req.n)]
         fmt = make_format(jobs[0].id)
         submitted = []
         try:

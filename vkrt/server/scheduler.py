@@ -24,7 +24,6 @@ import threading
 import time
 from typing import Callable
 
-from ..engine.grammar import Constraint, GrammarError, grammar_tokenizer
 from ..engine.pooling import pool
 from ..engine.readback import ADJUST_CAP, CANDIDATES
 from ..engine.step_inputs import PAD_STEP
@@ -189,22 +188,10 @@ class Scheduler:
             ckpts = self.checkpoints[slot.id]
             if engine.recurrent:   # a recurrent state resumes only where it was saved
                 keep = ckpts.resume(engine, keep, len(slot.cache))
-            try:
-                grammar = self._constraint(engine, job)
-            except GrammarError as exc:
-                job.emit(Failed(400, f"the grammar was refused: {exc}"))
-                continue
-            slot.begin(job, self.tokenizer, keep, grammar)
+            slot.begin(job, self.tokenizer, keep, job.constraint)
             engine.reset(slot.id, keep)
             ckpts.plan(job.prompt, keep, self.tokenizer.token_types)
             self.metrics.prompt_tokens_cached += keep
-
-    def _constraint(self, engine, job: Job) -> Constraint | None:
-        """The job's grammar state, over llguidance's view of the tokenizer (built at the first
-        grammar: about a second for a vocabulary of 50k)."""
-        if job.grammar is None:
-            return None
-        return Constraint(grammar_tokenizer(self.tokenizer, engine.model.cfg.vocab_size), job.grammar)
 
     def _embed(self, engine) -> None:
         """The next input of each embedding job holding a slot: its hidden states on the slot's

@@ -6,11 +6,10 @@ import json
 from dataclasses import dataclass, field
 
 from ..engine.dry import DEFAULT_BREAKERS
-from ..engine.grammar import GrammarError, gbnf_grammar, json_object_grammar, json_schema_grammar
-from ..engine.grammar_limits import GrammarLimitError
 from ..engine.sampler import SamplingParams
 from ..engine.sampler_order import parse_order
 from ..errors import ConfigError
+from .grammar_source import JSON_OBJECT, GrammarSource
 from .reasoning import REASONING_FORMATS
 from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
                          get_token_ids, reject_truthy)
@@ -49,7 +48,8 @@ class GenRequest:
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
     dry_sequence_breakers: tuple = DEFAULT_BREAKERS
     n: int = 1                        # choices (OpenAI's n), one job each
-    grammar: str | None = None        # llguidance grammar the output must fit (response_format, json_schema, grammar)
+    grammar_source: GrammarSource | None = None   # what the output must fit (response_format, json_schema, grammar)
+    grammar: str | None = None        # its llguidance grammar, or the tool calls', once compiled (routes.py)
 
 
 MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
@@ -128,10 +128,10 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None),
         logprobs=logprobs, n=n, dry_sequence_breakers=tuple(get_stop(body, "dry_sequence_breakers", max_len=40)
                                                        if body.get("dry_sequence_breakers") is not None
-                                                       else DEFAULT_BREAKERS), grammar=grammar)
+                                                       else DEFAULT_BREAKERS), grammar_source=grammar)
 
 
-def _grammar(body: dict) -> str | None:
+def _grammar(body: dict) -> GrammarSource | None:
     """The grammar the output must fit: OpenAI's response_format (json_object, json_schema) or
     llama-server's top-level json_schema or GBNF grammar; at most one of them."""
     given = [k for k in ("json_schema", "grammar") if body.get(k) is not None]
@@ -147,35 +147,22 @@ def _grammar(body: dict) -> str | None:
                          given[1])
     if kind == "json_object":   # llama-server also takes a schema here
         schema = fmt.get("schema")
-        return json_object_grammar() if schema is None else _compiled(json_schema_grammar, schema,
-                                                                       "response_format.schema")
+        return GrammarSource("json_schema", JSON_OBJECT if schema is None else schema, "response_format.schema")
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict):
             raise BadRequest("'response_format.json_schema' must be an object with 'name' and 'schema'",
                              "response_format.json_schema")
         schema = spec.get("schema")
-        return json_object_grammar() if schema is None else _compiled(json_schema_grammar, schema,
-                                                                       "response_format.json_schema.schema")
+        return GrammarSource("json_schema", JSON_OBJECT if schema is None else schema,
+                             "response_format.json_schema.schema")
     if body.get("json_schema") is not None:
-        return _compiled(json_schema_grammar, body["json_schema"], "json_schema")
+        return GrammarSource("json_schema", body["json_schema"], "json_schema")
     if body.get("grammar") is not None:
         if not isinstance(body["grammar"], str):
             raise BadRequest("'grammar' must be a GBNF grammar (a string)", "grammar")
-        return _compiled(gbnf_grammar, body["grammar"], "grammar")
+        return GrammarSource("gbnf", body["grammar"], "grammar")
     return None
-
-
-def _compiled(compile, source, field: str) -> str:
-    """compile(source), a refusal answered with a 400 naming `field` and the library's message."""
-    if compile is json_schema_grammar and not isinstance(source, (dict, bool)):
-        raise BadRequest(f"'{field}' must be a JSON schema object", field)
-    try:
-        return compile(source)
-    except GrammarLimitError as exc:
-        raise BadRequest(f"'{field}' {exc}", field) from None
-    except GrammarError as exc:
-        raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
 
 
 def parse_completion(body: dict, api: str, limits: Limits) -> GenRequest:
@@ -209,7 +196,7 @@ def parse_chat(body: dict, limits: Limits) -> GenRequest:
     req.tools = _tools(body.get("tools"))
     req.tool_choice, req.tool_name = _tool_choice(body.get("tool_choice"), req.tools)
     strict = [i for i, t in enumerate(req.tools or ()) if t["function"].get("strict") is True]
-    if req.grammar is not None and (req.tool_choice == "required" or (req.tool_choice == "auto" and strict)):
+    if req.grammar_source is not None and (req.tool_choice == "required" or (req.tool_choice == "auto" and strict)):
         field = "tool_choice" if req.tool_choice == "required" else f"tools[{strict[0]}].function.strict"
         raise BadRequest("a reply held to tool calls ('tool_choice' required or named, or 'strict' tools) cannot "
                          "also be held to 'response_format', 'json_schema' or 'grammar'", field)

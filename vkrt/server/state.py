@@ -6,13 +6,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..engine.grammar import Constraint, GrammarError, grammar_tokenizer
 from ..engine.pooling import default_pooling
 from ..engine.sampler import SamplingParams
 from .chat_output import TemplateSyntax
 from .chat_template import ChatTemplate
 from .metrics import Metrics
+from .sandbox import Sandbox
 from .schemas import Limits
 from .tool_grammar import special_markers
+from .validation import BadRequest
 
 LOADING, READY, STOPPING, FAILED = "loading", "ready", "stopping", "failed"
 
@@ -50,6 +53,7 @@ class ServerState:
         self.started = int(time.time())
         self.model_name = config.model_name
         self.defaults = SamplingParams()
+        self.sandbox = Sandbox()   # renders templates, compiles grammars
 
     def ready(self, backend) -> None:
         """Called on the event loop once the scheduler thread has loaded the model."""
@@ -69,3 +73,13 @@ class ServerState:
                                    default=1) or 1
         if self.status == LOADING:
             self.status = READY
+
+    def constraints(self, grammar: str, n: int) -> list[Constraint]:
+        """The grammar state of each of a request's n choices, over llguidance's view of the
+        tokenizer (built at the first grammar: about a second for a vocabulary of 50k); run in
+        a request's thread, not the scheduler's."""
+        try:
+            first = Constraint(grammar_tokenizer(self.tokenizer, self.model.cfg.vocab_size), grammar)
+        except GrammarError as exc:
+            raise BadRequest(f"the grammar was refused: {exc}") from None
+        return [first] + [first.copy() for _ in range(n - 1)]

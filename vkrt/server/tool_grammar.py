@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import llguidance
 
-from ..engine.grammar import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
+from ..engine.grammar_compile import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
 from ..engine.grammar_limits import check_schema
 from .chat_output import HARMONY
 from .harmony import MARKERS as HARMONY_MARKERS
@@ -73,13 +73,19 @@ def special_markers(tokens: list[str], types: list[int]) -> dict[str, int]:
     return {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (3, 4) and t in MARKERS}
 
 
+def constrains(tools: list | None, choice: str) -> bool:
+    """Whether a reply is held to tool calls: tool_choice required or named, or "auto" with strict functions."""
+    fns = functions(tools)
+    return bool(fns) and choice != "none" and (choice != "auto" or any(f.strict for f in fns))
+
+
 def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None, parallel: bool,
                  thinking: str, specials: dict[str, int]) -> str | None:
     """The grammar a reply must fit, or None (no tool constraint: tool_choice "none", or "auto"
     without strict functions). choice: "auto" | "none" | "required" (name: the named function)."""
-    fns = functions(tools)
-    if choice == "none" or not fns or (choice == "auto" and not any(f.strict for f in fns)):
+    if not constrains(tools, choice):
         return None
+    fns = functions(tools)
     forced = choice == "required"
     if fmt is None:
         field = "tool_choice" if forced else f"tools[{next(f.index for f in fns if f.strict)}].function.strict"

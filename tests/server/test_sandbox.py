@@ -1,0 +1,87 @@
+"""Sandbox workers (vkrt/server/sandbox.py): a template that loops, allocates gigabytes or writes
+without end costs its worker and is a 400; a client that leaves frees its worker at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from vkrt.server.chat_template import CHATML
+from vkrt.server.sandbox import Sandbox
+from vkrt.server.validation import BadRequest
+
+LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+HOG = "{% set ns = namespace(s='x' * 1000000) %}{% for i in range(5000) %}{% set ns.s = ns.s + ns.s[:1000000] %}{% endfor %}{{ ns.s|length }}"
+FLOOD = "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def render_args(source: str, max_bytes: int = 1 << 20) -> dict:
+    return {"source": source, "bos": "", "eos": "", "messages": MESSAGES, "tools": None, "extra": {},
+            "max_bytes": max_bytes, "too_long": "too long for a slot"}
+
+
+def run(coro_fn, **sandbox):
+    async def main():
+        box = Sandbox(**sandbox)
+        try:
+            return await coro_fn(box), box.killed
+        finally:
+            await box.close()
+    return asyncio.run(main())
+
+
+def test_a_template_renders_in_a_worker_and_the_worker_is_reused():
+    async def go(box):
+        first = await box.call("render", render_args(CHATML), what="the chat template", field="messages")
+        again = await box.call("render", render_args(CHATML), what="the chat template", field="messages")
+        return first, again, len(box._all)
+    (first, again, workers), killed = run(go)
+    assert first == again == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert workers == 1 and killed == 0
+
+
+@pytest.mark.parametrize("source,seconds,words", [
+    (LOOP, 2.0, "took longer than 2 s"),
+    (HOG, 30.0, "memory"),
+    (FLOOD, 30.0, "too long for a slot"),
+])
+def test_a_misbehaving_template_is_a_400_and_the_next_render_works(source, seconds, words):
+    async def go(box):
+        t0 = time.monotonic()
+        with pytest.raises(BadRequest) as err:
+            await box.call("render", render_args(source), what="the chat template", field="messages")
+        elapsed = time.monotonic() - t0
+        ok = await box.call("render", render_args(CHATML), what="the chat template", field="messages")
+        return err.value, elapsed, ok
+    (err, elapsed, ok), killed = run(go, seconds=seconds, memory_bytes=256 << 20)
+    assert words in err.message and err.param == "messages" and err.status == 400, err.message
+    assert elapsed < seconds + 5 and ok.endswith("assistant\n")
+    assert killed == (1 if source == LOOP else 0)
+
+
+def test_a_cancelled_call_kills_its_worker():
+    async def go(box):
+        task = asyncio.ensure_future(box.call("render", render_args(LOOP), what="the chat template", field="m"))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return box.busy
+    busy, killed = run(go, seconds=60.0)
+    assert busy == 0 and killed == 1
+
+
+def test_a_grammar_refusal_names_its_field():
+    async def go(box):
+        with pytest.raises(BadRequest) as err:
+            await box.call("grammar", {"kind": "json_schema", "source": {"type": "strin"}, "field": "json_schema"},
+                           what="'json_schema'", field="json_schema")
+        ok = await box.call("grammar", {"kind": "gbnf", "source": 'root ::= "a"', "field": "grammar"},
+                            what="'grammar'", field="grammar")
+        return err.value, ok
+    (err, ok), _ = run(go)
+    assert err.param == "json_schema" and "llguidance" in err.message and "<state>" not in err.message
+    assert isinstance(ok, str) and ok
