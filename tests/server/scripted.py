@@ -59,6 +59,9 @@ class ScriptedScheduler:
     def counts(self) -> tuple[int, int]:
         return 0, 0
 
+    def stuck(self) -> None:
+        return None
+
 
 class ScriptedServer:
     """The app on a loopback port in a thread of its own; `url` serves /v1."""

@@ -5,14 +5,21 @@ cannot load ends the server with one clear line."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import socket
 import threading
+import time
 
 from aiohttp.test_utils import TestClient, TestServer
+from models import TINY
 
+from vkrt.model.synthetic import write_model
 from vkrt.server.app import make_app
+from vkrt.server.chat_template import CHATML
+from vkrt.server.metrics import Metrics
+from vkrt.server.scheduler import STUCK_SECONDS, Scheduler
 from vkrt.server.state import ServerConfig, ServerState
 
 from .serverproc import ServerProcess
@@ -136,3 +143,50 @@ def test_timeout_closes_silent_and_trickling_clients(tiny_gguf):
     finally:
         assert srv.stop() == 0, srv.log
     assert "Traceback" not in srv.log, srv.log
+
+
+def test_health_reports_a_stuck_step():
+    """An iteration holding work past the limit makes /health a 503 naming the stall."""
+    s = Scheduler(lambda: None, 1, Metrics())
+    assert s.stuck() is None
+    s._queue.append(object())
+    assert s.stuck() is None
+    s._beat -= STUCK_SECONDS + 1
+    assert "stuck" in s.stuck()
+    s._queue.clear()
+    assert s.stuck() is None
+
+
+TRAP = ("{% if 'LOOP' in messages[-1]['content'] %}{% for i in range(100000) %}{% for j in range(100000) %}"
+        "{% endfor %}{% endfor %}{% endif %}" + CHATML)
+
+
+def test_a_template_that_loops_is_a_400_and_holds_nothing(tmp_path):
+    """The model's template loops for ever on one request: that request is a 400 once the sandbox's
+    time limit passes; meanwhile /tokenize, /health and other chats answer; a stop with such a
+    render in flight ends within --shutdown-timeout and the sandbox's grace, and says so."""
+    path = str(tmp_path / "trap.gguf")
+    write_model(path, dataclasses.replace(TINY["tiny-qwen3"], chat_template=TRAP))
+    srv = ServerProcess(path, "-c", "256", "-np", "2", "--shutdown-timeout", "2", api_key=None).wait_ready()
+    answers = {}
+
+    def trapped(key):
+        answers[key] = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "LOOP"}],
+                                                          "max_tokens": 1})
+
+    t = threading.Thread(target=trapped, args=("first",))
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert srv.post("/tokenize", {"content": "hello"})[0] == 200
+    assert srv.get("/health")[0] == 200
+    ok = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert ok[0] == 200 and time.monotonic() - t0 < 5
+    t.join(60)
+    status, body = answers["first"]
+    assert status == 400 and "chat template took longer than" in body["error"]["message"], body
+    threading.Thread(target=trapped, args=("second",), daemon=True).start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert srv.stop(signal.SIGTERM, timeout=30) == 0, srv.log
+    assert time.monotonic() - t0 < 10 and srv.log.rstrip().endswith("stopped"), srv.log

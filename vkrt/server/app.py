@@ -8,7 +8,9 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import os
 import signal
+import threading
 
 from aiohttp import web
 
@@ -21,6 +23,7 @@ from .validation import ApiError
 log = logging.getLogger("vkrt.server")
 
 PUBLIC = ("/health", "/v1/health")
+GRACE = 20.0   # seconds past --shutdown-timeout a stop may take (closing the HTTP side, workers, the device)
 
 
 def error_body(status: int, message: str, type: str, param: str | None = None) -> dict:
@@ -175,7 +178,15 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
     if config.api_key is None and not loopback(config.host):
         log.warning("listening on %s without --api-key: anyone who reaches this port can use the server", config.host)
 
+    def hard_exit():   # armed by the first signal; also covers what hangs after serve() returns
+        log.error("the server did not stop within %.0f s of the signal: exiting now", config.shutdown_timeout + GRACE)
+        log.info("stopped")
+        logging.shutdown()
+        os._exit(outcome["rc"] or 1)
+
     def on_signal(sig):
+        if not stop.is_set():   # whatever hangs (a GPU step, a thread), the process ends in bounded time
+            watchdog.start()
         if stop.is_set():
             log.info("%s again: cancelling in-flight requests", sig.name)
             force.set()
@@ -185,6 +196,8 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
                      config.shutdown_timeout)
             stop.set()
 
+    watchdog = threading.Timer(config.shutdown_timeout + GRACE, hard_exit)
+    watchdog.daemon = True
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
@@ -204,6 +217,9 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await state.sandbox.close()
-        await asyncio.to_thread(scheduler.close)
+        await asyncio.to_thread(scheduler.close, GRACE / 2)
+        if scheduler.alive:
+            log.warning("the scheduler thread did not end within %.0f s (a device step hung?): exiting without "
+                        "closing the device", GRACE / 2)
     log.info("stopped")
     return outcome["rc"]

@@ -75,6 +75,11 @@ class Api:
 
     # -- information -------------------------------------------------------------------------------
     async def health(self, request):
+        """ok, or 503 while a step is stuck (Scheduler.stuck)."""
+        scheduler = self.state.scheduler
+        stuck = scheduler.stuck() if scheduler is not None else None
+        if stuck is not None:
+            raise ApiError(stuck, status=503, type="unavailable_error")
         return web.json_response({"status": "ok"})
 
     async def models(self, request):

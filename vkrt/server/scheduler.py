@@ -36,6 +36,7 @@ from .slots import Slot
 log = logging.getLogger("vkrt.server")
 
 EMA = 0.2   # weight of the newest step in the running step-cost estimates
+STUCK_SECONDS = 60.0   # an iteration with work this long (or ten times the slowest so far) is stuck: /health says so
 
 
 def prompt_runs(limits: list[int], cap: int) -> tuple[int, int]:
@@ -75,6 +76,8 @@ class Scheduler:
         self._stopping = False
         self._accepting = True
         self._thread = threading.Thread(target=self._main, name="vkrt-scheduler", daemon=True)
+        self._beat = time.monotonic()   # when the thread last began an iteration or went idle
+        self._slowest = 0.0             # the longest iteration so far, seconds
 
     def start(self) -> None:
         self._thread.start()
@@ -84,6 +87,8 @@ class Scheduler:
         with self._cond:
             if not self._accepting or self._stopping:
                 raise SchedulerClosed("the server is shutting down")
+            if not self.busy:   # the thread wakes from idle: the stuck clock starts now
+                self._beat = time.monotonic()
             self._queue.append(job)
             self._cond.notify()
 
@@ -107,6 +112,10 @@ class Scheduler:
                 job.cancelled = True
                 job.emit(Failed(503, message))
             self._cond.notify()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the thread; it closes the engine, model and device on its way out."""
@@ -152,6 +161,7 @@ class Scheduler:
                 self._cond.wait()
             if self._stopping:
                 return False
+            self._beat = t0 = time.monotonic()
             self._drop_cancelled()
             self._admit(engine)
         self._embed(engine)
@@ -160,7 +170,21 @@ class Scheduler:
             self._decode(engine)
         else:
             self._step(engine)
+        self._slowest = max(self._slowest, time.monotonic() - t0)
         return True
+
+    def stuck(self) -> str | None:
+        """Why the server is stuck (an iteration holding work has run past STUCK_SECONDS, or ten
+        times the slowest one so far; the thread died), else None. Read from the event loop."""
+        if self.backend is not None and not self._thread.is_alive() and not self._stopping:
+            return "the scheduler thread has stopped"
+        if not self.busy:
+            return None
+        limit = max(STUCK_SECONDS, 10 * self._slowest)
+        running = time.monotonic() - self._beat
+        if running > limit:
+            return f"a step has run for {running:.0f} s (the limit is {limit:.0f} s): the device or scheduler is stuck"
+        return None
 
     def _drop_cancelled(self) -> None:
         waiting = len(self._queue)
