@@ -247,6 +247,11 @@ class Api:
             raise BadRequest(f"the prompt is {n} bytes; at most {s.max_token_bytes} bytes a token, it cannot fit a "
                              f"slot of {s.n_ctx_slot} tokens: shorten the prompt or raise -c", field)
 
+    def _messages_fit(self, req: GenRequest) -> None:
+        for m in req.messages:
+            if isinstance(m.get("content"), str):
+                self._fits(m["content"], "messages")
+
     @staticmethod
     def _offered_tools(req: GenRequest) -> list | None:
         """The tools the template shows the model (none with tool_choice "none")."""
@@ -255,9 +260,7 @@ class Api:
     async def _chat_text(self, req: GenRequest) -> str:
         """The rendered chat prompt, rendered in a sandbox (the template is the model file's code)."""
         s = self.state
-        for m in req.messages:
-            if isinstance(m.get("content"), str):
-                self._fits(m["content"], "messages")
+        await asyncio.to_thread(self._messages_fit, req)
         defaults = {"enable_thinking": False} if s.config.reasoning_budget == 0 else {}
         limit = s.max_token_bytes * s.n_ctx_slot
         t = s.template
