@@ -270,3 +270,19 @@ def test_dry_cases():
     assert probs(5, [0, 3, 1, 2, 0, 3, 1], 1.0, 1.1, 2)[2] < 0.2
     np.testing.assert_allclose(probs(5, [0, 3, 1, 2, 0, 3, 1], 1.0, 1.1, 2, ((3, ()),)), [0.2] * 5)
 
+
+
+def test_dry_with_a_base_past_float32_stays_finite():
+    """A base whose log passes float32's largest exponent clamps the power at base^0 (it overflowed:
+    max_exp came out 0, read as 'no clamp')."""
+    from vkrt.engine.dry import DryBreakers, dry_penalties
+    got = dry_penalties([1, 2, 1, 2, 1, 2], 2.0, 1e308, 0, DryBreakers(()))
+    assert got and all(v == 2.0 for v in got.values())
+    assert all(math.isfinite(v) for v in dry_penalties([1, 2, 1, 2, 1, 2], 1.0, 1e30, 0, DryBreakers(())).values())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-320, 1e-30])
+def test_mirostat_at_a_tiny_temperature_takes_the_best_token(temperature):
+    logits = np.array([0.5, 3.0, -1.0, 2.9], np.float32)
+    for version in (1, 2):
+        assert Sampler(SamplingParams(temperature=temperature, mirostat=version, seed=1)).sample(logits) == 1

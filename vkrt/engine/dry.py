@@ -89,13 +89,13 @@ def dry_penalties(context: list[int], multiplier: float, base: float, allowed_le
         if m >= allowed_length:
             nxt = context[j + 1]
             longest_after[nxt] = max(longest_after.get(nxt, 0), m)
-    max_exp = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
+    max_exp = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else None   # base^exp stays a float32
     out = {}
     for tok, length in longest_after.items():
         if tok in breakers.single:
             continue
         exp = length - allowed_length
-        if max_exp > 0:
+        if max_exp is not None:
             exp = min(exp, max_exp)
         out[tok] = multiplier * base ** exp
     return out

@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import Future
 
 import llguidance
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLTokenizer
 
 from .grammar_limits import GrammarError, check_grammar, check_schema
 
@@ -39,7 +39,7 @@ def json_schema_grammar(schema) -> str:
         raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
     check_schema(schema)
     options = {"whitespace_pattern": JSON_WHITESPACE}
-    return _compiled(lambda: LLMatcher.grammar_from_json_schema(schema, defaults=options))
+    return _compiled(lambda: LLMatcher.grammar_from_json_schema(schema, defaults=options), starts=True)
 
 
 def json_object_grammar() -> str:
@@ -50,7 +50,7 @@ def json_object_grammar() -> str:
 def gbnf_grammar(text: str) -> str:
     """A llama.cpp GBNF grammar (root rule `root`), or Lark (llguidance reads either)."""
     check_grammar(text)
-    return _compiled(lambda: llguidance.grammar_from("gbnf", text))
+    return _compiled(lambda: llguidance.grammar_from("gbnf", text), starts=True)
 
 
 def lark_grammar(text: str) -> str:
@@ -59,9 +59,10 @@ def lark_grammar(text: str) -> str:
     return _compiled(lambda: LLMatcher.grammar_from_lark(text))
 
 
-def _compiled(convert) -> str:
+def _compiled(convert, starts: bool = False) -> str:
     """convert()'s grammar, validated (compiled) by llguidance on a deep stack; a refusal as a
-    GrammarError with the library's message in brief."""
+    GrammarError with the library's message in brief. With `starts`, also refused if no output
+    can begin (check_starts)."""
     def compile_():
         try:
             grammar = convert()
@@ -70,8 +71,42 @@ def _compiled(convert) -> str:
         error = LLMatcher.validate_grammar(grammar)
         if error:
             raise GrammarError(brief(error))
+        if starts:
+            check_starts(grammar)
         return grammar
     return on_deep_stack(compile_)
+
+
+_byte_tokenizer: LLTokenizer | None = None
+
+
+def byte_tokenizer() -> LLTokenizer:
+    """A tokenizer of the 256 bytes and an EOS (id 256): any output a grammar allows can start in it."""
+    global _byte_tokenizer
+    if _byte_tokenizer is None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        vocab = {c: i for i, c in enumerate(alphabet)} | {"<eos>": len(alphabet)}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens(["<eos>"])
+        _byte_tokenizer = LLTokenizer(tok.to_str(), n_vocab=len(vocab), eos_token=[len(alphabet)])
+    return _byte_tokenizer
+
+
+def check_starts(grammar: str) -> None:
+    """Raise GrammarError if the grammar allows neither a first byte nor an empty output (a rule
+    that only refers to itself, `root ::= root`, or an empty character class): compiled, it
+    would fail at the first token (a dead end). A grammar naming tokens the byte tokenizer
+    lacks (<[id]>) is left to the model's tokenizer."""
+    matcher = LLMatcher(byte_tokenizer(), grammar, log_level=0)
+    if matcher.is_error():
+        return
+    matcher.compute_bitmask()
+    if matcher.is_error():
+        raise GrammarError("matches no output: no first character fits it (a rule that only refers to itself, "
+                           "an empty character class?)")
 
 
 def brief(message: str) -> str:

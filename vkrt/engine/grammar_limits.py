@@ -74,6 +74,10 @@ def check_grammar(text: str) -> None:
     depth = max((_longest_path(name, rules.__getitem__, key=str, depth=depths)[0] for name in rules), default=0)
     if depth > MAX_RULE_DEPTH:
         raise GrammarLimitError(f"chains {depth} rules one through the next (at most {MAX_RULE_DEPTH})")
+    endless = _endless_rule(text, gbnf)
+    if endless is not None:
+        raise GrammarLimitError(f"has a rule that never ends: every way through {endless!r} leads back to it or to "
+                                "another such rule (e.g. x ::= \"b\" x), so output reaching it could never finish")
 
 
 # -- schemas ---------------------------------------------------------------------------------------
@@ -190,6 +194,82 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _GBNF_OPAQUE = re.compile(r'#[^\n]*|"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
 _LARK_OPAQUE = re.compile(r'//[^\n]*|"(?:\\.|[^"\\\n])*"i?|\'(?:\\.|[^\'\\\n])*\'|/(?!/)(?:\\.|[^/\\\n])+/[imslux]*'
                           r'|<\[[^\]]*\]>|^%[^\n]*', re.M)
+
+
+_SPECIAL_TOKEN = re.compile(r"<\|[^|\n]*\|>")   # a special token by name (<|im_end|>): text, as a string is
+_BODY_TOKEN = re.compile(r"\x00|%[A-Za-z_]\w*|[A-Za-z_][\w.-]*|\{[\s\d,]*\}|~\s*\d+|[()\[\]|*?]|\S")
+_TERMINAL = "\x00"   # what strings, character classes, regular expressions and tokens become
+
+
+def _endless_rule(text: str, gbnf: bool) -> str | None:
+    """The first rule reachable from the start (root, start) that derives no finite text (each
+    of its alternatives needs itself or another such rule: `x ::= "b" x`, `x ::= x`), or None.
+    llguidance takes such a grammar and then allows no next token once output reaches the rule.
+    Constructs not understood here count as text (a grammar is refused only when surely endless)."""
+    opaque = _GBNF_OPAQUE if gbnf else _LARK_OPAQUE
+    comment = ("#",) if gbnf else ("//", "%")
+    text = opaque.sub(lambda m: " " if m.group().startswith(comment) else f" {_TERMINAL} ",
+                      _SPECIAL_TOKEN.sub(f" {_TERMINAL} ", text))
+    heads = list((_GBNF_RULE if gbnf else _LARK_RULE).finditer(text))
+    names = {h.group(1) for h in heads}
+    # rule (or a group of one, "rule(2") -> alternatives -> items: (a rule, or None for text; optional)
+    rules: dict[str, list[list[tuple[str | None, bool]]]] = {}
+    owner: dict[str, str] = {}
+    for head, after in zip(heads, heads[1:] + [None]):
+        name = head.group(1)
+        frames = [(name, rules.setdefault(name, []))]
+        frames[0][1].append([])
+        tokens = _BODY_TOKEN.findall(text, head.end(), after.start() if after else len(text))
+        skip = False
+        for tok in tokens:
+            alts = frames[-1][1]
+            if skip and tok.startswith("{"):   # %regex {...}: its options
+                skip = False
+                continue
+            skip = tok.startswith("%")
+            if tok == _TERMINAL or tok.startswith("%") or (tok[0].isalpha() or tok[0] == "_") and tok not in names:
+                alts[-1].append((None, False))
+            elif tok[0].isalpha() or tok[0] == "_":
+                alts[-1].append((tok, False))
+            elif tok in "([":
+                group = f"{name}({len(rules)}"
+                owner[group] = name
+                frames.append((group, rules.setdefault(group, [[]])))
+                frames[-1][1][0:] = [[]]
+            elif tok in ")]" and len(frames) > 1:
+                group, _ = frames.pop()
+                frames[-1][1][-1].append((group, tok == "]"))
+            elif tok == "|":
+                alts.append([])
+            elif alts[-1] and (tok in "*?" or (tok[0] in "{~" and not tok.strip("{}~ ").split(",")[0].strip(" 0"))):
+                alts[-1][-1] = (alts[-1][-1][0], True)   # may be left out: zero repetitions
+        while len(frames) > 1:
+            group, _ = frames.pop()
+            frames[-1][1][-1].append((group, False))
+    users: dict[str, set] = {}
+    for rule, alts in rules.items():
+        for alt in alts:
+            for item, optional in alt:
+                if item is not None and not optional:
+                    users.setdefault(item, set()).add(rule)
+    ends, work = set(), list(rules)
+    while work:
+        rule = work.pop()
+        if rule not in ends and any(all(i is None or opt or i in ends for i, opt in alt) for alt in rules[rule]):
+            ends.add(rule)
+            work.extend(users.get(rule, ()))
+    start = "root" if gbnf else "start"
+    seen, stack = {start}, [start] if start in rules else []
+    while stack:
+        rule = stack.pop()
+        if rule not in ends:
+            return owner.get(rule, rule)
+        for alt in rules[rule]:
+            for item, _ in alt:
+                if item is not None and item not in seen:
+                    seen.add(item)
+                    stack.append(item)
+    return None
 
 
 def _without_json(text: str) -> str:

@@ -135,7 +135,11 @@ class Sampler:
         if p.greedy:
             return int(np.argmax(logits))
         if p.mirostat:
-            return self._mirostat(logits.astype(np.float64) / p.temperature)
+            if p.temperature <= 0:   # llama.cpp's temperature sampler at 0: the best token only
+                return int(np.argmax(logits))
+            scores = logits.astype(np.float64)
+            with np.errstate(over="ignore"):   # shifted first: a tiny temperature gives -inf, not NaN
+                return self._mirostat((scores - scores.max()) / p.temperature)
         return self._chain(np.arange(logits.size), logits, ranked=False)
 
     def takes_candidates(self, n: int, adjusted: bool = False) -> bool:
@@ -249,7 +253,8 @@ class Sampler:
                     temp = lo + (hi - lo) * (entropy / np.log(ids.size)) ** p.dynatemp_exponent
                     if temp <= 0:
                         return int(ids[0])
-                logits = (logits - logits.max()) / temp   # shifted first: a tiny temperature gives -inf, not NaN
+                with np.errstate(over="ignore"):   # shifted first: a tiny temperature gives -inf, not NaN
+                    logits = (logits - logits.max()) / temp
                 probs = np.exp(logits)
                 probs /= probs.sum()
         if not ranked:

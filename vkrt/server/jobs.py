@@ -65,6 +65,11 @@ class Failed:
     status: int
     message: str
 
+    @property
+    def type(self) -> str:
+        """The OpenAI error type of the status."""
+        return {500: "server_error", 400: "invalid_request_error"}.get(self.status, "unavailable_error")
+
 
 class Events:
     """The events the scheduler thread sends a job's asyncio handler (a dataclass base: its

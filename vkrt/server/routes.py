@@ -334,8 +334,7 @@ class Api:
             elif isinstance(ev, Done):
                 return Choice("".join(text), tokens, ev, probs)
             elif isinstance(ev, Failed):
-                raise ApiError(ev.message, status=ev.status, type="server_error" if ev.status == 500
-                               else "unavailable_error")
+                raise ApiError(ev.message, status=ev.status, type=ev.type)
 
     def _log(self, job: Job, done: Done) -> None:
         t = done.timings

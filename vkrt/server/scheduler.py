@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Callable
 
+from ..engine.grammar import GrammarError
 from ..engine.pooling import pool
 from ..engine.readback import ADJUST_CAP, CANDIDATES
 from ..engine.step_inputs import PAD_STEP
@@ -387,17 +388,24 @@ class Scheduler:
         """Sampling and text for one slot: a failure there ends that request only."""
         try:
             step(logits)
+        except GrammarError as exc:   # the request's grammar came to a dead end: its fault, not the server's
+            log.info("slot %d: the request's grammar ended it: %s", slot.id, exc)
+            self._fail(engine, [slot], exc, status=400)
         except Exception as exc:
             log.exception("slot %d: sampling failed", slot.id)
             self._fail(engine, [slot], exc)
 
-    def _fail(self, engine, slots: list[Slot], exc: Exception) -> None:
-        """End these slots' requests with a 500 and forget their cache (their cells may be half written)."""
-        log.error("generation failed on slot(s) %s: %s", ", ".join(str(s.id) for s in slots), exc)
+    def _fail(self, engine, slots: list[Slot], exc: Exception, status: int = 500) -> None:
+        """End these slots' requests with a 500 (a 400: the request's grammar refused every token)
+        and forget their cache (their cells may be half written)."""
+        if status == 500:
+            log.error("generation failed on slot(s) %s: %s", ", ".join(str(s.id) for s in slots), exc)
+        message = f"the grammar stopped generation: {exc}" if status == 400 else \
+            f"generation failed: {type(exc).__name__}: {exc}"
         for s in slots:
             if s.job is None:
                 continue
-            s.job.emit(Failed(500, f"generation failed: {type(exc).__name__}: {exc}"))
+            s.job.emit(Failed(status, message))
             engine.reset(s.id)
             self.checkpoints[s.id].drop(engine)
             s.cache = []

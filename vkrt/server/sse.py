@@ -71,8 +71,7 @@ async def stream(request: web.Request, jobs: list[Job], fmt,
                     await resp.write_eof()
                     return resp, dones, True
             elif isinstance(ev, Failed):
-                kind = "server_error" if ev.status == 500 else "unavailable_error"
-                await resp.write(event({"error": {"code": ev.status, "message": ev.message, "type": kind}}))
+                await resp.write(event({"error": {"code": ev.status, "message": ev.message, "type": ev.type}}))
                 await resp.write_eof()
                 return resp, None, True
     except ConnectionError:  # the client closed the connection

@@ -80,6 +80,7 @@ class ServerState:
         a request's thread, not the scheduler's."""
         try:
             first = Constraint(grammar_tokenizer(self.tokenizer, self.model.cfg.vocab_size), grammar)
+            first.mask()   # a grammar no first token of this vocabulary fits is refused here
         except GrammarError as exc:
             raise BadRequest(f"the grammar was refused: {exc}") from None
         return [first] + [first.copy() for _ in range(n - 1)]

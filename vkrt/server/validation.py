@@ -113,10 +113,14 @@ def get_float(body: dict, name: str, default=_MISSING, lo: float | None = None, 
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadRequest(f"'{name}' must be a number, got {_kind(value)}", name)
-    value = float(value)
+    given = value
+    try:
+        value = float(value)
+    except OverflowError:   # an integer of hundreds of digits
+        value = math.inf
     if not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise BadRequest(f"'{name}' must be a finite number {rng}, got {value}", name)
+        rng = "" if lo is None and hi is None else f" >= {lo}" if hi is None else f" in [{lo}, {hi}]"
+        raise BadRequest(f"'{name}' must be a finite number{rng}, got {_short(given)}", name)
     return value
 
 
@@ -197,6 +201,8 @@ def get_logit_bias(body: dict, name: str, vocab: int) -> tuple:
             raise BadRequest(f"'{name}' bias of token {tok} must be a number in [-100, 100] or false, got "
                              f"{_short(bias)}", name)
         out[tok] = out.get(tok, 0.0) + float(bias)
+    if sum(b == -math.inf for b in out.values()) >= vocab:
+        raise BadRequest(f"'{name}' bans every token of the vocabulary: nothing could be generated", name)
     return tuple(sorted(out.items()))
 
 
