@@ -50,10 +50,15 @@ async def embed(state, body: dict, oai: bool):
                          f"embeddings), got {dims}", "dimensions")
     norm = get_int(body, "embd_normalize", 2, lo=-1)
     model = get_str(body, "model", None) or state.model_name
-    prompts = _prompts(body[field], field, state.limits.vocab)
+    prompts = await asyncio.to_thread(_prompts, body[field], field, state.limits.vocab)
     inputs = await asyncio.to_thread(lambda: [_tokens(state, p, f"{field}[{i}]" if len(prompts) > 1 else field)
                                               for i, p in enumerate(prompts)])
     vectors = await _run(state, EmbeddingJob(inputs, state.pooling))
+    return await asyncio.to_thread(_response, state, vectors, inputs, norm, oai, model, fmt)
+
+
+def _response(state, vectors: list, inputs: list, norm: int, oai: bool, model: str, fmt: str):
+    """The answer's body (megabytes for many inputs: built in a thread)."""
     if state.pooling != "none":
         vectors = [normalize(v[0], norm)[None] for v in vectors]
     if not oai:

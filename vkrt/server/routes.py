@@ -48,7 +48,7 @@ async def read_body(request: web.Request, timeout: float) -> dict:
 
 async def json_reply(data) -> web.Response:
     """A JSON response serialised off the event loop (token lists run to megabytes)."""
-    text = await asyncio.to_thread(json.dumps, data, ensure_ascii=False)
+    text = await asyncio.to_thread(json.dumps, data)
     return web.Response(text=text, content_type="application/json")
 
 
@@ -170,7 +170,7 @@ class Api:
     async def _embeddings(self, request, oai: bool):
         embeddings.check_enabled(self.state, oai)
         body = await read_body(request, self.state.config.timeout)
-        return web.json_response(await embeddings.embed(self.state, body, oai))
+        return await json_reply(await embeddings.embed(self.state, body, oai))
 
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
@@ -317,7 +317,7 @@ class Api:
             finished = True
             for job, choice in zip(jobs, choices):
                 self._log(job, choice.done)
-            return web.json_response(fmt.result(choices))
+            return await json_reply(fmt.result(choices))
         finally:
             if not finished:
                 for job in jobs:
