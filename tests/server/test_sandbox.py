@@ -85,3 +85,26 @@ def test_a_grammar_refusal_names_its_field():
     (err, ok), _ = run(go)
     assert err.param == "json_schema" and "llguidance" in err.message and "<state>" not in err.message
     assert isinstance(ok, str) and ok
+
+
+def test_large_texts_tokenise_in_a_worker_exactly_as_here(tmp_path):
+    """RequestTokenizer sends a text past SANDBOX_CHARS (and ids past SANDBOX_IDS) to a worker: the
+    same ids and text as the tokenizer itself gives, BOS included."""
+    from models import tiny_model
+
+    from vkrt.model.gguf_file import GGUFFile
+    from vkrt.model.tokenizer import Tokenizer
+    from vkrt.server.request_work import SANDBOX_CHARS, SANDBOX_IDS, RequestTokenizer, in_thread
+    tok = Tokenizer.from_metadata(GGUFFile(tiny_model("tiny-qwen3", tmp_path)).metadata, None)
+    text = ("def f(x):\n    return x * 2  # ünïcode ✓\n" * (SANDBOX_CHARS // 40 + 10))
+    assert len(text) > SANDBOX_CHARS
+
+    async def go(box):
+        rt = RequestTokenizer(tok, box, asyncio.get_running_loop())
+        ids = await in_thread(rt.encode, text, True)
+        back = await in_thread(rt.decode, ids[:SANDBOX_IDS + 5])
+        return ids, back, len(box._all)
+    (ids, back, workers), _ = run(go)
+    assert workers == 1 and len(ids) > SANDBOX_IDS
+    assert ids == tok.encode(text, True)
+    assert back == tok.decode(ids[:SANDBOX_IDS + 5])

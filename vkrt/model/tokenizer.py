@@ -85,9 +85,12 @@ class Tokenizer:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of `text`; BOS first when the model asks for it and add_special is set."""
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+        return self.with_bos(self.hf.encode(text, add_special_tokens=False).ids, add_special)
+
+    def with_bos(self, ids: list[int], add_special: bool = True) -> list[int]:
+        """`ids` of a text, with BOS first when the model asks for it and add_special is set."""
         if add_special and self.add_bos and self.bos_id is not None:
-            ids = [self.bos_id] + ids
+            return [self.bos_id] + ids
         return ids
 
     def decode(self, ids, skip_special: bool = False) -> str:

@@ -5,13 +5,13 @@ an EmbeddingJob on the scheduler, answered in either shape. As llama-server: wit
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import numpy as np
 
 from ..engine.pooling import normalize
 from .jobs import EmbeddingJob, Failed
+from .request_work import in_thread
 from .scheduler import SchedulerClosed
 from .validation import ApiError, BadRequest, get_int, get_str, get_token_ids
 
@@ -50,11 +50,11 @@ async def embed(state, body: dict, oai: bool):
                          f"embeddings), got {dims}", "dimensions")
     norm = get_int(body, "embd_normalize", 2, lo=-1)
     model = get_str(body, "model", None) or state.model_name
-    prompts = await asyncio.to_thread(_prompts, body[field], field, state.limits.vocab)
-    inputs = await asyncio.to_thread(lambda: [_tokens(state, p, f"{field}[{i}]" if len(prompts) > 1 else field)
+    prompts = await in_thread(_prompts, body[field], field, state.limits.vocab)
+    inputs = await in_thread(lambda: [_tokens(state, p, f"{field}[{i}]" if len(prompts) > 1 else field)
                                               for i, p in enumerate(prompts)])
     vectors = await _run(state, EmbeddingJob(inputs, state.pooling))
-    return await asyncio.to_thread(_response, state, vectors, inputs, norm, oai, model, fmt)
+    return await in_thread(_response, state, vectors, inputs, norm, oai, model, fmt)
 
 
 def _response(state, vectors: list, inputs: list, norm: int, oai: bool, model: str, fmt: str):
@@ -100,7 +100,7 @@ def _tokens(state, prompt, where: str) -> list[int]:
         if n_bytes > state.max_token_bytes * limit:
             raise BadRequest(f"'{where}' is {n_bytes} bytes; it cannot fit a slot of {limit} tokens: shorten it "
                              f"or raise -c", where)
-        prompt = state.tokenizer.encode(prompt, add_special=True)
+        prompt = state.request_tokenizer.encode(prompt, add_special=True)
     if not prompt:
         raise BadRequest(f"'{where}' is empty: no tokens to embed", where)
     if len(prompt) > limit:

@@ -77,7 +77,7 @@ def infill_tokens(fim: FimTokens, encode, prefix: list[int], suffix: list[int], 
 
 def infill_prompt(state, body: dict) -> list[int]:
     """The /infill request's prompt tokens, its fields checked as llama-server does."""
-    tok = state.tokenizer
+    tok = state.request_tokenizer
     fim = FimTokens.from_metadata(state.model.gguf.metadata, state.limits.vocab)
     fim.check()
     prompt = body.get("prompt", "")

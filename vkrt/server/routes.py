@@ -22,6 +22,7 @@ from .infill import infill_prompt
 from .jobs import Choice, Done, Failed, Job, Piece
 from .metrics import CONTENT_TYPE
 from .reasoning import THINK_CLOSE, opens_thinking
+from .request_work import in_thread
 from .scheduler import SchedulerClosed
 from .schemas import COMPLETIONS, LLAMA, GenRequest, parse_chat, parse_completion
 from .state import ServerState
@@ -43,12 +44,12 @@ async def read_body(request: web.Request, timeout: float) -> dict:
     except TimeoutError:
         raise ApiError(f"the request body did not arrive within {timeout:g} s (--timeout)", status=408,
                        type="timeout_error") from None
-    return await asyncio.to_thread(parse_json_object, data)
+    return await in_thread(parse_json_object, data)
 
 
 async def json_reply(data) -> web.Response:
     """A JSON response serialised off the event loop (token lists run to megabytes)."""
-    text = await asyncio.to_thread(json.dumps, data)
+    text = await in_thread(json.dumps, data)
     return web.Response(text=text, content_type="application/json")
 
 
@@ -131,7 +132,7 @@ class Api:
         content = get_str(body, "content")
         add_special = get_bool(body, "add_special", False)
         with_pieces = get_bool(body, "with_pieces", False)
-        tok = self.state.tokenizer
+        tok = self.state.request_tokenizer
 
         def tokens():
             ids = tok.encode(content, add_special)
@@ -139,7 +140,7 @@ class Api:
                 raise BadRequest(f"'content' is {len(ids)} tokens; /tokenize answers at most {MAX_TOKEN_IDS}",
                                  "content")
             return [{"id": i, "piece": tok.decode([i])} for i in ids] if with_pieces else ids
-        return await json_reply({"tokens": await asyncio.to_thread(tokens)})
+        return await json_reply({"tokens": await in_thread(tokens)})
 
     async def detokenize(self, request):
         body = await read_body(request, self.state.config.timeout)
@@ -151,13 +152,13 @@ class Api:
                              "tokens")
 
         def content():
-            return self.state.tokenizer.decode(get_token_ids(raw, "tokens", self.state.limits.vocab))
-        return await json_reply({"content": await asyncio.to_thread(content)})
+            return self.state.request_tokenizer.decode(get_token_ids(raw, "tokens", self.state.limits.vocab))
+        return await json_reply({"content": await in_thread(content)})
 
     async def apply_template(self, request):
         """llama-server's /apply-template: the prompt /v1/chat/completions would render."""
         body = await read_body(request, self.state.config.timeout)
-        req = await asyncio.to_thread(parse_chat, body, self.state.limits)
+        req = await in_thread(parse_chat, body, self.state.limits)
         return await json_reply({"prompt": await self._chat_text(req)})
 
     # -- embeddings --------------------------------------------------------------------------------
@@ -176,9 +177,9 @@ class Api:
     async def chat_completions(self, request):
         s = self.state
         body = await read_body(request, s.config.timeout)
-        req = await asyncio.to_thread(parse_chat, body, s.limits)
+        req = await in_thread(parse_chat, body, s.limits)
         text = await self._chat_text(req)
-        prompt = await asyncio.to_thread(encode_chat, s.tokenizer, text)
+        prompt = await in_thread(encode_chat, s.request_tokenizer, text)
         thinking_open = s.syntax.thinks and opens_thinking(text)
         if constrains(req.tools, req.tool_choice):
             req.grammar = await s.sandbox.call("tool_grammar", self._tool_grammar_args(req, text, thinking_open),
@@ -211,8 +212,8 @@ class Api:
 
     async def completions(self, request):
         body = await read_body(request, self.state.config.timeout)
-        req = await asyncio.to_thread(parse_completion, body, COMPLETIONS, self.state.limits)
-        prompt = await asyncio.to_thread(self._text_prompt, req)
+        req = await in_thread(parse_completion, body, COMPLETIONS, self.state.limits)
+        prompt = await in_thread(self._text_prompt, req)
         await self._compile(req)
         return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
 
@@ -222,12 +223,12 @@ class Api:
     async def infill(self, request):
         """llama-server's fill-in-the-middle: /completion of the prompt the FIM tokens frame."""
         body = await read_body(request, self.state.config.timeout)
-        tokens = await asyncio.to_thread(infill_prompt, self.state, body)
+        tokens = await in_thread(infill_prompt, self.state, body)
         return await self._completion(request, {**body, "prompt": tokens})
 
     async def _completion(self, request, body: dict):
-        req = await asyncio.to_thread(parse_completion, body, LLAMA, self.state.limits)
-        prompt = await asyncio.to_thread(self._text_prompt, req)
+        req = await in_thread(parse_completion, body, LLAMA, self.state.limits)
+        prompt = await in_thread(self._text_prompt, req)
         await self._compile(req)
         settings = {"n_ctx": self.state.n_ctx_slot, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
                     "stream": req.stream, "stop": req.stop, "ignore_eos": req.ignore_eos,
@@ -260,7 +261,7 @@ class Api:
     async def _chat_text(self, req: GenRequest) -> str:
         """The rendered chat prompt, rendered in a sandbox (the template is the model file's code)."""
         s = self.state
-        await asyncio.to_thread(self._messages_fit, req)
+        await in_thread(self._messages_fit, req)
         defaults = {"enable_thinking": False} if s.config.reasoning_budget == 0 else {}
         limit = s.max_token_bytes * s.n_ctx_slot
         t = s.template
@@ -274,7 +275,7 @@ class Api:
         if isinstance(req.prompt, list):
             return req.prompt
         self._fits(req.prompt, "prompt")
-        return self.state.tokenizer.encode(req.prompt, add_special=True)
+        return self.state.request_tokenizer.encode(req.prompt, add_special=True)
 
     async def _generate(self, request, req: GenRequest, prompt: list[int], make_format, field: str,
                         keep_special: frozenset[int] = frozenset()):
@@ -287,10 +288,10 @@ class Api:
                              f"least one generated token: shorten the prompt or raise -c", field)
         params = req.params
         if params.dry:   # the breakers as token sequences (the first time for a set: a pass over the vocabulary)
-            seqs = await asyncio.to_thread(breaker_sequences, s.tokenizer, req.dry_sequence_breakers)
+            seqs = await in_thread(breaker_sequences, s.tokenizer, req.dry_sequence_breakers)
             params = dataclasses.replace(params, dry_breakers=seqs)
         # one job a choice (OpenAI's n); a seeded request seeds its choices seed, seed + 1, ...
-        constraints = (await asyncio.to_thread(s.constraints, req.grammar, req.n) if req.grammar is not None
+        constraints = (await in_thread(s.constraints, req.grammar, req.n) if req.grammar is not None
                        else [None] * req.n)
         jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
                     dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,

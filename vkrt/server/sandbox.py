@@ -12,9 +12,10 @@ import contextlib
 import json
 import logging
 import sys
+from typing import Callable
 
 from .sandbox_worker import HEADER, frame
-from .validation import BadRequest
+from .validation import ApiError, BadRequest
 
 log = logging.getLogger("vkrt.server")
 
@@ -22,11 +23,13 @@ WORKERS = 4                   # at most this many render or compile at once; the
 MEMORY_BYTES = 1 << 30        # each worker's address space beyond its own start-up
 SECONDS = 10.0                # a render or compile past this is stopped (a 400)
 FRAME_LIMIT = 1 << 30         # an answer this large is a broken worker
+KEEP_RSS_BYTES = 384 << 20    # a worker holding more than this after a call is replaced
 
 
 class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process):
         self.proc = proc
+        self.has: set[str] = set()   # the setup keys it was sent (a tokenizer)
 
     async def ask(self, data: bytes) -> dict:
         self.proc.stdin.write(data)
@@ -37,6 +40,14 @@ class _Worker:
             raise ConnectionError(f"a frame of {size} bytes")
         body = await self.proc.stdout.readexactly(size)
         return await asyncio.to_thread(json.loads, body) if size > 65536 else json.loads(body)
+
+    def rss(self) -> int:
+        """Resident bytes (0 where /proc cannot say)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                return next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            return 0
 
     def kill(self) -> None:
         if self.proc.returncode is None:
@@ -69,30 +80,36 @@ class Sandbox:
         self._all.add(worker)
         return worker
 
-    def _retire(self, worker: _Worker) -> None:
+    def _retire(self, worker: _Worker, killed: bool = True) -> None:
         worker.kill()
         self._all.discard(worker)
-        self.killed += 1
+        self.killed += killed
         reap = asyncio.get_running_loop().create_task(worker.proc.wait())
         self._reaping.add(reap)
         reap.add_done_callback(self._reaping.discard)
 
-    async def call(self, task: str, args: dict, *, what: str, field: str | None):
-        """The task's result; a refusal, the time limit, the worker's death: a 400 naming `field`.
-        `what` names the work in those messages ("the chat template", "'json_schema'")."""
+    async def call(self, task: str, args: dict, *, what: str, field: str | None, seconds: float | None = None,
+                   setup: tuple[str, Callable[[], object]] | None = None):
+        """The task's result; a refusal, the time limit (`seconds`, else the sandbox's), the
+        worker's death: a 400 naming `field`. `what` names the work in those messages ("the chat
+        template", "'json_schema'"). setup: (key, payload()) the task needs once per worker, passed
+        as its `setup` argument to a worker that has not had that key (a tokenizer's JSON)."""
         if self._closed:
-            raise BadRequest("the server is shutting down", field, status=503, type="unavailable_error")
+            raise ApiError("the server is shutting down", field, status=503, type="unavailable_error")
         if self._turns is None:
             self._turns = asyncio.Semaphore(self.workers)
+        seconds = seconds or self.seconds
         data = await asyncio.to_thread(frame, {"task": task, "args": args})
         async with self._turns:
             worker = self._idle.pop() if self._idle else await self._spawn()
+            if setup is not None and setup[0] not in worker.has:
+                data = await asyncio.to_thread(frame, {"task": task, "args": {**args, "setup": setup[1]()}})
             try:
-                async with asyncio.timeout(self.seconds):
+                async with asyncio.timeout(seconds):
                     reply = await worker.ask(data)
             except TimeoutError:
                 self._retire(worker)
-                raise BadRequest(f"{what} took longer than {self.seconds:g} s and was stopped", field) from None
+                raise BadRequest(f"{what} took longer than {seconds:g} s and was stopped", field) from None
             except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
                 self._retire(worker)
                 log.warning("a sandbox worker died on %s (exit status %s)", what, worker.proc.returncode)
@@ -101,7 +118,12 @@ class Sandbox:
             except BaseException:   # cancelled (the client left): the work is not wanted
                 self._retire(worker)
                 raise
-            self._idle.append(worker)
+            if setup is not None and "ok" in reply:
+                worker.has.add(setup[0])
+            if worker.rss() > KEEP_RSS_BYTES:   # what a big render left allocated goes with the worker
+                self._retire(worker, killed=False)
+            else:
+                self._idle.append(worker)
         if "error" in reply:
             message = reply["error"]
             raise BadRequest(message if reply.get("param") is not None else f"{what} {message}",

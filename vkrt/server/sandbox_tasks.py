@@ -4,6 +4,8 @@ and returns JSON values; a refusal comes back as {"error", "param"} and is a 400
 
 from __future__ import annotations
 
+import base64
+from array import array
 from collections import OrderedDict
 
 from .chat_template import ChatTemplate
@@ -40,3 +42,30 @@ def run(task, args: dict) -> dict:
         return {"error": "recursed too deeply"}
     except Exception as exc:   # a bug or a refusal without a field: its message, without a traceback
         return {"error": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
+
+
+_tokenizers: OrderedDict = OrderedDict()   # key -> tokenizers.Tokenizer, the two most recent
+
+
+def _tokenizer(key: str, setup: str | None):
+    from tokenizers import Tokenizer
+    tok = _tokenizers.pop(key, None) or Tokenizer.from_str(setup)
+    _tokenizers[key] = tok
+    while len(_tokenizers) > 2:
+        _tokenizers.popitem(last=False)
+    return tok
+
+
+def tokenize(key: str, text: str, setup: str | None = None) -> str:
+    """The token ids of `text` (no special tokens added) as base64 of little-endian int32."""
+    ids = _tokenizer(key, setup).encode(text, add_special_tokens=False).ids
+    return base64.b64encode(array("i", ids).tobytes()).decode("ascii")
+
+
+def detokenize(key: str, ids: str, skip_special: bool, setup: str | None = None) -> str:
+    """The text of token ids given as base64 of little-endian int32."""
+    return _tokenizer(key, setup).decode(array("i", base64.b64decode(ids)).tolist(),
+                                         skip_special_tokens=skip_special)
+
+
+TASKS.update(tokenize=tokenize, detokenize=detokenize)

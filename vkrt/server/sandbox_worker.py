@@ -57,6 +57,7 @@ def _die_with_parent() -> None:
 
 def main() -> None:
     _die_with_parent()
+    os.nice(10)   # behind the scheduler and the driver's threads for the CPU
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr   # stdout is the channel: a stray print must not corrupt it
     from .sandbox_tasks import TASKS, run

@@ -3,6 +3,7 @@ ready the model, engine, tokenizer, chat template and limits."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from ..engine.sampler import SamplingParams
 from .chat_output import TemplateSyntax
 from .chat_template import ChatTemplate
 from .metrics import Metrics
+from .request_work import RequestTokenizer
 from .sandbox import Sandbox
 from .schemas import Limits
 from .tool_grammar import special_markers
@@ -43,6 +45,13 @@ class ServerConfig:
     reasoning_budget: int = -1       # -1: unlimited; 0: thinking off (the template's enable_thinking=false)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:   # a test's state, made ready outside the loop (its tokenizer never needs one)
+        return None
+
+
 class ServerState:
     def __init__(self, config: ServerConfig, version: str = ""):
         self.config = config
@@ -59,6 +68,7 @@ class ServerState:
         """Called on the event loop once the scheduler thread has loaded the model."""
         self.model, self.engine = backend.model, backend.engine
         self.tokenizer = backend.model.tokenizer
+        self.request_tokenizer = RequestTokenizer(self.tokenizer, self.sandbox, _running_loop())
         self.template = ChatTemplate.from_tokenizer(backend.model.gguf.metadata, self.tokenizer)
         self.syntax = TemplateSyntax.detect(self.template.source)
         kept = set(self.syntax.kept_tokens())
