@@ -10,6 +10,8 @@ import os
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import Keys
 
+from vkrt.model.gguf_copy import copy_gguf
+
 ARCH = Keys.General.ARCHITECTURE
 
 
@@ -66,17 +68,5 @@ def write_split_by_gguf_py(src: str | os.PathLike, out: str | os.PathLike, max_t
     """The same split as gguf-py's own GGUFWriter(split_max_tensors=...) writes it (the reference
     write_split is checked against)."""
     reader = GGUFReader(os.fspath(src))
-    w = GGUFWriter(os.fspath(out), reader.fields[ARCH].contents(), split_max_tensors=max_tensors)
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key != ARCH:
-            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for t in reader.tensors:
-        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for t in reader.tensors:
-        w.write_tensor_data(t.data)
-    w.close()
+    copy_gguf(reader, GGUFWriter(os.fspath(out), reader.fields[ARCH].contents(), split_max_tensors=max_tensors))
 
