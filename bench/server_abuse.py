@@ -4,7 +4,8 @@ input is a 4xx. Starts `vkrt serve` on a copy of the model with a trap chat temp
 
     python bench/server_abuse.py [--model M.gguf | --server-cmd "vkrt serve -m {model} -np 18 --port {port}"]
                                  [--clients 16] [--parallel 18] [--api-key KEY] [--baseline-seconds 20]
-                                 [--concurrent-hostile 2] [--case-timeout 30] [--trap-mib 2048] [--quick] [--json]
+                                 [--concurrent-hostile 2] [--case-timeout 30] [--trap-mib 2048] [--skip W1,W2]
+                                 [--quick] [--json]
 
 Phases: baseline (the streams alone, --baseline-seconds), abuse (every case once in turn, then the
 non-trap cases again --concurrent-hostile at a time, then the trap-template cases; the streams go on),
@@ -147,7 +148,7 @@ def gap_stats(gaps: list[tuple[float, float]], t0: float, t1: float) -> dict:
 
 async def bench(args, url: str, proc: subprocess.Popen, vocab: int) -> dict:
     run = Run(args, url)
-    cases = corpus(vocab)
+    cases = [c for c in corpus(vocab) if not any(s in c.name for s in args.skip)]
     async with run.session(args.clients + 2) as streams, run.session(args.concurrent_hostile + 2) as hostile:
         tasks = [asyncio.create_task(run.stream(streams, i)) for i in range(args.clients)]
         deadline = time.perf_counter() + args.stream_timeout
@@ -274,6 +275,8 @@ def main() -> None:
     ap.add_argument("--stop-delay", type=float, default=3.0, 
                     help="Seconds between the stop phase's requests and SIGTERM.")
     ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--skip", type=lambda s: [p for p in s.split(",") if p], default=[],
+                    help="Leave out the cases whose names hold any of these comma-separated words.")
     ap.add_argument("--quick", action="store_true", help="Short phases: a smoke run.")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
