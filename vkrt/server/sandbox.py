@@ -99,12 +99,12 @@ class Sandbox:
         if self._turns is None:
             self._turns = asyncio.Semaphore(self.workers)
         seconds = seconds or self.seconds
-        data = await asyncio.to_thread(frame, {"task": task, "args": args})
         async with self._turns:
             worker = self._idle.pop() if self._idle else await self._spawn()
             if setup is not None and setup[0] not in worker.has:
-                data = await asyncio.to_thread(frame, {"task": task, "args": {**args, "setup": setup[1]()}})
+                args = {**args, "setup": setup[1]()}
             try:
+                data = await asyncio.to_thread(frame, {"task": task, "args": args})
                 async with asyncio.timeout(seconds):
                     reply = await worker.ask(data)
             except TimeoutError:
