@@ -375,3 +375,29 @@ def test_request_bodies_are_parsed_off_the_event_loop(monkeypatch):
     monkeypatch.setattr(routes, "parse_json_object", parse)
     assert asyncio.run(main()) == {"prompt": "x"}
     assert seen["thread"] != seen["loop"]
+
+
+def test_a_grammar_dead_end_ends_its_request_with_a_400():
+    """A grammar that allows no next token mid-generation is the request's fault: its job ends with
+    a 400-coded failure and the slot is freed; another failure in sampling stays a 500."""
+    from types import SimpleNamespace
+
+    from vkrt.engine.grammar_limits import GrammarError
+    from vkrt.server.jobs import Failed
+    from vkrt.server.scheduler import Scheduler
+
+    sched = Scheduler(lambda: None, 2, Metrics())
+    sched.checkpoints = [SimpleNamespace(drop=lambda engine: None) for _ in range(2)]
+    engine = SimpleNamespace(reset=lambda seq_id, from_pos=0: None)
+    events = []
+    for i, (exc, status) in enumerate(((GrammarError("the grammar allows no next token"), 400),
+                                       (ValueError("a bug"), 500))):
+        slot = Slot(i, 64, Metrics())
+        slot.job = SimpleNamespace(emit=events.append)
+
+        def step(logits, exc=exc):
+            raise exc
+        sched._guarded(engine, slot, step, None)
+        assert slot.job is None and isinstance(events[-1], Failed) and events[-1].status == status
+    assert "grammar" in events[0].message and events[0].type == "invalid_request_error"
+    assert events[1].type == "server_error"
