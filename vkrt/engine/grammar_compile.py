@@ -42,11 +42,6 @@ def json_schema_grammar(schema) -> str:
     return _compiled(lambda: LLMatcher.grammar_from_json_schema(schema, defaults=options), starts=True)
 
 
-def json_object_grammar() -> str:
-    """Any JSON object (response_format json_object)."""
-    return json_schema_grammar({"type": "object"})
-
-
 def gbnf_grammar(text: str) -> str:
     """A llama.cpp GBNF grammar (root rule `root`), or Lark (llguidance reads either)."""
     check_grammar(text)
