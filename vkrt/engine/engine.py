@@ -312,14 +312,17 @@ class Engine(Owned):
         return np.concatenate([v for v, _ in outs]), np.concatenate([i for _, i in outs])
 
     def mixed(self, parts: list[tuple[int, object]], adjustments: list[LogitAdjustments | None] | None = None,
-              top: bool = False, masks: list[np.ndarray | None] | None = None):
+              top: bool = False, masks: list[np.ndarray | None] | None = None, rows: list[int] | None = None):
         """One step over several sequences' tokens together (a server's decode tokens and prompt
         chunks in one micro-batch): part (seq_id, tokens) appends tokens to seq_id. Returns the
         next-token logits after each part's last token, [len(parts), vocab]; with `top` each
         part's CANDIDATES best (values, ids) instead, as decode_candidates (at most candidate_rows
         parts; adjustments and masks per part). A model with a recurrent state takes parts of one size
         (its DeltaNet layers read a step as equal runs of tokens, a sequence each): one token a part
-        (decode), or several prompts' chunks of one length read together."""
+        (decode), or several prompts' chunks of one length read together.
+        rows: per part, how many of its last tokens' outputs to return (default 1: the last; a
+        speculative verification reads every token of its part); the outputs, and the
+        adjustments and masks, are then one a row, part after part."""
         if not parts:
             raise VkrtError("a step needs at least one (sequence, tokens) part")
         seq_ids = [int(s) for s, _ in parts]
@@ -334,41 +337,88 @@ class Engine(Owned):
         if self.recurrent and sizes.min() != sizes.max():
             raise VkrtError(f"a model with a recurrent state takes parts of one size a step (its DeltaNet layers "
                             f"read a step as equal runs of tokens, a sequence each); got sizes {sizes.tolist()}")
-        if top and len(parts) > self.candidate_rows:
-            raise VkrtError(f"candidates are read for at most {self.candidate_rows} parts a step, got {len(parts)}")
+        outs_per = np.ones(len(parts), np.int64) if rows is None else np.asarray(rows, np.int64)
+        if outs_per.shape != sizes.shape or (outs_per < 1).any() or (outs_per > sizes).any():
+            raise VkrtError(f"rows: 1 to a part's size for each part; got {list(outs_per)} for sizes {sizes.tolist()}")
+        n_out = int(outs_per.sum())
+        if top and n_out > self.candidate_rows:
+            raise VkrtError(f"candidates are read for at most {self.candidate_rows} rows a step, got {n_out}")
         if top:
-            self.readback.check_tables(adjustments, masks, len(parts), "mixed")
+            self.readback.check_tables(adjustments, masks, n_out, "mixed")
         self.inputs.check_tokens(np.concatenate(toks))
         t0 = time.perf_counter()
         pos = [np.arange(t.size, dtype=np.int32) + self.cache.cells.length(s) for s, t in zip(seq_ids, toks)]
         cap = self.candidate_rows if top else self.n_ubatch   # the most output rows
 
+        first_out = np.concatenate([[0], np.cumsum(outs_per)])   # each part's first output row
+
         def group(r: range) -> StepGroup:
-            k = len(r)
             ids, seqs = np.concatenate(toks[r.start:r.stop]), np.repeat(np.array(seq_ids[r.start:r.stop], np.int32),
                                                                          sizes[r.start:r.stop])
             pad, (ids, seqs, p) = self.inputs.padded(ids, seqs, np.concatenate(pos[r.start:r.stop]))
-            rows = self.out_rows(k, cap)
-            out = np.cumsum(sizes[r.start:r.stop]) - 1 + pad
-            out = np.concatenate([out, np.full(rows - out.size, out[-1])])   # the extra rows repeat the last
-            adj, msk = (group_rows(adjustments, r, rows), group_rows(masks, r, rows)) if top else (None, None)
+            ends = np.cumsum(sizes[r.start:r.stop]) + pad
+            out = np.concatenate([np.arange(e - m, e) for e, m in zip(ends, outs_per[r.start:r.stop])])
+            k = out.size
+            n_rows = self.out_rows(k, cap)
+            out = np.concatenate([out, np.full(n_rows - k, out[-1])])   # the extra rows repeat the last
+            span = range(int(first_out[r.start]), int(first_out[r.stop]))
+            adj, msk = (group_rows(adjustments, span, n_rows), group_rows(masks, span, n_rows)) if top else (None, None)
             adjust, masked = adj is not None, msk is not None
 
             def read():
                 if top:
-                    values, cand = self.readback.candidates(rows)
+                    values, cand = self.readback.candidates(n_rows)
                     return values[:k], cand[:k]
-                return self.readback.logits(rows)[:k]
-            return StepGroup(ids, seqs, p, k if self.recurrent else 1,
+                return self.readback.logits(n_rows)[:k]
+            return StepGroup(ids, seqs, p, len(r) if self.recurrent else 1,
                              dict(all_logits=False, top=top, adjust=adjust, out=out, masked=masked), read,
-                             lambda: self.readback.write_tables(adj, msk, rows))
+                             lambda: self.readback.write_tables(adj, msk, n_rows))
 
-        outs = self.steps.run_groups([group(r) for r in self.steps.groups(sizes.tolist(), pads=True,
-                                                                          rows=lambda k: self.out_rows(k, cap))])
+        ranges = self.steps.groups(sizes.tolist(), pads=True, rows=lambda k: self.out_rows(k, cap)) \
+            if n_out == len(parts) else [range(len(parts))]   # several rows of a part: one group
+        outs = self.steps.run_groups([group(r) for r in ranges])
         self.stats.add_step(n, time.perf_counter() - t0)
         if top:
             return np.concatenate([v for v, _ in outs]), np.concatenate([i for _, i in outs])
         return np.concatenate(outs)
+
+    def verify(self, tokens, seq_id: int = 0, top: bool = False,
+               adjustments: list[LogitAdjustments | None] | None = None, masks: list[np.ndarray | None] | None = None):
+        """A speculative step: append `tokens` (a sampled token and the drafts after it) to
+        `seq_id` in one step and return the next-token outputs after each of them: logits
+        [n, vocab], or with `top` each row's candidates (values, ids) as decode_candidates (at
+        most candidate_rows tokens; adjustments and masks a token). Rejected drafts are then
+        taken back with truncate()."""
+        tokens = np.asarray(tokens, np.int32).reshape(-1)
+        return self.mixed([(seq_id, tokens)], adjustments, top=top, masks=masks, rows=[tokens.size])
+
+    def snapshot(self, seq_id: int) -> int:
+        """Mark `seq_id`'s current length as a point truncate() can return to: a recurrent state
+        is copied to a snapshot in VRAM (a KV cache needs nothing). Returns the length."""
+        if self.state is not None:
+            self.state.snapshot(seq_id)
+        return self.sequence_length(seq_id)
+
+    def can_truncate(self, seq_id: int, length: int) -> bool:
+        """Whether truncate(seq_id, length) can keep the sequence's first `length` tokens, or
+        those up to its recurrent-state snapshot."""
+        return self.state is None or self.state.length[seq_id] <= length or \
+            0 <= self.state.snapshot_length[seq_id] <= length
+
+    def truncate(self, seq_id: int, length: int) -> int:
+        """Forget `seq_id`'s tokens past `length`. A recurrent state cannot be cut: it goes back
+        to its snapshot (taken at or before `length`), and the tokens between the snapshot and
+        `length` must be fed again. Returns the length the sequence now holds."""
+        if self.state is None or self.state.length[seq_id] <= length:
+            self.cache.cells.free(seq_id, length)
+            return self.sequence_length(seq_id)
+        snap = int(self.state.snapshot_length[seq_id])
+        if not 0 <= snap <= length:
+            raise VkrtError(f"sequence {seq_id}: no recurrent-state snapshot at or before position {length} "
+                            f"(snapshot() before a step that may be taken back)")
+        self.state.rewind(seq_id)
+        self.cache.cells.free(seq_id, snap)
+        return snap
 
     def greedy(self, token: int, seq_id: int = 0, n: int = 1, pipeline: bool | None = None) -> Iterator[int]:
         """Greedy decoding on the GPU (greedy.py): append `token` to `seq_id`, then yield the n

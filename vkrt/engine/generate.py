@@ -11,6 +11,7 @@ import numpy as np
 from .grammar import Constraint
 from .readback import ADJUST_CAP, CANDIDATES
 from .sampler import Sampler, SamplingParams
+from .speculative import RowPicker, SpecCounts, Speculation, speculate
 
 
 @dataclass
@@ -19,6 +20,8 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    draft_n: int = 0            # speculative decoding: tokens drafted
+    draft_n_accepted: int = 0   # ... and accepted
 
     @property
     def prompt_per_second(self) -> float:
@@ -31,7 +34,8 @@ class Timings:
     def to_dict(self) -> dict:
         return {"prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms, "prompt_per_second": self.prompt_per_second,
                 "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
-                "predicted_per_second": self.predicted_per_second}
+                "predicted_per_second": self.predicted_per_second,
+                **({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {})}
 
 
 @dataclass
@@ -44,10 +48,12 @@ class Generation:
 
 def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingParams, *, seq_id: int = 0,
              stop_tokens: Iterable[int] = (), on_token: Callable[[int], bool | None] | None = None,
-             grammar: Constraint | None = None) -> Generation:
+             grammar: Constraint | None = None, speculation: Speculation | None = None) -> Generation:
     """Prefill `prompt_tokens` (after the sequence's cached ones) and sample up to n_predict tokens.
     on_token(token) may return True to stop early. grammar: only tokens it allows are sampled
-    (masked on the GPU before the candidates are picked), and its EOS tokens end generation."""
+    (masked on the GPU before the candidates are picked), and its EOS tokens end generation.
+    speculation: draft tokens and verify them in one step (speculative.py; the same tokens
+    are generated, the same way distributed)."""
     sampler = Sampler(params)
     for t in prompt_tokens[-params.repeat_last_n:] if params.repeat_last_n > 0 else ():
         sampler.accept(t)
@@ -58,7 +64,9 @@ def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingP
     gen.timings.prompt_n = len(prompt_tokens)
     gen.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    if params.greedy and not params.needs_row and grammar is None and n_predict > 0:
+    if speculation is not None and n_predict > 0:
+        _generate_speculative(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen, grammar, speculation)
+    elif params.greedy and not params.needs_row and grammar is None and n_predict > 0:
         _generate_greedy(engine, int(np.argmax(logits)), seq_id, n_predict, stops, on_token, gen)
     else:
         _generate_sampled(engine, logits, seq_id, n_predict, sampler, stops, on_token, gen,
@@ -91,6 +99,28 @@ def _generate_greedy(engine, first: int, seq_id: int, n_predict: int, stops, on_
                 return
     finally:
         tokens.close()   # a step submitted ahead for a token not taken is forgotten
+
+
+def _generate_speculative(engine, logits, seq_id: int, n_predict: int, sampler: Sampler, stops, on_token,
+                          gen: Generation, grammar: Constraint | None, spec: Speculation) -> None:
+    """Sampling with speculation (speculative.speculate) after the prompt's logits."""
+    ends = stops | grammar.eos if grammar is not None else stops
+
+    def take(token: int) -> bool:
+        if _take(token, ends, on_token, gen):
+            return True
+        sampler.accept(token)
+        if grammar is not None:
+            grammar.accept(token)
+        return False
+
+    first = sampler.sample(logits if grammar is None else grammar.apply(logits))
+    if take(first):
+        return
+    counts = SpecCounts()
+    speculate(engine, seq_id, first, list(gen.prompt_tokens) + [first], n_predict - 1, spec,
+              RowPicker(sampler, grammar), take, counts)
+    gen.timings.draft_n, gen.timings.draft_n_accepted = counts.drafted, counts.accepted
 
 
 def _generate_sampled(engine, logits, seq_id: int, n_predict: int, sampler: Sampler, stops, on_token,

