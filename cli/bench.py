@@ -159,14 +159,25 @@ def _fmt_params(n: int) -> str:
 @click.option("--link-bandwidth", "link_bandwidth", default=None, metavar="GB/s",
               help="Pace host-to-device expert traffic to this rate, as a slower PCIe link would (comma-separated to "
                    "test several; default VKRT_LINK_BANDWIDTH, else unpaced).")
+@click.option("--spec-type", "spec_type", default=None, metavar="ngram|draft",
+              help="Also run copy{n} tests (greedy generation of -n tokens on a prompt whose answer copies it), "
+                   "plain and with this speculative decoding (comma-separated: several); rows report acceptance.")
+@click.option("-md", "--model-draft", "model_draft", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Draft model for --spec-type draft.")
+@click.option("--draft-max", "draft_max", type=count(1, 256), default=16, show_default=True)
+@click.option("--draft-min", "draft_min", type=count(0, 256), default=0, show_default=True)
+@click.option("--draft-p-min", "draft_p_min", type=click.FloatRange(0, 1), default=0.75, show_default=True)
 @click.option("-r", "--repetitions", type=count(1), default=5, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
 def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers,
           flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu, tensor_split, cpu_experts,
-          cpu_moe_threads, link_bandwidth, repetitions, output):
+          cpu_moe_threads, link_bandwidth, spec_type, model_draft, draft_max, draft_min, draft_p_min, repetitions,
+          output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
     from vkrt.device.tune import describe_tune
-    from vkrt.engine.bench import BenchTest, run_test
+    from vkrt.engine.bench import BenchTest, copy_prompt, run_copy_test, run_test
+    from vkrt.engine.drafting import open_drafting
+    from vkrt.engine.speculative import SPEC_TYPES, SpecOptions
     from vkrt.engine.engine import Engine
     from vkrt.engine.options import CPU_EXPERTS, EngineOptions, plan_layer_split
     from vkrt.errors import ConfigError
@@ -179,6 +190,18 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
     paths = paths or [default_model()]
     tests = [BenchTest(p, 0) for p in _ints(n_prompt, "-p") if p] + [BenchTest(0, g) for g in _ints(n_gen, "-n") if g]
     tests += [BenchTest(p, g) for p, g in _pairs(pg)]
+    specs = [] if spec_type is None else _words(spec_type, "--spec-type", SPEC_TYPES)
+    if "draft" in specs and model_draft is None:
+        raise click.UsageError("--spec-type draft needs a draft model: -md FILE")
+    if model_draft is not None and "draft" not in specs:
+        raise click.UsageError("-md is for --spec-type draft")
+    try:
+        spec_opts = {t: SpecOptions(t, draft_max=draft_max, draft_min=draft_min, p_min=draft_p_min) for t in specs}
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if specs and not [g for g in _ints(n_gen, "-n") if g]:
+        raise click.UsageError("--spec-type runs copy tests of -n tokens: give -n above 0")
+    tests += [BenchTest(0, g, spec=sp) for g in _ints(n_gen, "-n") if g for sp in (["plain", *specs] if specs else [])]
     depths = _ints(n_depth, "-d")
     mmaps = [False] if no_mmap else [flag01(v) for v in mmap.split(",")]
     ncmoe = _ints(n_cpu_moe, "-ncmoe")
@@ -200,7 +223,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
     varying |= {k for k, given in zip(host, (cpu_experts, cpu_moe_threads, link_bandwidth)) if given is not None}
     traffic = any(ncmoe) and any(not t.n_prompt for t in tests)
     rows = []
-    printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index), traffic)
+    printer = _Printer(output, sorted(varying, key=list(COLUMN_NAMES).index), traffic, spec=bool(specs))
     box_device = None   # a device that ran host-resident experts: the footer gives its rates
     with open_devices(devices) as group:
         loaded = None
@@ -232,12 +255,24 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
             model = loaded[1]
             for depth in depths:
                 for test in tests:
-                    t = BenchTest(test.n_prompt, test.n_gen, depth)
-                    n_ctx = max(256, -(-(depth + t.n_prompt + t.n_gen) // 256) * 256)
+                    t = BenchTest(test.n_prompt, test.n_gen, depth, test.spec)
+                    prompt = copy_prompt(model.tokenizer) if t.spec is not None else []
+                    n_ctx = max(256, -(-(depth + t.n_prompt + len(prompt) + t.n_gen) // 256) * 256)
                     with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
                                 expert_cache=cache, cpu_experts=cpu, cpu_moe_threads=threads,
                                 link_bandwidth=link) as engine:
-                        res = run_test(engine, t, repetitions)
+                        if t.spec is None:
+                            res = run_test(engine, t, repetitions)
+                        elif t.spec == "plain":
+                            res = run_copy_test(engine, t, repetitions, prompt)
+                        else:
+                            try:
+                                drafting = open_drafting(spec_opts[t.spec], model, engine, engine.device,
+                                                         model_draft if t.spec == "draft" else None)
+                            except ConfigError as exc:
+                                raise click.UsageError(str(exc)) from None
+                            with drafting:
+                                res = run_copy_test(engine, t, repetitions, prompt, drafting.speculation)
                         if engine.host_experts:
                             box_device = model.device
                     used = model.split.devices if model.split else [model.device]
@@ -268,8 +303,8 @@ class _Printer:
     """Writes rows as they come (md, jsonl, csv) or all at the end (json). `traffic`: the md
     table has the columns of where tg rows' experts ran and the bytes that crossed the bus."""
 
-    def __init__(self, fmt: str, extra_cols: list[str], traffic: bool = False):
-        self.fmt, self.extra, self.traffic = fmt, extra_cols, traffic
+    def __init__(self, fmt: str, extra_cols: list[str], traffic: bool = False, spec: bool = False):
+        self.fmt, self.extra, self.traffic, self.spec = fmt, extra_cols, traffic, spec
         self.records: list[dict] = []
         self.header_done = False
 
@@ -291,6 +326,8 @@ class _Printer:
             "samples_ns": r.samples_ns, "samples_ts": r.samples_ts, "vkrt_tune": row["tune"],
             "cpu_experts": row["cpu_experts"], "cpu_moe_threads": row["cpu_moe_threads"], "link_gbps": row["link_gbps"],
             **_traffic_fields(r),
+            **({"spec_type": r.test.spec, "draft_n": r.drafted, "draft_n_accepted": r.accepted}
+               if r.test.spec is not None else {}),
         }
 
     def row(self, row) -> None:
@@ -308,9 +345,10 @@ class _Printer:
         elif self.fmt == "md":
             cols = ["model", "size", "params", "backend", "ngl"] + [COLUMN_NAMES[c] for c in self.extra] + ["test", "t/s"]
             cols += list(TRAFFIC_COLUMNS) if self.traffic else []
+            cols += ["accepted"] if self.spec else []
             if not self.header_done:
                 click.echo("| " + " | ".join(cols) + " |")
-                click.echo("| " + " | ".join("---:" if c in ("size", "params", "ngl", "t/s", "test", *TRAFFIC_COLUMNS)
+                click.echo("| " + " | ".join("---:" if c in ("size", "params", "ngl", "t/s", "test", "accepted", *TRAFFIC_COLUMNS)
                                              or c in COLUMN_NAMES.values() else "---" for c in cols) + " |")
             extra = [str(int(rec[c]) if isinstance(rec[c], bool) else f"{rec[c]:g}" if isinstance(rec[c], float)
                          else rec[c]) for c in self.extra]
@@ -319,6 +357,8 @@ class _Printer:
                     str(rec["n_gpu_layers"])] + extra + [r.test.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"]
             if self.traffic:
                 vals += _traffic_cells(r)
+            if self.spec:
+                vals += [f"{100 * r.acceptance:.0f}% of {r.drafted}" if r.acceptance is not None else "-"]
             click.echo("| " + " | ".join(vals) + " |")
         self.header_done = True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import click
 
@@ -287,3 +288,76 @@ def settings():
     ctx = click.get_current_context(silent=True)
     found = ctx.find_root().obj if ctx is not None else None
     return found if isinstance(found, Settings) else check_settings(Settings.from_env())
+
+
+def spec_options(f):
+    """--spec-type, --draft-max, --draft-min, --draft-p-min, -md, -ngld, -devd: speculative
+    decoding, named as llama-server's (decorator)."""
+    opts = [
+        click.option("--spec-type", "spec_type", type=click.Choice(["none", "ngram", "draft", "mtp"]), default=None,
+                     help="Speculative decoding: ngram = draft by looking the last tokens up in the prompt and "
+                          "output; draft = a draft model (-md); none = off (default; draft when -md is given)."),
+        click.option("--draft-max", "--draft", "--draft-n", "draft_max", type=count(1, 256), default=16,
+                     show_default=True, help="Most draft tokens a step verifies."),
+        click.option("--draft-min", "draft_min", type=count(0, 256), default=0, show_default=True,
+                     help="Fewest draft tokens worth a verification step (fewer: a plain step)."),
+        click.option("--draft-p-min", "draft_p_min", type=FiniteFloat(min=0, max=1), default=0.75, show_default=True,
+                     help="A draft model stops drafting below this probability of its best token."),
+        click.option("-md", "--model-draft", "model_draft", type=click.Path(dir_okay=False), default=None,
+                     help="Draft model (GGUF, the model's vocabulary) for --spec-type draft."),
+        click.option("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "n_gpu_layers_draft", type=count(0),
+                     default=None, help="Layers of the draft model in VRAM (default: all)."),
+        click.option("-devd", "--device-draft", "device_draft", default=None, metavar="DEV",
+                     help="Device of the draft model, as --device names one (default: the model's main device)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+SPEC_KEYS = ("spec_type", "draft_max", "draft_min", "draft_p_min", "model_draft", "n_gpu_layers_draft", "device_draft")
+
+
+def take_spec(kw: dict):
+    """Pop the spec_options values from a command's keywords: (SpecOptions or None, the draft
+    model's path, its -ngld, its --device-draft), checked here with one-line errors."""
+    from vkrt.engine.speculative import SpecOptions
+    from vkrt.errors import VkrtError
+    spec_type, draft_max, draft_min, p_min, path, ngld, devd = (kw.pop(k) for k in SPEC_KEYS)
+    if spec_type is None:
+        spec_type = "draft" if path is not None else "none"
+    if spec_type == "mtp":
+        raise click.BadParameter("mtp: running a model's MTP head is not supported yet; use ngram or draft (-md)",
+                                 param_hint="--spec-type")
+    if spec_type != "draft" and (path is not None or ngld is not None or devd is not None):
+        raise click.UsageError(f"-md, -ngld and -devd are for a draft model; --spec-type is {spec_type}")
+    if spec_type == "draft" and path is None:
+        raise click.UsageError("--spec-type draft needs a draft model: -md FILE")
+    if path is not None and not os.path.isfile(path):
+        raise click.BadParameter(f"{path}: no such file", param_hint="-md")
+    if spec_type == "none":
+        return None, None, None, None
+    try:
+        return SpecOptions(spec_type, draft_max=draft_max, draft_min=draft_min, p_min=p_min), path, ngld, devd
+    except VkrtError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def open_drafting(spec, engine, model, path, ngld, devd):
+    """The command's Drafting (None without speculation); the draft model goes on --device-draft
+    (devices the Drafting owns) or the model's main device."""
+    from vkrt.engine.drafting import open_drafting as open_with
+    from vkrt.errors import ConfigError
+    if spec is None:
+        return None
+    group = open_devices(devd) if devd is not None else None
+    try:
+        drafting = open_with(spec, model, engine, group.devices[0] if group is not None else engine.device, path, ngld)
+    except BaseException as exc:
+        if group is not None:
+            group.close()
+        if isinstance(exc, ConfigError):
+            raise click.UsageError(str(exc)) from None
+        raise
+    drafting.devices = group
+    return drafting

@@ -12,8 +12,11 @@ from .common import (
     count,
     model_options,
     open_devices,
+    open_drafting,
     open_engine,
+    spec_options,
     take_model,
+    take_spec,
 )
 
 
@@ -36,6 +39,7 @@ from .common import (
 @click.option("--grammar-file", type=click.File("r"), default=None, help="File holding the GBNF grammar.")
 @click.option("-j", "--json-schema", default=None, help="JSON schema (its JSON text) the output must fit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (tokens, text, timings).")
+@spec_options
 def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samplers, sampling_seq, ignore_eos,
         grammar, grammar_file, json_schema, as_json, **model_kw):
     """Generate a continuation of PROMPT with a GGUF model."""
@@ -47,10 +51,13 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samp
 
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=None if seed == -1 else seed, order=_order(samplers, sampling_seq))
+    spec, draft_path, ngld, devd = take_spec(model_kw)
     take_model(model_kw)
     with open_devices(model_kw["device"]) as devices:
         model, engine = open_engine(devices, progress=None if not as_json else False, **model_kw)
+        drafting = None
         try:
+            drafting = open_drafting(spec, engine, model, draft_path, ngld, devd)
             if len(model.tokenizer.encode(prompt)) + n_predict > engine.n_ctx:
                 raise click.UsageError(f"prompt plus -n {n_predict} exceed the context of {engine.n_ctx} tokens "
                                        "(raise -c)")
@@ -67,7 +74,8 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samp
             if constraint is not None:
                 constraint = Constraint(grammar_tokenizer(model.tokenizer, model.cfg.vocab_size), constraint)
             gen = generate(engine, tokens, n_predict, params, on_token=show,
-                           stop_tokens=() if ignore_eos else model.tokenizer.eog_ids, grammar=constraint)
+                           stop_tokens=() if ignore_eos else model.tokenizer.eog_ids, grammar=constraint,
+                           speculation=drafting.speculation() if drafting is not None else None)
             text = model.tokenizer.decode(gen.tokens, skip_special=True)
             t = gen.timings
             hits = engine.expert_cache_hit_rate()
@@ -80,12 +88,14 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samp
             else:
                 sys.stdout.write(stream.flush() + "\n")
                 cache = f" | expert cache {100 * hits:.0f}% hits" if hits is not None else ""
+                drafts = f" | drafts {t.draft_n_accepted}/{t.draft_n} accepted" if drafting is not None else ""
                 click.echo(f"\nprompt: {t.prompt_n} tokens, {t.prompt_per_second:.2f} t/s | "
-                           f"generation: {t.predicted_n} tokens, {t.predicted_per_second:.2f} t/s{cache} | "
+                           f"generation: {t.predicted_n} tokens, {t.predicted_per_second:.2f} t/s{cache}{drafts} | "
                            f"{' + '.join(st.device.profile.name for st in engine.stages)}", err=True)
         finally:
-            engine.close()
-            model.close()
+            for obj in (drafting, engine, model):
+                if obj is not None:
+                    obj.close()
 
 
 def _order(samplers, sampling_seq) -> tuple:

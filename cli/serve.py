@@ -15,9 +15,12 @@ from .common import (
     check_device_options,
     count,
     model_options,
+    open_drafting,
     open_engine,
     settings,
+    spec_options,
     take_model,
+    take_spec,
 )
 
 log = logging.getLogger("vkrt.server")
@@ -86,6 +89,7 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
                    "pipelined over the devices (group g on device k while group g+1 runs on device k-1), with "
                    "the same results; it pays where a device's step time grows with its tokens (many slots, long "
                    "contexts), not where decode only streams the weights.")
+@spec_options
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
           timeout, max_itl_ratio, embeddings, pooling, reasoning_format, reasoning_budget, pipeline_steps, **model_kw):
@@ -100,6 +104,7 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
                                  param_hint="--pooling")
     if model_kw["n_ctx"] // n_parallel < 8:
         raise click.UsageError(f"-c {model_kw['n_ctx']} over --parallel {n_parallel} leaves fewer than 8 cells a slot")
+    spec, draft_path, ngld, devd = take_spec(model_kw)
     take_model(model_kw)
     check_device_options(model_kw)
     if pipeline_steps and (model_kw["split_mode"] != "layer" or len((model_kw["device"] or "").split(",")) < 2):
@@ -123,6 +128,8 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         return load_backend(lambda devices: open_engine(devices, n_seq_max=n_parallel,
                                                         n_checkpoints=n_parallel * ctx_checkpoints,
                                                         pipeline_steps=pipeline_steps, **model_kw),
-                            model_kw["device"], settings=run_settings)
+                            model_kw["device"], settings=run_settings,
+                            drafting=lambda model, engine, devices: open_drafting(spec, engine, model, draft_path,
+                                                                                  ngld, devd))
 
     ctx.exit(asyncio.run(run_server(load, config, __version__)))

@@ -184,3 +184,15 @@ def test_smollm2_copying_prompt(device):
             gen = generate(e, prompt, 20, GREEDY, speculation=Speculation(SpecOptions("ngram"), NgramDrafter()))
         assert gen.tokens == base.tokens
         assert gen.timings.draft_n_accepted >= 5
+
+
+def test_ngram_drafts_grow_with_what_they_earn():
+    d = NgramDrafter(n_min=2, n_max=4)
+    text = list(range(10, 40))
+    h = text + [1, 2] + text[:2]
+    assert d.draft(h, 16) == text[2:6]            # a 2-gram match: at most 4 tokens
+    h += text[2:6] + [99]                          # all 4 accepted, then the model's own token
+    assert 4 < len(d.draft(h + text[:4], 16)) <= 8   # the next may hold twice as many (4-gram: at most 8)
+    h2 = h + text[:4]
+    h2 += d.draft(h2, 16)[:1] + [98]               # one of them accepted
+    assert len(d.draft(h2 + text[:3], 16)) <= 2   # the next holds at most accepted + 1

@@ -18,7 +18,9 @@ import numpy as np
 from .engine.generate import TextStream, generate
 from .engine.options import EngineOptions, open_engine
 from .engine.sampler import SamplingParams
+from .engine.drafting import open_drafting
 from .engine.sampler_order import parse_order
+from .engine.speculative import SpecOptions
 from .errors import ConfigError
 from .model.default_model import default_model
 
@@ -27,14 +29,20 @@ _OPTIONS = {f.name for f in dataclasses.fields(EngineOptions)}
 
 
 def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None = None,
-         hf_token: str | None = None, device=None, settings=None, **options) -> "LLM":
+         hf_token: str | None = None, device=None, settings=None, speculative: str | None = None,
+         draft_model: str | None = None, draft_max: int = 16, draft_min: int = 0, draft_p_min: float = 0.75,
+         **options) -> "LLM":
     """Open a GGUF model (a path; the first part of a split model; `hf="owner/name[:quant]"` to
     fetch it from Hugging Face as `-hf` does; neither: the embedded SmolLM2) on `device` (default:
     the first suitable Vulkan device that `settings` pick, as the CLI picks it; a Device, a list
     of them, or a spec as --device takes, e.g. "0,1": split by layers). `settings`: a
     vkrt.settings.Settings (default: read from the VKRT_* environment variables now); an open
     `device` brings its own. `options` are EngineOptions fields (n_ctx, n_batch, n_ubatch,
-    flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, split_mode, tensor_split, main_gpu, ...)."""
+    flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, split_mode, tensor_split, main_gpu, ...).
+    Speculative decoding (the same output, fewer steps where drafts land): `speculative` "ngram"
+    (drafts looked up in the prompt and output) or "draft" (a `draft_model` file of the same
+    vocabulary, on the model's main device), with draft_max / draft_min / draft_p_min as
+    llama-server's --draft-max / --draft-min / --draft-p-min."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ConfigError(f"vkrt.load: unknown option(s) {', '.join(unknown)} (options: {', '.join(sorted(_OPTIONS))})")
@@ -44,6 +52,10 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
         raise ConfigError("vkrt.load: an open device brings its own settings (device.settings); pass one or the other")
     if hf_file and not hf:
         raise ConfigError("vkrt.load: hf_file names a file of the repository given by hf='owner/name'")
+    if draft_model is not None and speculative is None:
+        speculative = "draft"
+    spec = SpecOptions(speculative, draft_max=draft_max, draft_min=draft_min, p_min=draft_p_min) \
+        if speculative is not None else None
     if hf:
         from .model.hub import resolve
         path = resolve(hf, hf_file, hf_token)
@@ -54,21 +66,26 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
     if owned:
         from .device.group import DeviceGroup, parse_device_list
         device = DeviceGroup(parse_device_list(device), settings=settings)
+    m = engine = None
     try:
         m, engine = open_engine(device, path, opts)
+        drafting = open_drafting(spec, m, engine, engine.device, draft_model)
     except BaseException:
-        if owned:
-            device.close()
+        for obj in (engine, m, device if owned else None):
+            if obj is not None:
+                obj.close()
         raise
-    return LLM(m, engine, device if owned else None)
+    return LLM(m, engine, device if owned else None, drafting)
 
 
 class LLM:
     """A loaded model and its engine. Every call starts from an empty context (one sequence);
     `sampling` keywords are SamplingParams fields (temperature=0 is greedy)."""
 
-    def __init__(self, model, engine, device=None):
+    def __init__(self, model, engine, device=None, drafting=None):
         self.model, self.engine, self._device = model, engine, device
+        self.drafting = drafting   # speculative decoding (engine/drafting.py), or None
+        self.last_timings = None   # the Timings of the last generate / stream / chat
         self._template = None
 
     @property
@@ -119,8 +136,10 @@ class LLM:
         def work():
             try:
                 self.engine.reset()
-                generate(self.engine, tokens, max_tokens, params, on_token=on_token,
-                         stop_tokens=self.tokenizer.eog_ids if stop_at_eos else (), grammar=constraint)
+                gen = generate(self.engine, tokens, max_tokens, params, on_token=on_token,
+                               stop_tokens=self.tokenizer.eog_ids if stop_at_eos else (), grammar=constraint,
+                               speculation=self.drafting.speculation() if self.drafting is not None else None)
+                self.last_timings = gen.timings
                 rest = text.flush()
                 if rest:
                     pieces.put(rest)
@@ -152,7 +171,7 @@ class LLM:
         return encode_chat(self.tokenizer, self._template.render(messages, add_generation_prompt=True))
 
     def close(self) -> None:
-        for owner in ("engine", "model", "_device"):
+        for owner in ("drafting", "engine", "model", "_device"):
             h = getattr(self, owner)
             if h is not None:
                 h.close()

@@ -16,9 +16,13 @@ class BenchTest:
     n_prompt: int
     n_gen: int
     n_depth: int = 0
+    spec: str | None = None   # a copying generation test (run_copy_test): "plain", or the speculation's type
 
     @property
     def name(self) -> str:
+        if self.spec is not None:
+            base = f"copy{self.n_gen}" + ("" if self.spec == "plain" else f" +{self.spec}")
+            return f"{base} @ d{self.n_depth}" if self.n_depth else base
         if self.n_prompt and self.n_gen:
             base = f"pp{self.n_prompt}+tg{self.n_gen}"
         elif self.n_prompt:
@@ -38,6 +42,12 @@ class BenchResult:
     test: BenchTest
     samples_ns: list[int] = field(default_factory=list)
     traffic: dict | None = None   # expert-traffic counters' change over the timed runs (TRAFFIC_COUNTERS)
+    drafted: int = 0              # copy tests with speculation: draft tokens over the timed runs
+    accepted: int = 0             # ... and those accepted
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
 
     @property
     def samples_ts(self) -> list[float]:
@@ -126,5 +136,53 @@ def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0) -> BenchR
         if rep:  # the first run warms up (records the command sequences)
             result.samples_ns.append(elapsed)
             result.traffic = _add_traffic(result.traffic, before, _traffic(engine))
+    engine.reset()
+    return result
+
+
+COPY_SOURCE = """def parse_pairs(text: str) -> dict[str, int]:
+    \"\"\"Key=value pairs, one a line, into a dict of ints.\"\"\"
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        out[key.strip()] = int(value.strip())
+    return out
+
+
+def total(pairs: dict[str, int]) -> int:
+    return sum(pairs.values())
+"""
+
+
+def copy_prompt(tokenizer) -> list[int]:
+    """A prompt whose answer copies it: a short function and the request to repeat it with one
+    name changed, where n-gram lookup and draft models find their drafts (coding agents re-emit
+    their input the same way)."""
+    text = (f"Here is a Python module:\n\n```python\n{COPY_SOURCE}```\n\nThe same module with `total` renamed "
+            f"to `sum_values`:\n\n```python\n")
+    return tokenizer.encode(text)
+
+
+def run_copy_test(engine, test: BenchTest, repetitions: int, prompt: list[int], speculation=None) -> BenchResult:
+    """A greedy generation of test.n_gen tokens after `prompt` (copy_prompt), timed from the
+    prompt's end (its prefill is not counted), with `speculation()` (a fresh Speculation a run;
+    None: plain decoding): one warm-up, then `repetitions` timed runs. End-of-text tokens do not
+    stop it."""
+    from .generate import generate
+    from .sampler import GREEDY
+    result = BenchResult(test)
+    for rep in range(repetitions + 1):
+        engine.reset()
+        if test.n_depth:
+            engine.eval(random_tokens(test.n_depth, engine.model.cfg.vocab_size, 1000 + rep))
+        gen = generate(engine, prompt, test.n_gen, GREEDY,
+                       speculation=speculation() if speculation is not None else None)
+        if rep:
+            result.samples_ns.append(int(gen.timings.predicted_ms * 1e6))
+            result.drafted += gen.timings.draft_n
+            result.accepted += gen.timings.draft_n_accepted
     engine.reset()
     return result

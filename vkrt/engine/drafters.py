@@ -15,8 +15,11 @@ from ..errors import VkrtError
 class NgramDrafter:
     """Drafts by n-gram lookup: the longest n in [n_min, n_max] whose last n tokens occurred
     before in the history; the tokens that followed their latest earlier occurrence are the
-    draft. The index grows with the history (one entry a token and n); a history that is not an
-    extension of the last one (a new request) rebuilds it."""
+    draft, at most twice n of them (a longer match predicts further) and at most what the last
+    draft earned: the draft's accepted length + 1 after a rejection, twice the last length after
+    a draft accepted whole (read from the history: what followed the last draft). The index
+    grows with the history (one entry a token and n); a history that is not an extension of the
+    last one (a new request) rebuilds it."""
 
     def __init__(self, n_min: int = 2, n_max: int = 8):
         if not 1 <= n_min <= n_max:
@@ -24,11 +27,23 @@ class NgramDrafter:
         self.n_min, self.n_max = n_min, n_max
         self._tokens: list[int] = []
         self._index: list[dict[tuple, int]] = [{} for _ in range(n_max + 1)]
+        self._last: tuple[int, list[int]] = (0, [])   # (history length, draft) of the last draft
+        self._cap: int | None = None   # the most the next draft may hold (None: no draft yet)
+
+    def _earned(self, history: list[int]) -> None:
+        at, draft = self._last
+        if not draft or len(history) <= at:
+            return
+        got = history[at:at + len(draft)]
+        accepted = next((i for i, (a, b) in enumerate(zip(draft, got)) if a != b), min(len(draft), len(got)))
+        self._cap = 2 * len(draft) if accepted == len(draft) else accepted + 1
+        self._last = (0, [])
 
     def _extend(self, history: list[int]) -> None:
         known = self._tokens
         if len(history) < len(known) or history[:len(known)] != known:
             self._tokens, self._index = [], [{} for _ in range(self.n_max + 1)]
+            self._last, self._cap = (0, []), None
             known = self._tokens
         for end in range(len(known), len(history)):   # the n-grams ending before token `end`
             for n in range(self.n_min, min(self.n_max, end) + 1):
@@ -38,10 +53,14 @@ class NgramDrafter:
     def draft(self, history: list[int], n: int) -> list[int]:
         """Up to n tokens to follow `history` (empty: no match)."""
         self._extend(history)
+        self._earned(history)
         for size in range(min(self.n_max, len(history)), self.n_min - 1, -1):
             at = self._index[size].get(tuple(history[-size:]))
             if at is not None:
-                return list(history[at:at + n])
+                limit = min(n, 2 * size, n if self._cap is None else self._cap)
+                out = list(history[at:at + limit])
+                self._last = (len(history), out)
+                return out
         return []
 
 

@@ -70,6 +70,7 @@ class Engine(Owned):
         if n_ubatch > n_batch:
             n_ubatch = n_batch
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
+        self.n_seq_max = n_seq_max
         self.flash_attn = flash_attn
         self.stages: list[Stage] = []
         self.handoffs: list[Handoff] = []

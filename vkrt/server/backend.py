@@ -26,10 +26,12 @@ class Backend:
     model: object
     engine: object
     load_seconds: float = 0.0
+    drafting: object = None   # speculative decoding (engine/drafting.py): closed first
 
     def close(self) -> None:
-        for obj in (self.engine, self.model, self.device):
-            obj.close()
+        for obj in (self.drafting, self.engine, self.model, self.device):
+            if obj is not None:
+                obj.close()
 
     def warm_up(self, n_parallel: int = 1) -> float:
         """Run a short prompt; where prompt steps are padded, steps of the padded sizes up to 512
@@ -106,13 +108,14 @@ class Backend:
             + f"); host peak RSS {fmt_bytes(rss)}",
             f"slots: {n_parallel} x {e.n_ctx // n_parallel} tokens; batch {e.n_batch}, micro-batch {e.n_ubatch}, "
             f"flash attention {'on' if e.flash_attn else 'off'}",
-        ]
+        ] + ([self.drafting.describe()] if self.drafting is not None else [])
 
 
 def load_backend(load: Callable[[object], tuple[object, object]], devices: str | None = None,
-                 settings=None) -> Backend:
+                 settings=None, drafting: Callable | None = None) -> Backend:
     """Open the devices (`--device` LIST; None: the one vkrt picks) with `settings` (None: the
-    environment's) and call load(devices) -> (model, engine)."""
+    environment's) and call load(devices) -> (model, engine); drafting(model, engine, devices)
+    -> the Drafting of speculative decoding (None: off)."""
     t0 = time.perf_counter()
     group = DeviceGroup(parse_device_list(devices), settings=settings)
     try:
@@ -120,5 +123,12 @@ def load_backend(load: Callable[[object], tuple[object, object]], devices: str |
     except BaseException:
         group.close()
         raise
-    model_box_rates(model)   # /props shows the box's rates where experts live in host memory (cached)
-    return Backend(group, model, engine, time.perf_counter() - t0)
+    backend = Backend(group, model, engine)
+    try:
+        backend.drafting = drafting(model, engine, group) if drafting is not None else None
+        model_box_rates(model)   # /props shows the box's rates where experts live in host memory (cached)
+    except BaseException:
+        backend.close()
+        raise
+    backend.load_seconds = time.perf_counter() - t0
+    return backend

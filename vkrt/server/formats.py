@@ -27,7 +27,8 @@ def timings(done: Done) -> dict:
             "prompt_per_second": t.prompt_per_second,
             "predicted_n": t.predicted_n, "predicted_ms": t.predicted_ms,
             "predicted_per_token_ms": t.predicted_ms / t.predicted_n if t.predicted_n else 0.0,
-            "predicted_per_second": t.predicted_per_second}
+            "predicted_per_second": t.predicted_per_second,
+            **({"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {})}
 
 
 def chat_logprobs(probs: list) -> dict | None:

@@ -16,6 +16,8 @@ _DOC = {
     "tokens_predicted_seconds_total": ("counter", "Seconds spent in decode steps (all slots of a step together)."),
     "n_decode_total": ("counter", "Decode steps run."),
     "n_decode_sequences_total": ("counter", "Sequences summed over decode steps (over n_decode_total: mean batch)."),
+    "draft_tokens_total": ("counter", "Draft tokens speculative decoding verified."),
+    "draft_tokens_accepted_total": ("counter", "Draft tokens verification accepted."),
     "requests_total": ("counter", "Generation requests accepted."),
     "requests_finished_total": ("counter", "Generation requests that ran to their end."),
     "requests_cancelled_total": ("counter", "Generation requests cancelled (client gone or shutdown)."),
@@ -58,6 +60,8 @@ class Metrics:
     decode_seconds: float = 0.0
     n_decode: int = 0
     n_decode_sequences: int = 0
+    draft_tokens: int = 0
+    draft_tokens_accepted: int = 0
     requests: int = 0
     requests_finished: int = 0
     requests_cancelled: int = 0
@@ -73,6 +77,10 @@ class Metrics:
         self.n_decode_sequences += n_sequences
         self.decode_seconds += seconds
 
+    def add_draft(self, drafted: int, accepted: int) -> None:
+        self.draft_tokens += drafted
+        self.draft_tokens_accepted += accepted
+
     def render(self, *, processing: int = 0, deferred: int = 0, kv_tokens: int = 0, kv_cells: int = 0,
                slots: int = 0, engine_stats=None, prefix: str = "vkrt") -> str:
         """The page; gauges are passed in, as the scheduler sees them now, and the engine's
@@ -82,6 +90,7 @@ class Metrics:
             "prompt_tokens_cached_total": self.prompt_tokens_cached,
             "tokens_predicted_total": self.tokens_predicted, "tokens_predicted_seconds_total": self.decode_seconds,
             "n_decode_total": self.n_decode, "n_decode_sequences_total": self.n_decode_sequences,
+            "draft_tokens_total": self.draft_tokens, "draft_tokens_accepted_total": self.draft_tokens_accepted,
             "requests_total": self.requests, "requests_finished_total": self.requests_finished,
             "requests_cancelled_total": self.requests_cancelled, "requests_failed_total": self.requests_failed,
             "bad_requests_total": self.bad_requests,

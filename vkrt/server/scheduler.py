@@ -70,6 +70,7 @@ class Scheduler:
         self._decode_cost = self._token_cost = None   # seconds: a decode step, a token of a mixed step
         self.metrics = metrics
         self.backend = None
+        self.drafting = None   # speculative decoding (engine/drafting.py), from the backend
         self.slots: list[Slot] = []
         self.checkpoints: list[SlotCheckpoints] = []
         self._queue: collections.deque[Job] = collections.deque()
@@ -146,6 +147,9 @@ class Scheduler:
                          "whole micro-batch (one an iteration while slots generate)", self.max_itl_ratio,
                          "its experts stream from host memory in every prompt step" if engine.host_experts
                          else "its recurrent state reads prompts in steps of their own")
+            self.drafting = getattr(self.backend, "drafting", None)
+            for s in self.slots:
+                s.drafter = self.drafting.drafter(s.id) if self.drafting is not None else None
             self._on_ready(self.backend)
             while self._iterate(engine):
                 pass
@@ -357,6 +361,8 @@ class Scheduler:
 
     def _decode(self, engine) -> None:
         active = [s for s in self.slots if s.generating]
+        if self.drafting is not None and active and self._speculate(engine, active):
+            return
         for i in range(0, len(active), engine.n_ubatch):
             batch = active[i:i + engine.n_ubatch]
             t0, recording = time.perf_counter(), engine.stats.record_seconds
@@ -376,6 +382,74 @@ class Scheduler:
             for k, s in enumerate(batch):
                 s.fed()
                 self._sampled(engine, s, s.sample, out, k, top)
+
+    def _speculate(self, engine, active: list[Slot]) -> bool:
+        """One verification step (vkrt/engine/speculative.py) for the generating slots, when any
+        has drafts or accepted tokens to replay; whether it ran. Each slot's part is its replay,
+        its next token and its drafts; with a recurrent state the parts are made one length with
+        drafts no slot relies on (the rows past its own drafts are not read), and each slot's
+        state is snapshot first. Drafts go to slots without a grammar, log-probabilities or
+        adjustments (their rows are sampled as they come); the others take one token as in a
+        decode step. Rejected tails are taken back (Engine.truncate)."""
+        top, adjust, masks = self._candidates(engine, active)
+        cap = engine.candidate_rows if top else engine.n_ubatch
+        each = cap // len(active)   # rows a slot may take
+        o = self.drafting.options
+        plan = []
+        for s in active:
+            lead = s.replay + [s.next_token]
+            drafts = []
+            if s.drafter is not None and s.grammar is None and s.job.logprobs is None \
+                    and not s.sampler.params.needs_row and len(s.replay) <= o.draft_max:
+                room = min(o.draft_max, each - len(lead), s.limit - len(s.generated) - 1,
+                           s.n_ctx - len(s.cache) - len(lead))
+                if room > 0:
+                    drafts = [int(t) for t in s.drafter.draft(s.job.prompt + s.generated, room)[:room]]
+                    drafts = drafts if len(drafts) >= max(1, o.draft_min) else []
+            plan.append((s, lead, drafts))
+        if not any(d or len(lead) > 1 for _, lead, d in plan):
+            return False
+        longest = max(len(lead) + len(d) for _, lead, d in plan)
+        parts, rows, row_adjust, row_masks = [], [], [], []
+        for k, (s, lead, drafts) in enumerate(plan):
+            tail = drafts + ([lead[-1]] * (longest - len(lead) - len(drafts)) if engine.recurrent else [])
+            if tail:
+                engine.snapshot(s.id)
+            parts.append((s.id, lead + tail))
+            rows.append(1 + len(tail))
+            row_adjust += [adjust[k]] + [None] * len(tail)
+            if masks is not None:
+                row_masks += [masks[k]] + [None] * len(tail)
+        t0 = time.perf_counter()
+        try:
+            out = engine.mixed(parts, row_adjust if top else None, top=top, masks=row_masks if top and masks else None,
+                               rows=rows)
+        except Exception as exc:
+            self._fail(engine, active, exc)
+            return True
+        seconds = time.perf_counter() - t0
+        first, produced = 0, 0
+        for (s, lead, drafts), n_rows in zip(plan, rows):
+            base, i = len(s.cache), 0
+            while True:
+                self._sampled(engine, s, s.sample, out, first + i, top)
+                produced += 1
+                if s.job is None or i >= len(drafts) or s.next_token != drafts[i]:
+                    break
+                i += 1
+            first += n_rows
+            if s.job is not None or engine.sequence_length(s.id) > base:   # not failed (that forgot the sequence)
+                fed = lead + drafts[:i]
+                kept = engine.truncate(s.id, base + len(fed))
+                s.cache.extend(fed[:kept - base])
+                s.replay = fed[kept - base:] if s.job is not None else []
+            s.timings.draft_n += len(drafts)
+            s.timings.draft_n_accepted += i
+            self.metrics.add_draft(len(drafts), i)
+        self.metrics.add_decode(len(plan), seconds)
+        log.debug("verification step: %d slot(s), %d row(s), %d token(s) generated, %.1f ms", len(plan), sum(rows),
+                  produced, seconds * 1e3)
+        return True
 
     def _sampled(self, engine, slot: Slot, step, out, k: int, top: bool) -> None:
         """step(row k of a step's output) guarded: from the candidates when top, else the logits row."""
@@ -430,6 +504,7 @@ class Scheduler:
                         "state": "idle" if job is None else "prefill" if s.pending else "generating",
                         "n_cached": len(s.cache), "n_decoded": len(s.generated),
                         "n_checkpoints": len(self.checkpoints[s.id].saved) if self.checkpoints else 0,
+                        "speculative": self.drafting is not None,
                         "id_task": job.id if job is not None else None})
         return out
 

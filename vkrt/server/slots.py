@@ -38,6 +38,8 @@ class Slot:
         self.next_token: int | None = None
         self.generated: list[int] = []
         self.grammar: Constraint | None = None
+        self.drafter = None               # speculative decoding: this slot's drafter (None: off)
+        self.replay: list[int] = []       # accepted tokens a rewound recurrent state must read again
 
     @property
     def idle(self) -> bool:
@@ -64,6 +66,7 @@ class Slot:
         self.pending = job.prompt[keep:]
         self.next_token = None
         self.generated = []
+        self.replay = []
         self.sampler = Sampler(job.params)
         window = self.sampler.window
         for t in job.prompt if window is None else job.prompt[-window:] if window > 0 else ():
@@ -175,4 +178,5 @@ class Slot:
         self.grammar = None
         self.pending = []
         self.next_token = None
+        self.replay = []
         self.last_used = time.monotonic()

@@ -1,0 +1,77 @@
+"""`vkrt serve --spec-type ngram`: slots speculate in the same verification step, and every
+client gets the tokens a server without speculation gives (greedy, one client and several at
+once), on a model with a KV cache only and on one with a recurrent state; timings and /slots
+report it; a slot with a grammar or penalties still decodes one token a step."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from contextlib import contextmanager
+
+import pytest
+from models import tiny_model
+
+from .serverproc import metric, serving, wait_idle
+
+served = contextmanager(serving)
+
+PROMPTS = [list(range(5, 30)) * 3 + list(range(5, 9)), list(range(40, 52)) * 5 + [40, 41],
+           [7, 8, 9] * 10, list(range(60, 90))]
+ARGS = ("-c", "1024", "-np", "4", "-b", "128", "-ub", "64")
+
+
+def _complete(srv, prompt, **extra):
+    status, reply = srv.post("/completion", {"prompt": prompt, "n_predict": 24, "temperature": 0,
+                                             "cache_prompt": False, "return_tokens": True, **extra})
+    assert status == 200, reply
+    return reply
+
+
+def _all(srv, together: bool):
+    if not together:
+        return [_complete(srv, p) for p in PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda p: _complete(srv, p), PROMPTS))
+
+
+@pytest.mark.parametrize("name,how", [("tiny-qwen3", "ngram"), ("tiny-qwen35moe", "draft")])
+def test_speculating_server_gives_the_same_tokens(tmp_path_factory, name, how):
+    """n-gram lookup on a model without a recurrent state; on qwen35moe (whose random weights do
+    not repeat themselves) the model drafting for itself (-md the same file)."""
+    path = tiny_model(name, tmp_path_factory.mktemp("spec-server"))
+    plain = None
+    with served(path, *ARGS) as srv:
+        plain = [r["tokens"] for r in _all(srv, together=False)]
+    spec = ("--spec-type", "ngram") if how == "ngram" else ("-md", path, "--draft-p-min", "0")
+    with served(path, *ARGS, *spec, "--draft-max", "6") as srv:
+        alone = _all(srv, together=False)
+        assert [r["tokens"] for r in alone] == plain
+        assert sum(r["timings"].get("draft_n", 0) for r in alone) > 0
+        accepted = sum(r["timings"].get("draft_n_accepted", 0) for r in alone)
+        assert accepted > 0
+        wait_idle(srv)
+        drafted0 = metric(srv, "vkrt_draft_tokens_total")
+        together = _all(srv, together=True)
+        assert [r["tokens"] for r in together] == plain
+        assert metric(srv, "vkrt_draft_tokens_total") > drafted0
+        slots = wait_idle(srv)
+        assert all(s["speculative"] for s in slots)
+        # penalties and grammars take no drafts: one token a step, and still what they ask for
+        reply = _complete(srv, PROMPTS[2], repeat_penalty=1.5)
+        assert "draft_n" not in reply["timings"]
+        reply = _complete(srv, PROMPTS[0], grammar='root ::= "ab" [a-z]*')
+        assert reply["content"].startswith("ab") and "draft_n" not in reply["timings"]
+
+
+def test_spec_options_are_checked(tmp_path_factory):
+    from click.testing import CliRunner
+
+    from vkrt.cli.main import cli
+    path = tiny_model("tiny-qwen3", tmp_path_factory.mktemp("spec-cli"))
+    for args, msg in ((["--spec-type", "draft"], "needs a draft model"),
+                      (["--spec-type", "mtp"], "MTP head is not supported"),
+                      (["--spec-type", "ngram", "-md", path], "for a draft model"),
+                      (["-md", "/nonexistent.gguf"], "no such file"),
+                      (["--spec-type", "ngram", "--draft-max", "0"], "draft-max")):
+        result = CliRunner().invoke(cli, ["serve", "-m", path, *args])
+        assert result.exit_code == 2 and msg in result.output, (args, result.output)
