@@ -196,3 +196,27 @@ def test_ngram_drafts_grow_with_what_they_earn():
     h2 = h + text[:4]
     h2 += d.draft(h2, 16)[:1] + [98]               # one of them accepted
     assert len(d.draft(h2 + text[:3], 16)) <= 2   # the next holds at most accepted + 1
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen35moe"])
+@pytest.mark.parametrize("cpu", ["off", "all"])
+def test_host_experts_verify_through_the_decode_path(device, tmp_path, name, cpu):
+    """Experts in host memory (--n-cpu-moe): a verification step holds at most mv_max_n tokens,
+    so its chosen experts are staged (or cached, or run on the CPU) once for all its tokens, and
+    it generates what plain decoding does."""
+    path = tiny_model(name, tmp_path)
+    with Model(device, path, n_cpu_moe=99, progress=False) as m:
+        with Engine(m, n_ctx=256, n_ubatch=64, cpu_experts=cpu) as e:
+            assert e.host_experts and e.verify_tokens == min(st.device.tuning.mv_max_n for st in e.stages)
+            base = generate(e, PROMPT, 20, GREEDY)
+            e.reset()
+            drafter = OracleDrafter(len(PROMPT), base.tokens, wrong=3, length=16)
+            spec = Speculation(SpecOptions("ngram", draft_max=16), drafter)
+            before = e.expert_traffic()
+            gen = generate(e, PROMPT, 20, GREEDY, speculation=spec)
+            assert gen.tokens == base.tokens and gen.timings.draft_n_accepted > 0
+            prompt_steps = {e.padded_tokens(min(e.n_ubatch, len(PROMPT) - u)) for u in range(0, len(PROMPT), e.n_ubatch)}
+            sizes = {k.n_tokens for k in e.steps.graphs} - prompt_steps
+            assert sizes and max(sizes) <= e.verify_tokens
+            if before is not None:
+                assert e.expert_traffic().tokens > before.tokens   # the verification steps went through the host's plan

@@ -393,6 +393,16 @@ class Engine(Owned):
         tokens = np.asarray(tokens, np.int32).reshape(-1)
         return self.mixed([(seq_id, tokens)], adjustments, top=top, masks=masks, rows=[tokens.size])
 
+    @property
+    def verify_tokens(self) -> int:
+        """The most tokens a verification step should hold: the micro-batch; with host-resident
+        experts the most a step runs through the decode path (the chosen experts staged or
+        cached once for all its tokens, or run on the CPU: tuning.mv_max_n), not a prompt
+        step's stream of every expert or reads in place."""
+        if not self.host_experts:
+            return self.n_ubatch
+        return min(self.n_ubatch, min(st.device.tuning.mv_max_n for st in self.stages))
+
     def snapshot(self, seq_id: int) -> int:
         """Mark `seq_id`'s current length as a point truncate() can return to: a recurrent state
         is copied to a snapshot in VRAM (a KV cache needs nothing). Returns the length."""

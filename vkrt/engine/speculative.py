@@ -94,8 +94,8 @@ class RowPicker:
 
 def step_room(engine, seq_id: int, top: bool, replay: int) -> int:
     """The most drafts a verification step of `seq_id` can carry after `replay` replayed tokens
-    and the sampled one: the micro-batch (the candidates' rows with `top`) and the free cells."""
-    rows = engine.candidate_rows if top else engine.n_ubatch
+    and the sampled one: Engine.verify_tokens (the candidates' rows with `top`) and the free cells."""
+    rows = min(engine.candidate_rows if top else engine.n_ubatch, engine.verify_tokens)
     return max(0, min(rows - 1 - replay, engine.cache.cells.n_free() - 1 - replay))
 
 

@@ -392,7 +392,7 @@ class Scheduler:
         adjustments (their rows are sampled as they come); the others take one token as in a
         decode step. Rejected tails are taken back (Engine.truncate)."""
         top, adjust, masks = self._candidates(engine, active)
-        cap = engine.candidate_rows if top else engine.n_ubatch
+        cap = min(engine.candidate_rows if top else engine.n_ubatch, max(engine.verify_tokens, len(active)))
         each = cap // len(active)   # rows a slot may take
         o = self.drafting.options
         plan = []
@@ -409,6 +409,14 @@ class Scheduler:
             plan.append((s, lead, drafts))
         if not any(d or len(lead) > 1 for _, lead, d in plan):
             return False
+
+        def rows_needed() -> int:
+            sizes = [len(lead) + len(d) for _, lead, d in plan]
+            return max(sizes) * len(sizes) if engine.recurrent else sum(sizes)
+        if rows_needed() > cap:   # replays longer than a slot's share (more slots came): no drafts this step
+            plan = [(s, lead, []) for s, lead, _ in plan]
+        if top and rows_needed() > engine.candidate_rows:   # whole rows, sampled (and adjusted) on the host
+            top, adjust, masks = False, [None] * len(plan), None
         longest = max(len(lead) + len(d) for _, lead, d in plan)
         parts, rows, row_adjust, row_masks = [], [], [], []
         for k, (s, lead, drafts) in enumerate(plan):
