@@ -220,3 +220,16 @@ def test_host_experts_verify_through_the_decode_path(device, tmp_path, name, cpu
             assert sizes and max(sizes) <= e.verify_tokens
             if before is not None:
                 assert e.expert_traffic().tokens > before.tokens   # the verification steps went through the host's plan
+
+
+def test_ngram_drafting_pauses_after_whole_misses():
+    """Called a token at a time, as decoding without drafts calls it."""
+    d = NgramDrafter(n_min=2, n_max=2)
+    h = [1, 2, 3, 4, 1, 2]
+    assert d.draft(h, 2) == [3, 4]
+    assert d.draft(h + [9], 2) == []                 # missed whole: paused for a token
+    assert d.draft(h + [9, 1], 2) == []              # "9 1": no match
+    h += [9, 1, 2]
+    assert d.draft(h, 2) == [9]                      # drafting again, at most accepted + 1 = 1
+    assert d.draft(h + [5], 2) == [] and d.draft(h + [5, 1], 2) == []   # missed again: paused for 2
+    assert d.draft(h + [5, 1, 2], 2) == [5]

@@ -12,12 +12,17 @@ import numpy as np
 from ..errors import VkrtError
 
 
+MAX_BACKOFF = 16   # the most tokens n-gram drafting pauses for after drafts that missed whole
+
+
 class NgramDrafter:
     """Drafts by n-gram lookup: the longest n in [n_min, n_max] whose last n tokens occurred
     before in the history; the tokens that followed their latest earlier occurrence are the
     draft, at most twice n of them (a longer match predicts further) and at most what the last
     draft earned: the draft's accepted length + 1 after a rejection, twice the last length after
-    a draft accepted whole (read from the history: what followed the last draft). The index
+    a draft accepted whole (read from the history: what followed the last draft); after a draft
+    rejected whole it pauses for 1, 2, 4 ... up to MAX_BACKOFF tokens (where the text does not
+    repeat, a miss costs a step's extra rows for nothing). The index
     grows with the history (one entry a token and n); a history that is not an extension of the
     last one (a new request) rebuilds it."""
 
@@ -29,6 +34,8 @@ class NgramDrafter:
         self._index: list[dict[tuple, int]] = [{} for _ in range(n_max + 1)]
         self._last: tuple[int, list[int]] = (0, [])   # (history length, draft) of the last draft
         self._cap: int | None = None   # the most the next draft may hold (None: no draft yet)
+        self._backoff = 0              # tokens to wait after a draft rejected whole (doubling, at most MAX_BACKOFF)
+        self._resume = 0               # the history length drafting resumes at
 
     def _earned(self, history: list[int]) -> None:
         at, draft = self._last
@@ -37,13 +44,15 @@ class NgramDrafter:
         got = history[at:at + len(draft)]
         accepted = next((i for i, (a, b) in enumerate(zip(draft, got)) if a != b), min(len(draft), len(got)))
         self._cap = 2 * len(draft) if accepted == len(draft) else accepted + 1
+        self._backoff = 0 if accepted else min(MAX_BACKOFF, 2 * self._backoff or 1)
+        self._resume = at + 1 + self._backoff
         self._last = (0, [])
 
     def _extend(self, history: list[int]) -> None:
         known = self._tokens
         if len(history) < len(known) or history[:len(known)] != known:
             self._tokens, self._index = [], [{} for _ in range(self.n_max + 1)]
-            self._last, self._cap = (0, []), None
+            self._last, self._cap, self._backoff, self._resume = (0, []), None, 0, 0
             known = self._tokens
         for end in range(len(known), len(history)):   # the n-grams ending before token `end`
             for n in range(self.n_min, min(self.n_max, end) + 1):
@@ -54,6 +63,8 @@ class NgramDrafter:
         """Up to n tokens to follow `history` (empty: no match)."""
         self._extend(history)
         self._earned(history)
+        if len(history) < self._resume:   # the last drafts missed whole: wait a while
+            return []
         for size in range(min(self.n_max, len(history)), self.n_min - 1, -1):
             at = self._index[size].get(tuple(history[-size:]))
             if at is not None:

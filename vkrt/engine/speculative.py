@@ -117,8 +117,11 @@ def speculate(engine, seq_id: int, first: int, history: list[int], n_left: int, 
         if drafts:
             engine.snapshot(seq_id)
         step = replay + [token] + drafts
-        out = engine.verify(step, seq_id, top=picker.top)
-        rows = (out[0][len(replay):], out[1][len(replay):]) if picker.top else out[len(replay):]
+        if len(step) == 1:   # nothing to verify: a plain decode step
+            rows = engine.decode_candidates([(seq_id, token)]) if picker.top else engine.eval([token], seq_id)[None]
+        else:
+            out = engine.verify(step, seq_id, top=picker.top)
+            rows = (out[0][len(replay):], out[1][len(replay):]) if picker.top else out[len(replay):]
         counts.steps += 1
         counts.drafted += len(drafts)
         i, stop = 0, False
