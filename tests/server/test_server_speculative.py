@@ -61,6 +61,17 @@ def test_speculating_server_gives_the_same_tokens(tmp_path_factory, name, how):
         assert "draft_n" not in reply["timings"]
         reply = _complete(srv, PROMPTS[0], grammar='root ::= "ab" [a-z]*')
         assert reply["content"].startswith("ab") and "draft_n" not in reply["timings"]
+        # llama-server's per-request fields: n_max 0 turns drafting off, 2 caps it; bad values are 400s
+        i = max(range(len(PROMPTS)), key=lambda j: alone[j]["timings"].get("draft_n", 0))   # one that drafts
+        off = _complete(srv, PROMPTS[i], **{"speculative.n_max": 0})
+        assert off["tokens"] == plain[i] and "draft_n" not in off["timings"]
+        capped = _complete(srv, PROMPTS[i], **{"speculative.n_max": 2, "speculative.p_min": 0.0})
+        assert capped["tokens"] == plain[i] and capped["timings"]["draft_n"] > 0
+        status, err = srv.post("/completion", {"prompt": PROMPTS[0], "speculative.n_max": -1})
+        assert status == 400 and "speculative.n_max" in err["error"]["message"]
+    with served(path, *ARGS) as srv:   # a server that does not speculate says so
+        status, err = srv.post("/completion", {"prompt": PROMPTS[0], "speculative.n_max": 4})
+        assert status == 400 and "without speculative decoding" in err["error"]["message"]
 
 
 def test_spec_options_are_checked(tmp_path_factory):

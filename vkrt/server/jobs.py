@@ -103,6 +103,7 @@ class Job(Events):
     logprobs: int | None = None   # None: none; n: each token's log-probability and the n most likely
     keep_special: frozenset[int] = frozenset()   # special tokens whose text the reply keeps
     constraint: Constraint | None = None   # the grammar state the output must fit (built by routes.py)
+    draft: tuple | None = None   # speculative.n_max / n_min / p_min of the request (None each: the server's)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.time)
     cancelled: bool = False

@@ -295,7 +295,7 @@ class Api:
                        else [None] * req.n)
         jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
                     dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,
-                    req.logprobs, keep_special, constraint=constraints[i]) for i in range(req.n)]
+                    req.logprobs, keep_special, constraint=constraints[i], draft=req.draft) for i in range(req.n)]
         fmt = make_format(jobs[0].id)
         submitted = []
         try:

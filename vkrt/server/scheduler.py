@@ -399,13 +399,17 @@ class Scheduler:
         for s in active:
             lead = s.replay + [s.next_token]
             drafts = []
+            n_max, n_min, p_min = (x if x is not None else d for x, d in
+                                   zip(s.job.draft or (None,) * 3, (o.draft_max, o.draft_min, o.p_min)))
             if s.drafter is not None and s.grammar is None and s.job.logprobs is None \
                     and not s.sampler.params.needs_row and len(s.replay) <= o.draft_max:
-                room = min(o.draft_max, each - len(lead), s.limit - len(s.generated) - 1,
+                room = min(n_max, each - len(lead), s.limit - len(s.generated) - 1,
                            s.n_ctx - len(s.cache) - len(lead))
                 if room > 0:
+                    if hasattr(s.drafter, "p_min"):   # a draft model: the request's confidence floor
+                        s.drafter.p_min, s.drafter.n_min = p_min, n_min
                     drafts = [int(t) for t in s.drafter.draft(s.job.prompt + s.generated, room)[:room]]
-                    drafts = drafts if len(drafts) >= max(1, o.draft_min) else []
+                    drafts = drafts if len(drafts) >= max(1, n_min) else []
             plan.append((s, lead, drafts))
         if not any(d or len(lead) > 1 for _, lead, d in plan):
             return False

@@ -23,6 +23,7 @@ class Limits:
 
     n_ctx: int
     vocab: int
+    speculative: bool = False   # the server drafts (--spec-type / -md): requests may tune it
 
 
 @dataclass
@@ -48,6 +49,7 @@ class GenRequest:
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
     dry_sequence_breakers: tuple = DEFAULT_BREAKERS
     n: int = 1                        # choices (OpenAI's n), one job each
+    draft: tuple | None = None        # llama-server's speculative.n_max / n_min / p_min (None each: the server's)
     grammar_source: GrammarSource | None = None   # what the output must fit (response_format, json_schema, grammar)
     grammar: str | None = None        # its llguidance grammar, or the tool calls', once compiled (routes.py)
 
@@ -120,6 +122,7 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         logprobs = get_int(body, "n_probs", 0, lo=0, hi=MAX_LOGPROBS) or None
     stream = get_bool(body, "stream", False)
     opts = get_dict(body, "stream_options")
+    draft = _draft(body, limits)
     return GenRequest(
         api=api, stream=stream, max_tokens=max_tokens, params=_sampling(body, limits.vocab),
         stop=get_stop(body), ignore_eos=get_bool(body, "ignore_eos", False),
@@ -128,7 +131,23 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None),
         logprobs=logprobs, n=n, dry_sequence_breakers=tuple(get_stop(body, "dry_sequence_breakers", max_len=40)
                                                        if body.get("dry_sequence_breakers") is not None
-                                                       else DEFAULT_BREAKERS), grammar_source=grammar)
+                                                       else DEFAULT_BREAKERS), grammar_source=grammar, draft=draft)
+
+
+DRAFT_FIELDS = ("speculative.n_max", "speculative.n_min", "speculative.p_min")
+
+
+def _draft(body: dict, limits: Limits) -> tuple | None:
+    """llama-server's per-request speculative.n_max / n_min / p_min (None: none given); a 400
+    where the server does not speculate (it would have no effect)."""
+    given = [k for k in DRAFT_FIELDS if body.get(k) is not None]
+    if not given:
+        return None
+    if not limits.speculative:
+        raise BadRequest(f"'{given[0]}': this server runs without speculative decoding (start it with --spec-type "
+                         f"ngram or a draft model, -md)", given[0])
+    return (get_int(body, DRAFT_FIELDS[0], None, lo=0, hi=256), get_int(body, DRAFT_FIELDS[1], None, lo=0, hi=256),
+            get_float(body, DRAFT_FIELDS[2], None, lo=0.0, hi=1.0))
 
 
 def _grammar(body: dict) -> GrammarSource | None:

@@ -75,7 +75,8 @@ class ServerState:
         self.kept_tokens = frozenset(i for i, t in enumerate(self.tokenizer.tokens) if t in kept)
         self.special_markers = special_markers(self.tokenizer.tokens, self.tokenizer.token_types)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
-        self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size)
+        self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size,
+                             speculative=getattr(backend, "drafting", None) is not None)
         self.pooling = self.config.pooling or default_pooling(backend.model.gguf.metadata, backend.model.cfg.arch)
         # the most bytes of text one token stands for: a prompt of more bytes than this times the
         # slot cannot fit, whatever its tokens, so it is refused before tokenising
