@@ -290,24 +290,30 @@ def settings():
     return found if isinstance(found, Settings) else check_settings(Settings.from_env())
 
 
+# --spec-type values: vkrt's names and llama-server b10434's
+SPEC_TYPE_NAMES = {"none": "none", "ngram": "ngram", "ngram-simple": "ngram", "draft": "draft",
+                   "draft-simple": "draft", "mtp": "mtp", "draft-mtp": "mtp"}
+
 def spec_options(f):
     """--spec-type, --draft-max, --draft-min, --draft-p-min, -md, -ngld, -devd: speculative
     decoding, named as llama-server's (decorator)."""
     opts = [
-        click.option("--spec-type", "spec_type", type=click.Choice(["none", "ngram", "draft", "mtp"]), default=None,
-                     help="Speculative decoding: ngram = draft by looking the last tokens up in the prompt and "
-                          "output; draft = a draft model (-md); none = off (default; draft when -md is given)."),
-        click.option("--draft-max", "--draft", "--draft-n", "draft_max", type=count(1, 256), default=16,
-                     show_default=True, help="Most draft tokens a step verifies."),
-        click.option("--draft-min", "draft_min", type=count(0, 256), default=0, show_default=True,
-                     help="Fewest draft tokens worth a verification step (fewer: a plain step)."),
-        click.option("--draft-p-min", "draft_p_min", type=FiniteFloat(min=0, max=1), default=0.75, show_default=True,
+        click.option("--spec-type", "spec_type", type=click.Choice(list(SPEC_TYPE_NAMES)), default=None,
+                     help="Speculative decoding: ngram (also ngram-simple) = draft by looking the last tokens up in "
+                          "the prompt and output; draft (draft-simple) = a draft model (-md); none = off (default; "
+                          "draft when -md is given). mtp (draft-mtp) is refused: not run yet."),
+        click.option("--draft-max", "--spec-draft-n-max", "--draft", "--draft-n", "draft_max", type=count(1, 256),
+                     default=16, show_default=True, help="Most draft tokens a step verifies."),
+        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=count(0, 256), default=0,
+                     show_default=True, help="Fewest draft tokens worth a verification step (fewer: a plain step)."),
+        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=FiniteFloat(min=0, max=1),
+                     default=0.75, show_default=True,
                      help="A draft model stops drafting below this probability of its best token."),
-        click.option("-md", "--model-draft", "model_draft", type=click.Path(dir_okay=False), default=None,
-                     help="Draft model (GGUF, the model's vocabulary) for --spec-type draft."),
-        click.option("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "n_gpu_layers_draft", type=count(0),
-                     default=None, help="Layers of the draft model in VRAM (default: all)."),
-        click.option("-devd", "--device-draft", "device_draft", default=None, metavar="DEV",
+        click.option("-md", "--model-draft", "--spec-draft-model", "model_draft", type=click.Path(dir_okay=False),
+                     default=None, help="Draft model (GGUF, the model's vocabulary) for --spec-type draft."),
+        click.option("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", "n_gpu_layers_draft",
+                     type=count(0), default=None, help="Layers of the draft model in VRAM (default: all)."),
+        click.option("-devd", "--device-draft", "--spec-draft-device", "device_draft", default=None, metavar="DEV",
                      help="Device of the draft model, as --device names one (default: the model's main device)."),
     ]
     for opt in reversed(opts):
@@ -324,8 +330,7 @@ def take_spec(kw: dict):
     from vkrt.engine.speculative import SpecOptions
     from vkrt.errors import VkrtError
     spec_type, draft_max, draft_min, p_min, path, ngld, devd = (kw.pop(k) for k in SPEC_KEYS)
-    if spec_type is None:
-        spec_type = "draft" if path is not None else "none"
+    spec_type = SPEC_TYPE_NAMES[spec_type] if spec_type is not None else "draft" if path is not None else "none"
     if spec_type == "mtp":
         raise click.BadParameter("mtp: running a model's MTP head is not supported yet; use ngram or draft (-md)",
                                  param_hint="--spec-type")
