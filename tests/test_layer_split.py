@@ -424,3 +424,27 @@ def test_a_tensor_of_another_device_is_not_bound(group):
         assert bind_words(t, "test operand", b)[1] == t.offset
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_speculation_on_a_split_engine(group, paths, kind):
+    """Verification steps, truncation and (hybrid) every stage's recurrent-state snapshot and
+    rewind on a split over two devices: the tokens of plain decoding on the same split."""
+    from test_speculative import OracleDrafter
+
+    from vkrt.engine.generate import generate
+    from vkrt.engine.sampler import GREEDY
+    from vkrt.engine.speculative import SpecOptions, Speculation
+    opts = EngineOptions(n_ctx=128, n_ubatch=32, progress=False)
+    m, e = open_engine(group.devices[:2], paths[kind], opts)
+    try:
+        assert e.split
+        base = generate(e, PROMPT, 12, GREEDY)
+        e.reset()
+        drafter = OracleDrafter(len(PROMPT), base.tokens, wrong=3)
+        gen = generate(e, PROMPT, 12, GREEDY, speculation=Speculation(SpecOptions("ngram", draft_max=4), drafter))
+        assert gen.tokens == base.tokens
+        assert 0 < gen.timings.draft_n_accepted < gen.timings.draft_n
+    finally:
+        e.close()
+        m.close()

@@ -17,8 +17,10 @@ class StateGroup:
         self.states = states
         self.n_slots = states[0].n_slots
         self.length = states[0].length
+        self.snapshot_length = states[0].snapshot_length
         for st in states[1:]:
             st.length = self.length   # one count of absorbed tokens for every stage
+            st.snapshot_length = self.snapshot_length   # and of each snapshot's
 
     @property
     def layers(self) -> list[int]:
