@@ -233,3 +233,15 @@ def test_ngram_drafting_pauses_after_whole_misses():
     assert d.draft(h, 2) == [9]                      # drafting again, at most accepted + 1 = 1
     assert d.draft(h + [5], 2) == [] and d.draft(h + [5, 1], 2) == []   # missed again: paused for 2
     assert d.draft(h + [5, 1, 2], 2) == [5]
+
+
+def test_ngram_index_built_at_once_or_token_by_token_agrees():
+    """A long prompt is hashed in one numpy pass, a step's tokens in Python: the same index."""
+    rng = np.random.default_rng(4)
+    h = rng.integers(0, 300, 400).tolist() + [7, 8, 9, 10, 11] + rng.integers(0, 300, 50).tolist() + [7, 8, 9]
+    at_once, one_by_one = NgramDrafter(), NgramDrafter()
+    for end in range(1, len(h) + 1):
+        one_by_one._extend(h[:end])
+    at_once._extend(h)
+    assert at_once._index == one_by_one._index
+    assert at_once.draft(h, 4) == one_by_one.draft(h, 4) == [10, 11] + h[405:407]

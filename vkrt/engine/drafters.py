@@ -12,6 +12,27 @@ import numpy as np
 from ..errors import VkrtError
 
 
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _hash(grams: np.ndarray) -> np.ndarray:
+    """A 64-bit polynomial hash of each row of `grams` (token ids as uint64), wrapping."""
+    out = np.zeros(grams.shape[0], np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(grams.shape[1]):
+            out = out * _HASH_BASE + grams[:, j] + np.uint64(1)
+    return out
+
+
+def _hash_one(tokens: list[int]) -> int:
+    """_hash of one n-gram, in Python."""
+    out = 0
+    for t in tokens:
+        out = (out * _HASH_BASE_INT + t + 1) & _MASK
+    return out
+
+
+_HASH_BASE_INT, _MASK = int(_HASH_BASE), (1 << 64) - 1
 MAX_BACKOFF = 16   # the most tokens n-gram drafting pauses for after drafts that missed whole
 
 
@@ -22,8 +43,9 @@ class NgramDrafter:
     draft earned: the draft's accepted length + 1 after a rejection, twice the last length after
     a draft accepted whole (read from the history: what followed the last draft); after a draft
     rejected whole it pauses for 1, 2, 4 ... up to MAX_BACKOFF tokens (where the text does not
-    repeat, a miss costs a step's extra rows for nothing). The index
-    grows with the history (one entry a token and n); a history that is not an extension of the
+    repeat, a miss costs a step's extra rows for nothing). The index maps a hash of each n-gram
+    to where its latest occurrence ends (a hit is compared token by token); it grows with the
+    history, a long prompt hashed in one pass, and a history that is not an extension of the
     last one (a new request) rebuilds it."""
 
     def __init__(self, n_min: int = 2, n_max: int = 8):
@@ -31,7 +53,7 @@ class NgramDrafter:
             raise VkrtError(f"n-gram sizes: 1 <= min <= max, got {n_min}..{n_max}")
         self.n_min, self.n_max = n_min, n_max
         self._tokens: list[int] = []
-        self._index: list[dict[tuple, int]] = [{} for _ in range(n_max + 1)]
+        self._index: list[dict[int, int]] = [{} for _ in range(n_max + 1)]
         self._last: tuple[int, list[int]] = (0, [])   # (history length, draft) of the last draft
         self._cap: int | None = None   # the most the next draft may hold (None: no draft yet)
         self._backoff = 0              # tokens to wait after a draft rejected whole (doubling, at most MAX_BACKOFF)
@@ -54,10 +76,22 @@ class NgramDrafter:
             self._tokens, self._index = [], [{} for _ in range(self.n_max + 1)]
             self._last, self._cap, self._backoff, self._resume = (0, []), None, 0, 0
             known = self._tokens
-        for end in range(len(known), len(history)):   # the n-grams ending before token `end`
-            for n in range(self.n_min, min(self.n_max, end) + 1):
-                self._index[n][tuple(history[end - n:end])] = end
-            known.append(history[end])
+        first = len(known)
+        if first == len(history):
+            return
+        known.extend(history[first:])
+        if len(known) - first <= 32:   # a step's few tokens: cheaper in Python than numpy's calls
+            for end in range(first, len(known)):
+                for n in range(self.n_min, min(self.n_max, end) + 1):
+                    self._index[n][_hash_one(known[end - n:end])] = end
+            return
+        base = max(0, first - self.n_max)   # the tokens the new n-grams start from
+        window = np.asarray(known[base:], np.int64).view(np.uint64)
+        for n in range(self.n_min, self.n_max + 1):
+            ends = np.arange(max(first, n), len(known))   # the n-grams ending before token `end`
+            if ends.size:
+                grams = np.lib.stride_tricks.sliding_window_view(window, n)[ends - n - base]
+                self._index[n].update(zip(_hash(grams).tolist(), ends.tolist()))   # later ones win
 
     def draft(self, history: list[int], n: int) -> list[int]:
         """Up to n tokens to follow `history` (empty: no match)."""
@@ -66,8 +100,9 @@ class NgramDrafter:
         if len(history) < self._resume:   # the last drafts missed whole: wait a while
             return []
         for size in range(min(self.n_max, len(history)), self.n_min - 1, -1):
-            at = self._index[size].get(tuple(history[-size:]))
-            if at is not None:
+            tail = history[-size:]
+            at = self._index[size].get(_hash_one(tail))
+            if at is not None and history[at - size:at] == tail:
                 limit = min(n, 2 * size, n if self._cap is None else self._cap)
                 out = list(history[at:at + limit])
                 self._last = (len(history), out)
