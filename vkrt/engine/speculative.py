@@ -83,6 +83,7 @@ class RowPicker:
     def __init__(self, sampler, grammar=None):
         self.sampler, self.grammar = sampler, grammar
         self.top = grammar is None and not sampler.params.needs_row and sampler.takes_candidates(CANDIDATES)
+        self.greedy = self.top and sampler.params.greedy   # the best token is all a row gives
 
     def pick(self, out, i: int) -> int:
         if self.top:
@@ -117,7 +118,10 @@ def speculate(engine, seq_id: int, first: int, history: list[int], n_left: int, 
         if drafts:
             engine.snapshot(seq_id)
         step = replay + [token] + drafts
-        if len(step) == 1:   # nothing to verify: a plain decode step
+        if len(step) == 1 and picker.greedy:   # nothing to verify: a plain decode step (greedy: the GPU's argmax)
+            best = list(engine.greedy(token, seq_id, 1, pipeline=False))[0]
+            rows = np.zeros((1, 1), np.float32), np.array([[best]], np.int64)
+        elif len(step) == 1:
             rows = engine.decode_candidates([(seq_id, token)]) if picker.top else engine.eval([token], seq_id)[None]
         else:
             out = engine.verify(step, seq_id, top=picker.top)
