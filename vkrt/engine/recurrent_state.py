@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..commands import run_once
+from ..commands import CommandSequence, run_once
 from ..errors import VkrtError
 from ..memory import F32, Buffer, MemoryKind, Tensor
 from ..model.config import ModelConfig
@@ -45,6 +45,7 @@ class RecurrentState(Owned):
         self.conv: dict[int, Tensor] = {}
         self.ssm: dict[int, Tensor] = {}
         self._store = self._pool = self._snapshots = None
+        self._snapshot_seqs: dict[tuple[int, bool], CommandSequence] = {}   # (slot, to snapshot): recorded once
         self._free: list[int] = list(range(n_checkpoints))
         self.snapshot_length = np.full(n_slots, -1, np.int64)   # tokens each slot's snapshot holds (-1: none)
         try:
@@ -124,7 +125,7 @@ class RecurrentState(Owned):
         if self._snapshots is None:
             self._snapshots = Buffer(self.device, max(4, self.slot_bytes * self.n_slots), MemoryKind.DEVICE,
                                      label="recurrent-state snapshots")
-        self._copy(slot, slot, to_pool=True, pool=self._snapshots, what="snapshot recurrent state")
+        self._snapshot_copy(slot, to_snapshot=True)
         self.snapshot_length[slot] = self.length[slot]
 
     def rewind(self, slot: int) -> int:
@@ -132,23 +133,38 @@ class RecurrentState(Owned):
         self.check_slot(slot)
         if self.snapshot_length[slot] < 0:
             raise VkrtError(f"sequence {slot} has no recurrent-state snapshot to rewind to")
-        self._copy(slot, slot, to_pool=False, pool=self._snapshots, what="rewind recurrent state")
+        self._snapshot_copy(slot, to_snapshot=False)
         self.length[slot] = self.snapshot_length[slot]
         return int(self.length[slot])
 
-    def _copy(self, slot: int, index: int, to_pool: bool, pool: Buffer | None = None, what: str = "") -> None:
-        pool = pool or self._pool
-        store, pool = self._store.range(), pool.range(0, pool.size)
+    def _snapshot_copy(self, slot: int, to_snapshot: bool) -> None:
+        """Copy a slot's state to or from its snapshot: a sequence recorded once a slot and
+        direction, replayed (speculative decoding takes one or two a step)."""
+        key = (slot, to_snapshot)
+        seq = self._snapshot_seqs.get(key)
+        if seq is None:
+            seq = self._snapshot_seqs[key] = CommandSequence(
+                self.device, label=f"{'snapshot' if to_snapshot else 'rewind'} recurrent state {slot}")
+            with seq.record():
+                self._record_copy(seq, slot, slot, to_snapshot, self._snapshots)
+        seq.run()
 
-        def record(seq):
-            at = index * self.slot_bytes
-            for off, size in self._regions(slot):
-                live, saved = store.sub(off, size), pool.sub(at, size)
-                seq.copy(live, saved) if to_pool else seq.copy(saved, live)
-                at += size
-        run_once(self.device, record, what or ("save recurrent state" if to_pool else "restore recurrent state"))
+    def _record_copy(self, seq, slot: int, index: int, to_pool: bool, pool: Buffer) -> None:
+        store, pool = self._store.range(), pool.range(0, pool.size)
+        at = index * self.slot_bytes
+        for off, size in self._regions(slot):
+            live, saved = store.sub(off, size), pool.sub(at, size)
+            seq.copy(live, saved) if to_pool else seq.copy(saved, live)
+            at += size
+
+    def _copy(self, slot: int, index: int, to_pool: bool) -> None:
+        run_once(self.device, lambda seq: self._record_copy(seq, slot, index, to_pool, self._pool),
+                 "save recurrent state" if to_pool else "restore recurrent state")
 
     def _release(self) -> None:
+        for seq in self._snapshot_seqs.values():
+            seq.close()
+        self._snapshot_seqs.clear()
         if self._snapshots is not None:
             self._snapshots.close()
         if self._pool is not None:
