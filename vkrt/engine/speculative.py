@@ -57,15 +57,6 @@ class SpecCounts:
     drafted: int = 0
     accepted: int = 0
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    def add(self, other: "SpecCounts") -> None:
-        self.steps += other.steps
-        self.drafted += other.drafted
-        self.accepted += other.accepted
-
 
 @dataclass
 class Speculation:
@@ -93,8 +84,8 @@ class RowPicker:
         return self.sampler.sample(row if self.grammar is None else self.grammar.apply(row))
 
 
-def step_room(engine, seq_id: int, top: bool, replay: int) -> int:
-    """The most drafts a verification step of `seq_id` can carry after `replay` replayed tokens
+def step_room(engine, top: bool, replay: int) -> int:
+    """The most drafts a verification step can carry after `replay` replayed tokens
     and the sampled one: Engine.verify_tokens (the candidates' rows with `top`) and the free cells."""
     rows = min(engine.candidate_rows if top else engine.n_ubatch, engine.verify_tokens)
     return max(0, min(rows - 1 - replay, engine.cache.cells.n_free() - 1 - replay))
@@ -109,7 +100,7 @@ def speculate(engine, seq_id: int, first: int, history: list[int], n_left: int, 
     opts = spec.options
     token, replay = first, []
     while n_left > 0:
-        room = min(opts.draft_max, n_left - 1, step_room(engine, seq_id, picker.top, len(replay)))
+        room = min(opts.draft_max, n_left - 1, step_room(engine, picker.top, len(replay)))
         if len(replay) > opts.draft_max:   # rewound again and again: catch up before drafting on
             room = 0
         drafts = spec.drafter.draft(history, room) if room > 0 else []
