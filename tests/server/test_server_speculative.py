@@ -56,6 +56,7 @@ def test_speculating_server_gives_the_same_tokens(tmp_path_factory, name, how):
         assert metric(srv, "vkrt_draft_tokens_total") > drafted0
         slots = wait_idle(srv)
         assert all(s["speculative"] for s in slots)
+        assert "drafts accepted)" in srv.log   # the request's log line counts them
         # penalties and grammars take no drafts: one token a step, and still what they ask for
         reply = _complete(srv, PROMPTS[2], repeat_penalty=1.5)
         assert "draft_n" not in reply["timings"]

@@ -339,6 +339,7 @@ class Api:
 
     def _log(self, job: Job, done: Done) -> None:
         t = done.timings
-        log.info("request %d on slot %d: prompt %d tokens (%d cached) %.1f t/s, generated %d tokens %.1f t/s, %s",
+        drafts = f" ({t.draft_n_accepted} of {t.draft_n} drafts accepted)" if t.draft_n else ""
+        log.info("request %d on slot %d: prompt %d tokens (%d cached) %.1f t/s, generated %d tokens %.1f t/s%s, %s",
                  job.id, done.slot, done.prompt_tokens, done.cached_tokens, t.prompt_per_second,
-                 done.completion_tokens, t.predicted_per_second, done.stop_type)
+                 done.completion_tokens, t.predicted_per_second, drafts, done.stop_type)
