@@ -300,15 +300,16 @@ def spec_options(f):
     opts = [
         click.option("--spec-type", "spec_type", type=click.Choice(list(SPEC_TYPE_NAMES)), default=None,
                      help="Speculative decoding: ngram (also ngram-simple) = draft by looking the last tokens up in "
-                          "the prompt and output; draft (draft-simple) = a draft model (-md); none = off (default; "
-                          "draft when -md is given). mtp (draft-mtp) is refused: not run yet."),
+                          "the prompt and output; draft (draft-simple) = a draft model (-md); mtp (draft-mtp) = the "
+                          "model's own MTP block (Qwen3.5/3.6, Qwen3-Next files that carry one); none = off "
+                          "(default; draft when -md is given)."),
         click.option("--draft-max", "--spec-draft-n-max", "--draft", "--draft-n", "draft_max", type=count(1, 256),
                      default=16, show_default=True, help="Most draft tokens a step verifies."),
         click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=count(0, 256), default=0,
                      show_default=True, help="Fewest draft tokens worth a verification step (fewer: a plain step)."),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=FiniteFloat(min=0, max=1),
                      default=0.75, show_default=True,
-                     help="A draft model stops drafting below this probability of its best token."),
+                     help="A draft model or MTP head stops drafting below this probability of its best token."),
         click.option("-md", "--model-draft", "--spec-draft-model", "model_draft", type=click.Path(dir_okay=False),
                      default=None, help="Draft model (GGUF, the model's vocabulary) for --spec-type draft."),
         click.option("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", "n_gpu_layers_draft",
@@ -331,9 +332,6 @@ def take_spec(kw: dict):
     from vkrt.errors import VkrtError
     spec_type, draft_max, draft_min, p_min, path, ngld, devd = (kw.pop(k) for k in SPEC_KEYS)
     spec_type = SPEC_TYPE_NAMES[spec_type] if spec_type is not None else "draft" if path is not None else "none"
-    if spec_type == "mtp":
-        raise click.BadParameter("mtp: running a model's MTP head is not supported yet; use ngram or draft (-md)",
-                                 param_hint="--spec-type")
     if spec_type != "draft" and (path is not None or ngld is not None or devd is not None):
         raise click.UsageError(f"-md, -ngld and -devd are for a draft model; --spec-type is {spec_type}")
     if spec_type == "draft" and path is None:
@@ -352,7 +350,7 @@ def open_drafting(spec, engine, model, path, ngld, devd):
     """The command's Drafting (None without speculation); the draft model goes on --device-draft
     (devices the Drafting owns) or the model's main device."""
     from vkrt.engine.drafting import open_drafting as open_with
-    from vkrt.errors import ConfigError
+    from vkrt.errors import ConfigError, GGUFError
     if spec is None:
         return None
     group = open_devices(devd) if devd is not None else None
@@ -361,7 +359,7 @@ def open_drafting(spec, engine, model, path, ngld, devd):
     except BaseException as exc:
         if group is not None:
             group.close()
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, (ConfigError, GGUFError)):
             raise click.UsageError(str(exc)) from None
         raise
     drafting.devices = group

@@ -210,12 +210,9 @@ def moe_ffn(cfg: ModelConfig, w: dict, il: int, x):
     return out
 
 
-def forward(path: str, tokens: list[int], interleaved: bool | None = None) -> np.ndarray:
-    """float64 logits [len(tokens), vocab] of a qwen35 / qwen35moe / qwen3next GGUF for a fresh
-    sequence (`interleaved`: see gated_delta_net)."""
-    cfg, w = load(path)
+def blocks(cfg: ModelConfig, w: dict, x, interleaved: bool | None = None):
+    """The residual stream x [T, n_embd] through every layer of `cfg`."""
     eps = cfg.norm_eps
-    x = w["token_embd.weight"][np.asarray(tokens)]
     for il, layer in enumerate(cfg.layers):
         p = f"blk.{il}."
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)
@@ -226,8 +223,32 @@ def forward(path: str, tokens: list[int], interleaved: bool | None = None) -> np
             x = x + glu_ffn(h2, w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"])
         else:
             x = x + moe_ffn(cfg, w, il, h2)
+    return x
+
+
+def forward(path: str, tokens: list[int], interleaved: bool | None = None) -> np.ndarray:
+    """float64 logits [len(tokens), vocab] of a qwen35 / qwen35moe / qwen3next GGUF for a fresh
+    sequence (`interleaved`: see gated_delta_net)."""
+    cfg, w = load(path)
+    x = blocks(cfg, w, w["token_embd.weight"][np.asarray(tokens)], interleaved)
     output = w.get("output.weight", w["token_embd.weight"])
-    return rms_norm(x, w["output_norm.weight"], eps) @ output.T
+    return rms_norm(x, w["output_norm.weight"], cfg.norm_eps) @ output.T
+
+
+def mtp_forward(path: str, tokens: list[int]) -> np.ndarray:
+    """float64 logits [len(tokens) - 1, vocab] of the file's first MTP block (vkrt/model/mtp.py)
+    at positions 0..T-2 of a fresh sequence: position p reads the trunk's normed final state
+    h_p and the embedding of tokens[p + 1]."""
+    from vkrt.model.mtp import mtp_config
+    cfg, w = load(path)
+    eps, L, embd = cfg.norm_eps, cfg.n_layer, w["token_embd.weight"]
+    output = w.get("output.weight", embd)
+    h = rms_norm(blocks(cfg, w, embd[np.asarray(tokens)]), w["output_norm.weight"], eps)[:-1]
+    head = {k.replace(f"blk.{L}.", "blk.0.", 1): v for k, v in w.items() if k.startswith(f"blk.{L}.")}
+    e = rms_norm(embd[np.asarray(tokens[1:])], head["blk.0.nextn.enorm.weight"], eps)
+    z = np.concatenate([e, rms_norm(h, head["blk.0.nextn.hnorm.weight"], eps)], axis=1)
+    z = blocks(mtp_config(cfg), head, z @ head["blk.0.nextn.eh_proj.weight"].T)
+    return rms_norm(z, head.get("blk.0.nextn.shared_head_norm.weight", w["output_norm.weight"]), eps) @ output.T
 
 
 def prompt_then_decode(engine, tokens, prefill: int) -> np.ndarray:

@@ -75,15 +75,17 @@ def test_speculating_server_gives_the_same_tokens(tmp_path_factory, name, how):
         assert status == 400 and "without speculative decoding" in err["error"]["message"]
 
 
-def test_spec_options_are_checked(tmp_path_factory):
+def test_spec_options_are_checked(tmp_path_factory, caplog):
     from click.testing import CliRunner
 
     from vkrt.cli.main import cli
     path = tiny_model("tiny-qwen3", tmp_path_factory.mktemp("spec-cli"))
     for args, msg in ((["--spec-type", "draft"], "needs a draft model"),
-                      (["--spec-type", "mtp"], "MTP head is not supported"),
                       (["--spec-type", "ngram", "-md", path], "for a draft model"),
                       (["-md", "/nonexistent.gguf"], "no such file"),
                       (["--spec-type", "ngram", "--draft-max", "0"], "draft-max")):
         result = CliRunner().invoke(cli, ["serve", "-m", path, *args])
         assert result.exit_code == 2 and msg in result.output, (args, result.output)
+    # a model without an MTP block: the load fails, saying why
+    result = CliRunner().invoke(cli, ["serve", "-m", path, "--spec-type", "mtp"])
+    assert result.exit_code == 1 and "MTP drafting runs the MTP blocks of" in caplog.text

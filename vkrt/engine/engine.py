@@ -54,6 +54,7 @@ class Engine(Owned):
     as one pass stage after stage. cpu_experts "auto" / "all" (with cpu_moe_threads, and
     link_bandwidth GB/s pacing the expert copies): decode steps plan host-resident experts on
     the host and compute some on the CPU (host_experts.py); "off": the GPU computes them all.
+    pad_prompts False: prompt steps run unpadded (an MTP head's inputs are a row a token).
     The parts it runs with: `stages`, `inputs` (StepInputs),
     `readback` (Readback) and `steps` (StepRunner: the recorded graphs, `steps.graphs`)."""
 
@@ -62,7 +63,7 @@ class Engine(Owned):
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
                  expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0,
                  pipeline_steps: bool = False, cpu_experts: str = "off", cpu_moe_threads: int | None = None,
-                 link_bandwidth: float | None = None):
+                 link_bandwidth: float | None = None, pad_prompts: bool = True):
         super().__init__("engine")
         self.model = model
         self.device = dev = model.device
@@ -96,7 +97,7 @@ class Engine(Owned):
             for st in self.stages:
                 st.add_experts(n_ubatch, stage_experts, expert_cache, prefetch_slots, cpu)
             self.staging, self.prefetch = main.staging, main.prefetch
-            pads = flash_attn and not self.recurrent and not self.host_experts   # padding without side effects
+            pads = pad_prompts and flash_attn and not self.recurrent and not self.host_experts   # without side effects
             self.inputs = StepInputs(self.stages, cells, self.state, cfg, n_ctx=n_ctx, n_ubatch=n_ubatch,
                                      flash_attn=flash_attn, pads=pads,
                                      min_span=MULTI_SEQ_MIN_SPAN if n_seq_max > 1 else KV_STEP)
@@ -444,6 +445,15 @@ class Engine(Owned):
         if pipeline and self.recurrent:
             raise VkrtError("a recurrent state cannot be rewound: pipelined greedy decoding needs a model without one")
         yield from greedy_tokens(self.steps, token, seq_id, n, pipeline)
+
+    def keep_hidden(self, sink) -> None:
+        """From now on every step run through StepRunner.step also hands sink(seqs, pos, ids, rows)
+        each token's normed final state (an MTP head drafts from them); None: no more."""
+        if sink is not None:
+            if self.split:
+                raise ConfigError("the final states of a model split over several devices are not kept")
+            self.readback.open_hidden()
+        self.steps.hidden_sink = sink
 
     def reset(self, seq_id: int | None = None, from_pos: int = 0) -> None:
         """Forget a sequence's cells from `from_pos` on (all sequences when seq_id is None). A

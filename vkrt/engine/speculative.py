@@ -20,14 +20,15 @@ import numpy as np
 from ..errors import VkrtError
 from .readback import CANDIDATES
 
-SPEC_TYPES = ("ngram", "draft")
+SPEC_TYPES = ("ngram", "draft", "mtp")
 
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """How to speculate (llama-server's names): `type` ngram (lookup in the history) or draft (a
-    draft model); at most draft_max tokens a step, none when fewer than draft_min are proposed;
-    a draft model stops drafting below p_min; n-grams of ngram_min..ngram_max tokens."""
+    """How to speculate (llama-server's names): `type` ngram (lookup in the history), draft (a
+    draft model) or mtp (the model's own MTP head); at most draft_max tokens a step, none when
+    fewer than draft_min are proposed; a draft model or MTP head stops drafting below p_min;
+    n-grams of ngram_min..ngram_max tokens."""
 
     type: str = "ngram"
     draft_max: int = 16
@@ -109,7 +110,8 @@ def speculate(engine, seq_id: int, first: int, history: list[int], n_left: int, 
         if drafts:
             engine.snapshot(seq_id)
         step = replay + [token] + drafts
-        if len(step) == 1 and picker.greedy:   # nothing to verify: a plain decode step (greedy: the GPU's argmax)
+        reads_states = getattr(spec.drafter, "reads_states", False)   # an MTP head: every step hands states over
+        if len(step) == 1 and picker.greedy and not reads_states:   # a plain decode step: the GPU's argmax
             best = list(engine.greedy(token, seq_id, 1, pipeline=False))[0]
             rows = np.zeros((1, 1), np.float32), np.array([[best]], np.int64)
         elif len(step) == 1:

@@ -5,7 +5,7 @@ its GraphKey: everything that changes between steps of one key is an input the g
 commands copy to the GPU, so a key is recorded once and replayed (step_runner.py keeps them).
 A graph holds one StageGraph a stage (a layer split runs them in order, the residual stream
 handed across); it ends as its key says (readback.py): logits rows, a greedy argmax, top-k
-candidates or hidden states.
+candidates or hidden states (or the logits and hidden states).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class GraphKey:
     adjust: bool = False       # top: after applying the logit adjustments table the host wrote
     masked: bool = False       # top: then the token masks the host wrote (grammars)
     hidden: bool = False       # every token's normed final state instead of any logits
+    keep_hidden: bool = False  # every token's normed final state as well as the logits (an MTP head's input)
     chain: bool = False        # greedy: the argmax of the last token's logits instead of them
     ids_on_gpu: bool = False   # chain: its token is the last chain step's argmax, not written by the host
     parity: int = 0            # the copy of the step inputs (and of a split's handoffs) it reads
@@ -78,7 +79,8 @@ def record_graph(key: GraphKey, stages: list, handoffs: list, readback, flash_at
             readback.record_rows(seq, scratch.logits, n, row)
     opts = RecordOptions(key.n_tokens, key.n_kv, key.all_logits, flash_attn, key.n_seqs,
                          read_logits=None if key.hidden else read, out_rows=key.out_rows,
-                         read_hidden=readback.record_hidden if key.hidden else None, fa_plan_tokens=key.fa_plan)
+                         read_hidden=readback.record_hidden if key.hidden else None, fa_plan_tokens=key.fa_plan,
+                         keep_hidden=readback.record_hidden if key.keep_hidden else None)
     n, n_kv = key.n_tokens, key.n_kv
     sizes = {"ids": 4 * n, "pos": 4 * n * cfg.pos_streams, "cells": 4 * n, "slots": 4 * key.n_seqs,
              "mask": 2 * n_kv * n, "mask_swa": 2 * n_kv * n, "kv_used": 4, "out_ids": 4 * key.out_rows}

@@ -84,6 +84,9 @@ class StepRunner(Owned):
         self.pipeline_steps, self.moe = pipeline_steps, moe
         self._graphs: dict[GraphKey, StepGraph] = {}
         self.stats = StepStats()
+        # hidden_sink(seqs, pos, ids, rows): every step run by step() also hands the host each
+        # token's normed final state (an MTP head drafts from them); None: steps do not keep them
+        self.hidden_sink: Callable | None = None
 
     @property
     def graphs(self) -> Mapping[GraphKey, StepGraph]:
@@ -127,6 +130,8 @@ class StepRunner(Owned):
         (the step's cells taken already). fa_plan and `output` (what the step reads): GraphKey's."""
         cells, slots = taken or self.inputs.take_cells(ids, seqs, pos, n_seqs)
         n_kv = self.inputs.write(ids, seqs, pos, cells, slots, n_seqs, parity, out, broadcast)
+        if self.hidden_sink is not None and not output.get("hidden"):
+            output["keep_hidden"] = True
         key = GraphKey(ids.size, n_kv, n_seqs if self.inputs.state is not None else 1,   # only DeltaNet layers
                        out_rows=0 if out is None else out.size, parity=parity,         # care how tokens group
                        fa_plan=0 if fa_plan == ids.size else fa_plan, **output)
@@ -137,6 +142,8 @@ class StepRunner(Owned):
         g, slots = self.prepare(ids, seqs, pos, n_seqs=n_seqs, **output)
         self.run(g)
         self.inputs.advance(slots, ids.size // n_seqs)
+        if g.opts.keep_hidden is not None:
+            self.hidden_sink(seqs, pos, ids, self.readback.hidden(ids.size))
 
     def run(self, g: StepGraph, parity: int = 0, wait_last: bool = True) -> None:
         """Submit a graph and wait for it (wait_last False: for all but its last stage): stage by

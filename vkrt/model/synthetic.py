@@ -16,6 +16,7 @@ from ..errors import VkrtError
 from .arch import ARCHS, ArchSpec, DeltaNet, RopeKind, Router, SharedExpert, with_layout
 from .config import GATING_SIGMOID, ModelConfig
 from .metadata_keys import write_keys
+from .mtp import HEAD_NORM, mtp_tensors
 from .random_weights import check_row, random_weight
 from .tensors import (BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROPE_FACTORS, ROUTER, SINKS, SSM_A,
                       model_tensors)
@@ -74,6 +75,7 @@ class SyntheticSpec:
     expert_weights_scale: float = 0.0
     expert_weights_norm: bool = True
     qk_norm: bool = False
+    n_nextn: int = 0                   # qwen35 / qwen35moe: MTP blocks after the trunk (nextn_predict_layers)
     # granite's multipliers (written for granite / granitemoe; 0: left out, as the converter does)
     embedding_scale: float = 0.0
     residual_scale: float = 0.0
@@ -163,7 +165,9 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     embd_type = Q.Q8_0 if wtype not in (Q.F32, Q.F16) else wtype
     ftype = Q[s.ffn_type.upper()] if s.ffn_type else wtype
     tied = arch in _TIED_OUTPUT
-    specs = [_synthetic_tensor(t, wtype, etype, embd_type, ftype) for t in model_tensors(cfg, tied_output=tied)]
+    table = model_tensors(cfg, tied_output=tied)
+    table += [t for b in range(s.n_nextn) for t in mtp_tensors(cfg, b) if t.required or t.name.endswith(HEAD_NORM)]
+    specs = [_synthetic_tensor(t, wtype, etype, embd_type, ftype) for t in table]
     for name, kind, qtype, shape, std in specs:
         if kind == "weight":
             check_row(qtype, shape)
@@ -221,7 +225,7 @@ def _key_values(s: SyntheticSpec, spec: ArchSpec, n_vocab: int) -> dict:
         return value if experts else None
 
     return dict(
-        n_ctx_train=s.n_ctx, n_embd=s.n_embd, n_blocks=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv,
+        n_ctx_train=s.n_ctx, n_embd=s.n_embd, n_blocks=s.n_layer + s.n_nextn, n_layer_nextn=s.n_nextn or None, n_head=s.n_head, n_head_kv=s.n_head_kv,
         head_dim_k=s.head_dim, head_dim_v=s.head_dim, rope_dims=s.rope_dims or s.head_dim, rope_base=s.rope_base,
         norm_eps=1e-6, vocab_size=n_vocab, n_expert=moe_value(s.n_expert), n_expert_used=moe_value(s.n_expert_used),
         n_ff_expert=moe_value(s.n_ff_expert),

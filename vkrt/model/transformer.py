@@ -30,12 +30,14 @@ from ..memory import Tensor
 from ..ops.elementwise import add, scale
 from ..ops.get_rows import get_rows
 from ..ops.moe_stage import moe_stage_copy, moe_stage_plan
+from ..ops.norm import rms_norm
 from .arch import DENSE, LINEAR, MOE_SHARED, SLIDING, Router
 from .attention_block import record_attention
 from .config import ModelConfig
 from .delta_net_block import record_delta_net
 from .fuse import ALL, fuse
 from .graph import Graph
+from .mtp import EH_PROJ, ENORM, HNORM, MTP_CONCAT, MTP_HIDDEN
 from .nodes import Glu, MoeCombine, MulMatId, Route, RouteCount
 from .scratch import Scratch  # noqa: F401  (re-exported: the engine builds it)
 from .tensors import EXPERT_TENSORS, LONG_ROPE_FACTORS, required_tensors
@@ -117,6 +119,9 @@ class RecordOptions:
     layers: range | None = None
     receive: object = None
     send: object = None
+    # keep_hidden(seq, cur): record the copy of every token's normed final state (cur) and
+    # compute the logits as above as well (what an MTP head reads); None: not kept
+    keep_hidden: object = None
     # > 0 (and not n_tokens): flash attention splits the KV cells as a step of this many tokens
     # would (a group of a pipelined step: the whole step's count), so each row sums them alike
     fa_plan_tokens: int = 0
@@ -217,6 +222,18 @@ class Transformer:
         g.call("embed", lambda seq: get_rows(seq, table, ids, x))
         if self.cfg.embd_scale != 1.0:
             g.call("embed scale", lambda seq: scale(seq, x, self.cfg.embd_scale, x))
+        if "blk.0." + EH_PROJ in self.w:
+            self._mtp_input(g)
+
+    def _mtp_input(self, g: Graph) -> None:
+        """An MTP head's input (mtp.py): x = eh_proj · [rms_norm(x) * enorm ; rms_norm(h) * hnorm],
+        h the trunk's states the host wrote to MTP_HIDDEN, the concatenation in MTP_CONCAT."""
+        w, E, T, eps, x = self.w, self.cfg.n_embd, g.T, self.cfg.norm_eps, g.x
+        c, h = w[MTP_CONCAT].slice(1, 0, T), w[MTP_HIDDEN].slice(1, 0, T)
+        halves = [c.view((E, T), nb=(4, c.nb[1]), offset=k * 4 * E) for k in (0, 1)]
+        g.call("mtp enorm", lambda seq: rms_norm(seq, x, halves[0], eps, w["blk.0." + ENORM]))
+        g.call("mtp hnorm", lambda seq: rms_norm(seq, h, halves[1], eps, w["blk.0." + HNORM]))
+        g.matmul(w["blk.0." + EH_PROJ], c, x)
 
     def _output(self, g: Graph, opts: RecordOptions) -> None:
         s, T, norm = g.s, g.T, self.w["output_norm.weight"]
@@ -225,14 +242,18 @@ class Transformer:
             cur = g.residual_norm(norm, eps)
             g.call("read hidden", lambda seq: opts.read_hidden(seq, cur))
             return
-        if opts.out_rows:   # the chosen tokens' normed states, gathered into x (no longer needed)
+        if opts.keep_hidden is not None:   # every token's normed state, read back, then the logits
             cur = g.residual_norm(norm, eps)
+            g.call("keep hidden", lambda seq: opts.keep_hidden(seq, cur))
+        if opts.out_rows:   # the chosen tokens' normed states, gathered into x (no longer needed)
+            cur = g.cur if opts.keep_hidden is not None else g.residual_norm(norm, eps)
             src, first, last = "x", 0, opts.out_rows
             rows_of = s.cols(src, last)
             g.call("out rows", lambda seq: get_rows(seq, cur, s.out_ids.slice(0, 0, last), rows_of))
         else:
             src, first, last = "cur", T - (T if opts.all_logits else 1), T
-            g.residual_norm(norm, eps, first)
+            if opts.keep_hidden is None:
+                g.residual_norm(norm, eps, first)
         rows = s.logits.ne[1]
         for c in range(first, last, rows):   # slices of the logits buffer's width
             n = min(rows, last - c)

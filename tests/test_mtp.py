@@ -1,0 +1,117 @@
+"""MTP drafting (vkrt/model/mtp.py, engine/mtp_head.py, mtp_drafter.py): the head's logits
+against the float64 numpy reference, the trunk's states kept without changing a logit, greedy
+generation with MTP drafts equal to generation without (qwen35, qwen35moe), the drafter's
+catch-up after rejected drafts, and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hybrid_reference import mtp_forward
+from models import TINY
+from vkrt.engine.drafting import open_drafting
+from vkrt.engine.engine import Engine
+from vkrt.engine.generate import generate
+from vkrt.engine.mtp_head import MtpHead
+from vkrt.engine.sampler import GREEDY, SamplingParams
+from vkrt.engine.speculative import SpecOptions
+from vkrt.errors import ConfigError, GGUFError
+from vkrt.model.loader import Model
+from vkrt.model.synthetic import write_model
+
+NAMES = ["tiny-qwen35moe", "tiny-qwen35"]
+TOKENS = [5, 17, 99, 3, 250, 42, 42, 7, 130, 64, 11, 200]
+PROMPT = list(range(5, 40)) * 3 + list(range(5, 12))
+
+
+@pytest.fixture(scope="module")
+def mtp_paths(tmp_path_factory):
+    """The tiny qwen35 models with one MTP block each (the generator's n_nextn)."""
+    d = tmp_path_factory.mktemp("mtp")
+    return {n: write_model(d / f"{n}-mtp.gguf", dataclasses.replace(TINY[n], n_nextn=1)) for n in NAMES}
+
+
+def _trunk_states(model, tokens, keep: bool):
+    """The logits of every token of a fresh sequence, and the states the engine handed over."""
+    got = []
+    with Engine(model, n_ctx=64, n_ubatch=32) as e:
+        if keep:
+            e.keep_hidden(lambda seqs, pos, ids, rows: got.append((pos.copy(), rows.copy())))
+        logits = e.eval(tokens, all_logits=True)
+    return logits, got
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mtp_head_matches_the_reference(device, mtp_paths, name):
+    path = mtp_paths[name]
+    with Model(device, path, progress=False) as m:
+        plain, _ = _trunk_states(m, TOKENS, keep=False)
+        logits, got = _trunk_states(m, TOKENS, keep=True)
+        # keeping the states is lossless: every logit bit for bit as without
+        np.testing.assert_array_equal(logits, plain)
+        pos = np.concatenate([p for p, _ in got])
+        states = np.concatenate([r for _, r in got])[np.argsort(pos, kind="stable")]
+        assert sorted(pos.tolist()) == list(range(len(TOKENS)))
+        with MtpHead(m, 16) as head, Engine(head, n_ctx=64, n_ubatch=16, pad_prompts=False) as e:
+            head.write_hidden(states[:-1])
+            out = e.eval(TOKENS[1:], all_logits=True)
+    ref = mtp_forward(path, TOKENS)
+    assert out.shape == ref.shape
+    np.testing.assert_allclose(out, ref, rtol=0, atol=0.03 * float(np.abs(ref).max()))
+    assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.9, top_k=20, seed=7)],
+                         ids=["greedy", "sampled"])
+def test_generation_with_mtp_drafts_equals_generation_without(device, mtp_paths, name, params):
+    with Model(device, mtp_paths[name], progress=False) as m:
+        with Engine(m, n_ctx=256, n_ubatch=64) as e:
+            base = generate(e, PROMPT, 20, params)
+        with Engine(m, n_ctx=256, n_ubatch=64) as e, \
+                open_drafting(SpecOptions("mtp", draft_max=4, p_min=0.0), m, e, device) as d:
+            spec = d.speculation(0)
+            gen = generate(e, PROMPT, 20, params, speculation=spec)
+            assert gen.tokens == base.tokens
+            assert gen.timings.draft_n > 0
+            # the head holds one entry a trunk position up to the last draft (the chained drafts' taken back)
+            assert len(PROMPT) <= d.engine.sequence_length(0) <= e.sequence_length(0)
+
+
+def test_first_draft_is_the_heads_argmax_after_a_rejection(device, mtp_paths):
+    """A draft after a history that rewrote its tail: the head keeps the shared entries, makes the
+    new ones from the trunk's states, and its first draft is the reference head's argmax."""
+    path = mtp_paths["tiny-qwen35moe"]
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=64, n_ubatch=32) as e, \
+            open_drafting(SpecOptions("mtp", draft_max=3, p_min=0.0), m, e, device) as d:
+        drafter = d.drafter(0)
+        e.eval(TOKENS[:-2])
+        first = drafter.draft(TOKENS[:-1], 3)
+        assert len(first) == 3 and d.engine.sequence_length(0) == len(TOKENS) - 2
+        other = TOKENS[:6] + [8, 9]   # the trunk reads the sequence again with two other tokens at the end
+        e.reset(0)
+        e.eval(other)
+        again = drafter.draft(other + [10], 1)
+        assert d.engine.sequence_length(0) == len(other)
+    ref = mtp_forward(path, other + [10])
+    assert again == [int(ref[-1].argmax())]
+    assert first[0] == int(mtp_forward(path, TOKENS[:-1])[-1].argmax())
+
+
+def test_mtp_is_refused_without_an_mtp_block(device, tmp_path):
+    path = write_model(tmp_path / "plain.gguf", TINY["tiny-qwen35moe"])
+    with Model(device, path, progress=False) as m, Engine(m, n_ctx=64, n_ubatch=32) as e:
+        with pytest.raises(ConfigError, match="no MTP block"):
+            open_drafting(SpecOptions("mtp"), m, e, device)
+        with pytest.raises(ConfigError, match="does not use"):
+            open_drafting(SpecOptions("mtp"), m, e, device, draft_path=path)
+
+
+def test_mtp_names_missing_tensors(device, mtp_paths, monkeypatch):
+    with Model(device, mtp_paths["tiny-qwen35"], progress=False) as m:
+        monkeypatch.delitem(m.gguf.tensors, "blk.4.nextn.eh_proj.weight")
+        with pytest.raises(GGUFError, match="blk.4.nextn.eh_proj.weight"):
+            MtpHead(m, 16)
