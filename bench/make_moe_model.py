@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--type", default="Q4_0", choices=["Q4_0", "Q4_K", "Q8_0"])
     ap.add_argument("--expert-type", default=None, help="the routed experts' type (default: the shape's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nextn", type=int, default=0,
+                    help="MTP blocks after the trunk (qwen35 shapes: Qwen3.5/3.6 files carry one)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     make, layers = SHAPES[args.shape]
@@ -109,10 +111,12 @@ def main() -> None:
             raise SystemExit(f"--expert-type {t.name}: its {t.block_size}-value blocks do not divide the "
                              f"{args.shape} experts' rows ({spec.n_embd} and {spec.n_ff_expert} values)")
         spec = dataclasses.replace(spec, expert_type=t.name)
+    if args.nextn:
+        spec = dataclasses.replace(spec, n_nextn=args.nextn)
     write_model(args.out, spec)
     size = os.path.getsize(args.out)
     print(f"wrote {args.out}: {size / 2**30:.2f} GiB, {args.shape}, {layers} layers, {args.type}, "
-          f"experts {spec.expert_type}, {time.perf_counter() - t0:.1f} s")
+          f"experts {spec.expert_type}, {args.nextn} MTP block(s), {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

@@ -209,6 +209,41 @@ def verify_costs(engine, depth: int, ks: list[int], reps: int, acceptance: float
     return {"decode_ms": t1, "rows": rows}
 
 
+def mtp_costs(device, model, engine, depth: int, reps: int, acceptance: float, verify: dict) -> dict:
+    """The MTP head's draft step (one token, after `depth` entries) against the trunk's decode
+    step, and the expected speed-up of MTP drafting: k - 1 chained head steps and a k-token
+    verification yield expected_tokens(k, acceptance) tokens."""
+    from vkrt.engine.drafting import open_mtp
+    rng = np.random.default_rng(1)
+    with open_mtp(SpecOptions("mtp"), model, engine) as d:
+        head, he = d.model, d.engine
+        head.write_hidden(rng.standard_normal((min(depth, he.n_ubatch), head.cfg.n_embd)).astype(np.float32))
+        for c in range(0, depth, he.n_ubatch):
+            he.eval(rng.integers(0, head.cfg.vocab_size, min(he.n_ubatch, depth - c)).tolist(), 0)
+        base = he.sequence_length(0)
+
+        def step() -> float:
+            head.write_hidden(rng.standard_normal((1, head.cfg.n_embd)).astype(np.float32))
+            t0 = time.perf_counter()
+            he.eval([int(rng.integers(0, head.cfg.vocab_size))], 0)
+            dt = time.perf_counter() - t0
+            he.truncate(0, base)
+            return dt
+        for _ in range(WARMUPS):
+            step()
+        t = ms([step() for _ in range(reps)])
+    d1 = verify["decode_ms"]
+    rows = []
+    for r in verify["rows"]:
+        k = r["k"]
+        cost = (r["ms"] + (k - 1) * t) / d1
+        rows.append({"k": k, "cost_vs_decode": cost, "expected_speedup": expected_tokens(k, acceptance) / cost})
+        note(f"  MTP k={k}: verify + {k - 1} head steps = {cost:.2f}x decode, expected speed-up "
+             f"{rows[-1]['expected_speedup']:.2f}x")
+    note(f"  MTP head step {t:.2f} ms ({t / d1:.2f}x decode)")
+    return {"head_step_ms": t, "head_step_cost_vs_decode": t / d1, "rows": rows}
+
+
 def generation(engine, prompt: list[int], n: int, draft_max: int, reps: int) -> tuple[dict, list[int]]:
     """Greedy generation of n tokens after `prompt`, without and with n-gram speculation, and the
     plain run's tokens."""
@@ -446,6 +481,8 @@ def measure(args, path: str) -> dict:
                     entry["link_bandwidth_gbps"] = options.get("link_bandwidth")
                     entry["host_experts"] = engine.host_experts
                     entry.update(verify_costs(engine, args.depth, args.ks, args.reps, args.acceptance))
+                    if cfg.n_layer_nextn:
+                        entry["mtp"] = mtp_costs(device, model, engine, args.depth, args.reps, args.acceptance, entry)
                 out["verify"].append(entry)
         if not args.skip_gen:
             note(f"vram: generation of {args.n_predict} tokens after a {len(prompt)}-token copying prompt")
@@ -486,6 +523,13 @@ def table(r: dict) -> str:
                 verdict = "" if target is None else f"<= {target:.1f}x {'met' if row['meets_target'] else 'MISSED'}"
                 lines.append(f"| {v['placement']} | {row['k']} | {row['ms']:.2f} | {row['cost_vs_decode']:.2f}x | "
                              f"{verdict} | {row['expected_tokens_per_step']:.2f} | {row['expected_speedup']:.2f}x |")
+            m = v.get("mtp")
+            if m:
+                lines.append(f"| {v['placement']} | MTP head step | {m['head_step_ms']:.2f} | "
+                             f"{m['head_step_cost_vs_decode']:.2f}x | | | |")
+                for row in m["rows"]:
+                    lines.append(f"| {v['placement']} | {row['k']} with MTP drafts | | {row['cost_vs_decode']:.2f}x | | "
+                                 f"| {row['expected_speedup']:.2f}x |")
     g = r["generation"]
     if g:
         lines += ["", f"greedy generation of {g['n_predict']} tokens after a {g['prompt_tokens']}-token copying prompt "
