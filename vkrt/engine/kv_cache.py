@@ -55,6 +55,14 @@ class CellTable:
         mine = self.seq == seq
         return int(self.pos[mine].max()) + 1 if mine.any() else 0
 
+    def cells_of(self, seq: int, n: int) -> np.ndarray:
+        """The cells holding sequence `seq`'s positions 0..n-1, in position order."""
+        mine = np.flatnonzero((self.seq == seq) & (self.pos < n))
+        cells = mine[np.argsort(self.pos[mine], kind="stable")]
+        if cells.size != n or (self.pos[cells] != np.arange(n)).any():
+            raise VkrtError(f"sequence {seq} does not hold positions 0..{n - 1} (it holds {self.length(seq)} tokens)")
+        return cells.astype(np.int32)
+
     def mask(self, tok_seq: np.ndarray, tok_pos: np.ndarray, n_kv: int, n_rows: int, window: int = 0,
              used: int | None = None) -> np.ndarray:
         """f16 [n_rows, n_kv]: 0 where token t may attend cell c (same sequence, not in the future,

@@ -118,6 +118,30 @@ class RecurrentState(Owned):
         if ckpt.index not in self._free:
             self._free.append(ckpt.index)
 
+    def read(self, slot: int) -> np.ndarray:
+        """A host copy of `slot`'s state (uint8, laid out as a checkpoint's)."""
+        self.check_slot(slot)
+        with Buffer(self.device, max(4, self.slot_bytes), MemoryKind.READBACK, label="recurrent state read") as buf:
+            run_once(self.device, lambda seq: self._record_copy(seq, slot, 0, True, buf), "read recurrent state")
+            return buf.read(np.uint8, self.slot_bytes)
+
+    def read_checkpoint(self, ckpt: Checkpoint) -> np.ndarray:
+        """A host copy of a checkpoint's state (as read() lays it out)."""
+        return self._pool.read(np.uint8, self.slot_bytes, ckpt.index * self.slot_bytes)
+
+    def write(self, slot: int, data: np.ndarray, length: int) -> None:
+        """Put a state read() gave into `slot`, as having absorbed `length` tokens."""
+        self.check_slot(slot)
+        data = np.ascontiguousarray(data, np.uint8).reshape(-1)
+        if data.size != self.slot_bytes:
+            raise VkrtError(f"a recurrent state of {data.size} bytes does not fit this model's "
+                            f"{self.slot_bytes} a sequence")
+        with Buffer(self.device, max(4, self.slot_bytes), MemoryKind.HOST, label="recurrent state write") as buf:
+            buf.write(data)
+            run_once(self.device, lambda seq: self._record_copy(seq, slot, 0, False, buf), "write recurrent state")
+        self.length[slot] = length
+        self.snapshot_length[slot] = -1
+
     def snapshot(self, slot: int) -> None:
         """Copy `slot`'s state to its snapshot in VRAM (one a slot, made on first use): where a
         speculative step that may be partly rejected rewinds to."""
