@@ -53,6 +53,15 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
 @click.option("--ctx-checkpoints", type=click.IntRange(0, 64), default=4, show_default=True,
               help="Recurrent-state checkpoints each slot keeps in host memory for prompt-prefix reuse "
                    "(models with DeltaNet layers, e.g. qwen35; 0: reuse only the live state).")
+@click.option("--cache-ram", "-cram", "cache_ram", type=click.IntRange(-1, None), default=8192, show_default=True,
+              metavar="MiB",
+              help="Host RAM for the prompt cache, as llama-server's: a slot taken by another session is copied there "
+                   "(its tokens' KV cells and, for models with DeltaNet layers, its recurrent-state checkpoints) and "
+                   "a later prompt sharing its prefix resumes from it; least recently used first out. -1: no limit, "
+                   "0: off.")
+@click.option("--slot-save-path", type=click.Path(exists=True, file_okay=False, writable=True), default=None,
+              help="Folder for POST /slots/{id}?action=save|restore (a slot's tokens and KV cells in a file); "
+                   "without it slot actions answer 501.")
 @click.option("--allowed-hosts", default=None, metavar="LIST",
               help="Host header names requests may carry, comma-separated ('*': any). Default: on a loopback "
                    "address localhost, 127.0.0.1 and ::1 only (a web page cannot reach the server through DNS "
@@ -81,9 +90,10 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
               help="Chat replies' reasoning (<think>...</think>, gpt-oss's analysis channel): none leaves it in "
                    "'content'; deepseek and auto put it in 'reasoning_content' (a request's 'reasoning_format' "
                    "overrides).")
-@click.option("--reasoning-budget", type=click.IntRange(-1, 0), default=-1, show_default=True,
+@click.option("--reasoning-budget", type=click.IntRange(-1, 1 << 30), default=-1, show_default=True,
               help="Thinking allowed: -1 unlimited, 0 none (the chat template gets enable_thinking=false unless a "
-                   "request's chat_template_kwargs says otherwise).")
+                   "request's chat_template_kwargs says otherwise), N: at most N tokens in a <think> block, then "
+                   "it is closed and the answer follows (a request's reasoning_budget_tokens overrides).")
 @click.option("--pipeline-steps", is_flag=True,
               help="With a layer split over several devices: a step of several slots runs as groups of slots "
                    "pipelined over the devices (group g on device k while group g+1 runs on device k-1), with "
@@ -91,8 +101,9 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
                    "contexts), not where decode only streams the weights.")
 @spec_options
 @click.pass_context
-def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, allowed_hosts, shutdown_timeout,
-          timeout, max_itl_ratio, embeddings, pooling, reasoning_format, reasoning_budget, pipeline_steps, **model_kw):
+def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, cache_ram, slot_save_path,
+          allowed_hosts, shutdown_timeout, timeout, max_itl_ratio, embeddings, pooling, reasoning_format,
+          reasoning_budget, pipeline_steps, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -115,6 +126,7 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         logging.getLogger("vkrt").setLevel(logging.INFO)
     config = ServerConfig(host=host, port=port, n_parallel=n_parallel, api_key=api_key or None, body_limit=body_limit,
                           model_name=name, shutdown_timeout=shutdown_timeout, ctx_checkpoints=ctx_checkpoints,
+                          cache_ram=cache_ram, slot_save_path=slot_save_path,
                           allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout,
                           max_itl_ratio=max_itl_ratio, embeddings=embeddings, pooling=pooling,
                           reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from vkrt.server.chat_output import HARMONY, MessageStream, OutputSpec, TemplateSyntax, parse
+from vkrt.server.generic_tools import GENERIC
 from vkrt.server.reasoning import AUTO, NONE, opens_thinking
 from vkrt.server.tool_calls import HERMES, LLAMA3, QWEN_XML, json_end, schemas
 
@@ -125,13 +126,14 @@ def test_llama3_plain_json_answer_is_content():
 
 
 def test_think_split_and_format_none():
+    """A generic-format template's reply that is not its JSON (no tools, or no grammar) is content."""
     text = "<think>\nhmm, 2+2\n</think>\n\nIt is 4."
-    assert check_splits(spec(None, thinks=True), text) == {"reasoning": "hmm, 2+2", "content": "It is 4.",
-                                                           "calls": []}
-    assert check_splits(spec(None, thinks=True, reasoning=NONE), text)["content"] == text
-    opened = check_splits(spec(None, thinks=True, opened=True), "hmm\n</think>\n\nIt is 4.")
+    assert check_splits(spec(GENERIC, thinks=True), text) == {"reasoning": "hmm, 2+2", "content": "It is 4.",
+                                                              "calls": []}
+    assert check_splits(spec(GENERIC, thinks=True, reasoning=NONE), text)["content"] == text
+    opened = check_splits(spec(GENERIC, thinks=True, opened=True), "hmm\n</think>\n\nIt is 4.")
     assert opened == {"reasoning": "hmm", "content": "It is 4.", "calls": []}
-    assert parse(spec(None, thinks=True, opened=True), "still thinking").reasoning == "still thinking"
+    assert parse(spec(GENERIC, thinks=True, opened=True), "still thinking").reasoning == "still thinking"
 
 
 def test_opens_thinking():
@@ -166,7 +168,7 @@ def test_harmony_final_answer():
     ("<tool_call><function=x><parameter=y> <think>", QWEN_XML, True),
     ("<tool_call>{{ tools }}<think>", HERMES, True),
     ("<|start_header_id|>ipython<|end_header_id|>", LLAMA3, False),
-    ("{{ messages }}", None, False),
+    ("{{ messages }}", GENERIC, False),
 ])
 def test_format_from_template(source, fmt, thinks):
     assert TemplateSyntax.detect(source) == TemplateSyntax(fmt, thinks)

@@ -160,19 +160,6 @@ def test_forced_or_strict_tools_refused_name_the_field(client, extra, param):
     assert err.value.body["param"] == param, err.value.body
 
 
-def test_strict_tools_on_a_template_without_a_tool_format_are_refused():
-    server = ScriptedServer("{% for m in messages %}{{ m.content }}{% endfor %}", lambda prompt: "Hi.")
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
-        strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}]
-        for extra, param in (({"tool_choice": "required"}, "tool_choice"), ({}, "tools[0].function.strict")):
-            with pytest.raises(openai.BadRequestError) as err:
-                client.chat.completions.create(model="m", messages=ASK, tools=strict, extra_body=extra)
-            assert err.value.body["param"] == param and "format" in err.value.body["message"]
-    finally:
-        server.close()
-
-
 @pytest.mark.parametrize("extra,param", [
     ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
     ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),

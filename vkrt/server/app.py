@@ -15,6 +15,7 @@ import threading
 from aiohttp import web
 
 from ..errors import ConfigError
+from . import anthropic_format
 from .routes import Api
 from .scheduler import Scheduler
 from .state import FAILED, LOADING, READY, STOPPING, ServerConfig, ServerState
@@ -52,6 +53,8 @@ def make_app(state: ServerState) -> web.Application:
             status, body = 500, error_body(500, "internal error (the server log has the details)", "server_error")
         if 400 <= status < 500:
             state.metrics.bad_requests += 1
+        if request.path == "/v1/messages" or request.path.startswith("/v1/messages/"):   # Anthropic's shape
+            body = anthropic_format.error_body(status, body["error"]["message"])
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         resp = web.json_response(body, status=status, headers=headers)
         if status == 413:   # the rest of the body is not wanted: no next request on this connection
@@ -72,7 +75,8 @@ def make_app(state: ServerState) -> web.Application:
         if request.method == "POST" and request.match_info.http_exception is None:
             _check_json_body(request, state.config.body_limit)
         if key is not None and not _authorized(request, key):
-            raise ApiError("Invalid API Key: send 'Authorization: Bearer KEY'", status=401, type="authentication_error")
+            raise ApiError("Invalid API Key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'", status=401,
+                           type="authentication_error")
         if state.status == LOADING:
             raise ApiError("Loading model", status=503, type="unavailable_error")
         if state.status != READY:
@@ -159,7 +163,7 @@ async def serve(load, config: ServerConfig, version: str = "") -> int:
         load, config.n_parallel, state.metrics,
         on_ready=lambda b: loop.call_soon_threadsafe(on_ready, b),
         on_failed=lambda e: loop.call_soon_threadsafe(on_failed, e), ctx_checkpoints=config.ctx_checkpoints,
-        max_itl_ratio=config.max_itl_ratio)
+        max_itl_ratio=config.max_itl_ratio, cache_ram=config.cache_ram_bytes)
     # access lines go to the aiohttp.access logger: shown with -v
     # keepalive_timeout: aiohttp closes a connection whose next request's headers are not complete
     # that long after it connected or was last answered (a half-open or trickling client)

@@ -8,19 +8,23 @@ import secrets
 import string
 from dataclasses import dataclass, field
 
-from . import harmony, tool_calls
+from . import generic_tools, glm_tools, harmony, tool_calls
+from .generic_tools import GENERIC
+from .glm_tools import GLM45
 from .reasoning import NONE, THINK_CLOSE, THINK_OPEN, split_think
 from .tool_calls import HERMES, LLAMA3, QWEN_XML, JsonScanner, ToolCall
 
 HARMONY = "harmony"
+PARSERS = {**tool_calls.PARSERS, GENERIC: generic_tools.parse, GLM45: glm_tools.parse}
+MARKERS = {**tool_calls.MARKERS, GLM45: glm_tools.MARKERS}   # special tokens the text must keep
 
 
 @dataclass(frozen=True)
 class TemplateSyntax:
-    """What a chat template's model writes: its tool-call format (None: none we parse) and
-    whether it thinks in <think> tags."""
+    """What a chat template's model writes: its tool-call format (GENERIC where the template
+    teaches none we know) and whether it thinks in <think> tags."""
 
-    tools: str | None
+    tools: str
     thinks: bool
 
     @classmethod
@@ -28,19 +32,21 @@ class TemplateSyntax:
         if "<|channel|>" in source:
             return cls(HARMONY, False)
         thinks = THINK_OPEN in source
+        if glm_tools.detect(source):
+            return cls(GLM45, thinks)
         if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
             return cls(QWEN_XML, thinks)
         if "<tool_call>" in source:
             return cls(HERMES, thinks)
         if "<|start_header_id|>ipython<|end_header_id|>" in source:
             return cls(LLAMA3, thinks)
-        return cls(None, thinks)
+        return cls(GENERIC, thinks)
 
     def kept_tokens(self) -> tuple[str, ...]:
         """Special tokens the reply's text must keep for the parser (llama-server's preserved tokens)."""
         if self.tools == HARMONY:
             return harmony.MARKERS
-        return (tool_calls.MARKERS.get(self.tools, ()) + ((THINK_OPEN, THINK_CLOSE) if self.thinks else ()))
+        return MARKERS.get(self.tools, ()) + ((THINK_OPEN, THINK_CLOSE) if self.thinks else ())
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,8 @@ def parse(spec: OutputSpec, text: str, partial: bool = False, scan: JsonScanner 
         if syntax.thinks and spec.reasoning_format != NONE:
             reasoning, content = split_think(text, spec.thinking_open, partial)
         calls = []
-        if spec.parse_tools and syntax.tools is not None:
-            content, calls = tool_calls.parse(syntax.tools, content, partial, spec.tools, scan)
+        if spec.parse_tools:
+            content, calls = PARSERS[syntax.tools](content, partial, spec.tools, scan or JsonScanner())
     if not spec.parallel_tool_calls:
         calls = calls[:1]
     if partial or calls:   # blanks at the end are held back until more text follows (or dropped)

@@ -21,25 +21,37 @@ def checkpoint_positions(prompt: list[int], start: int, token_types: list[int], 
 
 
 class SlotCheckpoints:
-    """One slot's checkpoints (engine Checkpoint objects, oldest first), at most `limit`."""
+    """One slot's checkpoints (engine Checkpoint objects, oldest first), at most `limit`. When
+    full, the one given up is, in this order, and never an anchor while another can go: the
+    oldest taken inside an earlier prompt (not at its end); the oldest earlier prompt's end; the
+    oldest of the prompt being read. The anchors are the end of the first prompt read after one
+    that went back before the previous prompt's end, and its last checkpoint before that end: a
+    chat template that drops the reasoning of the turns since the last user message (Qwen3's)
+    re-renders the history differently from about there when the next user message comes, while
+    an agent loop's tool turns extend each other (they resume at the previous prompt's end)."""
 
     def __init__(self, slot_id: int, limit: int):
         self.slot_id = slot_id
         self.limit = limit
         self.saved: list = []
         self.pending: list[int] = []   # positions of the prompt being read still to checkpoint
+        self.ends: dict[int, int] = {}   # position that ended a prompt -> where that prompt started
+        self.start = 0                 # where the prompt being read started
+        self.anchor_from = 0           # the anchor is the first end past this
+
+    def usable(self, keep: int, live: int) -> int:
+        """How many of the first `keep` prompt tokens a resume holds (see resume), not resuming."""
+        if keep == live:
+            return keep
+        return max((c.length for c in self.saved if c.length <= keep), default=0)
 
     def resume(self, engine, keep: int, live: int) -> int:
         """Make the slot's state hold the first `keep` prompt tokens or fewer; returns how many it
         holds: `keep` when the live state is exactly there, else the longest checkpoint within it
         (restored), else 0 (the sequence starts afresh). Checkpoints past the result are dropped."""
-        if keep == live:
-            held = keep
-        else:
-            usable = [c for c in self.saved if c.length <= keep]
-            held = max((c.length for c in usable), default=0)
-            if held:
-                engine.restore_state(self.slot_id, next(c for c in usable if c.length == held))
+        held = self.usable(keep, live)
+        if held != live and held:
+            engine.restore_state(self.slot_id, next(c for c in self.saved if c.length == held))
         for c in [c for c in self.saved if c.length > held]:
             engine.release_state(c)
             self.saved.remove(c)
@@ -47,6 +59,10 @@ class SlotCheckpoints:
 
     def plan(self, prompt: list[int], start: int, token_types: list[int]) -> None:
         self.pending = checkpoint_positions(prompt, start, token_types) if self.limit else []
+        if start < max(self.ends, default=0):   # went back before the previous prompt's end
+            self.anchor_from = start
+        self.ends = {e: s for e, s in self.ends.items() if e <= start} | {len(prompt): start}
+        self.start = start
 
     def next_stop(self, position: int) -> int | None:
         """The next position (after `position`) where reading should pause for a checkpoint."""
@@ -61,12 +77,27 @@ class SlotCheckpoints:
         if any(c.length == position for c in self.saved):
             return
         while len(self.saved) >= self.limit:
-            engine.release_state(self.saved.pop(0))
+            engine.release_state(self.saved.pop(self.saved.index(self._victim())))
         ckpt = engine.save_state(self.slot_id)
         if ckpt is not None:
             self.saved.append(ckpt)
+
+    def _victim(self):
+        """The checkpoint to give up for a new one (see the class)."""
+        anchors = set()
+        first = min((e for e in self.ends if e > self.anchor_from), default=None)
+        if first is not None:
+            inside = [c.length for c in self.saved if self.ends[first] < c.length < first]
+            anchors = {first, *([max(inside)] if inside else [])}
+        free = [c for c in self.saved if c.length not in anchors]
+        earlier = [c for c in free if c.length <= self.start]
+        for group in ([c for c in earlier if c.length not in self.ends], earlier,
+                      [c for c in free if c.length > self.start], self.saved):
+            if group:
+                return min(group, key=lambda c: c.length)
 
     def drop(self, engine) -> None:
         for c in self.saved:
             engine.release_state(c)
         self.saved, self.pending = [], []
+        self.ends, self.start, self.anchor_from = {}, 0, 0

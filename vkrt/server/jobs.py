@@ -12,6 +12,7 @@ from typing import NamedTuple
 from ..engine.generate import Timings
 from ..engine.grammar import Constraint
 from ..engine.sampler import SamplingParams
+from .reasoning_budget import BudgetSpec
 
 _ids = itertools.count(1)
 
@@ -104,6 +105,7 @@ class Job(Events):
     keep_special: frozenset[int] = frozenset()   # special tokens whose text the reply keeps
     constraint: Constraint | None = None   # the grammar state the output must fit (built by routes.py)
     draft: tuple | None = None   # speculative.n_max / n_min / p_min of the request (None each: the server's)
+    reasoning_budget: BudgetSpec | None = None   # thinking tokens allowed (reasoning_budget.py; None: no limit)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.time)
     cancelled: bool = False

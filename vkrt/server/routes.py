@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -15,15 +16,23 @@ from aiohttp import web
 from ..engine.box_rates import cached_box_rates, host_expert_types
 from ..engine.dry import breaker_sequences
 from . import embeddings, sse
+from .anthropic_format import MessagesFormat
+from .anthropic_request import parse_messages
 from .chat_output import OutputSpec
 from .chat_template import encode_chat
 from .formats import ChatFormat, CompletionFormat, LlamaFormat
+from .generic_tools import GENERIC, prompt_messages
 from .infill import infill_prompt
 from .jobs import Choice, Done, Failed, Job, Piece
 from .metrics import CONTENT_TYPE
 from .reasoning import THINK_CLOSE, opens_thinking
+from .reasoning_budget import BudgetSpec, budget_spec
 from .request_work import in_thread
+from .responses_format import ResponsesFormat
+from .responses_request import parse_responses
+from .responses_store import ResponseStore
 from .scheduler import SchedulerClosed
+from .slot_files import slot_action
 from .schemas import COMPLETIONS, LLAMA, GenRequest, parse_chat, parse_completion
 from .state import ServerState
 from .tool_calls import schemas
@@ -57,6 +66,7 @@ class Api:
     def __init__(self, state: ServerState):
         self.state = state
         self._box_rates = None   # read once found (BoxRates)
+        self.stored = ResponseStore()   # finished /v1/responses responses (previous_response_id)
 
     def routes(self) -> list:
         chat, comp = self.chat_completions, self.completions
@@ -64,6 +74,7 @@ class Api:
             web.get("/health", self.health), web.get("/v1/health", self.health),
             web.get("/v1/models", self.models), web.get("/models", self.models),
             web.get("/props", self.props), web.get("/slots", self.slots), web.get("/metrics", self.metrics),
+            web.post("/slots/{id_slot}", functools.partial(slot_action, self.state)),
             web.post("/v1/chat/completions", chat), web.post("/chat/completions", chat),
             web.post("/v1/completions", comp), web.post("/completions", comp),
             web.post("/completion", self.completion),
@@ -72,6 +83,9 @@ class Api:
             web.post("/v1/embeddings", self.embeddings_oai),
             web.post("/embedding", self.embedding), web.post("/embeddings", self.embedding),
             web.post("/apply-template", self.apply_template), web.post("/infill", self.infill),
+            web.post("/v1/messages", self.messages), web.post("/v1/messages/count_tokens", self.count_tokens),
+            web.post("/v1/responses", self.responses), web.get("/v1/responses/{response_id}", self.response),
+            web.delete("/v1/responses/{response_id}", self.delete_response),
         ]
 
     # -- information -------------------------------------------------------------------------------
@@ -175,13 +189,57 @@ class Api:
 
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
+        body = await read_body(request, self.state.config.timeout)
+        req = await in_thread(parse_chat, body, self.state.limits)
+        return await self._chat(request, req, lambda i, spec, n: ChatFormat(i, self._model(req), spec))
+
+    async def messages(self, request):
+        """Anthropic's Messages API, as a chat request."""
+        body = await read_body(request, self.state.config.timeout)
+        req = await in_thread(parse_messages, body, self.state.limits)
+        return await self._chat(request, req, lambda i, spec, n: MessagesFormat(self._model(req), spec, n))
+
+    async def count_tokens(self, request):
+        """Anthropic's token count: the tokens of the prompt /v1/messages would render."""
+        body = await read_body(request, self.state.config.timeout)
+        req = await in_thread(parse_messages, body, self.state.limits, counting=True)
+        prompt = await in_thread(encode_chat, self.state.request_tokenizer, await self._chat_text(req))
+        return web.json_response({"input_tokens": len(prompt)})
+
+    async def responses(self, request):
+        """OpenAI's Responses API, as a chat request; finished responses are kept (self.stored)
+        unless sent with store false."""
+        body = await read_body(request, self.state.config.timeout)
+        turn = await in_thread(parse_responses, body, self.state.limits, self.stored)
+        keep = (lambda response, reply: self.stored.put(response, turn.history + [reply])) if turn.store else None
+        count = lambda text: len(self.state.tokenizer.encode(text, False))   # noqa: E731
+        return await self._chat(request, turn.req, lambda i, spec, n: ResponsesFormat(
+            self._model(turn.req), spec, turn.echo, keep, count), "input")
+
+    async def response(self, request):
+        return web.json_response(self._stored(request.match_info["response_id"]).response)
+
+    async def delete_response(self, request):
+        response_id = self._stored(request.match_info["response_id"]).response["id"]
+        self.stored.delete(response_id)
+        return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+    def _stored(self, response_id: str):
+        kept = self.stored.get(response_id)
+        if kept is None:
+            raise ApiError(f"no response {response_id!r} is kept here (the last {self.stored.max_count} are, for "
+                           f"{self.stored.max_age:g} s, but not those sent with store false)", status=404,
+                           type="not_found_error")
+        return kept
+
+    async def _chat(self, request, req: GenRequest, make_format, field: str = "messages"):
+        """A chat request rendered, constrained (tools, grammars) and generated; make_format(job id,
+        OutputSpec, prompt tokens) gives the reply's format."""
         s = self.state
-        body = await read_body(request, s.config.timeout)
-        req = await in_thread(parse_chat, body, s.limits)
         text = await self._chat_text(req)
         prompt = await in_thread(encode_chat, s.request_tokenizer, text)
         thinking_open = s.syntax.thinks and opens_thinking(text)
-        if constrains(req.tools, req.tool_choice):
+        if constrains(req.tools, req.tool_choice, s.syntax.tools):
             req.grammar = await s.sandbox.call("tool_grammar", self._tool_grammar_args(req, text, thinking_open),
                                                what="the tools' grammar", field="tools")
         else:
@@ -189,8 +247,15 @@ class Api:
         spec = OutputSpec(s.syntax, req.reasoning_format or s.config.reasoning_format, thinking_open=thinking_open,
                           parse_tools=self._offered_tools(req) is not None,
                           parallel_tool_calls=req.parallel_tool_calls, tools=schemas(req.tools))
-        return await self._generate(request, req, prompt, lambda i: ChatFormat(i, self._model(req), spec), "messages",
-                                    keep_special=s.kept_tokens)
+        budget = self._budget(req)
+        thinking = (budget_spec(budget, s.request_tokenizer, thinking_open) if budget >= 0 and s.syntax.thinks
+                    else None)
+        return await self._generate(request, req, prompt, lambda i: make_format(i, spec, len(prompt)), field,
+                                    keep_special=s.kept_tokens, reasoning_budget=thinking)
+
+    def _budget(self, req: GenRequest) -> int:
+        """The request's thinking tokens allowed (-1: no limit)."""
+        return req.reasoning_budget if req.reasoning_budget is not None else self.state.config.reasoning_budget
 
     def _tool_grammar_args(self, req: GenRequest, prompt: str, thinking_open: bool) -> dict:
         """tool_grammar's arguments: the grammar of a reply held to tool calls (tool_choice
@@ -198,8 +263,10 @@ class Api:
         s = self.state
         thinking = (THINKING if thinking_open else MAY_THINK if s.syntax.thinks and not prompt.rstrip().endswith(
             THINK_CLOSE) else NO_THINKING)
+        src = req.grammar_source
         return {"fmt": s.syntax.tools, "tools": req.tools, "choice": req.tool_choice, "name": req.tool_name,
-                "parallel": req.parallel_tool_calls, "thinking": thinking, "specials": s.special_markers}
+                "parallel": req.parallel_tool_calls, "thinking": thinking, "specials": s.special_markers,
+                "response": None if src is None else {"kind": src.kind, "source": src.source, "field": src.field}}
 
     async def _compile(self, req: GenRequest) -> None:
         """req.grammar from its source (response_format, json_schema, grammar), compiled in a sandbox."""
@@ -262,11 +329,14 @@ class Api:
         """The rendered chat prompt, rendered in a sandbox (the template is the model file's code)."""
         s = self.state
         await in_thread(self._messages_fit, req)
-        defaults = {"enable_thinking": False} if s.config.reasoning_budget == 0 else {}
+        defaults = {"enable_thinking": False} if self._budget(req) == 0 else {}
         limit = s.max_token_bytes * s.n_ctx_slot
         t = s.template
-        args = {"source": t.source, "bos": t.bos_token, "eos": t.eos_token, "messages": req.messages,
-                "tools": self._offered_tools(req), "extra": {**defaults, **req.template_kwargs}, "max_bytes": limit,
+        messages, tools = req.messages, self._offered_tools(req)
+        if tools and s.syntax.tools == GENERIC:   # llama-server's generic format: a JSON reply, asked for
+            messages = prompt_messages(messages, tools, t.source, req.parallel_tool_calls)
+        args = {"source": t.source, "bos": t.bos_token, "eos": t.eos_token, "messages": messages,
+                "tools": tools, "extra": {**defaults, **req.template_kwargs}, "max_bytes": limit,
                 "too_long": f"the rendered prompt is over {limit} bytes; at most {s.max_token_bytes} bytes a token, "
                             f"it cannot fit a slot of {s.n_ctx_slot} tokens: shorten the prompt or raise -c"}
         return await s.sandbox.call("render", args, what="the chat template", field="messages")
@@ -278,7 +348,7 @@ class Api:
         return self.state.request_tokenizer.encode(req.prompt, add_special=True)
 
     async def _generate(self, request, req: GenRequest, prompt: list[int], make_format, field: str,
-                        keep_special: frozenset[int] = frozenset()):
+                        keep_special: frozenset[int] = frozenset(), reasoning_budget: BudgetSpec | None = None):
         s = self.state
         if not prompt:
             raise BadRequest(f"'{field}' is empty: no tokens to evaluate", field)
@@ -295,7 +365,8 @@ class Api:
                        else [None] * req.n)
         jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
                     dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,
-                    req.logprobs, keep_special, constraint=constraints[i], draft=req.draft) for i in range(req.n)]
+                    req.logprobs, keep_special, constraint=constraints[i], draft=req.draft,
+                    reasoning_budget=reasoning_budget) for i in range(req.n)]
         fmt = make_format(jobs[0].id)
         submitted = []
         try:

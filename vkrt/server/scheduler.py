@@ -1,8 +1,9 @@
 """The slot scheduler: one thread owns the engine (loads it, runs every GPU step, closes it).
 
-Each iteration admits queued jobs to idle slots (the slot holding the longest prefix of the
-prompt wins), then runs one step (continuous batching): the next token of every generating slot
-and, in the same micro-batch, the pending prompts (Engine.mixed): those that fit whole, then
+Each iteration runs the slot actions asked for (slot_files.py), admits queued jobs to idle slots
+(the slot holding the longest prefix of the prompt wins, or the prompt cache in host RAM:
+prompt_cache.py), then runs one step (continuous batching): the next token of every generating
+slot and, in the same micro-batch, the pending prompts (Engine.mixed): those that fit whole, then
 chunks of longer ones, oldest request first.
 While slots generate, a step takes only as much prompt as keeps it within max_itl_ratio times a
 decode step's time, so a long prompt arriving slows the other streams by a bounded factor; not
@@ -19,6 +20,7 @@ an iteration there, in steps of its own (no output matrix), before the generatio
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import threading
 import time
@@ -32,6 +34,7 @@ from ..errors import VkrtError
 from .checkpoints import SlotCheckpoints
 from .jobs import Embedded, EmbeddingJob, Failed, Job
 from .metrics import Metrics
+from .prompt_cache import PromptCache
 from .slots import Slot
 
 log = logging.getLogger("vkrt.server")
@@ -62,8 +65,10 @@ class Scheduler:
     def __init__(self, load: Callable, n_parallel: int, metrics: Metrics,
                  on_ready: Callable[[object], None] = lambda backend: None,
                  on_failed: Callable[[BaseException], None] = lambda exc: None, ctx_checkpoints: int = 0,
-                 max_itl_ratio: float = 2.0):
+                 max_itl_ratio: float = 2.0, cache_ram: int | None = 0):
         self._load, self._on_ready, self._on_failed = load, on_ready, on_failed
+        self.prompt_cache = PromptCache(cache_ram)   # bytes (None: no limit, 0: off)
+        self._calls: collections.deque = collections.deque()   # (fn, future): run on the thread between steps
         self.n_parallel = n_parallel
         self.ctx_checkpoints = ctx_checkpoints
         self.max_itl_ratio = max_itl_ratio   # 0: no limit (whole micro-batches of prompt)
@@ -98,6 +103,25 @@ class Scheduler:
         with self._cond:
             job.cancelled = True
             self._cond.notify()
+
+    def call(self, fn: Callable) -> concurrent.futures.Future:
+        """Run fn(engine) on the scheduler thread between steps (a slot action); the future
+        holds its result or exception."""
+        future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping or not self._accepting or not self.alive:
+                raise SchedulerClosed("the server is shutting down")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def _run_calls(self, engine) -> None:
+        while self._calls:
+            fn, future = self._calls.popleft()
+            try:
+                future.set_result(fn(engine))
+            except Exception as exc:
+                future.set_exception(exc)
 
     @property
     def busy(self) -> bool:
@@ -162,11 +186,12 @@ class Scheduler:
 
     def _iterate(self, engine) -> bool:
         with self._cond:
-            while not self._stopping and not self._queue and all(s.idle for s in self.slots):
+            while not self._stopping and not self._queue and not self._calls and all(s.idle for s in self.slots):
                 self._cond.wait()
             if self._stopping:
                 return False
             self._beat = t0 = time.monotonic()
+            self._run_calls(engine)
             self._drop_cancelled()
             self._admit(engine)
         self._embed(engine)
@@ -207,19 +232,14 @@ class Scheduler:
                 return
             job = self._queue.popleft()
             if isinstance(job, EmbeddingJob):   # _embed runs it on the slot's sequence
-                min(idle, key=lambda s: s.last_used).job = job
-                continue
-            if job.cache_prompt:
-                slot = max(idle, key=lambda s: (s.reusable(job.prompt), -s.last_used))
-            else:
                 slot = min(idle, key=lambda s: s.last_used)
-            keep = slot.reusable(job.prompt) if job.cache_prompt else 0
-            ckpts = self.checkpoints[slot.id]
-            if engine.recurrent:   # a recurrent state resumes only where it was saved
-                keep = ckpts.resume(engine, keep, len(slot.cache))
+                self.prompt_cache.save(engine, slot, self.checkpoints[slot.id])
+                slot.job = job
+                continue
+            slot, keep = self.prompt_cache.admit(engine, job, idle, self.checkpoints)
             slot.begin(job, self.tokenizer, keep, job.constraint)
             engine.reset(slot.id, keep)
-            ckpts.plan(job.prompt, keep, self.tokenizer.token_types)
+            self.checkpoints[slot.id].plan(job.prompt, keep, self.tokenizer.token_types)
             self.metrics.prompt_tokens_cached += keep
 
     def _embed(self, engine) -> None:
@@ -502,6 +522,10 @@ class Scheduler:
         with self._cond:
             jobs = list(self._queue) + [s.job for s in self.slots if s.job is not None]
             self._queue.clear()
+            self._accepting = False   # and no more slot actions
+            for _, future in self._calls:
+                future.set_exception(SchedulerClosed("the server is shutting down"))
+            self._calls.clear()
         for job in jobs:
             job.emit(Failed(503, "the server is shutting down"))
         for s in self.slots:

@@ -45,6 +45,7 @@ class GenRequest:
     tool_name: str | None = None      # the named function of tool_choice {"type": "function", ...}
     parallel_tool_calls: bool = True
     reasoning_format: str | None = None   # None: the server's --reasoning-format
+    reasoning_budget: int | None = None   # thinking tokens: None the server's --reasoning-budget, 0 off, N>0 at most N
     template_kwargs: dict = field(default_factory=dict)
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
     dry_sequence_breakers: tuple = DEFAULT_BREAKERS
@@ -225,7 +226,21 @@ def parse_chat(body: dict, limits: Limits) -> GenRequest:
         raise BadRequest(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got "
                          f"{req.reasoning_format!r}", "reasoning_format")
     req.template_kwargs = get_dict(body, "chat_template_kwargs")
+    req.reasoning_budget = _reasoning_budget(body)
     return req
+
+
+BUDGET_FIELDS = ("reasoning_budget_tokens", "thinking_budget_tokens")   # llama-server's name, and its alias
+
+
+def _reasoning_budget(body: dict) -> int | None:
+    """llama-server's per-request reasoning_budget_tokens (or thinking_budget_tokens): -1 or absent
+    the server's --reasoning-budget (None), 0 no thinking, N at most N thinking tokens."""
+    for key in BUDGET_FIELDS:
+        if body.get(key) is not None:
+            n = get_int(body, key, -1, lo=-1)
+            return None if n == -1 else n
+    return None
 
 
 def _tools(tools) -> list | None:

@@ -13,6 +13,7 @@ from ..engine.sampler import Sampler
 from ..errors import VkrtError
 from .jobs import Done, Job, Piece, TokenProb
 from .metrics import Metrics
+from .reasoning_budget import ThinkingBudget
 from .text import Detokenizer, StopMatcher
 
 
@@ -77,6 +78,7 @@ class Slot:
         self.limit = room if job.max_tokens is None else min(job.max_tokens, room)
         self.slot_full = job.max_tokens is None or job.max_tokens > room   # the limit is the slot's room
         self.grammar = grammar
+        self.budget = ThinkingBudget(job.reasoning_budget) if job.reasoning_budget is not None else None
         self.eog = frozenset() if job.ignore_eos else tokenizer.eog_ids
         if grammar is not None:   # the grammar's end is the output's end
             self.eog = self.eog | grammar.eos
@@ -101,10 +103,11 @@ class Slot:
         come masked (mask()); a whole row is masked here."""
         if self.grammar is not None:
             self.grammar.mask()   # a dead end is reported here
-        if top is not None:
-            token = self.sampler.sample_top(*top, adjusted=True)
-        else:
-            token = self.sampler.sample(logits if self.grammar is None else self.grammar.apply(logits))
+        # the reasoning budget may be closing a thinking block: its token, not a sampled one
+        token = self.budget.next_forced(self._allowed) if self.budget is not None else None
+        if token is None:
+            token = (self.sampler.sample_top(*top, adjusted=True) if top is not None else
+                     self.sampler.sample(logits if self.grammar is None else self.grammar.apply(logits)))
         if token in self.eog:
             self.finish("stop", "eos")
             return
@@ -113,7 +116,10 @@ class Slot:
             self.grammar.accept(token)
         self.generated.append(token)
         self.metrics.tokens_predicted += 1
-        text = self.stops.push(self.detok.push(token))
+        piece = self.detok.push(token)
+        if self.budget is not None:
+            self.budget.accept(token, piece, whole=self.detok.read == len(self.detok.tokens))
+        text = self.stops.push(piece)
         probs = [] if self.job.logprobs is None else [self._token_prob(token, logits, self.job.logprobs)]
         self.job.emit(Piece(text, [token], probs))
         if self.stops.hit is not None:
@@ -122,6 +128,12 @@ class Slot:
             self.finish("length", "limit")
         else:
             self.next_token = token
+
+    def _allowed(self, token: int) -> bool:
+        """Whether the request's grammar (if any) takes `token` next."""
+        if self.grammar is None:
+            return True
+        return bool(self.grammar.mask()[token >> 5] >> np.uint32(token & 31) & 1)
 
     def _token_prob(self, token: int, logits, n: int) -> TokenProb:
         """`token`'s log-probability in the row and the row's n best, from the raw logits."""

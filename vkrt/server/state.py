@@ -42,7 +42,14 @@ class ServerConfig:
     embeddings: bool = False         # /v1/embeddings and /embedding answer (llama-server's --embeddings)
     pooling: str | None = None       # none, mean, cls, last (None: the file's {arch}.pooling_type, else none)
     reasoning_format: str = "auto"   # llama-server's --reasoning-format: none | deepseek | auto
-    reasoning_budget: int = -1       # -1: unlimited; 0: thinking off (the template's enable_thinking=false)
+    reasoning_budget: int = -1       # -1: unlimited; 0: thinking off (enable_thinking=false); N: N thinking tokens
+    cache_ram: int = 8192            # MiB of host RAM for the prompt cache (-1: no limit, 0: off)
+    slot_save_path: str | None = None   # the folder of POST /slots/{id}?action=save|restore files (None: refused)
+
+    @property
+    def cache_ram_bytes(self) -> int | None:
+        """The prompt cache's limit in bytes (None: no limit)."""
+        return None if self.cache_ram < 0 else self.cache_ram << 20
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -99,13 +99,13 @@ def json_end(s: str, i: int) -> int | None:
 
 
 _STR = r'"([^"\\]*(?:\\.[^"\\]*)*)"'
-_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*' + _STR + r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*' + _STR + r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _LLAMA_HEAD = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*' + _STR +
                          r'\s*,\s*"(?:parameters|arguments)"\s*:\s*')
 _NAME_ONLY = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*' + _STR)
 
 
-def _json_call(text: str, i: int, head: re.Pattern, scan: JsonScanner) -> tuple[ToolCall | None, int, bool]:
+def json_call(text: str, i: int, head: re.Pattern, scan: JsonScanner) -> tuple[ToolCall | None, int, bool]:
     """The JSON object call at text[i:]: (call, end, ok). ok False: not a call (the text is content).
     An unfinished object gives the call as far as it is written (call None: no name yet)."""
     end = scan.end(text, i)
@@ -147,10 +147,10 @@ def _skip(text: str, i: int, literal: str) -> int:
 
 
 def _hermes(text: str, partial: bool, tools: dict, scan: JsonScanner) -> tuple[str, list[ToolCall]]:
-    return _tagged(text, partial, lambda i: _json_call(text, i, _HERMES_HEAD, scan), (CALL_OPEN,))
+    return tagged(text, partial, lambda i: json_call(text, i, HERMES_HEAD, scan), (CALL_OPEN,))
 
 
-def _tagged(text: str, partial: bool, body, markers: tuple[str, ...]) -> tuple[str, list[ToolCall]]:
+def tagged(text: str, partial: bool, body, markers: tuple[str, ...]) -> tuple[str, list[ToolCall]]:
     """Calls each opened by one of `markers` (the first is skipped; others begin the body) and
     closed by </tool_call>; body(i) -> (call, end, ok) reads one from i."""
     content, calls, pos = [], [], 0
@@ -183,7 +183,7 @@ _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>")
 
 
-def _typed(value: str, schema) -> object:
+def typed_value(value: str, schema) -> object:
     """A parameter's text as its schema's type says (text if it does not parse as that)."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind == "string" or (isinstance(kind, list) and "string" in kind and len(kind) == 1):
@@ -197,7 +197,7 @@ def _typed(value: str, schema) -> object:
     return out
 
 
-def _args_prefix(args: dict, whole: bool) -> str:
+def args_prefix(args: dict, whole: bool) -> str:
     text = json.dumps(args, ensure_ascii=False)
     return text if whole else text[:-1]
 
@@ -218,21 +218,21 @@ def _xml_call(text: str, i: int, partial: bool, tools: dict) -> tuple[ToolCall |
             break
         close = text.find("</parameter>", p.end())
         if close < 0:
-            return ToolCall(name, _args_prefix(args, not partial)), len(text), True
+            return ToolCall(name, args_prefix(args, not partial)), len(text), True
         value = text[p.end():close]
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
         key = p.group(1).strip()
-        args[key] = _typed(value, props.get(key))
+        args[key] = typed_value(value, props.get(key))
         pos = close + len("</parameter>")
     tail = text[pos:].lstrip()
     if tail.startswith("</function>"):
-        return ToolCall(name, _args_prefix(args, True)), len(text) - len(tail) + len("</function>"), True
-    return ToolCall(name, _args_prefix(args, not partial)), len(text), True
+        return ToolCall(name, args_prefix(args, True)), len(text) - len(tail) + len("</function>"), True
+    return ToolCall(name, args_prefix(args, not partial)), len(text), True
 
 
 def _qwen_xml(text: str, partial: bool, tools: dict, scan: JsonScanner) -> tuple[str, list[ToolCall]]:
-    return _tagged(text, partial, lambda i: _xml_call(text, i, partial, tools), (CALL_OPEN, FUNCTION_OPEN))
+    return tagged(text, partial, lambda i: _xml_call(text, i, partial, tools), (CALL_OPEN, FUNCTION_OPEN))
 
 
 def _llama3(text: str, partial: bool, tools: dict, scan: JsonScanner) -> tuple[str, list[ToolCall]]:
@@ -245,7 +245,7 @@ def _llama3(text: str, partial: bool, tools: dict, scan: JsonScanner) -> tuple[s
     content = text[:tag] if tag >= 0 else ""
     calls, pos = [], start
     while True:
-        call, end, ok = _json_call(text, pos, _LLAMA_HEAD, scan)
+        call, end, ok = json_call(text, pos, _LLAMA_HEAD, scan)
         if not ok:
             return text if not calls else content + text[pos:], calls
         if call is None:   # not yet known whether this object is a call

@@ -1,6 +1,6 @@
 """Grammars that hold a chat reply to tool calls, in the format the chat template teaches
-(tool_calls.py, harmony.py), written in llguidance's Lark dialect with each function's JSON
-schema embedded (`%json {...}`):
+(tool_calls.py, glm_tools.py, harmony.py), written in llguidance's Lark dialect with each
+function's JSON schema embedded (`%json {...}`):
 
 - tool_choice "required" or a named function: the reply is tool calls and nothing else, of the
   offered functions (or the named one), their arguments fitting each function's `parameters`;
@@ -15,6 +15,8 @@ schema embedded (`%json {...}`):
   Qwen's bare `<function=`), and a `<tool_call>` written while thinking opens one too; a Llama
   3.x reply is calls when it opens with `{` or holds <|python_tag|>; a harmony message is a
   call when its header names `to=functions.NAME`.
+- the generic format (generic_tools.py), for templates of none of these: whenever tools are
+  offered, the reply is its JSON, a call or (with tool_choice auto) a response.
 
 Free text and the marker that ends it are one lexeme (or the text cannot hold the marker's first
 character): llguidance's lexer takes a lexeme as far as it goes and never splits it back, so text
@@ -33,6 +35,8 @@ import llguidance
 from ..engine.grammar_compile import JSON_WHITESPACE, GrammarError, json_schema_grammar, lark_grammar
 from ..engine.grammar_limits import check_schema
 from .chat_output import HARMONY
+from .generic_tools import GENERIC
+from .glm_tools import GLM45, KEY_CLOSE, KEY_OPEN, VALUE_CLOSE, VALUE_OPEN
 from .harmony import MARKERS as HARMONY_MARKERS
 from .reasoning import THINK_CLOSE, THINK_OPEN
 from .tool_calls import CALL_CLOSE, CALL_OPEN, FUNCTION_OPEN, HERMES, LLAMA3, PYTHON_TAG, QWEN_XML
@@ -41,7 +45,8 @@ from .validation import BadRequest
 # the thinking before a forced call: none, an optional <think>…</think>, or the rest of one the prompt opened
 NO_THINKING, MAY_THINK, THINKING = "none", "may", "open"
 
-MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, PYTHON_TAG) + HARMONY_MARKERS   # maybe special tokens
+MARKERS = (CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, PYTHON_TAG, KEY_OPEN, KEY_CLOSE, VALUE_OPEN,
+           VALUE_CLOSE) + HARMONY_MARKERS   # maybe special tokens
 PARAM_CLOSE = "</parameter>"
 # keywords a raw-text (Qwen XML) string parameter is held to or that only annotate it (`format`
 # too: an annotation by JSON Schema's default); others are refused
@@ -73,40 +78,53 @@ def special_markers(tokens: list[str], types: list[int]) -> dict[str, int]:
     return {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (3, 4) and t in MARKERS}
 
 
-def constrains(tools: list | None, choice: str) -> bool:
-    """Whether a reply is held to tool calls: tool_choice required or named, or "auto" with strict functions."""
+def constrains(tools: list | None, choice: str, fmt: str | None = None) -> bool:
+    """Whether a reply is held to tool calls: tool_choice required or named, or "auto" with strict
+    functions; any tools offered to a template of the generic format (its replies are JSON)."""
     fns = functions(tools)
-    return bool(fns) and choice != "none" and (choice != "auto" or any(f.strict for f in fns))
+    return bool(fns) and choice != "none" and (choice != "auto" or fmt == GENERIC or any(f.strict for f in fns))
 
 
-def tool_grammar(fmt: str | None, tools: list, *, choice: str, name: str | None, parallel: bool,
-                 thinking: str, specials: dict[str, int]) -> str | None:
+def tool_grammar(fmt: str, tools: list, *, choice: str, name: str | None, parallel: bool,
+                 thinking: str, specials: dict[str, int], response: dict | None = None) -> str | None:
     """The grammar a reply must fit, or None (no tool constraint: tool_choice "none", or "auto"
-    without strict functions). choice: "auto" | "none" | "required" (name: the named function)."""
-    if not constrains(tools, choice):
+    without strict functions). choice: "auto" | "none" | "required" (name: the named function).
+    response: the request's response_format / json_schema / grammar ({"kind", "source", "field"}),
+    which a generic reply's "response" fits."""
+    if not constrains(tools, choice, fmt):
         return None
     fns = functions(tools)
     forced = choice == "required"
-    if fmt is None:
-        field = "tool_choice" if forced else f"tools[{next(f.index for f in fns if f.strict)}].function.strict"
-        raise BadRequest("the chat template teaches no tool-call format vkrt reads (Hermes/Qwen <tool_call>, "
-                         "Qwen XML functions, Llama 3.x JSON, gpt-oss harmony), so calls cannot be constrained",
-                         field)
     if name is not None:
         fns = [f for f in fns if f.name == name]
-    for f in fns:
-        if forced or f.strict:
-            _check_limits(f)
+    held = [f for f in fns if forced or f.strict or fmt == GENERIC]
+    for f in held:
+        _check_limits(f)
     g = _Writer(specials)
-    text = g.forced(fmt, fns, parallel, thinking) if forced else g.lazy(fmt, fns)
+    if fmt == GENERIC:
+        text = g.generic(fns, forced, parallel, thinking, _response_schema(response))
+    else:
+        text = g.forced(fmt, fns, parallel, thinking) if forced else g.lazy(fmt, fns)
     try:
         return lark_grammar(text)
     except GrammarError as exc:
-        for f in fns:   # name the function whose schema was refused
-            if forced or f.strict:
-                _check_schema(f)
+        for f in held:   # name the function whose schema was refused
+            _check_schema(f)
+        if response is not None:
+            _refused_at(response["source"], response["field"])
         raise BadRequest(f"the tools' grammar was refused by the grammar library (llguidance): {exc}",
                          "tools") from None
+
+
+def _response_schema(response: dict | None):
+    """The schema a generic reply's "response" fits (None: any string)."""
+    if response is None:
+        return None
+    if response["kind"] != "json_schema":
+        raise BadRequest(f"'{response['field']}': with tools, this chat template's replies are JSON (llama-server's "
+                         f"generic tool-call format), whose response a JSON schema may hold, not a grammar",
+                         response["field"])
+    return response["source"]
 
 
 def _check_limits(f: Function) -> None:
@@ -125,6 +143,15 @@ def _refused(f: Function, check, why: str) -> None:
         check(f.parameters)
     except GrammarError as exc:
         raise BadRequest(f"'{field}' {why}{exc}", field) from None
+
+
+def _refused_at(schema, field: str) -> None:
+    """A 400 naming `field` where llguidance refuses its JSON schema."""
+    try:
+        check_schema(schema)
+        json_schema_grammar(schema)
+    except GrammarError as exc:
+        raise BadRequest(f"'{field}' was refused by the grammar library (llguidance): {exc}", field) from None
 
 
 def _pattern(pattern, field: str) -> str:
@@ -227,43 +254,66 @@ class _Writer:
         return "\n".join([f"start: {start}"] + self.rules) + "\n"
 
     # -- one call ----------------------------------------------------------------------------------
-    def json_call(self, f: Function, key: str, constrain: bool) -> str:
-        """A call as one JSON object {"name": ..., key: {arguments}} (Hermes: arguments, Llama 3: parameters)."""
+    def json_call(self, f: Function, key: str, constrain: bool, extra: dict | None = None) -> str:
+        """A call as one JSON object {"name": ..., key: {arguments}} (Hermes: arguments, Llama 3: parameters),
+        then the `extra` properties (required)."""
         args = _rebased(f.parameters, f"#/properties/{key}") if constrain else {"type": "object"}
-        outer = {"type": "object", "properties": {"name": {"const": f.name}}, "required": ["name", key],
+        outer = {"type": "object", "properties": {"name": {"const": f.name}}, "required": ["name", key, *(extra or ())],
                  "additionalProperties": False}
         for defs in ("$defs", "definitions"):   # references are resolved from the root
             if defs in args:
                 outer[defs] = args.pop(defs)
         outer["properties"][key] = args
+        outer["properties"].update(extra or {})
         return self.rule(self.schema(outer))
 
     def xml_function(self, f: Function, constrain: bool) -> str:
         """Qwen's `NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n…</function>` (after `<function=`):
         the schema's properties in its order, the required ones always; string values as raw text."""
         props = f.parameters.get("properties") if constrain else None
-        close = _quote("\n" + PARAM_CLOSE + "\n")
         if not isinstance(props, dict) or not props:
             key = self.rule(r"/[^>\n]+/", terminal=True)
             params = self.rule(f'("<parameter=" {key} ">\\n" {self.text_until(PARAM_CLOSE)} "\\n")*')
         else:
-            required = set(f.parameters.get("required") or ())
-            defs = {k: f.parameters[k] for k in ("$defs", "definitions") if k in f.parameters}
-            if _root_refs(f.parameters):   # a value's schema stands alone: its root is kept beside it
-                defs["$defs"] = {**defs.get("$defs", {}), ROOT_DEF: _rebased(f.parameters, f"#/$defs/{ROOT_DEF}")}
-                defs["$defs"][ROOT_DEF].pop("$defs", None)
-                defs["$defs"][ROOT_DEF].pop("definitions", None)
-                props = {k: _rebased(v, f"#/$defs/{ROOT_DEF}") for k, v in props.items()}
-            parts = []
-            for key, schema in props.items():
-                value = self.xml_value(f, key, schema, defs, close)
-                p = self.rule(f"{_quote(f'<parameter={key}>' + chr(10))} {value}")
-                parts.append(p if key in required else p + "?")
-            params = self.rule(" ".join(parts))
+            params = self.typed_params(f, lambda key: _quote(f"<parameter={key}>\n"),
+                                       _quote("\n" + PARAM_CLOSE + "\n"), PARAM_CLOSE)
         return self.rule(f'{_quote(f.name + ">" + chr(10))} {params} "</function>"')
 
-    def xml_value(self, f: Function, key: str, schema, defs: dict, close: str) -> str:
-        """A parameter's value and the `close` after it."""
+    def glm_function(self, f: Function, constrain: bool) -> str:
+        """GLM's `NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n…` (after <tool_call>), as
+        xml_function: the schema's properties in its order, string values as raw text."""
+        props = f.parameters.get("properties") if constrain else None
+        value_close = (f'{self.mark(VALUE_CLOSE)} "\\n"' if VALUE_CLOSE in self.specials
+                       else _quote(VALUE_CLOSE + "\n"))
+        if not isinstance(props, dict) or not props:
+            key = self.rule(r"/[^<\n]+/", terminal=True)
+            value = self.text_until(VALUE_CLOSE)
+            params = self.rule(f'({self.mark(KEY_OPEN)} {key} {self.mark(KEY_CLOSE)} "\\n" {self.mark(VALUE_OPEN)} '
+                               f'{value} "\\n")*')
+        else:
+            params = self.typed_params(f, lambda key: f'{self.mark(KEY_OPEN)} {_quote(key)} {self.mark(KEY_CLOSE)} '
+                                                      f'"\\n" {self.mark(VALUE_OPEN)}', value_close, VALUE_CLOSE)
+        return self.rule(f'{_quote(f.name + chr(10))} {params}')
+
+    def typed_params(self, f: Function, head, close: str, stop: str) -> str:
+        """The parameters f's schema names, in its order (the required ones always): head(key),
+        the value and `close`; string values are raw text without `stop`."""
+        props = f.parameters["properties"]
+        required = set(f.parameters.get("required") or ())
+        defs = {k: f.parameters[k] for k in ("$defs", "definitions") if k in f.parameters}
+        if _root_refs(f.parameters):   # a value's schema stands alone: its root is kept beside it
+            defs["$defs"] = {**defs.get("$defs", {}), ROOT_DEF: _rebased(f.parameters, f"#/$defs/{ROOT_DEF}")}
+            defs["$defs"][ROOT_DEF].pop("$defs", None)
+            defs["$defs"][ROOT_DEF].pop("definitions", None)
+            props = {k: _rebased(v, f"#/$defs/{ROOT_DEF}") for k, v in props.items()}
+        parts = []
+        for key, schema in props.items():
+            p = self.rule(f"{head(key)} {self.xml_value(f, key, schema, defs, close, stop)}")
+            parts.append(p if key in required else p + "?")
+        return self.rule(" ".join(parts))
+
+    def xml_value(self, f: Function, key: str, schema, defs: dict, close: str, stop: str) -> str:
+        """A parameter's value and the `close` after it (a raw string holds no `stop`)."""
         kind = schema.get("type") if isinstance(schema, dict) else None
         if kind not in ("string", ["string"]):
             return f"{self.schema({**defs, **schema} if isinstance(schema, dict) else schema)} {close}"
@@ -277,10 +327,10 @@ class _Writer:
             if not all(isinstance(w, str) for w in words):
                 raise BadRequest(f"'{field}' is a string with non-string enum/const values", field)
             return f"({' | '.join(_quote(w) for w in words)}) {close}"
-        text = self.text_without((PARAM_CLOSE,), int(schema.get("minLength", 0)), schema.get("maxLength"))
+        text = self.text_without((stop,), int(schema.get("minLength", 0)), schema.get("maxLength"))
         if "pattern" in schema:
             text = self.rule(f"{text} & {_pattern(schema['pattern'], field)}", terminal=True)
-        return self.rule(f"{text} {close}", terminal=True)   # one terminal: see text_until
+        return self.rule(f"{text} {close}", terminal=stop not in self.specials)   # one terminal: see text_until
 
     def harmony_call(self, f: Function) -> str:
         head = f"{self.mark('<|channel|>')} {_quote(f'commentary to=functions.{f.name} ')} " \
@@ -289,7 +339,6 @@ class _Writer:
 
     # -- whole replies -----------------------------------------------------------------------------
     def forced(self, fmt: str, fns: list[Function], parallel: bool, thinking: str) -> str:
-        ws = self.rule(r"/[ \t\n]{1,8}/", terminal=True)
         if fmt == HARMONY:
             analysis = (f"{self.mark('<|channel|>')} \"analysis\" {self.mark('<|message|>')} "
                         f"{self.text_until('<|end|>', HARMONY_MARKERS)} {self.mark('<|start|>')} \"assistant\"")
@@ -301,17 +350,40 @@ class _Writer:
         elif fmt == QWEN_XML:
             body = " | ".join(self.xml_function(f, True) for f in fns)
             call = self.rule(f'{self.mark(CALL_OPEN)} "\\n<function=" ({body}) "\\n" {self.mark(CALL_CLOSE)}')
+        elif fmt == GLM45:
+            body = " | ".join(self.glm_function(f, True) for f in fns)
+            call = self.rule(f"{self.mark(CALL_OPEN)} ({body}) {self.mark(CALL_CLOSE)}")
         else:   # LLAMA3
             call = self.rule(" | ".join(self.json_call(f, "parameters", True) for f in fns))
         sep = '";"' if fmt == LLAMA3 else '"\\n"'
         calls = f"{call} ({sep} {call})*" if parallel else call
-        think = ""
-        if thinking != NO_THINKING and fmt != LLAMA3:
-            body = self.text_until(THINK_CLOSE)
-            think = f"{body} {ws}?" if thinking == THINKING else f"({self.mark(THINK_OPEN)} {body})? {ws}?"
+        return self.done(f"{self.think(thinking if fmt != LLAMA3 else NO_THINKING)} {calls}")
+
+    def think(self, thinking: str) -> str:
+        """What may come before a held reply: blanks, after the thinking `thinking` allows."""
+        ws = self.rule(r"/[ \t\n]{1,8}/", terminal=True)
+        if thinking == NO_THINKING:
+            return f"{ws}?"
+        body = self.text_until(THINK_CLOSE)
+        return f"{body} {ws}?" if thinking == THINKING else f"({self.mark(THINK_OPEN)} {body})? {ws}?"
+
+    def generic(self, fns: list[Function], forced: bool, parallel: bool, thinking: str, response) -> str:
+        """llama-server's generic reply: {"tool_call": CALL}, or {"tool_calls": [CALL, ...]} (each
+        with an "id") with parallel calls, or (unless forced) {"response": TEXT or `response`'s schema}."""
+        ws = self.rule(r"/[ \t\n]{1,20}/", terminal=True)
+
+        def member(key: str, value: str) -> str:
+            return self.rule(f'"{{" {ws}? {_quote(chr(34) + key + chr(34))} {ws}? ":" {ws}? {value} {ws}? "}}"')
+        id_ = {"id": {"type": "string", "minLength": 4, "maxLength": 32}} if parallel else {}   # the model's; unused
+        call = self.rule(" | ".join(self.json_call(f, "arguments", True, id_) for f in fns))
+        if parallel:
+            reply = member("tool_calls", f'"[" {ws}? {call} ({ws}? "," {ws}? {call})* {ws}? "]"')
         else:
-            think = f"{ws}?"
-        return self.done(f"{think} {calls}")
+            reply = member("tool_call", call)
+        if not forced:
+            answer = self.rule(self.schema(response if response is not None else {"type": "string"}))
+            reply = f"{reply} | {member('response', answer)}"
+        return self.done(f"{self.think(thinking)} ({reply})")
 
     def lazy(self, fmt: str, fns: list[Function]) -> str:
         """Free text, and calls wherever the model opens one (<tool_call>, or Qwen XML's <function=)."""
@@ -319,7 +391,7 @@ class _Writer:
             return self.lazy_harmony(fns)
         if fmt == LLAMA3:
             return self.lazy_llama3(fns)
-        triggers = (CALL_OPEN, FUNCTION_OPEN) if fmt == QWEN_XML else (CALL_OPEN,)
+        triggers = (CALL_OPEN, FUNCTION_OPEN) if fmt == QWEN_XML else (CALL_OPEN,)   # Hermes, GLM: <tool_call>
         text = self.text_without(triggers)
         free = text
         thinks = [self.mark(m) for m in (THINK_OPEN, THINK_CLOSE) if m in self.specials]
@@ -329,6 +401,9 @@ class _Writer:
         if fmt == HERMES:
             body = " | ".join(self.json_call(f, "arguments", f.strict) for f in fns)
             calls = [f'"\\n" ({body}) {close}']
+        elif fmt == GLM45:
+            body = " | ".join(self.glm_function(f, f.strict) for f in fns)
+            calls = [f"({body}) {self.mark(CALL_CLOSE)}"]
         else:
             body = self.rule(" | ".join(self.xml_function(f, f.strict) for f in fns))
             calls = [f'"\\n<function=" {body} {close}', body]
