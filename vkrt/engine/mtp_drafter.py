@@ -124,9 +124,3 @@ class MtpDrafter:
             self.head.write_hidden(states)
             logits = self.engine.eval(nexts[c0 - first:c1 - first], self.seq_id)
         return logits
-
-    def reset(self) -> None:
-        self.engine.reset(self.seq_id)
-        self.seen, self.head_state = [], None
-        self.trunk.clear()
-        self.tokens.clear()
