@@ -115,3 +115,26 @@ def test_mtp_names_missing_tensors(device, mtp_paths, monkeypatch):
         monkeypatch.delitem(m.gguf.tensors, "blk.4.nextn.eh_proj.weight")
         with pytest.raises(GGUFError, match="blk.4.nextn.eh_proj.weight"):
             MtpHead(m, 16)
+
+
+def test_drafts_together_equal_drafts_alone(device, mtp_paths):
+    """Two sequences' MTP drafts in shared head steps (the server's way) equal each drafted alone."""
+    path = mtp_paths["tiny-qwen35moe"]
+    histories = [TOKENS[:9], TOKENS[2:] + [77]]
+    opts = SpecOptions("mtp", draft_max=3, p_min=0.0)
+
+    def drafts(together: bool):
+        with Model(device, path, progress=False) as m, Engine(m, n_ctx=128, n_ubatch=32, n_seq_max=2) as e, \
+                open_drafting(opts, m, e, device) as d:
+            drafters = [d.drafter(0), d.drafter(1)]
+            for s, h in enumerate(histories):
+                e.eval(h[:-1], s)
+            requests = [(dr, h, 3) for dr, h in zip(drafters, histories)]
+            out = d.draft_all(requests) if together else [dr.draft(h, n) for dr, h, n in requests]
+            assert [d.engine.sequence_length(s) for s in (0, 1)] == [len(h) - 1 for h in histories]
+            return out
+    alone, together = drafts(False), drafts(True)
+    assert together == alone and all(len(x) == 3 for x in alone)
+    for h, x in zip(histories, alone):
+        assert x[0] == int(mtp_forward(path, h)[-1].argmax())
+

@@ -6,10 +6,11 @@ report it; a slot with a grammar or penalties still decodes one token a step."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from contextlib import contextmanager
 
 import pytest
-from models import tiny_model
+from models import TINY, tiny_model
 
 from .serverproc import metric, serving, wait_idle
 
@@ -73,6 +74,26 @@ def test_speculating_server_gives_the_same_tokens(tmp_path_factory, name, how):
     with served(path, *ARGS) as srv:   # a server that does not speculate says so
         status, err = srv.post("/completion", {"prompt": PROMPTS[0], "speculative.n_max": 4})
         assert status == 400 and "without speculative decoding" in err["error"]["message"]
+
+
+def test_speculating_server_with_mtp_gives_the_same_tokens(tmp_path_factory):
+    """--spec-type mtp with 2 slots (tiny qwen35moe with an MTP block): every client gets the
+    tokens of a server without speculation, alone and both at once (the slots' drafts made in
+    shared steps of the head)."""
+    from vkrt.model.synthetic import write_model
+    path = write_model(tmp_path_factory.mktemp("spec-mtp") / "mtp.gguf",
+                       dataclasses.replace(TINY["tiny-qwen35moe"], n_nextn=1))
+    prompts, args = PROMPTS[:2], ("-c", "512", "-np", "2", "-b", "64", "-ub", "64")
+    with served(path, *args) as srv:
+        plain = [_complete(srv, p)["tokens"] for p in prompts]
+    with served(path, *args, "--spec-type", "mtp", "--draft-p-min", "0", "--draft-max", "4") as srv:
+        alone = [_complete(srv, p) for p in prompts]
+        assert [r["tokens"] for r in alone] == plain
+        assert all(r["timings"]["draft_n"] > 0 for r in alone)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda p: _complete(srv, p), prompts))
+        assert [r["tokens"] for r in together] == plain
+        assert "the model's MTP head (blk.4)" in srv.log
 
 
 def test_spec_options_are_checked(tmp_path_factory, caplog):

@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from ..owned import Owned
 from .drafters import ModelDrafter, NgramDrafter
 from .engine import Engine
-from .mtp_drafter import MtpDrafter
+from .mtp_drafter import MtpDrafter, draft_together
 from .mtp_head import MtpHead
 from .options import EngineOptions, open_engine
 from .speculative import SpecOptions, Speculation, check_draft_vocab
@@ -38,6 +38,13 @@ class Drafting(Owned):
             self._mtp[seq_id] = d = MtpDrafter(self.model, self.engine, seq_id, p_min=o.p_min, n_min=o.draft_min)
             return d
         return NgramDrafter(o.ngram_min, o.ngram_max)
+
+    def draft_all(self, requests: list[tuple[object, list[int], int]]) -> list[list[int]]:
+        """The drafts of (drafter, history, at most n) for several sequences: an MTP head's
+        together (a step of the head for all of them a draft), the others one after another."""
+        if self.options.type == "mtp":
+            return draft_together(requests)
+        return [d.draft(h, n) for d, h, n in requests]
 
     def _route(self, args, deliver) -> None:
         """A step's states (seqs, pos, ids, rows) to the MTP drafter of each sequence in it."""

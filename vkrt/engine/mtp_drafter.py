@@ -68,34 +68,33 @@ class MtpDrafter:
 
     # -- drafting ----------------------------------------------------------------------------------
     def draft(self, history: list[int], n: int) -> list[int]:
+        return draft_together([(self, history, n)])[0]
+
+    def _catch_up(self, history: list[int]) -> tuple[list[int], np.ndarray]:
+        """Keep the entries `history` shares with the last one (entry L-2 is run again for its
+        logits); the tokens and the trunk's states of the entries from there to L-2."""
         L = len(history)
-        if n <= 0 or L < 2:
-            return []
         common = 0
         limit = min(len(self.seen), L)
         while common < limit and self.seen[common] == history[common]:
             common += 1
-        keep = min(self.entries, max(common - 1, 0), L - 2)   # entry L-2 is run again for its logits
+        keep = min(self.entries, max(common - 1, 0), L - 2)
         self._keep(keep)
-        try:
-            logits = self._run(keep, L - 2, history[keep + 1:L])
-            drafts: list[int] = []
-            while True:
-                token = int(np.argmax(logits))
-                p = 1.0 / float(np.exp((logits - logits[token]).astype(np.float64)).sum())
-                if p < self.p_min and len(drafts) >= self.n_min:
-                    break
-                drafts.append(token)
-                if len(drafts) >= n or self.engine.cache.cells.n_free() == 0:
-                    break
-                self.head.write_hidden(self.head_state[None])
-                logits = self.engine.eval([token], self.seq_id)
-        finally:
-            self.engine.truncate(self.seq_id, L - 1)   # the chained entries go: the trunk's states replace them
+        return history[keep + 1:L], self._states(keep, L - 1)
+
+    def _done(self, history: list[int]) -> None:
+        """The chained entries go (the trunk's states replace them): the head holds 0..L-2."""
+        L = len(history)
+        self.engine.truncate(self.seq_id, L - 1)
         self.seen = list(history)
         for p in [p for p in self.trunk if p <= L - 2]:
             del self.trunk[p], self.tokens[p]
-        return drafts
+
+    def _confident(self, logits: np.ndarray, drafts: list[int]) -> int | None:
+        """The head's next draft after `drafts`, or None where it is not confident enough."""
+        token = int(np.argmax(logits))
+        p = 1.0 / float(np.exp((logits - logits[token]).astype(np.float64)).sum())
+        return None if p < self.p_min and len(drafts) >= self.n_min else token
 
     def _keep(self, m: int) -> None:
         """Keep the entries of positions 0..m-1 (the head's sequence may hold another drafter's)."""
@@ -105,22 +104,73 @@ class MtpDrafter:
         if m == 0:
             self.seen = []
 
+    def _states(self, first: int, stop: int) -> np.ndarray:
+        """The trunk's states of positions first..stop-1 (taken; zeros where none arrived)."""
+        states = np.zeros((max(stop - first, 0), self.head.cfg.n_embd), np.float32)
+        for p in range(first, stop):
+            row = self.trunk.pop(p, None)
+            self.tokens.pop(p, None)
+            if row is not None:
+                states[p - first] = row
+        return states
+
     def _run(self, first: int, last: int, nexts: list[int]) -> np.ndarray:
         """The entries of positions first..last (tokens `nexts`: the token after each), in steps
         of the head's micro-batch; the logits of the last."""
-        E, ub = self.head.cfg.n_embd, self.engine.n_ubatch
-        if self.engine.sequence_length(self.seq_id) != first:
-            raise VkrtError(f"MTP head: sequence {self.seq_id} holds {self.engine.sequence_length(self.seq_id)} "
-                            f"entries, expected {first}")
-        logits = None
-        for c0 in range(first, last + 1, ub):
-            c1 = min(c0 + ub, last + 1)
-            states = np.zeros((c1 - c0, E), np.float32)
-            for p in range(c0, c1):
-                row = self.trunk.pop(p, None)
-                self.tokens.pop(p, None)
-                if row is not None:
-                    states[p - c0] = row
-            self.head.write_hidden(states)
-            logits = self.engine.eval(nexts[c0 - first:c1 - first], self.seq_id)
+        self._check_length(first)
+        states, ub, logits = self._states(first, last + 1), self.engine.n_ubatch, None
+        for c in range(0, len(nexts), ub):
+            self.head.write_hidden(states[c:c + ub])
+            logits = self.engine.eval(nexts[c:c + ub], self.seq_id)
         return logits
+
+    def _check_length(self, n: int) -> None:
+        if self.engine.sequence_length(self.seq_id) != n:
+            raise VkrtError(f"MTP head: sequence {self.seq_id} holds {self.engine.sequence_length(self.seq_id)} "
+                            f"entries, expected {n}")
+
+
+def draft_together(requests: list[tuple[MtpDrafter, list[int], int]]) -> list[list[int]]:
+    """The drafts of several sequences' MTP drafters (sharing one head and its engine) for
+    (drafter, history, at most n): their catch-ups in one step of the head (each its own when
+    they do not fit its micro-batch together), then one step a chained draft for every
+    sequence still drafting."""
+    out: list[list[int]] = [[] for _ in requests]
+    live = [(i, d, h, n) for i, (d, h, n) in enumerate(requests) if n > 0 and len(h) >= 2]
+    if not live:
+        return out
+    head, engine = live[0][1].head, live[0][1].engine
+    try:
+        plans = [d._catch_up(h) for _, d, h, _ in live]
+        for (_, d, h, _), (nexts, _) in zip(live, plans):
+            d._check_length(len(h) - 1 - len(nexts))
+        if sum(len(nx) for nx, _ in plans) <= engine.n_ubatch:
+            head.write_hidden(np.concatenate([st for _, st in plans]))
+            rows = list(engine.mixed([(d.seq_id, nx) for (_, d, _, _), (nx, _) in zip(live, plans)]))
+        else:
+            rows = []
+            for (_, d, h, _), (nexts, states) in zip(live, plans):
+                d.trunk.update({len(h) - 1 - len(nexts) + k: r for k, r in enumerate(states)})   # _run takes them
+                rows.append(d._run(len(h) - 1 - len(nexts), len(h) - 2, nexts))
+        going = list(range(len(live)))
+        while going:
+            step = []
+            for k in going:
+                i, d, _, n = live[k]
+                token = d._confident(rows[k], out[i])
+                if token is None:
+                    continue
+                out[i].append(token)
+                if len(out[i]) < n:
+                    step.append((k, token))
+            if not step or engine.cache.cells.n_free() < len(step):
+                break
+            head.write_hidden(np.stack([live[k][1].head_state for k, _ in step]))
+            logits = engine.decode([(live[k][1].seq_id, t) for k, t in step])
+            for (k, _), row in zip(step, logits):
+                rows[k] = row
+            going = [k for k, _ in step]
+    finally:
+        for _, d, h, _ in live:
+            d._done(h)
+    return out

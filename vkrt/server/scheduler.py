@@ -415,10 +415,9 @@ class Scheduler:
         cap = min(engine.candidate_rows if top else engine.n_ubatch, max(engine.verify_tokens, len(active)))
         each = cap // len(active)   # rows a slot may take
         o = self.drafting.options
-        plan = []
+        plan, wanted = [], []   # wanted: (plan index, the slot's fewest drafts, its draft request)
         for s in active:
             lead = s.replay + [s.next_token]
-            drafts = []
             n_max, n_min, p_min = (x if x is not None else d for x, d in
                                    zip(s.job.draft or (None,) * 3, (o.draft_max, o.draft_min, o.p_min)))
             if s.drafter is not None and s.grammar is None and s.job.logprobs is None \
@@ -426,11 +425,13 @@ class Scheduler:
                 room = min(n_max, each - len(lead), s.limit - len(s.generated) - 1,
                            s.n_ctx - len(s.cache) - len(lead))
                 if room > 0:
-                    if hasattr(s.drafter, "p_min"):   # a draft model: the request's confidence floor
+                    if hasattr(s.drafter, "p_min"):   # a draft model or MTP head: the request's confidence floor
                         s.drafter.p_min, s.drafter.n_min = p_min, n_min
-                    drafts = [int(t) for t in s.drafter.draft(s.job.prompt + s.generated, room)[:room]]
-                    drafts = drafts if len(drafts) >= max(1, n_min) else []
-            plan.append((s, lead, drafts))
+                    wanted.append((len(plan), n_min, (s.drafter, s.job.prompt + s.generated, room)))
+            plan.append((s, lead, []))
+        for (k, n_min, (_, _, room)), drafts in zip(wanted, self.drafting.draft_all([w for _, _, w in wanted])):
+            drafts = [int(t) for t in drafts[:room]]
+            plan[k] = (plan[k][0], plan[k][1], drafts if len(drafts) >= max(1, n_min) else [])
         if not any(d or len(lead) > 1 for _, lead, d in plan):
             return False
 
