@@ -40,8 +40,8 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
     `device` brings its own. `options` are EngineOptions fields (n_ctx, n_batch, n_ubatch,
     flash_attn, n_gpu_layers, mmap, kv_type, n_cpu_moe, split_mode, tensor_split, main_gpu, ...).
     Speculative decoding (the same output, fewer steps where drafts land): `speculative` "ngram"
-    (drafts looked up in the prompt and output) or "draft" (a `draft_model` file of the same
-    vocabulary, on the model's main device), with draft_max / draft_min / draft_p_min as
+    (drafts looked up in the prompt and output), "mtp" (the model's own MTP block) or "draft" (a
+    `draft_model` file of the same vocabulary, on the model's main device), with draft_max / draft_min / draft_p_min as
     llama-server's --draft-max / --draft-min / --draft-p-min."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
