@@ -7,6 +7,9 @@ import os
 
 import click
 
+# -ctk / -ctv: vkrt.ops.kv_quant.KV_TYPES (spelt out: the CLI imports vkrt lazily)
+KV_CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
 INT32_MAX = 2 ** 31 - 1   # the largest count the engine indexes buffers and shaders with
 
 
@@ -105,7 +108,7 @@ def cache_size(value: str) -> int | None:
 
 
 def model_options(f=None, *, n_ctx: int = 4096, ctx_help: str = "Context size (KV cache cells)."):
-    """-m, -hf, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type (decorator; called with
+    """-m, -hf, -c, -b, -ub, -fa, -ngl, --no-mmap, --no-pin, --kv-type, -ctk, -ctv (decorator; called with
     keywords, a command's own -c default and help)."""
     if f is None:
         return lambda g: model_options(g, n_ctx=n_ctx, ctx_help=ctx_help)
@@ -127,6 +130,10 @@ def model_options(f=None, *, n_ctx: int = 4096, ctx_help: str = "Context size (K
         click.option("--no-pin", is_flag=True, help="Do not import host-resident weights (VKRT_REGISTER_HOST=0)."),
         click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
                      help="KV cache type."),
+        click.option("-ctk", "--cache-type-k", "cache_type_k", type=click.Choice(KV_CACHE_TYPES), default=None,
+                     help="K cache type (default: --kv-type); quantised types need flash attention."),
+        click.option("-ctv", "--cache-type-v", "cache_type_v", type=click.Choice(KV_CACHE_TYPES), default=None,
+                     help="V cache type (default: --kv-type); quantised types need flash attention."),
         click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=count(0), default=None,
                      help="Keep the expert tensors of the first N layers in host memory (MoE models)."),
         click.option("--vram-budget", default=None,
@@ -236,14 +243,15 @@ def check_device_options(model_kw: dict) -> None:
 def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type, n_cpu_moe=None,
                    vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0,
                    split_mode="layer", tensor_split=None, main_gpu=None, pipeline_steps=False, cpu_experts="auto",
-                   cpu_moe_threads=None, link_bandwidth=None):
+                   cpu_moe_threads=None, link_bandwidth=None, cache_type_k=None, cache_type_v=None):
     """The library's EngineOptions from the CLI's model options."""
     from vkrt.engine.options import EngineOptions
     from vkrt.errors import ConfigError
     try:
         return EngineOptions(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flag01(flash_attn),
                              n_gpu_layers=n_gpu_layers, mmap=not no_mmap, pin=False if no_pin else None,
-                             kv_type=kv_type, n_cpu_moe=n_cpu_moe, vram_budget=vram_budgets(vram_budget),
+                             kv_type=kv_type, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                             n_cpu_moe=n_cpu_moe, vram_budget=vram_budgets(vram_budget),
                              expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
                              progress=progress, split_mode=split_mode, tensor_split=parse_tensor_split(tensor_split),
                              main_gpu=main_gpu, pipeline_steps=pipeline_steps, cpu_experts=cpu_experts,

@@ -40,7 +40,7 @@
 // projected and are normed and rotated into the Q tile; the K and V of the new cell are normed,
 // rotated and stored into the caches by the split holding the cell (fa_norm_rope.glsl).
 //
-// Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, HAS_MASK, UNROLL (0: loops
+// Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, K_Q, V_Q, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
 // LOADS_FIRST, SPLIT_MIN, NORM_ROPE_IN (and fa_norm_rope.glsl's).
 #include "common.glsl"
@@ -50,6 +50,12 @@
 #endif
 #ifndef LOADS_FIRST
 #define LOADS_FIRST 0
+#endif
+#ifndef K_Q
+#define K_Q 0
+#endif
+#ifndef V_Q
+#define V_Q 0
 #endif
 #ifndef SPLIT_MIN
 #define SPLIT_MIN 1
@@ -77,7 +83,23 @@ const uint MO_BR = GQA_PACK > 1 ? (BR > GQA_PACK ? BR / GQA_PACK : 1u) : BR;
 layout(binding = 0) readonly buffer Q { float q[]; };
 // K and V: 4 elements from element e as stored (K_RAW / V_RAW: f16 caches keep their halves
 // packed until used) and as floats
-#if K_F16
+// K_Q / V_Q: a quantised cache's kv_quant.glsl type, dequantised as loaded (its offsets and
+// strides count elements as blocks of 32 do)
+#if K_Q || V_Q
+#if K_Q
+layout(binding = 1) readonly buffer K { uint k_w[]; };
+#define QBUF k_w
+#else
+layout(binding = 2) readonly buffer V { uint v_w[]; };
+#define QBUF v_w
+#endif
+#include "kv_quant.glsl"
+#endif
+#if K_Q
+#define K_RAW vec4
+K_RAW raw_k(uint e) { return KVQ_LOAD4(k_w, K_Q, e); }
+vec4 unpack_k(K_RAW h) { return h; }
+#elif K_F16
 layout(binding = 1) readonly buffer K { uvec2 k_h4[]; };  // 4 halves
 #define K_RAW uvec2
 K_RAW raw_k(uint e) { return k_h4[e >> 2]; }
@@ -88,7 +110,14 @@ layout(binding = 1) readonly buffer K { vec4 k_v4[]; };
 K_RAW raw_k(uint e) { return k_v4[e >> 2]; }
 vec4 unpack_k(K_RAW h) { return h; }
 #endif
-#if V_F16
+#if V_Q
+#if K_Q
+layout(binding = 2) readonly buffer V { uint v_w[]; };
+#endif
+#define V_RAW vec4
+V_RAW raw_v(uint e) { return KVQ_LOAD4(v_w, V_Q, e); }
+vec4 unpack_v(V_RAW h) { return h; }
+#elif V_F16
 layout(binding = 2) readonly buffer V { uvec2 v_h4[]; };
 #define V_RAW uvec2
 V_RAW raw_v(uint e) { return v_h4[e >> 2]; }

@@ -25,8 +25,9 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import BufferTooLarge, ConfigError, VkrtError
-from ..memory import F16
+from ..memory import F16, ggml_type
 from ..model.loader import Model
+from ..ops.kv_quant import KV_QUANT
 from ..owned import Owned
 from .greedy import greedy_tokens
 from .handoff import Handoff
@@ -54,6 +55,8 @@ class Engine(Owned):
     as one pass stage after stage. cpu_experts "auto" / "all" (with cpu_moe_threads, and
     link_bandwidth GB/s pacing the expert copies): decode steps plan host-resident experts on
     the host and compute some on the CPU (host_experts.py); "off": the GPU computes them all.
+    kv_type: the KV cache's type (K's, and V's unless kv_type_v is given; quantised types need
+    flash_attn).
     pad_prompts False: prompt steps run unpadded (an MTP head's inputs are a row a token).
     The parts it runs with: `stages`, `inputs` (StepInputs),
     `readback` (Readback) and `steps` (StepRunner: the recorded graphs, `steps.graphs`)."""
@@ -63,7 +66,7 @@ class Engine(Owned):
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
                  expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0,
                  pipeline_steps: bool = False, cpu_experts: str = "off", cpu_moe_threads: int | None = None,
-                 link_bandwidth: float | None = None, pad_prompts: bool = True):
+                 link_bandwidth: float | None = None, pad_prompts: bool = True, kv_type_v=None):
         super().__init__("engine")
         self.model = model
         self.device = dev = model.device
@@ -73,6 +76,10 @@ class Engine(Owned):
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, n_ubatch
         self.n_seq_max = n_seq_max
         self.flash_attn = flash_attn
+        quantised = [ggml_type(t).name for t in (kv_type, kv_type_v) if t is not None and ggml_type(t).name in KV_QUANT]
+        if quantised and not flash_attn:
+            raise ConfigError(f"a quantised KV cache ({quantised[0].lower()}, -ctk/-ctv) is read by flash attention "
+                              f"only: turn it on (-fa on) or keep -ctk/-ctv f16")
         self.stages: list[Stage] = []
         self.handoffs: list[Handoff] = []
         self.prefetch = self.staging = self.readback = self.inputs = self.steps = None
@@ -83,7 +90,8 @@ class Engine(Owned):
             cells = CellTable(n_ctx)
             for k, (d, layers) in enumerate(zip(devices, ranges)):
                 self.stages.append(Stage(model, d, layers, cells, n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn,
-                                         kv_type=kv_type, n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
+                                         kv_type=kv_type, kv_type_v=kv_type_v, n_seq_max=n_seq_max,
+                                         n_checkpoints=n_checkpoints,
                                          output=k == len(devices) - 1))
             for a, b in zip(self.stages, self.stages[1:]):
                 self.handoffs.append(Handoff(a.device, b.device, 4 * cfg.n_embd * n_ubatch))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..commands import run_once
-from ..errors import VkrtError
-from ..memory import F16, Tensor, ggml_type
+from ..errors import ConfigError, VkrtError
+from ..memory import F16, Tensor
+from ..ops.kv_quant import KV_QUANT, kv_type
 from ..owned import Owned
 
 
@@ -81,21 +82,28 @@ class CellTable:
 
 class KVCache(Owned):
     """K and V tensors of the `layers` that attend (DeltaNet layers keep a recurrent state
-    instead), by layer index; F16 by default (F32 on request). `cells`: the cell table to share
-    (the stages of a layer split hold the same cells of their own layers)."""
+    instead), by layer index; F16 by default, `type` K's (and V's unless `v_type` is given): F32,
+    F16 or a quantised KV type (ops/kv_quant.py). `cells`: the cell table to share (the stages of
+    a layer split hold the same cells of their own layers)."""
 
     def __init__(self, device, layers, head_dim_k: int, head_dim_v: int, n_head_kv: int, n_ctx: int,
-                 type=F16, cells: CellTable | None = None):
+                 type=F16, cells: CellTable | None = None, v_type=None):
         super().__init__(f"KV cache {n_ctx} cells")
-        self.type = ggml_type(type)
+        self.k_type = kv_type(type)
+        self.v_type = kv_type(v_type) if v_type is not None else self.k_type
+        self.type = self.k_type
+        for t, hd, what in ((self.k_type, head_dim_k, "-ctk"), (self.v_type, head_dim_v, "-ctv")):
+            if t.name in KV_QUANT and hd % t.block_size:
+                raise ConfigError(f"{what} {t.name.lower()}: a {t.name} KV cache needs head sizes that are "
+                                  f"multiples of {t.block_size}; this model's is {hd} (use f16)")
         self.n_ctx = n_ctx
         self.cells = cells if cells is not None else CellTable(n_ctx)
         self.k: dict[int, Tensor] = {}
         self.v: dict[int, Tensor] = {}
         try:
             for il in layers:
-                self.k[il] = Tensor.empty(device, self.type, (head_dim_k, n_ctx, n_head_kv), name=f"cache_k.{il}")
-                self.v[il] = Tensor.empty(device, self.type, (head_dim_v, n_ctx, n_head_kv), name=f"cache_v.{il}")
+                self.k[il] = Tensor.empty(device, self.k_type, (head_dim_k, n_ctx, n_head_kv), name=f"cache_k.{il}")
+                self.v[il] = Tensor.empty(device, self.v_type, (head_dim_v, n_ctx, n_head_kv), name=f"cache_v.{il}")
             # zeros, not whatever the memory held: attention weighs unused cells by exactly 0,
             # and 0 * NaN would still be NaN
             if self.k:
@@ -103,6 +111,12 @@ class KVCache(Owned):
         except BaseException:
             self.close()
             raise
+
+    @property
+    def type_name(self) -> str:
+        """The cache's type, K/V where they differ (Q8_0, Q8_0/Q4_0)."""
+        k, v = self.k_type.name, self.v_type.name
+        return k if k == v else f"{k}/{v}"
 
     def _all(self) -> list[Tensor]:
         return [*self.k.values(), *self.v.values()]

@@ -46,7 +46,7 @@ def kv_layout(engine) -> dict:
     for st in engine.stages:
         for il, k in st.cache.k.items():
             layers[il] = (k.nb[1], st.cache.v[il].nb[1], k.ne[2])
-    return {"kv_type": engine.cache.type.name, "layers": {str(il): list(v) for il, v in sorted(layers.items())},
+    return {"kv_type": engine.cache.type_name, "layers": {str(il): list(v) for il, v in sorted(layers.items())},
             "state_bytes": [st.state.slot_bytes for st in engine.stages if st.state is not None]}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..ops.kv_quant import KV_QUANT, KV_TYPES, kv_type
 
 
 CPU_EXPERTS = ("off", "auto", "all")
@@ -16,8 +17,9 @@ class EngineOptions:
     """The model options of `vkrt run` / `bench` / `serve` (same names and defaults): context
     `n_ctx`, batch `n_batch`, micro-batch `n_ubatch`, flash attention, `n_gpu_layers` in VRAM,
     `mmap` (False: read into anonymous memory), `pin` (None: import host memory where allowed),
-    KV type, `n_cpu_moe` expert layers in host memory, a VRAM budget in bytes (places experts to
-    fit), the expert cache in bytes (None: what is left, 0: off), `n_seq_max` sequences at once
+    KV type (`kv_type` f16/f32; `cache_type_k` / `cache_type_v`, llama.cpp's -ctk/-ctv, override
+    it for K / V with any KV type: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), `n_cpu_moe`
+    expert layers in host memory, a VRAM budget in bytes (places experts to fit), the expert cache in bytes (None: what is left, 0: off), `n_seq_max` sequences at once
     with `n_checkpoints` recurrent-state checkpoints, and whether to show progress bars.
 
     Several devices (open_engine given a list): `split_mode` "layer" (llama.cpp's default: each
@@ -41,6 +43,8 @@ class EngineOptions:
     mmap: bool = True
     pin: bool | None = None
     kv_type: str = "f16"
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
     n_cpu_moe: int | None = None
     vram_budget: int | None = None
     expert_cache: int | None = None
@@ -64,6 +68,14 @@ class EngineOptions:
             raise ConfigError(f"link_bandwidth must be a positive GB/s figure, got {self.link_bandwidth}")
         if self.kv_type not in ("f16", "f32"):
             raise ConfigError(f"kv_type must be 'f16' or 'f32', got {self.kv_type!r}")
+        for name, flag in (("cache_type_k", "-ctk"), ("cache_type_v", "-ctv")):
+            value = getattr(self, name)
+            if value is not None and str(value).upper() not in KV_TYPES:
+                raise ConfigError(f"{flag} / {name}: {value!r} is not a KV cache type; choose one of "
+                                  f"{', '.join(t.lower() for t in KV_TYPES)}")
+        if not self.flash_attn and any(t.upper() in KV_QUANT for t in self.kv_types):
+            raise ConfigError("a quantised KV cache (-ctk/-ctv) is read by flash attention only: turn it on "
+                              "(-fa on) or keep -ctk/-ctv f16")
         if self.split_mode == "row":
             raise ConfigError("split mode 'row' (each matrix split across devices) is not supported: use -sm layer "
                               "(each device runs a share of the layers)")
@@ -83,6 +95,11 @@ class EngineOptions:
         budgets = self.vram_budget if isinstance(self.vram_budget, tuple) else (self.vram_budget,)
         if any(b is not None and int(b) < 0 for b in budgets):
             raise ConfigError(f"vram_budget must not be negative, got {self.vram_budget}")
+
+    @property
+    def kv_types(self) -> tuple[str, str]:
+        """The K and V cache types (upper case): -ctk / -ctv, else kv_type."""
+        return tuple(str(t or self.kv_type).upper() for t in (self.cache_type_k, self.cache_type_v))
 
     def budgets(self, n_devices: int) -> list[int | None]:
         """The VRAM budget of each of n_devices devices (ConfigError where the per-device lists,
@@ -123,7 +140,7 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
                   progress=o.progress, split=split)
     try:
         engine = Engine(model, n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
-                        kv_type=o.kv_type.upper(), expert_cache=o.expert_cache, n_seq_max=o.n_seq_max,
+                        kv_type=o.kv_types[0], kv_type_v=o.kv_types[1], expert_cache=o.expert_cache, n_seq_max=o.n_seq_max,
                         n_checkpoints=o.n_checkpoints, pipeline_steps=o.pipeline_steps, cpu_experts=o.cpu_experts,
                         cpu_moe_threads=o.cpu_moe_threads, link_bandwidth=o.link_bandwidth)
     except BaseException:
@@ -135,7 +152,8 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
 def estimate_keywords(o: EngineOptions, device) -> dict:
     from .prefetch import slots_requested
     return dict(n_ctx=o.n_ctx, n_ubatch=min(o.n_ubatch, o.n_batch), n_gpu_layers=o.n_gpu_layers,
-                kv_bytes=2 if o.kv_type == "f16" else 4, flash_attn=o.flash_attn, prefetch_slots=slots_requested(None, device.settings),
+                kv_bytes=tuple(kv_type(t).type_size / kv_type(t).block_size for t in o.kv_types),
+                flash_attn=o.flash_attn, prefetch_slots=slots_requested(None, device.settings),
                 n_seq_max=o.n_seq_max, device=device)
 
 

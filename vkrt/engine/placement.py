@@ -40,7 +40,7 @@ class VramEstimate:
 
 
 def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cpu_moe: int, n_gpu_layers: int = 999,
-             kv_bytes: int = 2, flash_attn: bool = True, prefetch_slots: int = 0, n_seq_max: int = 1, device=None,
+             kv_bytes: float | tuple[float, float] = 2, flash_attn: bool = True, prefetch_slots: int = 0, n_seq_max: int = 1, device=None,
              split=None, stage: int = 0) -> VramEstimate:
     """Bytes of VRAM a configuration takes; `tensors` maps names to objects with .nbytes (`device`:
     see scratch_bytes). With `split` (a LayerSplit), what its stage `stage` takes."""
@@ -63,8 +63,9 @@ def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cp
         if (il is not None and il < first_gpu) or (il is None and n_gpu_layers <= cfg.n_layer):
             continue
         weights += t.nbytes
-    kv = len([il for il in cfg.kv_layers if il in layers]) * n_ctx * cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) \
-        * kv_bytes
+    kb, vb = kv_bytes if isinstance(kv_bytes, tuple) else (kv_bytes, kv_bytes)   # bytes a value, K and V
+    kv = int(len([il for il in cfg.kv_layers if il in layers]) * n_ctx * cfg.n_head_kv
+             * (cfg.head_dim_k * kb + cfg.head_dim_v * vb))
     acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device)
     recurrent = 4 * cfg.recurrent_floats * len([il for il in cfg.linear_layers if il in layers]) * max(1, n_seq_max)
     largest = max(layer_experts.values(), default=0)

@@ -51,7 +51,7 @@ class Stage(Owned):
     stage runs the output matrix (the model's tied-embedding copy where it has one)."""
 
     def __init__(self, model, device, layers: range, cells, *, n_ctx: int, n_ubatch: int, flash_attn: bool,
-                 kv_type, n_seq_max: int, n_checkpoints: int, output: bool):
+                 kv_type, n_seq_max: int, n_checkpoints: int, output: bool, kv_type_v=None):
         super().__init__(f"stage on {device.label}")
         cfg = model.cfg
         self.model, self.device, self.layers = model, device, layers
@@ -63,7 +63,8 @@ class Stage(Owned):
         try:
             try:
                 self.cache = KVCache(device, [il for il in cfg.kv_layers if il in layers], cfg.head_dim_k,
-                                     cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type, cells=cells)
+                                     cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type, cells=cells,
+                                     v_type=kv_type_v)
             except BufferTooLarge as exc:
                 raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
             if any(il in layers for il in cfg.linear_layers):

@@ -19,6 +19,7 @@ from ..ops.matmul import NormOutput, gate_up_pair, matmul, norm_input
 from ..ops.moe import ExpertSum, route_epilogue
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum, summed_down_fits
 from ..ops.norm import rms_norm
+from ..ops.kv_quant import plain_cache
 from ..ops.norm_rope import can_store_v
 from .nodes import Attend, Glu, MatMul, MoeCombine, MulMatId, Node, Norm, NormRope, QKRope, Residual, Route
 
@@ -240,7 +241,7 @@ class _Pass:
 
     def _rope(self, op: QKRope):
         """The rope op as the norm_rope fusions have it."""
-        if "norm_rope" not in self.on:
+        if "norm_rope" not in self.on or not plain_cache(op.k_cache):   # its store writes F32/F16 rows
             return op
         return NormRope(op, with_q="qk_rope" in self.on and not op.q_temp,
                         store_v="kv_store" in self.on and can_store_v(op.k3, op.k_cache, op.v3, op.v_cache))

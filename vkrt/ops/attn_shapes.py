@@ -1,7 +1,7 @@
 """The shapes of one attention call, checked once (GGML ggml_flash_attn_ext conventions).
 
     q     F32      [hsk, n_q,  n_head,    batch]   any strides (whole elements)
-    k     F16/F32  [hsk, n_kv, n_head_kv, batch]
+    k     F16/F32  [hsk, n_kv, n_head_kv, batch]  (flash attention: a quantised KV type too)
     v     F16/F32  [hsv, n_kv, n_head_kv, batch]
     mask  F16      [n_kv, n_q_padded >= n_q, nem2, nem3]  added to the scores; broadcast over heads
                    (head h uses plane h % nem2) and batch (b % nem3); -inf hides a key
@@ -49,11 +49,13 @@ def _types(t: Tensor, what: str, allowed) -> None:
         raise UnsupportedShape(f"attention {what} must be {names}, got {t.type.name} ({t!r})")
 
 
-def attn_shape(q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None) -> AttnShape:
-    """Check q, k, v, mask and out against each other; raise UnsupportedShape saying what is wrong."""
+def attn_shape(q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None,
+               kv_types: tuple = (F16, F32)) -> AttnShape:
+    """Check q, k, v, mask and out against each other (K and V of `kv_types`); raise
+    UnsupportedShape saying what is wrong."""
     _types(q, "q", (F32,))
-    _types(k, "k", (F16, F32))
-    _types(v, "v", (F16, F32))
+    _types(k, "k", kv_types)
+    _types(v, "v", kv_types)
     _types(out, "out", (F32,))
     hsk, n_q, n_head, batch = q.ne
     hsv, n_kv, n_head_kv = v.ne[0], k.ne[1], k.ne[2]
@@ -83,5 +85,5 @@ def attn_shape(q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None
 
 
 def element_strides(t: Tensor) -> tuple[int, int, int]:
-    """nb[1..3] of `t` in elements."""
-    return tuple(nb // t.type.type_size for nb in t.nb[1:])
+    """nb[1..3] of `t` in elements (of a block type, whole blocks' elements)."""
+    return tuple(nb // t.type.type_size * t.type.block_size for nb in t.nb[1:])

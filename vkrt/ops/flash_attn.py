@@ -8,7 +8,9 @@ fp16 fragments with fp32 sums (shaders/flash_attn_cm.comp).
 (without softcap S = scale * Q K^T + slope_h * mask; slope_h = 1 without ALiBi, else ALiBi's
 slope for head h from max_bias, as ggml). Shapes and layouts: vkrt/ops/attn_shapes.py. Rows
 whose keys are all masked come out as zeros. K and V rows must be finite where masked, as in
-llama.cpp (0 * inf is NaN).
+llama.cpp (0 * inf is NaN). K and V may be quantised KV caches (ops/kv_quant.py: Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, IQ4_NL), which the scalar kernel dequantises as it loads them (gguf's values); the
+cooperative-matrix kernel reads F16/F32 only, so those calls take the scalar kernel.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from .binding import bind_tensor, f32_binding
 from .fa_norm_rope import FA_NORM_ROPE_PUSH, FANormRope
 from .flash_work import FlashWork
 from .grid import ceil_div
+from .kv_quant import KV_QUANT, check_rows, is_quantised, kv_type
+
+KV_TYPES = tuple(kv_type(n) for n in ("F16", "F32", *KV_QUANT))   # what the scalar kernel reads
 
 MASK_OPT_WG = 64  # blocks per workgroup of fa_mask_opt.comp (its local_size_x)
 
@@ -137,7 +142,14 @@ def mask_opt_kernel(device, rows: int, bc: int):
 
 def _vec4_offset(t: Tensor, byte_off: int, what: str) -> int:
     """Element offset of t's first element in its binding; it and t's strides must be multiples
-    of 4 elements (the kernel reads K and V 4 elements at a time)."""
+    of 4 elements (the kernel reads K and V 4 elements at a time). A quantised cache's offset
+    counts the elements of the whole blocks before it."""
+    if is_quantised(t):
+        check_rows(t, f"flash attention {what}")
+        if byte_off % t.type.type_size:
+            raise UnsupportedShape(f"flash attention reads {what} by blocks: its offset ({byte_off} bytes into the "
+                                   f"binding) must be whole {t.type.name} blocks")
+        return byte_off // t.type.type_size * t.type.block_size
     off = byte_off // t.type.type_size
     if off % 4 or any(s % 4 for s in element_strides(t)):
         raise UnsupportedShape(f"flash attention reads {what} 4 elements at a time: its offset ({off} elements into "
@@ -175,10 +187,11 @@ class FlashAttn:
                  prologue: FANormRope | None = None):
         self.label = label
         self.device = device
-        self.shape = s = attn_shape(q, k, v, out, mask)
+        self.shape = s = attn_shape(q, k, v, out, mask, kv_types=KV_TYPES)
         self.tuning = tuning or device.tuning
         if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
+        self.quantised = is_quantised(k) or is_quantised(v)
         self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
         cm_tile = self.decide_coopmat(coopmat, split_k)
         self.coopmat = cm_tile is not None
@@ -238,6 +251,7 @@ class FlashAttn:
         tile = fa_cm_tile(s.hsk, s.hsv, p.shared_memory, p.subgroup_size)
         why = ("the tuning runs no flash attention on cooperative matrices" if not tuning.fa_coopmat else
                "the query heads of a KV head are packed" if self.pack > 1 else
+               "the KV cache is quantised" if self.quantised else
                f"head sizes {s.hsk}/{s.hsv} are not multiples of 16" if s.hsk % 16 or s.hsv % 16 else
                f"it does not split along KV (split_k={split_k})" if split_k not in (None, 1) else
                "no tile fits the shared memory" if tile is None else None)
@@ -336,6 +350,8 @@ class FlashAttn:
             push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
         options = dict(K_F16=int(k.type == F16), V_F16=int(v.type == F16), HAS_MASK=int(mask is not None),
                        KV_USED=int(kv_used is not None), SINKS=int(sinks is not None))
+        if self.quantised:   # the scalar kernel only (decide_coopmat)
+            options.update(K_Q=KV_QUANT.get(k.type.name, 0), V_Q=KV_QUANT.get(v.type.name, 0))
         if self.coopmat:   # its workgroup is fixed by its defines (subgroups x lanes)
             shader, workgroup, defines = "flash_attn_cm", None, fa_cm_defines(s.hsk, s.hsv, tile, **options)
         else:

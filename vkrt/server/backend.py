@@ -96,7 +96,7 @@ class Backend:
             + (", ".join(f"heap {i} {fmt_bytes(used)} of {fmt_bytes(h.size)}"
                          for i, (used, h) in enumerate(zip(st.device.heap_used, st.device.profile.heaps)) if used)
                or "none") for st in e.stages)
-        cache_type = e.cache.type.name
+        cache_type = e.cache.type_name
         return lines + [
             f"model: {os.path.basename(m.path)} ({m.cfg.arch}, {fmt_bytes(m.size_bytes)}, "
             f"{m.n_params / 1e6:.1f} M parameters) loaded in {self.load_seconds:.1f} s "

@@ -1,0 +1,227 @@
+// The block types of a quantised KV cache (vkrt/ops/kv_quant.py): 32 elements a block, Q8_0, Q4_0,
+// Q4_1, Q5_0, Q5_1 and IQ4_NL in gguf's layouts (shaders/quant/ describes each). set_rows_q.comp
+// writes them as ggml's quantize_row_*_ref does (gguf.quants' order of operations and rounding);
+// flash_attn.comp reads them 4 elements at a time, as gguf.quants dequantises. A type is a KVQ_*
+// constant, passed as a compile-time constant, so every test of it folds away.
+// The kernel defines QBUF (a word array, for access.glsl) before including this.
+#ifndef VKRT_KV_QUANT_GLSL
+#define VKRT_KV_QUANT_GLSL
+#include "quant/iq_common.glsl"
+
+const uint KVQ_Q8_0 = 1u;
+const uint KVQ_Q4_0 = 2u;
+const uint KVQ_Q4_1 = 3u;
+const uint KVQ_Q5_0 = 4u;
+const uint KVQ_Q5_1 = 5u;
+const uint KVQ_IQ4_NL = 6u;
+
+uint kvq_bytes(uint t) {
+    return t == KVQ_Q8_0 ? 34u : t == KVQ_Q4_1 ? 20u : t == KVQ_Q5_0 ? 22u : t == KVQ_Q5_1 ? 24u : 18u;
+}
+
+// ---- reading: byte offsets in a block, and 4 elements from the words holding them ----
+
+uint kvq_block(uint t, uint e) { return (e >> 5) * kvq_bytes(t); }       // the block of element e
+uint kvq_chunk(uint e) { return (e >> 2) & 7u; }                          // its 4-element chunk
+// the second header word (Q5's high bits; the others read the first again) and chunk c's data word
+uint kvq_hi(uint t) { return t == KVQ_Q5_0 ? 2u : t == KVQ_Q5_1 ? 4u : 0u; }
+uint kvq_data(uint t, uint c) {
+    return t == KVQ_Q8_0 ? 2u + 4u * c
+                         : (t == KVQ_Q4_1 ? 4u : t == KVQ_Q5_0 ? 6u : t == KVQ_Q5_1 ? 8u : 2u) + 4u * (c & 3u);
+}
+
+// the 4 bytes at the even byte offset b of the word array BUF (one word for 4-byte blocks)
+#define KVQ_W32(BUF, t, b) (kvq_bytes(t) % 4u == 0u ? BUF[(b) >> 2] \
+                            : join16(BUF[(b) >> 2], BUF[((b) >> 2) + (((b) >> 1) & 1u)], (b) & 2u))
+
+// elements 4c..4c+3 of a type t block from its first word h (d; m in the high half for Q4_1 and
+// Q5_1), the word at kvq_hi (Q5's high bits) and chunk c's data word w
+vec4 kvq_dq4(uint t, uint h, uint qh, uint w, uint c) {
+    const vec2 dm = unpackHalf2x16(h);
+    precise vec4 v;
+    if (t == KVQ_Q8_0) {
+        v = (u8f(bytes4(w ^ 0x80808080u)) - 128.0) * dm.x;
+    } else if (t == KVQ_Q4_0) {
+        v = dm.x * (u8f(field4(w, 4u * (c >> 2), 0xFu)) - 8.0);
+    } else if (t == KVQ_Q4_1) {
+        v = dm.x * u8f(field4(w, 4u * (c >> 2), 0xFu)) + dm.y;
+    } else if (t == KVQ_Q5_0) {
+        v = dm.x * (u8f(q5_bytes(w, qh, c)) - 16.0);
+    } else if (t == KVQ_Q5_1) {
+        v = dm.x * u8f(q5_bytes(w, qh, c)) + dm.y;
+    } else {
+        v = dm.x * iq4nl4(field4(w, 4u * (c >> 2), 0xFu));
+    }
+    return v;
+}
+
+// elements e..e+3 (e % 4 == 0, counted from the start of BUF, blocks from there) of type t
+#define KVQ_LOAD4(BUF, t, e) kvq_dq4(t, KVQ_W32(BUF, t, kvq_block(t, e)),                             \
+                                     KVQ_W32(BUF, t, kvq_block(t, e) + kvq_hi(t)),                    \
+                                     KVQ_W32(BUF, t, kvq_block(t, e) + kvq_data(t, kvq_chunk(e))),    \
+                                     kvq_chunk(e))
+
+// ---- writing: one block of 32 floats as ggml's reference quantisers write it ----
+#ifdef KVQ_WORDS   // the words an invocation writes (the kernel's output array)
+
+// a / b correctly rounded, as C's division (a compiler may lower `/` to a product with the
+// reciprocal): the reciprocal's quotient and one fma correction
+float kvq_div(float a, float b) {
+    const float r = 1.0 / b;
+    precise float q = a * r;
+    precise float res = fma(fma(-q, b, a), r, q);
+    return res;
+}
+
+// roundf: half away from zero (gguf.quants' np_roundf)
+float kvq_round(float x) {
+    const float a = abs(x), f = floor(a);
+    precise float b = f + floor(2.0 * (a - f));
+    return sign(x) * b;
+}
+
+uint kvq_f16(float x) { return packHalf2x16(vec2(x, 0.0)) & 0xFFFFu; }
+
+void kvq_put8(inout uint ow[KVQ_WORDS], uint b, uint v) { ow[b >> 2] |= (v & 0xFFu) << (8u * (b & 3u)); }
+void kvq_put16(inout uint ow[KVQ_WORDS], uint b, uint v) { kvq_put8(ow, b, v); kvq_put8(ow, b + 1u, v >> 8); }
+void kvq_put32(inout uint ow[KVQ_WORDS], uint b, uint v) { kvq_put16(ow, b, v); kvq_put16(ow, b + 2u, v >> 16); }
+
+// 16 low-nibble bytes (elements j and j + 16) at byte b
+void kvq_put_nibbles(inout uint ow[KVQ_WORDS], uint b, uint q[32]) {
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+        kvq_put8(ow, b + j, (q[j] & 0xFu) | ((q[j + 16u] & 0xFu) << 4));
+    }
+}
+
+// bit 4 of each element, element j in bit j
+uint kvq_high_bits(uint q[32]) {
+    uint qh = 0u;
+    [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+        qh |= (q[j] >> 4) << j;
+    }
+    return qh;
+}
+
+float kvq_iq4(uint i) { return float(int(TBYTE(kvalues_iq4nl, i) << 24) >> 24); }
+
+// ggml's best_index_int8 over the IQ4_NL codebook
+uint kvq_iq4_index(float x) {
+    if (x <= kvq_iq4(0u)) {
+        return 0u;
+    }
+    if (x >= kvq_iq4(15u)) {
+        return 15u;
+    }
+    uint ml = 0u, mu = 15u;
+    while (mu - ml > 1u) {
+        const uint mav = (ml + mu) / 2u;
+        if (x < kvq_iq4(mav)) {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    return x - kvq_iq4(mu - 1u) < kvq_iq4(mu) - x ? mu - 1u : mu;
+}
+
+// ggml's quantize_row_iq4_nl_impl for one block, no importance weights, ntry 7: the scale
+float kvq_iq4_scale(float x[32], float amax, float mx) {
+    if (amax < 1e-15) {
+        return 0.0;
+    }
+    float d = kvq_div(-mx, kvq_iq4(0u));
+    float id = kvq_div(1.0, d);
+    precise float sumqx = 0.0, sumq2 = 0.0;
+    for (uint j = 0u; j < 32u; ++j) {
+        precise float al = id * x[j];
+        const float q = kvq_iq4(kvq_iq4_index(al));
+        precise float w = x[j] * x[j];
+        precise float wq = w * q;
+        sumqx += wq * x[j];
+        sumq2 += wq * q;
+    }
+    d = kvq_div(sumqx, sumq2);
+    precise float best = d * sumqx;
+    for (int itry = -7; itry <= 7; ++itry) {
+        id = kvq_div(float(itry) + kvq_iq4(0u), mx);
+        sumqx = 0.0;
+        sumq2 = 0.0;
+        for (uint j = 0u; j < 32u; ++j) {
+            precise float al = id * x[j];
+            const float q = kvq_iq4(kvq_iq4_index(al));
+            precise float w = x[j] * x[j];
+            precise float wq = w * q;
+            sumqx += wq * x[j];
+            sumq2 += wq * q;
+        }
+        precise float lhs = sumqx * sumqx;
+        precise float rhs = best * sumq2;
+        if (sumq2 > 0.0 && lhs > rhs) {
+            d = kvq_div(sumqx, sumq2);
+            best = d * sumqx;
+        }
+    }
+    return d;
+}
+
+// the type t block of x at byte b of ow (ow's bytes there zero)
+void kvq_quantize(uint t, float x[32], inout uint ow[KVQ_WORDS], uint b) {
+    float amax = abs(x[0]), mx = x[0], hi = x[0], lo = x[0];   // the first largest |x|, and max, min
+    [[unroll]] for (uint j = 1u; j < 32u; ++j) {
+        if (abs(x[j]) > amax) {
+            amax = abs(x[j]);
+            mx = x[j];
+        }
+        hi = max(hi, x[j]);
+        lo = min(lo, x[j]);
+    }
+    uint q[32];
+    if (t == KVQ_Q8_0) {
+        const float d = kvq_div(amax, 127.0);
+        const float id = d != 0.0 ? kvq_div(1.0, d) : 0.0;
+        kvq_put16(ow, b, kvq_f16(d));
+        [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+            precise float v = x[j] * id;
+            kvq_put8(ow, b + 2u + j, uint(int(kvq_round(v))));
+        }
+        return;
+    }
+    if (t == KVQ_IQ4_NL) {
+        const float d = kvq_iq4_scale(x, amax, mx);
+        const float id = d != 0.0 ? kvq_div(1.0, d) : 0.0;
+        kvq_put16(ow, b, kvq_f16(d));
+        [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+            precise float v = id * x[j];
+            q[j] = kvq_iq4_index(v);
+        }
+        kvq_put_nibbles(ow, b + 2u, q);
+        return;
+    }
+    const bool with_min = t == KVQ_Q4_1 || t == KVQ_Q5_1;
+    const uint top = t == KVQ_Q4_0 || t == KVQ_Q4_1 ? 15u : 31u;
+    // Q4_0/Q5_0: d = max / -half (8 or 16: exact), q = trunc(x / d + half + 0.5);
+    // Q4_1/Q5_1: d = (max - min) / top, q = trunc((x - min) / d + 0.5)
+    const float half_ = float((top + 1u) / 2u);
+    const float d = with_min ? kvq_div(hi - lo, float(top)) : mx / -half_;
+    const float id = d != 0.0 ? kvq_div(1.0, d) : 0.0;
+    const float add = with_min ? 0.5 : half_ + 0.5;
+    [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+        precise float s = with_min ? x[j] - lo : x[j];
+        precise float v = s * id + add;
+        q[j] = min(top, uint(trunc(v)));
+    }
+    kvq_put16(ow, b, kvq_f16(d));
+    uint at = b + 2u;
+    if (with_min) {
+        kvq_put16(ow, at, kvq_f16(lo));
+        at += 2u;
+    }
+    if (top == 31u) {
+        kvq_put32(ow, at, kvq_high_bits(q));
+        at += 4u;
+    }
+    kvq_put_nibbles(ow, at, q);
+}
+
+#endif
+#endif

@@ -1,0 +1,115 @@
+"""Flash attention (the scalar kernel) reading quantised K and V caches, dequantised as it loads:
+against the float64 reference over gguf's dequantised K and V (the kernel's values are gguf's, so
+the fp32 tolerance holds), prompt, decode (packed GQA, split KV) and the GCN layouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from attn_reference import causal_mask, make_qkv
+from kv_quant_reference import QUANT_KV, dequantize_rows, quantize_rows
+from test_flash_attn import TOL, check, tuning
+
+from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy, write_tensor
+from vkrt.device.architecture import Arch
+from vkrt.errors import UnsupportedShape
+from vkrt.memory import F32, Tensor
+from vkrt.ops.flash_attn import FlashAttn
+from vkrt.ops.flash_work import FlashWork
+
+
+def cache(device, a: np.ndarray, type_name: str) -> tuple[Tensor, np.ndarray]:
+    """a (batch, heads, cells, head) as a tensor of `type_name` and the values it holds."""
+    if type_name in ("F16", "F32"):
+        vals = a.astype(np.float16 if type_name == "F16" else np.float32)
+        return tensor_from_numpy(device, vals), vals.astype(np.float32)
+    raw = quantize_rows(a.astype(np.float32), type_name)
+    t = Tensor.empty(device, type_name, tuple(reversed(a.shape)))
+    write_tensor(t, raw)
+    return t, dequantize_rows(raw, type_name).reshape(a.shape)
+
+
+def flash_q(device, q, k, v, k_type, v_type, mask=None, **kw):
+    """FlashAttn over K and V stored as k_type / v_type: (out, the values K and V hold, the op)."""
+    tk, kv_ = cache(device, k, k_type)
+    tv, vv = cache(device, v, v_type)
+    tq = tensor_from_numpy(device, q)
+    tm = tensor_from_numpy(device, mask) if mask is not None else None
+    out = Tensor.empty(device, F32, (v.shape[-1], q.shape[1], q.shape[2], q.shape[0]))
+    try:
+        with FlashWork(device) as work, CommandSequence(device) as seq:
+            kw.setdefault("coopmat", False)
+            fa = FlashAttn(device, tq, tk, tv, out, tm, scale=q.shape[-1] ** -0.5, work=work, **kw)
+            with seq.record():
+                fa.record(seq)
+            seq.run()
+            return read_tensor(out), kv_, vv, fa
+    finally:
+        for t in (tk, tv, tq, tm, out):
+            if t is not None:
+                t.close()
+
+
+@pytest.mark.parametrize("kv", QUANT_KV)
+@pytest.mark.parametrize("hs", [64, 128])
+def test_prompt(device, kv, hs):
+    rng = np.random.default_rng(hs + len(kv))
+    q, k, v = make_qkv(rng, n_q=9, n_kv=40, hsk=hs, kv_dtype=np.float32)
+    mask = causal_mask(9, 40)
+    got, kd, vd, _ = flash_q(device, q, k, v, kv, kv, mask)
+    check(got, q, kd, vd, mask)
+    assert np.abs(kd - k).max() > 0   # the reference reads the quantised values, not the originals
+
+
+@pytest.mark.parametrize("kv", ["Q8_0", "Q5_0", "Q4_1"])
+def test_head_32(device, kv):
+    """Rows of one block: 2-byte aligned blocks start inside a word every other row."""
+    rng = np.random.default_rng(32)
+    q, k, v = make_qkv(rng, n_q=3, n_kv=21, hsk=32, kv_dtype=np.float32)
+    got, kd, vd, _ = flash_q(device, q, k, v, kv, kv)
+    check(got, q, kd, vd)
+
+
+@pytest.mark.parametrize("kv", QUANT_KV)
+def test_decode_packed_split(device, kv):
+    """One query, GQA packed, the KV split into several parts merged by the last."""
+    rng = np.random.default_rng(3)
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=1, n_kv=200, hsk=64, kv_dtype=np.float32)
+    mask = causal_mask(1, 200)
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, mask, split_k=3)
+    assert fa.pack == 2 and fa.n_split == 3
+    check(got, q, kd, vd, mask)
+
+
+@pytest.mark.parametrize("k_type,v_type", [("Q8_0", "F16"), ("F16", "Q4_0"), ("Q4_1", "IQ4_NL"), ("F32", "Q5_1")])
+def test_mixed_types(device, k_type, v_type):
+    rng = np.random.default_rng(5)
+    q, k, v = make_qkv(rng, n_q=5, n_kv=48, hsk=128, kv_dtype=np.float32)
+    got, kd, vd, _ = flash_q(device, q, k, v, k_type, v_type)
+    check(got, q, kd, vd)
+
+
+@pytest.mark.parametrize("kv,first", [("Q8_0", 2), ("Q5_0", 3), ("IQ4_NL", 0)])
+def test_gcn_layouts(device, kv, first):
+    """GCN's 256-invocation workgroups with its decode loads (LOADS_FIRST 2, 3: the tile in shared
+    memory) and without."""
+    import dataclasses
+    rng = np.random.default_rng(11)
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=1, n_q=1, n_kv=130, hsk=128, kv_dtype=np.float32)
+    t = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_loads_first=first)
+    got, kd, vd, _ = flash_q(device, q, k, v, kv, kv, tuning=t)
+    check(got, q, kd, vd, tol=TOL)
+
+
+def test_quantised_takes_the_scalar_kernel(device):
+    """Where the tuning runs prompt attention on cooperative matrices, a quantised cache falls back
+    to the scalar kernel (forcing the other is refused by name)."""
+    import dataclasses
+    rng = np.random.default_rng(1)
+    t = dataclasses.replace(device.tuning, fa_coopmat=True, fa_cm_min_q=1)
+    q, k, v = make_qkv(rng, n_q=20, n_kv=32, hsk=64, kv_dtype=np.float32)
+    got, kd, vd, fa = flash_q(device, q, k, v, "Q8_0", "Q4_0", tuning=t, coopmat=None, gqa_pack=False)
+    assert not fa.coopmat
+    check(got, q, kd, vd)
+    with pytest.raises(UnsupportedShape, match="the KV cache is quantised"):
+        flash_q(device, q, k, v, "Q8_0", "Q8_0", tuning=t, coopmat=True, gqa_pack=False)
