@@ -1,0 +1,205 @@
+"""VisionEncoder: a Qwen3-VL / Qwen3.5 vision tower (clip.projector_type qwen3vl_merger) from a
+llama.cpp mmproj file, run on the GPU with vkrt's ops as tools/mtmd/models/qwen3vl.cpp builds it:
+the patch embedding (the two temporal conv kernels as two matmuls over the same image), the
+learned positions resized to the grid, pre-norm ViT blocks (LayerNorm, fused QKV with biases,
+2-D rotary positions, full attention, GELU MLP), the post norm and the 2x2 merger MLP to the
+text model's width. encode() gives one row an image token."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..commands import CommandSequence, read_tensor, tensor_from_numpy, write_tensor
+from ..errors import GGUFError
+from ..memory import F16, F32, Tensor
+from ..ops.attention import Attention
+from ..ops.elementwise import activation, add
+from ..ops.flash_work import FlashWork
+from ..ops.layer_norm import layer_norm
+from ..ops.matmul import matmul
+from ..ops.rope import rope
+from ..owned import Owned
+from .gguf_file import GGUFFile
+from .vision_config import VisionConfig, vision_config
+from .vision_layout import merge_order, patch_rows, resized_positions, rope_positions
+
+ROPE_BASE = 10000.0   # clip.cpp's rope_multi frequency base for the Qwen-VL towers
+
+
+def layer_names(il: int) -> list[str]:
+    b = f"v.blk.{il}."
+    return [b + n + s for n in ("ln1", "attn_qkv", "attn_out", "ln2", "ffn_up", "ffn_down") for s in (".weight", ".bias")]
+
+
+def required_names(vc: VisionConfig) -> list[str]:
+    names = ["v.patch_embd.weight", "v.patch_embd.weight.1", "v.patch_embd.bias", "v.position_embd.weight",
+             "mm.0.weight", "mm.0.bias", "mm.2.weight", "mm.2.bias"]
+    for il in range(vc.n_layer):
+        names += layer_names(il)
+    return names
+
+
+def rope_factors(head_dim: int) -> np.ndarray:
+    """Frequency factors that turn vkrt's sectioned NEOX rope (base ROPE_BASE^2 over the whole
+    head) into ggml's vision rope: each of the two sections restarts its frequencies."""
+    ff = np.ones(head_dim // 2, np.float32)
+    ff[head_dim // 4:] = 1.0 / ROPE_BASE
+    return ff
+
+
+class VisionEncoder(Owned):
+    """The tower of the mmproj file at `path` on `device`: its weights (uploaded once, as the
+    file stores the matrices; norms and biases as F32). encode(pixels) runs one image."""
+
+    def __init__(self, device, path: str | os.PathLike):
+        super().__init__(f"vision encoder {os.path.basename(os.fspath(path))}")
+        self.device, self.path = device, os.fspath(path)
+        self.w: dict[str, Tensor] = {}
+        self.work = FlashWork(device, label="vision work")
+        try:
+            with GGUFFile(self.path, progress=False) as f:
+                self.cfg = vc = vision_config(self.path, f.metadata, f.tensors)
+                missing = [n for n in required_names(vc) if n not in f.tensors]
+                if missing:
+                    raise GGUFError(f"{self.path}: the vision projector lacks tensor(s) {', '.join(missing[:4])}")
+                optional = [n for n in ("v.post_ln.weight", "v.post_ln.bias", "v.pre_ln.weight", "v.pre_ln.bias")
+                            if n in f.tensors]
+                for name in required_names(vc) + optional:
+                    self.w[name] = self._upload(f, name)
+            self.pos_table = read_tensor(self.w.pop("v.position_embd.weight")).reshape(vc.n_pos_side ** 2, vc.n_embd)
+            self.ff = tensor_from_numpy(device, rope_factors(vc.head_dim), name="vision rope factors")
+        except BaseException:
+            self.close()
+            raise
+
+    def _upload(self, f: GGUFFile, name: str) -> Tensor:
+        info = f.tensors[name]
+        raw = f.data(name)
+        vector = len([d for d in info.ne if d > 1]) <= 1
+        if info.type in (F32, F16) and (vector or name == "v.position_embd.weight"):
+            arr = raw.view(info.type.dtype).astype(np.float32).reshape(tuple(reversed(info.ne)))
+            return tensor_from_numpy(self.device, arr, name=name)
+        if name.startswith("v.patch_embd.weight"):   # a conv kernel [p, p, 3, E] read as a matrix [3 p p, E]
+            ne = (info.ne[0] * info.ne[1] * info.ne[2], info.ne[3])
+        else:
+            ne = tuple(info.ne) + (1,) * (2 - len(info.ne))
+        t = Tensor.empty(self.device, info.type, ne, name=name)
+        if info.type.quantized:
+            write_tensor(t, raw.reshape(ne[1], -1))
+        else:
+            write_tensor(t, raw.view(info.type.dtype))
+        return t
+
+    def grid(self, pixels: np.ndarray) -> tuple[int, int]:
+        """(rows, columns) of image tokens an input of pixels' size gives."""
+        a = self.cfg.align
+        return pixels.shape[1] // a, pixels.shape[2] // a
+
+    def encode(self, pixels: np.ndarray) -> np.ndarray:
+        """The image tokens of `pixels` (float32 [3, H, W], H and W multiples of patch x merge, from
+        image_input.preprocess): [n_tokens, proj_dim] float32, raster order of the merged grid."""
+        vc, dev = self.cfg, self.device
+        p, m, E = vc.patch_size, vc.n_merge, vc.n_embd
+        if pixels.ndim != 3 or pixels.shape[0] != 3 or pixels.shape[1] % vc.align or pixels.shape[2] % vc.align:
+            raise GGUFError(f"{self.path}: the encoder takes [3, H, W] with H and W multiples of {vc.align}, got "
+                            f"{list(pixels.shape)}")
+        gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
+        n = gh * gw
+        order = rope_positions(gh, gw, m)
+        pos = resized_positions(self.pos_table, vc.n_pos_side, gh, gw)
+        pos = pos[merge_order(gh, gw, m)].astype(np.float32)
+        tensors: list[Tensor] = []
+
+        def new(ne, typ=F32, name=""):
+            t = Tensor.empty(dev, typ, ne, name=name)
+            tensors.append(t)
+            return t
+
+        def upload(arr, name):
+            t = tensor_from_numpy(dev, np.ascontiguousarray(arr), name=name)
+            tensors.append(t)
+            return t
+        try:
+            patches = upload(patch_rows(pixels, p, m), "vision patches")
+            positions = upload(order, "vision rope positions")
+            pos_t = upload(pos, "vision positions")
+            x, cur, attn = new((E, n), name="vision x"), new((E, n), name="vision cur"), new((E, n), name="vision attn")
+            qkv, ffn = new((3 * E, n), name="vision qkv"), new((vc.n_ff, n), name="vision ffn")
+            q, k = new((vc.head_dim, vc.n_head, n), name="vision q"), new((vc.head_dim, vc.n_head, n), name="vision k")
+            scores = new((n * n * vc.n_head,), name="vision scores")
+            M = E * m * m
+            mid, out = new((M, n // (m * m)), name="vision merger"), new((vc.proj_dim, n // (m * m)), name="vision out")
+            with CommandSequence(dev, label="vision encoder") as seq:
+                with seq.record():
+                    self._record(seq, patches, positions, pos_t, x, cur, attn, qkv, ffn, q, k, scores, mid, out, n)
+                seq.run()
+            return read_tensor(out).reshape(gh // m, gw // m, vc.proj_dim).reshape(-1, vc.proj_dim)
+        finally:
+            for t in tensors:
+                t.close()
+
+    def _record(self, seq, patches, positions, pos_t, x, cur, attn, qkv, ffn, q, k, scores, mid, out, n) -> None:
+        vc, w, E, D, H = self.cfg, self.w, self.cfg.n_embd, self.cfg.head_dim, self.cfg.n_head
+
+        def linear(name, src, dst):
+            matmul(seq, w[name + ".weight"], src, dst, work=self.work)
+            seq.barrier()
+            add(seq, dst, w[name + ".bias"], dst)
+            seq.barrier()
+        rows = patches.view((patches.ne[0], n))
+        matmul(seq, w["v.patch_embd.weight"], rows, x, work=self.work)
+        matmul(seq, w["v.patch_embd.weight.1"], rows, cur, work=self.work)
+        seq.barrier()
+        add(seq, x, cur, x)
+        seq.barrier()
+        add(seq, x, w["v.patch_embd.bias"], x)
+        seq.barrier()
+        add(seq, x, pos_t.view((E, n)), x)
+        seq.barrier()
+        if "v.pre_ln.weight" in w:
+            layer_norm(seq, x, x, w["v.pre_ln.weight"], w["v.pre_ln.bias"], vc.eps)
+            seq.barrier()
+        rope_args = dict(n_dims=D, freq_base=ROPE_BASE ** 2, sections=(D // 4, D // 4, 0, 0), freq_factors=self.ff)
+        row = 4 * 3 * E
+        for il in range(vc.n_layer):
+            b = f"v.blk.{il}."
+            layer_norm(seq, x, cur, w[b + "ln1.weight"], w[b + "ln1.bias"], vc.eps)
+            seq.barrier()
+            linear(b + "attn_qkv", cur, qkv)
+            rope(seq, qkv.view((D, H, n), nb=(4, 4 * D, row)), positions, q, **rope_args)
+            rope(seq, qkv.view((D, H, n), nb=(4, 4 * D, row), offset=4 * E), positions, k, **rope_args)
+            seq.barrier()
+            heads = dict(nb=(4, 4 * D * H, 4 * D))
+            Attention(self.device, q.view((D, n, H), **heads), k.view((D, n, H), **heads),
+                      qkv.view((D, n, H), nb=(4, row, 4 * D), offset=8 * E), attn.view((D, H, n)),
+                      scores=scores, scale=1.0 / float(np.sqrt(D)), label=f"vision attention {il}").record(seq)
+            seq.barrier()
+            linear(b + "attn_out", attn, cur)
+            add(seq, x, cur, x)
+            seq.barrier()
+            layer_norm(seq, x, cur, w[b + "ln2.weight"], w[b + "ln2.bias"], vc.eps)
+            seq.barrier()
+            linear(b + "ffn_up", cur, ffn)
+            activation(seq, "gelu", ffn, ffn)
+            seq.barrier()
+            linear(b + "ffn_down", ffn, cur)
+            add(seq, x, cur, x)
+            seq.barrier()
+        if "v.post_ln.weight" in w:
+            layer_norm(seq, x, x, w["v.post_ln.weight"], w["v.post_ln.bias"], vc.eps)
+            seq.barrier()
+        merged = x.view((mid.ne[0], mid.ne[1]))
+        linear("mm.0", merged, mid)
+        activation(seq, "gelu", mid, mid)
+        seq.barrier()
+        linear("mm.2", mid, out)
+
+    def _release(self) -> None:
+        for t in self.w.values():
+            t.close()
+        self.w.clear()
+        if getattr(self, "ff", None) is not None:
+            self.ff.close()
+        self.work.close()
