@@ -4,10 +4,12 @@ cells read from a buffer, against one head a workgroup over the cells padded to 
 
     python bench/flash_attn_decode.py [--queries 1,16] [--depth 100,1000,4000,16000]
                                       [--heads 128:32:4,256:16:2] [--splits 1,2,4,8,16,32]
-                                      [--repeats 5] [--set FIELD=VALUE ...] [--quick] [--json]
+                                      [--kv f16,q8_0,...] [--repeats 5] [--set FIELD=VALUE ...]
+                                      [--quick] [--json]
 
 Each of `queries` query rows (one token of as many sequences) sees the first depth + 1 cells of
-a KV cache covering them rounded up to 256 (the rest masked), K/V f16 as in the engine. Times
+a KV cache covering them rounded up to 256 (the rest masked), K/V of each --kv type (f16 as the
+engine's default; a quantised type's blocks random codes under random fp16 scales). Times
 are GPU medians (timestamps) of the attention (splits merged inside it), after a warm-up; `speedup`
 is the unpacked padded time over the packed one with the split FlashAttn picks by itself
 (VKRT_ARCH=gcn gives the GCN table); `speedup_vs_loads_where_used` is the packed kernel with
@@ -25,25 +27,43 @@ import numpy as np
 from common import bench_settings
 from flash_attn import parse_args, time_runs
 
-from vkrt.commands import tensor_from_numpy
+from vkrt.commands import tensor_from_numpy, write_tensor
 from vkrt.device import Device
 from vkrt.engine.step_inputs import KV_STEP
-from vkrt.memory import F32, Tensor
+from vkrt.errors import VkrtError
+from vkrt.memory import F32, Tensor, ggml_type
+from vkrt.ops.kv_quant import kv_type
 from vkrt.ops.flash_attn import FlashAttn
 from vkrt.ops.flash_work import FlashWork
 
 QUICK = dict(queries="1,4", depth="100,600", heads="64:4:1,128:4:2", splits="1,2,4", repeats=2)
 
 
-def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, splits, repeats: int, rng) -> dict:
+def cache(dev, shape: tuple, typ, rng) -> Tensor:
+    """A K or V cache (batch, heads, cells, head size) of `typ`: normal values for f16/f32; for a
+    quantised type random bytes whose fp16 fields (the first 2, or 4 for Q4_1/Q5_1) are scales
+    of about 1/16 (timing only: the values are not a quantisation of anything)."""
+    if not typ.quantized:
+        return tensor_from_numpy(dev, rng.standard_normal(shape, dtype=np.float32).astype(typ.dtype))
+    blocks = rng.integers(0, 256, (int(np.prod(shape)) // typ.block_size, typ.type_size), dtype=np.uint8)
+    halves = 2 if typ.name in ("Q4_1", "Q5_1") else 1
+    blocks[:, :2 * halves] = (rng.uniform(0.03, 0.1, (len(blocks), halves)).astype(np.float16)
+                              .view(np.uint8).reshape(len(blocks), -1))
+    t = Tensor.empty(dev, typ, tuple(reversed(shape)))
+    write_tensor(t, blocks)
+    return t
+
+
+def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, splits, repeats: int, rng,
+            kv=ggml_type("F16")) -> dict:
     used = depth + 1
     n_kv = -(-used // KV_STEP) * KV_STEP
     q = rng.standard_normal((1, n_head, n_q, hs), dtype=np.float32)
-    k = rng.standard_normal((1, n_head_kv, n_kv, hs), dtype=np.float32).astype(np.float16)
-    v = rng.standard_normal((1, n_head_kv, n_kv, hs), dtype=np.float32).astype(np.float16)
     mask = np.zeros((1, 1, n_q, n_kv), np.float16)
     mask[..., used:] = -np.inf
-    tensors = [tensor_from_numpy(dev, a) for a in (q, k, v, mask, np.array([used], np.int32))]
+    tensors = [tensor_from_numpy(dev, q), cache(dev, (1, n_head_kv, n_kv, hs), kv, rng),
+               cache(dev, (1, n_head_kv, n_kv, hs), kv, rng),
+               *(tensor_from_numpy(dev, a) for a in (mask, np.array([used], np.int32)))]
     variants = [("unpacked, padded", dict(gqa_pack=False)), ("packed, live cells", dict(kv_used=tensors[4])),
                 ("packed, loads where used", dict(kv_used=tensors[4], tuning=replace(dev.tuning, fa_loads_first=0)))]
     variants += [(f"packed, split {n}", dict(kv_used=tensors[4], split_k=n)) for n in splits]
@@ -60,7 +80,8 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
     finally:
         for x in (work, *tensors, *outs):
             x.close()
-    return dict(queries=n_q, depth=depth, n_kv=n_kv, head_size=hs, n_head=n_head, n_head_kv=n_head_kv,
+    return dict(queries=n_q, depth=depth, n_kv=n_kv, kv=kv.name.lower(), head_size=hs, n_head=n_head,
+                n_head_kv=n_head_kv,
                 us_unpacked=times[0] * 1e6, us_packed=times[1] * 1e6, speedup=times[0] / times[1],
                 us_loads_where_used=times[2] * 1e6, speedup_vs_loads_where_used=times[2] / times[1],
                 best_split=min(rows[3:], key=lambda r: r["us"])["n_split"] if rows[3:] else None, variants=rows)
@@ -70,30 +91,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queries", default="1,16", help="query rows (sequences decoding), comma-separated")
     ap.add_argument("--depth", default="100,1000,4000,16000", help="cached tokens before the query")
-    ap.add_argument("--splits", default="1,2,4,8,16,32", help="split counts the packed sweep forces")
+    ap.add_argument("--splits", default="1,2,4,8,16,32", help="split counts the packed sweep forces ('': none)")
+    ap.add_argument("--kv", default="f16", help="K/V cache types, comma-separated (f16, q8_0, q4_0, ...)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a tuning field (repeatable), e.g. fa_pack_rows=2")
     args = parse_args(ap, QUICK, repeats=5)
     ints = lambda text: [int(x) for x in text.split(",") if x]   # noqa: E731
     heads = args.heads
+    try:
+        kv_types = [kv_type(name.strip()) for name in args.kv.split(",")]
+    except VkrtError as exc:
+        raise SystemExit(f"flash_attn_decode: {exc}") from None
     rng = np.random.default_rng(0)
     with Device(settings=bench_settings(args.set)) as dev:
-        rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng)
-                for hs, nh, nkv in heads for nq in ints(args.queries) for depth in ints(args.depth)]
+        rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng, kv)
+                for kv in kv_types for hs, nh, nkv in heads for nq in ints(args.queries) for depth in ints(args.depth)]
         result = dict(**dev.identity(), rows=rows)
     if args.json:
         print(json.dumps(result))
         return
     tune = f", VKRT_TUNE {result['tune']!r}" if "tune" in result else ""
-    print(f"flash attention decode on {result['device']} ({result['architecture']}{tune}), K/V f16, us per call")
-    columns = ["head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
+    print(f"flash attention decode on {result['device']} ({result['architecture']}{tune}), us per call")
+    columns = ["K/V", "head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
                "loads where used (speedup)", "packed split sweep (splits: us)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
     for r in rows:
         sweep = ", ".join(f"{v['n_split']}: {v['us']:.1f}" for v in r["variants"][3:])
         auto = r["variants"][1]["n_split"]
-        print(f"| {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} | {r['n_kv']} "
+        print(f"| {r['kv']} | {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} "
+              f"| {r['n_kv']} "
               f"| {r['us_unpacked']:.1f} | {r['us_packed']:.1f} (split {auto}) | {r['speedup']:.2f}x "
               f"| {r['us_loads_where_used']:.1f} ({r['speedup_vs_loads_where_used']:.2f}x) | {sweep} |")
 

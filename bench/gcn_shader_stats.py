@@ -1,6 +1,6 @@
 """Compiler statistics of the GCN kernels: registers, spills, LDS, waves per SIMD, code size.
 
-    python bench/gcn_shader_stats.py [--json] [--weights Q4_0,Q4_K,Q6_K,IQ2_XXS,...]
+    python bench/gcn_shader_stats.py [--json] [--weights Q4_0,Q4_K,Q6_K,IQ2_XXS,...] [--kv f16,q8_0,...|all]
 
 Builds (never runs) the kernel variants that prefill (ubatch 512) and decode (one token) of a
 Qwen3-30B-A3B-shaped MoE model use with the AMD_GCN tuning: hidden 2048, 128 experts, 8 used,
@@ -14,7 +14,8 @@ through VK_KHR_pipeline_executable_properties (RADV/ACO: VGPRs, SGPRs, spills, L
 per SIMD" = waves a SIMD can hold, instructions, code bytes), one row per pipeline with the
 places that use it. --json prints one object with every statistic the driver reports;
 --weights names the weight types of the matmul kernels (default Q4_0,Q4_K,Q6_K; `all`: every
-type with kernels).
+type with kernels); --kv builds only flash attention, at head 64, 128 and 256 for prefill and
+decode, with K and V of each KV cache type named.
 
 Needs a GCN device whose driver has VK_KHR_pipeline_executable_properties: an RX 470-590 on
 RADV, or without one Mesa's null RADV device (no hardware; ACO compiles for Polaris):
@@ -42,6 +43,7 @@ from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
+from vkrt.ops.kv_quant import KV_TYPES, kv_type
 from vkrt.ops.mat_vec import MV_WIDE, mat_vec_kernel
 from vkrt.ops.matmul import SPLIT_SUM_PUSH, gemm_kernel, gemm_tuning, matmul, norm_input, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
@@ -101,17 +103,17 @@ def recorded(dev, op) -> list:
 
 
 def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prologue: bool = False,
-                     tuning=None, note: str = "") -> list[tuple[str, list]]:
+                     tuning=None, note: str = "", cache_type=F16) -> list[tuple[str, list]]:
     """(where, pipelines) of FlashAttn for head size `hs` and `n_q` queries against MODEL's n_kv
     keys, mask_opt as the tuning rule says or `both` (False, True), the live cells read from a
     buffer as the engine does. mask_opt and split-K are push constants of one attention pipeline
     (the last split merges); mask_opt adds the pre-pass. `prologue` (one query): the q/k norm,
     RoPE and cache stores in the attention's prologue (the fa_rope fusion). `tuning` (default the
-    device's) with `note` added to the row's place."""
+    device's) with `note` added to the row's place. `cache_type`: the K and V caches' type."""
     m = MODEL
     q = placeholder(dev, F32, (hs, n_q, m["n_head"], 1), "q")
-    k = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "k")
-    v = placeholder(dev, F16, (hs, m["n_kv"], m["n_head_kv"], 1), "v")
+    k = placeholder(dev, cache_type, (hs, m["n_kv"], m["n_head_kv"], 1), "k")
+    v = placeholder(dev, cache_type, (hs, m["n_kv"], m["n_head_kv"], 1), "v")
     mask = placeholder(dev, F16, (m["n_kv"], n_q), "mask")
     o = placeholder(dev, F32, (hs, m["n_head"], n_q, 1), "out")
     used = placeholder(dev, I32, (1,), "kv_used")
@@ -252,6 +254,18 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
     return out + qwen35_cases(dev)
 
 
+def kv_cases(dev, kv_types) -> list[tuple[str, list]]:
+    """Flash attention alone at head 64, 128 and 256, prefill and decode, K and V of each of
+    `kv_types` (names as -ctk takes them)."""
+    out = []
+    for name in kv_types:
+        typ = kv_type(name)
+        for hs in (64, 128, 256):
+            for phase, n_q in (("prefill", MODEL["ubatch"]), ("decode", 1)):
+                out += flash_attn_cases(dev, hs, n_q, phase, note=f", K/V {typ.name}", cache_type=typ)
+    return out
+
+
 def qwen35_cases(dev) -> list[tuple[str, list]]:
     """The kernels Qwen3.5-35B-A3B's DeltaNet and gated attention layers add."""
     q35, T = QWEN35, MODEL["ubatch"]
@@ -296,10 +310,11 @@ def variant(kern) -> str:
     return " ".join(parts + [f"wg {'x'.join(str(s) for s in kern.workgroup if s > 1) or 1}"])
 
 
-def collect(dev, weights=MODEL["weights"]) -> list[dict]:
-    """One row per distinct pipeline, in order of first use, with every statistic."""
+def collect(dev, weights=MODEL["weights"], kv_types=None) -> list[dict]:
+    """One row per distinct pipeline, in order of first use, with every statistic (`kv_types`:
+    only the flash attention of kv_cases)."""
     rows: dict[int, dict] = {}
-    for where, kernels in cases(dev, weights):
+    for where, kernels in (kv_cases(dev, kv_types) if kv_types else cases(dev, weights)):
         for kern in kernels:
             row = rows.get(id(kern))
             if row is None:
@@ -351,7 +366,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--weights", default=",".join(MODEL["weights"]),
                     help="comma-separated weight types of the matmul kernels, or `all`")
+    ap.add_argument("--kv", metavar="TYPES",
+                    help="only flash attention at head 64/128/256, prefill and decode, with K and V of each of these "
+                         "comma-separated KV cache types (f16,q8_0,...; `all`: every one)")
     args = ap.parse_args(argv)
+    kv_types = None
+    if args.kv:
+        kv_types = [t.lower() for t in KV_TYPES] if args.kv == "all" else [t.strip() for t in args.kv.split(",")]
+        try:
+            for t in kv_types:
+                kv_type(t)
+        except VkrtError as exc:
+            raise SystemExit(f"gcn_shader_stats: {exc}") from None
     weights = ([t.name for t in supported_types()] if args.weights == "all"
                else [w.strip().upper() for w in args.weights.split(",") if w.strip()])
     with open_device() as dev:
@@ -360,7 +386,7 @@ def main(argv=None) -> int:
         result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,
                       tune=dev.identity().get("tune", ""), model={**MODEL, "weights": weights},
                       tuning={f: getattr(dev.tuning, f) for f in fields},
-                      kernels=collect(dev, weights))
+                      kernels=collect(dev, weights, kv_types))
         dev.check_validation()  # with VKRT_VALIDATE=1: the layer's errors fail the run
     if args.json:
         json.dump(result, sys.stdout)

@@ -18,6 +18,7 @@ from vkrt import __version__
 
 from .common import (
     INT32_MAX,
+    KV_CACHE_TYPES,
     cache_size,
     count,
     default_model,
@@ -28,12 +29,12 @@ from .common import (
     parse_tensor_split,
 )
 
-DEFAULTS = dict(n_batch=2048, n_ubatch=512, n_gpu_layers=99, flash_attn=False, use_mmap=True, n_cpu_moe=0,
-                split_mode="layer", main_gpu=None, tensor_split=None, cpu_experts="auto", cpu_moe_threads=None,
-                link_gbps=None)
-COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", flash_attn="fa", use_mmap="mmap", n_cpu_moe="n_cpu_moe",
-                    split_mode="sm", main_gpu="mg", tensor_split="ts", cpu_experts="cpu_experts",
-                    cpu_moe_threads="moe_threads", link_gbps="link GB/s")
+DEFAULTS = dict(n_batch=2048, n_ubatch=512, type_k="f16", type_v="f16", n_gpu_layers=99, flash_attn=False,
+                use_mmap=True, n_cpu_moe=0, split_mode="layer", main_gpu=None, tensor_split=None, cpu_experts="auto",
+                cpu_moe_threads=None, link_gbps=None)
+COLUMN_NAMES = dict(n_batch="n_batch", n_ubatch="n_ubatch", type_k="type_k", type_v="type_v", flash_attn="fa",
+                    use_mmap="mmap", n_cpu_moe="n_cpu_moe", split_mode="sm", main_gpu="mg", tensor_split="ts",
+                    cpu_experts="cpu_experts", cpu_moe_threads="moe_threads", link_gbps="link GB/s")
 MAX_RANGE = 4096   # values an a-b range of counts may hold
 TRAFFIC_COLUMNS = ("experts % cache/copy/cpu", "MB/tok")   # tg rows: where the experts ran, bus bytes a token
 
@@ -79,6 +80,16 @@ def _words(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
     for w in out:
         if w not in allowed:
             raise click.BadParameter(f"{what}: {w!r} is not one of {', '.join(allowed)}")
+    return out
+
+
+def _kv_types(text: str, what: str) -> list[str]:
+    """-ctk / -ctv: KV cache type names, comma-separated, any case (at least one)."""
+    out = []
+    for w in (w.strip() for w in str(text).split(",")):
+        if w.lower() not in KV_CACHE_TYPES:
+            raise click.BadParameter(f"{what}: {w!r} is not a KV cache type; choose from {', '.join(KV_CACHE_TYPES)}")
+        out.append(w.lower())
     return out
 
 
@@ -135,6 +146,11 @@ def _fmt_params(n: int) -> str:
 @click.option("-b", "--batch-size", "n_batch", default="2048", show_default=True)
 @click.option("-ub", "--ub", "--ubatch-size", "n_ubatch", default="512", show_default=True)
 @click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", default="99", show_default=True)
+@click.option("-ctk", "--cache-type-k", "cache_type_k", default="f16", show_default=True,
+              help=f"K cache types, comma-separated (each is run): {', '.join(KV_CACHE_TYPES)}.")
+@click.option("-ctv", "--cache-type-v", "cache_type_v", default="f16", show_default=True,
+              help="V cache types, as -ctk. Rows with a quantised K or V run with flash attention (unless -fa 0 is "
+                   "given: refused), the only attention that reads one.")
 @click.option("-fa", "--flash-attn", "flash_attn", default="0", show_default=True)
 @click.option("-mmp", "--mmap", "mmap", default="1", show_default=True, help="Memory-map the model (0 = --no-mmap).")
 @click.option("--no-mmap", is_flag=True, help="Same as -mmp 0.")
@@ -170,9 +186,9 @@ def _fmt_params(n: int) -> str:
 @click.option("-r", "--repetitions", type=count(1), default=5, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["md", "json", "jsonl", "csv"]), default="md", show_default=True)
 def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_batch, n_ubatch, n_gpu_layers,
-          flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu, tensor_split, cpu_experts,
-          cpu_moe_threads, link_bandwidth, spec_type, model_draft, draft_max, draft_min, draft_p_min, repetitions,
-          output):
+          cache_type_k, cache_type_v, flash_attn, mmap, no_mmap, n_cpu_moe, expert_cache, device, split_mode, main_gpu,
+          tensor_split, cpu_experts, cpu_moe_threads, link_bandwidth, spec_type, model_draft, draft_max, draft_min,
+          draft_p_min, repetitions, output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
     from vkrt.device.tune import describe_tune
     from vkrt.engine.bench import BenchTest, copy_prompt, run_copy_test, run_test
@@ -213,11 +229,15 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
     host = dict(cpu_experts=["auto"] if cpu_experts is None else _words(cpu_experts, "--cpu-experts", CPU_EXPERTS),
                 cpu_moe_threads=[None] if cpu_moe_threads is None else _counts(cpu_moe_threads, "--cpu-moe-threads"),
                 link_gbps=[None] if link_bandwidth is None else _rates(link_bandwidth, "--link-bandwidth"))
+    kv = list(itertools.product(_kv_types(cache_type_k, "-ctk"), _kv_types(cache_type_v, "-ctv")))
+    fas = [flag01(v) for v in flash_attn.split(",")]
+    fa_given = click.get_current_context().get_parameter_source("flash_attn") != click.core.ParameterSource.DEFAULT
+    kv_fa = _kv_flash_attn(kv, fas, fa_given)
     grid = list(itertools.product(paths, _ints(n_gpu_layers, "-ngl"), mmaps, ncmoe, modes, mgs, splits,
-                                  _ints(n_batch, "-b"), _ints(n_ubatch, "-ub"),
-                                  [flag01(v) for v in flash_attn.split(",")], *host.values()))
+                                  _ints(n_batch, "-b"), _ints(n_ubatch, "-ub"), kv_fa, *host.values()))
     varying = {k for k, vals in dict(n_batch=_ints(n_batch, "-b"), n_ubatch=_ints(n_ubatch, "-ub"),
-                                     flash_attn=[flag01(v) for v in flash_attn.split(",")], use_mmap=mmaps,
+                                     type_k=[k for k, _ in kv], type_v=[v for _, v in kv],
+                                     flash_attn=[fa for _, fa in kv_fa], use_mmap=mmaps,
                                      n_cpu_moe=ncmoe, split_mode=modes, main_gpu=mgs, tensor_split=splits).items()
                if len(set(vals)) > 1 or vals[0] != DEFAULTS[k]}
     varying |= {k for k, given in zip(host, (cpu_experts, cpu_moe_threads, link_bandwidth)) if given is not None}
@@ -227,7 +247,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
     box_device = None   # a device that ran host-resident experts: the footer gives its rates
     with open_devices(devices) as group:
         loaded = None
-        for path, ngl, use_mmap, n_moe, sm, mg, ts, nb, nub, fa, cpu, threads, link in grid:
+        for path, ngl, use_mmap, n_moe, sm, mg, ts, nb, nub, ((type_k, type_v), fa), cpu, threads, link in grid:
             key = (path, ngl, use_mmap, n_moe, sm, mg, ts)
             try:
                 opts = EngineOptions(n_gpu_layers=ngl, n_cpu_moe=n_moe, split_mode=sm, main_gpu=mg, tensor_split=ts,
@@ -259,8 +279,8 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                     prompt = copy_prompt(model.tokenizer) if t.spec is not None else []
                     n_ctx = max(256, -(-(depth + t.n_prompt + len(prompt) + t.n_gen) // 256) * 256)
                     with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
-                                expert_cache=cache, cpu_experts=cpu, cpu_moe_threads=threads,
-                                link_bandwidth=link) as engine:
+                                kv_type=type_k.upper(), kv_type_v=type_v.upper(), expert_cache=cache,
+                                cpu_experts=cpu, cpu_moe_threads=threads, link_bandwidth=link) as engine:
                         if t.spec is None:
                             res = run_test(engine, t, repetitions)
                         elif t.spec == "plain":
@@ -277,7 +297,8 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                             box_device = model.device
                     used = model.split.devices if model.split else [model.device]
                     row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
-                               flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res, cpu_experts=cpu,
+                               type_k=type_k, type_v=type_v, flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res,
+                               cpu_experts=cpu,
                                cpu_moe_threads=threads, link_gbps=link,
                                device=", ".join(d.profile.name for d in used), split_mode=sm,
                                main_gpu=mg, tensor_split=ts, devices=[d.label for d in used],
@@ -288,6 +309,21 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
             loaded[1].close()
         footer = _box_line(box_device) if box_device is not None and output == "md" else None
     printer.done(footer)
+
+
+def _kv_flash_attn(kv: list[tuple[str, str]], fas: list[bool], fa_given: bool) -> list[tuple[tuple[str, str], bool]]:
+    """(K/V types, flash attention) of each run: -ctk x -ctv x -fa, where a quantised K or V takes
+    flash attention (the attention that reads one), -fa 0 given with one refused by name."""
+    out = []
+    for k, v in kv:
+        quantised = [t for t in (k, v) if t not in ("f16", "f32")]
+        if quantised and fa_given and not all(fas):
+            raise click.UsageError(f"-ctk/-ctv {quantised[0]}: a quantised KV cache is read by flash attention "
+                                   f"only: drop -fa 0 (or give -fa 1)")
+        for fa in ([True] if quantised else fas):
+            if ((k, v), fa) not in out:
+                out.append(((k, v), fa))
+    return out
 
 
 def _box_line(device) -> str | None:
@@ -316,7 +352,8 @@ class _Printer:
             "model_type": _model_desc(m), "model_size": m.size_bytes, "model_n_params": m.n_params,
             "n_batch": row["n_batch"], "n_ubatch": row["n_ubatch"],
             "n_threads": row["cpu_moe_threads"] or os.cpu_count(),
-            "type_k": "f16", "type_v": "f16", "n_gpu_layers": row["ngl"], "split_mode": row["split_mode"],
+            "type_k": row["type_k"], "type_v": row["type_v"], "n_gpu_layers": row["ngl"],
+            "split_mode": row["split_mode"],
             "main_gpu": row["main_gpu"] if row["main_gpu"] is not None else len(row["devices"]) - 1,
             "tensor_split": _fmt_split(row["tensor_split"]), "devices": "/".join(row["devices"]), "no_kv_offload": False,
             "flash_attn": row["flash_attn"], "use_mmap": row["use_mmap"], "n_cpu_moe": row["n_cpu_moe"], "embeddings": False,

@@ -4,9 +4,9 @@
 // One workgroup: BR query rows of one head (x: query tile, y: head, z: batch * n_split + split).
 // Threads = RG row groups x COLS column lanes x DS dot lanes. A thread owns RPT = BR/RG rows and,
 // in each KV tile of BC columns, the columns col_tid + c*COLS; the DS lanes of a column split the
-// head dimension (vec4 d4 = d_tid + k*DS) and add their partial dot products with subgroup
-// shuffles. Every thread keeps its own online softmax (max M, sum L, unnormalised O over its
-// dims) for its columns, so the KV loop has no barriers; the COLS column streams of a row are
+// head dimension (vec4 d4 = d_tid + k*DS, or KD4(k)) and add their partial dot products with
+// subgroup shuffles. Every thread keeps its own online softmax (max M, sum L, unnormalised O over
+// its dims) for its columns, so the KV loop has no barriers; the COLS column streams of a row are
 // merged once at the end. A thread skips a KV tile where its own mask values are all -inf. With
 // mask_opt (flags bit 0) the 2-bit code of each Br x Bc mask block skips the block for the whole
 // workgroup before any mask read (all -inf), or the mask read and add (all zero). With
@@ -30,10 +30,10 @@
 // With LOADS_FIRST (decode-sized calls: few rows, short tiles) a thread issues a tile's mask, K
 // and V loads together before it uses any of them: a tile costs one memory round trip, not
 // three one after another, and the same arithmetic runs on the same values. LOADS_FIRST 2 issues
-// the next tile's loads before this tile's arithmetic, so the round trip overlaps it. LOADS_FIRST
-// 3 loads a tile's K and V once a workgroup into shared memory (each thread a share of it, the
-// next tile's share in flight while this one computes) and every row group reads them there:
-// with 2 each row group loaded the whole tile itself. The queries are loaded before the live
+// the next tile's loads (the mask's as words) before this tile's arithmetic, so the round trip
+// overlaps it. LOADS_FIRST 3 loads a tile's K and V once a workgroup into shared memory (each
+// thread a share of it, the next tile's share in flight while this one computes) and every row
+// group reads them there: with 2 each row group loaded the whole tile itself. The queries are loaded before the live
 // cells are read, in the same round trip.
 //
 // With NORM_ROPE_IN (decode: one token) the prologue does norm_rope's work: the queries come as
@@ -82,9 +82,16 @@ const uint MO_BR = GQA_PACK > 1 ? (BR > GQA_PACK ? BR / GQA_PACK : 1u) : BR;
 
 layout(binding = 0) readonly buffer Q { float q[]; };
 // K and V: 4 elements from element e as stored (K_RAW / V_RAW: f16 caches keep their halves
-// packed until used) and as floats
-// K_Q / V_Q: a quantised cache's kv_quant.glsl type, dequantised as loaded (its offsets and
-// strides count elements as blocks of 32 do)
+// packed until used) and as floats. A lane's vec4s of a K row are KD4(k), k < KD, held in KR raw
+// values (raw value k from vec4 KCH(k)); V's alike.
+// K_Q / V_Q: a quantised cache's kv_quant.glsl type (its offsets and strides count elements as
+// blocks of 32 do), dequantised as loaded; where a tile is held in registers (K_SEG / V_SEG:
+// LOADS_FIRST 1, 2) a lane's vec4s are consecutive instead, in KR segments of KG within one block,
+// each held as the words loaded and dequantised where used: from head 128 on fewer words than
+// f16's 2 a vec4 (dequantised vec4s took 4, and joining a block's words waited for their loads)
+#if NORM_ROPE_IN && (K_Q || V_Q)
+#error "the norm/RoPE prologue stores F16/F32 caches"
+#endif
 #if K_Q || V_Q
 #if K_Q
 layout(binding = 1) readonly buffer K { uint k_w[]; };
@@ -95,6 +102,20 @@ layout(binding = 2) readonly buffer V { uint v_w[]; };
 #endif
 #include "kv_quant.glsl"
 #endif
+#define K_SEG (K_Q && LOADS_FIRST > 0 && LOADS_FIRST < 3)
+#define V_SEG (V_Q && LOADS_FIRST > 0 && LOADS_FIRST < 3)
+#if K_SEG
+const uint KG = KD % 8u == 0u ? 8u : KD % 4u == 0u ? 4u : KD % 2u == 0u ? 2u : 1u;
+const uint KR = KD / KG, KSW = KVQ_SEG_WORDS(K_Q, KG);
+struct KSeg { uint w[KSW]; };
+#define K_RAW KSeg
+#define KD4(k) d_tid * KD + (k)
+#define KCH(k) (d_tid * KD + (k) * KG)
+K_RAW raw_k(uint e) { K_RAW r; KVQ_SEG_LOAD(k_w, K_Q, KG, e, r.w, KSW) return r; }
+// vec4 k of column c from the raw values kt[KR][CPT] (the column's row at element e0)
+#define UNPACK_K(kt, k, c, e0) KVQ_SEG_DQ4(K_Q, KG, kt[(k) / KG][c].w, KSW, (k) % KG, (e0) + 4u * KCH((k) / KG))
+vec4 load_k(uint e) { return KVQ_LOAD4(k_w, K_Q, e); }
+#else
 #if K_Q
 #define K_RAW vec4
 K_RAW raw_k(uint e) { return KVQ_LOAD4(k_w, K_Q, e); }
@@ -110,10 +131,26 @@ layout(binding = 1) readonly buffer K { vec4 k_v4[]; };
 K_RAW raw_k(uint e) { return k_v4[e >> 2]; }
 vec4 unpack_k(K_RAW h) { return h; }
 #endif
-#if V_Q
-#if K_Q
+#define KR KD
+#define KD4(k) d_tid + (k) * DS
+#define KCH(k) (d_tid + (k) * DS)
+#define UNPACK_K(kt, k, c, e0) unpack_k(kt[k][c])
+#endif
+#if V_Q && K_Q
 layout(binding = 2) readonly buffer V { uint v_w[]; };
 #endif
+#if V_SEG
+const uint VG = VD % 8u == 0u ? 8u : VD % 4u == 0u ? 4u : VD % 2u == 0u ? 2u : 1u;
+const uint VR = VD / VG, VSW = KVQ_SEG_WORDS(V_Q, VG);
+struct VSeg { uint w[VSW]; };
+#define V_RAW VSeg
+#define VD4(v) d_tid * VD + (v)
+#define VCH(v) (d_tid * VD + (v) * VG)
+V_RAW raw_v(uint e) { V_RAW r; KVQ_SEG_LOAD(v_w, V_Q, VG, e, r.w, VSW) return r; }
+#define UNPACK_V(vt, c, v, e0) KVQ_SEG_DQ4(V_Q, VG, vt[c][(v) / VG].w, VSW, (v) % VG, (e0) + 4u * VCH((v) / VG))
+vec4 load_v(uint e) { return KVQ_LOAD4(v_w, V_Q, e); }
+#else
+#if V_Q
 #define V_RAW vec4
 V_RAW raw_v(uint e) { return KVQ_LOAD4(v_w, V_Q, e); }
 vec4 unpack_v(V_RAW h) { return h; }
@@ -128,8 +165,17 @@ layout(binding = 2) readonly buffer V { vec4 v_v4[]; };
 V_RAW raw_v(uint e) { return v_v4[e >> 2]; }
 vec4 unpack_v(V_RAW h) { return h; }
 #endif
+#define VR VD
+#define VD4(v) d_tid + (v) * DS
+#define VCH(v) (d_tid + (v) * DS)
+#define UNPACK_V(vt, c, v, e0) unpack_v(vt[c][v])
+#endif
+#if !K_SEG
 vec4 load_k(uint e) { return unpack_k(raw_k(e)); }
+#endif
+#if !V_SEG
 vec4 load_v(uint e) { return unpack_v(raw_v(e)); }
+#endif
 layout(binding = 3) writeonly buffer O { float o[]; };        // output
 // split along KV: each split's unnormalised O and (M, L) per row, and per workgroup row tile the
 // number of splits done (the last one merges them and resets the count)
@@ -232,18 +278,23 @@ float sink_factor(float m, inout float l, uint head) {
 #endif
 }
 
-// this thread's mask value of tile j at its row r, column c
-#define MASK_AT(j, r, c) attn_half(m_u32, m_base + min(row_token(row0 + rg * RPT + (r)), P_N - 1u) * P_M_NB1 \
-                                   + min((j) * BC + (c) * COLS + col_tid, p.KV - 1u))
+// this thread's mask value of tile j at its row r, column c: its index, the value, and the word
+// holding it (LOADS_FIRST > 1 holds the words a tile ahead and takes their halves where used: a
+// compiler that waits for a load where its value is first used then waits for none too early)
+#define MASK_IDX(j, r, c) (m_base + min(row_token(row0 + rg * RPT + (r)), P_N - 1u) * P_M_NB1 \
+                           + min((j) * BC + (c) * COLS + col_tid, p.KV - 1u))
+#define MASK_AT(j, r, c) attn_half(m_u32, MASK_IDX(j, r, c))
+#define MASK_WORD(j, r, c) m_u32[MASK_IDX(j, r, c) >> 1]
+#define MASK_OF(w, j, r, c) unpackHalf2x16(((w) >> ((MASK_IDX(j, r, c) & 1u) << 4)) & 0xFFFFu).x
 // a tile's K and V values as stored (LOADS_FIRST), and its mask values
 #define LOAD_KV(j, kt, vt)                                                              \
     FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                          \
         const uint col = min((j) * BC + c * COLS + col_tid, p.KV - 1u);                 \
-        FA_UNROLL for (uint k = 0; k < KD; ++k) {                                       \
-            kt[k][c] = raw_k(k_base + col * p.k_nb1 + 4u * (d_tid + k * DS));           \
+        FA_UNROLL for (uint k = 0; k < KR; ++k) {                                       \
+            kt[k][c] = raw_k(k_base + col * p.k_nb1 + 4u * KCH(k));                     \
         }                                                                               \
-        FA_UNROLL for (uint v = 0; v < VD; ++v) {                                       \
-            vt[c][v] = raw_v(v_base + col * p.v_nb1 + 4u * (d_tid + v * DS));           \
+        FA_UNROLL for (uint v = 0; v < VR; ++v) {                                       \
+            vt[c][v] = raw_v(v_base + col * p.v_nb1 + 4u * VCH(v));                     \
         }                                                                               \
     }
 // this thread's share of tile j's K and V (cells clamped to the last, as LOAD_KV's), and its store
@@ -274,21 +325,21 @@ float sink_factor(float m, inout float l, uint head) {
 #define LOAD_MASK(j, mt)                                                                \
     FA_UNROLL for (uint r = 0; r < RPT; ++r) {                                          \
         FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                      \
-            mt[r][c] = MASK_AT(j, r, c);                                                \
+            mt[r][c] = MASK_WORD(j, r, c);                                              \
         }                                                                               \
     }
 
 // K and V values of the tile's column c (cell col), dot lane share k or v: from the loads issued
 // at the tile's start (LOADS_FIRST), else loaded where they are used
 #if LOADS_FIRST == 3
-#define TILE_K_(k, c, col) unpack_k(k_sh[((c) * COLS + col_tid) * KSTR + d_tid + (k) * DS])
-#define TILE_V_(c, v, col) unpack_v(v_sh[((c) * COLS + col_tid) * VSTR + d_tid + (v) * DS])
+#define TILE_K_(k, c, col) unpack_k(k_sh[((c) * COLS + col_tid) * KSTR + KD4(k)])
+#define TILE_V_(c, v, col) unpack_v(v_sh[((c) * COLS + col_tid) * VSTR + VD4(v)])
 #elif LOADS_FIRST
-#define TILE_K_(k, c, col) unpack_k(kt[k][c])
-#define TILE_V_(c, v, col) unpack_v(vt[c][v])
+#define TILE_K_(k, c, col) UNPACK_K(kt, k, c, k_base + (col) * p.k_nb1)
+#define TILE_V_(c, v, col) UNPACK_V(vt, c, v, v_base + (col) * p.v_nb1)
 #else
-#define TILE_K_(k, c, col) load_k(k_base + (col) * p.k_nb1 + 4u * (d_tid + (k) * DS))
-#define TILE_V_(c, v, col) load_v(v_base + (col) * p.v_nb1 + 4u * (d_tid + (v) * DS))
+#define TILE_K_(k, c, col) load_k(k_base + (col) * p.k_nb1 + 4u * (KD4(k)))
+#define TILE_V_(c, v, col) load_v(v_base + (col) * p.v_nb1 + 4u * (VD4(v)))
 #endif
 #if NORM_ROPE_IN   // the new cell (nr_col) as the prologue stored it
 #define TILE_K(k, c, col) ((col) == nr_col ? nk_sh[d_tid + (k) * DS] : TILE_K_(k, c, col))
@@ -428,13 +479,13 @@ void main() {
     V_RAW vsn[VSH];
 #define LOAD_NEXT_KV(j) LOAD_KV_SHARE(j, ksn, vsn)
 #else
-    K_RAW kn[KD][CPT];
-    V_RAW vn[CPT][VD];
+    K_RAW kn[KR][CPT];
+    V_RAW vn[CPT][VR];
 #define LOAD_NEXT_KV(j) LOAD_KV(j, kn, vn)
 #endif
     LOAD_NEXT_KV(min(split * per_split, j_end - 1u));
 #if HAS_MASK
-    float mn[RPT][CPT];
+    uint mn[RPT][CPT];
     LOAD_MASK(min(split * per_split, j_end - 1u), mn);
 #endif
 #endif
@@ -448,17 +499,17 @@ void main() {
         STORE_KV_SHARE(ksn, vsn);
         barrier();
 #else
-        K_RAW kt[KD][CPT] = kn;
-        V_RAW vt[CPT][VD] = vn;
+        K_RAW kt[KR][CPT] = kn;
+        V_RAW vt[CPT][VR] = vn;
 #endif
 #if HAS_MASK
-        float mt[RPT][CPT] = mn;
+        uint mt[RPT][CPT] = mn;
         LOAD_MASK(min(j + 1u, j_end - 1u), mn);
 #endif
         LOAD_NEXT_KV(min(j + 1u, j_end - 1u));
 #elif LOADS_FIRST
-        K_RAW kt[KD][CPT];
-        V_RAW vt[CPT][VD];
+        K_RAW kt[KR][CPT];
+        V_RAW vt[CPT][VR];
         LOAD_KV(j, kt, vt);
 #endif
         uint code = FA_MIXED;
@@ -479,7 +530,7 @@ void main() {
             FA_UNROLL for (uint r = 0; r < RPT; ++r) {
                 FA_UNROLL for (uint c = 0; c < CPT; ++c) {
 #if LOADS_FIRST > 1
-                    const float m = mt[r][c];
+                    const float m = MASK_OF(mt[r][c], j, r, c);
 #else
                     const float m = MASK_AT(j, r, c);
 #endif
@@ -499,7 +550,7 @@ void main() {
             }
         }
         FA_UNROLL for (uint k = 0; k < KD; ++k) {
-            const uint d4 = d_tid + k * DS;
+            const uint d4 = KD4(k);
             vec4 qc[RPT];
             FA_UNROLL for (uint r = 0; r < RPT; ++r) {
                 qc[r] = tile[(rg * RPT + r) * HSK4 + d4];
@@ -582,7 +633,7 @@ void main() {
         if (col_tid == cl) {
             FA_UNROLL for (uint r = 0; r < RPT; ++r) {
                 FA_UNROLL for (uint v = 0; v < VD; ++v) {
-                    const uint i = (rg * RPT + r) * HSV4 + d_tid + v * DS;
+                    const uint i = (rg * RPT + r) * HSV4 + VD4(v);
                     const vec4 part = acc[r][v] * weight[r];
                     tile[i] = cl == 0u ? part : tile[i] + part;
                 }

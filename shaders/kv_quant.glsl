@@ -1,7 +1,8 @@
 // The block types of a quantised KV cache (vkrt/ops/kv_quant.py): 32 elements a block, Q8_0, Q4_0,
 // Q4_1, Q5_0, Q5_1 and IQ4_NL in gguf's layouts (shaders/quant/ describes each). set_rows_q.comp
 // writes them as ggml's quantize_row_*_ref does (gguf.quants' order of operations and rounding);
-// flash_attn.comp reads them 4 elements at a time, as gguf.quants dequantises. A type is a KVQ_*
+// flash_attn.comp reads them 4 elements at a time, or as segments of a block's words, as
+// gguf.quants dequantises. A type is a KVQ_*
 // constant, passed as a compile-time constant, so every test of it folds away.
 // The kernel defines QBUF (a word array, for access.glsl) before including this.
 #ifndef VKRT_KV_QUANT_GLSL
@@ -60,6 +61,51 @@ vec4 kvq_dq4(uint t, uint h, uint qh, uint w, uint c) {
                                      KVQ_W32(BUF, t, kvq_block(t, e) + kvq_hi(t)),                    \
                                      KVQ_W32(BUF, t, kvq_block(t, e) + kvq_data(t, kvq_chunk(e))),    \
                                      kvq_chunk(e))
+
+// ---- reading segments: chunks c0..c0+n-1 of one block (n divides 8, c0 a multiple of n) ----
+// A segment is held as the words loaded (KVQ_SEG_WORDS of them) and dequantised at use: a whole
+// block (n >= 4; Q8_0 n = 8) as the words covering it, a part as its header words (d, m; Q5's
+// qh) and a window over its chunks' data. Blocks of 18, 22 and 34 bytes (KVQ_A2) start 2 bytes
+// into a word every other block (half their size is odd: blocks of odd index), so a field may
+// straddle two words, joined at use (kvq_field).
+#define KVQ_A2(t) ((t) == KVQ_Q8_0 || (t) == KVQ_Q4_0 || (t) == KVQ_Q5_0 || (t) == KVQ_IQ4_NL)
+#define KVQ_SPAN(t, n) ((t) == KVQ_Q8_0 ? (n) == 8u : (n) >= 4u)
+#define KVQ_HW(t) ((t) == KVQ_Q5_0 || (t) == KVQ_Q5_1 ? 2u : 1u)
+#define KVQ_SEG_WORDS(t, n) (KVQ_SPAN(t, n) ? ((t) == KVQ_Q8_0 ? 9u : (t) == KVQ_Q5_0 || (t) == KVQ_Q5_1 ? 6u : 5u) \
+                                            : KVQ_HW(t) + (n) + (KVQ_A2(t) ? 1u : 0u))
+
+// 1 where the block of element e starts 2 bytes into a word
+uint kvq_odd(uint t, uint e) { return KVQ_A2(t) ? (e >> 5) & 1u : 0u; }
+// word j of a segment starting at chunk c0, counted from the block's first word
+uint kvq_seg_word(uint t, uint n, uint c0, uint j) {
+    return KVQ_SPAN(t, n) || j < KVQ_HW(t) ? j : kvq_data(t, 0u) / 4u + (t == KVQ_Q8_0 ? c0 : c0 & 3u) + j - KVQ_HW(t);
+}
+// chunk i's data: its byte from the segment's first data word (even; the block as if 4-aligned)
+uint kvq_seg_f(uint t, uint n, uint i) {
+    return KVQ_SPAN(t, n) ? kvq_data(t, 0u) + 4u * (t == KVQ_Q8_0 ? i : i & 3u) : kvq_data(t, 0u) % 4u + 4u * i;
+}
+// ... and the segment word holding its first byte
+uint kvq_seg_lo(uint t, uint n, uint i) { return (KVQ_SPAN(t, n) ? 0u : KVQ_HW(t)) + kvq_seg_f(t, n, i) / 4u; }
+// the 4 bytes at byte f (even) of the words lo, hi, the block starting `odd` x 2 bytes later
+uint kvq_field(uint lo, uint hi, uint f, uint odd) {
+    return (((f >> 1) ^ odd) & 1u) != 0u ? (lo >> 16) | (hi << 16) : (odd != 0u ? hi : lo);
+}
+// chunk c0 + i from the segment's words r0, r1 (its first two) and lo, hi (at kvq_seg_lo)
+vec4 kvq_seg_dq4(uint t, uint n, uint i, uint c0, uint odd, uint r0, uint r1, uint lo, uint hi) {
+    const uint h = odd != 0u ? r0 >> 16 : r0;
+    const uint qh = t == KVQ_Q5_0 ? kvq_field(r0, r1, 2u, odd) : r1;
+    const uint w = KVQ_A2(t) ? kvq_field(lo, hi, kvq_seg_f(t, n, i), odd) : lo;
+    return kvq_dq4(t, h, qh, w, c0 + i);
+}
+
+// the segment of n chunks at element e into R (SZ = KVQ_SEG_WORDS words), and its chunk i
+#define KVQ_SEG_LOAD(BUF, t, n, e, R, SZ)                                                       \
+    [[unroll]] for (uint j_ = 0u; j_ < SZ; ++j_) {                                             \
+        R[j_] = BUF[(kvq_block(t, e) >> 2) + kvq_seg_word(t, n, kvq_chunk(e), j_)];           \
+    }
+#define KVQ_SEG_DQ4(t, n, R, SZ, i, e)                                                         \
+    kvq_seg_dq4(t, n, i, kvq_chunk(e), kvq_odd(t, e), R[0], R[min(1u, SZ - 1u)],               \
+                R[kvq_seg_lo(t, n, i)], R[min(kvq_seg_lo(t, n, i) + 1u, SZ - 1u)])
 
 // ---- writing: one block of 32 floats as ggml's reference quantisers write it ----
 #ifdef KVQ_WORDS   // the words an invocation writes (the kernel's output array)

@@ -101,6 +101,49 @@ def test_gcn_layouts(device, kv, first):
     check(got, q, kd, vd, tol=TOL)
 
 
+def _regs_tuning(device, arch, first=2):
+    import dataclasses
+    return dataclasses.replace(tuning(device, arch), fa_loads_first=first)
+
+
+@pytest.mark.parametrize("kv", QUANT_KV)
+@pytest.mark.parametrize("hs", [32, 64, 96, 128, 192, 256])
+def test_decode_segments(device, kv, hs):
+    """A decode tile held in registers (LOADS_FIRST 2, GCN's 8 dot lanes) keeps the blocks as loaded
+    words: a lane's vec4s in segments of 1 (head 32, 96), 2 (64, 192), 4 (128) or 8 (256) chunks of
+    a block, blocks starting at either half of a word (head 32: every other row)."""
+    rng = np.random.default_rng(hs + 7 * len(kv))
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=1, n_q=1, n_kv=70, hsk=hs, kv_dtype=np.float32)
+    mask = np.zeros((1, 1, 1, 70), np.float16)
+    mask[..., 61:] = -np.inf
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, mask, tuning=_regs_tuning(device, Arch.AMD_GCN), split_k=2)
+    assert fa._attn.defines["LOADS_FIRST"] == 2 and fa._attn.defines["DS"] == 8
+    check(got, q, kd, vd, mask, tol=TOL)
+
+
+@pytest.mark.parametrize("kv", ["Q8_0", "Q5_0", "Q4_1"])
+@pytest.mark.parametrize("hs", [64, 96])
+def test_decode_segments_one_lane(device, kv, hs):
+    """One dot lane a column (lavapipe's layout) holds whole rows: several segments of 8 chunks."""
+    rng = np.random.default_rng(hs)
+    q, k, v = make_qkv(rng, n_head=2, n_head_kv=2, n_q=1, n_kv=37, hsk=hs, kv_dtype=np.float32)
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, tuning=_regs_tuning(device, None))
+    assert fa._attn.defines["LOADS_FIRST"] == 2 and fa._attn.defines["DS"] == 1
+    check(got, q, kd, vd, tol=TOL)
+
+
+@pytest.mark.parametrize("k_type,v_type,first", [("Q8_0", "Q5_1", 2), ("F16", "IQ4_NL", 2), ("Q5_0", "F32", 2),
+                                                 ("Q4_0", "Q8_0", 1)])
+def test_decode_segments_mixed(device, k_type, v_type, first):
+    """K and V of different types, each held in its own segments (LOADS_FIRST 1: loaded at the
+    tile's start, not a tile ahead)."""
+    rng = np.random.default_rng(9)
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=2, n_kv=50, hsk=128, kv_dtype=np.float32)
+    got, kd, vd, fa = flash_q(device, q, k, v, k_type, v_type, tuning=_regs_tuning(device, Arch.AMD_GCN, first))
+    assert fa._attn.defines["LOADS_FIRST"] == first
+    check(got, q, kd, vd, tol=TOL)
+
+
 def test_quantised_takes_the_scalar_kernel(device):
     """Where the tuning runs prompt attention on cooperative matrices, a quantised cache falls back
     to the scalar kernel (forcing the other is refused by name)."""

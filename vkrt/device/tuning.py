@@ -313,6 +313,17 @@ TABLE: dict[Arch, Tuning] = {
                          # thread: ACO gives the head-128 prefill kernel 208 VGPRs at 4 rows (1
                          # wave per SIMD), 84 at 2 (3 waves; bench/gcn_shader_stats.py)
                          fa_wg=256, fa_fill_groups=72, fa_fill_per_cu=2, fa_max_rows=2, fa_split_min_tiles=8,
+                         # decode keeps fa_decode_bc 16 (a 16-cell K/V tile a tile ahead in registers,
+                         # fa_loads_first 2). ACO, VGPRs (waves) at head 64 / 128 / 256 (gcn_shader_stats.py
+                         # --kv all): f16 64 (4) / 108 (2) / 192 (1); quantised 64-84 (3-4) / 88-100 (2) /
+                         # 108-136 (1-2), kept as the words loaded. 8-cell tiles (fa_decode_bc=8): f16 48
+                         # (5) / 72 (3) / 124 (2), q8_0/q4_0/q4_1 48-52 (4-5) / 64 (4) / 80-96 (2-3),
+                         # q5_0/q5_1/iq4_nl 52-64 (4) / 68-76 (3) / 88-92 (2); and f16's head-128 tile is 18
+                         # loads, past the 15 a GCN wave can wait on one by one, so ACO waits for the next
+                         # tile's first loads before this tile's arithmetic (8 cells: 9 loads). Not taken:
+                         # on the H200 (this table) 8-cell tiles ran tg128 258.9 against 260.9 t/s
+                         # (Qwen3-30B-A3B shape) and 205.9 against 207.1 (dense 8B); the RX 580's side is
+                         # unmeasured (to try: flash_attn_decode.py --kv f16,q8_0 --set fa_decode_bc=8)
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),
