@@ -60,16 +60,51 @@ def check_hub_names(ctx, param, value):
     return value
 
 
-def take_model(model_kw: dict) -> dict:
-    """Replace -m / -hf / --hf-file / --hf-token in `model_kw` by the local model path (`model`)."""
+def take_model(model_kw: dict, fetch_mmproj: bool = True) -> dict:
+    """Replace -m / -hf / --hf-file / --hf-token in `model_kw` by the local model path (`model`);
+    with mmproj_options, --mmproj / --no-mmproj by the projector's path (`mmproj`, None: none):
+    -hf also fetches the repository's mmproj file unless --no-mmproj (or not `fetch_mmproj`)."""
     model, hf_repo = model_kw.pop("model"), model_kw.pop("hf_repo")
     hf_file, hf_token = model_kw.pop("hf_file"), model_kw.pop("hf_token")
     if model and hf_repo:
         raise click.UsageError("give the model as -m FILE or as -hf REPO[:QUANT], not both")
     if hf_file and not hf_repo:
         raise click.UsageError("--hf-file names a file of the repository given by -hf REPO")
+    named = "no_mmproj" in model_kw   # the command has mmproj_options
+    mmproj = _mmproj(model_kw) if named else None
     model_kw["model"] = hub_model(hf_repo, hf_file, hf_token) if hf_repo else model or default_model()
+    if mmproj is True:   # neither option: the projector beside a -hf model
+        mmproj = None
+        if hf_repo and fetch_mmproj:
+            from vkrt.model.hub import resolve_mmproj
+            mmproj = resolve_mmproj(hf_repo, hf_file, hf_token)
+    if named:
+        model_kw["mmproj"] = mmproj or None
     return model_kw
+
+
+def _mmproj(model_kw: dict):
+    """Pop --mmproj / --no-mmproj: the file (checked), False (--no-mmproj) or True (neither)."""
+    path, off = model_kw.pop("mmproj"), model_kw.pop("no_mmproj")
+    if path is not None and off:
+        raise click.UsageError("give --mmproj FILE or --no-mmproj, not both")
+    if path is not None and not os.path.isfile(path):
+        raise click.BadParameter(f"{path}: no such file", param_hint="--mmproj")
+    return path if path is not None else not off
+
+
+def mmproj_options(f):
+    """--mmproj, --no-mmproj, named as llama-server's (decorator)."""
+    opts = [
+        click.option("-mm", "--mmproj", "mmproj", type=click.Path(dir_okay=False), default=None,
+                     help="Vision projector (mmproj-*.gguf) of the model: images in prompts (default: the "
+                          "repository's mmproj file with -hf)."),
+        click.option("--no-mmproj", "no_mmproj", is_flag=True,
+                     help="Load no vision projector (not even the one -hf would fetch)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
 
 
 def hub_options(f, *, multiple: bool = False):
@@ -243,7 +278,7 @@ def check_device_options(model_kw: dict) -> None:
 def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type, n_cpu_moe=None,
                    vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0,
                    split_mode="layer", tensor_split=None, main_gpu=None, pipeline_steps=False, cpu_experts="auto",
-                   cpu_moe_threads=None, link_bandwidth=None, cache_type_k=None, cache_type_v=None):
+                   cpu_moe_threads=None, link_bandwidth=None, cache_type_k=None, cache_type_v=None, mmproj=None):
     """The library's EngineOptions from the CLI's model options."""
     from vkrt.engine.options import EngineOptions
     from vkrt.errors import ConfigError
@@ -255,7 +290,7 @@ def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mma
                              expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
                              progress=progress, split_mode=split_mode, tensor_split=parse_tensor_split(tensor_split),
                              main_gpu=main_gpu, pipeline_steps=pipeline_steps, cpu_experts=cpu_experts,
-                             cpu_moe_threads=cpu_moe_threads, link_bandwidth=link_bandwidth)
+                             cpu_moe_threads=cpu_moe_threads, link_bandwidth=link_bandwidth, mmproj=mmproj)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
 

@@ -10,6 +10,7 @@ import click
 from .common import (
     FiniteFloat,
     count,
+    mmproj_options,
     model_options,
     open_devices,
     open_drafting,
@@ -22,7 +23,12 @@ from .common import (
 
 @click.command()
 @model_options
+@mmproj_options
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True, help="Prompt text.")
+@click.option("--image", "images", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="Image file (PNG, JPEG, WebP, GIF, BMP) for the prompt; repeatable. Each goes where the prompt "
+                   "has a <__media__> marker, or, without markers, all before the prompt (as llama-mtmd-cli). "
+                   "Needs a vision projector (--mmproj, or -hf's).")
 @click.option("-n", "--n-predict", type=count(0), default=64, show_default=True, help="Tokens to generate.")
 @click.option("--temp", type=FiniteFloat(), default=0.8, show_default=True, help="Temperature (0 = greedy).")
 @click.option("--top-k", type=count(-2 ** 31), default=40, show_default=True)
@@ -40,7 +46,7 @@ from .common import (
 @click.option("-j", "--json-schema", default=None, help="JSON schema (its JSON text) the output must fit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (tokens, text, timings).")
 @spec_options
-def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samplers, sampling_seq, ignore_eos,
+def run(prompt, images, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samplers, sampling_seq, ignore_eos,
         grammar, grammar_file, json_schema, as_json, **model_kw):
     """Generate a continuation of PROMPT with a GGUF model."""
     from vkrt.engine.generate import TextStream, generate
@@ -52,16 +58,21 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samp
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, seed=None if seed == -1 else seed, order=_order(samplers, sampling_seq))
     spec, draft_path, ngld, devd = take_spec(model_kw)
-    take_model(model_kw)
+    take_model(model_kw, fetch_mmproj=bool(images))
+    if images and model_kw["mmproj"] is None:
+        raise click.UsageError("--image needs the model's vision projector: give --mmproj FILE (-hf fetches the "
+                               "repository's mmproj file)")
+    if images and spec is not None:
+        raise click.UsageError("--image does not go with speculative decoding (--spec-type, -md)")
     with open_devices(model_kw["device"]) as devices:
         model, engine = open_engine(devices, progress=None if not as_json else False, **model_kw)
         drafting = None
         try:
             drafting = open_drafting(spec, engine, model, draft_path, ngld, devd)
-            if len(model.tokenizer.encode(prompt)) + n_predict > engine.n_ctx:
+            tokens = _prompt(engine, model, prompt, images)
+            if len(tokens) + n_predict > engine.n_ctx:
                 raise click.UsageError(f"prompt plus -n {n_predict} exceed the context of {engine.n_ctx} tokens "
                                        "(raise -c)")
-            tokens = model.tokenizer.encode(prompt)
             stream = TextStream(model.tokenizer)
 
             def show(token):
@@ -96,6 +107,20 @@ def run(prompt, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, samp
             for obj in (drafting, engine, model):
                 if obj is not None:
                     obj.close()
+
+
+def _prompt(engine, model, prompt: str, images: tuple):
+    """The prompt's tokens; with --image a MediaPrompt, each image encoded at its marker."""
+    if not images:
+        return model.tokenizer.encode(prompt)
+    from vkrt.model.media_prompt import MARKER
+    if MARKER not in prompt:
+        prompt = MARKER * len(images) + prompt
+    data = []
+    for path in images:
+        with open(path, "rb") as f:
+            data.append(f.read())
+    return engine.vision.prompt(model.tokenizer, prompt, data, MARKER, names=list(images))
 
 
 def _order(samplers, sampling_seq) -> tuple:

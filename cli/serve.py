@@ -14,6 +14,7 @@ from .common import (
     FiniteFloat,
     check_device_options,
     count,
+    mmproj_options,
     model_options,
     open_drafting,
     open_engine,
@@ -40,6 +41,7 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
 
 @click.command()
 @model_options
+@mmproj_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="Port to listen on (0: any free port; the log says which).")

@@ -9,7 +9,7 @@ from PIL import Image
 
 from vision_reference import encode as reference_encode
 from vkrt.errors import GGUFError
-from vkrt.model.image_input import ImageError, decode_image, fit_size, preprocess
+from vkrt.model.image_input import ImageError, decode_image, fit_size, preprocess, resize_padded
 from vkrt.model.mmproj_synthetic import MmprojSpec, write_mmproj
 from vkrt.model.vision_config import check_against_text
 from vkrt.model.vision_encoder import VisionEncoder
@@ -38,6 +38,18 @@ def test_encoder_matches_reference(device, mmproj, hw):
     assert np.abs(want).max() > 0.1
 
 
+def test_encoder_attention_in_query_chunks(device, mmproj, monkeypatch):
+    """Scores held for 5 queries at a time (7 chunks of a 4x8 patch grid, the last of 2) give the
+    same tokens as all at once."""
+    from vkrt.model import vision_memory
+    monkeypatch.setattr(vision_memory, "SCORES_BYTES", 4 * 32 * 2 * 5)
+    assert vision_memory.query_chunk(32, 2) == 5
+    px = _pixels(64, 128, seed=7)
+    with VisionEncoder(device, mmproj) as enc:
+        got = enc.encode(px)
+    np.testing.assert_allclose(got, reference_encode(mmproj, px), rtol=2e-3, atol=2e-3)
+
+
 def test_encoder_f16_weights(device, tmp_path):
     path = write_mmproj(tmp_path / "mmproj-f16.gguf", MmprojSpec(weight_type="F16", seed=3))
     px = _pixels(64, 64, seed=1)
@@ -59,11 +71,30 @@ def test_mmproj_checks(device, mmproj, tmp_path):
 
 
 def test_fit_size():
-    assert fit_size(128, 64, 32, 8192, 4096 * 1024) == (128, 64)     # fits: unchanged
-    assert fit_size(100, 50, 32, 8192, 4096 * 1024) == (128, 64)     # sides rounded up
+    """llama.cpp's smart resize: sides rounded (halves up, as std::round), then floored under the
+    most pixels or ceiled over the fewest."""
+    big = 4096 * 1024
+    assert fit_size(128, 64, 32, 8192, big) == (128, 64)             # fits: unchanged
+    assert fit_size(100, 100, 32, 1, big) == (96, 96)                # 3.125 sides: rounded down
+    assert fit_size(80, 80, 32, 1, big) == (96, 96)                  # 2.5: up, not to even
+    assert fit_size(100, 50, 32, 8192, big) == (128, 64)             # rounded, then scaled up to 8192
+    assert fit_size(64, 96, 32, 8192, big) == (96, 128)              # tests/vision_cases.py's second image
     assert fit_size(4000, 3000, 32, 8192, 1024 * 1024) == (1152, 864)  # scaled down, floored
-    w, h = fit_size(40, 40, 32, 8192, 4096 * 1024)                   # scaled up past the minimum
+    w, h = fit_size(40, 40, 32, 8192, big)                           # scaled up past the minimum
     assert w % 32 == h % 32 == 0 and w * h >= 8192
+
+
+def test_resize_padded():
+    """clip's resize with padding: a 64x96 image in a 96x128 frame is scaled to 86x128 with
+    aligned corners (first and last pixels kept), centred on black (5 columns left, 5 right)."""
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 256, (96, 64, 3), dtype=np.uint8)
+    out = resize_padded(rgb, 96, 128)
+    assert out.shape == (128, 96, 3)
+    assert not out[:, :5].any() and not out[:, 91:].any() and out[:, 5].any() and out[:, 90].any()
+    np.testing.assert_array_equal(out[0, 5], rgb[0, 0])
+    np.testing.assert_array_equal(out[-1, 90], rgb[-1, -1])
+    assert resize_padded(rgb, 64, 96) is rgb
 
 
 def test_preprocess_normalises(mmproj, device):
@@ -77,7 +108,7 @@ def test_preprocess_normalises(mmproj, device):
 
 
 def test_bad_images():
-    with pytest.raises(ImageError, match="image 2: not a decodable image"):
+    with pytest.raises(ImageError, match=r"image 2: not an image vkrt decodes \(PNG, JPEG"):
         decode_image(b"not an image at all", "image 2")
     buf = io.BytesIO()
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="PNG")

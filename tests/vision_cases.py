@@ -14,8 +14,9 @@ from vkrt.model.mmproj_synthetic import MmprojSpec, write_mmproj
 
 TEXT_MODEL = "tiny-qwen35"
 MMPROJ = MmprojSpec(proj_dim=64, seed=21)
-# (text before, image (height, width, seed), text after): sides multiples of 32 whose area is within
-# the projector's limits, so that no resampling separates the two implementations
+# (text before, image (height, width, seed), text after): sides multiples of 32; the first image's
+# area is within the projector's limits (read as it is), the second's below its 8 tokens (scaled up
+# to 96x128 by clip's bilinear resize and padded: image_input.resize_padded)
 CASES = [("Look: ", (64, 128, 1), " what is it?"), ("<|im_start|>user\n", (96, 64, 2), "Describe.<|im_end|>\n")]
 N_PREDICT = 8
 

@@ -9,6 +9,7 @@ tokenize / logits, and close (or use it as a context manager).
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -106,17 +107,22 @@ class LLM:
         return np.array(out, copy=True)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, *, stop_at_eos: bool = True,
-                 grammar: str | None = None, json_schema: dict | str | None = None, **sampling) -> str:
+                 grammar: str | None = None, json_schema: dict | str | None = None, images: list | None = None,
+                 **sampling) -> str:
         """The continuation of `prompt` (text or token ids), up to max_tokens tokens; with
-        `grammar` (GBNF) or `json_schema` only text that fits it."""
+        `grammar` (GBNF) or `json_schema` only text that fits it. `images` (files: paths or
+        bytes; load with mmproj=): each where the text prompt has a "<__media__>" marker, or
+        without markers all before it."""
         return "".join(self.stream(prompt, max_tokens, stop_at_eos=stop_at_eos, grammar=grammar,
-                                   json_schema=json_schema, **sampling))
+                                   json_schema=json_schema, images=images, **sampling))
 
     def stream(self, prompt: str | list[int], max_tokens: int = 128, *, stop_at_eos: bool = True,
-               grammar: str | None = None, json_schema: dict | str | None = None, **sampling) -> Iterator[str]:
-        """The continuation of `prompt` as it is generated, in text pieces; closing the iterator
-        early stops the generation."""
-        tokens, params = self._tokens(prompt), self._params(sampling)
+               grammar: str | None = None, json_schema: dict | str | None = None, images: list | None = None,
+               **sampling) -> Iterator[str]:
+        """The continuation of `prompt` as it is generated, in text pieces (`images` as generate
+        takes them); closing the iterator early stops the generation."""
+        tokens = self._media(prompt, images) if images else self._tokens(prompt)
+        params = self._params(sampling)
         constraint = self._constraint(grammar, json_schema)
         if max_tokens < 0:
             raise ConfigError(f"max_tokens must not be negative, got {max_tokens}")
@@ -182,6 +188,28 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _media(self, prompt, images: list):
+        """A MediaPrompt of the text `prompt` and `images` (paths or bytes)."""
+        from .model.media_prompt import MARKER
+        if self.engine is None:
+            raise ConfigError("this LLM is closed")
+        if self.engine.vision is None:
+            raise ConfigError("images need the model's vision projector: vkrt.load(..., mmproj='mmproj-F16.gguf')")
+        if not isinstance(prompt, str):
+            raise ConfigError("a prompt with images must be text (the images go at its <__media__> markers)")
+        data, names = [], []
+        for k, img in enumerate(images):
+            if isinstance(img, (bytes, bytearray)):
+                data.append(bytes(img))
+                names.append(f"image {k}")
+            else:
+                with open(os.fspath(img), "rb") as f:
+                    data.append(f.read())
+                names.append(os.fspath(img))
+        if MARKER not in prompt:
+            prompt = MARKER * len(data) + prompt
+        return self.engine.vision.prompt(self.tokenizer, prompt, data, MARKER, names=names)
 
     def _tokens(self, prompt) -> list[int]:
         if self.engine is None:

@@ -58,6 +58,8 @@ class Engine(Owned):
     kv_type: the KV cache's type (K's, and V's unless kv_type_v is given; quantised types need
     flash_attn).
     pad_prompts False: prompt steps run unpadded (an MTP head's inputs are a row a token).
+    vision: the model's image input (a model.vision.Vision, which the engine then owns and closes):
+    its steps may then take input embeddings (embed(): an image's rows) as well as token ids.
     The parts it runs with: `stages`, `inputs` (StepInputs),
     `readback` (Readback) and `steps` (StepRunner: the recorded graphs, `steps.graphs`)."""
 
@@ -66,9 +68,10 @@ class Engine(Owned):
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
                  expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0,
                  pipeline_steps: bool = False, cpu_experts: str = "off", cpu_moe_threads: int | None = None,
-                 link_bandwidth: float | None = None, pad_prompts: bool = True, kv_type_v=None):
+                 link_bandwidth: float | None = None, pad_prompts: bool = True, kv_type_v=None, vision=None):
         super().__init__("engine")
         self.model = model
+        self.vision = vision
         self.device = dev = model.device
         cfg = model.cfg
         if n_ubatch > n_batch:
@@ -92,7 +95,7 @@ class Engine(Owned):
                 self.stages.append(Stage(model, d, layers, cells, n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn,
                                          kv_type=kv_type, kv_type_v=kv_type_v, n_seq_max=n_seq_max,
                                          n_checkpoints=n_checkpoints,
-                                         output=k == len(devices) - 1))
+                                         output=k == len(devices) - 1, embd_input=vision is not None))
             for a, b in zip(self.stages, self.stages[1:]):
                 self.handoffs.append(Handoff(a.device, b.device, 4 * cfg.n_embd * n_ubatch))
             main = self.stages[-1]
@@ -102,8 +105,10 @@ class Engine(Owned):
             self.readback = Readback(dev, cfg.vocab_size, cfg.n_embd, n_ubatch)
             self.candidate_rows = self.readback.candidate_rows   # the most tokens decode_candidates takes
             cpu = cpu_expert_options(dev, model, cpu_experts, cpu_moe_threads, link_bandwidth)
+            encoder = vision.activation_bytes if vision is not None else 0   # what an image's encoding takes
             for st in self.stages:
-                st.add_experts(n_ubatch, stage_experts, expert_cache, prefetch_slots, cpu)
+                st.add_experts(n_ubatch, stage_experts, expert_cache, prefetch_slots, cpu,
+                               reserve=encoder if st.device is dev else 0)
             self.staging, self.prefetch = main.staging, main.prefetch
             pads = pad_prompts and flash_attn and not self.recurrent and not self.host_experts   # without side effects
             self.inputs = StepInputs(self.stages, cells, self.state, cfg, n_ctx=n_ctx, n_ubatch=n_ubatch,
@@ -236,6 +241,35 @@ class Engine(Owned):
         logits = self.readback.logits(ids.size if all_logits else 1)
         self.stats.add_step(n, time.perf_counter() - t0)
         return logits[pad:] if all_logits else logits
+
+    def embed(self, rows: np.ndarray, rope: np.ndarray, after: np.ndarray, seq_id: int = 0) -> np.ndarray:
+        """Append input embeddings `rows` ([n, n_embd] float32: an image's, which stand where
+        token embeddings would) to sequence `seq_id`, at rotary positions `rope` ([n, 3]: t, y,
+        x) with `after` ([n]: the rotary position of a text token after each; CellTable), in
+        steps of their own; returns the logits after the last row ([vocab])."""
+        rows = np.asarray(rows, np.float32)
+        n, E = rows.shape[0], self.model.cfg.n_embd
+        rope, after = np.asarray(rope, np.int32).reshape(-1, 3), np.asarray(after, np.int32).reshape(-1)
+        if self.vision is None:
+            raise VkrtError("this engine takes no input embeddings: open it with a vision encoder (--mmproj)")
+        if rows.ndim != 2 or rows.shape[1] != E or n == 0 or rope.shape[0] != n or after.size != n:
+            raise VkrtError(f"embed takes rows [n, {E}] with rope [n, 3] and after [n], n >= 1; got "
+                            f"{list(rows.shape)}, {list(rope.shape)}, {list(after.shape)}")
+        if self.steps.hidden_sink is not None:
+            raise ConfigError("input embeddings (images) do not go with an MTP head's drafting")
+        start = self.cache.cells.length(seq_id)
+        logits = None
+        for u0 in range(0, n, self.n_ubatch):
+            t0 = time.perf_counter()
+            m = min(self.n_ubatch, n - u0)
+            pad, (ids, seqs, pos) = self.inputs.padded(np.zeros(m, np.int32), np.full(m, seq_id, np.int32),
+                                                       np.arange(m, dtype=np.int32) + start + u0)
+            lead = lambda a: np.concatenate([np.zeros((pad,) + a.shape[1:], a.dtype), a])   # noqa: E731
+            self.steps.step(ids, seqs, pos, rows=lead(rows[u0:u0 + m]),
+                            rope=(lead(rope[u0:u0 + m]), lead(after[u0:u0 + m])))
+            logits = self.readback.logits(1)
+            self.stats.add_step(m, time.perf_counter() - t0)
+        return logits[-1]
 
     def hidden_states(self, tokens, seq_id: int = 0) -> np.ndarray:
         """Append `tokens` to sequence `seq_id`; returns every token's final hidden state after
@@ -500,6 +534,6 @@ class Engine(Owned):
             self.state.release(ckpt)
 
     def _release(self) -> None:
-        for obj in (self.steps, self.readback, *self.handoffs, *reversed(self.stages)):
+        for obj in (self.steps, self.readback, *self.handoffs, *reversed(self.stages), self.vision):
             if obj is not None:
                 obj.close()

@@ -8,7 +8,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ..errors import ConfigError
+from ..model.media_prompt import MediaPrompt
 from .grammar import Constraint
+from .media import eval_prompt
 from .readback import ADJUST_CAP, CANDIDATES
 from .sampler import Sampler, SamplingParams
 from .speculative import RowPicker, SpecCounts, Speculation, speculate
@@ -46,21 +49,26 @@ class Generation:
     timings: Timings = field(default_factory=Timings)
 
 
-def generate(engine, prompt_tokens: list[int], n_predict: int, params: SamplingParams, *, seq_id: int = 0,
+def generate(engine, prompt_tokens: list[int] | MediaPrompt, n_predict: int, params: SamplingParams, *, seq_id: int = 0,
              stop_tokens: Iterable[int] = (), on_token: Callable[[int], bool | None] | None = None,
              grammar: Constraint | None = None, speculation: Speculation | None = None) -> Generation:
     """Prefill `prompt_tokens` (after the sequence's cached ones) and sample up to n_predict tokens.
     on_token(token) may return True to stop early. grammar: only tokens it allows are sampled
     (masked on the GPU before the candidates are picked), and its EOS tokens end generation.
     speculation: draft tokens and verify them in one step (speculative.py; the same tokens
-    are generated, the same way distributed)."""
+    are generated, the same way distributed). A MediaPrompt (images in the prompt) is read as
+    media.eval_prompt reads it; its image tokens are no tokens to the sampler."""
+    media = prompt_tokens if isinstance(prompt_tokens, MediaPrompt) else None
+    if media is not None and speculation is not None:
+        raise ConfigError("speculative decoding does not take prompts with images")
+    text = media.text_tokens if media is not None else prompt_tokens
     sampler = Sampler(params)
-    for t in prompt_tokens[-params.repeat_last_n:] if params.repeat_last_n > 0 else ():
+    for t in text[-params.repeat_last_n:] if params.repeat_last_n > 0 else ():
         sampler.accept(t)
-    gen = Generation(list(prompt_tokens))
+    gen = Generation(list(media.tokens if media is not None else prompt_tokens))
     stops = set(stop_tokens)
     t0 = time.perf_counter()
-    logits = engine.eval(prompt_tokens, seq_id)
+    logits = eval_prompt(engine, media, seq_id) if media is not None else engine.eval(prompt_tokens, seq_id)
     gen.timings.prompt_n = len(prompt_tokens)
     gen.timings.prompt_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()

@@ -17,19 +17,30 @@ class ContextFull(VkrtError):
 
 
 class CellTable:
-    """cell -> (sequence id, position); -1 marks a free cell. Sequences take the lowest free cells."""
+    """cell -> (sequence id, position); -1 marks a free cell. Sequences take the lowest free cells.
+    A position is the token's index in its sequence (what masks and truncation count). Each cell
+    also holds the token's rotary positions `rope` (t, y, x: Qwen's M-RoPE streams; the index for
+    text, an image's 2-D grid for its rows) and `after`, the rotary position of a text token that
+    follows it (index + 1 for text; past an image, the image's start + max(grid h, w)).
+    `moved`: some cell's rotary position may differ from its index."""
 
     def __init__(self, n_cells: int):
         self.n_cells = n_cells
         self.seq = np.full(n_cells, -1, np.int32)
         self.pos = np.zeros(n_cells, np.int32)
+        self.rope = np.zeros((n_cells, 3), np.int32)
+        self.after = np.ones(n_cells, np.int32)
+        self.moved = False
 
     def used_end(self) -> int:
         """One past the highest used cell (what attention must cover)."""
         used = np.flatnonzero(self.seq >= 0)
         return int(used[-1]) + 1 if used.size else 0
 
-    def allocate(self, seq: int, positions: np.ndarray) -> np.ndarray:
+    def allocate(self, seq: int, positions: np.ndarray, rope: np.ndarray | None = None,
+                 after: np.ndarray | None = None) -> np.ndarray:
+        """Cells for `seq`'s tokens at `positions`; rope [n, 3] and after [n]: their rotary
+        positions (default: text at its index)."""
         free = np.flatnonzero(self.seq < 0)
         if free.size < len(positions):
             raise ContextFull(f"the context is full: {len(positions)} tokens need cells, {free.size} of "
@@ -37,7 +48,22 @@ class CellTable:
         cells = free[:len(positions)]
         self.seq[cells] = seq
         self.pos[cells] = positions
+        if rope is None:
+            self.rope[cells] = np.asarray(positions, np.int32)[:, None]
+            self.after[cells] = np.asarray(positions, np.int32) + 1
+        else:
+            self.rope[cells] = rope
+            self.after[cells] = after
+            self.moved = self.moved or bool((rope != np.asarray(positions)[:, None]).any())
         return cells.astype(np.int32)
+
+    def text_position(self, seq: int, index: int) -> int:
+        """The rotary position a text token at `index` of `seq` takes: the `after` of the token
+        before it (its index while no cell's position moved)."""
+        if index == 0 or not self.moved:
+            return index
+        cell = np.flatnonzero((self.seq == seq) & (self.pos == index - 1))
+        return int(self.after[cell[0]]) if cell.size else index
 
     def n_free(self) -> int:
         """Cells no sequence holds."""

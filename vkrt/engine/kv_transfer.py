@@ -22,20 +22,26 @@ MAX_RUNS = 16   # runs of cells copied one by one; more: the span covering them 
 @dataclass
 class KVBlock:
     """The K and V rows of positions [0, n_tokens) of a sequence: per attention layer, uint8
-    arrays (n_head_kv, n_tokens, row bytes), as the cache stores them (its type, unconverted)."""
+    arrays (n_head_kv, n_tokens, row bytes), as the cache stores them (its type, unconverted);
+    with images among them, the cells' rotary positions (CellTable.rope [n, 3] and .after [n];
+    None: every token text at its index)."""
 
     n_tokens: int
     layers: dict[int, tuple[np.ndarray, np.ndarray]]
+    rope: np.ndarray | None = None
+    after: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.layers.values())
+        extra = self.rope.nbytes + self.after.nbytes if self.rope is not None else 0
+        return sum(k.nbytes + v.nbytes for k, v in self.layers.values()) + extra
 
     def prefix(self, n: int) -> KVBlock:
         """The first n positions (views, not copies)."""
         if not 0 <= n <= self.n_tokens:
             raise VkrtError(f"a KV block of {self.n_tokens} positions has no prefix of {n}")
-        return KVBlock(n, {il: (k[:, :n], v[:, :n]) for il, (k, v) in self.layers.items()})
+        return KVBlock(n, {il: (k[:, :n], v[:, :n]) for il, (k, v) in self.layers.items()},
+                       None if self.rope is None else self.rope[:n], None if self.after is None else self.after[:n])
 
 
 def kv_layout(engine) -> dict:
@@ -141,7 +147,11 @@ def read_kv(engine, seq_id: int, n: int) -> KVBlock:
     block = KVBlock(n, {})
     if n == 0:
         return block
-    plan = _plan(engine.cache.cells.cells_of(seq_id, n))
+    cells = engine.cache.cells
+    held = cells.cells_of(seq_id, n)
+    if cells.moved:
+        block.rope, block.after = cells.rope[held].copy(), cells.after[held].copy()
+    plan = _plan(held)
     for st in engine.stages:
         for layers in _groups(st.cache, plan.width):
             _transfer(st.cache, st.device, layers, plan, True, block)
@@ -162,7 +172,7 @@ def write_kv(engine, seq_id: int, block: KVBlock, n: int | None = None) -> None:
     if n == 0:
         return
     part = block.prefix(n)
-    plan = _plan(cells.allocate(seq_id, np.arange(n, dtype=np.int32)))
+    plan = _plan(cells.allocate(seq_id, np.arange(n, dtype=np.int32), part.rope, part.after))
     try:
         for st in engine.stages:
             for layers in _groups(st.cache, plan.width):

@@ -33,7 +33,11 @@ class EngineOptions:
     on the GPU, copied over the link), "auto" (each runs where the measured rates say is cheaper:
     the expert cache, the CPU or a copy) or "all" (every expert not in the cache on the CPU);
     `cpu_moe_threads` the CPU expert kernels' threads (None: the CPU's cores); `link_bandwidth`
-    GB/s paces host-to-device expert traffic to that rate, as a slower link would (None: unpaced)."""
+    GB/s paces host-to-device expert traffic to that rate, as a slower link would (None: unpaced).
+
+    Images (--mmproj): `mmproj` the vision projector file (None: none); its tower goes on the
+    main device, before the engine's buffers, and counts in the VRAM budget (the engine then
+    holds it: Engine.vision)."""
 
     n_ctx: int = 4096
     n_batch: int = 2048
@@ -58,6 +62,7 @@ class EngineOptions:
     cpu_experts: str = "auto"
     cpu_moe_threads: int | None = None
     link_bandwidth: float | None = None
+    mmproj: str | None = None
 
     def __post_init__(self):
         if self.cpu_experts not in CPU_EXPERTS:
@@ -121,6 +126,7 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
     returns (Model, Engine), each to be closed by the caller (the engine first). The environment's
     switches (fusions, prefetch slots, expert staging, caches) come from the devices' settings."""
     from ..model.loader import Model
+    from ..model.vision import Vision
     from .engine import Engine
 
     o = options
@@ -139,10 +145,11 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
     model = Model(device, path, mmap=o.mmap, n_gpu_layers=o.n_gpu_layers, n_cpu_moe=n_cpu_moe or 0, pin=o.pin,
                   progress=o.progress, split=split)
     try:
+        vision = Vision(device, o.mmproj, model.cfg, path) if o.mmproj is not None else None
         engine = Engine(model, n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
                         kv_type=o.kv_types[0], kv_type_v=o.kv_types[1], expert_cache=o.expert_cache, n_seq_max=o.n_seq_max,
                         n_checkpoints=o.n_checkpoints, pipeline_steps=o.pipeline_steps, cpu_experts=o.cpu_experts,
-                        cpu_moe_threads=o.cpu_moe_threads, link_bandwidth=o.link_bandwidth)
+                        cpu_moe_threads=o.cpu_moe_threads, link_bandwidth=o.link_bandwidth, vision=vision)
     except BaseException:
         model.close()
         raise
@@ -150,11 +157,12 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
 
 
 def estimate_keywords(o: EngineOptions, device) -> dict:
+    from ..model.vision_memory import encoder_vram
     from .prefetch import slots_requested
     return dict(n_ctx=o.n_ctx, n_ubatch=min(o.n_ubatch, o.n_batch), n_gpu_layers=o.n_gpu_layers,
                 kv_bytes=tuple(kv_type(t).type_size / kv_type(t).block_size for t in o.kv_types),
                 flash_attn=o.flash_attn, prefetch_slots=slots_requested(None, device.settings),
-                n_seq_max=o.n_seq_max, device=device)
+                n_seq_max=o.n_seq_max, device=device, encoder=encoder_vram(o.mmproj))
 
 
 def _plan_one(device, path: str, o: EngineOptions, budget: int | None) -> int | None:

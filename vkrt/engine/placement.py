@@ -27,13 +27,16 @@ class VramEstimate:
     prefetch: int
     staging: int = 0
     recurrent: int = 0
+    encoder: int = 0   # the vision tower (--mmproj): weights and its largest image's activations
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + self.prefetch + self.staging + self.recurrent
+        return (self.weights + self.kv_cache + self.activations + self.prefetch + self.staging + self.recurrent
+                + self.encoder)
 
     def describe(self) -> str:
         rec = f", recurrent state {fmt_bytes(self.recurrent)}" if self.recurrent else ""
+        rec += f", vision encoder {fmt_bytes(self.encoder)}" if self.encoder else ""
         return (f"{fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)}, KV cache {fmt_bytes(self.kv_cache)}"
                 f"{rec}, activations {fmt_bytes(self.activations)}, expert prefetch slots {fmt_bytes(self.prefetch)}, "
                 f"decode expert staging {fmt_bytes(self.staging)})")
@@ -41,9 +44,10 @@ class VramEstimate:
 
 def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cpu_moe: int, n_gpu_layers: int = 999,
              kv_bytes: float | tuple[float, float] = 2, flash_attn: bool = True, prefetch_slots: int = 0, n_seq_max: int = 1, device=None,
-             split=None, stage: int = 0) -> VramEstimate:
+             split=None, stage: int = 0, encoder: int = 0) -> VramEstimate:
     """Bytes of VRAM a configuration takes; `tensors` maps names to objects with .nbytes (`device`:
-    see scratch_bytes). With `split` (a LayerSplit), what its stage `stage` takes."""
+    see scratch_bytes). With `split` (a LayerSplit), what its stage `stage` takes. `encoder`:
+    a vision tower's bytes (model/vision_memory.py), on the main (output) stage."""
     first_gpu = max(cfg.n_layer - n_gpu_layers, 0)
     layers = split.ranges[stage] if split is not None else range(cfg.n_layer)
     weights = 0
@@ -66,12 +70,14 @@ def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cp
     kb, vb = kv_bytes if isinstance(kv_bytes, tuple) else (kv_bytes, kv_bytes)   # bytes a value, K and V
     kv = int(len([il for il in cfg.kv_layers if il in layers]) * n_ctx * cfg.n_head_kv
              * (cfg.head_dim_k * kb + cfg.head_dim_v * vb))
-    acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device)
+    acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device, embd_input=encoder > 0)
+    main = split is None or stage == split.n_stages - 1
     recurrent = 4 * cfg.recurrent_floats * len([il for il in cfg.linear_layers if il in layers]) * max(1, n_seq_max)
     largest = max(layer_experts.values(), default=0)
     slots = prefetch_slots * largest
     staged = min(cfg.n_expert, cfg.n_expert_used * min(n_ubatch, DECODE_TOKENS)) if largest else 0
-    return VramEstimate(weights, kv, acts, slots, staged * -(-largest // max(cfg.n_expert, 1)), recurrent)
+    return VramEstimate(weights, kv, acts, slots, staged * -(-largest // max(cfg.n_expert, 1)), recurrent,
+                        encoder if main else 0)
 
 
 def plan_n_cpu_moe(cfg: ModelConfig, tensors: dict, budget: int, *, requested: int | None, **kw) -> int:

@@ -48,10 +48,11 @@ class Stage(Owned):
     `cells` table), recurrent state (None without DeltaNet layers), activations (`scratch`),
     the step-input buffer (two copies, `layout` names each input's offset), and, after
     add_experts(), expert staging and prefetch for its host-resident MoE layers. `output`: this
-    stage runs the output matrix (the model's tied-embedding copy where it has one)."""
+    stage runs the output matrix (the model's tied-embedding copy where it has one). embd_input:
+    its steps may take input embeddings (an image's rows) instead of token ids."""
 
     def __init__(self, model, device, layers: range, cells, *, n_ctx: int, n_ubatch: int, flash_attn: bool,
-                 kv_type, n_seq_max: int, n_checkpoints: int, output: bool, kv_type_v=None):
+                 kv_type, n_seq_max: int, n_checkpoints: int, output: bool, kv_type_v=None, embd_input: bool = False):
         super().__init__(f"stage on {device.label}")
         cfg = model.cfg
         self.model, self.device, self.layers = model, device, layers
@@ -69,7 +70,7 @@ class Stage(Owned):
                 raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
             if any(il in layers for il in cfg.linear_layers):
                 self.state = RecurrentState(device, cfg, max(1, n_seq_max), n_checkpoints, layers=layers)
-            self.scratch = Scratch(device, cfg, n_ubatch, n_ctx, flash_attn)
+            self.scratch = Scratch(device, cfg, n_ubatch, n_ctx, flash_attn, embd_input)
             self.layout, size = {}, 0
             for name, t in self.scratch.inputs().items():   # host copies of the step inputs, packed
                 self.layout[name] = size
@@ -81,11 +82,12 @@ class Stage(Owned):
             raise
 
     def add_experts(self, n_ubatch: int, stage_experts: bool | None, expert_cache: int | None,
-                    prefetch_slots: int | None, cpu: CpuExpertOptions | None = None) -> None:
+                    prefetch_slots: int | None, cpu: CpuExpertOptions | None = None, reserve: int = 0) -> None:
         """Expert staging (with the decode expert cache) and prefetch slots; after the engine's
-        other buffers, as the automatic cache takes what VRAM is left. `cpu`: the host plans the
-        decode steps' experts and the CPU computes some (HostExperts), where it can."""
-        cache = self._cache_bytes(expert_cache, prefetch_slots)
+        other buffers, as the automatic cache takes what VRAM is left (less `reserve` bytes: a
+        vision encoder's buffers). `cpu`: the host plans the decode steps' experts and the CPU
+        computes some (HostExperts), where it can."""
+        cache = self._cache_bytes(expert_cache, prefetch_slots, reserve)
         hybrid = cpu is not None and self._hybrid(cpu)
         self.staging = ExpertStaging(self.model, n_ubatch, True if hybrid else stage_experts, cache,  # before
                                      device=self.device, layers=self.layers, zero_slot=hybrid)  # prefetch: it leaves room
@@ -105,13 +107,13 @@ class Stage(Owned):
             return False
         return True
 
-    def _cache_bytes(self, requested: int | None, prefetch_slots: int | None) -> int:
+    def _cache_bytes(self, requested: int | None, prefetch_slots: int | None, extra: int = 0) -> int:
         """VRAM for the decode expert cache: `requested` bytes, or (None) what is free after the
         prefetch slots and a reserve for the rest of the run, up to every host-resident expert."""
         if requested is not None:
             return max(0, requested)
         want = slots_requested(prefetch_slots, self.device.settings) * slot_bytes(self.model, self.layers)
-        reserve = max(CACHE_RESERVE, self.device.vram_free // 20)
+        reserve = max(CACHE_RESERVE, self.device.vram_free // 20) + extra
         return max(0, self.device.vram_free - want - reserve)
 
     def record(self, parts, input_sizes: dict, parity: int, ids_on_gpu: bool, label: str,

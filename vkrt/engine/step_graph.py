@@ -35,6 +35,7 @@ class GraphKey:
     ids_on_gpu: bool = False   # chain: its token is the last chain step's argmax, not written by the host
     parity: int = 0            # the copy of the step inputs (and of a split's handoffs) it reads
     fa_plan: int = 0           # > 0: flash attention splits the KV cells as a step of this many tokens would
+    embd: bool = False         # the tokens are input embeddings the host wrote (an image's rows), not ids
 
 
 @dataclass
@@ -80,10 +81,11 @@ def record_graph(key: GraphKey, stages: list, handoffs: list, readback, flash_at
     opts = RecordOptions(key.n_tokens, key.n_kv, key.all_logits, flash_attn, key.n_seqs,
                          read_logits=None if key.hidden else read, out_rows=key.out_rows,
                          read_hidden=readback.record_hidden if key.hidden else None, fa_plan_tokens=key.fa_plan,
-                         keep_hidden=readback.record_hidden if key.keep_hidden else None)
+                         keep_hidden=readback.record_hidden if key.keep_hidden else None, embd=key.embd)
     n, n_kv = key.n_tokens, key.n_kv
     sizes = {"ids": 4 * n, "pos": 4 * n * cfg.pos_streams, "cells": 4 * n, "slots": 4 * key.n_seqs,
-             "mask": 2 * n_kv * n, "mask_swa": 2 * n_kv * n, "kv_used": 4, "out_ids": 4 * key.out_rows}
+             "mask": 2 * n_kv * n, "mask_swa": 2 * n_kv * n, "kv_used": 4, "out_ids": 4 * key.out_rows,
+             "embd": 4 * cfg.n_embd * n if key.embd else 0}
     x_bytes, parity, split = 4 * cfg.n_embd * n, key.parity, len(stages) > 1
     parts: list[StageGraph] = []
     try:

@@ -84,9 +84,12 @@ class StepInputs:
         self.check_tokens(ids)
         return seqs, ids, np.array([self.cells.length(int(s)) for s in seqs], np.int32)
 
-    def take_cells(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, n_seqs: int) -> tuple:
+    def take_cells(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, n_seqs: int,
+                   rope: tuple | None = None) -> tuple:
         """Check a step's sequences (a recurrent state must be at the step's positions) and take
-        its KV cells; returns (each token's cell, the sequence of each group of tokens)."""
+        its KV cells; returns (each token's cell, the sequence of each group of tokens). rope:
+        (rotary positions [n, 3], after [n]) of every token (an image's rows: CellTable); None:
+        text, each sequence's tokens going on from the rotary position its last token left."""
         slots = seqs[::ids.size // n_seqs]   # the sequence of each group of tokens
         if self.state is not None:
             for s, p in zip(slots.tolist(), pos[::ids.size // n_seqs].tolist()):
@@ -98,17 +101,26 @@ class StepInputs:
         cells = np.empty(ids.size, np.int32)
         for s in np.unique(seqs):
             sel = seqs == s
-            if s != PAD_SEQ:
+            if s == PAD_SEQ:
+                continue
+            if rope is not None:
+                cells[sel] = self.cells.allocate(int(s), pos[sel], rope[0][sel], rope[1][sel])
+            elif self.cells.moved:   # text after an image: its rotary positions go on from the image's
+                first = int(pos[sel].min())
+                r = pos[sel] - first + self.cells.text_position(int(s), first)
+                cells[sel] = self.cells.allocate(int(s), pos[sel], np.repeat(r[:, None], 3, axis=1), r + 1)
+            else:
                 cells[sel] = self.cells.allocate(int(s), pos[sel])
         if (seqs == PAD_SEQ).any():   # padding writes its K and V to a free cell no token attends (padded left one)
             cells[seqs == PAD_SEQ] = self.cells.highest_free()
         return cells, slots
 
     def write(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, cells: np.ndarray, slots: np.ndarray,
-              n_seqs: int, parity: int, out: np.ndarray | None, broadcast: bool) -> int:
+              n_seqs: int, parity: int, out: np.ndarray | None, broadcast: bool, rows: np.ndarray | None = None) -> int:
         """Write a step's inputs into copy `parity` of the first stage's buffer (broadcast: of
         every stage's; else a pipelined step writes the others' as they take it up); out: the
-        tokens whose logits the step computes (None: as its graph says). Returns the KV span."""
+        tokens whose logits the step computes (None: as its graph says); rows: the step's input
+        embeddings [n, n_embd] (an image's), which replace the token ids'. Returns the KV span."""
         n = ids.size
         used = self.cells.used_end()
         n_kv = self.kv_span(used)
@@ -117,7 +129,10 @@ class StepInputs:
         host = self.stages[0].inputs.host_bytes[base:base + self.size]
         host[lay["ids"]:lay["ids"] + 4 * n] = ids.view(np.uint8)
         streams = pos   # multi-section RoPE on text: the t, h and w streams hold the position, e is 0
-        if self.cfg.pos_streams > 1:
+        if self.cells.moved:   # images in the cache: each token's rotary positions (CellTable.rope)
+            r = np.where((seqs == PAD_SEQ)[:, None], 0, self.cells.rope[cells]).astype(np.int32)
+            streams = r[:, 0].copy() if self.cfg.pos_streams == 1 else np.concatenate([r.T.reshape(-1), 0 * pos])
+        elif self.cfg.pos_streams > 1:
             streams = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
         host[lay["pos"]:lay["pos"] + streams.nbytes] = streams.view(np.uint8)
         host[lay["cells"]:lay["cells"] + 4 * n] = cells.view(np.uint8)
@@ -132,6 +147,11 @@ class StepInputs:
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         if out is not None:
             host[lay["out_ids"]:lay["out_ids"] + 4 * out.size] = out.astype(np.int32).view(np.uint8)
+        if rows is not None:
+            if "embd" not in lay:
+                raise VkrtError("this engine takes no input embeddings (open it with a vision projector)")
+            data = np.ascontiguousarray(rows, np.float32).reshape(-1).view(np.uint8)
+            host[lay["embd"]:lay["embd"] + data.size] = data
         for st in self.stages[1:] if broadcast else ():   # each stage of a split reads them from its own device
             st.inputs.host_bytes[base:base + self.size] = host
         return n_kv

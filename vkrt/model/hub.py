@@ -2,7 +2,8 @@
 one) chosen as llama.cpp chooses it, and downloaded into the Hugging Face cache by huggingface_hub
 (resumed if interrupted, with progress bars, HF_TOKEN or --hf-token for private and gated
 repositories). Offline (HF_HUB_OFFLINE=1), or when the hub cannot be reached, the cached snapshot
-is listed instead and only cached files load."""
+is listed instead and only cached files load. The vision projector beside the model
+(mmproj*.gguf, resolve_mmproj) is found and fetched the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import os
 
 from ..errors import HubError
-from .hub_files import choose_files, split_repo_tag
+from .hub_files import choose_files, pick_mmproj, split_repo_tag
 
 log = logging.getLogger("vkrt")
 
@@ -98,3 +99,18 @@ def resolve(spec: str, hf_file: str | None = None, token: str | None = None, *, 
     chosen = choose_files(files, repo, tag, hf_file, source="cached files" if cached else "repository's files")
     log.info("%s: %s", repo, ", ".join(chosen))
     return download(repo, chosen, token, offline=offline, cache_dir=cache_dir)[0]
+
+
+def resolve_mmproj(spec: str, hf_file: str | None = None, token: str | None = None, *, offline: bool | None = None,
+                   cache_dir=None) -> str | None:
+    """The local path of the vision projector (mmproj*.gguf) beside the model `-hf spec` (and
+    --hf-file) loads, downloaded where missing; None when the repository has none."""
+    repo, tag = split_repo_tag(spec)
+    files, cached = list_files(repo, token, offline=offline, cache_dir=cache_dir)
+    model = choose_files(files, repo, tag, hf_file, source="cached files" if cached else "repository's files")[0]
+    mmproj = pick_mmproj(files, model)
+    if mmproj is None:
+        log.info("%s: no mmproj file (no image input)", repo)
+        return None
+    log.info("%s: vision projector %s", repo, mmproj)
+    return download(repo, [mmproj], token, offline=offline, cache_dir=cache_dir)[0]

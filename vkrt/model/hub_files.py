@@ -139,3 +139,20 @@ def choose_files(files: list[str], repo: str, tag: str = "", hf_file: str | None
                        f"{', '.join(tags) or 'none'} "
                        f"(pass one as -hf {repo}:TAG, or a file name with --hf-file)")
     return split_parts(files, primary, repo, source)
+
+
+MMPROJ_TYPES = ("F16", "BF16", "F32", "Q8_0")   # the projector types preferred, in order
+
+
+def pick_mmproj(files: list[str], model: str) -> str | None:
+    """The vision projector beside `model`: a GGUF whose name holds "mmproj" (as llama-server's -hf
+    finds one), in the model's folder before others, F16 before BF16, F32, Q8_0, then any."""
+    found = [f for f in files if f.lower().endswith(".gguf") and "mmproj" in posixpath.basename(f).lower()]
+    folder = posixpath.dirname(model)
+
+    def rank(f: str) -> tuple:
+        name = parse_name(f)
+        tag = name.tag if name is not None else ""
+        return (posixpath.dirname(f) != folder, MMPROJ_TYPES.index(tag) if tag in MMPROJ_TYPES else len(MMPROJ_TYPES),
+                f)
+    return min(found, key=rank, default=None)

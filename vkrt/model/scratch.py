@@ -23,8 +23,9 @@ from .config import ModelConfig
 LOGITS_ROWS = 64
 
 
-def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> dict:
-    """name -> (type, ne, whether a model of `cfg` needs it) for T tokens."""
+def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device, embd_input: bool = False) -> dict:
+    """name -> (type, ne, whether a model of `cfg` needs it) for T tokens (embd_input: steps may
+    take input embeddings, an image's rows, instead of token ids)."""
     E, H, KV, Dk, Dv = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     D, Hv, C = cfg.ssm_head_dim, cfg.ssm_v_heads, cfg.ssm_conv_dim
     layers = cfg.layers
@@ -45,6 +46,7 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
         "mask_swa": (F16, (n_ctx * T,), kv and bool(cfg.sliding_window)),
         "kv_used": (I32, (1,), kv and flash_attn),         # live KV cells (attention skips the rest)
         "out_ids": (I32, (T,), True),                      # the tokens whose logits a step computes
+        "embd": (F32, (E, T), embd_input),                 # input embeddings (an image's rows) for x
         # residual stream and block buffers
         "x": (F32, (E, T), True),                          # residual stream
         "cur": (F32, (E, T), True),                        # normed block input
@@ -90,16 +92,18 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device) -> di
     return table
 
 
-def scratch_shapes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True, device=None) -> dict:
+def scratch_shapes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True, device=None,
+                   embd_input: bool = False) -> dict:
     """name -> (type, ne) of every activation a model of `cfg` needs for T tokens."""
-    return {name: (typ, ne) for name, (typ, ne, needed) in _table(cfg, T, n_ctx, flash_attn, device).items()
-            if needed}
+    return {name: (typ, ne) for name, (typ, ne, needed)
+            in _table(cfg, T, n_ctx, flash_attn, device, embd_input).items() if needed}
 
 
-def scratch_bytes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True, device=None) -> int:
+def scratch_bytes(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool = True, device=None,
+                  embd_input: bool = False) -> int:
     """Bytes of the activations (`device` is needed for models with DeltaNet layers: the size of
     the delta rule's workspace follows the device's tuning)."""
-    shapes = scratch_shapes(cfg, T, n_ctx, flash_attn, device)
+    shapes = scratch_shapes(cfg, T, n_ctx, flash_attn, device, embd_input)
     return sum(typ.type_size * math.prod(ne) for typ, ne in shapes.values())
 
 
@@ -109,13 +113,14 @@ class Scratch(Owned):
     work buffers of flash attention and of GEMMs cut along K (`work`, grown by the recordings
     that need them)."""
 
-    def __init__(self, device, cfg: ModelConfig, max_tokens: int, n_ctx: int, flash_attn: bool = True):
+    def __init__(self, device, cfg: ModelConfig, max_tokens: int, n_ctx: int, flash_attn: bool = True,
+                 embd_input: bool = False):
         super().__init__(f"activations for {max_tokens} tokens")
         self.device, self.max_tokens, self.n_ctx = device, max_tokens, n_ctx
         self._mask_opt_owner: dict = {}
         self.routes: RouteTable | None = None
         self.work: FlashWork | None = None
-        table = _table(cfg, max_tokens, n_ctx, flash_attn, device)
+        table = _table(cfg, max_tokens, n_ctx, flash_attn, device, embd_input)
         self._names = list(table)
         for name in self._names:
             setattr(self, name, None)
@@ -139,7 +144,7 @@ class Scratch(Owned):
 
     def inputs(self) -> dict[str, Tensor]:
         """The step inputs the host writes: name -> tensor (absent ones left out)."""
-        return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used", "out_ids")
+        return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used", "out_ids", "embd")
                 if (t := getattr(self, n)) is not None}
 
     def cols(self, name: str, n: int, first: int = 0) -> Tensor:

@@ -125,6 +125,9 @@ class RecordOptions:
     # > 0 (and not n_tokens): flash attention splits the KV cells as a step of this many tokens
     # would (a group of a pipelined step: the whole step's count), so each row sums them alike
     fa_plan_tokens: int = 0
+    # the residual stream starts as the input embeddings the host wrote (Scratch.embd: an image's
+    # rows), not the token ids' embeddings
+    embd: bool = False
 
 
 class Transformer:
@@ -185,7 +188,11 @@ class Transformer:
 
         if opts.receive is None:
             part("embed")
-            self._embed(g)
+            if opts.embd:
+                rows = s.cols("embd", T)
+                g.call("input embeddings", lambda seq: seq.copy(rows.range(), g.x.range(), rows.nbytes))
+            else:
+                self._embed(g)
         else:
             part("receive")
             g.call("receive", lambda seq: opts.receive(seq, g.x))

@@ -54,7 +54,8 @@ def vision_config(path: str, meta: dict, tensors: dict) -> VisionConfig:
     with `.ne`); GGUFError naming the file and the key for anything vkrt cannot run."""
     arch = meta.get("general.architecture")
     if arch != "clip":
-        raise GGUFError(f"{path}: general.architecture is {arch!r}, expected 'clip' (a vision projector, mmproj-*.gguf)")
+        raise GGUFError(f"{path}: general.architecture is {arch!r}, expected 'clip' "
+                        "(a vision projector, mmproj-*.gguf)")
     if not meta.get("clip.has_vision_encoder", False):
         raise GGUFError(f"{path}: clip.has_vision_encoder is not true: the file has no vision encoder")
     proj = meta.get("clip.vision.projector_type", meta.get("clip.projector_type"))

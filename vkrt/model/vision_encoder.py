@@ -24,13 +24,15 @@ from ..owned import Owned
 from .gguf_file import GGUFFile
 from .vision_config import VisionConfig, vision_config
 from .vision_layout import merge_order, patch_rows, resized_positions, rope_positions
+from .vision_memory import query_chunk
 
 ROPE_BASE = 10000.0   # clip.cpp's rope_multi frequency base for the Qwen-VL towers
 
 
 def layer_names(il: int) -> list[str]:
     b = f"v.blk.{il}."
-    return [b + n + s for n in ("ln1", "attn_qkv", "attn_out", "ln2", "ffn_up", "ffn_down") for s in (".weight", ".bias")]
+    return [b + n + s for n in ("ln1", "attn_qkv", "attn_out", "ln2", "ffn_up", "ffn_down")
+            for s in (".weight", ".bias")]
 
 
 def required_names(vc: VisionConfig) -> list[str]:
@@ -68,7 +70,9 @@ class VisionEncoder(Owned):
                             if n in f.tensors]
                 for name in required_names(vc) + optional:
                     self.w[name] = self._upload(f, name)
-            self.pos_table = read_tensor(self.w.pop("v.position_embd.weight")).reshape(vc.n_pos_side ** 2, vc.n_embd)
+            table = self.w.pop("v.position_embd.weight")   # resized on the host for each grid
+            self.pos_table = read_tensor(table).reshape(vc.n_pos_side ** 2, vc.n_embd)
+            table.close()
             self.ff = tensor_from_numpy(device, rope_factors(vc.head_dim), name="vision rope factors")
         except BaseException:
             self.close()
@@ -128,7 +132,7 @@ class VisionEncoder(Owned):
             x, cur, attn = new((E, n), name="vision x"), new((E, n), name="vision cur"), new((E, n), name="vision attn")
             qkv, ffn = new((3 * E, n), name="vision qkv"), new((vc.n_ff, n), name="vision ffn")
             q, k = new((vc.head_dim, vc.n_head, n), name="vision q"), new((vc.head_dim, vc.n_head, n), name="vision k")
-            scores = new((n * n * vc.n_head,), name="vision scores")
+            scores = new((query_chunk(n, vc.n_head) * n * vc.n_head,), name="vision scores")
             M = E * m * m
             mid, out = new((M, n // (m * m)), name="vision merger"), new((vc.proj_dim, n // (m * m)), name="vision out")
             with CommandSequence(dev, label="vision encoder") as seq:
@@ -172,10 +176,14 @@ class VisionEncoder(Owned):
             rope(seq, qkv.view((D, H, n), nb=(4, 4 * D, row), offset=4 * E), positions, k, **rope_args)
             seq.barrier()
             heads = dict(nb=(4, 4 * D * H, 4 * D))
-            Attention(self.device, q.view((D, n, H), **heads), k.view((D, n, H), **heads),
-                      qkv.view((D, n, H), nb=(4, row, 4 * D), offset=8 * E), attn.view((D, H, n)),
-                      scores=scores, scale=1.0 / float(np.sqrt(D)), label=f"vision attention {il}").record(seq)
-            seq.barrier()
+            chunk = query_chunk(n, H)
+            for c0 in range(0, n, chunk):   # the scores of `chunk` queries at a time
+                m = min(chunk, n - c0)
+                v = qkv.view((D, n, H), nb=(4, row, 4 * D), offset=8 * E)
+                Attention(self.device, q.view((D, m, H), offset=4 * E * c0, **heads), k.view((D, n, H), **heads), v,
+                          attn.view((D, H, m), offset=4 * E * c0), scores=scores, scale=1.0 / float(np.sqrt(D)),
+                          label=f"vision attention {il}").record(seq)
+                seq.barrier()
             linear(b + "attn_out", attn, cur)
             add(seq, x, cur, x)
             seq.barrier()

@@ -1,7 +1,8 @@
 """Where a Qwen-VL tower's inputs sit: patches in the merger's order (each n_merge x n_merge block
 of patches consecutive, blocks in raster order, as clip.cpp's qwen3vl graph reorders them), their
 2-D rotary positions, and the learned position table resized to the patch grid as ggml_interpolate
-does (bilinear with antialias, PyTorch's align_corners=False)."""
+does in tools/mtmd's resize_position_embeddings (bilinear, corners aligned: what llama.cpp b10434
+computes, checked against its embeddings)."""
 
 from __future__ import annotations
 
@@ -33,19 +34,16 @@ def rope_positions(gh: int, gw: int, merge: int) -> np.ndarray:
 
 
 def _axis_weights(n_in: int, n_out: int) -> np.ndarray:
-    """[n_out, n_in] weights of one axis of ggml's antialiased bilinear resize."""
-    sf = n_out / n_in
-    support = max(1.0, 1.0 / sf)
-    inv = 1.0 / support
+    """[n_out, n_in] weights of one axis of ggml_interpolate's bilinear resize with aligned
+    corners (GGML_SCALE_FLAG_ALIGN_CORNERS: output i samples input i * (n_in - 1) / (n_out - 1))."""
     out = np.zeros((n_out, n_in))
+    scale = (n_in - 1) / (n_out - 1) if n_out > 1 and n_in > 1 else n_in / n_out
     for i in range(n_out):
-        c = (i + 0.5) / sf
-        lo, hi = max(int(c - support + 0.5), 0), min(int(c + support + 0.5), n_in)
-        for s in range(lo, hi):
-            out[i, s] = max(1.0 - abs((s - c + 0.5) * inv), 0.0)
-        total = out[i].sum()
-        if total > 0:
-            out[i] /= total
+        c = min(max(np.float32(i) * np.float32(scale), 0.0), n_in - 1)
+        lo = int(np.floor(c))
+        hi, f = min(lo + 1, n_in - 1), c - lo
+        out[i, lo] += 1.0 - f
+        out[i, hi] += f
     return out
 
 
