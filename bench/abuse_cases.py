@@ -14,7 +14,9 @@ from vkrt.server.chat_template import CHATML
 
 CHAT, COMPLETION = "/v1/chat/completions", "/completion"
 TRIGGERS = ("TRAP_LOOP", "TRAP_MEMORY", "TRAP_OUTPUT")
-FIM = {"fim_pre": "<repo_name>", "fim_suf": "<reponame>", "fim_mid": "<file_sep>"}   # so /infill gets past 501
+# FIM token ids for the copy, so that /infill serves: these pieces where the vocabulary has them
+# (SmolLM2's), else its last three tokens (a generated model's vocabulary has no FIM pieces)
+FIM = {"fim_pre": "<repo_name>", "fim_suf": "<reponame>", "fim_mid": "<file_sep>"}
 
 
 def trap_template(original: str, mib: int = 2048) -> str:
@@ -35,8 +37,11 @@ def write_trap_copy(src: str, dst: str, mib: int = 2048) -> int:
 
     reader = GGUFReader(src)
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
-    extra = {f"tokenizer.ggml.{name}_token_id": (tokens.index(piece), GGUFValueType.UINT32)
-             for name, piece in FIM.items() if f"tokenizer.ggml.{name}_token_id" not in reader.fields and piece in tokens}
+    ids = {name: tokens.index(piece) for name, piece in FIM.items() if piece in tokens}
+    if len(ids) < len(FIM):
+        ids = dict(zip(FIM, range(len(tokens) - len(FIM), len(tokens))))
+    extra = {f"tokenizer.ggml.{name}_token_id": (i, GGUFValueType.UINT32) for name, i in ids.items()
+             if f"tokenizer.ggml.{name}_token_id" not in reader.fields}
     if "tokenizer.chat_template" not in reader.fields:
         extra["tokenizer.chat_template"] = (trap_template(CHATML, mib), GGUFValueType.STRING)
     copy_gguf(reader, GGUFWriter(dst, reader.fields[ARCH].contents()),

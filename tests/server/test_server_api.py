@@ -55,6 +55,20 @@ def test_openai_streamed_chat(client):
     assert whole.usage.prompt_tokens == usage.prompt_tokens
 
 
+def test_timings_per_token(client):
+    """llama-server's timings_per_token: every streamed token's chunk carries the timings so far."""
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                            temperature=0, stream=True, extra_body={"timings_per_token": True,
+                                                                                    "ignore_eos": True})
+    chunks = [c for c in stream if c.choices]
+    counts = [c.model_extra["timings"]["predicted_n"] for c in chunks if c.choices[0].delta.content]
+    assert counts == sorted(counts) and counts[-1] == 6 and len(counts) >= 2, counts
+    assert all(c.model_extra["timings"]["prompt_n"] > 0 for c in chunks if c.choices[0].delta.content)
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                           stream=True)
+    assert [c for c in plain if c.choices and c.choices[0].delta.content and "timings" in c.model_extra] == []
+
+
 def test_greedy_equals_vkrt_run(server, tiny_gguf):
     ref = vkrt_run(tiny_gguf, PROMPT, 24)
     status, out = server.post("/completion", {"prompt": PROMPT, "n_predict": 24, "temperature": 0,

@@ -33,7 +33,7 @@ CORPUS = [
     (CHAT, body(messages=[{"content": "x"}]), 400, "role", "messages[0].role"),
     (CHAT, body(messages=[{"role": "user", "content": 5}]), 400, "string", "messages[0].content"),
     (CHAT, body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
-     "not supported", "messages[0].content[0]"),
+     "must be a base64 data URL", "messages[0].content[0].image_url.url"),
     (CHAT, body(messages=MSG, max_tokens="10"), 400, "integer", "max_tokens"),
     (CHAT, body(messages=MSG, max_tokens=True), 400, "integer", "max_tokens"),
     (CHAT, body(messages=MSG, max_tokens=-5), 400, "in [0, 256], got -5", "max_tokens"),
@@ -113,6 +113,26 @@ CORPUS = [
     ("/v1/nothing", body(prompt="x"), 404, "no endpoint", None),
     (COMP, body(prompt="x" * 60_000), 400, "bytes a token", "prompt"),
     (CHAT, body(messages=[{"role": "user", "content": "y" * 60_000}]), 400, "bytes a token", "messages"),
+    # every field is honoured, taken at a value that asks for nothing more, or refused by name
+    (CHAT, body(messages=MSG, junk="x"), 400, "'junk' is not a field of /v1/chat/completions", "junk"),
+    (CHAT, body(messages=MSG, max_token=2), 400, "did you mean 'max_tokens'?", "max_token"),
+    (CHAT, body(messages=MSG, **{"j" * 100: 1}), 400, "'" + "j" * 64 + "...' is not a field", "j" * 64 + "..."),
+    (COMP, body(prompt="x", messages=MSG), 400, "'messages' is not a field of /v1/completions", "messages"),
+    (LLAMA, body(prompt="x", tools=[]), 400, "'tools' is not a field of /completion", "tools"),
+    ("/infill", body(input_prefix="a", input_suffix="b", junk=1), 400, "'junk' is not a field of /infill", "junk"),
+    ("/apply-template", body(messages=MSG, junk=1), 400, "not a field", "junk"),
+    (LLAMA, body(prompt="x", id_slot=4), 400, "'id_slot' must be in [-1, 3], got 4", "id_slot"),
+    (LLAMA, body(prompt="x", t_max_predict_ms=100), 400, "no time limit", "t_max_predict_ms"),
+    (CHAT, body(messages=MSG, store=True), 400, "keeps no chat completions", "store"),
+    (CHAT, body(messages=MSG, post_sampling_probs=1), 400, "(it takes false)", "post_sampling_probs"),
+    (CHAT, body(messages=MSG, timings_per_token=1), 400, "true or false", "timings_per_token"),
+    (CHAT, body(messages=MSG, functions=[{"name": "f"}]), 400, "give 'tools'", "functions"),
+    (CHAT, body(messages=MSG, user=5), 400, "'user' must be a string", "user"),
+    (CHAT, body(messages=MSG, reasoning_effort="max"), 400, "'reasoning_effort' must be one of", "reasoning_effort"),
+    (CHAT, body(messages=MSG, reasoning_effort=[]), 400, "'reasoning_effort' must be one of", "reasoning_effort"),
+    # token ids past a slot are refused by their count, before they are read
+    (LLAMA, body(prompt=[1] * 300), 400, "'prompt' holds 300 token ids; at most 255 fit a slot of 256", "prompt"),
+    (COMP, body(prompt=[1] * 300 + ["x"]), 400, "holds 301 token ids", "prompt"),
 ]
 
 
@@ -153,10 +173,42 @@ def test_still_serving_after_the_corpus(server):
 def test_odd_but_valid_fields_are_served(server):
     status, out = server.post(CHAT, {"messages": MSG, "max_tokens": 2, "top_k": -1, "seed": -1,
                                      "chat_template_kwargs": {"add_generation_prompt": False, "messages": 1},
-                                     "stream_options": None, "unknown_field": {"x": 1}})
+                                     "stream_options": None, "unknown_field": None})
     assert status == 200, out
     assert out["usage"]["prompt_tokens"] == server.post(CHAT, {"messages": MSG, "max_tokens": 1})[1]["usage"][
         "prompt_tokens"]
+
+
+def test_bookkeeping_and_no_op_fields_are_taken(server):
+    """OpenAI's bookkeeping fields and llama-server's at the values that ask for nothing more."""
+    taken = {"user": "u", "metadata": {"a": "b"}, "store": False, "service_tier": "auto", "safety_identifier": "s",
+             "prompt_cache_key": "k", "id_slot": -1, "n_keep": 0, "n_discard": 0, "t_max_predict_ms": 0,
+             "timings_per_token": False, "post_sampling_probs": False, "lora": [], "parse_tool_calls": True,
+             "add_generation_prompt": True, "modalities": ["text"]}
+    status, out = server.post(CHAT, {"messages": MSG, "max_tokens": 1, **taken})
+    assert status == 200, out
+    llama = {k: taken[k] for k in ("id_slot", "n_keep", "t_max_predict_ms", "timings_per_token", "lora")}
+    status, out = server.post(LLAMA, {"prompt": "Hello", "n_predict": 1, **llama})
+    assert status == 200, out
+
+
+def test_llama_server_aliases_are_honoured(server):
+    """n_predict on chat, n_probs on chat, logprobs on /completion, n_cmpl: as llama-server reads them."""
+    status, out = server.post(CHAT, {"messages": MSG, "n_predict": 1, "ignore_eos": True, "n_probs": 2})
+    assert status == 200 and out["usage"]["completion_tokens"] == 1, out
+    assert len(out["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+    status, out = server.post(LLAMA, {"prompt": "Hello", "n_predict": 1, "logprobs": 3})
+    assert status == 200 and len(out["completion_probabilities"][0]["top_logprobs"]) == 3, out
+    status, out = server.post(COMP, {"prompt": "Hello", "max_completion_tokens": 1, "ignore_eos": True, "n_cmpl": 2})
+    assert status == 200 and len(out["choices"]) == 2 and out["usage"]["completion_tokens"] == 2, out
+    status, out = server.post(CHAT, {"messages": MSG, "max_tokens": 1, "reasoning_effort": "low"})
+    assert status == 200, out
+
+
+def test_id_slot_runs_the_request_on_that_slot(server):
+    for slot in (3, 1, 3):
+        status, out = server.post(LLAMA, {"prompt": "Hello there", "n_predict": 1, "id_slot": slot})
+        assert status == 200 and out["id_slot"] == slot, out
 
 
 def test_max_tokens_capped_by_the_slot(server):

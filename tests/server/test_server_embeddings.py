@@ -210,6 +210,23 @@ def test_infill_layout():
         enc("\n\n--- snippet ---\n\n") + enc("xy") + [1, 7, 2, 8, 3]
 
 
+def test_infill_tokenises_only_the_extra_context_it_keeps():
+    calls = []
+
+    def enc(text):
+        calls.append(text)
+        return [ord(c) for c in text]
+    fim = FimTokens(pre=1, suf=2, mid=3, rep=4, sep=5)
+    extra = [{"filename": f"f{i}.py", "text": f"chunk {i} " * 4} for i in range(1000)]
+    every = [4] + [ord(c) for c in "myproject\n"]
+    for chunk in extra:
+        every += [5] + [ord(c) for c in chunk["filename"] + "\n"] + [ord(c) for c in chunk["text"]]
+    every += [5] + [ord(c) for c in "filename\n"]
+    # n_ctx 64, n_batch 16, n_predict -1: the last 50 tokens of the extra context
+    assert infill_tokens(fim, enc, [7], [8], extra, [], 16, 64, bos=None) == every[-50:] + [1, 7, 2, 8, 3]
+    assert len(calls) <= 4
+
+
 def test_infill(fim_server, device, fim_gguf):
     with Model(device, fim_gguf, progress=False) as m:
         enc = lambda text: m.tokenizer.encode(text, add_special=False)   # noqa: E731
@@ -231,7 +248,7 @@ def test_infill(fim_server, device, fim_gguf):
 
 def test_infill_needs_fim_tokens(server):
     status, out = server.post("/infill", {"input_prefix": "def f(", "input_suffix": ")"})
-    assert status == 501
+    assert status == 400   # llama-server's 501: a request this model cannot serve is the client's to change
     assert out["error"]["message"].startswith("Infill is not supported by this model: prefix token is missing. "
                                               "suffix token is missing. middle token is missing.")
 

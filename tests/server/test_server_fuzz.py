@@ -62,7 +62,7 @@ def encode(body, ascii_only: bool = True) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-NOT_SUPPORTED = ("/v1/embeddings", "/embedding", "/infill")   # 501 on a server without --embeddings / FIM tokens
+NOT_SUPPORTED = ("/v1/embeddings", "/embedding")   # 501 on a server without --embeddings
 
 
 def check(srv, path: str, raw: bytes) -> tuple[int, bytes]:

@@ -11,10 +11,11 @@ from vkrt.model.gguf_file import GGUFFile
 from vkrt.model.tokenizer import Tokenizer
 from vkrt.server.chat_template import CHATML, ChatTemplate, TemplateError
 from vkrt.server.metrics import Metrics, parse
+from vkrt.server.request_work import MAX_TOKENIZE_CHARS, RequestTokenizer
 from vkrt.server.schemas import CHAT, LLAMA, Limits, parse_chat, parse_completion
 from vkrt.server.slots import Slot, common_prefix
 from vkrt.server.text import Detokenizer, StopMatcher
-from vkrt.server.validation import BadRequest, parse_json_object
+from vkrt.server.validation import BadRequest, get_token_ids, parse_json_object
 
 LIMITS = Limits(n_ctx=512, vocab=300)
 
@@ -117,6 +118,51 @@ def test_parse_json_object_errors():
     with pytest.raises(BadRequest, match="Infinity"):
         parse_json_object(b'{"a": Infinity}')
     assert parse_json_object(b'{"a": 1}') == {"a": 1}
+
+
+def test_lone_surrogates_are_found_where_an_escape_may_hide_one():
+    assert parse_json_object(b'{"a": ["\\ud83d\\ude00", 1]}') == {"a": ["\U0001f600", 1]}   # a pair is text
+    with pytest.raises(BadRequest, match=r"'a\[1\]\.k' holds a lone UTF-16 surrogate") as exc:
+        parse_json_object(b'{"a": [1, {"k": "x\\uDFFFy"}]}')
+    assert exc.value.param == "a"
+    with pytest.raises(BadRequest, match="lone UTF-16 surrogate"):
+        parse_json_object(b'{"\\ud800": 1}')
+
+
+def test_texts_past_the_tokenising_limit_are_refused_untokenised():
+    class Counting:
+        hf = calls = 0   # has `hf`: long texts go to a worker
+
+        def encode(self, text, add_special):
+            Counting.calls += 1
+            return [1]
+
+        def with_bos(self, ids, add_special):
+            return ids
+    tok = RequestTokenizer(Counting(), sandbox=None, loop=None)
+    sent = []
+    tok._in_sandbox = lambda task, args, what: sent.append(len(args["text"])) or ""
+    with pytest.raises(BadRequest, match=f"'content' is {MAX_TOKENIZE_CHARS + 1} characters; vkrt tokenises at "
+                                         f"most {MAX_TOKENIZE_CHARS}") as exc:
+        tok.encode("x" * (MAX_TOKENIZE_CHARS + 1), field="content")
+    assert exc.value.param == "content" and Counting.calls == 0 and sent == []
+    assert tok.encode("short", field="content") == [1] and Counting.calls == 1
+    # a prompt (no field) is bounded by its slot, not by this limit: tokenised in a worker
+    assert tok.encode("y" * (MAX_TOKENIZE_CHARS + 1), add_special=False) == []
+    assert sent == [MAX_TOKENIZE_CHARS + 1]
+
+
+def test_token_ids_are_checked_by_count_then_type_then_range():
+    assert get_token_ids([0, 5, 9], "p", 10) == [0, 5, 9]
+    with pytest.raises(BadRequest, match="'p' holds 4 token ids; at most 3 fit a slot"):
+        get_token_ids([1, "x", 2.5, True], "p", 10, most=3, why=" a slot")
+    for bad in ([1, True], [1, 2.0], [1, "2"], [1, None]):
+        with pytest.raises(BadRequest, match="must hold token ids"):
+            get_token_ids(bad, "p", 10)
+    with pytest.raises(BadRequest, match="token id -1, outside the vocabulary"):
+        get_token_ids([3, -1, 10], "p", 10)
+    with pytest.raises(BadRequest, match="an integer of 41 digits, outside"):
+        get_token_ids([10 ** 40], "p", 10)
 
 
 def test_parse_chat_fields():

@@ -20,8 +20,12 @@ def usage(dones: list[Done]) -> dict:
 
 def timings(done: Done) -> dict:
     """llama-server's `timings` object."""
-    t = done.timings
-    return {"cache_n": done.cached_tokens,
+    return timings_of(done.timings, done.cached_tokens)
+
+
+def timings_of(t, cached: int) -> dict:
+    """llama-server's `timings` object of a Timings and the prompt tokens found cached."""
+    return {"cache_n": cached,
             "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms,
             "prompt_per_token_ms": t.prompt_ms / t.prompt_n if t.prompt_n else 0.0,
             "prompt_per_second": t.prompt_per_second,

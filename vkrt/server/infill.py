@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .validation import ApiError, BadRequest, get_token_ids
+from .request_fields import check_fields
+from .validation import BadRequest, get_token_ids
+
+INFILL_FIELDS = ("input_prefix", "input_suffix", "input_extra")
 
 # token id keys llama.cpp reads, newest first (the older prefix/suffix/middle names of CodeLlama files)
 _KEYS = {
@@ -45,38 +48,52 @@ class FimTokens:
         return FimTokens(**{name: first(keys) for name, keys in _KEYS.items()})
 
     def check(self) -> None:
-        """llama-server's 501 for a model without the prefix, suffix or middle token."""
+        """A 400 for a model without the prefix, suffix or middle token (llama-server answers 501
+        with the same words; a request this model cannot serve is the client's to change)."""
         missing = "".join(f"{what} token is missing. " for what, t in
                           (("prefix", self.pre), ("suffix", self.suf), ("middle", self.mid)) if t is None)
         if missing:
-            raise ApiError(f"Infill is not supported by this model: {missing}(the GGUF names no "
-                           f"tokenizer.ggml.fim_pre/suf/mid_token_id)", status=501, type="not_supported_error")
+            raise BadRequest(f"Infill is not supported by this model: {missing}(the GGUF names no "
+                             f"tokenizer.ggml.fim_pre/suf/mid_token_id; serve a model with FIM tokens)")
 
 
 def infill_tokens(fim: FimTokens, encode, prefix: list[int], suffix: list[int], extra: list[dict],
                   prompt: list[int], n_batch: int, n_ctx: int, bos: int | None, n_predict: int = -1) -> list[int]:
     """format_prompt_infill's token layout. encode(text) tokenizes without BOS; extra holds
-    {"text", "filename"} chunks; bos is prepended when the model adds one."""
-    extra_tokens = []
+    {"text", "filename"} chunks; bos is prepended when the model adds one. Only the extra context's
+    last tokens are kept, so its pieces are tokenised from the end until they fill that room (6 MB
+    of extra context costs what a slot's worth does)."""
+    parts = []   # the extra context's pieces in order, each tokenised when asked
     if fim.rep is not None:
-        extra_tokens += [fim.rep] + encode("myproject\n")
+        parts.append(lambda: [fim.rep] + encode("myproject\n"))
     for chunk in extra:
         if fim.sep is not None:
-            extra_tokens += [fim.sep] + encode(chunk.get("filename", "tmp") + "\n")
+            parts.append(lambda c=chunk: [fim.sep] + encode(c.get("filename", "tmp") + "\n"))
         else:
-            extra_tokens += encode(_CHUNK_SEPARATOR)
-        extra_tokens += encode(chunk["text"])
+            parts.append(lambda: encode(_CHUNK_SEPARATOR))
+        parts.append(lambda c=chunk: encode(c["text"]))
     if fim.sep is not None:
-        extra_tokens += [fim.sep] + encode("filename\n")
+        parts.append(lambda: [fim.sep] + encode("filename\n"))
+    room = max(0, n_ctx - n_batch - 2 * n_predict)
+    tail: list[list[int]] = []
+    have = 0
+    for part in reversed(parts):
+        if have >= room:
+            break
+        tail.append(part())
+        have += len(tail[-1])
+    extra_tokens = [t for piece in reversed(tail) for t in piece]
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
-    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
+    n_extra = min(room, len(extra_tokens))
     head = ([] if bos is None else [bos]) + [fim.pre] + prefix[len(prefix) - n_prefix:] + prompt
     return extra_tokens[len(extra_tokens) - n_extra:] + head + [fim.suf] + suffix[:n_suffix] + [fim.mid]
 
 
 def infill_prompt(state, body: dict) -> list[int]:
-    """The /infill request's prompt tokens, its fields checked as llama-server does."""
+    """The /infill request's prompt tokens, its fields checked as llama-server does (and its field
+    names: request_fields.py)."""
+    check_fields(body, "infill")
     tok = state.request_tokenizer
     fim = FimTokens.from_metadata(state.model.gguf.metadata, state.limits.vocab)
     fim.check()
@@ -87,7 +104,7 @@ def infill_prompt(state, body: dict) -> list[int]:
     for name in ("input_prefix", "input_suffix"):
         value = body.get(name)
         if isinstance(value, str):
-            parts[name] = tok.encode(value, add_special=False)
+            parts[name] = tok.encode(value, add_special=False, field=name)
         elif isinstance(value, list):
             parts[name] = get_token_ids(value, name, state.limits.vocab)
         else:
@@ -101,6 +118,12 @@ def infill_prompt(state, body: dict) -> list[int]:
         if not isinstance(chunk.get("filename", ""), str):
             raise BadRequest(f"'input_extra[{i}].filename' must be a string", "input_extra")
     bos = tok.bos_id if tok.add_bos else None
-    return infill_tokens(fim, lambda text: tok.encode(text, add_special=False), parts["input_prefix"],
-                         parts["input_suffix"], extra, tok.encode(prompt, add_special=False),
+    return infill_tokens(fim, lambda text: tok.encode(text, add_special=False, field="input_extra"),
+                         parts["input_prefix"], parts["input_suffix"], extra,
+                         tok.encode(prompt, add_special=False, field="prompt"),
                          state.engine.n_batch, state.n_ctx_slot, bos)
+
+
+def completion_body(body: dict, tokens: list[int]) -> dict:
+    """The /completion request an /infill request becomes: its prompt the framed tokens."""
+    return {**{k: v for k, v in body.items() if k not in INFILL_FIELDS}, "prompt": tokens}

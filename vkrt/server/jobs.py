@@ -32,11 +32,12 @@ class TokenProb:
 @dataclass
 class Piece:
     """New text (may be empty while a stop string or a UTF-8 character is undecided), its tokens
-    and, when the request asked for them, their log-probabilities."""
+    and, when the request asked for them, their log-probabilities and llama-server's `timings` so far."""
 
     text: str
     tokens: list[int]
     probs: list = field(default_factory=list)
+    timings: dict | None = None
 
 
 @dataclass
@@ -106,6 +107,9 @@ class Job(Events):
     constraint: Constraint | None = None   # the grammar state the output must fit (built by routes.py)
     draft: tuple | None = None   # speculative.n_max / n_min / p_min of the request (None each: the server's)
     reasoning_budget: BudgetSpec | None = None   # thinking tokens allowed (reasoning_budget.py; None: no limit)
+    images: list = field(default_factory=list)   # (first token, ImageChunk): prompt ids < 0 are an image's
+    timings_per_token: bool = False   # each streamed piece carries the timings so far (llama-server's)
+    id_slot: int = -1   # the slot the request asked for (llama-server's id_slot; -1: any idle one)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.time)
     cancelled: bool = False

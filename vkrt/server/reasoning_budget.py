@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from .reasoning import THINK_CLOSE, THINK_OPEN
 
+# OpenAI's reasoning effort as a thinking budget in tokens (0: thinking off)
+EFFORT_BUDGET = {"none": 0, "minimal": 0, "low": 1024, "medium": 4096, "high": 16384}
 FORCED_CLOSE = "\n" + THINK_CLOSE   # llama.cpp forces its first end tag (the budget message before it: none)
 
 IDLE, COUNTING, FORCING, DONE = "idle", "counting", "forcing", "done"

@@ -16,10 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .validation import BadRequest
+
 THREADS = 4                  # requests' work at once (also bounds the memory their parsing takes)
 SANDBOX_CHARS = 256 << 10    # a text longer than this is tokenised in a sandbox worker
 SANDBOX_IDS = 64 << 10       # so are more token ids than this detokenised
 TOKENIZE_SECONDS = 120.0     # the 8 MiB a body may hold take about 8 s on a desktop core
+# a text no slot bounds (/tokenize's, /infill's) longer than this is refused, not tokenised: a
+# tokenizer holds 250-750 bytes a token while it works (a worker has 1 GiB); prompts are bounded by
+# their slot instead (routes.py _fits)
+MAX_TOKENIZE_CHARS = 2 << 20
 
 
 def _lower_priority() -> None:
@@ -61,7 +67,11 @@ class RequestTokenizer:
                                  setup=(key, payload))
         return asyncio.run_coroutine_threadsafe(call, self.loop).result()
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, field: str | None = None) -> list[int]:
+        """`field` names a text no slot bounds: one over MAX_TOKENIZE_CHARS is refused untokenised."""
+        if field is not None and len(text) > MAX_TOKENIZE_CHARS:
+            raise BadRequest(f"'{field}' is {len(text)} characters; vkrt tokenises at most {MAX_TOKENIZE_CHARS} "
+                             f"characters of a text no slot bounds", field)
         if len(text) <= SANDBOX_CHARS or not hasattr(self.tokenizer, "hf"):
             return self.tokenizer.encode(text, add_special)
         ids = np.frombuffer(base64.b64decode(self._in_sandbox("tokenize", {"text": text}, "tokenising the text")),

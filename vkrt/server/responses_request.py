@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 
 from .grammar_source import JSON_OBJECT, GrammarSource
+from .reasoning_budget import EFFORT_BUDGET
 from .responses_store import ResponseStore
 from .schemas import GenRequest, Limits, parse_chat
 from .translate import check_fields, set_thinking, token_limit
@@ -26,8 +27,6 @@ REFUSED = {
     "max_tool_calls": "vkrt does not count a response's tool calls",
     "top_logprobs": "log-probabilities are served by /v1/chat/completions",
 }
-# reasoning.effort -> the thinking budget in tokens (0: thinking off)
-EFFORT_BUDGET = {"none": 0, "minimal": 0, "low": 1024, "medium": 4096, "high": 16384}
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 

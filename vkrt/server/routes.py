@@ -15,6 +15,7 @@ from aiohttp import web
 
 from ..engine.box_rates import cached_box_rates, host_expert_types
 from ..engine.dry import breaker_sequences
+from ..model.media_prompt import MediaPrompt
 from . import embeddings, sse
 from .anthropic_format import MessagesFormat
 from .anthropic_request import parse_messages
@@ -22,7 +23,9 @@ from .chat_output import OutputSpec
 from .chat_template import encode_chat
 from .formats import ChatFormat, CompletionFormat, LlamaFormat
 from .generic_tools import GENERIC, prompt_messages
-from .infill import infill_prompt
+from .image_parts import MEDIA_MARKER
+from .image_prompt import check_vision, image_prompt
+from .infill import completion_body, infill_prompt
 from .jobs import Choice, Done, Failed, Job, Piece
 from .metrics import CONTENT_TYPE
 from .reasoning import THINK_CLOSE, opens_thinking
@@ -40,6 +43,7 @@ from .tool_grammar import MAY_THINK, NO_THINKING, THINKING, constrains
 from .validation import ApiError, BadRequest, get_bool, get_str, get_token_ids, parse_json_object
 
 MAX_TOKEN_IDS = 1 << 20   # token ids /tokenize answers and /detokenize takes
+MAX_PIECES = 1 << 16      # tokens /tokenize answers with_pieces (an object each, built and written under the GIL)
 
 log = logging.getLogger("vkrt.server")
 
@@ -113,7 +117,9 @@ class Api:
         cfg = s.model.cfg
         meta = {"n_vocab": cfg.vocab_size, "n_ctx_train": cfg.n_ctx_train, "n_embd": cfg.n_embd,
                 "n_params": s.model.n_params, "size": s.model.size_bytes}
-        return {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "vkrt", "meta": meta}
+        caps = ["completion"] + (["multimodal"] if s.engine.vision is not None else [])   # llama-server's names
+        return {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "vkrt", "meta": meta,
+                "capabilities": caps}
 
     async def props(self, request):
         s = self.state
@@ -121,6 +127,7 @@ class Api:
             "model_path": os.path.basename(s.model.path), "model_alias": s.model_name, "total_slots": s.config.n_parallel,
             "chat_template": s.template.source, "bos_token": s.template.bos_token, "eos_token": s.template.eos_token,
             "default_generation_settings": {"n_ctx": s.n_ctx_slot, "params": asdict(s.defaults)},
+            "modalities": {"vision": s.engine.vision is not None, "audio": False}, "media_marker": MEDIA_MARKER,
             "build_info": f"vkrt {s.version}", **self._box()})
 
     def _box(self) -> dict:
@@ -149,10 +156,13 @@ class Api:
         tok = self.state.request_tokenizer
 
         def tokens():
-            ids = tok.encode(content, add_special)
+            ids = tok.encode(content, add_special, field="content")
             if len(ids) > MAX_TOKEN_IDS:
                 raise BadRequest(f"'content' is {len(ids)} tokens; /tokenize answers at most {MAX_TOKEN_IDS}",
                                  "content")
+            if with_pieces and len(ids) > MAX_PIECES:
+                raise BadRequest(f"'content' is {len(ids)} tokens; /tokenize answers at most {MAX_PIECES} with_pieces "
+                                 f"(send the text in parts, or without with_pieces)", "with_pieces")
             return [{"id": i, "piece": tok.decode([i])} for i in ids] if with_pieces else ids
         return await json_reply({"tokens": await in_thread(tokens)})
 
@@ -236,8 +246,10 @@ class Api:
         """A chat request rendered, constrained (tools, grammars) and generated; make_format(job id,
         OutputSpec, prompt tokens) gives the reply's format."""
         s = self.state
+        check_vision(s, req.images)   # before the template runs
         text = await self._chat_text(req)
-        prompt = await in_thread(encode_chat, s.request_tokenizer, text)
+        prompt = (await image_prompt(s, text, req.images) if req.images else
+                  await in_thread(encode_chat, s.request_tokenizer, text))
         thinking_open = s.syntax.thinks and opens_thinking(text)
         if constrains(req.tools, req.tool_choice, s.syntax.tools):
             req.grammar = await s.sandbox.call("tool_grammar", self._tool_grammar_args(req, text, thinking_open),
@@ -280,7 +292,7 @@ class Api:
     async def completions(self, request):
         body = await read_body(request, self.state.config.timeout)
         req = await in_thread(parse_completion, body, COMPLETIONS, self.state.limits)
-        prompt = await in_thread(self._text_prompt, req)
+        prompt = await self._prompt(req)
         await self._compile(req)
         return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
 
@@ -291,11 +303,11 @@ class Api:
         """llama-server's fill-in-the-middle: /completion of the prompt the FIM tokens frame."""
         body = await read_body(request, self.state.config.timeout)
         tokens = await in_thread(infill_prompt, self.state, body)
-        return await self._completion(request, {**body, "prompt": tokens})
+        return await self._completion(request, completion_body(body, tokens))
 
     async def _completion(self, request, body: dict):
         req = await in_thread(parse_completion, body, LLAMA, self.state.limits)
-        prompt = await in_thread(self._text_prompt, req)
+        prompt = await self._prompt(req)
         await self._compile(req)
         settings = {"n_ctx": self.state.n_ctx_slot, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
                     "stream": req.stream, "stop": req.stop, "ignore_eos": req.ignore_eos,
@@ -341,15 +353,25 @@ class Api:
                             f"it cannot fit a slot of {s.n_ctx_slot} tokens: shorten the prompt or raise -c"}
         return await s.sandbox.call("render", args, what="the chat template", field="messages")
 
+    async def _prompt(self, req: GenRequest) -> list[int] | MediaPrompt:
+        """A completion request's prompt: its tokens, or with images (/completion's
+        multimodal_data) a MediaPrompt."""
+        if not req.images:
+            return await in_thread(self._text_prompt, req)
+        check_vision(self.state, req.images)
+        self._fits(req.prompt, "prompt")
+        return await image_prompt(self.state, req.prompt, req.images, field="prompt")
+
     def _text_prompt(self, req: GenRequest) -> list[int]:
         if isinstance(req.prompt, list):
             return req.prompt
         self._fits(req.prompt, "prompt")
         return self.state.request_tokenizer.encode(req.prompt, add_special=True)
 
-    async def _generate(self, request, req: GenRequest, prompt: list[int], make_format, field: str,
+    async def _generate(self, request, req: GenRequest, prompt: list[int] | MediaPrompt, make_format, field: str,
                         keep_special: frozenset[int] = frozenset(), reasoning_budget: BudgetSpec | None = None):
         s = self.state
+        images, prompt = (prompt.images, prompt.tokens) if isinstance(prompt, MediaPrompt) else ([], prompt)
         if not prompt:
             raise BadRequest(f"'{field}' is empty: no tokens to evaluate", field)
         if len(prompt) >= s.n_ctx_slot:
@@ -366,7 +388,8 @@ class Api:
         jobs = [Job(prompt, req.max_tokens, params if params.seed is None or i == 0 else
                     dataclasses.replace(params, seed=params.seed + i), req.stop, req.ignore_eos, req.cache_prompt,
                     req.logprobs, keep_special, constraint=constraints[i], draft=req.draft,
-                    reasoning_budget=reasoning_budget) for i in range(req.n)]
+                    reasoning_budget=reasoning_budget, images=images,
+                    timings_per_token=req.timings_per_token, id_slot=req.id_slot) for i in range(req.n)]
         fmt = make_format(jobs[0].id)
         submitted = []
         try:

@@ -15,6 +15,9 @@ tokens, a sequence each, so a step reads several slots' prompts in runs of one l
 (prompt_runs), and prompts arriving together cost one pass over the weights, not one each.
 An embeddings request takes an idle slot too (its cached prefix is dropped) and reads one input
 an iteration there, in steps of its own (no output matrix), before the generation step.
+A prompt's image (its tokens are the image's placeholder ids, model/media_prompt.py) is read in
+steps of its own too, rows of input embeddings (engine/media.py), before the generation step;
+text runs stop at it.
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ import time
 from typing import Callable
 
 from ..engine.grammar import GrammarError
+from ..engine.media import read_image
 from ..engine.pooling import pool
 from ..engine.readback import ADJUST_CAP, CANDIDATES
 from ..engine.step_inputs import PAD_STEP
 from ..errors import VkrtError
+from ..model.media_prompt import MediaPrompt
 from .checkpoints import SlotCheckpoints
 from .jobs import Embedded, EmbeddingJob, Failed, Job
 from .metrics import Metrics
 from .prompt_cache import PromptCache
-from .slots import Slot
+from .slots import Slot, text_ahead
 
 log = logging.getLogger("vkrt.server")
 
@@ -195,6 +200,7 @@ class Scheduler:
             self._drop_cancelled()
             self._admit(engine)
         self._embed(engine)
+        self._images(engine)
         if engine.recurrent:
             self._prefill(engine)
             self._decode(engine)
@@ -226,21 +232,28 @@ class Scheduler:
                 s.release()
 
     def _admit(self, engine) -> None:
+        held = []   # jobs whose slot (id_slot) is busy: they wait, the jobs behind them go ahead
         while self._queue:
             idle = [s for s in self.slots if s.idle]
             if not idle:
-                return
+                break
             job = self._queue.popleft()
             if isinstance(job, EmbeddingJob):   # _embed runs it on the slot's sequence
                 slot = min(idle, key=lambda s: s.last_used)
                 self.prompt_cache.save(engine, slot, self.checkpoints[slot.id])
                 slot.job = job
                 continue
+            if job.id_slot >= 0:
+                idle = [s for s in idle if s.id == job.id_slot]
+                if not idle:
+                    held.append(job)
+                    continue
             slot, keep = self.prompt_cache.admit(engine, job, idle, self.checkpoints)
             slot.begin(job, self.tokenizer, keep, job.constraint)
             engine.reset(slot.id, keep)
             self.checkpoints[slot.id].plan(job.prompt, keep, self.tokenizer.token_types)
             self.metrics.prompt_tokens_cached += keep
+        self._queue.extendleft(reversed(held))
 
     def _embed(self, engine) -> None:
         """The next input of each embedding job holding a slot: its hidden states on the slot's
@@ -264,6 +277,25 @@ class Scheduler:
                 job.emit(Embedded(job.done))
                 s.release()
 
+    def _images(self, engine) -> None:
+        """Each slot whose prompt goes on with an image: the image's rows from there to its end,
+        in steps of their own (as llama.cpp reads an image chunk); sampled if the prompt ends there."""
+        for s in self.slots:
+            if not s.prefilling or s.pending[0] >= 0:
+                continue
+            t0 = time.perf_counter()
+            try:
+                logits, n = read_image(engine, MediaPrompt(s.job.prompt, s.job.images), s.id, len(s.cache))
+            except Exception as exc:
+                self._fail(engine, [s], exc)
+                continue
+            self.metrics.add_prompt(n, time.perf_counter() - t0)
+            s.cache.extend(s.pending[:n])
+            del s.pending[:n]
+            self.checkpoints[s.id].reached(engine, len(s.cache))
+            if not s.pending:
+                self._guarded(engine, s, s.prefilled, logits)
+
     def _clear(self, engine, slot: Slot) -> None:
         """Forget what the slot's sequence holds."""
         engine.reset(slot.id)
@@ -275,14 +307,15 @@ class Scheduler:
         an iteration, so a long prompt delays their next token by one micro-batch, not a batch."""
         budget = engine.n_ubatch if any(s.generating for s in self.slots) else engine.n_batch
         while budget > 0:
-            waiting = sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start)
+            waiting = sorted((s for s in self.slots if s.prefilling and text_ahead(s.pending)), key=lambda s: s.t_start)
             if not waiting:
                 return
-            # runs end at a checkpoint's position, so the state there can be saved
+            # runs end at a checkpoint's position, so the state there can be saved (and before an image)
             limits = []
             for s in waiting:
                 stop = self.checkpoints[s.id].next_stop(len(s.cache))
-                limits.append(min(len(s.pending), engine.n_ubatch, stop - len(s.cache) if stop else engine.n_ubatch))
+                limits.append(min(text_ahead(s.pending), engine.n_ubatch,
+                                  stop - len(s.cache) if stop else engine.n_ubatch))
             n, run = prompt_runs(limits, min(budget, engine.n_ubatch))
             group = [s for s, limit in zip(waiting, limits) if limit >= run][:n]
             if not self._prompt_step(engine, group, run):
@@ -316,12 +349,15 @@ class Scheduler:
         room = self._step_tokens(engine, len(gen)) - len(gen)
         prompts = []
         waiting = sorted((s for s in self.slots if s.prefilling), key=lambda s: s.t_start)
-        # prompts that fit whole first (a short one does not wait behind a long one's chunks), oldest first
+        # prompts that fit whole first (a short one does not wait behind a long one's chunks), oldest first;
+        # a chunk ends before an image (read in steps of its own: _images)
         for s in [s for s in waiting if len(s.pending) <= room] + [s for s in waiting if len(s.pending) > room]:
             if room <= 0:
                 break
-            prompts.append((s, s.pending[:room]))
-            room -= len(prompts[-1][1])
+            chunk = s.pending[:min(room, text_ahead(s.pending))]
+            if chunk:
+                prompts.append((s, chunk))
+                room -= len(chunk)
         if not prompts:
             self._decode(engine)
             return
@@ -420,7 +456,7 @@ class Scheduler:
             lead = s.replay + [s.next_token]
             n_max, n_min, p_min = (x if x is not None else d for x, d in
                                    zip(s.job.draft or (None,) * 3, (o.draft_max, o.draft_min, o.p_min)))
-            if s.drafter is not None and s.grammar is None and s.job.logprobs is None \
+            if s.drafter is not None and s.grammar is None and s.job.logprobs is None and not s.job.images \
                     and not s.sampler.params.needs_row and len(s.replay) <= o.draft_max:
                 room = min(n_max, each - len(lead), s.limit - len(s.generated) - 1,
                            s.n_ctx - len(s.cache) - len(lead))

@@ -10,9 +10,12 @@ from ..engine.sampler import SamplingParams
 from ..engine.sampler_order import parse_order
 from ..errors import ConfigError
 from .grammar_source import JSON_OBJECT, GrammarSource
+from .image_parts import IMAGE_PARTS, image_part, multimodal_prompt
 from .reasoning import REASONING_FORMATS
+from .reasoning_budget import EFFORT_BUDGET
+from .request_fields import check_fields
 from .validation import (BadRequest, get_bool, get_dict, get_float, get_int, get_logit_bias, get_stop, get_str,
-                         get_token_ids, reject_truthy)
+                         get_token_ids, reject_truthy, _short)
 
 CHAT, COMPLETIONS, LLAMA = "chat", "completions", "llama"
 
@@ -24,6 +27,7 @@ class Limits:
     n_ctx: int
     vocab: int
     speculative: bool = False   # the server drafts (--spec-type / -md): requests may tune it
+    n_slots: int = 1            # --parallel: the slots a request's id_slot may name
 
 
 @dataclass
@@ -37,6 +41,8 @@ class GenRequest:
     cache_prompt: bool = True
     include_usage: bool = False
     return_tokens: bool = False
+    timings_per_token: bool = False   # llama-server's: each streamed chunk carries the timings so far
+    id_slot: int = -1                 # llama-server's: the slot to run on (-1: the scheduler's choice)
     model: str | None = None
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
@@ -53,6 +59,7 @@ class GenRequest:
     draft: tuple | None = None        # llama-server's speculative.n_max / n_min / p_min (None each: the server's)
     grammar_source: GrammarSource | None = None   # what the output must fit (response_format, json_schema, grammar)
     grammar: str | None = None        # its llguidance grammar, or the tool calls', once compiled (routes.py)
+    images: list = field(default_factory=list)   # (field, encoded image) a media marker stands for (image_parts.py)
 
 
 MAX_LOGPROBS = 20   # the most likely tokens a step reports at most (OpenAI's top_logprobs limit)
@@ -95,32 +102,30 @@ def _sampling(body: dict, vocab: int) -> SamplingParams:
         seed=None if seed == -1 else seed, order=order)
 
 
-def _common(body: dict, api: str, limits: Limits) -> GenRequest:
+def _common(body: dict, api: str, limits: Limits, fields: str | None = None) -> GenRequest:
+    """The fields every generation API shares; `fields` names the endpoint whose field list the
+    body is checked against (request_fields.py; default: the API's)."""
+    check_fields(body, fields or api)
     reject_truthy(body, ("echo", "suffix"), "vkrt does not implement it")
-    n = get_int(body, "n", 1, lo=1, hi=MAX_CHOICES)
+    n_name = "n" if body.get("n") is not None or body.get("n_cmpl") is None else "n_cmpl"   # llama-server's alias
+    n = get_int(body, n_name, 1, lo=1, hi=MAX_CHOICES)
     if n != 1 and api == LLAMA:
-        raise BadRequest(f"'n' must be 1 on /completion (one choice a request; /v1 endpoints take up to "
-                         f"{MAX_CHOICES}), got {n}", "n")
+        raise BadRequest(f"'{n_name}' must be 1 on /completion (one choice a request; /v1 endpoints take up to "
+                         f"{MAX_CHOICES}), got {n}", n_name)
     grammar = _grammar(body)
-    hint = f" (a slot holds {limits.n_ctx} tokens: -c over --parallel; raise -c)"
-    if api == LLAMA:
-        n_predict = get_int(body, "n_predict", None, lo=-1, hi=limits.n_ctx, hint=hint)
-        if n_predict is None:
-            n_predict = get_int(body, "max_tokens", -1, lo=-1, hi=limits.n_ctx, hint=hint)
-        max_tokens = None if n_predict == -1 else n_predict
-    else:
-        max_tokens = get_int(body, "max_tokens", None, lo=0, hi=limits.n_ctx, hint=hint)
-        if api == CHAT and max_tokens is None:
-            max_tokens = get_int(body, "max_completion_tokens", None, lo=0, hi=limits.n_ctx, hint=hint)
-    if api == CHAT:   # logprobs: true, top_logprobs: n
+    max_tokens = _max_tokens(body, api, limits)
+    if api == CHAT:   # logprobs: true, top_logprobs: n (or llama-server's n_probs)
         top = get_int(body, "top_logprobs", None, lo=0, hi=MAX_LOGPROBS)
         logprobs = (top or 0) if get_bool(body, "logprobs", False) else None
         if top is not None and logprobs is None:
             raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    elif api == COMPLETIONS:   # logprobs: n (0: the chosen token's only)
+        if logprobs is None:
+            logprobs = get_int(body, "n_probs", 0, lo=0, hi=MAX_LOGPROBS) or None
+    elif api == COMPLETIONS and body.get("n_probs") is None:   # logprobs: n (0: the chosen token's only)
         logprobs = get_int(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
-    else:   # llama-server: n_probs
-        logprobs = get_int(body, "n_probs", 0, lo=0, hi=MAX_LOGPROBS) or None
+    else:   # llama-server: n_probs (or logprobs: n)
+        name = "n_probs" if body.get("n_probs") is not None else "logprobs"
+        logprobs = get_int(body, name, 0, lo=0, hi=MAX_LOGPROBS) or None
     stream = get_bool(body, "stream", False)
     opts = get_dict(body, "stream_options")
     draft = _draft(body, limits)
@@ -130,9 +135,23 @@ def _common(body: dict, api: str, limits: Limits) -> GenRequest:
         cache_prompt=get_bool(body, "cache_prompt", True),
         include_usage=stream and get_bool(opts, "include_usage", False),
         return_tokens=get_bool(body, "return_tokens", False), model=get_str(body, "model", None),
+        timings_per_token=get_bool(body, "timings_per_token", False),
+        id_slot=get_int(body, "id_slot", -1, lo=-1, hi=limits.n_slots - 1),
         logprobs=logprobs, n=n, dry_sequence_breakers=tuple(get_stop(body, "dry_sequence_breakers", max_len=40)
                                                        if body.get("dry_sequence_breakers") is not None
                                                        else DEFAULT_BREAKERS), grammar_source=grammar, draft=draft)
+
+
+def _max_tokens(body: dict, api: str, limits: Limits) -> int | None:
+    """The reply's token limit (None: until the end of generation or the context): llama-server's
+    n_predict, else max_tokens, else max_completion_tokens; -1 is no limit where llama-server takes it."""
+    hint = f" (a slot holds {limits.n_ctx} tokens: -c over --parallel; raise -c)"
+    for name in ("n_predict", "max_tokens", "max_completion_tokens"):
+        if body.get(name) is not None:
+            lo = -1 if name == "n_predict" or (name == "max_tokens" and api == LLAMA) else 0
+            n = get_int(body, name, lo=lo, hi=limits.n_ctx, hint=hint)
+            return None if n == -1 else n
+    return None
 
 
 DRAFT_FIELDS = ("speculative.n_max", "speculative.n_min", "speculative.p_min")
@@ -185,18 +204,23 @@ def _grammar(body: dict) -> GrammarSource | None:
     return None
 
 
-def parse_completion(body: dict, api: str, limits: Limits) -> GenRequest:
-    """/v1/completions and /completion: `prompt` is a string or token ids (or one of either in an array)."""
-    req = _common(body, api, limits)
+def parse_completion(body: dict, api: str, limits: Limits, fields: str | None = None) -> GenRequest:
+    """/v1/completions and /completion: `prompt` is a string or token ids (or one of either in an
+    array); more ids than a slot holds are refused by their count alone. `fields`: as _common's."""
+    req = _common(body, api, limits, fields)
     prompt = body.get("prompt")
     if prompt is None:
         raise BadRequest("'prompt' is required", "prompt")
+    if isinstance(prompt, dict):   # llama-server's {"prompt_string": ..., "multimodal_data": [...]}
+        prompt = multimodal_prompt(prompt, req.images)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, list):
         if prompt and all(isinstance(p, (str, list)) for p in prompt):
             raise BadRequest("'prompt' may hold one prompt per request", "prompt")
-        prompt = get_token_ids(prompt, "prompt", limits.vocab)
+        prompt = get_token_ids(prompt, "prompt", limits.vocab, most=limits.n_ctx - 1,
+                               why=f" a slot of {limits.n_ctx} tokens with room for one generated token "
+                                   f"(-c over --parallel; raise -c)")
     elif not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string or an array of token ids", "prompt")
     req.prompt = prompt
@@ -212,7 +236,7 @@ def parse_chat(body: dict, limits: Limits) -> GenRequest:
         raise BadRequest("'messages' is required", "messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array of message objects", "messages")
-    req.messages = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    req.messages = [_message(m, f"messages[{i}]", req.images) for i, m in enumerate(messages)]
     req.tools = _tools(body.get("tools"))
     req.tool_choice, req.tool_name = _tool_choice(body.get("tool_choice"), req.tools)
     strict = [i for i, t in enumerate(req.tools or ()) if t["function"].get("strict") is True]
@@ -235,12 +259,19 @@ BUDGET_FIELDS = ("reasoning_budget_tokens", "thinking_budget_tokens")   # llama-
 
 def _reasoning_budget(body: dict) -> int | None:
     """llama-server's per-request reasoning_budget_tokens (or thinking_budget_tokens): -1 or absent
-    the server's --reasoning-budget (None), 0 no thinking, N at most N thinking tokens."""
+    the server's --reasoning-budget (None), 0 no thinking, N at most N thinking tokens; else
+    OpenAI's reasoning_effort as a budget (EFFORT_BUDGET)."""
     for key in BUDGET_FIELDS:
         if body.get(key) is not None:
             n = get_int(body, key, -1, lo=-1)
             return None if n == -1 else n
-    return None
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return None
+    if not isinstance(effort, str) or effort not in EFFORT_BUDGET:
+        raise BadRequest(f"'reasoning_effort' must be one of {', '.join(EFFORT_BUDGET)}, got {_short(effort)}",
+                         "reasoning_effort")
+    return EFFORT_BUDGET[effort]
 
 
 def _tools(tools) -> list | None:
@@ -314,7 +345,7 @@ def _tool_calls(calls, where: str) -> list[dict]:
     return out
 
 
-def _message(m, where: str) -> dict:
+def _message(m, where: str, images: list | None = None) -> dict:
     if not isinstance(m, dict):
         raise BadRequest(f"'{where}' must be an object with 'role' and 'content'", where)
     role = m.get("role")
@@ -325,6 +356,9 @@ def _message(m, where: str) -> dict:
         texts = []
         for j, part in enumerate(content):
             at = f"{where}.content[{j}]"
+            if images is not None and isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                texts.append(image_part(part, at, images))   # its image goes where the marker stands
+                continue
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else None
                 raise BadRequest(f"'{at}' must be a text part ({{'type': 'text', 'text': ...}}); "

@@ -229,6 +229,8 @@ async def slot_action(state, request: web.Request) -> web.Response:
         entry = await _on_thread(sched, lambda engine: _capture(sched, id_slot, engine))
         if entry is None:
             raise BadRequest(f"slot {id_slot} holds no tokens that can be saved")
+        if (entry.tokens < 0).any():   # image placeholders (model/media_prompt.py)
+            raise BadRequest(f"slot {id_slot} holds an image: slot files keep text only")
         n = len(entry.tokens)
         try:
             n_written = await in_thread(write_file, path, encode(state.model, state.engine, entry))

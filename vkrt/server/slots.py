@@ -3,6 +3,7 @@ prompt-prefix reuse) and, while busy, the job it generates for."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -11,6 +12,7 @@ from ..engine.generate import Timings
 from ..engine.grammar import Constraint, GrammarError
 from ..engine.sampler import Sampler
 from ..errors import VkrtError
+from .formats import timings_of
 from .jobs import Done, Job, Piece, TokenProb
 from .metrics import Metrics
 from .reasoning_budget import ThinkingBudget
@@ -23,6 +25,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def text_ahead(pending: list[int]) -> int:
+    """Prompt tokens before the next image's (its placeholder ids are negative: media_prompt.py)."""
+    for i, t in enumerate(pending):
+        if t < 0:
+            return i
+    return len(pending)
 
 
 class Slot:
@@ -71,7 +81,8 @@ class Slot:
         self.sampler = Sampler(job.params)
         window = self.sampler.window
         for t in job.prompt if window is None else job.prompt[-window:] if window > 0 else ():
-            self.sampler.accept(t)
+            if t >= 0:   # not an image's placeholder
+                self.sampler.accept(t)
         self.detok = Detokenizer(tokenizer, job.keep_special)
         self.stops = StopMatcher(job.stop)
         room = self.n_ctx - len(job.prompt)
@@ -121,13 +132,19 @@ class Slot:
             self.budget.accept(token, piece, whole=self.detok.read == len(self.detok.tokens))
         text = self.stops.push(piece)
         probs = [] if self.job.logprobs is None else [self._token_prob(token, logits, self.job.logprobs)]
-        self.job.emit(Piece(text, [token], probs))
+        self.job.emit(Piece(text, [token], probs, self._timings_so_far() if self.job.timings_per_token else None))
         if self.stops.hit is not None:
             self.finish("stop", "word")
         elif len(self.generated) >= self.limit:
             self.finish("length", "limit")
         else:
             self.next_token = token
+
+    def _timings_so_far(self) -> dict:
+        """llama-server's `timings` object as of the token just sampled (timings_per_token)."""
+        t = dataclasses.replace(self.timings, predicted_n=len(self.generated),
+                                predicted_ms=(time.perf_counter() - self.t_first) * 1e3)
+        return timings_of(t, self.cached)
 
     def _allowed(self, token: int) -> bool:
         """Whether the request's grammar (if any) takes `token` next."""

@@ -69,6 +69,8 @@ async def stream(request: web.Request, jobs: list[Job], fmt,
         async for i, ev in events(jobs):
             if isinstance(ev, Piece):
                 for chunk in fmt.piece(ev.text, ev.tokens, ev.probs, index=i):
+                    if ev.timings is not None:   # timings_per_token
+                        chunk["timings"] = ev.timings
                     await resp.write(event(chunk, named))
             elif isinstance(ev, Done):
                 dones[i] = ev

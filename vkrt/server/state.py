@@ -83,7 +83,8 @@ class ServerState:
         self.special_markers = special_markers(self.tokenizer.tokens, self.tokenizer.token_types)
         self.n_ctx_slot = backend.engine.n_ctx // self.config.n_parallel
         self.limits = Limits(n_ctx=self.n_ctx_slot, vocab=backend.model.cfg.vocab_size,
-                             speculative=getattr(backend, "drafting", None) is not None)
+                             speculative=getattr(backend, "drafting", None) is not None,
+                             n_slots=self.config.n_parallel)
         self.pooling = self.config.pooling or default_pooling(backend.model.gguf.metadata, backend.model.cfg.arch)
         # the most bytes of text one token stands for: a prompt of more bytes than this times the
         # slot cannot fit, whatever its tokens, so it is refused before tokenising
