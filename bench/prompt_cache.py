@@ -7,8 +7,11 @@ cold: what a session whose slot another session took saves when it comes back.
 cold: a fresh sequence reads the prefix and then the suffix (a new user turn); resume: the
 prefix's KV cells and (qwen35, qwen35moe) recurrent state, read to host memory once
 (vkrt/engine/kv_transfer.py, as the prompt cache saves a slot: save_s), are written back into an
-empty sequence (restore_s) and only the suffix is read (suffix_s). The suffix's logits must be
-bit-identical both ways. The prefix defaults to 16384 tokens on a GPU, 1024 on a CPU device
+empty sequence (restore_s) and only the suffix is read (suffix_s). The suffix's logits are
+compared both ways: bit-identical where the steps are deterministic (lavapipe, experts in VRAM);
+where they are not (host experts whose CPU/GPU split follows measured rates), the resumed run
+must stay within 4x of two cold runs' difference (+1e-3 of the largest logit), else the script
+fails. The prefix defaults to 16384 tokens on a GPU, 1024 on a CPU device
 (lavapipe). Prints a table; --json prints one JSON object.
 """
 
@@ -36,9 +39,12 @@ def timed(fn):
 def run(engine, prefix: list[int], suffix: list[int], reps: int) -> dict:
     vocab = engine.model.cfg.vocab_size
     cold, resume, restores, saves = [], [], [], []
+    first, resumed_diff, cold_diff, same_top = None, 0.0, 0.0, 1.0
     for rep in range(reps + 1):   # the first run records the graphs
         engine.reset()
         ref, t_cold = timed(lambda: (engine.eval(prefix), engine.eval(suffix, all_logits=True))[1])
+        first = ref if first is None else first
+        cold_diff = max(cold_diff, float(np.abs(ref - first).max()))
         engine.reset()
         engine.eval(prefix)
         (block, state), t_save = timed(lambda: (read_kv(engine, 0, len(prefix)), read_state(engine, 0)))
@@ -49,8 +55,11 @@ def run(engine, prefix: list[int], suffix: list[int], reps: int) -> dict:
             write_state(engine, 0, state, len(prefix))
         _, t_restore = timed(put_back)
         out, t_suffix = timed(lambda: engine.eval(suffix, all_logits=True))
-        if not np.array_equal(out, ref):
-            raise SystemExit(f"the resumed suffix's logits differ from the cold run's (vocab {vocab})")
+        resumed_diff = max(resumed_diff, float(np.abs(out - ref).max()))
+        same_top = min(same_top, float(np.mean(out.reshape(-1, vocab).argmax(1) == ref.reshape(-1, vocab).argmax(1))))
+        if resumed_diff > max(cold_diff, 0.0) * 4 + 1e-3 * float(np.abs(ref).max()):
+            raise SystemExit(f"the resumed suffix's logits differ from the cold run's by {resumed_diff:.3g} "
+                             f"(two cold runs differ by {cold_diff:.3g}; vocab {vocab})")
         if rep:
             cold.append(t_cold)
             saves.append(t_save)
@@ -64,7 +73,8 @@ def run(engine, prefix: list[int], suffix: list[int], reps: int) -> dict:
     row["speedup_vs_cold"] = row["cold_prompt_s"] / row["resume_s"]
     row["saved_s"] = row["cold_prompt_s"] - row["resume_s"]
     row["copy_gbps"] = host / 1e9 / max(row["save_s"], row["restore_s"])
-    row["bit_identical"] = True
+    row.update(bit_identical=resumed_diff == 0.0, max_abs_diff_vs_cold=resumed_diff, cold_runs_max_abs_diff=cold_diff,
+               same_top_token=same_top)
     return row
 
 
@@ -94,7 +104,10 @@ def main() -> None:
         print(json.dumps(row))
         return
     print(f"prompt cache resume on {row['device']} ({row['model']}, KV {row['kv_type']}, ub {ub}, "
-          f"--n-cpu-moe {args.n_cpu_moe}); {row['host_mib']:.1f} MiB in host memory, bit-identical")
+          f"--n-cpu-moe {args.n_cpu_moe}); {row['host_mib']:.1f} MiB in host memory; "
+          + ("bit-identical to the cold run" if row["bit_identical"] else
+             f"max |diff| vs the cold run {row['max_abs_diff_vs_cold']:.3g} (cold runs differ by "
+             f"{row['cold_runs_max_abs_diff']:.3g}), same top token {100 * row['same_top_token']:.1f} %"))
     print("| prefix | suffix | cold s | save s | restore s | suffix s | resume s | speed-up | copy GB/s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(f"| {row['prefix']} | {row['suffix']} | {row['cold_prompt_s']:.3f} | {row['save_s']:.3f} | "
