@@ -1,10 +1,12 @@
 """An Anthropic Messages API request (/v1/messages, /v1/messages/count_tokens) -> the chat path's
 GenRequest: `system`, `messages` of text / tool_use / tool_result / thinking blocks, `tools` with
-`input_schema`, `tool_choice`, `thinking`, `stop_sequences`. Fields vkrt cannot honour are refused
+`input_schema`, `tool_choice`, `thinking`, `stop_sequences`; base64 `image` blocks in user turns
+and tool results (with a vision projector: image_parts.py). Fields vkrt cannot honour are refused
 by name."""
 
 from __future__ import annotations
 
+from .image_parts import MEDIA_MARKER, source_image
 from .schemas import GenRequest, Limits, parse_chat
 from .translate import check_fields, set_thinking, token_limit
 from .validation import BadRequest, get_dict, get_stop, get_str
@@ -22,7 +24,7 @@ REFUSED = {
     "output_config": "vkrt has no output effort setting (use 'thinking' with a 'budget_tokens')",
     "inference_geo": "vkrt runs where it is started",
 }
-BLOCKS = "text, tool_use, tool_result, thinking and redacted_thinking blocks"
+BLOCKS = "text, image, tool_use, tool_result, thinking and redacted_thinking blocks"
 
 
 def parse_messages(body: dict, limits: Limits, counting: bool = False) -> GenRequest:
@@ -30,11 +32,12 @@ def parse_messages(body: dict, limits: Limits, counting: bool = False) -> GenReq
     check_fields(body, f"{ENDPOINT}/count_tokens" if counting else ENDPOINT, COUNTED if counting else TAKEN, REFUSED)
     get_dict(body, "metadata")
     get_str(body, "service_tier", None)
-    tools = _tools(body.get("tools"))
-    chat = {"messages": _system(body.get("system")) + _messages(body.get("messages")), "tools": tools,
+    tools, images = _tools(body.get("tools")), []
+    chat = {"messages": _system(body.get("system")) + _messages(body.get("messages"), images), "tools": tools,
             **{k: body[k] for k in ("model", "temperature", "top_p", "top_k", "stream") if body.get(k) is not None}}
     chat.update(_tool_choice(body.get("tool_choice"), tools))
     req = parse_chat(chat, limits)
+    req.images = images
     req.max_tokens = None if counting else token_limit(body, "max_tokens", limits, required=True)
     req.stop = get_stop(body, "stop_sequences")
     set_thinking(req, _thinking_budget(get_dict(body, "thinking")))
@@ -65,7 +68,9 @@ def _blocks(content, at: str) -> list[dict]:
 
 def _refuse_block(block: dict, at: str, allowed: str):
     kind = block["type"]
-    what = "vkrt serves text models" if kind in ("image", "document") else f"the blocks there are {allowed}"
+    what = {"document": "vkrt reads no documents (send their text as text blocks)",
+            "image": f"images go in user turns and tool results; the blocks there are {allowed}"}.get(
+        kind, f"the blocks there are {allowed}")
     raise BadRequest(f"'{at}.type' is {kind!r}, a block vkrt's {ENDPOINT} does not take: {what}", f"{at}.type")
 
 
@@ -82,7 +87,19 @@ def _system(system) -> list[dict]:
     return [{"role": "system", "content": "\n\n".join(texts)}]
 
 
-def _messages(messages) -> list[dict]:
+def _joined(pieces: list[str]) -> str:
+    """Text blocks joined by blank lines; an image's marker joins its neighbours directly (as
+    chat's content parts join), so an image then a text reads as the same chat parts would."""
+    out = []
+    for k, piece in enumerate(pieces):
+        if k and MEDIA_MARKER not in (piece, pieces[k - 1]):
+            out.append("\n\n")
+        out.append(piece)
+    return "".join(out)
+
+
+def _messages(messages, images: list) -> list[dict]:
+    """The chat messages of `messages`; each image block's image appended to `images`."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array of {'role', 'content'} objects", "messages")
     out = []
@@ -99,33 +116,36 @@ def _messages(messages) -> list[dict]:
         if isinstance(content, str):
             out.append({"role": role, "content": content})
         elif role == "user":
-            out.extend(_user(_blocks(content, f"{at}.content"), f"{at}.content"))
+            out.extend(_user(_blocks(content, f"{at}.content"), f"{at}.content", images))
         else:
             out.append(_assistant(_blocks(content, f"{at}.content"), f"{at}.content"))
     return out
 
 
-def _user(blocks: list[dict], at: str) -> list[dict]:
-    """A user turn's blocks: each tool_result a tool message, the text between them user messages."""
+def _user(blocks: list[dict], at: str, images: list) -> list[dict]:
+    """A user turn's blocks: each tool_result a tool message, the text and images between them
+    user messages."""
     out, texts = [], []
 
     def flush():
         if texts:
-            out.append({"role": "user", "content": "\n\n".join(texts)})
+            out.append({"role": "user", "content": _joined(texts)})
             texts.clear()
     for j, b in enumerate(blocks):
         if b["type"] == "text":
             texts.append(_text(b, f"{at}[{j}]"))
+        elif b["type"] == "image":
+            texts.append(source_image(b, f"{at}[{j}]", images))
         elif b["type"] == "tool_result":
             flush()
-            out.append(_tool_result(b, f"{at}[{j}]"))
+            out.append(_tool_result(b, f"{at}[{j}]", images))
         else:
-            _refuse_block(b, f"{at}[{j}]", "text and tool_result blocks in a user turn")
+            _refuse_block(b, f"{at}[{j}]", "text, image and tool_result blocks in a user turn")
     flush()
     return out
 
 
-def _tool_result(block: dict, at: str) -> dict:
+def _tool_result(block: dict, at: str, images: list) -> dict:
     """A tool message; a result with is_error true reads "Error: ..." (chat templates have no flag for it)."""
     call = block.get("tool_use_id")
     if not isinstance(call, str) or not call:
@@ -134,10 +154,13 @@ def _tool_result(block: dict, at: str) -> dict:
     if not isinstance(content, str):
         texts = []
         for k, b in enumerate(_blocks(content, f"{at}.content")):
-            if b["type"] != "text":
-                _refuse_block(b, f"{at}.content[{k}]", "text blocks in a tool_result")
-            texts.append(_text(b, f"{at}.content[{k}]"))
-        content = "\n\n".join(texts)
+            if b["type"] == "image":
+                texts.append(source_image(b, f"{at}.content[{k}]", images))
+            elif b["type"] == "text":
+                texts.append(_text(b, f"{at}.content[{k}]"))
+            else:
+                _refuse_block(b, f"{at}.content[{k}]", "text and image blocks in a tool_result")
+        content = _joined(texts)
     if _flag(block, "is_error", at):
         content = f"Error: {content}"
     return {"role": "tool", "tool_call_id": call, "content": content}

@@ -1,26 +1,28 @@
 """Images in requests, as llama-server takes them: OpenAI `image_url` content parts holding a
 data URL (base64; http(s) URLs are refused: the server fetches nothing), and /completion's
 `{"prompt_string": ..., "multimodal_data": [base64, ...]}` prompts whose text carries the
-server's media marker where each image goes. Each image becomes (field, bytes) on the request;
-in the text its place is the media marker (MEDIA_MARKER: random per process unless
-VKRT_MEDIA_MARKER sets it, as llama-server's; /props reports it)."""
+server's media marker where each image goes, the Responses API's `input_image` parts and the
+Anthropic Messages API's base64 `image` blocks. Each image becomes (field, bytes) on the request;
+in the text its place is the media marker (MEDIA_MARKER: random per process, as llama-server's;
+/props reports it)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
 import secrets
 
 from .validation import BadRequest
 
-MEDIA_MARKER = os.environ.get("VKRT_MEDIA_MARKER") or f"<__media_{secrets.token_hex(8)}__>"
+MEDIA_MARKER = f"<__media_{secrets.token_hex(8)}__>"
 IMAGE_PARTS = ("image_url", "input_image")
 MAX_IMAGES = 64                # images a request may carry
 MAX_IMAGE_BYTES = 32 << 20     # one decoded image (the body limit, --body-limit, usually binds first)
 _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)", re.S)
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif", "image/bmp")
+ANTHROPIC_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")   # what Anthropic's API takes
+DETAILS = ("auto", "low", "high")
 
 
 def decode_base64(text, field: str) -> bytes:
@@ -53,18 +55,57 @@ def data_url_bytes(url, field: str) -> bytes:
     return decode_base64(m.group("data"), field)
 
 
-def image_part(part: dict, at: str, images: list) -> str:
-    """An `image_url` (chat) or `input_image` part: its image appended to `images` as (field,
-    bytes); returns the text that stands for it (the media marker)."""
+def _room(images: list, at: str) -> None:
     if len(images) >= MAX_IMAGES:
         raise BadRequest(f"'{at}': a request may carry at most {MAX_IMAGES} images", at)
+
+
+def _detail(value, field: str) -> None:
+    """`detail`: "auto", "low" or "high" are taken; none changes how the image is sized (docs/images.md)."""
+    if value is not None and value not in DETAILS:
+        raise BadRequest(f"'{field}' must be one of {', '.join(DETAILS)} (none changes the image's resolution), "
+                         f"got {value!r}", field)
+
+
+def image_part(part: dict, at: str, images: list) -> str:
+    """An `image_url` (chat) or `input_image` (Responses) part: its image appended to `images` as
+    (field, bytes); returns the text that stands for it (the media marker)."""
+    _room(images, at)
     if part.get("type") == "input_image":
+        if part.get("file_id") is not None:
+            raise BadRequest(f"'{at}.file_id': vkrt keeps no uploaded files; send the image inline as a data URL "
+                             f"in 'image_url' (data:image/png;base64,...)", f"{at}.file_id")
         url, field = part.get("image_url"), f"{at}.image_url"
+        _detail(part.get("detail"), f"{at}.detail")
     else:
         value = part.get("image_url")
         url, field = (value.get("url"), f"{at}.image_url.url") if isinstance(value, dict) else \
             (value, f"{at}.image_url")
+        if isinstance(value, dict):
+            _detail(value.get("detail"), f"{at}.image_url.detail")
     images.append((field, data_url_bytes(url, field)))
+    return MEDIA_MARKER
+
+
+def source_image(block: dict, at: str, images: list) -> str:
+    """An Anthropic `image` block ({"source": {"type": "base64", "media_type", "data"}}): its image
+    appended to `images` as (field, bytes); returns the media marker. url and file sources are refused."""
+    _room(images, at)
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise BadRequest(f"'{at}.source' must be an object {{'type': 'base64', 'media_type', 'data'}}",
+                         f"{at}.source")
+    kind = source.get("type")
+    if kind != "base64":
+        why = {"url": "this server does not fetch image URLs", "file": "vkrt keeps no uploaded files"}.get(
+            kind, f"got {kind!r}")
+        raise BadRequest(f"'{at}.source.type' must be 'base64' ({why}; send the image inline as base64 data)",
+                         f"{at}.source.type")
+    media = source.get("media_type")
+    if media not in ANTHROPIC_TYPES:
+        raise BadRequest(f"'{at}.source.media_type' must be one of {', '.join(ANTHROPIC_TYPES)}, got {media!r}",
+                         f"{at}.source.media_type")
+    images.append((f"{at}.source.data", decode_base64(source.get("data"), f"{at}.source.data")))
     return MEDIA_MARKER
 
 

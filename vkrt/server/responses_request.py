@@ -1,7 +1,8 @@
 """An OpenAI Responses API request (/v1/responses) -> the chat path's GenRequest: `input` as text or
 items (messages, function_call, function_call_output, reasoning), `instructions`, function
-`tools`, `tool_choice`, `text.format`, `reasoning.effort` as a thinking budget, and the stored
-conversation of `previous_response_id`. Fields vkrt cannot honour are refused by name."""
+`tools`, `tool_choice`, `text.format`, `reasoning.effort` as a thinking budget, the stored
+conversation of `previous_response_id` (with its images), and `input_image` parts with data URLs
+(with a vision projector: image_parts.py). Fields vkrt cannot honour are refused by name."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from .grammar_source import JSON_OBJECT, GrammarSource
+from .image_parts import image_part
 from .reasoning_budget import EFFORT_BUDGET
 from .responses_store import ResponseStore
 from .schemas import GenRequest, Limits, parse_chat
@@ -36,21 +38,22 @@ class ResponsesTurn:
     history: list[dict]   # the conversation as chat messages, without the instructions (what is stored)
     echo: dict            # the request's settings the response object repeats
     store: bool
+    images: list          # the conversation's images, (field, bytes) each, in the order of their markers
 
 
 def parse_responses(body: dict, limits: Limits, stored: ResponseStore) -> ResponsesTurn:
     check_fields(body, ENDPOINT, TAKEN, REFUSED)
     _check_settings(body)
     previous = get_str(body, "previous_response_id", None)
-    history = []
+    history, images = [], []
     if previous is not None:
         kept = stored.get(previous)
         if kept is None:
             raise BadRequest(f"'previous_response_id' {previous!r} names no response this server keeps (it keeps "
                              f"the last {stored.max_count} for {stored.max_age:g} s, not those sent with store "
                              f"false)", "previous_response_id")
-        history = list(kept.messages)
-    history += _input(body.get("input"))
+        history, images = list(kept.messages), list(kept.images)
+    history += _input(body.get("input"), images)
     if not history:
         raise BadRequest("'input' is required (a string or an array of input items)", "input")
     instructions = get_str(body, "instructions", None)
@@ -60,6 +63,7 @@ def parse_responses(body: dict, limits: Limits, stored: ResponseStore) -> Respon
             **{k: body[k] for k in ("model", "temperature", "top_p", "stream", "parallel_tool_calls")
                if body.get(k) is not None}}
     req = parse_chat(chat, limits)
+    req.images = images
     req.max_tokens = token_limit(body, "max_output_tokens", limits, required=False)
     text = get_dict(body, "text")
     req.grammar_source = _text_format(text)
@@ -77,7 +81,7 @@ def parse_responses(body: dict, limits: Limits, stored: ResponseStore) -> Respon
             "text": {"format": text.get("format") or {"type": "text"}},
             "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "truncation": "disabled", "user": body.get("user")}
-    return ResponsesTurn(req, history, echo, echo["store"])
+    return ResponsesTurn(req, history, echo, echo["store"], images)
 
 
 def _check_settings(body: dict) -> None:
@@ -95,8 +99,9 @@ def _check_settings(body: dict) -> None:
     get_dict(body, "metadata")
 
 
-def _text_of(parts, at: str, kinds: tuple[str, ...]) -> str:
-    """A string, or text parts of `kinds` ({"type", "text"}) joined."""
+def _text_of(parts, at: str, kinds: tuple[str, ...], images: list | None = None) -> str:
+    """A string, or text parts of `kinds` ({"type", "text"}) joined; with `images`, input_image
+    parts too, each image appended there and its media marker in the text."""
     if isinstance(parts, str):
         return parts
     if not isinstance(parts, list):
@@ -104,9 +109,13 @@ def _text_of(parts, at: str, kinds: tuple[str, ...]) -> str:
     texts = []
     for j, p in enumerate(parts):
         kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "input_image" and images is not None:
+            texts.append(image_part(p, f"{at}[{j}]", images))
+            continue
         if kind not in kinds:
-            why = "vkrt serves text models" if kind in ("input_image", "input_file", "input_audio") else \
-                f"it takes {' / '.join(kinds)} parts"
+            why = {"input_file": "vkrt reads no files", "input_audio": "vkrt takes no audio",
+                   "input_image": "images go in input messages and function call outputs"}.get(
+                kind, f"it takes {' / '.join(kinds)} parts")
             raise BadRequest(f"'{at}[{j}].type' is {kind!r}, a part vkrt's {ENDPOINT} does not take: {why}",
                              f"{at}[{j}].type")
         key = "refusal" if kind == "refusal" else "text"
@@ -126,9 +135,9 @@ def _open_assistant(out: list[dict], empty: bool) -> dict:
     return last
 
 
-def _input(items) -> list[dict]:
-    """Input items -> chat messages; a response's output items (reasoning, message, function
-    calls) in a row make one assistant message."""
+def _input(items, images: list) -> list[dict]:
+    """Input items -> chat messages, their images appended to `images`; a response's output items
+    (reasoning, message, function calls) in a row make one assistant message."""
     if items is None:
         return []
     if isinstance(items, str):
@@ -142,14 +151,14 @@ def _input(items) -> list[dict]:
             raise BadRequest(f"'{at}' must be an input item object", at)
         kind = item.get("type", "message")
         if kind == "message":
-            _message(item, at, out)
+            _message(item, at, out, images)
         elif kind == "function_call":
             msg = _open_assistant(out, empty=False)
             msg.setdefault("tool_calls", []).append(_function_call(item, at))
         elif kind == "function_call_output":
             call = _id(item, "call_id", at)
             out.append({"role": "tool", "tool_call_id": call,
-                        "content": _text_of(item.get("output"), f"{at}.output", ("input_text",))})
+                        "content": _text_of(item.get("output"), f"{at}.output", ("input_text",), images)})
         elif kind == "reasoning":
             text = _reasoning(item, at)
             if text:
@@ -160,12 +169,12 @@ def _input(items) -> list[dict]:
     return out
 
 
-def _message(item: dict, at: str, out: list[dict]) -> None:
+def _message(item: dict, at: str, out: list[dict], images: list) -> None:
     role = ROLES.get(item.get("role"))
     if role is None:
         raise BadRequest(f"'{at}.role' must be one of {', '.join(ROLES)}, got {item.get('role')!r}", f"{at}.role")
     kinds = ("output_text", "refusal") if role == "assistant" else ("input_text",)
-    text = _text_of(item.get("content"), f"{at}.content", kinds)
+    text = _text_of(item.get("content"), f"{at}.content", kinds, None if role == "assistant" else images)
     if role == "assistant":
         _open_assistant(out, empty=True)["content"] = text
     else:

@@ -1,13 +1,14 @@
 """Finished OpenAI Responses API responses, kept in memory for `previous_response_id` and GET /
-DELETE /v1/responses/{id}: each one's response object and its conversation (as chat messages),
-the oldest dropped past `max_count` responses or `max_age` seconds."""
+DELETE /v1/responses/{id}: each one's response object and its conversation (as chat messages,
+with the images their media markers stand for), the oldest dropped past `max_count` responses or
+`max_age` seconds."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_COUNT = 1000
 MAX_AGE = 3600.0   # seconds
@@ -18,6 +19,7 @@ class Stored:
     response: dict         # the response object, as it was answered
     messages: list[dict]   # the conversation through its output, as chat messages (without its instructions)
     at: float              # when it was stored (the store's clock)
+    images: list = field(default_factory=list)   # the conversation's images, (field, bytes) each
 
 
 class ResponseStore:
@@ -28,9 +30,9 @@ class ResponseStore:
         self._items: OrderedDict[str, Stored] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, response: dict, messages: list[dict]) -> None:
+    def put(self, response: dict, messages: list[dict], images: list | None = None) -> None:
         with self._lock:
-            self._items[response["id"]] = Stored(response, messages, self.clock())
+            self._items[response["id"]] = Stored(response, messages, self.clock(), list(images or ()))
             self._expire()
 
     def get(self, response_id: str) -> Stored | None:

@@ -210,10 +210,15 @@ class Api:
         return await self._chat(request, req, lambda i, spec, n: MessagesFormat(self._model(req), spec, n))
 
     async def count_tokens(self, request):
-        """Anthropic's token count: the tokens of the prompt /v1/messages would render."""
-        body = await read_body(request, self.state.config.timeout)
-        req = await in_thread(parse_messages, body, self.state.limits, counting=True)
-        prompt = await in_thread(encode_chat, self.state.request_tokenizer, await self._chat_text(req))
+        """Anthropic's token count: the tokens of the prompt /v1/messages would render, each image's
+        as many as the projector makes of it (the image is encoded to know)."""
+        s = self.state
+        body = await read_body(request, s.config.timeout)
+        req = await in_thread(parse_messages, body, s.limits, counting=True)
+        check_vision(s, req.images)
+        text = await self._chat_text(req)
+        prompt = (await image_prompt(s, text, req.images) if req.images else
+                  await in_thread(encode_chat, s.request_tokenizer, text))
         return web.json_response({"input_tokens": len(prompt)})
 
     async def responses(self, request):
@@ -221,7 +226,8 @@ class Api:
         unless sent with store false."""
         body = await read_body(request, self.state.config.timeout)
         turn = await in_thread(parse_responses, body, self.state.limits, self.stored)
-        keep = (lambda response, reply: self.stored.put(response, turn.history + [reply])) if turn.store else None
+        keep = ((lambda response, reply: self.stored.put(response, turn.history + [reply], turn.images))
+                if turn.store else None)
         count = lambda text: len(self.state.tokenizer.encode(text, False))   # noqa: E731
         return await self._chat(request, turn.req, lambda i, spec, n: ResponsesFormat(
             self._model(turn.req), spec, turn.echo, keep, count), "input")
@@ -248,7 +254,7 @@ class Api:
         s = self.state
         check_vision(s, req.images)   # before the template runs
         text = await self._chat_text(req)
-        prompt = (await image_prompt(s, text, req.images) if req.images else
+        prompt = (await image_prompt(s, text, req.images, field=field) if req.images else
                   await in_thread(encode_chat, s.request_tokenizer, text))
         thinking_open = s.syntax.thinks and opens_thinking(text)
         if constrains(req.tools, req.tool_choice, s.syntax.tools):
