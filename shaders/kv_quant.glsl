@@ -170,13 +170,8 @@ uint kvq_iq4_index(float x) {
     return x - kvq_iq4(mu - 1u) < kvq_iq4(mu) - x ? mu - 1u : mu;
 }
 
-// ggml's quantize_row_iq4_nl_impl for one block, no importance weights, ntry 7: the scale
-float kvq_iq4_scale(float x[32], float amax, float mx) {
-    if (amax < 1e-15) {
-        return 0.0;
-    }
-    float d = kvq_div(-mx, kvq_iq4(0u));
-    float id = kvq_div(1.0, d);
+// sum of w*q*x and of w*q*q (w = x*x) over a block rounded to the IQ4_NL codebook at inverse scale id
+vec2 kvq_iq4_sums(float x[32], float id) {
     precise float sumqx = 0.0, sumq2 = 0.0;
     for (uint j = 0u; j < 32u; ++j) {
         precise float al = id * x[j];
@@ -186,20 +181,23 @@ float kvq_iq4_scale(float x[32], float amax, float mx) {
         sumqx += wq * x[j];
         sumq2 += wq * q;
     }
+    return vec2(sumqx, sumq2);
+}
+
+// ggml's quantize_row_iq4_nl_impl for one block, no importance weights, ntry 7: the scale
+float kvq_iq4_scale(float x[32], float amax, float mx) {
+    if (amax < 1e-15) {
+        return 0.0;
+    }
+    float d = kvq_div(-mx, kvq_iq4(0u));
+    vec2 sums = kvq_iq4_sums(x, kvq_div(1.0, d));
+    precise float sumqx = sums.x, sumq2 = sums.y;
     d = kvq_div(sumqx, sumq2);
     precise float best = d * sumqx;
     for (int itry = -7; itry <= 7; ++itry) {
-        id = kvq_div(float(itry) + kvq_iq4(0u), mx);
-        sumqx = 0.0;
-        sumq2 = 0.0;
-        for (uint j = 0u; j < 32u; ++j) {
-            precise float al = id * x[j];
-            const float q = kvq_iq4(kvq_iq4_index(al));
-            precise float w = x[j] * x[j];
-            precise float wq = w * q;
-            sumqx += wq * x[j];
-            sumq2 += wq * q;
-        }
+        sums = kvq_iq4_sums(x, kvq_div(float(itry) + kvq_iq4(0u), mx));
+        sumqx = sums.x;
+        sumq2 = sums.y;
         precise float lhs = sumqx * sumqx;
         precise float rhs = best * sumq2;
         if (sumq2 > 0.0 && lhs > rhs) {
