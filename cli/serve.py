@@ -96,6 +96,15 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
               help="Thinking allowed: -1 unlimited, 0 none (the chat template gets enable_thinking=false unless a "
                    "request's chat_template_kwargs says otherwise), N: at most N tokens in a <think> block, then "
                    "it is closed and the answer follows (a request's reasoning_budget_tokens overrides).")
+@click.option("--reasoning-budget-message", default="", metavar="TEXT",
+              help="Text forced into a <think> block that ran out of --reasoning-budget, before its close (e.g. "
+                   "\"... I have to give the answer now.\"), as llama-server's (a request's reasoning_budget_message "
+                   "overrides). Default: none.")
+@click.option("--responses-store-max", type=count(1), default=1000, show_default=True, metavar="N",
+              help="/v1/responses responses kept in memory for previous_response_id and GET /v1/responses/{id}; "
+                   "the oldest is dropped past N.")
+@click.option("--responses-store-ttl", type=FiniteFloat(0, min_open=True), default=3600.0, show_default=True,
+              metavar="SECONDS", help="Seconds a /v1/responses response is kept in memory.")
 @click.option("--pipeline-steps", is_flag=True,
               help="With a layer split over several devices: a step of several slots runs as groups of slots "
                    "pipelined over the devices (group g on device k while group g+1 runs on device k-1), with "
@@ -105,7 +114,8 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, cache_ram, slot_save_path,
           allowed_hosts, shutdown_timeout, timeout, max_itl_ratio, embeddings, pooling, reasoning_format,
-          reasoning_budget, pipeline_steps, **model_kw):
+          reasoning_budget, reasoning_budget_message, responses_store_max, responses_store_ttl, pipeline_steps,
+          **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
@@ -131,7 +141,9 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
                           cache_ram=cache_ram, slot_save_path=slot_save_path,
                           allowed_hosts=host_allow_list(allowed_hosts, host), timeout=timeout,
                           max_itl_ratio=max_itl_ratio, embeddings=embeddings, pooling=pooling,
-                          reasoning_format=reasoning_format, reasoning_budget=reasoning_budget)
+                          reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+                          reasoning_budget_message=reasoning_budget_message, responses_store_max=responses_store_max,
+                          responses_store_ttl=responses_store_ttl)
 
     run_settings = settings()
 

@@ -1,7 +1,8 @@
 """The reasoning budget (vkrt/server/reasoning_budget.py): the count on its own, then a tiny model
 behind a template that opens <think>: with a budget of N the reply thinks N tokens, then the forced
-"\\n</think>" closes the block and the answer follows; 0 closes it at once (and renders the template
-with enable_thinking false); -1 leaves it open. Bad values are a 400 naming the field."""
+"\\n</think>" (after --reasoning-budget-message's text, or a request's reasoning_budget_message)
+closes the block and the answer follows; 0 closes it at once (and renders the template with
+enable_thinking false); -1 leaves it open. Bad values are a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -58,10 +59,15 @@ def test_waits_for_a_whole_character_and_yields_to_a_grammar():
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
+def model_path(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("budget") / "tiny-thinking.gguf")
     write_model(path, dataclasses.replace(TINY["tiny-qwen3"], chat_template=THINKING))
-    yield from serving(path, "-c", "1024", "-np", "2", "-b", "256", "-ub", "256")
+    return path
+
+
+@pytest.fixture(scope="module")
+def srv(model_path):
+    yield from serving(model_path, "-c", "1024", "-np", "2", "-b", "256", "-ub", "256")
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +129,37 @@ def test_bad_budgets_are_refused(client, value):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="m", messages=ASK, extra_body={"reasoning_budget_tokens": value})
     assert err.value.body["param"] == "reasoning_budget_tokens", err.value.body
+
+
+MESSAGE = " ... I have to give the answer now."
+
+
+@pytest.fixture(scope="module")
+def msg_srv(model_path):
+    yield from serving(model_path, "-c", "1024", "-np", "1", "-b", "256", "-ub", "256",
+                       "--reasoning-budget-message", MESSAGE)
+
+
+def test_budget_message_flag_goes_before_the_close(msg_srv):
+    client = openai.OpenAI(base_url=msg_srv.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    forced = pieces(msg_srv, MESSAGE + FORCED_CLOSE)
+    tokens, msg = reply(client, len(forced) + 12, reasoning_budget_tokens=5)
+    assert tokens[5:5 + len(forced)] == forced, tokens   # 5 thinking tokens, the message, the close
+    assert msg.reasoning_content.rstrip().endswith(MESSAGE.strip()) and msg.content, msg
+    assert MESSAGE.strip() not in msg.content
+    # a request's reasoning_budget_message overrides the flag ("" : the close alone)
+    for text in ("Enough.", ""):
+        forced = pieces(msg_srv, text + FORCED_CLOSE)
+        tokens, msg = reply(client, len(forced) + 12, reasoning_budget_tokens=5, reasoning_budget_message=text)
+        assert tokens[5:5 + len(forced)] == forced and MESSAGE.strip() not in msg.reasoning_content, (text, tokens)
+
+
+def test_budget_message_per_request(client, srv):
+    forced = pieces(srv, "Time to answer." + FORCED_CLOSE)
+    tokens, msg = reply(client, len(forced) + 12, reasoning_budget_tokens=3, reasoning_budget_message="Time to answer.")
+    assert tokens[3:3 + len(forced)] == forced and msg.reasoning_content.rstrip().endswith("Time to answer.")
+    tokens, _ = reply(client, 30, reasoning_budget_tokens=3)   # no flag: the close alone
+    assert tokens[3:3 + len(pieces(srv, FORCED_CLOSE))] == pieces(srv, FORCED_CLOSE)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=ASK, extra_body={"reasoning_budget_message": 5})
+    assert err.value.body["param"] == "reasoning_budget_message", err.value.body

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -261,3 +264,97 @@ def test_reasoning_comes_as_a_reasoning_item(client):
     last = list(streamed)[-1].response
     assert [i.type for i in last.output] == [i.type for i in whole.output]
     assert last.output[0].content[0].text == whole.output[0].content[0].text
+
+
+# -- GET /v1/responses/{id}/input_items --------------------------------------------------------------
+FIVE = [{"role": "developer", "content": "Rules."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Hello"}]},
+        {"type": "function_call", "id": "fc_given", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"role": "user", "content": "And then?"}]
+
+
+def raw_items(scripted, response_id: str, query: str = "") -> tuple[int, dict]:
+    """GET input_items over plain HTTP: the status and the JSON body, exactly."""
+    try:
+        with urllib.request.urlopen(f"{scripted.url}/v1/responses/{response_id}/input_items{query}", timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_input_items_list_and_shape(sclient, scripted):
+    first = sclient.responses.create(model="m", input=FIVE, tools=TOOLS)
+    page = sclient.responses.input_items.list(first.id)   # desc by default
+    kinds = [(i.type, getattr(i, "role", None)) for i in page.data]
+    assert kinds == [("message", "user"), ("function_call_output", None), ("function_call", None),
+                     ("message", "user"), ("message", "developer")], kinds
+    last, output, call, _hello, rules = page.data
+    assert call.id == "fc_given" and call.call_id == "c1" and call.name == "get_weather" and call.status == "completed"
+    assert output.output == "sunny" and output.id.startswith("fco_") and output.call_id == "c1"
+    assert [(c.type, c.text) for c in rules.content] == [("input_text", "Rules.")] and rules.id.startswith("msg_")
+    assert [(c.type, c.text) for c in last.content] == [("input_text", "And then?")] and last.status == "completed"
+    assert len({i.id for i in page.data}) == 5 and page.has_more is False
+    status, body = raw_items(scripted, first.id)
+    assert status == 200 and body["object"] == "list" and body["has_more"] is False
+    assert (body["first_id"], body["last_id"]) == (last.id, rules.id)
+    assert [i["id"] for i in body["data"]] == [i.id for i in page.data]
+    # a string input is one user message; the ids are stable across reads
+    second = sclient.responses.create(model="m", input="Hi", previous_response_id=first.id)
+    status, body = raw_items(scripted, second.id)   # only its own input, not the previous response's
+    assert status == 200 and [(i["type"], i["role"], i["content"]) for i in body["data"]] == [
+        ("message", "user", [{"type": "input_text", "text": "Hi"}])]
+    assert raw_items(scripted, second.id)[1]["data"][0]["id"] == body["data"][0]["id"]
+
+
+def test_input_items_paging_and_order(sclient, scripted):
+    first = sclient.responses.create(model="m", input=FIVE, tools=TOOLS)
+    ids = [i.id for i in sclient.responses.input_items.list(first.id, order="asc").data]
+    status, body = raw_items(scripted, first.id, "?limit=2&order=asc")
+    assert status == 200 and [i["id"] for i in body["data"]] == ids[:2] and body["has_more"] is True
+    assert (body["first_id"], body["last_id"]) == (ids[0], ids[1])
+    status, body = raw_items(scripted, first.id, f"?limit=2&order=asc&after={ids[1]}")
+    assert [i["id"] for i in body["data"]] == ids[2:4] and body["has_more"] is True
+    status, body = raw_items(scripted, first.id, f"?limit=2&order=asc&after={ids[3]}")
+    assert [i["id"] for i in body["data"]] == ids[4:] and body["has_more"] is False
+    status, body = raw_items(scripted, first.id, f"?order=desc&after={ids[3]}&limit=100")
+    assert [i["id"] for i in body["data"]] == ids[2::-1] and body["has_more"] is False
+    status, body = raw_items(scripted, first.id, f"?order=asc&before={ids[3]}&limit=2")
+    assert [i["id"] for i in body["data"]] == ids[:2] and body["has_more"] is True
+    # the SDK's auto-pagination follows `after` through every page
+    assert [i.id for i in sclient.responses.input_items.list(first.id, limit=2, order="asc")] == ids
+    assert [i.id for i in sclient.responses.input_items.list(first.id, limit=1)] == ids[::-1]
+
+
+def test_input_items_refusals(sclient, scripted):
+    first = sclient.responses.create(model="m", input="Hi")
+    with pytest.raises(openai.NotFoundError) as err:
+        sclient.responses.input_items.list("resp_nope")
+    assert err.value.body["type"] == "not_found_error" and "resp_nope" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        sclient.responses.input_items.list(first.id, include=["message.input_image.image_url"])
+    assert err.value.body["param"] == "include" and "message.input_image.image_url" in err.value.body["message"]
+    for query, param in [("?limit=0", "limit"), ("?limit=101", "limit"), ("?limit=x", "limit"),
+                         ("?order=up", "order"), ("?after=msg_nope", "after"), ("?before=msg_nope", "before"),
+                         ("?foo=1", "foo"), ("?limit=2&limit=3", "limit")]:
+        status, body = raw_items(scripted, first.id, query)
+        assert status == 400 and body["error"]["param"] == param and f"'{param}'" in body["error"]["message"], query
+    sclient.responses.delete(first.id)
+    assert raw_items(scripted, first.id)[0] == 404
+
+
+def test_store_limits_from_the_config():
+    server = ScriptedServer(QWEN3, lambda prompt: ANSWER, responses_store_max=2, responses_store_ttl=1.0)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
+        ids = [client.responses.create(model="m", input=f"Hi {i}").id for i in range(3)]
+        with pytest.raises(openai.NotFoundError) as err:   # the oldest, past 2
+            client.responses.retrieve(ids[0])
+        assert "the last 2" in err.value.body["message"]
+        assert [client.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
+        time.sleep(1.2)   # past the 1 s TTL
+        for i in ids[1:]:
+            with pytest.raises(openai.NotFoundError):
+                client.responses.input_items.list(i)
+    finally:
+        server.close()

@@ -1,8 +1,9 @@
 """A reasoning budget, as llama-server's --reasoning-budget N: at most N tokens inside a `<think>`
-block of a reply; then the block is closed by forced tokens (llama.cpp's: its end tag, "\\n</think>")
-and the model goes on with the answer. The block is the one the prompt opened or any the reply
-opens; a closing tag the model writes itself ends the count. Forced tokens wait for a whole UTF-8
-character, and are taken as sampled ones are (KV cache, grammar, stop strings, the stream)."""
+block of a reply; then the block is closed by forced tokens (llama.cpp's: the budget message, if
+any, then its end tag "\\n</think>") and the model goes on with the answer. The block is the one
+the prompt opened or any the reply opens; a closing tag the model writes itself ends the count.
+Forced tokens wait for a whole UTF-8 character, and are taken as sampled ones are (KV cache,
+grammar, stop strings, the stream)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .reasoning import THINK_CLOSE, THINK_OPEN
 
 # OpenAI's reasoning effort as a thinking budget in tokens (0: thinking off)
 EFFORT_BUDGET = {"none": 0, "minimal": 0, "low": 1024, "medium": 4096, "high": 16384}
-FORCED_CLOSE = "\n" + THINK_CLOSE   # llama.cpp forces its first end tag (the budget message before it: none)
+FORCED_CLOSE = "\n" + THINK_CLOSE   # llama.cpp forces its first end tag, after the budget message
 
 IDLE, COUNTING, FORCING, DONE = "idle", "counting", "forcing", "done"
 
@@ -27,9 +28,10 @@ class BudgetSpec:
     open: bool
 
 
-def budget_spec(tokens: int, tokenizer, thinking_open: bool) -> BudgetSpec:
-    """A request's budget of `tokens` (>= 0) over `tokenizer`'s vocabulary."""
-    return BudgetSpec(tokens, tuple(tokenizer.encode(FORCED_CLOSE, add_special=False)), thinking_open)
+def budget_spec(tokens: int, tokenizer, thinking_open: bool, message: str = "") -> BudgetSpec:
+    """A request's budget of `tokens` (>= 0) over `tokenizer`'s vocabulary; `message` (llama-server's
+    --reasoning-budget-message) is forced before the close, tokenized with it as llama.cpp does."""
+    return BudgetSpec(tokens, tuple(tokenizer.encode(message + FORCED_CLOSE, add_special=False)), thinking_open)
 
 
 class ThinkingBudget:

@@ -22,7 +22,7 @@ COMMON = SAMPLING | {
     "response_format", "echo", "suffix", "speculative.n_max", "speculative.n_min", "speculative.p_min"}
 CHAT_ONLY = frozenset({"messages", "logprobs", "top_logprobs", "n_probs", "tools", "tool_choice", "parallel_tool_calls",
                        "reasoning_format", "reasoning_effort", "chat_template_kwargs", "reasoning_budget_tokens",
-                       "thinking_budget_tokens"})
+                       "thinking_budget_tokens", "reasoning_budget_message"})
 TAKEN = {
     "chat": COMMON | CHAT_ONLY,
     "completions": COMMON | {"prompt", "logprobs", "n_probs"},
@@ -72,8 +72,8 @@ REFUSED = {
                      "thinking_forced_open"), _INTERNAL),
     **dict.fromkeys(("speculative.type", "speculative.ngram_size_n", "speculative.ngram_size_m",
                      "speculative.ngram_m_hits"), _SPEC),
-    **dict.fromkeys(("reasoning_budget_start_tag", "reasoning_budget_end_tag", "reasoning_budget_message",
-                     "reasoning_budget_arm_immediately"), _BUDGET),
+    **dict.fromkeys(("reasoning_budget_start_tag", "reasoning_budget_end_tag", "reasoning_budget_arm_immediately"),
+                    _BUDGET),
 }
 
 

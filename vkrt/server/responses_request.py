@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .grammar_source import JSON_OBJECT, GrammarSource
 from .image_parts import image_part
 from .reasoning_budget import EFFORT_BUDGET
+from .responses_items import input_items
 from .responses_store import ResponseStore
 from .schemas import GenRequest, Limits, parse_chat
 from .translate import check_fields, set_thinking, token_limit
@@ -39,6 +40,7 @@ class ResponsesTurn:
     echo: dict            # the request's settings the response object repeats
     store: bool
     images: list          # the conversation's images, (field, bytes) each, in the order of their markers
+    inputs: list[dict]    # the request's own input items, with ids (GET /v1/responses/{id}/input_items)
 
 
 def parse_responses(body: dict, limits: Limits, stored: ResponseStore) -> ResponsesTurn:
@@ -81,7 +83,7 @@ def parse_responses(body: dict, limits: Limits, stored: ResponseStore) -> Respon
             "text": {"format": text.get("format") or {"type": "text"}},
             "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "truncation": "disabled", "user": body.get("user")}
-    return ResponsesTurn(req, history, echo, echo["store"], images)
+    return ResponsesTurn(req, history, echo, echo["store"], images, input_items(body.get("input")))
 
 
 def _check_settings(body: dict) -> None:

@@ -1,7 +1,8 @@
 """Finished OpenAI Responses API responses, kept in memory for `previous_response_id` and GET /
-DELETE /v1/responses/{id}: each one's response object and its conversation (as chat messages,
-with the images their media markers stand for), the oldest dropped past `max_count` responses or
-`max_age` seconds."""
+DELETE /v1/responses/{id} (and its input_items): each one's response object, its conversation (as
+chat messages, with the images their media markers stand for) and its request's input items, the
+oldest dropped past `max_count` responses or `max_age` seconds (serve's --responses-store-max and
+--responses-store-ttl)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Stored:
     messages: list[dict]   # the conversation through its output, as chat messages (without its instructions)
     at: float              # when it was stored (the store's clock)
     images: list = field(default_factory=list)   # the conversation's images, (field, bytes) each
+    inputs: list[dict] = field(default_factory=list)   # the request's input items, with ids
 
 
 class ResponseStore:
@@ -30,9 +32,11 @@ class ResponseStore:
         self._items: OrderedDict[str, Stored] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, response: dict, messages: list[dict], images: list | None = None) -> None:
+    def put(self, response: dict, messages: list[dict], images: list | None = None,
+            inputs: list[dict] | None = None) -> None:
         with self._lock:
-            self._items[response["id"]] = Stored(response, messages, self.clock(), list(images or ()))
+            self._items[response["id"]] = Stored(response, messages, self.clock(), list(images or ()),
+                                                 list(inputs or ()))
             self._expire()
 
     def get(self, response_id: str) -> Stored | None:

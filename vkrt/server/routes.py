@@ -32,6 +32,7 @@ from .reasoning import THINK_CLOSE, opens_thinking
 from .reasoning_budget import BudgetSpec, budget_spec
 from .request_work import in_thread
 from .responses_format import ResponsesFormat
+from .responses_items import item_page
 from .responses_request import parse_responses
 from .responses_store import ResponseStore
 from .scheduler import SchedulerClosed
@@ -70,7 +71,8 @@ class Api:
     def __init__(self, state: ServerState):
         self.state = state
         self._box_rates = None   # read once found (BoxRates)
-        self.stored = ResponseStore()   # finished /v1/responses responses (previous_response_id)
+        # finished /v1/responses responses (previous_response_id, GET / DELETE)
+        self.stored = ResponseStore(state.config.responses_store_max, state.config.responses_store_ttl)
 
     def routes(self) -> list:
         chat, comp = self.chat_completions, self.completions
@@ -90,6 +92,7 @@ class Api:
             web.post("/v1/messages", self.messages), web.post("/v1/messages/count_tokens", self.count_tokens),
             web.post("/v1/responses", self.responses), web.get("/v1/responses/{response_id}", self.response),
             web.delete("/v1/responses/{response_id}", self.delete_response),
+            web.get("/v1/responses/{response_id}/input_items", self.response_input_items),
         ]
 
     # -- information -------------------------------------------------------------------------------
@@ -226,14 +229,19 @@ class Api:
         unless sent with store false."""
         body = await read_body(request, self.state.config.timeout)
         turn = await in_thread(parse_responses, body, self.state.limits, self.stored)
-        keep = ((lambda response, reply: self.stored.put(response, turn.history + [reply], turn.images))
-                if turn.store else None)
+        keep = ((lambda response, reply: self.stored.put(response, turn.history + [reply], turn.images,
+                                                         turn.inputs)) if turn.store else None)
         count = lambda text: len(self.state.tokenizer.encode(text, False))   # noqa: E731
         return await self._chat(request, turn.req, lambda i, spec, n: ResponsesFormat(
             self._model(turn.req), spec, turn.echo, keep, count), "input")
 
     async def response(self, request):
         return web.json_response(self._stored(request.match_info["response_id"]).response)
+
+    async def response_input_items(self, request):
+        """A stored response's input items, a page at a time (responses_items.py)."""
+        kept = self._stored(request.match_info["response_id"])
+        return web.json_response(item_page(kept.inputs, request.query))
 
     async def delete_response(self, request):
         response_id = self._stored(request.match_info["response_id"]).response["id"]
@@ -266,8 +274,9 @@ class Api:
                           parse_tools=self._offered_tools(req) is not None,
                           parallel_tool_calls=req.parallel_tool_calls, tools=schemas(req.tools))
         budget = self._budget(req)
-        thinking = (budget_spec(budget, s.request_tokenizer, thinking_open) if budget >= 0 and s.syntax.thinks
-                    else None)
+        message = req.budget_message if req.budget_message is not None else s.config.reasoning_budget_message
+        thinking = (budget_spec(budget, s.request_tokenizer, thinking_open, message)
+                    if budget >= 0 and s.syntax.thinks else None)
         return await self._generate(request, req, prompt, lambda i: make_format(i, spec, len(prompt)), field,
                                     keep_special=s.kept_tokens, reasoning_budget=thinking)
 

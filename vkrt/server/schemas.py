@@ -52,6 +52,7 @@ class GenRequest:
     parallel_tool_calls: bool = True
     reasoning_format: str | None = None   # None: the server's --reasoning-format
     reasoning_budget: int | None = None   # thinking tokens: None the server's --reasoning-budget, 0 off, N>0 at most N
+    budget_message: str | None = None     # forced before a budget's close (None: --reasoning-budget-message)
     template_kwargs: dict = field(default_factory=dict)
     logprobs: int | None = None       # None: no log-probabilities; n: the chosen token's and the n best
     dry_sequence_breakers: tuple = DEFAULT_BREAKERS
@@ -251,6 +252,7 @@ def parse_chat(body: dict, limits: Limits) -> GenRequest:
                          f"{req.reasoning_format!r}", "reasoning_format")
     req.template_kwargs = get_dict(body, "chat_template_kwargs")
     req.reasoning_budget = _reasoning_budget(body)
+    req.budget_message = get_str(body, "reasoning_budget_message", None)
     return req
 
 

@@ -43,6 +43,9 @@ class ServerConfig:
     pooling: str | None = None       # none, mean, cls, last (None: the file's {arch}.pooling_type, else none)
     reasoning_format: str = "auto"   # llama-server's --reasoning-format: none | deepseek | auto
     reasoning_budget: int = -1       # -1: unlimited; 0: thinking off (enable_thinking=false); N: N thinking tokens
+    reasoning_budget_message: str = ""   # forced before the close of a block that ran out of budget
+    responses_store_max: int = 1000      # /v1/responses responses kept (the oldest dropped past it)
+    responses_store_ttl: float = 3600.0  # seconds a /v1/responses response is kept
     cache_ram: int = 8192            # MiB of host RAM for the prompt cache (-1: no limit, 0: off)
     slot_save_path: str | None = None   # the folder of POST /slots/{id}?action=save|restore files (None: refused)
 
