@@ -13,6 +13,7 @@ import pytest
 from models import tiny_model
 from vkrt.commands import download
 from vkrt.engine.drafters import ModelDrafter, NgramDrafter
+from vkrt.engine.drafting import open_drafting
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
 from vkrt.engine.sampler import GREEDY, SamplingParams
@@ -245,3 +246,42 @@ def test_ngram_index_built_at_once_or_token_by_token_agrees():
     at_once._extend(h)
     assert at_once._index == one_by_one._index
     assert at_once.draft(h, 4) == one_by_one.draft(h, 4) == [10, 11] + h[405:407]
+
+
+def _greedy(model, history: list[int], n: int) -> list[int]:
+    """The argmax continuation of `history`, n tokens, from full logits token by token."""
+    with Engine(model, n_ctx=256, n_ubatch=32) as e:
+        out = [int(np.argmax(e.eval(history)))]
+        while len(out) < n:
+            out.append(int(np.argmax(e.eval([out[-1]]))))
+        return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35"])
+def test_draft_model_drafts_together_equal_drafts_alone(device, models, name):
+    """Four sequences' draft-model drafts in shared steps (Drafting.draft_all, the server's way)
+    equal each drafted alone, over two rounds (the second extends, cuts or replaces each
+    history; catch-ups longer than the micro-batch); with p_min 0 they are the greedy chain."""
+    m = models[name]
+    rounds = [[PROMPT[:9], PROMPT[3:40], PROMPT[10:12], PROMPT[:70]],
+              [PROMPT[:9] + [50, 51], PROMPT[3:30] + [9], PROMPT[60:75], PROMPT[:70] + [5]]]
+
+    def drafts(together: bool, p_min: float, n_min: int):
+        with Engine(m, n_ctx=256, n_ubatch=32, n_seq_max=4) as e, \
+                open_drafting(SpecOptions("draft", draft_max=4), m, e, device, draft_path=str(m.path)) as d:
+            drafters = [d.drafter(s) for s in range(4)]
+            for x in drafters:
+                x.p_min, x.n_min = p_min, n_min
+            got = []
+            for hs in rounds:
+                requests = [(x, h, 4) for x, h in zip(drafters, hs)]
+                got.append(d.draft_all(requests) if together else [x.draft(h, n) for x, h, n in requests])
+                for x, h, out in zip(drafters, hs, got[-1]):   # the sequence holds what was fed
+                    assert x.fed == h + (out[:-1] if len(out) == 4 else out)
+                    assert d.engine.sequence_length(x.seq_id) == len(x.fed)
+            return got
+    alone, together = drafts(False, 0.0, 0), drafts(True, 0.0, 0)
+    assert together == alone
+    assert alone == [[_greedy(m, h, 4) for h in hs] for hs in rounds]
+    alone, together = drafts(False, 0.99, 2), drafts(True, 0.99, 2)
+    assert together == alone and all(len(x) >= 2 for r in alone for x in r)

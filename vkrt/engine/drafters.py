@@ -113,14 +113,15 @@ class NgramDrafter:
 class ModelDrafter:
     """Drafts with a draft model's engine (sequence `seq_id`): it follows the history (keeping
     the prefix it shares with the last one), then proposes its argmax token after token while
-    the softmax gives it at least p_min (and at least n_min tokens whatever it gives)."""
+    the softmax gives it at least p_min (and at least n_min tokens whatever it gives).
+    draft_models drafts for several sequences of one engine at once."""
 
     def __init__(self, engine, seq_id: int = 0, p_min: float = 0.75, n_min: int = 0):
         self.engine, self.seq_id, self.p_min, self.n_min = engine, seq_id, p_min, n_min
         self.fed: list[int] = []   # the tokens the draft engine's sequence holds
 
-    def _sync(self, history: list[int]) -> np.ndarray:
-        """Make the draft sequence hold history[:-1] and feed the last token: its logits."""
+    def _plan(self, history: list[int]) -> list[int]:
+        """Keep the prefix of history[:-1] the sequence shares (or can rewind to): the tokens to feed."""
         common = 0
         limit = min(len(self.fed), len(history) - 1)
         while common < limit and self.fed[common] == history[common]:
@@ -130,30 +131,98 @@ class ModelDrafter:
             common = 0
         kept = self.engine.truncate(self.seq_id, common)
         del self.fed[kept:]
-        todo = history[kept:]
-        logits = self.engine.eval(todo, self.seq_id)
-        self.fed.extend(todo)
-        return logits
+        return history[kept:]
+
+    def _confident(self, logits: np.ndarray, drafts: list[int]) -> int | None:
+        """The argmax of `logits`, or None where its probability is below p_min after n_min drafts."""
+        token = int(np.argmax(logits))
+        p = 1.0 / float(np.exp((logits - logits[token]).astype(np.float64)).sum())
+        return None if p < self.p_min and len(drafts) >= self.n_min else token
 
     def draft(self, history: list[int], n: int) -> list[int]:
-        if n <= 0 or not history:
-            return []
-        self.engine.snapshot(self.seq_id)   # a recurrent draft model rewinds to here next time
-        logits = self._sync(history)
-        out: list[int] = []
-        while True:
-            token = int(np.argmax(logits))
-            z = logits - logits[token]
-            p = 1.0 / float(np.exp(z.astype(np.float64)).sum())
-            if p < self.p_min and len(out) >= self.n_min:
-                break
-            out.append(token)
-            if len(out) >= n:
-                break
-            logits = self.engine.eval([token], self.seq_id)
-            self.fed.append(token)
-        return out
+        return draft_models([(self, history, n)])[0]
 
     def reset(self) -> None:
         self.engine.reset(self.seq_id)
         self.fed = []
+
+
+def _catch_up_parts(engine, rest: dict[int, list[int]]) -> list[tuple[int, int]]:
+    """The (request, tokens) parts of one catch-up step: as many as the micro-batch and the
+    outputs take; of one size where the model keeps a recurrent state (Engine.mixed)."""
+    budget, keys = engine.n_ubatch, list(rest)
+    if engine.recurrent:
+        size = min(min(len(rest[k]) for k in keys), budget)
+        return [(k, size) for k in keys[:budget // size]]
+    parts = []
+    for k in keys:
+        if budget == 0:
+            break
+        parts.append((k, min(len(rest[k]), budget)))
+        budget -= parts[-1][1]
+    return parts
+
+
+def _catch_up(drafters: list[ModelDrafter], todos: list[list[int]]) -> list[np.ndarray]:
+    """Feed each drafter's tokens, several sequences a step: the logits after each one's last."""
+    engine, rest, out = drafters[0].engine, {k: list(t) for k, t in enumerate(todos)}, {}
+    while rest:
+        parts = _catch_up_parts(engine, rest)
+        logits = engine.mixed([(drafters[k].seq_id, rest[k][:c]) for k, c in parts])
+        for (k, c), row in zip(parts, logits):
+            drafters[k].fed.extend(rest[k][:c])
+            del rest[k][:c]
+            if not rest[k]:
+                out[k] = row
+                del rest[k]
+    return [out[k] for k in range(len(todos))]
+
+
+def draft_models(requests: list[tuple[ModelDrafter, list[int], int]]) -> list[list[int]]:
+    """The drafts of (drafter, history, at most n) for drafters of one draft engine: their
+    catch-ups read together (Engine.mixed), then one decode step a draft position
+    for every sequence still drafting; each draft as its drafter would make it alone."""
+    out: list[list[int]] = [[] for _ in requests]
+    live = [(i, d, h, n) for i, (d, h, n) in enumerate(requests) if n > 0 and h]
+    if not live:
+        return out
+    engine = live[0][1].engine
+    if any(d.engine is not engine for _, d, _, _ in live):
+        raise VkrtError("draft_models: the drafters must share one draft engine")
+    try:
+        for _, d, _, _ in live:
+            engine.snapshot(d.seq_id)   # a recurrent draft model rewinds to here next time
+        rows = _catch_up([d for _, d, _, _ in live], [d._plan(h) for _, d, h, _ in live])
+        going = list(range(len(live)))
+        while going:
+            going = _chain_step(live, rows, going, out)
+    except BaseException:
+        for _, d, _, _ in live:   # the engine's sequences and `fed` may disagree: start over next time
+            d.reset()
+        raise
+    return out
+
+
+def _chain_step(live, rows, going: list[int], out: list[list[int]]) -> list[int]:
+    """Take each going request's next draft from its logits `rows` and feed those that draft
+    on in decode steps: the requests still going."""
+    step = []
+    for k in going:
+        i, d, _, n = live[k]
+        token = d._confident(rows[k], out[i])
+        if token is None:
+            continue
+        out[i].append(token)
+        if len(out[i]) < n:
+            step.append(k)
+    engine = live[0][1].engine
+    if not step or engine.cache.cells.n_free() < len(step):
+        return []
+    cap = engine.n_ubatch
+    for c in range(0, len(step), cap):
+        chunk = step[c:c + cap]
+        logits = engine.decode([(live[k][1].seq_id, out[live[k][0]][-1]) for k in chunk])
+        for j, k in enumerate(chunk):
+            rows[k] = logits[j]
+            live[k][1].fed.append(out[live[k][0]][-1])
+    return step

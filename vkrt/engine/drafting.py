@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..owned import Owned
-from .drafters import ModelDrafter, NgramDrafter
+from .drafters import ModelDrafter, NgramDrafter, draft_models
 from .engine import Engine
 from .mtp_drafter import MtpDrafter, draft_together
 from .mtp_head import MtpHead
@@ -40,10 +40,12 @@ class Drafting(Owned):
         return NgramDrafter(o.ngram_min, o.ngram_max)
 
     def draft_all(self, requests: list[tuple[object, list[int], int]]) -> list[list[int]]:
-        """The drafts of (drafter, history, at most n) for several sequences: an MTP head's
-        together (a step of the head for all of them a draft), the others one after another."""
+        """The drafts of (drafter, history, at most n) for several sequences: a draft model's
+        and an MTP head's together (a step for all of them a draft), n-gram lookups one by one."""
         if self.options.type == "mtp":
             return draft_together(requests)
+        if self.options.type == "draft":
+            return draft_models(requests)
         return [d.draft(h, n) for d, h, n in requests]
 
     def _route(self, args, deliver) -> None:
