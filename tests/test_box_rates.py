@@ -211,10 +211,12 @@ def test_server_props_box(box_device, fake):
     """/props has `box` where the model keeps experts in host memory and the rates were measured
     (model_box_rates at start); a model with every expert in VRAM measures nothing and shows none."""
     from vkrt.server.routes import Api
+    from vkrt.server.state import ServerConfig
     in_vram = _model(box_device, ["blk.0.attn_q.weight"])
-    assert br.model_box_rates(in_vram) is None and Api(SimpleNamespace(model=in_vram))._box() == {}
+    assert br.model_box_rates(in_vram) is None and \
+        Api(SimpleNamespace(model=in_vram, config=ServerConfig()))._box() == {}
     on_host = _model(box_device, ["blk.0.ffn_gate_exps.weight"])
-    api = Api(SimpleNamespace(model=on_host))
+    api = Api(SimpleNamespace(model=on_host, config=ServerConfig()))
     assert api._box() == {}
     rates = br.model_box_rates(on_host)
     assert fake == {"h2d": 1, "ram": 1, "Q4_K": 1}
