@@ -203,9 +203,9 @@ def draft_models(requests: list[tuple[ModelDrafter, list[int], int]]) -> list[li
     return out
 
 
-def _chain_step(live, rows, going: list[int], out: list[list[int]]) -> list[int]:
-    """Take each going request's next draft from its logits `rows` and feed those that draft
-    on in decode steps: the requests still going."""
+def take_drafts(live, rows, going: list[int], out: list[list[int]]) -> list[int]:
+    """Append each going request's next draft (live[k] = (index into out, drafter, history, n):
+    its drafter's _confident pick of rows[k]) to its drafts; the requests that draft on."""
     step = []
     for k in going:
         i, d, _, n = live[k]
@@ -215,6 +215,13 @@ def _chain_step(live, rows, going: list[int], out: list[list[int]]) -> list[int]
         out[i].append(token)
         if len(out[i]) < n:
             step.append(k)
+    return step
+
+
+def _chain_step(live, rows, going: list[int], out: list[list[int]]) -> list[int]:
+    """Take each going request's next draft from its logits `rows` and feed those that draft
+    on in decode steps: the requests still going."""
+    step = take_drafts(live, rows, going, out)
     engine = live[0][1].engine
     if not step or engine.cache.cells.n_free() < len(step):
         return []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import VkrtError
+from .drafters import take_drafts
 
 
 class MtpDrafter:
@@ -154,15 +155,7 @@ def draft_together(requests: list[tuple[MtpDrafter, list[int], int]]) -> list[li
                 rows.append(d._run(len(h) - 1 - len(nexts), len(h) - 2, nexts))
         going = list(range(len(live)))
         while going:
-            step = []
-            for k in going:
-                i, d, _, n = live[k]
-                token = d._confident(rows[k], out[i])
-                if token is None:
-                    continue
-                out[i].append(token)
-                if len(out[i]) < n:
-                    step.append((k, token))
+            step = [(k, out[live[k][0]][-1]) for k in take_drafts(live, rows, going, out)]
             if not step or engine.cache.cells.n_free() < len(step):
                 break
             head.write_hidden(np.stack([live[k][1].head_state for k, _ in step]))
