@@ -172,14 +172,19 @@ class PromptCache:
             keep = checkpoints[slot.id].resume(engine, keep, len(slot.cache))
         return slot, keep
 
-    def _load(self, engine, slot, ckpts, entry: SavedPrefix, n: int) -> int:
-        """Give `slot` entry's first n tokens (saving what it held first); how many it holds."""
+    def put_back(self, engine, slot, ckpts, entry: SavedPrefix, n: int) -> None:
+        """Save what `slot` holds to the cache, empty it and restore entry's first n tokens into
+        its sequence (slot.cache is the caller's to set; an error leaves the sequence to reset)."""
         self.save(engine, slot, ckpts)
         ckpts.drop(engine)
         engine.reset(slot.id)
         slot.cache = []
+        restore(engine, slot.id, entry, n)
+
+    def _load(self, engine, slot, ckpts, entry: SavedPrefix, n: int) -> int:
+        """Give `slot` entry's first n tokens (saving what it held first); how many it holds."""
         try:
-            restore(engine, slot.id, entry, n)
+            self.put_back(engine, slot, ckpts, entry, n)
         except Exception as exc:
             log.warning("slot %d: resuming %d tokens from the prompt cache failed (reading the prompt whole): %s",
                         slot.id, n, exc)

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ..engine.kv_transfer import KVBlock, kv_layout
 from ..errors import VkrtError
-from .prompt_cache import SavedPrefix, capture, restore
+from .prompt_cache import SavedPrefix, capture
 from .request_work import in_thread
 from .validation import ApiError, BadRequest, get_str
 
@@ -175,13 +175,8 @@ def _restore(sched, id_slot: int, entry: SavedPrefix, engine) -> None:
     n = len(entry.tokens)
     if n > slot.n_ctx:
         raise BadRequest(f"Unable to restore slot: the file holds {n} tokens, slot {id_slot} has room for {slot.n_ctx}")
-    ckpts = sched.checkpoints[slot.id]
-    sched.prompt_cache.save(engine, slot, ckpts)   # what the slot held is not lost
-    ckpts.drop(engine)
-    engine.reset(slot.id)
-    slot.cache = []
-    try:
-        restore(engine, slot.id, entry, n)
+    try:   # what the slot held goes to the prompt cache, not lost
+        sched.prompt_cache.put_back(engine, slot, sched.checkpoints[slot.id], entry, n)
     except VkrtError as exc:
         engine.reset(slot.id)
         raise BadRequest(f"Unable to restore slot, no available space in KV cache: {exc}") from None
