@@ -58,11 +58,9 @@ def routed(cfg, w, il, h, *, bias=True, gating="sigmoid", scale=True):
     return routed_sum(cfg, w, il, h, select, weigh)
 
 
-def forward(path: str, tokens: list[int], **broken) -> np.ndarray:
-    """float64 logits [len(tokens), vocab]; `broken`: see routed."""
-    cfg, w = load(path, hybrid=False)
+def blocks(cfg, w, x, **broken):
+    """The residual stream x [T, n_embd] through every layer of `cfg` (`broken`: see routed)."""
     D, eps = cfg.head_dim_k, cfg.norm_eps
-    x = w["token_embd.weight"][np.asarray(tokens)]
     T = x.shape[0]
     for il, layer in enumerate(cfg.layers):
         p = f"blk.{il}."
@@ -79,7 +77,14 @@ def forward(path: str, tokens: list[int], **broken) -> np.ndarray:
             shared = glu_ffn(h, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
                              w[p + "ffn_down_shexp.weight"])
             x = x + routed(cfg, w, il, h, **broken) + shared
-    return rms_norm(x, w["output_norm.weight"], eps) @ w["output.weight"].T
+    return x
+
+
+def forward(path: str, tokens: list[int], **broken) -> np.ndarray:
+    """float64 logits [len(tokens), vocab]; `broken`: see routed."""
+    cfg, w = load(path, hybrid=False)
+    x = blocks(cfg, w, w["token_embd.weight"][np.asarray(tokens)], **broken)
+    return rms_norm(x, w["output_norm.weight"], cfg.norm_eps) @ w["output.weight"].T
 
 
 @pytest.fixture(scope="module", params=MODELS)

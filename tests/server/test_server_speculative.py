@@ -76,13 +76,15 @@ def test_speculating_server_gives_the_same_tokens(tmp_path_factory, name, how):
         assert status == 400 and "without speculative decoding" in err["error"]["message"]
 
 
-def test_speculating_server_with_mtp_gives_the_same_tokens(tmp_path_factory):
-    """--spec-type mtp with 2 slots (tiny qwen35moe with an MTP block): every client gets the
-    tokens of a server without speculation, alone and both at once (the slots' drafts made in
-    shared steps of the head)."""
+@pytest.mark.parametrize("name,block,extra", [("tiny-qwen35moe", 4, {}),
+                                               ("tiny-glm4moe", 3, dict(nextn_own_head=True))])
+def test_speculating_server_with_mtp_gives_the_same_tokens(tmp_path_factory, name, block, extra):
+    """--spec-type mtp with 2 slots (tiny qwen35moe, and tiny glm4moe with its own NextN
+    embedding and head, each with an MTP block): every client gets the tokens of a server without
+    speculation, alone and both at once (the slots' drafts made in shared steps of the head)."""
     from vkrt.model.synthetic import write_model
     path = write_model(tmp_path_factory.mktemp("spec-mtp") / "mtp.gguf",
-                       dataclasses.replace(TINY["tiny-qwen35moe"], n_nextn=1))
+                       dataclasses.replace(TINY[name], n_nextn=1, **extra))
     prompts, args = PROMPTS[:2], ("-c", "512", "-np", "2", "-b", "64", "-ub", "64")
     with served(path, *args) as srv:
         plain = [_complete(srv, p)["tokens"] for p in prompts]
@@ -93,7 +95,7 @@ def test_speculating_server_with_mtp_gives_the_same_tokens(tmp_path_factory):
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             together = list(pool.map(lambda p: _complete(srv, p), prompts))
         assert [r["tokens"] for r in together] == plain
-        assert "the model's MTP head (blk.4)" in srv.log
+        assert f"the model's MTP head (blk.{block})" in srv.log
 
 
 def test_spec_options_are_checked(tmp_path_factory, caplog):

@@ -64,6 +64,7 @@ class ModelConfig:
     n_ff_shared: int = 0
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0   # the routing weights times it (0 or 1: not scaled; glm4moe)
+    n_dense_lead: int = 0          # blocks with a dense FFN before the experts' (glm4moe; MTP blocks count too)
     # Gated DeltaNet layers (qwen35, qwen3next)
     ssm_conv_kernel: int = 0       # causal conv window (4)
     ssm_head_dim: int = 0          # q/k/v head size of the DeltaNet layers (ssm.state_size)
@@ -151,7 +152,8 @@ class ModelConfig:
                 n_ff_shared = v["n_ff_shared"] or 0
             n_dense_lead = v["n_dense_lead"] or 0
             kw.update(n_expert=v["n_expert"], n_expert_used=v["n_expert_used"], n_ff_expert=n_ff_expert,
-                      n_ff_shared=n_ff_shared, expert_weights_norm=bool(v["expert_weights_norm"]))
+                      n_ff_shared=n_ff_shared, expert_weights_norm=bool(v["expert_weights_norm"]),
+                      n_dense_lead=n_dense_lead)
         if sigmoid:
             _sigmoid_gating(v, arch, path)
         recurrent = None

@@ -16,7 +16,7 @@ from ..errors import VkrtError
 from .arch import ARCHS, ArchSpec, DeltaNet, RopeKind, Router, SharedExpert, with_layout
 from .config import GATING_SIGMOID, ModelConfig
 from .metadata_keys import write_keys
-from .mtp import HEAD_NORM, mtp_tensors
+from .mtp import EMBED_TOKENS, HEAD, HEAD_NORM, mtp_tensors
 from .random_weights import check_row, random_weight
 from .tensors import (BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROPE_FACTORS, ROUTER, SINKS, SSM_A,
                       model_tensors)
@@ -75,7 +75,11 @@ class SyntheticSpec:
     expert_weights_scale: float = 0.0
     expert_weights_norm: bool = True
     qk_norm: bool = False
-    n_nextn: int = 0                   # qwen35 / qwen35moe: MTP blocks after the trunk (nextn_predict_layers)
+    # MTP blocks after the trunk (nextn_predict_layers: qwen35, qwen35moe, qwen3next, glm4moe) with
+    # llama.cpp's blk.{n_layer}.nextn.* names; nextn_own_head: each with its own embed_tokens and
+    # shared_head_head (some GLM files), else the trunk's serve
+    n_nextn: int = 0
+    nextn_own_head: bool = False
     # granite's multipliers (written for granite / granitemoe; 0: left out, as the converter does)
     embedding_scale: float = 0.0
     residual_scale: float = 0.0
@@ -166,7 +170,8 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     ftype = Q[s.ffn_type.upper()] if s.ffn_type else wtype
     tied = arch in _TIED_OUTPUT
     table = model_tensors(cfg, tied_output=tied)
-    table += [t for b in range(s.n_nextn) for t in mtp_tensors(cfg, b) if t.required or t.name.endswith(HEAD_NORM)]
+    own = (HEAD_NORM, HEAD, EMBED_TOKENS) if s.nextn_own_head else (HEAD_NORM,)
+    table += [t for b in range(s.n_nextn) for t in mtp_tensors(cfg, b) if t.required or t.name.endswith(own)]
     specs = [_synthetic_tensor(t, wtype, etype, embd_type, ftype) for t in table]
     for name, kind, qtype, shape, std in specs:
         if kind == "weight":
