@@ -8,6 +8,7 @@ import os
 
 import click
 
+from vkrt.server.image_parts import MAX_IMAGE_BYTES
 from vkrt.units import fmt_bytes
 
 from .common import (
@@ -105,6 +106,20 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
                    "the oldest is dropped past N.")
 @click.option("--responses-store-ttl", type=FiniteFloat(0, min_open=True), default=3600.0, show_default=True,
               metavar="SECONDS", help="Seconds a /v1/responses response is kept in memory.")
+@click.option("--allow-image-urls", is_flag=True,
+              help="Fetch images given by http(s) URL in requests (chat image_url parts, Responses input_image, "
+                   "Anthropic url image sources, /completion multimodal_data), as llama-server always does; "
+                   "without it such a request is a 400 and images go inline as data URLs. A request's images are "
+                   "fetched at once; only an image Content-Type is taken, and at most 5 redirects are followed.")
+@click.option("--allow-private-image-urls", is_flag=True,
+              help="With --allow-image-urls: also fetch from hosts that resolve to loopback, private or link-local "
+                   "addresses. Off by default as an SSRF guard: a client must not make the server reach its own "
+                   "network (localhost services, cloud metadata at 169.254.169.254, the LAN).")
+@click.option("--image-url-max-bytes", type=count(1, MAX_IMAGE_BYTES), default=10 << 20, show_default=True,
+              metavar="BYTES", help="Largest image fetched by URL (its Content-Length, then the bytes as they come); "
+                                    "a larger one is a 400.")
+@click.option("--image-url-timeout", type=FiniteFloat(0, min_open=True), default=10.0, show_default=True,
+              metavar="SECONDS", help="Seconds one image's fetch may take, redirects and body included (else a 400).")
 @click.option("--pipeline-steps", is_flag=True,
               help="With a layer split over several devices: a step of several slots runs as groups of slots "
                    "pipelined over the devices (group g on device k while group g+1 runs on device k-1), with "
@@ -114,14 +129,16 @@ def host_allow_list(spec: str | None, bind: str) -> tuple[str, ...] | None:
 @click.pass_context
 def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoints, cache_ram, slot_save_path,
           allowed_hosts, shutdown_timeout, timeout, max_itl_ratio, embeddings, pooling, reasoning_format,
-          reasoning_budget, reasoning_budget_message, responses_store_max, responses_store_ttl, pipeline_steps,
-          **model_kw):
+          reasoning_budget, reasoning_budget_message, responses_store_max, responses_store_ttl, allow_image_urls,
+          allow_private_image_urls, image_url_max_bytes, image_url_timeout, pipeline_steps, **model_kw):
     """Serve a GGUF model over HTTP (OpenAI /v1 endpoints, llama-server's /completion)."""
     from vkrt import __version__
     from vkrt.server.app import serve as run_server
     from vkrt.server.backend import load_backend
     from vkrt.server.state import ServerConfig
 
+    if allow_private_image_urls and not allow_image_urls:
+        raise click.UsageError("--allow-private-image-urls widens --allow-image-urls: give both")
     if pooling == "rank":
         raise click.BadParameter("rank pooling needs a reranker's classification head, which vkrt does not run",
                                  param_hint="--pooling")
@@ -143,7 +160,9 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
                           max_itl_ratio=max_itl_ratio, embeddings=embeddings, pooling=pooling,
                           reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
                           reasoning_budget_message=reasoning_budget_message, responses_store_max=responses_store_max,
-                          responses_store_ttl=responses_store_ttl)
+                          responses_store_ttl=responses_store_ttl, allow_image_urls=allow_image_urls,
+                          allow_private_image_urls=allow_private_image_urls, image_url_max_bytes=image_url_max_bytes,
+                          image_url_timeout=image_url_timeout)
 
     run_settings = settings()
 

@@ -129,7 +129,8 @@ def _messages_error(server, content, counting: bool = False) -> str:
 
 
 @pytest.mark.parametrize("block, field, why", [
-    (image_block(type="url", url="https://example.com/a.png"), "messages[0].content[1].source.type", "fetch"),
+    (image_block(type="url", url="https://example.com/a.png"), "messages[0].content[1].source.url",
+     "--allow-image-urls"),
     (image_block(type="file", file_id="file_1"), "messages[0].content[1].source.type", "uploaded files"),
     (image_block(data="@@@"), "messages[0].content[1].source.data", "not valid base64"),
     (image_block(data="aGVsbG8="), "messages[0].content[1].source.data", "not an image vkrt decodes|corrupt"),

@@ -1,7 +1,7 @@
 """A request's prompt with images: its text tokenised around the media markers in a request
 thread, its images encoded on the scheduler thread (the GPU's owner, between steps), put
 together as a MediaPrompt. Without a vision projector, or with a bad image, a 400 names the
-request field that carried it."""
+request field that carried it. Images given by http(s) URL are fetched first (image_fetch.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 from ..errors import ConfigError
 from ..model.image_input import ImageError
 from ..model.media_prompt import MediaPrompt, MediaPromptError, assemble, text_pieces
+from .image_fetch import check_allowed, fetch_images
 from .image_parts import MEDIA_MARKER
 from .request_work import in_thread
 from .scheduler import SchedulerClosed
@@ -17,9 +18,11 @@ from .validation import ApiError, BadRequest
 
 
 def check_vision(state, images: list) -> None:
-    """A 400 naming the first image's field when the server cannot take images."""
+    """A 400 naming the first image's field when the server cannot take images (or one given by
+    URL when it fetches none)."""
     if not images:
         return
+    check_allowed(state.config, images)
     field = images[0][0]
     if state.engine.vision is None:
         raise BadRequest(f"'{field}': this server has no vision projector, so it takes no images (start vkrt serve "
@@ -30,8 +33,10 @@ def check_vision(state, images: list) -> None:
 
 async def image_prompt(state, text: str, images: list, add_special: bool = True,
                        field: str = "messages") -> MediaPrompt:
-    """The MediaPrompt of `text` (its media markers where `images`, (field, bytes) each, go)."""
+    """The MediaPrompt of `text` (its media markers where `images`, (field, bytes) each, go); an
+    image given by URL is fetched and its bytes put in its place in `images`."""
     check_vision(state, images)
+    await fetch_images(state.config, images, state.version)
     vision = state.engine.vision
     try:
         pieces = await in_thread(text_pieces, state.request_tokenizer, text, len(images), MEDIA_MARKER,

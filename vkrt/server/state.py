@@ -48,6 +48,10 @@ class ServerConfig:
     responses_store_ttl: float = 3600.0  # seconds a /v1/responses response is kept
     cache_ram: int = 8192            # MiB of host RAM for the prompt cache (-1: no limit, 0: off)
     slot_save_path: str | None = None   # the folder of POST /slots/{id}?action=save|restore files (None: refused)
+    allow_image_urls: bool = False          # fetch images given by http(s) URL (image_fetch.py)
+    allow_private_image_urls: bool = False  # ... from loopback, private and link-local addresses too
+    image_url_max_bytes: int = 10 << 20     # one fetched image's bytes at most (llama-server's fixed 10 MB)
+    image_url_timeout: float = 10.0         # seconds one image's fetch may take, redirects included
 
     @property
     def cache_ram_bytes(self) -> int | None:
