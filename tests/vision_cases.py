@@ -1,16 +1,19 @@
 """The image prompts scripts/record_llama_vision.py records llama-server --mmproj's answers to
-(tests/data/llama_vision_reference.json) and tests/test_vision_prompt.py replays: tiny text model,
-tiny projector, deterministic images."""
+(tests/data/llama_vision_reference.json, tests/data/llama_vision_reference_gemma3.json) and
+tests/test_vision_prompt.py / tests/test_vision_gemma3_prompt.py replay: tiny text models, tiny
+projectors, deterministic images."""
 
 from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 from vkrt.model.mmproj_synthetic import MmprojSpec, write_mmproj
+from vkrt.model.vision_config import GEMMA3
 
 TEXT_MODEL = "tiny-qwen35"
 MMPROJ = MmprojSpec(proj_dim=64, seed=21)
@@ -20,16 +23,56 @@ MMPROJ = MmprojSpec(proj_dim=64, seed=21)
 CASES = [("Look: ", (64, 128, 1), " what is it?"), ("<|im_start|>user\n", (96, 64, 2), "Describe.<|im_end|>\n")]
 N_PREDICT = 8
 
+# Gemma 3: a 128 x 128 tower of 8-pixel patches pooled 4 x 4 (the default: no scale_factor key),
+# 16 image tokens, more than tiny-gemma3's sliding window of 8; mean and std differ by channel.
+# The images: the projector's size (read as it is), wide and smaller (scaled up, padded above and
+# below), tall and larger (scaled down, padded left and right)
+GEMMA3_TEXT_MODEL = "tiny-gemma3"
+GEMMA3_MMPROJ = MmprojSpec(projector=GEMMA3, proj_dim=64, patch_size=8, n_merge=4, n_pos_side=16,
+                           mean=(0.48, 0.46, 0.41), std=(0.27, 0.26, 0.28), seed=22)
+GEMMA3_CASES = [("Look: ", (128, 128, 3), " what is it?"),
+                ("<start_of_turn>user\n", (72, 160, 4), "Describe.<end_of_turn>\n<start_of_turn>model\n"),
+                ("An image ", (300, 190, 5), " and more text after it.")]
 
-def mmproj_file(folder) -> str:
-    path = os.path.join(os.fspath(folder), "mmproj-tiny-qwen35.gguf")
+
+@dataclass(frozen=True)
+class VisionSet:
+    """A text model, its projector and the prompts recorded against llama-server for them."""
+
+    text_model: str
+    mmproj: MmprojSpec
+    file: str            # the projector's file name
+    cases: list
+    n_predict: int
+    reference: str       # tests/data/<reference>
+
+
+SETS = {"qwen35": VisionSet(TEXT_MODEL, MMPROJ, "mmproj-tiny-qwen35.gguf", CASES, N_PREDICT,
+                            "llama_vision_reference.json"),
+        "gemma3": VisionSet(GEMMA3_TEXT_MODEL, GEMMA3_MMPROJ, "mmproj-tiny-gemma3.gguf", GEMMA3_CASES, N_PREDICT,
+                            "llama_vision_reference_gemma3.json")}
+
+
+def set_mmproj_file(vs: VisionSet, folder) -> str:
+    path = os.path.join(os.fspath(folder), vs.file)
     if not os.path.exists(path):
-        write_mmproj(path, MMPROJ)
+        write_mmproj(path, vs.mmproj)
     return path
 
 
+def mmproj_file(folder) -> str:
+    return set_mmproj_file(SETS["qwen35"], folder)
+
+
+def gemma3_mmproj_file(folder) -> str:
+    return set_mmproj_file(SETS["gemma3"], folder)
+
+
+def image_rgb(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
 def image_png(h: int, w: int, seed: int) -> bytes:
-    rgb = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
     buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="PNG")
+    Image.fromarray(image_rgb(h, w, seed)).save(buf, format="PNG")
     return buf.getvalue()

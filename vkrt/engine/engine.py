@@ -242,11 +242,15 @@ class Engine(Owned):
         self.stats.add_step(n, time.perf_counter() - t0)
         return logits[pad:] if all_logits else logits
 
-    def embed(self, rows: np.ndarray, rope: np.ndarray, after: np.ndarray, seq_id: int = 0) -> np.ndarray:
+    def embed(self, rows: np.ndarray, rope: np.ndarray, after: np.ndarray, seq_id: int = 0,
+              causal: bool = True) -> np.ndarray:
         """Append input embeddings `rows` ([n, n_embd] float32: an image's, which stand where
         token embeddings would) to sequence `seq_id`, at rotary positions `rope` ([n, 3]: t, y,
         x) with `after` ([n]: the rotary position of a text token after each; CellTable), in
-        steps of their own; returns the logits after the last row ([vocab])."""
+        steps of their own (micro-batches); returns the logits after the last row ([vocab]).
+        causal False: the rows of a step attend each other both ways (Gemma 3's images, as
+        llama.cpp decodes them with causal attention off: a row sees the later rows of its own
+        micro-batch only)."""
         rows = np.asarray(rows, np.float32)
         n, E = rows.shape[0], self.model.cfg.n_embd
         rope, after = np.asarray(rope, np.int32).reshape(-1, 3), np.asarray(after, np.int32).reshape(-1)
@@ -266,7 +270,7 @@ class Engine(Owned):
                                                        np.arange(m, dtype=np.int32) + start + u0)
             lead = lambda a: np.concatenate([np.zeros((pad,) + a.shape[1:], a.dtype), a])   # noqa: E731
             self.steps.step(ids, seqs, pos, rows=lead(rows[u0:u0 + m]),
-                            rope=(lead(rope[u0:u0 + m]), lead(after[u0:u0 + m])))
+                            rope=(lead(rope[u0:u0 + m]), lead(after[u0:u0 + m])), causal=causal)
             logits = self.readback.logits(1)
             self.stats.add_step(m, time.perf_counter() - t0)
         return logits[-1]

@@ -91,14 +91,15 @@ class CellTable:
         return cells.astype(np.int32)
 
     def mask(self, tok_seq: np.ndarray, tok_pos: np.ndarray, n_kv: int, n_rows: int, window: int = 0,
-             used: int | None = None) -> np.ndarray:
+             used: int | None = None, causal: bool = True) -> np.ndarray:
         """f16 [n_rows, n_kv]: 0 where token t may attend cell c (same sequence, not in the future,
         and within `window` positions when given), -inf elsewhere; rows past the tokens are -inf.
-        `used`: used_end() when the caller has it."""
+        `used`: used_end() when the caller has it. causal False: later cells of the sequence are
+        visible too (llama.cpp's mask with causal_attn off: the window still bounds only the past)."""
         live = min(n_kv, self.used_end() if used is None else used)   # no token attends a cell past it
         cs, cp = self.seq[:live][None, :], self.pos[:live][None, :]
         ts, tp = tok_seq[:, None], tok_pos[:, None]
-        visible = (cs == ts) & (cp <= tp)
+        visible = (cs == ts) & (cp <= tp) if causal else cs == ts
         if window:
             visible &= (tp - cp) < window
         out = np.full((n_rows, n_kv), -np.inf, np.float16)

@@ -116,11 +116,13 @@ class StepInputs:
         return cells, slots
 
     def write(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, cells: np.ndarray, slots: np.ndarray,
-              n_seqs: int, parity: int, out: np.ndarray | None, broadcast: bool, rows: np.ndarray | None = None) -> int:
+              n_seqs: int, parity: int, out: np.ndarray | None, broadcast: bool, rows: np.ndarray | None = None,
+              causal: bool = True) -> int:
         """Write a step's inputs into copy `parity` of the first stage's buffer (broadcast: of
         every stage's; else a pipelined step writes the others' as they take it up); out: the
         tokens whose logits the step computes (None: as its graph says); rows: the step's input
-        embeddings [n, n_embd] (an image's), which replace the token ids'. Returns the KV span."""
+        embeddings [n, n_embd] (an image's), which replace the token ids'; causal False: the
+        step's tokens also see each other's later positions (CellTable.mask). Returns the KV span."""
         n = ids.size
         used = self.cells.used_end()
         n_kv = self.kv_span(used)
@@ -138,10 +140,10 @@ class StepInputs:
         host[lay["cells"]:lay["cells"] + 4 * n] = cells.view(np.uint8)
         host[lay["slots"]:lay["slots"] + 4 * n_seqs] = slots.astype(np.int32).view(np.uint8)
         if "mask" in lay:
-            mask = self.cells.mask(seqs, pos, n_kv, n, used=used)
+            mask = self.cells.mask(seqs, pos, n_kv, n, used=used, causal=causal)
             host[lay["mask"]:lay["mask"] + mask.nbytes] = mask.reshape(-1).view(np.uint8)
         if "mask_swa" in lay:
-            swa = self.cells.mask(seqs, pos, n_kv, n, window=self.cfg.sliding_window, used=used)
+            swa = self.cells.mask(seqs, pos, n_kv, n, window=self.cfg.sliding_window, used=used, causal=causal)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
         if "kv_used" in lay:
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)

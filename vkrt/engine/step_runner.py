@@ -121,7 +121,7 @@ class StepRunner(Owned):
 
     def prepare(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, *, n_seqs: int = 1, parity: int = 0,
                 out: np.ndarray | None = None, broadcast: bool = True, taken: tuple | None = None,
-                fa_plan: int = 0, rows: np.ndarray | None = None, rope: tuple | None = None,
+                fa_plan: int = 0, rows: np.ndarray | None = None, rope: tuple | None = None, causal: bool = True,
                 **output) -> tuple[StepGraph, np.ndarray]:
         """Check the step, take its KV cells, write its inputs (copy `parity`) and find its
         graph; returns (graph, the sequence of each group of tokens). out: the tokens whose
@@ -129,10 +129,11 @@ class StepRunner(Owned):
         the inputs of every stage of a split (else the first's only: a pipelined step writes
         the others' when they take it up). taken: (cells, slots) from StepInputs.take_cells
         (the step's cells taken already). rows: the tokens' input embeddings [n, n_embd] (an
-        image's), read instead of their ids, and rope their rotary positions (StepInputs.take_cells).
+        image's), read instead of their ids, and rope their rotary positions (StepInputs.take_cells);
+        causal False: the step's tokens attend each other both ways (StepInputs.write).
         fa_plan and `output` (what the step reads): GraphKey's."""
         cells, slots = taken or self.inputs.take_cells(ids, seqs, pos, n_seqs, rope)
-        n_kv = self.inputs.write(ids, seqs, pos, cells, slots, n_seqs, parity, out, broadcast, rows)
+        n_kv = self.inputs.write(ids, seqs, pos, cells, slots, n_seqs, parity, out, broadcast, rows, causal)
         if rows is not None:
             output["embd"] = True
         if self.hidden_sink is not None and not output.get("hidden"):

@@ -1,8 +1,8 @@
 """Images for a vision projector: decoded with Pillow (checked: a clear error naming the image for
-a corrupt, oversized or unsupported one), sized and resized as llama.cpp's mtmd prepares Qwen-VL
-images (both sides multiples of patch x merge, the area within the projector's pixel limits, the
-aspect kept: clip's bilinear resize, centred on black padding) and normalised with the file's
-mean and std, channel-first float32."""
+a corrupt, oversized or unsupported one), sized and resized as llama.cpp's mtmd prepares them
+(Qwen-VL: both sides multiples of patch x merge, the area within the projector's pixel limits;
+Gemma 3: the projector's image_size square; the aspect kept either way: clip's bilinear resize,
+centred on black padding) and normalised with the file's mean and std, channel-first float32."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def _bilinear(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
     px = ratio(w, width) * np.arange(width, dtype=np.float32)
     py = ratio(h, height) * np.arange(height, dtype=np.float32)
     x0, y0 = np.minimum(px.astype(np.int64), w - 2), np.minimum(py.astype(np.int64), h - 2)
-    tx, ty = (px - x0)[None, :, None], (py - y0)[:, None, None]
+    tx = (px - x0.astype(np.float32))[None, :, None]   # float32 throughout, as clip's floats
+    ty = (py - y0.astype(np.float32))[:, None, None]
     src = rgb.astype(np.float32)
 
     def lerp(a, b, t):
@@ -101,11 +102,15 @@ def resize_padded(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 def preprocess(img: Image.Image, vc: VisionConfig) -> np.ndarray:
-    """The encoder's input of `img`: float32 [3, H, W], fitted (fit_size, resize_padded) and
-    normalised ((x / 255 - mean) / std per channel), as llama.cpp's mtmd prepares it."""
+    """The encoder's input of `img`: float32 [3, H, W], fitted (fit_size, or image_size square
+    for a fixed-size projector; resize_padded) and normalised ((x / 255 - mean) / std per
+    channel), as llama.cpp's mtmd prepares it."""
     if img.width < 2 or img.height < 2:
         raise ImageError(f"the image is {img.width}x{img.height} pixels: at least 2x2 are needed")
-    width, height = fit_size(img.width, img.height, vc.align, vc.min_pixels, vc.max_pixels)
+    if vc.fixed_size:   # mtmd_image_preprocessor_fixed_size
+        width = height = vc.image_size
+    else:
+        width, height = fit_size(img.width, img.height, vc.align, vc.min_pixels, vc.max_pixels)
     rgb = resize_padded(np.asarray(img, dtype=np.uint8), width, height)
     x = rgb.astype(np.float32).transpose(2, 0, 1) / np.float32(255.0)
     mean = np.asarray(vc.mean, np.float32)[:, None, None]

@@ -1,6 +1,6 @@
 """Vision: a text model's image input from its llama.cpp projector file (--mmproj): the tower on
-the GPU (VisionEncoder), checked against the text model, turning image files into ImageChunks
-and prompts with media markers into MediaPrompts."""
+the GPU (VisionEncoder for Qwen-VL, SiglipEncoder for Gemma 3), checked against the text model,
+turning image files into ImageChunks and prompts with media markers into MediaPrompts."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from ..owned import Owned
 from ..units import fmt_bytes
 from .image_input import ImageError, decode_image, preprocess
 from .media_prompt import ImageChunk, MediaPrompt, media_prompt, split_at_markers
-from .vision_config import QWEN3VL, check_against_text
-from .vision_encoder import VisionEncoder
+from .vision_config import GEMMA3, QWEN3VL, check_against_text
 from .vision_memory import activation_bytes
+from .vision_towers import open_encoder
 
 # the text mtmd puts around an image's tokens, by projector type (tools/mtmd/mtmd.cpp)
-FRAMES = {QWEN3VL: ("<|vision_start|>", "<|vision_end|>")}
+FRAMES = {QWEN3VL: ("<|vision_start|>", "<|vision_end|>"), GEMMA3: ("<start_of_image>", "<end_of_image>")}
 MAX_IMAGE_BYTES = 64 << 20   # an encoded image larger than this is refused unread
 
 log = logging.getLogger("vkrt")
@@ -32,22 +32,25 @@ def check_projector(path: str) -> None:
 
 class Vision(Owned):
     """The projector at `path` on `device` for the text model of config `cfg` (from `text_path`):
-    its rows must be as wide as the text model's embeddings. `mrope`: images take Qwen's 2-D
-    rotary positions (the text model's RoPE has sections)."""
+    its rows must be as wide as the text model's embeddings, and the projector of the text
+    model's kind. `mrope`: images take Qwen's 2-D rotary positions (the text model's RoPE has
+    sections). `bidirectional`: the text model reads an image's rows with attention among all
+    of them (Gemma 3; media.read_image)."""
 
     def __init__(self, device, path: str | os.PathLike, cfg, text_path: str):
         path = os.fspath(path)
         check_projector(path)
         super().__init__(f"vision {os.path.basename(path)}")
         self.path = path
-        self.encoder = VisionEncoder(device, path)
+        self.encoder = open_encoder(device, path)
         try:
-            check_against_text(self.encoder.cfg, cfg.n_embd, text_path)
+            check_against_text(self.encoder.cfg, cfg.n_embd, text_path, cfg.arch, cfg.pos_streams > 1)
         except BaseException:
             self.encoder.close()
             raise
         self.mrope = cfg.pos_streams > 1
         self.frame = FRAMES[self.encoder.cfg.projector]
+        self.bidirectional = self.encoder.cfg.bidirectional
         vc = self.cfg
         log.info("vision projector %s: %s tower of %d layers, %s of weights, up to %d image tokens", path,
                  vc.projector, vc.n_layer, fmt_bytes(self.nbytes), vc.max_pixels // vc.align ** 2)

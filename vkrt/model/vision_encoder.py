@@ -11,10 +11,9 @@ import os
 
 import numpy as np
 
-from ..commands import CommandSequence, read_tensor, tensor_from_numpy, write_tensor
+from ..commands import CommandSequence, read_tensor, tensor_from_numpy
 from ..errors import GGUFError
-from ..memory import F16, F32, Tensor
-from ..ops.attention import Attention
+from ..memory import F32, Tensor
 from ..ops.elementwise import activation, add
 from ..ops.flash_work import FlashWork
 from ..ops.layer_norm import layer_norm
@@ -22,9 +21,11 @@ from ..ops.matmul import matmul
 from ..ops.rope import rope
 from ..owned import Owned
 from .gguf_file import GGUFFile
-from .vision_config import VisionConfig, vision_config
+from .vision_config import QWEN3VL, VisionConfig, vision_config
 from .vision_layout import merge_order, patch_rows, resized_positions, rope_positions
 from .vision_memory import query_chunk
+from .vision_ops import full_attention, linear
+from .vision_weights import upload_weight
 
 ROPE_BASE = 10000.0   # clip.cpp's rope_multi frequency base for the Qwen-VL towers
 
@@ -63,13 +64,16 @@ class VisionEncoder(Owned):
         try:
             with GGUFFile(self.path, progress=False) as f:
                 self.cfg = vc = vision_config(self.path, f.metadata, f.tensors)
+                if vc.projector != QWEN3VL:
+                    raise GGUFError(f"{self.path}: a {vc.projector} projector is not a Qwen-VL tower "
+                                    "(vision_towers.open_encoder picks the tower of a file)")
                 missing = [n for n in required_names(vc) if n not in f.tensors]
                 if missing:
                     raise GGUFError(f"{self.path}: the vision projector lacks tensor(s) {', '.join(missing[:4])}")
                 optional = [n for n in ("v.post_ln.weight", "v.post_ln.bias", "v.pre_ln.weight", "v.pre_ln.bias")
                             if n in f.tensors]
                 for name in required_names(vc) + optional:
-                    self.w[name] = self._upload(f, name)
+                    self.w[name] = upload_weight(device, f, name)
             table = self.w.pop("v.position_embd.weight")   # resized on the host for each grid
             self.pos_table = read_tensor(table).reshape(vc.n_pos_side ** 2, vc.n_embd)
             table.close()
@@ -77,24 +81,6 @@ class VisionEncoder(Owned):
         except BaseException:
             self.close()
             raise
-
-    def _upload(self, f: GGUFFile, name: str) -> Tensor:
-        info = f.tensors[name]
-        raw = f.data(name)
-        vector = len([d for d in info.ne if d > 1]) <= 1
-        if info.type in (F32, F16) and (vector or name == "v.position_embd.weight"):
-            arr = raw.view(info.type.dtype).astype(np.float32).reshape(tuple(reversed(info.ne)))
-            return tensor_from_numpy(self.device, arr, name=name)
-        if name.startswith("v.patch_embd.weight"):   # a conv kernel [p, p, 3, E] read as a matrix [3 p p, E]
-            ne = (info.ne[0] * info.ne[1] * info.ne[2], info.ne[3])
-        else:
-            ne = tuple(info.ne) + (1,) * (2 - len(info.ne))
-        t = Tensor.empty(self.device, info.type, ne, name=name)
-        if info.type.quantized:
-            write_tensor(t, raw.reshape(ne[1], -1))
-        else:
-            write_tensor(t, raw.view(info.type.dtype))
-        return t
 
     def grid(self, pixels: np.ndarray) -> tuple[int, int]:
         """(rows, columns) of image tokens an input of pixels' size gives."""
@@ -147,11 +133,8 @@ class VisionEncoder(Owned):
     def _record(self, seq, patches, positions, pos_t, x, cur, attn, qkv, ffn, q, k, scores, mid, out, n) -> None:
         vc, w, E, D, H = self.cfg, self.w, self.cfg.n_embd, self.cfg.head_dim, self.cfg.n_head
 
-        def linear(name, src, dst):
-            matmul(seq, w[name + ".weight"], src, dst, work=self.work)
-            seq.barrier()
-            add(seq, dst, w[name + ".bias"], dst)
-            seq.barrier()
+        def lin(name, src, dst):
+            linear(seq, w, name, src, dst, self.work)
         rows = patches.view((patches.ne[0], n))
         matmul(seq, w["v.patch_embd.weight"], rows, x, work=self.work)
         matmul(seq, w["v.patch_embd.weight.1"], rows, cur, work=self.work)
@@ -171,38 +154,31 @@ class VisionEncoder(Owned):
             b = f"v.blk.{il}."
             layer_norm(seq, x, cur, w[b + "ln1.weight"], w[b + "ln1.bias"], vc.eps)
             seq.barrier()
-            linear(b + "attn_qkv", cur, qkv)
+            lin(b + "attn_qkv", cur, qkv)
             rope(seq, qkv.view((D, H, n), nb=(4, 4 * D, row)), positions, q, **rope_args)
             rope(seq, qkv.view((D, H, n), nb=(4, 4 * D, row), offset=4 * E), positions, k, **rope_args)
             seq.barrier()
-            heads = dict(nb=(4, 4 * D * H, 4 * D))
-            chunk = query_chunk(n, H)
-            for c0 in range(0, n, chunk):   # the scores of `chunk` queries at a time
-                m = min(chunk, n - c0)
-                v = qkv.view((D, n, H), nb=(4, row, 4 * D), offset=8 * E)
-                Attention(self.device, q.view((D, m, H), offset=4 * E * c0, **heads), k.view((D, n, H), **heads), v,
-                          attn.view((D, H, m), offset=4 * E * c0), scores=scores, scale=1.0 / float(np.sqrt(D)),
-                          label=f"vision attention {il}").record(seq)
-                seq.barrier()
-            linear(b + "attn_out", attn, cur)
+            full_attention(seq, self.device, q, k, qkv.view((D, H, n), nb=(4, 4 * D, row), offset=8 * E),
+                           attn.view((D, H, n)), scores, f"vision attention {il}")
+            lin(b + "attn_out", attn, cur)
             add(seq, x, cur, x)
             seq.barrier()
             layer_norm(seq, x, cur, w[b + "ln2.weight"], w[b + "ln2.bias"], vc.eps)
             seq.barrier()
-            linear(b + "ffn_up", cur, ffn)
+            lin(b + "ffn_up", cur, ffn)
             activation(seq, "gelu", ffn, ffn)
             seq.barrier()
-            linear(b + "ffn_down", ffn, cur)
+            lin(b + "ffn_down", ffn, cur)
             add(seq, x, cur, x)
             seq.barrier()
         if "v.post_ln.weight" in w:
             layer_norm(seq, x, x, w["v.post_ln.weight"], w["v.post_ln.bias"], vc.eps)
             seq.barrier()
         merged = x.view((mid.ne[0], mid.ne[1]))
-        linear("mm.0", merged, mid)
+        lin("mm.0", merged, mid)
         activation(seq, "gelu", mid, mid)
         seq.barrier()
-        linear("mm.2", mid, out)
+        lin("mm.2", mid, out)
 
     def _release(self) -> None:
         for t in self.w.values():

@@ -1,4 +1,5 @@
-"""What a vision tower takes in VRAM: its weights as VisionEncoder uploads them (vectors as F32)
+"""What a vision tower takes in VRAM: its weights as the towers upload them (vectors as F32, the
+Qwen-VL position table kept on the host, Gemma 3's input projection transposed: vision_weights)
 and the activations of the largest image its projector accepts, the attention scores in query
 chunks of at most SCORES_BYTES (the VRAM estimate and --vram-budget count both)."""
 
@@ -8,7 +9,8 @@ import math
 
 from ..memory import F16
 from .gguf_file import GGUFFile
-from .vision_config import VisionConfig, vision_config
+from .vision_config import GEMMA3, VisionConfig, vision_config
+from .vision_weights import is_vector, transposed_bytes
 
 SCORES_BYTES = 256 << 20   # attention scores held at once (queries in chunks past it)
 
@@ -22,9 +24,13 @@ def activation_bytes(vc: VisionConfig, n_patches: int) -> int:
     """Bytes of the encoder's buffers for an image of n_patches patches."""
     n, E = n_patches, vc.n_embd
     merged = n // (vc.n_merge ** 2)
+    scores = query_chunk(n, vc.n_head) * n * vc.n_head
+    if vc.projector == GEMMA3:   # patches; x, cur, attn, q, k, v; ffn; scores; pooled, normed; out
+        return 4 * (3 * vc.patch_size ** 2 * n + 6 * E * n + vc.n_ff * n + scores
+                    + 2 * E * merged + vc.proj_dim * merged)
     floats = (3 * vc.patch_size ** 2 * n + 2 * E * n + 4 * n   # patches, learned positions, rope positions
               + 3 * E * n + 3 * E * n + vc.n_ff * n + 2 * E * n   # x, cur, attn; qkv; ffn; q, k
-              + query_chunk(n, vc.n_head) * n * vc.n_head         # scores
+              + scores
               + E * vc.n_merge ** 2 * merged + vc.proj_dim * merged)
     return 4 * floats
 
@@ -37,8 +43,10 @@ def encoder_vram(path: str | None) -> int:
         vc = vision_config(path, f.metadata, f.tensors)
         weights = 0
         for name, t in f.tensors.items():
-            if name == "v.position_embd.weight":   # kept on the host, resized there
+            if name == "v.position_embd.weight" and vc.projector != GEMMA3:   # kept on the host, resized there
                 continue
-            vector = len([d for d in t.ne if d > 1]) <= 1
-            weights += 4 * math.prod(t.ne) if vector and t.type is F16 else t.nbytes
+            if name == "mm.input_projection.weight":   # transposed on the host (vision_weights)
+                weights += transposed_bytes(t)
+                continue
+            weights += 4 * math.prod(t.ne) if is_vector(t.ne) and t.type is F16 else t.nbytes
     return weights + activation_bytes(vc, vc.max_pixels // vc.patch_size ** 2)

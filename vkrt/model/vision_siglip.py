@@ -1,0 +1,195 @@
+"""SiglipEncoder: Gemma 3's vision tower (clip.projector_type gemma3) from a llama.cpp mmproj file,
+run on the GPU with vkrt's ops as tools/mtmd/models/siglip.cpp builds it: the patch embedding
+(the conv of stride patch_size as one matmul over the patches in raster order) and its bias, the
+learned positions (one a patch: images are image_size square), pre-norm ViT blocks (LayerNorm,
+q / k / v with biases, full attention without positions, GELU MLP), the post LayerNorm, then the
+gemma3 projector: the patch grid average-pooled n_merge x n_merge, RMS norm times
+mm.soft_emb_norm.weight, mm.input_projection to the text model's width. encode() gives one row
+an image token, raster order of the pooled grid."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..commands import CommandSequence, read_tensor, tensor_from_numpy
+from ..errors import GGUFError
+from ..memory import F32, Tensor
+from ..ops.copy import copy
+from ..ops.elementwise import activation, add, scale
+from ..ops.flash_work import FlashWork
+from ..ops.layer_norm import layer_norm
+from ..ops.matmul import matmul
+from ..ops.norm import rms_norm
+from ..owned import Owned
+from .gguf_file import GGUFFile
+from .vision_config import GEMMA3, VisionConfig, vision_config
+from .vision_layout import patch_rows
+from .vision_memory import query_chunk
+from .vision_ops import full_attention, linear
+from .vision_weights import upload_transposed, upload_weight
+
+LAYER = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ln2", "ffn_up", "ffn_down")
+PROJECTION = "mm.input_projection.weight"
+
+
+def required_names(vc: VisionConfig) -> list[str]:
+    names = ["v.patch_embd.weight", "v.patch_embd.bias", "v.position_embd.weight", "mm.soft_emb_norm.weight",
+             PROJECTION]
+    for il in range(vc.n_layer):
+        names += [f"v.blk.{il}.{n}{s}" for n in LAYER for s in (".weight", ".bias")]
+    return names
+
+
+def ffn_swapped(vc: VisionConfig, tensors: dict) -> bool:
+    """Whether the file names its MLP's matrices the other way round (older conversions, which
+    clip.cpp's load_tensors swaps back: ffn_down.weight then takes the tower's width in)."""
+    down = tensors.get("v.blk.0.ffn_down.weight")
+    return down is not None and vc.n_ff != vc.n_embd and down.ne[0] == vc.n_embd
+
+
+def pool_views(x: Tensor, E: int, side: int, k: int) -> list[Tensor]:
+    """The k * k strided views (E, side / k, side / k) of x ([E, side * side], raster order) whose
+    sum is the k x k sum pool of the grid, in ggml_pool_2d's order (rows of the kernel, then columns)."""
+    s = side // k
+    nb = (4, 4 * E * k, 4 * E * k * side)
+    return [x.view((E, s, s), nb=nb, offset=4 * E * (dy * side + dx)) for dy in range(k) for dx in range(k)]
+
+
+class SiglipEncoder(Owned):
+    """The Gemma 3 tower of the mmproj file at `path` on `device`: its weights (uploaded once, as
+    the file stores the matrices, norms, biases and positions as F32, the input projection
+    transposed).
+    encode(pixels) runs one image."""
+
+    def __init__(self, device, path: str | os.PathLike):
+        super().__init__(f"vision encoder {os.path.basename(os.fspath(path))}")
+        self.device, self.path = device, os.fspath(path)
+        self.w: dict[str, Tensor] = {}
+        self.work = FlashWork(device, label="vision work")
+        try:
+            with GGUFFile(self.path, progress=False) as f:
+                self.cfg = vc = vision_config(self.path, f.metadata, f.tensors)
+                if vc.projector != GEMMA3:
+                    raise GGUFError(f"{self.path}: a {vc.projector} projector is not Gemma 3's SigLIP tower "
+                                    "(vision_towers.open_encoder picks the tower of a file)")
+                missing = [n for n in required_names(vc) if n not in f.tensors]
+                if missing:
+                    raise GGUFError(f"{self.path}: the vision projector lacks tensor(s) {', '.join(missing[:4])}")
+                swap = ffn_swapped(vc, f.tensors)
+                for name in required_names(vc) + [n for n in ("v.post_ln.weight", "v.post_ln.bias") if n in f.tensors]:
+                    if name == PROJECTION:
+                        self.w[name] = upload_transposed(device, f, name)
+                        continue
+                    key = name
+                    if swap and ".ffn_" in name:   # stored under the other's name
+                        key = name.replace("ffn_up", "ffn_@").replace("ffn_down", "ffn_up").replace("ffn_@", "ffn_down")
+                    self.w[key] = upload_weight(device, f, name)
+        except BaseException:
+            self.close()
+            raise
+
+    def grid(self, pixels: np.ndarray) -> tuple[int, int]:
+        """(rows, columns) of image tokens an input of pixels' size gives."""
+        a = self.cfg.align
+        return pixels.shape[1] // a, pixels.shape[2] // a
+
+    def encode(self, pixels: np.ndarray) -> np.ndarray:
+        """The image tokens of `pixels` (float32 [3, S, S], S the projector's image_size, from
+        image_input.preprocess): [n_tokens, proj_dim] float32, raster order of the pooled grid."""
+        vc, dev = self.cfg, self.device
+        S, E, k = vc.image_size, vc.n_embd, vc.n_merge
+        if pixels.shape != (3, S, S):
+            raise GGUFError(f"{self.path}: the encoder takes [3, {S}, {S}], got {list(pixels.shape)}")
+        side = S // vc.patch_size
+        n, n_out = side * side, (side // k) ** 2
+        tensors: list[Tensor] = []
+
+        def new(ne, name):
+            t = Tensor.empty(dev, F32, ne, name=name)
+            tensors.append(t)
+            return t
+
+        def upload(arr, name):
+            t = tensor_from_numpy(dev, np.ascontiguousarray(arr), name=name)
+            tensors.append(t)
+            return t
+        try:
+            b = {"patches": upload(patch_rows(pixels, vc.patch_size, 1), "vision patches")}
+            for name in ("x", "cur", "attn", "q", "k", "v"):
+                b[name] = new((E, n), f"vision {name}")
+            b["ffn"] = new((vc.n_ff, n), "vision ffn")
+            b["scores"] = new((query_chunk(n, vc.n_head) * n * vc.n_head,), "vision scores")
+            b["pooled"], b["normed"] = new((E, n_out), "vision pooled"), new((E, n_out), "vision normed")
+            b["out"] = new((vc.proj_dim, n_out), "vision out")
+            with CommandSequence(dev, label="vision encoder") as seq:
+                with seq.record():
+                    self._record(seq, b, n, side)
+                seq.run()
+            return read_tensor(b["out"]).reshape(n_out, vc.proj_dim)
+        finally:
+            for t in tensors:
+                t.close()
+
+    def _record(self, seq, b: dict, n: int, side: int) -> None:
+        vc, w, E, D, H = self.cfg, self.w, self.cfg.n_embd, self.cfg.head_dim, self.cfg.n_head
+        x, cur, attn = b["x"], b["cur"], b["attn"]
+
+        def lin(name, src, dst):
+            linear(seq, w, name, src, dst, self.work)
+        lin("v.patch_embd", b["patches"].view((b["patches"].ne[0], n)), x)
+        add(seq, x, w["v.position_embd.weight"].view((E, n)), x)
+        seq.barrier()
+        for il in range(vc.n_layer):
+            p = f"v.blk.{il}."
+            layer_norm(seq, x, cur, w[p + "ln1.weight"], w[p + "ln1.bias"], vc.eps)
+            seq.barrier()
+            for name in ("q", "k", "v"):
+                matmul(seq, w[p + f"attn_{name}.weight"], cur, b[name], work=self.work)
+            seq.barrier()
+            for name in ("q", "k", "v"):
+                add(seq, b[name], w[p + f"attn_{name}.bias"], b[name])
+            seq.barrier()
+            heads = [b[name].view((D, H, n)) for name in ("q", "k", "v")]
+            full_attention(seq, self.device, *heads, attn.view((D, H, n)), b["scores"], f"vision attention {il}")
+            lin(p + "attn_out", attn, cur)
+            add(seq, x, cur, x)
+            seq.barrier()
+            layer_norm(seq, x, cur, w[p + "ln2.weight"], w[p + "ln2.bias"], vc.eps)
+            seq.barrier()
+            lin(p + "ffn_up", cur, b["ffn"])
+            activation(seq, "gelu", b["ffn"], b["ffn"])
+            seq.barrier()
+            lin(p + "ffn_down", b["ffn"], cur)
+            add(seq, x, cur, x)
+            seq.barrier()
+        if "v.post_ln.weight" in w:
+            layer_norm(seq, x, x, w["v.post_ln.weight"], w["v.post_ln.bias"], vc.eps)
+            seq.barrier()
+        self._project(seq, b, side)
+
+    def _project(self, seq, b: dict, side: int) -> None:
+        """The gemma3 projector: sum pool (pool_views), / k^2, RMS norm * soft_emb_norm, projection."""
+        vc, w, k = self.cfg, self.w, self.cfg.n_merge
+        pooled, s = b["pooled"], side // k
+        grid = pooled.view((vc.n_embd, s, s))
+        for i, view in enumerate(pool_views(b["x"], vc.n_embd, side, k)):
+            if i == 0:
+                copy(seq, view, grid)
+            else:
+                copy(seq, view, b["normed"].view((vc.n_embd, s, s)))
+                seq.barrier()
+                add(seq, pooled, b["normed"], pooled)
+            seq.barrier()
+        scale(seq, pooled, 1.0 / (k * k), pooled)
+        seq.barrier()
+        rms_norm(seq, pooled, b["normed"], vc.eps, w["mm.soft_emb_norm.weight"])
+        seq.barrier()
+        matmul(seq, w[PROJECTION], b["normed"], b["out"], work=self.work)
+
+    def _release(self) -> None:
+        for t in self.w.values():
+            t.close()
+        self.w.clear()
+        self.work.close()
