@@ -447,3 +447,56 @@ def test_a_grammar_dead_end_ends_its_request_with_a_400():
         assert slot.job is None and isinstance(events[-1], Failed) and events[-1].status == status
     assert "grammar" in events[0].message and events[0].type == "invalid_request_error"
     assert events[1].type == "server_error"
+
+
+def _admissions(n_jobs: int, generating: bool, copy_seconds: float):
+    """Which of n_jobs queued jobs one _admit gives a slot when each admission's prompt-cache copy
+    takes copy_seconds, with or without a slot generating; and whether another thread could take
+    the scheduler's lock during a copy (the event loop queueing a request)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from vkrt.server.checkpoints import SlotCheckpoints
+    from vkrt.server.metrics import Metrics
+    from vkrt.server.scheduler import Scheduler
+
+    n = n_jobs + 1
+    sched = Scheduler(lambda: None, n, Metrics())
+    lock_free = []
+
+    class Slot(SimpleNamespace):
+        def begin(self, job, tokenizer, keep, constraint):
+            self.idle, self.job = False, job
+
+    def admit(engine, job, idle, checkpoints):
+        probe = threading.Thread(target=lambda: lock_free.append(sched._cond.acquire(timeout=1) and
+                                                                 (sched._cond.release() or True)))
+        probe.start()
+        time.sleep(copy_seconds)
+        probe.join()
+        return idle[0], 0
+
+    sched.slots = [Slot(id=i, idle=True, generating=False, last_used=0.0, job=None) for i in range(n_jobs)]
+    sched.slots.append(Slot(id=n_jobs, idle=False, generating=generating, last_used=0.0, job=None))
+    sched.checkpoints = [SlotCheckpoints(i, 0) for i in range(n)]
+    sched.prompt_cache = SimpleNamespace(admit=admit)
+    sched.tokenizer = SimpleNamespace(token_types=None)
+    jobs = [SimpleNamespace(cancelled=False, id_slot=-1, prompt=[1, 2, 3], constraint=None, name=k)
+            for k in range(n_jobs)]
+    sched._admitting = list(jobs)
+    sched._admit(SimpleNamespace(reset=lambda slot, keep: None))
+    admitted = [s.job.name for s in sched.slots if s.job is not None]
+    return admitted, [j.name for j in sched._queue], all(lock_free)
+
+
+def test_admissions_give_way_to_generating_slots():
+    """Requests arriving together while slots generate are admitted for at most ADMIT_SECONDS an
+    iteration (each may copy a prefix to or from the prompt cache), the rest stay queued in order;
+    with nothing generating, all at once. The lock stays free during the copies."""
+    from vkrt.server.scheduler import ADMIT_SECONDS
+
+    admitted, queued, free = _admissions(4, generating=True, copy_seconds=0.6 * ADMIT_SECONDS)
+    assert (admitted, queued, free) == ([0, 1], [2, 3], True)
+    admitted, queued, free = _admissions(4, generating=False, copy_seconds=0.6 * ADMIT_SECONDS)
+    assert (admitted, queued, free) == ([0, 1, 2, 3], [], True)

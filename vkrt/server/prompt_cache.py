@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,9 @@ log = logging.getLogger("vkrt.server")
 
 KEEP_SHARE = 0.5    # a slot taken keeping less than this share of its tokens is saved first
 MAX_STATES = 8      # recurrent states an entry keeps (the longest; tens of MB each on a 35B)
+# a saved prefix is resumed only when it holds this many tokens more than the slot's own: a copy
+# of a few tokens' KV costs a transfer and a wait, reading them again a sliver of a step
+RESUME_MIN_GAIN = 32
 
 
 @dataclass(eq=False)
@@ -138,14 +142,16 @@ class PromptCache:
         """Copy what `slot` holds to host memory (when on and it holds any)."""
         if not self.enabled or not slot.cache:
             return
+        t0 = time.perf_counter()
         try:
             entry = capture(engine, slot.id, slot.cache, checkpoints)
         except Exception as exc:   # the cache is an optimisation: a failed copy loses only the prefix
             log.warning("slot %d: saving %d tokens to the prompt cache failed: %s", slot.id, len(slot.cache), exc)
             return
         if entry is not None and self.add(entry):
-            log.info("slot %d: %d tokens saved to the prompt cache (%s; %d entries, %s)", slot.id, len(entry.tokens),
-                     fmt_bytes(entry.nbytes), len(self.entries), fmt_bytes(self.nbytes))
+            log.info("slot %d: %d tokens saved to the prompt cache in %.0f ms (%s; %d entries, %s)", slot.id,
+                     len(entry.tokens), (time.perf_counter() - t0) * 1e3, fmt_bytes(entry.nbytes), len(self.entries),
+                     fmt_bytes(self.nbytes))
 
     def admit(self, engine, job, idle: list, checkpoints: list) -> tuple[object, int]:
         """The idle slot for `job` and how many prompt tokens it holds, resumed: from the slot
@@ -163,7 +169,7 @@ class PromptCache:
             hit = self.find(prompt, engine.recurrent) if self.enabled else None
         else:
             slot, keep, hit = min(idle, key=lambda s: s.last_used), 0, None
-        if hit is not None and hit[1] > keep:
+        if hit is not None and hit[1] >= keep + RESUME_MIN_GAIN:
             slot = min(idle, key=lambda s: s.last_used)
             return slot, self._load(engine, slot, checkpoints[slot.id], *hit)
         if keep < KEEP_SHARE * len(slot.cache):
@@ -183,6 +189,7 @@ class PromptCache:
 
     def _load(self, engine, slot, ckpts, entry: SavedPrefix, n: int) -> int:
         """Give `slot` entry's first n tokens (saving what it held first); how many it holds."""
+        t0 = time.perf_counter()
         try:
             self.put_back(engine, slot, ckpts, entry, n)
         except Exception as exc:
@@ -192,5 +199,6 @@ class PromptCache:
             return 0
         entry.used = next(self._clock)
         slot.cache = entry.tokens[:n].tolist()
-        log.info("slot %d: resumed %d tokens from the prompt cache", slot.id, n)
+        log.info("slot %d: resumed %d tokens from the prompt cache in %.0f ms", slot.id, n,
+                 (time.perf_counter() - t0) * 1e3)
         return n

@@ -2,7 +2,8 @@
 
 Each iteration runs the slot actions asked for (slot_files.py), admits queued jobs to idle slots
 (the slot holding the longest prefix of the prompt wins, or the prompt cache in host RAM:
-prompt_cache.py), then runs one step (continuous batching): the next token of every generating
+prompt_cache.py; both outside the lock the event loop queues requests under, and while slots
+generate for at most ADMIT_SECONDS an iteration), then runs one step (continuous batching): the next token of every generating
 slot and, in the same micro-batch, the pending prompts (Engine.mixed): those that fit whole, then
 chunks of longer ones, oldest request first.
 While slots generate, a step takes only as much prompt as keeps it within max_itl_ratio times a
@@ -45,6 +46,7 @@ from .slots import Slot, text_ahead
 log = logging.getLogger("vkrt.server")
 
 EMA = 0.2   # weight of the newest step in the running step-cost estimates
+ADMIT_SECONDS = 0.05   # while slots generate: admissions (prompt-cache copies) an iteration stop past this
 STUCK_SECONDS = 60.0   # an iteration with work this long (or ten times the slowest so far) is stuck: /health says so
 
 
@@ -84,6 +86,7 @@ class Scheduler:
         self.slots: list[Slot] = []
         self.checkpoints: list[SlotCheckpoints] = []
         self._queue: collections.deque[Job] = collections.deque()
+        self._admitting: list[Job] = []   # jobs taken from the queue this iteration, being given slots
         self._cond = threading.Condition()
         self._stopping = False
         self._accepting = True
@@ -120,9 +123,9 @@ class Scheduler:
             self._cond.notify()
         return future
 
-    def _run_calls(self, engine) -> None:
-        while self._calls:
-            fn, future = self._calls.popleft()
+    def _run_calls(self, engine, calls: collections.deque) -> None:
+        while calls:
+            fn, future = calls.popleft()
             try:
                 future.set_result(fn(engine))
             except Exception as exc:
@@ -130,7 +133,7 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self._queue) or any(not s.idle for s in self.slots)
+        return bool(self._queue) or bool(self._admitting) or any(not s.idle for s in self.slots)
 
     def stop_accepting(self) -> None:
         with self._cond:
@@ -139,7 +142,7 @@ class Scheduler:
     def cancel_all(self, message: str = "the server is shutting down") -> None:
         """Every queued and running job ends with a 503 at the next iteration."""
         with self._cond:
-            for job in list(self._queue) + [s.job for s in self.slots if s.job is not None]:
+            for job in list(self._queue) + self._admitting + [s.job for s in self.slots if s.job is not None]:
                 job.cancelled = True
                 job.emit(Failed(503, message))
             self._cond.notify()
@@ -196,9 +199,13 @@ class Scheduler:
             if self._stopping:
                 return False
             self._beat = t0 = time.monotonic()
-            self._run_calls(engine)
+            calls, self._calls = self._calls, collections.deque()
             self._drop_cancelled()
-            self._admit(engine)
+            self._admitting, self._queue = list(self._queue), collections.deque()
+        # slot actions and admissions (prompt-cache copies) run outside the lock: the event loop
+        # takes it to queue a request and must never wait on a copy
+        self._run_calls(engine, calls)
+        self._admit(engine)
         self._embed(engine)
         self._images(engine)
         if engine.recurrent:
@@ -232,12 +239,32 @@ class Scheduler:
                 s.release()
 
     def _admit(self, engine) -> None:
+        """Give the jobs taken from the queue (self._admitting, oldest first) idle slots; those
+        left (no idle slot, their id_slot busy, or the admission budget spent) go back to the
+        queue's front. While slots generate, admissions stop once they have taken ADMIT_SECONDS
+        this iteration (prompt-cache copies; at least one job is admitted): a crowd of requests
+        arriving together delays the streams by a bounded time an iteration, not all of theirs."""
+        jobs = collections.deque(self._admitting)
         held = []   # jobs whose slot (id_slot) is busy: they wait, the jobs behind them go ahead
-        while self._queue:
+        t0, generating = time.perf_counter(), any(s.generating for s in self.slots)
+        try:
+            self._admit_jobs(engine, jobs, held, t0, generating)
+        finally:
+            with self._cond:
+                self._queue.extendleft(reversed(held + list(jobs)))
+                self._admitting = []
+
+    def _admit_jobs(self, engine, jobs: collections.deque, held: list, t0: float, generating: bool) -> None:
+        admitted = 0
+        while jobs:
             idle = [s for s in self.slots if s.idle]
-            if not idle:
+            if not idle or (generating and admitted and time.perf_counter() - t0 > ADMIT_SECONDS):
                 break
-            job = self._queue.popleft()
+            job = jobs.popleft()
+            if job.cancelled:
+                self.metrics.requests_cancelled += 1
+                continue
+            admitted += 1
             if isinstance(job, EmbeddingJob):   # _embed runs it on the slot's sequence
                 slot = min(idle, key=lambda s: s.last_used)
                 self.prompt_cache.save(engine, slot, self.checkpoints[slot.id])
@@ -253,7 +280,6 @@ class Scheduler:
             engine.reset(slot.id, keep)
             self.checkpoints[slot.id].plan(job.prompt, keep, self.tokenizer.token_types)
             self.metrics.prompt_tokens_cached += keep
-        self._queue.extendleft(reversed(held))
 
     def _embed(self, engine) -> None:
         """The next input of each embedding job holding a slot: its hidden states on the slot's
