@@ -12,7 +12,8 @@ from .gguf_file import GGUFFile
 from .vision_config import GEMMA3, VisionConfig, vision_config
 from .vision_weights import is_vector, transposed_bytes
 
-SCORES_BYTES = 256 << 20   # attention scores held at once (queries in chunks past it)
+SCORES_BYTES = 128 << 20   # attention scores held at once (queries in chunks past it): one binding on
+#                            every Vulkan device (maxStorageBufferRange is at least 2^27)
 
 
 def query_chunk(n: int, n_head: int) -> int:
