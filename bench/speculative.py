@@ -178,35 +178,50 @@ def verify_costs(engine, depth: int, ks: list[int], reps: int, acceptance: float
         engine.truncate(0, base)
         return dt
 
+    parts: dict[str, list[float]] = {}   # the timed verify steps' snapshot / verify / truncate seconds
+
     def verify_once(k: int) -> float:
         tokens = rng.integers(0, vocab, k).tolist()
         t0 = time.perf_counter()
         engine.snapshot(0)
+        t1 = time.perf_counter()
         engine.verify(tokens, 0, top=True)
+        t2 = time.perf_counter()
         engine.truncate(0, base)
-        return time.perf_counter() - t0
+        t3 = time.perf_counter()
+        for name, dt in (("snapshot", t1 - t0), ("verify", t2 - t1), ("truncate", t3 - t2)):
+            parts.setdefault(name, []).append(dt)
+        return t3 - t0
 
-    def timed(step) -> float:
+    def timed(step) -> tuple[float, int]:
+        """The median ms of `reps` steps after the warm-ups, and the step graphs recorded meanwhile
+        (a step that records a new shape pays for it: the figure is then not a replay's)."""
         for _ in range(WARMUPS):
             step()
+        parts.clear()
+        recorded = engine.steps.stats.graphs_recorded
         out = ms([step() for _ in range(reps)])
         if engine.sequence_length(0) != base:
             raise VkrtError(f"the sequence holds {engine.sequence_length(0)} tokens after the steps, not {base}")
-        return out
+        return out, engine.steps.stats.graphs_recorded - recorded
 
-    t1 = timed(decode_once)
-    note(f"  decode step {t1:.2f} ms")
+    t1, rec1 = timed(decode_once)
+    note(f"  decode step {t1:.2f} ms" + (f" ({rec1} graphs recorded while timed)" if rec1 else ""))
     rows = []
     for k in ks:
-        tk = timed(lambda: verify_once(k))
+        tk, rec = timed(lambda: verify_once(k))
         cost = tk / t1
         e = expected_tokens(k, acceptance)
         target = TARGETS.get(k)
-        rows.append({"k": k, "drafts": k - 1, "ms": tk, "cost_vs_decode": cost, "target_cost_vs_decode": target,
+        split = {f"{name}_ms": ms(v) for name, v in parts.items()}
+        rows.append({"k": k, "drafts": k - 1, "ms": tk, **split, "graphs_recorded_while_timed": rec,
+                     "cost_vs_decode": cost, "target_cost_vs_decode": target,
                      "meets_target": cost <= target if target is not None else None,
                      "expected_tokens_per_step": e, "expected_speedup": e / cost})
-        note(f"  verify k={k}: {tk:.2f} ms, {cost:.2f}x decode, expected speed-up {e / cost:.2f}x")
-    return {"decode_ms": t1, "rows": rows}
+        note(f"  verify k={k}: {tk:.2f} ms (snapshot {split['snapshot_ms']:.2f}, verify {split['verify_ms']:.2f}, "
+             f"truncate {split['truncate_ms']:.2f}), {cost:.2f}x decode, expected speed-up {e / cost:.2f}x"
+             + (f"; {rec} graphs recorded while timed" if rec else ""))
+    return {"decode_ms": t1, "decode_graphs_recorded_while_timed": rec1, "rows": rows}
 
 
 def mtp_costs(device, model, engine, depth: int, reps: int, acceptance: float, verify: dict) -> dict:
@@ -511,24 +526,26 @@ def table(r: dict) -> str:
     if r["verify"]:
         lines += ["", f"verify-step cost at depth {r['depth']} (median of {r['reps']} after {r['warmups']} warm-ups; "
                       f"k tokens = k - 1 drafts; expected speed-up at acceptance {r['acceptance']:.2f})",
-                  "| placement | k | ms | cost vs decode | target | expected tokens/step | expected speed-up |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| placement | k | ms | of which verify ms | cost vs decode | target | expected tokens/step | "
+                  "expected speed-up |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for v in r["verify"]:
             if v["skipped"]:
-                lines.append(f"| {v['placement']} | skipped: {v['skipped']} | | | | | |")
+                lines.append(f"| {v['placement']} | skipped: {v['skipped']} | | | | | | |")
                 continue
-            lines.append(f"| {v['placement']} | 1 (decode) | {v['decode_ms']:.2f} | 1.00x | | 1.00 | 1.00x |")
+            lines.append(f"| {v['placement']} | 1 (decode) | {v['decode_ms']:.2f} | | 1.00x | | 1.00 | 1.00x |")
             for row in v["rows"]:
                 target = row["target_cost_vs_decode"]
                 verdict = "" if target is None else f"<= {target:.1f}x {'met' if row['meets_target'] else 'MISSED'}"
-                lines.append(f"| {v['placement']} | {row['k']} | {row['ms']:.2f} | {row['cost_vs_decode']:.2f}x | "
+                lines.append(f"| {v['placement']} | {row['k']} | {row['ms']:.2f} | {row['verify_ms']:.2f} | "
+                             f"{row['cost_vs_decode']:.2f}x | "
                              f"{verdict} | {row['expected_tokens_per_step']:.2f} | {row['expected_speedup']:.2f}x |")
             m = v.get("mtp")
             if m:
-                lines.append(f"| {v['placement']} | MTP head step | {m['head_step_ms']:.2f} | "
+                lines.append(f"| {v['placement']} | MTP head step | {m['head_step_ms']:.2f} | | "
                              f"{m['head_step_cost_vs_decode']:.2f}x | | | |")
                 for row in m["rows"]:
-                    lines.append(f"| {v['placement']} | {row['k']} with MTP drafts | | {row['cost_vs_decode']:.2f}x | | "
+                    lines.append(f"| {v['placement']} | {row['k']} with MTP drafts | | | {row['cost_vs_decode']:.2f}x | | "
                                  f"| {row['expected_speedup']:.2f}x |")
     g = r["generation"]
     if g:
