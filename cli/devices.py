@@ -9,7 +9,7 @@ import click
 
 from vkrt.units import fmt_bytes
 
-from .common import count, device_options, engine_options, open_devices, settings
+from .common import KV_CACHE_TYPES, count, device_options, engine_options, open_devices, settings
 
 
 def _yes(flag: bool) -> str:
@@ -126,6 +126,10 @@ class _BoxRequest:
 @click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=count(0), default=999)
 @click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=count(0), default=None)
 @click.option("--kv-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True)
+@click.option("-ctk", "--cache-type-k", "cache_type_k", type=click.Choice(KV_CACHE_TYPES), default=None,
+              help="K cache type of the placement shown (default: --kv-type).")
+@click.option("-ctv", "--cache-type-v", "cache_type_v", type=click.Choice(KV_CACHE_TYPES), default=None,
+              help="V cache type of the placement shown (default: --kv-type).")
 @click.option("--vram-budget", default=None, help="A size for every device, or one per device (8G,8G,4G).")
 @click.option("-np", "--parallel", "n_parallel", type=count(1), default=1, show_default=True,
               help="Sequences at once (a server's slots: the recurrent state grows with them).")
@@ -138,7 +142,7 @@ def devices(as_json: bool, model: str | None, device: str | None, n_parallel: in
             cpu_types: tuple[str, ...] | None, **plan_kw) -> None:
     """List Vulkan devices, their capabilities and the tuning vkrt picks, then this box's measured
     rates (cached); with -m, the placement of a model over --device (the layer split: layers and
-    VRAM per device)."""
+    VRAM per device) and, on one device, the longest context that fits at each KV cache type."""
     box = _BoxRequest(cpu_types, remeasure, not as_json)
     if model is not None:
         _plan(model, device, n_parallel, as_json, plan_kw, box)
@@ -201,7 +205,7 @@ def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_k
         with open_gguf(model, progress=False) as f:
             cfg = ModelConfig.from_metadata(f.metadata, model)
             tensors = dict(f.tensors)
-        rows = []
+        rows, fits = [], None
         if len(devs) > 1 and o.split_mode == "layer":
             ests: list = []
             split, n_cpu_moe = plan_layer_split(devs, model, o, budgets, ests)
@@ -212,12 +216,15 @@ def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_k
             if main >= len(devs):
                 raise click.BadParameter(f"{main}: the device list has {len(devs)} device(s)", param_hint="-mg")
             n_cpu_moe = o.n_cpu_moe or 0
-            est = estimate(cfg, tensors, n_cpu_moe=n_cpu_moe, **estimate_keywords(o, devs[main]))
+            keywords = estimate_keywords(o, devs[main])
+            est = estimate(cfg, tensors, n_cpu_moe=n_cpu_moe, **keywords)
             rows.append((devs[main], range(cfg.n_layer), True, True, est, budgets[main]))
+            available = budgets[main] if budgets[main] is not None else devs[main].vram_free
+            fits = contexts_that_fit(cfg, tensors, available, n_cpu_moe, keywords)
         on_cpu = tuple(t for t in expert_types(tensors) if t in DOTS)
         rates, why = box.measure(rows[0][0], on_cpu or ("Q4_K",))
-    out = {"model": model, "arch": cfg.arch, "n_layer": cfg.n_layer, "split_mode": o.split_mode if len(devs) > 1
-           else "none", "n_cpu_moe": n_cpu_moe, "devices": []}
+    out = {"model": model, "arch": cfg.arch, "n_layer": cfg.n_layer, "n_ctx_train": cfg.n_ctx_train,
+           "split_mode": o.split_mode if len(devs) > 1 else "none", "n_cpu_moe": n_cpu_moe, "devices": []}
     for dev, layers, embed, output, est, budget in rows:
         out["devices"].append({
             "name": dev.label, "physical_index": dev.profile.index,
@@ -227,6 +234,8 @@ def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_k
                                                   "staging")} | {"total": est.total},
             "available": budget if budget is not None else dev.vram_free,
             "available_is": "vram_budget" if budget is not None else "free_vram"})
+    if fits is not None:
+        out["devices"][0]["max_context_by_kv_type"] = fits
     out["box"] = rates.as_dict() if rates else None
     if why:
         out["box_error"] = why
@@ -248,4 +257,22 @@ def _plan(model: str, device: str | None, n_parallel: int, as_json: bool, plan_k
                    + f", activations {fmt_bytes(v['activations'])}"
                    + (f", expert prefetch {fmt_bytes(v['prefetch'])}, staging {fmt_bytes(v['staging'])}"
                       if v["prefetch"] or v["staging"] else ""))
+        if "max_context_by_kv_type" in d:
+            click.echo(f"    longest context that fits, -ctk = -ctv (the model's trained context {cfg.n_ctx_train:,}): "
+                       + ", ".join(f"{t} {n:,}" if n else f"{t} none" for t, n in d["max_context_by_kv_type"].items()))
     box.show(rates, why)
+
+
+def contexts_that_fit(cfg, tensors: dict, available: int, n_cpu_moe: int, keywords: dict) -> dict[str, int]:
+    """Per KV cache type (K and V alike), the longest context (a multiple of 256 cells, at most
+    the trained context) the placement's estimate fits in `available` bytes; 0: none."""
+    from vkrt.engine.placement import max_context
+    from vkrt.ops.kv_quant import kv_type
+
+    out = {}
+    for name in KV_CACHE_TYPES:
+        t = kv_type(name.upper())
+        size = t.type_size / t.block_size
+        out[name] = max_context(cfg, tensors, available, limit=cfg.n_ctx_train, n_cpu_moe=n_cpu_moe,
+                                **{k: v for k, v in keywords.items() if k not in ("n_ctx", "kv_bytes")}, kv_bytes=(size, size))
+    return out

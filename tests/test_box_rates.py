@@ -233,6 +233,10 @@ def test_devices_with_a_model_measures_its_expert_types(device, fake, tmp_path, 
     monkeypatch.setenv("VKRT_CACHE_DIR", str(tmp_path))
     result = CliRunner().invoke(cli, ["devices", "-m", path, "-ncmoe", "1", "--json"])
     assert result.exit_code == 0, result.output
-    assert set(json.loads(result.output)["box"]["cpu_gbps"]) == want == {k for k in fake if k not in ("h2d", "ram")}
+    out = json.loads(result.output)
+    assert set(out["box"]["cpu_gbps"]) == want == {k for k in fake if k not in ("h2d", "ram")}
+    fits = out["devices"][0]["max_context_by_kv_type"]   # shorter KV rows: at least as long a context
+    assert fits["f32"] <= fits["f16"] <= fits["q8_0"] <= fits["q4_0"] <= out["n_ctx_train"]
     result = CliRunner().invoke(cli, ["devices", "-m", path, "-ncmoe", "1"])
     assert result.exit_code == 0 and "host -> GPU copy   20.0 GB/s" in result.output
+    assert f"q8_0 {fits['q8_0']:,}" in result.output

@@ -122,3 +122,25 @@ def test_vram_budget_planning(moe_paths):
             plan_n_cpu_moe(cfg, f.tensors, est[2].total, requested=0, **kw)
         with pytest.raises(DoesNotFit, match="lower -c or -ub"):
             plan_n_cpu_moe(cfg, f.tensors, est[2].total // 2, requested=None, **kw)
+
+
+def test_max_context_is_the_longest_that_fits(moe_paths):
+    """max_context: the longest context (a multiple of 256, at most the limit) whose estimate fits
+    the budget, for each KV width; none when the weights alone overflow it."""
+    from vkrt.engine.placement import CONTEXT_STEP, max_context
+    path = moe_paths["tiny-qwen3moe"]
+    with GGUFFile(path, progress=False) as f:
+        from vkrt.model.config import ModelConfig
+        cfg = ModelConfig.from_metadata(f.metadata)
+        kw = dict(n_ubatch=32, n_cpu_moe=0)
+        budget = estimate(cfg, f.tensors, n_ctx=1000 * CONTEXT_STEP, kv_bytes=1.0625, **kw).total
+        for kv_bytes in (2.0, 1.0625, 0.5625):
+            n = max_context(cfg, f.tensors, budget, limit=4000 * CONTEXT_STEP, kv_bytes=kv_bytes, **kw)
+            assert n % CONTEXT_STEP == 0
+            assert estimate(cfg, f.tensors, n_ctx=n, kv_bytes=kv_bytes, **kw).total <= budget
+            assert estimate(cfg, f.tensors, n_ctx=n + CONTEXT_STEP, kv_bytes=kv_bytes, **kw).total > budget
+            if kv_bytes == 1.0625:
+                assert n == 1000 * CONTEXT_STEP
+        assert max_context(cfg, f.tensors, budget, limit=300, kv_bytes=2.0, **kw) == 256   # the limit caps it
+        weights = estimate(cfg, f.tensors, n_ctx=CONTEXT_STEP, kv_bytes=2.0, **kw).total
+        assert max_context(cfg, f.tensors, weights - 1, limit=4096, kv_bytes=2.0, **kw) == 0

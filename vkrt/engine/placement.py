@@ -105,3 +105,22 @@ def _smallest_fit(cfg, tensors, budget, kw) -> int | None:
         if estimate(cfg, tensors, n_cpu_moe=n, **kw).total <= budget:
             return n
     return None
+
+
+CONTEXT_STEP = 256   # max_context's granularity (cells)
+
+
+def max_context(cfg: ModelConfig, tensors: dict, budget: int, *, limit: int, **kw) -> int:
+    """The largest context (a multiple of CONTEXT_STEP, at most `limit`) whose estimate fits in
+    `budget` bytes with the other estimate keywords `kw` (n_cpu_moe, kv_bytes, ...); 0 when not
+    even CONTEXT_STEP cells fit."""
+    def fits(n_ctx: int) -> bool:
+        return estimate(cfg, tensors, n_ctx=n_ctx, **kw).total <= budget
+
+    lo, hi = 0, max(limit, CONTEXT_STEP) // CONTEXT_STEP   # in steps: lo fits (0 trivially), hi maybe
+    if fits(hi * CONTEXT_STEP):
+        return hi * CONTEXT_STEP
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid * CONTEXT_STEP) else (lo, mid)
+    return lo * CONTEXT_STEP
