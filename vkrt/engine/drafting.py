@@ -28,14 +28,15 @@ class Drafting(Owned):
         self._mtp: dict[int, MtpDrafter] = {}   # the MTP drafter of each sequence
         if target is not None:
             target.keep_hidden(lambda *a: self._route(a, MtpDrafter.on_trunk))
-            engine.keep_hidden(lambda *a: self._route(a, lambda d, pos, ids, rows: d.on_head(rows)))
+            engine.keep_hidden(lambda *a: self._route(a, lambda d, pos, ids, states, rows: d.on_head(states)))
 
     def drafter(self, seq_id: int = 0):
         o = self.options
         if o.type == "draft":
             return ModelDrafter(self.engine, seq_id, p_min=o.p_min, n_min=o.draft_min)
         if o.type == "mtp":
-            self._mtp[seq_id] = d = MtpDrafter(self.model, self.engine, seq_id, p_min=o.p_min, n_min=o.draft_min)
+            self._mtp[seq_id] = d = MtpDrafter(self.model, self.engine, seq_id, p_min=o.p_min, n_min=o.draft_min,
+                                               target=self.target)
             return d
         return NgramDrafter(o.ngram_min, o.ngram_max)
 
@@ -49,13 +50,15 @@ class Drafting(Owned):
         return [d.draft(h, n) for d, h, n in requests]
 
     def _route(self, args, deliver) -> None:
-        """A step's states (seqs, pos, ids, rows) to the MTP drafter of each sequence in it."""
-        seqs, pos, ids, rows = args
+        """A step's states (seqs, pos, ids, states[, input rows: an image's]) to the MTP drafter
+        of each sequence in it."""
+        seqs, pos, ids, states = args[:4]
+        rows = args[4] if len(args) > 4 else None
         for s in np.unique(seqs).tolist():
             d = self._mtp.get(s)
             if d is not None:
                 mine = seqs == s
-                deliver(d, pos[mine], ids[mine], rows[mine])
+                deliver(d, pos[mine], ids[mine], states[mine], None if rows is None else rows[mine])
 
     def speculation(self, seq_id: int = 0) -> Speculation:
         return Speculation(self.options, self.drafter(seq_id))
@@ -123,7 +126,8 @@ def open_mtp(options: SpecOptions, target, target_engine) -> Drafting:
     head = MtpHead(target, min(e.n_ubatch, MTP_UBATCH))
     try:
         engine = Engine(head, n_ctx=e.n_ctx, n_batch=head.hidden.ne[1], n_ubatch=head.hidden.ne[1],
-                        flash_attn=e.flash_attn, n_seq_max=e.n_seq_max, pad_prompts=False)
+                        flash_attn=e.flash_attn, n_seq_max=e.n_seq_max, pad_prompts=False,
+                        embd_input=e.embd_input)
     except BaseException:
         head.close()
         raise

@@ -59,7 +59,8 @@ class Engine(Owned):
     flash_attn).
     pad_prompts False: prompt steps run unpadded (an MTP head's inputs are a row a token).
     vision: the model's image input (a model.vision.Vision, which the engine then owns and closes):
-    its steps may then take input embeddings (embed(): an image's rows) as well as token ids.
+    its steps may then take input embeddings (embed(): an image's rows) as well as token ids;
+    embd_input: they may without one (an MTP head reads the trunk's image rows).
     The parts it runs with: `stages`, `inputs` (StepInputs),
     `readback` (Readback) and `steps` (StepRunner: the recorded graphs, `steps.graphs`)."""
 
@@ -68,10 +69,12 @@ class Engine(Owned):
                  prefetch_slots: int | None = None, stage_experts: bool | None = None,
                  expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0,
                  pipeline_steps: bool = False, cpu_experts: str = "off", cpu_moe_threads: int | None = None,
-                 link_bandwidth: float | None = None, pad_prompts: bool = True, kv_type_v=None, vision=None):
+                 link_bandwidth: float | None = None, pad_prompts: bool = True, kv_type_v=None, vision=None,
+                 embd_input: bool = False):
         super().__init__("engine")
         self.model = model
         self.vision = vision
+        self.embd_input = embd_input = embd_input or vision is not None
         self.device = dev = model.device
         cfg = model.cfg
         if n_ubatch > n_batch:
@@ -95,7 +98,7 @@ class Engine(Owned):
                 self.stages.append(Stage(model, d, layers, cells, n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn,
                                          kv_type=kv_type, kv_type_v=kv_type_v, n_seq_max=n_seq_max,
                                          n_checkpoints=n_checkpoints,
-                                         output=k == len(devices) - 1, embd_input=vision is not None))
+                                         output=k == len(devices) - 1, embd_input=embd_input))
             for a, b in zip(self.stages, self.stages[1:]):
                 self.handoffs.append(Handoff(a.device, b.device, 4 * cfg.n_embd * n_ubatch))
             main = self.stages[-1]
@@ -243,33 +246,35 @@ class Engine(Owned):
         return logits[pad:] if all_logits else logits
 
     def embed(self, rows: np.ndarray, rope: np.ndarray, after: np.ndarray, seq_id: int = 0,
-              causal: bool = True) -> np.ndarray:
+              causal: bool = True, ids=None) -> np.ndarray:
         """Append input embeddings `rows` ([n, n_embd] float32: an image's, which stand where
         token embeddings would) to sequence `seq_id`, at rotary positions `rope` ([n, 3]: t, y,
         x) with `after` ([n]: the rotary position of a text token after each; CellTable), in
         steps of their own (micro-batches); returns the logits after the last row ([vocab]).
         causal False: the rows of a step attend each other both ways (Gemma 3's images, as
         llama.cpp decodes them with causal attention off: a row sees the later rows of its own
-        micro-batch only)."""
+        micro-batch only). ids: what the rows stand as (an image's placeholders), handed to
+        keep_hidden's sink with their states and rows."""
         rows = np.asarray(rows, np.float32)
         n, E = rows.shape[0], self.model.cfg.n_embd
         rope, after = np.asarray(rope, np.int32).reshape(-1, 3), np.asarray(after, np.int32).reshape(-1)
-        if self.vision is None:
+        if not self.embd_input:
             raise VkrtError("this engine takes no input embeddings: open it with a vision encoder (--mmproj)")
         if rows.ndim != 2 or rows.shape[1] != E or n == 0 or rope.shape[0] != n or after.size != n:
             raise VkrtError(f"embed takes rows [n, {E}] with rope [n, 3] and after [n], n >= 1; got "
                             f"{list(rows.shape)}, {list(rope.shape)}, {list(after.shape)}")
-        if self.steps.hidden_sink is not None:
-            raise ConfigError("input embeddings (images) do not go with an MTP head's drafting")
+        ids = np.zeros(n, np.int32) if ids is None else np.asarray(ids, np.int32).reshape(-1)
+        if ids.size != n:
+            raise VkrtError(f"embed: {ids.size} ids for {n} rows")
         start = self.cache.cells.length(seq_id)
         logits = None
         for u0 in range(0, n, self.n_ubatch):
             t0 = time.perf_counter()
             m = min(self.n_ubatch, n - u0)
-            pad, (ids, seqs, pos) = self.inputs.padded(np.zeros(m, np.int32), np.full(m, seq_id, np.int32),
-                                                       np.arange(m, dtype=np.int32) + start + u0)
+            pad, (step_ids, seqs, pos) = self.inputs.padded(ids[u0:u0 + m], np.full(m, seq_id, np.int32),
+                                                            np.arange(m, dtype=np.int32) + start + u0)
             lead = lambda a: np.concatenate([np.zeros((pad,) + a.shape[1:], a.dtype), a])   # noqa: E731
-            self.steps.step(ids, seqs, pos, rows=lead(rows[u0:u0 + m]),
+            self.steps.step(step_ids, seqs, pos, rows=lead(rows[u0:u0 + m]),
                             rope=(lead(rope[u0:u0 + m]), lead(after[u0:u0 + m])), causal=causal)
             logits = self.readback.logits(1)
             self.stats.add_step(m, time.perf_counter() - t0)
@@ -493,8 +498,9 @@ class Engine(Owned):
         yield from greedy_tokens(self.steps, token, seq_id, n, pipeline)
 
     def keep_hidden(self, sink) -> None:
-        """From now on every step run through StepRunner.step also hands sink(seqs, pos, ids, rows)
-        each token's normed final state (an MTP head drafts from them); None: no more."""
+        """From now on every step run through StepRunner.step also hands sink(seqs, pos, ids, states)
+        each token's normed final state (an MTP head drafts from them), a step of embed() its
+        input rows as well (sink(seqs, pos, ids, states, rows)); None: no more."""
         if sink is not None:
             if self.split:
                 raise ConfigError("the final states of a model split over several devices are not kept")

@@ -149,8 +149,9 @@ def read_kv(engine, seq_id: int, n: int) -> KVBlock:
         return block
     cells = engine.cache.cells
     held = cells.cells_of(seq_id, n)
-    if cells.moved:
-        block.rope, block.after = cells.rope[held].copy(), cells.after[held].copy()
+    index = np.arange(n, dtype=np.int32)
+    if cells.moved and ((cells.rope[held] != index[:, None]).any() or (cells.after[held] != index + 1).any()):
+        block.rope, block.after = cells.rope[held].copy(), cells.after[held].copy()   # this sequence's moved
     plan = _plan(held)
     for st in engine.stages:
         for layers in _groups(st.cache, plan.width):

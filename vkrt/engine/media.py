@@ -41,7 +41,8 @@ def read_image(engine, prompt: MediaPrompt, seq_id: int, index: int) -> tuple[np
         log.warning("an image of %d rows is read in micro-batches of %d: each row sees the later rows of its own "
                     "micro-batch only (as llama.cpp reads it); raise -ub to %d to read it whole", b - a,
                     engine.n_ubatch, b - a)
-    logits = engine.embed(img.rows[a:b], rope[a:b], after[a:b], seq_id, causal=not vision.bidirectional)
+    logits = engine.embed(img.rows[a:b], rope[a:b], after[a:b], seq_id, causal=not vision.bidirectional,
+                          ids=prompt.tokens[first:end])
     return logits, end - index
 
 

@@ -4,15 +4,20 @@ The block's tensors are uploaded from the model's file to its device, renamed bl
 token embedding, the output norm and the output matrix are the trunk's (unless the file gives
 the block its own). Two more tensors are the head's step inputs: the trunk's states for the
 step's tokens (host-visible: the host writes them before each step) and the concatenated
-normed input eh_proj reads."""
+normed input eh_proj reads. token_rows reads token embeddings back, for the steps of input
+embeddings an image's positions take (mtp_drafter.py)."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..commands import run_once
 from ..errors import ConfigError, GGUFError
-from ..memory import F32, MemoryKind, Tensor
+from ..memory import F32, I32, MemoryKind, Tensor
 from ..model.loader import Placement
 from ..model.mtp import EMBED_TOKENS, HEAD, HEAD_NORM, MTP_CONCAT, MTP_HIDDEN, mtp_config, mtp_tensors
 from ..model.tensors import SHARED_ALLOCATIONS
+from ..ops.get_rows import get_rows
 from ..owned import Owned
 
 
@@ -65,6 +70,25 @@ class MtpHead(Owned):
     def write_hidden(self, rows) -> None:
         """The trunk states of the next step's tokens, [T, n_embd] (float32)."""
         self.hidden.buffer.write(rows, self.hidden.offset)
+
+    def token_rows(self, ids) -> np.ndarray:
+        """The embeddings the head reads for tokens `ids`, [n, n_embd] float32 (its token_embd's
+        rows, scaled as a token step scales them)."""
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        E, n = self.cfg.n_embd, ids.size
+        src = Tensor.empty(self.device, I32, (n,), name="MTP token ids", kind=MemoryKind.HOST)
+        dst = None
+        try:
+            dst = Tensor.empty(self.device, F32, (E, n), name="MTP token rows", kind=MemoryKind.READBACK)
+            src.buffer.write(ids, src.offset)
+            run_once(self.device, lambda seq: get_rows(seq, self.weights["token_embd.weight"], src, dst),
+                     "MTP token rows")
+            rows = dst.buffer.read(np.float32, 4 * E * n, dst.offset).reshape(n, E)
+        finally:
+            for t in (dst, src):
+                if t is not None:
+                    t.close()
+        return rows * np.float32(self.cfg.embd_scale) if self.cfg.embd_scale != 1.0 else rows
 
     def _release(self) -> None:
         for t in [*self._owned.values(), *self._inputs]:

@@ -84,8 +84,9 @@ class StepRunner(Owned):
         self.pipeline_steps, self.moe = pipeline_steps, moe
         self._graphs: dict[GraphKey, StepGraph] = {}
         self.stats = StepStats()
-        # hidden_sink(seqs, pos, ids, rows): every step run by step() also hands the host each
-        # token's normed final state (an MTP head drafts from them); None: steps do not keep them
+        # hidden_sink(seqs, pos, ids, states[, rows]): every step run by step() also hands the host
+        # each token's normed final state (an MTP head drafts from them), and a step of input
+        # embeddings its rows (an image's); None: steps do not keep them
         self.hidden_sink: Callable | None = None
 
     @property
@@ -149,7 +150,8 @@ class StepRunner(Owned):
         self.run(g)
         self.inputs.advance(slots, ids.size // n_seqs)
         if g.opts.keep_hidden is not None:
-            self.hidden_sink(seqs, pos, ids, self.readback.hidden(ids.size))
+            rows = output.get("rows")
+            self.hidden_sink(seqs, pos, ids, self.readback.hidden(ids.size), *(() if rows is None else (rows,)))
 
     def run(self, g: StepGraph, parity: int = 0, wait_last: bool = True) -> None:
         """Submit a graph and wait for it (wait_last False: for all but its last stage): stage by

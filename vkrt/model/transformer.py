@@ -191,6 +191,8 @@ class Transformer:
             if opts.embd:
                 rows = s.cols("embd", T)
                 g.call("input embeddings", lambda seq: seq.copy(rows.range(), g.x.range(), rows.nbytes))
+                if "blk.0." + EH_PROJ in self.w:   # an MTP head: the rows stand for the next tokens' embeddings
+                    self._mtp_input(g)
             else:
                 self._embed(g)
         else:

@@ -27,8 +27,6 @@ def check_vision(state, images: list) -> None:
     if state.engine.vision is None:
         raise BadRequest(f"'{field}': this server has no vision projector, so it takes no images (start vkrt serve "
                          f"with --mmproj FILE, or -hf with a repository holding an mmproj file)", field)
-    if state.engine.steps.hidden_sink is not None:
-        raise BadRequest(f"'{field}': images do not go with the server's MTP drafting (--spec-type mtp)", field)
 
 
 async def image_prompt(state, text: str, images: list, add_special: bool = True,

@@ -482,7 +482,8 @@ class Scheduler:
             lead = s.replay + [s.next_token]
             n_max, n_min, p_min = (x if x is not None else d for x, d in
                                    zip(s.job.draft or (None,) * 3, (o.draft_max, o.draft_min, o.p_min)))
-            if s.drafter is not None and s.grammar is None and s.job.logprobs is None and not s.job.images \
+            if s.drafter is not None and s.grammar is None and s.job.logprobs is None \
+                    and (not s.job.images or getattr(s.drafter, "takes_images", False)) \
                     and not s.sampler.params.needs_row and len(s.replay) <= o.draft_max:
                 room = min(n_max, each - len(lead), s.limit - len(s.generated) - 1,
                            s.n_ctx - len(s.cache) - len(lead))

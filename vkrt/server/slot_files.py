@@ -5,7 +5,13 @@ state to a file in the folder; restore gives an idle slot what a file holds, so 
 sharing its prefix resumes from it (what the slot held goes to the prompt cache in host RAM
 first); erase forgets what the slot holds. A file starts with MAGIC, a format number and a JSON
 header naming the model and the cache layout it fits; restore refuses any other. File names stay
-inside the folder: no separators, no "..", no links pointing out."""
+inside the folder: no separators, no "..", no links pointing out.
+
+A slot holding an image keeps it: its tokens are the image's placeholder ids (from the image's
+hash, model/media_prompt.py), so a prompt with the same image resumes from the file as from the
+slot, and the cells' rotary positions (KVBlock.rope and .after: the image's grid under M-RoPE,
+the text after it going on past it) follow the KV rows. Format 2 added those positions (the
+header's "rope") and placeholder ids; format 1 files (text only) still load."""
 
 from __future__ import annotations
 
@@ -26,7 +32,9 @@ from .request_work import in_thread
 from .validation import ApiError, BadRequest, get_str
 
 MAGIC = b"VKRTSLOT"
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)   # the formats restore reads
+PLACEHOLDER_MIN = -(1 << 30)   # an image's placeholder ids lie in [PLACEHOLDER_MIN, -1] (ImageChunk.placeholders)
 _HEAD = struct.Struct("<8sII")   # magic, format, header bytes
 BAD_NAME_CHARS = set('/\\:*?"<>|') | {"\u2215", "\u2044", "\uff0f", "\u29f8", "\ufeff"}
 
@@ -67,14 +75,19 @@ def _describe(ident: dict) -> str:
 
 
 def encode(model, engine, entry: SavedPrefix) -> list:
-    """The file's parts (bytes and arrays) for `entry`: its tokens, KV rows and the state at its end."""
+    """The file's parts (bytes and arrays) for `entry`: its tokens, KV rows, the cells' rotary
+    positions where they moved (images) and the state at its end."""
     n = len(entry.tokens)
     state = entry.states.get(n, [])
+    kv = entry.kv
+    rope = kv.rope is not None
     header = json.dumps({"model": model_identity(model), "layout": kv_layout(engine), "n_tokens": n,
-                         "state": bool(state)}).encode()
+                         "state": bool(state), "rope": rope}).encode()
     parts = [_HEAD.pack(MAGIC, FORMAT, len(header)), header, entry.tokens]
-    for il in sorted(entry.kv.layers):
-        parts += [np.ascontiguousarray(a) for a in entry.kv.layers[il]]
+    for il in sorted(kv.layers):
+        parts += [np.ascontiguousarray(a) for a in kv.layers[il]]
+    if rope:
+        parts += [np.ascontiguousarray(kv.rope, np.int32), np.ascontiguousarray(kv.after, np.int32)]
     return parts + list(state)
 
 
@@ -87,11 +100,14 @@ def decode(model, engine, data: bytes, name: str) -> SavedPrefix:
     magic, fmt, size = _HEAD.unpack_from(data)
     if magic != MAGIC:
         refuse("it is not a vkrt slot file")
-    if fmt != FORMAT:
-        refuse(f"it has format {fmt}; this server reads format {FORMAT}")
+    if fmt not in READS:
+        refuse(f"it has format {fmt}; this server reads formats {', '.join(map(str, READS))}")
     try:
         header = json.loads(data[_HEAD.size:_HEAD.size + size])
         ident, layout, n, has_state = header["model"], header["layout"], int(header["n_tokens"]), header["state"]
+        has_rope = header["rope"] if fmt >= 2 else False
+        if not isinstance(has_rope, bool) or not isinstance(has_state, bool):
+            raise TypeError
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         refuse("its header is damaged")
     mine = model_identity(model)
@@ -107,7 +123,8 @@ def decode(model, engine, data: bytes, name: str) -> SavedPrefix:
         refuse("it holds no recurrent state")
     at = _HEAD.size + size
     sizes = [4 * n] + [h * n * row for _, (k, v, h) in sorted(here["layers"].items(), key=lambda kv: int(kv[0]))
-                       for row in (k, v)] + (here["state_bytes"] if has_state else [])
+                       for row in (k, v)] + ([12 * n, 4 * n] if has_rope else []) + \
+        (here["state_bytes"] if has_state else [])
     if n < 0 or len(data) != at + sum(sizes):
         refuse(f"it is truncated or damaged ({len(data)} bytes; {n} tokens take {at + sum(sizes)})")
     arrays = []
@@ -118,10 +135,18 @@ def decode(model, engine, data: bytes, name: str) -> SavedPrefix:
     layers = {}
     for j, (il, (k, v, h)) in enumerate(sorted(here["layers"].items(), key=lambda kv: int(kv[0]))):
         layers[int(il)] = (arrays[1 + 2 * j].reshape(h, n, k), arrays[2 + 2 * j].reshape(h, n, v))
-    if tokens.size and not (0 <= tokens.min() and tokens.max() < model.cfg.vocab_size):
+    lowest = PLACEHOLDER_MIN if fmt >= 2 else 0   # format 1 held text only
+    if tokens.size and not (lowest <= tokens.min() and tokens.max() < model.cfg.vocab_size):
         refuse("it holds token ids outside this model's vocabulary")
-    states = {n: arrays[1 + 2 * len(layers):]} if has_state else {}
-    return SavedPrefix(tokens, KVBlock(n, layers), states)
+    at = 1 + 2 * len(layers)
+    rope = after = None
+    if has_rope:
+        rope, after = arrays[at].view(np.int32).reshape(n, 3), arrays[at + 1].view(np.int32)
+        at += 2
+        if n and (rope.min() < 0 or (after <= rope.max(axis=1)).any()):
+            refuse("its rotary positions are damaged")
+    states = {n: arrays[at:]} if has_state else {}
+    return SavedPrefix(tokens, KVBlock(n, layers, rope, after), states)
 
 
 def write_file(path: str, parts: list) -> int:
@@ -224,8 +249,6 @@ async def slot_action(state, request: web.Request) -> web.Response:
         entry = await _on_thread(sched, lambda engine: _capture(sched, id_slot, engine))
         if entry is None:
             raise BadRequest(f"slot {id_slot} holds no tokens that can be saved")
-        if (entry.tokens < 0).any():   # image placeholders (model/media_prompt.py)
-            raise BadRequest(f"slot {id_slot} holds an image: slot files keep text only")
         n = len(entry.tokens)
         try:
             n_written = await in_thread(write_file, path, encode(state.model, state.engine, entry))
