@@ -62,8 +62,9 @@ def run(prompt, images, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
     if images and model_kw["mmproj"] is None:
         raise click.UsageError("--image needs the model's vision projector: give --mmproj FILE (-hf fetches the "
                                "repository's mmproj file)")
-    if images and spec is not None:
-        raise click.UsageError("--image does not go with speculative decoding (--spec-type, -md)")
+    if images and spec is not None and spec.type != "mtp":
+        raise click.UsageError(f"--image does not go with --spec-type {spec.type} (it would draft the image's "
+                               "placeholder ids); the MTP head drafts with images (--spec-type mtp)")
     with open_devices(model_kw["device"]) as devices:
         model, engine = open_engine(devices, progress=None if not as_json else False, **model_kw)
         drafting = None

@@ -73,7 +73,7 @@ def test_run_image_before_prompt_without_marker(files):
     (["--mmproj", "{mmproj}", "--image", "{bad}"], "bad.png: not an image vkrt decodes"),
     (["--mmproj", "{mmproj}", "--image", "{png}", "-p", "<__media__><__media__>"],
      "the prompt has 2 media marker(s) '<__media__>' for 1 image(s)"),
-    (["--mmproj", "{mmproj}", "--image", "{png}", "--spec-type", "ngram"], "--image does not go with speculative"),
+    (["--mmproj", "{mmproj}", "--image", "{png}", "--spec-type", "ngram"], "--image does not go with --spec-type ngram"),
 ])
 def test_run_refusals(files, args, message):
     result = run("-m", files["model"], "-n", "1", *[a.format(**files) for a in args])
@@ -143,3 +143,22 @@ def test_python_api_images(files):
     with vkrt.load(files["model"], n_ctx=256) as llm:
         with pytest.raises(ConfigError, match="mmproj="):
             llm.generate("hi", 1, images=[files["png"]])
+
+
+def test_run_with_image_and_mtp_drafts_the_same_tokens(files):
+    """vkrt run --image --spec-type mtp: the MTP head drafts through the image (its rows at the
+    trunk's positions) and the greedy tokens are those of the run without speculation."""
+    import dataclasses
+
+    from models import TINY
+    from vkrt.model.synthetic import write_model
+    path = str(write_model(files["dir"] / "mtp.gguf", dataclasses.replace(TINY[TEXT_MODEL], n_nextn=1)))
+    before, _, after = CASES[0]
+    args = ("-m", path, "--mmproj", files["mmproj"], "--image", files["png"], "-p", before + "<__media__>" + after,
+            "-n", str(N_PREDICT), "--temp", "0", "--json")
+    plain = run(*args)
+    spec = run(*args, "--spec-type", "mtp", "--draft-p-min", "0", "--draft-max", "4")
+    assert plain.exit_code == 0 and spec.exit_code == 0, plain.output + spec.output
+    a, b = (json.loads(r.output.strip().splitlines()[-1]) for r in (plain, spec))
+    assert a["tokens"] == b["tokens"]
+    assert b["timings"]["draft_n"] > 0

@@ -56,11 +56,13 @@ def generate(engine, prompt_tokens: list[int] | MediaPrompt, n_predict: int, par
     on_token(token) may return True to stop early. grammar: only tokens it allows are sampled
     (masked on the GPU before the candidates are picked), and its EOS tokens end generation.
     speculation: draft tokens and verify them in one step (speculative.py; the same tokens
-    are generated, the same way distributed). A MediaPrompt (images in the prompt) is read as
-    media.eval_prompt reads it; its image tokens are no tokens to the sampler."""
+    are generated, the same way distributed; with images only an MTP head drafts). A MediaPrompt
+    (images in the prompt) is read as media.eval_prompt reads it; its image tokens are no tokens to
+    the sampler."""
     media = prompt_tokens if isinstance(prompt_tokens, MediaPrompt) else None
-    if media is not None and speculation is not None:
-        raise ConfigError("speculative decoding does not take prompts with images")
+    if media is not None and speculation is not None and not getattr(speculation.drafter, "takes_images", False):
+        raise ConfigError("n-gram and draft-model speculation do not take prompts with images (they would draft "
+                          "the image's placeholder ids); the MTP head does (--spec-type mtp)")
     text = media.text_tokens if media is not None else prompt_tokens
     sampler = Sampler(params)
     for t in text[-params.repeat_last_n:] if params.repeat_last_n > 0 else ():
