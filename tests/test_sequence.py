@@ -83,6 +83,25 @@ def test_copy_fill_and_rerecord(device):
         np.testing.assert_array_equal(download(device, dst, np.uint32), np.full(1024, 9, np.uint32))
 
 
+def test_copy_regions_in_one_command(device):
+    """copy_regions: several (src offset, dst offset, size) regions in one vkCmdCopyBuffer, each
+    landing where copy() would put it; a region outside either buffer is refused."""
+    with Buffer(device, 4096) as src, Buffer(device, 4096) as dst, CommandSequence(device) as seq:
+        upload(device, src, np.arange(1024, dtype=np.uint32))
+        with seq.record():
+            seq.fill(dst.range(0, 4096), 7)
+            seq.copy_regions(src, dst, [(0, 2048, 16), (400, 0, 8), (4000, 100 * 4, 96)])
+        seq.run()
+        out = download(device, dst, np.uint32)
+        expect = np.full(1024, 7, np.uint32)
+        expect[512:516] = np.arange(4)
+        expect[0:2] = [100, 101]
+        expect[100:124] = np.arange(1000, 1024)
+        np.testing.assert_array_equal(out, expect)
+        with pytest.raises(VkrtError, match="outside"), seq.record():
+            seq.copy_regions(src, dst, [(4090, 0, 16)])
+
+
 def test_timestamps(device):
     family = device.profile.queue_families[device.compute.family]
     if family.timestamp_bits == 0:

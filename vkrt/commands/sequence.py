@@ -220,6 +220,30 @@ class CommandSequence(Owned):
         lib.vkCmdCopyBuffer(self.handle, src.buffer.handle, dst.buffer.handle, 1, region)
         self._timestamp(label)
 
+    def copy_regions(self, src, dst, regions: list[tuple[int, int, int]], label: str = "copy") -> None:
+        """Copy each (src offset, dst offset, size) of `regions` from Buffer src to Buffer dst in
+        one command (one call into the driver, where copy() would make one a region)."""
+        self._require_recording()
+        if not regions:
+            return
+        reads, writes = [], []
+        for so, do, size in regions:
+            if size <= 0 or so < 0 or do < 0 or so + size > src.size or do + size > dst.size:
+                raise VkrtError(f"{self.label}: copy region {so}+{size} -> {do}+{size} outside {src.size} / "
+                                f"{dst.size} bytes")
+            reads.append(src.range(so, size))
+            writes.append(dst.range(do, size))
+        for r in reads:
+            self._check_range(r, f"{self.label}: copy source", storage=False)
+        for w in writes:
+            self._check_range(w, f"{self.label}: copy destination", storage=False)
+        self._hazard(reads, writes)
+        array = ffi.new("VkBufferCopy[]", len(regions))
+        for k, (so, do, size) in enumerate(regions):
+            array[k].srcOffset, array[k].dstOffset, array[k].size = so, do, size
+        lib.vkCmdCopyBuffer(self.handle, src.handle, dst.handle, len(regions), array)
+        self._timestamp(label)
+
     def fill(self, dst, value: int = 0, label: str = "fill") -> None:
         """Set every 32-bit word of range dst to `value` (size must be a multiple of 4)."""
         self._require_recording()

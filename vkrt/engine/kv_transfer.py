@@ -110,24 +110,30 @@ def _transfer(cache, device, layers: list[int], plan: _Plan, to_host: bool, bloc
             size += t.ne[2] * plan.width * t.nb[1]
 
     def record(down: bool):
-        def rec(seq):
-            host = staging.range(0, staging.size)
+        def rec(seq):   # one command a cache buffer: every head's runs of every tensor in it
+            regions: dict[int, tuple[object, list]] = {}
             for _, _, t, at in tensors:
                 row, whole = t.nb[1], t.range()
+                buf, pairs = regions.setdefault(id(whole.buffer), (whole.buffer, []))
                 for h in range(t.ne[2]):
                     for cell, first, rows in plan.regions:
-                        dev = whole.sub(h * t.nb[2] + cell * row, rows * row)
-                        stage = host.sub(at + (h * plan.width + first) * row, rows * row)
-                        seq.copy(dev, stage) if down else seq.copy(stage, dev)
+                        pairs.append((whole.offset + h * t.nb[2] + cell * row, (h * plan.width + first) * row + at,
+                                      rows * row))
+            for buf, pairs in regions.values():
+                if down:
+                    seq.copy_regions(buf, staging, pairs)
+                else:
+                    seq.copy_regions(staging, buf, [(s, d, n) for d, s, n in pairs])
         return rec
 
     with Buffer(device, max(4, size), MemoryKind.READBACK if to_host else MemoryKind.HOST,
                 label="KV transfer staging") as staging:
         if to_host or plan.span:
             run_once(device, record(True), "read KV cells")
-        if to_host:
+        if to_host:   # one read of the staging (each call into C is a turn at the GIL another thread may keep)
+            data = staging.read(np.uint8, size)
             for il, j, t, at in tensors:
-                rows = staging.read(np.uint8, t.ne[2] * plan.width * t.nb[1], at).reshape(t.ne[2], plan.width, -1)
+                rows = data[at:at + t.ne[2] * plan.width * t.nb[1]].reshape(t.ne[2], plan.width, -1)
                 pair = list(block.layers.get(il, (None, None)))
                 pair[j] = np.ascontiguousarray(rows[:, plan.where]) if plan.span else rows
                 block.layers[il] = tuple(pair)
