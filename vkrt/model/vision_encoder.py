@@ -20,12 +20,11 @@ from ..ops.layer_norm import layer_norm
 from ..ops.matmul import matmul
 from ..ops.rope import rope
 from ..owned import Owned
-from .gguf_file import GGUFFile
-from .vision_config import QWEN3VL, VisionConfig, vision_config
+from .vision_config import QWEN3VL, VisionConfig
 from .vision_layout import merge_order, patch_rows, resized_positions, rope_positions
 from .vision_memory import query_chunk
 from .vision_ops import full_attention, linear
-from .vision_weights import upload_weight
+from .vision_weights import load_tower
 
 ROPE_BASE = 10000.0   # clip.cpp's rope_multi frequency base for the Qwen-VL towers
 
@@ -62,18 +61,9 @@ class VisionEncoder(Owned):
         self.w: dict[str, Tensor] = {}
         self.work = FlashWork(device, label="vision work")
         try:
-            with GGUFFile(self.path, progress=False) as f:
-                self.cfg = vc = vision_config(self.path, f.metadata, f.tensors)
-                if vc.projector != QWEN3VL:
-                    raise GGUFError(f"{self.path}: a {vc.projector} projector is not a Qwen-VL tower "
-                                    "(vision_towers.open_encoder picks the tower of a file)")
-                missing = [n for n in required_names(vc) if n not in f.tensors]
-                if missing:
-                    raise GGUFError(f"{self.path}: the vision projector lacks tensor(s) {', '.join(missing[:4])}")
-                optional = [n for n in ("v.post_ln.weight", "v.post_ln.bias", "v.pre_ln.weight", "v.pre_ln.bias")
-                            if n in f.tensors]
-                for name in required_names(vc) + optional:
-                    self.w[name] = upload_weight(device, f, name)
+            self.cfg = vc = load_tower(device, self.path, QWEN3VL, "a Qwen-VL tower", required_names,
+                                       ("v.post_ln.weight", "v.post_ln.bias", "v.pre_ln.weight", "v.pre_ln.bias"),
+                                       self.w)
             table = self.w.pop("v.position_embd.weight")   # resized on the host for each grid
             self.pos_table = read_tensor(table).reshape(vc.n_pos_side ** 2, vc.n_embd)
             table.close()

@@ -23,12 +23,11 @@ from ..ops.layer_norm import layer_norm
 from ..ops.matmul import matmul
 from ..ops.norm import rms_norm
 from ..owned import Owned
-from .gguf_file import GGUFFile
 from .vision_config import GEMMA3, VisionConfig, vision_config
 from .vision_layout import patch_rows
 from .vision_memory import query_chunk
 from .vision_ops import full_attention, linear
-from .vision_weights import upload_transposed, upload_weight
+from .vision_weights import load_tower, upload_transposed, upload_weight
 
 LAYER = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ln2", "ffn_up", "ffn_down")
 PROJECTION = "mm.input_projection.weight"
@@ -69,23 +68,19 @@ class SiglipEncoder(Owned):
         self.w: dict[str, Tensor] = {}
         self.work = FlashWork(device, label="vision work")
         try:
-            with GGUFFile(self.path, progress=False) as f:
-                self.cfg = vc = vision_config(self.path, f.metadata, f.tensors)
-                if vc.projector != GEMMA3:
-                    raise GGUFError(f"{self.path}: a {vc.projector} projector is not Gemma 3's SigLIP tower "
-                                    "(vision_towers.open_encoder picks the tower of a file)")
-                missing = [n for n in required_names(vc) if n not in f.tensors]
-                if missing:
-                    raise GGUFError(f"{self.path}: the vision projector lacks tensor(s) {', '.join(missing[:4])}")
-                swap = ffn_swapped(vc, f.tensors)
-                for name in required_names(vc) + [n for n in ("v.post_ln.weight", "v.post_ln.bias") if n in f.tensors]:
-                    if name == PROJECTION:
-                        self.w[name] = upload_transposed(device, f, name)
-                        continue
-                    key = name
-                    if swap and ".ffn_" in name:   # stored under the other's name
-                        key = name.replace("ffn_up", "ffn_@").replace("ffn_down", "ffn_up").replace("ffn_@", "ffn_down")
-                    self.w[key] = upload_weight(device, f, name)
+            swap = []
+
+            def upload(f, name):
+                if name == PROJECTION:
+                    return name, upload_transposed(device, f, name)
+                if not swap:
+                    swap.append(ffn_swapped(vision_config(self.path, f.metadata, f.tensors), f.tensors))
+                key = name
+                if swap[0] and ".ffn_" in name:   # stored under the other's name
+                    key = name.replace("ffn_up", "ffn_@").replace("ffn_down", "ffn_up").replace("ffn_@", "ffn_down")
+                return key, upload_weight(device, f, name)
+            self.cfg = load_tower(device, self.path, GEMMA3, "Gemma 3's SigLIP tower", required_names,
+                                  ("v.post_ln.weight", "v.post_ln.bias"), self.w, upload)
         except BaseException:
             self.close()
             raise

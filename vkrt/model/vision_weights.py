@@ -11,8 +11,10 @@ import gguf
 import numpy as np
 
 from ..commands import tensor_from_numpy, write_tensor
+from ..errors import GGUFError
 from ..memory import F16, F32, Tensor
 from .gguf_file import GGUFFile
+from .vision_config import VisionConfig, vision_config
 
 PLAIN = (F32, F16)   # types vkrt reads as they are stored
 
@@ -63,3 +65,24 @@ def transposed_bytes(info) -> int:
 def upload_transposed(device, f: GGUFFile, name: str) -> Tensor:
     """transposed_matrix(f, name) on `device`."""
     return tensor_from_numpy(device, transposed_matrix(f, name), name=name)
+
+
+def load_tower(device, path: str, projector: str, what: str, required, optional: tuple[str, ...],
+               w: dict, upload=None) -> VisionConfig:
+    """The config of the `projector` tower ("what", for the error) in the mmproj file at `path`;
+    its tensors `required(config)` and those of `optional` the file has are uploaded into `w`
+    (name -> Tensor, filled as they come, for the caller to close on an error): upload(f, name)
+    -> (key, Tensor) where given, else upload_weight under the tensor's name."""
+    with GGUFFile(path, progress=False) as f:
+        vc = vision_config(path, f.metadata, f.tensors)
+        if vc.projector != projector:
+            raise GGUFError(f"{path}: a {vc.projector} projector is not {what} "
+                            "(vision_towers.open_encoder picks the tower of a file)")
+        names = required(vc)
+        missing = [n for n in names if n not in f.tensors]
+        if missing:
+            raise GGUFError(f"{path}: the vision projector lacks tensor(s) {', '.join(missing[:4])}")
+        for name in names + [n for n in optional if n in f.tensors]:
+            key, t = upload(f, name) if upload is not None else (name, upload_weight(device, f, name))
+            w[key] = t
+    return vc
