@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from models import tiny_model
 from scripts_sha import sha256
-from vision_cases import SETS, gemma3_mmproj_file, image_png
+from vision_cases import SETS, case_prompt, gemma3_mmproj_file, image_png, log_softmax
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
 from vkrt.engine.kv_cache import CellTable
@@ -47,15 +47,8 @@ def loaded(device, tmp_path_factory):
         yield model, path, mmproj, folder
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
-
-
 def _prompt(vision, model, case):
-    before, (h, w, seed), after = case
-    return vision.prompt(model.tokenizer, before + MARKER + after, [image_png(h, w, seed)], MARKER)
+    return case_prompt(vision, model, case, MARKER)
 
 
 @pytest.mark.parametrize("flash", [True, False])

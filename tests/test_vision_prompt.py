@@ -19,7 +19,7 @@ import pytest
 
 from models import tiny_model
 from scripts_sha import sha256
-from vision_cases import CASES, TEXT_MODEL, image_png, mmproj_file
+from vision_cases import CASES, TEXT_MODEL, case_prompt, image_png, log_softmax, mmproj_file
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
 from vkrt.engine.media import eval_prompt
@@ -42,15 +42,8 @@ def loaded(device, tmp_path_factory):
         yield model, path, mmproj
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
-
-
 def _prompt(vision, model, case):
-    before, (h, w, seed), after = case
-    return vision.prompt(model.tokenizer, before + MARKER + after, [image_png(h, w, seed)], MARKER)
+    return case_prompt(vision, model, case, MARKER)
 
 
 @pytest.mark.parametrize("flash", [True, False])

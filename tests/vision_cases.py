@@ -76,3 +76,15 @@ def image_png(h: int, w: int, seed: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(image_rgb(h, w, seed)).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def case_prompt(vision, model, case, marker: str):
+    """The MediaPrompt of a case (text before, (h, w, seed) of its image, text after)."""
+    before, (h, w, seed), after = case
+    return vision.prompt(model.tokenizer, before + marker + after, [image_png(h, w, seed)], marker)

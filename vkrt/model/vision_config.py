@@ -45,6 +45,10 @@ class VisionConfig:
         """Image sides are multiples of this (a merged patch)."""
         return self.patch_size * self.n_merge
 
+    def token_grid(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, columns) of image tokens an input of height x width pixels gives."""
+        return height // self.align, width // self.align
+
     @property
     def fixed_size(self) -> bool:
         """Every image is resized to image_size x image_size (Gemma 3), not sized to fit its area."""

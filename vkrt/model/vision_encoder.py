@@ -74,8 +74,7 @@ class VisionEncoder(Owned):
 
     def grid(self, pixels: np.ndarray) -> tuple[int, int]:
         """(rows, columns) of image tokens an input of pixels' size gives."""
-        a = self.cfg.align
-        return pixels.shape[1] // a, pixels.shape[2] // a
+        return self.cfg.token_grid(pixels.shape[1], pixels.shape[2])
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """The image tokens of `pixels` (float32 [3, H, W], H and W multiples of patch x merge, from
