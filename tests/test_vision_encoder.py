@@ -6,10 +6,16 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
-
 from vision_reference import encode as reference_encode
+
 from vkrt.errors import GGUFError
-from vkrt.model.image_input import ImageError, decode_image, fit_size, preprocess, resize_padded
+from vkrt.model.image_input import (
+    ImageError,
+    decode_image,
+    fit_size,
+    preprocess,
+    resize_padded,
+)
 from vkrt.model.mmproj_synthetic import MmprojSpec, write_mmproj
 from vkrt.model.vision_config import check_against_text
 from vkrt.model.vision_encoder import VisionEncoder
@@ -38,16 +44,20 @@ def test_encoder_matches_reference(device, mmproj, hw):
     assert np.abs(want).max() > 0.1
 
 
-def test_encoder_attention_in_query_chunks(device, mmproj, monkeypatch):
-    """Scores held for 5 queries at a time (7 chunks of a 4x8 patch grid, the last of 2) give the
-    same tokens as all at once."""
-    from vkrt.model import vision_memory
-    monkeypatch.setattr(vision_memory, "SCORES_BYTES", 4 * 32 * 2 * 5)
-    assert vision_memory.query_chunk(32, 2) == 5
-    px = _pixels(64, 128, seed=7)
+def test_encoder_replays_its_recording(device, mmproj):
+    """A size's recording is kept and replayed with the next image of that size (the same tokens
+    as a fresh encoder's); another size records anew."""
+    a, b, wide = _pixels(64, 128, seed=7), _pixels(64, 128, seed=8), _pixels(64, 64, seed=9)
     with VisionEncoder(device, mmproj) as enc:
-        got = enc.encode(px)
-    np.testing.assert_allclose(got, reference_encode(mmproj, px), rtol=2e-3, atol=2e-3)
+        first = enc.encode(a)
+        run = enc.runs.run
+        np.testing.assert_allclose(enc.encode(b), reference_encode(mmproj, b), rtol=2e-3, atol=2e-3)
+        assert enc.runs.run is run
+        np.testing.assert_array_equal(enc.encode(a), first)
+        np.testing.assert_allclose(enc.encode(wide), reference_encode(mmproj, wide), rtol=2e-3, atol=2e-3)
+        assert enc.runs.run is not run and run.closed and enc.runs.key == (4, 4)
+    np.testing.assert_allclose(first, reference_encode(mmproj, a), rtol=2e-3, atol=2e-3)
+    assert enc.runs.run is None
 
 
 def test_encoder_f16_weights(device, tmp_path):
@@ -114,3 +124,17 @@ def test_bad_images():
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="PNG")
     with pytest.raises(ImageError, match="image 1: "):
         decode_image(buf.getvalue()[:40], "image 1")
+
+
+def test_encoder_padded_heads(device, mmproj, monkeypatch):
+    """Attention at a padded head size (as where it takes cooperative matrices: heads of 72 at 80)
+    gives the tokens of the unpadded heads: the copies in and out, the zero columns."""
+    from vkrt.model import vision_ops
+    monkeypatch.setattr(vision_ops, "padded_head", lambda device, head, n: head + 16)
+    px = _pixels(64, 128, seed=7)
+    with VisionEncoder(device, mmproj) as enc:
+        got = enc.encode(px)
+        assert enc.runs.run.tensors["padded q"].ne[:3] == (enc.cfg.head_dim + 16, enc.cfg.n_head, 32)
+        again = enc.encode(_pixels(64, 128, seed=8))
+    np.testing.assert_allclose(got, reference_encode(mmproj, px), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(again, reference_encode(mmproj, _pixels(64, 128, seed=8)), rtol=2e-3, atol=2e-3)

@@ -5,11 +5,13 @@ checks of a gemma3 projector file and of its text model."""
 import gguf
 import numpy as np
 import pytest
-
 from models import tiny_model
 from vision_cases import GEMMA3_MMPROJ, image_png, image_rgb
-from vision_reference_gemma3 import encode as reference_encode, preprocess as reference_preprocess
+from vision_reference_gemma3 import encode as reference_encode
+from vision_reference_gemma3 import preprocess as reference_preprocess
+
 from vkrt.errors import GGUFError
+from vkrt.model import vision_run
 from vkrt.model.gguf_file import GGUFFile
 from vkrt.model.image_input import decode_image, preprocess
 from vkrt.model.loader import Model
@@ -18,10 +20,9 @@ from vkrt.model.vision import Vision
 from vkrt.model.vision_config import GEMMA3, check_against_text, vision_config
 from vkrt.model.vision_encoder import VisionEncoder
 from vkrt.model.vision_memory import activation_bytes, encoder_vram
-from vkrt.model import vision_siglip
 from vkrt.model.vision_siglip import SiglipEncoder
-from vkrt.model.vision_weights import transposed_bytes, transposed_matrix
 from vkrt.model.vision_towers import open_encoder
+from vkrt.model.vision_weights import transposed_bytes, transposed_matrix
 
 SPEC = MmprojSpec(projector=GEMMA3, proj_dim=64, patch_size=8, n_merge=4, n_pos_side=16, seed=5)
 
@@ -53,15 +54,16 @@ def test_encoder_matches_reference(device, tmp_path, spec, tol):
     assert np.abs(want).max() > 0.5
 
 
-def test_attention_in_query_chunks(device, mmproj, monkeypatch):
-    """Scores held for 50 queries at a time (6 chunks of 256 patches, the last of 6)."""
-    from vkrt.model import vision_memory
-    monkeypatch.setattr(vision_memory, "SCORES_BYTES", 4 * 256 * 2 * 50)
-    assert vision_memory.query_chunk(256, 2) == 50
-    px = _pixels(128, seed=9)
+def test_replayed_recording(device, mmproj):
+    """The one size's recording is replayed for the next image: the same tokens as a fresh encoder's."""
+    a, b = _pixels(128, seed=9), _pixels(128, seed=10)
     with SiglipEncoder(device, mmproj) as enc:
-        got = enc.encode(px)
-    np.testing.assert_allclose(got, reference_encode(mmproj, px), rtol=2e-4, atol=2e-4)
+        first = enc.encode(a)
+        run = enc.runs.run
+        np.testing.assert_allclose(enc.encode(b), reference_encode(mmproj, b), rtol=2e-4, atol=2e-4)
+        np.testing.assert_array_equal(enc.encode(a), first)
+        assert enc.runs.run is run
+    np.testing.assert_allclose(first, reference_encode(mmproj, a), rtol=2e-4, atol=2e-4)
 
 
 def _swap(name: str) -> str:
@@ -91,7 +93,7 @@ def test_config_and_memory(device, mmproj, monkeypatch):
     assert (vc.projector, vc.n_merge, vc.image_size, vc.proj_dim, vc.n_pos_side) == (GEMMA3, 4, 128, 64, 16)
     assert vc.fixed_size and vc.bidirectional and vc.min_pixels == vc.max_pixels == 128 * 128
     taken = []
-    empty, upload = vision_siglip.Tensor.empty, vision_siglip.tensor_from_numpy
+    empty = vision_run.Tensor.empty
 
     class Counting:
         @staticmethod
@@ -99,14 +101,9 @@ def test_config_and_memory(device, mmproj, monkeypatch):
             t = empty(*a, **k)
             taken.append(t.nbytes)
             return t
-
-    def counting_upload(dev, arr, **k):
-        taken.append(arr.nbytes)
-        return upload(dev, arr, **k)
     with SiglipEncoder(device, mmproj) as enc:
         weights = sum(t.nbytes for t in enc.w.values())
-        monkeypatch.setattr(vision_siglip, "Tensor", Counting)
-        monkeypatch.setattr(vision_siglip, "tensor_from_numpy", counting_upload)
+        monkeypatch.setattr(vision_run, "Tensor", Counting)
         enc.encode(_pixels(128))
     assert sum(taken) == activation_bytes(vc, 256) > 0
     assert encoder_vram(mmproj) == weights + activation_bytes(vc, 256)

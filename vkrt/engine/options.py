@@ -162,7 +162,7 @@ def estimate_keywords(o: EngineOptions, device) -> dict:
     return dict(n_ctx=o.n_ctx, n_ubatch=min(o.n_ubatch, o.n_batch), n_gpu_layers=o.n_gpu_layers,
                 kv_bytes=tuple(kv_type(t).type_size / kv_type(t).block_size for t in o.kv_types),
                 flash_attn=o.flash_attn, prefetch_slots=slots_requested(None, device.settings),
-                n_seq_max=o.n_seq_max, device=device, encoder=encoder_vram(o.mmproj))
+                n_seq_max=o.n_seq_max, device=device, encoder=encoder_vram(o.mmproj, device))
 
 
 def _plan_one(device, path: str, o: EngineOptions, budget: int | None) -> int | None:

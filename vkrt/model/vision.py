@@ -66,8 +66,9 @@ class Vision(Owned):
 
     @property
     def activation_bytes(self) -> int:
-        """VRAM encoding the largest image the projector takes needs (for a while)."""
-        return activation_bytes(self.cfg, self.cfg.max_pixels // self.cfg.patch_size ** 2)
+        """VRAM encoding the largest image the projector takes needs (held: the tower keeps the
+        buffers of the last image size it encoded, vision_run)."""
+        return activation_bytes(self.cfg, self.cfg.max_pixels // self.cfg.patch_size ** 2, self.encoder.device)
 
     def image(self, data: bytes, what: str) -> ImageChunk:
         """Encode the image file `data` (PNG, JPEG, WebP, GIF, BMP); ImageError naming `what`."""

@@ -11,9 +11,9 @@ import os
 
 import numpy as np
 
-from ..commands import CommandSequence, read_tensor, tensor_from_numpy
+from ..commands import read_tensor, tensor_from_numpy, write_tensor
 from ..errors import GGUFError
-from ..memory import F32, Tensor
+from ..memory import I32, Tensor
 from ..ops.elementwise import activation, add
 from ..ops.flash_work import FlashWork
 from ..ops.layer_norm import layer_norm
@@ -22,8 +22,8 @@ from ..ops.rope import rope
 from ..owned import Owned
 from .vision_config import QWEN3VL, VisionConfig
 from .vision_layout import merge_order, patch_rows, resized_positions, rope_positions
-from .vision_memory import query_chunk
-from .vision_ops import full_attention, linear
+from .vision_ops import add_padded, full_attention, linear
+from .vision_run import LastRun
 from .vision_weights import load_tower
 
 ROPE_BASE = 10000.0   # clip.cpp's rope_multi frequency base for the Qwen-VL towers
@@ -60,6 +60,7 @@ class VisionEncoder(Owned):
         self.device, self.path = device, os.fspath(path)
         self.w: dict[str, Tensor] = {}
         self.work = FlashWork(device, label="vision work")
+        self.runs = LastRun("vision encoder run")
         try:
             self.cfg = vc = load_tower(device, self.path, QWEN3VL, "a Qwen-VL tower", required_names,
                                        ("v.post_ln.weight", "v.post_ln.bias", "v.pre_ln.weight", "v.pre_ln.bias"),
@@ -79,48 +80,42 @@ class VisionEncoder(Owned):
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """The image tokens of `pixels` (float32 [3, H, W], H and W multiples of patch x merge, from
         image_input.preprocess): [n_tokens, proj_dim] float32, raster order of the merged grid."""
-        vc, dev = self.cfg, self.device
-        p, m, E = vc.patch_size, vc.n_merge, vc.n_embd
+        vc, p, m = self.cfg, self.cfg.patch_size, self.cfg.n_merge
         if pixels.ndim != 3 or pixels.shape[0] != 3 or pixels.shape[1] % vc.align or pixels.shape[2] % vc.align:
             raise GGUFError(f"{self.path}: the encoder takes [3, H, W] with H and W multiples of {vc.align}, got "
                             f"{list(pixels.shape)}")
         gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
+        run = self.runs.get((gh, gw), lambda r: self._build(r, gh, gw), self.device)
+        out = run.run({"patches": patch_rows(pixels, p, m)}, "out")
+        return out.reshape(gh // m, gw // m, vc.proj_dim).reshape(-1, vc.proj_dim)
+
+    def _build(self, run, gh: int, gw: int) -> None:
+        """The buffers of a gh x gw patch grid (its rotary and learned positions written now) and
+        the tower recorded over them."""
+        vc, m, E = self.cfg, self.cfg.n_merge, self.cfg.n_embd
         n = gh * gw
-        order = rope_positions(gh, gw, m)
-        pos = resized_positions(self.pos_table, vc.n_pos_side, gh, gw)
-        pos = pos[merge_order(gh, gw, m)].astype(np.float32)
-        tensors: list[Tensor] = []
+        run.new("patches", (3 * vc.patch_size ** 2, n))
+        positions = run.new("positions", (4 * n,), I32)
+        pos_t = run.new("learned positions", (E, n))
+        write_tensor(positions, rope_positions(gh, gw, m))
+        learned = resized_positions(self.pos_table, vc.n_pos_side, gh, gw)
+        write_tensor(pos_t, learned[merge_order(gh, gw, m)].astype(np.float32))
+        for name in ("x", "cur", "attn"):
+            run.new(name, (E, n))
+        run.new("qkv", (3 * E, n))
+        run.new("ffn", (vc.n_ff, n))
+        run.new("q", (vc.head_dim, vc.n_head, n))
+        run.new("k", (vc.head_dim, vc.n_head, n))
+        add_padded(run, vc.head_dim, vc.n_head, n)
+        run.new("merger", (E * m * m, n // (m * m)))
+        run.new("out", (vc.proj_dim, n // (m * m)))
+        run.record(lambda seq: self._record(seq, run.tensors, n))
 
-        def new(ne, typ=F32, name=""):
-            t = Tensor.empty(dev, typ, ne, name=name)
-            tensors.append(t)
-            return t
-
-        def upload(arr, name):
-            t = tensor_from_numpy(dev, np.ascontiguousarray(arr), name=name)
-            tensors.append(t)
-            return t
-        try:
-            patches = upload(patch_rows(pixels, p, m), "vision patches")
-            positions = upload(order, "vision rope positions")
-            pos_t = upload(pos, "vision positions")
-            x, cur, attn = new((E, n), name="vision x"), new((E, n), name="vision cur"), new((E, n), name="vision attn")
-            qkv, ffn = new((3 * E, n), name="vision qkv"), new((vc.n_ff, n), name="vision ffn")
-            q, k = new((vc.head_dim, vc.n_head, n), name="vision q"), new((vc.head_dim, vc.n_head, n), name="vision k")
-            scores = new((query_chunk(n, vc.n_head) * n * vc.n_head,), name="vision scores")
-            M = E * m * m
-            mid, out = new((M, n // (m * m)), name="vision merger"), new((vc.proj_dim, n // (m * m)), name="vision out")
-            with CommandSequence(dev, label="vision encoder") as seq:
-                with seq.record():
-                    self._record(seq, patches, positions, pos_t, x, cur, attn, qkv, ffn, q, k, scores, mid, out, n)
-                seq.run()
-            return read_tensor(out).reshape(gh // m, gw // m, vc.proj_dim).reshape(-1, vc.proj_dim)
-        finally:
-            for t in tensors:
-                t.close()
-
-    def _record(self, seq, patches, positions, pos_t, x, cur, attn, qkv, ffn, q, k, scores, mid, out, n) -> None:
+    def _record(self, seq, bufs: dict, n: int) -> None:
         vc, w, E, D, H = self.cfg, self.w, self.cfg.n_embd, self.cfg.head_dim, self.cfg.n_head
+        patches, positions, pos_t, x, cur, attn, qkv, ffn, q, k, mid, out = (
+            bufs[name] for name in ("patches", "positions", "learned positions", "x", "cur", "attn", "qkv", "ffn", "q",
+                                 "k", "merger", "out"))
 
         def lin(name, src, dst):
             linear(seq, w, name, src, dst, self.work)
@@ -148,7 +143,7 @@ class VisionEncoder(Owned):
             rope(seq, qkv.view((D, H, n), nb=(4, 4 * D, row), offset=4 * E), positions, k, **rope_args)
             seq.barrier()
             full_attention(seq, self.device, q, k, qkv.view((D, H, n), nb=(4, 4 * D, row), offset=8 * E),
-                           attn.view((D, H, n)), scores, f"vision attention {il}")
+                           attn.view((D, H, n)), self.work, f"vision attention {il}", bufs)
             lin(b + "attn_out", attn, cur)
             add(seq, x, cur, x)
             seq.barrier()
@@ -175,4 +170,5 @@ class VisionEncoder(Owned):
         self.w.clear()
         if getattr(self, "ff", None) is not None:
             self.ff.close()
+        self.runs.close()
         self.work.close()

@@ -53,4 +53,5 @@ def resized_positions(table: np.ndarray, side: int, gh: int, gw: int) -> np.ndar
         return table.astype(np.float64)
     grid = table.reshape(side, side, -1).astype(np.float64)
     wy, wx = _axis_weights(side, gh), _axis_weights(side, gw)
-    return np.einsum("ys,xt,ste->yxe", wy, wx, grid).reshape(gh * gw, -1)
+    rows = np.tensordot(wy, grid, axes=(1, 0))               # [gh, side, E]: the y axis resized
+    return np.tensordot(wx, rows, axes=(1, 1)).transpose(1, 0, 2).reshape(gh * gw, -1)

@@ -13,9 +13,8 @@ import os
 
 import numpy as np
 
-from ..commands import CommandSequence, read_tensor, tensor_from_numpy
 from ..errors import GGUFError
-from ..memory import F32, Tensor
+from ..memory import Tensor
 from ..ops.copy import copy
 from ..ops.elementwise import activation, add, scale
 from ..ops.flash_work import FlashWork
@@ -25,8 +24,8 @@ from ..ops.norm import rms_norm
 from ..owned import Owned
 from .vision_config import GEMMA3, VisionConfig, vision_config
 from .vision_layout import patch_rows
-from .vision_memory import query_chunk
-from .vision_ops import full_attention, linear
+from .vision_ops import add_padded, full_attention, linear
+from .vision_run import LastRun
 from .vision_weights import load_tower, upload_transposed, upload_weight
 
 LAYER = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ln2", "ffn_up", "ffn_down")
@@ -67,6 +66,7 @@ class SiglipEncoder(Owned):
         self.device, self.path = device, os.fspath(path)
         self.w: dict[str, Tensor] = {}
         self.work = FlashWork(device, label="vision work")
+        self.runs = LastRun("vision encoder run")
         try:
             swap = []
 
@@ -92,39 +92,27 @@ class SiglipEncoder(Owned):
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """The image tokens of `pixels` (float32 [3, S, S], S the projector's image_size, from
         image_input.preprocess): [n_tokens, proj_dim] float32, raster order of the pooled grid."""
-        vc, dev = self.cfg, self.device
-        S, E, k = vc.image_size, vc.n_embd, vc.n_merge
+        vc, S = self.cfg, self.cfg.image_size
         if pixels.shape != (3, S, S):
             raise GGUFError(f"{self.path}: the encoder takes [3, {S}, {S}], got {list(pixels.shape)}")
-        side = S // vc.patch_size
-        n, n_out = side * side, (side // k) ** 2
-        tensors: list[Tensor] = []
+        run = self.runs.get(S, self._build, self.device)
+        out = run.run({"patches": patch_rows(pixels, vc.patch_size, 1)}, "out")
+        return out.reshape(-1, vc.proj_dim)
 
-        def new(ne, name):
-            t = Tensor.empty(dev, F32, ne, name=name)
-            tensors.append(t)
-            return t
-
-        def upload(arr, name):
-            t = tensor_from_numpy(dev, np.ascontiguousarray(arr), name=name)
-            tensors.append(t)
-            return t
-        try:
-            b = {"patches": upload(patch_rows(pixels, vc.patch_size, 1), "vision patches")}
-            for name in ("x", "cur", "attn", "q", "k", "v"):
-                b[name] = new((E, n), f"vision {name}")
-            b["ffn"] = new((vc.n_ff, n), "vision ffn")
-            b["scores"] = new((query_chunk(n, vc.n_head) * n * vc.n_head,), "vision scores")
-            b["pooled"], b["normed"] = new((E, n_out), "vision pooled"), new((E, n_out), "vision normed")
-            b["out"] = new((vc.proj_dim, n_out), "vision out")
-            with CommandSequence(dev, label="vision encoder") as seq:
-                with seq.record():
-                    self._record(seq, b, n, side)
-                seq.run()
-            return read_tensor(b["out"]).reshape(n_out, vc.proj_dim)
-        finally:
-            for t in tensors:
-                t.close()
+    def _build(self, run) -> None:
+        """The buffers of an image (the tower's one size) and the tower recorded over them."""
+        vc, E = self.cfg, self.cfg.n_embd
+        side = vc.image_size // vc.patch_size
+        n, n_out = side * side, (side // vc.n_merge) ** 2
+        run.new("patches", (3 * vc.patch_size ** 2, n))
+        for name in ("x", "cur", "attn", "q", "k", "v"):
+            run.new(name, (E, n))
+        run.new("ffn", (vc.n_ff, n))
+        add_padded(run, vc.head_dim, vc.n_head, n)
+        run.new("pooled", (E, n_out))
+        run.new("normed", (E, n_out))
+        run.new("out", (vc.proj_dim, n_out))
+        run.record(lambda seq: self._record(seq, run.tensors, n, side))
 
     def _record(self, seq, b: dict, n: int, side: int) -> None:
         vc, w, E, D, H = self.cfg, self.w, self.cfg.n_embd, self.cfg.head_dim, self.cfg.n_head
@@ -146,7 +134,7 @@ class SiglipEncoder(Owned):
                 add(seq, b[name], w[p + f"attn_{name}.bias"], b[name])
             seq.barrier()
             heads = [b[name].view((D, H, n)) for name in ("q", "k", "v")]
-            full_attention(seq, self.device, *heads, attn.view((D, H, n)), b["scores"], f"vision attention {il}")
+            full_attention(seq, self.device, *heads, attn.view((D, H, n)), self.work, f"vision attention {il}", b)
             lin(p + "attn_out", attn, cur)
             add(seq, x, cur, x)
             seq.barrier()
@@ -186,4 +174,5 @@ class SiglipEncoder(Owned):
         for t in self.w.values():
             t.close()
         self.w.clear()
+        self.runs.close()
         self.work.close()
