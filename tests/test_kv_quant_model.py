@@ -102,3 +102,38 @@ def test_saved_rows_restore_bit_for_bit(model):
         write_kv(e, 0, block)
         write_state(e, 0, state, len(prompt))
         np.testing.assert_array_equal(e.eval(more, all_logits=True), fresh)
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen35moe"])
+def model64(request, device, tmp_path_factory):
+    """Heads of 64, where a quantised cache is stored rotated (tiny-qwen35moe: gated attention,
+    whose gate must meet the output after it is rotated back)."""
+    spec = dataclasses.replace(TINY[request.param], head_dim=64)
+    path = str(tmp_path_factory.mktemp("kvq64") / f"{request.param}-hd64.gguf")
+    write_model(path, spec)
+    with Model(device, path, progress=False) as m:
+        yield m
+
+
+@pytest.mark.parametrize("k,v,runs", [("Q8_0", "Q8_0", (64, 64)), ("Q4_0", "F16", (64, 0)), ("F16", "Q4_0", (0, 64))])
+def test_rotated_cache_keeps_attention(model64, device_env, k, v, runs):
+    """K with the queries, and V with attention's output, rotated as llama.cpp rotates them: each
+    side alone and both stay as close to the F16 cache's logits as the bound for their types (a
+    side rotated and not rotated back would not); with VKRT_KV_ROTATION=0 the rows are stored as
+    they come, which gives other logits."""
+    rng = np.random.default_rng(9)
+    tokens = rng.integers(1, model64.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
+    ref = logits(model64, tokens)
+    with Engine(model64, n_ctx=64, kv_type=k, kv_type_v=v) as e:
+        assert (e.cache.k_rot, e.cache.v_rot) == runs
+    got = logits(model64, tokens, kv_type=k, kv_type_v=v)
+    bound = BOUND["Q4_0" if "Q4_0" in (k, v) else "Q8_0"]
+    err = np.abs(got - ref).max(axis=-1) / np.abs(ref).max(axis=-1)
+    assert 0 < err.max() < bound, f"{k}/{v}: worst position {err.max():.3g}"
+    device_env("VKRT_KV_ROTATION", "0")
+    with Engine(model64, n_ctx=64, kv_type=k, kv_type_v=v) as e:
+        assert (e.cache.k_rot, e.cache.v_rot) == (0, 0)
+    plain = logits(model64, tokens, kv_type=k, kv_type_v=v)
+    assert not np.array_equal(plain, got)
+    err_plain = np.abs(plain - ref).max(axis=-1) / np.abs(ref).max(axis=-1)
+    assert err_plain.max() < bound

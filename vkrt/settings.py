@@ -169,6 +169,9 @@ VARIABLES: tuple[Variable, ...] = (
              "norm_route (vkrt/model/fuse.py says what each fuses)", _items),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
+    Variable("VKRT_KV_ROTATION", "kv_rotation", "flag", "1",
+             "store a quantised KV cache Walsh-Hadamard rotated, as llama.cpp does (0: as it comes, which "
+             "quantises worse; llama.cpp's LLAMA_ATTN_ROT_DISABLE=1)", parse_flag),
     Variable("VKRT_COOPMAT", "coopmat", "flag or unset", "tuning table",
              "prompt GEMMs and prompt flash attention on cooperative matrices (fp16 operands, fp32 sums; "
              "VK_KHR_cooperative_matrix): 1 where the device can (an error where not), 0 the fp32 kernels; "
@@ -222,6 +225,7 @@ class Settings:
     link_bandwidth: float | None = None
     fuse: tuple = ("all",)               # VKRT_FUSE's items (vkrt.model.fuse.enabled)
     fa_mask_opt: bool | None = None
+    kv_rotation: bool = True
     coopmat: bool | None = None
     tune: str = ""                        # VKRT_TUNE's FIELD=VALUE items: vkrt.device.tune.parse_tune
     glslang_lib: Path | None = None

@@ -174,8 +174,16 @@ def test_foreign_and_damaged_files_are_refused(files_server, folder):
 
     def kv_type(h):
         h["layout"]["kv_type"] = "F32"
+
+    def rotated(h):
+        h["layout"]["kv_rotation"] = [64, 64]
+
+    def unrecorded(h):   # files from before the rotation: not rotated
+        assert h["layout"].pop("kv_rotation") == [0, 0]
     rewrite_header(good, os.path.join(folder, "other-model.slot"), model_name)
     rewrite_header(good, os.path.join(folder, "other-kv.slot"), kv_type)
+    rewrite_header(good, os.path.join(folder, "rotated.slot"), rotated)
+    rewrite_header(good, os.path.join(folder, "older.slot"), unrecorded)
     with open(os.path.join(folder, "garbage.slot"), "wb") as f:
         f.write(b"not a slot file at all, just text")
     with open(good, "rb") as f:
@@ -183,11 +191,14 @@ def test_foreign_and_damaged_files_are_refused(files_server, folder):
     with open(os.path.join(folder, "short.slot"), "wb") as f:
         f.write(whole[:-100])
     for name, why in (("other-model.slot", "saved from model 'another model'"), ("other-kv.slot", "KV cache type"),
+                      ("rotated.slot", "rotated in runs [64, 64]"),
                       ("garbage.slot", "not a vkrt slot file"), ("short.slot", "truncated"),
                       ("missing.slot", "no file 'missing.slot'")):
         status, reply = slot_action(files_server, "restore", {"filename": name})
         assert status == 400 and why in reply["error"]["message"], (name, reply)
     assert n_cached(files_server) > 0   # a refused restore leaves the slot as it was
+    status, reply = slot_action(files_server, "restore", {"filename": "older.slot"})
+    assert status == 200, reply
 
 
 def test_bad_requests(files_server):

@@ -8,6 +8,7 @@ import numpy as np
 from ..commands import run_once
 from ..errors import ConfigError, VkrtError
 from ..memory import F16, Tensor
+from ..ops.hadamard import k_rotation, v_rotation
 from ..ops.kv_quant import KV_QUANT, kv_type
 from ..owned import Owned
 
@@ -111,10 +112,12 @@ class KVCache(Owned):
     """K and V tensors of the `layers` that attend (DeltaNet layers keep a recurrent state
     instead), by layer index; F16 by default, `type` K's (and V's unless `v_type` is given): F32,
     F16 or a quantised KV type (ops/kv_quant.py). `cells`: the cell table to share (the stages of
-    a layer split hold the same cells of their own layers)."""
+    a layer split hold the same cells of their own layers). `rotate`: a quantised K or V is
+    stored Walsh-Hadamard rotated where the head allows (k_rot / v_rot: the runs, 0 none), as
+    llama.cpp stores it (ops/hadamard.py)."""
 
     def __init__(self, device, layers, head_dim_k: int, head_dim_v: int, n_head_kv: int, n_ctx: int,
-                 type=F16, cells: CellTable | None = None, v_type=None):
+                 type=F16, cells: CellTable | None = None, v_type=None, rotate: bool = True):
         super().__init__(f"KV cache {n_ctx} cells")
         self.k_type = kv_type(type)
         self.v_type = kv_type(v_type) if v_type is not None else self.k_type
@@ -123,6 +126,8 @@ class KVCache(Owned):
             if t.name in KV_QUANT and hd % t.block_size:
                 raise ConfigError(f"{what} {t.name.lower()}: a {t.name} KV cache needs head sizes that are "
                                   f"multiples of {t.block_size}; this model's is {hd} (use f16)")
+        self.k_rot = k_rotation(head_dim_k) if rotate and self.k_type.name in KV_QUANT else 0
+        self.v_rot = v_rotation(head_dim_v) if rotate and self.v_type.name in KV_QUANT else 0
         self.n_ctx = n_ctx
         self.cells = cells if cells is not None else CellTable(n_ctx)
         self.k: dict[int, Tensor] = {}

@@ -46,13 +46,15 @@ class KVBlock:
 
 def kv_layout(engine) -> dict:
     """What a KVBlock and a recurrent state of this engine look like: the cache type, each
-    attention layer's (K row bytes, V row bytes, heads) and the recurrent state's bytes a
-    sequence on each stage (a saved block fits another engine only where these agree)."""
+    attention layer's (K row bytes, V row bytes, heads), the runs a quantised K and V are rotated
+    in (0: not rotated) and the recurrent state's bytes a sequence on each stage (a saved block
+    fits another engine only where these agree)."""
     layers = {}
     for st in engine.stages:
         for il, k in st.cache.k.items():
             layers[il] = (k.nb[1], st.cache.v[il].nb[1], k.ne[2])
     return {"kv_type": engine.cache.type_name, "layers": {str(il): list(v) for il, v in sorted(layers.items())},
+            "kv_rotation": [engine.cache.k_rot, engine.cache.v_rot],
             "state_bytes": [st.state.slot_bytes for st in engine.stages if st.state is not None]}
 
 

@@ -65,7 +65,7 @@ class Stage(Owned):
             try:
                 self.cache = KVCache(device, [il for il in cfg.kv_layers if il in layers], cfg.head_dim_k,
                                      cfg.head_dim_v, cfg.n_head_kv, n_ctx, kv_type, cells=cells,
-                                     v_type=kv_type_v)
+                                     v_type=kv_type_v, rotate=device.settings.kv_rotation)
             except BufferTooLarge as exc:
                 raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
             if any(il in layers for il in cfg.linear_layers):

@@ -68,7 +68,7 @@ def record_attention(tf, g, cache, il: int, n_kv: int, mask, flash: bool, split_
     q_temp = {"attn_temp": (cfg.attn_temp_scale, cfg.attn_temp_floor)} if cfg.attn_temp_scale else {}
     g.add(QKRope(q3, k.view((D, KV, T)), v.view((Dv, KV, T)), qr, s.cols("kr", T).view((D, KV, T)), cache.k[il],
                  cache.v[il], s.cells.slice(0, 0, T), positions(cfg, s, T), norms["q"], norms["k"], eps,
-                 rope_args(cfg, tf.rope_factors, il), q_temp))
+                 rope_args(cfg, tf.rope_factors, il), q_temp, cache.k_rot, cache.v_rot))
     out = s.attn.view((Dv, H, T))
     plan = None
     if split_as is not None:   # the queries, output and mask of a step of split_as[0] tokens
@@ -76,7 +76,7 @@ def record_attention(tf, g, cache, il: int, n_kv: int, mask, flash: bool, split_
         plan = (s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), s.attn.view((Dv, H, P)), split_as[1])
     g.add(Attend(qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv), out, mask,
                  cfg.attn_scale, w[p + "attn_sinks.weight"] if cfg.spec.attn.sinks else None, flash, s,
-                 f"flash attention {il}" if flash else f"attention {il}", tf.fa_mask_opt, plan))
+                 f"flash attention {il}" if flash else f"attention {il}", tf.fa_mask_opt, plan, cache.v_rot))
     if gate is not None:
         g.call("gate", lambda seq: gate_mul(seq, out, gate, out, act="sigmoid"))
     o = s.cols("o", T)

@@ -241,8 +241,8 @@ class _Pass:
 
     def _rope(self, op: QKRope):
         """The rope op as the norm_rope fusions have it."""
-        if "norm_rope" not in self.on or not plain_cache(op.k_cache):   # its store writes F32/F16 rows
-            return op
+        if "norm_rope" not in self.on or not plain_cache(op.k_cache) or op.k_rot or op.v_rot:
+            return op   # its store writes F32/F16 rows, unrotated
         return NormRope(op, with_q="qk_rope" in self.on and not op.q_temp,
                         store_v="kv_store" in self.on and can_store_v(op.k3, op.k_cache, op.v3, op.v_cache))
 
@@ -251,7 +251,7 @@ class _Pass:
         if run is None or "fa_rope" not in self.on:
             return None
         op, attend = run
-        if not attend.flash or op.q3.ne[2] != 1 or op.q_temp:
+        if not attend.flash or op.q3.ne[2] != 1 or op.q_temp or op.k_rot or op.v_rot:
             return None
         prologue = fa_norm_rope(self.device, op.q3, op.k3, op.v3, op.pos, op.cells, op.k_cache, op.v_cache,
                                 q_weight=op.q_norm, k_weight=op.k_norm, eps=op.eps, rope_args=op.rope_args)

@@ -13,6 +13,7 @@ from ..ops.add_id import add_id
 from ..ops.attention import Attention
 from ..ops.elementwise import activation, add
 from ..ops.flash_attn import FlashAttn
+from ..ops.hadamard import hadamard
 from ..ops.matmul import matmul
 from ..ops.moe import moe_combine, moe_route
 from ..ops.mul_mat_id import mul_mat_id
@@ -175,7 +176,9 @@ class MoeCombine(Node):
 @dataclass(eq=False)
 class QKRope(Node):
     """Attention's q/k norm (per head, where the model has one) and RoPE, rotated queries into qr,
-    and K's and V's stores into their cache cells. q3, k3, v3: [head_dim, heads, tokens]."""
+    and K's and V's stores into their cache cells. q3, k3, v3: [head_dim, heads, tokens].
+    k_rot / v_rot: the Walsh-Hadamard runs a quantised cache's K (with the queries) and V are
+    rotated in before they are stored (ops/hadamard.py; 0: none); v3 is rotated in place."""
 
     q3: Tensor
     k3: Tensor
@@ -191,6 +194,8 @@ class QKRope(Node):
     eps: float
     rope_args: dict
     q_temp: dict = field(default_factory=dict)   # mistral3's attention temperature (rope's attn_temp)
+    k_rot: int = 0
+    v_rot: int = 0
 
     def record(self, seq) -> None:
         q3 = self.q3
@@ -200,6 +205,11 @@ class QKRope(Node):
             q3 = self.qr
         rope(seq, q3, self.pos, self.qr, **self.rope_args, **self.q_temp)
         rope(seq, self.k3, self.pos, self.kr, **self.rope_args)
+        if self.k_rot:
+            hadamard(seq, self.qr, self.k_rot)
+            hadamard(seq, self.kr, self.k_rot)
+        if self.v_rot:
+            hadamard(seq, self.v3, self.v_rot)
         set_rows(seq, self.kr, self.cells, self.k_cache)
         set_rows(seq, self.v3, self.cells, self.v_cache)
 
@@ -246,6 +256,7 @@ class Attend(Node):
     mask_opt: bool | None = None
     # (queries, output, mask) of the step whose KV split flash attention takes (None: this one's)
     plan: tuple | None = None
+    v_rot: int = 0   # the output rotated back in runs of v_rot (the cache's V is rotated: QKRope)
 
     def build(self, device, prologue=None):
         """The attention op, built now (with `prologue`, an FANormRope, where it takes it)."""
@@ -266,3 +277,5 @@ class Attend(Node):
 
     def record(self, seq) -> None:
         self.build(seq.device).record(seq)
+        if self.v_rot:
+            hadamard(seq, self.out, self.v_rot)

@@ -114,6 +114,10 @@ def decode(model, engine, data: bytes, name: str) -> SavedPrefix:
     if ident != mine:
         refuse(f"it was saved from model {_describe(ident)}; this server runs {_describe(mine)}")
     here = kv_layout(engine)
+    if layout.get("kv_rotation", [0, 0]) != here["kv_rotation"]:   # files from before the rotation have none
+        refuse(f"its quantised KV rows are rotated in runs {layout.get('kv_rotation', [0, 0])} (K, V; 0: not "
+               f"rotated), this server's in {here['kv_rotation']} (VKRT_KV_ROTATION differs, or an older vkrt "
+               "saved it)")
     for key, what in (("kv_type", "KV cache type"), ("layers", "attention layers (row bytes, heads)"),
                       ("state_bytes", "recurrent state (bytes a sequence on each device)")):
         if layout.get(key) != here[key]:
