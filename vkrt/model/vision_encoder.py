@@ -13,17 +13,15 @@ import numpy as np
 
 from ..commands import read_tensor, tensor_from_numpy, write_tensor
 from ..errors import GGUFError
-from ..memory import I32, Tensor
+from ..memory import I32
 from ..ops.elementwise import activation, add
-from ..ops.flash_work import FlashWork
 from ..ops.layer_norm import layer_norm
 from ..ops.matmul import matmul
 from ..ops.rope import rope
-from ..owned import Owned
 from .vision_config import QWEN3VL, VisionConfig
 from .vision_layout import merge_order, patch_rows, resized_positions, rope_positions
 from .vision_ops import add_padded, full_attention, linear
-from .vision_run import LastRun
+from .vision_run import Tower
 from .vision_weights import load_tower
 
 ROPE_BASE = 10000.0   # clip.cpp's rope_multi frequency base for the Qwen-VL towers
@@ -51,16 +49,12 @@ def rope_factors(head_dim: int) -> np.ndarray:
     return ff
 
 
-class VisionEncoder(Owned):
+class VisionEncoder(Tower):
     """The tower of the mmproj file at `path` on `device`: its weights (uploaded once, as the
     file stores the matrices; norms and biases as F32). encode(pixels) runs one image."""
 
     def __init__(self, device, path: str | os.PathLike):
-        super().__init__(f"vision encoder {os.path.basename(os.fspath(path))}")
-        self.device, self.path = device, os.fspath(path)
-        self.w: dict[str, Tensor] = {}
-        self.work = FlashWork(device, label="vision work")
-        self.runs = LastRun("vision encoder run")
+        super().__init__(device, path)
         try:
             self.cfg = vc = load_tower(device, self.path, QWEN3VL, "a Qwen-VL tower", required_names,
                                        ("v.post_ln.weight", "v.post_ln.bias", "v.pre_ln.weight", "v.pre_ln.bias"),
@@ -72,10 +66,6 @@ class VisionEncoder(Owned):
         except BaseException:
             self.close()
             raise
-
-    def grid(self, pixels: np.ndarray) -> tuple[int, int]:
-        """(rows, columns) of image tokens an input of pixels' size gives."""
-        return self.cfg.token_grid(pixels.shape[1], pixels.shape[2])
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """The image tokens of `pixels` (float32 [3, H, W], H and W multiples of patch x merge, from
@@ -165,10 +155,6 @@ class VisionEncoder(Owned):
         lin("mm.2", mid, out)
 
     def _release(self) -> None:
-        for t in self.w.values():
-            t.close()
-        self.w.clear()
         if getattr(self, "ff", None) is not None:
             self.ff.close()
-        self.runs.close()
-        self.work.close()
+        super()._release()

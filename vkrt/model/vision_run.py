@@ -6,12 +6,14 @@ one image's buffers (vision_memory.activation_bytes)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
 
 from ..commands import CommandSequence, read_tensor, run_once, write_tensor
 from ..memory import F32, Tensor
+from ..ops.flash_work import FlashWork
 from ..owned import Owned
 
 
@@ -81,3 +83,26 @@ class LastRun(Owned):
 
     def _release(self) -> None:
         self._drop()
+
+
+class Tower(Owned):
+    """What both towers hold: the mmproj file's weights by name (`w`, the subclass loads them and
+    sets `cfg`), the FlashWork their GEMMs and attention share and the last image size's run."""
+
+    def __init__(self, device, path: str | os.PathLike):
+        super().__init__(f"vision encoder {os.path.basename(os.fspath(path))}")
+        self.device, self.path = device, os.fspath(path)
+        self.w: dict[str, Tensor] = {}
+        self.work = FlashWork(device, label="vision work")
+        self.runs = LastRun("vision encoder run")
+
+    def grid(self, pixels: np.ndarray) -> tuple[int, int]:
+        """(rows, columns) of image tokens an input of pixels' size gives."""
+        return self.cfg.token_grid(pixels.shape[1], pixels.shape[2])
+
+    def _release(self) -> None:
+        for t in self.w.values():
+            t.close()
+        self.w.clear()
+        self.runs.close()
+        self.work.close()

@@ -17,15 +17,13 @@ from ..errors import GGUFError
 from ..memory import Tensor
 from ..ops.copy import copy
 from ..ops.elementwise import activation, add, scale
-from ..ops.flash_work import FlashWork
 from ..ops.layer_norm import layer_norm
 from ..ops.matmul import matmul
 from ..ops.norm import rms_norm
-from ..owned import Owned
 from .vision_config import GEMMA3, VisionConfig, vision_config
 from .vision_layout import patch_rows
 from .vision_ops import add_padded, full_attention, linear
-from .vision_run import LastRun
+from .vision_run import Tower
 from .vision_weights import load_tower, upload_transposed, upload_weight
 
 LAYER = ("ln1", "attn_q", "attn_k", "attn_v", "attn_out", "ln2", "ffn_up", "ffn_down")
@@ -55,18 +53,14 @@ def pool_views(x: Tensor, E: int, side: int, k: int) -> list[Tensor]:
     return [x.view((E, s, s), nb=nb, offset=4 * E * (dy * side + dx)) for dy in range(k) for dx in range(k)]
 
 
-class SiglipEncoder(Owned):
+class SiglipEncoder(Tower):
     """The Gemma 3 tower of the mmproj file at `path` on `device`: its weights (uploaded once, as
     the file stores the matrices, norms, biases and positions as F32, the input projection
     transposed).
     encode(pixels) runs one image."""
 
     def __init__(self, device, path: str | os.PathLike):
-        super().__init__(f"vision encoder {os.path.basename(os.fspath(path))}")
-        self.device, self.path = device, os.fspath(path)
-        self.w: dict[str, Tensor] = {}
-        self.work = FlashWork(device, label="vision work")
-        self.runs = LastRun("vision encoder run")
+        super().__init__(device, path)
         try:
             swap = []
 
@@ -84,10 +78,6 @@ class SiglipEncoder(Owned):
         except BaseException:
             self.close()
             raise
-
-    def grid(self, pixels: np.ndarray) -> tuple[int, int]:
-        """(rows, columns) of image tokens an input of pixels' size gives."""
-        return self.cfg.token_grid(pixels.shape[1], pixels.shape[2])
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """The image tokens of `pixels` (float32 [3, S, S], S the projector's image_size, from
@@ -170,9 +160,3 @@ class SiglipEncoder(Owned):
         seq.barrier()
         matmul(seq, w[PROJECTION], b["normed"], b["out"], work=self.work)
 
-    def _release(self) -> None:
-        for t in self.w.values():
-            t.close()
-        self.w.clear()
-        self.runs.close()
-        self.work.close()
