@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from models import tiny_model
 from scripts_sha import sha256
-from vision_cases import SETS, case_prompt, gemma3_mmproj_file, image_png, log_softmax
+from vision_cases import SETS, case_prompt, follow_reference, gemma3_mmproj_file, image_png
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
 from vkrt.engine.kv_cache import CellTable
@@ -63,14 +63,7 @@ def test_image_prompts_match_llama_cpp(device, loaded, flash):
             prompt = _prompt(vision, model, case)
             assert len(prompt) == ref["prompt_n"]
             assert prompt.images[0][1].n_tokens == 16
-            logits = eval_prompt(engine, prompt)
-            worst = 0.0
-            for i, (tok, tops) in enumerate(zip(ref["tokens"], ref["top_logprobs"])):
-                lp = log_softmax(logits)
-                ids = [t for t, _ in tops]
-                worst = max(worst, float(np.abs(lp[ids] - np.array([v for _, v in tops])).max()))
-                assert int(np.argmax(lp)) == tok, (case[0], i)
-                logits = engine.eval([tok])
+            worst = follow_reference(engine, eval_prompt(engine, prompt), ref, case[0])
             assert worst < TOL, f"{case[0]!r}: log-probabilities differ from llama.cpp's by up to {worst:.4f}"
 
 

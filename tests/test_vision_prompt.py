@@ -19,7 +19,7 @@ import pytest
 
 from models import tiny_model
 from scripts_sha import sha256
-from vision_cases import CASES, TEXT_MODEL, case_prompt, image_png, log_softmax, mmproj_file
+from vision_cases import CASES, TEXT_MODEL, case_prompt, follow_reference, image_png, mmproj_file
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
 from vkrt.engine.media import eval_prompt
@@ -57,14 +57,7 @@ def test_image_prompts_match_llama_cpp(device, loaded, flash):
             engine.reset()
             prompt = _prompt(vision, model, case)
             assert len(prompt) == ref["prompt_n"]
-            logits = eval_prompt(engine, prompt)
-            worst = 0.0
-            for i, (tok, tops) in enumerate(zip(ref["tokens"], ref["top_logprobs"])):
-                lp = log_softmax(logits)
-                ids = [t for t, _ in tops]
-                worst = max(worst, float(np.abs(lp[ids] - np.array([v for _, v in tops])).max()))
-                assert int(np.argmax(lp)) == tok, (case[0], i)
-                logits = engine.eval([tok])
+            worst = follow_reference(engine, eval_prompt(engine, prompt), ref, case[0])
             assert worst < TOL, f"{case[0]!r}: log-probabilities differ from llama.cpp's by up to {worst:.4f}"
 
 

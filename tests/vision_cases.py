@@ -88,3 +88,17 @@ def case_prompt(vision, model, case, marker: str):
     """The MediaPrompt of a case (text before, (h, w, seed) of its image, text after)."""
     before, (h, w, seed), after = case
     return vision.prompt(model.tokenizer, before + marker + after, [image_png(h, w, seed)], marker)
+
+
+def follow_reference(engine, logits: np.ndarray, ref: dict, name: str) -> float:
+    """Teacher-force llama.cpp's recorded greedy tokens from a prompt's last `logits`: each must be
+    vkrt's most likely too; the largest gap between the two sides' log-probabilities of the
+    recorded top tokens."""
+    worst = 0.0
+    for i, (tok, tops) in enumerate(zip(ref["tokens"], ref["top_logprobs"])):
+        lp = log_softmax(logits)
+        ids = [t for t, _ in tops]
+        worst = max(worst, float(np.abs(lp[ids] - np.array([v for _, v in tops])).max()))
+        assert int(np.argmax(lp)) == tok, (name, i)
+        logits = engine.eval([tok])
+    return worst

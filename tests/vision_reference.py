@@ -32,6 +32,20 @@ def _gelu(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * x * (1.0 + 0.044715 * x * x)))
 
 
+def attend_and_mlp(h, q, kk, vv, t: dict, b: str, eps: float):
+    """The rest of ViT block b after its q, k, v ([n, heads, head]): full attention, attn_out and the
+    residual, then ln2, the GELU MLP and its residual."""
+    n, H, D = q.shape
+    att = np.einsum("nhd,mhd->hnm", q, kk) / math.sqrt(D)
+    att = np.exp(att - att.max(-1, keepdims=True))
+    att /= att.sum(-1, keepdims=True)
+    o = np.einsum("hnm,mhd->nhd", att, vv).reshape(n, H * D)
+    h = h + o @ t[b + "attn_out.weight"].T + t[b + "attn_out.bias"]
+    cur = _ln(h, t[b + "ln2.weight"], t[b + "ln2.bias"], eps)
+    ff = _gelu(cur @ t[b + "ffn_up.weight"].T + t[b + "ffn_up.bias"])
+    return h + ff @ t[b + "ffn_down.weight"].T + t[b + "ffn_down.bias"]
+
+
 def _resize_axis(n_in, n_out):
     """Bilinear with aligned corners: output i reads input i * (n_in - 1) / (n_out - 1)."""
     wts = np.zeros((n_out, n_in))
@@ -96,14 +110,7 @@ def encode(path: str, pixels: np.ndarray) -> np.ndarray:
         qkv = cur @ t[b + "attn_qkv.weight"].T + t[b + "attn_qkv.bias"]
         q, kk, vv = (qkv[:, i * E:(i + 1) * E].reshape(n, H, D) for i in range(3))
         q, kk = _rope(q, py, px), _rope(kk, py, px)
-        att = np.einsum("nhd,mhd->hnm", q, kk) / math.sqrt(D)
-        att = np.exp(att - att.max(-1, keepdims=True))
-        att /= att.sum(-1, keepdims=True)
-        o = np.einsum("hnm,mhd->nhd", att, vv).reshape(n, E)
-        h = h + o @ t[b + "attn_out.weight"].T + t[b + "attn_out.bias"]
-        cur = _ln(h, t[b + "ln2.weight"], t[b + "ln2.bias"], eps)
-        ff = _gelu(cur @ t[b + "ffn_up.weight"].T + t[b + "ffn_up.bias"])
-        h = h + ff @ t[b + "ffn_down.weight"].T + t[b + "ffn_down.bias"]
+        h = attend_and_mlp(h, q, kk, vv, t, b, eps)
         il += 1
     if "v.post_ln.weight" in t:
         h = _ln(h, t["v.post_ln.weight"], t["v.post_ln.bias"], eps)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from vision_reference import _gelu, _ln, tensors
+from vision_reference import _ln, attend_and_mlp, tensors
 
 
 def _lerp(a: np.float32, b: np.float32, t: np.float32) -> np.float32:
@@ -74,14 +73,7 @@ def encode(path: str, pixels: np.ndarray) -> np.ndarray:
         b = f"v.blk.{il}."
         cur = _ln(h, t[b + "ln1.weight"], t[b + "ln1.bias"], eps)
         q, kk, vv = ((cur @ t[b + f"attn_{m}.weight"].T + t[b + f"attn_{m}.bias"]).reshape(n, H, D) for m in "qkv")
-        att = np.einsum("nhd,mhd->hnm", q, kk) / math.sqrt(D)
-        att = np.exp(att - att.max(-1, keepdims=True))
-        att /= att.sum(-1, keepdims=True)
-        o = np.einsum("hnm,mhd->nhd", att, vv).reshape(n, E)
-        h = h + o @ t[b + "attn_out.weight"].T + t[b + "attn_out.bias"]
-        cur = _ln(h, t[b + "ln2.weight"], t[b + "ln2.bias"], eps)
-        ff = _gelu(cur @ t[b + "ffn_up.weight"].T + t[b + "ffn_up.bias"])
-        h = h + ff @ t[b + "ffn_down.weight"].T + t[b + "ffn_down.bias"]
+        h = attend_and_mlp(h, q, kk, vv, t, b, eps)
         il += 1
     h = _ln(h, t["v.post_ln.weight"], t["v.post_ln.bias"], eps)
     s = side // k
