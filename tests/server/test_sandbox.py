@@ -108,3 +108,64 @@ def test_large_texts_tokenise_in_a_worker_exactly_as_here(tmp_path):
     assert workers == 1 and len(ids) > SANDBOX_IDS
     assert ids == tok.encode(text, True)
     assert back == tok.decode(ids[:SANDBOX_IDS + 5])
+
+
+def _body_reader(box):
+    from types import SimpleNamespace
+
+    from vkrt.server import routes
+
+    async def read(raw: bytes):
+        class Request:
+            async def read(self):
+                return raw
+        return await routes.read_body(Request(), SimpleNamespace(config=SimpleNamespace(timeout=30.0), sandbox=box))
+    return read
+
+
+def test_large_bodies_parse_in_a_worker_exactly_as_here():
+    """A body past WORKER_BYTES is parsed in a worker and comes back equal to json.loads' value:
+    long int and float lists packed (bools, mixed lists, ints past int64 and short lists not), at
+    any depth; its refusals read as a small body's."""
+    import json
+
+    from vkrt.server.body_parse import MAX_VALUES, WORKER_BYTES
+    from vkrt.server.validation import parse_json_object
+    body = {"tokens": list(range(-5, 120_000)), "floats": [0.1 * i for i in range(300)],
+            "flags": [True, False] * 100, "mixed": [1, 2.5] * 100, "huge": [2 ** 70] * 100, "short": [1, 2, 3],
+            "messages": [{"role": "user", "content": "héllo ✓", "ids": [[7] * 80, list(range(90))]}] * 3,
+            "empty": [], "nested": {"deep": [{"x": list(range(64))}]}}
+    raw = json.dumps(body).encode()
+    assert len(raw) > WORKER_BYTES
+    bad = [b"{" + b" " * WORKER_BYTES + b'"a": NaN}', b"[" + b"1," * WORKER_BYTES + b"1]",
+           b'{"a": "' + b"x" * WORKER_BYTES + b"\\ud800\"}",
+           json.dumps({"m": [{"r": 1}] * (MAX_VALUES // 2 + 1)}).encode()]
+
+    async def go(box):
+        read = _body_reader(box)
+        got = await read(raw)
+        errors = []
+        for b in bad:
+            with pytest.raises(BadRequest) as err:
+                await read(b)
+            errors.append(err.value.message)
+        return got, errors, await read(raw)
+    (got, errors, again), killed = run(go)
+    assert got == body == again and killed == 0
+    assert [type(v) for v in got["tokens"][:3]] == [int] * 3 and got["flags"][0] is True
+    for b, message in zip(bad[:3], errors):
+        with pytest.raises(BadRequest) as here:
+            parse_json_object(b)
+        assert message == here.value.message
+    assert f"more than {MAX_VALUES} JSON values" in errors[3]
+
+
+def test_packing_leaves_json_for_what_does_not_pack():
+    from vkrt.server.body_parse import PACK_MIN, parse_packed, unpack
+    raw = b'{"a": [' + b"1," * PACK_MIN + b'2], "b": [1.5, 2], "c": [[' + b"0.5," * PACK_MIN + b'1e300]]}'
+    info, data = parse_packed(raw)
+    assert info["body"] == {"a": None, "b": [1.5, 2], "c": [None]}
+    assert info["packed"] == [[["a"], "q", PACK_MIN + 1], [["c", 0], "d", PACK_MIN + 1]]
+    assert len(data) == 16 * (PACK_MIN + 1)
+    import json
+    assert unpack(json.loads(json.dumps(info)), data) == json.loads(raw)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from .serverproc import metric
+from .serverproc import metric, serving
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -145,6 +145,35 @@ def test_bad_request(server, path, raw, status, words, param):
     assert err.get("param") == param
     assert b"Traceback" not in out
     assert server.get("/health")[0] == 200
+
+
+# bodies past body_parse.WORKER_BYTES are parsed in a sandbox worker: the same answers
+LARGE = [
+    (COMP, body(prompt=[1] * 200_000), 400, "'prompt' holds 200000 token ids; at most 255 fit", "prompt"),
+    ("/detokenize", body(tokens=[1] * ((1 << 20) + 1)), 400, "/detokenize takes at most 1048576", "tokens"),
+    (COMP, b'{"prompt": "' + b"x" * 300_000, 400, "not valid JSON", None),
+    (CHAT, body(messages=[{"role": "user", "content": "x"}] * 70_000), 400, "more than 131072 JSON values", None),
+    (LLAMA, body(prompt="x" * 400_000, n_predict=1), 400, "bytes a token", "prompt"),
+]
+
+
+@pytest.fixture(scope="module")
+def roomy_server(tiny_gguf):
+    """The session's server with bodies up to 8 MiB."""
+    from .conftest import SERVER_ARGS
+    yield from serving(tiny_gguf, *SERVER_ARGS[:-1], str(8 << 20))
+
+
+@pytest.mark.parametrize("path,raw,status,words,param", LARGE, ids=[f"{i}" for i in range(len(LARGE))])
+def test_large_bad_request(roomy_server, path, raw, status, words, param):
+    test_bad_request(roomy_server, path, raw, status, words, param)
+
+
+def test_large_bodies_are_served(roomy_server):
+    ids = roomy_server.post("/tokenize", {"content": "hello world " * 30_000})[1]["tokens"]
+    status, out = roomy_server.post("/detokenize", {"tokens": ids})
+    assert status == 200 and out["content"] == "hello world " * 30_000
+    assert roomy_server.post("/detokenize", {"tokens": ids[:3]})[1]["content"] == "hello world"
 
 
 def test_wrong_method(server):

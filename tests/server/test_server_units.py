@@ -410,13 +410,15 @@ def test_request_bodies_are_parsed_off_the_event_loop(monkeypatch):
         seen["thread"] = threading.get_ident()
         return parse_json_object(raw)
 
+    from types import SimpleNamespace
+
     class Request:
         async def read(self):
             return b'{"prompt": "x"}'
 
     async def main():
         seen["loop"] = threading.get_ident()
-        return await routes.read_body(Request(), 5.0)
+        return await routes.read_body(Request(), SimpleNamespace(config=SimpleNamespace(timeout=5.0)))
 
     monkeypatch.setattr(routes, "parse_json_object", parse)
     assert asyncio.run(main()) == {"prompt": "x"}

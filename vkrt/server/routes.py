@@ -16,7 +16,7 @@ from aiohttp import web
 from ..engine.box_rates import cached_box_rates, host_expert_types
 from ..engine.dry import breaker_sequences
 from ..model.media_prompt import MediaPrompt
-from . import embeddings, sse
+from . import body_parse, embeddings, sse
 from .anthropic_format import MessagesFormat
 from .anthropic_request import parse_messages
 from .chat_output import OutputSpec
@@ -49,16 +49,23 @@ MAX_PIECES = 1 << 16      # tokens /tokenize answers with_pieces (an object each
 log = logging.getLogger("vkrt.server")
 
 
-async def read_body(request: web.Request, timeout: float) -> dict:
-    """The JSON object in the body, which must arrive within `timeout` seconds (408 if not),
-    parsed off the event loop (a body of megabytes takes its time)."""
+async def read_body(request: web.Request, state: ServerState) -> dict:
+    """The JSON object in the body, which must arrive within --timeout seconds (408 if not),
+    parsed off the event loop: in a request thread, or past body_parse.WORKER_BYTES in a sandbox
+    worker, where its parse does not hold the GIL the scheduler thread needs."""
+    timeout = state.config.timeout
     try:
         async with asyncio.timeout(timeout):
             data = await request.read()
     except TimeoutError:
         raise ApiError(f"the request body did not arrive within {timeout:g} s (--timeout)", status=408,
                        type="timeout_error") from None
-    return await in_thread(parse_json_object, data)
+    if len(data) <= body_parse.WORKER_BYTES:
+        return await in_thread(parse_json_object, data)
+    info, numbers = await state.sandbox.call(
+        "parse_body", {}, attached=data, what="parsing the request body", field=None,
+        seconds=max(state.sandbox.seconds, len(data) / body_parse.SLOWEST_BYTES_PER_SECOND))
+    return await in_thread(body_parse.unpack, info, numbers)
 
 
 async def json_reply(data) -> web.Response:
@@ -152,7 +159,7 @@ class Api:
 
     # -- tokens ------------------------------------------------------------------------------------
     async def tokenize(self, request):
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         content = get_str(body, "content")
         add_special = get_bool(body, "add_special", False)
         with_pieces = get_bool(body, "with_pieces", False)
@@ -170,7 +177,7 @@ class Api:
         return await json_reply({"tokens": await in_thread(tokens)})
 
     async def detokenize(self, request):
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         raw = body.get("tokens")
         if not isinstance(raw, list):
             raise BadRequest("'tokens' must be an array of token ids", "tokens")
@@ -184,7 +191,7 @@ class Api:
 
     async def apply_template(self, request):
         """llama-server's /apply-template: the prompt /v1/chat/completions would render."""
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         req = await in_thread(parse_chat, body, self.state.limits)
         return await json_reply({"prompt": await self._chat_text(req)})
 
@@ -197,18 +204,18 @@ class Api:
 
     async def _embeddings(self, request, oai: bool):
         embeddings.check_enabled(self.state, oai)
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         return await json_reply(await embeddings.embed(self.state, body, oai))
 
     # -- generation --------------------------------------------------------------------------------
     async def chat_completions(self, request):
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         req = await in_thread(parse_chat, body, self.state.limits)
         return await self._chat(request, req, lambda i, spec, n: ChatFormat(i, self._model(req), spec))
 
     async def messages(self, request):
         """Anthropic's Messages API, as a chat request."""
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         req = await in_thread(parse_messages, body, self.state.limits)
         return await self._chat(request, req, lambda i, spec, n: MessagesFormat(self._model(req), spec, n))
 
@@ -216,7 +223,7 @@ class Api:
         """Anthropic's token count: the tokens of the prompt /v1/messages would render, each image's
         as many as the projector makes of it (the image is encoded to know)."""
         s = self.state
-        body = await read_body(request, s.config.timeout)
+        body = await read_body(request, s)
         req = await in_thread(parse_messages, body, s.limits, counting=True)
         check_vision(s, req.images)
         text = await self._chat_text(req)
@@ -227,7 +234,7 @@ class Api:
     async def responses(self, request):
         """OpenAI's Responses API, as a chat request; finished responses are kept (self.stored)
         unless sent with store false."""
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         turn = await in_thread(parse_responses, body, self.state.limits, self.stored)
         keep = ((lambda response, reply: self.stored.put(response, turn.history + [reply], turn.images,
                                                          turn.inputs)) if turn.store else None)
@@ -305,18 +312,18 @@ class Api:
 
 
     async def completions(self, request):
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         req = await in_thread(parse_completion, body, COMPLETIONS, self.state.limits)
         prompt = await self._prompt(req)
         await self._compile(req)
         return await self._generate(request, req, prompt, lambda i: CompletionFormat(i, self._model(req)), "prompt")
 
     async def completion(self, request):
-        return await self._completion(request, await read_body(request, self.state.config.timeout))
+        return await self._completion(request, await read_body(request, self.state))
 
     async def infill(self, request):
         """llama-server's fill-in-the-middle: /completion of the prompt the FIM tokens frame."""
-        body = await read_body(request, self.state.config.timeout)
+        body = await read_body(request, self.state)
         tokens = await in_thread(infill_prompt, self.state, body)
         return await self._completion(request, completion_body(body, tokens))
 

@@ -31,15 +31,16 @@ class _Worker:
         self.proc = proc
         self.has: set[str] = set()   # the setup keys it was sent (a tokenizer)
 
-    async def ask(self, data: bytes) -> dict:
+    async def ask(self, data: bytes) -> tuple[dict, bytes]:
         self.proc.stdin.write(data)
         await self.proc.stdin.drain()
         head = await self.proc.stdout.readexactly(HEADER.size)
-        (size,) = HEADER.unpack(head)
-        if size > FRAME_LIMIT:
-            raise ConnectionError(f"a frame of {size} bytes")
+        size, attached = HEADER.unpack(head)
+        if size + attached > FRAME_LIMIT:
+            raise ConnectionError(f"a frame of {size + attached} bytes")
         body = await self.proc.stdout.readexactly(size)
-        return await asyncio.to_thread(json.loads, body) if size > 65536 else json.loads(body)
+        extra = await self.proc.stdout.readexactly(attached) if attached else b""
+        return (await asyncio.to_thread(json.loads, body) if size > 65536 else json.loads(body)), extra
 
     def rss(self) -> int:
         """Resident bytes (0 where /proc cannot say)."""
@@ -89,11 +90,13 @@ class Sandbox:
         reap.add_done_callback(self._reaping.discard)
 
     async def call(self, task: str, args: dict, *, what: str, field: str | None, seconds: float | None = None,
-                   setup: tuple[str, Callable[[], object]] | None = None):
+                   setup: tuple[str, Callable[[], object]] | None = None, attached: bytes | None = None):
         """The task's result; a refusal, the time limit (`seconds`, else the sandbox's), the
         worker's death: a 400 naming `field`. `what` names the work in those messages ("the chat
-        template", "'json_schema'"). setup: (key, payload()) the task needs once per worker, passed
-        as its `setup` argument to a worker that has not had that key (a tokenizer's JSON)."""
+        template", "'json_schema'"), and begins those that are not the task's own refusals.
+        setup: (key, payload()) the task needs once per worker, passed as its `setup` argument to a
+        worker that has not had that key (a tokenizer's JSON). With `attached` (bytes the task
+        takes as its `attached` argument), the result is (value, the bytes it answered with)."""
         if self._closed:
             raise ApiError("the server is shutting down", field, status=503, type="unavailable_error")
         if self._turns is None:
@@ -104,9 +107,9 @@ class Sandbox:
             if setup is not None and setup[0] not in worker.has:
                 args = {**args, "setup": setup[1]()}
             try:
-                data = await asyncio.to_thread(frame, {"task": task, "args": args})
+                data = await asyncio.to_thread(frame, {"task": task, "args": args}, attached or b"")
                 async with asyncio.timeout(seconds):
-                    reply = await worker.ask(data)
+                    reply, answered = await worker.ask(data)
             except TimeoutError:
                 self._retire(worker)
                 raise BadRequest(f"{what} took longer than {seconds:g} s and was stopped", field) from None
@@ -126,9 +129,8 @@ class Sandbox:
                 self._idle.append(worker)
         if "error" in reply:
             message = reply["error"]
-            raise BadRequest(message if reply.get("param") is not None else f"{what} {message}",
-                             reply.get("param") or field)
-        return reply["ok"]
+            raise BadRequest(message if reply.get("refused") else f"{what} {message}", reply.get("param") or field)
+        return reply["ok"] if attached is None else (reply["ok"], answered)
 
     @property
     def busy(self) -> int:

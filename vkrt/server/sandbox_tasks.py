@@ -1,6 +1,8 @@
 """What sandbox workers run: the work a request's content can make unbounded in time, memory or
 native stack (a model's chat template is code; grammars recurse in the compiler). Each task takes
-and returns JSON values; a refusal comes back as {"error", "param"} and is a 400."""
+and returns JSON values (a task given bytes takes them as `attached`, and one answering with bytes
+returns (value, bytes)); a refusal comes back as {"error", "param", "refused"} and is a 400, as is
+a failure ({"error"}: out of memory, a bug)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import base64
 from array import array
 from collections import OrderedDict
 
+from .body_parse import parse_packed
 from .chat_template import ChatTemplate
 from .grammar_source import compile_source
 from .tool_grammar import tool_grammar
@@ -27,21 +30,27 @@ def render(source: str, bos: str, eos: str, messages: list, tools: list | None, 
                            too_long=too_long)
 
 
-TASKS = {"render": render, "grammar": compile_source, "tool_grammar": tool_grammar}
+def parse_body(attached: bytes) -> tuple[dict, bytes]:
+    return parse_packed(attached)
 
 
-def run(task, args: dict) -> dict:
-    """{"ok": task(**args)}, or the refusal it raised as {"error": message, "param": field}."""
+TASKS = {"render": render, "grammar": compile_source, "tool_grammar": tool_grammar, "parse_body": parse_body}
+
+
+def run(task, args: dict) -> tuple[dict, bytes]:
+    """({"ok": task(**args)}, bytes it answered with), or the refusal it raised as
+    ({"error": message, "param": field, "refused": True}, b""), or its failure."""
     try:
-        return {"ok": task(**args)}
+        result = task(**args)
     except BadRequest as exc:
-        return {"error": exc.message, "param": exc.param}
+        return {"error": exc.message, "param": exc.param, "refused": True}, b""
     except MemoryError:
-        return {"error": "ran out of memory (the sandbox's limit)"}
+        return {"error": "ran out of memory (the sandbox's limit)"}, b""
     except RecursionError:
-        return {"error": "recursed too deeply"}
+        return {"error": "recursed too deeply"}, b""
     except Exception as exc:   # a bug or a refusal without a field: its message, without a traceback
-        return {"error": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
+        return {"error": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}, b""
+    return ({"ok": result[0]}, result[1]) if isinstance(result, tuple) else ({"ok": result}, b"")
 
 
 _tokenizers: OrderedDict = OrderedDict()   # key -> tokenizers.Tokenizer, the two most recent

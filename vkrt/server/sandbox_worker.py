@@ -1,7 +1,8 @@
 """A sandbox worker process (`python -m vkrt.server.sandbox_worker MEMORY_BYTES`): renders chat
 templates and compiles grammars for the server (sandbox.py), under an address-space limit of
 MEMORY_BYTES beyond what it holds once started, and dies with the server. Requests arrive on
-stdin and answers leave on stdout, each a frame: a 4-byte big-endian length, then JSON."""
+stdin and answers leave on stdout, each a frame: two 4-byte big-endian lengths, then that much JSON
+and that many bytes of a binary attachment (a request body to parse, the numbers parsed from it)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,22 @@ import signal
 import struct
 import sys
 
-HEADER = struct.Struct(">I")
+HEADER = struct.Struct(">II")
 PR_SET_PDEATHSIG = 1
 
 
-def read_frame(stream) -> dict | None:
-    """The next frame's object, or None at end of stream."""
+def read_frame(stream) -> tuple[dict, bytes] | None:
+    """The next frame's object and attachment, or None at end of stream."""
     head = stream.read(HEADER.size)
     if len(head) < HEADER.size:
         return None
-    data = stream.read(HEADER.unpack(head)[0])
-    return json.loads(data)
+    size, attached = HEADER.unpack(head)
+    return json.loads(stream.read(size)), stream.read(attached)
 
 
-def frame(obj) -> bytes:
+def frame(obj, attached: bytes = b"") -> bytes:
     data = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    return HEADER.pack(len(data)) + data
+    return HEADER.pack(len(data), len(attached)) + data + attached
 
 
 def _vm_size() -> int:
@@ -63,10 +64,12 @@ def main() -> None:
     from .sandbox_tasks import TASKS, run
     _limit_memory(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     while True:
-        request = read_frame(inp)
-        if request is None:
+        got = read_frame(inp)
+        if got is None:
             return
-        out.write(frame(run(TASKS[request["task"]], request["args"])))
+        request, attached = got
+        args = {**request["args"], "attached": attached} if attached else request["args"]
+        out.write(frame(*run(TASKS[request["task"]], args)))
         out.flush()
 
 

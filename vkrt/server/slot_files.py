@@ -246,7 +246,7 @@ async def slot_action(state, request: web.Request) -> web.Response:
         return web.json_response({"id_slot": id_slot, "n_erased": n})
     if action not in ("save", "restore"):
         raise BadRequest(f"Invalid action {action!r}: give ?action=save, restore or erase")
-    name = get_str(await read_body(request, state.config.timeout), "filename")
+    name = get_str(await read_body(request, state), "filename")
     path = slot_path(folder, name)
     t0 = time.perf_counter()
     if action == "save":
