@@ -15,7 +15,8 @@ per SIMD" = waves a SIMD can hold, instructions, code bytes), one row per pipeli
 places that use it. --json prints one object with every statistic the driver reports;
 --weights names the weight types of the matmul kernels (default Q4_0,Q4_K,Q6_K; `all`: every
 type with kernels); --kv builds only flash attention, at head 64, 128 and 256 for prefill and
-decode, with K and V of each KV cache type named.
+decode (F16 and F32 also with the q/k norm, RoPE and cache stores in its prologue), with K and V
+of each KV cache type named.
 
 Needs a GCN device whose driver has VK_KHR_pipeline_executable_properties: an RX 470-590 on
 RADV, or without one Mesa's null RADV device (no hardware; ACO compiles for Polaris):
@@ -138,7 +139,7 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
         pre_pass = [mask_opt_kernel(dev, rows, bc)] if on else []
         where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
         if prologue:
-            where += ", the q/k norm, RoPE and F16 cache stores in its prologue (the fa_rope fusion)"
+            where += f", the q/k norm, RoPE and {cache_type.name} cache stores in its prologue (the fa_rope fusion)"
         where += note
         cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
     return cases
@@ -256,13 +257,15 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
 
 def kv_cases(dev, kv_types) -> list[tuple[str, list]]:
     """Flash attention alone at head 64, 128 and 256, prefill and decode, K and V of each of
-    `kv_types` (names as -ctk takes them)."""
+    `kv_types` (names as -ctk takes them); F16 and F32 decode also with the fa_rope prologue."""
     out = []
     for name in kv_types:
         typ = kv_type(name)
         for hs in (64, 128, 256):
             for phase, n_q in (("prefill", MODEL["ubatch"]), ("decode", 1)):
                 out += flash_attn_cases(dev, hs, n_q, phase, note=f", K/V {typ.name}", cache_type=typ)
+            if typ in (F16, F32):
+                out += flash_attn_cases(dev, hs, 1, "decode", prologue=True, note=f", K/V {typ.name}", cache_type=typ)
     return out
 
 

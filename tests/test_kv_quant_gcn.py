@@ -1,6 +1,7 @@
-"""The quantised KV cache's flash attention on the RX 580's compiler (Mesa's null Polaris device,
-bench/gcn_shader_stats.py --kv): no spills, and the decode kernels, which hold a tile of K and V in
-registers, no more VGPRs than f16's (a quantised tile is kept as the words loaded)."""
+"""Flash attention of every KV cache type on the RX 580's compiler (Mesa's null Polaris device,
+bench/gcn_shader_stats.py --kv): no spills; the decode kernels at 2 waves a SIMD or more (one
+query's grid puts 2 a SIMD: the GCN table's fa_ahead_max_bytes comment), and a quantised tile held
+in registers takes no more VGPRs than f16's (it is kept as the words loaded)."""
 
 import json
 import subprocess
@@ -8,7 +9,7 @@ import sys
 
 from test_gcn_shader_stats import ROOT, SCRIPT, _null_polaris_env
 
-TYPES = ["f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
+TYPES = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"]
 
 
 def test_quantised_decode_attention_on_polaris():
@@ -20,15 +21,25 @@ def test_quantised_decode_attention_on_polaris():
     stats = {}
     for r in rows:
         kv = next(w.rsplit("K/V ", 1)[1].split()[0] for w in r["used_by"] if "K/V " in w)
-        stats[(r["defines"]["HSK"], r["defines"]["LOADS_FIRST"] > 0, kv)] = r["statistics"]
-    assert {(hs, kv) for hs, _, kv in stats} == {(hs, t.upper()) for hs in (64, 128, 256) for t in TYPES}
-    for key, s in stats.items():
+        d = r["defines"]
+        phase = "decode" if d["LOADS_FIRST"] else "prefill"
+        stats[(d["HSK"], phase, "NORM_ROPE_IN" in d, kv)] = (d["LOADS_FIRST"], r["statistics"])
+    want = {(hs, phase, False, t.upper()) for hs in (64, 128, 256) for phase in ("prefill", "decode") for t in TYPES}
+    want |= {(hs, "decode", True, t) for hs in (64, 128, 256) for t in ("F32", "F16")}   # the fa_rope prologue
+    assert set(stats) == want
+    for key, (_, s) in stats.items():
         assert s["Spilled VGPRs"] == 0 and s["Spilled SGPRs"] == 0, (key, s)
-    for hs in (64, 128, 256):
-        f16 = stats[(hs, True, "F16")]
-        for t in TYPES[1:]:
-            got = stats[(hs, True, t.upper())]
+        if key[1] == "decode":
+            assert s["Subgroups per SIMD"] >= 2, (key, s)
+    # a thread's tile share past 128 bytes holds one tile, not two (f32 at head 256: 256 VGPRs and 59 spilled)
+    ahead = {(hs, kv) for (hs, phase, pro, kv), (first, _) in stats.items() if phase == "decode" and first == 2}
+    assert ahead == {(hs, t.upper()) for hs in (64, 128, 256) for t in TYPES} - {
+        (128, "F32"), (256, "F32"), (256, "F16"), (256, "Q8_0")}
+    for hs in (64, 128):
+        f16 = stats[(hs, "decode", False, "F16")][1]
+        for t in TYPES[2:]:
+            got = stats[(hs, "decode", False, t.upper())][1]
             if hs == 64:   # a quarter block a lane: 3-5 words against f16's 4 (64-84 VGPRs against 64)
                 assert got["Subgroups per SIMD"] >= 3, (hs, t, got, f16)
-            else:          # half or whole blocks: fewer words than f16's (dequantised: 172-256 VGPRs)
+            else:          # half blocks: fewer words than f16's (dequantised: 172-256 VGPRs)
                 assert got["VGPRs"] <= f16["VGPRs"], (hs, t, got, f16)

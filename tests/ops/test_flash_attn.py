@@ -293,6 +293,7 @@ LOADS_FIRST_CASES = [
     (None, 1, 8, 2, 64, "causal", 1, 150, False),
     (None, 3, 4, 4, 64, "random", 2, None, False),      # one head a KV head: unpacked
     (Arch.AMD_GCN, 1, 16, 2, 128, "window", 3, 190, False),
+    (Arch.AMD_GCN, 1, 16, 2, 256, "window", 3, 190, False),
     (Arch.NVIDIA, 4, 32, 8, 128, "random", 1, None, False),
     (Arch.NVIDIA, 9, 32, 8, 128, "window", 2, None, True),   # skipped blocks between live ones
 ]
@@ -318,7 +319,7 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
     try:
         got = {}
         for first in (0, 1, 2, 3):
-            t = dataclasses.replace(base, fa_loads_first=first)
+            t = dataclasses.replace(base, fa_loads_first=first, fa_ahead_max_bytes=0)
             got[first], fa = flash(device, q, k, v, mask, tuning=t, split_k=split_k, kv_used=t_used, mask_opt=mask_opt)
             assert fa.decode_sized and fa.n_split == split_k and fa._attn.defines["LOADS_FIRST"] == first
             assert fa.mask_opt == mask_opt
@@ -331,20 +332,39 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
             t_used.close()
 
 
-@pytest.mark.parametrize("kv_dtype,expect", [(np.float16, 3), (np.float32, 2)])
-def test_kv_tile_in_shared_memory_falls_back_where_it_does_not_fit(device, kv_dtype, expect):
+@pytest.mark.parametrize("kv_dtype,ahead,expect", [(np.float16, 128, 3), (np.float32, 0, 2), (np.float32, 128, 1)])
+def test_kv_tile_in_shared_memory_falls_back_where_it_does_not_fit(device, kv_dtype, ahead, expect):
     """fa_loads_first=3 holds a 16-cell K/V tile of head 256 in shared memory: 16.6 KiB as f16
-    fits beside the Q tile, 33 KiB as f32 does not (a 32 KiB device takes 2 then); the same
-    result either way."""
+    fits beside the Q tile, 33 KiB as f32 does not (a 32 KiB device takes 2 then, and 1 where a
+    thread's share of the tile is past fa_ahead_max_bytes); the same result either way."""
     if device.profile.shared_memory != 32768:
         pytest.skip("the sizes are chosen for 32 KiB of shared memory")
     rng = np.random.default_rng(8)
     q, k, v = make_qkv(rng, n_head=8, n_head_kv=1, n_q=1, n_kv=100, hsk=256, kv_dtype=kv_dtype)
     mask = causal_mask(1, 100)
-    t = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_loads_first=3, fa_decode_bc=16)
+    t = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_loads_first=3, fa_decode_bc=16, fa_ahead_max_bytes=ahead)
     got, fa = flash(device, q, k, v, mask, tuning=t, split_k=2)
     assert fa._attn.defines["LOADS_FIRST"] == expect
     check(got, q, k, v, mask)
+
+
+@pytest.mark.parametrize("hs,kv_dtype,expect", [(64, np.float32, 2), (128, np.float16, 2), (128, np.float32, 1),
+                                                 (256, np.float16, 1)])
+def test_tile_ahead_within_its_bytes(device, hs, kv_dtype, expect):
+    """The GCN table holds the next K/V tile (LOADS_FIRST 2) only where a thread's share of a tile
+    is at most fa_ahead_max_bytes (128: 8 dot lanes, 2 cells a thread): past it one tile (1),
+    with the same bits."""
+    rng = np.random.default_rng(hs)
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=1, n_kv=100, hsk=hs, kv_dtype=kv_dtype)
+    mask = causal_mask(1, 100)
+    t = tuning(device, Arch.AMD_GCN)
+    assert t.fa_ahead_max_bytes == 128 and t.fa_loads_first == 2
+    got, fa = flash(device, q, k, v, mask, tuning=t, split_k=2)
+    assert fa.tile.d_split == 8 and fa._attn.defines["LOADS_FIRST"] == expect
+    ahead, fb = flash(device, q, k, v, mask, tuning=dataclasses.replace(t, fa_ahead_max_bytes=0), split_k=2)
+    assert fb._attn.defines["LOADS_FIRST"] == 2
+    check(got, q, k, v, mask)
+    assert np.array_equal(_bits(got), _bits(ahead))
 
 
 def test_gqa_pack_rule(device):

@@ -102,8 +102,9 @@ def test_gcn_layouts(device, kv, first):
 
 
 def _regs_tuning(device, arch, first=2):
+    """`arch`'s tuning with fa_loads_first `first` at every tile size (no fa_ahead_max_bytes)."""
     import dataclasses
-    return dataclasses.replace(tuning(device, arch), fa_loads_first=first)
+    return dataclasses.replace(tuning(device, arch), fa_loads_first=first, fa_ahead_max_bytes=0)
 
 
 @pytest.mark.parametrize("kv", QUANT_KV)

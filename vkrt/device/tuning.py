@@ -74,6 +74,9 @@ class Tuning:
     # 32/4 x 128 at depth 16000: 60.6 against 52.1 us; Qwen3-30B-A3B shape tg128@d16384 150.1
     # against 169.6 t/s), so no table takes it; one to try on an RX 580 (flash_attn_decode.py --set)
     fa_loads_first: int = 2
+    # 2 only where a thread's share of a tile's K and V, as stored, is at most this many bytes (0:
+    # any); past it decode-sized calls take 1, which holds one tile instead of two
+    fa_ahead_max_bytes: int = 0
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True
     # staging ring for uploads from pageable memory: segment bytes and segment count; a few
@@ -314,16 +317,25 @@ TABLE: dict[Arch, Tuning] = {
                          # wave per SIMD), 84 at 2 (3 waves; bench/gcn_shader_stats.py)
                          fa_wg=256, fa_fill_groups=72, fa_fill_per_cu=2, fa_max_rows=2, fa_split_min_tiles=8,
                          # decode keeps fa_decode_bc 16 (a 16-cell K/V tile a tile ahead in registers,
-                         # fa_loads_first 2). ACO, VGPRs (waves) at head 64 / 128 / 256 (gcn_shader_stats.py
-                         # --kv all): f16 64 (4) / 108 (2) / 192 (1); quantised 64-84 (3-4) / 88-100 (2) /
-                         # 108-136 (1-2), kept as the words loaded. 8-cell tiles (fa_decode_bc=8): f16 48
-                         # (5) / 72 (3) / 124 (2), q8_0/q4_0/q4_1 48-52 (4-5) / 64 (4) / 80-96 (2-3),
-                         # q5_0/q5_1/iq4_nl 52-64 (4) / 68-76 (3) / 88-92 (2); and f16's head-128 tile is 18
-                         # loads, past the 15 a GCN wave can wait on one by one, so ACO waits for the next
-                         # tile's first loads before this tile's arithmetic (8 cells: 9 loads). Not taken:
-                         # on the H200 (this table) 8-cell tiles ran tg128 258.9 against 260.9 t/s
-                         # (Qwen3-30B-A3B shape) and 205.9 against 207.1 (dense 8B); the RX 580's side is
-                         # unmeasured (to try: flash_attn_decode.py --kv f16,q8_0 --set fa_decode_bc=8)
+                         # fa_loads_first 2) below 4 waves: one query's grid is 2 workgroups of 4 waves a CU
+                         # (fa_fill_per_cu), 2 waves a SIMD, all held at once at 2; and the 4-wave variants were
+                         # slower on the H200 (heads 32/4 x 128, one query, depth 16000: 60.6 us with fa_loads_first
+                         # 3, 66.9 with 1, against 52.1; with 0 at depth 4096, one split, 520 against 189). ACO,
+                         # VGPRs (waves) at head 64 / 128 / 256 with fa_ahead_max_bytes below (gcn_shader_stats.py --kv
+                         # all; docs/results/2026-12-06-rx580-decode-attention-compiler.md): f16 64 (4) / 108 (2) /
+                         # 128 (2); f32 96 (2) / 84 (3) / 128 (2); quantised 64-84 (3-4) / 88-100 (2) / 84-120
+                         # (2-3), kept as the words loaded; no spills. 8-cell tiles (fa_decode_bc=8): f16 48 (5) /
+                         # 72 (3) / 124 (2), q8_0/q4_0/q4_1 48-52 (4-5) / 64 (4) / 80-96 (2-3), q5_0/q5_1/iq4_nl
+                         # 52-64 (4) / 68-76 (3) / 88-92 (2); and f16's head-128 tile is 18 loads, past the 15 a
+                         # GCN wave can wait on one by one, so ACO waits for the next tile's first loads before this
+                         # tile's arithmetic (8 cells: 9 loads). Not taken: on the H200 (this table) 8-cell tiles
+                         # ran tg128 258.9 against 260.9 t/s (Qwen3-30B-A3B shape) and 205.9 against 207.1 (dense
+                         # 8B); the RX 580's side is unmeasured (to try: flash_attn_decode.py --kv f16,q8_0 --set
+                         # fa_decode_bc=8). A thread's tile share past 128 bytes (f16 at head 256, f32 from 128,
+                         # q8_0 at 256) held twice took ACO 136-256 VGPRs, 1 wave (f32 at head 256 spilled 59):
+                         # those hold one tile (fa_loads_first 1: 56-128 VGPRs, 2-4 waves; H200, f16, heads 16/2 x
+                         # 256, one query, depth 16000: 75.6 against 75.4 us)
+                         fa_ahead_max_bytes=128,
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),

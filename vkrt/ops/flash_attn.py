@@ -62,6 +62,12 @@ class FATile:
         """The K/V tile that LOADS_FIRST 3 adds: bc rows of each as stored, padded by one vec4."""
         return self.bc * ((hsk // 4 + 1) * (8 if k_f16 else 16) + (hsv // 4 + 1) * (8 if v_f16 else 16))
 
+    def held_bytes(self, hsk: int, hsv: int, k_type, v_type) -> float:
+        """A thread's share of a tile's K and V as stored (LOADS_FIRST 1, 2 hold it in registers):
+        bc / cols cells, 1 / d_split of each row."""
+        row = hsk * k_type.type_size / k_type.block_size + hsv * v_type.type_size / v_type.block_size
+        return self.bc // self.cols * row / self.d_split
+
 
 def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
             max_rows: int | None = None, bc: int | None = None) -> FATile | None:
@@ -312,17 +318,21 @@ class FlashAttn:
         wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
         return 4 * (self.shape.hsk + self.shape.hsv) + (4 * (self.tile.br + 1) * (wg // sg) if wg else 0)
 
-    def loads_first(self, k_f16: bool, v_f16: bool) -> int:
+    def loads_first(self, k_type, v_type) -> int:
         """The kernel's LOADS_FIRST: tuning.fa_loads_first for decode-sized calls (0 otherwise),
         3 (the K/V tile in shared memory) taken down to 2 where the tile does not fit beside the
-        rest of the kernel's shared memory."""
+        rest of the kernel's shared memory, and 2 (a tile ahead) down to 1 where a thread's share
+        of a tile is past tuning.fa_ahead_max_bytes."""
+        s, tile = self.shape, self.tile
         first = self.tuning.fa_loads_first if self.decode_sized else 0
         if first == 3:
-            s, tile = self.shape, self.tile
-            kv = tile.kv_shared_bytes(s.hsk, s.hsv, k_f16, v_f16)
+            kv = tile.kv_shared_bytes(s.hsk, s.hsv, k_type == F16, v_type == F16)
             extra = self.prologue_shared_bytes(self.prologue) if self.prologue else 0
             if tile.shared_bytes(s.hsk, s.hsv) + extra + kv > self.device.profile.shared_memory:
                 first = 2
+        limit = self.tuning.fa_ahead_max_bytes
+        if first == 2 and limit and tile.held_bytes(s.hsk, s.hsv, k_type, v_type) > limit:
+            first = 1
         return first
 
     # -- pipelines and scratch -----------------------------------------------------------------
@@ -358,7 +368,7 @@ class FlashAttn:
             shader, workgroup = "flash_attn", (tile.wg,)
             defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                            RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack,
-                           LOADS_FIRST=self.loads_first(k.type == F16, v.type == F16),
+                           LOADS_FIRST=self.loads_first(k.type, v.type),
                            SPLIT_MIN=self.tuning.fa_decode_split_min_live if self.decode_sized else 1, **options)
         self._sinks, push["s_off"] = None, 0
         if sinks is not None:
