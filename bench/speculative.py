@@ -12,7 +12,9 @@ Verify-step cost (the mechanism), for each placement: a sequence holds --depth r
 a one-token decode step (Engine.candidates: one token, its candidates read back) and verify
 steps of k tokens (Engine.snapshot, Engine.verify with candidates for every row, then
 Engine.truncate back to the depth: what a real step pays, the snapshot a recurrent state needs
-and the truncate both timed) run on fresh random tokens, 2 warm-ups, then the median of --reps.
+and the truncate both timed) run on fresh random tokens: 2 warm-ups of each, 2 s of untimed
+decode steps (a GPU idle between short bursts clocks down), then --reps rounds of one step of
+each kind in turn (every kind under the same clocks), the medians reported.
 The decode step is timed alone (a decode step takes nothing back; a recurrent model's
 snapshot and rewind around it are not timed). cost_vs_decode = t_k / t_1. With acceptance a
 (each draft accepted with probability a while the ones before it were), a step of k tokens
@@ -54,6 +56,7 @@ naming it, exit 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -85,6 +88,7 @@ PLACEMENTS = {   # name -> EngineOptions fields beyond the common ones (n_cpu_mo
 }
 TARGETS = {2: 1.2, 4: 1.4, 8: 2.0}   # the issue's verify cost against a decode step
 WARMUPS = 2
+WARM_SECONDS = 2.0   # decode steps run untimed before the timed ones (the GPU at its working clock)
 
 CODE = '''\
 import csv
@@ -178,7 +182,7 @@ def verify_costs(engine, depth: int, ks: list[int], reps: int, acceptance: float
         engine.truncate(0, base)
         return dt
 
-    parts: dict[str, list[float]] = {}   # the timed verify steps' snapshot / verify / truncate seconds
+    parts: dict[int, dict[str, list[float]]] = {k: {} for k in ks}   # each k's snapshot / verify / truncate seconds
 
     def verify_once(k: int) -> float:
         tokens = rng.integers(0, vocab, k).tolist()
@@ -190,30 +194,39 @@ def verify_costs(engine, depth: int, ks: list[int], reps: int, acceptance: float
         engine.truncate(0, base)
         t3 = time.perf_counter()
         for name, dt in (("snapshot", t1 - t0), ("verify", t2 - t1), ("truncate", t3 - t2)):
-            parts.setdefault(name, []).append(dt)
+            parts[k].setdefault(name, []).append(dt)
         return t3 - t0
 
-    def timed(step) -> tuple[float, int]:
-        """The median ms of `reps` steps after the warm-ups, and the step graphs recorded meanwhile
-        (a step that records a new shape pays for it: the figure is then not a replay's)."""
+    # every kind of step warmed up, then the GPU kept busy for WARM_SECONDS (a GPU idle between
+    # short bursts clocks down: decode read 4.4-15.6 ms from one run to the next on the H100), then
+    # the kinds interleaved rep by rep, so that each sees the same clocks
+    steps = {1: decode_once, **{k: functools.partial(verify_once, k) for k in ks}}
+    for step in steps.values():
         for _ in range(WARMUPS):
             step()
-        parts.clear()
-        recorded = engine.steps.stats.graphs_recorded
-        out = ms([step() for _ in range(reps)])
-        if engine.sequence_length(0) != base:
-            raise VkrtError(f"the sequence holds {engine.sequence_length(0)} tokens after the steps, not {base}")
-        return out, engine.steps.stats.graphs_recorded - recorded
-
-    t1, rec1 = timed(decode_once)
+    end = time.perf_counter() + WARM_SECONDS
+    while time.perf_counter() < end:
+        decode_once()
+    for p in parts.values():
+        p.clear()
+    times: dict[int, list[float]] = {k: [] for k in steps}
+    recorded = dict.fromkeys(steps, 0)   # step graphs recorded while timed: a step that records pays for it
+    for _ in range(reps):
+        for k, step in steps.items():
+            before = engine.steps.stats.graphs_recorded
+            times[k].append(step())
+            recorded[k] += engine.steps.stats.graphs_recorded - before
+    if engine.sequence_length(0) != base:
+        raise VkrtError(f"the sequence holds {engine.sequence_length(0)} tokens after the steps, not {base}")
+    t1, rec1 = ms(times[1]), recorded[1]
     note(f"  decode step {t1:.2f} ms" + (f" ({rec1} graphs recorded while timed)" if rec1 else ""))
     rows = []
     for k in ks:
-        tk, rec = timed(lambda: verify_once(k))
+        tk, rec = ms(times[k]), recorded[k]
         cost = tk / t1
         e = expected_tokens(k, acceptance)
         target = TARGETS.get(k)
-        split = {f"{name}_ms": ms(v) for name, v in parts.items()}
+        split = {f"{name}_ms": ms(v) for name, v in parts[k].items()}
         rows.append({"k": k, "drafts": k - 1, "ms": tk, **split, "graphs_recorded_while_timed": rec,
                      "cost_vs_decode": cost, "target_cost_vs_decode": target,
                      "meets_target": cost <= target if target is not None else None,

@@ -163,7 +163,9 @@ class RecurrentState(Owned):
 
     def _snapshot_copy(self, slot: int, to_snapshot: bool) -> None:
         """Copy a slot's state to or from its snapshot: a sequence recorded once a slot and
-        direction, replayed (speculative decoding takes one or two a step)."""
+        direction, replayed (speculative decoding takes one or two a step). It is queued, not
+        waited for: its closing barrier orders it before whatever the compute queue runs next
+        (the verify step that writes the state), so the host does not wait a round trip."""
         key = (slot, to_snapshot)
         seq = self._snapshot_seqs.get(key)
         if seq is None:
@@ -171,7 +173,8 @@ class RecurrentState(Owned):
                 self.device, label=f"{'snapshot' if to_snapshot else 'rewind'} recurrent state {slot}")
             with seq.record():
                 self._record_copy(seq, slot, slot, to_snapshot, self._snapshots)
-        seq.run()
+                seq.barrier()
+        seq.submit()
 
     def _record_copy(self, seq, slot: int, index: int, to_pool: bool, pool: Buffer) -> None:
         store, pool = self._store.range(), pool.range(0, pool.size)
