@@ -14,7 +14,9 @@
 // ROUTE_SUBGROUP (SUBGROUPS, NSG 1, RWG the subgroup size) only one subgroup routes (where
 // ROUTE_RUNS), its invocations numbered by their lane, and subgroup barriers stand for the
 // workgroup's: the bits of a one-subgroup router in a wider workgroup (the router mat-vec's last
-// one, shaders/mul_mv_route.comp).
+// one, shaders/mul_mv_route.comp). There, with ROUTE_SGS (the workgroup's subgroups) and device
+// subgroups, every subgroup routes (ROUTE_PARALLEL): the includer gives each its own tokens, and
+// each its own picked_p row.
 // The including shader declares WG, RWG, EPT, the buffers and these reads and writes:
 //   ROUTE_LOGIT(i), ROUTE_BIAS(i), ROUTE_ID(i, v), ROUTE_WEIGHT(i, v)
 #ifndef VKRT_MOE_ROUTE_GLSL
@@ -35,6 +37,10 @@
 // emulated subgroups wait at workgroup barriers: every subgroup routes alike, the first writes
 #define ROUTE_RUNS true
 #define ROUTE_WRITES (sg_id() == 0u)
+#elif defined(ROUTE_SGS)
+#define ROUTE_PARALLEL 1
+#define ROUTE_RUNS true              // every subgroup routes tokens of its own
+#define ROUTE_WRITES true
 #else
 #define ROUTE_RUNS (sg_id() == 0u)   // the invocations that route (the includer's condition)
 #define ROUTE_WRITES true            // and write the results
@@ -51,7 +57,12 @@
 // two alternating buffers: a reduction writes one while stragglers may still read the other
 shared float sh_v[2][NSH];
 shared uint sh_i[2][NSH];
+#ifdef ROUTE_PARALLEL
+shared float picked_rows[ROUTE_SGS][16];
+#define picked_p picked_rows[sg_id()]
+#else
 shared float picked_p[16];
+#endif
 
 // (v, e) beats (bv, be): larger value, ties to the lower expert; NONE loses to any expert
 bool beats(float v, uint e, float bv, uint be) {

@@ -2,7 +2,7 @@
 // The MoE router's mat-vec for decode: the logits y = W·x of NC tokens (mv_dot.glsl,
 // mv_reduce.glsl), then the last workgroup to finish routes the tokens as moe_router does
 // (moe_route.glsl): one dispatch instead of two; with ROUTE_SUBGROUP its first subgroup does,
-// as a one-subgroup router would.
+// as a one-subgroup router would, or with ROUTE_SGS each of its subgroups routes tokens of its own.
 // With NORM_IN x is the residual stream and the kernel first does rms_norm's add and norm
 // (shaders/rms_norm.comp with ADD, bit for bit; mv_norm.glsl): every workgroup sums x + r and
 // normalises it into shared memory, redoing the norm workgroup's sums subgroup by subgroup,
@@ -125,7 +125,11 @@ void main() {
     }
 #endif
     if (last && ROUTE_RUNS) {   // routes the tokens (moe_router's results, bit for bit)
+#ifdef ROUTE_PARALLEL
+        for (uint t = sg_id(); t < NC; t += ROUTE_SGS) {   // a subgroup a token at a time
+#else
         for (uint t = 0u; t < NC; t++) {
+#endif
             route_token(p.y_off + t * p.y_col, t * p.n_used, p.M, p.n_used, p.mode, p.b_off);
         }
     }

@@ -189,16 +189,27 @@ def routes_in_one_subgroup(device, one: bool) -> bool:
 
 @pytest.mark.parametrize("n_expert, n_used, n_tokens, gating", [(128, 8, 1, "norm"), (60, 4, 3, "softmax"),
                                                                  (32, 4, 2, "chosen"), (128, 8, 1, "sigmoid"),
-                                                                 (256, 8, 2, "norm")])
+                                                                 (256, 8, 2, "norm"), (64, 4, 7, "norm")])
 @pytest.mark.parametrize("mv_wg", [64, 128, 256])
 @pytest.mark.parametrize("one", [False, True])
 def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one):
     """The router's mat-vec routing its tokens in its last workgroup (mul_mv ROUTE) against the
     mat-vec then moe_route: the same logits, ids and weights, bit for bit, with mat-vec workgroups
     as wide as the router's or wider; replayed, the counter is back at 0 and it routes again.
-    one=True: a one-subgroup router, whose epilogue routes in the last workgroup's first subgroup;
-    one=False: the router of several subgroups, routed by the whole last workgroup (each asked for
-    explicitly: the default depends on the device's subgroup size)."""
+    one=True: a one-subgroup router, whose epilogue routes in the last workgroup's subgroups, a
+    token each at a time; one=False: the router of several subgroups, routed by the whole last
+    workgroup (each asked for explicitly: the default depends on the device's subgroup size)."""
+    route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one)
+
+
+@pytest.mark.parametrize("n_tokens", [3, 7])
+def test_route_in_the_router_mat_vec_wraps_its_subgroups(device, monkeypatch, n_tokens):
+    """More tokens than the last workgroup's subgroups (mv_wg 16: two of lavapipe's 8 lanes):
+    each routes every other token, bit for bit as moe_route."""
+    route_in_the_router_mat_vec(device, monkeypatch, 64, 4, n_tokens, "norm", 16, True)
+
+
+def route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one):
     import dataclasses
 
     from vkrt.commands import CommandSequence

@@ -107,7 +107,7 @@ def route_epilogue(device, router: Tensor, logits: Tensor, ids: Tensor, weights:
     0, left 0); None where it cannot: more tokens than one mat-vec run, a weight over one
     binding, a mat-vec workgroup that is not a multiple of the router's, subgroups of varying size.
     Where the router is one subgroup (router_layout; `one_subgroup` as there) the last
-    workgroup's first subgroup routes, without workgroup barriers."""
+    workgroup's subgroups route, a token each at a time, without workgroup barriers."""
     tuning, prof = device.tuning, device.profile
     rwg, subgroups = router_layout(device, one_subgroup=one_subgroup)
     mv_wg = tuning.mv_wg
@@ -117,8 +117,8 @@ def route_epilogue(device, router: Tensor, logits: Tensor, ids: Tensor, weights:
     buffers, push = _route_operands(logits, ids, weights, n_used, normalize, chosen_softmax, sigmoid_bias, rwg)
     cr, co = bind_tensor(counter, "router counter")
     defines = {"RWG": rwg, "EPT": ceil_div(logits.ne[0], rwg)}
-    if subgroups and rwg == prof.subgroup_min:   # a one-subgroup router: the first subgroup routes
-        defines.update(SUBGROUPS=1, NSG=1, ROUTE_SUBGROUP=1)
+    if subgroups and rwg == prof.subgroup_min:   # a one-subgroup router: each subgroup routes its tokens
+        defines.update(SUBGROUPS=1, NSG=1, ROUTE_SUBGROUP=1, ROUTE_SGS=mv_wg // rwg)
     elif subgroups:
         defines.update(SUBGROUPS=1, NSG=max(1, mv_wg // max(prof.subgroup_min, 1)))
     push["rw_off"] = push.pop("w_off")
