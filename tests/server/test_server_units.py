@@ -141,7 +141,7 @@ def test_texts_past_the_tokenising_limit_are_refused_untokenised():
             return ids
     tok = RequestTokenizer(Counting(), sandbox=None, loop=None)
     sent = []
-    tok._in_sandbox = lambda task, args, what: sent.append(len(args["text"])) or ""
+    tok._in_sandbox = lambda task, args, attached, what: (sent.append(len(attached)), b"")
     with pytest.raises(BadRequest, match=f"'content' is {MAX_TOKENIZE_CHARS + 1} characters; vkrt tokenises at "
                                          f"most {MAX_TOKENIZE_CHARS}") as exc:
         tok.encode("x" * (MAX_TOKENIZE_CHARS + 1), field="content")

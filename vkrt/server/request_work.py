@@ -7,7 +7,6 @@ few threads of lower CPU priority (nice +10) than the scheduler thread and the d
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import hashlib
 import os
@@ -61,10 +60,10 @@ class RequestTokenizer:
             self._key = hashlib.sha256(self._json.encode()).hexdigest()[:16]
         return self._key, lambda: self._json
 
-    def _in_sandbox(self, task: str, args: dict, what: str):
+    def _in_sandbox(self, task: str, args: dict, attached: bytes, what: str) -> tuple[object, bytes]:
         key, payload = self._setup()
         call = self.sandbox.call(task, {"key": key, **args}, what=what, field=None, seconds=TOKENIZE_SECONDS,
-                                 setup=(key, payload))
+                                 setup=(key, payload), attached=attached)
         return asyncio.run_coroutine_threadsafe(call, self.loop).result()
 
     def encode(self, text: str, add_special: bool = True, field: str | None = None) -> list[int]:
@@ -74,12 +73,12 @@ class RequestTokenizer:
                              f"characters of a text no slot bounds", field)
         if len(text) <= SANDBOX_CHARS or not hasattr(self.tokenizer, "hf"):
             return self.tokenizer.encode(text, add_special)
-        ids = np.frombuffer(base64.b64decode(self._in_sandbox("tokenize", {"text": text}, "tokenising the text")),
-                            "<i4").tolist()
-        return self.tokenizer.with_bos(ids, add_special)
+        _, ids = self._in_sandbox("tokenize", {}, text.encode("utf-8"), "tokenising the text")
+        return self.tokenizer.with_bos(np.frombuffer(ids, np.int32).tolist(), add_special)
 
     def decode(self, ids, skip_special: bool = False) -> str:
         if len(ids) <= SANDBOX_IDS or not hasattr(self.tokenizer, "hf"):
             return self.tokenizer.decode(ids, skip_special)
-        packed = base64.b64encode(np.asarray(ids, "<i4").tobytes()).decode("ascii")
-        return self._in_sandbox("detokenize", {"ids": packed, "skip_special": skip_special}, "detokenising the ids")
+        text, _ = self._in_sandbox("detokenize", {"skip_special": skip_special}, np.asarray(ids, np.int32).tobytes(),
+                                   "detokenising the ids")
+        return text

@@ -6,7 +6,6 @@ a failure ({"error"}: out of memory, a bug)."""
 
 from __future__ import annotations
 
-import base64
 from array import array
 from collections import OrderedDict
 
@@ -65,16 +64,17 @@ def _tokenizer(key: str, setup: str | None):
     return tok
 
 
-def tokenize(key: str, text: str, setup: str | None = None) -> str:
-    """The token ids of `text` (no special tokens added) as base64 of little-endian int32."""
-    ids = _tokenizer(key, setup).encode(text, add_special_tokens=False).ids
-    return base64.b64encode(array("i", ids).tobytes()).decode("ascii")
+def tokenize(key: str, attached: bytes = b"", setup: str | None = None) -> tuple[None, bytes]:
+    """The token ids (no special tokens added) of the UTF-8 text attached, as int32 bytes."""
+    ids = _tokenizer(key, setup).encode(attached.decode("utf-8"), add_special_tokens=False).ids
+    return None, array("i", ids).tobytes()
 
 
-def detokenize(key: str, ids: str, skip_special: bool, setup: str | None = None) -> str:
-    """The text of token ids given as base64 of little-endian int32."""
-    return _tokenizer(key, setup).decode(array("i", base64.b64decode(ids)).tolist(),
-                                         skip_special_tokens=skip_special)
+def detokenize(key: str, skip_special: bool, attached: bytes = b"", setup: str | None = None) -> str:
+    """The text of the token ids attached as int32 bytes."""
+    ids = array("i")
+    ids.frombytes(attached)
+    return _tokenizer(key, setup).decode(ids.tolist(), skip_special_tokens=skip_special)
 
 
 TASKS.update(tokenize=tokenize, detokenize=detokenize)
