@@ -404,7 +404,7 @@ def test_rows_of_one_column_by_type(device):
     assert_run_is_one_columns_bits(device, tune, 32)
 
 
-def test_rows_multi(device):
+def test_rows_of_a_run_of_columns(device):
     """mv_rows_multi: a run of several token columns takes that many rows a group (one column
     keeps mv_rows); each row is summed alike, so the columns' results are the one-column bits."""
     from vkrt.ops.mat_vec import mat_vec_variant
@@ -414,19 +414,6 @@ def test_rows_multi(device):
     assert (nr(1), nr(3)) == (4, 1)
     assert_run_is_one_columns_bits(device, tune, 31)
 
-
-def test_sums_of_a_run_of_columns(device):
-    """mv_multi_sums: a run of several token columns halves its rows a group until rows (gate and
-    up: twice) x columns fit (one column keeps mv_rows); each row is summed alike, so the columns'
-    results are the one-column bits."""
-    from vkrt.ops.mat_vec import mat_vec_variant
-    tune = dataclasses.replace(device.tuning, mv_rows=4, mv_rows_by_type=(), mv_fill_groups=1, mv_multi_sums=8)
-    q = ggml_type("Q4_K")
-    nr = lambda n, gate_up=None: mat_vec_variant(device, q, n, tune, k=512, m=37, xvec4=True,
-                                                 gate_up=gate_up)[0]["NR"]
-    assert (nr(1), nr(2), nr(3), nr(4), nr(8)) == (4, 4, 2, 2, 1)
-    assert (nr(1, "silu"), nr(2, "silu"), nr(4, "silu")) == (2, 2, 1)
-    assert_run_is_one_columns_bits(device, tune, 33)
 
 
 def test_rows_halved_until_the_grid_fills(device):

@@ -165,10 +165,6 @@ class Tuning:
     # rows a group of a dense mat-vec run of several token columns (a server's decode step; 0:
     # as for one column): its accumulators grow with rows x columns
     mv_rows_multi: int = 0
-    # the most sums (weight rows x token columns) a lane of a dense mat-vec run of several columns
-    # holds: its rows a group are halved until they fit (0: as for one column). A lane also keeps
-    # each row's partial dot products and each column's x chunk, so its registers grow with both
-    mv_multi_sums: int = 0
     # the summed expert down projection (the resid_norm fusion): a workgroup's groups take a token's
     # slots at once, a group a slot, up to mv_sum_slots of them (0: as many as the workgroup
     # holds); a group walks any slots past those one at a time, unrolled with mv_sum_unroll
