@@ -87,10 +87,15 @@ void norm_prologue(uint lane, uint wgid) {
 
 // the last workgroup: x + r over x (every workgroup has read x)
 void store_sums() {
-    const uint n = NC * p.K;
-    for (uint i = gl_LocalInvocationID.x; i < n; i += WG) {
-        const uint j = i / p.K, c = i % p.K;
-        ns_data[p.n_s_off + j * p.n_x_col + c] = NORM_SRC(j, c);
+    [[unroll]] for (uint j = 0u; j < NC; j++) {
+        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
+            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
+                const uint c = NORM_AT(g, e);
+                if (c < p.K) {
+                    ns_data[p.n_s_off + j * p.n_x_col + c] = n_s[(j * NORM_G + g) * NORM_E + e];
+                }
+            }
+        }
     }
 }
 #endif

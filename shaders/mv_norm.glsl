@@ -12,35 +12,31 @@
 // the norm lane's NORM_E elements, lane + e * NORM_WG
 #define NORM_AT(g, e) ((sg_id() + (g) * NORM_SUB) * NORM_SG + sg_lane() + (e) * NORM_WG)
 shared float n_sums[NC * NORM_VSG];
+float n_s[NC * NORM_G * NORM_E];   // this lane's elements (NORM_IN's last workgroup stores x + r)
 // xn4 = rms_norm(NORM_SRC) * w for the NC rows (from nbase, where NORM_SRC reads it), summed as
 // rms_norm.comp's workgroup of NORM_WG invocations sums (NORM_VSG subgroups, each the butterfly
 // of its lanes' sums over the elements lane, lane + NORM_WG, ...; then the subgroups' sums in
-// order). A lane holds one row's elements at a time (each row's loads issued together): the
-// rows' x + r wait in xn4 for their scale. xn4 is complete for every invocation on return
+// order), every load issued first; xn4 is complete for every invocation on return
 void norm_rows(uint nbase, uint pf) {
     float wv[NORM_G * NORM_E];
-    [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
-        [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
-            const uint c = NORM_AT(g, e);
-            wv[g * NORM_E + e] = c < NORM_LEN ? nw_data[p.n_w_off + c] : 0.0;
+    [[unroll]] for (uint j = 0u; j < NC; j++) {
+        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
+            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
+                const uint c = NORM_AT(g, e);
+                n_s[(j * NORM_G + g) * NORM_E + e] = c < NORM_LEN ? NORM_SRC(j, c) : 0.0;
+                if (j == 0u) {
+                    wv[g * NORM_E + e] = c < NORM_LEN ? nw_data[p.n_w_off + c] : 0.0;
+                }
+            }
         }
     }
     [[unroll]] for (uint j = 0u; j < NC; j++) {
-        float n_s[NORM_G * NORM_E];
-        [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
-            [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
-                const uint c = NORM_AT(g, e);
-                n_s[g * NORM_E + e] = c < NORM_LEN ? NORM_SRC(j, c) : 0.0;
-            }
-        }
         [[unroll]] for (uint g = 0u; g < NORM_G; g++) {
             precise float sum = 0.0;
             [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
-                const uint c = NORM_AT(g, e);
-                const float v = n_s[g * NORM_E + e];
-                if (c < NORM_LEN) {
+                const float v = n_s[(j * NORM_G + g) * NORM_E + e];
+                if (NORM_AT(g, e) < NORM_LEN) {
                     sum += v * v;
-                    xn4[(j * NORM_LEN + c) >> 2][c & 3u] = v;
                 }
             }
             sum = subgroup_butterfly(sum);
@@ -65,7 +61,7 @@ void norm_rows(uint nbase, uint pf) {
             [[unroll]] for (uint e = 0u; e < NORM_E; e++) {
                 const uint c = NORM_AT(g, e);
                 if (c < NORM_LEN) {
-                    const float v = xn4[(j * NORM_LEN + c) >> 2][c & 3u] * scale;
+                    const float v = n_s[(j * NORM_G + g) * NORM_E + e] * scale;
                     xn4[(j * NORM_LEN + c) >> 2][c & 3u] = v * wv[g * NORM_E + e];
                 }
             }

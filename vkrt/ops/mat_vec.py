@@ -46,8 +46,7 @@ MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q
             "Q8_0": 4, "IQ4_NL": 4, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 16, "IQ2_XS": 16,
             "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4, "TQ1_0": 16, "TQ2_0": 4}
 
-# the most elements of x + r (of one column: the columns are normed in turn) a lane of the
-# router's mat-vec holds for its norm
+# the most elements of x + r (over the columns) a lane of the router's mat-vec holds for its norm
 NORM_MAX_HELD = 32
 
 
@@ -112,7 +111,7 @@ def norm_layout(device, k: int, n: int, wg: int) -> dict | None:
         return None
     norm = norm_wg(device, k)
     per, e = subgroups // (wg // sg), ceil_div(k, norm)
-    if per * e > NORM_MAX_HELD:
+    if n * per * e > NORM_MAX_HELD:
         return None
     return {"NORM_WG": norm, "NORM_VSG": subgroups, "NORM_SG": sg, "NORM_SUB": wg // sg, "NORM_G": per,
             "NORM_E": e, "NORM_XN4": n * k // 4}
@@ -160,8 +159,6 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, entry: str = "
     if n > 1 and tuning.mv_rows_multi:
         base = min(base, tuning.mv_rows_multi)
     rows = max(1, base // 2) if gate_up else base
-    while n > 1 and tuning.mv_multi_sums and rows > 1 and rows * (2 if gate_up else 1) * n > tuning.mv_multi_sums:
-        rows //= 2
     while rows > 1 and ceil_div(m, rows * row_groups) * layers < tuning.mv_fill_groups:
         rows //= 2
     return wg, lanes, rows
