@@ -57,6 +57,9 @@
 #ifndef V_Q
 #define V_Q 0
 #endif
+#ifndef MERGE_AT
+#define MERGE_AT 8
+#endif
 #ifndef SPLIT_MIN
 #define SPLIT_MIN 1
 #endif
@@ -372,17 +375,35 @@ void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
             continue;
         }
         const uint out_row = (b * P_N + row_token(row)) * p.n_head + row_head(row);
+        // MERGE_AT splits' values loaded at once, then used in split order (one split's loads
+        // at a time left the merge of 32-64 splits waiting on the L2 once a split)
         float mx = FA_NEG_BIG;
-        for (uint sp = 0; sp < used_splits; ++sp) {
-            mx = max(mx, ml[sp * n_out + out_row].x);
+        for (uint s0 = 0; s0 < used_splits; s0 += MERGE_AT) {
+            float m_[MERGE_AT];
+            [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
+                m_[q] = s0 + q < used_splits ? ml[(s0 + q) * n_out + out_row].x : FA_NEG_BIG;
+            }
+            [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
+                mx = max(mx, m_[q]);
+            }
         }
         float l = 0.0;
         float acc = 0.0;
-        for (uint sp = 0; sp < used_splits; ++sp) {
-            const vec2 m_l = ml[sp * n_out + out_row];
-            const float w = exp(m_l.x - mx);
-            l += m_l.y * w;
-            acc += part[(sp * n_out + out_row) * HSV + i % HSV] * w;
+        for (uint s0 = 0; s0 < used_splits; s0 += MERGE_AT) {
+            vec2 m_l[MERGE_AT];
+            float o_[MERGE_AT];
+            [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
+                const uint sp = min(s0 + q, used_splits - 1u);
+                m_l[q] = ml[sp * n_out + out_row];
+                o_[q] = part[(sp * n_out + out_row) * HSV + i % HSV];
+            }
+            [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
+                if (s0 + q < used_splits) {
+                    const float w = exp(m_l[q].x - mx);
+                    l += m_l[q].y * w;
+                    acc += o_[q] * w;
+                }
+            }
         }
         acc *= sink_factor(mx, l, row_head(row));
         o[p.o_off + out_row * HSV + i % HSV] = l > 0.0 ? acc / l : 0.0;

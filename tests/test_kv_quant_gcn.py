@@ -33,8 +33,10 @@ def test_quantised_decode_attention_on_polaris():
             assert s["Subgroups per SIMD"] >= 2, (key, s)
     # a thread's tile share past 128 bytes holds one tile, not two (f32 at head 256: 256 VGPRs and 59 spilled)
     ahead = {(hs, kv) for (hs, phase, pro, kv), (first, _) in stats.items() if phase == "decode" and first == 2}
-    assert ahead == {(hs, t.upper()) for hs in (64, 128, 256) for t in TYPES} - {
-        (128, "F32"), (256, "F32"), (256, "F16"), (256, "Q8_0")}
+    assert ahead == {(hs, t) for hs in (64, 128, 256) for t in ("F16", "Q5_0")} - {(256, "F16")} | {(64, "F32")}
+    # the other quantised types' tiles are dequantised once a workgroup into shared memory
+    shared = {(hs, kv) for (hs, phase, pro, kv), (first, _) in stats.items() if phase == "decode" and first == 3}
+    assert shared == {(hs, t.upper()) for hs in (64, 128, 256) for t in TYPES[2:] if t != "q5_0"}
     for hs in (64, 128):
         f16 = stats[(hs, "decode", False, "F16")][1]
         for t in TYPES[2:]:

@@ -96,15 +96,37 @@ def test_gcn_layouts(device, kv, first):
     import dataclasses
     rng = np.random.default_rng(11)
     q, k, v = make_qkv(rng, n_head=4, n_head_kv=1, n_q=1, n_kv=130, hsk=128, kv_dtype=np.float32)
-    t = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_loads_first=first)
-    got, kd, vd, _ = flash_q(device, q, k, v, kv, kv, tuning=t)
+    t = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_loads_first=first, fa_loads_first_by_type=())
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, tuning=t)
+    assert fa._attn.defines["LOADS_FIRST"] == first
+    check(got, q, kd, vd, tol=TOL)
+
+
+@pytest.mark.parametrize("kv,hs", [("Q8_0", 128), ("Q4_0", 256), ("IQ4_NL", 64)])
+def test_gcn_quantised_tile_in_shared_memory(device, kv, hs):
+    """The GCN table dequantises a quantised K/V tile once a workgroup into shared memory
+    (fa_loads_first_by_type 3; f16 keeps a tile ahead in registers): the bits of each value
+    loaded where it is used (0), whose lanes take the same vec4s (a tile held as loaded words
+    gives a lane consecutive vec4s instead: other sums)."""
+    import dataclasses
+    rng = np.random.default_rng(hs)
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=1, n_kv=90, hsk=hs, kv_dtype=np.float32)
+    t = tuning(device, Arch.AMD_GCN)
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, tuning=t, split_k=2)
+    if fa._attn.defines["LOADS_FIRST"] != 3:
+        pytest.skip("the tile does not fit this device's shared memory")
+    used, _, _, fb = flash_q(device, q, k, v, kv, kv, tuning=dataclasses.replace(t, fa_loads_first_by_type=(),
+                                                                                  fa_loads_first=0), split_k=2)
+    assert fb._attn.defines["LOADS_FIRST"] == 0
+    np.testing.assert_array_equal(got.view(np.uint32), used.view(np.uint32))
     check(got, q, kd, vd, tol=TOL)
 
 
 def _regs_tuning(device, arch, first=2):
     """`arch`'s tuning with fa_loads_first `first` at every tile size (no fa_ahead_max_bytes)."""
     import dataclasses
-    return dataclasses.replace(tuning(device, arch), fa_loads_first=first, fa_ahead_max_bytes=0)
+    return dataclasses.replace(tuning(device, arch), fa_loads_first=first, fa_ahead_max_bytes=0,
+                               fa_loads_first_by_type=())
 
 
 @pytest.mark.parametrize("kv", QUANT_KV)
