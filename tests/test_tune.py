@@ -20,6 +20,8 @@ def test_every_value_form_parses():
     assert dict(parse_tune(text)) == {"fa_loads_first": 3, "mv_rows_by_type": (("Q4_K", 2), ("Q6_K", 2)),
                                       "fa_unroll": False, "mv_narrow_types": (), "moe_read_in_place": ("Q4_0",)}
     assert parse_tune("") == () and parse_tune("mv_rows=2 mv_rows=8") == (("mv_rows", 8),)
+    assert parse_tune("fa_loads_first_by_type=Q8_0:3+IQ4_NL:1") == (("fa_loads_first_by_type",
+                                                                     (("Q8_0", 3), ("IQ4_NL", 1))),)
     changes = parse_tune(text)
     assert parse_tune(describe_tune(changes)) == changes
 

@@ -27,7 +27,7 @@ SET_ELSEWHERE = {"arch": "VKRT_ARCH", "mm_coopmat": "VKRT_COOPMAT", "fa_coopmat"
 # a field that is derived from another when that one is non-zero: setting it alone zeroes the other
 # (the field as written, which is what its 0 means)
 DERIVED_FROM = {"fa_fill_groups": "fa_fill_per_cu", "mm_split_groups": "mm_split_fill_per_cu"}
-TYPE_PAIRS = ("mv_rows_by_type", "mv_rows_one_column_by_type")
+TYPE_PAIRS = ("fa_loads_first_by_type", "mv_rows_by_type", "mv_rows_one_column_by_type")
 
 
 def _fields() -> dict[str, str]:
