@@ -113,18 +113,24 @@ def decode_tokens(engine, tokens: list[int], seq_id: int = 0) -> None:
 
 
 def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0) -> BenchResult:
-    """One warm-up, then `repetitions` timed runs; the KV cache is cleared (and the depth
-    prefilled, untimed) before each. Generation decodes a new random token each step, as
-    llama-bench does, from another seeded sequence in the warm-up and in each repetition: a
-    greedy chain would meet in the timed runs exactly the experts its warm-up brought into the
-    expert cache. With expert-traffic counters (Engine.expert_traffic), `traffic` sums their
-    change over the timed runs."""
+    """One warm-up, then `repetitions` timed runs, each from an empty KV cache or from the depth:
+    that is filled once (untimed), and each later run starts from it again, the cells past it
+    forgotten and a recurrent state rewound to its snapshot there (the same state, bit for bit,
+    as filling it again, which took minutes at depth 32768). Generation decodes a new random
+    token each step, as llama-bench does, from another seeded sequence in the warm-up and in each
+    repetition: a greedy chain would meet in the timed runs exactly the experts its warm-up
+    brought into the expert cache. With expert-traffic counters (Engine.expert_traffic),
+    `traffic` sums their change over the timed runs."""
     vocab = engine.model.cfg.vocab_size
     result = BenchResult(test)
     for rep in range(repetitions + 1):
-        engine.reset()
-        if test.n_depth:
-            engine.eval(random_tokens(test.n_depth, vocab, seed + 1000 + rep))
+        if test.n_depth and rep:
+            engine.truncate(0, test.n_depth)
+        else:
+            engine.reset()
+            if test.n_depth:
+                engine.eval(random_tokens(test.n_depth, vocab, seed + 1000))
+                engine.snapshot(0)
         prompt = random_tokens(test.n_prompt, vocab, seed + rep)
         generated = random_tokens(test.n_gen, vocab, seed + 2000 + rep)
         before = _traffic(engine)

@@ -1,0 +1,46 @@
+"""vkrt bench at a depth (vkrt/engine/bench.py run_test): the depth is filled once and each later
+run starts from it again -- the cells past it forgotten, a recurrent state rewound to its
+snapshot there -- which is the state filling it gives, bit for bit: a run's logits after the
+return equal the first run's (a KV cache, and qwen35's DeltaNet state)."""
+
+import numpy as np
+import pytest
+
+from models import tiny_model
+from vkrt.engine.bench import BenchTest, decode_tokens, run_test
+from vkrt.engine.engine import Engine
+from vkrt.engine.generate import random_tokens
+from vkrt.model.loader import Model
+
+DEPTH = 24
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35"])
+def test_each_run_starts_from_the_depth_filled_once(device, tmp_path, name):
+    with Model(device, tiny_model(name, tmp_path), progress=False) as m, \
+            Engine(m, n_ctx=96, n_ubatch=16) as e:
+        vocab = m.cfg.vocab_size
+        calls, cuts = [], []
+        fill, cut = e.eval, e.truncate
+        e.eval = lambda tokens, *a, **k: (calls.append((len(tokens), e.sequence_length(0))), fill(tokens, *a, **k))[1]
+        e.truncate = lambda seq, n: (cuts.append((seq, n)), cut(seq, n))[1]
+        result = run_test(e, BenchTest(n_prompt=4, n_gen=3, n_depth=DEPTH), repetitions=3)
+        assert len(result.samples_ns) == 3
+        # the depth once into an empty cache, then each run's prompt right after the depth
+        assert calls == [(DEPTH, 0)] + [(4, DEPTH)] * 4 and cuts == [(0, DEPTH)] * 3
+        assert e.sequence_length(0) == 0   # reset after the runs
+        e.eval, e.truncate = fill, cut
+
+        e.eval(random_tokens(DEPTH, vocab, 1000))
+        e.snapshot(0)
+        tokens = random_tokens(5, vocab, 7)
+        first = [e.eval(tokens[:3])[-1].copy()]
+        decode_tokens(e, tokens[3:])
+        first.append(e.eval([tokens[0]])[-1].copy())
+        for _ in range(2):
+            assert e.truncate(0, DEPTH) == DEPTH
+            again = [e.eval(tokens[:3])[-1].copy()]
+            decode_tokens(e, tokens[3:])
+            again.append(e.eval([tokens[0]])[-1].copy())
+            for a, b in zip(first, again):
+                np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
