@@ -102,20 +102,23 @@ def test_gcn_layouts(device, kv, first):
     check(got, q, kd, vd, tol=TOL)
 
 
-@pytest.mark.parametrize("kv,hs", [("Q8_0", 128), ("Q4_0", 256), ("IQ4_NL", 64)])
-def test_gcn_quantised_tile_in_shared_memory(device, kv, hs):
+@pytest.mark.parametrize("kv,vt,hs", [("Q8_0", "Q8_0", 128), ("Q4_0", "Q4_0", 256), ("IQ4_NL", "IQ4_NL", 64),
+                                      ("Q5_1", "F16", 96), ("Q8_0", "Q4_1", 32)])
+def test_gcn_quantised_tile_in_shared_memory(device, kv, vt, hs):
     """The GCN table dequantises a quantised K/V tile once a workgroup into shared memory
     (fa_loads_first_by_type 3; f16 keeps a tile ahead in registers): the bits of each value
     loaded where it is used (0), whose lanes take the same vec4s (a tile held as loaded words
-    gives a lane consecutive vec4s instead: other sums)."""
+    gives a lane consecutive vec4s instead: other sums). A thread's share is whole blocks, K's
+    from the first thread up and V's from the last down: one to four blocks a row (head 32 to
+    128), blocks starting at either half of a word, V f16 beside a quantised K."""
     import dataclasses
     rng = np.random.default_rng(hs)
     q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=1, n_kv=90, hsk=hs, kv_dtype=np.float32)
     t = tuning(device, Arch.AMD_GCN)
-    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, tuning=t, split_k=2)
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, vt, tuning=t, split_k=2)
     if fa._attn.defines["LOADS_FIRST"] != 3:
         pytest.skip("the tile does not fit this device's shared memory")
-    used, _, _, fb = flash_q(device, q, k, v, kv, kv, tuning=dataclasses.replace(t, fa_loads_first_by_type=(),
+    used, _, _, fb = flash_q(device, q, k, v, kv, vt, tuning=dataclasses.replace(t, fa_loads_first_by_type=(),
                                                                                   fa_loads_first=0), split_k=2)
     assert fb._attn.defines["LOADS_FIRST"] == 0
     np.testing.assert_array_equal(got.view(np.uint32), used.view(np.uint32))

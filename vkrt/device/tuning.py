@@ -340,14 +340,15 @@ TABLE: dict[Arch, Tuning] = {
                          # those hold one tile (fa_loads_first 1: 56-128 VGPRs, 2-4 waves; H200, f16, heads 16/2 x
                          # 256, one query, depth 16000: 75.6 against 75.4 us)
                          fa_ahead_max_bytes=128,
-                         # a quantised K/V tile dequantised once a workgroup into shared memory: H100, this
-                         # table, heads 32/4 x 128 and 16/2 x 256, one query, depth 16000, q8_0: 77.7 ->
-                         # 65.1 and 443.9 -> 97.8 us (f16 keeps 2: 55.2 against 63.2 and 69.9 against 67.9;
-                         # flash_attn_decode.py --set). ACO: 48 VGPRs (5 waves) at head 64, 68-80 (3) at
-                         # 128, 104-136 (1-2) at 256 against 64-84 (3-4) / 88-100 (2) / 84-120 (2-3); no
-                         # spills (gcn_shader_stats.py --kv all); not Q5_0, whose head-256 kernel took 136
-                         # VGPRs (1 wave) that way
-                         fa_loads_first_by_type=(("Q8_0", 3), ("Q4_0", 3), ("Q4_1", 3), ("Q5_1", 3), ("IQ4_NL", 3)),
+                         # a quantised K/V tile dequantised once a workgroup into shared memory, a thread's
+                         # share whole blocks held as the words loaded: H100, this table, heads 32/4 x 128 and
+                         # 16/2 x 256, one query, depth 16000, q8_0, the tile dequantised a vec4 a thread: 77.7
+                         # -> 65.1 and 443.9 -> 97.8 us (f16 keeps 2: 55.2 against 63.2 and 69.9 against 67.9;
+                         # flash_attn_decode.py --set); block shares unmeasured there. ACO, VGPRs (waves) at
+                         # head 64 / 128 / 256: 48-60 (4-5) / 60-68 (3-4) / 76-84 (2), no spills, against 64-84
+                         # (3-4) / 88-100 (2) / 84-120 (2-3) held a tile ahead (gcn_shader_stats.py --kv all)
+                         fa_loads_first_by_type=(("Q8_0", 3), ("Q4_0", 3), ("Q4_1", 3), ("Q5_0", 3), ("Q5_1", 3),
+                                                 ("IQ4_NL", 3)),
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),
