@@ -304,87 +304,60 @@ float sink_factor(float m, inout float l, uint head) {
 // store. A quantised cache's share is whole blocks (K's from the first thread up, V's from the
 // last down), held as the words loaded (kv_quant.glsl's segments of 8 chunks) and dequantised
 // into the shared tile: a block's 5-9 word loads, not 3-6 for each of its 8 vec4s
+#define BLOCK_SHARE_LOAD(j, sh, BUF, QT, BPR, NBLK, NSH, NW, base, nb1, B)                   \
+    FA_UNROLL for (uint i = 0; i < NSH; ++i) {                                             \
+        const uint b = B;                                                                  \
+        if (b < NBLK) {                                                                    \
+            sh[i].e = (base) + min((j) * BC + b / BPR, p.KV - 1u) * (nb1) + 32u * (b % BPR); \
+            KVQ_SEG_LOAD(BUF, QT, 8u, sh[i].e, sh[i].w, NW)                                \
+        }                                                                                  \
+    }
+#define BLOCK_SHARE_STORE(sh, dst, STR, QT, BPR, NBLK, NSH, NW, B)                          \
+    FA_UNROLL for (uint i = 0; i < NSH; ++i) {                                             \
+        const uint b = B;                                                                  \
+        if (b < NBLK) {                                                                    \
+            FA_UNROLL for (uint c = 0; c < 8u; ++c) {                                      \
+                dst[(b / BPR) * STR + (b % BPR) * 8u + c] = KVQ_SEG_DQ4(QT, 8u, sh[i].w, NW, c, sh[i].e); \
+            }                                                                              \
+        }                                                                                  \
+    }
+#define VEC4_SHARE_LOAD(j, sh, NSH, N4, raw, base, nb1)                                     \
+    FA_UNROLL for (uint i = 0; i < NSH; ++i) {                                             \
+        const uint e = min(t + i * WG, BC * N4 - 1u);                                      \
+        sh[i] = raw((base) + min((j) * BC + e / N4, p.KV - 1u) * (nb1) + 4u * (e % N4));   \
+    }
+#define VEC4_SHARE_STORE(sh, dst, STR, NSH, N4)                                             \
+    FA_UNROLL for (uint i = 0; i < NSH; ++i) {                                             \
+        const uint e = t + i * WG;                                                         \
+        if (e < BC * N4) {                                                                 \
+            dst[(e / N4) * STR + e % N4] = sh[i];                                          \
+        }                                                                                  \
+    }
 #if LOADS_FIRST == 3 && K_Q
 const uint KBPR = HSK / 32u, KBLK = BC * KBPR, KBSH = (KBLK + WG - 1u) / WG, KBW = KVQ_SEG_WORDS(K_Q, 8u);
 struct KBlock { uint w[KBW]; uint e; };
 #define K_SHARE KBlock
 #define K_SHARES KBSH
-#define LOAD_K_SHARE(j, ks)                                                             \
-    FA_UNROLL for (uint i = 0; i < KBSH; ++i) {                                         \
-        const uint b = t + i * WG;                                                      \
-        if (b < KBLK) {                                                                 \
-            const uint col = min((j) * BC + b / KBPR, p.KV - 1u);                       \
-            ks[i].e = k_base + col * p.k_nb1 + 32u * (b % KBPR);                        \
-            KVQ_SEG_LOAD(k_w, K_Q, 8u, ks[i].e, ks[i].w, KBW)                           \
-        }                                                                               \
-    }
-#define STORE_K_SHARE(ks)                                                               \
-    FA_UNROLL for (uint i = 0; i < KBSH; ++i) {                                         \
-        const uint b = t + i * WG;                                                      \
-        if (b < KBLK) {                                                                 \
-            FA_UNROLL for (uint c = 0; c < 8u; ++c) {                                   \
-                k_sh[(b / KBPR) * KSTR + (b % KBPR) * 8u + c] =                         \
-                    KVQ_SEG_DQ4(K_Q, 8u, ks[i].w, KBW, c, ks[i].e);                     \
-            }                                                                           \
-        }                                                                               \
-    }
+#define LOAD_K_SHARE(j, ks) BLOCK_SHARE_LOAD(j, ks, k_w, K_Q, KBPR, KBLK, KBSH, KBW, k_base, p.k_nb1, t + i * WG)
+#define STORE_K_SHARE(ks) BLOCK_SHARE_STORE(ks, k_sh, KSTR, K_Q, KBPR, KBLK, KBSH, KBW, t + i * WG)
 #else
 #define K_SHARE K_RAW
 #define K_SHARES KSH
-#define LOAD_K_SHARE(j, ks)                                                             \
-    FA_UNROLL for (uint i = 0; i < KSH; ++i) {                                          \
-        const uint e = min(t + i * WG, BC * HSK4 - 1u);                                 \
-        const uint col = min((j) * BC + e / HSK4, p.KV - 1u);                           \
-        ks[i] = raw_k(k_base + col * p.k_nb1 + 4u * (e % HSK4));                        \
-    }
-#define STORE_K_SHARE(ks)                                                               \
-    FA_UNROLL for (uint i = 0; i < KSH; ++i) {                                          \
-        const uint e = t + i * WG;                                                      \
-        if (e < BC * HSK4) {                                                            \
-            k_sh[(e / HSK4) * KSTR + e % HSK4] = ks[i];                                 \
-        }                                                                               \
-    }
+#define LOAD_K_SHARE(j, ks) VEC4_SHARE_LOAD(j, ks, KSH, HSK4, raw_k, k_base, p.k_nb1)
+#define STORE_K_SHARE(ks) VEC4_SHARE_STORE(ks, k_sh, KSTR, KSH, HSK4)
 #endif
 #if LOADS_FIRST == 3 && V_Q
 const uint VBPR = HSV / 32u, VBLK = BC * VBPR, VBSH = (VBLK + WG - 1u) / WG, VBW = KVQ_SEG_WORDS(V_Q, 8u);
 struct VBlock { uint w[VBW]; uint e; };
 #define V_SHARE VBlock
 #define V_SHARES VBSH
-#define LOAD_V_SHARE(j, vs)                                                             \
-    FA_UNROLL for (uint i = 0; i < VBSH; ++i) {                                         \
-        const uint b = WG - 1u - t + i * WG;                                            \
-        if (b < VBLK) {                                                                 \
-            const uint col = min((j) * BC + b / VBPR, p.KV - 1u);                       \
-            vs[i].e = v_base + col * p.v_nb1 + 32u * (b % VBPR);                        \
-            KVQ_SEG_LOAD(v_w, V_Q, 8u, vs[i].e, vs[i].w, VBW)                           \
-        }                                                                               \
-    }
-#define STORE_V_SHARE(vs)                                                               \
-    FA_UNROLL for (uint i = 0; i < VBSH; ++i) {                                         \
-        const uint b = WG - 1u - t + i * WG;                                            \
-        if (b < VBLK) {                                                                 \
-            FA_UNROLL for (uint c = 0; c < 8u; ++c) {                                   \
-                v_sh[(b / VBPR) * VSTR + (b % VBPR) * 8u + c] =                         \
-                    KVQ_SEG_DQ4(V_Q, 8u, vs[i].w, VBW, c, vs[i].e);                     \
-            }                                                                           \
-        }                                                                               \
-    }
+#define LOAD_V_SHARE(j, vs) BLOCK_SHARE_LOAD(j, vs, v_w, V_Q, VBPR, VBLK, VBSH, VBW, v_base, p.v_nb1, WG - 1u - t + i * WG)
+#define STORE_V_SHARE(vs) BLOCK_SHARE_STORE(vs, v_sh, VSTR, V_Q, VBPR, VBLK, VBSH, VBW, WG - 1u - t + i * WG)
 #else
 #define V_SHARE V_RAW
 #define V_SHARES VSH
-#define LOAD_V_SHARE(j, vs)                                                             \
-    FA_UNROLL for (uint i = 0; i < VSH; ++i) {                                          \
-        const uint e = min(t + i * WG, BC * HSV4 - 1u);                                 \
-        const uint col = min((j) * BC + e / HSV4, p.KV - 1u);                           \
-        vs[i] = raw_v(v_base + col * p.v_nb1 + 4u * (e % HSV4));                        \
-    }
-#define STORE_V_SHARE(vs)                                                               \
-    FA_UNROLL for (uint i = 0; i < VSH; ++i) {                                          \
-        const uint e = t + i * WG;                                                      \
-        if (e < BC * HSV4) {                                                            \
-            v_sh[(e / HSV4) * VSTR + e % HSV4] = vs[i];                                 \
-        }                                                                               \
-    }
+#define LOAD_V_SHARE(j, vs) VEC4_SHARE_LOAD(j, vs, VSH, HSV4, raw_v, v_base, p.v_nb1)
+#define STORE_V_SHARE(vs) VEC4_SHARE_STORE(vs, v_sh, VSTR, VSH, HSV4)
 #endif
 #define LOAD_KV_SHARE(j, ks, vs) LOAD_K_SHARE(j, ks) LOAD_V_SHARE(j, vs)
 #define STORE_KV_SHARE(ks, vs) STORE_K_SHARE(ks) STORE_V_SHARE(vs)

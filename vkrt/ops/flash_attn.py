@@ -320,9 +320,10 @@ class FlashAttn:
 
     def loads_first(self, k_type, v_type) -> int:
         """The kernel's LOADS_FIRST: tuning.fa_loads_first (fa_loads_first_by_type's for K's type,
-        else V's, where it names one) for decode-sized calls (0 otherwise), 3 (the K/V tile in shared memory) taken down to 2 where the tile does not fit beside the
-        rest of the kernel's shared memory, and 2 (a tile ahead) down to 1 where a thread's share
-        of a tile is past tuning.fa_ahead_max_bytes."""
+        else V's, where it names one) for decode-sized calls (0 otherwise), 3 (the K/V tile in
+        shared memory) taken down to 2 where the tile does not fit beside the rest of the
+        kernel's shared memory, and 2 (a tile ahead) down to 1 where a thread's share of a tile
+        is past tuning.fa_ahead_max_bytes."""
         s, tile = self.shape, self.tile
         by_type = dict(self.tuning.fa_loads_first_by_type)
         first = by_type.get(k_type.name, by_type.get(v_type.name, self.tuning.fa_loads_first))
