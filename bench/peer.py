@@ -20,6 +20,7 @@ side's runs in one stretch of time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ import tempfile
 from common import bench_settings, polaris_class
 from llama_peer import POLARIS_ENV, LlamaServer, find_server
 from vkrt.device import Device
-from vkrt.engine.bench import BenchTest, run_test
+from vkrt.engine.bench import BenchTest, DepthFill, run_test
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
@@ -83,18 +84,27 @@ def context(depth: int, n_prompt: int = 0) -> int:
 
 
 def vkrt_side(device, path, reps, kv=("f16", "f16")) -> dict:
+    """vkrt's figures: one engine a micro-batch size, sized for its deepest test, whose tests run
+    by depth, each deeper one adding only the tokens past the last's depth (DepthFill), as
+    llama.cpp's side extends its cached prompt."""
     out = {}
     with Model(device, path, progress=False) as m:
-        for name, n_p, n_g, ub, depth in TESTS:
-            with Engine(m, n_ctx=context(depth, n_p), n_batch=max(ub, 512), n_ubatch=ub, kv_type=kv[0].upper(),
+        for ub in sorted({t[3] for t in TESTS}):
+            tests = sorted((t for t in TESTS if t[3] == ub), key=lambda t: t[4])
+            n_ctx = max(context(depth, n_p) for _, n_p, _, _, depth in tests)
+            with Engine(m, n_ctx=n_ctx, n_batch=max(ub, 512), n_ubatch=ub, kv_type=kv[0].upper(),
                         kv_type_v=kv[1].upper()) as e:
-                r = run_test(e, BenchTest(n_p, n_g, depth), reps)
-                out[name] = r.avg_ts
-                if n_g and not depth:   # a depth's prefill steps would count in the engine's stats
-                    # recording a shape's graph (and on lavapipe compiling its shaders) is a one-time
-                    # cost inside the first steps, not a decode step's
-                    s = e.stats
-                    out["host_ms_per_decode_step"] = 1e3 * (s.seconds - s.gpu_wait_seconds - s.record_seconds) / s.steps
+                fill = DepthFill()
+                for name, n_p, n_g, _, depth in tests:
+                    before = dataclasses.replace(e.stats)
+                    out[name] = run_test(e, BenchTest(n_p, n_g, depth), reps, fill=fill).avg_ts
+                    if n_g and not depth:   # a depth's prefill steps would count in the engine's stats
+                        # recording a shape's graph (and on lavapipe compiling its shaders) is a
+                        # one-time cost inside the first steps, not a decode step's
+                        s = e.stats
+                        host = (s.seconds - before.seconds) - (s.gpu_wait_seconds - before.gpu_wait_seconds) \
+                            - (s.record_seconds - before.record_seconds)
+                        out["host_ms_per_decode_step"] = 1e3 * host / (s.steps - before.steps)
     return out
 
 

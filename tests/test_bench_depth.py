@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from models import tiny_model
-from vkrt.engine.bench import BenchTest, decode_tokens, run_test
+from vkrt.engine.bench import BenchTest, DepthFill, decode_tokens, run_test
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import random_tokens
 from vkrt.model.loader import Model
@@ -44,3 +44,37 @@ def test_each_run_starts_from_the_depth_filled_once(device, tmp_path, name):
             again.append(e.eval([tokens[0]])[-1].copy())
             for a, b in zip(first, again):
                 np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35"])
+def test_a_deeper_test_adds_only_the_tokens_past_the_last_depth(device, tmp_path, name):
+    """With a DepthFill the depth stays in the engine after a test, and a deeper test evaluates only
+    the tokens past it (each depth is a prefix of the seeded stream: the state is the deeper fill's,
+    up to the batching's rounding); a shallower one starts again from an empty cache."""
+    with Model(device, tiny_model(name, tmp_path), progress=False) as m, \
+            Engine(m, n_ctx=128, n_ubatch=16) as e:
+        vocab = m.cfg.vocab_size
+        calls = []
+        fill_eval = e.eval
+        e.eval = lambda tokens, *a, **k: (calls.append((len(tokens), e.sequence_length(0))),
+                                          fill_eval(tokens, *a, **k))[1]
+        fill = DepthFill()
+        run_test(e, BenchTest(n_prompt=0, n_gen=2, n_depth=16), 1, fill=fill)
+        assert fill.held == 16 and e.sequence_length(0) == 16
+        run_test(e, BenchTest(n_prompt=4, n_gen=0, n_depth=40), 1, fill=fill)
+        assert calls == [(16, 0), (24, 16), (4, 40), (4, 40)] and e.sequence_length(0) == 40
+        e.eval = fill_eval
+
+        tokens = random_tokens(3, vocab, 9)
+        extended = e.eval(tokens)[-1].copy()
+        e.reset()
+        e.eval(random_tokens(40, vocab, 1000))
+        np.testing.assert_allclose(e.eval(tokens)[-1], extended, rtol=1e-3, atol=1e-3)
+
+        e.eval = lambda tokens, *a, **k: (calls.append((len(tokens), e.sequence_length(0))),
+                                          fill_eval(tokens, *a, **k))[1]
+        calls.clear()
+        run_test(e, BenchTest(n_prompt=0, n_gen=2, n_depth=8), 1, fill=fill)
+        assert calls == [(8, 0)] and fill.held == 8
+        run_test(e, BenchTest(n_prompt=0, n_gen=2), 1, fill=fill)
+        assert fill.held == 0 and e.sequence_length(0) == 0

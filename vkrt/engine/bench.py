@@ -112,25 +112,50 @@ def decode_tokens(engine, tokens: list[int], seq_id: int = 0) -> None:
             pass
 
 
-def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0) -> BenchResult:
+@dataclass
+class DepthFill:
+    """What run_test leaves in an engine's sequence 0 between tests given the same DepthFill: the
+    first `held` tokens of the seeded depth stream (each depth is a prefix of a deeper one), with
+    a recurrent state's snapshot at their end. A deeper test extends them; a shallower one starts
+    from an empty cache (a recurrent state cannot be cut back)."""
+
+    held: int = 0
+
+
+def _to_depth(engine, depth: int, vocab: int, seed: int, fill: DepthFill | None) -> None:
+    """Sequence 0 holds the depth stream's first `depth` tokens, a snapshot at their end: from
+    fill's tokens where they are a prefix, else from an empty cache."""
+    start = fill.held if fill is not None and 0 < fill.held <= depth else 0
+    if start:
+        engine.truncate(0, start)
+    else:
+        engine.reset()
+    if depth > start:
+        engine.eval(random_tokens(depth, vocab, seed + 1000)[start:])
+    if depth:
+        engine.snapshot(0)
+    if fill is not None:
+        fill.held = depth
+
+
+def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0, fill: DepthFill | None = None) -> BenchResult:
     """One warm-up, then `repetitions` timed runs, each from an empty KV cache or from the depth:
     that is filled once (untimed), and each later run starts from it again, the cells past it
     forgotten and a recurrent state rewound to its snapshot there (the same state, bit for bit,
-    as filling it again, which took minutes at depth 32768). Generation decodes a new random
-    token each step, as llama-bench does, from another seeded sequence in the warm-up and in each
-    repetition: a greedy chain would meet in the timed runs exactly the experts its warm-up
-    brought into the expert cache. With expert-traffic counters (Engine.expert_traffic),
-    `traffic` sums their change over the timed runs."""
+    as filling it again, which took minutes at depth 32768). With `fill` the depth is left in
+    the engine afterwards, and a deeper test after it only adds the tokens between (DepthFill);
+    without, the engine is reset. Generation decodes a new random token each step, as
+    llama-bench does, from another seeded sequence in the warm-up and in each repetition: a
+    greedy chain would meet in the timed runs exactly the experts its warm-up brought into the
+    expert cache. With expert-traffic counters (Engine.expert_traffic), `traffic` sums their
+    change over the timed runs."""
     vocab = engine.model.cfg.vocab_size
     result = BenchResult(test)
     for rep in range(repetitions + 1):
         if test.n_depth and rep:
             engine.truncate(0, test.n_depth)
         else:
-            engine.reset()
-            if test.n_depth:
-                engine.eval(random_tokens(test.n_depth, vocab, seed + 1000))
-                engine.snapshot(0)
+            _to_depth(engine, test.n_depth, vocab, seed, fill)
         prompt = random_tokens(test.n_prompt, vocab, seed + rep)
         generated = random_tokens(test.n_gen, vocab, seed + 2000 + rep)
         before = _traffic(engine)
@@ -142,7 +167,12 @@ def run_test(engine, test: BenchTest, repetitions: int, seed: int = 0) -> BenchR
         if rep:  # the first run warms up (records the command sequences)
             result.samples_ns.append(elapsed)
             result.traffic = _add_traffic(result.traffic, before, _traffic(engine))
-    engine.reset()
+    if fill is not None and test.n_depth:
+        engine.truncate(0, test.n_depth)
+    else:
+        engine.reset()
+        if fill is not None:
+            fill.held = 0
     return result
 
 
