@@ -78,7 +78,8 @@ def test_bench_records_the_tuning_overrides(device, moe_model, monkeypatch):
 
 def test_tune_ab_times_variants_against_the_table(device, moe_model):
     """bench/tune_ab.py: the table and each variant on their own device, the ratio to the table,
-    and a variant the tuning refuses reported as refused (the others still run)."""
+    and a variant the tuning refuses reported as refused (the others still run); -ctk with two
+    types is a usage error."""
     import subprocess
     import sys
     from pathlib import Path
@@ -91,6 +92,9 @@ def test_tune_ab_times_variants_against_the_table(device, moe_model):
     assert table["variant"] == "table" and table["tune"] == "" and table["tg16"] > 0
     assert variant["tune"] == "fa_loads_first=0 mv_rows=2" and variant["ratio_vs_table"]["tg16"] > 0
     assert "'fa_lods_first' is not a tuning field; did you mean fa_loads_first" in refused["error"]
+    bad = subprocess.run([sys.executable, str(script), moe_model, "-ctk", "q8_0,f16"], capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode == 2 and "-ctk and -ctv take one type each" in bad.stderr
 
 
 def test_bench_tg_decodes_new_random_tokens(device, moe_model, monkeypatch):

@@ -106,3 +106,22 @@ def test_peer_rows_say_their_types(model, device, capsys, monkeypatch):
     for r in rows:
         assert set(r["vkrt"]) >= {"tg16", "tg16@d16"} and r["vkrt"]["tg16@d16"] > 0
         assert r["llama.cpp"] == {"error": "no llama-server"}
+
+
+def test_tune_ab_with_a_quantised_cache(model, device):
+    """bench/tune_ab.py -ctk q8_0 -ctv q8_0: every side with that cache, the report says which,
+    and the quantised caches' variant (fa_loads_first_by_type=none: the tile held a tile ahead
+    where the table dequantises it into shared memory) is timed against the table."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "bench" / "tune_ab.py"
+    proc = subprocess.run([sys.executable, str(script), model, "--tests", "tg16", "-r", "1", "-ctk", "q8_0", "-ctv",
+                           "q8_0", "--variant", "fa_loads_first_by_type=none", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["type_k"], report["type_v"]) == ("q8_0", "q8_0")
+    table, variant = report["rows"]
+    assert table["tg16"] > 0 and variant["tune"] == "fa_loads_first_by_type=none"
+    assert variant["ratio_vs_table"]["tg16"] > 0
