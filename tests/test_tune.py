@@ -20,8 +20,8 @@ def test_every_value_form_parses():
     assert dict(parse_tune(text)) == {"fa_loads_first": 3, "mv_rows_by_type": (("Q4_K", 2), ("Q6_K", 2)),
                                       "fa_unroll": False, "mv_narrow_types": (), "moe_read_in_place": ("Q4_0",)}
     assert parse_tune("") == () and parse_tune("mv_rows=2 mv_rows=8") == (("mv_rows", 8),)
-    assert parse_tune("fa_loads_first_by_type=Q8_0:3+IQ4_NL:1") == (("fa_loads_first_by_type",
-                                                                     (("Q8_0", 3), ("IQ4_NL", 1))),)
+    assert parse_tune("fa_loads_first_by_type=Q8_0:3+IQ4_NL:0") == (("fa_loads_first_by_type",
+                                                                     (("Q8_0", 3), ("IQ4_NL", 0))),)
     changes = parse_tune(text)
     assert parse_tune(describe_tune(changes)) == changes
 
@@ -37,6 +37,8 @@ def test_every_value_form_parses():
     ("mv_rows_by_type=Q4K:2", "'Q4K' is not a GGUF weight type"),
     ("mv_rows_by_type=Q4_K", "TYPE:COUNT pairs"),
     ("mv_rows_by_type=Q4_K:0", "TYPE:COUNT pairs"),
+    ("fa_loads_first=4", "fa_loads_first takes 0 to 3 .the kernel's LOADS_FIRST layouts., got 4"),
+    ("fa_loads_first_by_type=Q8_0:3+Q4_0:9", "fa_loads_first_by_type takes 0 to 3"),
     ("mv_narrow_types=Q5_K+Q9_K", "'Q9_K' is not a GGUF weight type"),
 ])
 def test_bad_items_are_refused_by_name(text, says):

@@ -5,7 +5,8 @@ for one run, so a kernel variant can be tried on a card without editing the tabl
 
 Items are FIELD=VALUE, split by commas or spaces. Numbers are whole and not negative; switches
 take 1/0 (on/off, true/false, yes/no); type lists join weight type names with '+' (`Q5_K+Q6_K`,
-`none` for an empty one), and the `mv_rows_*by_type` fields pair each with a count (`Q4_K:2`).
+`none` for an empty one), and the `*_by_type` fields pair each with a count (`Q4_K:2`); the
+LOADS_FIRST fields take 0 to 3.
 The values are applied to the table's entry before the device limits it (tuning_for): a value
 the device cannot honour is an error naming the value it would get, never silently changed.
 """
@@ -28,6 +29,8 @@ SET_ELSEWHERE = {"arch": "VKRT_ARCH", "mm_coopmat": "VKRT_COOPMAT", "fa_coopmat"
 # (the field as written, which is what its 0 means)
 DERIVED_FROM = {"fa_fill_groups": "fa_fill_per_cu", "mm_split_groups": "mm_split_fill_per_cu"}
 TYPE_PAIRS = ("fa_loads_first_by_type", "mv_rows_by_type", "mv_rows_one_column_by_type")
+# fields whose values (a pair's count) name one of a few kernel layouts: the largest each takes
+LARGEST = {"fa_loads_first": 3, "fa_loads_first_by_type": 3}
 
 
 def _fields() -> dict[str, str]:
@@ -40,6 +43,12 @@ def _type_name(source: str, item: str, name: str) -> str:
     return name
 
 
+def _within(source: str, item: str, field: str, value: int) -> None:
+    if field in LARGEST and value > LARGEST[field]:
+        raise TuningOverrideError(f"{source}: {item!r}: {field} takes 0 to {LARGEST[field]} (the kernel's "
+                                  f"LOADS_FIRST layouts), got {value}")
+
+
 def _value(source: str, item: str, field: str, kind: str, text: str):
     if kind == "bool":
         if text.lower() not in FLAG_ON + FLAG_OFF:
@@ -48,6 +57,7 @@ def _value(source: str, item: str, field: str, kind: str, text: str):
     if kind == "int":
         if not text.isdigit():
             raise TuningOverrideError(f"{source}: {item!r}: {field} takes a whole number of at least 0")
+        _within(source, item, field, int(text))
         return int(text)
     if kind == "tuple":
         names = () if text.lower() in ("", "none") else tuple(text.split("+"))
@@ -56,9 +66,10 @@ def _value(source: str, item: str, field: str, kind: str, text: str):
         pairs = []
         for pair in names:
             name, sep, count = pair.partition(":")
-            if not sep or not count.isdigit() or int(count) < 1:
+            if not sep or not count.isdigit() or int(count) < (0 if field in LARGEST else 1):
                 raise TuningOverrideError(f"{source}: {item!r}: {field} takes TYPE:COUNT pairs joined by '+' "
                                           f"(e.g. Q4_K:2+Q6_K:2), got {pair!r}")
+            _within(source, item, field, int(count))
             pairs.append((_type_name(source, item, name), int(count)))
         return tuple(pairs)
     raise TuningOverrideError(f"{source}: {item!r}: {field} cannot be set from text")
