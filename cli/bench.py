@@ -191,7 +191,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
           draft_p_min, repetitions, output):
     """Benchmark prompt processing and generation (llama-bench compatible)."""
     from vkrt.device.tune import describe_tune
-    from vkrt.engine.bench import BenchTest, copy_prompt, run_copy_test, run_test
+    from vkrt.engine.bench import BenchTest, DepthFill, copy_prompt, run_copy_test, run_test
     from vkrt.engine.drafting import open_drafting
     from vkrt.engine.speculative import SPEC_TYPES, SpecOptions
     from vkrt.engine.engine import Engine
@@ -273,42 +273,62 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                 loaded = (key, Model(dev, path, mmap=use_mmap, n_gpu_layers=ngl, n_cpu_moe=n_moe, progress=False,
                                      split=split))
             model = loaded[1]
-            for depth in depths:
-                for test in tests:
-                    t = BenchTest(test.n_prompt, test.n_gen, depth, test.spec)
-                    prompt = copy_prompt(model.tokenizer) if t.spec is not None else []
-                    n_ctx = max(256, -(-(depth + t.n_prompt + len(prompt) + t.n_gen) // 256) * 256)
-                    with Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
-                                kv_type=type_k.upper(), kv_type_v=type_v.upper(), expert_cache=cache,
-                                cpu_experts=cpu, cpu_moe_threads=threads, link_bandwidth=link) as engine:
+
+            def engine_for(n_ctx: int) -> Engine:
+                return Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
+                              kv_type=type_k.upper(), kv_type_v=type_v.upper(), expert_cache=cache,
+                              cpu_experts=cpu, cpu_moe_threads=threads, link_bandwidth=link)
+            # the pp/tg tests share one engine sized for the deepest, and a deeper depth extends the
+            # last one (DepthFill); a copy test gets its own, the shared one closed meanwhile
+            plain_ctx = max([_context(d, t.n_prompt + t.n_gen) for d in depths for t in tests if t.spec is None],
+                            default=0)
+            shared, fill = None, DepthFill()
+            try:
+                for depth in depths:
+                    for test in tests:
+                        t = BenchTest(test.n_prompt, test.n_gen, depth, test.spec)
                         if t.spec is None:
-                            res = run_test(engine, t, repetitions)
-                        elif t.spec == "plain":
-                            res = run_copy_test(engine, t, repetitions, prompt)
+                            shared = shared or engine_for(plain_ctx)
+                            res = run_test(shared, t, repetitions, fill=fill)
+                            box_device = model.device if shared.host_experts else box_device
                         else:
-                            try:
-                                drafting = open_drafting(spec_opts[t.spec], model, engine, engine.device,
-                                                         model_draft if t.spec == "draft" else None)
-                            except ConfigError as exc:
-                                raise click.UsageError(str(exc)) from None
-                            with drafting:
-                                res = run_copy_test(engine, t, repetitions, prompt, drafting.speculation)
-                        if engine.host_experts:
-                            box_device = model.device
-                    used = model.split.devices if model.split else [model.device]
-                    row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
-                               type_k=type_k, type_v=type_v, flash_attn=fa, n_cpu_moe=model.n_cpu_moe, result=res,
-                               cpu_experts=cpu,
-                               cpu_moe_threads=threads, link_gbps=link,
-                               device=", ".join(d.profile.name for d in used), split_mode=sm,
-                               main_gpu=mg, tensor_split=ts, devices=[d.label for d in used],
-                               tune=describe_tune(model.device.tuning_overrides))
-                    rows.append(row)
-                    printer.row(row)
+                            if shared is not None:
+                                shared.close()
+                                shared, fill = None, DepthFill()
+                            prompt = copy_prompt(model.tokenizer)
+                            with engine_for(_context(depth, len(prompt) + t.n_gen)) as engine:
+                                if t.spec == "plain":
+                                    res = run_copy_test(engine, t, repetitions, prompt)
+                                else:
+                                    try:
+                                        drafting = open_drafting(spec_opts[t.spec], model, engine, engine.device,
+                                                                 model_draft if t.spec == "draft" else None)
+                                    except ConfigError as exc:
+                                        raise click.UsageError(str(exc)) from None
+                                    with drafting:
+                                        res = run_copy_test(engine, t, repetitions, prompt, drafting.speculation)
+                                box_device = model.device if engine.host_experts else box_device
+                        used = model.split.devices if model.split else [model.device]
+                        row = dict(model=model, path=path, ngl=ngl, use_mmap=use_mmap, n_batch=nb, n_ubatch=nub,
+                                   type_k=type_k, type_v=type_v, flash_attn=fa, n_cpu_moe=model.n_cpu_moe,
+                                   result=res, cpu_experts=cpu, cpu_moe_threads=threads, link_gbps=link,
+                                   device=", ".join(d.profile.name for d in used), split_mode=sm,
+                                   main_gpu=mg, tensor_split=ts, devices=[d.label for d in used],
+                                   tune=describe_tune(model.device.tuning_overrides))
+                        rows.append(row)
+                        printer.row(row)
+            finally:
+                if shared is not None:
+                    shared.close()
         if loaded is not None:
             loaded[1].close()
         footer = _box_line(box_device) if box_device is not None and output == "md" else None
     printer.done(footer)
+
+
+def _context(depth: int, tokens: int) -> int:
+    """The context a test at `depth` needs for `tokens` more, in whole 256-cell buckets."""
+    return max(256, -(-(depth + tokens) // 256) * 256)
 
 
 def _kv_flash_attn(kv: list[tuple[str, str]], fas: list[bool], fa_given: bool) -> list[tuple[tuple[str, str], bool]]:

@@ -78,3 +78,32 @@ def test_a_deeper_test_adds_only_the_tokens_past_the_last_depth(device, tmp_path
         assert calls == [(8, 0)] and fill.held == 8
         run_test(e, BenchTest(n_prompt=0, n_gen=2), 1, fill=fill)
         assert fill.held == 0 and e.sequence_length(0) == 0
+
+
+def test_vkrt_bench_fills_each_depth_from_the_last(device, tmp_path, monkeypatch):
+    """vkrt bench -d 8,24 -p 4 -n 2: the pp and tg tests share an engine, the depth-8 stream is
+    filled once for both, and depth 24 adds its 16 tokens past it; rows as before."""
+    import json
+
+    from click.testing import CliRunner
+
+    from vkrt.cli.main import cli
+    from vkrt.engine import engine as engine_module
+    path = tiny_model("tiny-qwen35", tmp_path)
+    calls, made = [], []
+    real_eval, real_init = engine_module.Engine.eval, engine_module.Engine.__init__
+
+    def spy_eval(self, tokens, *a, **k):
+        calls.append(len(tokens))
+        return real_eval(self, tokens, *a, **k)
+
+    def spy_init(self, *a, **k):
+        made.append(k.get("n_ctx"))
+        real_init(self, *a, **k)
+    monkeypatch.setattr(engine_module.Engine, "eval", spy_eval)
+    monkeypatch.setattr(engine_module.Engine, "__init__", spy_init)
+    result = CliRunner().invoke(cli, ["bench", "-m", path, "-d", "8,24", "-p", "4", "-n", "2", "-r", "1", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    recs = json.loads(result.output)
+    assert [(r["n_depth"], r["n_prompt"], r["n_gen"]) for r in recs] == [(8, 4, 0), (8, 0, 2), (24, 4, 0), (24, 0, 2)]
+    assert made == [256] and calls == [8, 4, 4, 16, 4, 4]
