@@ -56,7 +56,8 @@ void main() {
     sv[tid] = bv;
     si[tid] = bi;
     barrier();
-    [[unroll]] for (uint half_ = WG / 2u; half_ > 0u; half_ >>= 1) {
+    [[unroll]] for (uint i = 0u; i < HALVINGS(WG); ++i) {
+        const uint half_ = (WG >> 1u) >> i;
         if (tid < half_ && better(sv[tid + half_], si[tid + half_], sv[tid], si[tid])) {
             sv[tid] = sv[tid + half_];
             si[tid] = si[tid + half_];

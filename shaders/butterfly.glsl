@@ -3,15 +3,18 @@
 // BUTTERFLY_SG: that size where the includer knows it, for a loop the compiler can unroll).
 #ifndef VKRT_BUTTERFLY_GLSL
 #define VKRT_BUTTERFLY_GLSL
+#include "common.glsl"
 #include "subgroup.glsl"
 float subgroup_butterfly(float v) {
 #ifdef BUTTERFLY_SG
-    [[unroll]] for (uint o = BUTTERFLY_SG >> 1; o > 0u; o >>= 1) {
+    [[unroll]] for (uint i = 0u; i < HALVINGS(BUTTERFLY_SG); ++i) {
+        v += sg_shuffle_xor(v, (BUTTERFLY_SG >> 1u) >> i);
+    }
 #else
     for (uint o = SG_SIZE >> 1; o > 0u; o >>= 1) {
-#endif
         v += sg_shuffle_xor(v, o);
     }
+#endif
     return v;
 }
 #endif

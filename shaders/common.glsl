@@ -17,4 +17,11 @@ spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [44
 #define global_index() \
     ((gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * gl_WorkGroupSize.x + gl_LocalInvocationID.x)
 
+// Steps of a butterfly over n lanes (n a power of two, at most 1024): log2(n). A loop
+// `for (uint i = 0u; i < HALVINGS(n); ++i)` over the offsets n >> (i + 1) is one the compilers
+// unroll (Mesa 22's NIR unrolls no loop whose counter is shifted, so `o >>= 1` stayed a loop on
+// the RX 580, its shuffles ds_bpermute with run-time offsets instead of DPP and swizzles).
+#define HALVINGS(n) ((n) >= 1024u ? 10u : (n) >= 512u ? 9u : (n) >= 256u ? 8u : (n) >= 128u ? 7u : (n) >= 64u ? 6u \
+                     : (n) >= 32u ? 5u : (n) >= 16u ? 4u : (n) >= 8u ? 3u : (n) >= 4u ? 2u : (n) >= 2u ? 1u : 0u)
+
 #endif

@@ -7,6 +7,7 @@
 // MV_PARTS_READ() waits until every group has read its sums (before the next mv_reduce).
 #ifndef VKRT_MV_REDUCE_GLSL
 #define VKRT_MV_REDUCE_GLSL
+#include "common.glsl"
 #include "subgroup.glsl"
 #if defined(REDUCE_SUBGROUP)
 shared float red[RED_SG * NA];
@@ -26,9 +27,9 @@ uint mv_flat() {
 
 void mv_reduce(uint flat_, inout precise float acc[NA]) {
 #if defined(REDUCE_CLUSTER)
-    [[unroll]] for (uint step = TPR / 2u; step > 0u; step >>= 1) {
+    [[unroll]] for (uint i = 0u; i < HALVINGS(TPR); ++i) {
         [[unroll]] for (uint v = 0u; v < NA; v++) {
-            acc[v] += sg_shuffle_xor(acc[v], step);
+            acc[v] += sg_shuffle_xor(acc[v], (TPR >> 1u) >> i);
         }
     }
 #elif defined(REDUCE_SUBGROUP)
@@ -44,7 +45,8 @@ void mv_reduce(uint flat_, inout precise float acc[NA]) {
         red[flat_ * NA + v] = acc[v];
     }
     barrier();
-    [[unroll]] for (uint half_ = TPR / 2u; half_ > 0u; half_ >>= 1) {
+    [[unroll]] for (uint i = 0u; i < HALVINGS(TPR); ++i) {
+        const uint half_ = (TPR >> 1u) >> i;
         if (flat_ % TPR < half_) {
             [[unroll]] for (uint v = 0u; v < NA; v++) {
                 red[flat_ * NA + v] += red[(flat_ + half_) * NA + v];
