@@ -117,21 +117,21 @@ struct KSeg { uint w[KSW]; };
 K_RAW raw_k(uint e) { K_RAW r; KVQ_SEG_LOAD(k_w, K_Q, KG, e, r.w, KSW) return r; }
 // vec4 k of column c from the raw values kt[KR][CPT] (the column's row at element e0)
 #define UNPACK_K(kt, k, c, e0) KVQ_SEG_DQ4(K_Q, KG, kt[(k) / KG][c].w, KSW, (k) % KG, (e0) + 4u * KCH((k) / KG))
-vec4 load_k(uint e) { return KVQ_LOAD4(k_w, K_Q, e); }
 #else
 #if K_Q
 #define K_RAW vec4
 K_RAW raw_k(uint e) { return KVQ_LOAD4(k_w, K_Q, e); }
+K_RAW raw_k4(uint i4) { return raw_k(i4 << 2u); }
 vec4 unpack_k(K_RAW h) { return h; }
 #elif K_F16
 layout(binding = 1) readonly buffer K { uvec2 k_h4[]; };  // 4 halves
 #define K_RAW uvec2
-K_RAW raw_k(uint e) { return k_h4[e >> 2]; }
+K_RAW raw_k4(uint i4) { return k_h4[i4]; }
 vec4 unpack_k(K_RAW h) { return vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)); }
 #else
 layout(binding = 1) readonly buffer K { vec4 k_v4[]; };
 #define K_RAW vec4
-K_RAW raw_k(uint e) { return k_v4[e >> 2]; }
+K_RAW raw_k4(uint i4) { return k_v4[i4]; }
 vec4 unpack_k(K_RAW h) { return h; }
 #endif
 #define KR KD
@@ -151,21 +151,21 @@ struct VSeg { uint w[VSW]; };
 #define VCH(v) (d_tid * VD + (v) * VG)
 V_RAW raw_v(uint e) { V_RAW r; KVQ_SEG_LOAD(v_w, V_Q, VG, e, r.w, VSW) return r; }
 #define UNPACK_V(vt, c, v, e0) KVQ_SEG_DQ4(V_Q, VG, vt[c][(v) / VG].w, VSW, (v) % VG, (e0) + 4u * VCH((v) / VG))
-vec4 load_v(uint e) { return KVQ_LOAD4(v_w, V_Q, e); }
 #else
 #if V_Q
 #define V_RAW vec4
 V_RAW raw_v(uint e) { return KVQ_LOAD4(v_w, V_Q, e); }
+V_RAW raw_v4(uint i4) { return raw_v(i4 << 2u); }
 vec4 unpack_v(V_RAW h) { return h; }
 #elif V_F16
 layout(binding = 2) readonly buffer V { uvec2 v_h4[]; };
 #define V_RAW uvec2
-V_RAW raw_v(uint e) { return v_h4[e >> 2]; }
+V_RAW raw_v4(uint i4) { return v_h4[i4]; }
 vec4 unpack_v(V_RAW h) { return vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)); }
 #else
 layout(binding = 2) readonly buffer V { vec4 v_v4[]; };
 #define V_RAW vec4
-V_RAW raw_v(uint e) { return v_v4[e >> 2]; }
+V_RAW raw_v4(uint i4) { return v_v4[i4]; }
 vec4 unpack_v(V_RAW h) { return h; }
 #endif
 #define VR VD
@@ -173,16 +173,38 @@ vec4 unpack_v(V_RAW h) { return h; }
 #define VCH(v) (d_tid + (v) * DS)
 #define UNPACK_V(vt, c, v, e0) unpack_v(vt[c][v])
 #endif
-#if !K_SEG
-vec4 load_k(uint e) { return unpack_k(raw_k(e)); }
+// K's raw values by row: K_AT(e, ch) the vec4 ch of the row at element e (a multiple of 4);
+// K_ROW(e) this lane's place in that row, once a row, and K_ROW_AT(r, k) its raw value k from
+// there. Outside the segments those are vec4 indices, so a row's loads are one address and
+// constant offsets (e + 4 ch, shifted, cost 3 instructions a load on GCN). V's alike.
+#if K_SEG
+#define K_AT(e, ch) raw_k((e) + 4u * (ch))
+#define K_ROW(e) (e)
+#define K_ROW_AT(r, k) raw_k((r) + 4u * KCH(k))
+#else
+#if !K_Q
+K_RAW raw_k(uint e) { return raw_k4(e >> 2u); }
 #endif
-#if !V_SEG
-vec4 load_v(uint e) { return unpack_v(raw_v(e)); }
+#define K_AT(e, ch) raw_k4(((e) >> 2u) + (ch))
+#define K_ROW(e) (((e) >> 2u) + d_tid)
+#define K_ROW_AT(r, k) raw_k4((r) + (k) * DS)
+#endif
+#if V_SEG
+#define V_AT(e, ch) raw_v((e) + 4u * (ch))
+#define V_ROW(e) (e)
+#define V_ROW_AT(r, v) raw_v((r) + 4u * VCH(v))
+#else
+#if !V_Q
+V_RAW raw_v(uint e) { return raw_v4(e >> 2u); }
+#endif
+#define V_AT(e, ch) raw_v4(((e) >> 2u) + (ch))
+#define V_ROW(e) (((e) >> 2u) + d_tid)
+#define V_ROW_AT(r, v) raw_v4((r) + (v) * DS)
 #endif
 layout(binding = 3) writeonly buffer O { float o[]; };        // output
 // split along KV: each split's unnormalised O and (M, L) per row, and per workgroup row tile the
 // number of splits done (the last one merges them and resets the count)
-layout(binding = 4) coherent buffer Part { float part[]; };
+layout(binding = 4) coherent buffer Part { vec4 part4[]; };   // HSV / 4 a row
 layout(binding = 5) coherent buffer ML { vec2 ml[]; };
 layout(binding = 6) coherent buffer Done { uint done[]; };
 #if HAS_MASK
@@ -293,11 +315,12 @@ float sink_factor(float m, inout float l, uint head) {
 #define LOAD_KV(j, kt, vt)                                                              \
     FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                          \
         const uint col = min((j) * BC + c * COLS + col_tid, p.KV - 1u);                 \
+        const uint kr_ = K_ROW(k_base + col * p.k_nb1), vr_ = V_ROW(v_base + col * p.v_nb1); \
         FA_UNROLL for (uint k = 0; k < KR; ++k) {                                       \
-            kt[k][c] = raw_k(k_base + col * p.k_nb1 + 4u * KCH(k));                     \
+            kt[k][c] = K_ROW_AT(kr_, k);                                                \
         }                                                                               \
         FA_UNROLL for (uint v = 0; v < VR; ++v) {                                       \
-            vt[c][v] = raw_v(v_base + col * p.v_nb1 + 4u * VCH(v));                     \
+            vt[c][v] = V_ROW_AT(vr_, v);                                                \
         }                                                                               \
     }
 // this thread's share of tile j's K and V (cells clamped to the last, as LOAD_KV's), and its
@@ -321,10 +344,10 @@ float sink_factor(float m, inout float l, uint head) {
             }                                                                              \
         }                                                                                  \
     }
-#define VEC4_SHARE_LOAD(j, sh, NSH, N4, raw, base, nb1)                                     \
+#define VEC4_SHARE_LOAD(j, sh, NSH, N4, AT, base, nb1)                                      \
     FA_UNROLL for (uint i = 0; i < NSH; ++i) {                                             \
         const uint e = min(t + i * WG, BC * N4 - 1u);                                      \
-        sh[i] = raw((base) + min((j) * BC + e / N4, p.KV - 1u) * (nb1) + 4u * (e % N4));   \
+        sh[i] = AT((base) + min((j) * BC + e / N4, p.KV - 1u) * (nb1), e % N4);            \
     }
 #define VEC4_SHARE_STORE(sh, dst, STR, NSH, N4)                                             \
     FA_UNROLL for (uint i = 0; i < NSH; ++i) {                                             \
@@ -343,7 +366,7 @@ struct KBlock { uint w[KBW]; uint e; };
 #else
 #define K_SHARE K_RAW
 #define K_SHARES KSH
-#define LOAD_K_SHARE(j, ks) VEC4_SHARE_LOAD(j, ks, KSH, HSK4, raw_k, k_base, p.k_nb1)
+#define LOAD_K_SHARE(j, ks) VEC4_SHARE_LOAD(j, ks, KSH, HSK4, K_AT, k_base, p.k_nb1)
 #define STORE_K_SHARE(ks) VEC4_SHARE_STORE(ks, k_sh, KSTR, KSH, HSK4)
 #endif
 #if LOADS_FIRST == 3 && V_Q
@@ -356,7 +379,7 @@ struct VBlock { uint w[VBW]; uint e; };
 #else
 #define V_SHARE V_RAW
 #define V_SHARES VSH
-#define LOAD_V_SHARE(j, vs) VEC4_SHARE_LOAD(j, vs, VSH, HSV4, raw_v, v_base, p.v_nb1)
+#define LOAD_V_SHARE(j, vs) VEC4_SHARE_LOAD(j, vs, VSH, HSV4, V_AT, v_base, p.v_nb1)
 #define STORE_V_SHARE(vs) VEC4_SHARE_STORE(vs, v_sh, VSTR, VSH, HSV4)
 #endif
 #define LOAD_KV_SHARE(j, ks, vs) LOAD_K_SHARE(j, ks) LOAD_V_SHARE(j, vs)
@@ -377,8 +400,8 @@ struct VBlock { uint w[VBW]; uint e; };
 #define TILE_K_(k, c, col) UNPACK_K(kt, k, c, k_base + (col) * p.k_nb1)
 #define TILE_V_(c, v, col) UNPACK_V(vt, c, v, v_base + (col) * p.v_nb1)
 #else
-#define TILE_K_(k, c, col) load_k(k_base + (col) * p.k_nb1 + 4u * (KD4(k)))
-#define TILE_V_(c, v, col) load_v(v_base + (col) * p.v_nb1 + 4u * (VD4(v)))
+#define TILE_K_(k, c, col) unpack_k(K_ROW_AT(K_ROW(k_base + (col) * p.k_nb1), k))
+#define TILE_V_(c, v, col) unpack_v(V_ROW_AT(V_ROW(v_base + (col) * p.v_nb1), v))
 #endif
 #if NORM_ROPE_IN   // the new cell (nr_col) as the prologue stored it
 #define TILE_K(k, c, col) ((col) == nr_col ? nk_sh[d_tid + (k) * DS] : TILE_K_(k, c, col))
@@ -405,34 +428,34 @@ void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
         return;
     }
     memoryBarrierBuffer();
-    for (uint i = t; i < BR * HSV; i += WG) {
-        const uint row = row0 + i / HSV;
+    // a thread a vec4 of an output row, in one pass over the splits: MERGE_AT splits' (M, L) and
+    // O loaded at once, then folded in with a running max (the sums so far rescaled where a
+    // chunk raises it)
+    for (uint i = t; i < BR * HSV4; i += WG) {
+        const uint row = row0 + i / HSV4;
         if (row >= n_rows) {
             continue;
         }
         const uint out_row = (b * P_N + row_token(row)) * p.n_head + row_head(row);
-        // MERGE_AT splits' values loaded at once, then used in split order (one split's loads
-        // at a time left the merge of 32-64 splits waiting on the L2 once a split)
         float mx = FA_NEG_BIG;
-        for (uint s0 = 0; s0 < used_splits; s0 += MERGE_AT) {
-            float m_[MERGE_AT];
-            [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
-                m_[q] = s0 + q < used_splits ? ml[(s0 + q) * n_out + out_row].x : FA_NEG_BIG;
-            }
-            [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
-                mx = max(mx, m_[q]);
-            }
-        }
         float l = 0.0;
-        float acc = 0.0;
+        vec4 acc = vec4(0.0);
         for (uint s0 = 0; s0 < used_splits; s0 += MERGE_AT) {
             vec2 m_l[MERGE_AT];
-            float o_[MERGE_AT];
+            vec4 o_[MERGE_AT];
             [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
                 const uint sp = min(s0 + q, used_splits - 1u);
                 m_l[q] = ml[sp * n_out + out_row];
-                o_[q] = part[(sp * n_out + out_row) * HSV + i % HSV];
+                o_[q] = part4[(sp * n_out + out_row) * HSV4 + i % HSV4];
             }
+            float cm = mx;
+            [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
+                cm = s0 + q < used_splits ? max(cm, m_l[q].x) : cm;
+            }
+            const float a = exp(mx - cm);
+            l *= a;
+            acc *= a;
+            mx = cm;
             [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
                 if (s0 + q < used_splits) {
                     const float w = exp(m_l[q].x - mx);
@@ -442,7 +465,12 @@ void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
             }
         }
         acc *= sink_factor(mx, l, row_head(row));
-        o[p.o_off + out_row * HSV + i % HSV] = l > 0.0 ? acc / l : 0.0;
+        const vec4 val = l > 0.0 ? acc / l : vec4(0.0);
+        const uint dst = p.o_off + out_row * HSV + 4u * (i % HSV4);
+        o[dst] = val.x;
+        o[dst + 1u] = val.y;
+        o[dst + 2u] = val.z;
+        o[dst + 3u] = val.w;
     }
     if (t == 0u) {
         done[tile_id] = 0u;
@@ -623,9 +651,17 @@ void main() {
             float mx = M[r];
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
 #if DS > 1
-                FA_UNROLL for (uint w = DS / 2u; w > 0u; w >>= 1u) {
+#if LOADS_FIRST == 3
+                // a loop ACO keeps (Mesa 22): unrolled, it reads the tile's V from shared memory
+                // ahead, head 256's quantised kernel at 140 VGPRs (1 wave) against 84 (2)
+                for (uint w = DS / 2u; w > 0u; w >>= 1u) {
                     s[r][c] += subgroupShuffleXor(s[r][c], w);
                 }
+#else
+                FA_UNROLL for (uint i = 0u; i < HALVINGS(DS); ++i) {
+                    s[r][c] += subgroupShuffleXor(s[r][c], (DS >> 1u) >> i);
+                }
+#endif
 #endif
                 const uint col = j * BC + c * COLS + col_tid;
                 float x = s[r][c] * p.scale;
@@ -713,11 +749,7 @@ void main() {
         for (uint d4 = col_tid * DS + d_tid; d4 < HSV4; d4 += COLS * DS) {
             const vec4 val = tile[(rg * RPT + r) * HSV4 + d4];
             if (partial) {
-                const uint dst = (split * n_out + out_row) * HSV + 4u * d4;
-                part[dst] = val.x;
-                part[dst + 1u] = val.y;
-                part[dst + 2u] = val.z;
-                part[dst + 3u] = val.w;
+                part4[(split * n_out + out_row) * HSV4 + d4] = val;
             } else {
                 const uint dst = p.o_off + out_row * HSV + 4u * d4;
                 o[dst] = val.x * inv;

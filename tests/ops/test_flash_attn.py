@@ -144,12 +144,14 @@ def test_softcap_alibi_scale(device, softcap, max_bias, scale):
 
 
 @pytest.mark.parametrize("n_kv,split_k,expect", [(700, 1, 1), (700, 2, 2), (700, 5, 5), (700, None, None),
-                                                 (20, 3, 1)])
+                                                 (20, 3, 1), (2000, 21, 21)])
 def test_split_k(device, n_kv, split_k, expect):
+    """21 splits: the merge folds them 8 at a time (MERGE_AT), a later chunk raising the max."""
     rng = np.random.default_rng(n_kv + (split_k or 0))
     q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=20, n_kv=n_kv)   # more queries than a packed decode
     mask = random_mask(rng, 20, n_kv, masked=0.5, dead_rows=(2,))
     mask[0, 0, 3, :n_kv // 2] = NEG_INF  # row 3's first splits see nothing
+    mask[0, 0, 4, -n_kv // 8:] += 6.0    # row 4's largest scores in its last splits
     got, fa = flash(device, q, k, v, mask, split_k=split_k)
     if expect is None:  # a 2 x 2 grid is far below fa_fill_groups: split automatically
         assert fa.n_split > 1
