@@ -267,5 +267,29 @@ void kvq_quantize(uint t, float x[32], inout uint ow[KVQ_WORDS], uint b) {
     kvq_put_nibbles(ow, at, q);
 }
 
+// x's block quantised into the word array BUF at byte b0 (2-byte aligned): a block that shares
+// its first or last word with a neighbour's writes its own bytes of that word atomically
+#define KVQ_STORE_BLOCK(BUF, t, x, b0)                                                          \
+    {                                                                                          \
+        const uint sh_ = (b0) & 3u;   /* the block's first byte in its first word */           \
+        uint ow_[KVQ_WORDS];                                                                   \
+        [[unroll]] for (uint w_ = 0u; w_ < KVQ_WORDS; ++w_) {                                  \
+            ow_[w_] = 0u;                                                                      \
+        }                                                                                      \
+        kvq_quantize(t, x, ow_, sh_);                                                          \
+        const uint end_ = sh_ + kvq_bytes(t);                                                  \
+        [[unroll]] for (uint w_ = 0u; w_ < KVQ_WORDS; ++w_) {                                  \
+            const uint lo_ = max(4u * w_, sh_), hi_ = min(4u * w_ + 4u, end_);                 \
+            const uint d_ = ((b0) >> 2) + w_;                                                  \
+            if (hi_ - lo_ == 4u) {                                                             \
+                BUF[d_] = ow_[w_];                                                             \
+            } else if (lo_ < hi_) {   /* 2 of the word's bytes are this block's */             \
+                const uint mask_ = 0xFFFFu << (8u * (lo_ - 4u * w_));                          \
+                atomicAnd(BUF[d_], ~mask_);                                                    \
+                atomicOr(BUF[d_], ow_[w_] & mask_);                                            \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
 #endif
 #endif

@@ -11,6 +11,11 @@
 // yq, laid out by the q_* fields, no cache): q's and K's norm and RoPE in one dispatch, each
 // workgroup computing as the separate dispatch would. The rotation's flags and sections are then
 // defines (ROPE_NEOX, ROPE_USE_FF, ROPE_INTERLEAVED, ROPE_SECTIONS) to leave room for q's fields.
+// With K_ROT the rotated rows (q's too) are Walsh-Hadamard rotated in runs of K_ROT, times
+// K_ROT_SCALE, before they are stored, as hadamard.comp rotates them in place (V's by V_ROT
+// alike); with DST_Q (ROWS) the caches are quantised, of kv_quant.glsl's type KVQ_TYPE, their
+// fields in bytes, each block written as set_rows_q.comp writes it: the bits of rms_norm, rope,
+// hadamard and set_rows_q one after another.
 #include "common.glsl"
 #include "rope.glsl"
 
@@ -20,6 +25,15 @@
 #else
 #define DST_T float
 #endif
+#ifndef K_ROT
+#define K_ROT 0
+#endif
+#ifndef V_ROT
+#define V_ROT 0
+#endif
+#if defined(DST_Q) && !defined(ROWS)
+#error "DST_Q: the quantised store is a cache's"
+#endif
 
 layout(constant_id = 0) const uint WG = 64;
 layout(local_size_x_id = 0) in;
@@ -28,11 +42,21 @@ layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 1) readonly buffer W { float w[]; };
 layout(binding = 2) readonly buffer Pos { int pos[]; };
 layout(binding = 3) readonly buffer FF { float freq_factors[]; };
+#ifdef DST_Q
+layout(binding = 4) buffer Y { uint y_w[]; };
+#define QBUF y_w
+#include "kv_quant.glsl"
+#else
 layout(binding = 4) writeonly buffer Y { DST_T y[]; };
+#endif
 layout(binding = 5) readonly buffer Rows { int rows[]; };
 #if defined(STORE_V) || defined(WITH_Q)
 layout(binding = 6) readonly buffer V { float v_src[]; };     // unused by WITH_Q without STORE_V
+#ifdef DST_Q
+layout(binding = 7) buffer VD { uint vd_w[]; };
+#else
 layout(binding = 7) writeonly buffer VD { DST_T v_dst[]; };
+#endif
 #endif
 #ifdef WITH_Q
 #if !defined(ROWS) || defined(ATTN_TEMP)
@@ -109,6 +133,42 @@ layout(push_constant) uniform Push {
 #include "reduce.glsl"
 
 shared float row_sh[MAX_HEAD];
+#if K_ROT || defined(DST_Q)
+#define HELD 1   // the rotated row is held in shared memory, then rotated and stored
+shared float out_sh[MAX_HEAD];
+#endif
+#if defined(DST_Q) && defined(STORE_V)
+shared float v_sh[MAX_HEAD];
+#endif
+
+// the runs of n elements of the head_dim values in buf rotated in place (hadamard.comp's stages
+// and arithmetic, a pair an invocation a stage); the caller scales them as they are stored
+#define HADAMARD_RUNS(buf, n, head_dim, lid)                                                    \
+    [[unroll]] for (uint hs_ = 0u; hs_ < HALVINGS(n); ++hs_) {                                 \
+        const uint h_ = 1u << hs_;                                                             \
+        barrier();                                                                             \
+        for (uint q_ = (lid); q_ < (head_dim) / 2u; q_ += WG) {                                \
+            const uint t_ = q_ % ((n) / 2u);                                                   \
+            const uint i_ = (q_ / ((n) / 2u)) * (n) + (t_ / h_) * 2u * h_ + t_ % h_;           \
+            const float a_ = buf[i_], b_ = buf[i_ + h_];                                       \
+            buf[i_] = a_ + b_;                                                                 \
+            buf[i_ + h_] = a_ - b_;                                                            \
+        }                                                                                      \
+    }                                                                                          \
+    barrier();
+
+#ifdef DST_Q
+// the row of head_dim values in buf (times scale) quantised into the words of BUF from byte b0,
+// a block an invocation
+#define QUANT_ROW(BUF, buf, scale, head_dim, b0, lid)                                           \
+    for (uint g_ = (lid); g_ < (head_dim) / 32u; g_ += WG) {                                   \
+        float x_[32];                                                                          \
+        [[unroll]] for (uint j_ = 0u; j_ < 32u; ++j_) {                                        \
+            x_[j_] = buf[32u * g_ + j_] * (scale);                                             \
+        }                                                                                      \
+        KVQ_STORE_BLOCK(BUF, KVQ_TYPE, x_, (b0) + g_ * kvq_bytes(KVQ_TYPE))                    \
+    }
+#endif
 
 void main() {
     uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -147,7 +207,12 @@ void main() {
 #endif
     barrier();
 
+#ifdef HELD
+#define STORE(at, v) out_sh[at] = (v);
 #ifdef WITH_Q
+    const uint qyb = p.q_y_off + h * p.q_y_head + t * p.q_y_tok;
+#endif
+#elif defined(WITH_Q)
 #define STORE(at, v) if (is_q) { yq[qyb + (at)] = (v); } else { y[yb + (at)] = DST_T(v); }
     const uint qyb = p.q_y_off + h * p.q_y_head + t * p.q_y_tok;
 #else
@@ -163,9 +228,22 @@ void main() {
     {
 #endif
         const uint vb = p.v_off + h * p.x_s1 + t * p.x_s2, vdb = p.vd_off + h * p.y_head + cell * p.y_tok;
+#ifdef DST_Q
+        for (uint c = lid; c < p.head_dim; c += WG) {
+            v_sh[c] = v_src[vb + c];
+        }
+#if V_ROT
+        HADAMARD_RUNS(v_sh, V_ROT, p.head_dim, lid)
+        QUANT_ROW(vd_w, v_sh, V_ROT_SCALE, p.head_dim, vdb, lid)
+#else
+        barrier();
+        QUANT_ROW(vd_w, v_sh, 1.0, p.head_dim, vdb, lid)
+#endif
+#else
         for (uint c = lid; c < p.head_dim; c += WG) {
             v_dst[vdb + c] = DST_T(v_src[vb + c]);
         }
+#endif
     }
 #endif
 #else
@@ -196,4 +274,28 @@ void main() {
         STORE(a, r.x * temp)
         STORE(b, r.y * temp)
     }
+#ifdef HELD
+#if K_ROT
+    HADAMARD_RUNS(out_sh, K_ROT, p.head_dim, lid)
+    const float rs = K_ROT_SCALE;
+#else
+    barrier();
+    const float rs = 1.0;
+#endif
+#ifdef WITH_Q
+    if (is_q) {
+        for (uint c = lid; c < p.head_dim; c += WG) {
+            yq[qyb + c] = out_sh[c] * rs;
+        }
+        return;
+    }
+#endif
+#ifdef DST_Q
+    QUANT_ROW(y_w, out_sh, rs, p.head_dim, yb, lid)
+#else
+    for (uint c = lid; c < p.head_dim; c += WG) {
+        y[yb + c] = DST_T(out_sh[c] * rs);
+    }
+#endif
+#endif
 }

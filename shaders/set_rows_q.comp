@@ -3,7 +3,7 @@
 // (kv_quant.glsl's KVQ_TYPE, as ggml's reference quantisers). src f32 [ne0, n_head, n_tokens];
 // the cache's rows addressed in bytes as d_off + idx[t] * d_s1 + h * d_s2. One invocation a
 // block; a block of 2-byte alignment shares its first or last word with its neighbour's, whose
-// own bytes those words keep (atomic and / or on the shared words).
+// own bytes those words keep (kv_quant.glsl's KVQ_STORE_BLOCK).
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -43,25 +43,5 @@ void main() {
         x[j] = src[s + j];
     }
     const uint b0 = p.d_off + uint(idx[p.idx_off + t]) * p.d_s1 + h * p.d_s2 + g * kvq_bytes(KVQ_TYPE);
-    const uint sh = b0 & 3u;   // the block's first byte in its first word
-    uint ow[KVQ_WORDS];
-    [[unroll]] for (uint w = 0u; w < KVQ_WORDS; ++w) {
-        ow[w] = 0u;
-    }
-    kvq_quantize(KVQ_TYPE, x, ow, sh);
-    const uint end = sh + kvq_bytes(KVQ_TYPE);
-    [[unroll]] for (uint w = 0u; w < KVQ_WORDS; ++w) {
-        const uint lo = max(4u * w, sh), hi = min(4u * w + 4u, end);
-        if (lo >= hi) {
-            continue;
-        }
-        const uint d = (b0 >> 2) + w;
-        if (hi - lo == 4u) {
-            dst[d] = ow[w];
-        } else {   // 2 of the word's bytes are this block's
-            const uint mask = 0xFFFFu << (8u * (lo - 4u * w));
-            atomicAnd(dst[d], ~mask);
-            atomicOr(dst[d], ow[w] & mask);
-        }
-    }
+    KVQ_STORE_BLOCK(dst, KVQ_TYPE, x, b0)
 }

@@ -137,3 +137,29 @@ def test_rotated_cache_keeps_attention(model64, device_env, k, v, runs):
     assert not np.array_equal(plain, got)
     err_plain = np.abs(plain - ref).max(axis=-1) / np.abs(ref).max(axis=-1)
     assert err_plain.max() < bound
+
+
+def _logits_and_dispatches(model, tokens, **kw):
+    """logits(), the dispatches its graphs recorded and the graphs."""
+    with Engine(model, n_ctx=128, n_ubatch=32, **kw) as engine:
+        out = [engine.eval(tokens[:N_PROMPT], all_logits=True)]
+        out += [engine.eval([t])[None] for t in tokens[N_PROMPT:]]
+        graphs = engine.steps.graphs.values()
+        return np.concatenate(out), sum(s.dispatch_count for g in graphs for s in g.seqs), len(graphs)
+
+
+@pytest.mark.parametrize("k,v,fewer", [("Q8_0", "Q8_0", 6), ("Q4_0", "F16", 4), ("F16", "Q4_0", 2)])
+def test_rotated_cache_stores_in_norm_rope_are_bit_identical(model64, device_env, k, v, fewer):
+    """norm_rope rotates and quantises a cache's rows as it stores them (the queries rotated
+    riding along, V's store in K's dispatch where both caches are one type): the logits of
+    rope, hadamard and set_rows apart, `fewer` dispatches a layer with attention a graph (2 more
+    with qwen35moe's q/k norms)."""
+    rng = np.random.default_rng(12)
+    tokens = rng.integers(1, model64.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
+    device_env("VKRT_FUSE", "all,-norm_rope")
+    apart, n_apart, graphs = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
+    device_env("VKRT_FUSE", "all,-fa_rope")
+    fused, n_fused, _ = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
+    np.testing.assert_array_equal(apart.view(np.uint32), fused.view(np.uint32))
+    per_layer = fewer + (2 if model64.cfg.arch == "qwen35moe" else 0)
+    assert n_apart - n_fused == graphs * len(model64.cfg.kv_layers) * per_layer

@@ -8,6 +8,7 @@ from test_rope import rope_multi_ref
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.errors import OutOfRange
 from vkrt.memory import Tensor
+from vkrt.ops.hadamard import hadamard
 from vkrt.ops.norm import rms_norm
 from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.rope import rope
@@ -275,4 +276,67 @@ def test_q_riding_refuses_what_it_cannot_carry(device):
                 norm_rope(seq, k, pos, plain, with_q=(q, qo, None), n_dims=64, freq_base=1e4)
     finally:
         for t in (q, q32, k, pos, kc, qo, qo32, plain):
+            t.close()
+
+
+@pytest.mark.parametrize("kv", ["Q8_0", "Q4_0", "Q5_1", "IQ4_NL"])
+@pytest.mark.parametrize("head_dim,k_rot,v_rot", [(64, 0, 0), (64, 64, 64), (128, 128, 64)])
+def test_quantised_rotated_cache_same_bits(device, kv, head_dim, k_rot, v_rot):
+    """A quantised cache stored rotated (ops/hadamard.py), the queries riding along: K's and V's
+    blocks and the queries with the bits of rms_norm, rope, hadamard and set_rows apart; cells no
+    token names keep what they held."""
+    rng = np.random.default_rng(head_dim + k_rot + v_rot)
+    k, v = ((rng.standard_normal((N_TOK, N_HEAD, head_dim)) * 3).astype(np.float32) for _ in range(2))
+    k[:, 0, 5] = 40.0   # an outlier the rotation spreads
+    q = (rng.standard_normal((N_TOK, 2 * N_HEAD, head_dim)) * 3).astype(np.float32)
+    rows = np.array([3, 0, 10, 4, 7], np.int32)
+    pos = np.array([0, 1, 7, 100, 4095], np.int32)
+    kw, qw = (rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2))
+    own = [tensor_from_numpy(device, a) for a in (k, v, q, rows, pos, kw, qw, v)]
+    tk, tv, tq, trows, tp, tkw, tqw, tv_rot = own
+    caches = [Tensor.empty(device, kv, (head_dim, N_CELLS, N_HEAD)) for _ in range(4)]   # K, V apart; K, V fused
+    qs = [Tensor.empty(device, "F32", q.shape[::-1]) for _ in range(2)]
+    tmp = [Tensor.empty(device, "F32", k.shape[::-1]) for _ in range(2)]
+    own += caches + qs + tmp
+    args = dict(n_dims=head_dim, freq_base=1e4, neox=True)
+    try:
+        with CommandSequence(device) as seq:
+            with seq.record():
+                for c in caches:
+                    seq.fill(c.range(), 0x3C003C00)
+                rms_norm(seq, tk, tmp[0], 1e-6, tkw)
+                rope(seq, tmp[0], tp, tmp[1], **args)
+                rms_norm(seq, tq, qs[0], 1e-6, tqw)
+                rope(seq, qs[0], tp, qs[0], **args)
+                if k_rot:
+                    hadamard(seq, tmp[1], k_rot)
+                    hadamard(seq, qs[0], k_rot)
+                if v_rot:
+                    hadamard(seq, tv_rot, v_rot)
+                set_rows(seq, tmp[1], trows, caches[0])
+                set_rows(seq, tv_rot, trows, caches[1])
+                norm_rope(seq, tk, tp, caches[2], weight=tkw, eps=1e-6, rows=trows, store_v=(tv, caches[3]),
+                          with_q=(tq, qs[1], tqw), k_rot=k_rot, v_rot=v_rot, **args)
+            seq.run()
+        k_apart, v_apart, k_fused, v_fused = (read_tensor(c).view(np.uint8) for c in caches)
+        q_apart, q_fused = (read_tensor(t) for t in qs)
+    finally:
+        for t in own:
+            t.close()
+    np.testing.assert_array_equal(k_apart, k_fused)
+    np.testing.assert_array_equal(v_apart, v_fused)
+    np.testing.assert_array_equal(q_apart.view(np.uint32), q_fused.view(np.uint32))
+    assert not np.array_equal(k_apart, v_apart)
+
+
+def test_v_rotation_needs_its_store(device):
+    x = tensor_from_numpy(device, np.zeros((2, 4, 64), np.float32))
+    pos = tensor_from_numpy(device, np.zeros(2, np.int32))
+    kc = Tensor.empty(device, "Q8_0", (64, 8, 4))
+    try:
+        with CommandSequence(device) as seq, seq.record():
+            with pytest.raises(OutOfRange, match="rides with its store"):
+                norm_rope(seq, x, pos, kc, rows=pos, v_rot=64, n_dims=64, freq_base=1e4)
+    finally:
+        for t in (x, pos, kc):
             t.close()

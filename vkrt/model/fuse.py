@@ -19,7 +19,7 @@ from ..ops.matmul import NormOutput, gate_up_pair, matmul, norm_input
 from ..ops.moe import ExpertSum, route_epilogue
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum, summed_down_fits
 from ..ops.norm import rms_norm
-from ..ops.kv_quant import plain_cache
+from ..ops.kv_quant import is_quantised, plain_cache
 from ..ops.norm_rope import can_store_v
 from .nodes import Attend, Glu, MatMul, MoeCombine, MulMatId, Node, Norm, NormRope, QKRope, Residual, Route
 
@@ -30,7 +30,8 @@ FUSIONS: dict[str, tuple[str, tuple[str, ...]]] = {
                      "pass)", ("add_norm",)),
     "resid_norm": ("decode: the experts' down projection sums its slots into the residual stream and its last "
                    "workgroup does the next RMS norm", ()),
-    "norm_rope": ("q/k norm, RoPE and K's cache store as one norm_rope kernel a tensor", ()),
+    "norm_rope": ("q/k norm, RoPE and K's cache store as one norm_rope kernel a tensor (a quantised cache's "
+                  "rotation and quantisation in the store)", ()),
     "qk_rope": ("the queries' norm_rope in K's dispatch", ("norm_rope",)),
     "kv_store": ("V's cache store in K's norm_rope dispatch", ("norm_rope",)),
     "fa_rope": ("decode, one token: norm_rope's work in flash attention's prologue", ("norm_rope",)),
@@ -246,8 +247,8 @@ class _Pass:
 
     def _rope(self, op: QKRope):
         """The rope op as the norm_rope fusions have it."""
-        if "norm_rope" not in self.on or not plain_cache(op.k_cache) or op.k_rot or op.v_rot:
-            return op   # its store writes F32/F16 rows, unrotated
+        if "norm_rope" not in self.on or not (plain_cache(op.k_cache) or is_quantised(op.k_cache)):
+            return op
         return NormRope(op, with_q="qk_rope" in self.on and not op.q_temp,
                         store_v="kv_store" in self.on and can_store_v(op.k3, op.k_cache, op.v3, op.v_cache))
 

@@ -217,7 +217,8 @@ class QKRope(Node):
 @dataclass(eq=False)
 class NormRope(Node):
     """A QKRope as norm_rope kernels: K's norm, RoPE and cache store in one dispatch, the queries'
-    in another or riding in K's (`with_q`), V's store riding in K's (`store_v`) or apart."""
+    in another or riding in K's (`with_q`), V's store riding in K's (`store_v`) or apart; a
+    quantised cache's rotation and quantisation inside the stores."""
 
     op: QKRope
     with_q: bool
@@ -228,11 +229,13 @@ class NormRope(Node):
         args = dict(eps=o.eps, **o.rope_args)
         with_q = (o.q3, o.qr, o.q_norm) if self.with_q else None
         if with_q is None:
-            norm_rope(seq, o.q3, o.pos, o.qr, weight=o.q_norm, **args, **o.q_temp)
+            norm_rope(seq, o.q3, o.pos, o.qr, weight=o.q_norm, k_rot=o.k_rot, **args, **o.q_temp)
         store_v = (o.v3, o.v_cache) if self.store_v else None
         norm_rope(seq, o.k3, o.pos, o.k_cache, weight=o.k_norm, rows=o.cells, store_v=store_v, with_q=with_q,
-                  **args)
+                  k_rot=o.k_rot, v_rot=o.v_rot if store_v else 0, **args)
         if store_v is None:
+            if o.v_rot:
+                hadamard(seq, o.v3, o.v_rot)
             set_rows(seq, o.v3, o.cells, o.v_cache)
 
 

@@ -1,14 +1,20 @@
 """RoPE with the q/k RMS norm before it and, for K, the store into the cache after it (and V's
 store into its cache alongside): one kernel (shaders/norm_rope.comp) for what rms_norm, rope and
-set_rows do apart, with the same bits."""
+set_rows do apart, with the same bits; for a quantised cache also the Walsh-Hadamard rotation it
+is stored in (ops/hadamard.py) and the quantisation (set_rows_q)."""
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
 
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
-from .binding import bind_tensor, f32_binding
+from .binding import bind_tensor, bind_words, f32_binding
 from .grid import grid
+from .kv_quant import check_rows, is_quantised, kvq_defines
 from .reduce import norm_wg, reduce_defines
 from .rope import rope_defines, rope_flag_defines, rope_operands
 from .rows import same_shape
@@ -27,9 +33,18 @@ NORM_ROPE_Q_PUSH = PushConstants(
     *((n, "u32") for n in ("q_n_head", "q_x_off", "q_x_s1", "q_x_s2", "q_w_off", "q_y_off", "q_y_head", "q_y_tok")))
 
 
+def _rotation_defines(name: str, n: int) -> dict:
+    """K_ROT / V_ROT and their scale (hadamard()'s 1 / sqrt(n) as the f32 it pushes): runs of n."""
+    if n < 2 or n & (n - 1) or n > 1024:
+        raise OutOfRange(f"norm_rope: a rotation in runs of {n}; needs a power of two from 2 to 1024")
+    bits = int(np.float32(1.0 / math.sqrt(n)).view(np.uint32))
+    return {name: n, f"{name}_SCALE": f"uintBitsToFloat({bits:#x}u)"}
+
+
 def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor | None = None, eps: float = 0.0,
               rows: Tensor | None = None, store_v: tuple[Tensor, Tensor] | None = None,
-              with_q: tuple[Tensor, Tensor, Tensor | None] | None = None, **rope_args) -> None:
+              with_q: tuple[Tensor, Tensor, Tensor | None] | None = None, k_rot: int = 0, v_rot: int = 0,
+              **rope_args) -> None:
     """Record rope(rms_norm(x) * weight) for x F32 [head_dim, n_head, n_tokens] (weight None: no
     norm; x may be a strided view, e.g. the query half of a [query, gate] projection). rows None:
     out is laid out like x (F32); else out is a cache F32/F16 [head_dim, n_cells, n_head] and
@@ -38,7 +53,10 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     laid out like x and v_cache like out (see can_store_v). with_q = (q, q_out, q_weight) with rows:
     also the queries' norm_rope(q, positions, q_out, weight=q_weight) in the same dispatch, q of
     x's head size and tokens, q_weight given exactly where weight is, no attention temperature
-    (see can_ride_q)."""
+    (see can_ride_q). k_rot: the rotated rows (q's too) are Walsh-Hadamard rotated in runs of
+    k_rot before they are stored, as hadamard() would rotate them (0: not); v_rot: V's, with
+    store_v. A quantised cache (out, and V's with store_v: the same type) is written as
+    set_rows would (its rows whole blocks)."""
     head_dim, n_head, n_tokens = x.ne[0], x.ne[1], x.ne[2]
     (pr, fr), push = rope_operands(x, positions, op="norm_rope", **rope_args)
     xr, xo, xs = f32_binding(x, "norm_rope x")
@@ -53,6 +71,15 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     defines = {"MAX_HEAD": head_dim, **rope_defines(push)}
     if weight is not None:
         defines["NORM"] = 1
+    if k_rot:
+        if head_dim % k_rot:
+            raise OutOfRange(f"norm_rope: runs of {k_rot} do not divide the head ({head_dim})")
+        defines.update(_rotation_defines("K_ROT", k_rot))
+    if v_rot:
+        if store_v is None or head_dim % v_rot:
+            raise OutOfRange(f"norm_rope: V's rotation (runs of {v_rot}) rides with its store (store_v), in runs "
+                             f"that divide the head ({head_dim})")
+        defines.update(_rotation_defines("V_ROT", v_rot))
     if rows is None:
         if store_v is not None:
             raise OutOfRange("norm_rope: store_v needs rows (a cache store)")
@@ -63,26 +90,34 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     else:
         if out.ne[0] != head_dim or out.ne[2] != n_head:
             raise OutOfRange(f"norm_rope: x {list(x.ne)} does not fit the cache {list(out.ne)}")
-        if out.type not in (F32, F16) or out.nb[0] != out.type.type_size:
-            raise GGMLTypeError(f"norm_rope: the cache must be F32 or F16 with contiguous rows, got {out!r}")
+        quantised = is_quantised(out)
+        if quantised:
+            check_rows(out, "norm_rope cache")
+        elif out.type not in (F32, F16) or out.nb[0] != out.type.type_size:
+            raise GGMLTypeError(f"norm_rope: the cache must be F32, F16 or a quantised KV type with contiguous "
+                                f"rows, got {out!r}")
         if out.type is F16 and not seq.device.profile.storage_16bit:
             raise GGMLTypeError(f"norm_rope: {seq.device.profile.name} has no 16-bit storage for an F16 cache")
         if rows.type is not I32 or rows.nelements < n_tokens or not rows.is_contiguous():
             raise GGMLTypeError(f"norm_rope: rows must be a contiguous I32 tensor of {n_tokens}, got {rows!r}")
-        yr, yo = bind_tensor(out, "norm_rope out")
+        yr, yo = bind_words(out, "norm_rope out", seq.device) if quantised else bind_tensor(out, "norm_rope out")
         rr, ro = bind_tensor(rows, "norm_rope rows")
-        es = out.type.type_size
+        es = 1 if quantised else out.type.type_size   # a quantised cache's fields count bytes
         buffers += [yr, rr]
         push.update(y_off=yo // es, y_head=out.nb[2] // es, y_tok=out.nb[1] // es, rows_off=ro // 4)
         defines["ROWS"] = 1
         if out.type is F16:
             defines["DST_F16"] = 1
+        if quantised:
+            words = (out.type.type_size + 2 + 3) // 4   # a block from the middle of a word, to the end of its last
+            defines.update(DST_Q=1, KVQ_WORDS=words, **kvq_defines(out))
         if store_v is not None:
             v, v_cache = store_v
             if not can_store_v(x, out, v, v_cache):
                 raise OutOfRange(f"norm_rope: V {v!r} / its cache {v_cache!r} are not laid out as x / out")
             vr, vo = bind_tensor(v, "norm_rope v")
-            vdr, vdo = bind_tensor(v_cache, "norm_rope v_cache")
+            vdr, vdo = (bind_words(v_cache, "norm_rope v_cache", seq.device) if quantised
+                        else bind_tensor(v_cache, "norm_rope v_cache"))
             buffers += [vr, vdr]
             push.update(v_off=vo // 4, vd_off=vdo // es)
             defines["STORE_V"] = 1
@@ -125,7 +160,9 @@ def can_ride_q(k: Tensor, q: Tensor, q_out: Tensor, weight: Tensor | None, q_wei
 
 def can_store_v(x: Tensor, out: Tensor, v: Tensor, v_cache: Tensor) -> bool:
     """Whether norm_rope's K store (x -> out) can carry V's (v -> v_cache) in its dispatch: V is
-    shaped and strided as x and its cache as K's, both F32 with 4-byte aligned offsets."""
+    shaped and strided as x and its cache as K's (of K's type), both F32 with 4-byte aligned
+    offsets (a quantised cache's rows whole blocks at even offsets)."""
+    align = 2 if is_quantised(out) else out.type.type_size
     return (v.ne == x.ne and v.nb == x.nb and v.type is F32 and x.type is F32 and v_cache.type is out.type
             and v_cache.ne == out.ne and v_cache.nb == out.nb
-            and bind_tensor(v, "can_store_v v")[1] % 4 == 0 and bind_tensor(v_cache, "can_store_v v_cache")[1] % out.type.type_size == 0)
+            and bind_tensor(v, "can_store_v v")[1] % 4 == 0 and bind_tensor(v_cache, "can_store_v v_cache")[1] % align == 0)
