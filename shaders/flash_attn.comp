@@ -31,9 +31,9 @@
 // and V loads together before it uses any of them: a tile costs one memory round trip, not
 // three one after another, and the same arithmetic runs on the same values. LOADS_FIRST 2 issues
 // the next tile's loads (the mask's as words) before this tile's arithmetic, so the round trip
-// overlaps it. LOADS_FIRST 3 loads a tile's K and V once a workgroup into shared memory (each
-// thread a share of it, the next tile's share in flight while this one computes) and every row
-// group reads them there: with 2 each row group loaded the whole tile itself. The queries are loaded before the live
+// overlaps it. LOADS_FIRST 3 loads a tile's K and V once a workgroup into shared memory as floats
+// (each thread a share of it, the next tile's share in flight while this one computes) and every
+// row group reads them there: with 2 each row group loaded the whole tile itself. The queries are loaded before the live
 // cells are read, in the same round trip.
 //
 // With NORM_ROPE_IN (decode: one token) the prologue does norm_rope's work: the queries come as
@@ -273,11 +273,12 @@ layout(push_constant) uniform Push {
 
 shared vec4 tile[TILE4];           // the Q rows during the KV loop, then the merged O rows
 #if LOADS_FIRST == 3
-// the KV tile's K and V rows as stored, a row padded by one element (shared-memory banks)
+// the KV tile's K and V rows as floats (an F16 or quantised tile converted as it is stored), a
+// row padded by one element (shared-memory banks)
 const uint KSTR = HSK4 + 1u, VSTR = HSV4 + 1u;
 const uint KSH = (BC * HSK4 + WG - 1u) / WG, VSH = (BC * HSV4 + WG - 1u) / WG;   // a thread's share
-shared K_RAW k_sh[BC * KSTR];
-shared V_RAW v_sh[BC * VSTR];
+shared vec4 k_sh[BC * KSTR];   // as floats: an f16 tile converted once a workgroup
+shared vec4 v_sh[BC * VSTR];
 #endif
 shared float m_sh[BR * COLS];
 shared float l_sh[BR * COLS];
@@ -349,11 +350,11 @@ float sink_factor(float m, inout float l, uint head) {
         const uint e = min(t + i * WG, BC * N4 - 1u);                                      \
         sh[i] = AT((base) + min((j) * BC + e / N4, p.KV - 1u) * (nb1), e % N4);            \
     }
-#define VEC4_SHARE_STORE(sh, dst, STR, NSH, N4)                                             \
+#define VEC4_SHARE_STORE(sh, dst, STR, NSH, N4, unpack)                                     \
     FA_UNROLL for (uint i = 0; i < NSH; ++i) {                                             \
         const uint e = t + i * WG;                                                         \
         if (e < BC * N4) {                                                                 \
-            dst[(e / N4) * STR + e % N4] = sh[i];                                          \
+            dst[(e / N4) * STR + e % N4] = unpack(sh[i]);                                  \
         }                                                                                  \
     }
 #if LOADS_FIRST == 3 && K_Q
@@ -367,7 +368,7 @@ struct KBlock { uint w[KBW]; uint e; };
 #define K_SHARE K_RAW
 #define K_SHARES KSH
 #define LOAD_K_SHARE(j, ks) VEC4_SHARE_LOAD(j, ks, KSH, HSK4, K_AT, k_base, p.k_nb1)
-#define STORE_K_SHARE(ks) VEC4_SHARE_STORE(ks, k_sh, KSTR, KSH, HSK4)
+#define STORE_K_SHARE(ks) VEC4_SHARE_STORE(ks, k_sh, KSTR, KSH, HSK4, unpack_k)
 #endif
 #if LOADS_FIRST == 3 && V_Q
 const uint VBPR = HSV / 32u, VBLK = BC * VBPR, VBSH = (VBLK + WG - 1u) / WG, VBW = KVQ_SEG_WORDS(V_Q, 8u);
@@ -380,7 +381,7 @@ struct VBlock { uint w[VBW]; uint e; };
 #define V_SHARE V_RAW
 #define V_SHARES VSH
 #define LOAD_V_SHARE(j, vs) VEC4_SHARE_LOAD(j, vs, VSH, HSV4, V_AT, v_base, p.v_nb1)
-#define STORE_V_SHARE(vs) VEC4_SHARE_STORE(vs, v_sh, VSTR, VSH, HSV4)
+#define STORE_V_SHARE(vs) VEC4_SHARE_STORE(vs, v_sh, VSTR, VSH, HSV4, unpack_v)
 #endif
 #define LOAD_KV_SHARE(j, ks, vs) LOAD_K_SHARE(j, ks) LOAD_V_SHARE(j, vs)
 #define STORE_KV_SHARE(ks, vs) STORE_K_SHARE(ks) STORE_V_SHARE(vs)
@@ -394,8 +395,8 @@ struct VBlock { uint w[VBW]; uint e; };
 // K and V values of the tile's column c (cell col), dot lane share k or v: from the loads issued
 // at the tile's start (LOADS_FIRST), else loaded where they are used
 #if LOADS_FIRST == 3
-#define TILE_K_(k, c, col) unpack_k(k_sh[((c) * COLS + col_tid) * KSTR + KD4(k)])
-#define TILE_V_(c, v, col) unpack_v(v_sh[((c) * COLS + col_tid) * VSTR + VD4(v)])
+#define TILE_K_(k, c, col) k_sh[((c) * COLS + col_tid) * KSTR + KD4(k)]
+#define TILE_V_(c, v, col) v_sh[((c) * COLS + col_tid) * VSTR + VD4(v)]
 #elif LOADS_FIRST
 #define TILE_K_(k, c, col) UNPACK_K(kt, k, c, k_base + (col) * p.k_nb1)
 #define TILE_V_(c, v, col) UNPACK_V(vt, c, v, v_base + (col) * p.v_nb1)

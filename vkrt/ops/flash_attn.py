@@ -58,9 +58,9 @@ class FATile:
     def shared_bytes(self, hsk: int, hsv: int) -> int:
         return 4 * self.br * max(hsk, hsv) + 8 * self.br * self.cols
 
-    def kv_shared_bytes(self, hsk: int, hsv: int, k_f16: bool, v_f16: bool) -> int:
-        """The K/V tile that LOADS_FIRST 3 adds: bc rows of each as stored, padded by one vec4."""
-        return self.bc * ((hsk // 4 + 1) * (8 if k_f16 else 16) + (hsv // 4 + 1) * (8 if v_f16 else 16))
+    def kv_shared_bytes(self, hsk: int, hsv: int) -> int:
+        """The K/V tile that LOADS_FIRST 3 adds: bc rows of each as floats, padded by one vec4."""
+        return self.bc * 16 * (hsk // 4 + 1 + hsv // 4 + 1)
 
     def held_bytes(self, hsk: int, hsv: int, k_type, v_type) -> float:
         """A thread's share of a tile's K and V as stored (LOADS_FIRST 1, 2 hold it in registers):
@@ -329,7 +329,7 @@ class FlashAttn:
         first = by_type.get(k_type.name, by_type.get(v_type.name, self.tuning.fa_loads_first))
         first = first if self.decode_sized else 0
         if first == 3:
-            kv = tile.kv_shared_bytes(s.hsk, s.hsv, k_type == F16, v_type == F16)
+            kv = tile.kv_shared_bytes(s.hsk, s.hsv)
             extra = self.prologue_shared_bytes(self.prologue) if self.prologue else 0
             if tile.shared_bytes(s.hsk, s.hsv) + extra + kv > self.device.profile.shared_memory:
                 first = 2
