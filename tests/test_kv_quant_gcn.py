@@ -1,8 +1,8 @@
 """Flash attention of every KV cache type on the RX 580's compiler (Mesa's null Polaris device,
 bench/gcn_shader_stats.py --kv): no spills; the decode kernels at 2 waves a SIMD or more (one
 query's grid puts 2 a SIMD: the GCN table's fa_ahead_max_bytes comment), and a quantised tile (in
-shared memory, each thread's share of the next held as whole blocks' words) takes no more VGPRs
-than f16's tile ahead."""
+shared memory, each thread's share of the next held as whole blocks' words, 2 rows a thread:
+fa_pack_rows_by_type) within 96 VGPRs at heads 64 and 128, 128 at 256."""
 
 import json
 import subprocess
@@ -38,13 +38,10 @@ def test_quantised_decode_attention_on_polaris():
     # quantised tiles are dequantised once a workgroup into shared memory
     shared = {(hs, kv) for (hs, phase, pro, kv), (first, _) in stats.items() if phase == "decode" and first == 3}
     assert shared == {(hs, t.upper()) for hs in (64, 128, 256) for t in TYPES[2:]}
-    # a thread's share of the next tile is whole blocks as loaded (5-9 words and the block's place):
-    # no more VGPRs than f16's tile ahead, 3 waves or more (a vec4 a thread: 104-136 VGPRs at 256)
-    for hs in (64, 128):
-        f16 = stats[(hs, "decode", False, "F16")][1]
-        for t in TYPES[2:]:
-            got = stats[(hs, "decode", False, t.upper())][1]
-            assert got["VGPRs"] <= f16["VGPRs"] and got["Subgroups per SIMD"] >= 3, (hs, t, got, f16)
-    for t in TYPES[2:]:   # 76-84 VGPRs at head 256
-        got = stats[(256, "decode", False, t.upper())][1]
-        assert got["VGPRs"] <= 96, (t, got)
+    # a thread's share of the next tile is whole blocks as loaded (5-9 words and the block's place),
+    # 2 rows a thread (a vec4 a thread and one row: 104-136 VGPRs at 256)
+    for (hs, phase, pro, kv), (first, s) in stats.items():
+        if phase == "decode" and kv not in ("F16", "F32"):
+            assert s["VGPRs"] <= (128 if hs == 256 else 96), (hs, kv, s)
+    packed = {r["defines"]["BR"] for r in rows if r["defines"]["LOADS_FIRST"] == 3}
+    assert packed == {8}

@@ -22,6 +22,7 @@ def test_every_value_form_parses():
     assert parse_tune("") == () and parse_tune("mv_rows=2 mv_rows=8") == (("mv_rows", 8),)
     assert parse_tune("fa_loads_first_by_type=Q8_0:3+IQ4_NL:0") == (("fa_loads_first_by_type",
                                                                      (("Q8_0", 3), ("IQ4_NL", 0))),)
+    assert parse_tune("fa_pack_rows_by_type=Q8_0:2 fa_pack_rows_by_type=none") == (("fa_pack_rows_by_type", ()),)
     changes = parse_tune(text)
     assert parse_tune(describe_tune(changes)) == changes
 

@@ -53,6 +53,8 @@ class Tuning:
     # thread; such decode-sized calls split along KV down to fa_decode_split_min_tiles tiles a split
     fa_pack_max_q: int = 16
     fa_pack_rows: int = 1
+    # (cache type, rows a thread) pairs in fa_pack_rows' place for a K (else V) cache of that type
+    fa_pack_rows_by_type: tuple = ()
     fa_decode_split_min_tiles: int = 2
     # ... and at run time each split takes at least this many of the live tiles (a short context in
     # a dispatch recorded for a longer one runs on fewer splits; one split merges nothing). H200,
@@ -349,6 +351,15 @@ TABLE: dict[Arch, Tuning] = {
                          # (3-4) / 88-100 (2) / 84-120 (2-3) held a tile ahead (gcn_shader_stats.py --kv all)
                          fa_loads_first_by_type=(("Q8_0", 3), ("Q4_0", 3), ("Q4_1", 3), ("Q5_0", 3), ("Q5_1", 3),
                                                  ("IQ4_NL", 3)),
+                         # ... and 2 rows a thread there (the 8 heads of a KV head one workgroup, which
+                         # dequantises the tile once where two did): H100, this table, q8_0, one query, depth
+                         # 16000: heads 32/4 x 128 62.9 -> 49.1 us, 16/2 x 256 95.7 -> 79.7. ACO: 80 (3) / 96
+                         # (2) / 128 (2) VGPRs (waves) at head 64 / 128 / 256 against 60 (4) / 68 (3) / 84 (2), no
+                         # spills; the RX 580's side is unmeasured (flash_attn_decode.py --set
+                         # fa_pack_rows_by_type=none). F16 keeps 1: 2 rows took 160 VGPRs (1 wave) at head 128
+                         # and 71.5 against 46.4 us at 256
+                         fa_pack_rows_by_type=(("Q8_0", 2), ("Q4_0", 2), ("Q4_1", 2), ("Q5_0", 2), ("Q5_1", 2),
+                                               ("IQ4_NL", 2)),
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),

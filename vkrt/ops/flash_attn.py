@@ -198,6 +198,7 @@ class FlashAttn:
         if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
         self.quantised = is_quantised(k) or is_quantised(v)
+        self._kv_types = (k.type, v.type)
         self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
         cm_tile = self.decide_coopmat(coopmat, split_k)
         self.coopmat = cm_tile is not None
@@ -238,7 +239,8 @@ class FlashAttn:
                "the mask has a plane per head" if s.nem2 > 1 else
                "ALiBi slopes differ per head" if max_bias > 0 else None)
         bc = tuning.fa_decode_bc if self.decode_sized else None
-        packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=tuning.fa_pack_rows, bc=bc)
+        packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=self._by_type("fa_pack_rows"),
+                          bc=bc)
                   if why is None else None)
         if why is None and packed is None:
             why = f"no tile of this device holds a multiple or a divisor of {s.gqa} rows"
@@ -318,6 +320,12 @@ class FlashAttn:
         wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
         return 4 * (self.shape.hsk + self.shape.hsv) + (4 * (self.tile.br + 1) * (wg // sg) if wg else 0)
 
+    def _by_type(self, field: str, kv_types: tuple | None = None) -> int:
+        """The tuning's `field`, or its `field`_by_type count for K's type, else V's, where it names one."""
+        by_type = dict(getattr(self.tuning, f"{field}_by_type"))
+        k_type, v_type = kv_types or self._kv_types
+        return by_type.get(k_type.name, by_type.get(v_type.name, getattr(self.tuning, field)))
+
     def loads_first(self, k_type, v_type) -> int:
         """The kernel's LOADS_FIRST: tuning.fa_loads_first (fa_loads_first_by_type's for K's type,
         else V's, where it names one) for decode-sized calls (0 otherwise), 3 (the K/V tile in
@@ -325,9 +333,7 @@ class FlashAttn:
         kernel's shared memory, and 2 (a tile ahead) down to 1 where a thread's share of a tile
         is past tuning.fa_ahead_max_bytes."""
         s, tile = self.shape, self.tile
-        by_type = dict(self.tuning.fa_loads_first_by_type)
-        first = by_type.get(k_type.name, by_type.get(v_type.name, self.tuning.fa_loads_first))
-        first = first if self.decode_sized else 0
+        first = self._by_type("fa_loads_first", (k_type, v_type)) if self.decode_sized else 0
         if first == 3:
             kv = tile.kv_shared_bytes(s.hsk, s.hsv)
             extra = self.prologue_shared_bytes(self.prologue) if self.prologue else 0
