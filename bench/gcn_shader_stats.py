@@ -44,7 +44,8 @@ from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
-from vkrt.ops.kv_quant import KV_TYPES, kv_type
+from vkrt.ops.hadamard import v_rotation
+from vkrt.ops.kv_quant import KV_QUANT, KV_TYPES, kv_type
 from vkrt.ops.mat_vec import MV_WIDE, mat_vec_kernel
 from vkrt.ops.matmul import SPLIT_SUM_PUSH, gemm_kernel, gemm_tuning, matmul, norm_input, vec4_ok
 from vkrt.ops.moe import ExpertSum, moe_route, route_epilogue
@@ -127,8 +128,10 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
                            rope_args=dict(n_dims=hs, freq_base=1e6, neox=True))
     rec = Recorder(dev)
     # mask_opt off and no split: FlashAttn then needs no FlashWork (the null device has no memory)
+    # a quantised cache stores V rotated (the engine's default), which the attention rotates back
+    out_rot = v_rotation(hs) if cache_type.name in KV_QUANT else 0
     fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used, prologue=pro,
-                   tuning=tuning)
+                   tuning=tuning, out_rot=out_rot)
     if prologue and fa.prologue is None:
         return []
     fa.record(rec)
@@ -140,6 +143,8 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
         where = f"{phase} flash attention head {hs}, mask_opt {'on' if on else 'off'}"
         if prologue:
             where += f", the q/k norm, RoPE and {cache_type.name} cache stores in its prologue (the fa_rope fusion)"
+        if out_rot:
+            where += f", its output rotated back in runs of {out_rot}"
         where += note
         cases.append((where + (" (the rule)" if on == rule else ""), pre_pass + rec.kernels))
     return cases

@@ -40,6 +40,10 @@
 // projected and are normed and rotated into the Q tile; the K and V of the new cell are normed,
 // rotated and stored into the caches by the split holding the cell (fa_norm_rope.glsl).
 //
+// With OUT_ROT (a cache whose V is stored Walsh-Hadamard rotated, ops/hadamard.py) each output row
+// is rotated back in runs of OUT_ROT in shared memory before it is written, times OUT_ROT_SCALE:
+// the bits of hadamard() run on the output after.
+//
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, K_Q, V_Q, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
 // LOADS_FIRST, SPLIT_MIN, NORM_ROPE_IN (and fa_norm_rope.glsl's).
@@ -62,6 +66,9 @@
 #endif
 #ifndef SPLIT_MIN
 #define SPLIT_MIN 1
+#endif
+#ifndef OUT_ROT
+#define OUT_ROT 0
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -412,6 +419,39 @@ struct VBlock { uint w[VBW]; uint e; };
 #define TILE_V(c, v, col) TILE_V_(c, v, col)
 #endif
 
+#if OUT_ROT
+#define TILE_AT(f) tile[(f) >> 2][(f) & 3u]
+// The workgroup's output rows, normalised in `tile`, rotated back in runs of OUT_ROT
+// (hadamard.comp's stages and arithmetic, a pair an invocation a stage) and written times
+// OUT_ROT_SCALE. From the workgroup's uniform control flow.
+void store_rotated(uint row0, uint n_rows, uint b) {
+    const uint t = gl_LocalInvocationID.x;
+    [[dont_unroll]] for (uint hs = 0u; hs < HALVINGS(OUT_ROT); ++hs) {
+        const uint h = 1u << hs;
+        barrier();
+        for (uint q = t; q < BR * HSV / 2u; q += WG) {
+            const uint qq = q % (HSV / 2u), tt = qq % (OUT_ROT / 2u);
+            const uint i = (q / (HSV / 2u)) * HSV + (qq / (OUT_ROT / 2u)) * OUT_ROT + (tt / h) * 2u * h + tt % h;
+            const float x = TILE_AT(i), y = TILE_AT(i + h);
+            TILE_AT(i) = x + y;
+            TILE_AT(i + h) = x - y;
+        }
+    }
+    barrier();
+    for (uint f4 = t; f4 < BR * HSV4; f4 += WG) {
+        const uint row = row0 + f4 / HSV4;
+        if (row < n_rows) {
+            const uint dst = p.o_off + ((b * P_N + row_token(row)) * p.n_head + row_head(row)) * HSV + 4u * (f4 % HSV4);
+            const vec4 val = tile[f4];
+            o[dst] = val.x * OUT_ROT_SCALE;
+            o[dst + 1u] = val.y * OUT_ROT_SCALE;
+            o[dst + 2u] = val.z * OUT_ROT_SCALE;
+            o[dst + 3u] = val.w * OUT_ROT_SCALE;
+        }
+    }
+}
+#endif
+
 // Count this split of the row tile as done; the last one to finish merges the splits that had
 // tiles: out = sum_s O_s exp(M_s - M) / sum_s L_s exp(M_s - M), M = max_s M_s (0 where every L
 // is 0), and resets the count for the next run.
@@ -467,12 +507,19 @@ void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
         }
         acc *= sink_factor(mx, l, row_head(row));
         const vec4 val = l > 0.0 ? acc / l : vec4(0.0);
+#if OUT_ROT
+        tile[i] = val;
+#else
         const uint dst = p.o_off + out_row * HSV + 4u * (i % HSV4);
         o[dst] = val.x;
         o[dst + 1u] = val.y;
         o[dst + 2u] = val.z;
         o[dst + 3u] = val.w;
+#endif
     }
+#if OUT_ROT
+    store_rotated(row0, n_rows, b);
+#endif
     if (t == 0u) {
         done[tile_id] = 0u;
     }
@@ -702,11 +749,15 @@ void main() {
             if (partial) {
                 part4[(split * n_out + out_row) * HSV4 + d4] = val;
             } else {
+#if OUT_ROT
+                tile[(rg * RPT + r) * HSV4 + d4] = val * inv;
+#else
                 const uint dst = p.o_off + out_row * HSV + 4u * d4;
                 o[dst] = val.x * inv;
                 o[dst + 1u] = val.y * inv;
                 o[dst + 2u] = val.z * inv;
                 o[dst + 3u] = val.w * inv;
+#endif
             }
         }
         if (partial && t % (COLS * DS) == 0u) {
@@ -714,6 +765,9 @@ void main() {
         }
     }
     if (!partial) {
+#if OUT_ROT
+        store_rotated(row0, n_rows, b);
+#endif
         return;
     }
 

@@ -1,8 +1,8 @@
 """Flash attention of every KV cache type on the RX 580's compiler (Mesa's null Polaris device,
 bench/gcn_shader_stats.py --kv): no spills; the decode kernels at 2 waves a SIMD or more (one
 query's grid puts 2 a SIMD: the GCN table's fa_ahead_max_bytes comment), and a quantised tile (in
-shared memory, each thread's share of the next held as whole blocks' words, 2 rows a thread:
-fa_pack_rows_by_type) within 96 VGPRs at heads 64 and 128, 128 at 256."""
+shared memory, each thread's share of the next held as whole blocks' words, 2 rows a thread up to
+head 128: fa_pack_rows_by_type, fa_pack_o_regs) within 104 VGPRs at heads 64 and 128, 96 at 256."""
 
 import json
 import subprocess
@@ -39,9 +39,11 @@ def test_quantised_decode_attention_on_polaris():
     shared = {(hs, kv) for (hs, phase, pro, kv), (first, _) in stats.items() if phase == "decode" and first == 3}
     assert shared == {(hs, t.upper()) for hs in (64, 128, 256) for t in TYPES[2:]}
     # a thread's share of the next tile is whole blocks as loaded (5-9 words and the block's place),
-    # 2 rows a thread (a vec4 a thread and one row: 104-136 VGPRs at 256)
+    # 2 rows a thread up to head 128, 1 at 256 (fa_pack_o_regs; a vec4 a thread and one row: 104-136
+    # VGPRs at 256), the output rotated back (V stored rotated) inside
     for (hs, phase, pro, kv), (first, s) in stats.items():
         if phase == "decode" and kv not in ("F16", "F32"):
-            assert s["VGPRs"] <= (128 if hs == 256 else 96), (hs, kv, s)
-    packed = {r["defines"]["BR"] for r in rows if r["defines"]["LOADS_FIRST"] == 3}
-    assert packed == {8}
+            assert s["VGPRs"] <= (96 if hs == 256 else 104), (hs, kv, s)
+    rows_by_head = {(r["defines"]["HSK"], r["defines"]["BR"]) for r in rows if r["defines"]["LOADS_FIRST"] == 3}
+    assert rows_by_head == {(64, 8), (128, 8), (256, 4)}
+    assert {r["defines"].get("OUT_ROT") for r in rows if r["defines"]["LOADS_FIRST"] == 3} == {64}

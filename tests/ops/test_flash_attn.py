@@ -15,6 +15,7 @@ from vkrt.errors import UnsupportedShape
 from vkrt.memory import F16, F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
 from vkrt.ops.flash_work import FlashWork
+from vkrt.ops.hadamard import hadamard
 
 TOL = 1e-11  # NMSE; lavapipe measures up to 2e-13 (fp32 arithmetic against float64)
 TOL_TANH = 1e-8  # drivers' tanh may be coarser than their exp
@@ -671,3 +672,40 @@ def test_sinks_are_checked(device):
             flash(device, q, k, v, sinks=bad)
     finally:
         bad.close()
+
+
+def _rotated_apart(device, q, k, v, mask, n, **kw):
+    """FlashAttn, then hadamard() over its output in runs of n: (out, the op)."""
+    inputs = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
+    out = Tensor.empty(device, F32, (v.shape[-1], q.shape[1], q.shape[2], q.shape[0]))
+    try:
+        with FlashWork(device) as work, CommandSequence(device) as seq:
+            fa = FlashAttn(device, *inputs[:3], out, inputs[3], scale=q.shape[-1] ** -0.5, work=work,
+                           coopmat=False, **kw)
+            with seq.record():
+                fa.record(seq)
+                hadamard(seq, out, n)
+            seq.run()
+            return read_tensor(out), fa
+    finally:
+        for t in (*inputs, out):
+            t.close()
+
+
+@pytest.mark.parametrize("n_q,n_head,n_head_kv,hs,n,split_k", [(1, 8, 2, 64, 64, 1), (1, 8, 2, 128, 64, 3),
+                                                               (1, 16, 2, 128, 128, 2), (20, 4, 2, 64, 32, 1),
+                                                               (20, 4, 2, 128, 64, 2)])
+def test_output_rotated_back_same_bits(device, n_q, n_head, n_head_kv, hs, n, split_k):
+    """out_rot: the output rotated back in runs of n inside the kernel (a split row tile's merge,
+    or the unsplit write; packed decode and prompt rows) has the bits of hadamard() after it."""
+    rng = np.random.default_rng(hs + n + split_k)
+    q, k, v = make_qkv(rng, n_head=n_head, n_head_kv=n_head_kv, n_q=n_q, n_kv=180, hsk=hs)
+    mask = random_mask(rng, n_q, 180, masked=0.3)
+    apart, fa = _rotated_apart(device, q, k, v, mask, n, split_k=split_k)
+    got, fb = flash(device, q, k, v, mask, split_k=split_k, out_rot=n)
+    assert fb.n_split == fa.n_split == split_k and fb._attn.defines["OUT_ROT"] == n
+    assert np.array_equal(_bits(got), _bits(apart))
+    plain, _ = flash(device, q, k, v, mask, split_k=split_k)
+    assert not np.array_equal(_bits(plain), _bits(got))
+    with pytest.raises(UnsupportedShape, match="runs of 48"):
+        flash(device, q, k, v, mask, out_rot=48)

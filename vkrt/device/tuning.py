@@ -55,6 +55,8 @@ class Tuning:
     fa_pack_rows: int = 1
     # (cache type, rows a thread) pairs in fa_pack_rows' place for a K (else V) cache of that type
     fa_pack_rows_by_type: tuple = ()
+    # the accumulator floats a thread may hold in those packed rows (0: fa_o_regs)
+    fa_pack_o_regs: int = 0
     fa_decode_split_min_tiles: int = 2
     # ... and at run time each split takes at least this many of the live tiles (a short context in
     # a dispatch recorded for a longer one runs on fewer splits; one split merges nothing). H200,
@@ -360,9 +362,12 @@ TABLE: dict[Arch, Tuning] = {
                          # (2) / 128 (2) VGPRs (waves) at head 64 / 128 / 256 against 60 (4) / 68 (3) / 84 (2), no
                          # spills; the RX 580's side is unmeasured (flash_attn_decode.py --set
                          # fa_pack_rows_by_type=none). F16 keeps 1: 2 rows took 160 VGPRs (1 wave) at head 128
-                         # and 71.5 against 46.4 us at 256
+                         # and 71.5 against 46.4 us at 256. Head 256 keeps 1 (fa_pack_o_regs: 32 floats of O
+                         # a thread): 2 rows held 64, and with V rotated back in the kernel ACO took q8_0 to 132
+                         # VGPRs (1 wave; 84, 2 waves, at one row)
                          fa_pack_rows_by_type=(("Q8_0", 2), ("Q4_0", 2), ("Q4_1", 2), ("Q5_0", 2), ("Q5_1", 2),
                                                ("IQ4_NL", 2)),
+                         fa_pack_o_regs=32,
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)
                          mv_rows_by_type=(("Q3_K", 2), ("Q5_K", 2), ("Q6_K", 2)),

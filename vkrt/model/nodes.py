@@ -274,11 +274,11 @@ class Attend(Node):
                                 kv_used=s.kv_used, mask_opt=False, label=f"{self.label} (split plan)").n_split
         op = FlashAttn(*args, scale=self.scale, label=self.label, kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(self.mask)), sinks=self.sinks,
-                       mask_opt=self.mask_opt, split_k=split_k, work=s.work, prologue=prologue)
+                       mask_opt=self.mask_opt, split_k=split_k, work=s.work, prologue=prologue, out_rot=self.v_rot)
         s.mask_opt_owner.setdefault(id(self.mask), op)
         return op
 
     def record(self, seq) -> None:
         self.build(seq.device).record(seq)
-        if self.v_rot:
+        if self.v_rot and not self.flash:   # flash attention rotates its output back itself
             hadamard(seq, self.out, self.v_rot)

@@ -26,6 +26,7 @@ from .binding import bind_tensor, f32_binding
 from .fa_norm_rope import FA_NORM_ROPE_PUSH, FANormRope
 from .flash_work import FlashWork
 from .grid import ceil_div
+from .hadamard import hadamard, rotation_defines
 from .kv_quant import KV_QUANT, check_rows, is_quantised, kv_type
 
 KV_TYPES = tuple(kv_type(n) for n in ("F16", "F32", *KV_QUANT))   # what the scalar kernel reads
@@ -70,12 +71,13 @@ class FATile:
 
 
 def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
-            max_rows: int | None = None, bc: int | None = None) -> FATile | None:
+            max_rows: int | None = None, bc: int | None = None, o_regs: int | None = None) -> FATile | None:
     """The tile for these head sizes: d_split divides both head sizes in vec4s; rows per thread
     from the accumulator budget (tuning.fa_o_regs), no more than the query rows need or the
     shared memory (the Q tile) allows (and at most `max_rows`, default tuning.fa_max_rows). With
     `pack` heads packed into the rows, Br and pack must divide one another (None when no row
-    count does). `bc`: KV columns a tile (default tuning.fa_bc)."""
+    count does). `bc`: KV columns a tile (default tuning.fa_bc); `o_regs`: the accumulator budget
+    (default tuning.fa_o_regs)."""
     bc = bc or tuning.fa_bc
     if bc % tuning.fa_cols:
         raise ConfigError(f"tuning for {tuning.arch.value}: {bc} KV columns a tile is not a multiple of fa_cols "
@@ -84,7 +86,7 @@ def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pa
     ds = max(1, min(tuning.fa_d_split, lsb // 4))
     cols = tuning.fa_cols
     rg = max(1, tuning.fa_wg // (ds * cols))
-    rpt = max(1, min(max_rows or tuning.fa_max_rows, tuning.fa_o_regs // (hsv // ds), ceil_div(n_q, rg)))
+    rpt = max(1, min(max_rows or tuning.fa_max_rows, (o_regs or tuning.fa_o_regs) // (hsv // ds), ceil_div(n_q, rg)))
     tile = FATile(rg * rpt, bc, ds, cols, rg)
     while rpt > 1 and (tile.shared_bytes(hsk, hsv) > shared_memory or (tile.br % pack and pack % tile.br)):
         rpt -= 1
@@ -182,7 +184,9 @@ class FlashAttn:
     and the splits share the live tiles. sinks: F32, one attention sink a query head (gpt-oss), or None. tuning: another
     architecture's table entry (tests). K and V offsets and strides must be multiples of 4
     elements (the kernel reads 4 at a time). work: needed to record where mask_opt classifies
-    the mask (not shared) or the KV tiles are split; the decisions need none.
+    the mask (not shared) or the KV tiles are split; the decisions need none. out_rot: the output
+    rotated back in runs of out_rot as hadamard() would after it (a cache whose V is stored
+    rotated), inside the scalar kernel (the cooperative-matrix one records hadamard() after it).
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
@@ -190,10 +194,14 @@ class FlashAttn:
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
                  tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
                  sinks: Tensor | None = None, work: FlashWork | None = None, coopmat: bool | None = None,
-                 prologue: FANormRope | None = None):
+                 prologue: FANormRope | None = None, out_rot: int = 0):
         self.label = label
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask, kv_types=KV_TYPES)
+        self.out_rot = out_rot
+        if out_rot and (out_rot & (out_rot - 1) or not 2 <= out_rot <= min(s.hsv, 1024) or s.hsv % out_rot):
+            raise UnsupportedShape(f"{label}: the output rotated back in runs of {out_rot}; needs a power of two "
+                                   f"from 2 that divides the head ({s.hsv})")
         self.tuning = tuning or device.tuning
         if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
@@ -240,7 +248,7 @@ class FlashAttn:
                "ALiBi slopes differ per head" if max_bias > 0 else None)
         bc = tuning.fa_decode_bc if self.decode_sized else None
         packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=self._by_type("fa_pack_rows"),
-                          bc=bc)
+                          bc=bc, o_regs=tuning.fa_pack_o_regs)
                   if why is None else None)
         if why is None and packed is None:
             why = f"no tile of this device holds a multiple or a divisor of {s.gqa} rows"
@@ -358,6 +366,7 @@ class FlashAttn:
         self._k, k_off = bind_tensor(k, f"{self.label} k", dev)
         self._v, v_off = bind_tensor(v, f"{self.label} v", dev)
         self._out, o_off = bind_tensor(out, f"{self.label} out", dev)
+        self._out_tensor = out
         push = dict(N=s.n_q, KV=s.n_kv, n_head=s.n_head, gqa=s.gqa,
                     q_off=q_off // 4, k_off=_vec4_offset(k, k_off, "k"), v_off=_vec4_offset(v, v_off, "v"),
                     nem2=s.nem2, nem3=s.nem3, o_off=o_off // 4, flags=int(self.mask_opt),
@@ -401,6 +410,8 @@ class FlashAttn:
             defines.update(pro.defines)
             layout = FA_NORM_ROPE_PUSH
             push = {f: v for f, v in {**push, **pro.push}.items() if f in dict(layout.fields)}
+        if self.out_rot and not self.coopmat:   # the cooperative-matrix kernel's output is rotated apart
+            defines.update(rotation_defines("OUT_ROT", self.out_rot, self.label))
         self._attn = kernel(dev, shader, push=layout, defines=defines, workgroup=workgroup)
         self._attn_push = layout.pack(push)
 
@@ -469,4 +480,6 @@ class FlashAttn:
             buffers += self.prologue.buffers
         seq.dispatch(self._attn, buffers, push=self._attn_push,
                      groups=(self.n_row_tiles, s.n_head // self.pack, s.batch * self.n_split), label=self.label)
+        if self.out_rot and self.coopmat:
+            hadamard(seq, self._out_tensor, self.out_rot)
 

@@ -45,6 +45,15 @@ def hadamard_matrix(n: int) -> np.ndarray:
     return (h / math.sqrt(n)).astype(np.float32)
 
 
+def rotation_defines(name: str, n: int, what: str) -> dict:
+    """The defines of a kernel that rotates in runs of n as hadamard() does: `name` = n and
+    `name`_SCALE, hadamard()'s 1 / sqrt(n) as the f32 it pushes (so the products have its bits)."""
+    if n < 2 or n & (n - 1) or n > 1024:
+        raise UnsupportedShape(f"{what}: a rotation in runs of {n}; needs a power of two from 2 to 1024")
+    bits = int(np.float32(1.0 / math.sqrt(n)).view(np.uint32))
+    return {name: n, f"{name}_SCALE": f"uintBitsToFloat({bits:#x}u)"}
+
+
 def hadamard(seq, x: Tensor, n: int) -> None:
     """Record x = H_n · x in place over each run of n consecutive elements of x's rows (x F32
     [ne0, ne1, ne2] with contiguous rows, n a power of two from 2 to 1024 dividing ne0)."""

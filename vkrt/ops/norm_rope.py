@@ -5,15 +5,12 @@ is stored in (ops/hadamard.py) and the quantisation (set_rows_q)."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from ..errors import GGMLTypeError, OutOfRange
 from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, bind_words, f32_binding
 from .grid import grid
+from .hadamard import rotation_defines
 from .kv_quant import check_rows, is_quantised, kvq_defines
 from .reduce import norm_wg, reduce_defines
 from .rope import rope_defines, rope_flag_defines, rope_operands
@@ -31,14 +28,6 @@ _Q_DEFINED = ("use_ff", "neox", "interleaved", "temp_scale", "temp_floor", "sect
 NORM_ROPE_Q_PUSH = PushConstants(
     *(f for f in NORM_ROPE_PUSH.fields if f[0] not in _Q_DEFINED),
     *((n, "u32") for n in ("q_n_head", "q_x_off", "q_x_s1", "q_x_s2", "q_w_off", "q_y_off", "q_y_head", "q_y_tok")))
-
-
-def _rotation_defines(name: str, n: int) -> dict:
-    """K_ROT / V_ROT and their scale (hadamard()'s 1 / sqrt(n) as the f32 it pushes): runs of n."""
-    if n < 2 or n & (n - 1) or n > 1024:
-        raise OutOfRange(f"norm_rope: a rotation in runs of {n}; needs a power of two from 2 to 1024")
-    bits = int(np.float32(1.0 / math.sqrt(n)).view(np.uint32))
-    return {name: n, f"{name}_SCALE": f"uintBitsToFloat({bits:#x}u)"}
 
 
 def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor | None = None, eps: float = 0.0,
@@ -74,12 +63,12 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
     if k_rot:
         if head_dim % k_rot:
             raise OutOfRange(f"norm_rope: runs of {k_rot} do not divide the head ({head_dim})")
-        defines.update(_rotation_defines("K_ROT", k_rot))
+        defines.update(rotation_defines("K_ROT", k_rot, "norm_rope"))
     if v_rot:
         if store_v is None or head_dim % v_rot:
             raise OutOfRange(f"norm_rope: V's rotation (runs of {v_rot}) rides with its store (store_v), in runs "
                              f"that divide the head ({head_dim})")
-        defines.update(_rotation_defines("V_ROT", v_rot))
+        defines.update(rotation_defines("V_ROT", v_rot, "norm_rope"))
     if rows is None:
         if store_v is not None:
             raise OutOfRange("norm_rope: store_v needs rows (a cache store)")
