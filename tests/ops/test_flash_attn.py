@@ -337,26 +337,6 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
             t_used.close()
 
 
-def test_prompt_kv_tile_in_shared_memory_bit_identical(device):
-    """fa_prefill_loads_first=3: a prompt's K/V tiles staged in shared memory as floats, once a
-    workgroup, give the bits of loading each value where it is used; where the tile does not fit
-    the kernel loads them where used."""
-    rng = np.random.default_rng(21)
-    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=40, n_kv=150, hsk=64)
-    mask = random_mask(rng, 40, 150, masked=0.3)
-    base = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_bc=16)
-    got = {}
-    for first in (0, 3):
-        got[first], fa = flash(device, q, k, v, mask, tuning=dataclasses.replace(base, fa_prefill_loads_first=first),
-                               split_k=2)
-        assert not fa.decode_sized and fa._attn.defines["LOADS_FIRST"] == first
-    check(got[0], q, k, v, mask)
-    assert np.array_equal(_bits(got[3]), _bits(got[0]))
-    big = dataclasses.replace(base, fa_prefill_loads_first=3, fa_bc=256)   # 66 KiB of tile
-    _, fa = flash(device, q, k, v, mask, tuning=big, split_k=2)
-    assert fa._attn.defines["LOADS_FIRST"] == 0
-
-
 @pytest.mark.parametrize("kv_dtype,bc,ahead,expect", [(np.float16, 8, 128, 3), (np.float16, 16, 0, 2),
                                                      (np.float16, 16, 128, 1), (np.float32, 16, 128, 1)])
 def test_kv_tile_in_shared_memory_falls_back_where_it_does_not_fit(device, kv_dtype, bc, ahead, expect):

@@ -4,8 +4,6 @@ the fp32 tolerance holds), prompt, decode (packed GQA, split KV) and the GCN lay
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from attn_reference import causal_mask, make_qkv
@@ -184,20 +182,3 @@ def test_quantised_takes_the_scalar_kernel(device):
     check(got, q, kd, vd)
     with pytest.raises(UnsupportedShape, match="the KV cache is quantised"):
         flash_q(device, q, k, v, "Q8_0", "Q8_0", tuning=t, coopmat=True, gqa_pack=False)
-
-
-@pytest.mark.parametrize("kv", ["Q8_0", "Q4_1"])
-def test_prompt_tile_in_shared_memory_same_bits(device, kv):
-    """fa_prefill_loads_first=3: a quantised cache's prompt tiles dequantised once a workgroup
-    into shared memory give the bits of dequantising each value where it is used."""
-    rng = np.random.default_rng(22)
-    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=40, n_kv=150, hsk=64, kv_dtype=np.float32)
-    mask = causal_mask(40, 150)
-    base = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_bc=16)
-    got = {}
-    for first in (0, 3):
-        t = dataclasses.replace(base, fa_prefill_loads_first=first)
-        got[first], kv_, vv, fa = flash_q(device, q, k, v, kv, kv, mask, tuning=t, split_k=2)
-        assert not fa.decode_sized and fa._attn.defines["LOADS_FIRST"] == first
-    check(got[0], q, kv_, vv, mask)
-    assert np.array_equal(got[3].view(np.uint32), got[0].view(np.uint32))

@@ -82,9 +82,6 @@ class Tuning:
     # place of fa_loads_first: 3 dequantises a quantised tile once a workgroup instead of once a
     # row group (a vec4 of an 18- or 34-byte block is 3-6 word loads)
     fa_loads_first_by_type: tuple = ()
-    # LOADS_FIRST of prompt-sized calls: 0 (each value loaded where used) or 3 (a K/V tile as
-    # floats in shared memory, loaded and converted once a workgroup; 0 where it does not fit)
-    fa_prefill_loads_first: int = 0
     # 2 only where a thread's share of a tile's K and V, as stored, is at most this many bytes (0:
     # any); past it decode-sized calls take 1, which holds one tile instead of two
     fa_ahead_max_bytes: int = 0

@@ -336,23 +336,17 @@ class FlashAttn:
 
     def loads_first(self, k_type, v_type) -> int:
         """The kernel's LOADS_FIRST: tuning.fa_loads_first (fa_loads_first_by_type's for K's type,
-        else V's, where it names one) for decode-sized calls, fa_prefill_loads_first (0 or 3) for
-        others; 3 (the K/V tile in shared memory) taken down to 2 (prompts: 0) where the tile
-        does not fit beside the rest of the kernel's shared memory, and 2 (a tile ahead) down to
-        1 where a thread's share of a tile is past tuning.fa_ahead_max_bytes."""
+        else V's, where it names one) for decode-sized calls (0 otherwise), 3 (the K/V tile in
+        shared memory) taken down to 2 where the tile does not fit beside the rest of the
+        kernel's shared memory, and 2 (a tile ahead) down to 1 where a thread's share of a tile
+        is past tuning.fa_ahead_max_bytes."""
         s, tile = self.shape, self.tile
-        if self.decode_sized:
-            first = self._by_type("fa_loads_first", (k_type, v_type))
-        else:
-            first = self.tuning.fa_prefill_loads_first
-            if first not in (0, 3):
-                raise ConfigError(f"tuning for {self.tuning.arch.value}: fa_prefill_loads_first takes 0 or 3, "
-                                  f"got {first}")
+        first = self._by_type("fa_loads_first", (k_type, v_type)) if self.decode_sized else 0
         if first == 3:
             kv = tile.kv_shared_bytes(s.hsk, s.hsv)
             extra = self.prologue_shared_bytes(self.prologue) if self.prologue else 0
             if tile.shared_bytes(s.hsk, s.hsv) + extra + kv > self.device.profile.shared_memory:
-                first = 2 if self.decode_sized else 0
+                first = 2
         limit = self.tuning.fa_ahead_max_bytes
         if first == 2 and limit and tile.held_bytes(s.hsk, s.hsv, k_type, v_type) > limit:
             first = 1
