@@ -22,7 +22,7 @@ N_CELLS = 80
 
 
 def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
-        split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0, loads_first=None):
+        split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0, loads_first=None, mask_opt=None):
     """(attention output, K cache, V cache) after one token's norm_rope + attention, apart or
     with the prologue (fused); the caches start with the same random past."""
     rng = np.random.default_rng(seed)
@@ -61,7 +61,8 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
             assert pro is not None or not fused
             fa = FlashAttn(device, qr.permute(0, 2, 1, 3), kc.slice(1, 0, n_kv), vc.slice(1, 0, n_kv), out, tm,
                            scale=hd ** -0.5, work=work, kv_used=t_used, split_k=split_k, coopmat=False,
-                           tuning=tune, prologue=pro)
+                           tuning=tune, prologue=pro, mask_opt=mask_opt)
+            assert mask_opt is None or fa.mask_opt == mask_opt
             why = fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
             assert (fa.prologue is not None) == fused, why
             with seq.record():
@@ -110,6 +111,12 @@ def test_kv_tile_in_shared_memory(device, cache, cell, used, split_k):
     prologue: the new cell read from the prologue's copy, the same bits."""
     same_bits(device, cache=cache, cell=cell, used=used, split_k=split_k, n_kv=64 if cell < 64 else 72,
               arch=Arch.AMD_GCN, loads_first=3)
+
+
+def test_with_mask_opt(device):
+    """mask_opt forced on (VKRT_FA_MASK_OPT=1) with the prologue: its pre-pass reads the mask's
+    fields, which the prologue's push block leaves out; the same bits."""
+    same_bits(device, split_k=2, mask_opt=True, arch=Arch.AMD_GCN)
 
 
 @pytest.mark.parametrize("n_head,n_kv_head", [(8, 1), (3, 3), (8, 2)])

@@ -399,6 +399,7 @@ class FlashAttn:
             self._kv_used, used_off = bind_tensor(kv_used, f"{self.label} kv_used", dev)
             if used_off:
                 raise UnsupportedShape(f"kv_used {kv_used!r} must start at a storage-buffer offset alignment")
+        mask_fields = {f: push[f] for f in ("m_off", "m_nb1", "m_nb2", "m_nb3")}   # the prologue's push drops some
         layout = FA_PUSH
         if pro:
             defines.update(pro.defines)
@@ -412,8 +413,7 @@ class FlashAttn:
         if self.mask_opt and self._shared is None:
             self._mask_opt_key = ("mask_opt blocks", id(mask.buffer), mask.offset)   # one table a mask
             self._mask_opt_kernel = mask_opt_kernel(dev, self.mask_rows, tile.bc)
-            self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, m_off=push["m_off"], m_nb1=push["m_nb1"],
-                                                     m_nb2=push["m_nb2"], m_nb3=push["m_nb3"], nem2=s.nem2)
+            self._mask_opt_push = MASK_OPT_PUSH.pack(N=s.n_q, KV=s.n_kv, nem2=s.nem2, **mask_fields)
 
     def _work(self, what: str) -> FlashWork:
         if self.work is None:
