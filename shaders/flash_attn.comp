@@ -44,6 +44,9 @@
 // is rotated back in runs of OUT_ROT in shared memory before it is written, times OUT_ROT_SCALE:
 // the bits of hadamard() run on the output after.
 //
+// With TWO_BUFFERS (and LOADS_FIRST 2) two tiles' registers alternate, each tile loading the next
+// into the one the last tile used, where the tile ahead was copied into this tile's registers.
+//
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, K_Q, V_Q, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
 // LOADS_FIRST, SPLIT_MIN, NORM_ROPE_IN (and fa_norm_rope.glsl's).
@@ -69,6 +72,9 @@
 #endif
 #ifndef OUT_ROT
 #define OUT_ROT 0
+#endif
+#ifndef TWO_BUFFERS
+#define TWO_BUFFERS 0
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -626,7 +632,7 @@ void main() {
     // cell from nk_sh / nv_sh, never as loaded)
     nr_prologue(nl, row0, n_rows, hk, nr_owner, k_base, v_base);
 #endif
-#if LOADS_FIRST == 2
+#if LOADS_FIRST == 2 && TWO_BUFFERS
     // two buffers, each tile's loads into the one the last tile used (copying the next tile's
     // values into this tile's registers took GCN 36 moves a tile)
     K_RAW kt_b[KR][CPT];
@@ -672,13 +678,18 @@ void main() {
 #undef TILE_SKIP
 #else
     [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
-#if LOADS_FIRST == 3
-        // this tile's values from the last iteration (every thread's share stored once the last
-        // tile's reads are done; the trip count is the workgroup's, so no thread skips these
+#if LOADS_FIRST > 1
+        // this tile's values from the last iteration (3: every thread's share stored once the
+        // last tile's reads are done; the trip count is the workgroup's, so no thread skips these
         // barriers); the next tile's loads go out now (before anything can skip this tile)
+#if LOADS_FIRST == 3
         barrier();
         STORE_KV_SHARE(ksn, vsn);
         barrier();
+#else
+        K_RAW kt[KR][CPT] = kn;
+        V_RAW vt[CPT][VR] = vn;
+#endif
 #if HAS_MASK
         uint mt[RPT][CPT] = mn;
         LOAD_MASK(min(j + 1u, j_end - 1u), mn);
