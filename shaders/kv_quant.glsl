@@ -267,32 +267,44 @@ void kvq_quantize(uint t, float x[32], inout uint ow[KVQ_WORDS], uint b) {
     kvq_put_nibbles(ow, at, q);
 }
 
-// x's block quantised into the word array BUF at byte b0 (2-byte aligned): quantised from a word's
-// first byte (every byte index a constant, so the words stay in registers; at a run-time byte
-// the compilers indexed a scratch array, ~30 us a block on an H100), moved up 2 bytes where b0
-// is 2 into a word; a block that shares its first or last word with a neighbour's writes its own
-// bytes of that word atomically
-#define KVQ_STORE_BLOCK(BUF, t, x, b0)                                                          \
+// x's block quantised as the words it covers from byte b0 (2-byte aligned) into ow_: quantised
+// from a word's first byte (every byte index a constant, so the words stay in registers; at a
+// run-time byte the compilers indexed a scratch array, ~30 us a block on an H100), moved up 2
+// bytes where b0 is 2 into a word
+#define KVQ_BLOCK_WORDS(t, x, b0, ow_)                                                          \
     {                                                                                          \
-        const bool odd_ = ((b0) & 2u) != 0u;   /* the block starts 2 bytes into a word */      \
         uint q_[KVQ_WORDS];                                                                    \
         [[unroll]] for (uint w_ = 0u; w_ < KVQ_WORDS; ++w_) {                                  \
             q_[w_] = 0u;                                                                       \
         }                                                                                      \
         kvq_quantize(t, x, q_, 0u);                                                            \
-        const uint sh_ = odd_ ? 2u : 0u, end_ = sh_ + kvq_bytes(t);                            \
+        const bool odd_ = ((b0) & 2u) != 0u;                                                   \
         [[unroll]] for (uint w_ = 0u; w_ < KVQ_WORDS; ++w_) {                                  \
-            const uint ow_ = odd_ ? (q_[w_] << 16) | (w_ > 0u ? q_[max(w_, 1u) - 1u] >> 16 : 0u) : q_[w_]; \
+            ow_[w_] = odd_ ? (q_[w_] << 16) | (w_ > 0u ? q_[max(w_, 1u) - 1u] >> 16 : 0u) : q_[w_]; \
+        }                                                                                      \
+    }
+// ow_ (KVQ_BLOCK_WORDS') written into the word array BUF: a block that shares its first or last
+// word with a neighbour's writes its own bytes of that word atomically
+#define KVQ_WRITE_WORDS(BUF, t, ow_, b0)                                                        \
+    {                                                                                          \
+        const uint sh_ = (b0) & 2u, end_ = sh_ + kvq_bytes(t);                                 \
+        [[unroll]] for (uint w_ = 0u; w_ < KVQ_WORDS; ++w_) {                                  \
             const uint lo_ = max(4u * w_, sh_), hi_ = min(4u * w_ + 4u, end_);                 \
             const uint d_ = ((b0) >> 2) + w_;                                                  \
             if (hi_ - lo_ == 4u) {                                                             \
-                BUF[d_] = ow_;                                                                 \
+                BUF[d_] = ow_[w_];                                                             \
             } else if (lo_ < hi_) {   /* 2 of the word's bytes are this block's */             \
                 const uint mask_ = 0xFFFFu << (8u * (lo_ - 4u * w_));                          \
                 atomicAnd(BUF[d_], ~mask_);                                                    \
-                atomicOr(BUF[d_], ow_ & mask_);                                                \
+                atomicOr(BUF[d_], ow_[w_] & mask_);                                            \
             }                                                                                  \
         }                                                                                      \
+    }
+#define KVQ_STORE_BLOCK(BUF, t, x, b0)                                                          \
+    {                                                                                          \
+        uint ow_b_[KVQ_WORDS];                                                                 \
+        KVQ_BLOCK_WORDS(t, x, b0, ow_b_)                                                       \
+        KVQ_WRITE_WORDS(BUF, t, ow_b_, b0)                                                     \
     }
 
 #endif

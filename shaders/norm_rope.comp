@@ -234,11 +234,7 @@ void main() {
         }
 #if V_ROT
         HADAMARD_RUNS(v_sh, V_ROT, p.head_dim, lid)
-        QUANT_ROW(vd_w, v_sh, V_ROT_SCALE, p.head_dim, vdb, lid)
-#else
-        barrier();
-        QUANT_ROW(vd_w, v_sh, 1.0, p.head_dim, vdb, lid)
-#endif
+#endif   // quantised with K's blocks, at the end
 #else
         for (uint c = lid; c < p.head_dim; c += WG) {
             v_dst[vdb + c] = DST_T(v_src[vb + c]);
@@ -290,7 +286,34 @@ void main() {
         return;
     }
 #endif
-#ifdef DST_Q
+#if defined(DST_Q) && defined(STORE_V)
+    // K's blocks and V's in one pass, a block an invocation, each quantised by the same code
+    {
+        const uint nb = p.head_dim / 32u;
+        const uint vdb = p.vd_off + h * p.y_head + cell * p.y_tok;
+#if V_ROT
+        const float vs = V_ROT_SCALE;
+#else
+        const float vs = 1.0;
+#endif
+        for (uint g = lid; g < 2u * nb; g += WG) {
+            const bool is_v = g >= nb;
+            const uint gb = is_v ? g - nb : g;
+            float x[32];
+            [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+                x[j] = is_v ? v_sh[32u * gb + j] * vs : out_sh[32u * gb + j] * rs;
+            }
+            const uint b0 = (is_v ? vdb : yb) + gb * kvq_bytes(KVQ_TYPE);
+            uint ow[KVQ_WORDS];
+            KVQ_BLOCK_WORDS(KVQ_TYPE, x, b0, ow)
+            if (is_v) {
+                KVQ_WRITE_WORDS(vd_w, KVQ_TYPE, ow, b0)
+            } else {
+                KVQ_WRITE_WORDS(y_w, KVQ_TYPE, ow, b0)
+            }
+        }
+    }
+#elif defined(DST_Q)
     QUANT_ROW(y_w, out_sh, rs, p.head_dim, yb, lid)
 #else
     for (uint c = lid; c < p.head_dim; c += WG) {
