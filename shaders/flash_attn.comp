@@ -44,9 +44,6 @@
 // is rotated back in runs of OUT_ROT in shared memory before it is written, times OUT_ROT_SCALE:
 // the bits of hadamard() run on the output after.
 //
-// With TWO_BUFFERS (and LOADS_FIRST 2) two tiles' registers alternate, each tile loading the next
-// into the one the last tile used, where the tile ahead was copied into this tile's registers.
-//
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, K_Q, V_Q, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
 // LOADS_FIRST, SPLIT_MIN, NORM_ROPE_IN (and fa_norm_rope.glsl's).
@@ -72,9 +69,6 @@
 #endif
 #ifndef OUT_ROT
 #define OUT_ROT 0
-#endif
-#ifndef TWO_BUFFERS
-#define TWO_BUFFERS 0
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -632,51 +626,6 @@ void main() {
     // cell from nk_sh / nv_sh, never as loaded)
     nr_prologue(nl, row0, n_rows, hk, nr_owner, k_base, v_base);
 #endif
-#if LOADS_FIRST == 2 && TWO_BUFFERS
-    // two buffers, each tile's loads into the one the last tile used (copying the next tile's
-    // values into this tile's registers took GCN 36 moves a tile)
-    K_RAW kt_b[KR][CPT];
-    V_RAW vt_b[CPT][VR];
-#if HAS_MASK
-    uint mt_b[RPT][CPT];
-#define LOAD_MASK_INTO(j, m) LOAD_MASK(j, m)
-#else
-#define LOAD_MASK_INTO(j, m)
-#endif
-#define TILE_SKIP break
-    [[dont_unroll]] for (uint j = split * per_split; j < j_end; j += 2u) {
-        LOAD_KV(min(j + 1u, j_end - 1u), kt_b, vt_b);
-        LOAD_MASK_INTO(min(j + 1u, j_end - 1u), mt_b);
-#define TJ j
-#define kt kn
-#define vt vn
-#define mt mn
-        do {
-#include "flash_attn_tile.glsl"
-        } while (false);
-#undef TJ
-#undef kt
-#undef vt
-#undef mt
-        if (j + 1u >= j_end) {
-            break;
-        }
-        LOAD_KV(min(j + 2u, j_end - 1u), kn, vn);
-        LOAD_MASK_INTO(min(j + 2u, j_end - 1u), mn);
-#define TJ (j + 1u)
-#define kt kt_b
-#define vt vt_b
-#define mt mt_b
-        do {
-#include "flash_attn_tile.glsl"
-        } while (false);
-#undef TJ
-#undef kt
-#undef vt
-#undef mt
-    }
-#undef TILE_SKIP
-#else
     [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
 #if LOADS_FIRST > 1
         // this tile's values from the last iteration (3: every thread's share stored once the
@@ -700,13 +649,107 @@ void main() {
         V_RAW vt[CPT][VR];
         LOAD_KV(j, kt, vt);
 #endif
-#define TJ j
-#define TILE_SKIP continue
-#include "flash_attn_tile.glsl"
-#undef TJ
-#undef TILE_SKIP
-    }
+        uint code = FA_MIXED;
+#if HAS_MASK
+        if (use_mask_opt) {
+            code = (mo[mo_base + j / 16u] >> (2u * (j % 16u))) & 3u;
+            if (code == FA_ALL_NEG_INF) {
+                continue;
+            }
+        }
 #endif
+#if HAS_MASK
+        // this thread's mask values: a thread whose part of the block is all -inf skips it
+        // (with mask_opt or without: the same work either way, so the results match bit for bit)
+        float mval[RPT][CPT];
+        if (code == FA_MIXED) {
+            bool live = false;
+            FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+                FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+#if LOADS_FIRST > 1
+                    const float m = MASK_OF(mt[r][c], j, r, c);
+#else
+                    const float m = MASK_AT(j, r, c);
+#endif
+                    live = live || m != ATTN_NEG_INF;
+                    mval[r][c] = m;
+                }
+            }
+            if (!live) {
+                continue;
+            }
+        }
+#endif
+        float s[RPT][CPT];
+        FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+                s[r][c] = 0.0;
+            }
+        }
+        FA_UNROLL for (uint k = 0; k < KD; ++k) {
+            const uint d4 = KD4(k);
+            vec4 qc[RPT];
+            FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+                qc[r] = tile[(rg * RPT + r) * HSK4 + d4];
+            }
+            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+                const vec4 kv = TILE_K(k, c, min(j * BC + c * COLS + col_tid, p.KV - 1u));
+                FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+                    s[r][c] = fma(qc[r].w, kv.w, fma(qc[r].z, kv.z, fma(qc[r].y, kv.y, fma(qc[r].x, kv.x, s[r][c]))));
+                }
+            }
+        }
+        FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+            float mx = M[r];
+            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+#if DS > 1
+#if LOADS_FIRST == 3
+                // a loop ACO keeps (Mesa 22): unrolled, it reads the tile's V from shared memory
+                // ahead, head 256's quantised kernel at 140 VGPRs (1 wave) against 84 (2)
+                for (uint w = DS / 2u; w > 0u; w >>= 1u) {
+                    s[r][c] += subgroupShuffleXor(s[r][c], w);
+                }
+#else
+                FA_UNROLL for (uint i = 0u; i < HALVINGS(DS); ++i) {
+                    s[r][c] += subgroupShuffleXor(s[r][c], (DS >> 1u) >> i);
+                }
+#endif
+#endif
+                const uint col = j * BC + c * COLS + col_tid;
+                float x = s[r][c] * p.scale;
+                if (p.softcap != 0.0) {
+                    x = p.softcap * tanh(clamp(x, -15.0, 15.0));
+                }
+#if HAS_MASK
+                if (code == FA_MIXED) {
+                    x = fma(slope, mval[r][c], x);
+                }
+#endif
+                s[r][c] = col < kv ? x : ATTN_NEG_INF;
+                mx = max(mx, s[r][c]);
+            }
+            const float alpha = exp(M[r] - mx);
+            M[r] = mx;
+            float sum = 0.0;
+            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+                s[r][c] = exp(s[r][c] - mx);
+                sum += s[r][c];
+            }
+            L[r] = L[r] * alpha + sum;
+            FA_UNROLL for (uint v = 0; v < VD; ++v) {
+                acc[r][v] *= alpha;
+            }
+        }
+        FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+            const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
+            FA_UNROLL for (uint v = 0; v < VD; ++v) {
+                const vec4 vv = TILE_V(c, v, col);
+                FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+                    acc[r][v] = fma(vec4(s[r][c]), vv, acc[r][v]);
+                }
+            }
+        }
+    }
 
     // merge the COLS column streams of each row: common max, their weights, summed L and O
     if (d_tid == 0u) {

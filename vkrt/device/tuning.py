@@ -82,9 +82,6 @@ class Tuning:
     # place of fa_loads_first: 3 dequantises a quantised tile once a workgroup instead of once a
     # row group (a vec4 of an 18- or 34-byte block is 3-6 word loads)
     fa_loads_first_by_type: tuple = ()
-    # fa_loads_first 2 alternating two tiles' registers (each tile loads the next into the buffer
-    # the last one used) instead of copying the tile ahead into this tile's registers
-    fa_two_buffers: bool = False
     # 2 only where a thread's share of a tile's K and V, as stored, is at most this many bytes (0:
     # any); past it decode-sized calls take 1, which holds one tile instead of two
     fa_ahead_max_bytes: int = 0
@@ -347,11 +344,6 @@ TABLE: dict[Arch, Tuning] = {
                          # those hold one tile (fa_loads_first 1: 56-128 VGPRs, 2-4 waves; H200, f16, heads 16/2 x
                          # 256, one query, depth 16000: 75.6 against 75.4 us)
                          fa_ahead_max_bytes=128,
-                         # fa_two_buffers stays off: the H100 lost with it (heads 32/4 x 128, one query, depth
-                         # 16000, 54.1 against 46.9 us), though on the RX 580's compiler the decode loop of head
-                         # 128 f16 takes 358 instructions a tile against 473 (the copy of the tile ahead is 36
-                         # moves) and f16 at head 128 84 VGPRs (3 waves) against 112 (2): one to try on an RX 580
-                         # (docs/kernels.md)
                          # a quantised K/V tile dequantised once a workgroup into shared memory, a thread's
                          # share whole blocks held as the words loaded: H100, this table, heads 32/4 x 128 and
                          # 16/2 x 256, one query, depth 16000, q8_0, the tile dequantised a vec4 a thread: 77.7

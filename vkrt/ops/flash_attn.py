@@ -386,7 +386,7 @@ class FlashAttn:
             shader, workgroup = "flash_attn", (tile.wg,)
             defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                            RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack,
-                           LOADS_FIRST=self.loads_first(k.type, v.type), TWO_BUFFERS=int(self.tuning.fa_two_buffers),
+                           LOADS_FIRST=self.loads_first(k.type, v.type),
                            SPLIT_MIN=self.tuning.fa_decode_split_min_live if self.decode_sized else 1, **options)
         self._sinks, push["s_off"] = None, 0
         if sinks is not None:
