@@ -355,13 +355,13 @@ TABLE: dict[Arch, Tuning] = {
                                                  ("IQ4_NL", 3)),
                          # ... and 2 rows a thread there (the 8 heads of a KV head one workgroup, which
                          # dequantises the tile once where two did): H100, this table, q8_0, one query, depth
-                         # 16000: heads 32/4 x 128 62.9 -> 49.1 us, 16/2 x 256 95.7 -> 79.7. ACO: 80 (3) / 96
-                         # (2) / 128 (2) VGPRs (waves) at head 64 / 128 / 256 against 60 (4) / 68 (3) / 84 (2), no
-                         # spills; the RX 580's side is unmeasured (flash_attn_decode.py --set
-                         # fa_pack_rows_by_type=none). F16 keeps 1: 2 rows took 160 VGPRs (1 wave) at head 128
-                         # and 71.5 against 46.4 us at 256. Head 256 keeps 1 (fa_pack_o_regs: 32 floats of O
-                         # a thread): 2 rows held 64, and with V rotated back in the kernel ACO took q8_0 to 132
-                         # VGPRs (1 wave; 84, 2 waves, at one row)
+                         # 16000: heads 32/4 x 128 62.9 -> 49.1 us, 16/2 x 256 95.7 -> 79.7. ACO, with V rotated
+                         # back in the kernel: 76-84 (3) / 92-100 (2) VGPRs (waves) at head 64 / 128 against 60
+                         # (4) / 68 (3) at one row, no spills; the RX 580's side is unmeasured
+                         # (flash_attn_decode.py --set fa_pack_rows_by_type=none). F16 keeps 1: 2 rows took 160
+                         # VGPRs (1 wave) at head 128 and 71.5 against 46.4 us at 256. Head 256 keeps 1
+                         # (fa_pack_o_regs: 32 floats of O a thread): 2 rows held 64, and ACO took q8_0 to 132
+                         # VGPRs (1 wave; 76-84, 2 waves, at one row)
                          fa_pack_rows_by_type=(("Q8_0", 2), ("Q4_0", 2), ("Q4_1", 2), ("Q5_0", 2), ("Q5_1", 2),
                                                ("IQ4_NL", 2)),
                          fa_pack_o_regs=32,
