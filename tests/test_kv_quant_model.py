@@ -163,3 +163,18 @@ def test_rotated_cache_stores_in_norm_rope_are_bit_identical(model64, device_env
     np.testing.assert_array_equal(apart.view(np.uint32), fused.view(np.uint32))
     per_layer = fewer + (2 if model64.cfg.arch == "qwen35moe" else 0)
     assert n_apart - n_fused == graphs * len(model64.cfg.kv_layers) * per_layer
+
+
+def test_rotated_queries_in_their_own_norm_rope(model64, device_env):
+    """The queries' norm_rope apart from K's (qk_rope off) rotates them as K's rides: the bits of
+    the kernels apart, one dispatch more a layer a graph than with them riding."""
+    rng = np.random.default_rng(13)
+    tokens = rng.integers(1, model64.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
+    device_env("VKRT_FUSE", "all,-norm_rope")
+    apart, _, _ = _logits_and_dispatches(model64, tokens, kv_type="Q8_0")
+    device_env("VKRT_FUSE", "all,-fa_rope,-qk_rope")
+    own, n_own, graphs = _logits_and_dispatches(model64, tokens, kv_type="Q8_0")
+    device_env("VKRT_FUSE", "all,-fa_rope")
+    _, n_riding, _ = _logits_and_dispatches(model64, tokens, kv_type="Q8_0")
+    np.testing.assert_array_equal(apart.view(np.uint32), own.view(np.uint32))
+    assert n_own - n_riding == graphs * len(model64.cfg.kv_layers)
