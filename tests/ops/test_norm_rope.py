@@ -140,16 +140,20 @@ def test_frequency_factors(device):
     np.testing.assert_array_equal(apart.view(np.uint16), fused.view(np.uint16))
 
 
-def test_cache_that_does_not_fit(device):
+@pytest.mark.parametrize("cache_type,cache_shape,kw,says", [
+    ("F16", (64, 8, 3), {}, "does not fit the cache"),
+    ("Q8_0", (64, 8, 4), {"v_rot": 64}, "rides with its store"),   # V's rotation without V's store
+])
+def test_refused(device, cache_type, cache_shape, kw, says):
     x = tensor_from_numpy(device, np.zeros((2, 4, 64), np.float32))
     pos = tensor_from_numpy(device, np.zeros(2, np.int32))
-    bad = Tensor.empty(device, "F16", (64, 8, 3))
+    cache = Tensor.empty(device, cache_type, cache_shape)
     try:
         with CommandSequence(device) as seq, seq.record():
-            with pytest.raises(OutOfRange, match="does not fit the cache"):
-                norm_rope(seq, x, pos, bad, rows=pos, n_dims=64, freq_base=1e4)
+            with pytest.raises(OutOfRange, match=says):
+                norm_rope(seq, x, pos, cache, rows=pos, n_dims=64, freq_base=1e4, **kw)
     finally:
-        for t in (x, pos, bad):
+        for t in (x, pos, cache):
             t.close()
 
 
@@ -328,15 +332,3 @@ def test_quantised_rotated_cache_same_bits(device, kv, head_dim, k_rot, v_rot):
     np.testing.assert_array_equal(q_apart.view(np.uint32), q_fused.view(np.uint32))
     assert not np.array_equal(k_apart, v_apart)
 
-
-def test_v_rotation_needs_its_store(device):
-    x = tensor_from_numpy(device, np.zeros((2, 4, 64), np.float32))
-    pos = tensor_from_numpy(device, np.zeros(2, np.int32))
-    kc = Tensor.empty(device, "Q8_0", (64, 8, 4))
-    try:
-        with CommandSequence(device) as seq, seq.record():
-            with pytest.raises(OutOfRange, match="rides with its store"):
-                norm_rope(seq, x, pos, kc, rows=pos, v_rot=64, n_dims=64, freq_base=1e4)
-    finally:
-        for t in (x, pos, kc):
-            t.close()
