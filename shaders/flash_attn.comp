@@ -180,30 +180,23 @@ vec4 unpack_v(V_RAW h) { return h; }
 #define VCH(v) (d_tid + (v) * DS)
 #define UNPACK_V(vt, c, v, e0) unpack_v(vt[c][v])
 #endif
-// K's raw values by row: K_AT(e, ch) the vec4 ch of the row at element e (a multiple of 4);
-// K_ROW(e) this lane's place in that row, once a row, and K_ROW_AT(r, k) its raw value k from
-// there. Outside the segments those are vec4 indices, so a row's loads are one address and
-// constant offsets (e + 4 ch, shifted, cost 3 instructions a load on GCN). V's alike.
+// K's raw values by row: K_ROW(e) this lane's place in the row at element e (a multiple of 4),
+// once a row, and K_ROW_AT(r, k) its raw value k from there; K_AT(e, ch) the vec4 ch of the row
+// (the shared tile's loads). Outside the segments those are vec4 indices, so a row's loads are
+// one address and constant offsets (e + 4 ch, shifted, cost 3 instructions a load on GCN). V's
+// alike.
 #if K_SEG
-#define K_AT(e, ch) raw_k((e) + 4u * (ch))
 #define K_ROW(e) (e)
 #define K_ROW_AT(r, k) raw_k((r) + 4u * KCH(k))
 #else
-#if !K_Q
-K_RAW raw_k(uint e) { return raw_k4(e >> 2u); }
-#endif
 #define K_AT(e, ch) raw_k4(((e) >> 2u) + (ch))
 #define K_ROW(e) (((e) >> 2u) + d_tid)
 #define K_ROW_AT(r, k) raw_k4((r) + (k) * DS)
 #endif
 #if V_SEG
-#define V_AT(e, ch) raw_v((e) + 4u * (ch))
 #define V_ROW(e) (e)
 #define V_ROW_AT(r, v) raw_v((r) + 4u * VCH(v))
 #else
-#if !V_Q
-V_RAW raw_v(uint e) { return raw_v4(e >> 2u); }
-#endif
 #define V_AT(e, ch) raw_v4(((e) >> 2u) + (ch))
 #define V_ROW(e) (((e) >> 2u) + d_tid)
 #define V_ROW_AT(r, v) raw_v4((r) + (v) * DS)
