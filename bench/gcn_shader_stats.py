@@ -44,7 +44,7 @@ from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
-from vkrt.ops.hadamard import v_rotation
+from vkrt.ops.hadamard import k_rotation, v_rotation
 from vkrt.ops.kv_quant import KV_QUANT, KV_TYPES, kv_type
 from vkrt.ops.mat_vec import MV_WIDE, mat_vec_kernel
 from vkrt.ops.matmul import SPLIT_SUM_PUSH, gemm_kernel, gemm_tuning, matmul, norm_input, vec4_ok
@@ -124,12 +124,16 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
         raw = [placeholder(dev, F32, (hs, n, 1), name) for n, name in ((m["n_head"], "q"), (m["n_head_kv"], "k"),
                                                                       (m["n_head_kv"], "v"))]
         w, one = placeholder(dev, F32, (hs,), "norm"), placeholder(dev, I32, (1,), "pos")
+    # a quantised cache is stored rotated (the engine's default): the prologue rotates the rows it
+    # stores, the attention rotates V's output back
+    quantised = cache_type.name in KV_QUANT
+    out_rot = v_rotation(hs) if quantised else 0
+    if prologue:
         pro = fa_norm_rope(dev, *raw, one, one, k, v, q_weight=w, k_weight=w, eps=1e-6,
-                           rope_args=dict(n_dims=hs, freq_base=1e6, neox=True))
+                           rope_args=dict(n_dims=hs, freq_base=1e6, neox=True),
+                           k_rot=k_rotation(hs) if quantised else 0, v_rot=out_rot)
     rec = Recorder(dev)
     # mask_opt off and no split: FlashAttn then needs no FlashWork (the null device has no memory)
-    # a quantised cache stores V rotated (the engine's default), which the attention rotates back
-    out_rot = v_rotation(hs) if cache_type.name in KV_QUANT else 0
     fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used, prologue=pro,
                    tuning=tuning, out_rot=out_rot)
     if prologue and fa.prologue is None:
@@ -262,15 +266,14 @@ def cases(dev, weights=MODEL["weights"]) -> list[tuple[str, list]]:
 
 def kv_cases(dev, kv_types) -> list[tuple[str, list]]:
     """Flash attention alone at head 64, 128 and 256, prefill and decode, K and V of each of
-    `kv_types` (names as -ctk takes them); F16 and F32 decode also with the fa_rope prologue."""
+    `kv_types` (names as -ctk takes them); decode also with the fa_rope prologue."""
     out = []
     for name in kv_types:
         typ = kv_type(name)
         for hs in (64, 128, 256):
             for phase, n_q in (("prefill", MODEL["ubatch"]), ("decode", 1)):
                 out += flash_attn_cases(dev, hs, n_q, phase, note=f", K/V {typ.name}", cache_type=typ)
-            if typ in (F16, F32):
-                out += flash_attn_cases(dev, hs, 1, "decode", prologue=True, note=f", K/V {typ.name}", cache_type=typ)
+            out += flash_attn_cases(dev, hs, 1, "decode", prologue=True, note=f", K/V {typ.name}", cache_type=typ)
     return out
 
 

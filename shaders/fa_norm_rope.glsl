@@ -6,7 +6,9 @@
 // past the live ones) -- one a KV head, as the query heads of a KV head share a workgroup or there
 // is one query head a KV head -- norms and rotates its KV head's k the same way, stores it and
 // V's row into the caches, reads them back as stored, and its KV loop takes that cell's K and V
-// from those values, not from what it loaded. Every step is norm_rope.comp's, bit for bit: the
+// from those values, not from what it loaded. With K_ROT / V_ROT (a rotated cache, the queries
+// rotated with K) the rows are Walsh-Hadamard rotated in shared memory first, and a quantised
+// cache (K_Q / V_Q) gets set_rows_q's blocks. Every step is norm_rope.comp's, bit for bit: the
 // sums as its workgroup of NR_WG invocations in NR_SG-wide subgroups makes them (SG_BUTTERFLY:
 // each NR_SG lanes here are one of its subgroups), the rotation through rope.glsl, the stores'
 // conversion the cache's. The rotation's flags (ROPE_NEOX, ROPE_USE_FF, ROPE_INTERLEAVED,
@@ -39,8 +41,26 @@ layout(binding = NR_B + 3) readonly buffer NrFF { float nr_ff[]; };
 layout(binding = NR_B + 4) readonly buffer NrRows { int nr_rows[]; };  // the new token's cell
 layout(binding = NR_B + 5) readonly buffer NrK { float nr_k[]; };      // k and v as projected
 layout(binding = NR_B + 6) readonly buffer NrV { float nr_v[]; };
-layout(binding = NR_B + 7) coherent buffer NrKC { NR_KT nr_kc[]; };    // the caches, for the stores
+// the caches, for the stores (a quantised one as words: kv_quant.glsl's blocks)
+#if K_Q
+layout(binding = NR_B + 7) coherent buffer NrKC { uint nr_kc_w[]; };
+#else
+layout(binding = NR_B + 7) coherent buffer NrKC { NR_KT nr_kc[]; };
+#endif
+#if V_Q
+layout(binding = NR_B + 8) coherent buffer NrVC { uint nr_vc_w[]; };
+#else
 layout(binding = NR_B + 8) coherent buffer NrVC { NR_VT nr_vc[]; };
+#endif
+#ifndef K_ROT
+#define K_ROT 0
+#endif
+#ifndef V_ROT
+#define V_ROT 0
+#endif
+#if K_ROT || V_ROT
+#include "hadamard_runs.glsl"   // (hadamard_pair)
+#endif
 
 #if NR_NORM
 #extension GL_KHR_shader_subgroup_shuffle : enable
@@ -193,25 +213,115 @@ void nr_prologue(NrLoads nl, uint row0, uint n_rows, uint hk, bool with_k, uint 
         nr_set(r, ab.y, rot.y);
     }
     barrier();
+#if K_ROT
+    // the rows (the queries', and the new K where this workgroup stores it) Walsh-Hadamard
+    // rotated in runs of K_ROT, times K_ROT_SCALE, as norm_rope's K_ROT leaves them
+    const uint nr_rot_rows = with_k ? NR_ROWS : BR;
+    [[unroll]] for (uint hs = 0u; hs < HALVINGS(K_ROT); ++hs) {
+        const uint h = 1u << hs;
+        for (uint i = t; i < nr_rot_rows * (HSK / 2u); i += WG) {
+            const uint r = i / (HSK / 2u), a = hadamard_pair(i % (HSK / 2u), K_ROT, h);
+            const float x = NR_AT(r, a), y = NR_AT(r, a + h);
+            nr_set(r, a, x + y);
+            nr_set(r, a + h, x - y);
+        }
+        barrier();
+    }
+    for (uint i = t; i < nr_rot_rows * HSK; i += WG) {
+        nr_set(i / HSK, i % HSK, NR_AT(i / HSK, i % HSK) * K_ROT_SCALE);
+    }
+    barrier();
+#endif
     if (!with_k) {
         return;
     }
+#if V_ROT || V_Q
+    // V's row in shared memory: rotated in runs of V_ROT (times V_ROT_SCALE), quantised from there
+    [[unroll]] for (uint k = 0u; k < NR_VN; k++) {
+        if (t + k * WG < HSV) {
+            nv_sh[(t + k * WG) / 4u][(t + k * WG) % 4u] = nl.v[k];
+        }
+    }
+#if V_ROT
+    [[unroll]] for (uint hs = 0u; hs < HALVINGS(V_ROT); ++hs) {
+        const uint h = 1u << hs;
+        barrier();
+        for (uint i = t; i < HSV / 2u; i += WG) {
+            const uint a = hadamard_pair(i, V_ROT, h), b = a + h;
+            const float x = nv_sh[a / 4u][a % 4u], y = nv_sh[b / 4u][b % 4u];
+            nv_sh[a / 4u][a % 4u] = x + y;
+            nv_sh[b / 4u][b % 4u] = x - y;
+        }
+    }
+    barrier();
+    for (uint c = t; c < HSV; c += WG) {
+        nv_sh[c / 4u][c % 4u] *= V_ROT_SCALE;
+    }
+#endif
+    barrier();
+#define NR_V(k) nv_sh[(t + (k) * WG) / 4u][(t + (k) * WG) % 4u]
+#else
+#define NR_V(k) nl.v[k]
+#endif
     const uint kc = k_base + nl.cell * p.k_nb1, vc = v_base + nl.cell * p.v_nb1;
+#if K_Q || V_Q
+    // the quantised rows, a block an invocation (set_rows_q's blocks): K's, then V's
+    const uint nbk = K_Q != 0u ? HSK / 32u : 0u, nbv = V_Q != 0u ? HSV / 32u : 0u;
+    for (uint g = t; g < nbk + nbv; g += WG) {
+        const bool is_v = g >= nbk;
+        const uint gb = is_v ? g - nbk : g;
+        float x[32];
+        [[unroll]] for (uint j = 0u; j < 32u; ++j) {
+            const uint c = 32u * gb + j;
+            x[j] = is_v ? nv_sh[c / 4u][c % 4u] : nk_sh[c / 4u][c % 4u];
+        }
+        uint ow[KVQ_WORDS];
+#if K_Q
+        if (!is_v) {
+            const uint b0 = kvq_block(K_Q, kc) + gb * kvq_bytes(K_Q);
+            KVQ_BLOCK_WORDS(K_Q, x, b0, ow)
+            KVQ_WRITE_WORDS(nr_kc_w, K_Q, ow, b0)
+        }
+#endif
+#if V_Q
+        if (is_v) {
+            const uint b0 = kvq_block(V_Q, vc) + gb * kvq_bytes(V_Q);
+            KVQ_BLOCK_WORDS(V_Q, x, b0, ow)
+            KVQ_WRITE_WORDS(nr_vc_w, V_Q, ow, b0)
+        }
+#endif
+    }
+#endif
+#if !K_Q
     for (uint c = t; c < HSK; c += WG) {
         nr_kc[kc + c] = NR_KT(nk_sh[c / 4u][c % 4u]);
     }
+#endif
+#if !V_Q
     [[unroll]] for (uint k = 0u; k < NR_VN; k++) {
         if (t + k * WG < HSV) {
-            nr_vc[vc + t + k * WG] = NR_VT(nl.v[k]);
+            nr_vc[vc + t + k * WG] = NR_VT(NR_V(k));
         }
     }
+#endif
     memoryBarrierBuffer();
     barrier();
-    for (uint c = t; c < HSK; c += WG) {
-        nk_sh[c / 4u][c % 4u] = float(nr_kc[kc + c]);
+    // read back as stored: the tiles take the new cell's K and V from these
+    for (uint c4 = t; c4 < HSK4; c4 += WG) {
+#if K_Q
+        nk_sh[c4] = KVQ_LOAD4(nr_kc_w, K_Q, kc + 4u * c4);
+#else
+        nk_sh[c4] = vec4(float(nr_kc[kc + 4u * c4]), float(nr_kc[kc + 4u * c4 + 1u]), float(nr_kc[kc + 4u * c4 + 2u]),
+                         float(nr_kc[kc + 4u * c4 + 3u]));
+#endif
     }
-    for (uint c = t; c < HSV; c += WG) {
-        nv_sh[c / 4u][c % 4u] = float(nr_vc[vc + c]);
+    for (uint c4 = t; c4 < HSV4; c4 += WG) {
+#if V_Q
+        nv_sh[c4] = KVQ_LOAD4(nr_vc_w, V_Q, vc + 4u * c4);
+#else
+        nv_sh[c4] = vec4(float(nr_vc[vc + 4u * c4]), float(nr_vc[vc + 4u * c4 + 1u]), float(nr_vc[vc + 4u * c4 + 2u]),
+                         float(nr_vc[vc + 4u * c4 + 3u]));
+#endif
     }
     barrier();
 }

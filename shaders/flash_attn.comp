@@ -38,7 +38,8 @@
 //
 // With NORM_ROPE_IN (decode: one token) the prologue does norm_rope's work: the queries come as
 // projected and are normed and rotated into the Q tile; the K and V of the new cell are normed,
-// rotated and stored into the caches by the split holding the cell (fa_norm_rope.glsl).
+// rotated and stored into the caches by the split holding the cell (fa_norm_rope.glsl), a
+// quantised cache's rows Walsh-Hadamard rotated (K_ROT, V_ROT, the queries with K) and quantised.
 //
 // With OUT_ROT (a cache whose V is stored Walsh-Hadamard rotated, ops/hadamard.py) each output row
 // is rotated back in runs of OUT_ROT in shared memory before it is written, times OUT_ROT_SCALE:
@@ -99,9 +100,6 @@ layout(binding = 0) readonly buffer Q { float q[]; };
 // LOADS_FIRST 1, 2) a lane's vec4s are consecutive instead, in KR segments of KG within one block,
 // each held as the words loaded and dequantised where used: from head 128 on fewer words than
 // f16's 2 a vec4 (dequantised vec4s took 4, and joining a block's words waited for their loads)
-#if NORM_ROPE_IN && (K_Q || V_Q)
-#error "the norm/RoPE prologue stores F16/F32 caches"
-#endif
 #if K_Q || V_Q
 #if K_Q
 layout(binding = 1) readonly buffer K { uint k_w[]; };
@@ -405,8 +403,8 @@ struct VBlock { uint w[VBW]; uint e; };
 #define TILE_V_(c, v, col) unpack_v(V_ROW_AT(V_ROW(v_base + (col) * p.v_nb1), v))
 #endif
 #if NORM_ROPE_IN   // the new cell (nr_col) as the prologue stored it
-#define TILE_K(k, c, col) ((col) == nr_col ? nk_sh[d_tid + (k) * DS] : TILE_K_(k, c, col))
-#define TILE_V(c, v, col) ((col) == nr_col ? nv_sh[d_tid + (v) * DS] : TILE_V_(c, v, col))
+#define TILE_K(k, c, col) ((col) == nr_col ? nk_sh[KD4(k)] : TILE_K_(k, c, col))
+#define TILE_V(c, v, col) ((col) == nr_col ? nv_sh[VD4(v)] : TILE_V_(c, v, col))
 #else
 #define TILE_K(k, c, col) TILE_K_(k, c, col)
 #define TILE_V(c, v, col) TILE_V_(c, v, col)

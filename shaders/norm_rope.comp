@@ -131,6 +131,7 @@ layout(push_constant) uniform Push {
 #endif
 
 #include "reduce.glsl"
+#include "hadamard_runs.glsl"
 
 shared float row_sh[MAX_HEAD];
 #if K_ROT || defined(DST_Q)
@@ -140,22 +141,6 @@ shared float out_sh[MAX_HEAD];
 #if defined(DST_Q) && defined(STORE_V)
 shared float v_sh[MAX_HEAD];
 #endif
-
-// the runs of n elements of the head_dim values in buf rotated in place (hadamard.comp's stages
-// and arithmetic, a pair an invocation a stage); the caller scales them as they are stored
-#define HADAMARD_RUNS(buf, n, head_dim, lid)                                                    \
-    [[unroll]] for (uint hs_ = 0u; hs_ < HALVINGS(n); ++hs_) {                                 \
-        const uint h_ = 1u << hs_;                                                             \
-        barrier();                                                                             \
-        for (uint q_ = (lid); q_ < (head_dim) / 2u; q_ += WG) {                                \
-            const uint t_ = q_ % ((n) / 2u);                                                   \
-            const uint i_ = (q_ / ((n) / 2u)) * (n) + (t_ / h_) * 2u * h_ + t_ % h_;           \
-            const float a_ = buf[i_], b_ = buf[i_ + h_];                                       \
-            buf[i_] = a_ + b_;                                                                 \
-            buf[i_ + h_] = a_ - b_;                                                            \
-        }                                                                                      \
-    }                                                                                          \
-    barrier();
 
 #ifdef DST_Q
 // the row of head_dim values in buf (times scale) quantised into the words of BUF from byte b0,

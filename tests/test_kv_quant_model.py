@@ -178,3 +178,19 @@ def test_rotated_queries_in_their_own_norm_rope(model64, device_env):
     _, n_riding, _ = _logits_and_dispatches(model64, tokens, kv_type="Q8_0")
     np.testing.assert_array_equal(apart.view(np.uint32), own.view(np.uint32))
     assert n_own - n_riding == graphs * len(model64.cfg.kv_layers)
+
+
+@pytest.mark.parametrize("k,v", [("Q8_0", "Q8_0"), ("Q4_0", "F16"), ("F16", "Q4_0")])
+def test_quantised_cache_stores_in_the_attention_prologue(model64, device_env, k, v):
+    """A decode step's attention rotates, quantises and stores the new cell of a quantised cache
+    in its prologue (fa_rope): the logits of norm_rope's stores and the attention apart, one
+    dispatch fewer a layer with attention in each one-token graph."""
+    rng = np.random.default_rng(14)
+    tokens = rng.integers(1, model64.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
+    device_env("VKRT_FUSE", "all,-fa_rope")
+    apart, n_apart, _ = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
+    device_env("VKRT_FUSE", "all")
+    fused, n_fused, _ = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
+    np.testing.assert_array_equal(apart.view(np.uint32), fused.view(np.uint32))
+    layers = len(model64.cfg.kv_layers)
+    assert n_apart > n_fused and (n_apart - n_fused) % layers == 0

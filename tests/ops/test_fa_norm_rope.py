@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from test_flash_attn import tuning
 
-from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
+from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy, write_tensor
 from vkrt.device.architecture import Arch
 from vkrt.memory import F32, Tensor
 from vkrt.ops.fa_norm_rope import fa_norm_rope
+from vkrt.ops.kv_quant import kv_type
 from vkrt.ops.flash_attn import FlashAttn
 from vkrt.ops.flash_work import FlashWork
 from vkrt.ops.norm_rope import norm_rope
@@ -21,23 +22,39 @@ from vkrt.ops.norm_rope import norm_rope
 N_CELLS = 80
 
 
+def past_cache(device, rng, cache: str, shape: tuple) -> Tensor:
+    """A cache (heads, cells, head size) of random values: F16/F32 normal ones; a quantised
+    type's blocks random bytes under fp16 scales (and mins) of about 1/16."""
+    if cache in ("F16", "F32"):
+        return tensor_from_numpy(device, rng.standard_normal(shape).astype({"F16": np.float16, "F32": np.float32}[cache]))
+    typ = kv_type(cache)
+    blocks = rng.integers(0, 256, (int(np.prod(shape)) // typ.block_size, typ.type_size), dtype=np.uint8)
+    halves = 2 if typ.name in ("Q4_1", "Q5_1") else 1
+    blocks[:, :2 * halves] = (rng.uniform(0.03, 0.1, (len(blocks), halves)).astype(np.float16)
+                              .view(np.uint8).reshape(len(blocks), -1))
+    t = Tensor.empty(device, typ, tuple(reversed(shape)))
+    write_tensor(t, blocks)
+    return t
+
+
 def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
-        split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0, loads_first=None, mask_opt=None):
+        split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0, loads_first=None, mask_opt=None,
+        k_rot=0, v_rot=0):
     """(attention output, K cache, V cache) after one token's norm_rope + attention, apart or
-    with the prologue (fused); the caches start with the same random past."""
+    with the prologue (fused); the caches start with the same random past. k_rot / v_rot: the
+    cache stored Walsh-Hadamard rotated (the queries with K, the output rotated back)."""
     rng = np.random.default_rng(seed)
     q = (rng.standard_normal((1, n_head, 2 * hd if gated else hd)) * 2).astype(np.float32)
     k = (rng.standard_normal((1, n_kv_head, hd)) * 2).astype(np.float32)
     v = rng.standard_normal((1, n_kv_head, hd)).astype(np.float32)
-    dtype = {"F16": np.float16, "F32": np.float32}[cache]
-    past_k = rng.standard_normal((n_kv_head, N_CELLS, hd)).astype(dtype)
-    past_v = rng.standard_normal((n_kv_head, N_CELLS, hd)).astype(dtype)
     live = used or n_kv
     mask = np.where(rng.random((1, n_kv)) < 0.2, -np.inf, 0).astype(np.float16)
     mask[0, live:] = -np.inf
     mask[0, min(cell, n_kv - 1)] = 0
     pos = np.array([1234] if sections is None else [1234, 17, 99, 0], np.int32)
-    own = [tensor_from_numpy(device, a) for a in (q, k, v, past_k, past_v, mask, pos, np.array([cell], np.int32),
+    own = [tensor_from_numpy(device, a) for a in (q, k, v)]
+    own += [past_cache(device, rng, cache, (n_kv_head, N_CELLS, hd)) for _ in range(2)]
+    own += [tensor_from_numpy(device, a) for a in (mask, pos, np.array([cell], np.int32),
                                                   rng.uniform(0.5, 1.5, hd).astype(np.float32),
                                                   rng.uniform(0.5, 1.5, hd).astype(np.float32),
                                                   np.array([live], np.int32))]
@@ -56,24 +73,25 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
             tune = tuning(device, arch)
             if loads_first is not None:
                 tune = dataclasses.replace(tune, fa_loads_first=loads_first)
-            pro = (fa_norm_rope(device, tq, tk, tv, tp, cells, kc, vc, eps=1e-6, rope_args=args, **weights)
+            pro = (fa_norm_rope(device, tq, tk, tv, tp, cells, kc, vc, eps=1e-6, rope_args=args, k_rot=k_rot,
+                                v_rot=v_rot, **weights)
                    if fused else None)
             assert pro is not None or not fused
             fa = FlashAttn(device, qr.permute(0, 2, 1, 3), kc.slice(1, 0, n_kv), vc.slice(1, 0, n_kv), out, tm,
                            scale=hd ** -0.5, work=work, kv_used=t_used, split_k=split_k, coopmat=False,
-                           tuning=tune, prologue=pro, mask_opt=mask_opt)
+                           tuning=tune, prologue=pro, mask_opt=mask_opt, out_rot=v_rot)
             assert mask_opt is None or fa.mask_opt == mask_opt
             why = fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
             assert (fa.prologue is not None) == fused, why
             with seq.record():
                 if not fused:
                     norm_rope(seq, tk, tp, kc, weight=weights["k_weight"], eps=1e-6, rows=cells, store_v=(tv, vc),
-                              with_q=(tq, qr, weights["q_weight"]), **args)
+                              with_q=(tq, qr, weights["q_weight"]), k_rot=k_rot, v_rot=v_rot, **args)
                     seq.barrier()
                 fa.record(seq)
             assert loads_first is None or fa._attn.defines["LOADS_FIRST"] == loads_first
             seq.run()
-            return read_tensor(out), read_tensor(kc), read_tensor(vc)
+            return read_tensor(out), read_tensor(kc), read_tensor(vc)   # (a quantised cache's raw blocks)
     finally:
         for t in own:
             t.close()
@@ -113,6 +131,23 @@ def test_kv_tile_in_shared_memory(device, cache, cell, used, split_k):
               arch=Arch.AMD_GCN, loads_first=3)
 
 
+@pytest.mark.parametrize("cache,hd,k_rot,v_rot,arch,split_k", [
+    ("Q8_0", 64, 64, 64, Arch.AMD_GCN, 3),    # the GCN table's quantised kernel: the tile in shared memory
+    ("Q8_0", 128, 128, 128, Arch.NVIDIA, 2),
+    ("Q4_1", 64, 64, 0, None, 2),             # V unrotated
+    ("Q5_0", 64, 32, 64, Arch.AMD_GCN, 1),    # runs shorter than the head
+    ("F16", 64, 64, 0, None, 2),              # a rotated F16 K cache
+])
+def test_rotated_quantised_cache(device, cache, hd, k_rot, v_rot, arch, split_k):
+    """A quantised (or rotated) cache: the prologue rotates the queries and the new K and V,
+    quantises them into the caches and reads them back as stored: the same bits as norm_rope's
+    quantised stores and the attention apart."""
+    apart = same_bits(device, cache=cache, hd=hd, k_rot=k_rot, v_rot=v_rot, arch=arch, split_k=split_k)
+    plain = run(device, fused=False, cache=cache, hd=hd, arch=arch, split_k=split_k)
+    if k_rot:
+        assert not np.array_equal(apart[0], plain[0])   # the rotations took part
+
+
 def test_with_mask_opt(device):
     """mask_opt forced on (VKRT_FA_MASK_OPT=1) with the prologue: its pre-pass reads the mask's
     fields, which the prologue's push block leaves out; the same bits."""
@@ -147,6 +182,22 @@ def test_qwen35_attention(device):
     quarter of the head (sections 11, 11, 10), 16 query heads a KV head."""
     same_bits(device, hd=256, n_head=16, n_kv_head=1, gated=True, rope={"n_dims": 64}, sections=(11, 11, 10, 0),
               split_k=2)
+
+
+def test_iq4_nl_stays_with_norm_rope(device):
+    """IQ4_NL's quantiser would cost the attention its waves on GCN: norm_rope stores it."""
+    t = [Tensor.empty(device, F32, s) for s in ((64, 4, 1), (64, 2, 1), (64, 2, 1))]
+    caches = [Tensor.empty(device, kv_type(n), (64, 80, 2)) for n in ("IQ4_NL", "Q8_0")]
+    pos = tensor_from_numpy(device, np.array([3], np.int32))
+    try:
+        args = dict(n_dims=64, freq_base=1e4)
+        iq, q8 = caches
+        assert fa_norm_rope(device, *t, pos, pos, iq, iq, rope_args=args, k_rot=64, v_rot=64) is None
+        assert fa_norm_rope(device, *t, pos, pos, q8, q8, rope_args=args, k_rot=64, v_rot=64) is not None
+        assert fa_norm_rope(device, *t, pos, pos, q8, q8, rope_args=args, k_rot=48) is None   # runs past the head
+    finally:
+        for x in (*t, *caches, pos):
+            x.close()
 
 
 def test_what_the_prologue_refuses(device):

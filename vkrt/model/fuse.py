@@ -257,10 +257,11 @@ class _Pass:
         if run is None or "fa_rope" not in self.on:
             return None
         op, attend = run
-        if not attend.flash or op.q3.ne[2] != 1 or op.q_temp or op.k_rot or op.v_rot:
+        if not attend.flash or op.q3.ne[2] != 1 or op.q_temp:
             return None
         prologue = fa_norm_rope(self.device, op.q3, op.k3, op.v3, op.pos, op.cells, op.k_cache, op.v_cache,
-                                q_weight=op.q_norm, k_weight=op.k_norm, eps=op.eps, rope_args=op.rope_args)
+                                q_weight=op.q_norm, k_weight=op.k_norm, eps=op.eps, rope_args=op.rope_args,
+                                k_rot=op.k_rot, v_rot=op.v_rot)
         return None if prologue is None else (2, AttendRoped(self._rope(op), attend, prologue), 1)
 
     def norm_rope(self, nodes, i):

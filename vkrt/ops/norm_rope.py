@@ -65,9 +65,9 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
             raise OutOfRange(f"norm_rope: runs of {k_rot} do not divide the head ({head_dim})")
         defines.update(rotation_defines("K_ROT", k_rot, "norm_rope"))
     if v_rot:
-        if store_v is None or head_dim % v_rot:
-            raise OutOfRange(f"norm_rope: V's rotation (runs of {v_rot}) rides with its store (store_v), in runs "
-                             f"that divide the head ({head_dim})")
+        if store_v is None or head_dim % v_rot or not is_quantised(store_v[1]):
+            raise OutOfRange(f"norm_rope: V's rotation (runs of {v_rot}) rides with its store (store_v) into a "
+                             f"quantised cache, in runs that divide the head ({head_dim})")
         defines.update(rotation_defines("V_ROT", v_rot, "norm_rope"))
     if rows is None:
         if store_v is not None:
