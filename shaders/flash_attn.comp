@@ -402,12 +402,33 @@ struct VBlock { uint w[VBW]; uint e; };
 #define TILE_K_(k, c, col) unpack_k(K_ROW_AT(K_ROW(k_base + (col) * p.k_nb1), k))
 #define TILE_V_(c, v, col) unpack_v(V_ROW_AT(V_ROW(v_base + (col) * p.v_nb1), v))
 #endif
-#if NORM_ROPE_IN   // the new cell (nr_col) as the prologue stored it
+// The new cell (nr_col) as the prologue stored it: a tile held a tile ahead (LOADS_FIRST 2
+// outside the segments) or in shared memory (3) takes it once, in the tile holding it (NR_PATCH);
+// otherwise each value read is chosen
+#if NORM_ROPE_IN && (LOADS_FIRST == 3 || LOADS_FIRST == 2 && !K_SEG && !V_SEG)
+#define NR_PATCH 1
+#else
+#define NR_PATCH 0
+#endif
+#if NORM_ROPE_IN && !NR_PATCH
 #define TILE_K(k, c, col) ((col) == nr_col ? nk_sh[KD4(k)] : TILE_K_(k, c, col))
 #define TILE_V(c, v, col) ((col) == nr_col ? nv_sh[VD4(v)] : TILE_V_(c, v, col))
 #else
 #define TILE_K(k, c, col) TILE_K_(k, c, col)
 #define TILE_V(c, v, col) TILE_V_(c, v, col)
+#endif
+#if NR_PATCH && LOADS_FIRST < 3
+// a value of the prologue's copy as the tile holds it (an F16 cache's values are halves already)
+#if K_F16
+K_RAW nr_raw_k(vec4 x) { return uvec2(packHalf2x16(x.xy), packHalf2x16(x.zw)); }
+#else
+K_RAW nr_raw_k(vec4 x) { return x; }
+#endif
+#if V_F16
+V_RAW nr_raw_v(vec4 x) { return uvec2(packHalf2x16(x.xy), packHalf2x16(x.zw)); }
+#else
+V_RAW nr_raw_v(vec4 x) { return x; }
+#endif
 #endif
 
 #if OUT_ROT
@@ -594,6 +615,7 @@ void main() {
     const uint j_end = min(live_tiles, (split + 1u) * per_split);
 #if NORM_ROPE_IN
     const uint nr_col = nr_owner && nr_tile < j_end ? nr_cell : 0xFFFFFFFFu;   // none: past every column
+    const uint nr_j = nr_col != 0xFFFFFFFFu ? nr_tile : 0xFFFFFFFFu;              // the tile holding it
 #endif
 #if LOADS_FIRST > 1
     // the next tile's K and V: this thread's share of it (3) or its own columns (2)
@@ -626,6 +648,18 @@ void main() {
         barrier();
         STORE_KV_SHARE(ksn, vsn);
         barrier();
+#if NR_PATCH
+        if (j == nr_j) {   // (the workgroup's)
+            const uint row = nr_col - j * BC;
+            for (uint i = t; i < HSK4; i += WG) {
+                k_sh[row * KSTR + i] = nk_sh[i];
+            }
+            for (uint i = t; i < HSV4; i += WG) {
+                v_sh[row * VSTR + i] = nv_sh[i];
+            }
+            barrier();
+        }
+#endif
 #else
         K_RAW kt[KR][CPT] = kn;
         V_RAW vt[CPT][VR] = vn;
@@ -639,6 +673,20 @@ void main() {
         K_RAW kt[KR][CPT];
         V_RAW vt[CPT][VR];
         LOAD_KV(j, kt, vt);
+#endif
+#if NR_PATCH && LOADS_FIRST < 3
+        if (j == nr_j) {
+            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+                if (j * BC + c * COLS + col_tid == nr_col) {
+                    FA_UNROLL for (uint k = 0; k < KR; ++k) {
+                        kt[k][c] = nr_raw_k(nk_sh[KD4(k)]);
+                    }
+                    FA_UNROLL for (uint v = 0; v < VR; ++v) {
+                        vt[c][v] = nr_raw_v(nv_sh[VD4(v)]);
+                    }
+                }
+            }
+        }
 #endif
         uint code = FA_MIXED;
 #if HAS_MASK
