@@ -13,8 +13,11 @@ engine's default; a quantised type's blocks random codes under random fp16 scale
 are GPU medians (timestamps) of the attention (splits merged inside it), after a warm-up; `speedup`
 is the unpacked padded time over the packed one with the split FlashAttn picks by itself
 (VKRT_ARCH=gcn gives the GCN table); `speedup_vs_loads_where_used` is the packed kernel with
-each K, V and mask value loaded where it is used (tuning fa_loads_first=0) over the table's. The
-sweep rows force the packed kernel's split count.
+each K, V and mask value loaded where it is used (tuning fa_loads_first=0) over the table's;
+`us_with_prologue` (one query) the packed kernel doing norm_rope's work in its prologue as a
+decode step's attention does (VKRT_FUSE's fa_rope: the q/k norm, RoPE, and the new cell's K and V
+stored, rotated and quantised for a quantised cache; None where it is turned down) and
+`prologue_cost` that over the packed time. The sweep rows force the packed kernel's split count.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from vkrt.engine.step_inputs import KV_STEP
 from vkrt.errors import VkrtError
 from vkrt.memory import F32, Tensor, ggml_type
 from vkrt.ops.kv_quant import kv_type
+from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn
 from vkrt.ops.flash_work import FlashWork
+from vkrt.ops.hadamard import k_rotation, v_rotation
 
 QUICK = dict(queries="1,4", depth="100,600", heads="64:4:1,128:4:2", splits="1,2,4", repeats=2)
 
@@ -68,23 +73,55 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
                 ("packed, loads where used", dict(kv_used=tensors[4], tuning=replace(dev.tuning, fa_loads_first=0)))]
     variants += [(f"packed, split {n}", dict(kv_used=tensors[4], split_k=n)) for n in splits]
     outs, ops, work = [], [], FlashWork(dev)   # the ops run one at a time, as a model's layers
+    pro_tensors = prologue_operands(dev, n_q, depth, hs, n_head, n_head_kv, rng)
+    if pro_tensors:   # last: the new cell's store changes the caches
+        pro = fa_norm_rope(dev, *pro_tensors[:5], tensors[1], tensors[2], q_weight=pro_tensors[5],
+                           k_weight=pro_tensors[5], eps=1e-6, rope_args=dict(n_dims=hs, freq_base=1e6, neox=True),
+                           **rotations(kv, hs))
+        if pro is not None:
+            variants.append((PROLOGUE, dict(kv_used=tensors[4], prologue=pro, out_rot=rotations(kv, hs)["v_rot"])))
     try:
         for name, kw in variants:
             outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
             op = FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, label=name, work=work, **kw)
             if "split_k" in kw and any(o.n_split == op.n_split for o in ops[3:]):   # clamped to the tiles
                 continue
+            if "prologue" in kw and op.prologue is None:
+                continue
             ops.append(op)
         times = [t for t, _ in time_runs(dev, ops, repeats)]
         rows = [dict(variant=op.label, pack=op.pack, n_split=op.n_split, us=t * 1e6) for op, t in zip(ops, times)]
     finally:
-        for x in (work, *tensors, *outs):
+        for x in (work, *tensors, *outs, *pro_tensors):
             x.close()
+    with_prologue = next((r["us"] for r in rows if r["variant"] == PROLOGUE), None)
+    rows = [r for r in rows if r["variant"] != PROLOGUE]
+    times = [r["us"] / 1e6 for r in rows]
     return dict(queries=n_q, depth=depth, n_kv=n_kv, kv=kv.name.lower(), head_size=hs, n_head=n_head,
                 n_head_kv=n_head_kv,
                 us_unpacked=times[0] * 1e6, us_packed=times[1] * 1e6, speedup=times[0] / times[1],
                 us_loads_where_used=times[2] * 1e6, speedup_vs_loads_where_used=times[2] / times[1],
-                best_split=min(rows[3:], key=lambda r: r["us"])["n_split"] if rows[3:] else None, variants=rows)
+                best_split=min(rows[3:], key=lambda r: r["us"])["n_split"] if rows[3:] else None,
+                us_with_prologue=with_prologue,
+                prologue_cost=with_prologue / (times[1] * 1e6) if with_prologue else None, variants=rows)
+
+
+PROLOGUE = "packed, norm_rope in its prologue"
+
+
+def rotations(kv, hs: int) -> dict:
+    """The engine's rotation of a cache of type kv (quantised ones only) at head size hs."""
+    return dict(k_rot=k_rotation(hs), v_rot=v_rotation(hs)) if kv.quantized else dict(k_rot=0, v_rot=0)
+
+
+def prologue_operands(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, rng) -> list:
+    """One token's projected q, k, v (F32 [hs, heads, 1]), its position and cell (depth) and a norm
+    weight: what the fa_rope prologue reads ([] past one query)."""
+    if n_q != 1:
+        return []
+    raw = [rng.standard_normal((1, h, hs), dtype=np.float32) for h in (n_head, n_head_kv, n_head_kv)]
+    return [tensor_from_numpy(dev, a) for a in (*raw, np.array([depth], np.int32), np.array([depth], np.int32),
+                                                rng.uniform(0.5, 1.5, hs).astype(np.float32))]
 
 
 def main() -> None:
@@ -113,16 +150,18 @@ def main() -> None:
     tune = f", VKRT_TUNE {result['tune']!r}" if "tune" in result else ""
     print(f"flash attention decode on {result['device']} ({result['architecture']}{tune}), us per call")
     columns = ["K/V", "head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
-               "loads where used (speedup)", "packed split sweep (splits: us)"]
+               "loads where used (speedup)", "with the fa_rope prologue (cost)", "packed split sweep (splits: us)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
     for r in rows:
         sweep = ", ".join(f"{v['n_split']}: {v['us']:.1f}" for v in r["variants"][3:])
         auto = r["variants"][1]["n_split"]
+        pro = f"{r['us_with_prologue']:.1f} ({r['prologue_cost']:.2f}x)" if r["us_with_prologue"] else "–"
         print(f"| {r['kv']} | {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} "
               f"| {r['n_kv']} "
               f"| {r['us_unpacked']:.1f} | {r['us_packed']:.1f} (split {auto}) | {r['speedup']:.2f}x "
-              f"| {r['us_loads_where_used']:.1f} ({r['speedup_vs_loads_where_used']:.2f}x) | {sweep} |")
+              f"| {r['us_loads_where_used']:.1f} ({r['speedup_vs_loads_where_used']:.2f}x) "
+              f"| {pro} | {sweep} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,26 @@
+"""bench/flash_attn_decode.py on the test device: one query gets the decode attention with the
+fa_rope prologue timed beside the plain packed kernel (a quantised cache's stores rotated and
+quantised), several queries none (the prologue takes one token)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from file_modules import ROOT
+
+SCRIPT = ROOT / "bench" / "flash_attn_decode.py"
+
+
+def test_one_query_times_the_prologue():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--queries", "1,4", "--depth", "100", "--heads", "64:4:1",
+                           "--splits", "", "--kv", "q8_0", "--repeats", "1", "--json"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["queries"]: r for r in json.loads(proc.stdout)["rows"]}
+    one, four = rows[1], rows[4]
+    assert one["kv"] == "q8_0" and one["us_with_prologue"] > 0
+    assert abs(one["prologue_cost"] - one["us_with_prologue"] / one["us_packed"]) < 1e-9
+    assert four["us_with_prologue"] is None and four["prologue_cost"] is None
+    assert all(v["variant"] != "packed, norm_rope in its prologue" for r in rows.values() for v in r["variants"])
