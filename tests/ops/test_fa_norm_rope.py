@@ -8,9 +8,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from file_modules import ROOT, load
 from test_flash_attn import tuning
 
-from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy, write_tensor
+from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.device.architecture import Arch
 from vkrt.memory import F32, Tensor
 from vkrt.ops.fa_norm_rope import fa_norm_rope
@@ -23,18 +24,11 @@ N_CELLS = 80
 
 
 def past_cache(device, rng, cache: str, shape: tuple) -> Tensor:
-    """A cache (heads, cells, head size) of random values: F16/F32 normal ones; a quantised
-    type's blocks random bytes under fp16 scales (and mins) of about 1/16."""
-    if cache in ("F16", "F32"):
-        return tensor_from_numpy(device, rng.standard_normal(shape).astype({"F16": np.float16, "F32": np.float32}[cache]))
-    typ = kv_type(cache)
-    blocks = rng.integers(0, 256, (int(np.prod(shape)) // typ.block_size, typ.type_size), dtype=np.uint8)
-    halves = 2 if typ.name in ("Q4_1", "Q5_1") else 1
-    blocks[:, :2 * halves] = (rng.uniform(0.03, 0.1, (len(blocks), halves)).astype(np.float16)
-                              .view(np.uint8).reshape(len(blocks), -1))
-    t = Tensor.empty(device, typ, tuple(reversed(shape)))
-    write_tensor(t, blocks)
-    return t
+    """A cache (heads, cells, head size) of random values (bench/flash_attn_decode.py's: a
+    quantised type's blocks random bytes under fp16 scales)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(ROOT / "bench"))   # its own imports: common, flash_attn
+        return load("bench", "flash_attn_decode").cache(device, shape, kv_type(cache), rng)
 
 
 def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
