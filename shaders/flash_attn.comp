@@ -33,10 +33,11 @@
 // the next tile's loads (the mask's as words) before this tile's arithmetic, so the round trip
 // overlaps it. LOADS_FIRST 4 holds one tile: the next tile's K loads go out once this tile's
 // scores are computed, its V loads once O is updated (no registers a tile ahead, and no copy of
-// them into this tile's each iteration; each load overlaps half a tile's arithmetic). LOADS_FIRST 3 loads a tile's K and V once a workgroup into shared memory as floats
-// (each thread a share of it, the next tile's share in flight while this one computes) and every
-// row group reads them there: with 2 each row group loaded the whole tile itself. The queries are loaded before the live
-// cells are read, in the same round trip.
+// them into this tile's each iteration; each load overlaps half a tile's arithmetic).
+// LOADS_FIRST 3 loads a tile's K and V once a workgroup into shared memory as floats (each
+// thread a share of it, the next tile's share in flight while this one computes) and every row
+// group reads them there: with 2 each row group loaded the whole tile itself. The queries are
+// loaded before the live cells are read, in the same round trip.
 //
 // With NORM_ROPE_IN (decode: one token) the prologue does norm_rope's work: the queries come as
 // projected and are normed and rotated into the Q tile; the K and V of the new cell are normed,
