@@ -1,9 +1,11 @@
 """What the bench scripts share: the settings read once from the environment, whether the run is
-Polaris-class (the llama.cpp peer then runs with the same restrictions), and models opened the
-way the CLI, the server and the Python API open them (vkrt.engine.options)."""
+Polaris-class (the llama.cpp peer then runs with the same restrictions), models opened the way
+the CLI, the server and the Python API open them (vkrt.engine.options), and the GPU brought to
+its working clock before a timing."""
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from vkrt.device import Arch, parse_arch, parse_tune
@@ -38,3 +40,17 @@ def opened(device, path: str, **options):
     finally:
         engine.close()
         model.close()
+
+
+# seconds of untimed runs before a timing: a GPU left idle (while pipelines compile, or between
+# short bursts) lowers its clocks, and short kernels timed straight away read up to 5x slow on an
+# H200 (bench/matmul.py) and 4-10x on an H100 (bench/flash_attn_decode.py's quantised rows)
+WARM_S = 2.0
+
+
+def warm_up(*runs, seconds: float = WARM_S) -> None:
+    """Call each of `runs` in turn (untimed) until `seconds` have passed."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for run in runs:
+            run()

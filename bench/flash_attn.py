@@ -22,6 +22,7 @@ import json
 import statistics
 
 import numpy as np
+from common import warm_up
 
 from vkrt.commands import CommandSequence, tensor_from_numpy
 from vkrt.device import Device
@@ -41,13 +42,14 @@ def causal_mask(n_q: int, n_kv: int) -> np.ndarray:
 
 def time_runs(dev, ops: list[FlashAttn], repeats: int) -> list[tuple[float, float]]:
     """(median GPU seconds of the whole op, median of its mask_opt pre-pass) for each op; the ops
-    run in turn, `repeats` rounds after a warm-up, so drifting clocks or load hit them alike."""
+    run in turn, `repeats` rounds after a warm-up (common.warm_up: the GPU at its working clock),
+    so drifting clocks or load hit them alike."""
     seqs = [CommandSequence(dev, timestamps=True, label=f"bench {fa.label}") for fa in ops]
     try:
         for fa, seq in zip(ops, seqs):
             with seq.record():
                 fa.record(seq)
-            seq.run()
+        warm_up(*(seq.run for seq in seqs))
         samples = [([], []) for _ in ops]
         for _ in range(repeats):
             for seq, (total, prepass) in zip(seqs, samples):

@@ -31,10 +31,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 import numpy as np
-from common import bench_settings
+from common import bench_settings, warm_up
 
 from vkrt.commands import CommandSequence, tensor_from_numpy, write_tensor
 from vkrt.device import Device
@@ -67,7 +66,6 @@ def random_weight(dev, name: str, k: int, m: int, e: int, rng) -> Tensor:
     return w
 
 
-WARM_S = 2.0   # seconds of replays before timing
 
 
 def timed(dev, record, reps: int) -> float:
@@ -75,11 +73,7 @@ def timed(dev, record, reps: int) -> float:
     with CommandSequence(dev, timestamps=True, label="bench") as seq:
         with seq.record():
             record(seq)
-        # warm-up: pipelines are compiled while recording, and a GPU left idle meanwhile lowers its
-        # clocks (short kernels timed straight away read up to 5x slow on an H200)
-        t_end = time.perf_counter() + WARM_S
-        while time.perf_counter() < t_end:
-            seq.run()
+        warm_up(seq.run)   # (pipelines are compiled while recording, the GPU idle meanwhile)
         times = []
         for _ in range(reps):
             seq.run()

@@ -66,7 +66,7 @@ import time
 import urllib.request
 
 import numpy as np
-from common import bench_settings, opened, polaris_class
+from common import bench_settings, opened, polaris_class, warm_up
 from llama_peer import POLARIS_ENV, LlamaServer, llama_server
 
 from vkrt.device import Device
@@ -204,9 +204,7 @@ def verify_costs(engine, depth: int, ks: list[int], reps: int, acceptance: float
     for step in steps.values():
         for _ in range(WARMUPS):
             step()
-    end = time.perf_counter() + WARM_SECONDS
-    while time.perf_counter() < end:
-        decode_once()
+    warm_up(decode_once, seconds=WARM_SECONDS)
     for p in parts.values():
         p.clear()
     times: dict[int, list[float]] = {k: [] for k in steps}
