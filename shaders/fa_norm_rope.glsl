@@ -307,21 +307,22 @@ void nr_prologue(NrLoads nl, uint row0, uint n_rows, uint hk, bool with_k, uint 
     memoryBarrierBuffer();
     barrier();
     // read back as stored: the tiles take the new cell's K and V from these
-    for (uint c4 = t; c4 < HSK4; c4 += WG) {
 #if K_Q
-        nk_sh[c4] = KVQ_LOAD4(nr_kc_w, K_Q, kc + 4u * c4);
+#define NR_K_STORED(e) KVQ_LOAD4(nr_kc_w, K_Q, e)
 #else
-        nk_sh[c4] = vec4(float(nr_kc[kc + 4u * c4]), float(nr_kc[kc + 4u * c4 + 1u]), float(nr_kc[kc + 4u * c4 + 2u]),
-                         float(nr_kc[kc + 4u * c4 + 3u]));
+#define NR_K_STORED(e) vec4(float(nr_kc[e]), float(nr_kc[(e) + 1u]), float(nr_kc[(e) + 2u]), float(nr_kc[(e) + 3u]))
 #endif
-    }
-    for (uint c4 = t; c4 < HSV4; c4 += WG) {
 #if V_Q
-        nv_sh[c4] = KVQ_LOAD4(nr_vc_w, V_Q, vc + 4u * c4);
+#define NR_V_STORED(e) KVQ_LOAD4(nr_vc_w, V_Q, e)
 #else
-        nv_sh[c4] = vec4(float(nr_vc[vc + 4u * c4]), float(nr_vc[vc + 4u * c4 + 1u]), float(nr_vc[vc + 4u * c4 + 2u]),
-                         float(nr_vc[vc + 4u * c4 + 3u]));
+#define NR_V_STORED(e) vec4(float(nr_vc[e]), float(nr_vc[(e) + 1u]), float(nr_vc[(e) + 2u]), float(nr_vc[(e) + 3u]))
 #endif
+    for (uint c4 = t; c4 < HSK4 + HSV4; c4 += WG) {
+        if (c4 < HSK4) {
+            nk_sh[c4] = NR_K_STORED(kc + 4u * c4);
+        } else {
+            nv_sh[c4 - HSK4] = NR_V_STORED(vc + 4u * (c4 - HSK4));
+        }
     }
     barrier();
 }

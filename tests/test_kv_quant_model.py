@@ -148,19 +148,28 @@ def _logits_and_dispatches(model, tokens, **kw):
         return np.concatenate(out), sum(s.dispatch_count for g in graphs for s in g.seqs), len(graphs)
 
 
+def _same_logits(model, device_env, seed: int, fusions: tuple, **kw):
+    """((dispatches under each VKRT_FUSE value of `fusions`), the graphs): random tokens' logits,
+    the same bits under each."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, model.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
+    runs = []
+    for fuse in fusions:
+        device_env("VKRT_FUSE", fuse)
+        runs.append(_logits_and_dispatches(model, tokens, **kw))
+    for logits, _, _ in runs[1:]:
+        np.testing.assert_array_equal(runs[0][0].view(np.uint32), logits.view(np.uint32))
+    return tuple(n for _, n, _ in runs), runs[0][2]
+
+
 @pytest.mark.parametrize("k,v,fewer", [("Q8_0", "Q8_0", 6), ("Q4_0", "F16", 4), ("F16", "Q4_0", 2)])
 def test_rotated_cache_stores_in_norm_rope_are_bit_identical(model64, device_env, k, v, fewer):
     """norm_rope rotates and quantises a cache's rows as it stores them (the queries rotated
     riding along, V's store in K's dispatch where both caches are one type): the logits of
     rope, hadamard and set_rows apart, `fewer` dispatches a layer with attention a graph (2 more
     with qwen35moe's q/k norms)."""
-    rng = np.random.default_rng(12)
-    tokens = rng.integers(1, model64.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
-    device_env("VKRT_FUSE", "all,-norm_rope")
-    apart, n_apart, graphs = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
-    device_env("VKRT_FUSE", "all,-fa_rope")
-    fused, n_fused, _ = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
-    np.testing.assert_array_equal(apart.view(np.uint32), fused.view(np.uint32))
+    (n_apart, n_fused), graphs = _same_logits(model64, device_env, 12, ("all,-norm_rope", "all,-fa_rope"),
+                                              kv_type=k, kv_type_v=v)
     per_layer = fewer + (2 if model64.cfg.arch == "qwen35moe" else 0)
     assert n_apart - n_fused == graphs * len(model64.cfg.kv_layers) * per_layer
 
@@ -168,15 +177,9 @@ def test_rotated_cache_stores_in_norm_rope_are_bit_identical(model64, device_env
 def test_rotated_queries_in_their_own_norm_rope(model64, device_env):
     """The queries' norm_rope apart from K's (qk_rope off) rotates them as K's rides: the bits of
     the kernels apart, one dispatch more a layer a graph than with them riding."""
-    rng = np.random.default_rng(13)
-    tokens = rng.integers(1, model64.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
-    device_env("VKRT_FUSE", "all,-norm_rope")
-    apart, _, _ = _logits_and_dispatches(model64, tokens, kv_type="Q8_0")
-    device_env("VKRT_FUSE", "all,-fa_rope,-qk_rope")
-    own, n_own, graphs = _logits_and_dispatches(model64, tokens, kv_type="Q8_0")
-    device_env("VKRT_FUSE", "all,-fa_rope")
-    _, n_riding, _ = _logits_and_dispatches(model64, tokens, kv_type="Q8_0")
-    np.testing.assert_array_equal(apart.view(np.uint32), own.view(np.uint32))
+    (_, n_own, n_riding), graphs = _same_logits(model64, device_env, 13,
+                                                ("all,-norm_rope", "all,-fa_rope,-qk_rope", "all,-fa_rope"),
+                                                kv_type="Q8_0")
     assert n_own - n_riding == graphs * len(model64.cfg.kv_layers)
 
 
@@ -185,12 +188,6 @@ def test_quantised_cache_stores_in_the_attention_prologue(model64, device_env, k
     """A decode step's attention rotates, quantises and stores the new cell of a quantised cache
     in its prologue (fa_rope): the logits of norm_rope's stores and the attention apart, one
     dispatch fewer a layer with attention in each one-token graph."""
-    rng = np.random.default_rng(14)
-    tokens = rng.integers(1, model64.cfg.vocab_size, N_PROMPT + N_DECODE).tolist()
-    device_env("VKRT_FUSE", "all,-fa_rope")
-    apart, n_apart, _ = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
-    device_env("VKRT_FUSE", "all")
-    fused, n_fused, _ = _logits_and_dispatches(model64, tokens, kv_type=k, kv_type_v=v)
-    np.testing.assert_array_equal(apart.view(np.uint32), fused.view(np.uint32))
+    (n_apart, n_fused), _ = _same_logits(model64, device_env, 14, ("all,-fa_rope", "all"), kv_type=k, kv_type_v=v)
     layers = len(model64.cfg.kv_layers)
     assert n_apart > n_fused and (n_apart - n_fused) % layers == 0
