@@ -275,19 +275,14 @@ void nr_prologue(NrLoads nl, uint row0, uint n_rows, uint hk, bool with_k, uint 
             const uint c = 32u * gb + j;
             x[j] = is_v ? nv_sh[c / 4u][c % 4u] : nk_sh[c / 4u][c % 4u];
         }
-        uint ow[KVQ_WORDS];
 #if K_Q
         if (!is_v) {
-            const uint b0 = kvq_block(K_Q, kc) + gb * kvq_bytes(K_Q);
-            KVQ_BLOCK_WORDS(K_Q, x, b0, ow)
-            KVQ_WRITE_WORDS(nr_kc_w, K_Q, ow, b0)
+            KVQ_STORE_BLOCK(nr_kc_w, K_Q, x, kvq_block(K_Q, kc) + gb * kvq_bytes(K_Q))
         }
 #endif
 #if V_Q
         if (is_v) {
-            const uint b0 = kvq_block(V_Q, vc) + gb * kvq_bytes(V_Q);
-            KVQ_BLOCK_WORDS(V_Q, x, b0, ow)
-            KVQ_WRITE_WORDS(nr_vc_w, V_Q, ow, b0)
+            KVQ_STORE_BLOCK(nr_vc_w, V_Q, x, kvq_block(V_Q, vc) + gb * kvq_bytes(V_Q))
         }
 #endif
     }

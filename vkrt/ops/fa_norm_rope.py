@@ -12,7 +12,7 @@ from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants
 from .binding import bind_tensor, bind_words, f32_binding
 from .hadamard import rotation_defines
-from .kv_quant import is_quantised
+from .kv_quant import is_quantised, kvq_words
 from .reduce import butterfly_subgroups, norm_wg, subgroup_defines
 from .rope import rope_flag_defines, rope_operands
 
@@ -77,8 +77,8 @@ def fa_norm_rope(dev, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cells:
     if v_rot:
         defines.update(rotation_defines("V_ROT", v_rot, "flash attention prologue"))
     quantised = [c for c in (k_cache, v_cache) if is_quantised(c)]
-    if quantised:   # the words a block's store covers: from the middle of a word to the end of its last
-        defines["KVQ_WORDS"] = max((c.type.type_size + 2 + 3) // 4 for c in quantised)
+    if quantised:
+        defines["KVQ_WORDS"] = kvq_words(*quantised)
     kr, ko, _ = f32_binding(k, "flash attention prologue k")
     vr, vo, _ = f32_binding(v, "flash attention prologue v")
     qwr = kwr = kr   # stand-ins where the bindings are unused
@@ -93,7 +93,8 @@ def fa_norm_rope(dev, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cells:
         defines.update(NR_WG=norm_wg(dev, D), NR_SG=sg, **subgroup_defines(dev))
     rr, ro = bind_tensor(cells, "flash attention prologue cells")
     kcr, vcr = ((bind_words(c, f"flash attention prologue {n} cache", dev) if is_quantised(c)
-                 else bind_tensor(c, f"flash attention prologue {n} cache"))[0] for c, n in ((k_cache, "k"), (v_cache, "v")))
+                 else bind_tensor(c, f"flash attention prologue {n} cache"))[0]
+                for c, n in ((k_cache, "k"), (v_cache, "v")))
     push = dict(pos_off=rope["pos_off"], ff_off=rope["ff_off"], rows_off=ro // 4, qw_off=qwo, kw_off=kwo,
                 ks_off=ko, vs_off=vo, eps=float(eps), theta_scale=rope["theta_scale"],
                 freq_scale=rope["freq_scale"], ext_factor=rope["ext_factor"], corr_low=rope["corr_low"],

@@ -38,6 +38,12 @@ def kvq_defines(t: Tensor) -> dict[str, int]:
     return {"KVQ_TYPE": KV_QUANT[t.type.name]}
 
 
+def kvq_words(*caches: Tensor) -> int:
+    """KVQ_WORDS: the words a store of one block of these quantised caches' types covers (a block
+    from the middle of a word to the end of its last)."""
+    return max((c.type.type_size + 2 + 3) // 4 for c in caches)
+
+
 def check_rows(t: Tensor, what: str) -> None:
     """A quantised cache's rows are whole blocks, contiguous, at even byte strides."""
     if t.ne[0] % t.type.block_size or t.nb[0] != t.type.type_size or any(nb % 2 for nb in t.nb[1:]):

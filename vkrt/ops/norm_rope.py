@@ -11,7 +11,7 @@ from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, bind_words, f32_binding
 from .grid import grid
 from .hadamard import rotation_defines
-from .kv_quant import check_rows, is_quantised, kvq_defines
+from .kv_quant import check_rows, is_quantised, kvq_defines, kvq_words
 from .reduce import norm_wg, reduce_defines
 from .rope import rope_defines, rope_flag_defines, rope_operands
 from .rows import same_shape
@@ -98,8 +98,7 @@ def norm_rope(seq, x: Tensor, positions: Tensor, out: Tensor, *, weight: Tensor 
         if out.type is F16:
             defines["DST_F16"] = 1
         if quantised:
-            words = (out.type.type_size + 2 + 3) // 4   # a block from the middle of a word, to the end of its last
-            defines.update(DST_Q=1, KVQ_WORDS=words, **kvq_defines(out))
+            defines.update(DST_Q=1, KVQ_WORDS=kvq_words(out), **kvq_defines(out))
         if store_v is not None:
             v, v_cache = store_v
             if not can_store_v(x, out, v, v_cache):

@@ -7,7 +7,7 @@ from ..memory import F16, F32, I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, bind_words, f32_binding
 from .grid import groups_for
-from .kv_quant import check_rows, is_quantised, kvq_defines
+from .kv_quant import check_rows, is_quantised, kvq_defines, kvq_words
 
 SET_ROWS_PUSH = PushConstants(("ne0", "u32"), ("n_head", "u32"), ("n_tokens", "u32"), ("s_off", "u32"),
                               ("s_s1", "u32"), ("s_s2", "u32"), ("idx_off", "u32"), ("d_off", "u32"),
@@ -52,8 +52,7 @@ def _set_rows_q(seq, src: Tensor, rows: Tensor, dst: Tensor) -> None:
     ir, io = bind_tensor(rows, "set_rows rows")
     dev = seq.device
     dr, do = bind_words(dst, "set_rows dst", dev)
-    words = (dst.type.type_size + 2 + 3) // 4   # a block from the middle of a word, to the end of its last
-    k = kernel(dev, "set_rows_q", defines=dict(KVQ_WORDS=words, **kvq_defines(dst)), push=SET_ROWS_PUSH,
+    k = kernel(dev, "set_rows_q", defines=dict(KVQ_WORDS=kvq_words(dst), **kvq_defines(dst)), push=SET_ROWS_PUSH,
                workgroup=(dev.tuning.wg_size,))
     n = ne0 // 32 * n_head * n_tokens
     seq.dispatch(k, [sr, ir, dr], push=dict(ne0=ne0, n_head=n_head, n_tokens=n_tokens, s_off=so, s_s1=ss[0],
