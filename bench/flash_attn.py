@@ -1,13 +1,14 @@
 """Flash-attention prefill with mask_opt on and off: GPU time (timestamps) and GFLOP/s.
 
     python bench/flash_attn.py [--ubatch 512,2048] [--depth 0,4096,16384,32768]
-                               [--heads 128:32:4,256:16:2] [--repeats 3] [--quick] [--json]
+                               [--heads 128:32:4,256:16:2] [--repeats 3] [--cold MIB] [--quick] [--json]
 
 A ubatch of `ubatch` queries after `depth` cached tokens attends causally to depth + ubatch keys
 (K, V f16, mask f16), as in llama.cpp's prefill. --heads lists head_size:n_head:n_head_kv
 (default: Qwen3-30B-A3B-like 128 and Qwen3.5-35B-A3B-like 256). Each shape runs with mask_opt
 forced off and on; times are medians of --repeats runs after a warm-up, and include the
-mask_opt pre-pass. GFLOP/s count every key, masked or not (2 * n_q * n_kv * (hsk + hsv) * n_head),
+mask_opt pre-pass (--cold: each run after an untimed write of that many MiB, so K and V come from
+memory, as between a model's layers). GFLOP/s count every key, masked or not (2 * n_q * n_kv * (hsk + hsv) * n_head),
 so mask_opt's skipped blocks show up as a higher rate. "rule" is what FlashAttn picks by itself
 on this device (VKRT_ARCH=gcn gives the GCN rule), and `gflops` the rate with that choice.
 Where the device runs prompt attention on cooperative matrices (tuning.fa_coopmat), the scalar
@@ -40,14 +41,20 @@ def causal_mask(n_q: int, n_kv: int) -> np.ndarray:
     return np.where(keys <= pos, np.float16(0), np.float16(-np.inf))[None, None]
 
 
-def time_runs(dev, ops: list[FlashAttn], repeats: int) -> list[tuple[float, float]]:
+def time_runs(dev, ops: list[FlashAttn], repeats: int, cold: int = 0) -> list[tuple[float, float]]:
     """(median GPU seconds of the whole op, median of its mask_opt pre-pass) for each op; the ops
     run in turn, `repeats` rounds after a warm-up (common.warm_up: the GPU at its working clock),
-    so drifting clocks or load hit them alike."""
+    so drifting clocks or load hit them alike. `cold` (MiB): each run first overwrites a buffer
+    that large (untimed), so the op reads its K and V from memory as a model's layer does, not
+    from a cache the last run left them in."""
+    flush = Tensor.empty(dev, F32, (cold << 18,)) if cold else None
     seqs = [CommandSequence(dev, timestamps=True, label=f"bench {fa.label}") for fa in ops]
     try:
         for fa, seq in zip(ops, seqs):
             with seq.record():
+                if flush is not None:
+                    seq.fill(flush.range(), label=FLUSH)
+                    seq.barrier()
                 fa.record(seq)
         warm_up(*(seq.run for seq in seqs))
         samples = [([], []) for _ in ops]
@@ -55,15 +62,21 @@ def time_runs(dev, ops: list[FlashAttn], repeats: int) -> list[tuple[float, floa
             for seq, (total, prepass) in zip(seqs, samples):
                 seq.run()
                 times = seq.gpu_times()
-                total.append(sum(t for _, t in times))
+                total.append(sum(t for label, t in times if label != FLUSH))
                 prepass.append(sum(t for label, t in times if label.endswith("mask_opt")))
         return [(statistics.median(total), statistics.median(prepass)) for total, prepass in samples]
     finally:
         for seq in seqs:
             seq.close()
+        if flush is not None:
+            flush.close()
 
 
-def measure(dev, ubatch: int, depth: int, hs: int, n_head: int, n_head_kv: int, repeats: int, rng) -> dict:
+FLUSH = "cache flush"
+
+
+def measure(dev, ubatch: int, depth: int, hs: int, n_head: int, n_head_kv: int, repeats: int, rng,
+            cold: int = 0) -> dict:
     n_kv = depth + ubatch
     q = rng.standard_normal((1, n_head, ubatch, hs), dtype=np.float32)
     k = rng.standard_normal((1, n_head_kv, n_kv, hs), dtype=np.float32).astype(np.float16)
@@ -81,7 +94,7 @@ def measure(dev, ubatch: int, depth: int, hs: int, n_head: int, n_head_kv: int, 
             outs.append(Tensor.empty(dev, F32, (hs, n_head, ubatch, 1)))
             ops.append(FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, work=work, coopmat=False,
                                  label="flash_attn scalar"))
-        times = time_runs(dev, ops, repeats)
+        times = time_runs(dev, ops, repeats, cold)
         (off_s, _), (on_s, prepass) = times[:2]
         scalar_s = times[2][0] if fa.coopmat else None
     finally:
@@ -105,6 +118,9 @@ def parse_args(ap, quick: dict, repeats: int):
     ap.add_argument("--repeats", type=int, default=repeats)
     ap.add_argument("--quick", action="store_true", help=f"lavapipe-sized: {quick}")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--cold", type=int, default=0, metavar="MIB",
+                    help="overwrite a buffer of MIB MiB before each timed run (untimed), so K and V come from "
+                         "memory as in a model, not from the GPU's cache (e.g. 256; default 0: off)")
     args = ap.parse_args()
     if args.quick:
         for key, value in quick.items():
@@ -123,7 +139,7 @@ def main() -> None:
     heads = args.heads
     rng = np.random.default_rng(0)
     with Device() as dev:
-        rows = [measure(dev, ub, depth, hs, nh, nkv, args.repeats, rng)
+        rows = [measure(dev, ub, depth, hs, nh, nkv, args.repeats, rng, args.cold)
                 for hs, nh, nkv in heads for ub in ubatches for depth in depths]
         result = dict(**dev.identity(), rows=rows)
     if args.json:

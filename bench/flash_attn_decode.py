@@ -5,12 +5,14 @@ cells read from a buffer, against one head a workgroup over the cells padded to 
     python bench/flash_attn_decode.py [--queries 1,16] [--depth 100,1000,4000,16000]
                                       [--heads 128:32:4,256:16:2] [--splits 1,2,4,8,16,32]
                                       [--kv f16,q8_0,...] [--repeats 5] [--set FIELD=VALUE ...]
-                                      [--quick] [--json]
+                                      [--cold MIB] [--quick] [--json]
 
 Each of `queries` query rows (one token of as many sequences) sees the first depth + 1 cells of
 a KV cache covering them rounded up to 256 (the rest masked), K/V of each --kv type (f16 as the
 engine's default; a quantised type's blocks random codes under random fp16 scales). Times
-are GPU medians (timestamps) of the attention (splits merged inside it), after a warm-up; `speedup`
+are GPU medians (timestamps) of the attention (splits merged inside it), after a warm-up (--cold:
+each run after an untimed write of that many MiB, so K and V come from memory as in a model's
+decode step rather than from the cache the last run left them in); `speedup`
 is the unpacked padded time over the packed one with the split FlashAttn picks by itself
 (VKRT_ARCH=gcn gives the GCN table); `speedup_vs_loads_where_used` is the packed kernel with
 each K, V and mask value loaded where it is used (tuning fa_loads_first=0) over the table's;
@@ -60,7 +62,7 @@ def cache(dev, shape: tuple, typ, rng) -> Tensor:
 
 
 def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, splits, repeats: int, rng,
-            kv=ggml_type("F16")) -> dict:
+            kv=ggml_type("F16"), cold: int = 0) -> dict:
     used = depth + 1
     n_kv = -(-used // KV_STEP) * KV_STEP
     q = rng.standard_normal((1, n_head, n_q, hs), dtype=np.float32)
@@ -89,7 +91,7 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
             if "prologue" in kw and op.prologue is None:
                 continue
             ops.append(op)
-        times = [t for t, _ in time_runs(dev, ops, repeats)]
+        times = [t for t, _ in time_runs(dev, ops, repeats, cold)]
         rows = [dict(variant=op.label, pack=op.pack, n_split=op.n_split, us=t * 1e6) for op, t in zip(ops, times)]
     finally:
         for x in (work, *tensors, *outs, *pro_tensors):
@@ -141,9 +143,9 @@ def main() -> None:
         raise SystemExit(f"flash_attn_decode: {exc}") from None
     rng = np.random.default_rng(0)
     with Device(settings=bench_settings(args.set)) as dev:
-        rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng, kv)
+        rows = [measure(dev, nq, depth, hs, nh, nkv, ints(args.splits), args.repeats, rng, kv, args.cold)
                 for kv in kv_types for hs, nh, nkv in heads for nq in ints(args.queries) for depth in ints(args.depth)]
-        result = dict(**dev.identity(), rows=rows)
+        result = dict(**dev.identity(), cold_mib=args.cold, rows=rows)
     if args.json:
         print(json.dumps(result))
         return

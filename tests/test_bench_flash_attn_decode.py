@@ -1,6 +1,7 @@
 """bench/flash_attn_decode.py on the test device: one query gets the decode attention with the
 fa_rope prologue timed beside the plain packed kernel (a quantised cache's stores rotated and
-quantised), several queries none (the prologue takes one token)."""
+quantised), several queries none (the prologue takes one token); --cold times each run after an untimed
+cache flush."""
 
 from __future__ import annotations
 
@@ -24,3 +25,16 @@ def test_one_query_times_the_prologue():
     assert abs(one["prologue_cost"] - one["us_with_prologue"] / one["us_packed"]) < 1e-9
     assert four["us_with_prologue"] is None and four["prologue_cost"] is None
     assert all(v["variant"] != "packed, norm_rope in its prologue" for r in rows.values() for v in r["variants"])
+
+
+def test_cold_runs_time_the_attention_alone():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--queries", "1", "--depth", "100", "--heads", "64:4:1",
+                           "--splits", "", "--kv", "f16", "--repeats", "1", "--cold", "4", "--json"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["cold_mib"] == 4
+    (row,) = result["rows"]
+    assert [v["variant"] for v in row["variants"]] == ["unpacked, padded", "packed, live cells",
+                                                        "packed, loads where used"]
+    assert all(v["us"] > 0 for v in row["variants"]) and row["us_with_prologue"] > 0
