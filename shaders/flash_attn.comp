@@ -31,12 +31,9 @@
 // and V loads together before it uses any of them: a tile costs one memory round trip, not
 // three one after another, and the same arithmetic runs on the same values. LOADS_FIRST 2 issues
 // the next tile's loads (the mask's as words) before this tile's arithmetic, so the round trip
-// overlaps it. LOADS_FIRST 4 holds one tile: the next tile's K loads go out once this tile's
-// scores are computed, its V loads once O is updated (no registers a tile ahead, and no copy of
-// them into this tile's each iteration; each load overlaps half a tile's arithmetic).
-// LOADS_FIRST 3 loads a tile's K and V once a workgroup into shared memory as floats (each
-// thread a share of it, the next tile's share in flight while this one computes) and every row
-// group reads them there: with 2 each row group loaded the whole tile itself. The queries are
+// overlaps it. LOADS_FIRST 3 loads a tile's K and V once a workgroup into shared memory as floats
+// (each thread a share of it, the next tile's share in flight while this one computes) and every
+// row group reads them there: with 2 each row group loaded the whole tile itself. The queries are
 // loaded before the live cells are read, in the same round trip.
 //
 // With NORM_ROPE_IN (decode: one token) the prologue does norm_rope's work: the queries come as
@@ -113,8 +110,8 @@ layout(binding = 2) readonly buffer V { uint v_w[]; };
 #endif
 #include "kv_quant.glsl"
 #endif
-#define K_SEG (K_Q && LOADS_FIRST > 0 && LOADS_FIRST != 3)
-#define V_SEG (V_Q && LOADS_FIRST > 0 && LOADS_FIRST != 3)
+#define K_SEG (K_Q && LOADS_FIRST > 0 && LOADS_FIRST < 3)
+#define V_SEG (V_Q && LOADS_FIRST > 0 && LOADS_FIRST < 3)
 #if K_SEG
 const uint KG = KD % 8u == 0u ? 8u : KD % 4u == 0u ? 4u : KD % 2u == 0u ? 2u : 1u;
 const uint KR = KD / KG, KSW = KVQ_SEG_WORDS(K_Q, KG);
@@ -314,21 +311,17 @@ float sink_factor(float m, inout float l, uint head) {
 #define MASK_WORD(j, r, c) m_u32[MASK_IDX(j, r, c) >> 1]
 #define MASK_OF(w, j, r, c) unpackHalf2x16(((w) >> ((MASK_IDX(j, r, c) & 1u) << 4)) & 0xFFFFu).x
 // a tile's K and V values as stored (LOADS_FIRST), and its mask values
-#define LOAD_K(j, kt)                                                                   \
+#define LOAD_KV(j, kt, vt)                                                              \
     FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                          \
-        const uint kr_ = K_ROW(k_base + min((j) * BC + c * COLS + col_tid, p.KV - 1u) * p.k_nb1); \
+        const uint col = min((j) * BC + c * COLS + col_tid, p.KV - 1u);                 \
+        const uint kr_ = K_ROW(k_base + col * p.k_nb1), vr_ = V_ROW(v_base + col * p.v_nb1); \
         FA_UNROLL for (uint k = 0; k < KR; ++k) {                                       \
             kt[k][c] = K_ROW_AT(kr_, k);                                                \
         }                                                                               \
-    }
-#define LOAD_V(j, vt)                                                                   \
-    FA_UNROLL for (uint c = 0; c < CPT; ++c) {                                          \
-        const uint vr_ = V_ROW(v_base + min((j) * BC + c * COLS + col_tid, p.KV - 1u) * p.v_nb1); \
         FA_UNROLL for (uint v = 0; v < VR; ++v) {                                       \
             vt[c][v] = V_ROW_AT(vr_, v);                                                \
         }                                                                               \
     }
-#define LOAD_KV(j, kt, vt) LOAD_K(j, kt) LOAD_V(j, vt)
 // this thread's share of tile j's K and V (cells clamped to the last, as LOAD_KV's), and its
 // store. A quantised cache's share is whole blocks (K's from the first thread up, V's from the
 // last down), held as the words loaded (kv_quant.glsl's segments of 8 chunks) and dequantised
@@ -409,10 +402,10 @@ struct VBlock { uint w[VBW]; uint e; };
 #define TILE_K_(k, c, col) unpack_k(K_ROW_AT(K_ROW(k_base + (col) * p.k_nb1), k))
 #define TILE_V_(c, v, col) unpack_v(V_ROW_AT(V_ROW(v_base + (col) * p.v_nb1), v))
 #endif
-// The new cell (nr_col) as the prologue stored it: a tile held a tile ahead (LOADS_FIRST 2, 4
+// The new cell (nr_col) as the prologue stored it: a tile held a tile ahead (LOADS_FIRST 2
 // outside the segments) or in shared memory (3) takes it once, in the tile holding it (NR_PATCH);
 // otherwise each value read is chosen
-#if NORM_ROPE_IN && (LOADS_FIRST == 3 || LOADS_FIRST >= 2 && !K_SEG && !V_SEG)
+#if NORM_ROPE_IN && (LOADS_FIRST == 3 || LOADS_FIRST == 2 && !K_SEG && !V_SEG)
 #define NR_PATCH 1
 #else
 #define NR_PATCH 0
@@ -424,14 +417,7 @@ struct VBlock { uint w[VBW]; uint e; };
 #define TILE_K(k, c, col) TILE_K_(k, c, col)
 #define TILE_V(c, v, col) TILE_V_(c, v, col)
 #endif
-// a tile skipped (mask_opt's, or a thread's all -inf): with LOADS_FIRST 4 the next tile's K and V
-// still go out (where this tile's would have been replaced as used)
-#if LOADS_FIRST == 4
-#define FA_SKIP_TILE { LOAD_KV(min(j + 1u, j_end - 1u), kt, vt) continue; }
-#else
-#define FA_SKIP_TILE continue;
-#endif
-#if NR_PATCH && LOADS_FIRST != 3
+#if NR_PATCH && LOADS_FIRST < 3
 // a value of the prologue's copy as the tile holds it (an F16 cache's values are halves already)
 #if K_F16
 K_RAW nr_raw_k(vec4 x) { return uvec2(packHalf2x16(x.xy), packHalf2x16(x.zw)); }
@@ -637,10 +623,6 @@ void main() {
     K_SHARE ksn[K_SHARES];
     V_SHARE vsn[V_SHARES];
 #define LOAD_NEXT_KV(j) LOAD_KV_SHARE(j, ksn, vsn)
-#elif LOADS_FIRST == 4
-    K_RAW kt[KR][CPT];   // (the first tile itself; the next one's K and V replace them as used)
-    V_RAW vt[CPT][VR];
-#define LOAD_NEXT_KV(j) LOAD_KV(j, kt, vt)
 #else
     K_RAW kn[KR][CPT];
     V_RAW vn[CPT][VR];
@@ -678,7 +660,7 @@ void main() {
             barrier();
         }
 #endif
-#elif LOADS_FIRST == 2
+#else
         K_RAW kt[KR][CPT] = kn;
         V_RAW vt[CPT][VR] = vn;
 #endif
@@ -686,15 +668,13 @@ void main() {
         uint mt[RPT][CPT] = mn;
         LOAD_MASK(min(j + 1u, j_end - 1u), mn);
 #endif
-#if LOADS_FIRST != 4
         LOAD_NEXT_KV(min(j + 1u, j_end - 1u));
-#endif
 #elif LOADS_FIRST
         K_RAW kt[KR][CPT];
         V_RAW vt[CPT][VR];
         LOAD_KV(j, kt, vt);
 #endif
-#if NR_PATCH && LOADS_FIRST != 3
+#if NR_PATCH && LOADS_FIRST < 3
         if (j == nr_j) {
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
                 if (j * BC + c * COLS + col_tid == nr_col) {
@@ -713,7 +693,7 @@ void main() {
         if (use_mask_opt) {
             code = (mo[mo_base + j / 16u] >> (2u * (j % 16u))) & 3u;
             if (code == FA_ALL_NEG_INF) {
-                FA_SKIP_TILE
+                continue;
             }
         }
 #endif
@@ -735,7 +715,7 @@ void main() {
                 }
             }
             if (!live) {
-                FA_SKIP_TILE
+                continue;
             }
         }
 #endif
@@ -758,9 +738,6 @@ void main() {
                 }
             }
         }
-#if LOADS_FIRST == 4
-        LOAD_K(min(j + 1u, j_end - 1u), kt);   // this tile's K is used: the next one's goes out
-#endif
         FA_UNROLL for (uint r = 0; r < RPT; ++r) {
             float mx = M[r];
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
@@ -811,9 +788,6 @@ void main() {
                 }
             }
         }
-#if LOADS_FIRST == 4
-        LOAD_V(min(j + 1u, j_end - 1u), vt);
-#endif
     }
 
     // merge the COLS column streams of each row: common max, their weights, summed L and O

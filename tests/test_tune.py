@@ -38,8 +38,8 @@ def test_every_value_form_parses():
     ("mv_rows_by_type=Q4K:2", "'Q4K' is not a GGUF weight type"),
     ("mv_rows_by_type=Q4_K", "TYPE:COUNT pairs"),
     ("mv_rows_by_type=Q4_K:0", "TYPE:COUNT pairs"),
-    ("fa_loads_first=5", "fa_loads_first takes 0 to 4 .the kernel.s LOADS_FIRST layouts., got 5"),
-    ("fa_loads_first_by_type=Q8_0:3+Q4_0:9", "fa_loads_first_by_type takes 0 to 4"),
+    ("fa_loads_first=4", "fa_loads_first takes 0 to 3 .the kernel's LOADS_FIRST layouts., got 4"),
+    ("fa_loads_first_by_type=Q8_0:3+Q4_0:9", "fa_loads_first_by_type takes 0 to 3"),
     ("mv_narrow_types=Q5_K+Q9_K", "'Q9_K' is not a GGUF weight type"),
 ])
 def test_bad_items_are_refused_by_name(text, says):

@@ -66,7 +66,7 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
         with FlashWork(device) as work, CommandSequence(device) as seq:
             tune = tuning(device, arch)
             if loads_first is not None:
-                tune = dataclasses.replace(tune, fa_loads_first=loads_first, fa_loads_first_by_type=())
+                tune = dataclasses.replace(tune, fa_loads_first=loads_first)
             pro = (fa_norm_rope(device, tq, tk, tv, tp, cells, kc, vc, eps=1e-6, rope_args=args, k_rot=k_rot,
                                 v_rot=v_rot, **weights)
                    if fused else None)
@@ -140,15 +140,6 @@ def test_rotated_quantised_cache(device, cache, hd, k_rot, v_rot, arch, split_k)
     plain = run(device, fused=False, cache=cache, hd=hd, arch=arch, split_k=split_k)
     if k_rot:
         assert not np.array_equal(apart[0], plain[0])   # the rotations took part
-
-
-@pytest.mark.parametrize("cache,cell,used,split_k", [("F16", 37, None, 3), ("F32", 0, None, 4), ("Q8_0", 63, None, 2)])
-def test_next_tile_loaded_around_this_one(device, cache, cell, used, split_k):
-    """fa_loads_first=4 (one tile held, the next one's K and V loaded as this one's are used) with
-    the prologue: the tile holding the new cell takes the prologue's copy (a quantised cache's
-    segments, each value chosen), the same bits."""
-    rot = dict(k_rot=64, v_rot=64) if cache == "Q8_0" else {}
-    same_bits(device, cache=cache, cell=cell, used=used, split_k=split_k, arch=Arch.AMD_GCN, loads_first=4, **rot)
 
 
 def test_with_mask_opt(device):

@@ -30,7 +30,7 @@ SET_ELSEWHERE = {"arch": "VKRT_ARCH", "mm_coopmat": "VKRT_COOPMAT", "fa_coopmat"
 DERIVED_FROM = {"fa_fill_groups": "fa_fill_per_cu", "mm_split_groups": "mm_split_fill_per_cu"}
 TYPE_PAIRS = ("fa_loads_first_by_type", "fa_pack_rows_by_type", "mv_rows_by_type", "mv_rows_one_column_by_type")
 # fields whose values (a pair's count) name one of a few kernel layouts: the largest each takes
-LARGEST = {"fa_loads_first": 4, "fa_loads_first_by_type": 4}
+LARGEST = {"fa_loads_first": 3, "fa_loads_first_by_type": 3}
 
 
 def _fields() -> dict[str, str]:

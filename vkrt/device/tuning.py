@@ -76,10 +76,7 @@ class Tuning:
     # once a row group: the RX 580's compiler gives it 60 VGPRs (4 waves) against 108 (2), but on
     # the H200 the two barriers a 16-cell tile cost more than the loads saved (GCN table, heads
     # 32/4 x 128 at depth 16000: 60.6 against 52.1 us; Qwen3-30B-A3B shape tg128@d16384 150.1
-    # against 169.6 t/s), so no table takes it; one to try on an RX 580 (flash_attn_decode.py --set).
-    # 4: one tile held, the next tile's K loads issued once this tile's scores are done and its V
-    # loads once O is updated: no copy of a tile ahead into this tile's registers each iteration
-    # (the RX 580's compiler spent 34 moves a tile on it at head 128 F16); not yet timed on a GPU
+    # against 169.6 t/s), so no table takes it; one to try on an RX 580 (flash_attn_decode.py --set)
     fa_loads_first: int = 2
     # (KV cache type name, LOADS_FIRST) for decode-sized calls whose K (else V) is of that type, in
     # place of fa_loads_first: 3 dequantises a quantised tile once a workgroup instead of once a

@@ -339,8 +339,7 @@ class FlashAttn:
         else V's, where it names one) for decode-sized calls (0 otherwise), 3 (the K/V tile in
         shared memory) taken down to 2 where the tile does not fit beside the rest of the
         kernel's shared memory, and 2 (a tile ahead) down to 1 where a thread's share of a tile
-        is past tuning.fa_ahead_max_bytes (4 holds one tile, its next one's loads split between
-        the tile's halves)."""
+        is past tuning.fa_ahead_max_bytes."""
         s, tile = self.shape, self.tile
         first = self._by_type("fa_loads_first", (k_type, v_type)) if self.decode_sized else 0
         if first == 3:
