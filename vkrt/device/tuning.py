@@ -358,8 +358,13 @@ TABLE: dict[Arch, Tuning] = {
                          # 16000: heads 32/4 x 128 62.9 -> 49.1 us, 16/2 x 256 95.7 -> 79.7. ACO, with V rotated
                          # back in the kernel: 76-84 (3) / 92-100 (2) VGPRs (waves) at head 64 / 128 against 60
                          # (4) / 68 (3) at one row, no spills; the RX 580's side is unmeasured
-                         # (flash_attn_decode.py --set fa_pack_rows_by_type=none). F16 keeps 1: 2 rows took 160
-                         # VGPRs (1 wave) at head 128 and 71.5 against 46.4 us at 256. Head 256 keeps 1
+                         # (flash_attn_decode.py --set fa_pack_rows_by_type=none). F16 keeps 1 (VKRT_TUNE=
+                         # fa_pack_rows=2 to try 2): H100, this table, heads 32/4 x 128, one query, depth 16000, K
+                         # and V from memory (--cold 256): 57.6 -> 53.3 us, 67.4 -> 56.9 with the fa_rope
+                         # prologue; Qwen3-30B-A3B shape tg128@d16384 153.8 -> 166.4 and 157.3 -> 172.6 t/s (two
+                         # calls, order swapped); but ACO takes head 128 without the prologue (several sequences'
+                         # decode, verify steps) to 160 VGPRs (1 wave; 128, 2 waves, with it) and head 64 to 84
+                         # (3 waves, against 64, 4), and no RX 580 has timed it. Head 256 keeps 1
                          # (fa_pack_o_regs: 32 floats of O a thread): 2 rows held 64, and ACO took q8_0 to 132
                          # VGPRs (1 wave; 76-84, 2 waves, at one row)
                          fa_pack_rows_by_type=(("Q8_0", 2), ("Q4_0", 2), ("Q4_1", 2), ("Q5_0", 2), ("Q5_1", 2),
