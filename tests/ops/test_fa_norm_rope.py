@@ -33,10 +33,11 @@ def past_cache(device, rng, cache: str, shape: tuple) -> Tensor:
 
 def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
         split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0, loads_first=None, mask_opt=None,
-        k_rot=0, v_rot=0):
+        k_rot=0, v_rot=0, tiles=None):
     """(attention output, K cache, V cache) after one token's norm_rope + attention, apart or
     with the prologue (fused); the caches start with the same random past. k_rot / v_rot: the
-    cache stored Walsh-Hadamard rotated (the queries with K, the output rotated back)."""
+    cache stored Walsh-Hadamard rotated (the queries with K, the output rotated back). `tiles`:
+    a list the attention's tile is appended to."""
     rng = np.random.default_rng(seed)
     q = (rng.standard_normal((1, n_head, 2 * hd if gated else hd)) * 2).astype(np.float32)
     k = (rng.standard_normal((1, n_kv_head, hd)) * 2).astype(np.float32)
@@ -77,6 +78,8 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
             assert mask_opt is None or fa.mask_opt == mask_opt
             why = fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
             assert (fa.prologue is not None) == fused, why
+            if tiles is not None:
+                tiles.append(fa.tile)
             with seq.record():
                 if not fused:
                     norm_rope(seq, tk, tp, kc, weight=weights["k_weight"], eps=1e-6, rows=cells, store_v=(tv, vc),
@@ -107,6 +110,19 @@ def test_same_bits_as_norm_rope_then_attention(device, cache, norm, arch):
     apart = same_bits(device, cache=cache, norm=norm, arch=arch)
     before = run(device, fused=False, cache=cache, norm=norm, arch=arch, cell=38)
     assert not np.array_equal(apart[1], before[1])   # the new cell's K was stored
+
+
+@pytest.mark.parametrize("cell,split_k", [(37, 3), (70, 2)])
+def test_prologue_rows_a_thread(device, cell, split_k):
+    """The GCN table's F16 head-128 decode takes 2 query rows a thread where it does norm_rope's
+    work (tuning.fa_prologue_pack_rows_by_head) and 1 apart: the same bits either way."""
+    tiles = []
+    kw = dict(cache="F16", hd=128, n_head=8, n_kv_head=1, cell=cell, split_k=split_k, n_kv=64 if cell < 64 else 72,
+              arch=Arch.AMD_GCN)
+    apart, fused = run(device, fused=False, tiles=tiles, **kw), run(device, fused=True, tiles=tiles, **kw)
+    assert [t.br // t.row_groups for t in tiles] == [1, 2]
+    for a, b in zip(apart, fused):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 @pytest.mark.parametrize("cell,used,split_k", [(37, None, 3), (0, None, 4), (63, None, 2), (40, 41, 4),

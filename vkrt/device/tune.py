@@ -5,8 +5,8 @@ for one run, so a kernel variant can be tried on a card without editing the tabl
 
 Items are FIELD=VALUE, split by commas or spaces. Numbers are whole and not negative; switches
 take 1/0 (on/off, true/false, yes/no); type lists join weight type names with '+' (`Q5_K+Q6_K`,
-`none` for an empty one), and the `*_by_type` fields pair each with a count (`Q4_K:2`); the
-LOADS_FIRST fields take 0 to 3.
+`none` for an empty one), and the `*_by_type` fields pair each with a count (`Q4_K:2`), the
+`*_by_head` ones a head size (`128:2`); the LOADS_FIRST fields take 0 to 3.
 The values are applied to the table's entry before the device limits it (tuning_for): a value
 the device cannot honour is an error naming the value it would get, never silently changed.
 """
@@ -29,6 +29,7 @@ SET_ELSEWHERE = {"arch": "VKRT_ARCH", "mm_coopmat": "VKRT_COOPMAT", "fa_coopmat"
 # (the field as written, which is what its 0 means)
 DERIVED_FROM = {"fa_fill_groups": "fa_fill_per_cu", "mm_split_groups": "mm_split_fill_per_cu"}
 TYPE_PAIRS = ("fa_loads_first_by_type", "fa_pack_rows_by_type", "mv_rows_by_type", "mv_rows_one_column_by_type")
+HEAD_PAIRS = ("fa_prologue_pack_rows_by_head",)   # (head size, count) pairs
 # fields whose values (a pair's count) name one of a few kernel layouts: the largest each takes
 LARGEST = {"fa_loads_first": 3, "fa_loads_first_by_type": 3}
 
@@ -41,6 +42,14 @@ def _type_name(source: str, item: str, name: str) -> str:
     if name not in gguf.GGMLQuantizationType.__members__:
         raise TuningOverrideError(f"{source}: {item!r}: {name!r} is not a GGUF weight type (e.g. Q4_K, Q6_K, IQ4_XS)")
     return name
+
+
+def _head_pair(source: str, item: str, field: str, pair: str) -> tuple[int, int]:
+    head, sep, count = pair.partition(":")
+    if not sep or not head.isdigit() or not count.isdigit() or int(count) < 1:
+        raise TuningOverrideError(f"{source}: {item!r}: {field} takes HEAD:COUNT pairs joined by '+' "
+                                  f"(e.g. 128:2), got {pair!r}")
+    return int(head), int(count)
 
 
 def _within(source: str, item: str, field: str, value: int) -> None:
@@ -61,6 +70,8 @@ def _value(source: str, item: str, field: str, kind: str, text: str):
         return int(text)
     if kind == "tuple":
         names = () if text.lower() in ("", "none") else tuple(text.split("+"))
+        if field in HEAD_PAIRS:
+            return tuple(_head_pair(source, item, field, pair) for pair in names)
         if field not in TYPE_PAIRS:
             return tuple(_type_name(source, item, n) for n in names)
         pairs = []

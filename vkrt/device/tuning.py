@@ -57,6 +57,9 @@ class Tuning:
     fa_pack_rows_by_type: tuple = ()
     # the accumulator floats a thread may hold in those packed rows (0: fa_o_regs)
     fa_pack_o_regs: int = 0
+    # (head size, rows a thread) pairs in place of those for an F16 or F32 cache's one-token decode
+    # doing norm_rope's work in its prologue (one sequence; several sequences keep the above)
+    fa_prologue_pack_rows_by_head: tuple = ()
     fa_decode_split_min_tiles: int = 2
     # ... and at run time each split takes at least this many of the live tiles (a short context in
     # a dispatch recorded for a longer one runs on fewer splits; one split merges nothing). H200,
@@ -358,17 +361,20 @@ TABLE: dict[Arch, Tuning] = {
                          # 16000: heads 32/4 x 128 62.9 -> 49.1 us, 16/2 x 256 95.7 -> 79.7. ACO, with V rotated
                          # back in the kernel: 76-84 (3) / 92-100 (2) VGPRs (waves) at head 64 / 128 against 60
                          # (4) / 68 (3) at one row, no spills; the RX 580's side is unmeasured
-                         # (flash_attn_decode.py --set fa_pack_rows_by_type=none). F16 keeps 1 (VKRT_TUNE=
-                         # fa_pack_rows=2 to try 2): H100, this table, heads 32/4 x 128, one query, depth 16000, K
-                         # and V from memory (--cold 256): 57.6 -> 53.3 us, 67.4 -> 56.9 with the fa_rope
-                         # prologue; Qwen3-30B-A3B shape tg128@d16384 153.8 -> 166.4 and 157.3 -> 172.6 t/s (two
-                         # calls, order swapped); but ACO takes head 128 without the prologue (several sequences'
-                         # decode, verify steps) to 160 VGPRs (1 wave; 128, 2 waves, with it) and head 64 to 84
-                         # (3 waves, against 64, 4), and no RX 580 has timed it. Head 256 keeps 1
+                         # (flash_attn_decode.py --set fa_pack_rows_by_type=none). Head 256 keeps 1
                          # (fa_pack_o_regs: 32 floats of O a thread): 2 rows held 64, and ACO took q8_0 to 132
                          # VGPRs (1 wave; 76-84, 2 waves, at one row)
                          fa_pack_rows_by_type=(("Q8_0", 2), ("Q4_0", 2), ("Q4_1", 2), ("Q5_0", 2), ("Q5_1", 2),
                                                ("IQ4_NL", 2)),
+                         # F16 at head 128 takes 2 rows where the attention does norm_rope's work (one
+                         # sequence's decode): H100, this table, heads 32/4 x 128, one query, depth 16000, K
+                         # and V from memory (flash_attn_decode.py --cold 256): 67.4 -> 56.9 us (57.6 -> 53.3
+                         # without the prologue); Qwen3-30B-A3B shape tg128@d16384 153.8 -> 166.4 and 157.3 ->
+                         # 172.6 t/s (two calls, order swapped; VKRT_TUNE=fa_pack_rows=2). ACO: 128 VGPRs (2
+                         # waves) against 116 (2). Not elsewhere: without the prologue (several sequences'
+                         # decode, verify steps) ACO took head 128 to 160 VGPRs (1 wave), and head 64 to 84
+                         # (3 waves, against 64, 4)
+                         fa_prologue_pack_rows_by_head=((128, 2),),
                          fa_pack_o_regs=32,
                          # mat-vec: ACO gives Q3_K/Q5_K/Q6_K 84-128 VGPRs at 4 rows (2-3 waves),
                          # 64 at 2 (4 waves; bench/gcn_shader_stats.py)

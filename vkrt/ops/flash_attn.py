@@ -207,16 +207,11 @@ class FlashAttn:
             raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
         self.quantised = is_quantised(k) or is_quantised(v)
         self._kv_types = (k.type, v.type)
-        self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
-        cm_tile = self.decide_coopmat(coopmat, split_k)
-        self.coopmat = cm_tile is not None
-        if self.coopmat:
-            self.tile = cm_tile
-        self.n_row_tiles = ceil_div(s.n_q * self.pack, self.tile.br)
-        self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
-        self.mask_opt = self.decide_mask_opt(mask, mask_opt)
-        self.n_split = self.decide_split(split_k)[0]
+        decide = (max_bias, gqa_pack, coopmat, split_k, mask, mask_opt)
+        self._decide(*decide, prologue=prologue is not None)
         usable = prologue is not None and self.prologue_blocker(prologue, k, v, max_bias) is None
+        if prologue is not None and not usable and self.prologue_rows:
+            self._decide(*decide, prologue=False)   # the rows a call without the prologue gets
         self.prologue = prologue if usable else None
         self._mask = None
         # another FlashAttn over the same mask and tile (an earlier layer) whose pre-pass result
@@ -228,6 +223,29 @@ class FlashAttn:
         self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
 
     # -- decisions ---------------------------------------------------------------------------
+    def _decide(self, max_bias, gqa_pack, coopmat, split_k, mask, mask_opt, prologue: bool) -> None:
+        """The packing, tile, kernel, mask_opt and split of this call (`prologue`: as one taking
+        norm_rope's work)."""
+        s = self.shape
+        self.prologue_rows = self._prologue_rows() if prologue else None
+        self.pack, self.tile = self.decide_pack(max_bias, gqa_pack)
+        cm_tile = self.decide_coopmat(coopmat, split_k)
+        self.coopmat = cm_tile is not None
+        if self.coopmat:
+            self.tile = cm_tile
+        self.n_row_tiles = ceil_div(s.n_q * self.pack, self.tile.br)
+        self.n_kv_tiles = ceil_div(s.n_kv, self.tile.bc)
+        self.mask_opt = self.decide_mask_opt(mask, mask_opt)
+        self.n_split = self.decide_split(split_k)[0]
+
+    def _prologue_rows(self) -> int | None:
+        """Rows a thread for an F16/F32 cache's one-token call with the prologue at this head size
+        (tuning.fa_prologue_pack_rows_by_head), None where the table names none."""
+        s = self.shape
+        if self.quantised or s.n_q != 1 or s.batch != 1:
+            return None
+        return dict(self.tuning.fa_prologue_pack_rows_by_head).get(s.hsv) if s.hsk == s.hsv else None
+
     def _can_share(self, other: "FlashAttn | None", mask) -> bool:
         return (other is not None and mask is not None and self.mask_opt and other.mask_opt
                 and other.tile.bc == self.tile.bc and other.mask_rows == self.mask_rows
@@ -247,8 +265,9 @@ class FlashAttn:
                "the mask has a plane per head" if s.nem2 > 1 else
                "ALiBi slopes differ per head" if max_bias > 0 else None)
         bc = tuning.fa_decode_bc if self.decode_sized else None
-        packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=self._by_type("fa_pack_rows"),
-                          bc=bc, o_regs=tuning.fa_pack_o_regs)
+        rows = self.prologue_rows or self._by_type("fa_pack_rows")
+        packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=rows, bc=bc,
+                          o_regs=tuning.fa_pack_o_regs)
                   if why is None else None)
         if why is None and packed is None:
             why = f"no tile of this device holds a multiple or a divisor of {s.gqa} rows"
