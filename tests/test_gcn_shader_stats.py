@@ -120,7 +120,7 @@ def test_gcn_shader_stats_on_null_polaris():
     # Q4_K's 16-byte loads over 4 weight rows a group took 84 VGPRs (3 waves): one column now takes
     # 2 (mv_rows_one_column_by_type), 64 VGPRs
     assert not below, below
-    # decode attention with its K/V tile in shared memory (fa_loads_first=3), with and without the
+    # decode attention with its K/V tile in shared memory (fa_loads_first=3, one row a thread), with and without the
     # prologue: 4 waves, where the tables' 2 (a tile ahead in registers) leave 2
     shared_kv = [r["statistics"] for r in rows if r["kernel"] == "flash_attn" and r["defines"].get("LOADS_FIRST") == 3]
     assert len(shared_kv) == 2 and all(s["Subgroups per SIMD"] >= 4 and s["Spilled VGPRs"] == 0 for s in shared_kv)
