@@ -19,7 +19,9 @@ each K, V and mask value loaded where it is used (tuning fa_loads_first=0) over 
 `us_with_prologue` (one query) the packed kernel doing norm_rope's work in its prologue as a
 decode step's attention does (VKRT_FUSE's fa_rope: the q/k norm, RoPE, and the new cell's K and V
 stored, rotated and quantised for a quantised cache; None where it is turned down) and
-`prologue_cost` that over the packed time. The sweep rows force the packed kernel's split count.
+`prologue_cost` that over the packed time; `us_without_flash` the attention without flash
+attention (`-fa 0`: QK^T, softmax, PV; F16/F32 caches) and `speedup_vs_without_flash` that over
+the packed time. The sweep rows force the packed kernel's split count.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from vkrt.errors import VkrtError
 from vkrt.memory import F32, Tensor, ggml_type
 from vkrt.ops.kv_quant import kv_type
 from vkrt.ops.fa_norm_rope import fa_norm_rope
+from vkrt.ops.attention import Attention
 from vkrt.ops.flash_attn import FlashAttn
 from vkrt.ops.flash_work import FlashWork
 from vkrt.ops.hadamard import k_rotation, v_rotation
@@ -82,7 +85,11 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
                            **rotations(kv, hs))
         if pro is not None:
             variants.append((PROLOGUE, dict(kv_used=tensors[4], prologue=pro, out_rot=rotations(kv, hs)["v_rot"])))
+    scores = Tensor.empty(dev, F32, (n_kv * n_q * n_head,))
     try:
+        outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
+        plain = (Attention(dev, *tensors[:3], outs[-1], tensors[3], scores=scores, scale=hs ** -0.5, label=NO_FLASH)
+                 if not kv.quantized else None)   # (it reads F16/F32 caches only)
         for name, kw in variants:
             outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
             op = FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, label=name, work=work, **kw)
@@ -91,10 +98,12 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
             if "prologue" in kw and op.prologue is None:
                 continue
             ops.append(op)
-        times = [t for t, _ in time_runs(dev, ops, repeats, cold)]
+        timed = ops + ([plain] if plain else [])
+        times = [t for t, _ in time_runs(dev, timed, repeats, cold)]
         rows = [dict(variant=op.label, pack=op.pack, n_split=op.n_split, us=t * 1e6) for op, t in zip(ops, times)]
+        without = times[-1] * 1e6 if plain else None
     finally:
-        for x in (work, *tensors, *outs, *pro_tensors):
+        for x in (work, scores, *tensors, *outs, *pro_tensors):
             x.close()
     with_prologue = next((r["us"] for r in rows if r["variant"] == PROLOGUE), None)
     rows = [r for r in rows if r["variant"] != PROLOGUE]
@@ -104,11 +113,13 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
                 us_unpacked=times[0] * 1e6, us_packed=times[1] * 1e6, speedup=times[0] / times[1],
                 us_loads_where_used=times[2] * 1e6, speedup_vs_loads_where_used=times[2] / times[1],
                 best_split=min(rows[3:], key=lambda r: r["us"])["n_split"] if rows[3:] else None,
-                us_with_prologue=with_prologue,
+                us_with_prologue=with_prologue, us_without_flash=without,
+                speedup_vs_without_flash=without / (times[1] * 1e6) if without else None,
                 prologue_cost=with_prologue / (times[1] * 1e6) if with_prologue else None, variants=rows)
 
 
 PROLOGUE = "packed, norm_rope in its prologue"
+NO_FLASH = "attention without flash (-fa 0)"
 
 
 def rotations(kv, hs: int) -> dict:
@@ -152,18 +163,20 @@ def main() -> None:
     tune = f", VKRT_TUNE {result['tune']!r}" if "tune" in result else ""
     print(f"flash attention decode on {result['device']} ({result['architecture']}{tune}), us per call")
     columns = ["K/V", "head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
-               "loads where used (speedup)", "with the fa_rope prologue (cost)", "packed split sweep (splits: us)"]
+               "loads where used (speedup)", "with the fa_rope prologue (cost)", "without flash (speedup)",
+               "packed split sweep (splits: us)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
     for r in rows:
         sweep = ", ".join(f"{v['n_split']}: {v['us']:.1f}" for v in r["variants"][3:])
         auto = r["variants"][1]["n_split"]
         pro = f"{r['us_with_prologue']:.1f} ({r['prologue_cost']:.2f}x)" if r["us_with_prologue"] else "–"
+        nf = f"{r['us_without_flash']:.1f} ({r['speedup_vs_without_flash']:.2f}x)" if r["us_without_flash"] else "–"
         print(f"| {r['kv']} | {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} "
               f"| {r['n_kv']} "
               f"| {r['us_unpacked']:.1f} | {r['us_packed']:.1f} (split {auto}) | {r['speedup']:.2f}x "
               f"| {r['us_loads_where_used']:.1f} ({r['speedup_vs_loads_where_used']:.2f}x) "
-              f"| {pro} | {sweep} |")
+              f"| {pro} | {nf} | {sweep} |")
 
 
 if __name__ == "__main__":

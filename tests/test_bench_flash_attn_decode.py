@@ -1,7 +1,7 @@
 """bench/flash_attn_decode.py on the test device: one query gets the decode attention with the
 fa_rope prologue timed beside the plain packed kernel (a quantised cache's stores rotated and
 quantised), several queries none (the prologue takes one token); --cold times each run after an untimed
-cache flush."""
+cache flush; an F16 cache's attention without flash is timed beside them."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def test_one_query_times_the_prologue():
     assert one["kv"] == "q8_0" and one["us_with_prologue"] > 0
     assert abs(one["prologue_cost"] - one["us_with_prologue"] / one["us_packed"]) < 1e-9
     assert four["us_with_prologue"] is None and four["prologue_cost"] is None
+    assert one["us_without_flash"] is None   # (a quantised cache has no attention without flash)
     assert all(v["variant"] != "packed, norm_rope in its prologue" for r in rows.values() for v in r["variants"])
 
 
@@ -38,3 +39,5 @@ def test_cold_runs_time_the_attention_alone():
     assert [v["variant"] for v in row["variants"]] == ["unpacked, padded", "packed, live cells",
                                                         "packed, loads where used"]
     assert all(v["us"] > 0 for v in row["variants"]) and row["us_with_prologue"] > 0
+    assert row["us_without_flash"] > 0
+    assert abs(row["speedup_vs_without_flash"] - row["us_without_flash"] / row["us_packed"]) < 1e-9

@@ -54,6 +54,30 @@ def test_matches_reference_and_flash(device, hsk, hsv, gqa, kv):
     assert nmse(got, flash) < TOL
 
 
+@pytest.mark.parametrize("n_q,hsv,gqa,kv,batch", [(1, 128, 4, np.float16, 1), (3, 80, 2, np.float32, 2),
+                                                   (15, 64, 1, np.float16, 1), (1, 40, 2, np.float16, 1)])
+def test_few_queries(device, n_q, hsv, gqa, kv, batch):
+    """Fewer queries than a tile (decode and verify steps) take attn_qk_vec (an invocation a key)
+    and attn_pv_vec (a workgroup a query's 32 dims with its keys over 32 lanes; a head of 80 or 40
+    leaves a part tile)."""
+    rng = np.random.default_rng(n_q + hsv)
+    q, k, v = make_qkv(rng, batch=batch, n_head=4, n_head_kv=4 // gqa, n_q=n_q, n_kv=203, hsk=hsv, hsv=hsv,
+                       kv_dtype=kv)
+    mask = random_mask(rng, n_q, 203)
+    ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
+    scores = scores_for(device, q, k)
+    try:
+        a = Attention(device, *ts[:3], Tensor.empty(device, F32, (hsv, 4, n_q, batch)), ts[3], scores=scores,
+                      scale=hsv ** -0.5)
+        assert a._vec
+    finally:
+        for t in (*ts, scores):
+            t.close()
+    got = run(device, Attention, q, k, v, mask)
+    ref = attention_reference(q, k, v, mask, scale=hsv ** -0.5)
+    assert np.isfinite(got).all() and nmse(got, ref) < TOL
+
+
 @pytest.mark.parametrize("kind", ["none", "window", "dead_rows"])
 def test_masks(device, kind):
     rng = np.random.default_rng(9)

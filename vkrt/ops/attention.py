@@ -1,7 +1,8 @@
 """Attention without flash (`-fa 0`, and the comparison for flash attention): three kernels,
 
     scores = Q K^T (attn_qk), P = masked softmax(scores) in place (soft_max: scale, softcap,
-    ALiBi, attention sinks), out = P V (attn_pv)
+    ALiBi, attention sinks), out = P V (attn_pv); attn_qk_vec and attn_pv_vec for fewer than 16
+    queries
 
 with the same shapes and semantics as FlashAttn (vkrt/ops/attn_shapes.py, flash_attn.py). The
 scores buffer holds n_kv x n_q x n_head x batch f32.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from ..memory import F16, F32, Tensor
 from ..pipeline import PushConstants, kernel
 from ..errors import UnsupportedShape
-from .attn_shapes import attn_shape, element_strides
+from .attn_shapes import MAX_HEAD, attn_shape, element_strides
 from .binding import bind_tensor
 from .grid import ceil_div
 from .softmax import soft_max
@@ -22,6 +23,8 @@ QK_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsk", "n_head", "gqa"
 PV_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsv", "n_head", "gqa", "v_off", "v_nb1", "v_nb2", "v_nb3",
                                                "o_off")))
 TILE = 16  # queries x keys (attn_qk) or queries x dims (attn_pv) per workgroup
+QK_VEC_KEYS = 64  # keys a workgroup of attn_qk_vec (fewer queries than a tile)
+PV_VEC_DIMS = 32  # dims a workgroup of attn_pv_vec
 
 
 class Attention:
@@ -52,11 +55,17 @@ class Attention:
         self._out, o_off = bind_tensor(out, f"{self.label} out", dev)
         self._s, _ = bind_tensor(self.scores, f"{self.label} scores", dev)
         q_nb, k_nb, v_nb = element_strides(q), element_strides(k), element_strides(v)
-        self._qk = kernel(dev, "attn_qk", push=QK_PUSH, defines=dict(K_F16=int(k.type == F16)))
+        # fewer queries than a tile (decode, verify): attn_qk_vec / attn_pv_vec. attn_qk's tiles
+        # would leave most query rows empty; attn_pv walks a deep cache 16 keys at a time in 8
+        # workgroups a head (head 128), where attn_pv_vec spreads a query's keys over 32 lanes
+        self._vec = s.n_q < TILE
+        self._qk = kernel(dev, "attn_qk_vec" if self._vec else "attn_qk", push=QK_PUSH,
+                          defines=dict(K_F16=int(k.type == F16), **(dict(MAX_HEAD=MAX_HEAD) if self._vec else {})))
         self._qk_push = dict(N=s.n_q, KV=s.n_kv, hsk=s.hsk, n_head=s.n_head, gqa=s.gqa, q_off=q_off // 4,
                              q_nb1=q_nb[0], q_nb2=q_nb[1], q_nb3=q_nb[2], k_off=k_off // k.type.type_size,
                              k_nb1=k_nb[0], k_nb2=k_nb[1], k_nb3=k_nb[2])
-        self._pv = kernel(dev, "attn_pv", push=PV_PUSH, defines=dict(V_F16=int(v.type == F16)))
+        self._pv = kernel(dev, "attn_pv_vec" if self._vec else "attn_pv", push=PV_PUSH,
+                          defines=dict(V_F16=int(v.type == F16)))
         self._pv_push = dict(N=s.n_q, KV=s.n_kv, hsv=s.hsv, n_head=s.n_head, gqa=s.gqa,
                              v_off=v_off // v.type.type_size, v_nb1=v_nb[0], v_nb2=v_nb[1], v_nb3=v_nb[2],
                              o_off=o_off // 4)
@@ -64,10 +73,14 @@ class Attention:
     def record(self, seq) -> None:
         s = self.shape
         heads = s.n_head * s.batch
-        seq.dispatch(self._qk, [self._q, self._k, self._s], push=self._qk_push,
-                     groups=(ceil_div(s.n_q, TILE), ceil_div(s.n_kv, TILE), heads), label=f"{self.label} QK^T")
+        qk_groups = ((s.n_q, ceil_div(s.n_kv, QK_VEC_KEYS), heads) if self._vec else
+                     (ceil_div(s.n_q, TILE), ceil_div(s.n_kv, TILE), heads))
+        seq.dispatch(self._qk, [self._q, self._k, self._s], push=self._qk_push, groups=qk_groups,
+                     label=f"{self.label} QK^T")
         soft_max(seq, self.scores, self.scores, self.mask, scale=self.scale, softcap=self.softcap,
                  max_bias=self.max_bias, sinks=self.sinks)
-        seq.dispatch(self._pv, [self._s, self._v, self._out], push=self._pv_push,
-                     groups=(ceil_div(s.n_q, TILE), ceil_div(s.hsv, TILE), heads), label=f"{self.label} PV")
+        groups = ((s.n_q, ceil_div(s.hsv, PV_VEC_DIMS), heads) if self._vec else
+                  (ceil_div(s.n_q, TILE), ceil_div(s.hsv, TILE), heads))
+        seq.dispatch(self._pv, [self._s, self._v, self._out], push=self._pv_push, groups=groups,
+                     label=f"{self.label} PV")
 
