@@ -8,21 +8,7 @@
 
 layout(local_size_x = 8, local_size_y = 8) in;
 
-layout(binding = 0) readonly buffer P { float prob[]; };
-#if V_F16
-layout(binding = 1) readonly buffer V { uint v_u32[]; };
-#define load_v(i) attn_half(v_u32, i)
-#else
-layout(binding = 1) readonly buffer V { float v_f32[]; };
-#define load_v(i) v_f32[i]
-#endif
-layout(binding = 2) writeonly buffer O { float o[]; };
-
-layout(push_constant) uniform Push {
-    uint N; uint KV; uint hsv; uint n_head;
-    uint gqa; uint v_off; uint v_nb1; uint v_nb2;
-    uint v_nb3; uint o_off;
-} p;
+#include "attn_pv_io.glsl"
 
 shared float ps[16][17];   // [query][key]
 shared float vs[16][17];   // [dim][key]
