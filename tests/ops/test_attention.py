@@ -57,7 +57,7 @@ def test_matches_reference_and_flash(device, hsk, hsv, gqa, kv):
 @pytest.mark.parametrize("n_q,hsv,gqa,kv,batch", [(1, 128, 4, np.float16, 1), (3, 80, 2, np.float32, 2),
                                                    (15, 64, 1, np.float16, 1), (1, 40, 2, np.float16, 1)])
 def test_few_queries(device, n_q, hsv, gqa, kv, batch):
-    """Fewer queries than a tile (decode and verify steps) take attn_qk_vec (an invocation a key)
+    """Fewer queries than a tile (decode and verify steps) take attn_qk_vec (8 lanes a key)
     and attn_pv_vec (a workgroup a query's 32 dims with its keys over 32 lanes; a head of 80 or 40
     leaves a part tile)."""
     rng = np.random.default_rng(n_q + hsv)

@@ -23,7 +23,7 @@ QK_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsk", "n_head", "gqa"
 PV_PUSH = PushConstants(*((n, "u32") for n in ("N", "KV", "hsv", "n_head", "gqa", "v_off", "v_nb1", "v_nb2", "v_nb3",
                                                "o_off")))
 TILE = 16  # queries x keys (attn_qk) or queries x dims (attn_pv) per workgroup
-QK_VEC_KEYS = 64  # keys a workgroup of attn_qk_vec (fewer queries than a tile)
+QK_VEC_KEYS = 32  # keys a workgroup of attn_qk_vec (fewer queries than a tile)
 PV_VEC_DIMS = 32  # dims a workgroup of attn_pv_vec
 
 
