@@ -8,9 +8,10 @@ A ubatch of `ubatch` queries after `depth` cached tokens attends causally to dep
 (default: Qwen3-30B-A3B-like 128 and Qwen3.5-35B-A3B-like 256). Each shape runs with mask_opt
 forced off and on; times are medians of --repeats runs after a warm-up, and include the
 mask_opt pre-pass (--cold: each run after an untimed write of that many MiB, so K and V come from
-memory, as between a model's layers). GFLOP/s count every key, masked or not (2 * n_q * n_kv * (hsk + hsv) * n_head),
-so mask_opt's skipped blocks show up as a higher rate. "rule" is what FlashAttn picks by itself
-on this device (VKRT_ARCH=gcn gives the GCN rule), and `gflops` the rate with that choice.
+memory, as between a model's layers). GFLOP/s count every key, masked or not
+(2 * n_q * n_kv * (hsk + hsv) * n_head), so mask_opt's skipped blocks show up as a higher rate.
+"rule" is what FlashAttn picks by itself on this device (VKRT_ARCH=gcn gives the GCN rule), and
+`gflops` the rate with that choice.
 Where the device runs prompt attention on cooperative matrices (tuning.fa_coopmat), the scalar
 fp32 kernel runs beside it (its own mask_opt rule): `speedup_vs_scalar`.
 --quick shrinks everything for lavapipe.
@@ -41,8 +42,9 @@ def causal_mask(n_q: int, n_kv: int) -> np.ndarray:
     return np.where(keys <= pos, np.float16(0), np.float16(-np.inf))[None, None]
 
 
-def time_runs(dev, ops: list[FlashAttn], repeats: int, cold: int = 0) -> list[tuple[float, float]]:
-    """(median GPU seconds of the whole op, median of its mask_opt pre-pass) for each op; the ops
+def time_runs(dev, ops: list, repeats: int, cold: int = 0) -> list[tuple[float, float]]:
+    """(median GPU seconds of the whole op, median of its mask_opt pre-pass) for each op (a
+    FlashAttn or an Attention: anything with `label` and `record(seq)`); the ops
     run in turn, `repeats` rounds after a warm-up (common.warm_up: the GPU at its working clock),
     so drifting clocks or load hit them alike. `cold` (MiB): each run first overwrites a buffer
     that large (untimed), so the op reads its K and V from memory as a model's layer does, not

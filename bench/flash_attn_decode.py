@@ -85,11 +85,12 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
                            **rotations(kv, hs))
         if pro is not None:
             variants.append((PROLOGUE, dict(kv_used=tensors[4], prologue=pro, out_rot=rotations(kv, hs)["v_rot"])))
-    scores = Tensor.empty(dev, F32, (n_kv * n_q * n_head,))
+    plain = None   # the attention without flash (it reads F16/F32 caches only)
+    scores = Tensor.empty(dev, F32, (n_kv * n_q * n_head,)) if not kv.quantized else None
     try:
-        outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
-        plain = (Attention(dev, *tensors[:3], outs[-1], tensors[3], scores=scores, scale=hs ** -0.5, label=NO_FLASH)
-                 if not kv.quantized else None)   # (it reads F16/F32 caches only)
+        if scores is not None:
+            outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
+            plain = Attention(dev, *tensors[:3], outs[-1], tensors[3], scores=scores, scale=hs ** -0.5, label=NO_FLASH)
         for name, kw in variants:
             outs.append(Tensor.empty(dev, F32, (hs, n_head, n_q, 1)))
             op = FlashAttn(dev, *tensors[:3], outs[-1], tensors[3], scale=hs ** -0.5, label=name, work=work, **kw)
@@ -104,7 +105,8 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
         without = times[-1] * 1e6 if plain else None
     finally:
         for x in (work, scores, *tensors, *outs, *pro_tensors):
-            x.close()
+            if x is not None:
+                x.close()
     with_prologue = next((r["us"] for r in rows if r["variant"] == PROLOGUE), None)
     rows = [r for r in rows if r["variant"] != PROLOGUE]
     times = [r["us"] / 1e6 for r in rows]
