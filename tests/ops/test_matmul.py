@@ -416,6 +416,33 @@ def test_rows_of_a_run_of_columns(device):
 
 
 
+@pytest.mark.parametrize("name,k", [("Q4_0", 512), ("Q4_K", 1024)])
+def test_fewer_lanes_for_many_rows(device, name, k):
+    """mv_lanes_threads: a dense mat-vec whose rows would keep enough invocations busy at fewer
+    lanes a row takes fewer (halved down to a subgroup, the workgroup with them), decided by the
+    matrix alone: a run of 3 columns gives each column's one-column bits, and both the reference's
+    sums; a matrix of few rows, mul_mat_id's entry and the rule off keep every lane."""
+    from vkrt.ops.mat_vec import mat_vec_shape
+    sg, typ, m = device.profile.subgroup_max, ggml_type(name), 70
+    tune = dataclasses.replace(device.tuning, mv_wg=4 * sg, mv_rows=4, mv_rows_multi=0, mv_fill_groups=1,
+                               mv_rows_by_type=(), mv_rows_one_column_by_type=(), mv_lanes_threads=18 * sg)
+    shape = lambda t, n, rows=m, entry="mul_mv": mat_vec_shape(device, typ, n, t, k=k, m=rows, entry=entry)[:2]
+    assert shape(tune, 1) == shape(tune, 3) == (sg, sg)   # 18 groups of 4 rows x sg lanes
+    assert shape(tune, 1, rows=m - 4) == (2 * sg, 2 * sg)   # 17 groups: 2 subgroups' lanes a row
+    assert shape(dataclasses.replace(tune, mv_lanes_threads=0), 1) == (4 * sg, 4 * sg)
+    assert shape(tune, 1, entry="mul_mv_id")[1] == 4 * sg
+    check(device, name, m, k, (1, 3), tuning=tune)
+    rng = np.random.default_rng(33)
+    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    try:
+        runs = run(device, w, x, m, tuning=tune)
+        ones = np.stack([run(device, w, x[i:i + 1], m, tuning=tune)[0] for i in range(3)])
+    finally:
+        w.close()
+    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+
+
 def test_rows_halved_until_the_grid_fills(device):
     """Short matrices take fewer rows a group (down to one) until the grid has mv_fill_groups
     workgroups; the grid's z extent (mul_mat_id's token-slot pairs) counts. Results unchanged."""

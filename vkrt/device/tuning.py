@@ -189,6 +189,12 @@ class Tuning:
     # workgroups in flight rather than x reused across more rows)
     mv_id_wg: int = 0
     mv_fill_groups: int = 256
+    # a dense mat-vec (mul_mv) of many rows takes fewer lanes a row (halved, down to a subgroup,
+    # the workgroup with them) while its grid keeps mv_lanes_threads invocations (rows / mv_rows x
+    # lanes; 0: never): a lane then dots more units of its row, and the lanes' sums (shuffles or
+    # subgroup adds of rows x columns values) are a smaller part of the work. Decided by the
+    # matrix alone, so one column and a run of several sum a row alike
+    mv_lanes_threads: int = 0
     mm_bm: int = 64
     mm_bn: int = 64
     mm_bk: int = 16
@@ -430,6 +436,12 @@ TABLE: dict[Arch, Tuning] = {
                         # attention 93.8 -> 53.1 ms (bench/decode_profile.py), 4588 -> 5132 t/s
                         mm_coopmat=True, mm_cm_bm=128, mm_cm_bn=256, mm_cm_wm=64, mm_cm_wn=64, fa_coopmat=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
+                        # H100, this table, Q4_0 2048x8192 (K x M), 1 / 2 / 4 / 8 columns (bench/matmul.py,
+                        # us): 128 lanes a row 11.8 / 13.8 / 23.8 / 46.8, 64 lanes 11.8 / 13.2 / 19.6 / 38.4,
+                        # 32 lanes 11.3 / 13.0 / 16.9 / 32.5 (65536 invocations). Fewer invocations lose:
+                        # 4096x2048 at 64 lanes (32768) 11.3 / 11.4 / 13.5 / 25.3 against 8.8 / 9.6 / 12.7 /
+                        # 24.4 at 128; 2048x512 at 64 5.5 / 6.3 / 7.5 / 14.6 against 4.9 / 5.4 / 6.2 / 12.1
+                        mv_lanes_threads=65536,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.

@@ -134,6 +134,17 @@ def wide_ok(typ, *byte_offsets: int) -> bool:
     return typ.name in MV_WIDE and all(b % 16 == 0 for b in byte_offsets)
 
 
+def fewer_lanes(device, typ, tuning, *, k: int, m: int, wg: int) -> int:
+    """The dense mat-vec's workgroup under tuning.mv_lanes_threads: `wg` (one row's lanes) halved
+    while it is whole subgroups, a row's lanes fill it, and m / mv_rows rows at half the lanes
+    still make that many invocations. Of the matrix alone: every column count gets the same."""
+    groups = ceil_div(m, tuning.mv_rows)
+    while (wg // 2 >= device.profile.subgroup_max and mat_vec_lanes(typ, k, wg) == wg
+           and groups * (wg // 2) >= tuning.mv_lanes_threads):
+        wg //= 2
+    return wg
+
+
 def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, entry: str = "mul_mv", gate_up: bool = False,
                   slots: int = 0, layers: int = 1) -> tuple[int, int, int]:
     """(invocations a workgroup, lanes a row, rows a group) of mat_vec_kernel's pipeline for these
@@ -144,6 +155,8 @@ def mat_vec_shape(device, typ, n: int, tuning, *, k: int, m: int, entry: str = "
     limit = device.profile.max_workgroup_invocations
     if wg & (wg - 1) or wg > limit:
         raise ConfigError(f"tuning mv_wg = {wg} must be a power of two within the device's workgroup limit")
+    if entry == "mul_mv" and tuning.mv_lanes_threads:
+        wg = fewer_lanes(device, typ, tuning, k=k, m=m, wg=wg)
     lanes = mat_vec_lanes(typ, k, wg)
     row_groups = wg // lanes   # groups of `rows` rows a workgroup (the fill rule below counts them)
     if entry == "mul_mv_id_sum" and slots_at_once(device.profile, lanes, wg):
