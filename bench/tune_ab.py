@@ -27,7 +27,8 @@ from common import bench_settings
 from vkrt.device import Device
 from vkrt.errors import VkrtError
 
-VARIANTS = ("fa_loads_first=3 fa_prologue_pack_rows_by_head=none", "fa_pack_rows=2", "mv_rows_one_column_by_type=Q2_K:2+Q3_K:1+Q4_K:2")
+VARIANTS = ("fa_loads_first=3 fa_prologue_pack_rows_by_head=none", "fa_pack_rows=2", "mv_rows_one_column_by_type=Q2_K:2+Q3_K:1+Q4_K:2",
+            "mv_lanes_threads=36864")
 
 
 def side(path: str, sets: list[str], reps: int, kv=("f16", "f16")) -> dict:
