@@ -10,8 +10,9 @@ llama-bench's -d); -ctk / -ctv give both sides the same K and V cache types (com
 cross product, a row each, as llama-bench), flash attention on.
 
 --synthetic writes random-weight models with the layer shapes and vocabulary sizes of
-SmolLM2-135M (llama, Q4_1), Gemma 3 270M (gemma3, Q5_0) and Llama-3-8B (llama8b, Q4_K), for
-machines without the real files. --rounds N runs both sides N times in turn (vkrt, llama.cpp,
+SmolLM2-135M (llama, Q4_1), Gemma 3 270M (gemma3, Q5_0) and Llama-3.1-8B (llama8b, Q4_K, its
+131072-token context: llama-server caps a slot at the training context), for machines without
+the real files. --rounds N runs both sides N times in turn (vkrt, llama.cpp,
 vkrt, ...) and reports each side's median over the rounds with its range: on a shared machine a
 side's figure can move several percent between minutes, and a single round puts all of one
 side's runs in one stretch of time.
@@ -41,9 +42,9 @@ SHAPES = {
     "gemma3": SyntheticSpec(arch="gemma3", n_layer=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048,
                             n_ctx=32768, weight_type="Q5_0", sliding_window=512, pad_vocab_to=262144,
                             random_blocks=True),
-    # Llama-3-8B's layer shapes and vocabulary in Q4_K: the dense model decode is measured on
+    # Llama-3.1-8B's layer shapes and vocabulary in Q4_K: the dense model decode is measured on
     "llama8b": SyntheticSpec(arch="llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
-                             n_ff=14336, n_ctx=8192, weight_type="Q4_K", pad_vocab_to=128256, random_blocks=True),
+                             n_ff=14336, n_ctx=131072, weight_type="Q4_K", pad_vocab_to=128256, random_blocks=True),
 }
 # (name, prompt tokens, generated tokens, -ub, depth: tokens in the context before the test)
 ALL_TESTS = (("pp512", 512, 0, 512, 0), ("pp2048", 2048, 0, 2048, 0), ("tg128", 0, 128, 512, 0),
