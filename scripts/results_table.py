@@ -16,7 +16,8 @@ the marker comments of README.md and docs/results/README.md; --check exits 1 whe
 llama-bench records (`vkrt bench -o json` and llama-bench's `-o json`: a list of records; vkrt's
 have build_commit "vkrt"). A row with a `match` -- {"model": the model file's name or peer.py's
 label, "test": "tg128", "pp2048", "tg128@d16384", ..., "device": a substring of the device name,
-"polaris_class": peer.py's flag} -- takes new figures where the files hold both vkrt's and the
+"polaris_class": peer.py's flag, optionally "kv": the K/V cache types, "q8_0/q8_0", f16/f16
+where unsaid} -- takes new figures where the files hold both vkrt's and the
 peer's for its model and test on such a device; its ratio, date and source are set anew and the
 tables rewritten. Other rows stay as they are (listed on stderr).
 """
@@ -112,20 +113,27 @@ def test_name(n_prompt: int, n_gen: int, n_depth: int) -> str:
     return name + (f"@d{n_depth}" if n_depth else "")
 
 
-def figures(docs: list) -> dict[tuple[str, str], dict]:
-    """(model, test) -> {"vkrt", "peer", "device", "polaris_class"} from peer.py and llama-bench JSON."""
-    out: dict[tuple[str, str], dict] = {}
+def kv_types(record: dict) -> str:
+    """A run's K and V cache types as a row's match names them ("q8_0/q8_0"; f16 where unsaid)."""
+    return f"{record.get('type_k') or 'f16'}/{record.get('type_v') or 'f16'}"
+
+
+def figures(docs: list) -> dict[tuple[str, str, str], dict]:
+    """(model, test, K/V types) -> {"vkrt", "peer", "device", "polaris_class"} from peer.py and
+    llama-bench JSON."""
+    out: dict[tuple[str, str, str], dict] = {}
     for doc in docs:
         if isinstance(doc, dict):   # bench/peer.py --json
             for row in doc["rows"]:
                 for test, value in row["vkrt"].items():
                     if isinstance(value, float) and test in row.get("llama.cpp", {}):
-                        out[(row["model"], test)] = dict(vkrt=value, peer=row["llama.cpp"][test],
-                                                         device=doc["device"], polaris_class=doc["polaris_class"])
+                        out[(row["model"], test, kv_types(row))] = dict(
+                            vkrt=value, peer=row["llama.cpp"][test], device=doc["device"],
+                            polaris_class=doc["polaris_class"])
         else:                       # llama-bench records: vkrt's and the peer's
             for rec in doc:
                 key = (os.path.basename(rec["model_filename"]), test_name(rec["n_prompt"], rec["n_gen"],
-                                                                          rec.get("n_depth", 0)))
+                                                                          rec.get("n_depth", 0)), kv_types(rec))
                 side = "vkrt" if rec.get("build_commit") == "vkrt" else "peer"
                 entry = out.setdefault(key, {})
                 entry[side] = rec["avg_ts"]
@@ -139,7 +147,7 @@ def update(rows: list[dict], docs: list, source: str, date: str) -> tuple[list[d
     found, new, kept = figures(docs), [], []
     for r in rows:
         m = r.get("match")
-        f = found.get((m["model"], m["test"])) if m else None
+        f = found.get((m["model"], m["test"], m.get("kv", "f16/f16"))) if m else None
         if (f is None or "vkrt" not in f or "peer" not in f or m["device"] not in f.get("device", "")
                 or f.get("polaris_class", m.get("polaris_class")) != m.get("polaris_class")):
             new.append(r)

@@ -86,6 +86,11 @@ def test_update_takes_peer_py_figures():
     assert rt.update(_rows(), [native], "docs/results/new.md", "2026-12-05")[0] == _rows()
     elsewhere = dict(peer, device="AMD Radeon RX 580")
     assert rt.update(_rows(), [elsewhere], "docs/results/new.md", "2026-12-05")[0] == _rows()
+    q8 = dict(peer, rows=[dict(peer["rows"][0], type_k="q8_0", type_v="q8_0")])
+    assert rt.update(_rows(), [q8], "docs/results/new.md", "2026-12-05")[0] == _rows(), "an f16 row takes f16 runs"
+    q8_row = [dict(_rows()[0], match=dict(_rows()[0]["match"], kv="q8_0/q8_0"))]
+    assert rt.update(q8_row, [q8], "docs/results/new.md", "2026-12-05")[0][0]["vkrt"] == 300.0
+    assert rt.update(q8_row, [peer], "docs/results/new.md", "2026-12-05")[0] == q8_row
 
 
 def test_update_takes_llama_bench_records():
