@@ -409,6 +409,21 @@ def test_decode_tiles_take_fa_decode_bc(device, gqa):
             check(got, q, k, v, mask)
 
 
+@pytest.mark.parametrize("gqa", [1, 4])
+def test_decode_tiles_take_fa_decode_cols(device, gqa):
+    """Decode-sized calls spread a workgroup over fa_decode_cols column lanes (at most a tile's
+    columns; the row groups are the rest of it), longer calls over fa_cols; both against the
+    reference."""
+    t = dataclasses.replace(device.tuning, fa_bc=32, fa_decode_bc=16, fa_cols=8, fa_decode_cols=32)
+    rng = np.random.default_rng(40 + gqa)
+    for n_q, cols in ((1, 16), (3, 16), (t.fa_pack_max_q + 1, 8)):
+        q, k, v = make_qkv(rng, n_head=4, n_head_kv=4 // gqa, n_q=n_q, n_kv=96, hsk=64)
+        mask = causal_mask(n_q, 96)
+        got, fa = flash(device, q, k, v, mask, tuning=t)
+        assert fa.tile.cols == cols and fa.tile.wg == max(1, t.fa_wg // (fa.tile.d_split * cols)) * fa.tile.d_split * cols
+        check(got, q, k, v, mask)
+
+
 @pytest.mark.parametrize("used,split_k", [(77, 1), (77, 3), (300, 2), (1, 1), (40, 8)])   # 40: 3 of 5 splits get no tile
 def test_kv_used_limits_the_cells(device, used, split_k):
     """kv_used ends the attention at the live cells: with the padding masked the result is the

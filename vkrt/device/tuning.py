@@ -70,6 +70,9 @@ class Tuning:
     # shorter tiles of a short context spread over more splits. H200, GCN tuning, tg128:
     # Qwen3-30B-A3B shape 248.6 t/s at 32, 260.9 at 16, 258.9 at 8; dense 8B 201.7 / 207.1 / 205.9
     fa_decode_bc: int = 16
+    # column lanes of those calls' workgroups (0: fa_cols; at most their tile's columns): the row
+    # groups a workgroup keeps for a step's few rows (a KV head's query heads) are the rest of it
+    fa_decode_cols: int = 0
     # decode-sized calls issue a tile's mask, K and V loads before using any (shaders/flash_attn.comp
     # LOADS_FIRST): one memory round trip a tile instead of three in a row; 2: the next tile's
     # too, while this one is computed; 0: each loaded where it is used. H200, GCN table, heads
@@ -454,6 +457,14 @@ TABLE: dict[Arch, Tuning] = {
                           # decode: splits only add merges (depth 600, 4 query heads: unsplit 11.6 ms,
                           # 4 splits 13.3 ms; bench/flash_attn_decode.py --quick)
                           fa_decode_split_min_tiles=64, fa_decode_bc=0,
+                          # decode: 32 column lanes, 2 row groups (the table's 8 row groups left most of
+                          # a one-sequence step's 2-4 rows idle). Depth 2000, one query, ms (two runs;
+                          # bench/flash_attn_decode.py): heads 9/3 x 64 29.2-30.9 -> 9.1-11.6, 8/1 x 64
+                          # 6.1-6.9 -> 3.7-4.0, 32/8 x 128 47.9-49.6 -> 28.6-28.8; SmolLM2 tg16@d1024
+                          # 1.21-1.25 -> 1.82-2.02 t/s. Four sequences: 9/3 29.5-31.6 -> 29.4-32.2, 8/1
+                          # 12.1-12.3 -> 15.9-17.1, 32/8 106.9-110.1 -> 114.4-116.5 (16 lanes: 19.2-19.6,
+                          # 15.1-19.0, 105.8-108.7 there, but 17.2-19.6 for 9/3's one sequence)
+                          fa_decode_cols=32,
                           # loads where they are used: a CPU gains nothing from loads in flight and
                           # spills the held tiles (heads 9/3 x 64, one query, depth 100 / 600:
                           # 2.2-2.6 / 8.3-8.9 ms, with the next tile's loads first 3.1-3.5 / 10.6-14.3)

@@ -71,20 +71,20 @@ class FATile:
 
 
 def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
-            max_rows: int | None = None, bc: int | None = None, o_regs: int | None = None) -> FATile | None:
+            max_rows: int | None = None, bc: int | None = None, o_regs: int | None = None,
+            cols: int | None = None) -> FATile | None:
     """The tile for these head sizes: d_split divides both head sizes in vec4s; rows per thread
     from the accumulator budget (tuning.fa_o_regs), no more than the query rows need or the
     shared memory (the Q tile) allows (and at most `max_rows`, default tuning.fa_max_rows). With
     `pack` heads packed into the rows, Br and pack must divide one another (None when no row
     count does). `bc`: KV columns a tile (default tuning.fa_bc); `o_regs`: the accumulator budget
-    (default tuning.fa_o_regs)."""
-    bc = bc or tuning.fa_bc
-    if bc % tuning.fa_cols:
-        raise ConfigError(f"tuning for {tuning.arch.value}: {bc} KV columns a tile is not a multiple of fa_cols "
-                          f"{tuning.fa_cols}")
+    (default tuning.fa_o_regs); `cols`: column lanes (default tuning.fa_cols)."""
+    bc, cols = bc or tuning.fa_bc, cols or tuning.fa_cols
+    if bc % cols:
+        raise ConfigError(f"tuning for {tuning.arch.value}: {bc} KV columns a tile is not a multiple of {cols} "
+                          "column lanes (fa_cols, fa_decode_cols)")
     lsb = (hsk | hsv) & -(hsk | hsv)
     ds = max(1, min(tuning.fa_d_split, lsb // 4))
-    cols = tuning.fa_cols
     rg = max(1, tuning.fa_wg // (ds * cols))
     rpt = max(1, min(max_rows or tuning.fa_max_rows, (o_regs or tuning.fa_o_regs) // (hsv // ds), ceil_div(n_q, rg)))
     tile = FATile(rg * rpt, bc, ds, cols, rg)
@@ -255,7 +255,8 @@ class FlashAttn:
     @property
     def decode_sized(self) -> bool:
         """At most tuning.fa_pack_max_q queries (a decode step of that many sequences): packed
-        where the shape allows, tiles of fa_decode_bc cells, split down to fa_decode_split_min_tiles."""
+        where the shape allows, tiles of fa_decode_bc cells over fa_decode_cols column lanes, split
+        down to fa_decode_split_min_tiles."""
         return self.shape.n_q <= self.tuning.fa_pack_max_q
 
     def decide_pack(self, max_bias: float, forced: bool | None = None) -> tuple[int, FATile]:
@@ -265,9 +266,10 @@ class FlashAttn:
                "the mask has a plane per head" if s.nem2 > 1 else
                "ALiBi slopes differ per head" if max_bias > 0 else None)
         bc = tuning.fa_decode_bc if self.decode_sized else None
+        cols = min(tuning.fa_decode_cols, bc or tuning.fa_bc) if self.decode_sized and tuning.fa_decode_cols else None
         rows = self.prologue_rows or self._by_type("fa_pack_rows")
         packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=rows, bc=bc,
-                          o_regs=tuning.fa_pack_o_regs)
+                          o_regs=tuning.fa_pack_o_regs, cols=cols)
                   if why is None else None)
         if why is None and packed is None:
             why = f"no tile of this device holds a multiple or a divisor of {s.gqa} rows"
@@ -277,7 +279,7 @@ class FlashAttn:
             forced = why is None and self.decode_sized
         if forced:
             return s.gqa, packed
-        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc)
+        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc, cols=cols)
 
     def decide_coopmat(self, forced: bool | None, split_k: int | None) -> FATile | None:
         """The cooperative-matrix kernel's tile where it runs this attention, else None; `forced`
