@@ -352,21 +352,26 @@ def test_unrolled_units_are_bit_identical(device, name):
     check(device, name, m, k, (1,), tuning=dataclasses.replace(device.tuning, mv_wg=8, mv_unroll=4))
 
 
+def assert_run_is_one_columns_bits(device, tune, seed, name="Q4_K", m=37, k=512, n=3):
+    """A mat-vec over n token columns (a Q4_K one of 3 unless told) gives each column's one-column bits."""
+    rng = np.random.default_rng(seed)
+    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    try:
+        runs = run(device, w, x, m, tuning=tune)
+        ones = np.stack([run(device, w, x[i:i + 1], m, tuning=tune)[0] for i in range(n)])
+    finally:
+        w.close()
+    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+
+
 @pytest.mark.parametrize("name,cols", [("Q4_K", 8), ("Q4_0", 8), ("F16", 8), ("Q4_K", 3), ("IQ2_XXS", 4), ("Q6_K", 4)])
 def test_column_runs_equal_single_columns(device, name, cols):
     """Past mv_max_n columns (at most mv_dense_max_n; up to mv_chunk_n) the mat-vec runs over
     runs of columns: each column's sums are the one-column kernel's, bit for bit."""
-    rng = np.random.default_rng(12)
-    m, k = 21, k_for(name)
-    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
-    x = rng.standard_normal((19, k)).astype(np.float32)
     tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_chunk_n=64, mv_dense_max_n=cols)
-    try:
-        runs = run(device, w, x, m, tuning=tune)
-        ones = np.stack([run(device, w, x[j:j + 1], m, tuning=tune)[0] for j in range(19)])
-    finally:
-        w.close()
-    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+    assert_run_is_one_columns_bits(device, tune, 12, name, 21, k_for(name), 19)
+
 
 def test_rows_by_type(device):
     """A type listed in tuning.mv_rows_by_type takes its own rows a group (GCN: Q6_K at 2)."""
@@ -375,19 +380,6 @@ def test_rows_by_type(device):
     assert mat_vec_variant(device, ggml_type("Q6_K"), 1, tune, k=256, m=37, xvec4=True)[0]["NR"] == 2
     assert mat_vec_variant(device, ggml_type("Q4_K"), 1, tune, k=256, m=37, xvec4=True)[0]["NR"] == 4
     check(device, "Q6_K", 37, 512, (1, 3), tuning=tune)
-
-
-def assert_run_is_one_columns_bits(device, tune, seed):
-    """A Q4_K mat-vec over a run of 3 token columns gives each column's one-column bits."""
-    rng = np.random.default_rng(seed)
-    w = weight_tensor(device, "Q4_K", random_blocks("Q4_K", 37, 512, rng, scale=0.5), (512, 37))
-    x = rng.standard_normal((3, 512)).astype(np.float32)
-    try:
-        runs = run(device, w, x, 37, tuning=tune)
-        ones = np.stack([run(device, w, x[i:i + 1], 37, tuning=tune)[0] for i in range(3)])
-    finally:
-        w.close()
-    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
 
 
 def test_rows_of_one_column_by_type(device):
@@ -432,15 +424,7 @@ def test_fewer_lanes_for_many_rows(device, name, k):
     assert shape(dataclasses.replace(tune, mv_lanes_threads=0), 1) == (4 * sg, 4 * sg)
     assert shape(tune, 1, entry="mul_mv_id")[1] == 4 * sg
     check(device, name, m, k, (1, 3), tuning=tune)
-    rng = np.random.default_rng(33)
-    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
-    x = rng.standard_normal((3, k)).astype(np.float32)
-    try:
-        runs = run(device, w, x, m, tuning=tune)
-        ones = np.stack([run(device, w, x[i:i + 1], m, tuning=tune)[0] for i in range(3)])
-    finally:
-        w.close()
-    np.testing.assert_array_equal(runs.view(np.uint32), ones.view(np.uint32))
+    assert_run_is_one_columns_bits(device, tune, 33, name, m, k)
 
 
 def test_rows_halved_until_the_grid_fills(device):
