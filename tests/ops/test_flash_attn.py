@@ -420,7 +420,8 @@ def test_decode_tiles_take_fa_decode_cols(device, gqa):
         q, k, v = make_qkv(rng, n_head=4, n_head_kv=4 // gqa, n_q=n_q, n_kv=96, hsk=64)
         mask = causal_mask(n_q, 96)
         got, fa = flash(device, q, k, v, mask, tuning=t)
-        assert fa.tile.cols == cols and fa.tile.wg == max(1, t.fa_wg // (fa.tile.d_split * cols)) * fa.tile.d_split * cols
+        ds = fa.tile.d_split
+        assert fa.tile.cols == cols and fa.tile.wg == max(1, t.fa_wg // (ds * cols)) * ds * cols
         check(got, q, k, v, mask)
 
 
