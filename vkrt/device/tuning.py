@@ -474,6 +474,12 @@ TABLE: dict[Arch, Tuning] = {
                           transpose_rows=2,
                           # mat-vec: a CPU's few threads need no more workgroups
                           mv_fill_groups=1,
+                          # ... and fewer, longer invocations: a dense mat-vec takes one subgroup (8 lanes)
+                          # a row while its rows keep 1024 invocations. SmolLM2 tg32 (vkrt bench, two
+                          # runs): 4.9-5.3 -> 9.2 t/s (at 4096 invocations 7.1-8.0; mv_wg=8 for every
+                          # mat-vec 9.4-10.0). bench/matmul.py Q4_1, 64 -> 8 lanes: 576x1536 1271 -> 788 us,
+                          # 1536x576 678 -> 855 (alone; the model's whole step gains)
+                          mv_lanes_threads=1024,
                           # grids filled from the grid buffer: IQ tests (test_iq_model, mul_mat_id) 9.4 -> 7.3 s
                           quant_tables_shared=True, quant_tables_buffer=True,
                           # short convolution, C = 8192: T = 2048 146 ms at 32 tokens, 176 at 16;
