@@ -1,19 +1,15 @@
 // The sum of v over a subgroup by a butterfly of shuffles: every lane ends with the same bits,
 // and the order of the adds depends on the subgroup size alone (subgroup.glsl's subgroups;
-// BUTTERFLY_SG: that size where the includer knows it, for a loop the compiler can unroll).
+// BUTTERFLY_SG: that size where the includer knows it, else the subgroup's, at most 128).
 #ifndef VKRT_BUTTERFLY_GLSL
 #define VKRT_BUTTERFLY_GLSL
 #include "common.glsl"
 #include "subgroup.glsl"
 float subgroup_butterfly(float v) {
 #ifdef BUTTERFLY_SG
-    [[unroll]] for (uint i = 0u; i < HALVINGS(BUTTERFLY_SG); ++i) {
-        v += sg_shuffle_xor(v, (BUTTERFLY_SG >> 1u) >> i);
-    }
+    XOR_SUM(v, BUTTERFLY_SG, sg_shuffle_xor)
 #else
-    for (uint o = SG_SIZE >> 1; o > 0u; o >>= 1) {
-        v += sg_shuffle_xor(v, o);
-    }
+    XOR_SUM(v, SG_SIZE, sg_shuffle_xor)
 #endif
     return v;
 }

@@ -19,9 +19,22 @@ spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [44
 
 // Steps of a butterfly over n lanes (n a power of two, at most 1024): log2(n). A loop
 // `for (uint i = 0u; i < HALVINGS(n); ++i)` over the offsets n >> (i + 1) is one the compilers
-// unroll (Mesa 22's NIR unrolls no loop whose counter is shifted, so `o >>= 1` stayed a loop on
-// the RX 580, its shuffles ds_bpermute with run-time offsets instead of DPP and swizzles).
+// unroll (Mesa 22's NIR unrolls no loop whose counter is shifted); a shuffle in it still takes
+// run-time offsets on the RX 580 (see XOR_SUM).
 #define HALVINGS(n) ((n) >= 1024u ? 10u : (n) >= 512u ? 9u : (n) >= 256u ? 8u : (n) >= 128u ? 7u : (n) >= 64u ? 6u \
                      : (n) >= 32u ? 5u : (n) >= 16u ? 4u : (n) >= 8u ? 3u : (n) >= 4u ? 2u : (n) >= 2u ? 1u : 0u)
+
+// v += SHUF(v, o) for the offsets o = n/2, n/4, ..., 1 (XOR_SUM) or 1, 2, ..., n/2 (XOR_SUM_UP) of a
+// butterfly over runs of n lanes (a power of two, at most 128), each offset a literal: Mesa 22's
+// RX 580 compiler picks a shuffle's instruction before it unrolls loops, and only a literal
+// offset becomes DPP (1, 2, 8) or a swizzle (4, 16) instead of ds_bpermute, an LDS round trip
+// with an address register. The same adds in the same order as the loops over HALVINGS(n).
+#define XOR_STEP_(v, n, SHUF, o) if ((n) > (o)) { v += SHUF(v, o); }
+#define XOR_SUM(v, n, SHUF) { \
+    XOR_STEP_(v, n, SHUF, 64u) XOR_STEP_(v, n, SHUF, 32u) XOR_STEP_(v, n, SHUF, 16u) \
+    XOR_STEP_(v, n, SHUF, 8u) XOR_STEP_(v, n, SHUF, 4u) XOR_STEP_(v, n, SHUF, 2u) XOR_STEP_(v, n, SHUF, 1u) }
+#define XOR_SUM_UP(v, n, SHUF) { \
+    XOR_STEP_(v, n, SHUF, 1u) XOR_STEP_(v, n, SHUF, 2u) XOR_STEP_(v, n, SHUF, 4u) XOR_STEP_(v, n, SHUF, 8u) \
+    XOR_STEP_(v, n, SHUF, 16u) XOR_STEP_(v, n, SHUF, 32u) XOR_STEP_(v, n, SHUF, 64u) }
 
 #endif

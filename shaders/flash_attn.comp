@@ -749,9 +749,7 @@ void main() {
                     s[r][c] += subgroupShuffleXor(s[r][c], w);
                 }
 #else
-                FA_UNROLL for (uint i = 0u; i < HALVINGS(DS); ++i) {
-                    s[r][c] += subgroupShuffleXor(s[r][c], (DS >> 1u) >> i);
-                }
+                XOR_SUM(s[r][c], DS, subgroupShuffleXor)
 #endif
 #endif
                 const uint col = j * BC + c * COLS + col_tid;

@@ -115,10 +115,8 @@ void main() {
             load_token(t + 1u, kh, h, row0, lane, q4, k4, v, al, be);
         }
 #if LANES > 1
-        [[unroll]] for (uint w = 1; w < LANES; w <<= 1) {
-            [[unroll]] for (uint i = 0; i < NRED; ++i) {
-                red[i] += sg_shuffle_xor(red[i], w);
-            }
+        [[unroll]] for (uint i = 0; i < NRED; ++i) {
+            XOR_SUM_UP(red[i], LANES, sg_shuffle_xor)
         }
 #endif
         const float nk = gdn_inv_norm(red[0], p.eps);

@@ -27,11 +27,9 @@ uint mv_flat() {
 
 void mv_reduce(uint flat_, inout precise float acc[NA]) {
 #if defined(REDUCE_CLUSTER)
-    [[unroll]] for (uint i = 0u; i < HALVINGS(TPR); ++i) {
-        [[unroll]] for (uint v = 0u; v < NA; v++) {
-            acc[v] += sg_shuffle_xor(acc[v], (TPR >> 1u) >> i);
-        }
-    }
+    // a level of the butterfly for every value, literal offsets (common.glsl's XOR_SUM)
+#define MV_XOR_LEVEL(o) if (TPR > (o)) { [[unroll]] for (uint v = 0u; v < NA; v++) { acc[v] += sg_shuffle_xor(acc[v], o); } }
+    MV_XOR_LEVEL(64u) MV_XOR_LEVEL(32u) MV_XOR_LEVEL(16u) MV_XOR_LEVEL(8u) MV_XOR_LEVEL(4u) MV_XOR_LEVEL(2u) MV_XOR_LEVEL(1u)
 #elif defined(REDUCE_SUBGROUP)
     [[unroll]] for (uint v = 0u; v < NA; v++) {
         const float sum = sg_add(acc[v]);

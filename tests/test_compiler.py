@@ -82,3 +82,45 @@ def test_cache_key_covers_includes(spirv_cache, tmp_path):
     second = compile_shader("inc_key", source=src, cache_dir=spirv_cache)
     assert CompileStats.misses == misses + 1
     assert first != second
+
+
+# shuffles whose offsets stay run-time values, and why (common.glsl's XOR_SUM says what literals buy)
+RUNTIME_OFFSETS = {
+    ("flash_attn.comp", "w"): "LOADS_FIRST 3 keeps a loop: unrolled, ACO reads the tile's V ahead (84 -> 128+ VGPRs)",
+    ("flash_attn_cm.comp", "w"): "cooperative-matrix devices only (no RX 580 runs it)",
+    ("subgroup.glsl", "o"): "sg_shuffle_xor itself: its callers pass the offsets",
+    ("mv_reduce.glsl", "o"): "MV_XOR_LEVEL, a macro spelled out with literals",
+}
+
+
+def _call_args(text: str, open_paren: int) -> list[str]:
+    """The comma-separated arguments of the call whose '(' is at text[open_paren]."""
+    depth, args, start = 0, [], open_paren + 1
+    for i in range(open_paren, len(text)):
+        if text[i] in "([":
+            depth += 1
+        elif text[i] in ")]":
+            depth -= 1
+            if depth == 0:
+                return [*args, text[start:i].strip()]
+        elif text[i] == "," and depth == 1:
+            args.append(text[start:i].strip())
+            start = i + 1
+    raise AssertionError(f"unbalanced call at {text[open_paren:open_paren + 40]!r}")
+
+
+def test_butterfly_shuffles_take_literal_offsets():
+    """Every xor shuffle in shaders/ has a literal offset (else it is listed above): Mesa 22's RX 580
+    compiler makes a run-time offset a ds_bpermute, a literal one DPP or a swizzle."""
+    import re
+    from pathlib import Path
+
+    call = re.compile(r"(?<!float )\b(?:subgroupShuffleXor|sg_shuffle_xor)\(")
+    found = set()
+    for path in sorted((Path(__file__).resolve().parents[1] / "shaders").glob("*.*")):
+        text = path.read_text()
+        for m in call.finditer(text):
+            offset = _call_args(text, m.end() - 1)[-1]
+            if not re.fullmatch(r"\d+u?", offset):
+                found.add((path.name, offset))
+    assert found == set(RUNTIME_OFFSETS), found ^ set(RUNTIME_OFFSETS)
