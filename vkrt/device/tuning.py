@@ -93,6 +93,10 @@ class Tuning:
     fa_ahead_max_bytes: int = 0
     # unroll the tile loops (registers for the accumulators; off where compile time is the cost)
     fa_unroll: bool = True
+    # the dot lanes sum a tile's scores by a reduce-scatter and all-gather (shaders/flash_attn.comp
+    # dot_sums: 14 shuffles for 8 scores over 8 lanes, not 24; the same bits) instead of a
+    # butterfly a score; not with LOADS_FIRST 3
+    fa_dot_scatter: bool = False
     # staging ring for uploads from pageable memory: segment bytes and segment count; a few
     # segments in flight keep the DMA engine busy while the host fills the next one
     staging_segment: int = 16 << 20
@@ -439,12 +443,10 @@ TABLE: dict[Arch, Tuning] = {
                         # attention 93.8 -> 53.1 ms (bench/decode_profile.py), 4588 -> 5132 t/s
                         mm_coopmat=True, mm_cm_bm=128, mm_cm_bn=256, mm_cm_wm=64, mm_cm_wn=64, fa_coopmat=True,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
-                        # H100, this table, Q4_0 2048x8192 (K x M), 1 / 2 / 4 / 8 columns (bench/matmul.py,
-                        # us): 128 lanes a row 11.8 / 13.8 / 23.8 / 46.8, 64 lanes 11.8 / 13.2 / 19.6 / 38.4,
-                        # 32 lanes 11.3 / 13.0 / 16.9 / 32.5 (65536 invocations). Fewer invocations lose:
-                        # 4096x2048 at 64 lanes (32768) 11.3 / 11.4 / 13.5 / 25.3 against 8.8 / 9.6 / 12.7 /
-                        # 24.4 at 128; 2048x512 at 64 5.5 / 6.3 / 7.5 / 14.6 against 4.9 / 5.4 / 6.2 / 12.1
-                        mv_lanes_threads=65536,
+                        # no mv_lanes_threads: fewer lanes a row (65536) won in bench/matmul.py (Q4_0
+                        # 2048x8192, 1 / 4 / 8 columns 11.8 / 23.8 / 46.8 -> 11.3 / 16.9 / 32.5 us) and on the
+                        # dense 8B (tg128 247.5 -> 254.1 t/s) but lost on the Qwen3.5-35B-A3B shape, the users'
+                        # model (tg128 274.4 -> 269.1, decode step 4.55 -> 4.73 ms; H100, tune_ab.py, 2 rounds)
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.
