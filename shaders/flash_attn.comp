@@ -47,7 +47,7 @@
 //
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, K_Q, V_Q, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
-// LOADS_FIRST, SPLIT_MIN, NORM_ROPE_IN (and fa_norm_rope.glsl's).
+// LOADS_FIRST, SPLIT_MIN, SCATTER (dot_sums), NORM_ROPE_IN (and fa_norm_rope.glsl's).
 #include "common.glsl"
 #include "attn_common.glsl"
 #if DS > 1
@@ -70,6 +70,9 @@
 #endif
 #ifndef OUT_ROT
 #define OUT_ROT 0
+#endif
+#ifndef SCATTER
+#define SCATTER 0
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -431,6 +434,58 @@ V_RAW nr_raw_v(vec4 x) { return x; }
 #endif
 #endif
 
+#if DS > 1 && SCATTER && LOADS_FIRST != 3
+// The DS dot lanes' sums of a thread's RPT x CPT partial scores, every lane ending with every sum:
+// a reduce-scatter (at each level, offsets o from DS / 2 down, a lane keeps half the H values it
+// still holds and adds its partner's copy of that half: H / 2 shuffles, not H; one value left, a
+// butterfly step) then an all-gather back up the halving levels. Each level adds the two lanes'
+// values of a sum as XOR_SUM does (a + b = b + a), so every sum has the butterfly's bits; a tile of
+// 8 scores over 8 lanes takes 14 shuffles instead of 24. Offsets are literals (common.glsl).
+const uint SC_N = RPT * CPT;
+const uint SC_H16 = SC_N;
+const uint SC_H8 = DS > 16u ? (SC_H16 > 1u ? SC_H16 / 2u : 1u) : SC_N;
+const uint SC_H4 = DS > 8u ? (SC_H8 > 1u ? SC_H8 / 2u : 1u) : SC_N;
+const uint SC_H2 = DS > 4u ? (SC_H4 > 1u ? SC_H4 / 2u : 1u) : SC_N;
+const uint SC_H1 = DS > 2u ? (SC_H2 > 1u ? SC_H2 / 2u : 1u) : SC_N;
+#define SC_DOWN(o, H)                                                                   \
+    if (DS > (o)) {                                                                     \
+        const bool hi = (d_tid & (o)) != 0u;                                            \
+        if ((H) > 1u) {                                                                 \
+            FA_UNROLL for (uint i = 0u; i < (H) / 2u; ++i) {                            \
+                const float keep = hi ? x[i + (H) / 2u] : x[i];                         \
+                const float send = hi ? x[i] : x[i + (H) / 2u];                         \
+                x[i] = keep + subgroupShuffleXor(send, o);                              \
+            }                                                                           \
+        } else {                                                                        \
+            x[0] += subgroupShuffleXor(x[0], o);                                        \
+        }                                                                               \
+    }
+#define SC_UP(o, H)                                                                     \
+    if (DS > (o) && (H) > 1u) {                                                         \
+        const bool hi = (d_tid & (o)) != 0u;                                            \
+        FA_UNROLL for (uint i = 0u; i < (H) / 2u; ++i) {                                \
+            const float mine = x[i];                                                    \
+            const float got = subgroupShuffleXor(mine, o);                              \
+            x[i] = hi ? got : mine;                                                     \
+            x[i + (H) / 2u] = hi ? mine : got;                                          \
+        }                                                                               \
+    }
+void dot_sums(inout float s[RPT][CPT], uint d_tid) {
+    float x[SC_N];
+    FA_UNROLL for (uint i = 0u; i < SC_N; ++i) {
+        x[i] = s[i / CPT][i % CPT];
+    }
+    SC_DOWN(16u, SC_H16) SC_DOWN(8u, SC_H8) SC_DOWN(4u, SC_H4) SC_DOWN(2u, SC_H2) SC_DOWN(1u, SC_H1)
+    SC_UP(1u, SC_H1) SC_UP(2u, SC_H2) SC_UP(4u, SC_H4) SC_UP(8u, SC_H8) SC_UP(16u, SC_H16)
+    FA_UNROLL for (uint i = 0u; i < SC_N; ++i) {
+        s[i / CPT][i % CPT] = x[i];
+    }
+}
+#define DOT_SUMS_AT_ONCE 1
+#else
+#define DOT_SUMS_AT_ONCE 0
+#endif
+
 #if OUT_ROT
 #define TILE_AT(f) tile[(f) >> 2][(f) & 3u]
 // The workgroup's output rows, normalised in `tile`, rotated back in runs of OUT_ROT
@@ -738,10 +793,13 @@ void main() {
                 }
             }
         }
+#if DOT_SUMS_AT_ONCE
+        dot_sums(s, d_tid);
+#endif
         FA_UNROLL for (uint r = 0; r < RPT; ++r) {
             float mx = M[r];
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-#if DS > 1
+#if DS > 1 && !DOT_SUMS_AT_ONCE
 #if LOADS_FIRST == 3
                 // a loop ACO keeps (Mesa 22): unrolled, it reads the tile's V from shared memory
                 // ahead, head 256's quantised kernel at 140 VGPRs (1 wave) against 84 (2)

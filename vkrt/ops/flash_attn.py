@@ -407,7 +407,7 @@ class FlashAttn:
             shader, workgroup = "flash_attn", (tile.wg,)
             defines = dict(HSK=s.hsk, HSV=s.hsv, BR=tile.br, BC=tile.bc, DS=tile.d_split, COLS=tile.cols,
                            RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack,
-                           LOADS_FIRST=self.loads_first(k.type, v.type),
+                           LOADS_FIRST=self.loads_first(k.type, v.type), SCATTER=int(self.tuning.fa_dot_scatter),
                            SPLIT_MIN=self.tuning.fa_decode_split_min_live if self.decode_sized else 1, **options)
         self._sinks, push["s_off"] = None, 0
         if sinks is not None:
