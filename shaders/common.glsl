@@ -24,6 +24,10 @@ spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [44
 #define HALVINGS(n) ((n) >= 1024u ? 10u : (n) >= 512u ? 9u : (n) >= 256u ? 8u : (n) >= 128u ? 7u : (n) >= 64u ? 6u \
                      : (n) >= 32u ? 5u : (n) >= 16u ? 4u : (n) >= 8u ? 3u : (n) >= 4u ? 2u : (n) >= 2u ? 1u : 0u)
 
+// the least power of two at least n (n at most 256)
+#define POW2_CEIL(n) ((n) <= 1u ? 1u : (n) <= 2u ? 2u : (n) <= 4u ? 4u : (n) <= 8u ? 8u : (n) <= 16u ? 16u \
+                      : (n) <= 32u ? 32u : (n) <= 64u ? 64u : (n) <= 128u ? 128u : 256u)
+
 // v += SHUF(v, o) for the offsets o = n/2, n/4, ..., 1 (XOR_SUM) or 1, 2, ..., n/2 (XOR_SUM_UP) of a
 // butterfly over runs of n lanes (a power of two, at most 128), each offset a literal: Mesa 22's
 // RX 580 compiler picks a shuffle's instruction before it unrolls loops, and only a literal

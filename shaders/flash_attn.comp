@@ -441,7 +441,7 @@ V_RAW nr_raw_v(vec4 x) { return x; }
 // butterfly step) then an all-gather back up the halving levels. Each level adds the two lanes'
 // values of a sum as XOR_SUM does (a + b = b + a), so every sum has the butterfly's bits; a tile of
 // 8 scores over 8 lanes takes 14 shuffles instead of 24. Offsets are literals (common.glsl).
-const uint SC_N = RPT * CPT;
+const uint SC_N = POW2_CEIL(RPT * CPT);   // padded with zeros (sums of their own)
 const uint SC_H16 = SC_N;
 const uint SC_H8 = DS > 16u ? (SC_H16 > 1u ? SC_H16 / 2u : 1u) : SC_N;
 const uint SC_H4 = DS > 8u ? (SC_H8 > 1u ? SC_H8 / 2u : 1u) : SC_N;
@@ -473,11 +473,11 @@ const uint SC_H1 = DS > 2u ? (SC_H2 > 1u ? SC_H2 / 2u : 1u) : SC_N;
 void dot_sums(inout float s[RPT][CPT], uint d_tid) {
     float x[SC_N];
     FA_UNROLL for (uint i = 0u; i < SC_N; ++i) {
-        x[i] = s[i / CPT][i % CPT];
+        x[i] = i < RPT * CPT ? s[min(i / CPT, RPT - 1u)][i % CPT] : 0.0;
     }
     SC_DOWN(16u, SC_H16) SC_DOWN(8u, SC_H8) SC_DOWN(4u, SC_H4) SC_DOWN(2u, SC_H2) SC_DOWN(1u, SC_H1)
     SC_UP(1u, SC_H1) SC_UP(2u, SC_H2) SC_UP(4u, SC_H4) SC_UP(8u, SC_H8) SC_UP(16u, SC_H16)
-    FA_UNROLL for (uint i = 0u; i < SC_N; ++i) {
+    FA_UNROLL for (uint i = 0u; i < RPT * CPT; ++i) {
         s[i / CPT][i % CPT] = x[i];
     }
 }

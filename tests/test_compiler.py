@@ -89,7 +89,8 @@ RUNTIME_OFFSETS = {
     ("flash_attn.comp", "w"): "LOADS_FIRST 3 keeps a loop: unrolled, ACO reads the tile's V ahead (84 -> 128+ VGPRs)",
     ("flash_attn_cm.comp", "w"): "cooperative-matrix devices only (no RX 580 runs it)",
     ("subgroup.glsl", "o"): "sg_shuffle_xor itself: its callers pass the offsets",
-    ("mv_reduce.glsl", "o"): "MV_XOR_LEVEL, a macro spelled out with literals",
+    ("mv_reduce.glsl", "o"): "MV_XOR_LEVEL and MV_SC_LEVEL, macros spelled out with literals",
+    ("flash_attn.comp", "o"): "SC_DOWN and SC_UP (dot_sums), macros spelled out with literals",
 }
 
 

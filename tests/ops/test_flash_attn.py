@@ -339,23 +339,27 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
 
 
 DOT_SCATTER_CASES = [
-    # (tuning, n_q, head size, dot lanes, loads first): scores a thread 1 (decode, NVIDIA), 2, 4, 8
-    (Arch.NVIDIA, 1, 128, 8, 2),
-    (Arch.AMD_GCN, 1, 256, 8, 2),
-    (Arch.AMD_GCN, 5, 64, 4, 1),
-    (Arch.AMD_GCN, 40, 128, 8, 0),
-    (Arch.NVIDIA, 24, 64, 2, 0),
+    # (tuning, n_q, head size, dot lanes, loads first, rows a thread at most): scores a thread 1
+    # (decode, NVIDIA), 2, 4, 8, and 12 (3 rows: padded to 16)
+    (Arch.NVIDIA, 1, 128, 8, 2, None),
+    (Arch.AMD_GCN, 1, 256, 8, 2, None),
+    (Arch.AMD_GCN, 5, 64, 4, 1, None),
+    (Arch.AMD_GCN, 40, 128, 8, 0, None),
+    (Arch.NVIDIA, 24, 64, 2, 0, None),
+    (Arch.AMD_GCN, 20, 64, 8, 0, 3),
 ]
 
 
-@pytest.mark.parametrize("arch,n_q,hs,ds,first", DOT_SCATTER_CASES)
-def test_dot_scatter_bit_identical(device, arch, n_q, hs, ds, first):
+@pytest.mark.parametrize("arch,n_q,hs,ds,first,rows", DOT_SCATTER_CASES)
+def test_dot_scatter_bit_identical(device, arch, n_q, hs, ds, first, rows):
     """tuning.fa_dot_scatter (a tile's scores summed over the dot lanes by a reduce-scatter and an
     all-gather) gives the butterfly's bits, whatever the scores a thread or the lanes."""
     rng = np.random.default_rng(n_q + hs + ds)
     q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=n_q, n_kv=300, hsk=hs)
     mask = causal_mask(n_q, 300, window=200)
     base = dataclasses.replace(tuning(device, arch), fa_d_split=ds, fa_loads_first=first, fa_ahead_max_bytes=0)
+    if rows:
+        base = dataclasses.replace(base, fa_max_rows=rows)
     if ds > device.profile.subgroup_min:
         pytest.skip(f"{ds} dot lanes need subgroups of {ds}")
     got = {}
@@ -363,6 +367,7 @@ def test_dot_scatter_bit_identical(device, arch, n_q, hs, ds, first):
         got[on], fa = flash(device, q, k, v, mask, tuning=dataclasses.replace(base, fa_dot_scatter=on))
         assert fa._attn.defines["SCATTER"] == on and fa._attn.defines["DS"] == ds
         assert fa._attn.defines["LOADS_FIRST"] == (first if fa.decode_sized else 0)
+        assert not rows or fa.tile.br == rows * fa.tile.row_groups
     check(got[True], q, k, v, mask)
     assert np.array_equal(_bits(got[True]), _bits(got[False]))
 

@@ -427,6 +427,25 @@ def test_fewer_lanes_for_many_rows(device, name, k):
     assert_run_is_one_columns_bits(device, tune, 33, name, m, k)
 
 
+@pytest.mark.parametrize("name,rows,cols", [("Q4_0", 4, 8), ("Q4_K", 1, 3), ("Q6_K", 2, 1), ("F16", 4, 4)])
+def test_sum_scatter(device, name, rows, cols):
+    """mv_sum_scatter: a dense mat-vec whose row's lanes are whole subgroups sums them by a
+    reduce-scatter: the reference's sums, every column's one-column bits in a run of columns (1 to
+    32 values a lane: halving levels, then butterfly steps), and only for mul_mv."""
+    from vkrt.ops.mat_vec import mat_vec_variant
+    sg, typ, k, m = device.profile.subgroup_max, ggml_type(name), 4 * k_for(name), 37
+    tune = dataclasses.replace(device.tuning, mv_wg=4 * sg, mv_rows=rows, mv_rows_multi=0, mv_fill_groups=1,
+                               mv_rows_by_type=(), mv_rows_one_column_by_type=(), mv_lanes_threads=0,
+                               mv_dense_max_n=cols, mv_max_n=max(cols, 2), mv_sum_scatter=True)
+    defines = mat_vec_variant(device, typ, cols, tune, k=k, m=m, xvec4=True)[0]
+    if "REDUCE_SUBGROUP" not in defines:
+        pytest.skip(f"{name} rows of {k} give {defines['TPR']} lanes, not whole subgroups")
+    assert defines["MV_SCATTER"] == sg and defines["NR"] == rows
+    assert "MV_SCATTER" not in mat_vec_variant(device, typ, 1, tune, k=k, m=m, xvec4=True, entry="mul_mv_id")[0]
+    check(device, name, m, k, (1, cols), tuning=tune)
+    assert_run_is_one_columns_bits(device, tune, 5, name, m, k, max(cols, 2))
+
+
 def test_rows_halved_until_the_grid_fills(device):
     """Short matrices take fewer rows a group (down to one) until the grid has mv_fill_groups
     workgroups; the grid's z extent (mul_mat_id's token-slot pairs) counts. Results unchanged."""

@@ -212,6 +212,8 @@ def mat_vec_variant(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool,
         defines["REDUCE_CLUSTER"] = 1
     elif reduce == "subgroup":
         defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
+        if entry == "mul_mv" and tuning.mv_sum_scatter and prof.subgroup_min == prof.subgroup_max:
+            defines["MV_SCATTER"] = prof.subgroup_min
     if tuning.float_bits:
         defines["QFLOAT_BITS"] = 1
     # unrolled where a lane's units are whole unrolled steps, or one step holds them all: a long
