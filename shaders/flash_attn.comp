@@ -442,32 +442,16 @@ V_RAW nr_raw_v(vec4 x) { return x; }
 // values of a sum as XOR_SUM does (a + b = b + a), so every sum has the butterfly's bits; a tile of
 // 8 scores over 8 lanes takes 14 shuffles instead of 24. Offsets are literals (common.glsl).
 const uint SC_N = POW2_CEIL(RPT * CPT);   // padded with zeros (sums of their own)
-const uint SC_H16 = SC_N;
-const uint SC_H8 = DS > 16u ? (SC_H16 > 1u ? SC_H16 / 2u : 1u) : SC_N;
-const uint SC_H4 = DS > 8u ? (SC_H8 > 1u ? SC_H8 / 2u : 1u) : SC_N;
-const uint SC_H2 = DS > 4u ? (SC_H4 > 1u ? SC_H4 / 2u : 1u) : SC_N;
-const uint SC_H1 = DS > 2u ? (SC_H2 > 1u ? SC_H2 / 2u : 1u) : SC_N;
-#define SC_DOWN(o, H)                                                                   \
-    if (DS > (o)) {                                                                     \
+#define SC_DOWN(o) if (DS > (o)) { SCATTER_LEVEL(x, SCATTER_HELD(SC_N, DS, o), o, (d_tid & (o)) != 0u, subgroupShuffleXor) }
+#define SC_UP(o)                                                                        \
+    if (DS > (o) && SCATTER_HELD(SC_N, DS, o) > 1u) {                                   \
+        const uint h_ = SCATTER_HELD(SC_N, DS, o) / 2u;                                 \
         const bool hi = (d_tid & (o)) != 0u;                                            \
-        if ((H) > 1u) {                                                                 \
-            FA_UNROLL for (uint i = 0u; i < (H) / 2u; ++i) {                            \
-                const float keep = hi ? x[i + (H) / 2u] : x[i];                         \
-                const float send = hi ? x[i] : x[i + (H) / 2u];                         \
-                x[i] = keep + subgroupShuffleXor(send, o);                              \
-            }                                                                           \
-        } else {                                                                        \
-            x[0] += subgroupShuffleXor(x[0], o);                                        \
-        }                                                                               \
-    }
-#define SC_UP(o, H)                                                                     \
-    if (DS > (o) && (H) > 1u) {                                                         \
-        const bool hi = (d_tid & (o)) != 0u;                                            \
-        FA_UNROLL for (uint i = 0u; i < (H) / 2u; ++i) {                                \
+        FA_UNROLL for (uint i = 0u; i < h_; ++i) {                                      \
             const float mine = x[i];                                                    \
             const float got = subgroupShuffleXor(mine, o);                              \
             x[i] = hi ? got : mine;                                                     \
-            x[i + (H) / 2u] = hi ? mine : got;                                          \
+            x[i + h_] = hi ? mine : got;                                                \
         }                                                                               \
     }
 void dot_sums(inout float s[RPT][CPT], uint d_tid) {
@@ -475,8 +459,8 @@ void dot_sums(inout float s[RPT][CPT], uint d_tid) {
     FA_UNROLL for (uint i = 0u; i < SC_N; ++i) {
         x[i] = i < RPT * CPT ? s[min(i / CPT, RPT - 1u)][i % CPT] : 0.0;
     }
-    SC_DOWN(16u, SC_H16) SC_DOWN(8u, SC_H8) SC_DOWN(4u, SC_H4) SC_DOWN(2u, SC_H2) SC_DOWN(1u, SC_H1)
-    SC_UP(1u, SC_H1) SC_UP(2u, SC_H2) SC_UP(4u, SC_H4) SC_UP(8u, SC_H8) SC_UP(16u, SC_H16)
+    SC_DOWN(16u) SC_DOWN(8u) SC_DOWN(4u) SC_DOWN(2u) SC_DOWN(1u)
+    SC_UP(1u) SC_UP(2u) SC_UP(4u) SC_UP(8u) SC_UP(16u)
     FA_UNROLL for (uint i = 0u; i < RPT * CPT; ++i) {
         s[i / CPT][i % CPT] = x[i];
     }

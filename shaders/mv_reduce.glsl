@@ -13,17 +13,8 @@
 #if defined(REDUCE_SUBGROUP)
 shared float red[RED_SG * NA];
 #ifdef MV_SCATTER
-// values a lane holds before the level of offset o (levels run for o < MV_SCATTER), and at the end
-#define MV_SC_HALF(h) ((h) > 1u ? (h) / 2u : 1u)
 const uint MV_SC_N = POW2_CEIL(NA);   // the values padded with zeros (sums of their own)
-const uint MV_SC_H64 = MV_SC_N;
-const uint MV_SC_H32 = MV_SCATTER > 64u ? MV_SC_HALF(MV_SC_H64) : MV_SC_N;
-const uint MV_SC_H16 = MV_SCATTER > 32u ? MV_SC_HALF(MV_SC_H32) : MV_SC_N;
-const uint MV_SC_H8 = MV_SCATTER > 16u ? MV_SC_HALF(MV_SC_H16) : MV_SC_N;
-const uint MV_SC_H4 = MV_SCATTER > 8u ? MV_SC_HALF(MV_SC_H8) : MV_SC_N;
-const uint MV_SC_H2 = MV_SCATTER > 4u ? MV_SC_HALF(MV_SC_H4) : MV_SC_N;
-const uint MV_SC_H1 = MV_SCATTER > 2u ? MV_SC_HALF(MV_SC_H2) : MV_SC_N;
-const uint MV_SC_LAST = MV_SCATTER > 1u ? MV_SC_HALF(MV_SC_H1) : MV_SC_N;
+const uint MV_SC_LAST = MV_SCATTER > 1u ? max(1u, MV_SC_N / MV_SCATTER) : MV_SC_N;   // held at the end
 #endif
 #elif !defined(REDUCE_CLUSTER)
 shared float red[WG * NA];
@@ -45,33 +36,22 @@ void mv_reduce(uint flat_, inout precise float acc[NA]) {
 #define MV_XOR_LEVEL(o) if (TPR > (o)) { [[unroll]] for (uint v = 0u; v < NA; v++) { acc[v] += sg_shuffle_xor(acc[v], o); } }
     MV_XOR_LEVEL(64u) MV_XOR_LEVEL(32u) MV_XOR_LEVEL(16u) MV_XOR_LEVEL(8u) MV_XOR_LEVEL(4u) MV_XOR_LEVEL(2u) MV_XOR_LEVEL(1u)
 #elif defined(REDUCE_SUBGROUP) && defined(MV_SCATTER)
-    // a reduce-scatter: at each level (offsets o from the subgroup's MV_SCATTER lanes / 2 down) a
-    // lane keeps half the values it still holds (the upper half where its bit o is set) and adds
-    // its partner's copy of that half, H / 2 shuffles where subgroupAdd's butterflies take H; one
-    // value left, a butterfly step. Each sum has the bits of a butterfly (XOR_SUM's order); a lane
-    // ends with MV_SC_LAST sums, positions base and on, and stores them (lanes holding the same
-    // sums store the same bits)
+    // a reduce-scatter over the subgroup's MV_SCATTER lanes (common.glsl's SCATTER_LEVEL, offsets
+    // from MV_SCATTER / 2 down), in place of subgroupAdd's butterfly a value: a lane ends with
+    // MV_SC_LAST sums, positions base and on, and stores them (lanes holding the same sums store
+    // the same bits)
     uint base = 0u;
     precise float x[MV_SC_N];
     [[unroll]] for (uint i = 0u; i < MV_SC_N; i++) {
         x[i] = i < NA ? acc[i] : 0.0;
     }
-#define MV_SC_LEVEL(o, H)                                                             \
-    if (MV_SCATTER > (o)) {                                                           \
-        const bool hi = (sg_lane() & (o)) != 0u;                                      \
-        if ((H) > 1u) {                                                               \
-            base += hi ? (H) / 2u : 0u;                                               \
-            [[unroll]] for (uint i = 0u; i < (H) / 2u; i++) {                         \
-                const float keep = hi ? x[i + (H) / 2u] : x[i];                       \
-                const float send = hi ? x[i] : x[i + (H) / 2u];                       \
-                x[i] = keep + sg_shuffle_xor(send, o);                                \
-            }                                                                         \
-        } else {                                                                      \
-            x[0] += sg_shuffle_xor(x[0], o);                                          \
-        }                                                                             \
+#define MV_SC_LEVEL(o)                                                                  \
+    if (MV_SCATTER > (o)) {                                                             \
+        const bool hi = (sg_lane() & (o)) != 0u;                                        \
+        base += hi && SCATTER_HELD(MV_SC_N, MV_SCATTER, o) > 1u ? SCATTER_HELD(MV_SC_N, MV_SCATTER, o) / 2u : 0u; \
+        SCATTER_LEVEL(x, SCATTER_HELD(MV_SC_N, MV_SCATTER, o), o, hi, sg_shuffle_xor)   \
     }
-    MV_SC_LEVEL(64u, MV_SC_H64) MV_SC_LEVEL(32u, MV_SC_H32) MV_SC_LEVEL(16u, MV_SC_H16)
-    MV_SC_LEVEL(8u, MV_SC_H8) MV_SC_LEVEL(4u, MV_SC_H4) MV_SC_LEVEL(2u, MV_SC_H2) MV_SC_LEVEL(1u, MV_SC_H1)
+    MV_SC_LEVEL(64u) MV_SC_LEVEL(32u) MV_SC_LEVEL(16u) MV_SC_LEVEL(8u) MV_SC_LEVEL(4u) MV_SC_LEVEL(2u) MV_SC_LEVEL(1u)
     [[unroll]] for (uint i = 0u; i < MV_SC_LAST; i++) {
         if (base + i < NA) {
             red[sg_id() * NA + base + i] = x[i];
