@@ -28,7 +28,7 @@ from vkrt.device import Device
 from vkrt.errors import VkrtError
 
 VARIANTS = ("fa_loads_first=3 fa_prologue_pack_rows_by_head=none", "fa_pack_rows=2", "mv_rows_one_column_by_type=Q2_K:2+Q3_K:1+Q4_K:2",
-            "mv_lanes_threads=36864")
+            "mv_lanes_threads=36864", "fa_dot_scatter=1")
 
 
 def side(path: str, sets: list[str], reps: int, kv=("f16", "f16")) -> dict:

@@ -452,6 +452,14 @@ TABLE: dict[Arch, Tuning] = {
                         # 2048x8192, 1 / 4 / 8 columns 11.8 / 23.8 / 46.8 -> 11.3 / 16.9 / 32.5 us) and on the
                         # dense 8B (tg128 247.5 -> 254.1 t/s) but lost on the Qwen3.5-35B-A3B shape, the users'
                         # model (tg128 274.4 -> 269.1, decode step 4.55 -> 4.73 ms; H100, tune_ab.py, 2 rounds)
+                        # a row's 4 subgroups summed by a reduce-scatter, not subgroupAdd (H100,
+                        # bench/speculative.py, Qwen3.5-35B-A3B shape in VRAM): decode step 4.57 -> 4.48 ms,
+                        # verify k = 2 / 4 / 8 5.36 / 7.24 / 10.86 -> 5.13 / 6.48 / 9.61 ms
+                        mv_sum_scatter=True,
+                        # decode attention's dot lanes by a reduce-scatter (H100, one query, 16000 cells
+                        # from memory, us, f16 / q8_0): head 128 60.7 -> 54.5 / 80.1 -> 76.5, head 256
+                        # 53.6 -> 50.1 / 77.8 -> 75.7; with norm_rope's work 69.9 -> 63.6 (head 128 f16)
+                        fa_dot_scatter=True,
                         fa_split_min_tiles=8),
     Arch.INTEL: Tuning(Arch.INTEL, subgroup=16, wg_size=128, reduce_wg=128),
     # lavapipe: a CPU; subgroup 8 (AVX2 lanes), small workgroups keep its threads busy.
