@@ -459,8 +459,8 @@ void dot_sums(inout float s[RPT][CPT], uint d_tid) {
     FA_UNROLL for (uint i = 0u; i < SC_N; ++i) {
         x[i] = i < RPT * CPT ? s[min(i / CPT, RPT - 1u)][i % CPT] : 0.0;
     }
-    SC_DOWN(16u) SC_DOWN(8u) SC_DOWN(4u) SC_DOWN(2u) SC_DOWN(1u)
-    SC_UP(1u) SC_UP(2u) SC_UP(4u) SC_UP(8u) SC_UP(16u)
+    SC_DOWN(64u) SC_DOWN(32u) SC_DOWN(16u) SC_DOWN(8u) SC_DOWN(4u) SC_DOWN(2u) SC_DOWN(1u)
+    SC_UP(1u) SC_UP(2u) SC_UP(4u) SC_UP(8u) SC_UP(16u) SC_UP(32u) SC_UP(64u)
     FA_UNROLL for (uint i = 0u; i < RPT * CPT; ++i) {
         s[i / CPT][i % CPT] = x[i];
     }
