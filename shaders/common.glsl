@@ -38,22 +38,27 @@ spirv_execution_mode(extensions = ["SPV_KHR_float_controls"], capabilities = [44
     XOR_STEP_(v, n, SHUF, 64u) XOR_STEP_(v, n, SHUF, 32u) XOR_STEP_(v, n, SHUF, 16u) \
     XOR_STEP_(v, n, SHUF, 8u) XOR_STEP_(v, n, SHUF, 4u) XOR_STEP_(v, n, SHUF, 2u) XOR_STEP_(v, n, SHUF, 1u) }
 // A reduce-scatter's level of offset o over the H values x[0, H) a lane holds (H a power of two;
-// hi: the lane's bit o): with H > 1 the lane keeps the half hi picks (the upper where set) in
+// hi: the lane's bit o): with H > M the lane keeps the half hi picks (the upper where set) in
 // x[0, H / 2) and adds its partner's copy of that half (H / 2 shuffles where a butterfly a value
-// takes H); with one value, a butterfly step. Each sum is a + b of the two lanes' values XOR_SUM's
-// level o adds, so the sums keep XOR_SUM's bits. SCATTER_HELD(N, n, o): the values a lane holds
-// before level o of a scatter over n lanes that started with N (levels run for o from n / 2 down).
-#define SCATTER_LEVEL(x, H, o, hi, SHUF)                                                \
-    if ((H) > 1u) {                                                                     \
+// takes H); with M values left, a butterfly step on each. Each sum is a + b of the two lanes'
+// values XOR_SUM's level o adds, so the sums keep XOR_SUM's bits. SCATTER_HELD(N, n, o): the
+// values a lane holds before level o of a scatter over n lanes that started with N (levels run
+// for o from n / 2 down); the _MIN forms stop halving at M values a lane (a power of two <= N).
+#define SCATTER_LEVEL_MIN(x, H, M, o, hi, SHUF)                                         \
+    if ((H) > (M)) {                                                                    \
         [[unroll]] for (uint i_ = 0u; i_ < (H) / 2u; ++i_) {                            \
             const float keep_ = (hi) ? x[i_ + (H) / 2u] : x[i_];                        \
             const float send_ = (hi) ? x[i_] : x[i_ + (H) / 2u];                        \
             x[i_] = keep_ + SHUF(send_, o);                                             \
         }                                                                               \
     } else {                                                                            \
-        x[0] += SHUF(x[0], o);                                                          \
+        [[unroll]] for (uint i_ = 0u; i_ < (H); ++i_) {                                 \
+            x[i_] += SHUF(x[i_], o);                                                    \
+        }                                                                               \
     }
-#define SCATTER_HELD(N, n, o) ((o) < (n) ? max(1u, (N) >> (HALVINGS(n) - HALVINGS(o) - 1u)) : (N))
+#define SCATTER_LEVEL(x, H, o, hi, SHUF) SCATTER_LEVEL_MIN(x, H, 1u, o, hi, SHUF)
+#define SCATTER_HELD_MIN(N, n, o, M) ((o) < (n) ? max((M), (N) >> (HALVINGS(n) - HALVINGS(o) - 1u)) : (N))
+#define SCATTER_HELD(N, n, o) SCATTER_HELD_MIN(N, n, o, 1u)
 #define XOR_SUM_UP(v, n, SHUF) { \
     XOR_STEP_(v, n, SHUF, 1u) XOR_STEP_(v, n, SHUF, 2u) XOR_STEP_(v, n, SHUF, 4u) XOR_STEP_(v, n, SHUF, 8u) \
     XOR_STEP_(v, n, SHUF, 16u) XOR_STEP_(v, n, SHUF, 32u) XOR_STEP_(v, n, SHUF, 64u) }

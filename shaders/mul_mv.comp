@@ -27,7 +27,7 @@ layout(push_constant) uniform Push {
 #include "mv_reduce.glsl"
 #ifdef GATE_UP
 #include "act.glsl"
-#define RESULT(acc, group, v) glu_fn(MV_SUM(acc, group, v), MV_SUM(acc, group, (v) + NV))
+#define RESULT(acc, group, v) glu_fn(MV_SUM(acc, group, v), MV_UP_SUM(acc, group, v))
 #define W2_OFF p.w2_off
 #else
 #define RESULT(acc, group, v) MV_SUM(acc, group, v)

@@ -63,7 +63,7 @@ float biased(float x, float b) {
 #ifdef GATE_UP
 #include "act.glsl"
 #define RESULT(acc, group, v) glu_fn(BIASED(MV_SUM(acc, group, v), b_data, b_off, v), \
-                                     BIASED(MV_SUM(acc, group, (v) + NV), b2_data, b2_off, v))
+                                     BIASED(MV_UP_SUM(acc, group, v), b2_data, b2_off, v))
 #define W2_OFF (p.w2_off + (e - p.e0) * p.w_expert)
 #else
 #define RESULT(acc, group, v) BIASED(MV_SUM(acc, group, v), b_data, b_off, v)

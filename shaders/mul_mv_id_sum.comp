@@ -71,8 +71,8 @@ void main() {
         precise float acc[NA];   // no contraction: every variant (fused or not) sums a row alike
         mv_dots(lane, p.x_off + tok * p.x_col + (sl % p.x_slots) * p.x_slot, acc);
         mv_reduce(flat_, acc);
-        if (lane == 0u && sl_live) {
-            [[unroll]] for (uint r = 0u; r < NR; r++) {
+        if (sl_live) {
+            MV_EACH_SUM(lane, r) {
                 ms_part[sl * NR + r] = MV_SUM(acc, group, r);
             }
         }

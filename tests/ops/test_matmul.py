@@ -441,9 +441,44 @@ def test_sum_scatter(device, name, rows, cols):
     if "REDUCE_SUBGROUP" not in defines:
         pytest.skip(f"{name} rows of {k} give {defines['TPR']} lanes, not whole subgroups")
     assert defines["MV_SCATTER"] == sg and defines["NR"] == rows
-    assert "MV_SCATTER" not in mat_vec_variant(device, typ, 1, tune, k=k, m=m, xvec4=True, entry="mul_mv_id")[0]
     check(device, name, m, k, (1, cols), tuning=tune)
     assert_run_is_one_columns_bits(device, tune, 5, name, m, k, max(cols, 2))
+
+
+@pytest.mark.parametrize("name,k,cols,gate_up", [("Q4_0", 64, 1, False), ("Q4_0", 64, 3, True), ("Q4_K", 256, 2, False),
+                                                 ("F16", 13, 4, True), ("Q6_K", 256, 1, True), ("Q4_0", 32, 8, False)])
+def test_cluster_scatter_keeps_the_butterflys_bits(device, name, k, cols, gate_up):
+    """mv_sum_scatter where a row's lanes lie within one subgroup (REDUCE_CLUSTER): the
+    reduce-scatter adds what the butterfly adds, so every sum (and a fused gate/up's product,
+    whose two sums a lane keeps side by side) is bit for bit the butterfly's; 2 to 8 lanes, 4
+    rows, 1 to 8 columns (4 to 64 values a lane)."""
+    from vkrt.commands import run_once
+    from vkrt.ops.mat_vec import mat_vec_variant
+    sg = device.profile.subgroup_max
+    if not device.profile.subgroup_shuffle:
+        pytest.skip("no subgroup shuffles: no shuffle clusters")
+    base = dataclasses.replace(device.tuning, mv_wg=sg, mv_rows=4, mv_rows_multi=0, mv_fill_groups=1,
+                               mv_rows_by_type=(), mv_rows_one_column_by_type=(), mv_lanes_threads=0,
+                               mv_dense_max_n=cols, mv_max_n=max(cols, 2))
+    typ, m = ggml_type(name), 19
+    defines = mat_vec_variant(device, typ, cols, dataclasses.replace(base, mv_sum_scatter=True), k=k, m=m,
+                              xvec4=False, gate_up="silu" if gate_up else None)[0]
+    assert "REDUCE_CLUSTER" in defines and defines["MV_SCATTER"] == defines["TPR"] > 1
+    rng = np.random.default_rng(k + cols)
+    both = weight_tensor(device, name, random_blocks(name, 2 * m, k, rng, scale=0.5), (k, 2 * m))
+    gate, up = both.slice(1, 0, m), both.slice(1, m, 2 * m)
+    x = tensor_from_numpy(device, rng.standard_normal((cols, k)).astype(np.float32))
+    outs = [Tensor.empty(device, "F32", (m, cols)) for _ in range(2)]
+    try:
+        for on, y in zip((False, True), outs):
+            tune = dataclasses.replace(base, mv_sum_scatter=on)
+            run_once(device, lambda seq: matmul(seq, gate, x, y, up_weight=up if gate_up else None, tuning=tune))
+        a, b = (read_tensor(y) for y in outs)
+        assert np.isfinite(a).all() and np.abs(a).max() > 0
+        np.testing.assert_array_equal(b.view(np.uint32), a.view(np.uint32))
+    finally:
+        for t in (both, x, *outs):
+            t.close()
 
 
 def test_rows_halved_until_the_grid_fills(device):

@@ -1,5 +1,7 @@
 """MoE routing (softmax + top-k + renormalisation) and the weighted expert combination."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -209,15 +211,27 @@ def test_route_in_the_router_mat_vec_wraps_its_subgroups(device, monkeypatch, n_
     route_in_the_router_mat_vec(device, monkeypatch, 64, 4, n_tokens, "norm", 16, True)
 
 
-def route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one):
-    import dataclasses
+@pytest.mark.parametrize("n_tokens", [1, 4])
+def test_route_in_the_router_mat_vec_summed_by_a_reduce_scatter(device, monkeypatch, n_tokens):
+    """mv_sum_scatter where the router's row is whole subgroups (its workgroup, 64 lanes): the
+    routing mat-vec sums as the plain mat-vec does, so logits, ids and weights stay bit for bit."""
+    from vkrt.ops.mat_vec import mat_vec_variant
+    from vkrt.ops.quant import kernel_type
+    prof = device.profile
+    tune = dataclasses.replace(device.tuning, mv_wg=64, mv_sum_scatter=True)
+    defines = mat_vec_variant(device, kernel_type("F32"), n_tokens, tune, k=256, m=64, xvec4=True)[0]
+    if "MV_SCATTER" not in defines or "REDUCE_SUBGROUP" not in defines:
+        pytest.skip(f"64 lanes of {prof.subgroup_min}-{prof.subgroup_max}-lane subgroups: no subgroup reduce-scatter")
+    route_in_the_router_mat_vec(device, monkeypatch, 64, 4, n_tokens, "norm", 64, False, scatter=True, K=256)
 
+
+def route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one, scatter=False,
+                                K=96):
     from vkrt.commands import CommandSequence
     from vkrt.ops.matmul import matmul
     from vkrt.ops.moe import moe_route, route_epilogue
-    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_wg=mv_wg))
+    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_wg=mv_wg, mv_sum_scatter=scatter))
     rng = np.random.default_rng(n_expert + n_tokens)
-    K = 96
     w = (rng.standard_normal((n_expert, K)) * 0.5).astype(np.float32)
     x = rng.standard_normal((n_tokens, K)).astype(np.float32)
     bias = rng.standard_normal(n_expert).astype(np.float32) * 0.1

@@ -432,12 +432,14 @@ def test_norm_output_only_where_the_slots_go_at_once(device):
 
 
 @pytest.mark.parametrize("n_tok", [1, 3])
-def test_summed_down_in_subgroup_groups_is_bit_identical(device, n_tok):
+@pytest.mark.parametrize("scatter", [False, True])
+def test_summed_down_in_subgroup_groups_is_bit_identical(device, n_tok, scatter):
     """Where mul_mat_id's workgroup is one row's lanes reducing by subgroup adds (wider than a
     subgroup), the summed down projection gives each slot such a group (whole subgroups) and sums
-    as mul_mat_id, moe_combine, the residual add and the norm do, bit for bit."""
+    as mul_mat_id, moe_combine, the residual add and the norm do, bit for bit; with
+    mv_sum_scatter both sum by the reduce-scatter."""
     from vkrt.commands import run_once
-    from vkrt.ops.mat_vec import mat_vec_reduce, mat_vec_shape, norm_layout
+    from vkrt.ops.mat_vec import mat_vec_reduce, mat_vec_shape, mat_vec_variant, norm_layout
     from vkrt.ops.matmul import NormOutput
     from vkrt.ops.moe import moe_combine
     from vkrt.ops.mul_mat_id import mul_mat_id_sum
@@ -448,8 +450,10 @@ def test_summed_down_in_subgroup_groups_is_bit_identical(device, n_tok):
     if (not prof.subgroup_arithmetic or not prof.subgroup_shuffle or prof.subgroup_min != prof.subgroup_max
             or mat_vec_reduce(prof, lanes, lanes) != "subgroup"):
         pytest.skip("needs subgroup adds in subgroups of one fixed size")
-    tune = dataclasses.replace(device.tuning, mv_id_wg=lanes)
+    tune = dataclasses.replace(device.tuning, mv_id_wg=lanes, mv_sum_scatter=scatter)
     k = lanes * 8   # Q4_0: a unit a lane
+    defines = mat_vec_variant(device, kernel_type("Q4_0"), 1, tune, k=k, m=64, xvec4=True, entry="mul_mv_id")[0]
+    assert ("MV_SCATTER" in defines) == scatter and "REDUCE_SUBGROUP" in defines
     wg, got_lanes, _ = mat_vec_shape(device, kernel_type("Q4_0"), 1, tune, k=k, m=64, entry="mul_mv_id_sum",
                                      slots=N_USED)
     assert got_lanes == lanes and wg > lanes   # the slots' groups at once
@@ -476,6 +480,71 @@ def test_summed_down_in_subgroup_groups_is_bit_identical(device, n_tok):
         assert done == [True]
         np.testing.assert_array_equal(read_tensor(s2).view(np.uint32), read_tensor(s1).view(np.uint32))
         np.testing.assert_array_equal(read_tensor(c2).view(np.uint32), read_tensor(c1).view(np.uint32))
+    finally:
+        for t in made:
+            t.close()
+
+@pytest.mark.parametrize("name,k,n_tok,kind", [("Q4_0", 64, 3, "plain"), ("Q4_0", 32, 2, "gate_up"),
+                                               ("MXFP4", 64, 2, "biased_gate_up"), ("Q4_K", 256, 2, "summed"),
+                                               ("F16", 13, 1, "summed")])
+def test_cluster_scatter_keeps_the_butterflys_bits(device, name, k, n_tok, kind):
+    """mv_sum_scatter on the experts' mat-vecs, whose rows' lanes lie within one subgroup: the
+    pairs' outputs (plain, the fused gate/up with and without biases) and the summed down
+    projection's stream and norm bit for bit as with the butterfly."""
+    from vkrt.commands import run_once
+    from vkrt.ops.mat_vec import mat_vec_variant
+    from vkrt.ops.matmul import NormOutput
+    from vkrt.ops.mul_mat_id import mul_mat_id_sum
+    from vkrt.ops.quant import kernel_type
+    prof = device.profile
+    if not prof.subgroup_shuffle or (kind == "summed" and prof.subgroup_min != prof.subgroup_max):
+        pytest.skip("needs shuffle clusters (and, summed, one fixed subgroup size for its norm)")
+    base = dataclasses.replace(device.tuning, mv_id_wg=prof.subgroup_max, mv_rows=4, mv_fill_groups=1,
+                               mv_rows_by_type=(), mv_rows_one_column_by_type=())
+    m = 64 if kind == "summed" else 22
+    on = dataclasses.replace(base, mv_sum_scatter=True)
+    defines = mat_vec_variant(device, kernel_type(name), 1, on, k=k, m=m, xvec4=False, entry="mul_mv_id",
+                              gate_up="silu" if "gate_up" in kind else None)[0]
+    assert "REDUCE_CLUSTER" in defines and defines["MV_SCATTER"] == defines["TPR"] > 1
+    rng = np.random.default_rng(k + n_tok)
+    two = 2 if "gate_up" in kind else 1
+    both = weight_tensor(device, name, random_blocks(name, two * N_EXPERT * m, k, rng, scale=0.5),
+                         (k, m, two * N_EXPERT))
+    gate, up = (both.slice(2, 0, N_EXPERT), both.slice(2, N_EXPERT, 2 * N_EXPERT)) if two == 2 else (both, None)
+    ids = tensor_from_numpy(device, routing(rng, n_tok))
+    x = tensor_from_numpy(device, rng.standard_normal((n_tok, N_USED, k)).astype(np.float32))
+    made = [both, ids, x]
+    bias = [tensor_from_numpy(device, rng.standard_normal((N_EXPERT, m)).astype(np.float32)) for _ in range(2)]
+    made += bias
+    wt = tensor_from_numpy(device, rng.uniform(0, 1, (n_tok, N_USED)).astype(np.float32))
+    resid = rng.standard_normal((n_tok, m)).astype(np.float32)
+    nw = tensor_from_numpy(device, (1 + 0.1 * rng.standard_normal(m)).astype(np.float32))
+    counter = tensor_from_numpy(device, np.zeros(1, np.int32))
+    made += [wt, nw, counter]
+    outs = []
+    try:
+        for tune in (base, on):
+            if kind == "summed":
+                s, c = tensor_from_numpy(device, resid), Tensor.empty(device, "F32", (m, n_tok))
+                made += [s, c]
+                done = []
+                run_once(device, lambda seq: done.append(mul_mat_id_sum(
+                    seq, gate, x, ids, wt, s, NormOutput(nw, 1e-6, c, counter), tuning=tune)))
+                assert done == [True]
+                outs.append([read_tensor(t) for t in (s, c)])
+                continue
+            y = Tensor.empty(device, "F32", (m, N_USED, n_tok))
+            made.append(y)
+            kw = {}
+            if "gate_up" in kind:
+                kw = dict(up_weight=up, act="swiglu_oai" if kind == "biased_gate_up" else "silu")
+            if kind == "biased_gate_up":
+                kw |= dict(bias=bias[0], up_bias=bias[1])
+            run_once(device, lambda seq: mul_mat_id(seq, gate, x, ids, y, tuning=tune, **kw))
+            outs.append([read_tensor(y)])
+        for a, b in zip(*outs):
+            assert np.isfinite(a).all() and np.abs(a).max() > 0
+            np.testing.assert_array_equal(b.view(np.uint32), a.view(np.uint32))
     finally:
         for t in made:
             t.close()

@@ -202,10 +202,11 @@ class Tuning:
     # subgroup adds of rows x columns values) are a smaller part of the work. Decided by the
     # matrix alone, so one column and a run of several sum a row alike
     mv_lanes_threads: int = 0
-    # a dense mat-vec whose row's lanes are whole subgroups of one fixed size sums them by a
-    # reduce-scatter (shaders/mv_reduce.glsl MV_SCATTER: for V values a lane, about V shuffles where
-    # subgroupAdd's butterflies take V x log2(subgroup)) instead of subgroup adds; the same sums
-    # for any count of columns, so a run of columns keeps each column's bits
+    # mat-vecs sum a row's lanes by a reduce-scatter (shaders/mv_reduce.glsl MV_SCATTER: for V
+    # values a lane, about V shuffles where a butterfly a value takes V x log2(lanes)): where the
+    # lanes lie within a subgroup, in place of the butterfly (the same bits); where they are whole
+    # subgroups of one fixed size, in place of subgroup adds (the same sums for any count of
+    # columns, so a run of columns keeps each column's bits)
     mv_sum_scatter: bool = False
     mm_bm: int = 64
     mm_bn: int = 64

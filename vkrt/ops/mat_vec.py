@@ -210,9 +210,11 @@ def mat_vec_variant(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool,
     reduce = mat_vec_reduce(prof, lanes, mat_vec_wg(tuning, experts=True) if slots else wg)
     if reduce == "cluster":
         defines["REDUCE_CLUSTER"] = 1
+        if tuning.mv_sum_scatter and lanes > 1:   # the butterfly's bits
+            defines["MV_SCATTER"] = lanes
     elif reduce == "subgroup":
         defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
-        if entry == "mul_mv" and tuning.mv_sum_scatter and prof.subgroup_min == prof.subgroup_max:
+        if tuning.mv_sum_scatter and prof.subgroup_min == prof.subgroup_max:
             defines["MV_SCATTER"] = prof.subgroup_min
     if tuning.float_bits:
         defines["QFLOAT_BITS"] = 1
