@@ -423,6 +423,13 @@ TABLE: dict[Arch, Tuning] = {
                          # 8 / 16 slots took 54.9 / 48.5 ms in runs of 8, 23.3 / 41.8 in runs of 4
                          # (bench/server_steps.py)
                          mv_dense_max_n=4,
+                         # a row's lanes summed by a reduce-scatter (one wave: the butterfly's bits):
+                         # RX 580 compiler, no register changes, Q4_0 4 columns over 2 waves 1914 ->
+                         # 1647 instructions, Q4_K 4 columns 3228 -> 3045, the experts' within 3%;
+                         # H100 with this table (bench/speculative.py, Qwen3.5-35B-A3B shape in VRAM):
+                         # decode step 4.63 -> 4.49 ms, verify k = 2 / 4 / 8 5.49 / 7.60 / 11.48 ->
+                         # 5.25 / 6.79 / 10.08 ms
+                         mv_sum_scatter=True,
                          # delta rule decode, head 128: 16 lanes a row (2 vec4s each): ACO 48
                          # VGPRs, 5 waves; 8 lanes (4 vec4s): 80 VGPRs, 3 waves
                          gdn_lane_vec4s=2),
@@ -455,7 +462,10 @@ TABLE: dict[Arch, Tuning] = {
                         # model (tg128 274.4 -> 269.1, decode step 4.55 -> 4.73 ms; H100, tune_ab.py, 2 rounds)
                         # a row's 4 subgroups summed by a reduce-scatter, not subgroupAdd (H100,
                         # bench/speculative.py, Qwen3.5-35B-A3B shape in VRAM): decode step 4.57 -> 4.48 ms,
-                        # verify k = 2 / 4 / 8 5.36 / 7.24 / 10.86 -> 5.13 / 6.48 / 9.61 ms
+                        # verify k = 2 / 4 / 8 5.36 / 7.24 / 10.86 -> 5.13 / 6.48 / 9.61 ms; the experts'
+                        # 32-lane clusters too (the butterfly's bits): 4.51 -> 4.43 ms, k = 2 / 4 / 8
+                        # 5.17 / 6.55 / 9.72 -> 5.07 / 6.48 / 9.54 ms. One run of 8 columns
+                        # (mv_dense_max_n=8) did not gain over two of 4: k = 8 9.67 ms
                         mv_sum_scatter=True,
                         # decode attention's dot lanes by a reduce-scatter (H100, one query, 16000 cells
                         # from memory, us, f16 / q8_0): head 128 60.7 -> 54.5 / 80.1 -> 76.5, head 256
