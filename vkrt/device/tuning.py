@@ -424,8 +424,9 @@ TABLE: dict[Arch, Tuning] = {
                          # (bench/server_steps.py)
                          mv_dense_max_n=4,
                          # a row's lanes summed by a reduce-scatter (one wave: the butterfly's bits):
-                         # RX 580 compiler, no register changes, Q4_0 4 columns over 2 waves 1914 ->
-                         # 1647 instructions, Q4_K 4 columns 3228 -> 3045, the experts' within 3%;
+                         # RX 580 compiler, fewer instructions nearly everywhere (4 columns: Q4_0 over
+                         # 2 waves 1914 -> 1647, Q4_K 3228 -> 3045, Q8_0 1887 -> 1622), no kernel
+                         # below 3 waves (IQ4_XS / Q2_K experts 64 -> 48 VGPRs, 4 -> 5 waves);
                          # H100 with this table (bench/speculative.py, Qwen3.5-35B-A3B shape in VRAM):
                          # decode step 4.63 -> 4.49 ms, verify k = 2 / 4 / 8 5.49 / 7.60 / 11.48 ->
                          # 5.25 / 6.79 / 10.08 ms
