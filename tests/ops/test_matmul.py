@@ -445,6 +445,19 @@ def test_sum_scatter(device, name, rows, cols):
     assert_run_is_one_columns_bits(device, tune, 5, name, m, k, max(cols, 2))
 
 
+def test_sum_scatter_not_in_a_workgroup_narrower_than_a_subgroup(device):
+    """A mat-vec workgroup of half a subgroup (VKRT_TUNE mv_wg) sums by subgroup adds over the lanes
+    it has, not by a reduce-scatter whose shuffles would read lanes past it: the reference's sums."""
+    from vkrt.ops.mat_vec import mat_vec_variant
+    sg = device.profile.subgroup_max
+    if sg < 4 or not device.profile.subgroup_arithmetic:
+        pytest.skip("needs subgroup adds in subgroups of 4 lanes or more")
+    tune = dataclasses.replace(device.tuning, mv_wg=sg // 2, mv_sum_scatter=True, mv_lanes_threads=0)
+    defines = mat_vec_variant(device, ggml_type("Q4_0"), 1, tune, k=256, m=16, xvec4=True)[0]
+    assert "REDUCE_SUBGROUP" in defines and "MV_SCATTER" not in defines
+    check(device, "Q4_0", 16, 256, (1, 3), tuning=tune)
+
+
 @pytest.mark.parametrize("name,k,cols,gate_up", [("Q4_0", 64, 1, False), ("Q4_0", 64, 3, True), ("Q4_K", 256, 2, False),
                                                  ("F16", 13, 4, True), ("Q6_K", 256, 1, True), ("Q4_0", 32, 8, False)])
 def test_cluster_scatter_keeps_the_butterflys_bits(device, name, k, cols, gate_up):

@@ -214,7 +214,8 @@ def mat_vec_variant(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool,
             defines["MV_SCATTER"] = lanes
     elif reduce == "subgroup":
         defines.update(REDUCE_SUBGROUP=1, RED_SG=max(1, wg // max(prof.subgroup_min, 1)))
-        if tuning.mv_sum_scatter and prof.subgroup_min == prof.subgroup_max:
+        # whole subgroups only: a workgroup narrower than a subgroup leaves lanes a shuffle would read
+        if tuning.mv_sum_scatter and prof.subgroup_min == prof.subgroup_max and wg % prof.subgroup_min == 0:
             defines["MV_SCATTER"] = prof.subgroup_min
     if tuning.float_bits:
         defines["QFLOAT_BITS"] = 1
