@@ -32,9 +32,9 @@ from dataclasses import replace
 
 import numpy as np
 from common import bench_settings
-from flash_attn import parse_args, time_runs
+from flash_attn import cache, parse_args, time_runs
 
-from vkrt.commands import tensor_from_numpy, write_tensor
+from vkrt.commands import tensor_from_numpy
 from vkrt.device import Device
 from vkrt.engine.step_inputs import KV_STEP
 from vkrt.errors import VkrtError
@@ -47,21 +47,6 @@ from vkrt.ops.flash_work import FlashWork
 from vkrt.ops.hadamard import k_rotation, v_rotation
 
 QUICK = dict(queries="1,4", depth="100,600", heads="64:4:1,128:4:2", splits="1,2,4", repeats=2)
-
-
-def cache(dev, shape: tuple, typ, rng) -> Tensor:
-    """A K or V cache (batch, heads, cells, head size) of `typ`: normal values for f16/f32; for a
-    quantised type random bytes whose fp16 fields (the first 2, or 4 for Q4_1/Q5_1) are scales
-    of about 1/16 (timing only: the values are not a quantisation of anything)."""
-    if not typ.quantized:
-        return tensor_from_numpy(dev, rng.standard_normal(shape, dtype=np.float32).astype(typ.dtype))
-    blocks = rng.integers(0, 256, (int(np.prod(shape)) // typ.block_size, typ.type_size), dtype=np.uint8)
-    halves = 2 if typ.name in ("Q4_1", "Q5_1") else 1
-    blocks[:, :2 * halves] = (rng.uniform(0.03, 0.1, (len(blocks), halves)).astype(np.float16)
-                              .view(np.uint8).reshape(len(blocks), -1))
-    t = Tensor.empty(dev, typ, tuple(reversed(shape)))
-    write_tensor(t, blocks)
-    return t
 
 
 def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, splits, repeats: int, rng,
