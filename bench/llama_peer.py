@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -93,3 +94,33 @@ class LlamaServer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+PERF_ENV = {"GGML_VK_PERF_LOGGER": "1"}   # llama.cpp's Vulkan backend logs each graph's per-op GPU times
+_PERF_LINE = re.compile(r"^(?P<op>[A-Z][A-Z0-9_]*(?: [^:]*)?): (?P<n>\d+) x (?P<us>[0-9.e+-]+) us = ")
+_FA_Q = re.compile(r"FLASH_ATTN_EXT .*?q\((?P<hs>\d+),(?P<n>\d+),")
+
+
+def perf_log_graphs(text: str) -> list[list[dict]]:
+    """The graphs of a GGML_VK_PERF_LOGGER log, in order: each a list of {op, kind, calls,
+    us_per_call, us} (kind: the op's first word, e.g. MUL_MAT, FLASH_ATTN_EXT)."""
+    graphs = []
+    for block in text.split("Vulkan Timings:")[1:]:
+        ops = []
+        for line in block.splitlines():
+            m = _PERF_LINE.match(line.strip())
+            if m:
+                n, us = int(m["n"]), float(m["us"])
+                ops.append(dict(op=m["op"], kind=m["op"].split()[0], calls=n, us_per_call=us, us=n * us))
+        if ops:
+            graphs.append(ops)
+    return graphs
+
+
+def attention_rows(graph: list[dict]) -> int | None:
+    """The query rows of a graph's flash attention (its q's second dimension), None without one."""
+    for op in graph:
+        m = _FA_Q.match(op["op"])
+        if m:
+            return int(m["n"])
+    return None
