@@ -14,8 +14,8 @@
 // ones, as in the scalar kernel. No split along KV, no packed heads: the caller picks the scalar
 // kernel for those.
 //
-// Defines: HSK, HSV (multiples of 16), BC (a multiple of 16), NSG, SGS, K_F16, V_F16, HAS_MASK,
-// KV_USED, SINKS.
+// Defines: HSK, HSV (multiples of 16), BC (a multiple of 16), NSG, SGS, K_F16, V_F16, K_Q, V_Q
+// (a quantised cache's type: its blocks dequantised as the tile is copied), HAS_MASK, KV_USED, SINKS.
 #include "common.glsl"
 #include "attn_common.glsl"
 #extension GL_KHR_cooperative_matrix : require
@@ -23,6 +23,12 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#ifndef K_Q
+#define K_Q 0
+#endif
+#ifndef V_Q
+#define V_Q 0
+#endif
 
 #define WG (NSG * SGS)
 #define BR (16u * NSG)
@@ -48,19 +54,39 @@
 layout(local_size_x = WG) in;
 
 layout(binding = 0) readonly buffer Q { float q[]; };
-#if K_F16
+uvec2 halves4(vec4 v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+// K_Q / V_Q: a quantised cache's kv_quant.glsl type (offsets and strides count elements as its
+// blocks of 32 do), dequantised 4 elements at a time as the tile is copied
+#if K_Q || V_Q
+#if K_Q
+layout(binding = 1) readonly buffer K { uint k_w[]; };
+#define QBUF k_w
+#else
+layout(binding = 2) readonly buffer V { uint v_w[]; };
+#define QBUF v_w
+#endif
+#include "kv_quant.glsl"
+#endif
+#if K_Q
+uvec2 load_k(uint e) { return halves4(KVQ_LOAD4(k_w, K_Q, e)); }
+#elif K_F16
 layout(binding = 1) readonly buffer K { uvec2 k_h4[]; };   // 4 halves
 uvec2 load_k(uint e) { return k_h4[e >> 2]; }
 #else
 layout(binding = 1) readonly buffer K { vec4 k_v4[]; };
-uvec2 load_k(uint e) { const vec4 v = k_v4[e >> 2]; return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+uvec2 load_k(uint e) { return halves4(k_v4[e >> 2]); }
 #endif
-#if V_F16
+#if V_Q && K_Q
+layout(binding = 2) readonly buffer V { uint v_w[]; };
+#endif
+#if V_Q
+uvec2 load_v(uint e) { return halves4(KVQ_LOAD4(v_w, V_Q, e)); }
+#elif V_F16
 layout(binding = 2) readonly buffer V { uvec2 v_h4[]; };
 uvec2 load_v(uint e) { return v_h4[e >> 2]; }
 #else
 layout(binding = 2) readonly buffer V { vec4 v_v4[]; };
-uvec2 load_v(uint e) { const vec4 v = v_v4[e >> 2]; return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+uvec2 load_v(uint e) { return halves4(v_v4[e >> 2]); }
 #endif
 layout(binding = 3) writeonly buffer O { float o[]; };
 #if HAS_MASK

@@ -1,6 +1,7 @@
-"""Flash attention (the scalar kernel) reading quantised K and V caches, dequantised as it loads:
+"""Flash attention reading quantised K and V caches, dequantised as it loads: the scalar kernel
 against the float64 reference over gguf's dequantised K and V (the kernel's values are gguf's, so
-the fp32 tolerance holds), prompt, decode (packed GQA, split KV) and the GCN layouts."""
+the fp32 tolerance holds), prompt, decode (packed GQA, split KV) and the GCN layouts; the
+cooperative-matrix kernel within fp16 operands' error (on a GPU that has it)."""
 
 from __future__ import annotations
 
@@ -170,15 +171,34 @@ def test_decode_segments_mixed(device, k_type, v_type, first):
     check(got, q, kd, vd, tol=TOL)
 
 
-def test_quantised_takes_the_scalar_kernel(device):
-    """Where the tuning runs prompt attention on cooperative matrices, a quantised cache falls back
-    to the scalar kernel (forcing the other is refused by name)."""
-    import dataclasses
-    rng = np.random.default_rng(1)
-    t = dataclasses.replace(device.tuning, fa_coopmat=True, fa_cm_min_q=1)
-    q, k, v = make_qkv(rng, n_q=20, n_kv=32, hsk=64, kv_dtype=np.float32)
-    got, kd, vd, fa = flash_q(device, q, k, v, "Q8_0", "Q4_0", tuning=t, coopmat=None, gqa_pack=False)
-    assert not fa.coopmat
-    check(got, q, kd, vd)
-    with pytest.raises(UnsupportedShape, match="the KV cache is quantised"):
-        flash_q(device, q, k, v, "Q8_0", "Q8_0", tuning=t, coopmat=True, gqa_pack=False)
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_type,v_type", [("Q8_0", "Q8_0"), ("Q4_0", "Q5_1"), ("IQ4_NL", "F16"), ("F16", "Q4_1")])
+def test_quantised_on_cooperative_matrices(device, k_type, v_type):
+    """Where the tuning runs prompt attention on cooperative matrices, a quantised cache runs
+    there too (its blocks dequantised as the tile is copied, held as fp16): within fp16 operands'
+    error of the reference over gguf's values, beside the scalar kernel on the same caches."""
+    from test_flash_attn_cm import CM_TOL, needs_coopmat
+    from attn_reference import attention_reference, nmse
+    needs_coopmat(device)
+    rng = np.random.default_rng(len(k_type + v_type))
+    q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=70, n_kv=150, hsk=128, kv_dtype=np.float32)
+    mask = causal_mask(70, 150)
+    got, kd, vd, fa = flash_q(device, q, k, v, k_type, v_type, mask, coopmat=None)
+    plain, _, _, _ = flash_q(device, q, k, v, k_type, v_type, mask, coopmat=False)
+    assert fa.coopmat and fa._attn.defines["K_Q"] == (k_type != "F16") and fa._attn.defines["V_Q"] == (v_type != "F16")
+    ref = attention_reference(q, kd, vd, mask, scale=128 ** -0.5)
+    assert np.isfinite(got).all() and nmse(plain, ref) < TOL
+    assert 0 < nmse(got, ref) < CM_TOL
+
+
+@pytest.mark.parametrize("k_q,v_q", [(1, 1), (2, 0), (0, 6), (5, 3)])
+def test_cooperative_matrix_kernel_compiles_quantised(k_q, v_q):
+    """The cooperative-matrix kernel over each side quantised or not compiles (lavapipe cannot
+    run it) at the shared memory its tile takes."""
+    from vkrt.ops.flash_attn import fa_cm_defines, fa_cm_shared_bytes, fa_cm_tile
+    from vkrt.pipeline.compiler import compile_shader
+    from vkrt.pipeline.spirv import reflect
+    tile = fa_cm_tile(128, 128, 49152, 32)
+    options = dict(K_F16=int(not k_q), V_F16=int(not v_q), K_Q=k_q, V_Q=v_q, HAS_MASK=1, KV_USED=0, SINKS=0)
+    spirv = compile_shader("flash_attn_cm", fa_cm_defines(128, 128, tile, **options))
+    assert reflect(spirv).shared_bytes == fa_cm_shared_bytes(128, 128, tile.bc, tile.row_groups)

@@ -9,8 +9,8 @@ fp16 fragments with fp32 sums (shaders/flash_attn_cm.comp).
 slope for head h from max_bias, as ggml). Shapes and layouts: vkrt/ops/attn_shapes.py. Rows
 whose keys are all masked come out as zeros. K and V rows must be finite where masked, as in
 llama.cpp (0 * inf is NaN). K and V may be quantised KV caches (ops/kv_quant.py: Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, IQ4_NL), which the scalar kernel dequantises as it loads them (gguf's values); the
-cooperative-matrix kernel reads F16/F32 only, so those calls take the scalar kernel.
+Q5_0, Q5_1, IQ4_NL), which both kernels dequantise as they load them (gguf's values; the
+cooperative-matrix kernel then holds them as fp16, as it does an F32 cache's).
 """
 
 from __future__ import annotations
@@ -288,7 +288,6 @@ class FlashAttn:
         tile = fa_cm_tile(s.hsk, s.hsv, p.shared_memory, p.subgroup_size)
         why = ("the tuning runs no flash attention on cooperative matrices" if not tuning.fa_coopmat else
                "the query heads of a KV head are packed" if self.pack > 1 else
-               "the KV cache is quantised" if self.quantised else
                f"head sizes {s.hsk}/{s.hsv} are not multiples of 16" if s.hsk % 16 or s.hsv % 16 else
                f"it does not split along KV (split_k={split_k})" if split_k not in (None, 1) else
                "no tile fits the shared memory" if tile is None else None)
@@ -399,7 +398,7 @@ class FlashAttn:
             push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
         options = dict(K_F16=int(k.type == F16), V_F16=int(v.type == F16), HAS_MASK=int(mask is not None),
                        KV_USED=int(kv_used is not None), SINKS=int(sinks is not None))
-        if self.quantised:   # the scalar kernel only (decide_coopmat)
+        if self.quantised:
             options.update(K_Q=KV_QUANT.get(k.type.name, 0), V_Q=KV_QUANT.get(v.type.name, 0))
         if self.coopmat:   # its workgroup is fixed by its defines (subgroups x lanes)
             shader, workgroup, defines = "flash_attn_cm", None, fa_cm_defines(s.hsk, s.hsv, tile, **options)
