@@ -7,9 +7,9 @@
 A ubatch of `ubatch` queries after `depth` cached tokens attends causally to depth + ubatch keys
 (K, V of each --kv type, f16 by default as the engine's; mask f16), as in llama.cpp's prefill.
 --heads lists head_size:n_head:n_head_kv (default: Qwen3-30B-A3B-like 128 and Qwen3.5-35B-A3B-like
-256). Each shape runs with mask_opt forced off and on; times are medians of --repeats runs after a warm-up, and include the
-mask_opt pre-pass (--cold: each run after an untimed write of that many MiB, so K and V come from
-memory, as between a model's layers). GFLOP/s count every key, masked or not
+256). Each shape runs with mask_opt forced off and on; times are medians of --repeats runs after a
+warm-up, and include the mask_opt pre-pass (--cold: each run after an untimed write of that many
+MiB, so K and V come from memory, as between a model's layers). GFLOP/s count every key, masked or not
 (2 * n_q * n_kv * (hsk + hsv) * n_head), so mask_opt's skipped blocks show up as a higher rate.
 "rule" is what FlashAttn picks by itself on this device (VKRT_ARCH=gcn gives the GCN rule), and
 `gflops` the rate with that choice.
@@ -123,7 +123,8 @@ def measure(dev, ubatch: int, depth: int, hs: int, n_head: int, n_head_kv: int, 
     flops = fa.shape.flops()
     chosen = on_s if rule else off_s
     tile = f"{fa.tile.br}x{fa.tile.bc} wg{fa.tile.wg}" + (" coopmat" if fa.coopmat else f" ds{fa.tile.d_split}")
-    return dict(ubatch=ubatch, depth=depth, n_kv=n_kv, kv=kv.name.lower(), head_size=hs, n_head=n_head, n_head_kv=n_head_kv,
+    return dict(ubatch=ubatch, depth=depth, n_kv=n_kv, kv=kv.name.lower(), head_size=hs, n_head=n_head,
+                n_head_kv=n_head_kv,
                 tile=tile, coopmat=fa.coopmat, n_split=fa.n_split, rule=rule,
                 ms_off=off_s * 1e3, ms_on=on_s * 1e3, prepass_ms=prepass * 1e3, gflops_off=flops / off_s / 1e9,
                 gflops_on=flops / on_s / 1e9, gflops=flops / chosen / 1e9, speedup_mask_opt=off_s / on_s,
@@ -182,7 +183,8 @@ def main() -> None:
               f"| {100 * (r['speedup_mask_opt'] - 1):+.1f}% "
               + (f"| {r['ms_scalar']:.2f} ({r['speedup_vs_scalar']:.2f}x) |" if r["coopmat"] else "| - |"))
     fork = {16384: 8, 32768: 12}
-    points = [r for r in rows if r["kv"] == "f16" and r["head_size"] == 256 and r["ubatch"] == 2048 and r["depth"] in fork]
+    points = [r for r in rows
+              if r["kv"] == "f16" and r["head_size"] == 256 and r["ubatch"] == 2048 and r["depth"] in fork]
     for r in points:
         print(f"head 256, ubatch 2048, depth {r['depth']}: mask_opt {100 * (r['speedup_mask_opt'] - 1):+.1f}% on "
               f"attention alone (the fork: +{fork[r['depth']]}% on a whole pp2048 run, RX 580)")

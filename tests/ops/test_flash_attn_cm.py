@@ -112,13 +112,16 @@ def test_mask_opt_is_bit_identical(device, kind):
 
 
 def test_where_it_runs(device):
-    """Not for decode-sized calls (packed heads, fewer than fa_cm_min_q queries), never split;
-    refused by name when forced where it cannot run."""
+    """Not for decode-sized calls (packed heads, fewer than fa_cm_min_q queries) nor by itself
+    for heads past fa_cm_max_head, never split; refused by name when forced where it cannot run."""
     t = dataclasses.replace(device.tuning, fa_coopmat=True, fa_cm_min_q=32)
     rng = np.random.default_rng(1)
     few = make_qkv(rng, n_q=8, n_kv=64)
     _, fa = flash(device, *few, tuning=t, coopmat=None)
     assert not fa.coopmat and fa.pack == 2
+    wide = make_qkv(rng, n_q=40, n_kv=64, hsk=256)   # past fa_cm_max_head: the scalar kernel unless forced
+    _, fa = flash(device, *wide, tuning=dataclasses.replace(t, fa_cm_max_head=128), coopmat=None)
+    assert not fa.coopmat and fa.pack == 1
     odd, many = make_qkv(rng, n_q=40, n_kv=64, hsk=72), make_qkv(rng, n_q=40, n_kv=64)
     for qkv, kw, why in ((few, {}, "heads of a KV head are packed"),
                          (odd, {}, "72/72 are not multiples of 16"),

@@ -17,6 +17,7 @@ from vkrt.errors import UnsupportedShape
 from vkrt.memory import F32, Tensor
 from vkrt.ops.flash_attn import FlashAttn
 from vkrt.ops.flash_work import FlashWork
+from vkrt.ops.kv_quant import KV_QUANT
 
 
 def cache(device, a: np.ndarray, type_name: str) -> tuple[Tensor, np.ndarray]:
@@ -185,7 +186,8 @@ def test_quantised_on_cooperative_matrices(device, k_type, v_type):
     mask = causal_mask(70, 150)
     got, kd, vd, fa = flash_q(device, q, k, v, k_type, v_type, mask, coopmat=None)
     plain, _, _, _ = flash_q(device, q, k, v, k_type, v_type, mask, coopmat=False)
-    assert fa.coopmat and fa._attn.defines["K_Q"] == (k_type != "F16") and fa._attn.defines["V_Q"] == (v_type != "F16")
+    assert fa.coopmat
+    assert (fa._attn.defines["K_Q"], fa._attn.defines["V_Q"]) == (KV_QUANT.get(k_type, 0), KV_QUANT.get(v_type, 0))
     ref = attention_reference(q, kd, vd, mask, scale=128 ** -0.5)
     assert np.isfinite(got).all() and nmse(plain, ref) < TOL
     assert 0 < nmse(got, ref) < CM_TOL

@@ -244,6 +244,9 @@ class Tuning:
     # as mm_coopmat; VKRT_COOPMAT switches both
     fa_coopmat: bool = False
     fa_cm_min_q: int = 32
+    # the largest head size (of K and V) whose prompt attention takes that kernel by itself (0:
+    # any); larger heads keep the scalar kernel unless a caller forces the other
+    fa_cm_max_head: int = 0
     # load the next K slice of both tiles into registers while the current one is multiplied
     # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
     # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
@@ -455,7 +458,12 @@ TABLE: dict[Arch, Tuning] = {
                         # attention, vkrt bench); 30B-A3B shape 8257 (vkrt bench) / 8437 (peer.py)
                         # prompt flash attention on them: 8B-shaped Q4_K pp2048, the 32 layers'
                         # attention 93.8 -> 53.1 ms (bench/decode_profile.py), 4588 -> 5132 t/s
+                        # head 256's tile that fits (32 x 32, 2 subgroups) lost to the scalar kernel once
+                        # that had fa_dot_scatter (H100, pp2048 at depth 16384, bench/flash_attn.py
+                        # --kv f16,q8_0, mask_opt on: f16 43.75 against 31.21 ms, q8_0 94.15 against
+                        # 94.65; head 128 23.27 against 30.68 and 34.04 against 66.58)
                         mm_coopmat=True, mm_cm_bm=128, mm_cm_bn=256, mm_cm_wm=64, mm_cm_wn=64, fa_coopmat=True,
+                        fa_cm_max_head=128,
                         mv_sum_unroll=True, mv_wg=128, mv_id_wg=32, mv_fill_groups=512, mv_unroll=2, mv_dense_max_n=4,
                         # no mv_lanes_threads: fewer lanes a row (65536) won in bench/matmul.py (Q4_0
                         # 2048x8192, 1 / 4 / 8 columns 11.8 / 23.8 / 46.8 -> 11.3 / 16.9 / 32.5 us) and on the

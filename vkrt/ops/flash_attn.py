@@ -293,7 +293,8 @@ class FlashAttn:
                "no tile fits the shared memory" if tile is None else None)
         if forced and why:
             raise UnsupportedShape(f"{self.label}: no flash attention on cooperative matrices: {why}")
-        runs = why is None and s.n_q >= tuning.fa_cm_min_q if forced is None else bool(forced)
+        head_ok = not tuning.fa_cm_max_head or max(s.hsk, s.hsv) <= tuning.fa_cm_max_head
+        runs = why is None and s.n_q >= tuning.fa_cm_min_q and head_ok if forced is None else bool(forced)
         return tile if runs else None
 
     @property
