@@ -120,13 +120,13 @@ def main(argv=None) -> int:
             m_["count"] += r["count"]
         rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
-        flash = e.flash_attn
+        flash, vocab = e.flash_attn, m.cfg.vocab_size
         info = {**dev.identity(), "tokens": args.tokens,
                 "n_cpu_moe": m.n_cpu_moe,
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
                 "barriers": seq.barrier_count}
-    llama = llama_ops(binary, args, flash, polaris_class(Settings.from_env())) if binary else None
+    llama = llama_ops(binary, args, flash, polaris_class(Settings.from_env()), vocab) if binary else None
     if llama is not None:
         info["llama_gpu_us_per_step"] = sum(r["us_per_step"] for r in llama)
         info["attention_us_per_step"] = sum(r["us_per_step"] for r in rows if "flash" in r["kernel"]
@@ -155,15 +155,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def llama_ops(binary: str, args, flash: bool, polaris: bool) -> list[dict]:
+def llama_ops(binary: str, args, flash: bool, polaris: bool, vocab: int) -> list[dict]:
     """llama.cpp's GPU time per op of one step like the profiled one (its perf logger), most first:
-    {op, kind, us_per_step, calls} (calls a step)."""
+    {op, kind, us_per_step, calls} (calls a step); the prompt's tokens within the model's `vocab`."""
     steps = 4 if args.tokens == 1 else 1
     n_ctx = args.depth + args.tokens + 256
     ub = max(args.tokens, 512)
     flags = ["-ngl", "99", "-c", str(n_ctx), "-b", str(ub), "-ub", str(ub), "-fa", "on" if flash else "off",
              "--no-warmup", "--n-cpu-moe", str(args.n_cpu_moe)] + (["--no-mmap"] if args.no_mmap else [])
-    prompt = [1000 + (i * 7919) % 20000 for i in range(args.depth + args.tokens)]
+    prompt = [1 + (i * 7919) % (vocab - 1) for i in range(args.depth + args.tokens)]
     with LlamaServer(binary, args.model, flags, {**PERF_ENV, **(POLARIS_ENV if polaris else {})}) as srv:
         srv.completion(prompt[:max(1, args.depth)], 1, cache_prompt=True)
         mark = len(srv.tail(1 << 40))

@@ -49,6 +49,7 @@ class FakeServer:
         self.log, self.args, self.env = "", args, env
 
     def completion(self, prompt, n_predict, cache_prompt=False):
+        assert all(0 < t < 50 for t in prompt)   # within the model's vocabulary
         FakeServer.calls.append((len(prompt), n_predict))
         steps = n_predict if len(FakeServer.calls) > 1 else 1
         self.log += "".join(GRAPH.format(n=1) for _ in range(steps))
@@ -70,14 +71,14 @@ def test_llama_ops_per_step(monkeypatch):
     monkeypatch.setattr(prof, "LlamaServer", FakeServer)
     FakeServer.calls = []
     args = prof.argparse.Namespace(tokens=1, depth=100, model="m.gguf", n_cpu_moe=0, no_mmap=False)
-    rows = prof.llama_ops("llama-server", args, True, False)
+    rows = prof.llama_ops("llama-server", args, True, False, 50)
     assert FakeServer.calls == [(100, 1), (100, 4)]   # the depth cached, then 4 decode steps there
     fa = next(r for r in rows if r["kind"] == "FLASH_ATTN_EXT")
     assert fa["calls"] == 30 and fa["us_per_step"] == pytest.approx(30 * 99457.5)
     assert rows[0] is fa   # most time first
     FakeServer.calls = []
     args.tokens = 64
-    rows = prof.llama_ops("llama-server", args, True, False)
+    rows = prof.llama_ops("llama-server", args, True, False, 50)
     assert FakeServer.calls == [(100, 1), (164, 1)]   # a prompt of 64 after the depth: one step
     assert next(r for r in rows if r["kind"] == "ADD")["calls"] == 59
 
