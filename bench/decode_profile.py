@@ -29,7 +29,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 from common import bench_settings, opened, polaris_class
-from llama_peer import PERF_ENV, POLARIS_ENV, LlamaServer, llama_server, perf_log_graphs
+from llama_peer import PERF_ENV, POLARIS_ENV, LlamaServer, attention_rows, llama_server, perf_log_graphs
 
 from vkrt.commands import CommandSequence
 from vkrt.device import Device
@@ -126,7 +126,11 @@ def main(argv=None) -> int:
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
                 "barriers": seq.barrier_count}
-    llama = llama_ops(binary, args, flash, polaris_class(Settings.from_env()), vocab) if binary else None
+    try:
+        llama = llama_ops(binary, args, flash, polaris_class(Settings.from_env()), vocab) if binary else None
+    except RuntimeError as exc:   # (LlamaServer's failures to start too)
+        print(f"decode_profile: {exc}", file=sys.stderr)
+        return 2
     if llama is not None:
         info["llama_gpu_us_per_step"] = sum(r["us_per_step"] for r in llama)
         info["attention_us_per_step"] = sum(r["us_per_step"] for r in rows if "flash" in r["kernel"]
@@ -157,7 +161,8 @@ def main(argv=None) -> int:
 
 def llama_ops(binary: str, args, flash: bool, polaris: bool, vocab: int) -> list[dict]:
     """llama.cpp's GPU time per op of one step like the profiled one (its perf logger), most first:
-    {op, kind, us_per_step, calls} (calls a step); the prompt's tokens within the model's `vocab`."""
+    {op, kind, us_per_step, calls} (calls a step); the prompt's tokens within the model's `vocab`.
+    RuntimeError where the timed graphs are not that step (their attention's query rows)."""
     steps = 4 if args.tokens == 1 else 1
     n_ctx = args.depth + args.tokens + 256
     ub = max(args.tokens, 512)
@@ -173,6 +178,10 @@ def llama_ops(binary: str, args, flash: bool, polaris: bool, vocab: int) -> list
             srv.completion(prompt, 1, cache_prompt=True)
         time.sleep(0.5)
         graphs = perf_log_graphs(srv.tail(1 << 40)[mark:])
+    rows = {attention_rows(g) for g in graphs} - {None}
+    if not graphs or flash and rows != {args.tokens}:   # e.g. the depth evaluated again: not this step
+        raise RuntimeError(f"llama.cpp's timed graphs ran attention over {sorted(rows)} query rows, not the "
+                           f"{args.tokens} of the profiled step" if graphs else "llama.cpp logged no GPU times")
     merged: dict[str, dict] = {}
     for graph in graphs:
         for op in graph:

@@ -48,11 +48,15 @@ class FakeServer:
     def __init__(self, binary, model, args, env=None):
         self.log, self.args, self.env = "", args, env
 
+    rows = None   # the attention's query rows of the timed graphs (None: as llama.cpp would)
+
     def completion(self, prompt, n_predict, cache_prompt=False):
         assert all(0 < t < 50 for t in prompt)   # within the model's vocabulary
         FakeServer.calls.append((len(prompt), n_predict))
-        steps = n_predict if len(FakeServer.calls) > 1 else 1
-        self.log += "".join(GRAPH.format(n=1) for _ in range(steps))
+        first = len(FakeServer.calls) == 1
+        steps = 1 if first else n_predict
+        n = len(prompt) if first else FakeServer.rows or (1 if n_predict > 1 else len(prompt) - 100)
+        self.log += "".join(GRAPH.format(n=n) for _ in range(steps))
         return {}
 
     def tail(self, n=2000):
@@ -81,6 +85,10 @@ def test_llama_ops_per_step(monkeypatch):
     rows = prof.llama_ops("llama-server", args, True, False, 50)
     assert FakeServer.calls == [(100, 1), (164, 1)]   # a prompt of 64 after the depth: one step
     assert next(r for r in rows if r["kind"] == "ADD")["calls"] == 59
+    FakeServer.calls, FakeServer.rows = [], 164   # the depth evaluated again with the prompt
+    with pytest.raises(RuntimeError, match=r"attention over \[164\] query rows, not the 64 of the profiled step"):
+        prof.llama_ops("llama-server", args, True, False, 50)
+    FakeServer.rows = None
 
 
 def test_llama_without_a_server_is_one_line(tmp_path):
