@@ -428,6 +428,25 @@ def test_gqa_pack_rule(device):
         flash(device, q, k, v, per_head, gqa_pack=True)
 
 
+def test_pack_rows_by_head(device):
+    """fa_pack_rows_by_head gives packed decode calls of that head size its rows a thread (one
+    workgroup a KV head where they reach the packed heads), other heads fa_pack_rows, a type
+    fa_pack_rows_by_type names its own; each against the reference, the same bits as one row."""
+    base = tuning(device, Arch.NVIDIA)
+    t = dataclasses.replace(base, fa_pack_rows=1, fa_pack_rows_by_head=((128, 2),), fa_pack_rows_by_type=())
+    rng = np.random.default_rng(12)
+    for hs, dtype, rows_type, rpt in ((128, np.float16, (), 2), (64, np.float16, (), 1),
+                                      (128, np.float32, (("F32", 1),), 1)):
+        q, k, v = make_qkv(rng, n_head=16, n_head_kv=2, n_q=1, n_kv=200, hsk=hs, kv_dtype=dtype)
+        mask = causal_mask(1, 200)
+        got, fa = flash(device, q, k, v, mask, tuning=dataclasses.replace(t, fa_pack_rows_by_type=rows_type))
+        one, fb = flash(device, q, k, v, mask, tuning=dataclasses.replace(t, fa_pack_rows_by_head=()))
+        assert fa.pack == 8 and fa.tile.br == fa.tile.row_groups * rpt, (hs, dtype)
+        assert fb.tile.br == fb.tile.row_groups
+        check(got, q, k, v, mask)
+        assert np.array_equal(_bits(got), _bits(one))
+
+
 @pytest.mark.parametrize("gqa", [4, 1])
 def test_decode_tiles_take_fa_decode_bc(device, gqa):
     """Decode-sized calls (up to fa_pack_max_q queries), packed or not, take fa_decode_bc KV

@@ -55,6 +55,9 @@ class Tuning:
     fa_pack_rows: int = 1
     # (cache type, rows a thread) pairs in fa_pack_rows' place for a K (else V) cache of that type
     fa_pack_rows_by_type: tuple = ()
+    # (head size, rows a thread) pairs in fa_pack_rows' place at that head size (K and V of it),
+    # for any cache type fa_pack_rows_by_type names none for
+    fa_pack_rows_by_head: tuple = ()
     # the accumulator floats a thread may hold in those packed rows (0: fa_o_regs)
     fa_pack_o_regs: int = 0
     # (head size, rows a thread) pairs in place of those for an F16 or F32 cache's one-token decode
@@ -476,6 +479,13 @@ TABLE: dict[Arch, Tuning] = {
                         # 5.17 / 6.55 / 9.72 -> 5.07 / 6.48 / 9.54 ms. One run of 8 columns
                         # (mv_dense_max_n=8) did not gain over two of 4: k = 8 9.67 ms
                         mv_sum_scatter=True,
+                        # decode at head 128 with 2 rows a thread: a KV head's 8 query heads one
+                        # workgroup (K and V read once a KV head, not by 4 workgroups). H100, heads
+                        # 32/4 x 128, one query, 16000 cells from memory (flash_attn_decode.py --cold
+                        # 256), us: f16 54.5 -> 47.3, q8_0 76.4 -> 59.6. Head 256 keeps 1 (2 rows: f16
+                        # 49.6 -> 79.6, q8_0 75.9 -> 102.9); 4 or 8 rows a thread, 64 or 256 invocations
+                        # or 16 dot lanes all lost (60.1-96.7 at head 128 f16)
+                        fa_pack_rows_by_head=((128, 2),),
                         # decode attention's dot lanes by a reduce-scatter (H100, one query, 16000 cells
                         # from memory, us, f16 / q8_0): head 128 60.7 -> 54.5 / 80.1 -> 76.5, head 256
                         # 53.6 -> 50.1 / 77.8 -> 75.7; with norm_rope's work 69.9 -> 63.6 (head 128 f16)

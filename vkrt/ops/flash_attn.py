@@ -267,7 +267,7 @@ class FlashAttn:
                "ALiBi slopes differ per head" if max_bias > 0 else None)
         bc = tuning.fa_decode_bc if self.decode_sized else None
         cols = min(tuning.fa_decode_cols, bc or tuning.fa_bc) if self.decode_sized and tuning.fa_decode_cols else None
-        rows = self.prologue_rows or self._by_type("fa_pack_rows")
+        rows = self.prologue_rows or self._pack_rows()
         packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=rows, bc=bc,
                           o_regs=tuning.fa_pack_o_regs, cols=cols)
                   if why is None else None)
@@ -348,6 +348,17 @@ class FlashAttn:
         """Shared memory the q/k norm and RoPE prologue `pro` (FANormRope) adds to the kernel's."""
         wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
         return 4 * (self.shape.hsk + self.shape.hsv) + (4 * (self.tile.br + 1) * (wg // sg) if wg else 0)
+
+    def _pack_rows(self) -> int:
+        """Rows a thread of a packed call: tuning.fa_pack_rows_by_type's for K's type (else V's),
+        else fa_pack_rows_by_head's for the head size, else fa_pack_rows."""
+        tuning, s = self.tuning, self.shape
+        by_type = dict(tuning.fa_pack_rows_by_type)
+        k_type, v_type = self._kv_types
+        if k_type.name in by_type or v_type.name in by_type:
+            return by_type.get(k_type.name, by_type.get(v_type.name))
+        by_head = dict(tuning.fa_pack_rows_by_head)
+        return by_head.get(s.hsv, tuning.fa_pack_rows) if s.hsk == s.hsv else tuning.fa_pack_rows
 
     def _by_type(self, field: str, kv_types: tuple | None = None) -> int:
         """The tuning's `field`, or its `field`_by_type count for K's type, else V's, where it names one."""
