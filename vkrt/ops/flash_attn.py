@@ -353,12 +353,9 @@ class FlashAttn:
         """Rows a thread of a packed call: tuning.fa_pack_rows_by_type's for K's type (else V's),
         else fa_pack_rows_by_head's for the head size, else fa_pack_rows."""
         tuning, s = self.tuning, self.shape
-        by_type = dict(tuning.fa_pack_rows_by_type)
-        k_type, v_type = self._kv_types
-        if k_type.name in by_type or v_type.name in by_type:
-            return by_type.get(k_type.name, by_type.get(v_type.name))
-        by_head = dict(tuning.fa_pack_rows_by_head)
-        return by_head.get(s.hsv, tuning.fa_pack_rows) if s.hsk == s.hsv else tuning.fa_pack_rows
+        if any(t.name in dict(tuning.fa_pack_rows_by_type) for t in self._kv_types):
+            return self._by_type("fa_pack_rows")
+        return dict(tuning.fa_pack_rows_by_head).get(s.hsv if s.hsk == s.hsv else None, tuning.fa_pack_rows)
 
     def _by_type(self, field: str, kv_types: tuple | None = None) -> int:
         """The tuning's `field`, or its `field`_by_type count for K's type, else V's, where it names one."""
