@@ -25,6 +25,8 @@ def test_every_value_form_parses():
     assert parse_tune("fa_pack_rows_by_type=Q8_0:2 fa_pack_rows_by_type=none") == (("fa_pack_rows_by_type", ()),)
     assert parse_tune("fa_prologue_pack_rows_by_head=128:2+64:1") == (("fa_prologue_pack_rows_by_head",
                                                                        ((128, 2), (64, 1))),)
+    assert parse_tune("fa_pack_rows_by_head=none") == (("fa_pack_rows_by_head", ()),)
+    assert parse_tune("fa_pack_rows_by_head=128:2") == (("fa_pack_rows_by_head", ((128, 2),)),)
     changes = parse_tune(text)
     assert parse_tune(describe_tune(changes)) == changes
 
@@ -42,6 +44,7 @@ def test_every_value_form_parses():
     ("mv_rows_by_type=Q4_K:0", "TYPE:COUNT pairs"),
     ("fa_prologue_pack_rows_by_head=Q8_0:2", "HEAD:COUNT pairs"),
     ("fa_prologue_pack_rows_by_head=128:0", "HEAD:COUNT pairs"),
+    ("fa_pack_rows_by_head=Q8_0:2", "fa_pack_rows_by_head takes HEAD:COUNT pairs"),
     ("fa_loads_first=4", "fa_loads_first takes 0 to 3 .the kernel's LOADS_FIRST layouts., got 4"),
     ("fa_loads_first_by_type=Q8_0:3+Q4_0:9", "fa_loads_first_by_type takes 0 to 3"),
     ("mv_narrow_types=Q5_K+Q9_K", "'Q9_K' is not a GGUF weight type"),
