@@ -244,7 +244,13 @@ class FlashAttn:
         s = self.shape
         if self.quantised or s.n_q != 1 or s.batch != 1:
             return None
-        return dict(self.tuning.fa_prologue_pack_rows_by_head).get(s.hsv) if s.hsk == s.hsv else None
+        return self._by_head(self.tuning.fa_prologue_pack_rows_by_head)
+
+    def _by_head(self, pairs: tuple, default: int | None = None) -> int | None:
+        """The count (head size, count) `pairs` name for this call's head size (K's and V's
+        alike), else `default`."""
+        s = self.shape
+        return dict(pairs).get(s.hsv, default) if s.hsk == s.hsv else default
 
     def _can_share(self, other: "FlashAttn | None", mask) -> bool:
         return (other is not None and mask is not None and self.mask_opt and other.mask_opt
@@ -352,10 +358,10 @@ class FlashAttn:
     def _pack_rows(self) -> int:
         """Rows a thread of a packed call: tuning.fa_pack_rows_by_type's for K's type (else V's),
         else fa_pack_rows_by_head's for the head size, else fa_pack_rows."""
-        tuning, s = self.tuning, self.shape
+        tuning = self.tuning
         if any(t.name in dict(tuning.fa_pack_rows_by_type) for t in self._kv_types):
             return self._by_type("fa_pack_rows")
-        return dict(tuning.fa_pack_rows_by_head).get(s.hsv if s.hsk == s.hsv else None, tuning.fa_pack_rows)
+        return self._by_head(tuning.fa_pack_rows_by_head, tuning.fa_pack_rows)
 
     def _by_type(self, field: str, kv_types: tuple | None = None) -> int:
         """The tuning's `field`, or its `field`_by_type count for K's type, else V's, where it names one."""
