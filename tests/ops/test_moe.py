@@ -276,17 +276,20 @@ def route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens,
             t.close()
 
 
-@pytest.mark.parametrize("K, n_tokens, mv_wg, reduce_wg", [(96, 1, 64, 64), (96, 2, 64, 256), (520, 1, 64, 256),
-                                                          (520, 2, 64, 64), (520, 1, 128, 512), (2048, 1, 64, 256),
-                                                          (2048, 1, 128, 512), (2048, 2, 128, 1024)])
+@pytest.mark.parametrize("K, n_tokens, mv_wg, reduce_wg, held", [(96, 1, 64, 64, 32), (96, 2, 64, 256, 32),
+                                                                (520, 1, 64, 256, 32), (520, 2, 64, 64, 32),
+                                                                (520, 1, 128, 512, 32), (2048, 1, 64, 256, 32),
+                                                                (2048, 1, 128, 512, 32), (2048, 2, 128, 1024, 32),
+                                                                (1280, 4, 128, 1024, 64)])
 @pytest.mark.parametrize("one", [False, True])
-def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, reduce_wg, one):
+def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, reduce_wg, held, one):
     """The residual add and RMS norm in the router mat-vec's prologue (mul_mv NORM_IN) against
     rms_norm (residual, sum_out=x) then the routing mat-vec: x + r, the normed x, the logits, ids
     and weights bit for bit, with mat-vec subgroups each redoing one or several of the norm
     workgroup's subgroups, one or several elements a lane (rows not a multiple of the norm's
-    workgroup), one and two tokens, routed by the last workgroup (one=False) or its first
-    subgroup (one=True); the normed x also against numpy."""
+    workgroup), one, two and four tokens (four: a lane holding past the default
+    mv_norm_max_held), routed by the last workgroup (one=False) or its first subgroup
+    (one=True); the normed x also against numpy."""
     import dataclasses
 
     from vkrt.commands import CommandSequence
@@ -296,7 +299,8 @@ def test_norm_in_the_router_mat_vec(device, monkeypatch, K, n_tokens, mv_wg, red
     prof = device.profile
     if not prof.subgroup_shuffle or prof.subgroup_min != prof.subgroup_max or mv_wg < prof.subgroup_min:
         pytest.skip("the norm prologue needs shuffles and one fixed subgroup size no wider than the mat-vec")
-    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_wg=mv_wg, reduce_wg=reduce_wg))
+    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_wg=mv_wg, reduce_wg=reduce_wg,
+                                                              mv_norm_max_held=held, mv_dense_max_n=8))
     rng = np.random.default_rng(K + n_tokens)
     n_expert, n_used = 64, 4
     w = (rng.standard_normal((n_expert, K)) * 0.5).astype(np.float32)
@@ -371,6 +375,14 @@ def test_norm_in_the_router_mat_vec_falls_back(device, monkeypatch):
             assert not ok(256, wk=128)
             assert not ok(256, n=2, residual=made((256, 2), nb=(4, 2048, 4096, 4096)))
             assert not ok(256, n=mat_vec_columns(device.tuning) + 1)
+            # a lane of the router's mat-vec would hold 64 values of x + r: past mv_norm_max_held
+            monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_wg=128, reduce_wg=1024,
+                                                                      mv_dense_max_n=8))
+            assert 4 * (1024 // prof.subgroup_min) // (128 // prof.subgroup_min) * 2 == 64   # n x per x e
+            assert not ok(1280, n=4)
+            monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_norm_max_held=64))
+            assert ok(1280, n=4)
+            monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_norm_max_held=32))
             monkeypatch.setattr(device, "profile", dataclasses.replace(prof, shared_memory=4096))
             assert not ok(256)
     finally:

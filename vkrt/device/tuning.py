@@ -190,6 +190,9 @@ class Tuning:
     # rows a group of a dense mat-vec run of several token columns (a server's decode step; 0:
     # as for one column): its accumulators grow with rows x columns
     mv_rows_multi: int = 0
+    # the most elements of x + r (over the columns) a lane of the router's mat-vec holds for the
+    # add and norm in its prologue (matmul's norm_in): past it the norm is a dispatch of its own
+    mv_norm_max_held: int = 32
     # the summed expert down projection (the resid_norm fusion): a workgroup's groups take a token's
     # slots at once, a group a slot, up to mv_sum_slots of them (0: as many as the workgroup
     # holds); a group walks any slots past those one at a time, unrolled with mv_sum_unroll

@@ -46,8 +46,6 @@ MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q
             "Q8_0": 4, "IQ4_NL": 4, "IQ4_XS": 16, "IQ3_XXS": 16, "IQ3_S": 16, "IQ2_XXS": 16, "IQ2_XS": 16,
             "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4, "TQ1_0": 16, "TQ2_0": 4}
 
-# the most elements of x + r (over the columns) a lane of the router's mat-vec holds for its norm
-NORM_MAX_HELD = 32
 
 
 def mat_vec_columns(tuning) -> int:
@@ -102,7 +100,7 @@ def norm_layout(device, k: int, n: int, wg: int) -> dict | None:
     columns: each subgroup of the mat-vec's workgroup of `wg` (NORM_SUB of them, all of the norm's
     size NORM_SG) takes NORM_G of rms_norm's NORM_VSG subgroups, each lane NORM_E elements of
     each; None where the mat-vec cannot redo rms_norm's sums (butterfly_subgroups), its subgroups
-    do not split the norm's evenly, a lane would hold over NORM_MAX_HELD values or the normed
+    do not split the norm's evenly, a lane would hold over tuning.mv_norm_max_held values or the normed
     columns would not fit shared memory."""
     sg, subgroups = device.profile.subgroup_min, butterfly_subgroups(device, k)
     if subgroups is None or wg % sg or subgroups % (wg // sg):
@@ -111,7 +109,7 @@ def norm_layout(device, k: int, n: int, wg: int) -> dict | None:
         return None
     norm = norm_wg(device, k)
     per, e = subgroups // (wg // sg), ceil_div(k, norm)
-    if n * per * e > NORM_MAX_HELD:
+    if n * per * e > device.tuning.mv_norm_max_held:
         return None
     return {"NORM_WG": norm, "NORM_VSG": subgroups, "NORM_SG": sg, "NORM_SUB": wg // sg, "NORM_G": per,
             "NORM_E": e, "NORM_XN4": n * k // 4}
