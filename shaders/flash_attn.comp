@@ -74,9 +74,6 @@
 #ifndef SCATTER
 #define SCATTER 0
 #endif
-#ifndef MERGE_GROUP
-#define MERGE_GROUP 0
-#endif
 
 layout(local_size_x_id = 0) in;
 
@@ -506,13 +503,23 @@ void store_rotated(uint row0, uint n_rows, uint b) {
 }
 #endif
 
-// Fold `count` splits' partial rows, slots first, first + stride, ...: M = max_s M_s (FA_NEG_BIG
-// where every L is 0), L = sum_s L_s exp(M_s - M), O = sum_s O_s exp(M_s - M). `final_`: write
-// the output rows O / L (sinks, OUT_ROT); else O, M and L into slot `first`, the partial of the
-// splits folded (a group's, MERGE_GROUP). From the workgroup's uniform control flow.
-void fold_splits(uint row0, uint n_rows, uint b, uint first, uint count, uint stride, bool final_) {
+// Count this split of the row tile as done; the last one to finish merges the splits that had
+// tiles: out = sum_s O_s exp(M_s - M) / sum_s L_s exp(M_s - M), M = max_s M_s (0 where every L
+// is 0), and resets the count for the next run.
+void merge_splits(uint row0, uint n_rows, uint b, uint used_splits) {
     const uint t = gl_LocalInvocationID.x;
     const uint n_out = (gl_NumWorkGroups.z / p.n_split) * P_N * p.n_head;
+    memoryBarrierBuffer();
+    barrier();
+    const uint tile_id = (b * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (t == 0u) {
+        last_split = atomicAdd(done[tile_id], 1u) == p.n_split - 1u;
+    }
+    barrier();
+    if (!last_split) {
+        return;
+    }
+    memoryBarrierBuffer();
     // a thread a vec4 of an output row, in one pass over the splits: MERGE_AT splits' (M, L) and
     // O loaded at once, then folded in with a running max (the sums so far rescaled where a
     // chunk raises it)
@@ -525,37 +532,29 @@ void fold_splits(uint row0, uint n_rows, uint b, uint first, uint count, uint st
         float mx = FA_NEG_BIG;
         float l = 0.0;
         vec4 acc = vec4(0.0);
-        for (uint s0 = 0; s0 < count; s0 += MERGE_AT) {
+        for (uint s0 = 0; s0 < used_splits; s0 += MERGE_AT) {
             vec2 m_l[MERGE_AT];
             vec4 o_[MERGE_AT];
             [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
-                const uint sp = first + min(s0 + q, count - 1u) * stride;
+                const uint sp = min(s0 + q, used_splits - 1u);
                 m_l[q] = ml[sp * n_out + out_row];
                 o_[q] = part4[(sp * n_out + out_row) * HSV4 + i % HSV4];
             }
             float cm = mx;
             [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
-                cm = s0 + q < count ? max(cm, m_l[q].x) : cm;
+                cm = s0 + q < used_splits ? max(cm, m_l[q].x) : cm;
             }
             const float a = exp(mx - cm);
             l *= a;
             acc *= a;
             mx = cm;
             [[unroll]] for (uint q = 0; q < MERGE_AT; ++q) {
-                if (s0 + q < count) {
+                if (s0 + q < used_splits) {
                     const float w = exp(m_l[q].x - mx);
                     l += m_l[q].y * w;
                     acc += o_[q] * w;
                 }
             }
-        }
-        if (!final_) {
-            part4[(first * n_out + out_row) * HSV4 + i % HSV4] = acc;
-            if (i % HSV4 == 0u) {
-                m_sh[i / HSV4] = mx;
-                l_sh[i / HSV4] = l;
-            }
-            continue;
         }
         acc *= sink_factor(mx, l, row_head(row));
         const vec4 val = l > 0.0 ? acc / l : vec4(0.0);
@@ -569,65 +568,12 @@ void fold_splits(uint row0, uint n_rows, uint b, uint first, uint count, uint st
         o[dst + 3u] = val.w;
 #endif
     }
-    if (!final_) {   // every thread's reads of slot `first`'s (M, L) done first
-        barrier();
-        for (uint r = t; r < BR; r += WG) {
-            if (row0 + r < n_rows) {
-                ml[first * n_out + (b * P_N + row_token(row0 + r)) * p.n_head + row_head(row0 + r)] = vec2(m_sh[r], l_sh[r]);
-            }
-        }
-        return;
-    }
 #if OUT_ROT
     store_rotated(row0, n_rows, b);
 #endif
-}
-
-// Count this split of the row tile as done at `counter` (of `of` counted there) after its
-// writes; true in the last one to arrive (which resets the count for the next run).
-bool arrive_last(uint counter, uint of) {
-    memoryBarrierBuffer();
-    barrier();
-    if (gl_LocalInvocationID.x == 0u) {
-        last_split = atomicAdd(done[counter], 1u) == of - 1u;
+    if (t == 0u) {
+        done[tile_id] = 0u;
     }
-    barrier();
-    if (!last_split) {
-        return false;
-    }
-    memoryBarrierBuffer();
-    if (gl_LocalInvocationID.x == 0u) {
-        done[counter] = 0u;
-    }
-    return true;
-}
-
-// Count this split of the row tile as done; the last one to finish merges the splits that had
-// tiles (fold_splits). With MERGE_GROUP (where the call has more splits) in two levels, so that
-// no one workgroup reads every split's partial rows: the last split of each group of
-// MERGE_GROUP folds the group's into its first slot, and the last group to finish folds those.
-void merge_splits(uint row0, uint n_rows, uint b, uint split, uint used_splits) {
-    const uint tile_id = (b * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-#if MERGE_GROUP > 1
-    const uint n_groups = (p.n_split + MERGE_GROUP - 1u) / MERGE_GROUP, g = split / MERGE_GROUP;
-    const uint n_tiles = gl_NumWorkGroups.x * gl_NumWorkGroups.y * (gl_NumWorkGroups.z / p.n_split);
-    if (!arrive_last(n_tiles + tile_id * n_groups + g, min(MERGE_GROUP, p.n_split - g * MERGE_GROUP))) {
-        return;
-    }
-    const uint first = g * MERGE_GROUP;
-    const uint count = used_splits > first ? min(MERGE_GROUP, used_splits - first) : 0u;
-    if (count > 1u) {
-        fold_splits(row0, n_rows, b, first, count, 1u, false);
-    }
-    if (!arrive_last(tile_id, n_groups)) {
-        return;
-    }
-    fold_splits(row0, n_rows, b, 0u, (used_splits + MERGE_GROUP - 1u) / MERGE_GROUP, MERGE_GROUP, true);
-#else
-    if (arrive_last(tile_id, p.n_split)) {
-        fold_splits(row0, n_rows, b, 0u, used_splits, 1u, true);
-    }
-#endif
 }
 
 void main() {
@@ -674,7 +620,7 @@ void main() {
     const uint used_splits = (live_tiles + per_split - 1u) / per_split;
     if (p.n_split > 1u && split >= used_splits) {
         if (used_splits > 1u) {
-            merge_splits(row0, n_rows, b, split, used_splits);
+            merge_splits(row0, n_rows, b, used_splits);
         }
         return;
     }
@@ -958,5 +904,5 @@ void main() {
         return;
     }
 
-    merge_splits(row0, n_rows, b, split, used_splits);
+    merge_splits(row0, n_rows, b, used_splits);
 }

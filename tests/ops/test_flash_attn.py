@@ -188,59 +188,6 @@ def test_split_merge_replays(device):
             t.close()
 
 
-@pytest.mark.parametrize("n_q,n_kv,split_k,group,used,sinks,same_bits", [
-    (20, 2000, 21, 4, None, False, False),   # 6 groups, the last of one split; unpacked rows
-    (1, 2000, 13, 4, None, True, False),     # packed decode, sinks in the last fold only
-    (1, 256, 8, 3, 40, False, True),         # 3 live splits, one group: two groups hold none
-    (1, 256, 8, 3, 120, False, False),       # 8 live splits over groups of 3, 3 and 2
-    (20, 700, 5, 8, None, False, True)])     # no more splits than a group: one level
-def test_split_merge_in_groups(device, n_q, n_kv, split_k, group, used, sinks, same_bits):
-    """fa_merge_group: the last split of each group folds the group's partials, the last group
-    those: the reference, replayed with the same bits (both levels' counts reset); the one-level
-    merge's bits where the live splits are one group's (folded in the same order), other bits
-    where there are several groups (the grouped fold ran)."""
-    rng = np.random.default_rng(n_kv + split_k + group)
-    q, k, v = make_qkv(rng, n_head=8, n_head_kv=2, n_q=n_q, n_kv=n_kv, hsk=64)
-    mask = random_mask(rng, n_q, n_kv, masked=0.3)
-    mask[0, 0, 0, -n_kv // 8:] += 6.0   # row 0's largest scores in its last splits
-    if used is not None:
-        mask[..., used:] = NEG_INF
-    t_used = tensor_from_numpy(device, np.array([used or n_kv], np.int32))
-    sink_values = np.linspace(-2.0, 3.0, 8).astype(np.float32)
-    t_sinks = tensor_from_numpy(device, sink_values) if sinks else None
-    grouped_tuning = dataclasses.replace(device.tuning, fa_decode_bc=16, fa_merge_group=group)
-    kw = dict(split_k=split_k, kv_used=t_used, sinks=t_sinks)
-    try:
-        got, fa = flash(device, q, k, v, mask, tuning=grouped_tuning, **kw)
-        assert fa.n_split == split_k
-        assert fa.merge_groups == (-(-split_k // group) if split_k > group else 0)
-        assert fa._attn.defines.get("MERGE_GROUP", 0) == (group if fa.merge_groups else 0)
-        check(got, q, k, v, mask, sinks=sink_values if sinks else None)
-        with FlashWork(device) as work, CommandSequence(device) as seq:
-            ts = [tensor_from_numpy(device, a) for a in (q, k, v, mask)]
-            out = Tensor.empty(device, F32, (64, 8, n_q, 1))
-            try:
-                op = FlashAttn(device, *ts[:3], out, ts[3], scale=0.125, tuning=grouped_tuning, work=work,
-                               coopmat=False, **kw)
-                with seq.record():
-                    op.record(seq)
-                runs = []
-                for _ in range(2):
-                    seq.run()
-                    runs.append(_bits(read_tensor(out)).copy())
-                assert np.array_equal(runs[0], runs[1])
-                assert not download(device, op._done, np.uint32).any()
-            finally:
-                for x in (*ts, out):
-                    x.close()
-        one_level, _ = flash(device, q, k, v, mask, tuning=dataclasses.replace(grouped_tuning, fa_merge_group=0), **kw)
-        assert np.array_equal(_bits(got), _bits(one_level)) == same_bits
-    finally:
-        for x in (t_used, t_sinks):
-            if x is not None:
-                x.close()
-
-
 def test_attention_ops_share_one_work(device):
     """Split attentions over one FlashWork (as a model's layers over the engine's) in one
     sequence; a later, larger one grows the work's buffers and the sequence recorded before

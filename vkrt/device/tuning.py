@@ -69,10 +69,6 @@ class Tuning:
     # GCN table, heads 32/4 x 128, 8 splits recorded: at 1 / 4, depth 32 11.1 / 9.1 us, depth 128
     # 12.0 / 13.4; 30B-A3B shape tg128 275.8 / 274.4 t/s
     fa_decode_split_min_live: int = 1
-    # split-K's merge in two levels where a call has more splits than this: the last split of each
-    # group of this many folds the group's partial rows, the last group folds those (0: the last
-    # split reads every split's partial rows, one workgroup)
-    fa_merge_group: int = 0
     # KV columns a tile for decode-sized calls (at most fa_pack_max_q queries; 0: fa_bc): the
     # shorter tiles of a short context spread over more splits. H200, GCN tuning, tg128:
     # Qwen3-30B-A3B shape 248.6 t/s at 32, 260.9 at 16, 258.9 at 8; dense 8B 201.7 / 207.1 / 205.9

@@ -309,13 +309,6 @@ class FlashAttn:
         return self.n_row_tiles * self.shape.n_head // self.pack * self.shape.batch
 
     @property
-    def merge_groups(self) -> int:
-        """Groups of tuning.fa_merge_group splits whose partials the scalar kernel folds first (0:
-        the splits merge in one level)."""
-        group = self.tuning.fa_merge_group
-        return ceil_div(self.n_split, group) if group > 1 and self.n_split > group and not self.coopmat else 0
-
-    @property
     def mask_rows(self) -> int:
         """Token rows of one mask_opt block."""
         return mask_opt_rows(self.tile, self.pack)
@@ -430,8 +423,6 @@ class FlashAttn:
                            RG=tile.row_groups, UNROLL=int(self.tuning.fa_unroll), GQA_PACK=self.pack,
                            LOADS_FIRST=self.loads_first(k.type, v.type), SCATTER=int(self.tuning.fa_dot_scatter),
                            SPLIT_MIN=self.tuning.fa_decode_split_min_live if self.decode_sized else 1, **options)
-            if self.merge_groups > 1:
-                defines["MERGE_GROUP"] = self.tuning.fa_merge_group
         self._sinks, push["s_off"] = None, 0
         if sinks is not None:
             if sinks.nelements != s.n_head or not sinks.is_contiguous():
@@ -472,7 +463,7 @@ class FlashAttn:
         work = self._work(f"split-K over {self.n_split} splits")
         self._part = work.range("split O", 4 * self.n_split * rows * s.hsv)
         self._ml = work.range("split M, L", 8 * self.n_split * rows)
-        self._done = work.range("splits done", 4 * self.n_tiles * (1 + self.merge_groups), zeroed=True)
+        self._done = work.range("splits done", 4 * self.n_tiles, zeroed=True)
         return self._part, self._ml, self._done
 
     @property
