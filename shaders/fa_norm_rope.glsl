@@ -73,6 +73,16 @@ shared float nr_sums[(BR + 1u) * NR_G];  // their sums: the Q tile's rows, then 
 #endif
 shared vec4 nk_sh[HSK4];   // the new cell's K and V as normed, rotated and stored
 shared vec4 nv_sh[HSV4];
+// ... and a quantised row's words as stored, for the tiles that hold segments as the words loaded
+// (K_SEG / V_SEG): from the word holding the row's first byte, its blocks of at most 34 bytes
+#if K_SEG
+const uint NR_KW = HSK / 32u * 9u + 1u;
+shared uint nkw_sh[NR_KW];
+#endif
+#if V_SEG
+const uint NR_VW = HSV / 32u * 9u + 1u;
+shared uint nvw_sh[NR_VW];
+#endif
 
 const uint NR_ROWS = BR + 1u;                                // the Q tile's rows, then the new K row
 const uint NR_IT = (NR_ROWS * NR_WG + WG - 1u) / WG;         // lane rounds of the workgroup
@@ -319,6 +329,22 @@ void nr_prologue(NrLoads nl, uint row0, uint n_rows, uint hk, bool with_k, uint 
             nv_sh[c4 - HSK4] = NR_V_STORED(vc + 4u * (c4 - HSK4));
         }
     }
+#if K_SEG
+    {   // the words of the row's bytes [kvq_block(kc), + HSK / 32 blocks)
+        const uint b0 = kvq_block(K_Q, kc), w0 = b0 >> 2, n = ((b0 + HSK / 32u * kvq_bytes(K_Q) - 1u) >> 2) - w0 + 1u;
+        for (uint i = t; i < n; i += WG) {
+            nkw_sh[i] = nr_kc_w[w0 + i];
+        }
+    }
+#endif
+#if V_SEG
+    {
+        const uint b0 = kvq_block(V_Q, vc), w0 = b0 >> 2, n = ((b0 + HSV / 32u * kvq_bytes(V_Q) - 1u) >> 2) - w0 + 1u;
+        for (uint i = t; i < n; i += WG) {
+            nvw_sh[i] = nr_vc_w[w0 + i];
+        }
+    }
+#endif
     barrier();
 }
 

@@ -405,10 +405,12 @@ struct VBlock { uint w[VBW]; uint e; };
 #define TILE_K_(k, c, col) unpack_k(K_ROW_AT(K_ROW(k_base + (col) * p.k_nb1), k))
 #define TILE_V_(c, v, col) unpack_v(V_ROW_AT(V_ROW(v_base + (col) * p.v_nb1), v))
 #endif
-// The new cell (nr_col) as the prologue stored it: a tile held a tile ahead (LOADS_FIRST 2
-// outside the segments) or in shared memory (3) takes it once, in the tile holding it (NR_PATCH);
-// otherwise each value read is chosen
-#if NORM_ROPE_IN && (LOADS_FIRST == 3 || LOADS_FIRST == 2 && !K_SEG && !V_SEG)
+// The new cell (nr_col) as the prologue stored it: a tile held a tile ahead (LOADS_FIRST 2; the
+// segments as the words stored, copied by the prologue) or in shared memory (3) takes it once, in
+// the tile holding it (NR_PATCH); otherwise each value read is chosen (with one tile loaded at
+// its start, 1, patching it would hold the whole tile at once: the RX 580's compiler took F16 at
+// head 256 from 60 VGPRs to 128)
+#if NORM_ROPE_IN && LOADS_FIRST >= 2
 #define NR_PATCH 1
 #else
 #define NR_PATCH 0
@@ -424,12 +426,12 @@ struct VBlock { uint w[VBW]; uint e; };
 // a value of the prologue's copy as the tile holds it (an F16 cache's values are halves already)
 #if K_F16
 K_RAW nr_raw_k(vec4 x) { return uvec2(packHalf2x16(x.xy), packHalf2x16(x.zw)); }
-#else
+#elif !K_SEG
 K_RAW nr_raw_k(vec4 x) { return x; }
 #endif
 #if V_F16
 V_RAW nr_raw_v(vec4 x) { return uvec2(packHalf2x16(x.xy), packHalf2x16(x.zw)); }
-#else
+#elif !V_SEG
 V_RAW nr_raw_v(vec4 x) { return x; }
 #endif
 #endif
@@ -717,12 +719,26 @@ void main() {
         if (j == nr_j) {
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
                 if (j * BC + c * COLS + col_tid == nr_col) {
+#if K_SEG
+                    const uint ke = k_base + nr_col * p.k_nb1;
+                    FA_UNROLL for (uint k = 0; k < KR; ++k) {
+                        KVQ_SEG_LOAD_AT(nkw_sh, kvq_block(K_Q, ke) >> 2, K_Q, KG, ke + 4u * KCH(k), kt[k][c].w, KSW)
+                    }
+#else
                     FA_UNROLL for (uint k = 0; k < KR; ++k) {
                         kt[k][c] = nr_raw_k(nk_sh[KD4(k)]);
                     }
+#endif
+#if V_SEG
+                    const uint ve = v_base + nr_col * p.v_nb1;
+                    FA_UNROLL for (uint v = 0; v < VR; ++v) {
+                        KVQ_SEG_LOAD_AT(nvw_sh, kvq_block(V_Q, ve) >> 2, V_Q, VG, ve + 4u * VCH(v), vt[c][v].w, VSW)
+                    }
+#else
                     FA_UNROLL for (uint v = 0; v < VR; ++v) {
                         vt[c][v] = nr_raw_v(nv_sh[VD4(v)]);
                     }
+#endif
                 }
             }
         }

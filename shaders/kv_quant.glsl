@@ -98,11 +98,13 @@ vec4 kvq_seg_dq4(uint t, uint n, uint i, uint c0, uint odd, uint r0, uint r1, ui
     return kvq_dq4(t, h, qh, w, c0 + i);
 }
 
-// the segment of n chunks at element e into R (SZ = KVQ_SEG_WORDS words), and its chunk i
-#define KVQ_SEG_LOAD(BUF, t, n, e, R, SZ)                                                       \
+// the segment of n chunks at element e into R (SZ = KVQ_SEG_WORDS words), and its chunk i;
+// KVQ_SEG_LOAD_AT from a copy of the words from word w0 on (BUF[0] holding word w0)
+#define KVQ_SEG_LOAD_AT(BUF, w0, t, n, e, R, SZ)                                                \
     [[unroll]] for (uint j_ = 0u; j_ < SZ; ++j_) {                                             \
-        R[j_] = BUF[(kvq_block(t, e) >> 2) + kvq_seg_word(t, n, kvq_chunk(e), j_)];           \
+        R[j_] = BUF[(kvq_block(t, e) >> 2) - (w0) + kvq_seg_word(t, n, kvq_chunk(e), j_)];    \
     }
+#define KVQ_SEG_LOAD(BUF, t, n, e, R, SZ) KVQ_SEG_LOAD_AT(BUF, 0u, t, n, e, R, SZ)
 #define KVQ_SEG_DQ4(t, n, R, SZ, i, e)                                                         \
     kvq_seg_dq4(t, n, i, kvq_chunk(e), kvq_odd(t, e), R[0], R[min(1u, SZ - 1u)],               \
                 R[kvq_seg_lo(t, n, i)], R[min(kvq_seg_lo(t, n, i) + 1u, SZ - 1u)])

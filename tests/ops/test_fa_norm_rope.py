@@ -141,18 +141,22 @@ def test_kv_tile_in_shared_memory(device, cache, cell, used, split_k):
               arch=Arch.AMD_GCN, loads_first=3)
 
 
-@pytest.mark.parametrize("cache,hd,k_rot,v_rot,arch,split_k", [
-    ("Q8_0", 64, 64, 64, Arch.AMD_GCN, 3),    # the GCN table's quantised kernel: the tile in shared memory
-    ("Q8_0", 128, 128, 128, Arch.NVIDIA, 2),
-    ("Q4_1", 64, 64, 0, None, 2),             # V unrotated
-    ("Q5_0", 64, 32, 64, Arch.AMD_GCN, 1),    # runs shorter than the head
-    ("F16", 64, 64, 0, None, 2),              # a rotated F16 K cache
+@pytest.mark.parametrize("cache,hd,k_rot,v_rot,arch,split_k,loads_first", [
+    ("Q8_0", 64, 64, 64, Arch.AMD_GCN, 3, None),    # the GCN table's quantised kernel: the tile in shared memory
+    ("Q8_0", 128, 128, 128, Arch.NVIDIA, 2, None),  # the NVIDIA table's: segments held a tile ahead as the words loaded
+    ("Q4_0", 64, 64, 64, Arch.NVIDIA, 3, 2),        # blocks starting 2 bytes into a word
+    ("Q5_1", 64, 64, 0, Arch.NVIDIA, 2, 1),         # one tile held: each value chosen
+    ("Q4_1", 64, 64, 0, None, 2, None),             # V unrotated
+    ("Q5_0", 64, 32, 64, Arch.AMD_GCN, 1, None),    # runs shorter than the head
+    ("F16", 64, 64, 0, None, 2, None),              # a rotated F16 K cache
 ])
-def test_rotated_quantised_cache(device, cache, hd, k_rot, v_rot, arch, split_k):
+def test_rotated_quantised_cache(device, cache, hd, k_rot, v_rot, arch, split_k, loads_first):
     """A quantised (or rotated) cache: the prologue rotates the queries and the new K and V,
-    quantises them into the caches and reads them back as stored: the same bits as norm_rope's
-    quantised stores and the attention apart."""
-    apart = same_bits(device, cache=cache, hd=hd, k_rot=k_rot, v_rot=v_rot, arch=arch, split_k=split_k)
+    quantises them into the caches and reads them back as stored (a tile held as the words loaded
+    takes the new cell's words from the prologue's copy): the same bits as norm_rope's quantised
+    stores and the attention apart."""
+    apart = same_bits(device, cache=cache, hd=hd, k_rot=k_rot, v_rot=v_rot, arch=arch, split_k=split_k,
+                      loads_first=loads_first)
     plain = run(device, fused=False, cache=cache, hd=hd, arch=arch, split_k=split_k)
     if k_rot:
         assert not np.array_equal(apart[0], plain[0])   # the rotations took part

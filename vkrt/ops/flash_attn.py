@@ -351,9 +351,13 @@ class FlashAttn:
                 if tile.shared_bytes(s.hsk, s.hsv) + extra > self.device.profile.shared_memory else None)
 
     def prologue_shared_bytes(self, pro) -> int:
-        """Shared memory the q/k norm and RoPE prologue `pro` (FANormRope) adds to the kernel's."""
+        """Shared memory the q/k norm and RoPE prologue `pro` (FANormRope) adds to the kernel's: with
+        a quantised K or V, the words of its new row too (fa_norm_rope.glsl's copy for the tiles
+        held as the words loaded; counted whatever the tile's loads)."""
+        s = self.shape
         wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
-        return 4 * (self.shape.hsk + self.shape.hsv) + (4 * (self.tile.br + 1) * (wg // sg) if wg else 0)
+        words = sum(hs // 32 * 9 + 1 for hs, t in zip((s.hsk, s.hsv), self._kv_types) if t.quantized)
+        return 4 * (s.hsk + s.hsv + words) + (4 * (self.tile.br + 1) * (wg // sg) if wg else 0)
 
     def _pack_rows(self) -> int:
         """Rows a thread of a packed call: tuning.fa_pack_rows_by_type's for K's type (else V's),
