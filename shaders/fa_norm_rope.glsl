@@ -329,21 +329,20 @@ void nr_prologue(NrLoads nl, uint row0, uint n_rows, uint hk, bool with_k, uint 
             nv_sh[c4 - HSK4] = NR_V_STORED(vc + 4u * (c4 - HSK4));
         }
     }
-#if K_SEG
-    {   // the words of the row's bytes [kvq_block(kc), + HSK / 32 blocks)
-        const uint b0 = kvq_block(K_Q, kc), w0 = b0 >> 2, n = ((b0 + HSK / 32u * kvq_bytes(K_Q) - 1u) >> 2) - w0 + 1u;
-        for (uint i = t; i < n; i += WG) {
-            nkw_sh[i] = nr_kc_w[w0 + i];
-        }
+// the words of a row's bytes [kvq_block(e), + HS / 32 blocks) of type QT, from word w0 on
+#define NR_COPY_WORDS(DST, SRC, QT, e, HS)                                                      \
+    {                                                                                          \
+        const uint b0 = kvq_block(QT, e), w0 = b0 >> 2;                                        \
+        const uint n = ((b0 + (HS) / 32u * kvq_bytes(QT) - 1u) >> 2) - w0 + 1u;                \
+        for (uint i = t; i < n; i += WG) {                                                     \
+            DST[i] = SRC[w0 + i];                                                              \
+        }                                                                                      \
     }
+#if K_SEG
+    NR_COPY_WORDS(nkw_sh, nr_kc_w, K_Q, kc, HSK)
 #endif
 #if V_SEG
-    {
-        const uint b0 = kvq_block(V_Q, vc), w0 = b0 >> 2, n = ((b0 + HSV / 32u * kvq_bytes(V_Q) - 1u) >> 2) - w0 + 1u;
-        for (uint i = t; i < n; i += WG) {
-            nvw_sh[i] = nr_vc_w[w0 + i];
-        }
-    }
+    NR_COPY_WORDS(nvw_sh, nr_vc_w, V_Q, vc, HSV)
 #endif
     barrier();
 }
