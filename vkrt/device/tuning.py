@@ -482,12 +482,6 @@ TABLE: dict[Arch, Tuning] = {
                         # 5.17 / 6.55 / 9.72 -> 5.07 / 6.48 / 9.54 ms. One run of 8 columns
                         # (mv_dense_max_n=8) did not gain over two of 4: k = 8 9.67 ms
                         mv_sum_scatter=True,
-                        # a verify step of 3-4 tokens adds and norms in the router's mat-vec (64
-                        # values a lane at K 2048, 4 columns) instead of a dispatch and a barrier a
-                        # layer of its own. H100, bench/speculative.py (Qwen3.5-35B-A3B shape in
-                        # VRAM, 5 runs each, interleaved), k = 4 ms: 7.10 6.98 6.62 6.65 6.71 ->
-                        # 6.64 6.51 6.62 6.52 7.03 (means 6.81 -> 6.66); k = 2 and 8 unchanged
-                        mv_norm_max_held=64,
                         # decode at head 128 with 2 rows a thread: a KV head's 8 query heads one
                         # workgroup (K and V read once a KV head, not by 4 workgroups). H100, heads
                         # 32/4 x 128, one query, 16000 cells from memory (flash_attn_decode.py --cold
