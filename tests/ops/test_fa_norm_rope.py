@@ -13,6 +13,7 @@ from test_flash_attn import tuning
 
 from vkrt.commands import CommandSequence, read_tensor, tensor_from_numpy
 from vkrt.device.architecture import Arch
+from vkrt.device.tuning import TABLE
 from vkrt.memory import F32, Tensor
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.kv_quant import kv_type
@@ -196,6 +197,33 @@ def test_qwen35_attention(device):
     quarter of the head (sections 11, 11, 10), 16 query heads a KV head."""
     same_bits(device, hd=256, n_head=16, n_kv_head=1, gated=True, rope={"n_dims": 64}, sections=(11, 11, 10, 0),
               split_k=2)
+
+
+@pytest.mark.parametrize("hd,limit,takes", [(256, 128, False), (128, 128, True), (256, 0, True)])
+def test_prologue_head_limit(device, hd, limit, takes):
+    """tuning.fa_prologue_max_head: past it the attention refuses the prologue, saying why (the
+    NVIDIA table keeps norm_rope apart at head 256); 0: any head."""
+    tune = dataclasses.replace(tuning(device, Arch.NVIDIA), fa_prologue_max_head=limit)
+    q, k, v = (Tensor.empty(device, F32, (hd, h, 1)) for h in (8, 1, 1))
+    kc, vc = (Tensor.empty(device, kv_type("F16"), (hd, 64, 1)) for _ in range(2))
+    qr, out = Tensor.empty(device, F32, (hd, 8, 1)), Tensor.empty(device, F32, (hd, 8, 1, 1))
+    mask = Tensor.empty(device, "F16", (64, 1))
+    pos, cells = (tensor_from_numpy(device, np.array([3], np.int32)) for _ in range(2))
+    own = [q, k, v, kc, vc, qr, out, mask, pos, cells]
+    try:
+        with FlashWork(device) as work:
+            pro = fa_norm_rope(device, q, k, v, pos, cells, kc, vc, q_weight=None, k_weight=None, eps=1e-6,
+                               rope_args={"n_dims": hd, "freq_base": 10000.0, "neox": True})
+            assert pro is not None
+            fa = FlashAttn(device, qr.permute(0, 2, 1, 3), kc, vc, out, mask, scale=hd ** -0.5, work=work,
+                           coopmat=False, tuning=tune, prologue=pro)
+            why = fa.prologue_blocker(pro, kc, vc, 0.0)
+            assert (fa.prologue is not None) == takes, why
+            assert takes or "fa_prologue_max_head (128)" in why
+    finally:
+        for t in own:
+            t.close()
+    assert TABLE[Arch.NVIDIA].fa_prologue_max_head == 128
 
 
 def test_iq4_nl_stays_with_norm_rope(device):

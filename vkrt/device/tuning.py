@@ -63,6 +63,9 @@ class Tuning:
     # (head size, rows a thread) pairs in place of those for an F16 or F32 cache's one-token decode
     # doing norm_rope's work in its prologue (one sequence; several sequences keep the above)
     fa_prologue_pack_rows_by_head: tuple = ()
+    # the largest head size whose one-token decode attention does norm_rope's work in its prologue
+    # (the fa_rope fusion; 0: any): past it norm_rope is a dispatch of its own
+    fa_prologue_max_head: int = 0
     fa_decode_split_min_tiles: int = 2
     # ... and at run time each split takes at least this many of the live tiles (a short context in
     # a dispatch recorded for a longer one runs on fewer splits; one split merges nothing). H200,
@@ -489,6 +492,13 @@ TABLE: dict[Arch, Tuning] = {
                         # 49.6 -> 79.6, q8_0 75.9 -> 102.9); 4 or 8 rows a thread, 64 or 256 invocations
                         # or 16 dot lanes all lost (60.1-96.7 at head 128 f16)
                         fa_pack_rows_by_head=((128, 2),),
+                        # head 256 runs norm_rope apart: every split workgroup norms and rotates 16
+                        # query rows of 256 in the prologue (H100, one query, 16000 cells from memory,
+                        # us: f16 49.9 -> 76.0 with it, q8_0 76.2 -> 85.0). Qwen3.5-35B-A3B shape,
+                        # tg128 @ d16384 (vkrt bench, 3 runs interleaved): f16 227.1 fused against
+                        # 235.1 apart, q8_0 214.5 both; head 128 (Qwen3-30B-A3B shape, 1 run) keeps it:
+                        # f16 193.9 / 189.1, q8_0 149.5 / 146.3
+                        fa_prologue_max_head=128,
                         # decode attention's dot lanes by a reduce-scatter (H100, one query, 16000 cells
                         # from memory, us, f16 / q8_0): head 128 60.7 -> 54.5 / 80.1 -> 76.5, head 256
                         # 53.6 -> 50.1 / 77.8 -> 75.7; with norm_rope's work 69.9 -> 63.6 (head 128 f16)

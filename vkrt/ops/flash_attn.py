@@ -333,14 +333,18 @@ class FlashAttn:
 
     def prologue_blocker(self, pro: FANormRope, k: Tensor, v: Tensor, max_bias: float) -> str | None:
         """Why this attention cannot do norm_rope's work in its prologue (None: it can): one token
-        of one sequence, the scalar kernel, one workgroup a KV head and split, the prologue's
-        caches those read here, room for its shared memory, whole norm subgroups a workgroup."""
+        of one sequence, a head within tuning.fa_prologue_max_head, the scalar kernel, one workgroup
+        a KV head and split, the prologue's caches those read here, room for its shared memory,
+        whole norm subgroups a workgroup."""
         s, tile = self.shape, self.tile
         wg, sg = pro.defines.get("NR_WG", 0), pro.defines.get("NR_SG", 1)
         extra = self.prologue_shared_bytes(pro)
         same_cache = all(c.buffer is t.buffer and c.offset == t.offset and c.nb[1:3] == t.nb[1:3]
                          for c, t in ((pro.k_cache, k), (pro.v_cache, v)))
+        limit = self.tuning.fa_prologue_max_head
         return ("more than one query token" if s.n_q != 1 or s.batch != 1 else
+                f"head {max(s.hsk, s.hsv)} is past the tuning's fa_prologue_max_head ({limit})"
+                if limit and max(s.hsk, s.hsv) > limit else
                 "the cooperative-matrix kernel runs it" if self.coopmat else
                 "a KV head's query heads are not one workgroup's" if self.pack == 1 and s.gqa > 1 else
                 "the mask has a plane per head, or ALiBi" if s.nem2 > 1 or max_bias > 0 else
