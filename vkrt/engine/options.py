@@ -3,10 +3,14 @@ Python API share: EngineOptions, and open_engine(device, path, options) -> (Mode
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..ops.kv_quant import KV_QUANT, KV_TYPES, kv_type
+
+log = logging.getLogger("vkrt")
 
 
 CPU_EXPERTS = ("off", "auto", "all")
@@ -144,6 +148,7 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
         n_cpu_moe = _plan_one(device, path, o, budgets[main])
     model = Model(device, path, mmap=o.mmap, n_gpu_layers=o.n_gpu_layers, n_cpu_moe=n_cpu_moe or 0, pin=o.pin,
                   progress=o.progress, split=split)
+    warn_past_trained_context(model.cfg, path, o)
     try:
         vision = Vision(device, o.mmproj, model.cfg, path) if o.mmproj is not None else None
         engine = Engine(model, n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
@@ -154,6 +159,16 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
         model.close()
         raise
     return model, engine
+
+
+def warn_past_trained_context(cfg, path: str, o: EngineOptions) -> None:
+    """A warning (as llama.cpp's) where a sequence's cells reach past the context the model was
+    trained on ({arch}.context_length): positions past it work, but the model has not seen them."""
+    per_seq = o.n_ctx // max(1, o.n_seq_max)
+    if per_seq > cfg.n_ctx_train:
+        log.warning("%s: %d cells a sequence (-c %d over %d sequence(s)) reach past the model's trained context "
+                    "of %d tokens (%s.context_length): output past it may degrade", os.path.basename(path), per_seq,
+                    o.n_ctx, max(1, o.n_seq_max), cfg.n_ctx_train, cfg.arch)
 
 
 def estimate_keywords(o: EngineOptions, device) -> dict:
