@@ -492,7 +492,7 @@ TABLE: dict[Arch, Tuning] = {
                         # 49.6 -> 79.6, q8_0 75.9 -> 102.9); 4 or 8 rows a thread, 64 or 256 invocations
                         # or 16 dot lanes all lost (60.1-96.7 at head 128 f16)
                         fa_pack_rows_by_head=((128, 2),),
-                        # head 256 runs norm_rope apart: every split workgroup norms and rotates 16
+                        # head 256 runs norm_rope apart: every split workgroup norms and rotates 8
                         # query rows of 256 in the prologue (H100, one query, 16000 cells from memory,
                         # us: f16 49.9 -> 76.0 with it, q8_0 76.2 -> 85.0). Qwen3.5-35B-A3B shape,
                         # tg128 @ d16384 (vkrt bench, 3 runs interleaved): f16 227.1 fused against
