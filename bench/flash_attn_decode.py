@@ -18,8 +18,9 @@ is the unpacked padded time over the packed one with the split FlashAttn picks b
 each K, V and mask value loaded where it is used (tuning fa_loads_first=0) over the table's;
 `us_with_prologue` (one query) the packed kernel doing norm_rope's work in its prologue as a
 decode step's attention does (VKRT_FUSE's fa_rope: the q/k norm, RoPE, and the new cell's K and V
-stored, rotated and quantised for a quantised cache; None where it is turned down) and
-`prologue_cost` that over the packed time; `us_without_flash` the attention without flash
+stored, rotated and quantised for a quantised cache; None where it is turned down, and
+`prologue_refused` says why: the tuning's fa_prologue_max_head, say) and `prologue_cost` that
+over the packed time; `us_without_flash` the attention without flash
 attention (`-fa 0`: QK^T, softmax, PV; F16/F32 caches) and `speedup_vs_without_flash` that over
 the packed time. The sweep rows force the packed kernel's split count.
 """
@@ -70,6 +71,9 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
                            **rotations(kv, hs))
         if pro is not None:
             variants.append((PROLOGUE, dict(kv_used=tensors[4], prologue=pro, out_rot=rotations(kv, hs)["v_rot"])))
+    # why the prologue was not timed (None: it was)
+    refused = ("more than one query token" if not pro_tensors else
+               f"no prologue for a {kv.name} cache (norm_rope stores it)" if pro is None else None)
     plain = None   # the attention without flash (it reads F16/F32 caches only)
     scores = Tensor.empty(dev, F32, (n_kv * n_q * n_head,)) if not kv.quantized else None
     try:
@@ -82,6 +86,7 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
             if "split_k" in kw and any(o.n_split == op.n_split for o in ops[3:]):   # clamped to the tiles
                 continue
             if "prologue" in kw and op.prologue is None:
+                refused = op.prologue_blocker(kw["prologue"], tensors[1], tensors[2], 0.0)
                 continue
             ops.append(op)
         timed = ops + ([plain] if plain else [])
@@ -102,7 +107,8 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
                 best_split=min(rows[3:], key=lambda r: r["us"])["n_split"] if rows[3:] else None,
                 us_with_prologue=with_prologue, us_without_flash=without,
                 speedup_vs_without_flash=without / (times[1] * 1e6) if without else None,
-                prologue_cost=with_prologue / (times[1] * 1e6) if with_prologue else None, variants=rows)
+                prologue_cost=with_prologue / (times[1] * 1e6) if with_prologue else None,
+                prologue_refused=refused, variants=rows)
 
 
 PROLOGUE = "packed, norm_rope in its prologue"
@@ -157,7 +163,8 @@ def main() -> None:
     for r in rows:
         sweep = ", ".join(f"{v['n_split']}: {v['us']:.1f}" for v in r["variants"][3:])
         auto = r["variants"][1]["n_split"]
-        pro = f"{r['us_with_prologue']:.1f} ({r['prologue_cost']:.2f}x)" if r["us_with_prologue"] else "–"
+        pro = (f"{r['us_with_prologue']:.1f} ({r['prologue_cost']:.2f}x)" if r["us_with_prologue"]
+               else f"– ({r['prologue_refused']})" if r["prologue_refused"] else "–")
         nf = f"{r['us_without_flash']:.1f} ({r['speedup_vs_without_flash']:.2f}x)" if r["us_without_flash"] else "–"
         print(f"| {r['kv']} | {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} "
               f"| {r['n_kv']} "

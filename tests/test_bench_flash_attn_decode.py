@@ -1,6 +1,7 @@
 """bench/flash_attn_decode.py on the test device: one query gets the decode attention with the
 fa_rope prologue timed beside the plain packed kernel (a quantised cache's stores rotated and
-quantised), several queries none (the prologue takes one token); --cold times each run after an untimed
+quantised), several queries none (the prologue takes one token; the row says why, as where the
+tuning turns it down); --cold times each run after an untimed
 cache flush; an F16 cache's attention without flash is timed beside them."""
 
 from __future__ import annotations
@@ -24,8 +25,17 @@ def test_one_query_times_the_prologue():
     assert one["kv"] == "q8_0" and one["us_with_prologue"] > 0
     assert abs(one["prologue_cost"] - one["us_with_prologue"] / one["us_packed"]) < 1e-9
     assert four["us_with_prologue"] is None and four["prologue_cost"] is None
+    assert one["prologue_refused"] is None and four["prologue_refused"] == "more than one query token"
     assert one["us_without_flash"] is None   # (a quantised cache has no attention without flash)
     assert all(v["variant"] != "packed, norm_rope in its prologue" for r in rows.values() for v in r["variants"])
+
+
+def test_a_prologue_the_tuning_turns_down_says_why():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--queries", "1", "--depth", "100", "--heads", "64:4:1",
+                           "--splits", "", "--kv", "f16", "--repeats", "1", "--set", "fa_prologue_max_head=32"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "| – (head 64 is past the tuning's fa_prologue_max_head (32)) |" in proc.stdout
 
 
 def test_cold_runs_time_the_attention_alone():
