@@ -47,7 +47,6 @@ MV_UNITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "Q4_0": 4, "Q
             "IQ2_S": 16, "IQ1_S": 16, "IQ1_M": 16, "MXFP4": 4, "TQ1_0": 16, "TQ2_0": 4}
 
 
-
 def mat_vec_columns(tuning) -> int:
     """Columns (tokens) one dense mat-vec run takes: more run in several."""
     return min(tuning.mv_max_n, tuning.mv_dense_max_n)
