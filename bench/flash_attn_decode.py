@@ -16,11 +16,13 @@ decode step rather than from the cache the last run left them in); `speedup`
 is the unpacked padded time over the packed one with the split FlashAttn picks by itself
 (VKRT_ARCH=gcn gives the GCN table); `speedup_vs_loads_where_used` is the packed kernel with
 each K, V and mask value loaded where it is used (tuning fa_loads_first=0) over the table's;
-`us_with_prologue` (one query) the packed kernel doing norm_rope's work in its prologue as a
-decode step's attention does (VKRT_FUSE's fa_rope: the q/k norm, RoPE, and the new cell's K and V
+`us_mask_zero` (one query) the packed kernel in a step flagged mask-zero, as one sequence's decode
+step runs it (the mask is 0 on the live cells; the kernel reads none of it) and
+`speedup_mask_zero` the packed time over it; `us_with_prologue` (one query) the flagged kernel
+doing norm_rope's work in its prologue as a decode step's attention does (VKRT_FUSE's fa_rope: the q/k norm, RoPE, and the new cell's K and V
 stored, rotated and quantised for a quantised cache; None where it is turned down, and
 `prologue_refused` says why: the tuning's fa_prologue_max_head, say) and `prologue_cost` that
-over the packed time; `us_without_flash` the attention without flash
+over the flagged time; `us_without_flash` the attention without flash
 attention (`-fa 0`: QK^T, softmax, PV; F16/F32 caches) and `speedup_vs_without_flash` that over
 the packed time. The sweep rows force the packed kernel's split count.
 """
@@ -64,13 +66,18 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
                 ("packed, loads where used", dict(kv_used=tensors[4], tuning=replace(dev.tuning, fa_loads_first=0)))]
     variants += [(f"packed, split {n}", dict(kv_used=tensors[4], split_k=n)) for n in splits]
     outs, ops, work = [], [], FlashWork(dev)   # the ops run one at a time, as a model's layers
+    # one sequence's decode: the step flags its mask all zero on the live cells
+    flag = tensor_from_numpy(dev, np.array([1], np.int32)) if n_q == 1 else None
+    if flag is not None:
+        variants.append((MASK_ZERO, dict(kv_used=tensors[4], mask_zero=flag)))
     pro_tensors = prologue_operands(dev, n_q, depth, hs, n_head, n_head_kv, rng)
     if pro_tensors:   # last: the new cell's store changes the caches
         pro = fa_norm_rope(dev, *pro_tensors[:5], tensors[1], tensors[2], q_weight=pro_tensors[5],
                            k_weight=pro_tensors[5], eps=1e-6, rope_args=dict(n_dims=hs, freq_base=1e6, neox=True),
                            **rotations(kv, hs))
         if pro is not None:
-            variants.append((PROLOGUE, dict(kv_used=tensors[4], prologue=pro, out_rot=rotations(kv, hs)["v_rot"])))
+            variants.append((PROLOGUE, dict(kv_used=tensors[4], prologue=pro, out_rot=rotations(kv, hs)["v_rot"],
+                                            mask_zero=flag)))
     # why the prologue was not timed (None: it was)
     refused = ("more than one query token" if not pro_tensors else
                f"no prologue for a {kv.name} cache (norm_rope stores it)" if pro is None else None)
@@ -94,24 +101,27 @@ def measure(dev, n_q: int, depth: int, hs: int, n_head: int, n_head_kv: int, spl
         rows = [dict(variant=op.label, pack=op.pack, n_split=op.n_split, us=t * 1e6) for op, t in zip(ops, times)]
         without = times[-1] * 1e6 if plain else None
     finally:
-        for x in (work, scores, *tensors, *outs, *pro_tensors):
+        for x in (work, scores, flag, *tensors, *outs, *pro_tensors):
             if x is not None:
                 x.close()
     with_prologue = next((r["us"] for r in rows if r["variant"] == PROLOGUE), None)
-    rows = [r for r in rows if r["variant"] != PROLOGUE]
+    mask_zero = next((r["us"] for r in rows if r["variant"] == MASK_ZERO), None)
+    rows = [r for r in rows if r["variant"] not in (PROLOGUE, MASK_ZERO)]
     times = [r["us"] / 1e6 for r in rows]
     return dict(queries=n_q, depth=depth, n_kv=n_kv, kv=kv.name.lower(), head_size=hs, n_head=n_head,
                 n_head_kv=n_head_kv,
                 us_unpacked=times[0] * 1e6, us_packed=times[1] * 1e6, speedup=times[0] / times[1],
                 us_loads_where_used=times[2] * 1e6, speedup_vs_loads_where_used=times[2] / times[1],
                 best_split=min(rows[3:], key=lambda r: r["us"])["n_split"] if rows[3:] else None,
+                us_mask_zero=mask_zero, speedup_mask_zero=times[1] * 1e6 / mask_zero if mask_zero else None,
                 us_with_prologue=with_prologue, us_without_flash=without,
                 speedup_vs_without_flash=without / (times[1] * 1e6) if without else None,
-                prologue_cost=with_prologue / (times[1] * 1e6) if with_prologue else None,
+                prologue_cost=with_prologue / mask_zero if with_prologue else None,
                 prologue_refused=refused, variants=rows)
 
 
 PROLOGUE = "packed, norm_rope in its prologue"
+MASK_ZERO = "packed, mask flagged zero"
 NO_FLASH = "attention without flash (-fa 0)"
 
 
@@ -156,7 +166,7 @@ def main() -> None:
     tune = f", VKRT_TUNE {result['tune']!r}" if "tune" in result else ""
     print(f"flash attention decode on {result['device']} ({result['architecture']}{tune}), us per call")
     columns = ["K/V", "head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
-               "loads where used (speedup)", "with the fa_rope prologue (cost)", "without flash (speedup)",
+               "loads where used (speedup)", "mask flagged zero (speedup)", "with the fa_rope prologue (cost)", "without flash (speedup)",
                "packed split sweep (splits: us)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
@@ -165,12 +175,13 @@ def main() -> None:
         auto = r["variants"][1]["n_split"]
         pro = (f"{r['us_with_prologue']:.1f} ({r['prologue_cost']:.2f}x)" if r["us_with_prologue"]
                else f"– ({r['prologue_refused']})" if r["prologue_refused"] else "–")
+        mz = f"{r['us_mask_zero']:.1f} ({r['speedup_mask_zero']:.2f}x)" if r["us_mask_zero"] else "–"
         nf = f"{r['us_without_flash']:.1f} ({r['speedup_vs_without_flash']:.2f}x)" if r["us_without_flash"] else "–"
         print(f"| {r['kv']} | {r['head_size']} | {r['n_head']}/{r['n_head_kv']} | {r['queries']} | {r['depth']} "
               f"| {r['n_kv']} "
               f"| {r['us_unpacked']:.1f} | {r['us_packed']:.1f} (split {auto}) | {r['speedup']:.2f}x "
               f"| {r['us_loads_where_used']:.1f} ({r['speedup_vs_loads_where_used']:.2f}x) "
-              f"| {pro} | {nf} | {sweep} |")
+              f"| {mz} | {pro} | {nf} | {sweep} |")
 
 
 if __name__ == "__main__":

@@ -134,8 +134,9 @@ def flash_attn_cases(dev, hs: int, n_q: int, phase: str, both: tuple = (), prolo
                            k_rot=k_rotation(hs) if quantised else 0, v_rot=out_rot)
     rec = Recorder(dev)
     # mask_opt off and no split: FlashAttn then needs no FlashWork (the null device has no memory)
+    flag = placeholder(dev, I32, (1,), "mask_zero")   # as the engine: its decode-sized calls may skip the mask
     fa = FlashAttn(dev, q, k, v, o, mask, scale=hs ** -0.5, mask_opt=False, split_k=1, kv_used=used, prologue=pro,
-                   tuning=tuning, out_rot=out_rot)
+                   tuning=tuning, out_rot=out_rot, mask_zero=flag)
     if prologue and fa.prologue is None:
         return []
     fa.record(rec)

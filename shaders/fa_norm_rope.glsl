@@ -33,7 +33,7 @@
 #define NR_VT float
 #endif
 
-#define NR_B (7 + 2 * HAS_MASK + KV_USED + SINKS)
+#define NR_B (7 + 2 * HAS_MASK + KV_USED + SINKS + MASK_ZERO)
 layout(binding = NR_B + 0) readonly buffer NrQW { float nr_qw[]; };    // the norms' weights
 layout(binding = NR_B + 1) readonly buffer NrKW { float nr_kw[]; };
 layout(binding = NR_B + 2) readonly buffer NrPos { int nr_pos[]; };    // 1 position, 4 with sections

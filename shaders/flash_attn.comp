@@ -41,13 +41,18 @@
 // rotated and stored into the caches by the split holding the cell (fa_norm_rope.glsl), a
 // quantised cache's rows Walsh-Hadamard rotated (K_ROT, V_ROT, the queries with K) and quantised.
 //
+// With MASK_ZERO a word written each step says whether the mask is 0 on every live cell of every
+// row (one sequence's decode): the KV loop (flash_attn_loop.glsl) is compiled twice, and a flagged
+// step runs the copy that reads no mask, with the same result (x + 0 is x). A branch around the
+// mask's loads in one loop cost more than the loads (H100, head 128 f16: 46.7 -> 53.5 us).
+//
 // With OUT_ROT (a cache whose V is stored Walsh-Hadamard rotated, ops/hadamard.py) each output row
 // is rotated back in runs of OUT_ROT in shared memory before it is written, times OUT_ROT_SCALE:
 // the bits of hadamard() run on the output after.
 //
 // Defines: HSK, HSV (head sizes), BR, BC, DS, COLS, RG, K_F16, V_F16, K_Q, V_Q, HAS_MASK, UNROLL (0: loops
 // stay rolled, for compilers where unrolled tiles take seconds), GQA_PACK, KV_USED, SINKS,
-// LOADS_FIRST, SPLIT_MIN, SCATTER (dot_sums), NORM_ROPE_IN (and fa_norm_rope.glsl's).
+// LOADS_FIRST, SPLIT_MIN, SCATTER (dot_sums), MASK_ZERO, NORM_ROPE_IN (and fa_norm_rope.glsl's).
 #include "common.glsl"
 #include "attn_common.glsl"
 #if DS > 1
@@ -73,6 +78,9 @@
 #endif
 #ifndef SCATTER
 #define SCATTER 0
+#endif
+#ifndef MASK_ZERO
+#define MASK_ZERO 0
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -217,6 +225,10 @@ layout(binding = 7 + 2 * HAS_MASK) readonly buffer KvUsed { uint kv_used; };  //
 #endif
 #if SINKS
 layout(binding = 7 + 2 * HAS_MASK + KV_USED) readonly buffer Sinks { float sinks[]; };   // one a query head
+#endif
+#if MASK_ZERO
+// nonzero in a step whose mask is 0 on every live cell of every row: the mask is not read
+layout(binding = 7 + 2 * HAS_MASK + KV_USED + SINKS) readonly buffer MaskZero { uint mask_zero; };
 #endif
 
 // element offsets and strides (K and V ones multiples of 4); scale already divided by softcap
@@ -641,6 +653,11 @@ void main() {
     const uint n_rt = (P_N + MO_BR - 1u) / MO_BR;
     const uint mo_base = (((b % P_NEM3) * P_NEM2 + h_mask) * n_rt + row_token(row0) / MO_BR) * mo_stride;
     const bool use_mask_opt = (p.flags & 1u) != 0u;
+#if MASK_ZERO
+    const bool mask_live = mask_zero == 0u;   // (the workgroup's)
+#else
+    const bool mask_live = true;
+#endif
 #endif
 
     float M[RPT], L[RPT];
@@ -672,7 +689,9 @@ void main() {
     LOAD_NEXT_KV(min(split * per_split, j_end - 1u));
 #if HAS_MASK
     uint mn[RPT][CPT];
-    LOAD_MASK(min(split * per_split, j_end - 1u), mn);
+    if (mask_live) {
+        LOAD_MASK(min(split * per_split, j_end - 1u), mn);
+    }
 #endif
 #endif
 #if NORM_ROPE_IN
@@ -680,171 +699,21 @@ void main() {
     // cell from nk_sh / nv_sh, never as loaded)
     nr_prologue(nl, row0, n_rows, hk, nr_owner, k_base, v_base);
 #endif
-    [[dont_unroll]] for (uint j = split * per_split; j < j_end; ++j) {
-#if LOADS_FIRST > 1
-        // this tile's values from the last iteration (3: every thread's share stored once the
-        // last tile's reads are done; the trip count is the workgroup's, so no thread skips these
-        // barriers); the next tile's loads go out now (before anything can skip this tile)
-#if LOADS_FIRST == 3
-        barrier();
-        STORE_KV_SHARE(ksn, vsn);
-        barrier();
-#if NR_PATCH
-        if (j == nr_j) {   // (the workgroup's)
-            const uint row = nr_col - j * BC;
-            for (uint i = t; i < HSK4; i += WG) {
-                k_sh[row * KSTR + i] = nk_sh[i];
-            }
-            for (uint i = t; i < HSV4; i += WG) {
-                v_sh[row * VSTR + i] = nv_sh[i];
-            }
-            barrier();
-        }
-#endif
-#else
-        K_RAW kt[KR][CPT] = kn;
-        V_RAW vt[CPT][VR] = vn;
-#endif
-#if HAS_MASK
-        uint mt[RPT][CPT] = mn;
-        LOAD_MASK(min(j + 1u, j_end - 1u), mn);
-#endif
-        LOAD_NEXT_KV(min(j + 1u, j_end - 1u));
-#elif LOADS_FIRST
-        K_RAW kt[KR][CPT];
-        V_RAW vt[CPT][VR];
-        LOAD_KV(j, kt, vt);
-#endif
-#if NR_PATCH && LOADS_FIRST < 3
-        if (j == nr_j) {
-            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-                if (j * BC + c * COLS + col_tid == nr_col) {
-#if K_SEG
-                    const uint ke = k_base + nr_col * p.k_nb1;
-                    FA_UNROLL for (uint k = 0; k < KR; ++k) {
-                        KVQ_SEG_LOAD_AT(nkw_sh, kvq_block(K_Q, ke) >> 2, K_Q, KG, ke + 4u * KCH(k), kt[k][c].w, KSW)
-                    }
-#else
-                    FA_UNROLL for (uint k = 0; k < KR; ++k) {
-                        kt[k][c] = nr_raw_k(nk_sh[KD4(k)]);
-                    }
-#endif
-#if V_SEG
-                    const uint ve = v_base + nr_col * p.v_nb1;
-                    FA_UNROLL for (uint v = 0; v < VR; ++v) {
-                        KVQ_SEG_LOAD_AT(nvw_sh, kvq_block(V_Q, ve) >> 2, V_Q, VG, ve + 4u * VCH(v), vt[c][v].w, VSW)
-                    }
-#else
-                    FA_UNROLL for (uint v = 0; v < VR; ++v) {
-                        vt[c][v] = nr_raw_v(nv_sh[VD4(v)]);
-                    }
-#endif
-                }
-            }
-        }
-#endif
-        uint code = FA_MIXED;
-#if HAS_MASK
-        if (use_mask_opt) {
-            code = (mo[mo_base + j / 16u] >> (2u * (j % 16u))) & 3u;
-            if (code == FA_ALL_NEG_INF) {
-                continue;
-            }
-        }
-#endif
-#if HAS_MASK
-        // this thread's mask values: a thread whose part of the block is all -inf skips it
-        // (with mask_opt or without: the same work either way, so the results match bit for bit)
-        float mval[RPT][CPT];
-        if (code == FA_MIXED) {
-            bool live = false;
-            FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-#if LOADS_FIRST > 1
-                    const float m = MASK_OF(mt[r][c], j, r, c);
-#else
-                    const float m = MASK_AT(j, r, c);
-#endif
-                    live = live || m != ATTN_NEG_INF;
-                    mval[r][c] = m;
-                }
-            }
-            if (!live) {
-                continue;
-            }
-        }
-#endif
-        float s[RPT][CPT];
-        FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-                s[r][c] = 0.0;
-            }
-        }
-        FA_UNROLL for (uint k = 0; k < KD; ++k) {
-            const uint d4 = KD4(k);
-            vec4 qc[RPT];
-            FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                qc[r] = tile[(rg * RPT + r) * HSK4 + d4];
-            }
-            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-                const vec4 kv = TILE_K(k, c, min(j * BC + c * COLS + col_tid, p.KV - 1u));
-                FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                    s[r][c] = fma(qc[r].w, kv.w, fma(qc[r].z, kv.z, fma(qc[r].y, kv.y, fma(qc[r].x, kv.x, s[r][c]))));
-                }
-            }
-        }
-#if DOT_SUMS_AT_ONCE
-        dot_sums(s, d_tid);
-#endif
-        FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-            float mx = M[r];
-            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-#if DS > 1 && !DOT_SUMS_AT_ONCE
-#if LOADS_FIRST == 3
-                // a loop ACO keeps (Mesa 22): unrolled, it reads the tile's V from shared memory
-                // ahead, head 256's quantised kernel at 140 VGPRs (1 wave) against 84 (2)
-                for (uint w = DS / 2u; w > 0u; w >>= 1u) {
-                    s[r][c] += subgroupShuffleXor(s[r][c], w);
-                }
-#else
-                XOR_SUM(s[r][c], DS, subgroupShuffleXor)
-#endif
-#endif
-                const uint col = j * BC + c * COLS + col_tid;
-                float x = s[r][c] * p.scale;
-                if (p.softcap != 0.0) {
-                    x = p.softcap * tanh(clamp(x, -15.0, 15.0));
-                }
-#if HAS_MASK
-                if (code == FA_MIXED) {
-                    x = fma(slope, mval[r][c], x);
-                }
-#endif
-                s[r][c] = col < kv ? x : ATTN_NEG_INF;
-                mx = max(mx, s[r][c]);
-            }
-            const float alpha = exp(M[r] - mx);
-            M[r] = mx;
-            float sum = 0.0;
-            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-                s[r][c] = exp(s[r][c] - mx);
-                sum += s[r][c];
-            }
-            L[r] = L[r] * alpha + sum;
-            FA_UNROLL for (uint v = 0; v < VD; ++v) {
-                acc[r][v] *= alpha;
-            }
-        }
-        FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-            const uint col = min(j * BC + c * COLS + col_tid, p.KV - 1u);
-            FA_UNROLL for (uint v = 0; v < VD; ++v) {
-                const vec4 vv = TILE_V(c, v, col);
-                FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-                    acc[r][v] = fma(vec4(s[r][c]), vv, acc[r][v]);
-                }
-            }
-        }
+#if MASK_ZERO
+    if (mask_live) {
+#define LOOP_MASKED 1
+#include "flash_attn_loop.glsl"
+#undef LOOP_MASKED
+    } else {
+#define LOOP_MASKED 0
+#include "flash_attn_loop.glsl"
+#undef LOOP_MASKED
     }
+#else
+#define LOOP_MASKED HAS_MASK
+#include "flash_attn_loop.glsl"
+#undef LOOP_MASKED
+#endif
 
     // merge the COLS column streams of each row: common max, their weights, summed L and O
     if (d_tid == 0u) {

@@ -29,7 +29,7 @@ MODEL_MODULES = frozenset({
     "test_mtp", "test_mtp_images", "test_kv_transfer",
     "test_kv_quant_model", "test_kv_quant_cli", "test_vision_encoder", "test_vision_prompt",
     "test_vision_cli", "test_kv_quant_bench", "test_bench_depth", "test_vision_gemma3", "test_vision_gemma3_prompt",
-    "test_trained_context"})
+    "test_trained_context", "test_engine_mask_zero"})
 
 
 def tier(path) -> str:

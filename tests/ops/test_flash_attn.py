@@ -528,6 +528,93 @@ def test_live_tiles_a_split(device, used, split_min, one_split):
         t_used.close()
 
 
+MASK_ZERO_CASES = [
+    # (tuning, n_q, n_head, n_head_kv, head size, loads first, split_k, mask_opt)
+    (None, 1, 8, 2, 64, None, 1, False),
+    (Arch.NVIDIA, 1, 32, 4, 128, 2, 3, False),
+    (Arch.AMD_GCN, 2, 16, 2, 128, 3, 2, False),
+    (Arch.AMD_GCN, 1, 16, 2, 64, 1, 1, True),
+]
+
+
+@pytest.mark.parametrize("arch,n_q,n_head,n_head_kv,hs,first,split_k,mask_opt", MASK_ZERO_CASES)
+def test_mask_zero_flag_skips_the_mask(device, arch, n_q, n_head, n_head_kv, hs, first, split_k, mask_opt):
+    """A step flagged mask-zero reads no mask: over a mask that is 0 on the live cells the result
+    is the unflagged one bit for bit, and over one that hides live cells it is the attention
+    without them hidden (the flag is the engine's promise); a flag of 0 reads the mask."""
+    rng = np.random.default_rng(hs + n_q)
+    used, n_kv = 190, 256
+    q, k, v = make_qkv(rng, n_head=n_head, n_head_kv=n_head_kv, n_q=n_q, n_kv=n_kv, hsk=hs)
+    zero = np.full((1, 1, n_q, n_kv), NEG_INF, np.float16)
+    zero[..., :used] = 0
+    hiding = zero.copy()
+    hiding[..., 3:60] = NEG_INF
+    t = tuning(device, arch)
+    if first is not None:
+        t = dataclasses.replace(t, fa_loads_first=first, fa_ahead_max_bytes=0)
+    t_used = tensor_from_numpy(device, np.array([used], np.int32))
+    flags = [tensor_from_numpy(device, np.array([f], np.int32)) for f in (0, 1)]
+    try:
+        run = dict(tuning=t, split_k=split_k, kv_used=t_used, mask_opt=mask_opt)
+        plain, _ = flash(device, q, k, v, zero, **run)
+        got, fa = flash(device, q, k, v, zero, mask_zero=flags[1], **run)
+        assert fa._attn.defines.get("MASK_ZERO") == 1 and fa.n_split == split_k
+        assert np.array_equal(_bits(got), _bits(plain))
+        skipped, _ = flash(device, q, k, v, hiding, mask_zero=flags[1], **run)
+        assert np.array_equal(_bits(skipped), _bits(plain))
+        read, _ = flash(device, q, k, v, hiding, mask_zero=flags[0], **run)
+        check(read, q, k, v, hiding)
+        assert not np.array_equal(_bits(read), _bits(plain))
+    finally:
+        for x in (t_used, *flags):
+            x.close()
+
+
+def test_mask_zero_flag_only_where_it_applies(device):
+    """Calls past decode size, without live cells or without a mask take no flag binding."""
+    rng = np.random.default_rng(9)
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=40, n_kv=64, hsk=64)
+    flag = tensor_from_numpy(device, np.array([1], np.int32))
+    t_used = tensor_from_numpy(device, np.array([64], np.int32))
+    mask = np.zeros((1, 1, 40, 64), np.float16)
+    try:
+        for args, kw in (((q, k, v, mask), dict(kv_used=t_used)), ((q[:, :, :1], k, v, mask[..., :1, :]), {}),
+                         ((q[:, :, :1], k, v, None), dict(kv_used=t_used))):
+            got, fa = flash(device, *args, mask_zero=flag, **kw)
+            assert "MASK_ZERO" not in fa._attn.defines
+            check(got, *args)
+        bad = tensor_from_numpy(device, np.array([1.0], np.float32))
+        try:
+            with pytest.raises(UnsupportedShape, match="mask_zero must be one I32"):
+                flash(device, q, k, v, mask, mask_zero=bad)
+        finally:
+            bad.close()
+    finally:
+        flag.close()
+        t_used.close()
+
+
+@pytest.mark.parametrize("on,limit,hs,takes", [(True, 128, 256, False), (True, 128, 128, True), (True, 0, 256, True),
+                                               (False, 0, 64, False)])
+def test_mask_zero_head_limit(device, on, limit, hs, takes):
+    """tuning.fa_mask_zero_max_head: past it (or with fa_mask_zero off) the kernel has no mask-free
+    loop and reads the mask whatever the flag says."""
+    rng = np.random.default_rng(hs)
+    q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=1, n_kv=64, hsk=hs)
+    mask = np.zeros((1, 1, 1, 64), np.float16)
+    mask[..., 5:9] = NEG_INF   # the flag promises otherwise: only a kernel that takes it ignores this
+    t = dataclasses.replace(tuning(device, Arch.NVIDIA), fa_mask_zero=on, fa_mask_zero_max_head=limit, fa_decode_bc=8)
+    flag = tensor_from_numpy(device, np.array([1], np.int32))
+    t_used = tensor_from_numpy(device, np.array([64], np.int32))
+    try:
+        got, fa = flash(device, q, k, v, mask, tuning=t, kv_used=t_used, mask_zero=flag)
+        assert (fa._attn.defines.get("MASK_ZERO") == 1) == takes
+        check(got, q, k, v, np.zeros_like(mask) if takes else mask)
+    finally:
+        flag.close()
+        t_used.close()
+
+
 def test_kv_used_must_be_one_i32(device):
     rng = np.random.default_rng(4)
     q, k, v = make_qkv(rng, n_head=2, n_head_kv=1, n_q=1, n_kv=40)

@@ -66,6 +66,10 @@ class Tuning:
     # the largest head size whose one-token decode attention does norm_rope's work in its prologue
     # (the fa_rope fusion; 0: any): past it norm_rope is a dispatch of its own
     fa_prologue_max_head: int = 0
+    # decode-sized attention compiles a second KV loop that reads no mask, run in steps the engine
+    # flags mask-zero (one sequence's decode), up to this head size (0: any)
+    fa_mask_zero: bool = True
+    fa_mask_zero_max_head: int = 0
     fa_decode_split_min_tiles: int = 2
     # ... and at run time each split takes at least this many of the live tiles (a short context in
     # a dispatch recorded for a longer one runs on fewer splits; one split merges nothing). H200,
@@ -499,6 +503,13 @@ TABLE: dict[Arch, Tuning] = {
                         # 235.1 apart, q8_0 214.5 both; head 128 (Qwen3-30B-A3B shape, 1 run) keeps it:
                         # f16 193.9 / 189.1, q8_0 149.5 / 146.3
                         fa_prologue_max_head=128,
+                        # a step flagged mask-zero runs a KV loop that reads no mask (a second copy
+                        # compiled in; H100, one query, 16000 / 32000 cells from memory, us): head 128
+                        # f16 46.8 -> 42.0 / 71.3 -> 62.3, q8_0 59.7 -> 53.5 / 95.8 -> 85.6; Qwen3-30B-A3B
+                        # shape tg128 @ d16384 f16 191.8 -> 199.8, q8_0 148.5 -> 157.5 t/s (2 runs each).
+                        # Not at head 256: f16 49.7 -> 63.4 / 74.3 -> 96.3 (q8_0 76.0 -> 71.4); Qwen3.5-35B-A3B
+                        # shape f16 233.1 -> 226.6, q8_0 210.4 -> 211.2
+                        fa_mask_zero_max_head=128,
                         # decode attention's dot lanes by a reduce-scatter (H100, one query, 16000 cells
                         # from memory, us, f16 / q8_0): head 128 60.7 -> 54.5 / 80.1 -> 76.5, head 256
                         # 53.6 -> 50.1 / 77.8 -> 75.7; with norm_rope's work 69.9 -> 63.6 (head 128 f16)

@@ -84,7 +84,8 @@ def record_graph(key: GraphKey, stages: list, handoffs: list, readback, flash_at
                          keep_hidden=readback.record_hidden if key.keep_hidden else None, embd=key.embd)
     n, n_kv = key.n_tokens, key.n_kv
     sizes = {"ids": 4 * n, "pos": 4 * n * cfg.pos_streams, "cells": 4 * n, "slots": 4 * key.n_seqs,
-             "mask": 2 * n_kv * n, "mask_swa": 2 * n_kv * n, "kv_used": 4, "out_ids": 4 * key.out_rows,
+             "mask": 2 * n_kv * n, "mask_swa": 2 * n_kv * n, "kv_used": 4, "mask_zero": 4,
+             "mask_swa_zero": 4, "out_ids": 4 * key.out_rows,
              "embd": 4 * cfg.n_embd * n if key.embd else 0}
     x_bytes, parity, split = 4 * cfg.n_embd * n, key.parity, len(stages) > 1
     parts: list[StageGraph] = []

@@ -1,7 +1,7 @@
 """Step inputs: the host's part of a step before its graph runs. The step's tokens take KV cells
 in the cell table (padding tokens one free cell no token attends), the span attention covers
-is chosen so shapes repeat, and the token ids, positions, cells, sequence slots, attention masks,
-live KV length and output rows are written into the stages' host-visible step-input buffers,
+is chosen so shapes repeat, and the token ids, positions, cells, sequence slots, attention masks
+(and whether each is all zero on the live cells), live KV length and output rows are written into the stages' host-visible step-input buffers,
 one of two copies (`parity`), which the graph's first commands copy to the GPU."""
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ import numpy as np
 
 from ..errors import VkrtError
 
+# the most rows a step whose mask is checked for all-zero live cells has (FlashAttn.decode_sized:
+# tuning.fa_pack_max_q, 16 on every table)
+MASK_FLAG_MAX_ROWS = 16
 # attention covers the used cells rounded up to this, so shapes repeat; with flash attention to a
 # power of two (at least this): the kernel stops at the live cells (kv_used), so the longer span
 # costs only mask bytes (at most twice), and a growing context or a server's slots filling the
@@ -115,6 +118,15 @@ class StepInputs:
             cells[seqs == PAD_SEQ] = self.cells.highest_free()
         return cells, slots
 
+    @staticmethod
+    def _flag(host, lay: dict, name: str, mask: np.ndarray, used: int) -> None:
+        """Step input `name`: 1 where `mask` (f16 [rows, n_kv]) is 0 on every live cell (below
+        `used`) of every row, so a decode-sized flash attention need not read it; steps of more
+        rows than any of those are not scanned (0)."""
+        if name in lay:
+            zero = mask.shape[0] <= MASK_FLAG_MAX_ROWS and not mask[:, :used].any()
+            host[lay[name]:lay[name] + 4] = np.array([int(zero)], np.int32).view(np.uint8)
+
     def write(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, cells: np.ndarray, slots: np.ndarray,
               n_seqs: int, parity: int, out: np.ndarray | None, broadcast: bool, rows: np.ndarray | None = None,
               causal: bool = True) -> int:
@@ -142,9 +154,11 @@ class StepInputs:
         if "mask" in lay:
             mask = self.cells.mask(seqs, pos, n_kv, n, used=used, causal=causal)
             host[lay["mask"]:lay["mask"] + mask.nbytes] = mask.reshape(-1).view(np.uint8)
+            self._flag(host, lay, "mask_zero", mask, used)
         if "mask_swa" in lay:
             swa = self.cells.mask(seqs, pos, n_kv, n, window=self.cfg.sliding_window, used=used, causal=causal)
             host[lay["mask_swa"]:lay["mask_swa"] + swa.nbytes] = swa.reshape(-1).view(np.uint8)
+            self._flag(host, lay, "mask_swa_zero", swa, used)
         if "kv_used" in lay:
             host[lay["kv_used"]:lay["kv_used"] + 4] = np.array([used], np.int32).view(np.uint8)
         if out is not None:

@@ -40,9 +40,9 @@ def positions(cfg, s, T):
     return s.pos.slice(0, 0, cfg.pos_streams * T)
 
 
-def record_attention(tf, g, cache, il: int, n_kv: int, mask, flash: bool, split_as=None) -> None:
+def record_attention(tf, g, cache, il: int, n_kv: int, mask, mask_zero, flash: bool, split_as=None) -> None:
     """Emit layer il's attention block into the Graph g (flash attention's work buffers are the
-    Scratch's). split_as = (tokens, their mask): flash attention splits the KV cells as a step of
+    Scratch's; `mask_zero` the step input flagging `mask` all zero on its live cells, or None). split_as = (tokens, their mask): flash attention splits the KV cells as a step of
     that many tokens would (a row's sums depend on the splits only, not on how many rows run)."""
     cfg, w, p, s, T = tf.cfg, tf.w, f"blk.{il}.", g.s, g.T
     D, Dv, H, KV, eps = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv, cfg.norm_eps
@@ -76,7 +76,8 @@ def record_attention(tf, g, cache, il: int, n_kv: int, mask, flash: bool, split_
         plan = (s.cols("qr", P).view((D, H, P)).permute(0, 2, 1, 3), s.attn.view((Dv, H, P)), split_as[1])
     g.add(Attend(qr.permute(0, 2, 1, 3), cache.k[il].slice(1, 0, n_kv), cache.v[il].slice(1, 0, n_kv), out, mask,
                  cfg.attn_scale, w[p + "attn_sinks.weight"] if cfg.spec.attn.sinks else None, flash, s,
-                 f"flash attention {il}" if flash else f"attention {il}", tf.fa_mask_opt, plan, cache.v_rot))
+                 f"flash attention {il}" if flash else f"attention {il}", tf.fa_mask_opt, plan, cache.v_rot,
+                 mask_zero))
     if gate is not None:
         g.call("gate", lambda seq: gate_mul(seq, out, gate, out, act="sigmoid"))
     o = s.cols("o", T)

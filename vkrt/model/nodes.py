@@ -260,6 +260,7 @@ class Attend(Node):
     # (queries, output, mask) of the step whose KV split flash attention takes (None: this one's)
     plan: tuple | None = None
     v_rot: int = 0   # the output rotated back in runs of v_rot (the cache's V is rotated: QKRope)
+    mask_zero: Tensor | None = None   # the step input flagging the mask all zero on its live cells
 
     def build(self, device, prologue=None):
         """The attention op, built now (with `prologue`, an FANormRope, where it takes it)."""
@@ -274,7 +275,8 @@ class Attend(Node):
                                 kv_used=s.kv_used, mask_opt=False, label=f"{self.label} (split plan)").n_split
         op = FlashAttn(*args, scale=self.scale, label=self.label, kv_used=s.kv_used,
                        share_mask_opt=s.mask_opt_owner.get(id(self.mask)), sinks=self.sinks,
-                       mask_opt=self.mask_opt, split_k=split_k, work=s.work, prologue=prologue, out_rot=self.v_rot)
+                       mask_opt=self.mask_opt, split_k=split_k, work=s.work, prologue=prologue, out_rot=self.v_rot,
+                       mask_zero=self.mask_zero)
         s.mask_opt_owner.setdefault(id(self.mask), op)
         return op
 

@@ -45,6 +45,8 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device, embd_
         "mask": (F16, (n_ctx * T,), kv),                   # [n_kv, T]: 0 visible, -inf hidden
         "mask_swa": (F16, (n_ctx * T,), kv and bool(cfg.sliding_window)),
         "kv_used": (I32, (1,), kv and flash_attn),         # live KV cells (attention skips the rest)
+        "mask_zero": (I32, (1,), kv and flash_attn),       # nonzero: the mask is 0 on every live cell
+        "mask_swa_zero": (I32, (1,), kv and flash_attn and bool(cfg.sliding_window)),
         "out_ids": (I32, (T,), True),                      # the tokens whose logits a step computes
         "embd": (F32, (E, T), embd_input),                 # input embeddings (an image's rows) for x
         # residual stream and block buffers
@@ -144,7 +146,8 @@ class Scratch(Owned):
 
     def inputs(self) -> dict[str, Tensor]:
         """The step inputs the host writes: name -> tensor (absent ones left out)."""
-        return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used", "out_ids", "embd")
+        return {n: t for n in ("ids", "pos", "cells", "slots", "mask", "mask_swa", "kv_used", "mask_zero",
+                                  "mask_swa_zero", "out_ids", "embd")
                 if (t := getattr(self, n)) is not None}
 
     def cols(self, name: str, n: int, first: int = 0) -> Tensor:

@@ -168,10 +168,10 @@ class Transformer:
         maps a layer to a StagedExperts: the chosen experts are copied there first."""
         cfg, T, n_kv = self.cfg, opts.n_tokens, opts.n_kv
         masks = {}
-        if s.mask is not None:
-            masks[False] = s.mask.slice(0, 0, n_kv * T).view((n_kv, T))
+        if s.mask is not None:   # (the mask, the word flagging a step's mask all zero on its live cells)
+            masks[False] = (s.mask.slice(0, 0, n_kv * T).view((n_kv, T)), s.mask_zero)
         if s.mask_swa is not None:
-            masks[True] = s.mask_swa.slice(0, 0, n_kv * T).view((n_kv, T))
+            masks[True] = (s.mask_swa.slice(0, 0, n_kv * T).view((n_kv, T)), s.mask_swa_zero)
         plan = opts.fa_plan_tokens if opts.flash_attn and opts.fa_plan_tokens not in (0, T) else 0
         plan_masks = {swa: (s.mask_swa if swa else s.mask).slice(0, 0, n_kv * plan).view((n_kv, plan))
                       for swa in masks} if plan else {}
@@ -206,7 +206,7 @@ class Transformer:
             else:
                 swa = layer.attn == SLIDING
                 part(f"attention {il}")
-                record_attention(self, g, cache, il, n_kv, masks[swa], opts.flash_attn,
+                record_attention(self, g, cache, il, n_kv, *masks[swa], opts.flash_attn,
                                  (plan, plan_masks[swa]) if plan else None)
             if layer.ffn == DENSE:
                 part(f"ffn {il}")

@@ -187,6 +187,10 @@ class FlashAttn:
     the mask (not shared) or the KV tiles are split; the decisions need none. out_rot: the output
     rotated back in runs of out_rot as hadamard() would after it (a cache whose V is stored
     rotated), inside the scalar kernel (the cooperative-matrix one records hadamard() after it).
+    mask_zero: a 1-element I32 tensor written each step, nonzero where the mask is 0 on every
+    cell below kv_used in every row (one sequence's decode): a decode-sized call of the scalar
+    kernel (head sizes up to tuning.fa_mask_zero_max_head) then reads no mask, with the same
+    result; other calls read the mask as always.
     """
 
     def __init__(self, device, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None = None, *,
@@ -194,7 +198,7 @@ class FlashAttn:
                  split_k: int | None = None, gqa_pack: bool | None = None, kv_used: Tensor | None = None,
                  tuning: Tuning | None = None, label: str = "flash_attn", share_mask_opt: "FlashAttn | None" = None,
                  sinks: Tensor | None = None, work: FlashWork | None = None, coopmat: bool | None = None,
-                 prologue: FANormRope | None = None, out_rot: int = 0):
+                 prologue: FANormRope | None = None, out_rot: int = 0, mask_zero: Tensor | None = None):
         self.label = label
         self.device = device
         self.shape = s = attn_shape(q, k, v, out, mask, kv_types=KV_TYPES)
@@ -203,8 +207,9 @@ class FlashAttn:
             raise UnsupportedShape(f"{label}: the output rotated back in runs of {out_rot}; needs a power of two "
                                    f"from 2 that divides the head ({s.hsv})")
         self.tuning = tuning or device.tuning
-        if kv_used is not None and (kv_used.type != I32 or kv_used.nelements != 1):
-            raise UnsupportedShape(f"kv_used must be one I32 element, got {kv_used!r}")
+        for name, t in (("kv_used", kv_used), ("mask_zero", mask_zero)):
+            if t is not None and (t.type != I32 or t.nelements != 1):
+                raise UnsupportedShape(f"{name} must be one I32 element, got {t!r}")
         self.quantised = is_quantised(k) or is_quantised(v)
         self._kv_types = (k.type, v.type)
         decide = (max_bias, gqa_pack, coopmat, split_k, mask, mask_opt)
@@ -220,6 +225,11 @@ class FlashAttn:
         # uint32 words, 2 bits per Br x Bc mask block: [nem3 * nem2][row tile][ceil(KV tiles / 16)]
         self.mask_opt_blocks = None
         self.work = work
+        # the mask skipped in steps that flag it all zero (the live cells bound what it covers)
+        limit = self.tuning.fa_mask_zero_max_head
+        head_ok = self.tuning.fa_mask_zero and (limit == 0 or max(self.shape.hsk, self.shape.hsv) <= limit)
+        self._mask_zero_t = (mask_zero if mask is not None and kv_used is not None and self.decode_sized
+                             and not self.coopmat and head_ok else None)
         self._build(q, k, v, out, mask, scale, softcap, max_bias, kv_used, sinks)
 
     # -- decisions ---------------------------------------------------------------------------
@@ -421,6 +431,13 @@ class FlashAttn:
             push["m_nb1"], push["m_nb2"], push["m_nb3"] = element_strides(mask)
         options = dict(K_F16=int(k.type == F16), V_F16=int(v.type == F16), HAS_MASK=int(mask is not None),
                        KV_USED=int(kv_used is not None), SINKS=int(sinks is not None))
+        self._mask_zero = None
+        if self._mask_zero_t is not None:
+            options["MASK_ZERO"] = 1
+            self._mask_zero, zero_off = bind_tensor(self._mask_zero_t, f"{self.label} mask_zero", dev)
+            if zero_off:
+                raise UnsupportedShape(f"mask_zero {self._mask_zero_t!r} must start at a storage-buffer offset "
+                                       "alignment")
         if self.quantised:
             options.update(K_Q=KV_QUANT.get(k.type.name, 0), V_Q=KV_QUANT.get(v.type.name, 0))
         if self.coopmat:   # its workgroup is fixed by its defines (subgroups x lanes)
@@ -513,6 +530,8 @@ class FlashAttn:
             buffers.append(self._kv_used)
         if self._sinks is not None:
             buffers.append(self._sinks)
+        if self._mask_zero is not None:
+            buffers.append(self._mask_zero)
         if self.prologue is not None:
             buffers += self.prologue.buffers
         seq.dispatch(self._attn, buffers, push=self._attn_push,
