@@ -18,6 +18,10 @@ type with kernels); --kv builds only flash attention, at head 64, 128 and 256 fo
 decode (F16 and F32 also with the q/k norm, RoPE and cache stores in its prologue), with K and V
 of each KV cache type named.
 
+`--any-device` reads another device (the kernels its own tuning picks) and prints the statistics
+its driver names: NVIDIA reports "Register Count" and "Shared Memory Size" (used for the decode
+attention's occupancy, docs/results/2026-12-07-mask-zero-decode.md).
+
 Needs a GCN device whose driver has VK_KHR_pipeline_executable_properties: an RX 470-590 on
 RADV, or without one Mesa's null RADV device (no hardware; ACO compiles for Polaris):
 
@@ -340,13 +344,16 @@ def collect(dev, weights=MODEL["weights"], kv_types=None) -> list[dict]:
     return list(rows.values())
 
 
-def open_device() -> Device:
-    """The GCN device with statistics capture and no queues, or SystemExit saying why not."""
+def open_device(any_device: bool = False) -> Device:
+    """The GCN device (`any_device`: the first device, whatever it is) with statistics capture and
+    no queues, or SystemExit saying why not."""
     try:
         dev = Device(capture_statistics=True, queues=False)
     except VkrtError as exc:
         raise SystemExit(f"gcn_shader_stats: {exc} ({ENV_HINT})") from None
     p = dev.profile
+    if any_device:
+        return dev
     if p.detected_architecture is not Arch.AMD_GCN:
         dev.close()
         raise SystemExit(f"gcn_shader_stats: {p.name} is {p.detected_architecture.value}, not a GCN GPU ({ENV_HINT})")
@@ -363,6 +370,14 @@ def print_table(result: dict) -> None:
           f"{t['mm_big_bm']}x{t['mm_big_bn']} past {t['mm_bn']} columns), mat-vec wg {t['mv_wg']} "
           f"x {t['mv_rows']} rows, flash attention wg {t['fa_wg']}"
           + (f"; tuning overrides VKRT_TUNE={result['tune']!r}" if result["tune"] else ""))
+    if result["kernels"] and "VGPRs" not in result["kernels"][0]["statistics"]:   # not RADV: the driver's names
+        names = list(dict.fromkeys(n for r in result["kernels"] for n in r["statistics"]))
+        print("| " + " | ".join(["kernel", "variant", "used by", *names]) + " |")
+        print("|" + "|".join("---" for _ in range(3 + len(names))) + "|")
+        for r in result["kernels"]:
+            cells = [r["kernel"], r["variant"], "; ".join(r["used_by"]), *(r["statistics"].get(n, "?") for n in names)]
+            print("| " + " | ".join(str(c) for c in cells) + " |")
+        return
     columns = ["kernel", "variant", "used by", "VGPRs", "SGPRs", "spills S/V", "LDS bytes", "waves/SIMD",
                "instructions", "code bytes"]
     print("| " + " | ".join(columns) + " |")
@@ -383,6 +398,10 @@ def main(argv=None) -> int:
     ap.add_argument("--kv", metavar="TYPES",
                     help="only flash attention at head 64/128/256, prefill and decode, with K and V of each of these "
                          "comma-separated KV cache types (f16,q8_0,...; `all`: every one)")
+    ap.add_argument("--any-device", action="store_true",
+                    help="the first device whatever it is, with its own table's kernels and the statistics its "
+                         "driver names (NVIDIA: Register Count; 65536 a SM over registers x invocations bounds "
+                         "the workgroups an SM holds)")
     args = ap.parse_args(argv)
     kv_types = None
     if args.kv:
@@ -394,7 +413,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"gcn_shader_stats: {exc}") from None
     weights = ([t.name for t in supported_types()] if args.weights == "all"
                else [w.strip().upper() for w in args.weights.split(",") if w.strip()])
-    with open_device() as dev:
+    with open_device(args.any_device) as dev:
         p = dev.profile
         fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_big_bm", "mm_big_bn", "mv_wg", "mv_rows", "fa_wg")
         result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,

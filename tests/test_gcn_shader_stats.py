@@ -83,6 +83,35 @@ def test_script_refuses_a_device_without_statistics():
     assert "Traceback" not in proc.stderr
 
 
+def test_script_any_device_still_needs_statistics():
+    if not LVP_ICD.exists():
+        pytest.skip(f"no lavapipe ({LVP_ICD} is missing)")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--any-device", "--kv", "f16"], capture_output=True, text=True,
+                          env=_env(LVP_ICD), cwd=ROOT, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert EXTENSION in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_table_of_another_drivers_statistics(capsys):
+    """A driver that names its statistics otherwise than RADV (NVIDIA's) gets a column each."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gcn_shader_stats
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    tuning = {f: 1 for f in ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_big_bm", "mm_big_bn", "mv_wg",
+                             "mv_rows", "fa_wg")}
+    kernels = [dict(kernel="flash_attn", variant="HSK=128 wg 128", used_by=["decode"],
+                    statistics={"Register Count": 119, "Shared Memory Size": 2308}),
+               dict(kernel="rms_norm", variant="wg 1024", used_by=["norm"], statistics={"Register Count": 16})]
+    gcn_shader_stats.print_table(dict(device="NVIDIA H100", driver="580", architecture="NVIDIA", tune="",
+                                      tuning=tuning, kernels=kernels))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "| kernel | variant | used by | Register Count | Shared Memory Size |"
+    assert lines[3] == "| flash_attn | HSK=128 wg 128 | decode | 119 | 2308 |"
+    assert lines[4] == "| rms_norm | wg 1024 | norm | 16 | ? |"
+
+
 def test_gcn_shader_stats_on_null_polaris():
     env = _null_polaris_env()
     # the default weight types and two IQ types whose mat-vecs take the most registers (ACO: 64)
