@@ -34,17 +34,20 @@ def past_cache(device, rng, cache: str, shape: tuple) -> Tensor:
 
 def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, cell=37, n_kv=64, used=None,
         split_k=None, arch=None, rope=None, sections=None, gated=False, seed=0, loads_first=None, mask_opt=None,
-        k_rot=0, v_rot=0, tiles=None):
+        k_rot=0, v_rot=0, tiles=None, flag=None):
     """(attention output, K cache, V cache) after one token's norm_rope + attention, apart or
     with the prologue (fused); the caches start with the same random past. k_rot / v_rot: the
     cache stored Walsh-Hadamard rotated (the queries with K, the output rotated back). `tiles`:
-    a list the attention's tile is appended to."""
+    a list the attention's tile is appended to. `flag` (0 or 1): the step's mask-zero word, the
+    mask then 0 on every live cell (one sequence's decode)."""
     rng = np.random.default_rng(seed)
     q = (rng.standard_normal((1, n_head, 2 * hd if gated else hd)) * 2).astype(np.float32)
     k = (rng.standard_normal((1, n_kv_head, hd)) * 2).astype(np.float32)
     v = rng.standard_normal((1, n_kv_head, hd)).astype(np.float32)
     live = used or n_kv
     mask = np.where(rng.random((1, n_kv)) < 0.2, -np.inf, 0).astype(np.float16)
+    if flag is not None:
+        mask[:] = 0
     mask[0, live:] = -np.inf
     mask[0, min(cell, n_kv - 1)] = 0
     pos = np.array([1234] if sections is None else [1234, 17, 99, 0], np.int32)
@@ -55,6 +58,10 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
                                                   rng.uniform(0.5, 1.5, hd).astype(np.float32),
                                                   np.array([live], np.int32))]
     tq, tk, tv, kc, vc, tm, tp, cells, qw, kw, t_used = own
+    t_flag = None
+    if flag is not None:
+        t_flag = tensor_from_numpy(device, np.array([flag], np.int32))
+        own.append(t_flag)
     if gated:   # qwen35's projection: each head's queries, then its gate
         tq = tq.view((hd, n_head, 1), nb=(4, 8 * hd, 8 * hd * n_head))
     qr = Tensor.empty(device, F32, (hd, n_head, 1))
@@ -75,7 +82,7 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
             assert pro is not None or not fused
             fa = FlashAttn(device, qr.permute(0, 2, 1, 3), kc.slice(1, 0, n_kv), vc.slice(1, 0, n_kv), out, tm,
                            scale=hd ** -0.5, work=work, kv_used=t_used, split_k=split_k, coopmat=False,
-                           tuning=tune, prologue=pro, mask_opt=mask_opt, out_rot=v_rot)
+                           tuning=tune, prologue=pro, mask_opt=mask_opt, out_rot=v_rot, mask_zero=t_flag)
             assert mask_opt is None or fa.mask_opt == mask_opt
             why = fa.prologue_blocker(pro, kc, vc, 0.0) if pro else ""
             assert (fa.prologue is not None) == fused, why
@@ -88,6 +95,7 @@ def run(device, *, fused, hd=64, n_head=4, n_kv_head=2, cache="F16", norm=True, 
                     seq.barrier()
                 fa.record(seq)
             assert loads_first is None or fa._attn.defines["LOADS_FIRST"] == loads_first
+            assert flag is None or fa._attn.defines.get("MASK_ZERO") == 1
             seq.run()
             return read_tensor(out), read_tensor(kc), read_tensor(vc)   # (a quantised cache's raw blocks)
     finally:
@@ -161,6 +169,23 @@ def test_rotated_quantised_cache(device, cache, hd, k_rot, v_rot, arch, split_k,
     plain = run(device, fused=False, cache=cache, hd=hd, arch=arch, split_k=split_k)
     if k_rot:
         assert not np.array_equal(apart[0], plain[0])   # the rotations took part
+
+
+@pytest.mark.parametrize("cache,hd,arch,loads_first,rot", [
+    ("F16", 128, Arch.NVIDIA, None, 0),      # the table's: a tile ahead, 2 rows a thread
+    ("Q8_0", 64, Arch.AMD_GCN, None, 64),    # the quantised tile in shared memory
+    ("Q8_0", 128, Arch.NVIDIA, None, 128),   # segments held as the words loaded
+    ("F32", 64, None, 1, 0),                 # one tile held: each value chosen
+])
+def test_mask_zero_loop_with_the_prologue(device, cache, hd, arch, loads_first, rot):
+    """A step flagged mask-zero runs the KV loop without the mask, the new cell patched in there
+    too: the same bits as the unflagged fused step and as norm_rope and the attention apart."""
+    kw = dict(cache=cache, hd=hd, arch=arch, loads_first=loads_first, k_rot=rot, v_rot=rot, split_k=2, cell=40)
+    apart = run(device, fused=False, flag=0, **kw)
+    for flag in (0, 1):
+        fused = run(device, fused=True, flag=flag, **kw)
+        for a, b in zip(apart, fused):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 def test_with_mask_opt(device):
