@@ -166,7 +166,8 @@ def main() -> None:
     tune = f", VKRT_TUNE {result['tune']!r}" if "tune" in result else ""
     print(f"flash attention decode on {result['device']} ({result['architecture']}{tune}), us per call")
     columns = ["K/V", "head", "heads", "queries", "depth", "cells", "unpacked padded", "packed live", "speedup",
-               "loads where used (speedup)", "mask flagged zero (speedup)", "with the fa_rope prologue (cost)", "without flash (speedup)",
+               "loads where used (speedup)", "mask flagged zero (speedup)", "with the fa_rope prologue (cost)",
+               "without flash (speedup)",
                "packed split sweep (splits: us)"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")

@@ -1,8 +1,8 @@
 """bench/flash_attn_decode.py on the test device: one query gets the decode attention with the
 fa_rope prologue timed beside the plain packed kernel and the one a mask-zero step runs (a
-quantised cache's stores rotated and quantised), several queries none (the prologue takes one token; the row says why, as where the
-tuning turns it down); --cold times each run after an untimed
-cache flush; an F16 cache's attention without flash is timed beside them."""
+quantised cache's stores rotated and quantised), several queries none (the prologue takes one
+token; the row says why, as where the tuning turns it down); --cold times each run after an
+untimed cache flush; an F16 cache's attention without flash is timed beside them."""
 
 from __future__ import annotations
 

@@ -16,13 +16,13 @@ def _spy(monkeypatch, seen: list, force_zero: bool = False):
     """Record each step's flags as written (name, value); force_zero writes 0 instead."""
     original = StepInputs._flag
 
-    def flag(host, lay, name, mask, used):
-        original(host, lay, name, mask, used)
+    def flag(self, host, lay, name, mask, used):
+        original(self, host, lay, name, mask, used)
         if name in lay:
             if force_zero:
                 host[lay[name]:lay[name] + 4] = 0
             seen.append((name, int(np.frombuffer(bytes(host[lay[name]:lay[name] + 4]), np.int32)[0])))
-    monkeypatch.setattr(StepInputs, "_flag", staticmethod(flag))
+    monkeypatch.setattr(StepInputs, "_flag", flag)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-gemma3"])

@@ -1,8 +1,9 @@
 """Step inputs: the host's part of a step before its graph runs. The step's tokens take KV cells
 in the cell table (padding tokens one free cell no token attends), the span attention covers
 is chosen so shapes repeat, and the token ids, positions, cells, sequence slots, attention masks
-(and whether each is all zero on the live cells), live KV length and output rows are written into the stages' host-visible step-input buffers,
-one of two copies (`parity`), which the graph's first commands copy to the GPU."""
+(and whether each is all zero on the live cells), live KV length and output rows are written
+into the stages' host-visible step-input buffers, one of two copies (`parity`), which the
+graph's first commands copy to the GPU."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ import numpy as np
 
 from ..errors import VkrtError
 
-# the most rows a step whose mask is checked for all-zero live cells has (FlashAttn.decode_sized:
-# tuning.fa_pack_max_q, 16 on every table)
-MASK_FLAG_MAX_ROWS = 16
 # attention covers the used cells rounded up to this, so shapes repeat; with flash attention to a
 # power of two (at least this): the kernel stops at the live cells (kv_used), so the longer span
 # costs only mask bytes (at most twice), and a growing context or a server's slots filling the
@@ -43,6 +41,9 @@ class StepInputs:
         self.n_ctx, self.n_ubatch, self.flash_attn = n_ctx, n_ubatch, flash_attn
         self.pads, self.min_span = pads, min_span
         self.layout, self.size = stages[0].layout, stages[0].inputs_size
+        # the most rows a step whose masks are checked for all-zero live cells has: the decode-sized
+        # attention's (FlashAttn.decode_sized), the only one that reads the flag
+        self.flag_rows = max(st.device.tuning.fa_pack_max_q for st in stages)
 
     def kv_span(self, used: int) -> int:
         """The KV cells a step attends over when `used` are in use (one past the highest): with
@@ -118,13 +119,12 @@ class StepInputs:
             cells[seqs == PAD_SEQ] = self.cells.highest_free()
         return cells, slots
 
-    @staticmethod
-    def _flag(host, lay: dict, name: str, mask: np.ndarray, used: int) -> None:
+    def _flag(self, host, lay: dict, name: str, mask: np.ndarray, used: int) -> None:
         """Step input `name`: 1 where `mask` (f16 [rows, n_kv]) is 0 on every live cell (below
         `used`) of every row, so a decode-sized flash attention need not read it; steps of more
-        rows than any of those are not scanned (0)."""
+        rows than those are not scanned (0)."""
         if name in lay:
-            zero = mask.shape[0] <= MASK_FLAG_MAX_ROWS and not mask[:, :used].any()
+            zero = mask.shape[0] <= self.flag_rows and not mask[:, :used].any()
             host[lay[name]:lay[name] + 4] = np.array([int(zero)], np.int32).view(np.uint8)
 
     def write(self, ids: np.ndarray, seqs: np.ndarray, pos: np.ndarray, cells: np.ndarray, slots: np.ndarray,

@@ -42,8 +42,9 @@ def positions(cfg, s, T):
 
 def record_attention(tf, g, cache, il: int, n_kv: int, mask, mask_zero, flash: bool, split_as=None) -> None:
     """Emit layer il's attention block into the Graph g (flash attention's work buffers are the
-    Scratch's; `mask_zero` the step input flagging `mask` all zero on its live cells, or None). split_as = (tokens, their mask): flash attention splits the KV cells as a step of
-    that many tokens would (a row's sums depend on the splits only, not on how many rows run)."""
+    Scratch's; `mask_zero` the step input flagging `mask` all zero on its live cells, or None).
+    split_as = (tokens, their mask): flash attention splits the KV cells as a step of that many
+    tokens would (a row's sums depend on the splits only, not on how many rows run)."""
     cfg, w, p, s, T = tf.cfg, tf.w, f"blk.{il}.", g.s, g.T
     D, Dv, H, KV, eps = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv, cfg.norm_eps
     cur = g.residual_norm(w[p + "attn_norm.weight"], eps)
