@@ -76,6 +76,13 @@ def test_a_value_the_device_cannot_hold_is_an_error(device):
     small = dataclasses.replace(device.profile, architecture=Arch.AMD_GCN, max_workgroup_invocations=256)
     with pytest.raises(TuningOverrideError, match="fa_wg=512 cannot be honoured on .*resolves it to 256"):
         tuning_for(small, changes=parse_tune("fa_wg=512"))
+    # a decode dot split is limited to the subgroup like fa_d_split
+    narrow = dataclasses.replace(device.profile, architecture=Arch.NVIDIA, subgroup_min=8, subgroup_max=8,
+                                 subgroup_shuffle=True)
+    with pytest.raises(TuningOverrideError, match="fa_quant_decode_d_split_by_head=128:16 cannot be honoured .*128:8"):
+        tuning_for(narrow, changes=parse_tune("fa_quant_decode_d_split_by_head=128:16"))
+    held = tuning_for(narrow, changes=parse_tune("fa_quant_decode_d_split_by_head=128:4+64:2"))
+    assert held.fa_quant_decode_d_split_by_head == ((128, 4), (64, 2))
 
 
 def test_an_opened_device_takes_them(device):

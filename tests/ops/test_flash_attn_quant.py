@@ -5,6 +5,8 @@ cooperative-matrix kernel within fp16 operands' error (on a GPU that has it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from attn_reference import causal_mask, make_qkv
@@ -170,6 +172,38 @@ def test_decode_segments_mixed(device, k_type, v_type, first):
     got, kd, vd, fa = flash_q(device, q, k, v, k_type, v_type, tuning=_regs_tuning(device, Arch.AMD_GCN, first))
     assert fa._attn.defines["LOADS_FIRST"] == first
     check(got, q, kd, vd, tol=TOL)
+
+
+@pytest.mark.parametrize("kv,n_q,hs,takes", [("Q8_0", 1, 128, True), ("Q4_0", 2, 128, True), ("Q8_0", 1, 64, False),
+                                              ("F16", 1, 128, False), ("Q8_0", 24, 128, False)])
+def test_quant_decode_tile_by_head(device, kv, n_q, hs, takes):
+    """tuning.fa_quant_decode_d_split_by_head / _rows_by_head: decode-sized calls over a quantised
+    cache at a head size they name split a cell's dot product over their lanes (here 4 in the
+    table's 8) with their rows a thread (a 64-invocation workgroup: 2 row groups of 4); other
+    heads, F16 caches and prompt-sized calls keep the rest of the table. Each against the
+    reference."""
+    rng = np.random.default_rng(n_q + hs + len(kv))
+    q, k, v = make_qkv(rng, n_head=16, n_head_kv=2, n_q=n_q, n_kv=150, hsk=hs, kv_dtype=np.float32)
+    t = dataclasses.replace(tuning(device, Arch.AMD_GCN), fa_quant_decode_d_split_by_head=((128, 4),),
+                            fa_quant_decode_rows_by_head=((128, 4),), fa_pack_rows_by_type=(), fa_pack_max_q=8,
+                            fa_pack_o_regs=128, fa_wg=64)
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, causal_mask(n_q, 150), tuning=t)
+    assert fa.tile.d_split == (4 if takes else t.fa_d_split) and fa._attn.defines["DS"] == fa.tile.d_split
+    assert not takes or fa.tile.br // fa.tile.row_groups == 4
+    check(got, q, kd, vd, causal_mask(n_q, 150))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["Q8_0", "Q4_0"])
+def test_quant_decode_tile_of_the_device_table(device, kv):
+    """The device's own table at head 128 over a quantised cache (NVIDIA: 16 dot lanes, 4 rows a
+    thread), decode of a KV head's 8 query heads, split along KV: against the reference."""
+    rng = np.random.default_rng(16)
+    q, k, v = make_qkv(rng, n_head=32, n_head_kv=4, n_q=1, n_kv=3000, hsk=128, kv_dtype=np.float32)
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv)
+    t = device.tuning
+    assert fa.tile.d_split == dict(t.fa_quant_decode_d_split_by_head).get(128, t.fa_d_split) and fa.n_split > 1
+    check(got, q, kd, vd)
 
 
 @pytest.mark.gpu

@@ -29,7 +29,8 @@ SET_ELSEWHERE = {"arch": "VKRT_ARCH", "mm_coopmat": "VKRT_COOPMAT", "fa_coopmat"
 # (the field as written, which is what its 0 means)
 DERIVED_FROM = {"fa_fill_groups": "fa_fill_per_cu", "mm_split_groups": "mm_split_fill_per_cu"}
 TYPE_PAIRS = ("fa_loads_first_by_type", "fa_pack_rows_by_type", "mv_rows_by_type", "mv_rows_one_column_by_type")
-HEAD_PAIRS = ("fa_prologue_pack_rows_by_head", "fa_pack_rows_by_head")   # (head size, count) pairs
+HEAD_PAIRS = ("fa_prologue_pack_rows_by_head", "fa_pack_rows_by_head", "fa_quant_decode_d_split_by_head",
+              "fa_quant_decode_rows_by_head")   # (head size, count) pairs
 # fields whose values (a pair's count) name one of a few kernel layouts: the largest each takes
 LARGEST = {"fa_loads_first": 3, "fa_loads_first_by_type": 3}
 
@@ -121,8 +122,9 @@ def tuning_for(profile: DeviceProfile, coopmat: bool | None = None,
     for field, value in changes:
         got = getattr(resolved, field)
         if got != value:
+            held = describe_tune(((field, got),)).partition("=")[2]
             raise TuningOverrideError(f"VKRT_TUNE: {describe_tune(((field, value),))} cannot be honoured on "
-                                      f"{profile.name}: its tuning resolves it to {got} (the device's limits, or "
+                                      f"{profile.name}: its tuning resolves it to {held} (the device's limits, or "
                                       "another field that sets it)")
     return resolved
 

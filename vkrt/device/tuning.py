@@ -83,6 +83,12 @@ class Tuning:
     # column lanes of those calls' workgroups (0: fa_cols; at most their tile's columns): the row
     # groups a workgroup keeps for a step's few rows (a KV head's query heads) are the rest of it
     fa_decode_cols: int = 0
+    # (head size, dot lanes) and (head size, rows a thread) pairs for those calls over a quantised
+    # K or V cache at that head size (K and V of it), in place of fa_d_split and the rows above
+    # (fa_pack_rows_by_type still first): more lanes a cell's dot product and more rows a row
+    # group dequantise a tile's blocks in fewer row groups. Lanes at most a subgroup
+    fa_quant_decode_d_split_by_head: tuple = ()
+    fa_quant_decode_rows_by_head: tuple = ()
     # decode-sized calls issue a tile's mask, K and V loads before using any (shaders/flash_attn.comp
     # LOADS_FIRST): one memory round trip a tile instead of three in a row; 2: the next tile's
     # too, while this one is computed; 0: each loaded where it is used. H200, GCN table, heads
@@ -345,6 +351,8 @@ class Tuning:
             fa_fill_groups=(self.fa_fill_per_cu * profile.compute_units if self.fa_fill_per_cu and profile.compute_units
                             else self.fa_fill_groups),
             fa_d_split=min(self.fa_d_split, profile.subgroup_min) if profile.subgroup_shuffle else 1,
+            fa_quant_decode_d_split_by_head=tuple((h, min(d, profile.subgroup_min) if profile.subgroup_shuffle
+                                                   else 1) for h, d in self.fa_quant_decode_d_split_by_head),
             mm_split_groups=(self.mm_split_fill_per_cu * profile.compute_units
                              if self.mm_split_fill_per_cu and profile.compute_units else self.mm_split_groups),
         )
@@ -496,6 +504,14 @@ TABLE: dict[Arch, Tuning] = {
                         # 49.6 -> 79.6, q8_0 75.9 -> 102.9); 4 or 8 rows a thread, 64 or 256 invocations
                         # or 16 dot lanes all lost (60.1-96.7 at head 128 f16)
                         fa_pack_rows_by_head=((128, 2),),
+                        # a quantised cache's decode at head 128: 16 dot lanes and 4 rows a thread (a
+                        # tile's blocks dequantised by one row group, not two). H100, heads 32/4 x 128,
+                        # one query, q8_0, 16000 / 32000 cells from memory, with norm_rope's work (the
+                        # model's kernel), us: 60.3 -> 56.3 / 92.2 -> 83.1 (heads 32/8: 60.9 -> 59.8 /
+                        # 92.6 -> 84.6); Qwen3-30B-A3B shape tg128 @ d16384 q8_0 168.7 / 167.1 -> 175.0 /
+                        # 174.9 t/s (interleaved). Not F16: 47.3 -> 47.1 / 69.0 -> 69.8 us, tg128 215.9 /
+                        # 216.6 -> 212.4 / 212.4 t/s. The other quantised types take it unmeasured
+                        fa_quant_decode_d_split_by_head=((128, 16),), fa_quant_decode_rows_by_head=((128, 4),),
                         # head 256 runs norm_rope apart: every split workgroup norms and rotates 8
                         # query rows of 256 in the prologue (H100, one query, 16000 cells from memory,
                         # us: f16 49.9 -> 76.0 with it, q8_0 76.2 -> 85.0). Qwen3.5-35B-A3B shape,

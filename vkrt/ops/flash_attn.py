@@ -72,19 +72,20 @@ class FATile:
 
 def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
             max_rows: int | None = None, bc: int | None = None, o_regs: int | None = None,
-            cols: int | None = None) -> FATile | None:
+            cols: int | None = None, d_split: int | None = None) -> FATile | None:
     """The tile for these head sizes: d_split divides both head sizes in vec4s; rows per thread
     from the accumulator budget (tuning.fa_o_regs), no more than the query rows need or the
     shared memory (the Q tile) allows (and at most `max_rows`, default tuning.fa_max_rows). With
     `pack` heads packed into the rows, Br and pack must divide one another (None when no row
     count does). `bc`: KV columns a tile (default tuning.fa_bc); `o_regs`: the accumulator budget
-    (default tuning.fa_o_regs); `cols`: column lanes (default tuning.fa_cols)."""
+    (default tuning.fa_o_regs); `cols`: column lanes (default tuning.fa_cols); `d_split`: lanes a
+    dot product (default tuning.fa_d_split)."""
     bc, cols = bc or tuning.fa_bc, cols or tuning.fa_cols
     if bc % cols:
         raise ConfigError(f"tuning for {tuning.arch.value}: {bc} KV columns a tile is not a multiple of {cols} "
                           "column lanes (fa_cols, fa_decode_cols)")
     lsb = (hsk | hsv) & -(hsk | hsv)
-    ds = max(1, min(tuning.fa_d_split, lsb // 4))
+    ds = max(1, min(d_split or tuning.fa_d_split, lsb // 4))
     rg = max(1, tuning.fa_wg // (ds * cols))
     rpt = max(1, min(max_rows or tuning.fa_max_rows, (o_regs or tuning.fa_o_regs) // (hsv // ds), ceil_div(n_q, rg)))
     tile = FATile(rg * rpt, bc, ds, cols, rg)
@@ -283,9 +284,10 @@ class FlashAttn:
                "ALiBi slopes differ per head" if max_bias > 0 else None)
         bc = tuning.fa_decode_bc if self.decode_sized else None
         cols = min(tuning.fa_decode_cols, bc or tuning.fa_bc) if self.decode_sized and tuning.fa_decode_cols else None
+        ds = self._by_head(tuning.fa_quant_decode_d_split_by_head) if self.decode_sized and self.quantised else None
         rows = self.prologue_rows or self._pack_rows()
         packed = (fa_tile(tuning, s.hsk, s.hsv, s.n_q * s.gqa, shared, pack=s.gqa, max_rows=rows, bc=bc,
-                          o_regs=tuning.fa_pack_o_regs, cols=cols)
+                          o_regs=tuning.fa_pack_o_regs, cols=cols, d_split=ds)
                   if why is None else None)
         if why is None and packed is None:
             why = f"no tile of this device holds a multiple or a divisor of {s.gqa} rows"
@@ -295,7 +297,7 @@ class FlashAttn:
             forced = why is None and self.decode_sized
         if forced:
             return s.gqa, packed
-        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc, cols=cols)
+        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc, cols=cols, d_split=ds)
 
     def decide_coopmat(self, forced: bool | None, split_k: int | None) -> FATile | None:
         """The cooperative-matrix kernel's tile where it runs this attention, else None; `forced`
@@ -375,11 +377,13 @@ class FlashAttn:
 
     def _pack_rows(self) -> int:
         """Rows a thread of a packed call: tuning.fa_pack_rows_by_type's for K's type (else V's),
-        else fa_pack_rows_by_head's for the head size, else fa_pack_rows."""
+        else (a quantised cache) fa_quant_decode_rows_by_head's, else fa_pack_rows_by_head's for
+        the head size, else fa_pack_rows."""
         tuning = self.tuning
         if any(t.name in dict(tuning.fa_pack_rows_by_type) for t in self._kv_types):
             return self._by_type("fa_pack_rows")
-        return self._by_head(tuning.fa_pack_rows_by_head, tuning.fa_pack_rows)
+        quant = self._by_head(tuning.fa_quant_decode_rows_by_head) if self.quantised else None
+        return quant or self._by_head(tuning.fa_pack_rows_by_head, tuning.fa_pack_rows)
 
     def _by_type(self, field: str, kv_types: tuple | None = None) -> int:
         """The tuning's `field`, or its `field`_by_type count for K's type, else V's, where it names one."""
