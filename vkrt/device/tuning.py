@@ -341,6 +341,9 @@ class Tuning:
         fa_coopmat = (self.fa_coopmat if coopmat is None else coopmat) and not lacks
         coopmat = (self.mm_coopmat if coopmat is None else coopmat) and not lacks
         tile = dict(mm_bm=self.mm_cm_bm, mm_bn=self.mm_cm_bn, mm_bk=self.mm_cm_bk) if coopmat else {}
+
+        def dot_lanes(d: int) -> int:   # flash attention's dot lanes: shuffles within a subgroup
+            return min(d, profile.subgroup_min) if profile.subgroup_shuffle else 1
         return dataclasses.replace(
             self, mm_coopmat=coopmat, fa_coopmat=fa_coopmat, **tile,
             wg_size=wg,
@@ -350,9 +353,8 @@ class Tuning:
             fa_wg=min(self.fa_wg, profile.max_workgroup_invocations),
             fa_fill_groups=(self.fa_fill_per_cu * profile.compute_units if self.fa_fill_per_cu and profile.compute_units
                             else self.fa_fill_groups),
-            fa_d_split=min(self.fa_d_split, profile.subgroup_min) if profile.subgroup_shuffle else 1,
-            fa_quant_decode_d_split_by_head=tuple((h, min(d, profile.subgroup_min) if profile.subgroup_shuffle
-                                                   else 1) for h, d in self.fa_quant_decode_d_split_by_head),
+            fa_d_split=dot_lanes(self.fa_d_split),
+            fa_quant_decode_d_split_by_head=tuple((h, dot_lanes(d)) for h, d in self.fa_quant_decode_d_split_by_head),
             mm_split_groups=(self.mm_split_fill_per_cu * profile.compute_units
                              if self.mm_split_fill_per_cu and profile.compute_units else self.mm_split_groups),
         )
