@@ -157,7 +157,9 @@ def test_decode_segments_one_lane(device, kv, hs):
     """One dot lane a column (lavapipe's layout) holds whole rows: several segments of 8 chunks."""
     rng = np.random.default_rng(hs)
     q, k, v = make_qkv(rng, n_head=2, n_head_kv=2, n_q=1, n_kv=37, hsk=hs, kv_dtype=np.float32)
-    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, tuning=_regs_tuning(device, None))
+    one_lane = dataclasses.replace(_regs_tuning(device, None), fa_d_split=1,
+                                   fa_quant_decode_d_split_by_head=())
+    got, kd, vd, fa = flash_q(device, q, k, v, kv, kv, tuning=one_lane)
     assert fa._attn.defines["LOADS_FIRST"] == 2 and fa._attn.defines["DS"] == 1
     check(got, q, kd, vd, tol=TOL)
 
