@@ -1,7 +1,7 @@
 """Where a decode step's GPU time goes: one forward pass of one token (or a ubatch of --tokens)
 recorded with a timestamp after every command, grouped by part and kernel.
 
-    python bench/decode_profile.py MODEL.gguf [--tokens 1] [--depth 32] [--n-cpu-moe N]
+    python bench/decode_profile.py MODEL.gguf [--tokens 1] [--depth 32] [--n-cpu-moe N] [-ctk T] [-ctv T]
                                    [--expert-cache SIZE] [--reps 5] [--llama] [--llama-server PATH] [--json]
 
 The engine first evaluates a prompt of --depth tokens and a few tokens (so caches and shapes are
@@ -46,6 +46,8 @@ def add_step_arguments(ap) -> None:
     ap.add_argument("--no-mmap", action="store_true")
     ap.add_argument("--tokens", type=int, default=1, help="tokens in the profiled step (1: decode)")
     ap.add_argument("--depth", type=int, default=32, help="tokens in the context before the profiled step")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (both sides), as llama.cpp's")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (both sides), as llama.cpp's")
 
 
 @contextmanager
@@ -57,7 +59,8 @@ def decode_step(args):
     with Device(settings=bench_settings(prefetch_slots=0)) as dev, \
             opened(dev, args.model, mmap=not args.no_mmap, n_cpu_moe=args.n_cpu_moe,
                    n_ctx=max(512, args.depth + 96) + args.tokens, n_batch=max(512, args.tokens),
-                   n_ubatch=max(64, args.tokens), expert_cache=cache) as (m, e):
+                   n_ubatch=max(64, args.tokens), expert_cache=cache,
+                   cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v) as (m, e):
         e.eval([1 + i % (m.cfg.vocab_size - 1) for i in range(max(1, args.depth))])
         tok, times = 7, []
         for i in range(40):
@@ -121,7 +124,8 @@ def main(argv=None) -> int:
         rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
         flash, vocab = e.flash_attn, m.cfg.vocab_size
-        info = {**dev.identity(), "tokens": args.tokens,
+        info = {**dev.identity(), "tokens": args.tokens, "depth": args.depth,
+                "type_k": args.cache_type_k, "type_v": args.cache_type_v,
                 "n_cpu_moe": m.n_cpu_moe,
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
@@ -139,7 +143,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({**info, "kernels": rows, **({"llama_ops": llama} if llama is not None else {})}))
         return 0
-    print(f"# {info['device']} ({info['architecture']}), {args.tokens} token(s), n_cpu_moe {info['n_cpu_moe']}, "
+    print(f"# {info['device']} ({info['architecture']}), {args.tokens} token(s) at depth {args.depth}, "
+          f"K/V {args.cache_type_k}/{args.cache_type_v}, n_cpu_moe {info['n_cpu_moe']}, "
           f"cache {info['expert_cache_slots']} "
           f"slots/layer: GPU {total:.0f} us/step over {info['dispatches']} commands, {info['barriers']} barriers; "
           f"engine wall {wall * 1e6:.0f} us/step")
@@ -167,7 +172,8 @@ def llama_ops(binary: str, args, flash: bool, polaris: bool, vocab: int) -> list
     n_ctx = args.depth + args.tokens + 256
     ub = max(args.tokens, 512)
     flags = ["-ngl", "99", "-c", str(n_ctx), "-b", str(ub), "-ub", str(ub), "-fa", "on" if flash else "off",
-             "--no-warmup", "--n-cpu-moe", str(args.n_cpu_moe)] + (["--no-mmap"] if args.no_mmap else [])
+             "--no-warmup", "--n-cpu-moe", str(args.n_cpu_moe), "-ctk", args.cache_type_k, "-ctv", args.cache_type_v,
+             *(["--no-mmap"] if args.no_mmap else [])]
     prompt = [1 + (i * 7919) % (vocab - 1) for i in range(args.depth + args.tokens)]
     with LlamaServer(binary, args.model, flags, {**PERF_ENV, **(POLARIS_ENV if polaris else {})}) as srv:
         srv.completion(prompt[:max(1, args.depth)], 1, cache_prompt=True)

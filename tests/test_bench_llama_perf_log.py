@@ -47,6 +47,7 @@ class FakeServer:
 
     def __init__(self, binary, model, args, env=None):
         self.log, self.args, self.env = "", args, env
+        FakeServer.flags = args
 
     rows = None   # the attention's query rows of the timed graphs (None: as llama.cpp would)
 
@@ -74,9 +75,12 @@ def test_llama_ops_per_step(monkeypatch):
     prof = load("bench", "decode_profile")
     monkeypatch.setattr(prof, "LlamaServer", FakeServer)
     FakeServer.calls = []
-    args = prof.argparse.Namespace(tokens=1, depth=100, model="m.gguf", n_cpu_moe=0, no_mmap=False)
+    args = prof.argparse.Namespace(tokens=1, depth=100, model="m.gguf", n_cpu_moe=0, no_mmap=False,
+                                   cache_type_k="q8_0", cache_type_v="f16")
     rows = prof.llama_ops("llama-server", args, True, False, 50)
     assert FakeServer.calls == [(100, 1), (100, 4)]   # the depth cached, then 4 decode steps there
+    flags = " ".join(FakeServer.flags)
+    assert "-ctk q8_0 -ctv f16" in flags   # the profiled step's cache types
     fa = next(r for r in rows if r["kind"] == "FLASH_ATTN_EXT")
     assert fa["calls"] == 30 and fa["us_per_step"] == pytest.approx(30 * 99457.5)
     assert rows[0] is fa   # most time first
