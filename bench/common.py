@@ -54,3 +54,9 @@ def warm_up(*runs, seconds: float = WARM_S) -> None:
     while time.perf_counter() < end:
         for run in runs:
             run()
+
+
+def model_error(exc: Exception, path: str) -> str:
+    """The first line of `exc`, naming the model file `path` where it does not already."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if path in text else f"{path}: {text}"

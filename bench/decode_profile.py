@@ -28,7 +28,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-from common import bench_settings, opened, polaris_class
+from common import bench_settings, model_error, opened, polaris_class
 from llama_peer import PERF_ENV, POLARIS_ENV, LlamaServer, attention_rows, llama_server, perf_log_graphs
 
 from vkrt.commands import CommandSequence
@@ -138,11 +138,10 @@ def main(argv=None) -> int:
         return 2
     try:
         info, rows, flash, vocab = gpu_profile(args)
-        total, wall = info["gpu_us_per_step"], info["engine_wall_us_per_step"] / 1e6
     except (ConfigError, GGUFError) as exc:   # a file that is no model, a cache type it cannot take
-        text = str(exc).splitlines()[0]
-        print(f"decode_profile: {text if args.model in text else f'{args.model}: {text}'}", file=sys.stderr)
+        print(f"decode_profile: {model_error(exc, args.model)}", file=sys.stderr)
         return 2
+    total = info["gpu_us_per_step"]
     try:
         llama = llama_ops(binary, args, flash, polaris_class(Settings.from_env()), vocab) if binary else None
     except RuntimeError as exc:   # (LlamaServer's failures to start too)
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
           f"K/V {args.cache_type_k}/{args.cache_type_v}, n_cpu_moe {info['n_cpu_moe']}, "
           f"cache {info['expert_cache_slots']} "
           f"slots/layer: GPU {total:.0f} us/step over {info['dispatches']} commands, {info['barriers']} barriers; "
-          f"engine wall {wall * 1e6:.0f} us/step")
+          f"engine wall {info['engine_wall_us_per_step']:.0f} us/step")
     print("| kernel | us/step | count | share |")
     print("|---|---:|---:|---:|")
     for r in rows:

@@ -66,7 +66,7 @@ import time
 import urllib.request
 
 import numpy as np
-from common import bench_settings, opened, polaris_class, warm_up
+from common import bench_settings, model_error, opened, polaris_class, warm_up
 from llama_peer import POLARIS_ENV, LlamaServer, llama_server
 
 from vkrt.device import Device
@@ -607,8 +607,7 @@ def main(argv=None) -> int:
     try:
         result = measure(args, path)
     except VkrtError as exc:   # a file that is no model, a setting it cannot take: bad input (2); else 1
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"speculative: {text if path in text else f'{path}: {text}'}", file=sys.stderr)
+        print(f"speculative: {model_error(exc, path)}", file=sys.stderr)
         return 2 if isinstance(exc, (ConfigError, GGUFError)) else 1
     if args.json:
         print(json.dumps(result))
