@@ -41,7 +41,7 @@ vec4 kvq_dq4(uint t, uint h, uint qh, uint w, uint c) {
     const vec2 dm = unpackHalf2x16(h);
     precise vec4 v;
     if (t == KVQ_Q8_0) {
-        v = (u8f(bytes4(w ^ 0x80808080u)) - 128.0) * dm.x;
+        v = s8f4(w) * dm.x;
     } else if (t == KVQ_Q4_0) {
         v = dm.x * (u8f(field4(w, 4u * (c >> 2), 0xFu)) - 8.0);
     } else if (t == KVQ_Q4_1) {

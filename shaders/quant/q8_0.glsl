@@ -18,6 +18,6 @@ QRun qrun(uint blk, uint r) {
 vec4 qraw(QRun s, uint c) { return u8f(bytes4(q32(s.q + 4u * c) ^ 0x80808080u)); }
 
 vec4 qget(QRun s, uint c) {
-    precise vec4 v = (qraw(s, c) - 128.0) * s.a;
+    precise vec4 v = s8f4(q32(s.q + 4u * c)) * s.a;
     return v;
 }
