@@ -416,10 +416,13 @@ def main(argv=None) -> int:
     with open_device(args.any_device) as dev:
         p = dev.profile
         fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_big_bm", "mm_big_bn", "mv_wg", "mv_rows", "fa_wg")
+        try:
+            kernels = collect(dev, weights, kv_types)
+        except VkrtError as exc:   # a table this device cannot build (VKRT_ARCH naming another GPU's)
+            raise SystemExit(f"gcn_shader_stats: {p.name} with the {dev.tuning.arch.value} table: {exc}") from None
         result = dict(device=p.name, driver=p.driver_info or p.driver_name, architecture=p.architecture.value,
                       tune=dev.identity().get("tune", ""), model={**MODEL, "weights": weights},
-                      tuning={f: getattr(dev.tuning, f) for f in fields},
-                      kernels=collect(dev, weights, kv_types))
+                      tuning={f: getattr(dev.tuning, f) for f in fields}, kernels=kernels)
         dev.check_validation()  # with VKRT_VALIDATE=1: the layer's errors fail the run
     if args.json:
         json.dump(result, sys.stdout)

@@ -92,6 +92,18 @@ def test_script_any_device_still_needs_statistics():
     assert EXTENSION in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_script_names_a_table_the_device_cannot_build():
+    """VKRT_ARCH naming another GPU's table on the null Polaris device: the NVIDIA table's fused
+    norms need 32-lane subgroups, so a kernel it asks for cannot be built; one line, no traceback."""
+    env = {**_null_polaris_env(), "VKRT_ARCH": "nvidia"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--any-device", "--weights", "Q4_0"], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gcn_shader_stats: ") and "NVIDIA table" in last and "mat_vec_kernel" in last
+    assert "Traceback" not in proc.stderr
+
+
 def test_table_of_another_drivers_statistics(capsys):
     """A driver that names its statistics otherwise than RADV (NVIDIA's) gets a column each."""
     sys.path.insert(0, str(SCRIPT.parent))

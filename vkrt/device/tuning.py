@@ -196,8 +196,8 @@ class Tuning:
     # the same for a mat-vec of one token column only (decode of one sequence, mul_mat_id's pairs,
     # the summed expert down projection): a run of several columns keeps mv_rows_by_type's rows
     mv_rows_one_column_by_type: tuple = ()
-    # rows a group of a dense mat-vec run of several token columns (a server's decode step; 0:
-    # as for one column): its accumulators grow with rows x columns
+    # the most rows a group of a dense mat-vec run of several token columns takes (a server's
+    # decode step, a verify step; 0: as for one column): its accumulators grow with rows x columns
     mv_rows_multi: int = 0
     # the most elements of x + r (over the columns) a lane of the router's mat-vec holds for the
     # add and norm in its prologue (matmul's norm_in): past it the norm is a dispatch of its own
