@@ -26,7 +26,7 @@ tokenizer metadata, loadable by llama.cpp and vkrt.
   --expert-type T writes the routed experts in T instead (an "UD"-style file: K-quant attention,
       IQ experts), any type with vkrt kernels whose blocks divide the experts' rows.
 
-    python bench/make_moe_model.py OUT.gguf [--shape S] [--layers N] [--type Q4_0|Q4_K|Q8_0]
+    python bench/make_moe_model.py OUT.gguf [--shape S] [--layers N] [--type Q4_0|Q4_K|Q8_0|Q4_K_M]
                                    [--expert-type IQ3_XXS] [--seed 0]
 """
 
@@ -38,6 +38,7 @@ import os
 import time
 
 from vkrt.errors import GGMLTypeError
+from vkrt.model.quant_mix import MIXES
 from vkrt.model.synthetic import SyntheticSpec, write_model
 from vkrt.ops.quant import kernel_type
 
@@ -92,7 +93,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=None, help="layers (default: the real model's)")
-    ap.add_argument("--type", default="Q4_0", choices=["Q4_0", "Q4_K", "Q8_0"])
+    ap.add_argument("--type", default="Q4_0", choices=["Q4_0", "Q4_K", "Q8_0", "Q4_K_M"],
+                    help="the matrices' type, or Q4_K_M: llama.cpp's mix of Q4_K, Q5_K and Q6_K (vkrt/model/quant_mix.py)")
     ap.add_argument("--expert-type", default=None, help="the routed experts' type (default: the shape's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nextn", type=int, default=0,
@@ -101,7 +103,10 @@ def main() -> None:
     t0 = time.perf_counter()
     make, layers = SHAPES[args.shape]
     layers = args.layers or layers
-    spec = make(layers, args.type, args.seed)
+    mix = args.type if args.type in MIXES else ""
+    spec = make(layers, "Q4_K" if mix else args.type, args.seed)
+    if mix:
+        spec = dataclasses.replace(spec, mix=mix)
     if args.expert_type:
         try:
             t = kernel_type(args.expert_type, "--expert-type")

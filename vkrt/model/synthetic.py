@@ -17,6 +17,7 @@ from .arch import ARCHS, ArchSpec, DeltaNet, RopeKind, Router, SharedExpert, wit
 from .config import GATING_SIGMOID, ModelConfig
 from .metadata_keys import write_keys
 from .mtp import EMBED_TOKENS, HEAD, HEAD_NORM, mtp_tensors
+from .quant_mix import mix_types
 from .random_weights import check_row, random_weight
 from .tensors import (BIAS, CONV, DT_BIAS, EMBED, EXPERT_BIAS, EXPERTS, MATRIX, NORM, ROPE_FACTORS, ROUTER, SINKS, SSM_A,
                       model_tensors)
@@ -43,6 +44,7 @@ class SyntheticSpec:
     weight_type: str = "Q8_0"          # type of the 2-D weight matrices
     expert_type: str | None = None     # type of ffn_*_exps (default: weight_type)
     ffn_type: str | None = None        # type of the dense FFN matrices ffn_* (default: weight_type)
+    mix: str = ""                      # a llama.cpp quantisation mix over those (quant_mix.MIXES: "Q4_K_M")
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_expert: int = 0
@@ -173,6 +175,10 @@ def write_model(path: str | os.PathLike, spec: SyntheticSpec) -> str:
     own = (HEAD_NORM, HEAD, EMBED_TOKENS) if s.nextn_own_head else (HEAD_NORM,)
     table += [t for b in range(s.n_nextn) for t in mtp_tensors(cfg, b) if t.required or t.name.endswith(own)]
     specs = [_synthetic_tensor(t, wtype, etype, embd_type, ftype) for t in table]
+    if s.mix:
+        types = mix_types(s.mix, [(name, shape[-1], qtype if kind == "weight" else Q.F32)
+                                  for name, kind, qtype, shape, _ in specs], s.n_layer)
+        specs = [(name, kind, typ, shape, std) for (name, kind, _, shape, std), typ in zip(specs, types)]
     for name, kind, qtype, shape, std in specs:
         if kind == "weight":
             check_row(qtype, shape)
