@@ -104,6 +104,9 @@ def main() -> None:
     make, layers = SHAPES[args.shape]
     layers = args.layers or layers
     mix = args.type if args.type in MIXES else ""
+    if mix and args.expert_type:
+        raise SystemExit(f"--expert-type {args.expert_type} with --type {mix}: the mix sets the experts' types "
+                         "too (Q4_K, Q6_K down projections); give one or the other")
     spec = make(layers, "Q4_K" if mix else args.type, args.seed)
     if mix:
         spec = dataclasses.replace(spec, mix=mix)
@@ -120,8 +123,9 @@ def main() -> None:
         spec = dataclasses.replace(spec, n_nextn=args.nextn)
     write_model(args.out, spec)
     size = os.path.getsize(args.out)
+    experts = "as the mix" if mix else spec.expert_type
     print(f"wrote {args.out}: {size / 2**30:.2f} GiB, {args.shape}, {layers} layers, {args.type}, "
-          f"experts {spec.expert_type}, {args.nextn} MTP block(s), {time.perf_counter() - t0:.1f} s")
+          f"experts {experts}, {args.nextn} MTP block(s), {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@ types it gives each tensor, and a written file that holds them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as Q
@@ -55,3 +59,12 @@ def test_written_model_holds_the_mix(tmp_path):
     downs = {il: types[f"blk.{il}.ffn_down_exps.weight"] for il in range(4)}
     assert downs == {0: Q.Q4_K, 1: Q.Q4_K, 2: Q.Q6_K, 3: Q.Q6_K}     # (2 - 0) % 3 == 2; 3 >= 7 * 4 / 8
     assert types["blk.1.ffn_gate_exps.weight"] == Q.Q4_K and types["blk.1.attn_norm.weight"] == Q.F32
+
+
+def test_make_moe_model_refuses_expert_type_with_a_mix(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "bench" / "make_moe_model.py"
+    out = tmp_path / "m.gguf"
+    proc = subprocess.run([sys.executable, str(script), str(out), "--type", "Q4_K_M", "--expert-type", "IQ3_XXS"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "--expert-type IQ3_XXS with --type Q4_K_M" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
