@@ -46,8 +46,8 @@ def greedy(device, path, n=6, **kw):
 def agrees(device, path, gpu_tokens, n=6, **kw):
     """Feed the GPU-only path's greedy tokens to an engine with `kw` (teacher forcing) and check
     that each step's best token is the GPU's, or a near tie of it (the q8 activations of the CPU
-    kernels move logits by ~1 %: a tie within 0.1 may flip); returns the engine's traffic and
-    host experts."""
+    kernels move logits by ~1 %: a tie within 1.5 % of the best logit, or 0.1, may flip); returns
+    the engine's traffic and host experts."""
     with Model(device, path, n_cpu_moe=99, progress=False) as m, \
             Engine(m, n_ctx=128, n_ubatch=32, **kw) as e:
         for prompt, tokens in zip(PROMPTS, gpu_tokens):
@@ -55,7 +55,8 @@ def agrees(device, path, gpu_tokens, n=6, **kw):
             logits = e.eval(prompt)
             for i, tok in enumerate(tokens):
                 best = int(np.argmax(logits))
-                assert best == tok or logits[best] - logits[tok] < 0.1, (prompt, i, best, tok, logits[best] - logits[tok])
+                tie = max(0.1, 0.015 * abs(float(logits[best])))
+                assert best == tok or logits[best] - logits[tok] < tie, (prompt, i, best, tok, logits[best] - logits[tok])
                 logits = e.eval([tok])
         return e.expert_traffic(), e.stages[0].host_experts
 

@@ -240,6 +240,24 @@ def test_mat_vec_workgroup_narrower_than_a_subgroup(device):
     check(device, "Q4_0", 9, k, (1, 2), tuning=tune)
 
 
+def test_mat_vec_groups_of_whole_subgroups(device):
+    """Rows whose lanes are whole subgroups of one fixed size, two groups a workgroup (NVIDIA's
+    K-quant rows of 2048: 64 lanes, 128 invocations) sum by subgroup adds, not the shared-memory
+    tree: one column and a run of 4 against numpy, each column of the run the one-column bits."""
+    from vkrt.ops.mat_vec import mat_vec_variant
+    prof = device.profile
+    sg = prof.subgroup_min
+    if sg != prof.subgroup_max or not prof.subgroup_arithmetic:
+        pytest.skip("needs subgroup adds and one fixed subgroup size")
+    tune = dataclasses.replace(device.tuning, mv_wg=4 * sg, mv_lanes_threads=0, mv_fill_groups=1, mv_dense_max_n=4,
+                               mv_max_n=4)
+    k = 64 * sg   # Q4_K: 8 units a block of 256, so 2 * sg units a row and as many lanes
+    defines = mat_vec_variant(device, ggml_type("Q4_K"), 4, tune, k=k, m=37, xvec4=True)[0]
+    assert (defines["TPR"], defines["WG"], defines.get("REDUCE_SUBGROUP")) == (2 * sg, 4 * sg, 1)
+    check(device, "Q4_K", 37, k, (1, 4), tuning=tune)
+    assert_run_is_one_columns_bits(device, tune, 41, k=k, n=4)
+
+
 # of the IQ and TQ types, those whose raw values differ in kind: a codebook (signed), grid bytes
 # with signs, a grid of -1/0/1 plus a shift, MXFP4's codebook under a power-of-two scale, base-3 digits
 @pytest.mark.parametrize("name", [n for n in ALL if n not in IQ + TQ] + ["IQ4_XS", "IQ2_XS", "IQ1_M", "MXFP4",

@@ -426,8 +426,10 @@ def test_norm_output_only_where_the_slots_go_at_once(device):
     if fixed:
         assert norm_output_fits(device, m, N_USED, typ, k, sub) == (norm_layout(device, m, 1, N_USED * lanes)
                                                                    is not None)
-    at_once = dataclasses.replace(device.tuning, mv_id_wg=2 * lanes)   # shared-memory trees, a group a slot
-    assert mat_vec_reduce(prof, lanes, 2 * lanes) == "tree"
+    # a group a slot: subgroup adds in whole subgroups of one fixed size, else shared-memory trees
+    at_once = dataclasses.replace(device.tuning, mv_id_wg=2 * lanes)
+    assert mat_vec_reduce(prof, lanes, 2 * lanes) == ("subgroup" if fixed else "tree")
+    assert mat_vec_reduce(varying.profile, lanes, 2 * lanes) == "tree"
     assert norm_output_fits(device, m, N_USED, typ, k, at_once) == (norm_layout(device, m, 1, 2 * lanes) is not None)
 
 

@@ -72,10 +72,15 @@ def mat_vec_lanes(typ, k: int, wg: int) -> int:
 def mat_vec_reduce(prof, lanes: int, wg: int) -> str:
     """How a mat-vec workgroup of `wg` invocations sums a row's `lanes` partial sums
     (shaders/mv_reduce.glsl): "cluster" (a butterfly of shuffles within a subgroup), "subgroup"
-    (one group a workgroup: subgroup adds, then shared memory) or "tree" (shared memory)."""
+    (a group is the workgroup, or whole subgroups of one fixed size: subgroup adds, then shared
+    memory) or "tree" (shared memory, a barrier a halving). NVIDIA's K-quant rows of 2048 (64
+    lanes, two groups a workgroup) went to the tree before whole subgroups took subgroup adds:
+    H100, bench/matmul.py, 4 columns, 2048x248320 Q4_K 681 -> 288 us, Q6_K 796 -> 418,
+    2048x8192 Q4_K 28.4 -> 15.5, Q6_K 31.8 -> 19.4 (one column unchanged)."""
     if prof.subgroup_shuffle and lanes <= prof.subgroup_min and wg % prof.subgroup_max == 0:
         return "cluster"
-    if prof.subgroup_arithmetic and lanes == wg:
+    whole = prof.subgroup_min == prof.subgroup_max and lanes % prof.subgroup_max == 0
+    if prof.subgroup_arithmetic and (lanes == wg or whole):
         return "subgroup"
     return "tree"
 
