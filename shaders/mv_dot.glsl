@@ -51,6 +51,13 @@ layout(binding = 1) readonly buffer X { float x_data[]; };
 #endif
 uint rowb[NW];            // the byte offsets of the rows a group dots
 
+// acc + w . x as four fused multiply-adds in element order: one operation a product, where
+// acc + dot(w, x) adds the dot product's sum apart (a fifth; a run of columns is bound by them)
+float fma4(vec4 w, vec4 x, float acc) {
+    precise float s = fma(w.w, x.w, fma(w.z, x.z, fma(w.y, x.y, fma(w.x, x.x, acc))));
+    return s;
+}
+
 // rows row0 .. row0 + NR - 1 of the W whose row 0 lies at byte wbase (and W2's at wbase2) as
 // the rows the group dots; rows past M read row M - 1, unused
 void mv_rows(uint wbase, uint wbase2, uint row0) {
@@ -103,14 +110,14 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         [[unroll]] for (uint r = 0u; r < NW; r++) {
             const QRun s = MV_RUN(rowb[r] + boff, run);
             const MV_WQ_T wq = MV_WQ(rowb[r] + boff, uu);
-            float dot_[NC];
+            precise float dot_[NC];
             [[unroll]] for (uint j = 0u; j < NC; j++) {
                 dot_[j] = 0.0;
             }
             [[unroll]] for (uint c = 0u; c < QU_C; c++) {
                 const vec4 raw = MV_RAW(s, wq, uu, c);
                 [[unroll]] for (uint j = 0u; j < NC; j++) {
-                    dot_[j] += dot(raw, xv[c * NC + j]);
+                    dot_[j] = fma4(raw, xv[c * NC + j], dot_[j]);
                 }
             }
             [[unroll]] for (uint j = 0u; j < NC; j++) {
@@ -123,7 +130,8 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
         // 128 registers). The sums add their terms in the same order as above
         QRun s[NW];
         MV_WQ_T wq[NW];
-        float sum_[NC], dot_[NA];
+        float sum_[NC];
+        precise float dot_[NA];
         [[unroll]] for (uint r = 0u; r < NW; r++) {
             s[r] = MV_RUN(rowb[r] + boff, run);
             wq[r] = MV_WQ(rowb[r] + boff, uu);
@@ -143,7 +151,7 @@ void mv_unit(uint u, uint xbase, inout precise float acc[NA]) {
             [[unroll]] for (uint r = 0u; r < NW; r++) {
                 const vec4 raw = MV_RAW(s[r], wq[r], uu, c);
                 [[unroll]] for (uint j = 0u; j < NC; j++) {
-                    dot_[r * NC + j] += dot(raw, xv[j]);
+                    dot_[r * NC + j] = fma4(raw, xv[j], dot_[r * NC + j]);
                 }
             }
         }
