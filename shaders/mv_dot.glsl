@@ -52,7 +52,7 @@ layout(binding = 1) readonly buffer X { float x_data[]; };
 uint rowb[NW];            // the byte offsets of the rows a group dots
 
 // acc + w . x as four fused multiply-adds in element order: one operation a product, where
-// acc + dot(w, x) adds the dot product's sum apart (a fifth; a run of columns is bound by them)
+// acc + dot(w, x) adds the dot product's sum apart (a fifth for every four weights and column)
 float fma4(vec4 w, vec4 x, float acc) {
     precise float s = fma(w.w, x.w, fma(w.z, x.z, fma(w.y, x.y, fma(w.x, x.x, acc))));
     return s;
