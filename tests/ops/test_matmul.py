@@ -258,28 +258,6 @@ def test_mat_vec_groups_of_whole_subgroups(device):
     assert_run_is_one_columns_bits(device, tune, 41, k=k, n=4)
 
 
-# of the IQ and TQ types, those whose raw values differ in kind: a codebook (signed), grid bytes
-# with signs, a grid of -1/0/1 plus a shift, MXFP4's codebook under a power-of-two scale, base-3 digits
-@pytest.mark.parametrize("name", [n for n in ALL if n not in IQ + TQ] + ["IQ4_XS", "IQ2_XS", "IQ1_M", "MXFP4",
-                                                                       "TQ1_0"])
-def test_float_bits_is_bit_identical(device, name):
-    """Building small integers' floats from their bits (the NVIDIA tuning) against converting
-    them: the same exact values, so the same sums bit for bit; one column and a run of 5 (the
-    converting kernels are test_every_type's)."""
-    rng = np.random.default_rng(9)
-    m, k = 21, k_for(name)
-    w = weight_tensor(device, name, random_blocks(name, m, k, rng, scale=0.5), (k, m))
-    x = rng.standard_normal((5, k)).astype(np.float32)
-    try:
-        outs = [run(device, w, x[:n], m, tuning=dataclasses.replace(device.tuning, float_bits=on))
-                for on in (False, True) for n in (1, 5)]
-    finally:
-        w.close()
-    for a, b in ((0, 2), (1, 3)):
-        np.testing.assert_array_equal(outs[a].view(np.uint32), outs[b].view(np.uint32))
-
-
-
 @pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_codebook_shared_is_bit_identical(device, name):
     """The 4-bit codebook read from a shared copy of its 16 floats (quant_codebook_shared) against

@@ -151,13 +151,6 @@ class Tuning:
     # activation inside the down projection) or not: more columns run in several runs, and the
     # fusions stop there (mul_mat_id's mat-vec is one column a token-slot pair: mv_max_n)
     mv_dense_max_n: int = 8
-    # build small integers' floats from their bits (2^23 + v, less 2^23) in the quantised kernels
-    # instead of converting: int-to-float runs at a quarter rate or less on NVIDIA, where it
-    # bounded an earlier mat-vec; GCN's byte conversions are full rate. Today's mat-vec on the
-    # H200 runs 4096x14336 Q4_K in 23.8 us without it and 24.7 with it, Q8_0 30.0 and 32.6
-    # (bench/matmul.py, GCN table), and Qwen3-30B-A3B-shaped decode (Q4_0, native) 229.7 t/s
-    # without it, 226.2 with it (vkrt bench tg128 -r 3): off everywhere today
-    float_bits: bool = False
     # mat-vec units of types that allow it (Q4_K, Q5_K) load their 16 bytes in one load where the
     # weights are 16-byte aligned, instead of four word loads, and their block headers too; not
     # the types in mv_narrow_types (their word loads take fewer registers)

@@ -219,8 +219,6 @@ def mat_vec_variant(device, typ, n: int, tuning, *, k: int, m: int, xvec4: bool,
         # whole subgroups only: a workgroup narrower than a subgroup leaves lanes a shuffle would read
         if tuning.mv_sum_scatter and prof.subgroup_min == prof.subgroup_max and wg % prof.subgroup_min == 0:
             defines["MV_SCATTER"] = prof.subgroup_min
-    if tuning.float_bits:
-        defines["QFLOAT_BITS"] = 1
     # unrolled where a lane's units are whole unrolled steps, or one step holds them all: a long
     # row with a single unit left after a lane's pairs (14336-element Q4_K: 3.5 units a lane) ran
     # slower unrolled (H200, GCN table: 40.1 vs 35.0 us; 8B decode 170 vs 179 t/s), a short one
