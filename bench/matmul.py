@@ -207,7 +207,7 @@ def main(argv=None) -> int:
                     for t in ws:
                         t.close()
         fields = ("mv_wg", "mv_rows", "mv_max_n", "mv_id_max_n", "mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn",
-                  "mm_big_bm", "mm_big_bn", "mm_prefetch")
+                  "mm_big_bm", "mm_big_bn")
         info = {**dev.identity(), "copy_gbs": peer, "read_peer_gbs": read_peer,
                 "tuning": {f: getattr(tuning, f) for f in fields}}
     if args.json:

@@ -112,7 +112,7 @@ shared float sc[NSG * 256u];        // each subgroup's fragment on its way to y,
 shared vec4 sw[BK * BMP / 4];
 shared vec4 sx[BK * BNP / 4];
 #endif
-vec4 rw[NLW], rx[NLX];   // the next K slice, loaded ahead into registers with PREFETCH
+vec4 rw[NLW], rx[NLX];   // a K slice on its way from memory to the shared tiles
 
 // x's and y's float offsets of token column n (< BN) of the tile at n0
 #ifdef MUL_MAT_ID
@@ -288,20 +288,10 @@ void main() {
 #else
     const uint k_begin = 0u, k_end = p.K;
 #endif
-#ifdef PREFETCH
-    load_slice(k_begin, m0, n0, wbase, ncols);
-#endif
     for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
-#ifndef PREFETCH
         load_slice(k0, m0, n0, wbase, ncols);
-#endif
         store_slice();
         barrier();
-#ifdef PREFETCH
-        if (k0 + BK < k_end) {
-            load_slice(k0 + BK, m0, n0, wbase, ncols);   // in flight while this slice is multiplied
-        }
-#endif
 #ifdef COOPMAT
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
             FRAG_A a[CM];

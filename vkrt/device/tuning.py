@@ -259,10 +259,6 @@ class Tuning:
     # the largest head size (of K and V) whose prompt attention takes that kernel by itself (0:
     # any); larger heads keep the scalar kernel unless a caller forces the other
     fa_cm_max_head: int = 0
-    # load the next K slice of both tiles into registers while the current one is multiplied
-    # (hides global-load latency at the cost of 8 vec4 registers for a 64 x 64 x 16 tile). Off:
-    # on the H200 it lost 5-7% (dense Q4_0 n=2048: 25.9 -> 24.2 TFLOP/s, bench/matmul.py)
-    mm_prefetch: bool = False
     # a wider fp32 GEMM tile (0: none) for products whose token columns overflow one token tile
     # of mm_bn: a dense GEMM of more than mm_bn tokens (kernel_columns), mul_mat_id whose experts
     # average mm_bn pairs or more (their counts spread around the mean: at a mean of mm_bn about

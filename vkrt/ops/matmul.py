@@ -124,8 +124,6 @@ def gemm_kernel(device, typ, tuning, *, xvec4: bool, mul_mat_id: bool = False, s
                          "and BK, TM and TN be multiples of 4")
     else:
         defines.update(TM=tm, TN=tn)
-    if tuning.mm_prefetch:
-        defines["PREFETCH"] = 1
     if xvec4:
         defines["XVEC4"] = 1
     if mul_mat_id:
