@@ -241,7 +241,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                             wide=wide_ok(typ, pair[1], pair[2], w.nb[1]))
         push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                 "y_off": yo, "y_col": y_col}
-        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device))
+        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device), label="mul_mv gate/up")
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
     if route is not None and (n > cols or len(pieces) > 1):

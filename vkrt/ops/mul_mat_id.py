@@ -123,7 +123,7 @@ def mul_mat_id(seq, w: Tensor, x: Tensor, ids: Tensor, y: Tensor, routes: RouteT
         push = {**common, "M": m, "w_off": pair[1], "w2_off": pair[2], "e0": 0, "e1": n_expert,
                 "ids_off": io // 4, "ids_tok": ids.nb[1] // 4}
         seq.dispatch(mv.kernel, [pair[0], xr, yr, ir, *extra], push=push,
-                     groups=mv.groups(m, device, n_tokens * n_used))
+                     groups=mv.groups(m, device, n_tokens * n_used), label="mul_mv_id gate/up")
         return False
     pieces = chunks(2, device, max_binding, w)
     if n_tokens <= mv_max:
