@@ -63,10 +63,8 @@ uint bits4(uint v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
 uvec4 q5_bytes(uint w, uint qh, uint c) { return bytes4(fieldw(w, 4u * (c >> 2), 0xFu) | (bits4(qh >> (4u * c)) << 4)); }
 uvec4 field4(uint w, uint shift, uint mask) { return bytes4(fieldw(w, shift, mask)); }
 
-// Small unsigned integers as floats (GCN: v_cvt_f32_ubyte, full rate). Building them from their
-// bits instead (2^23 + v, less 2^23) lost on NVIDIA too: H200, bench/matmul.py 2048x8192 Q4_K
-// 1 / 4 / 8 columns 11.0 / 15.2 / 29.9 -> 11.5 / 15.5 / 30.4 us, a Qwen3.5-35B-A3B-shaped Q4_K_M
-// decode step 5.01-5.10 -> 5.24 ms
+// Small unsigned integers as floats by conversion (GCN: v_cvt_f32_ubyte, full rate); building
+// them from their bits lost on NVIDIA too (docs/results/2026-12-07-h200-verify-profile-staging.md)
 vec4 u8f(uvec4 v) { return vec4(v); }
 float u8f(uint v) { return float(v); }
 
