@@ -301,24 +301,29 @@ def test_every_fuse_value_gives_the_same_bits(device, tmp_path, device_env, name
     assert counts["all"] < n_plain and sum(n < n_plain for n in counts.values()) >= 5
 
 
-def test_dense_fusions_stop_at_mv_dense_max_n(device, tmp_path, monkeypatch, device_env):
-    """A dense FFN's fused mat-vecs take up to tuning.mv_dense_max_n tokens (GCN and NVIDIA: 4;
-    their registers grow with the columns); experts' (one column a token-slot pair) as far as
-    mul_mat_id runs mat-vecs (mv_id_max_n); logits equal to the unfused run's bit for bit either way."""
+@pytest.mark.parametrize("dense_max_n", [4, 8])
+def test_dense_gate_up_runs_past_mv_dense_max_n(device, tmp_path, monkeypatch, device_env, dense_max_n):
+    """A dense FFN's fused gate/up pass takes the columns a mat-vec takes (mv_chunk_n), in runs
+    of at most tuning.mv_dense_max_n (GCN and NVIDIA: 4; their registers grow with the columns)
+    as the plain mat-vecs do: the 8-token prompt in two runs of 4 (or one of 8), logits equal to
+    the unfused run's bit for bit either way."""
     import dataclasses
 
     from vkrt.device.tuning import TABLE, Arch
     from vkrt.ops.mat_vec import mat_vec_columns
     from vkrt.ops.mul_mat_id import mat_vec_tokens
     assert TABLE[Arch.AMD_GCN].mv_dense_max_n == 4 and TABLE[Arch.NVIDIA].mv_dense_max_n == 4
-    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=4, mv_id_max_n=32)
-    assert (mat_vec_columns(tune), mat_vec_tokens(tune)) == (4, 32)
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=dense_max_n, mv_id_max_n=32, mv_chunk_n=16)
+    assert (mat_vec_columns(tune), mat_vec_tokens(tune)) == (dense_max_n, 32)
     monkeypatch.setattr(device, "tuning", tune)
     path = tiny_model("tiny-llama", tmp_path)
     fused_run, fused_n, _ = run(device, path, device_env, True, "gate_up")
     apart, apart_n, cfg = run(device, path, device_env, False, "gate_up")
     np.testing.assert_array_equal(fused_run.view(np.uint32), apart.view(np.uint32))
-    assert apart_n - fused_n == 2 * cfg.n_layer   # the one-token graph fuses, the 8-token prompt does not
+    runs = len(PROMPT) // dense_max_n
+    # a layer's prompt: gate and up a dispatch a run each, and the activation, against one a run;
+    # its decode step: gate, up and the activation against one
+    assert apart_n - fused_n == (2 * runs + 1 - runs + 2) * cfg.n_layer
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe", "tiny-qwen3next"])

@@ -558,13 +558,18 @@ def test_output_matrix_larger_than_a_binding(device):
 
 @pytest.mark.parametrize("name,k,n,act", [("Q4_K", 512, 1, "silu"), ("Q6_K", 256, 2, "gelu"), ("Q4_0", 64, 3, "silu"),
                                           ("Q8_0", 2048, 1, "silu"), ("F16", 13, 1, "gelu"),
-                                          ("MXFP4", 64, 2, "swiglu_oai")])
+                                          ("MXFP4", 64, 2, "swiglu_oai"), ("Q4_K", 512, 6, "silu"),
+                                          ("Q6_K", 256, 11, "gelu"), ("F16", 13, 5, "silu")])
 def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
-    """matmul(W, x, up_weight=U) against W·x and U·x apart then the activation, bit for bit;
-    gate and up rows of one tensor (one buffer), 19 rows (a part group); an up weight of another
-    shape is refused with a clear error."""
+    """matmul(W, x, up_weight=U) against W·x and U·x apart then the activation, bit for bit, in
+    runs of at most 4 columns as the plain mat-vecs (5, 6 and 11 columns: several runs); gate and
+    up rows of one tensor (one buffer), 19 rows (a part group); an up weight of another shape, or
+    more columns than a mat-vec takes (mv_chunk_n), is refused with a clear error."""
+    import dataclasses
+
     from vkrt.commands import run_once
     from vkrt.ops.elementwise import activation
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=4, mv_chunk_n=16)
     m = 19
     rng = np.random.default_rng(k + n)
     both = weight_tensor(device, name, random_blocks(name, 2 * m, k, rng, scale=0.5), (k, 2 * m))
@@ -572,15 +577,18 @@ def test_fused_gate_up_is_bit_identical(device, name, k, n, act):
     x = tensor_from_numpy(device, rng.standard_normal((n, k)).astype(np.float32) * 2)
     g, u, h1, h2 = (Tensor.empty(device, "F32", (m, n)) for _ in range(4))
     other = both.slice(1, 0, m - 1)
+    wide_x, wide_h = Tensor.empty(device, "F32", (k, 17)), Tensor.empty(device, "F32", (m, 17))
     try:
-        run_once(device, lambda seq: (matmul(seq, gate, x, g), matmul(seq, up, x, u),
+        run_once(device, lambda seq: (matmul(seq, gate, x, g, tuning=tune), matmul(seq, up, x, u, tuning=tune),
                                       activation(seq, act, g, h1, up=u)))
-        run_once(device, lambda seq: matmul(seq, gate, x, h2, up_weight=up, act=act))
+        run_once(device, lambda seq: matmul(seq, gate, x, h2, up_weight=up, act=act, tuning=tune))
         np.testing.assert_array_equal(read_tensor(h2).view(np.uint32), read_tensor(h1).view(np.uint32))
         with pytest.raises(UnsupportedShape, match="one pass"):
-            run_once(device, lambda seq: matmul(seq, gate, x, h2, up_weight=other, act=act))
+            run_once(device, lambda seq: matmul(seq, gate, x, h2, up_weight=other, act=act, tuning=tune))
+        with pytest.raises(UnsupportedShape, match="at most 16 columns"):
+            run_once(device, lambda seq: matmul(seq, gate, wide_x, wide_h, up_weight=up, act=act, tuning=tune))
     finally:
-        for t in (both, x, g, u, h1, h2):
+        for t in (both, x, g, u, h1, h2, wide_x, wide_h):
             t.close()
 
 

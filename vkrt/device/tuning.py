@@ -148,8 +148,9 @@ class Tuning:
     # two runs vs 438 the GEMM; 64 tokens 1446 vs 498
     mv_chunk_n: int = 16
     # the most token columns a dense mat-vec run takes, fused (gate and up in one pass, the gated
-    # activation inside the down projection) or not: more columns run in several runs, and the
-    # fusions stop there (mul_mat_id's mat-vec is one column a token-slot pair: mv_max_n)
+    # activation on its output) or not: more columns run in several runs, gate/up's too; the
+    # router's routing and norm stop there (mul_mat_id's mat-vec is one column a token-slot pair:
+    # mv_max_n)
     mv_dense_max_n: int = 8
     # mat-vec units of types that allow it (Q4_K, Q5_K) load their 16 bytes in one load where the
     # weights are 16-byte aligned, instead of four word loads, and their block headers too; not

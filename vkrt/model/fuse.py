@@ -280,7 +280,7 @@ class _Pass:
         if g.x is not u.x or glu.g is not g.y or glu.u is not u.y:
             return None
         if isinstance(g, MatMul):
-            fits = g.x.ne[1] <= mat_vec_columns(self.tuning)
+            fits = g.kernel_columns is None and g.x.ne[1] <= max(mat_vec_columns(self.tuning), self.tuning.mv_chunk_n)
         else:
             fits = g.sid is u.sid and g.own_bias and g.sid.ne[1] <= mat_vec_tokens(self.tuning)
         if not fits or gate_up_pair(g.w, u.w, self.device, glu.act) is None:

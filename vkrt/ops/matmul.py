@@ -208,7 +208,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up_weight` (mat-vec sizes only;
-    see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass. With `route` (one mat-vec run:
+    see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass a run. With `route` (one mat-vec run:
     n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y.
     `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
     larger product, whose columns then get the same kernel, so the same sums, whatever slice
@@ -233,15 +233,16 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     extra, extra_push = [], {}
     xvec4 = vec4_ok(x2, xo, x_col)
     if up_weight is not None:
-        pair = gate_up_pair(w, up_weight, device, act) if n <= cols else None
+        pair = gate_up_pair(w, up_weight, device, act) if n <= max(cols, tune.mv_chunk_n) else None
         if pair is None:
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
-                                   f"{cols} columns, same type and layout, one binding for both)")
-        mv = mat_vec_kernel(device, typ, n, tune, k=k, m=m, xvec4=xvec4, gate_up=act,
-                            wide=wide_ok(typ, pair[1], pair[2], w.nb[1]))
-        push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
-                "y_off": yo, "y_col": y_col}
-        seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device), label="mul_mv gate/up")
+                                   f"{max(cols, tune.mv_chunk_n)} columns, same type and layout, one binding for both)")
+        wide = wide_ok(typ, pair[1], pair[2], w.nb[1])
+        for nc, xr, xo, yr, yo, xv in _column_runs(device, x2, y2, cols, xr, xo, yr, yo, xvec4):
+            mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=m, xvec4=xv, gate_up=act, wide=wide)
+            push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo,
+                    "x_col": x_col, "y_off": yo, "y_col": y_col}
+            seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device), label="mul_mv gate/up")
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
     if route is not None and (n > cols or len(pieces) > 1):
@@ -268,13 +269,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         return
     # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
-    for c0 in range(0, n, cols):
-        nc = min(cols, n - c0)
-        if n > cols:   # each run its own columns of x and y: no barrier between runs
-            xr, xo = bind_words(x2.slice(1, c0, c0 + nc), "matmul x", device)
-            yr, yo = bind_words(y2.slice(1, c0, c0 + nc), "matmul y", device)
-            xo, yo = xo // 4, yo // 4
-            xvec4 = xvec4 and xo % 4 == 0
+    for nc, xr, xo, yr, yo, xvec4 in _column_runs(device, x2, y2, cols, xr, xo, yr, yo, xvec4):
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
                             wide=wide, entry="mul_mv" if route is None else "mul_mv_route",
                             route=route.defines if route is not None else None)
@@ -285,6 +280,21 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                     "y_off": yo + a, "y_col": y_col, **extra_push}
             seq.dispatch(mv.kernel, [wr, xr, yr, *extra], push=push, groups=mv.groups(b - a, device),
                          label="router" if route is not None else None)
+
+
+def _column_runs(device, x: Tensor, y: Tensor, cols: int, xr, xo: int, yr, yo: int, xvec4: bool):
+    """The mat-vec runs of at most `cols` of x's and y's columns: (columns, x's binding and float
+    offset, y's, x in vec4s) a run. One run keeps the bindings given; several bind their own
+    columns each, so no barrier separates them (the weights are read once a run)."""
+    n = x.ne[1]
+    if n <= cols:
+        yield n, xr, xo, yr, yo, xvec4
+        return
+    for c0 in range(0, n, cols):
+        nc = min(cols, n - c0)
+        rxr, rxo = bind_words(x.slice(1, c0, c0 + nc), "matmul x", device)
+        ryr, ryo = bind_words(y.slice(1, c0, c0 + nc), "matmul y", device)
+        yield nc, rxr, rxo // 4, ryr, ryo // 4, xvec4 and rxo // 4 % 4 == 0
 
 
 def _norm_route(seq, w: Tensor, typ, tune, piece, norm_in: NormInput, out: Tensor, y: Tensor,
