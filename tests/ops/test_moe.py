@@ -204,6 +204,30 @@ def test_route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_to
     route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one)
 
 
+@pytest.mark.parametrize("n_tokens, one", [(7, False), (11, True), (16, False)])
+def test_route_in_the_router_mat_vec_in_runs(device, monkeypatch, n_tokens, one):
+    """More tokens than a mat-vec run (runs of 4 columns): each run routes its own tokens in its
+    last workgroup, counted on a counter of its own, bit for bit as the mat-vec then moe_route;
+    with fewer counters than runs, or more tokens than a mat-vec takes, there is no epilogue."""
+    from vkrt.ops.moe import ROUTE_COUNTERS, route_epilogue
+    route_in_the_router_mat_vec(device, monkeypatch, 64, 4, n_tokens, "norm", 64, one, run_columns=4,
+                                counters=ROUTE_COUNTERS)
+    counter = tensor_from_numpy(device, np.zeros(1, np.int32))
+    tw = Tensor.empty(device, "F32", (96, 64))
+    made = [counter, tw]
+    try:
+        for n, counters in ((n_tokens, counter), (17, None)):
+            logits, ids, wts = (Tensor.empty(device, t, (r, n)) for t, r in (("F32", 64), ("I32", 4), ("F32", 4)))
+            made += [logits, ids, wts]
+            if counters is None:
+                counters = tensor_from_numpy(device, np.zeros(ROUTE_COUNTERS, np.int32))
+                made.append(counters)
+            assert route_epilogue(device, tw, logits, ids, wts, 4, True, counters) is None
+    finally:
+        for t in made:
+            t.close()
+
+
 @pytest.mark.parametrize("n_tokens", [3, 7])
 def test_route_in_the_router_mat_vec_wraps_its_subgroups(device, monkeypatch, n_tokens):
     """More tokens than the last workgroup's subgroups (mv_wg 16: two of lavapipe's 8 lanes):
@@ -226,17 +250,20 @@ def test_route_in_the_router_mat_vec_summed_by_a_reduce_scatter(device, monkeypa
 
 
 def route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens, gating, mv_wg, one, scatter=False,
-                                K=96):
+                                K=96, run_columns=None, counters=1):
     from vkrt.commands import CommandSequence
     from vkrt.ops.matmul import matmul
     from vkrt.ops.moe import moe_route, route_epilogue
-    monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_wg=mv_wg, mv_sum_scatter=scatter))
+    tune = dataclasses.replace(device.tuning, mv_wg=mv_wg, mv_sum_scatter=scatter)
+    if run_columns:
+        tune = dataclasses.replace(tune, mv_max_n=8, mv_dense_max_n=run_columns, mv_chunk_n=16)
+    monkeypatch.setattr(device, "tuning", tune)
     rng = np.random.default_rng(n_expert + n_tokens)
     w = (rng.standard_normal((n_expert, K)) * 0.5).astype(np.float32)
     x = rng.standard_normal((n_tokens, K)).astype(np.float32)
     bias = rng.standard_normal(n_expert).astype(np.float32) * 0.1
     tw, tx, tb = (tensor_from_numpy(device, a) for a in (w, x, bias))
-    counter = tensor_from_numpy(device, np.zeros(1, np.int32))
+    counter = tensor_from_numpy(device, np.zeros(counters, np.int32))
     made = [tw, tx, tb, counter]
     outs = []
     kw = dict(chosen_softmax=gating == "chosen", sigmoid_bias=tb if gating == "sigmoid" else None, one_subgroup=one)
@@ -263,7 +290,7 @@ def route_in_the_router_mat_vec(device, monkeypatch, n_expert, n_used, n_tokens,
                 seq.run()   # replayed: routes again
             np.testing.assert_array_equal(read_tensor(ids), first)
             outs.append([read_tensor(t).view(np.uint32) for t in (logits, ids, wts)])
-        assert read_tensor(counter)[0] == 0
+        assert not read_tensor(counter).any()
         for a, b in zip(*outs):
             np.testing.assert_array_equal(a, b)
         score = x.astype(np.float64) @ w.T.astype(np.float64)

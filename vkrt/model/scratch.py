@@ -12,6 +12,7 @@ from ..commands import write_tensor
 from ..memory import F16, F32, I32, Tensor
 from ..ops.delta_net import delta_net_workspace_bytes
 from ..ops.flash_work import FlashWork
+from ..ops.moe import ROUTE_COUNTERS
 from ..ops.moe_stage import plan_words
 from ..ops.mul_mat_id import RouteTable
 from ..owned import Owned
@@ -80,8 +81,8 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device, embd_
         "moe_ids": (I32, (k, T), moe),                     # chosen experts
         "moe_remap": (I32, (k, T), moe),                   # their staging slots
         "moe_plan": (I32, (plan_words(cfg.n_expert),), moe),
-        "wg_count": (I32, (1,), moe),                      # the router mat-vec's finished workgroups (last_workgroup
-                                                           # in mul_mv; 0 between)
+        "wg_count": (I32, (ROUTE_COUNTERS,), moe),            # the router mat-vec's finished workgroups, a counter
+                                                           # a run (last_workgroup in mul_mv; 0 between)
         "ge": (F32, (fe, k, T), moe),                      # expert gate projections
         "ue": (F32, (fe, k, T), moe),                      # expert up projections
         "he": (F32, (fe, k, T), moe),                      # act(ge) * ue
@@ -132,7 +133,7 @@ class Scratch(Owned):
                     setattr(self, name, Tensor.empty(device, typ, ne, name=name))
             if self.router is not None:
                 self.routes = RouteTable(device, cfg.n_expert, max_tokens)
-                write_tensor(self.wg_count, np.zeros(1, np.int32))
+                write_tensor(self.wg_count, np.zeros(ROUTE_COUNTERS, np.int32))
             self.work = FlashWork(device, label="step work")
         except BaseException:
             self.close()

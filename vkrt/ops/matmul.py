@@ -13,8 +13,8 @@ from ..pipeline import PushConstants, kernel
 from .binding import WORD_ALIGN, bind_together, bind_words
 from .flash_work import FlashWork
 from .grid import ceil_div, grid
-from .mat_vec import (GLU_ACTS, mat_vec_columns, mat_vec_kernel, mat_vec_shape, mat_vec_wg, norm_layout,
-                      slots_at_once, wide_ok)
+from .mat_vec import (GLU_ACTS, fused_columns, mat_vec_columns, mat_vec_kernel, mat_vec_shape, mat_vec_wg,
+                      norm_layout, slots_at_once, wide_ok)
 from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
 
 _COMMON = (("K", "u32"), ("M", "u32"))
@@ -33,11 +33,13 @@ MM_ID_PUSH = PushConstants(*_COMMON, ("N", "u32"), *_OPERANDS, ("w_expert", "u32
 class RouteEpilogue:
     """What the router's mat-vec (shaders/mul_mv_route.comp) needs to route its tokens in its
     last workgroup: the defines of moe_route.glsl (RWG, EPT, SUBGROUPS, NSG), the bindings of
-    ids, weights, selection bias and the workgroup counter, and mat_vec.ROUTE_FIELDS' values."""
+    ids, weights, selection bias and the workgroup counters (`counters` of them, one a run of
+    columns), and mat_vec.ROUTE_FIELDS' values."""
 
     defines: dict
     buffers: tuple
     push: dict
+    counters: int = 1
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def norm_input(device, x: Tensor, residual: Tensor, weight: Tensor, eps: float, 
     redo rms_norm's sums or hold the normed columns (norm_layout), or the columns are more than
     one mat-vec run."""
     k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
-    if k % 4 or n > mat_vec_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
+    if k % 4 or n > fused_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
         return None
     if weight.type != F32 or weight.nelements != k or out.ne != x.ne or residual.ne != x.ne:
         return None
@@ -208,8 +210,8 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     N... are the columns (tokens), dims 1..3 flattened. N <= tuning.mv_chunk_n uses the mat-vec
     kernel (in runs of mv_max_n, at most mv_dense_max_n, columns), more the GEMM. W larger than one binding (or `max_binding` bytes) runs in row ranges.
     With `up_weight` (mat-vec sizes only;
-    see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass a run. With `route` (one mat-vec run:
-    n <= mat_vec_columns, W in one binding) the last workgroup also routes the tokens of y.
+    see gate_up_pair), y = act(W·x) * (up_weight·x) in one pass a run. With `route` (mat-vec
+    sizes, a counter a run, W in one binding) a run's last workgroup also routes its tokens of y.
     `kernel_columns`: pick the mat-vec or the GEMM as for that many columns (x, y: a slice of a
     larger product, whose columns then get the same kernel, so the same sums, whatever slice
     they fall in). With `norm_in` (and `route`; see norm_input) x is the output of the add and
@@ -217,7 +219,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     (gemm_splits) keeps its partial tiles; a GEMM that is cut needs one."""
     device = seq.device
     tune = tuning or device.tuning
-    cols = mat_vec_columns(tune)
+    cols, fcols = mat_vec_columns(tune), fused_columns(tune)   # a plain run's columns, a fused run's
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
     if w.ne[2] != 1 or w.ne[3] != 1:
         raise UnsupportedShape(f"matmul weight {w!r} must be 2-D (a stack of experts goes to mul_mat_id)")
@@ -238,15 +240,17 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{max(cols, tune.mv_chunk_n)} columns, same type and layout, one binding for both)")
         wide = wide_ok(typ, pair[1], pair[2], w.nb[1])
-        for nc, xr, xo, yr, yo, xv in _column_runs(device, x2, y2, cols, xr, xo, yr, yo, xvec4):
+        for nc, xr, xo, yr, yo, xv in _column_runs(device, x2, y2, fcols, xr, xo, yr, yo, xvec4):
             mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=m, xvec4=xv, gate_up=act, wide=wide)
             push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo,
                     "x_col": x_col, "y_off": yo, "y_col": y_col}
             seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device), label="mul_mv gate/up")
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
-    if route is not None and (n > cols or len(pieces) > 1):
-        raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {cols} columns and a weight in one "
+    if route is not None and (n > max(cols, tune.mv_chunk_n) or ceil_div(n, fcols) > route.counters
+                              or len(pieces) > 1):
+        most = min(max(cols, tune.mv_chunk_n), fcols * route.counters)
+        raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {most} columns and a weight in one "
                                f"binding; got {n} columns, {len(pieces)} pieces")
     if norm_in is not None:
         _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
@@ -269,12 +273,16 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
         return
     # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
-    for nc, xr, xo, yr, yo, xvec4 in _column_runs(device, x2, y2, cols, xr, xo, yr, yo, xvec4):
+    runs = _column_runs(device, x2, y2, cols if route is None else fcols, xr, xo, yr, yo, xvec4)
+    for run, (nc, xr, xo, yr, yo, xvec4) in enumerate(runs):
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
                             wide=wide, entry="mul_mv" if route is None else "mul_mv_route",
                             route=route.defines if route is not None else None)
-        if route is not None:
-            extra, extra_push = list(route.buffers), route.push
+        if route is not None:   # a run routes its own tokens, counting its workgroups on its own counter
+            first = run * fcols * route.push["n_used"]
+            extra, extra_push = list(route.buffers), {**route.push, "ids_off": route.push["ids_off"] + first,
+                                                      "rw_off": route.push["rw_off"] + first,
+                                                      "count_off": route.push["count_off"] + run}
         for a, b, wr, wo in pieces:
             push = {"K": k, "M": b - a, "w_off": wo, "w_row": w.nb[1], "x_off": xo, "x_col": x_col,
                     "y_off": yo + a, "y_col": y_col, **extra_push}

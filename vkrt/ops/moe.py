@@ -11,7 +11,7 @@ from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
 from .grid import ceil_div, grid, groups_for
-from .mat_vec import mat_vec_columns
+from .mat_vec import fused_columns, mat_vec_columns
 from .matmul import RouteEpilogue
 from .quant import chunks
 from .reduce import subgroup_defines
@@ -25,6 +25,7 @@ COMBINE_PUSH = PushConstants(("n_embd", "u32"), ("n_used", "u32"), ("n_tokens", 
 MAX_USED = 16
 ROUTER_WG = 64     # the router's workgroup
 ROUTER_EPT = 32    # experts one router invocation holds at most (bits of its taken mask)
+ROUTE_COUNTERS = 16   # workgroup counters a router's mat-vec takes: one a run of columns
 
 
 def router_layout(device, subgroups: bool | None = None, one_subgroup: bool | None = None) -> tuple[int, bool]:
@@ -103,15 +104,18 @@ def route_epilogue(device, router: Tensor, logits: Tensor, ids: Tensor, weights:
                    counter: Tensor, *, chosen_softmax: bool = False, sigmoid_bias: Tensor | None = None,
                    one_subgroup: bool | None = None):
     """The RouteEpilogue that lets the router's mat-vec (`router` weights into `logits`) route its
-    tokens as moe_route would, bit for bit, in its last workgroup (`counter`: an I32 [1] holding
-    0, left 0); None where it cannot: more tokens than one mat-vec run, a weight over one
-    binding, a mat-vec workgroup that is not a multiple of the router's, subgroups of varying size.
+    tokens as moe_route would, bit for bit, in its last workgroup, a run of columns at a time
+    (`counter`: I32, a counter a run, holding 0, left 0); None where it cannot: more tokens than a
+    mat-vec takes or runs than counters, a weight over one binding, a mat-vec workgroup that is
+    not a multiple of the router's, subgroups of varying size.
     Where the router is one subgroup (router_layout; `one_subgroup` as there) the last
     workgroup's subgroups route, a token each at a time, without workgroup barriers."""
     tuning, prof = device.tuning, device.profile
     rwg, subgroups = router_layout(device, one_subgroup=one_subgroup)
     mv_wg = tuning.mv_wg
-    if (logits.ne[1] > mat_vec_columns(tuning) or mv_wg % rwg or (subgroups and prof.subgroup_min != prof.subgroup_max)
+    n, cols = logits.ne[1], fused_columns(tuning)
+    if (n > max(mat_vec_columns(tuning), tuning.mv_chunk_n) or ceil_div(n, cols) > counter.nelements or mv_wg % rwg
+            or (subgroups and prof.subgroup_min != prof.subgroup_max)
             or router.ne[1] != logits.ne[0] or len(chunks(1, device, None, router)) != 1):
         return None
     buffers, push = _route_operands(logits, ids, weights, n_used, normalize, chosen_softmax, sigmoid_bias, rwg)
@@ -122,7 +126,7 @@ def route_epilogue(device, router: Tensor, logits: Tensor, ids: Tensor, weights:
     elif subgroups:
         defines.update(SUBGROUPS=1, NSG=max(1, mv_wg // max(prof.subgroup_min, 1)))
     push["rw_off"] = push.pop("w_off")
-    return RouteEpilogue(defines, (*buffers, cr), {**push, "count_off": co // 4})
+    return RouteEpilogue(defines, (*buffers, cr), {**push, "count_off": co // 4}, counter.nelements)
 
 
 def _combine_bindings(experts_out: Tensor, weights: Tensor, out: Tensor, shared: Tensor | None,
