@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..ops.mat_vec import mat_vec_most
 from ..ops.matmul import gemm_tuning
 
 
@@ -85,7 +86,7 @@ def same_kernels(tunings: list, moe: bool, n: int, m: int) -> bool:
     RecordOptions.fa_plan_tokens)."""
     def kind(t, k: int) -> tuple:
         g = gemm_tuning(t, k)   # the dense GEMM's tile (mul_mat_id's adds K alike, unsplit, whatever its tile)
-        return (k <= max(min(t.mv_max_n, t.mv_dense_max_n), t.mv_chunk_n), moe and k <= t.mv_max_n,
+        return (k <= mat_vec_most(t), moe and k <= t.mv_max_n,
                 moe and k <= t.mv_id_max_n, k <= t.fa_pack_max_q,
                 (g.mm_bm, g.mm_bn, -(-k // g.mm_bn)) if g.mm_split_groups > 0 and k <= g.mm_bn * g.mm_split_max_tiles
                 else 0)

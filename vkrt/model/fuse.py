@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..memory import Tensor
 from ..ops.fa_norm_rope import fa_norm_rope
-from ..ops.mat_vec import mat_vec_columns
+from ..ops.mat_vec import mat_vec_most
 from ..ops.matmul import NormOutput, gate_up_pair, matmul, norm_input
 from ..ops.moe import ExpertSum, route_epilogue
 from ..ops.mul_mat_id import mat_vec_tokens, mul_mat_id, mul_mat_id_sum, summed_down_fits
@@ -280,7 +280,7 @@ class _Pass:
         if g.x is not u.x or glu.g is not g.y or glu.u is not u.y:
             return None
         if isinstance(g, MatMul):
-            fits = g.kernel_columns is None and g.x.ne[1] <= max(mat_vec_columns(self.tuning), self.tuning.mv_chunk_n)
+            fits = g.kernel_columns is None and g.x.ne[1] <= mat_vec_most(self.tuning)   # in runs, as plain ones
         else:
             fits = g.sid is u.sid and g.own_bias and g.sid.ne[1] <= mat_vec_tokens(self.tuning)
         if not fits or gate_up_pair(g.w, u.w, self.device, glu.act) is None:

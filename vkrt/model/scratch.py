@@ -81,7 +81,7 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device, embd_
         "moe_ids": (I32, (k, T), moe),                     # chosen experts
         "moe_remap": (I32, (k, T), moe),                   # their staging slots
         "moe_plan": (I32, (plan_words(cfg.n_expert),), moe),
-        "wg_count": (I32, (ROUTE_COUNTERS,), moe),            # the router mat-vec's finished workgroups, a counter
+        "wg_count": (I32, (ROUTE_COUNTERS,), moe),         # the router mat-vec's finished workgroups, a counter
                                                            # a run (last_workgroup in mul_mv; 0 between)
         "ge": (F32, (fe, k, T), moe),                      # expert gate projections
         "ue": (F32, (fe, k, T), moe),                      # expert up projections

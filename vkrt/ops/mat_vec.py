@@ -52,6 +52,11 @@ def mat_vec_columns(tuning) -> int:
     return min(tuning.mv_max_n, tuning.mv_dense_max_n)
 
 
+def mat_vec_most(tuning) -> int:
+    """The most columns (tokens) a dense matmul takes as mat-vec runs rather than the GEMM."""
+    return max(mat_vec_columns(tuning), tuning.mv_chunk_n)
+
+
 def fused_columns(tuning) -> int:
     """Columns a fused mat-vec run (gate/up, the router's routing and norm) takes at most: more
     run unfused (mv_fused_max_n)."""

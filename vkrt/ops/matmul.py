@@ -13,8 +13,8 @@ from ..pipeline import PushConstants, kernel
 from .binding import WORD_ALIGN, bind_together, bind_words
 from .flash_work import FlashWork
 from .grid import ceil_div, grid
-from .mat_vec import (GLU_ACTS, fused_columns, mat_vec_columns, mat_vec_kernel, mat_vec_shape, mat_vec_wg,
-                      norm_layout, slots_at_once, wide_ok)
+from .mat_vec import (GLU_ACTS, fused_columns, mat_vec_columns, mat_vec_kernel, mat_vec_most, mat_vec_shape,
+                      mat_vec_wg, norm_layout, slots_at_once, wide_ok)
 from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
 
 _COMMON = (("K", "u32"), ("M", "u32"))
@@ -70,7 +70,7 @@ def norm_input(device, x: Tensor, residual: Tensor, weight: Tensor, eps: float, 
     """The NormInput for a router mat-vec reading out = rms_norm(x + residual) * weight (x + residual
     stored over x, as rms_norm with residual and sum_out=x stores it); None where the mat-vec cannot
     redo rms_norm's sums or hold the normed columns (norm_layout), or the columns are more than
-    one mat-vec run."""
+    one fused mat-vec run (fused_columns)."""
     k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
     if k % 4 or n > fused_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
         return None
@@ -219,7 +219,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     (gemm_splits) keeps its partial tiles; a GEMM that is cut needs one."""
     device = seq.device
     tune = tuning or device.tuning
-    cols, fcols = mat_vec_columns(tune), fused_columns(tune)   # a plain run's columns, a fused run's
+    cols, fcols, most = mat_vec_columns(tune), fused_columns(tune), mat_vec_most(tune)   # a plain run, a fused one
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
     if w.ne[2] != 1 or w.ne[3] != 1:
         raise UnsupportedShape(f"matmul weight {w!r} must be 2-D (a stack of experts goes to mul_mat_id)")
@@ -235,10 +235,10 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     extra, extra_push = [], {}
     xvec4 = vec4_ok(x2, xo, x_col)
     if up_weight is not None:
-        pair = gate_up_pair(w, up_weight, device, act) if n <= max(cols, tune.mv_chunk_n) else None
+        pair = gate_up_pair(w, up_weight, device, act) if n <= most else None
         if pair is None:
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
-                                   f"{max(cols, tune.mv_chunk_n)} columns, same type and layout, one binding for both)")
+                                   f"{most} columns, same type and layout, one binding for both)")
         wide = wide_ok(typ, pair[1], pair[2], w.nb[1])
         for nc, xr, xo, yr, yo, xv in _column_runs(device, x2, y2, fcols, xr, xo, yr, yo, xvec4):
             mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=m, xvec4=xv, gate_up=act, wide=wide)
@@ -247,15 +247,13 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device), label="mul_mv gate/up")
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
-    if route is not None and (n > max(cols, tune.mv_chunk_n) or ceil_div(n, fcols) > route.counters
-                              or len(pieces) > 1):
-        most = min(max(cols, tune.mv_chunk_n), fcols * route.counters)
-        raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {most} columns and a weight in one "
-                               f"binding; got {n} columns, {len(pieces)} pieces")
+    if route is not None and (n > most or ceil_div(n, fcols) > route.counters or len(pieces) > 1):
+        raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {min(most, fcols * route.counters)} "
+                               f"columns and a weight in one binding; got {n} columns, {len(pieces)} pieces")
     if norm_in is not None:
         _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
         return
-    if (kernel_columns or n) > max(cols, tune.mv_chunk_n):
+    if (kernel_columns or n) > most:
         gt = gemm_tuning(tune, kernel_columns or n)
         kern = gemm_kernel(device, typ, gt, xvec4=xvec4)
         for a, b, wr, wo in pieces:
@@ -271,7 +269,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                 continue
             seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, gt.mm_bm), ceil_div(n, gt.mm_bn), 1))
         return
-    # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
+    # the mat-vec, over runs of at most `cols` columns (`fcols` routing; the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
     runs = _column_runs(device, x2, y2, cols if route is None else fcols, xr, xo, yr, yo, xvec4)
     for run, (nc, xr, xo, yr, yo, xvec4) in enumerate(runs):
