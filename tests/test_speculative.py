@@ -16,6 +16,7 @@ from vkrt.engine.drafters import ModelDrafter, NgramDrafter
 from vkrt.engine.drafting import open_drafting
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
+from vkrt.engine.recurrent_state import KEEP_COLUMNS
 from vkrt.engine.sampler import GREEDY, SamplingParams
 from vkrt.engine.speculative import SpecOptions, Speculation, check_draft_vocab
 from vkrt.errors import VkrtError
@@ -117,10 +118,20 @@ def test_a_rejected_tail_leaves_the_sequence_as_before(models, name):
         if state is not None:
             np.testing.assert_array_equal(_state_bytes(e), state)
             assert e.state.length[0] == 40
-        # a recurrent state cannot keep part of a step: it rewinds to the snapshot, and says so
+        # part of a step kept: a recurrent state runs the delta rule again over the step's kept
+        # inputs, leaving the bits a step of just those tokens leaves
         e.verify([50, 51, 52, 53])
-        assert e.truncate(0, 42) == (40 if e.recurrent else 42)
+        assert e.truncate(0, 42) == 42
         if e.recurrent:
+            with Engine(models[name], n_ctx=128, n_ubatch=32) as fresh:
+                fresh.eval(PROMPT[:40])
+                fresh.eval([50, 51])
+                np.testing.assert_array_equal(_state_bytes(e), _state_bytes(fresh))
+            assert e.state.length[0] == 42
+            # a step longer than the kept columns: back to the snapshot, and it says so
+            e.snapshot(0)
+            e.verify(list(range(60, 60 + KEEP_COLUMNS + 1)))
+            assert e.truncate(0, 44) == 42
             e.reset(0)
             e.eval(PROMPT[:10])
             e.verify([1, 2])
@@ -285,3 +296,26 @@ def test_draft_model_drafts_together_equal_drafts_alone(device, models, name):
     assert alone == [[_greedy(m, h, 4) for h in hs] for hs in rounds]
     alone, together = drafts(False, 0.99, 2), drafts(True, 0.99, 2)
     assert together == alone and all(len(x) >= 2 for r in alone for x in r)
+
+
+def test_sequences_of_one_step_catch_up_each(models):
+    """Two sequences verified in one step (equal runs, as the server makes them) are each taken
+    back to a length of their own by the delta rule over their own kept columns: the states are
+    the bits of steps of just the kept tokens. A second truncate into that step finds its kept
+    inputs spent and goes back to the snapshot."""
+    m = models["tiny-qwen35"]
+
+    def prompts(e):
+        e.eval(PROMPT[:20], 0)
+        e.eval(PROMPT[5:30], 1)
+    with Engine(m, n_ctx=128, n_ubatch=32, n_seq_max=2) as e, Engine(m, n_ctx=128, n_ubatch=32, n_seq_max=2) as fresh:
+        prompts(e)
+        prompts(fresh)
+        e.snapshot(0)
+        e.snapshot(1)
+        e.mixed([(0, [50, 51, 52]), (1, [60, 61, 62])], rows=[3, 3])
+        assert (e.truncate(0, 21), e.truncate(1, 27)) == (21, 27)
+        fresh.eval([50], 0)
+        fresh.eval([60, 61], 1)
+        np.testing.assert_array_equal(_state_bytes(e), _state_bytes(fresh))
+        assert e.truncate(1, 26) == 25

@@ -19,6 +19,7 @@ into (StepRunner.groups).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Iterator
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..errors import BufferTooLarge, ConfigError, VkrtError
 from ..memory import F16, ggml_type
+from ..model.delta_net_block import record_rule
 from ..model.loader import Model
 from ..ops.kv_quant import KV_QUANT
 from ..owned import Owned
@@ -470,8 +472,10 @@ class Engine(Owned):
 
     def truncate(self, seq_id: int, length: int) -> int:
         """Forget `seq_id`'s tokens past `length`. A recurrent state cannot be cut: it goes back
-        to its snapshot (taken at or before `length`), and the tokens between the snapshot and
-        `length` must be fed again. Returns the length the sequence now holds."""
+        to its snapshot (taken at or before `length`); where the last step started there and
+        kept its DeltaNet inputs (a step of at most KEEP_COLUMNS tokens) the delta rule runs
+        again over the tokens up to `length` (RecurrentState.catch_up), else the tokens between
+        the snapshot and `length` must be fed again. Returns the length the sequence now holds."""
         if self.state is None or self.state.length[seq_id] <= length:
             self.cache.cells.free(seq_id, length)
             return self.sequence_length(seq_id)
@@ -479,6 +483,12 @@ class Engine(Owned):
         if not 0 <= snap <= length:
             raise VkrtError(f"sequence {seq_id}: no recurrent-state snapshot at or before position {length} "
                             f"(snapshot() before a step that may be taken back)")
+        if self.state.catch_up_span(seq_id, length) is not None:
+            for st in self.stages:
+                if st.state is not None:
+                    st.state.catch_up(seq_id, length, functools.partial(record_rule, st.transformer))
+            self.cache.cells.free(seq_id, length)
+            return length
         self.state.rewind(seq_id)
         self.cache.cells.free(seq_id, snap)
         return snap

@@ -10,6 +10,7 @@ from ..model.config import ModelConfig
 from ..model.loader import is_cpu_moe, layer_of
 from ..model.scratch import scratch_bytes
 from ..units import fmt_bytes
+from .recurrent_state import KEEP_COLUMNS
 
 
 DECODE_TOKENS = Tuning.mv_max_n   # decode steps (mat-vec sizes) stage this many tokens' experts
@@ -72,7 +73,10 @@ def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cp
              * (cfg.head_dim_k * kb + cfg.head_dim_v * vb))
     acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device, embd_input=encoder > 0)
     main = split is None or stage == split.n_stages - 1
-    recurrent = 4 * cfg.recurrent_floats * len([il for il in cfg.linear_layers if il in layers]) * max(1, n_seq_max)
+    # each DeltaNet layer's state a sequence, and a short step's inputs kept (speculative steps' catch-up)
+    kept = min(KEEP_COLUMNS, n_ubatch) * (2 * cfg.ssm_conv_dim + 2 * cfg.ssm_v_heads)
+    recurrent = 4 * (cfg.recurrent_floats * max(1, n_seq_max) + kept) * len([il for il in cfg.linear_layers
+                                                                            if il in layers])
     largest = max(layer_experts.values(), default=0)
     slots = prefetch_slots * largest
     staged = min(cfg.n_expert, cfg.n_expert_used * min(n_ubatch, DECODE_TOKENS)) if largest else 0

@@ -10,12 +10,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..commands import CommandSequence, run_once
+from ..commands import CommandSequence, run_once, write_tensor
 from ..errors import VkrtError
-from ..memory import F32, Buffer, MemoryKind, Tensor
+from ..memory import F32, I32, Buffer, MemoryKind, Tensor
 from ..model.config import ModelConfig
 from ..owned import Owned
 from ..units import fmt_bytes
+
+
+# tokens a step's DeltaNet inputs are kept for (its ssm_conv input and output, alpha and beta,
+# layer by layer): a speculative step of at most this many can be taken back to any of its
+# tokens by running the delta rule again over the kept columns (catch_up), not the model
+KEEP_COLUMNS = 16
+CATCH_UP_SEQS = 64   # catch-ups kept recorded, a (slot, first column, tokens) each
 
 
 @dataclass
@@ -31,12 +38,16 @@ class RecurrentState(Owned):
     plus a pool of `n_checkpoints` checkpoints in host memory. Layer il's views: conv[il] F32 (C, K-1, n_slots),
     ssm[il] F32 (D, D, Hv, n_slots) (element (j, i, h, slot) = S_h[i][j] of the slot)."""
 
-    def __init__(self, device, cfg: ModelConfig, n_slots: int, n_checkpoints: int = 0, layers=None):
+    def __init__(self, device, cfg: ModelConfig, n_slots: int, n_checkpoints: int = 0, layers=None,
+                 keep_columns: int = KEEP_COLUMNS):
         super().__init__(f"recurrent state {n_slots} sequences")
         self.device = device
         self.n_slots = n_slots
         C, K, D, Hv = cfg.ssm_conv_dim, cfg.ssm_conv_kernel, cfg.ssm_head_dim, cfg.ssm_v_heads
         self._conv_bytes, self._ssm_bytes = 4 * C * (K - 1), 4 * D * D * Hv
+        self._c, self._hv, self._d, self._taps = C, Hv, D, K - 1
+        self.keep_columns = keep_columns
+        self._kept: dict[int, tuple[int, int, int]] = {}   # slot -> (first position, tokens, first column)
         # `layers`: the DeltaNet layers to hold (a stage of a layer split; None: all)
         self.layers = [il for il in cfg.linear_layers if layers is None or il in layers]
         self.slot_bytes = len(self.layers) * (self._conv_bytes + self._ssm_bytes)
@@ -44,7 +55,8 @@ class RecurrentState(Owned):
         self.length = np.zeros(n_slots, np.int64)   # tokens each slot's state has absorbed
         self.conv: dict[int, Tensor] = {}
         self.ssm: dict[int, Tensor] = {}
-        self._store = self._pool = self._snapshots = None
+        self._store = self._pool = self._snapshots = self._keep = self._slot_ids = None
+        self._catch_up_seqs: dict[tuple[int, int, int], CommandSequence] = {}   # (slot, column, tokens)
         self._snapshot_seqs: dict[tuple[int, bool], CommandSequence] = {}   # (slot, to snapshot): recorded once
         self._free: list[int] = list(range(n_checkpoints))
         self.snapshot_length = np.full(n_slots, -1, np.int64)   # tokens each slot's snapshot holds (-1: none)
@@ -55,6 +67,11 @@ class RecurrentState(Owned):
                 self.conv[il] = self._store.view((C, K - 1, n_slots), offset=base, name=f"conv_state.{il}")
                 self.ssm[il] = self._store.view((D, D, Hv, n_slots), offset=base + n_slots * self._conv_bytes,
                                                 name=f"ssm_state.{il}")
+            if keep_columns:
+                self._keep = Tensor.empty(device, F32, (max(1, len(self.layers) * keep_columns * (2 * C + 2 * Hv)),),
+                                          name="DeltaNet step inputs")
+                self._slot_ids = Tensor.empty(device, I32, (n_slots,), name="recurrent state slots")
+                write_tensor(self._slot_ids, np.arange(n_slots, dtype=np.int32))
             if n_checkpoints:
                 self._pool = Buffer(device, self.slot_bytes * n_checkpoints, MemoryKind.HOST,
                                     label=f"{n_checkpoints} recurrent-state checkpoints")
@@ -65,7 +82,81 @@ class RecurrentState(Owned):
 
     @property
     def nbytes(self) -> int:
-        return self.slot_bytes * self.n_slots
+        return self.slot_bytes * self.n_slots + (self._keep.nbytes if self._keep is not None else 0)
+
+    def kept_views(self, il: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """Where layer il's DeltaNet writes a step's n columns of its ssm_conv input and output,
+        alpha and beta (each [rows, n]) so that a later catch_up can read them; None where a step
+        of n tokens keeps none (the scratch's are used)."""
+        if (self._keep is None or n > self.keep_columns or il not in self.conv
+                or n >= self.device.tuning.gdn_chunk_min_tokens):   # the chunked form's bits are not the rule's
+            return None
+        C, Hv, kc = self._c, self._hv, self.keep_columns
+        base = self.layers.index(il) * kc * (2 * C + 2 * Hv) * 4
+        return tuple(self._keep.view((rows, n), offset=base + 4 * kc * first)
+                     for rows, first in ((C, 0), (C, C), (Hv, 2 * C), (Hv, 2 * C + Hv)))
+
+    def note_step(self, slots, n: int, n_tokens: int) -> None:
+        """A step of n tokens each of `slots` (n_tokens in all, the sequences' columns in turn) is
+        about to advance their states: it overwrote the kept inputs (kept_views) with its own."""
+        if self._keep is None or n_tokens > self.keep_columns:
+            self._kept = {}
+            return
+        self._kept = {int(s): (int(self.length[s]), n, g * n) for g, s in enumerate(slots)}
+
+    def catch_up_span(self, slot: int, length: int) -> tuple[int, int] | None:
+        """(first kept column, tokens) that take `slot`'s snapshot to `length` tokens, where the
+        last step started at the snapshot and kept its inputs (None: it cannot)."""
+        kept, snap = self._kept.get(slot), int(self.snapshot_length[slot])
+        if kept is None or snap < 0 or kept[0] != snap or not snap < length <= snap + kept[1]:
+            return None
+        return kept[2], length - snap
+
+    def catch_up(self, slot: int, length: int, record_rule) -> None:
+        """Take `slot` back to its snapshot, then forward to `length` tokens over the last step's
+        kept inputs (catch_up_span must allow it): each layer's conv window from the snapshot's
+        taps and the kept ssm_conv inputs (copies), then the delta rule again over the kept
+        columns, record_rule(seq, il, conv, alpha, beta, state, slots, out) recording it for
+        layer il (the model's weights; out: a dead region to write, the slot's kept inputs, so
+        it catches up once a step). The state then holds the bits a step of exactly those tokens
+        would have left. Recorded once a (slot, column, tokens), queued after the rewind, not
+        waited for."""
+        col, count = self.catch_up_span(slot, length)
+        self.rewind(slot)
+        key = (slot, col, count)
+        seq = self._catch_up_seqs.get(key)
+        if seq is None:
+            if len(self._catch_up_seqs) >= CATCH_UP_SEQS:   # the oldest goes (close waits for it)
+                self._catch_up_seqs.pop(next(iter(self._catch_up_seqs))).close()
+            seq = self._catch_up_seqs[key] = CommandSequence(self.device, label=f"DeltaNet catch-up {slot}")
+            with seq.record():
+                self._record_catch_up(seq, slot, col, count, record_rule)
+                seq.barrier()
+        seq.submit()
+        self.length[slot] = length
+        del self._kept[slot]   # its kept inputs are overwritten now
+
+    def _record_catch_up(self, seq, slot: int, col: int, count: int, record_rule) -> None:
+        store, snaps, taps = self._store.range(), self._snapshots.range(0, self._snapshots.size), self._taps
+        C = self._c
+        for n, il in enumerate(self.layers):
+            qkv_in = self.kept_views(il, self.keep_columns)[0]
+            conv_at = n * self._layer_bytes + slot * self._conv_bytes          # the slot's taps in the store
+            snap_at = slot * self.slot_bytes + n * (self._conv_bytes + self._ssm_bytes)   # and in its snapshot
+            for j in range(taps):   # tap j: window position count + j of [the snapshot's taps, the kept inputs]
+                w = count + j
+                dst = store.sub(conv_at + 4 * C * j, 4 * C)
+                if w < taps:
+                    seq.copy(snaps.sub(snap_at + 4 * C * w, 4 * C), dst)
+                else:
+                    seq.copy(qkv_in.range().sub(4 * C * (col + w - taps), 4 * C), dst)
+        for il in self.layers:   # (their outputs, dead, where the copies read: a barrier between)
+            qkv_in, conv, alpha, beta = self.kept_views(il, self.keep_columns)
+            cols = [t.slice(1, col, col + count) for t in (conv, alpha, beta)]
+            # the dead output over the slot's own kept inputs (read by the copies above; no other
+            # slot's catch-up reads those columns)
+            out = qkv_in.slice(1, col, col + count).slice(0, 0, self._hv * self._d)
+            record_rule(seq, il, *cols, self.ssm[il], self._slot_ids.slice(0, slot, slot + 1), out)
 
     def describe(self) -> str:
         return f"{len(self.layers)} DeltaNet layers x {self.n_slots} sequences, {fmt_bytes(self.nbytes)}"
@@ -189,9 +280,13 @@ class RecurrentState(Owned):
                  "save recurrent state" if to_pool else "restore recurrent state")
 
     def _release(self) -> None:
-        for seq in self._snapshot_seqs.values():
+        for seq in (*self._snapshot_seqs.values(), *self._catch_up_seqs.values()):
             seq.close()
         self._snapshot_seqs.clear()
+        self._catch_up_seqs.clear()
+        for t in (self._keep, self._slot_ids):
+            if t is not None:
+                t.close()
         if self._snapshots is not None:
             self._snapshots.close()
         if self._pool is not None:

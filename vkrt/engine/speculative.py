@@ -6,9 +6,10 @@ as it would one step at a time (llama.cpp's rule: the draw at row i counts only 
 draft before it matched, so what is generated is distributed exactly as without
 speculation): a draw equal to the draft moves to the next row, the first that differs is the
 step's last token. The rejected drafts are taken back (Engine.truncate): KV cells are freed;
-a recurrent state (DeltaNet layers) goes back to the snapshot taken before the step, and the
-tokens it accepted are fed again at the front of the next step (replay), so a partly rejected
-step costs a few more tokens in the next one, not a step of its own."""
+a recurrent state (DeltaNet layers) goes back to the snapshot taken before the step and forward
+over the accepted tokens' kept inputs (a step of at most KEEP_COLUMNS tokens); after a longer
+step the tokens it accepted are fed again at the front of the next step (replay), so a partly
+rejected step costs a few more tokens in the next one, not a step of its own."""
 
 from __future__ import annotations
 

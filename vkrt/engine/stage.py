@@ -16,7 +16,7 @@ from ..model.transformer import Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
-from .recurrent_state import RecurrentState
+from .recurrent_state import KEEP_COLUMNS, RecurrentState
 from .host_experts import CpuExpertOptions, HostExperts, host_expert_types_ok
 from .staging import ExpertStaging, staged_layers
 
@@ -69,7 +69,8 @@ class Stage(Owned):
             except BufferTooLarge as exc:
                 raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
             if any(il in layers for il in cfg.linear_layers):
-                self.state = RecurrentState(device, cfg, max(1, n_seq_max), n_checkpoints, layers=layers)
+                self.state = RecurrentState(device, cfg, max(1, n_seq_max), n_checkpoints, layers=layers,
+                                            keep_columns=min(KEEP_COLUMNS, n_ubatch))
             self.scratch = Scratch(device, cfg, n_ubatch, n_ctx, flash_attn, embd_input)
             self.layout, size = {}, 0
             for name, t in self.scratch.inputs().items():   # host copies of the step inputs, packed

@@ -67,3 +67,11 @@ class StateGroup:
 
     def rewind(self, slot: int) -> int:
         return [st.rewind(slot) for st in self.states][0]
+
+    def note_step(self, slots, n: int, n_tokens: int) -> None:
+        for st in self.states:
+            st.note_step(slots, n, n_tokens)
+
+    def catch_up_span(self, slot: int, length: int) -> tuple[int, int] | None:
+        spans = {st.catch_up_span(slot, length) for st in self.states}
+        return spans.pop() if len(spans) == 1 else None

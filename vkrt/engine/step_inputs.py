@@ -186,5 +186,6 @@ class StepInputs:
     def advance(self, slots: np.ndarray, n: int) -> None:
         """A step ran n tokens of each sequence of `slots`: their recurrent states hold them."""
         if self.state is not None:
+            self.state.note_step(slots.tolist(), n, n * len(slots))
             for s in slots.tolist():
                 self.state.length[s] += n

@@ -27,17 +27,19 @@ def record_delta_net(tf, g, state, il: int, n_seqs: int) -> None:
     cfg, w, p, s, T = tf.cfg, tf.w, f"blk.{il}.", g.s, g.T
     D, Hk, Hv = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads
     cur = g.residual_norm(w[p + "attn_norm.weight"], cfg.norm_eps)
-    qkv, z, alpha, beta = (s.cols(n, T) for n in ("qkv", "z", "alpha", "beta"))
+    # a short step's conv input and output, alpha and beta where the state keeps them (a
+    # speculative step taken back part way runs the delta rule again over them: catch_up)
+    kept = state.kept_views(il, T)
+    qkv, conv, alpha, beta = kept or (s.cols(n, T) for n in ("qkv", "conv", "alpha", "beta"))
+    z = s.cols("z", T)
     for name, out in (("attn_qkv", qkv), ("attn_gate", z), ("ssm_alpha", alpha), ("ssm_beta", beta)):
         g.matmul(w[p + name + ".weight"], cur, out)
     slots = s.slots.slice(0, 0, n_seqs)
-    conv = s.cols("conv", T)
     g.call("ssm_conv", lambda seq: ssm_conv(seq, qkv, w[p + "ssm_conv1d.weight"], state.conv[il], slots, conv,
                                             n_seqs=n_seqs))
     out = s.attn.view((Hv * D, T))
-    g.call("delta_net", lambda seq: delta_net(seq, conv, alpha, beta, w[p + "ssm_dt.bias"], w[p + "ssm_a"],
-                                              state.ssm[il], slots, out, n_k_heads=Hk, n_v_heads=Hv, head_dim=D,
-                                              n_seqs=n_seqs, eps=cfg.norm_eps, workspace=s.dn_work))
+    g.call("delta_net", lambda seq: record_rule(tf, seq, il, conv, alpha, beta, state.ssm[il], slots, out,
+                                                n_seqs=n_seqs, workspace=s.dn_work))
     normed = s.cols("dn_norm", T)
     if grouped_delta_net(cfg):   # kernel head r * Hk + g is the file's head g * rep + r
         rep = Hv // Hk
@@ -50,3 +52,14 @@ def record_delta_net(tf, g, state, il: int, n_seqs: int) -> None:
     o = s.cols("o", T)
     g.matmul(w[p + "ssm_out.weight"], normed, o)
     tf.block_output(g, o)
+
+
+def record_rule(tf, seq, il: int, conv, alpha, beta, ssm, slots, out, *, n_seqs: int = 1, workspace=None) -> None:
+    """Record layer il's delta rule over `conv` (silu(conv1d(qkv)) of its tokens), alpha and beta,
+    advancing the state `ssm` of `slots` (n_seqs sequences), into `out`: the block's step, and a
+    speculative step's catch-up over the kept columns (RecurrentState.catch_up; no workspace:
+    the recurrent form, as a step of that many tokens takes)."""
+    cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
+    delta_net(seq, conv, alpha, beta, w[p + "ssm_dt.bias"], w[p + "ssm_a"], ssm, slots, out,
+              n_k_heads=cfg.ssm_k_heads, n_v_heads=cfg.ssm_v_heads, head_dim=cfg.ssm_head_dim, n_seqs=n_seqs,
+              eps=cfg.norm_eps, workspace=workspace)

@@ -1,0 +1,112 @@
+"""What a recurrent model's partly rejected speculative steps cost in tokens fed: the DeltaNet
+catch-up (RecurrentState.catch_up: the state brought forward over the accepted tokens' kept
+inputs) against replay (the accepted tokens fed again at the front of the next step).
+
+    python bench/spec_catch_up.py [MODEL.gguf] [-n 96] [--draft-max 4] [--wrong 5] [--json]
+
+Default model: a tiny generated qwen35moe (vkrt.model.synthetic). Greedy generation of -n tokens
+after a repeating prompt, three ways: without speculation (the reference tokens), then with a
+drafter that proposes the reference's next --draft-max tokens with every --wrong-th drafted token
+changed (steps accept some drafts and reject the rest, in every pattern), once with catch-up and
+once with replay (no step keeps its inputs). Rows: tokens generated, drafted and accepted, steps,
+tokens fed after the prompt and a generated token's share, whether the tokens equal the
+reference's (they must). Counts, not times: lavapipe runs it; what a fed token costs is
+bench/speculative.py's verify-step cost on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import vkrt.engine.stage as stage_module
+from vkrt.device import Device
+from vkrt.engine.engine import Engine
+from vkrt.engine.generate import generate
+from vkrt.engine.recurrent_state import KEEP_COLUMNS
+from vkrt.engine.sampler import GREEDY
+from vkrt.engine.speculative import SpecOptions, Speculation
+from vkrt.model.loader import Model
+from vkrt.model.synthetic import SyntheticSpec, write_model
+
+PROMPT = list(range(5, 40)) * 3 + list(range(5, 12))
+
+
+class WrongEvery:
+    """Drafts the reference's continuation, every `wrong`-th drafted token (counted over the run)
+    changed to another."""
+
+    def __init__(self, prompt_len: int, reference: list[int], wrong: int):
+        self.prompt_len, self.reference, self.wrong, self.made = prompt_len, reference, wrong, 0
+
+    def draft(self, history, n):
+        done = len(history) - self.prompt_len
+        out = list(self.reference[done:done + n])
+        for j in range(len(out)):
+            self.made += 1
+            if self.made % self.wrong == 0:
+                out[j] = (out[j] + 1) % 100 + 3
+        return out
+
+
+def run(model, n: int, draft_max: int, wrong: int, keep: int, reference: list[int]) -> dict:
+    stage_module.KEEP_COLUMNS = keep   # the stages' kept columns (0: every step replays)
+    try:
+        with Engine(model, n_ctx=512, n_ubatch=64) as e:
+            spec = Speculation(SpecOptions("ngram", draft_max=draft_max), WrongEvery(len(PROMPT), reference, wrong))
+            t0, s0 = e.stats.tokens, e.stats.steps
+            gen = generate(e, PROMPT, n, GREEDY, speculation=spec)
+            fed = e.stats.tokens - t0 - len(PROMPT)
+            return {"way": "catch-up" if keep else "replay", "generated": len(gen.tokens),
+                    "drafted": gen.timings.draft_n, "accepted": gen.timings.draft_n_accepted,
+                    "steps": e.stats.steps - s0, "tokens_fed": fed, "fed_per_token": fed / max(1, len(gen.tokens)),
+                    "same_tokens": gen.tokens == reference}
+    finally:
+        stage_module.KEEP_COLUMNS = KEEP_COLUMNS
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("-n", type=int, default=96)
+    ap.add_argument("--draft-max", type=int, default=4)
+    ap.add_argument("--wrong", type=int, default=5, help="every this many drafted tokens one is wrong")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp, Device() as dev:
+        path = args.model
+        if path is None:   # 4 layers: 3 DeltaNet (16-dim heads, conv 4), then gated attention; 8 experts
+            path = write_model(os.path.join(tmp, "tiny-qwen35moe.gguf"), SyntheticSpec(
+                arch="qwen35moe", n_layer=4, head_dim=32, rope_dims=8, full_attention_interval=4, ssm_head_dim=16,
+                weight_type="Q8_0", seed=7, tokenizer_pre="qwen35", n_ff=0, n_expert=8, n_expert_used=2,
+                n_ff_expert=32, n_ff_shared=32))
+        with Model(dev, path, progress=False) as m:
+            if not m.cfg.linear_layers:
+                print(f"{path}: no DeltaNet layers, nothing to catch up", file=sys.stderr)
+                return 2
+            with Engine(m, n_ctx=512, n_ubatch=64) as e:
+                reference = generate(e, PROMPT, args.n, GREEDY).tokens
+            rows = [run(m, args.n, args.draft_max, args.wrong, keep, reference) for keep in (KEEP_COLUMNS, 0)]
+        info = {"model": os.path.basename(path), "device": dev.identity()["device"], "draft_max": args.draft_max,
+                "wrong_every": args.wrong, "results": rows,
+                "tokens_fed_vs_replay": rows[0]["tokens_fed"] / max(1, rows[1]["tokens_fed"]),
+                "steps_vs_replay": rows[0]["steps"] / max(1, rows[1]["steps"])}
+    if args.json:
+        json.dump(info, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"# {info['model']} on {info['device']}, --draft-max {args.draft_max}, every {args.wrong}th draft wrong")
+    print("| way | generated | drafted | accepted | steps | tokens fed | fed a token | same tokens |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['way']} | {r['generated']} | {r['drafted']} | {r['accepted']} | {r['steps']} | {r['tokens_fed']} "
+              f"| {r['fed_per_token']:.2f} | {r['same_tokens']} |")
+    print(f"catch-up against replay: tokens fed {info['tokens_fed_vs_replay']:.2f}x, steps {info['steps_vs_replay']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
