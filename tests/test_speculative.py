@@ -319,3 +319,18 @@ def test_sequences_of_one_step_catch_up_each(models):
         fresh.eval([60, 61], 1)
         np.testing.assert_array_equal(_state_bytes(e), _state_bytes(fresh))
         assert e.truncate(1, 26) == 25
+
+
+def test_a_step_in_the_chunked_form_keeps_nothing(models, monkeypatch):
+    """A step the delta rule takes in its chunked form (other bits than a token at a time) keeps
+    no inputs: taken back part way, its state goes back to the snapshot."""
+    import dataclasses
+    with Engine(models["tiny-qwen35"], n_ctx=128, n_ubatch=32) as e:
+        monkeypatch.setattr(e.device, "tuning", dataclasses.replace(e.device.tuning, gdn_chunk_min_tokens=4))
+        e.eval(PROMPT[:20])
+        e.snapshot(0)
+        e.verify([50, 51, 52])
+        assert e.truncate(0, 21) == 21   # 3 tokens: below the chunked form, kept
+        e.snapshot(0)
+        e.verify([60, 61, 62, 63])
+        assert e.truncate(0, 23) == 21

@@ -88,9 +88,17 @@ class RecurrentState(Owned):
         """Where layer il's DeltaNet writes a step's n columns of its ssm_conv input and output,
         alpha and beta (each [rows, n]) so that a later catch_up can read them; None where a step
         of n tokens keeps none (the scratch's are used)."""
-        if (self._keep is None or n > self.keep_columns or il not in self.conv
-                or n >= self.device.tuning.gdn_chunk_min_tokens):   # the chunked form's bits are not the rule's
+        if not self._keeps(n) or il not in self.conv:
             return None
+        return self._layer_views(il, n)
+
+    def _keeps(self, n_tokens: int) -> bool:
+        """Whether a step of n_tokens keeps its inputs: at most keep_columns, and below the chunked
+        form's (whose bits are not the rule's a token at a time)."""
+        return self._keep is not None and n_tokens <= self.keep_columns and \
+            n_tokens < self.device.tuning.gdn_chunk_min_tokens
+
+    def _layer_views(self, il: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         C, Hv, kc = self._c, self._hv, self.keep_columns
         base = self.layers.index(il) * kc * (2 * C + 2 * Hv) * 4
         return tuple(self._keep.view((rows, n), offset=base + 4 * kc * first)
@@ -99,7 +107,7 @@ class RecurrentState(Owned):
     def note_step(self, slots, n: int, n_tokens: int) -> None:
         """A step of n tokens each of `slots` (n_tokens in all, the sequences' columns in turn) is
         about to advance their states: it overwrote the kept inputs (kept_views) with its own."""
-        if self._keep is None or n_tokens > self.keep_columns:
+        if not self._keeps(n_tokens):
             self._kept = {}
             return
         self._kept = {int(s): (int(self.length[s]), n, g * n) for g, s in enumerate(slots)}
@@ -140,7 +148,7 @@ class RecurrentState(Owned):
         store, snaps, taps = self._store.range(), self._snapshots.range(0, self._snapshots.size), self._taps
         C = self._c
         for n, il in enumerate(self.layers):
-            qkv_in = self.kept_views(il, self.keep_columns)[0]
+            qkv_in = self._layer_views(il, self.keep_columns)[0]
             conv_at = n * self._layer_bytes + slot * self._conv_bytes          # the slot's taps in the store
             snap_at = slot * self.slot_bytes + n * (self._conv_bytes + self._ssm_bytes)   # and in its snapshot
             for j in range(taps):   # tap j: window position count + j of [the snapshot's taps, the kept inputs]
@@ -151,7 +159,7 @@ class RecurrentState(Owned):
                 else:
                     seq.copy(qkv_in.range().sub(4 * C * (col + w - taps), 4 * C), dst)
         for il in self.layers:   # (their outputs, dead, where the copies read: a barrier between)
-            qkv_in, conv, alpha, beta = self.kept_views(il, self.keep_columns)
+            qkv_in, conv, alpha, beta = self._layer_views(il, self.keep_columns)
             cols = [t.slice(1, col, col + count) for t in (conv, alpha, beta)]
             # the dead output over the slot's own kept inputs (read by the copies above; no other
             # slot's catch-up reads those columns)
