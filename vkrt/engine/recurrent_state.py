@@ -104,6 +104,10 @@ class RecurrentState(Owned):
         return tuple(self._keep.view((rows, n), offset=base + 4 * kc * first)
                      for rows, first in ((C, 0), (C, C), (Hv, 2 * C), (Hv, 2 * C + Hv)))
 
+    def drop_kept(self) -> None:
+        """A step is being recorded or run: whatever it writes, no earlier step's inputs are kept."""
+        self._kept = {}
+
     def note_step(self, slots, n: int, n_tokens: int) -> None:
         """A step of n tokens each of `slots` (n_tokens in all, the sequences' columns in turn) is
         about to advance their states: it overwrote the kept inputs (kept_views) with its own."""

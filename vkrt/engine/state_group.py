@@ -68,6 +68,10 @@ class StateGroup:
     def rewind(self, slot: int) -> int:
         return [st.rewind(slot) for st in self.states][0]
 
+    def drop_kept(self) -> None:
+        for st in self.states:
+            st.drop_kept()
+
     def note_step(self, slots, n: int, n_tokens: int) -> None:
         for st in self.states:
             st.note_step(slots, n, n_tokens)

@@ -133,6 +133,8 @@ class StepRunner(Owned):
         image's), read instead of their ids, and rope their rotary positions (StepInputs.take_cells);
         causal False: the step's tokens attend each other both ways (StepInputs.write).
         fa_plan and `output` (what the step reads): GraphKey's."""
+        if self.inputs.state is not None:   # (a step that fails before advance() leaves none kept)
+            self.inputs.state.drop_kept()
         cells, slots = taken or self.inputs.take_cells(ids, seqs, pos, n_seqs, rope)
         n_kv = self.inputs.write(ids, seqs, pos, cells, slots, n_seqs, parity, out, broadcast, rows, causal)
         if rows is not None:
