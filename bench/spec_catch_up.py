@@ -9,9 +9,9 @@ after a repeating prompt, three ways: without speculation (the reference tokens)
 drafter that proposes the reference's next --draft-max tokens with every --wrong-th drafted token
 changed (steps accept some drafts and reject the rest, in every pattern), once with catch-up and
 once with replay (no step keeps its inputs). Rows: tokens generated, drafted and accepted, steps,
-tokens fed after the prompt and a generated token's share, whether the tokens equal the
-reference's (they must). Counts, not times: lavapipe runs it; what a fed token costs is
-bench/speculative.py's verify-step cost on the device.
+tokens fed after the prompt and a generated token's share, the generation's t/s (llama-server's
+predicted t/s, of a second run: the first records the graphs and catch-ups it meets), whether the
+tokens equal the reference's (they must).
 """
 
 from __future__ import annotations
@@ -56,14 +56,18 @@ def run(model, n: int, draft_max: int, wrong: int, keep: int, reference: list[in
     stage_module.KEEP_COLUMNS = keep   # the stages' kept columns (0: every step replays)
     try:
         with Engine(model, n_ctx=512, n_ubatch=64) as e:
-            spec = Speculation(SpecOptions("ngram", draft_max=draft_max), WrongEvery(len(PROMPT), reference, wrong))
-            t0, s0 = e.stats.tokens, e.stats.steps
-            gen = generate(e, PROMPT, n, GREEDY, speculation=spec)
+            for timed in (False, True):   # the first run records the graphs and catch-ups it meets
+                e.reset()
+                spec = Speculation(SpecOptions("ngram", draft_max=draft_max), WrongEvery(len(PROMPT), reference, wrong))
+                t0, s0 = e.stats.tokens, e.stats.steps
+                gen = generate(e, PROMPT, n, GREEDY, speculation=spec)
             fed = e.stats.tokens - t0 - len(PROMPT)
+            ms = gen.timings.predicted_ms
             return {"way": "catch-up" if keep else "replay", "generated": len(gen.tokens),
                     "drafted": gen.timings.draft_n, "accepted": gen.timings.draft_n_accepted,
                     "steps": e.stats.steps - s0, "tokens_fed": fed, "fed_per_token": fed / max(1, len(gen.tokens)),
-                    "same_tokens": gen.tokens == reference}
+                    "same_tokens": gen.tokens == reference, "generation_ms": ms,
+                    "tokens_per_second": 1000.0 * len(gen.tokens) / ms if ms else None}
     finally:
         stage_module.KEEP_COLUMNS = KEEP_COLUMNS
 
@@ -93,18 +97,21 @@ def main(argv=None) -> int:
         info = {"model": os.path.basename(path), "device": dev.identity()["device"], "draft_max": args.draft_max,
                 "wrong_every": args.wrong, "results": rows,
                 "tokens_fed_vs_replay": rows[0]["tokens_fed"] / max(1, rows[1]["tokens_fed"]),
-                "steps_vs_replay": rows[0]["steps"] / max(1, rows[1]["steps"])}
+                "steps_vs_replay": rows[0]["steps"] / max(1, rows[1]["steps"]),
+                "speedup_vs_replay": (rows[0]["tokens_per_second"] / rows[1]["tokens_per_second"]
+                                      if rows[0]["tokens_per_second"] and rows[1]["tokens_per_second"] else None)}
     if args.json:
         json.dump(info, sys.stdout, indent=1)
         print()
         return 0
     print(f"# {info['model']} on {info['device']}, --draft-max {args.draft_max}, every {args.wrong}th draft wrong")
-    print("| way | generated | drafted | accepted | steps | tokens fed | fed a token | same tokens |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| way | generated | drafted | accepted | steps | tokens fed | fed a token | t/s | same tokens |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r['way']} | {r['generated']} | {r['drafted']} | {r['accepted']} | {r['steps']} | {r['tokens_fed']} "
-              f"| {r['fed_per_token']:.2f} | {r['same_tokens']} |")
-    print(f"catch-up against replay: tokens fed {info['tokens_fed_vs_replay']:.2f}x, steps {info['steps_vs_replay']:.2f}x")
+              f"| {r['fed_per_token']:.2f} | {r['tokens_per_second'] or 0:.1f} | {r['same_tokens']} |")
+    print(f"catch-up against replay: tokens fed {info['tokens_fed_vs_replay']:.2f}x, steps {info['steps_vs_replay']:.2f}x, "
+          f"t/s {info['speedup_vs_replay'] or 0:.2f}x")
     return 0
 
 
