@@ -151,10 +151,11 @@ class RecurrentState(Owned):
     def _record_catch_up(self, seq, slot: int, col: int, count: int, record_rule) -> None:
         store, snaps, taps = self._store.range(), self._snapshots.range(0, self._snapshots.size), self._taps
         C = self._c
+        regions = list(self._regions(slot))   # a layer's conv, then its ssm; a snapshot holds them in turn
+        snap_at = slot * self.slot_bytes
         for n, il in enumerate(self.layers):
             qkv_in = self._layer_views(il, self.keep_columns)[0]
-            conv_at = n * self._layer_bytes + slot * self._conv_bytes          # the slot's taps in the store
-            snap_at = slot * self.slot_bytes + n * (self._conv_bytes + self._ssm_bytes)   # and in its snapshot
+            (conv_at, conv_size), (_, ssm_size) = regions[2 * n], regions[2 * n + 1]
             for j in range(taps):   # tap j: window position count + j of [the snapshot's taps, the kept inputs]
                 w = count + j
                 dst = store.sub(conv_at + 4 * C * j, 4 * C)
@@ -162,6 +163,7 @@ class RecurrentState(Owned):
                     seq.copy(snaps.sub(snap_at + 4 * C * w, 4 * C), dst)
                 else:
                     seq.copy(qkv_in.range().sub(4 * C * (col + w - taps), 4 * C), dst)
+            snap_at += conv_size + ssm_size
         for il in self.layers:   # (their outputs, dead, where the copies read: a barrier between)
             qkv_in, conv, alpha, beta = self._layer_views(il, self.keep_columns)
             cols = [t.slice(1, col, col + count) for t in (conv, alpha, beta)]
