@@ -226,19 +226,18 @@ def test_routing_in_the_router_mat_vec_is_bit_identical(device, tmp_path, device
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen35moe"])
-@pytest.mark.parametrize("dense_max_n,fused_max_n", [(4, 0), (8, 4)])
+@pytest.mark.parametrize("dense_max_n", [4, 8])
 def test_routing_in_runs_of_the_router_mat_vec_is_bit_identical(device, tmp_path, monkeypatch, device_env, name,
-                                                                dense_max_n, fused_max_n):
-    """Fused mat-vec runs of 4 columns (the GCN and NVIDIA tables; or plain runs of 8 and fused of
-    4): the 8-token prompt's router runs in two, each routing its tokens in its last workgroup,
-    instead of its plain runs and moe_route's dispatch; logits bit for bit."""
+                                                                dense_max_n):
+    """Mat-vec runs of 4 columns (the GCN and NVIDIA tables) or one of 8: the 8-token prompt's
+    router runs in two (or one), each routing its tokens in its last workgroup, instead of its
+    plain runs and moe_route's dispatch; logits bit for bit."""
     import dataclasses
     monkeypatch.setattr(device, "tuning", dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=dense_max_n,
-                                                              mv_fused_max_n=fused_max_n, mv_chunk_n=16))
+                                                              mv_chunk_n=16))
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "route")
-    # the prompt: the router's plain runs and moe_route against its fused runs; a decode step: one
-    runs, fused_runs = len(PROMPT) // dense_max_n, len(PROMPT) // (fused_max_n or dense_max_n)
-    assert saved == (runs + 1 - fused_runs + 1) * sum(1 for layer in cfg.layers if layer.moe)
+    # the prompt and a decode step each save moe_route's dispatch: the runs are as many either way
+    assert saved == 2 * sum(1 for layer in cfg.layers if layer.moe)
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-qwen3moe", 0), ("tiny-qwen3moe", 2), ("tiny-qwen2moe", 0),
@@ -317,31 +316,29 @@ def test_every_fuse_value_gives_the_same_bits(device, tmp_path, device_env, name
     assert counts["all"] < n_plain and sum(n < n_plain for n in counts.values()) >= 5
 
 
-@pytest.mark.parametrize("dense_max_n,fused_max_n", [(4, 0), (8, 0), (8, 4)])
-def test_dense_gate_up_runs_past_mv_dense_max_n(device, tmp_path, monkeypatch, device_env, dense_max_n, fused_max_n):
+@pytest.mark.parametrize("dense_max_n", [4, 8])
+def test_dense_gate_up_runs_past_mv_dense_max_n(device, tmp_path, monkeypatch, device_env, dense_max_n):
     """A dense FFN's fused gate/up pass takes the columns a mat-vec takes (mv_chunk_n), in runs
     of at most tuning.mv_dense_max_n (GCN and NVIDIA: 4; their registers grow with the columns)
-    as the plain mat-vecs do, or of mv_fused_max_n where that is less: the 8-token prompt in
-    two runs of 4 (or one of 8), logits equal to the unfused run's bit for bit either way."""
+    as the plain mat-vecs do: the 8-token prompt in two runs of 4 (or one of 8), logits equal to the unfused run's bit for bit either way."""
     import dataclasses
 
     from vkrt.device.tuning import TABLE, Arch
-    from vkrt.ops.mat_vec import fused_columns, mat_vec_columns
+    from vkrt.ops.mat_vec import mat_vec_columns
     from vkrt.ops.mul_mat_id import mat_vec_tokens
     assert TABLE[Arch.AMD_GCN].mv_dense_max_n == 4 and TABLE[Arch.NVIDIA].mv_dense_max_n == 4
-    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=dense_max_n, mv_fused_max_n=fused_max_n,
+    tune = dataclasses.replace(device.tuning, mv_max_n=8, mv_dense_max_n=dense_max_n,
                                mv_id_max_n=32, mv_chunk_n=16)
-    assert (mat_vec_columns(tune), fused_columns(tune), mat_vec_tokens(tune)) == \
-        (dense_max_n, fused_max_n or dense_max_n, 32)
+    assert (mat_vec_columns(tune), mat_vec_tokens(tune)) == (dense_max_n, 32)
     monkeypatch.setattr(device, "tuning", tune)
     path = tiny_model("tiny-llama", tmp_path)
     fused_run, fused_n, _ = run(device, path, device_env, True, "gate_up")
     apart, apart_n, cfg = run(device, path, device_env, False, "gate_up")
     np.testing.assert_array_equal(fused_run.view(np.uint32), apart.view(np.uint32))
-    runs, fused_runs = len(PROMPT) // dense_max_n, len(PROMPT) // (fused_max_n or dense_max_n)
+    runs = len(PROMPT) // dense_max_n
     # a layer's prompt: gate and up a dispatch a plain run each, and the activation, against one
     # a fused run; its decode step: gate, up and the activation against one
-    assert apart_n - fused_n == (2 * runs + 1 - fused_runs + 2) * cfg.n_layer
+    assert apart_n - fused_n == (runs + 1 + 2) * cfg.n_layer
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe", "tiny-qwen3next"])

@@ -152,10 +152,6 @@ class Tuning:
     # router's routing and norm stop there (mul_mat_id's mat-vec is one column a token-slot pair:
     # mv_max_n)
     mv_dense_max_n: int = 8
-    # the most token columns a fused mat-vec run takes (gate and up in one pass, the router's
-    # routing and norm in its mat-vec; 0: mv_dense_max_n): gate/up and the routing run in runs of
-    # this many, where the plain mat-vecs take mv_dense_max_n
-    mv_fused_max_n: int = 0
     # mat-vec units of types that allow it (Q4_K, Q5_K) load their 16 bytes in one load where the
     # weights are 16-byte aligned, instead of four word loads, and their block headers too; not
     # the types in mv_narrow_types (their word loads take fewer registers)

@@ -57,13 +57,6 @@ def mat_vec_most(tuning) -> int:
     return max(mat_vec_columns(tuning), tuning.mv_chunk_n)
 
 
-def fused_columns(tuning) -> int:
-    """Columns a fused mat-vec run (gate/up, the router's routing and norm) takes at most: more
-    run unfused (mv_fused_max_n)."""
-    cols = mat_vec_columns(tuning)
-    return min(cols, tuning.mv_fused_max_n) if tuning.mv_fused_max_n else cols
-
-
 def mat_vec_units(typ, k: int) -> int:
     """Units (the pieces a lane takes at a time) in a row of k elements of `typ`."""
     if typ.quantized:

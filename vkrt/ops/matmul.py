@@ -13,7 +13,7 @@ from ..pipeline import PushConstants, kernel
 from .binding import WORD_ALIGN, bind_together, bind_words
 from .flash_work import FlashWork
 from .grid import ceil_div, grid
-from .mat_vec import (GLU_ACTS, fused_columns, mat_vec_columns, mat_vec_kernel, mat_vec_most, mat_vec_shape,
+from .mat_vec import (GLU_ACTS, mat_vec_columns, mat_vec_kernel, mat_vec_most, mat_vec_shape,
                       mat_vec_wg, norm_layout, slots_at_once, wide_ok)
 from .quant import check_layout, chunks, flat_rows, kernel_type, type_defines
 
@@ -70,9 +70,9 @@ def norm_input(device, x: Tensor, residual: Tensor, weight: Tensor, eps: float, 
     """The NormInput for a router mat-vec reading out = rms_norm(x + residual) * weight (x + residual
     stored over x, as rms_norm with residual and sum_out=x stores it); None where the mat-vec cannot
     redo rms_norm's sums or hold the normed columns (norm_layout), or the columns are more than
-    one fused mat-vec run (fused_columns)."""
+    one mat-vec run (mat_vec_columns)."""
     k, n = x.ne[0], x.nelements // max(x.ne[0], 1)
-    if k % 4 or n > fused_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
+    if k % 4 or n > mat_vec_columns(device.tuning) or norm_layout(device, k, n, device.tuning.mv_wg) is None:
         return None
     if weight.type != F32 or weight.nelements != k or out.ne != x.ne or residual.ne != x.ne:
         return None
@@ -219,7 +219,7 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
     (gemm_splits) keeps its partial tiles; a GEMM that is cut needs one."""
     device = seq.device
     tune = tuning or device.tuning
-    cols, fcols, most = mat_vec_columns(tune), fused_columns(tune), mat_vec_most(tune)   # a plain run, a fused one
+    cols, most = mat_vec_columns(tune), mat_vec_most(tune)   # a run, all runs
     typ = kernel_type(w.type, f"matmul weight {w.name or ''}".rstrip())
     if w.ne[2] != 1 or w.ne[3] != 1:
         raise UnsupportedShape(f"matmul weight {w!r} must be 2-D (a stack of experts goes to mul_mat_id)")
@@ -240,15 +240,15 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
             raise UnsupportedShape(f"matmul: {w!r} and {up_weight!r} cannot be read in one pass (at most "
                                    f"{most} columns, same type and layout, one binding for both)")
         wide = wide_ok(typ, pair[1], pair[2], w.nb[1])
-        for nc, xr, xo, yr, yo, xv in _column_runs(device, x2, y2, fcols, xr, xo, yr, yo, xvec4):
+        for nc, xr, xo, yr, yo, xv in _column_runs(device, x2, y2, cols, xr, xo, yr, yo, xvec4):
             mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=m, xvec4=xv, gate_up=act, wide=wide)
             push = {"K": k, "M": m, "w_off": pair[1], "w2_off": pair[2], "w_row": w.nb[1], "x_off": xo,
                     "x_col": x_col, "y_off": yo, "y_col": y_col}
             seq.dispatch(mv.kernel, [pair[0], xr, yr], push=push, groups=mv.groups(m, device), label="mul_mv gate/up")
         return
     pieces = [(a, b, *bind_words(w.slice(1, a, b), "matmul w", device, max_binding)) for a, b in chunks(1, device, max_binding, w)]
-    if route is not None and (n > most or ceil_div(n, fcols) > route.counters or len(pieces) > 1):
-        raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {min(most, fcols * route.counters)} "
+    if route is not None and (n > most or ceil_div(n, cols) > route.counters or len(pieces) > 1):
+        raise UnsupportedShape(f"matmul: routing in the mat-vec takes at most {min(most, cols * route.counters)} "
                                f"columns and a weight in one binding; got {n} columns, {len(pieces)} pieces")
     if norm_in is not None:
         _norm_route(seq, w, typ, tune, pieces[0], norm_in, x2, y2, route)
@@ -269,15 +269,15 @@ def matmul(seq, w: Tensor, x: Tensor, y: Tensor, *, tuning=None, max_binding: in
                 continue
             seq.dispatch(kern, [wr, xr, yr], push=push, groups=(ceil_div(b - a, gt.mm_bm), ceil_div(n, gt.mm_bn), 1))
         return
-    # the mat-vec, over runs of at most `cols` columns (`fcols` routing; the weights are read once a run)
+    # the mat-vec, over runs of at most `cols` columns (the weights are read once a run)
     wide = wide_ok(typ, w.nb[1], *(p[3] for p in pieces))
-    runs = _column_runs(device, x2, y2, cols if route is None else fcols, xr, xo, yr, yo, xvec4)
+    runs = _column_runs(device, x2, y2, cols, xr, xo, yr, yo, xvec4)
     for run, (nc, xr, xo, yr, yo, xvec4) in enumerate(runs):
         mv = mat_vec_kernel(device, typ, nc, tune, k=k, m=max(b - a for a, b, *_ in pieces), xvec4=xvec4,
                             wide=wide, entry="mul_mv" if route is None else "mul_mv_route",
                             route=route.defines if route is not None else None)
         if route is not None:   # a run routes its own tokens, counting its workgroups on its own counter
-            first = run * fcols * route.push["n_used"]
+            first = run * cols * route.push["n_used"]
             extra, extra_push = list(route.buffers), {**route.push, "ids_off": route.push["ids_off"] + first,
                                                       "rw_off": route.push["rw_off"] + first,
                                                       "count_off": route.push["count_off"] + run}

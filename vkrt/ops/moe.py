@@ -11,7 +11,7 @@ from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
 from .grid import ceil_div, grid, groups_for
-from .mat_vec import fused_columns, mat_vec_most
+from .mat_vec import mat_vec_columns, mat_vec_most
 from .matmul import RouteEpilogue
 from .quant import chunks
 from .reduce import subgroup_defines
@@ -113,7 +113,7 @@ def route_epilogue(device, router: Tensor, logits: Tensor, ids: Tensor, weights:
     tuning, prof = device.tuning, device.profile
     rwg, subgroups = router_layout(device, one_subgroup=one_subgroup)
     mv_wg = tuning.mv_wg
-    n, cols = logits.ne[1], fused_columns(tuning)
+    n, cols = logits.ne[1], mat_vec_columns(tuning)
     if (n > mat_vec_most(tuning) or ceil_div(n, cols) > counter.nelements or mv_wg % rwg
             or (subgroups and prof.subgroup_min != prof.subgroup_max)
             or router.ne[1] != logits.ne[0] or len(chunks(1, device, None, router)) != 1):
