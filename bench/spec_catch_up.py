@@ -7,8 +7,9 @@ inputs) against replay (the accepted tokens fed again at the front of the next s
 Default model: a tiny generated qwen35moe (vkrt.model.synthetic). Greedy generation of -n tokens
 after a repeating prompt, three ways: without speculation (the reference tokens), then with a
 drafter that proposes the reference's next --draft-max tokens with every --wrong-th drafted token
-changed (steps accept some drafts and reject the rest, in every pattern), once with catch-up and
-once with replay (no step keeps its inputs). Rows: tokens generated, drafted and accepted, steps,
+changed (steps accept some drafts and reject the rest, in every pattern), once with catch-up (the
+engine told its steps' size, --draft-max + 1: verify_tokens) and once with replay (no step keeps
+its inputs). Rows: tokens generated, drafted and accepted, steps,
 tokens fed after the prompt and a generated token's share, the generation's t/s (llama-server's
 predicted t/s, of a second run: the first records the graphs and catch-ups it meets), whether the
 tokens equal the reference's (they must).
@@ -26,7 +27,7 @@ import vkrt.engine.stage as stage_module
 from vkrt.device import Device
 from vkrt.engine.engine import Engine
 from vkrt.engine.generate import generate
-from vkrt.engine.recurrent_state import KEEP_COLUMNS
+from vkrt.engine.recurrent_state import keep_columns
 from vkrt.engine.sampler import GREEDY
 from vkrt.engine.speculative import SpecOptions, Speculation
 from vkrt.model.loader import Model
@@ -52,10 +53,11 @@ class WrongEvery:
         return out
 
 
-def run(model, n: int, draft_max: int, wrong: int, keep: int, reference: list[int]) -> dict:
-    stage_module.KEEP_COLUMNS = keep   # the stages' kept columns (0: every step replays)
+def run(model, n: int, draft_max: int, wrong: int, keep: bool, reference: list[int]) -> dict:
+    if not keep:   # the stages keep no columns: every step replays
+        stage_module.keep_columns = lambda n_ubatch, verify_tokens=0: 0
     try:
-        with Engine(model, n_ctx=512, n_ubatch=64) as e:
+        with Engine(model, n_ctx=512, n_ubatch=64, verify_tokens=draft_max + 1) as e:
             for timed in (False, True):   # the first run records the graphs and catch-ups it meets
                 e.reset()
                 spec = Speculation(SpecOptions("ngram", draft_max=draft_max), WrongEvery(len(PROMPT), reference, wrong))
@@ -69,7 +71,7 @@ def run(model, n: int, draft_max: int, wrong: int, keep: int, reference: list[in
                     "same_tokens": gen.tokens == reference, "generation_ms": ms,
                     "tokens_per_second": 1000.0 * len(gen.tokens) / ms if ms else None}
     finally:
-        stage_module.KEEP_COLUMNS = KEEP_COLUMNS
+        stage_module.keep_columns = keep_columns
 
 
 def main(argv=None) -> int:
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
                 return 2
             with Engine(m, n_ctx=512, n_ubatch=64) as e:
                 reference = generate(e, PROMPT, args.n, GREEDY).tokens
-            rows = [run(m, args.n, args.draft_max, args.wrong, keep, reference) for keep in (KEEP_COLUMNS, 0)]
+            rows = [run(m, args.n, args.draft_max, args.wrong, keep, reference) for keep in (True, False)]
         info = {"model": os.path.basename(path), "device": dev.identity()["device"], "draft_max": args.draft_max,
                 "wrong_every": args.wrong, "results": rows,
                 "tokens_fed_vs_replay": rows[0]["tokens_fed"] / max(1, rows[1]["tokens_fed"]),

@@ -274,10 +274,10 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                                      split=split))
             model = loaded[1]
 
-            def engine_for(n_ctx: int) -> Engine:
+            def engine_for(n_ctx: int, verify: int = 0) -> Engine:
                 return Engine(model, n_ctx=n_ctx, n_batch=nb, n_ubatch=min(nub, nb), flash_attn=fa,
                               kv_type=type_k.upper(), kv_type_v=type_v.upper(), expert_cache=cache,
-                              cpu_experts=cpu, cpu_moe_threads=threads, link_bandwidth=link)
+                              cpu_experts=cpu, cpu_moe_threads=threads, link_bandwidth=link, verify_tokens=verify)
             # the pp/tg tests share one engine sized for the deepest, and a deeper depth extends the
             # last one (DepthFill); a copy test gets its own, the shared one closed meanwhile
             plain_ctx = max([_context(d, t.n_prompt + t.n_gen) for d in depths for t in tests if t.spec is None],
@@ -296,7 +296,7 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                                 shared.close()
                                 shared, fill = None, DepthFill()
                             prompt = copy_prompt(model.tokenizer)
-                            with engine_for(_context(depth, len(prompt) + t.n_gen)) as engine:
+                            with engine_for(_context(depth, len(prompt) + t.n_gen), draft_max + 1) as engine:
                                 if t.spec == "plain":
                                     res = run_copy_test(engine, t, repetitions, prompt)
                                 else:

@@ -278,8 +278,10 @@ def check_device_options(model_kw: dict) -> None:
 def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mmap, no_pin, kv_type, n_cpu_moe=None,
                    vram_budget=None, expert_cache="auto", progress=None, n_seq_max=1, n_checkpoints=0,
                    split_mode="layer", tensor_split=None, main_gpu=None, pipeline_steps=False, cpu_experts="auto",
-                   cpu_moe_threads=None, link_bandwidth=None, cache_type_k=None, cache_type_v=None, mmproj=None):
-    """The library's EngineOptions from the CLI's model options."""
+                   cpu_moe_threads=None, link_bandwidth=None, cache_type_k=None, cache_type_v=None, mmproj=None,
+                   verify_tokens=0):
+    """The library's EngineOptions from the CLI's model options (`verify_tokens`: the most tokens
+    a speculative step takes, verify_tokens())."""
     from vkrt.engine.options import EngineOptions
     from vkrt.errors import ConfigError
     try:
@@ -290,7 +292,8 @@ def engine_options(*, n_ctx, n_batch, n_ubatch, flash_attn, n_gpu_layers, no_mma
                              expert_cache=cache_size(expert_cache), n_seq_max=n_seq_max, n_checkpoints=n_checkpoints,
                              progress=progress, split_mode=split_mode, tensor_split=parse_tensor_split(tensor_split),
                              main_gpu=main_gpu, pipeline_steps=pipeline_steps, cpu_experts=cpu_experts,
-                             cpu_moe_threads=cpu_moe_threads, link_bandwidth=link_bandwidth, mmproj=mmproj)
+                             cpu_moe_threads=cpu_moe_threads, link_bandwidth=link_bandwidth, mmproj=mmproj,
+                             verify_tokens=verify_tokens)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -387,6 +390,12 @@ def take_spec(kw: dict):
         return SpecOptions(spec_type, draft_max=draft_max, draft_min=draft_min, p_min=p_min), path, ngld, devd
     except VkrtError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def verify_tokens(spec, sequences: int = 1) -> int:
+    """The most tokens a speculative step of `sequences` takes under `spec` (None: 0, no
+    speculation): each sequence's --draft-max drafts and its sampled token."""
+    return 0 if spec is None else sequences * (spec.draft_max + 1)
 
 
 def open_drafting(spec, engine, model, path, ngld, devd):

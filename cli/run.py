@@ -18,6 +18,7 @@ from .common import (
     spec_options,
     take_model,
     take_spec,
+    verify_tokens,
 )
 
 
@@ -66,7 +67,8 @@ def run(prompt, images, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
         raise click.UsageError(f"--image does not go with --spec-type {spec.type} (it would draft the image's "
                                "placeholder ids); the MTP head drafts with images (--spec-type mtp)")
     with open_devices(model_kw["device"]) as devices:
-        model, engine = open_engine(devices, progress=None if not as_json else False, **model_kw)
+        model, engine = open_engine(devices, progress=None if not as_json else False,
+                                    verify_tokens=verify_tokens(spec), **model_kw)
         drafting = None
         try:
             drafting = open_drafting(spec, engine, model, draft_path, ngld, devd)

@@ -23,6 +23,7 @@ from .common import (
     spec_options,
     take_model,
     take_spec,
+    verify_tokens,
 )
 
 log = logging.getLogger("vkrt.server")
@@ -172,6 +173,7 @@ def serve(ctx, host, port, n_parallel, api_key, alias, body_limit, ctx_checkpoin
         log.info("loading %s (%s)", path, fmt_bytes(size))
         return load_backend(lambda devices: open_engine(devices, n_seq_max=n_parallel,
                                                         n_checkpoints=n_parallel * ctx_checkpoints,
+                                                        verify_tokens=verify_tokens(spec, n_parallel),
                                                         pipeline_steps=pipeline_steps, **model_kw),
                             model_kw["device"], settings=run_settings,
                             drafting=lambda model, engine, devices: open_drafting(spec, engine, model, draft_path,

@@ -12,6 +12,7 @@ import pytest
 
 from models import tiny_model
 from vkrt.engine.engine import Engine
+from vkrt.engine.recurrent_state import KEEP_MAX
 from vkrt.errors import GGUFError, VkrtError
 from vkrt.model.config import ConfigMissing, ModelConfig
 from vkrt.model.gguf_file import GGUFFile
@@ -41,6 +42,23 @@ def test_layers_and_state_sizes(device, paths):
             states = 3 * 3 * 4 * ((4 - 1) * cfg.ssm_conv_dim + 4 * 16 * 16)   # 3 layers x 3 sequences
             kept = 3 * 16 * 4 * (2 * cfg.ssm_conv_dim + 2 * 4)   # a 16-token step's inputs, 3 layers (catch_up)
             assert e.state.nbytes == states + kept
+            assert _estimated_state(m, paths["tiny-qwen35moe"], 16, 0) == e.state.nbytes
+        # told its speculative steps' size (3 sequences x 6 tokens), the state keeps that many
+        # columns, and the VRAM estimate counts them; never past the micro-batch or KEEP_MAX
+        for ubatch, verify, columns in ((32, 18, 18), (16, 18, 16), (128, 100, KEEP_MAX), (32, 4, 16)):
+            with Engine(m, n_ctx=64, n_ubatch=ubatch, n_seq_max=3, verify_tokens=verify) as e:
+                assert e.state.keep_columns == columns
+                assert e.state.nbytes == states + 3 * columns * 4 * (2 * cfg.ssm_conv_dim + 2 * 4)
+                assert _estimated_state(m, paths["tiny-qwen35moe"], ubatch, verify) == e.state.nbytes
+
+
+def _estimated_state(m, path, n_ubatch, verify_tokens):
+    """The VRAM estimate's recurrent-state bytes for an engine of 3 sequences as configured."""
+    from vkrt.engine.placement import estimate
+    from vkrt.model.split_gguf import open_gguf
+    with open_gguf(path, progress=False) as f:
+        return estimate(m.cfg, dict(f.tensors), n_ctx=64, n_ubatch=n_ubatch, n_cpu_moe=0, n_seq_max=3,
+                        verify_tokens=verify_tokens, device=m.device).recurrent
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen35moe", "tiny-qwen35"])

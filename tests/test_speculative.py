@@ -321,6 +321,34 @@ def test_sequences_of_one_step_catch_up_each(models):
         assert e.truncate(1, 26) == 25
 
 
+def test_an_engine_told_its_step_size_catches_up_past_16_tokens(models, monkeypatch):
+    """An engine whose speculative steps take up to verify_tokens tokens (a server's slots x
+    (--draft-max + 1)) keeps the DeltaNet inputs of steps that long: an 18-token step taken back
+    part way catches up, where the default engine goes back to the snapshot. Where its
+    projections are mat-vec runs (mv_chunk_n 32 here: the same bits for any column count), the
+    state is the bits of a step of just the accepted tokens; past mv_chunk_n they ran as the
+    GEMM, whose sums differ in the last bits from a shorter step's (docs/speculative.md)."""
+    import dataclasses
+    m, n = models["tiny-qwen35moe"], KEEP_COLUMNS + 2
+
+    def step(verify_tokens):
+        with Engine(m, n_ctx=128, n_ubatch=32, verify_tokens=verify_tokens) as e:
+            e.eval(PROMPT[:20])
+            e.snapshot(0)
+            e.verify(list(range(60, 60 + n)))
+            return e.truncate(0, 33), _state_bytes(e)
+
+    assert step(0)[0] == 20   # 18 tokens past the 16 kept: back to the snapshot
+    assert step(n)[0] == 33
+    monkeypatch.setattr(m.device, "tuning", dataclasses.replace(m.device.tuning, mv_chunk_n=32))
+    kept, state = step(n)
+    with Engine(m, n_ctx=128, n_ubatch=32) as fresh:
+        fresh.eval(PROMPT[:20])
+        fresh.eval(list(range(60, 73)))
+        assert kept == 33
+        np.testing.assert_array_equal(state, _state_bytes(fresh))
+
+
 def test_a_step_in_the_chunked_form_keeps_nothing(models, monkeypatch):
     """A step the delta rule takes in its chunked form (other bits than a token at a time) keeps
     no inputs: taken back part way, its state goes back to the snapshot."""
@@ -334,3 +362,20 @@ def test_a_step_in_the_chunked_form_keeps_nothing(models, monkeypatch):
         e.snapshot(0)
         e.verify([60, 61, 62, 63])
         assert e.truncate(0, 23) == 21
+
+
+def test_commands_and_the_api_tell_the_engine_their_step_size(device, tmp_path):
+    """`run` and `bench` take --draft-max + 1 tokens a speculative step, `serve` its slots times
+    that (cli/common.py verify_tokens), vkrt.load its n_seq_max times that: the engine keeps
+    that many DeltaNet columns (16 at least, KEEP_MAX at most)."""
+    import vkrt
+    from vkrt.cli.common import verify_tokens
+    assert verify_tokens(None, 4) == 0
+    assert verify_tokens(SpecOptions("ngram", draft_max=16)) == 17
+    assert verify_tokens(SpecOptions("ngram", draft_max=7), 4) == 32
+    path = tiny_model("tiny-qwen35", tmp_path)
+    for kwargs, columns in ((dict(speculative="ngram", draft_max=20), 21), (dict(), KEEP_COLUMNS),
+                            (dict(speculative="ngram", draft_max=7, n_seq_max=3), 24),
+                            (dict(speculative="ngram", draft_max=60), 48)):
+        with vkrt.load(path, device=device, n_ctx=256, n_ubatch=48, **kwargs) as llm:
+            assert llm.engine.state.keep_columns == columns

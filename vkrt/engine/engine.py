@@ -49,7 +49,10 @@ class Engine(Owned):
     """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens.
     Models with Gated DeltaNet layers also keep a recurrent state for each of `n_seq_max`
     sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory.
-    Recorded step graphs are kept for `max_graphs` shapes (default 16, and 6 a sequence more: a
+    verify_tokens: the most tokens a speculative step takes (all its sequences' drafts and sampled
+    tokens; a server's slots x (--draft-max + 1)): a recurrent state keeps the DeltaNet inputs of
+    steps that size (keep_columns: 16 to 64), so a partly accepted one catches up rather than
+    replaying its accepted tokens. Recorded step graphs are kept for `max_graphs` shapes (default 16, and 6 a sequence more: a
     server's decode steps take every batch size up to its slots, with and without candidates,
     and its mixed steps several sizes of prompt and of output; twice that with pipeline_steps).
     pipeline_steps: on a layer split, run a step of several sequences (decode, decode_candidates,
@@ -72,7 +75,7 @@ class Engine(Owned):
                  expert_cache: int | None = None, n_seq_max: int = 1, n_checkpoints: int = 0,
                  pipeline_steps: bool = False, cpu_experts: str = "off", cpu_moe_threads: int | None = None,
                  link_bandwidth: float | None = None, pad_prompts: bool = True, kv_type_v=None, vision=None,
-                 embd_input: bool = False):
+                 embd_input: bool = False, verify_tokens: int = 0):
         super().__init__("engine")
         self.model = model
         self.vision = vision
@@ -100,7 +103,8 @@ class Engine(Owned):
                 self.stages.append(Stage(model, d, layers, cells, n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn,
                                          kv_type=kv_type, kv_type_v=kv_type_v, n_seq_max=n_seq_max,
                                          n_checkpoints=n_checkpoints,
-                                         output=k == len(devices) - 1, embd_input=embd_input))
+                                         output=k == len(devices) - 1, embd_input=embd_input,
+                                         verify_tokens=verify_tokens))
             for a, b in zip(self.stages, self.stages[1:]):
                 self.handoffs.append(Handoff(a.device, b.device, 4 * cfg.n_embd * n_ubatch))
             main = self.stages[-1]

@@ -24,7 +24,8 @@ class EngineOptions:
     KV type (`kv_type` f16/f32; `cache_type_k` / `cache_type_v`, llama.cpp's -ctk/-ctv, override
     it for K / V with any KV type: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), `n_cpu_moe`
     expert layers in host memory, a VRAM budget in bytes (places experts to fit), the expert cache in bytes (None: what is left, 0: off), `n_seq_max` sequences at once
-    with `n_checkpoints` recurrent-state checkpoints, and whether to show progress bars.
+    with `n_checkpoints` recurrent-state checkpoints, `verify_tokens` the most tokens a
+    speculative step takes (Engine's), and whether to show progress bars.
 
     Several devices (open_engine given a list): `split_mode` "layer" (llama.cpp's default: each
     device runs a share of the layers) or "none" (only devices[main_gpu]); `tensor_split` the
@@ -58,6 +59,7 @@ class EngineOptions:
     expert_cache: int | None = None
     n_seq_max: int = 1
     n_checkpoints: int = 0
+    verify_tokens: int = 0
     progress: bool | None = None
     split_mode: str = "layer"
     tensor_split: tuple[float, ...] | None = None
@@ -95,7 +97,7 @@ class EngineOptions:
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("n_gpu_layers", "n_checkpoints"):
+        for name in ("n_gpu_layers", "n_checkpoints", "verify_tokens"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("n_cpu_moe", "expert_cache"):
@@ -153,7 +155,7 @@ def open_engine(device, path: str, options: EngineOptions = EngineOptions()):
         vision = Vision(device, o.mmproj, model.cfg, path) if o.mmproj is not None else None
         engine = Engine(model, n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
                         kv_type=o.kv_types[0], kv_type_v=o.kv_types[1], expert_cache=o.expert_cache, n_seq_max=o.n_seq_max,
-                        n_checkpoints=o.n_checkpoints, pipeline_steps=o.pipeline_steps, cpu_experts=o.cpu_experts,
+                        n_checkpoints=o.n_checkpoints, verify_tokens=o.verify_tokens, pipeline_steps=o.pipeline_steps, cpu_experts=o.cpu_experts,
                         cpu_moe_threads=o.cpu_moe_threads, link_bandwidth=o.link_bandwidth, vision=vision)
     except BaseException:
         model.close()
@@ -177,7 +179,8 @@ def estimate_keywords(o: EngineOptions, device) -> dict:
     return dict(n_ctx=o.n_ctx, n_ubatch=min(o.n_ubatch, o.n_batch), n_gpu_layers=o.n_gpu_layers,
                 kv_bytes=tuple(kv_type(t).type_size / kv_type(t).block_size for t in o.kv_types),
                 flash_attn=o.flash_attn, prefetch_slots=slots_requested(None, device.settings),
-                n_seq_max=o.n_seq_max, device=device, encoder=encoder_vram(o.mmproj, device))
+                n_seq_max=o.n_seq_max, device=device, encoder=encoder_vram(o.mmproj, device),
+                verify_tokens=o.verify_tokens)
 
 
 def _plan_one(device, path: str, o: EngineOptions, budget: int | None) -> int | None:

@@ -10,7 +10,7 @@ from ..model.config import ModelConfig
 from ..model.loader import is_cpu_moe, layer_of
 from ..model.scratch import scratch_bytes
 from ..units import fmt_bytes
-from .recurrent_state import KEEP_COLUMNS
+from .recurrent_state import keep_columns
 
 
 DECODE_TOKENS = Tuning.mv_max_n   # decode steps (mat-vec sizes) stage this many tokens' experts
@@ -45,10 +45,11 @@ class VramEstimate:
 
 def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cpu_moe: int, n_gpu_layers: int = 999,
              kv_bytes: float | tuple[float, float] = 2, flash_attn: bool = True, prefetch_slots: int = 0, n_seq_max: int = 1, device=None,
-             split=None, stage: int = 0, encoder: int = 0) -> VramEstimate:
+             split=None, stage: int = 0, encoder: int = 0, verify_tokens: int = 0) -> VramEstimate:
     """Bytes of VRAM a configuration takes; `tensors` maps names to objects with .nbytes (`device`:
     see scratch_bytes). With `split` (a LayerSplit), what its stage `stage` takes. `encoder`:
-    a vision tower's bytes (model/vision_memory.py), on the main (output) stage."""
+    a vision tower's bytes (model/vision_memory.py), on the main (output) stage. `verify_tokens`:
+    as Engine's (the DeltaNet inputs a speculative step keeps)."""
     first_gpu = max(cfg.n_layer - n_gpu_layers, 0)
     layers = split.ranges[stage] if split is not None else range(cfg.n_layer)
     weights = 0
@@ -74,7 +75,7 @@ def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cp
     acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device, embd_input=encoder > 0)
     main = split is None or stage == split.n_stages - 1
     # each DeltaNet layer's state a sequence, and a short step's inputs kept (speculative steps' catch-up)
-    kept = min(KEEP_COLUMNS, n_ubatch) * (2 * cfg.ssm_conv_dim + 2 * cfg.ssm_v_heads)
+    kept = keep_columns(n_ubatch, verify_tokens) * (2 * cfg.ssm_conv_dim + 2 * cfg.ssm_v_heads)
     recurrent = 4 * (cfg.recurrent_floats * max(1, n_seq_max) + kept) * len([il for il in cfg.linear_layers
                                                                             if il in layers])
     largest = max(layer_experts.values(), default=0)

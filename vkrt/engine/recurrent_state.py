@@ -20,9 +20,18 @@ from ..units import fmt_bytes
 
 # tokens a step's DeltaNet inputs are kept for (its ssm_conv input and output, alpha and beta,
 # layer by layer): a speculative step of at most this many can be taken back to any of its
-# tokens by running the delta rule again over the kept columns (catch_up), not the model
+# tokens by running the delta rule again over the kept columns (catch_up), not the model. An
+# engine told its speculative steps' size (verify_tokens: a server's slots x (drafts + 1)) keeps
+# that many, up to KEEP_MAX (about 2 MB a column on Qwen3.5-35B-A3B's 30 DeltaNet layers)
 KEEP_COLUMNS = 16
+KEEP_MAX = 64
 CATCH_UP_SEQS = 64   # catch-ups kept recorded, a (slot, first column, tokens) each
+
+
+def keep_columns(n_ubatch: int, verify_tokens: int = 0) -> int:
+    """The columns a state keeps for an engine of micro-batch n_ubatch whose speculative steps
+    take up to verify_tokens tokens (0: not said): at least KEEP_COLUMNS, at most KEEP_MAX."""
+    return min(n_ubatch, max(KEEP_COLUMNS, min(verify_tokens, KEEP_MAX)))
 
 
 @dataclass

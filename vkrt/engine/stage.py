@@ -16,7 +16,7 @@ from ..model.transformer import Scratch, Transformer
 from ..owned import Owned
 from .kv_cache import KVCache
 from .prefetch import ExpertPrefetch, slot_bytes, slots_requested
-from .recurrent_state import KEEP_COLUMNS, RecurrentState
+from .recurrent_state import RecurrentState, keep_columns
 from .host_experts import CpuExpertOptions, HostExperts, host_expert_types_ok
 from .staging import ExpertStaging, staged_layers
 
@@ -49,10 +49,12 @@ class Stage(Owned):
     the step-input buffer (two copies, `layout` names each input's offset), and, after
     add_experts(), expert staging and prefetch for its host-resident MoE layers. `output`: this
     stage runs the output matrix (the model's tied-embedding copy where it has one). embd_input:
-    its steps may take input embeddings (an image's rows) instead of token ids."""
+    its steps may take input embeddings (an image's rows) instead of token ids. verify_tokens: as
+    Engine's."""
 
     def __init__(self, model, device, layers: range, cells, *, n_ctx: int, n_ubatch: int, flash_attn: bool,
-                 kv_type, n_seq_max: int, n_checkpoints: int, output: bool, kv_type_v=None, embd_input: bool = False):
+                 kv_type, n_seq_max: int, n_checkpoints: int, output: bool, kv_type_v=None, embd_input: bool = False,
+                 verify_tokens: int = 0):
         super().__init__(f"stage on {device.label}")
         cfg = model.cfg
         self.model, self.device, self.layers = model, device, layers
@@ -70,7 +72,7 @@ class Stage(Owned):
                 raise ConfigError(f"{exc}: the KV cache grows with the context; lower -c (now {n_ctx})") from None
             if any(il in layers for il in cfg.linear_layers):
                 self.state = RecurrentState(device, cfg, max(1, n_seq_max), n_checkpoints, layers=layers,
-                                            keep_columns=min(KEEP_COLUMNS, n_ubatch))
+                                            keep_columns=keep_columns(n_ubatch, verify_tokens))
             self.scratch = Scratch(device, cfg, n_ubatch, n_ctx, flash_attn, embd_input)
             self.layout, size = {}, 0
             for name, t in self.scratch.inputs().items():   # host copies of the step inputs, packed
