@@ -56,11 +56,12 @@ class WrongEvery:
 def run(model, n: int, draft_max: int, wrong: int, keep: bool, reference: list[int]) -> dict:
     if not keep:   # the stages keep no columns: every step replays
         stage_module.keep_columns = lambda n_ubatch, verify_tokens=0: 0
+    opts = SpecOptions("ngram", draft_max=draft_max)
     try:
-        with Engine(model, n_ctx=512, n_ubatch=64, verify_tokens=draft_max + 1) as e:
+        with Engine(model, n_ctx=512, n_ubatch=64, verify_tokens=opts.step_tokens()) as e:
             for timed in (False, True):   # the first run records the graphs and catch-ups it meets
                 e.reset()
-                spec = Speculation(SpecOptions("ngram", draft_max=draft_max), WrongEvery(len(PROMPT), reference, wrong))
+                spec = Speculation(opts, WrongEvery(len(PROMPT), reference, wrong))
                 t0, s0 = e.stats.tokens, e.stats.steps
                 gen = generate(e, PROMPT, n, GREEDY, speculation=spec)
             fed = e.stats.tokens - t0 - len(PROMPT)

@@ -296,7 +296,8 @@ def bench(models, hf_repo, hf_file, hf_token, n_prompt, n_gen, pg, n_depth, n_ba
                                 shared.close()
                                 shared, fill = None, DepthFill()
                             prompt = copy_prompt(model.tokenizer)
-                            with engine_for(_context(depth, len(prompt) + t.n_gen), draft_max + 1) as engine:
+                            with engine_for(_context(depth, len(prompt) + t.n_gen),
+                                            spec_opts[t.spec].step_tokens() if t.spec in spec_opts else 0) as engine:
                                 if t.spec == "plain":
                                     res = run_copy_test(engine, t, repetitions, prompt)
                                 else:

@@ -393,9 +393,9 @@ def take_spec(kw: dict):
 
 
 def verify_tokens(spec, sequences: int = 1) -> int:
-    """The most tokens a speculative step of `sequences` takes under `spec` (None: 0, no
-    speculation): each sequence's --draft-max drafts and its sampled token."""
-    return 0 if spec is None else sequences * (spec.draft_max + 1)
+    """The most tokens a speculative step of `sequences` takes under `spec` (SpecOptions.step_tokens;
+    None: 0, no speculation)."""
+    return 0 if spec is None else spec.step_tokens(sequences)
 
 
 def open_drafting(spec, engine, model, path, ngld, devd):

@@ -62,7 +62,7 @@ def load(model: str | None = None, *, hf: str | None = None, hf_file: str | None
         path = resolve(hf, hf_file, hf_token)
     else:
         path = model or default_model()
-    verify = (spec.draft_max + 1) * options.get("n_seq_max", 1) if spec is not None else 0   # tokens a step
+    verify = spec.step_tokens(options.get("n_seq_max", 1)) if spec is not None else 0
     opts = EngineOptions(**{"progress": False, "verify_tokens": verify, **options})
     owned = device is None or isinstance(device, str)
     if owned:

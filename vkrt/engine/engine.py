@@ -49,10 +49,10 @@ class Engine(Owned):
     """Runs `model` with a KV cache of `n_ctx` cells, ubatches of at most `n_ubatch` tokens.
     Models with Gated DeltaNet layers also keep a recurrent state for each of `n_seq_max`
     sequences (ids 0..n_seq_max-1) and a pool of `n_checkpoints` saved states in host memory.
-    verify_tokens: the most tokens a speculative step takes (all its sequences' drafts and sampled
-    tokens; a server's slots x (--draft-max + 1)): a recurrent state keeps the DeltaNet inputs of
-    steps that size (keep_columns: 16 to 64), so a partly accepted one catches up rather than
-    replaying its accepted tokens. Recorded step graphs are kept for `max_graphs` shapes (default 16, and 6 a sequence more: a
+    verify_tokens: the most tokens a speculative step takes (SpecOptions.step_tokens: a server's
+    slots x (--draft-max + 1)): a recurrent state keeps the DeltaNet inputs of steps that size
+    (keep_columns: 16 to 64), so a partly accepted one catches up rather than replaying its
+    accepted tokens. Recorded step graphs are kept for `max_graphs` shapes (default 16, and 6 a sequence more: a
     server's decode steps take every batch size up to its slots, with and without candidates,
     and its mixed steps several sizes of prompt and of output; twice that with pipeline_steps).
     pipeline_steps: on a layer split, run a step of several sequences (decode, decode_candidates,

@@ -50,6 +50,11 @@ class SpecOptions:
         if not 1 <= self.ngram_min <= self.ngram_max <= 64:
             raise VkrtError(f"n-gram sizes must satisfy 1 <= min <= max <= 64, got {self.ngram_min}..{self.ngram_max}")
 
+    def step_tokens(self, sequences: int = 1) -> int:
+        """The most tokens a verification step of `sequences` takes: each one's draft_max drafts
+        and its sampled token (Engine's verify_tokens)."""
+        return sequences * (self.draft_max + 1)
+
 
 @dataclass
 class SpecCounts:
