@@ -13,7 +13,9 @@
 // so each token needs one reduction (|k|^2, |q|^2, k.q and S_old k, S_old q per row) and no barrier;
 // the next token's inputs are loaded while it runs.
 //
-// Defines: D (head size), LANES (a power of two, at most the subgroup size; 1 = no shuffles), ROWS.
+// Defines: D (head size), LANES (a power of two, at most the subgroup size; 1 = no shuffles), ROWS;
+// SPAN: one sequence whose first column and token count follow its slot in `slots` (a DeltaNet
+// catch-up, recorded once and run over whatever span the host writes there).
 #include "common.glsl"
 #include "gdn.glsl"
 
@@ -89,11 +91,17 @@ void main() {
     const float q_scale = inversesqrt(float(D));
 
     // the token's inputs are loaded one token ahead, while the previous token is reduced
+#ifdef SPAN
+    const uint t_first = uint(slots[p.slot_off + 1u]);
+    const uint t_end = t_first + uint(slots[p.slot_off + 2u]);
+#else
     const uint t_first = seq * p.seq_tokens;
+    const uint t_end = t_first + p.seq_tokens;
+#endif
     vec4 q4[NV4], k4[NV4];
     float v[ROWS], al, be;
     load_token(t_first, kh, h, row0, lane, q4, k4, v, al, be);
-    [[dont_unroll]] for (uint t = t_first; t < t_first + p.seq_tokens; ++t) {
+    [[dont_unroll]] for (uint t = t_first; t < t_end; ++t) {
         float red[NRED];
         [[unroll]] for (uint i = 0; i < NRED; ++i) {
             red[i] = 0.0;
@@ -111,7 +119,7 @@ void main() {
         const float v_cur[ROWS] = v;
         const float eg = exp(gdn_log_decay(al, dt, a));
         const float b = gdn_strength(be);
-        if (t + 1u < t_first + p.seq_tokens) {
+        if (t + 1u < t_end) {
             load_token(t + 1u, kh, h, row0, lane, q4, k4, v, al, be);
         }
 #if LANES > 1

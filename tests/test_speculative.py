@@ -321,6 +321,32 @@ def test_sequences_of_one_step_catch_up_each(models):
         assert e.truncate(1, 26) == 25
 
 
+def test_one_recorded_catch_up_a_sequence_serves_every_span(models):
+    """A server's steps vary in length, in which slots they hold and in what each slot accepts:
+    every (first column, tokens) a slot's catch-up takes runs from the one sequence recorded for
+    that slot (the span is read on the device), and each state is the bits of steps of just the
+    accepted tokens (steps of at most mv_max_n tokens: one mat-vec run, the same bits for any
+    column count; the attention layer last, so no DeltaNet layer reads KV cells, which the freed
+    tails leave in another order than a fresh engine's)."""
+    m = models["tiny-qwen35moe"]
+    # a round: {slot: accepted} of parts of n tokens each
+    rounds = [(3, {0: 1, 1: 2}), (7, {0: 5}), (4, {0: 3, 1: 1}), (6, {1: 4}), (2, {0: 1, 1: 1})]
+    with Engine(m, n_ctx=128, n_ubatch=32, n_seq_max=2) as e, Engine(m, n_ctx=128, n_ubatch=32, n_seq_max=2) as fresh:
+        for x in (e, fresh):
+            x.eval(PROMPT[:20], 0)
+            x.eval(PROMPT[5:30], 1)
+        for r, (n, keep) in enumerate(rounds):
+            assert n * len(keep) <= e.device.tuning.mv_max_n
+            parts = [(s, [40 + 10 * s + r + j for j in range(n)]) for s in keep]
+            lengths = [e.snapshot(s) for s in keep]
+            e.mixed(parts, rows=[n] * len(parts))
+            for (s, toks), length in zip(parts, lengths):
+                assert e.truncate(s, length + keep[s]) == length + keep[s]
+                fresh.eval(toks[:keep[s]], s)
+            np.testing.assert_array_equal(_state_bytes(e), _state_bytes(fresh), err_msg=f"round {r}")
+        assert sorted(e.state._catch_up_seqs) == [0, 1]   # recorded once a slot, not once a span
+
+
 def test_an_engine_told_its_step_size_catches_up_past_16_tokens(models, monkeypatch):
     """An engine whose speculative steps take up to verify_tokens tokens (a server's slots x
     (--draft-max + 1)) keeps the DeltaNet inputs of steps that long: an 18-token step taken back

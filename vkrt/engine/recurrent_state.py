@@ -13,6 +13,7 @@ import numpy as np
 from ..commands import CommandSequence, run_once, write_tensor
 from ..errors import VkrtError
 from ..memory import F32, I32, Buffer, MemoryKind, Tensor
+from ..ops.gdn_catch_up import catch_up_windows
 from ..model.config import ModelConfig
 from ..owned import Owned
 from ..units import fmt_bytes
@@ -25,7 +26,6 @@ from ..units import fmt_bytes
 # that many, up to KEEP_MAX (about 2 MB a column on Qwen3.5-35B-A3B's 30 DeltaNet layers)
 KEEP_COLUMNS = 16
 KEEP_MAX = 64
-CATCH_UP_SEQS = 64   # catch-ups kept recorded, a (slot, first column, tokens) each
 
 
 def keep_columns(n_ubatch: int, verify_tokens: int = 0) -> int:
@@ -64,8 +64,8 @@ class RecurrentState(Owned):
         self.length = np.zeros(n_slots, np.int64)   # tokens each slot's state has absorbed
         self.conv: dict[int, Tensor] = {}
         self.ssm: dict[int, Tensor] = {}
-        self._store = self._pool = self._snapshots = self._keep = self._slot_ids = None
-        self._catch_up_seqs: dict[tuple[int, int, int], CommandSequence] = {}   # (slot, column, tokens)
+        self._store = self._pool = self._snapshots = self._keep = self._spans = None
+        self._catch_up_seqs: dict[int, CommandSequence] = {}   # a slot's, for any span (catch_up)
         self._snapshot_seqs: dict[tuple[int, bool], CommandSequence] = {}   # (slot, to snapshot): recorded once
         self._free: list[int] = list(range(n_checkpoints))
         self.snapshot_length = np.full(n_slots, -1, np.int64)   # tokens each slot's snapshot holds (-1: none)
@@ -79,8 +79,10 @@ class RecurrentState(Owned):
             if keep_columns:
                 self._keep = Tensor.empty(device, F32, (max(1, len(self.layers) * keep_columns * (2 * C + 2 * Hv)),),
                                           name="DeltaNet step inputs")
-                self._slot_ids = Tensor.empty(device, I32, (n_slots,), name="recurrent state slots")
-                write_tensor(self._slot_ids, np.arange(n_slots, dtype=np.int32))
+                # a slot's catch-up span (slot, first kept column, tokens), written before each run
+                self._spans = Tensor.empty(device, I32, (3 * n_slots,), name="DeltaNet catch-up spans",
+                                           kind=MemoryKind.HOST)
+                write_tensor(self._spans, np.stack([np.arange(n_slots), np.zeros(n_slots), np.ones(n_slots)], 1))
             if n_checkpoints:
                 self._pool = Buffer(device, self.slot_bytes * n_checkpoints, MemoryKind.HOST,
                                     label=f"{n_checkpoints} recurrent-state checkpoints")
@@ -140,46 +142,38 @@ class RecurrentState(Owned):
         columns, record_rule(seq, il, conv, alpha, beta, state, slots, out) recording it for
         layer il (the model's weights; out: a dead region to write, the slot's kept inputs, so
         it catches up once a step). The state then holds the bits a step of exactly those tokens
-        would have left. Recorded once a (slot, column, tokens), queued after the rewind, not
-        waited for."""
+        would have left. Recorded once a slot, its span (first column, tokens) read on the device
+        from a buffer written before each run; queued after the rewind, not waited for."""
         col, count = self.catch_up_span(slot, length)
         self.rewind(slot)
-        key = (slot, col, count)
-        seq = self._catch_up_seqs.get(key)
+        seq = self._catch_up_seqs.get(slot)
         if seq is None:
-            if len(self._catch_up_seqs) >= CATCH_UP_SEQS:   # the oldest goes (close waits for it)
-                self._catch_up_seqs.pop(next(iter(self._catch_up_seqs))).close()
-            seq = self._catch_up_seqs[key] = CommandSequence(self.device, label=f"DeltaNet catch-up {slot}")
+            seq = self._catch_up_seqs[slot] = CommandSequence(self.device, label=f"DeltaNet catch-up {slot}")
             with seq.record():
-                self._record_catch_up(seq, slot, col, count, record_rule)
+                self._record_catch_up(seq, slot, record_rule)
                 seq.barrier()
+        else:
+            seq.wait()   # its last run has read the span it was given
+        self._spans.range().write(np.array([slot, col, count], np.int32), 12 * slot)
         seq.submit()
         self.length[slot] = length
         del self._kept[slot]   # its kept inputs are overwritten now
 
-    def _record_catch_up(self, seq, slot: int, col: int, count: int, record_rule) -> None:
-        store, snaps, taps = self._store.range(), self._snapshots.range(0, self._snapshots.size), self._taps
-        C = self._c
-        regions = list(self._regions(slot))   # a layer's conv, then its ssm; a snapshot holds them in turn
-        snap_at = slot * self.slot_bytes
-        for n, il in enumerate(self.layers):
-            qkv_in = self._layer_views(il, self.keep_columns)[0]
-            (conv_at, conv_size), (_, ssm_size) = regions[2 * n], regions[2 * n + 1]
-            for j in range(taps):   # tap j: window position count + j of [the snapshot's taps, the kept inputs]
-                w = count + j
-                dst = store.sub(conv_at + 4 * C * j, 4 * C)
-                if w < taps:
-                    seq.copy(snaps.sub(snap_at + 4 * C * w, 4 * C), dst)
-                else:
-                    seq.copy(qkv_in.range().sub(4 * C * (col + w - taps), 4 * C), dst)
-            snap_at += conv_size + ssm_size
-        for il in self.layers:   # (their outputs, dead, where the copies read: a barrier between)
-            qkv_in, conv, alpha, beta = self._layer_views(il, self.keep_columns)
-            cols = [t.slice(1, col, col + count) for t in (conv, alpha, beta)]
-            # the dead output over the slot's own kept inputs (read by the copies above; no other
+    def _record_catch_up(self, seq, slot: int, record_rule) -> None:
+        C, taps, kc, n_layers = self._c, self._taps, self.keep_columns, len(self.layers)
+        span = self._spans.view((3,), offset=12 * slot)
+        # every layer's conv window from the snapshot's taps and the kept ssm_conv inputs (a layer's
+        # conv, then its ssm: the store has a region a layer, a snapshot a slot's layers in turn)
+        windows = self._store.view((C, taps, n_layers), nb=(4, 4 * C, self._layer_bytes), offset=slot * self._conv_bytes)
+        snapped = self._snapshots.view((C, taps, n_layers), nb=(4, 4 * C, self._conv_bytes + self._ssm_bytes),
+                                       offset=slot * self.slot_bytes)
+        kept_in = self._keep.view((C, kc, n_layers), nb=(4, 4 * C, 4 * kc * (2 * C + 2 * self._hv)))
+        catch_up_windows(seq, windows, snapped, kept_in, span)
+        for il in self.layers:   # (their outputs, dead, where the windows read: a barrier between)
+            qkv_in, conv, alpha, beta = self._layer_views(il, kc)
+            # the dead output over the slot's own kept inputs (read by the windows above; no other
             # slot's catch-up reads those columns)
-            out = qkv_in.slice(1, col, col + count).slice(0, 0, self._hv * self._d)
-            record_rule(seq, il, *cols, self.ssm[il], self._slot_ids.slice(0, slot, slot + 1), out)
+            record_rule(seq, il, conv, alpha, beta, self.ssm[il], span, qkv_in.slice(0, 0, self._hv * self._d), span=True)
 
     def describe(self) -> str:
         return f"{len(self.layers)} DeltaNet layers x {self.n_slots} sequences, {fmt_bytes(self.nbytes)}"
@@ -236,7 +230,7 @@ class RecurrentState(Owned):
         """A host copy of `slot`'s state (uint8, laid out as a checkpoint's)."""
         self.check_slot(slot)
         with Buffer(self.device, max(4, self.slot_bytes), MemoryKind.READBACK, label="recurrent state read") as buf:
-            run_once(self.device, lambda seq: self._record_copy(seq, slot, 0, True, buf), "read recurrent state")
+            run_once(self.device, lambda seq: self._record_copy(seq, slot, 0, True, buf.range()), "read recurrent state")
             return buf.read(np.uint8, self.slot_bytes)
 
     def read_checkpoint(self, ckpt: Checkpoint) -> np.ndarray:
@@ -252,7 +246,7 @@ class RecurrentState(Owned):
                             f"{self.slot_bytes} a sequence")
         with Buffer(self.device, max(4, self.slot_bytes), MemoryKind.HOST, label="recurrent state write") as buf:
             buf.write(data)
-            run_once(self.device, lambda seq: self._record_copy(seq, slot, 0, False, buf), "write recurrent state")
+            run_once(self.device, lambda seq: self._record_copy(seq, slot, 0, False, buf.range()), "write recurrent state")
         self.length[slot] = length
         self.snapshot_length[slot] = -1
 
@@ -261,8 +255,8 @@ class RecurrentState(Owned):
         speculative step that may be partly rejected rewinds to."""
         self.check_slot(slot)
         if self._snapshots is None:
-            self._snapshots = Buffer(self.device, max(4, self.slot_bytes * self.n_slots), MemoryKind.DEVICE,
-                                     label="recurrent-state snapshots")
+            self._snapshots = Tensor.empty(self.device, F32, (max(1, self.slot_bytes * self.n_slots // 4),),
+                                           name="recurrent-state snapshots")
         self._snapshot_copy(slot, to_snapshot=True)
         self.snapshot_length[slot] = self.length[slot]
 
@@ -286,12 +280,13 @@ class RecurrentState(Owned):
             seq = self._snapshot_seqs[key] = CommandSequence(
                 self.device, label=f"{'snapshot' if to_snapshot else 'rewind'} recurrent state {slot}")
             with seq.record():
-                self._record_copy(seq, slot, slot, to_snapshot, self._snapshots)
+                self._record_copy(seq, slot, slot, to_snapshot, self._snapshots.range())
                 seq.barrier()
         seq.submit()
 
-    def _record_copy(self, seq, slot: int, index: int, to_pool: bool, pool: Buffer) -> None:
-        store, pool = self._store.range(), pool.range(0, pool.size)
+    def _record_copy(self, seq, slot: int, index: int, to_pool: bool, pool) -> None:
+        """Copy a slot's state to or from place `index` of `pool` (a BufferRange of states)."""
+        store = self._store.range()
         at = index * self.slot_bytes
         for off, size in self._regions(slot):
             live, saved = store.sub(off, size), pool.sub(at, size)
@@ -299,7 +294,7 @@ class RecurrentState(Owned):
             at += size
 
     def _copy(self, slot: int, index: int, to_pool: bool) -> None:
-        run_once(self.device, lambda seq: self._record_copy(seq, slot, index, to_pool, self._pool),
+        run_once(self.device, lambda seq: self._record_copy(seq, slot, index, to_pool, self._pool.range()),
                  "save recurrent state" if to_pool else "restore recurrent state")
 
     def _release(self) -> None:
@@ -307,7 +302,7 @@ class RecurrentState(Owned):
             seq.close()
         self._snapshot_seqs.clear()
         self._catch_up_seqs.clear()
-        for t in (self._keep, self._slot_ids):
+        for t in (self._keep, self._spans):
             if t is not None:
                 t.close()
         if self._snapshots is not None:

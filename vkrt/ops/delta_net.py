@@ -169,7 +169,7 @@ def _vec4_binding(t: Tensor, what: str):
 
 
 def _check_operands(qkv, alpha, beta, dt_bias, ssm_a, state, slots, out, hk: int, hv: int, d: int,
-                    n_seqs: int) -> None:
+                    n_seqs: int, slot_values: int) -> None:
     op = "delta_net"
     _check_head_dim(d, op)
     if hk < 1 or hv < 1 or hv % hk:
@@ -191,8 +191,8 @@ def _check_operands(qkv, alpha, beta, dt_bias, ssm_a, state, slots, out, hk: int
         raise OutOfRange(f"{op}: state must have ne ({d}, {d}, {hv}, n_slots), got {list(state.ne)}")
     if out.ne != (hv * d, n_tokens, 1, 1):
         raise OutOfRange(f"{op}: out must be [{hv * d}, {n_tokens}], got {list(out.ne)}")
-    if slots.type is not I32 or slots.nelements != n_seqs or not slots.is_contiguous():
-        raise GGMLTypeError(f"{op}: slots must be a contiguous I32 tensor of {n_seqs}, got {slots!r}")
+    if slots.type is not I32 or slots.nelements != slot_values or not slots.is_contiguous():
+        raise GGMLTypeError(f"{op}: slots must be a contiguous I32 tensor of {slot_values}, got {slots!r}")
     for a, b, what in ((out, qkv, "qkv"), (out, alpha, "alpha"), (out, beta, "beta"), (out, state, "state"),
                        (state, qkv, "qkv"), (state, alpha, "alpha"), (state, beta, "beta")):
         if _overlap(a, b):
@@ -218,7 +218,7 @@ def _check_workspace(workspace: Tensor | None, need: int, n_tokens: int, n_seqs:
 def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ssm_a: Tensor, state: Tensor,
               slots: Tensor, out: Tensor, *, n_k_heads: int, n_v_heads: int, head_dim: int, n_seqs: int,
               eps: float, workspace: Tensor | None = None, chunked: bool | None = None,
-              tuning: Tuning | None = None) -> bool:
+              tuning: Tuning | None = None, span: bool = False) -> bool:
     """Record the gated delta rule over T tokens: n_seqs sequences of T / n_seqs consecutive tokens.
 
     qkv: F32 [2 * Hk * D + Hv * D, T] (dim 0 contiguous, any column stride): per token the query
@@ -236,16 +236,24 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
     delta_net_workspace_bytes) is large enough, else the recurrent form; True / False force one
     (True needs the workspace). tuning: another table entry (tests). Returns whether the chunked
     form was recorded.
+
+    span: one sequence (n_seqs 1) over the columns slots[1] .. slots[1] + slots[2] - 1 of qkv,
+    alpha, beta and out, slots an I32 [3] (slot, first, count) read on the device (the recurrent
+    form: a catch-up recorded once for any span; count >= 1 and the span inside T are the
+    caller's to keep).
     """
     op = "delta_net"
     dev = seq.device
     tuning = tuning or dev.tuning
     hk, hv, d = n_k_heads, n_v_heads, head_dim
-    _check_operands(qkv, alpha, beta, dt_bias, ssm_a, state, slots, out, hk, hv, d, n_seqs)
+    if span and (n_seqs != 1 or chunked):
+        raise OutOfRange(f"{op}: a span is one sequence in the recurrent form (n_seqs {n_seqs}, chunked {chunked})")
+    _check_operands(qkv, alpha, beta, dt_bias, ssm_a, state, slots, out, hk, hv, d, n_seqs,
+                    slot_values=3 if span else n_seqs)
     n_tokens = qkv.ne[1]
     seq_tokens = n_tokens // n_seqs
     if chunked is None:
-        chunked = (seq_tokens >= tuning.gdn_chunk_min_tokens and n_seqs <= tuning.gdn_chunk_max_seqs
+        chunked = not span and (seq_tokens >= tuning.gdn_chunk_min_tokens and n_seqs <= tuning.gdn_chunk_max_seqs
                    and workspace is not None
                    and workspace.nbytes >= delta_net_workspace_bytes(dev, hv, d, n_tokens, n_seqs, tuning=tuning))
 
@@ -264,7 +272,8 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
     if not chunked:
         lay = recurrent_layout(tuning, dev.profile, d)
         emulated = subgroup_defines(dev) if lay.lanes > 1 else {}
-        defines = dict(D=d, LANES=lay.lanes, ROWS=lay.rows, **emulated, **({"WG": lay.wg} if emulated else {}))
+        defines = dict(D=d, LANES=lay.lanes, ROWS=lay.rows, **emulated, **({"WG": lay.wg} if emulated else {}),
+                       **({"SPAN": 1} if span else {}))
         k = kernel(dev, "gdn_recurrent", defines=defines, push=RECURRENT_PUSH, workgroup=(lay.wg,))
         seq.dispatch(k, [xr, ar, br, dr, er, sr, lr, yr], push=dict(gates, **state_push, eps=float(eps)),
                      groups=(d // lay.rows_per_group, hv, n_seqs), label="gdn_recurrent")
