@@ -136,6 +136,11 @@ class Tensor:
         """The buffer bytes this tensor's elements occupy."""
         return BufferRange(self.buffer, self.offset, self.span)
 
+    def overlaps(self, other: "Tensor") -> bool:
+        """Whether the bytes the two tensors' elements span share any (same buffer)."""
+        return self.buffer is other.buffer and self.offset < other.offset + other.span and \
+            other.offset < self.offset + self.span
+
     def __repr__(self) -> str:
         dims = "x".join(str(n) for n in self.ne[:self.ndim])
         label = f"{self.name} " if self.name else ""

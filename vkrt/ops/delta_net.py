@@ -154,9 +154,6 @@ def delta_net_workspace_bytes(device, n_v_heads: int, head_dim: int, n_tokens: i
     return 4 * n_seqs * n_v_heads * chunks * lay.block_floats
 
 
-def _overlap(a: Tensor, b: Tensor) -> bool:
-    return a.buffer is b.buffer and a.offset < b.offset + b.span and b.offset < a.offset + a.span
-
 
 def _vec4_binding(t: Tensor, what: str):
     """(range, element offset, element strides) of an F32 tensor read 4 elements at a time: its
@@ -195,7 +192,7 @@ def _check_operands(qkv, alpha, beta, dt_bias, ssm_a, state, slots, out, hk: int
         raise GGMLTypeError(f"{op}: slots must be a contiguous I32 tensor of {slot_values}, got {slots!r}")
     for a, b, what in ((out, qkv, "qkv"), (out, alpha, "alpha"), (out, beta, "beta"), (out, state, "state"),
                        (state, qkv, "qkv"), (state, alpha, "alpha"), (state, beta, "beta")):
-        if _overlap(a, b):
+        if a.overlaps(b):
             raise OutOfRange(f"{op}: {a!r} overlaps {what} {b!r}")
 
 
@@ -210,7 +207,7 @@ def _check_workspace(workspace: Tensor | None, need: int, n_tokens: int, n_seqs:
         raise OutOfRange(f"{op}: workspace {workspace!r} has {workspace.nbytes} bytes; {n_tokens} tokens in "
                          f"{n_seqs} sequences need {need}")
     for t in others:
-        if _overlap(workspace, t):
+        if workspace.overlaps(t):
             raise OutOfRange(f"{op}: workspace {workspace!r} overlaps {t!r}")
     return workspace.view((need // 4,))
 

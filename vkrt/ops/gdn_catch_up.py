@@ -6,7 +6,7 @@ recorded catch-up serves every span."""
 from __future__ import annotations
 
 from ..errors import GGMLTypeError, OutOfRange
-from ..memory import F32, I32, Tensor
+from ..memory import I32, Tensor
 from ..pipeline import PushConstants, kernel
 from .binding import bind_tensor, f32_binding
 from .grid import ceil_div
@@ -16,9 +16,6 @@ WINDOW_PUSH = PushConstants(
     ("snap_off", "u32"), ("snap_s1", "u32"), ("snap_s2", "u32"), ("kept_off", "u32"), ("kept_s1", "u32"),
     ("kept_s2", "u32"), ("span_off", "u32"))
 
-
-def _overlap(a: Tensor, b: Tensor) -> bool:
-    return a.buffer is b.buffer and a.offset < b.offset + b.span and b.offset < a.offset + a.span
 
 
 def catch_up_windows(seq, out: Tensor, snapshot: Tensor, kept: Tensor, span: Tensor) -> None:
@@ -41,7 +38,7 @@ def catch_up_windows(seq, out: Tensor, snapshot: Tensor, kept: Tensor, span: Ten
     if span.type is not I32 or span.nelements != 3 or not span.is_contiguous():
         raise GGMLTypeError(f"{op}: span must be a contiguous I32 tensor of 3 (slot, first, count), got {span!r}")
     for other, what in ((snapshot, "snapshot"), (kept, "kept"), (span, "span")):
-        if _overlap(out, other):
+        if out.overlaps(other):
             raise OutOfRange(f"{op}: out {out!r} overlaps {what} {other!r}")
     orr, oo, os_ = f32_binding(out, f"{op} out")
     sr, so, ss = f32_binding(snapshot, f"{op} snapshot")

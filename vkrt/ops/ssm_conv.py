@@ -17,9 +17,6 @@ SSM_CONV_PUSH = PushConstants(
 MAX_KERNEL = 8   # taps: the window lives in registers
 
 
-def _overlap(a: Tensor, b: Tensor) -> bool:
-    return a.buffer is b.buffer and a.offset < b.offset + b.span and b.offset < a.offset + a.span
-
 
 def ssm_conv(seq, x: Tensor, weight: Tensor, state: Tensor, slots: Tensor, out: Tensor, *, n_seqs: int) -> None:
     """Record out = silu(causal depthwise conv1d of x) and advance the conv states.
@@ -48,7 +45,7 @@ def ssm_conv(seq, x: Tensor, weight: Tensor, state: Tensor, slots: Tensor, out: 
     if slots.type is not I32 or slots.nelements != n_seqs or not slots.is_contiguous():
         raise GGMLTypeError(f"{op}: slots must be a contiguous I32 tensor of {n_seqs}, got {slots!r}")
     for a, b, what in ((out, x, "x"), (out, state, "state"), (state, x, "x")):
-        if _overlap(a, b):
+        if a.overlaps(b):
             raise OutOfRange(f"{op}: {a!r} overlaps {what} {b!r}")
     xr, xo, xs = f32_binding(x, f"{op} x")
     yr, yo, ys = f32_binding(out, f"{op} out")
