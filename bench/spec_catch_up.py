@@ -12,7 +12,8 @@ engine told its steps' size, --draft-max + 1: verify_tokens) and once with repla
 its inputs). Rows: tokens generated, drafted and accepted, steps,
 tokens fed after the prompt and a generated token's share, the generation's t/s (llama-server's
 predicted t/s, of a second run: the first records the graphs and catch-ups it meets), whether the
-tokens equal the reference's (they must).
+tokens equal the reference's (they must). Then the catch-ups' host time: the first (which
+records the slot's catch-up) and the median of the rest (the recorded one run again).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 
 import vkrt.engine.stage as stage_module
 from vkrt.device import Device
@@ -53,12 +56,29 @@ class WrongEvery:
         return out
 
 
+def _time_catch_ups(engine) -> list[float]:
+    """Host milliseconds of each truncate() that caught a state up (the first records the
+    slot's catch-up, the rest replay it), appended as the engine runs."""
+    times, truncate = [], engine.truncate
+
+    def timed(seq_id, length):
+        caught = engine.state.catch_up_span(seq_id, length) is not None
+        t0 = time.perf_counter()
+        out = truncate(seq_id, length)
+        if caught:
+            times.append(1000.0 * (time.perf_counter() - t0))
+        return out
+    engine.truncate = timed
+    return times
+
+
 def run(model, n: int, draft_max: int, wrong: int, keep: bool, reference: list[int]) -> dict:
     if not keep:   # the stages keep no columns: every step replays
         stage_module.keep_columns = lambda n_ubatch, verify_tokens=0: 0
     opts = SpecOptions("ngram", draft_max=draft_max)
     try:
         with Engine(model, n_ctx=512, n_ubatch=64, verify_tokens=opts.step_tokens()) as e:
+            catch_ups = _time_catch_ups(e)
             for timed in (False, True):   # the first run records the graphs and catch-ups it meets
                 e.reset()
                 spec = Speculation(opts, WrongEvery(len(PROMPT), reference, wrong))
@@ -70,7 +90,10 @@ def run(model, n: int, draft_max: int, wrong: int, keep: bool, reference: list[i
                     "drafted": gen.timings.draft_n, "accepted": gen.timings.draft_n_accepted,
                     "steps": e.stats.steps - s0, "tokens_fed": fed, "fed_per_token": fed / max(1, len(gen.tokens)),
                     "same_tokens": gen.tokens == reference, "generation_ms": ms,
-                    "tokens_per_second": 1000.0 * len(gen.tokens) / ms if ms else None}
+                    "tokens_per_second": 1000.0 * len(gen.tokens) / ms if ms else None,
+                    "catch_ups": len(catch_ups),
+                    "first_catch_up_host_ms": catch_ups[0] if catch_ups else None,
+                    "catch_up_host_ms_median": statistics.median(catch_ups[1:]) if len(catch_ups) > 1 else None}
     finally:
         stage_module.keep_columns = keep_columns
 
@@ -115,6 +138,10 @@ def main(argv=None) -> int:
               f"| {r['fed_per_token']:.2f} | {r['tokens_per_second'] or 0:.1f} | {r['same_tokens']} |")
     print(f"catch-up against replay: tokens fed {info['tokens_fed_vs_replay']:.2f}x, steps {info['steps_vs_replay']:.2f}x, "
           f"t/s {info['speedup_vs_replay'] or 0:.2f}x")
+    c = rows[0]
+    if c["catch_ups"]:
+        print(f"catch-ups: {c['catch_ups']}, host ms the first (records) {c['first_catch_up_host_ms']:.2f}, "
+              f"the rest (median) {c['catch_up_host_ms_median'] or 0:.2f}")
     return 0
 
 

@@ -27,6 +27,7 @@ def test_catch_up_feeds_fewer_tokens_than_replay(tmp_path):
     assert catch_up["same_tokens"] and replay["same_tokens"] and catch_up["generated"] == 32
     assert 0 < catch_up["accepted"] < catch_up["drafted"]   # some drafts rejected
     assert catch_up["tokens_fed"] < replay["tokens_fed"] and out["tokens_fed_vs_replay"] < 1
+    assert catch_up["catch_ups"] > 0 and catch_up["first_catch_up_host_ms"] > 0 and replay["catch_ups"] == 0
 
 
 def test_a_model_without_delta_net_is_refused(tmp_path):
