@@ -40,7 +40,7 @@ def test_layers_and_state_sizes(device, paths):
             assert set(e.cache.k) == {3}   # only the attention layer keeps K and V
             assert e.recurrent and e.state.n_slots == 3
             states = 3 * 3 * 4 * ((4 - 1) * cfg.ssm_conv_dim + 4 * 16 * 16)   # 3 layers x 3 sequences
-            kept = 3 * 16 * 4 * (2 * cfg.ssm_conv_dim + 2 * 4)   # a 16-token step's inputs, 3 layers (catch_up)
+            kept = 3 * 16 * 4 * (2 * cfg.ssm_conv_dim + 4 * 16 + 2 * 4)   # a 16-token step's inputs and z, 3 layers
             assert e.state.nbytes == states + kept
             assert _estimated_state(m, paths["tiny-qwen35moe"], 16, 0) == e.state.nbytes
         # told its speculative steps' size (3 sequences x 6 tokens), the state keeps that many
@@ -48,7 +48,7 @@ def test_layers_and_state_sizes(device, paths):
         for ubatch, verify, columns in ((32, 18, 18), (16, 18, 16), (128, 100, KEEP_MAX), (32, 4, 16)):
             with Engine(m, n_ctx=64, n_ubatch=ubatch, n_seq_max=3, verify_tokens=verify) as e:
                 assert e.state.keep_columns == columns
-                assert e.state.nbytes == states + 3 * columns * 4 * (2 * cfg.ssm_conv_dim + 2 * 4)
+                assert e.state.nbytes == states + 3 * columns * 4 * (2 * cfg.ssm_conv_dim + 4 * 16 + 2 * 4)
                 assert _estimated_state(m, paths["tiny-qwen35moe"], ubatch, verify) == e.state.nbytes
 
 

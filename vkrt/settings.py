@@ -166,7 +166,7 @@ VARIABLES: tuple[Variable, ...] = (
              "the lossless fusions a recording uses (the same bits whatever the choice; for debugging): `all`, "
              "`none`, or names split by commas (each brings the ones it builds on), or `-name`s (all but those): "
              "add_norm, combine_norm, resid_norm, norm_rope, qk_rope, kv_store, fa_rope, gate_up, route, "
-             "norm_route (vkrt/model/fuse.py says what each fuses)", _items),
+             "norm_route, stacked (vkrt/model/fuse.py says what each fuses)", _items),
     Variable("VKRT_FA_MASK_OPT", "fa_mask_opt", "flag or unset", "tuning rule",
              "force flash attention's mask_opt pre-pass on (1) or off (0); unset: the tuning rule", parse_flag),
     Variable("VKRT_KV_ROTATION", "kv_rotation", "flag", "1",

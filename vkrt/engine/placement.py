@@ -10,7 +10,7 @@ from ..model.config import ModelConfig
 from ..model.loader import is_cpu_moe, layer_of
 from ..model.scratch import scratch_bytes
 from ..units import fmt_bytes
-from .recurrent_state import keep_columns
+from .recurrent_state import keep_columns, kept_floats
 
 
 DECODE_TOKENS = Tuning.mv_max_n   # decode steps (mat-vec sizes) stage this many tokens' experts
@@ -75,7 +75,7 @@ def estimate(cfg: ModelConfig, tensors: dict, *, n_ctx: int, n_ubatch: int, n_cp
     acts = scratch_bytes(cfg, n_ubatch, n_ctx, flash_attn, device, embd_input=encoder > 0)
     main = split is None or stage == split.n_stages - 1
     # each DeltaNet layer's state a sequence, and a short step's inputs kept (speculative steps' catch-up)
-    kept = keep_columns(n_ubatch, verify_tokens) * (2 * cfg.ssm_conv_dim + 2 * cfg.ssm_v_heads)
+    kept = keep_columns(n_ubatch, verify_tokens) * kept_floats(cfg)
     recurrent = 4 * (cfg.recurrent_floats * max(1, n_seq_max) + kept) * len([il for il in cfg.linear_layers
                                                                             if il in layers])
     largest = max(layer_experts.values(), default=0)

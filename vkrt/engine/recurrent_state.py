@@ -28,6 +28,12 @@ KEEP_COLUMNS = 16
 KEEP_MAX = 64
 
 
+def kept_floats(cfg: ModelConfig) -> int:
+    """Floats a DeltaNet layer keeps of a step's column: the attn_qkv and attn_gate projections
+    (one region, as one matmul writes them), ssm_conv's output, alpha and beta (one region)."""
+    return 2 * cfg.ssm_conv_dim + cfg.ssm_v_heads * cfg.ssm_head_dim + 2 * cfg.ssm_v_heads
+
+
 def keep_columns(n_ubatch: int, verify_tokens: int = 0) -> int:
     """The columns a state keeps for an engine of micro-batch n_ubatch whose speculative steps
     take up to verify_tokens tokens (0: not said): at least KEEP_COLUMNS, at most KEEP_MAX."""
@@ -55,6 +61,7 @@ class RecurrentState(Owned):
         C, K, D, Hv = cfg.ssm_conv_dim, cfg.ssm_conv_kernel, cfg.ssm_head_dim, cfg.ssm_v_heads
         self._conv_bytes, self._ssm_bytes = 4 * C * (K - 1), 4 * D * D * Hv
         self._c, self._hv, self._d, self._taps = C, Hv, D, K - 1
+        self._kept_floats = kept_floats(cfg)
         self.keep_columns = keep_columns
         self._kept: dict[int, tuple[int, int, int]] = {}   # slot -> (first position, tokens, first column)
         # `layers`: the DeltaNet layers to hold (a stage of a layer split; None: all)
@@ -77,7 +84,7 @@ class RecurrentState(Owned):
                 self.ssm[il] = self._store.view((D, D, Hv, n_slots), offset=base + n_slots * self._conv_bytes,
                                                 name=f"ssm_state.{il}")
             if keep_columns:
-                self._keep = Tensor.empty(device, F32, (max(1, len(self.layers) * keep_columns * (2 * C + 2 * Hv)),),
+                self._keep = Tensor.empty(device, F32, (max(1, len(self.layers) * keep_columns * self._kept_floats),),
                                           name="DeltaNet step inputs")
                 # a slot's catch-up span (slot, first kept column, tokens), written before each run
                 self._spans = Tensor.empty(device, I32, (3 * n_slots,), name="DeltaNet catch-up spans",
@@ -95,10 +102,11 @@ class RecurrentState(Owned):
     def nbytes(self) -> int:
         return self.slot_bytes * self.n_slots + (self._keep.nbytes if self._keep is not None else 0)
 
-    def kept_views(self, il: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        """Where layer il's DeltaNet writes a step's n columns of its ssm_conv input and output,
-        alpha and beta (each [rows, n]) so that a later catch_up can read them; None where a step
-        of n tokens keeps none (the scratch's are used)."""
+    def kept_views(self, il: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
+        """Where layer il's DeltaNet writes a step's n columns of its ssm_conv input, the gate z,
+        ssm_conv's output, alpha and beta (each [rows, n]; ssm_conv's input rows followed by z's,
+        alpha's by beta's) so that a later catch_up can read them; None where a step of n tokens
+        keeps none (the scratch's are used)."""
         if not self._keeps(n) or il not in self.conv:
             return None
         return self._layer_views(il, n)
@@ -109,11 +117,14 @@ class RecurrentState(Owned):
         return self._keep is not None and n_tokens <= self.keep_columns and \
             n_tokens < self.device.tuning.gdn_chunk_min_tokens
 
-    def _layer_views(self, il: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        C, Hv, kc = self._c, self._hv, self.keep_columns
-        base = self.layers.index(il) * kc * (2 * C + 2 * Hv) * 4
-        return tuple(self._keep.view((rows, n), offset=base + 4 * kc * first)
-                     for rows, first in ((C, 0), (C, C), (Hv, 2 * C), (Hv, 2 * C + Hv)))
+    def _layer_views(self, il: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(ssm_conv's input, z, ssm_conv's output, alpha, beta) of the first n kept columns."""
+        C, Z, Hv, kc = self._c, self._hv * self._d, self._hv, self.keep_columns
+        base = self.layers.index(il) * kc * self._kept_floats * 4
+        qkvz = self._keep.view((C + Z, n), offset=base)
+        conv = self._keep.view((C, n), offset=base + 4 * kc * (C + Z))
+        ab = self._keep.view((2 * Hv, n), offset=base + 4 * kc * (2 * C + Z))
+        return qkvz.slice(0, 0, C), qkvz.slice(0, C, C + Z), conv, ab.slice(0, 0, Hv), ab.slice(0, Hv, 2 * Hv)
 
     def drop_kept(self) -> None:
         """A step is being recorded or run: whatever it writes, no earlier step's inputs are kept."""
@@ -167,10 +178,10 @@ class RecurrentState(Owned):
         windows = self._store.view((C, taps, n_layers), nb=(4, 4 * C, self._layer_bytes), offset=slot * self._conv_bytes)
         snapped = self._snapshots.view((C, taps, n_layers), nb=(4, 4 * C, self._conv_bytes + self._ssm_bytes),
                                        offset=slot * self.slot_bytes)
-        kept_in = self._keep.view((C, kc, n_layers), nb=(4, 4 * C, 4 * kc * (2 * C + 2 * self._hv)))
+        kept_in = self._keep.view((C, kc, n_layers), nb=(4, 4 * (C + self._hv * self._d), 4 * kc * self._kept_floats))
         catch_up_windows(seq, windows, snapped, kept_in, span)
         for il in self.layers:   # (their outputs, dead, where the windows read: a barrier between)
-            qkv_in, conv, alpha, beta = self._layer_views(il, kc)
+            qkv_in, _, conv, alpha, beta = self._layer_views(il, kc)
             # the dead output over the slot's own kept inputs (read by the windows above; no other
             # slot's catch-up reads those columns)
             record_rule(seq, il, conv, alpha, beta, self.ssm[il], span, qkv_in.slice(0, 0, self._hv * self._d), span=True)

@@ -28,10 +28,14 @@ def record_delta_net(tf, g, state, il: int, n_seqs: int) -> None:
     D, Hk, Hv = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads
     cur = g.residual_norm(w[p + "attn_norm.weight"], cfg.norm_eps)
     # a short step's conv input and output, alpha and beta where the state keeps them (a
-    # speculative step taken back part way runs the delta rule again over them: catch_up)
+    # speculative step taken back part way runs the delta rule again over them: catch_up); the
+    # outputs of projections read together (the stacked fusion) lie back to back either way
     kept = state.kept_views(il, T)
-    qkv, conv, alpha, beta = kept or (s.cols(n, T) for n in ("qkv", "conv", "alpha", "beta"))
-    z = s.cols("z", T)
+    if kept is None:
+        qkvz, ab, C = s.cols("qkvz", T), s.cols("ab", T), cfg.ssm_conv_dim
+        kept = (qkvz.slice(0, 0, C), qkvz.slice(0, C, qkvz.ne[0]), s.cols("conv", T), ab.slice(0, 0, Hv),
+                ab.slice(0, Hv, 2 * Hv))
+    qkv, z, conv, alpha, beta = kept
     for name, out in (("attn_qkv", qkv), ("attn_gate", z), ("ssm_alpha", alpha), ("ssm_beta", beta)):
         g.matmul(w[p + name + ".weight"], cur, out)
     slots = s.slots.slice(0, 0, n_seqs)
@@ -48,7 +52,7 @@ def record_delta_net(tf, g, state, il: int, n_seqs: int) -> None:
         g.call("gated norm", lambda seq: rms_norm(seq, x4, n4, cfg.norm_eps, w[p + "ssm_norm.weight"], gate=z4))
     else:
         g.call("gated norm", lambda seq: rms_norm(seq, out.view((D, Hv, T)), normed.view((D, Hv, T)), cfg.norm_eps,
-                                                  w[p + "ssm_norm.weight"], gate=z.view((D, Hv, T))))
+                                                  w[p + "ssm_norm.weight"], gate=z.view((D, Hv, T), nb=(4, 4 * D, z.nb[1]))))
     o = s.cols("o", T)
     g.matmul(w[p + "ssm_out.weight"], normed, o)
     tf.block_output(g, o)

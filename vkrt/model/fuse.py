@@ -9,7 +9,7 @@ matched left to right, longest rule first, on adjacent ops that pass each other'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
 from ..memory import Tensor
@@ -39,6 +39,8 @@ FUSIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "route": ("decode: the routing (softmax, top-k) in the last workgroup of the router's mat-vec", ()),
     "norm_route": ("decode: the residual add and RMS norm before a MoE block in its router's mat-vec",
                    ("route",)),
+    "stacked": ("decode: projections of one input whose weights and outputs lie back to back (a DeltaNet "
+                "block's qkv and gate, its alpha and beta) as one mat-vec", ()),
 }
 ALL = frozenset(FUSIONS)
 
@@ -164,7 +166,7 @@ class _Pass:
     def run(self, nodes: list[Node]) -> list[Node]:
         out, i = [], 0
         rules = (self.summed_down, self.combine_norm, self.norm_route, self.route, self.add_norm, self.attend_roped,
-                 self.norm_rope, self.gate_up)
+                 self.norm_rope, self.gate_up, self.stacked)
         while i < len(nodes):
             for rule in rules:
                 hit = rule(nodes, i)
@@ -286,6 +288,31 @@ class _Pass:
         if not fits or gate_up_pair(g.w, u.w, self.device, glu.act) is None:
             return None
         return 3, GateUp(g, u, glu), 0
+
+    def stacked(self, nodes, i):
+        run = self._window(nodes, i, MatMul, MatMul)
+        if run is None or "stacked" not in self.on:
+            return None
+        a, b = run
+        if a.x is not b.x or a.kernel_columns is not None or b.kernel_columns is not None \
+                or a.x.ne[1] > mat_vec_most(self.tuning):   # the mat-vec: a row's sum whatever the rows
+            return None
+        w, y = stacked_tensor(a.w, b.w, 1), stacked_tensor(a.y, b.y, 0)
+        return None if w is None or y is None else (2, MatMul(w, a.x, y), 0)
+
+
+def stacked_tensor(a: Tensor, b: Tensor, dim: int) -> Tensor | None:
+    """The 2-D tensor of a then b along `dim` (a weight's rows: 1; an output's: 0), where b starts
+    where a's next element along dim would (same buffer, type, sizes and strides otherwise); else None."""
+    other = 1 - dim
+    if (a.buffer is not b.buffer or a.type is not b.type or a.ne[other] != b.ne[other] or a.ne[2:] != (1, 1)
+            or b.ne[2:] != (1, 1) or a.nb[:2] != b.nb[:2] or b.offset != a.offset + a.ne[dim] * a.nb[dim]):
+        return None
+    ne = list(a.ne[:2])
+    ne[dim] += b.ne[dim]
+    nb1 = a.nb[1]
+    return replace(a, ne=(*ne, 1, 1), nb=(a.nb[0], nb1, nb1 * ne[1], nb1 * ne[1]), ndim=2,
+                   name=f"{a.name}+{b.name}", owner=None)
 
 
 def fuse(nodes: list[Node], device, on: frozenset[str], counter: Tensor | None) -> list[Node]:

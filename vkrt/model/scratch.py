@@ -64,11 +64,9 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device, embd_
         "attn": (F32, (max(H * Dv if kv else 1, Hv * D if dn else 1), T), True),   # also the DeltaNet output
         "scores": (F32, (n_ctx * T * H,), kv and not flash_attn),
         # Gated DeltaNet
-        "qkv": (F32, (C, T), dn),                          # attn_qkv projection: q, k, v heads
+        "qkvz": (F32, (C + Hv * D, T), dn),                # attn_qkv projection (q, k, v heads), then attn_gate's
         "conv": (F32, (C, T), dn),                         # silu(conv1d(qkv)) with the conv state
-        "z": (F32, (Hv * D, T), dn),                       # attn_gate projection
-        "alpha": (F32, (Hv, T), dn),                       # ssm_alpha projection (decay)
-        "beta": (F32, (Hv, T), dn),                        # ssm_beta projection (write strength)
+        "ab": (F32, (2 * Hv, T), dn),                      # ssm_alpha projection (decay), then ssm_beta's
         "dn_norm": (F32, (Hv * D, T), dn),                 # rms_norm(out) * ssm_norm * silu(z)
         "dn_work": (F32, (max(work // 4, 1),), work > 0),  # the chunked delta rule's workspace
         # dense FFN

@@ -15,7 +15,9 @@ from .config import ModelConfig
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 # weights read in one mat-vec pass when they share an allocation: a gated FFN's gate and up
 SHARED_ALLOCATIONS = (("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_exps.weight", "ffn_up_exps.weight"),
-                      ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
+                      ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"),
+                      # a DeltaNet block's projections of one input, read as one matmul (the stacked fusion)
+                      ("attn_qkv.weight", "attn_gate.weight"), ("ssm_alpha.weight", "ssm_beta.weight"))
 
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
 EMBED, MATRIX, EXPERTS, ROUTER, NORM, BIAS, CONV, SSM_A, DT_BIAS, EXPERT_BIAS, SINKS, ROPE_FACTORS = (
