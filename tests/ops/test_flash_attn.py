@@ -84,7 +84,8 @@ def test_other_architectures_layouts(device, arch, hsk, hsv):
     q, k, v = make_qkv(rng, n_q=21, n_kv=90, hsk=hsk, hsv=hsv)
     mask = causal_mask(21, 90)
     got, fa = flash(device, q, k, v, mask, tuning=tuning(device, arch))
-    assert fa.tile.wg == fa.tuning.fa_wg and fa.tile.d_split > 1
+    wg = dict(fa.tuning.fa_prompt_wg_by_head).get(hsv, fa.tuning.fa_wg) if hsk == hsv else fa.tuning.fa_wg
+    assert fa.tile.wg == wg and fa.tile.d_split > 1
     check(got, q, k, v, mask)
 
 
@@ -336,6 +337,22 @@ def test_loads_first_bit_identical(device, arch, n_q, n_head, n_head_kv, hs, kin
     finally:
         if t_used is not None:
             t_used.close()
+
+
+def test_gcn_prompt_tile_by_head(device):
+    """The GCN table's prompts at head 256 take 512 invocations (fa_prompt_wg_by_head: 16 x 32
+    tiles at 2 rows a thread), checked against the reference with a causal mask; its decode and
+    head 128 and quantised caches keep fa_wg."""
+    rng = np.random.default_rng(256)
+    t = tuning(device, Arch.AMD_GCN)
+    assert dict(t.fa_prompt_wg_by_head) == {256: 512} and t.fa_wg == 256
+    for hs, n_q, wg in ((256, 40, 512), (256, 1, 256), (128, 40, 256)):
+        n_kv = 96
+        q, k, v = make_qkv(rng, n_head=4, n_head_kv=2, n_q=n_q, n_kv=n_kv, hsk=hs)
+        mask = causal_mask(n_q, n_kv)
+        got, fa = flash(device, q, k, v, mask, tuning=t)
+        assert fa.tile.wg == wg and fa.decode_sized == (n_q == 1)
+        check(got, q, k, v, mask)
 
 
 DOT_SCATTER_CASES = [

@@ -65,6 +65,18 @@ def test_prompt(device, kv, hs):
     assert np.abs(kd - k).max() > 0   # the reference reads the quantised values, not the originals
 
 
+def test_gcn_prompt_at_head_256_keeps_fa_wg(device):
+    """The GCN table's 512-invocation prompt tile at head 256 is for f16 / f32 caches: ACO caps
+    such a workgroup at 128 VGPRs, where iq4_nl's tile spills; a quantised cache keeps fa_wg."""
+    rng = np.random.default_rng(7)
+    q, k, v = make_qkv(rng, n_q=20, n_kv=40, hsk=256, kv_dtype=np.float32)
+    mask = causal_mask(20, 40)
+    t = tuning(device, Arch.AMD_GCN)
+    got, kd, vd, fa = flash_q(device, q, k, v, "IQ4_NL", "IQ4_NL", mask, tuning=t)
+    assert fa.tile.wg == t.fa_wg != dict(t.fa_prompt_wg_by_head)[256]
+    check(got, q, kd, vd, mask)
+
+
 @pytest.mark.parametrize("kv", ["Q8_0", "Q5_0", "Q4_1"])
 def test_head_32(device, kv):
     """Rows of one block: 2-byte aligned blocks start inside a word every other row."""

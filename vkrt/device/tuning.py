@@ -37,6 +37,9 @@ class Tuning:
     # query rows Br from the V head size); workgroups that fill the device (a smaller grid is
     # split along KV, "split-K") and the fewest KV tiles one split gets
     fa_wg: int = 128
+    # (head size, invocations) pairs in fa_wg's place for prompt-sized calls (more than
+    # fa_pack_max_q queries) at that head size (K and V of it) over an f16 or f32 cache
+    fa_prompt_wg_by_head: tuple = ()
     fa_d_split: int = 8
     fa_cols: int = 8
     fa_bc: int = 32
@@ -362,6 +365,14 @@ TABLE: dict[Arch, Tuning] = {
                          # thread: ACO gives the head-128 prefill kernel 208 VGPRs at 4 rows (1
                          # wave per SIMD), 84 at 2 (3 waves; bench/gcn_shader_stats.py)
                          fa_wg=256, fa_fill_groups=72, fa_fill_per_cu=2, fa_max_rows=2, fa_split_min_tiles=8,
+                         # prompts at head 256: 8 row groups (16 x 32 tiles), at the 128 VGPRs / 2 waves the
+                         # 256-invocation tile takes; each KV tile serves twice the rows. H100, heads 16/2,
+                         # pp2048 at depth 16384, mask_opt off / on: 76.78 / 56.45 -> 61.05 / 45.51 ms; the
+                         # Qwen3.5-35B-A3B shape's pp2048@d16384 against Polaris-class llama.cpp 0.89x -> 0.97x
+                         # (1855.6 -> 2012.1 t/s). Head 128 lost (58.87 / 49.67 -> 61.00 / 51.58), decode
+                         # keeps 256 (wg 512: 116 VGPRs, 2 waves, against 84, 3), and quantised caches too
+                         # (ACO caps a 512-invocation workgroup at 128 VGPRs: iq4_nl spills 2; untimed)
+                         fa_prompt_wg_by_head=((256, 512),),
                          # decode keeps fa_decode_bc 16 (a 16-cell K/V tile a tile ahead in registers,
                          # fa_loads_first 2) below 4 waves: one query's grid is 2 workgroups of 4 waves a CU
                          # (fa_fill_per_cu), 2 waves a SIMD, all held at once at 2; and the 4-wave variants were

@@ -72,21 +72,21 @@ class FATile:
 
 def fa_tile(tuning: Tuning, hsk: int, hsv: int, n_q: int, shared_memory: int, pack: int = 1,
             max_rows: int | None = None, bc: int | None = None, o_regs: int | None = None,
-            cols: int | None = None, d_split: int | None = None) -> FATile | None:
+            cols: int | None = None, d_split: int | None = None, wg: int | None = None) -> FATile | None:
     """The tile for these head sizes: d_split divides both head sizes in vec4s; rows per thread
     from the accumulator budget (tuning.fa_o_regs), no more than the query rows need or the
     shared memory (the Q tile) allows (and at most `max_rows`, default tuning.fa_max_rows). With
     `pack` heads packed into the rows, Br and pack must divide one another (None when no row
     count does). `bc`: KV columns a tile (default tuning.fa_bc); `o_regs`: the accumulator budget
     (default tuning.fa_o_regs); `cols`: column lanes (default tuning.fa_cols); `d_split`: lanes a
-    dot product (default tuning.fa_d_split)."""
+    dot product (default tuning.fa_d_split); `wg`: invocations (default tuning.fa_wg)."""
     bc, cols = bc or tuning.fa_bc, cols or tuning.fa_cols
     if bc % cols:
         raise ConfigError(f"tuning for {tuning.arch.value}: {bc} KV columns a tile is not a multiple of {cols} "
                           "column lanes (fa_cols, fa_decode_cols)")
     lsb = (hsk | hsv) & -(hsk | hsv)
     ds = max(1, min(d_split or tuning.fa_d_split, lsb // 4))
-    rg = max(1, tuning.fa_wg // (ds * cols))
+    rg = max(1, (wg or tuning.fa_wg) // (ds * cols))
     rpt = max(1, min(max_rows or tuning.fa_max_rows, (o_regs or tuning.fa_o_regs) // (hsv // ds), ceil_div(n_q, rg)))
     tile = FATile(rg * rpt, bc, ds, cols, rg)
     while rpt > 1 and (tile.shared_bytes(hsk, hsv) > shared_memory or (tile.br % pack and pack % tile.br)):
@@ -297,7 +297,9 @@ class FlashAttn:
             forced = why is None and self.decode_sized
         if forced:
             return s.gqa, packed
-        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc, cols=cols, d_split=ds)
+        wg = None if self.decode_sized or self.quantised else self._by_head(tuning.fa_prompt_wg_by_head)
+        wg = wg and min(wg, self.device.profile.max_workgroup_invocations)
+        return 1, fa_tile(tuning, s.hsk, s.hsv, s.n_q, shared, bc=bc, cols=cols, d_split=ds, wg=wg)
 
     def decide_coopmat(self, forced: bool | None, split_k: int | None) -> FATile | None:
         """The cooperative-matrix kernel's tile where it runs this attention, else None; `forced`
