@@ -20,10 +20,11 @@ from ..units import fmt_bytes
 
 
 # tokens a step's DeltaNet inputs are kept for (its ssm_conv input and output, alpha and beta,
-# layer by layer): a speculative step of at most this many can be taken back to any of its
-# tokens by running the delta rule again over the kept columns (catch_up), not the model. An
-# engine told its speculative steps' size (verify_tokens: a server's slots x (drafts + 1)) keeps
-# that many, up to KEEP_MAX (about 2 MB a column on Qwen3.5-35B-A3B's 30 DeltaNet layers)
+# and the gate z written beside the input, layer by layer): a speculative step of at most this
+# many can be taken back to any of its tokens by running the delta rule again over the kept
+# columns (catch_up), not the model. An engine told its speculative steps' size (verify_tokens:
+# a server's slots x (drafts + 1)) keeps that many, up to KEEP_MAX (about 2.5 MB a column on
+# Qwen3.5-35B-A3B's 30 DeltaNet layers)
 KEEP_COLUMNS = 16
 KEEP_MAX = 64
 
