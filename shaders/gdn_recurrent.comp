@@ -15,7 +15,9 @@
 //
 // Defines: D (head size), LANES (a power of two, at most the subgroup size; 1 = no shuffles), ROWS;
 // SPAN: one sequence whose first column and token count follow its slot in `slots` (a DeltaNet
-// catch-up, recorded once and run over whatever span the host writes there).
+// catch-up, recorded once and run over whatever span the host writes there); with STATE_IN its
+// state is read from another buffer (a snapshot; in_off, the state's strides) and written to
+// the slot's.
 #include "common.glsl"
 #include "gdn.glsl"
 
@@ -48,7 +50,13 @@ layout(push_constant) uniform Push {
     uint slot_off;
     uint out_off; uint out_s1;
     float eps;
+#ifdef STATE_IN
+    uint in_off;
+#endif
 } p;
+#ifdef STATE_IN
+layout(binding = 8) readonly buffer StateIn { vec4 state_in4[]; };
+#endif
 
 // token t's q and k (this lane's vec4s of the key head), v (this thread's rows of the value head)
 // and raw gates
@@ -81,9 +89,16 @@ void main() {
     const uint st_base = (p.st_off + slot * p.st_s3 + h * p.st_s2) / 4u + lane;
 
     vec4 S[ROWS][NV4];
+#ifdef STATE_IN
+    const uint in_base = (p.in_off + h * p.st_s2) / 4u + lane;
+#endif
     [[unroll]] for (uint r = 0; r < ROWS; ++r) {
         [[unroll]] for (uint m = 0; m < NV4; ++m) {
+#ifdef STATE_IN
+            S[r][m] = state_in4[in_base + (row0 + r) * (p.st_s1 / 4u) + m * LANES];
+#else
             S[r][m] = state4[st_base + (row0 + r) * (p.st_s1 / 4u) + m * LANES];
+#endif
         }
     }
     const float dt = dt_bias[p.dt_off + h];

@@ -83,12 +83,14 @@ def test_window_errors(device):
             x.close()
 
 
+@pytest.mark.parametrize("from_snapshot", [False, True])
 @pytest.mark.parametrize("lanes_case", [dict(n_k_heads=2, n_v_heads=4, head_dim=16), dict(n_k_heads=1, n_v_heads=2,
                                                                                         head_dim=32)])
-def test_rule_over_a_span_equals_the_rule_over_those_columns(device, lanes_case):
+def test_rule_over_a_span_equals_the_rule_over_those_columns(device, lanes_case, from_snapshot):
     """delta_net(span=True) recorded once over 10 columns, run for spans (first, count) the host
     writes: the state and the span's outputs are bit for bit those of delta_net over just those
-    columns; the outputs outside the span stay as they were."""
+    columns; the outputs outside the span stay as they were. from_snapshot: the state starts from
+    state_in (a snapshot, left as it was), not the slot's own."""
     from vkrt.ops.delta_net import delta_net
     c = make_case(8, **lanes_case, n_tokens=10, n_slots=3)
     d, hv = c.head_dim, c.n_v_heads
@@ -97,11 +99,13 @@ def test_rule_over_a_span_equals_the_rule_over_those_columns(device, lanes_case)
     span = Tensor.empty(device, I32, (3,), kind=MemoryKind.HOST)
     state = tensor_from_numpy(device, c.state)
     out = tensor_from_numpy(device, np.full((10, hv * d), 9.0, np.float32))
+    snap_values = (0.3 * np.random.default_rng(1).standard_normal(c.state.shape[1:])).astype(np.float32)
+    snap = tensor_from_numpy(device, snap_values)
     seq = CommandSequence(device, label="span rule")
-    made = ins + [span, state, out]
+    made = ins + [span, state, out, snap]
     try:
         with seq.record():
-            delta_net(seq, *ins, state, span, out, **shape, span=True)
+            delta_net(seq, *ins, state, span, out, **shape, span=True, state_in=snap if from_snapshot else None)
         for first, count in ((0, 1), (3, 4), (0, 10), (9, 1)):
             write_tensor(out, np.full((10, hv * d), 9.0, np.float32))
             state_before = read_tensor(state)
@@ -110,7 +114,11 @@ def test_rule_over_a_span_equals_the_rule_over_those_columns(device, lanes_case)
             got_state, got_out = read_tensor(state), read_tensor(out)
             # the same columns as a step of their own
             cols = [tensor_from_numpy(device, a[first:first + count]) for a in (c.qkv, c.alpha, c.beta)]
-            alone_state = tensor_from_numpy(device, state_before)
+            start = state_before.copy()
+            if from_snapshot:
+                start[2] = snap_values
+                np.testing.assert_array_equal(read_tensor(snap), snap_values)
+            alone_state = tensor_from_numpy(device, start)
             alone_out = tensor_from_numpy(device, np.zeros((count, hv * d), np.float32))
             slot = tensor_from_numpy(device, np.array([2], np.int32))
             made += cols + [alone_state, alone_out, slot]
@@ -137,6 +145,12 @@ def test_a_span_is_one_sequence_in_the_recurrent_form(device):
             run_once(device, lambda seq: delta_net(seq, *ts, **shape, n_seqs=2, span=True))
         with pytest.raises(OutOfRange, match="a span is one sequence in the recurrent form"):
             run_once(device, lambda seq: delta_net(seq, *ts, **shape, n_seqs=1, span=True, chunked=True))
+        with pytest.raises(OutOfRange, match="state_in .* must go with a span"):
+            run_once(device, lambda seq: delta_net(seq, *ts[:6], ts[6].view((2,)), ts[7], **shape, n_seqs=2,
+                                                   state_in=ts[5].view((16, 16, 2))))
+        with pytest.raises(OutOfRange, match="lie apart from it"):
+            run_once(device, lambda seq: delta_net(seq, *ts, **shape, n_seqs=1, span=True,
+                                                   state_in=ts[5].view((16, 16, 2))))
         with pytest.raises(GGMLTypeError, match="slots must be a contiguous I32 tensor of 3"):
             run_once(device, lambda seq: delta_net(seq, *ts[:6], ts[6].view((2,)), ts[7], **shape, n_seqs=1, span=True))
     finally:

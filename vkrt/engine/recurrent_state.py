@@ -148,16 +148,16 @@ class RecurrentState(Owned):
         return kept[2], length - snap
 
     def catch_up(self, slot: int, length: int, record_rule) -> None:
-        """Take `slot` back to its snapshot, then forward to `length` tokens over the last step's
-        kept inputs (catch_up_span must allow it): each layer's conv window from the snapshot's
-        taps and the kept ssm_conv inputs (copies), then the delta rule again over the kept
-        columns, record_rule(seq, il, conv, alpha, beta, state, slots, out) recording it for
-        layer il (the model's weights; out: a dead region to write, the slot's kept inputs, so
-        it catches up once a step). The state then holds the bits a step of exactly those tokens
-        would have left. Recorded once a slot, its span (first column, tokens) read on the device
-        from a buffer written before each run; queued after the rewind, not waited for."""
+        """Bring `slot` from its snapshot to `length` tokens over the last step's kept inputs
+        (catch_up_span must allow it): each layer's conv window from the snapshot's taps and the
+        kept ssm_conv inputs, then the delta rule again over the kept columns from the snapshot's
+        state into the slot's, record_rule(seq, il, conv, alpha, beta, state, slots, out,
+        span=True, state_in=snapshot) recording it for layer il (the model's weights; out: a dead
+        region to write, the slot's kept inputs, so it catches up once a step). The state then
+        holds the bits a step of exactly those tokens would have left, with no rewinding copy.
+        Recorded once a slot, its span (first column, tokens) read on the device from a buffer
+        written before each run; queued, not waited for."""
         col, count = self.catch_up_span(slot, length)
-        self.rewind(slot)
         seq = self._catch_up_seqs.get(slot)
         if seq is None:
             seq = self._catch_up_seqs[slot] = CommandSequence(self.device, label=f"DeltaNet catch-up {slot}")
@@ -172,7 +172,7 @@ class RecurrentState(Owned):
         del self._kept[slot]   # its kept inputs are overwritten now
 
     def _record_catch_up(self, seq, slot: int, record_rule) -> None:
-        C, taps, kc, n_layers = self._c, self._taps, self.keep_columns, len(self.layers)
+        C, taps, kc, n_layers, D = self._c, self._taps, self.keep_columns, len(self.layers), self._d
         span = self._spans.view((3,), offset=12 * slot)
         # every layer's conv window from the snapshot's taps and the kept ssm_conv inputs (a layer's
         # conv, then its ssm: the store has a region a layer, a snapshot a slot's layers in turn)
@@ -181,11 +181,15 @@ class RecurrentState(Owned):
                                        offset=slot * self.slot_bytes)
         kept_in = self._keep.view((C, kc, n_layers), nb=(4, 4 * (C + self._hv * self._d), 4 * kc * self._kept_floats))
         catch_up_windows(seq, windows, snapped, kept_in, span)
-        for il in self.layers:   # (their outputs, dead, where the windows read: a barrier between)
+        for n, il in enumerate(self.layers):   # (their outputs, dead, where the windows read: a barrier between)
             qkv_in, _, conv, alpha, beta = self._layer_views(il, kc)
+            ssm = self.ssm[il]
+            snapped_ssm = self._snapshots.view((D, D, self._hv), nb=ssm.nb[:3], offset=slot * self.slot_bytes
+                                               + n * (self._conv_bytes + self._ssm_bytes) + self._conv_bytes)
             # the dead output over the slot's own kept inputs (read by the windows above; no other
             # slot's catch-up reads those columns)
-            record_rule(seq, il, conv, alpha, beta, self.ssm[il], span, qkv_in.slice(0, 0, self._hv * self._d), span=True)
+            record_rule(seq, il, conv, alpha, beta, ssm, span, qkv_in.slice(0, 0, self._hv * D), span=True,
+                        state_in=snapped_ssm)
 
     def describe(self) -> str:
         return f"{len(self.layers)} DeltaNet layers x {self.n_slots} sequences, {fmt_bytes(self.nbytes)}"

@@ -59,13 +59,13 @@ def record_delta_net(tf, g, state, il: int, n_seqs: int) -> None:
 
 
 def record_rule(tf, seq, il: int, conv, alpha, beta, ssm, slots, out, *, n_seqs: int = 1, workspace=None,
-                span: bool = False) -> None:
+                span: bool = False, state_in=None) -> None:
     """Record layer il's delta rule over `conv` (silu(conv1d(qkv)) of its tokens), alpha and beta,
     advancing the state `ssm` of `slots` (n_seqs sequences), into `out`: the block's step, and a
     speculative step's catch-up over the kept columns (RecurrentState.catch_up; no workspace:
     the recurrent form, as a step of that many tokens takes; `span`: over the columns slots[1:3]
-    say, ops.delta_net)."""
+    say, from `state_in` where given, ops.delta_net)."""
     cfg, w, p = tf.cfg, tf.w, f"blk.{il}."
     delta_net(seq, conv, alpha, beta, w[p + "ssm_dt.bias"], w[p + "ssm_a"], ssm, slots, out,
               n_k_heads=cfg.ssm_k_heads, n_v_heads=cfg.ssm_v_heads, head_dim=cfg.ssm_head_dim, n_seqs=n_seqs,
-              eps=cfg.norm_eps, workspace=workspace, span=span)
+              eps=cfg.norm_eps, workspace=workspace, span=span, state_in=state_in)

@@ -38,6 +38,7 @@ _GATE_FIELDS = (("seq_tokens", "u32"), ("n_k_heads", "u32"), ("qkv_off", "u32"),
 _STATE_FIELDS = (("st_off", "u32"), ("st_s1", "u32"), ("st_s2", "u32"), ("st_s3", "u32"), ("slot_off", "u32"),
                  ("out_off", "u32"), ("out_s1", "u32"))
 RECURRENT_PUSH = PushConstants(*_GATE_FIELDS, *_STATE_FIELDS, ("eps", "f32"))
+RECURRENT_IN_PUSH = PushConstants(*_GATE_FIELDS, *_STATE_FIELDS, ("eps", "f32"), ("in_off", "u32"))
 PREP_PUSH = PushConstants(*_GATE_FIELDS, ("ws_off", "u32"), ("eps", "f32"))
 SCAN_PUSH = PushConstants(("seq_tokens", "u32"), ("n_chunks", "u32"), ("n_k_heads", "u32"), ("qkv_off", "u32"),
                           ("qkv_s1", "u32"), ("ws_off", "u32"), *_STATE_FIELDS)
@@ -215,7 +216,7 @@ def _check_workspace(workspace: Tensor | None, need: int, n_tokens: int, n_seqs:
 def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ssm_a: Tensor, state: Tensor,
               slots: Tensor, out: Tensor, *, n_k_heads: int, n_v_heads: int, head_dim: int, n_seqs: int,
               eps: float, workspace: Tensor | None = None, chunked: bool | None = None,
-              tuning: Tuning | None = None, span: bool = False) -> bool:
+              tuning: Tuning | None = None, span: bool = False, state_in: Tensor | None = None) -> bool:
     """Record the gated delta rule over T tokens: n_seqs sequences of T / n_seqs consecutive tokens.
 
     qkv: F32 [2 * Hk * D + Hv * D, T] (dim 0 contiguous, any column stride): per token the query
@@ -237,7 +238,8 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
     span: one sequence (n_seqs 1) over the columns slots[1] .. slots[1] + slots[2] - 1 of qkv,
     alpha, beta and out, slots an I32 [3] (slot, first, count) read on the device (the recurrent
     form: a catch-up recorded once for any span; count >= 1 and the span inside T are the
-    caller's to keep).
+    caller's to keep). state_in (with span): F32 (D, D, Hv), the state to start from (a
+    snapshot) with the slot's strides; the slot's state is written, not read.
     """
     op = "delta_net"
     dev = seq.device
@@ -245,6 +247,10 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
     hk, hv, d = n_k_heads, n_v_heads, head_dim
     if span and (n_seqs != 1 or chunked):
         raise OutOfRange(f"{op}: a span is one sequence in the recurrent form (n_seqs {n_seqs}, chunked {chunked})")
+    if state_in is not None and (not span or state_in.ne[:3] != state.ne[:3] or state_in.nb[:3] != state.nb[:3]
+                                 or state_in.overlaps(state)):
+        raise OutOfRange(f"{op}: state_in {state_in!r} must go with a span, be laid out as a slot of the state "
+                         f"{state!r} and lie apart from it")
     _check_operands(qkv, alpha, beta, dt_bias, ssm_a, state, slots, out, hk, hv, d, n_seqs,
                     slot_values=3 if span else n_seqs)
     n_tokens = qkv.ne[1]
@@ -270,10 +276,15 @@ def delta_net(seq, qkv: Tensor, alpha: Tensor, beta: Tensor, dt_bias: Tensor, ss
         lay = recurrent_layout(tuning, dev.profile, d)
         emulated = subgroup_defines(dev) if lay.lanes > 1 else {}
         defines = dict(D=d, LANES=lay.lanes, ROWS=lay.rows, **emulated, **({"WG": lay.wg} if emulated else {}),
-                       **({"SPAN": 1} if span else {}))
-        k = kernel(dev, "gdn_recurrent", defines=defines, push=RECURRENT_PUSH, workgroup=(lay.wg,))
-        seq.dispatch(k, [xr, ar, br, dr, er, sr, lr, yr], push=dict(gates, **state_push, eps=float(eps)),
-                     groups=(d // lay.rows_per_group, hv, n_seqs), label="gdn_recurrent")
+                       **({"SPAN": 1} if span else {}), **({"STATE_IN": 1} if state_in is not None else {}))
+        buffers, push = [xr, ar, br, dr, er, sr, lr, yr], dict(gates, **state_push, eps=float(eps))
+        if state_in is not None:
+            ir, io, _ = _vec4_binding(state_in, f"{op} state_in")
+            buffers.append(ir)
+            push["in_off"] = io
+        k = kernel(dev, "gdn_recurrent", defines=defines, workgroup=(lay.wg,),
+                   push=RECURRENT_PUSH if state_in is None else RECURRENT_IN_PUSH)
+        seq.dispatch(k, buffers, push=push, groups=(d // lay.rows_per_group, hv, n_seqs), label="gdn_recurrent")
         return False
 
     need = delta_net_workspace_bytes(dev, hv, d, n_tokens, n_seqs, tuning=tuning)
