@@ -27,6 +27,7 @@ def test_every_value_form_parses():
                                                                        ((128, 2), (64, 1))),)
     assert parse_tune("fa_pack_rows_by_head=none") == (("fa_pack_rows_by_head", ()),)
     assert parse_tune("fa_pack_rows_by_head=128:2") == (("fa_pack_rows_by_head", ((128, 2),)),)
+    assert parse_tune("fa_prompt_wg_by_head=none") == (("fa_prompt_wg_by_head", ()),)
     changes = parse_tune(text)
     assert parse_tune(describe_tune(changes)) == changes
 

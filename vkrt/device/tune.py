@@ -30,7 +30,7 @@ SET_ELSEWHERE = {"arch": "VKRT_ARCH", "mm_coopmat": "VKRT_COOPMAT", "fa_coopmat"
 DERIVED_FROM = {"fa_fill_groups": "fa_fill_per_cu", "mm_split_groups": "mm_split_fill_per_cu"}
 TYPE_PAIRS = ("fa_loads_first_by_type", "fa_pack_rows_by_type", "mv_rows_by_type", "mv_rows_one_column_by_type")
 HEAD_PAIRS = ("fa_prologue_pack_rows_by_head", "fa_pack_rows_by_head", "fa_quant_decode_d_split_by_head",
-              "fa_quant_decode_rows_by_head")   # (head size, count) pairs
+              "fa_quant_decode_rows_by_head", "fa_prompt_wg_by_head")   # (head size, count) pairs
 # fields whose values (a pair's count) name one of a few kernel layouts: the largest each takes
 LARGEST = {"fa_loads_first": 3, "fa_loads_first_by_type": 3}
 
