@@ -45,6 +45,7 @@ from vkrt.errors import VkrtError
 from vkrt.memory import F16, F32, I32, BufferRange, Tensor
 from vkrt.ops.argmax import MAX_PARTS, argmax
 from vkrt.ops.delta_net import delta_net, delta_net_workspace_bytes
+from vkrt.ops.gdn_catch_up import catch_up_windows
 from vkrt.ops.elementwise import gate_mul
 from vkrt.ops.fa_norm_rope import fa_norm_rope
 from vkrt.ops.flash_attn import FlashAttn, mask_opt_kernel
@@ -300,6 +301,10 @@ def qwen35_cases(dev) -> list[tuple[str, list]]:
     work = placeholder(dev, F32, (delta_net_workspace_bytes(dev, Hv, D, T) // 4,), "workspace")
     dn = dict(n_k_heads=Hk, n_v_heads=Hv, head_dim=D, eps=1e-6)
 
+    span = placeholder(dev, I32, (3,), "catch-up span")
+    snap_ssm = placeholder(dev, F32, (D, D, Hv), "snapshot state")
+    taps = placeholder(dev, F32, (C, K - 1, 30), "windows")
+
     def rule(n):   # the delta rule over n tokens of one sequence, in the form the tuning picks
         return lambda seq: delta_net(seq, qkv.slice(1, 0, n), alpha.slice(1, 0, n), beta.slice(1, 0, n), dt, a,
                                      ssm_state, slots, out.slice(1, 0, n), n_seqs=1, workspace=work, **dn)
@@ -315,6 +320,12 @@ def qwen35_cases(dev) -> list[tuple[str, list]]:
             seq, qkv, w_conv, conv_state, slots, conv, n_seqs=1))),
         ("qwen35 DeltaNet: delta rule, decode (recurrent)", recorded(dev, rule(1))),
         (f"qwen35 DeltaNet: delta rule, prefill of {T} (chunked)", recorded(dev, rule(T))),
+        ("qwen35 DeltaNet: speculative catch-up's delta rule (span, from the snapshot)", recorded(dev, lambda seq: delta_net(
+            seq, qkv.slice(1, 0, 16), alpha.slice(1, 0, 16), beta.slice(1, 0, 16), dt, a, ssm_state, span,
+            out.slice(1, 0, 16), n_seqs=1, span=True, state_in=snap_ssm, **dn))),
+        ("qwen35 DeltaNet: speculative catch-up's conv windows", recorded(dev, lambda seq: catch_up_windows(
+            seq, taps, placeholder(dev, F32, (C, K - 1, 30), "snapshot taps"), qkv.view((C, 16, 30), nb=(4, 4 * C, 64 * C)),
+            span))),
         ("qwen35 DeltaNet: gated norm (rms_norm * silu(z))", recorded(dev, lambda seq: rms_norm(
             seq, out.view((D, Hv, T)), out.view((D, Hv, T)), 1e-6, w_norm, gate=z.view((D, Hv, T))))),
         ("qwen35 attention: q norm + IMROPE (norm_rope, head 256)", recorded(dev, lambda seq: norm_rope(
