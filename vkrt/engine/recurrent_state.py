@@ -13,8 +13,8 @@ import numpy as np
 from ..commands import CommandSequence, run_once, write_tensor
 from ..errors import VkrtError
 from ..memory import F32, I32, Buffer, MemoryKind, Tensor
-from ..ops.gdn_catch_up import catch_up_windows
 from ..model.config import ModelConfig
+from ..ops.gdn_catch_up import catch_up_windows
 from ..owned import Owned
 from ..units import fmt_bytes
 
