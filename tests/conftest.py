@@ -26,6 +26,7 @@ MODEL_MODULES = frozenset({
     "test_olmoe", "test_perplexity", "test_perplexity_smollm2", "test_sampling_candidates", "test_smollm2_tensors",
     "test_layer_split", "test_split_gguf", "test_qwen3next", "test_glm4moe", "test_phi3", "test_mistral3",
     "test_cpu_experts", "test_box_rates", "test_speculative", "test_bench_speculative", "test_bench_spec_catch_up",
+    "test_bench_catch_up_host",
     "test_mtp", "test_mtp_images", "test_kv_transfer",
     "test_kv_quant_model", "test_kv_quant_cli", "test_vision_encoder", "test_vision_prompt",
     "test_vision_cli", "test_kv_quant_bench", "test_bench_depth", "test_vision_gemma3", "test_vision_gemma3_prompt",
