@@ -196,14 +196,32 @@ def test_v_store_in_the_k_dispatch_is_bit_identical(device, tmp_path, device_env
     assert saved == 2 * len(cfg.kv_layers)
 
 
-@pytest.mark.parametrize("name,pairs", [("tiny-qwen35moe", 1), ("tiny-qwen35-f32", 2), ("tiny-qwen3next", 1)])
+def back_to_back(m, il: int, names) -> int:
+    """How many of layer il's weights `names` follow the first back to back in memory, in order."""
+    ts = [m.weights.get(f"blk.{il}.{n}.weight") for n in names]
+    n = 0
+    for a, b in zip(ts, ts[1:]):
+        if a is None or b is None or b.buffer is not a.buffer or b.offset != a.offset + a.nbytes:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("name,pairs", [("tiny-qwen35moe", 1), ("tiny-qwen35-f32", 2), ("tiny-qwen3next", 1),
+                                        ("tiny-llama", 0), ("tiny-qwen2", 0), ("tiny-qwen3moe", 0), ("tiny-gemma3", 0)])
 def test_stacked_projections_are_bit_identical(device, tmp_path, device_env, name, pairs):
     """A DeltaNet block's attn_qkv and attn_gate projections as one mat-vec over their stacked
     rows, and its ssm_alpha and ssm_beta where the loader's 256-byte alignment leaves them back
     to back (F32 rows of 64: 1 KiB; Q8_0's 4 rows of 68 bytes are not): one command fewer a
-    pair, in both graphs (the prompt's 8 tokens and decode's one are mat-vec sized)."""
+    pair, in both graphs (the prompt's 8 tokens and decode's one are mat-vec sized). Attention's
+    q, k and v: one command fewer for each of k and v whose weight follows the one before it,
+    in the decode graph (one token's q, k and v outputs lie back to back; the prompt's do not)."""
     saved, cfg = commands_saved(device, tmp_path, device_env, name, "stacked")
-    assert saved == 2 * pairs * len(cfg.linear_layers)
+    with Model(device, tiny_model(name, tmp_path), progress=False) as m:
+        attention = sum(back_to_back(m, il, ("attn_q", "attn_k", "attn_v")) for il in cfg.kv_layers)
+    assert saved == 2 * pairs * len(cfg.linear_layers) + attention
+    if not cfg.linear_layers:
+        assert attention >= cfg.n_layer   # q|k at least, in every layer of these models
 
 
 @pytest.mark.parametrize("name,n_cpu_moe", [("tiny-llama", 0), ("tiny-gemma3", 0), ("tiny-qwen3moe", 0),
@@ -353,8 +371,9 @@ def test_dense_gate_up_runs_past_mv_dense_max_n(device, tmp_path, monkeypatch, d
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen35moe", "tiny-qwen3next"])
 def test_fused_weights_share_one_allocation(device, tmp_path, name):
-    """The loader puts each pair of weights one pass reads (a gated FFN's gate and up, a DeltaNet
-    block's qkv and gate, alpha and beta) in one allocation, in order, owned by the first."""
+    """The loader puts each group of weights one pass reads (a gated FFN's gate and up,
+    attention's q, k and v, a DeltaNet block's qkv and gate, alpha and beta) in one allocation,
+    in order, owned by the first."""
     from vkrt.model.gguf_source import GROUP_ALIGN
     from vkrt.model.tensors import SHARED_ALLOCATIONS
     groups = 0
@@ -368,5 +387,6 @@ def test_fused_weights_share_one_allocation(device, tmp_path, name):
                 assert ts[0].owner is not None and all(t.owner is None for t in ts[1:])
                 for a, b in zip(ts, ts[1:]):
                     assert b.buffer is a.buffer and b.offset == a.offset + -(-a.nbytes // GROUP_ALIGN) * GROUP_ALIGN
-    # per layer gate|up (and the shared expert's); per DeltaNet layer qkv|gate and alpha|beta
-    assert groups == {"tiny-llama": 2, "tiny-qwen35moe": 4 * 2 + 3 * 2, "tiny-qwen3next": 4 * 2 + 3 * 2}[name]
+    # per layer gate|up (and the shared expert's); per attention layer q|k|v; per DeltaNet layer
+    # qkv|gate and alpha|beta
+    assert groups == {"tiny-llama": 2 * 2, "tiny-qwen35moe": 4 * 2 + 1 + 3 * 2, "tiny-qwen3next": 4 * 2 + 1 + 3 * 2}[name]

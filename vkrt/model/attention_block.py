@@ -48,7 +48,10 @@ def record_attention(tf, g, cache, il: int, n_kv: int, mask, mask_zero, flash: b
     cfg, w, p, s, T = tf.cfg, tf.w, f"blk.{il}.", g.s, g.T
     D, Dv, H, KV, eps = cfg.head_dim_k, cfg.head_dim_v, cfg.n_head, cfg.n_head_kv, cfg.norm_eps
     cur = g.residual_norm(w[p + "attn_norm.weight"], eps)
-    q, k, v = s.cols("q", T), s.cols("k", T), s.cols("v", T)
+    # q, k and v each contiguous, one after another: one token's lie back to back (the stacked
+    # fusion reads decode's three projections as one mat-vec)
+    rows = (H * D * (2 if cfg.spec.attn.gate else 1), KV * D, KV * Dv)
+    q, k, v = (s.qkv.view((r, T), offset=4 * T * sum(rows[:j])) for j, r in enumerate(rows))
     projections = ((q, "attn_q"), (k, "attn_k"), (v, "attn_v"))
     for t, name in projections:
         g.matmul(w[p + name + ".weight"], cur, t)

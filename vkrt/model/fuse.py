@@ -39,8 +39,8 @@ FUSIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "route": ("decode: the routing (softmax, top-k) in the last workgroup of the router's mat-vec", ()),
     "norm_route": ("decode: the residual add and RMS norm before a MoE block in its router's mat-vec",
                    ("route",)),
-    "stacked": ("decode: projections of one input whose weights and outputs lie back to back (a DeltaNet "
-                "block's qkv and gate, its alpha and beta) as one mat-vec", ()),
+    "stacked": ("decode: projections of one input whose weights and outputs lie back to back (attention's q, "
+                "k and v; a DeltaNet block's qkv and gate, its alpha and beta) as one mat-vec", ()),
 }
 ALL = frozenset(FUSIONS)
 
@@ -290,27 +290,33 @@ class _Pass:
         return 3, GateUp(g, u, glu), 0
 
     def stacked(self, nodes, i):
-        run = self._window(nodes, i, MatMul, MatMul)
-        if run is None or "stacked" not in self.on:
+        first = nodes[i]
+        if "stacked" not in self.on or not isinstance(first, MatMul) or first.kernel_columns is not None \
+                or first.x.ne[1] > mat_vec_most(self.tuning):   # the mat-vec: a row's sum whatever the rows
             return None
-        a, b = run
-        if a.x is not b.x or a.kernel_columns is not None or b.kernel_columns is not None \
-                or a.x.ne[1] > mat_vec_most(self.tuning):   # the mat-vec: a row's sum whatever the rows
-            return None
-        w, y = stacked_tensor(a.w, b.w, 1), stacked_tensor(a.y, b.y, 0)
-        return None if w is None or y is None else (2, MatMul(w, a.x, y), 0)
+        w, y, used = first.w, first.y, 1
+        while self._window(nodes, i, *(MatMul,) * (used + 1)) is not None:   # as many as stack
+            b = nodes[i + used]
+            w2, y2 = stacked_tensor(w, b.w, 1), stacked_tensor(y, b.y, 0)
+            if b.x is not first.x or b.kernel_columns is not None or w2 is None or y2 is None:
+                break
+            w, y, used = w2, y2, used + 1
+        return None if used == 1 else (used, MatMul(w, first.x, y), 0)
 
 
 def stacked_tensor(a: Tensor, b: Tensor, dim: int) -> Tensor | None:
     """The 2-D tensor of a then b along `dim` (a weight's rows: 1; an output's: 0), where b starts
-    where a's next element along dim would (same buffer, type, sizes and strides otherwise); else None."""
+    where a's next element along dim would (same buffer, type, sizes and strides otherwise: an
+    output of one column has no column stride to match); else None."""
     other = 1 - dim
+    one_column = dim == 0 and a.ne[1] == b.ne[1] == 1   # its column stride says nothing
     if (a.buffer is not b.buffer or a.type is not b.type or a.ne[other] != b.ne[other] or a.ne[2:] != (1, 1)
-            or b.ne[2:] != (1, 1) or a.nb[:2] != b.nb[:2] or b.offset != a.offset + a.ne[dim] * a.nb[dim]):
+            or b.ne[2:] != (1, 1) or a.nb[0] != b.nb[0] or (a.nb[1] != b.nb[1] and not one_column)
+            or b.offset != a.offset + a.ne[dim] * a.nb[dim]):
         return None
     ne = list(a.ne[:2])
     ne[dim] += b.ne[dim]
-    nb1 = a.nb[1]
+    nb1 = a.nb[0] * ne[0] if one_column else a.nb[1]
     return replace(a, ne=(*ne, 1, 1), nb=(a.nb[0], nb1, nb1 * ne[1], nb1 * ne[1]), ndim=2,
                    name=f"{a.name}+{b.name}", owner=None)
 

@@ -55,10 +55,9 @@ def _table(cfg: ModelConfig, T: int, n_ctx: int, flash_attn: bool, device, embd_
         "cur": (F32, (E, T), True),                        # normed block input
         "o": (F32, (E, T), True),                          # block output (added into x by the next norm)
         "logits": (F32, (cfg.vocab_size, min(T, LOGITS_ROWS)), True),
-        # attention: q (| per-head gate), k, v, roped q / k, attention output
-        "q": (F32, (H * Dk * (2 if cfg.spec.attn.gate else 1), T), kv),
-        "k": (F32, (KV * Dk, T), kv),
-        "v": (F32, (KV * Dv, T), kv),
+        # attention: roped q / k, attention output
+        # q (| per-head gate), k, v projections: three contiguous [rows, tokens] one after another
+        "qkv": (F32, (H * Dk * (2 if cfg.spec.attn.gate else 1) + KV * (Dk + Dv), T), kv),
         "qr": (F32, (H * Dk, T), kv),
         "kr": (F32, (KV * Dk, T), kv),
         "attn": (F32, (max(H * Dv if kv else 1, Hv * D if dn else 1), T), True),   # also the DeltaNet output

@@ -16,7 +16,9 @@ EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.w
 # weights read in one mat-vec pass when they share an allocation: a gated FFN's gate and up
 SHARED_ALLOCATIONS = (("ffn_gate.weight", "ffn_up.weight"), ("ffn_gate_exps.weight", "ffn_up_exps.weight"),
                       ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"),
-                      # a DeltaNet block's projections of one input, read as one matmul (the stacked fusion)
+                      # projections of one input, read as one matmul (the stacked fusion): attention's,
+                      # a DeltaNet block's
+                      ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
                       ("attn_qkv.weight", "attn_gate.weight"), ("ssm_alpha.weight", "ssm_beta.weight"))
 
 # roles: how a synthetic model fills the tensor (and which weight type it gets)
