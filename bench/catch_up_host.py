@@ -14,7 +14,6 @@ median, and the mean over the last half (after each slot's first catch-up record
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -22,10 +21,10 @@ import time
 
 import numpy as np
 
+from common import delta_net_model, lacks_delta_net, print_json
 from vkrt.device import Device
 from vkrt.engine.engine import Engine
 from vkrt.model.loader import Model
-from vkrt.model.synthetic import SyntheticSpec, write_model
 
 LAYERS = 40
 MAX_TOKENS = 9
@@ -61,13 +60,9 @@ def main(argv=None) -> int:
     if args.slots < 1 or args.rounds < 2:
         ap.error("--slots takes 1 or more, --rounds 2 or more")
     with tempfile.TemporaryDirectory() as tmp, Device() as dev:
-        path = args.model or write_model(os.path.join(tmp, "catch-up-qwen35moe.gguf"), SyntheticSpec(
-            arch="qwen35moe", n_layer=LAYERS, head_dim=32, rope_dims=8, full_attention_interval=4, ssm_head_dim=16,
-            weight_type="Q8_0", seed=7, tokenizer_pre="qwen35", n_ff=0, n_expert=8, n_expert_used=2,
-            n_ff_expert=32, n_ff_shared=32))
+        path = args.model or delta_net_model(tmp, LAYERS)
         with Model(dev, path, progress=False) as m:
-            if not m.cfg.linear_layers:
-                print(f"{path}: no DeltaNet layers, nothing to catch up", file=sys.stderr)
+            if lacks_delta_net(m.cfg, path):
                 return 2
             t = np.array(run(m, args.slots, args.rounds, args.seed))
             info = {"model": os.path.basename(path), "device": dev.identity()["device"],
@@ -75,8 +70,7 @@ def main(argv=None) -> int:
                     "host_ms_mean": float(t.mean()), "host_ms_median": float(np.median(t)),
                     "host_ms_mean_last_half": float(t[t.size // 2:].mean())}
     if args.json:
-        json.dump(info, sys.stdout, indent=1)
-        print()
+        print_json(info)
         return 0
     print(f"# {info['model']} ({info['delta_net_layers']} DeltaNet layers) on {info['device']}, {args.slots} slots")
     print("| catch-ups | host ms mean | median | mean, last half |")

@@ -1,15 +1,20 @@
 """What the bench scripts share: the settings read once from the environment, whether the run is
 Polaris-class (the llama.cpp peer then runs with the same restrictions), models opened the way
 the CLI, the server and the Python API open them (vkrt.engine.options), and the GPU brought to
-its working clock before a timing."""
+its working clock before a timing, the generated recurrent model the catch-up benchmarks default
+to, and their JSON output."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import time
 from contextlib import contextmanager
 
 from vkrt.device import Arch, parse_arch, parse_tune
 from vkrt.engine.options import EngineOptions, open_engine
+from vkrt.model.synthetic import SyntheticSpec, write_model
 from vkrt.settings import Settings
 
 
@@ -60,3 +65,26 @@ def model_error(exc: Exception, path: str) -> str:
     """The first line of `exc`, naming the model file `path` where it does not already."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text if path in text else f"{path}: {text}"
+
+
+def delta_net_model(folder: str, n_layer: int) -> str:
+    """A generated qwen35moe of n_layer layers (three DeltaNet layers to one gated attention;
+    16-dim DeltaNet heads, conv 4, 8 experts) with tiny widths, written into `folder`."""
+    return write_model(os.path.join(folder, f"qwen35moe-{n_layer}-layers.gguf"), SyntheticSpec(
+        arch="qwen35moe", n_layer=n_layer, head_dim=32, rope_dims=8, full_attention_interval=4, ssm_head_dim=16,
+        weight_type="Q8_0", seed=7, tokenizer_pre="qwen35", n_ff=0, n_expert=8, n_expert_used=2,
+        n_ff_expert=32, n_ff_shared=32))
+
+
+def lacks_delta_net(cfg, path: str) -> bool:
+    """Whether the model has no DeltaNet layers (then says so on stderr: nothing to catch up)."""
+    if cfg.linear_layers:
+        return False
+    print(f"{path}: no DeltaNet layers, nothing to catch up", file=sys.stderr)
+    return True
+
+
+def print_json(info: dict) -> None:
+    """A benchmark's --json output: one object."""
+    json.dump(info, sys.stdout, indent=1)
+    print()

@@ -19,13 +19,13 @@ records the slot's catch-up) and the median of the rest (the recorded one run ag
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 
+from common import delta_net_model, lacks_delta_net, print_json
 import vkrt.engine.stage as stage_module
 from vkrt.device import Device
 from vkrt.engine.engine import Engine
@@ -34,7 +34,6 @@ from vkrt.engine.recurrent_state import keep_columns
 from vkrt.engine.sampler import GREEDY
 from vkrt.engine.speculative import SpecOptions, Speculation
 from vkrt.model.loader import Model
-from vkrt.model.synthetic import SyntheticSpec, write_model
 
 PROMPT = list(range(5, 40)) * 3 + list(range(5, 12))
 
@@ -108,15 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp, Device() as dev:
-        path = args.model
-        if path is None:   # 4 layers: 3 DeltaNet (16-dim heads, conv 4), then gated attention; 8 experts
-            path = write_model(os.path.join(tmp, "tiny-qwen35moe.gguf"), SyntheticSpec(
-                arch="qwen35moe", n_layer=4, head_dim=32, rope_dims=8, full_attention_interval=4, ssm_head_dim=16,
-                weight_type="Q8_0", seed=7, tokenizer_pre="qwen35", n_ff=0, n_expert=8, n_expert_used=2,
-                n_ff_expert=32, n_ff_shared=32))
+        path = args.model or delta_net_model(tmp, 4)   # 3 DeltaNet layers, then gated attention
         with Model(dev, path, progress=False) as m:
-            if not m.cfg.linear_layers:
-                print(f"{path}: no DeltaNet layers, nothing to catch up", file=sys.stderr)
+            if lacks_delta_net(m.cfg, path):
                 return 2
             with Engine(m, n_ctx=512, n_ubatch=64) as e:
                 reference = generate(e, PROMPT, args.n, GREEDY).tokens
@@ -128,8 +121,7 @@ def main(argv=None) -> int:
                 "speedup_vs_replay": (rows[0]["tokens_per_second"] / rows[1]["tokens_per_second"]
                                       if rows[0]["tokens_per_second"] and rows[1]["tokens_per_second"] else None)}
     if args.json:
-        json.dump(info, sys.stdout, indent=1)
-        print()
+        print_json(info)
         return 0
     print(f"# {info['model']} on {info['device']}, --draft-max {args.draft_max}, every {args.wrong}th draft wrong")
     print("| way | generated | drafted | accepted | steps | tokens fed | fed a token | t/s | same tokens |")

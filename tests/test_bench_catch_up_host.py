@@ -5,17 +5,13 @@ layers is refused in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
+from file_modules import run_script
 from models import tiny_model
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "catch_up_host.py"
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=300)
+    return run_script("bench", "catch_up_host", *args)
 
 
 def test_catch_ups_of_varied_rounds_are_timed(tmp_path):

@@ -5,17 +5,13 @@ generating the plain run's tokens; a model without DeltaNet layers is refused in
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
+from file_modules import run_script
 from models import tiny_model
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "spec_catch_up.py"
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=300)
+    return run_script("bench", "spec_catch_up", *args)
 
 
 def test_catch_up_feeds_fewer_tokens_than_replay(tmp_path):

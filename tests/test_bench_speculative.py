@@ -7,21 +7,16 @@ server give "llama": null with a note, and its rows come from a stand-in for lla
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from file_modules import ROOT, load
+from file_modules import ROOT, load, run_script
 from models import tiny_model
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "speculative.py"
 
 
 def _run(*args, timeout=120):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return run_script("bench", "speculative", *args, timeout=timeout)
 
 
 def test_verify_costs_and_generation_on_moe_recurrent(tmp_path):

@@ -6,20 +6,16 @@ its rows from a stand-in for llama-server (the server never runs here)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from file_modules import ROOT, load
-
-SCRIPT = ROOT / "bench" / "vision_encoder.py"
+from file_modules import ROOT, load, run_script
 
 
 def _run(*args, timeout=300):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return run_script("bench", "vision_encoder", *args, timeout=timeout)
 
 
 def test_tiny_projector_json_and_table(tmp_path):
