@@ -115,20 +115,31 @@
         }
 #if DOT_SUMS_AT_ONCE
         dot_sums(s, d_tid);
+#elif DS > 1 && LOADS_FIRST != 3
+        // the butterfly a level at a time over all the tile's scores (XOR_SUM's adds in its
+        // order): a level's shuffles go out together, where one score's three waited in turn
+        // (on GCN the offset-4 swizzle is an LDS round trip)
+#define XOR_STEP_ALL_(o)                                                                \
+        if (DS > (o)) {                                                                 \
+            FA_UNROLL for (uint r = 0; r < RPT; ++r) {                                  \
+                FA_UNROLL for (uint c = 0; c < CPT; ++c) {                              \
+                    s[r][c] += subgroupShuffleXor(s[r][c], o);                          \
+                }                                                                       \
+            }                                                                           \
+        }
+        XOR_STEP_ALL_(64u) XOR_STEP_ALL_(32u) XOR_STEP_ALL_(16u) XOR_STEP_ALL_(8u) XOR_STEP_ALL_(4u)
+        XOR_STEP_ALL_(2u) XOR_STEP_ALL_(1u)
+#undef XOR_STEP_ALL_
 #endif
         FA_UNROLL for (uint r = 0; r < RPT; ++r) {
             float mx = M[r];
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-#if DS > 1 && !DOT_SUMS_AT_ONCE
-#if LOADS_FIRST == 3
+#if DS > 1 && !DOT_SUMS_AT_ONCE && LOADS_FIRST == 3
                 // a loop ACO keeps (Mesa 22): unrolled, it reads the tile's V from shared memory
                 // ahead, head 256's quantised kernel at 140 VGPRs (1 wave) against 84 (2)
                 for (uint w = DS / 2u; w > 0u; w >>= 1u) {
                     s[r][c] += subgroupShuffleXor(s[r][c], w);
                 }
-#else
-                XOR_SUM(s[r][c], DS, subgroupShuffleXor)
-#endif
 #endif
                 const uint col = j * BC + c * COLS + col_tid;
                 float x = s[r][c] * p.scale;
@@ -144,6 +155,7 @@
                 mx = max(mx, s[r][c]);
             }
             const float alpha = exp(M[r] - mx);
+            const bool rose = mx != M[r];
             M[r] = mx;
             float sum = 0.0;
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
@@ -151,8 +163,12 @@
                 sum += s[r][c];
             }
             L[r] = L[r] * alpha + sum;
-            FA_UNROLL for (uint v = 0; v < VD; ++v) {
-                acc[r][v] *= alpha;
+            // O's rescale only where the max rose: otherwise alpha is exactly 1.0 (the same bits),
+            // and a wave whose rows' maxima all held skips it
+            if (rose) {
+                FA_UNROLL for (uint v = 0; v < VD; ++v) {
+                    acc[r][v] *= alpha;
+                }
             }
         }
         FA_UNROLL for (uint c = 0; c < CPT; ++c) {
