@@ -132,7 +132,6 @@
 #undef XOR_STEP_ALL_
 #endif
         FA_UNROLL for (uint r = 0; r < RPT; ++r) {
-            float mx = M[r];
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
 #if DS > 1 && !DOT_SUMS_AT_ONCE && LOADS_FIRST == 3
                 // a loop ACO keeps (Mesa 22): unrolled, it reads the tile's V from shared memory
@@ -141,21 +140,38 @@
                     s[r][c] += subgroupShuffleXor(s[r][c], w);
                 }
 #endif
-                const uint col = j * BC + c * COLS + col_tid;
                 float x = s[r][c] * p.scale;
                 if (p.softcap != 0.0) {
                     x = p.softcap * tanh(clamp(x, -15.0, 15.0));
                 }
+                s[r][c] = x;
+            }
+        }
 #if LOOP_MASKED
-                if (code == FA_MIXED) {
-                    x = fma(slope, mval[r][c], x);
+        if (code == FA_MIXED) {   // (the workgroup's)
+            FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+                FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+                    s[r][c] = fma(slope, mval[r][c], s[r][c]);
                 }
+            }
+        }
 #endif
-                s[r][c] = col < kv ? x : ATTN_NEG_INF;
+        if ((j + 1u) * BC > kv) {   // (the workgroup's) the tile of the last live cell: those past it out
+            FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+                FA_UNROLL for (uint c = 0; c < CPT; ++c) {
+                    s[r][c] = j * BC + c * COLS + col_tid < kv ? s[r][c] : ATTN_NEG_INF;
+                }
+            }
+        }
+        FA_UNROLL for (uint r = 0; r < RPT; ++r) {
+            float mx = M[r];
+            FA_UNROLL for (uint c = 0; c < CPT; ++c) {
                 mx = max(mx, s[r][c]);
             }
             const float alpha = exp(M[r] - mx);
+#if HSV / 4 / DS >= 4   // (VD)
             const bool rose = mx != M[r];
+#endif
             M[r] = mx;
             float sum = 0.0;
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
@@ -164,8 +180,12 @@
             }
             L[r] = L[r] * alpha + sum;
             // O's rescale only where the max rose: otherwise alpha is exactly 1.0 (the same bits),
-            // and a wave whose rows' maxima all held skips it
-            if (rose) {
+            // and a wave whose rows' maxima all held skips it. Not below 4 vec4s a row: there the
+            // RX 580's compiler selects between the two (8 selects more, nothing skipped)
+#if HSV / 4 / DS >= 4   // (VD)
+            if (rose)
+#endif
+            {
                 FA_UNROLL for (uint v = 0; v < VD; ++v) {
                     acc[r][v] *= alpha;
                 }
