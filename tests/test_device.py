@@ -89,3 +89,24 @@ def test_validation_errors_are_reported():
     finally:
         dev.close()
         inst.close()
+
+
+def test_enumerated_structs_outlive_their_call():
+    """enumerate_structs' items point into one cffi array, which the returned list keeps alive: freed,
+    its memory went to the next array of that size, and the items read that array's zeros."""
+    from vkrt.device.vk import enumerate_structs, ffi, vk
+
+    def fill(count, out):   # a Vulkan-style two-call enumeration of 3 statistics
+        if out == ffi.NULL:
+            count[0] = 3
+        else:
+            for i in range(count[0]):
+                out[i].value.u64 = 1000 + i
+        return vk.VK_SUCCESS
+
+    got = enumerate_structs(fill, (), "VkPipelineExecutableStatisticKHR",
+                            vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR, "test")
+    reuse = [ffi.new("VkPipelineExecutableStatisticKHR[]", 3) for _ in range(64)]
+    assert [s.value.u64 for s in got] == [1000, 1001, 1002]
+    assert all(s.sType == vk.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR for s in got)
+    assert reuse

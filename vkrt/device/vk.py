@@ -38,9 +38,19 @@ def result_error(what: str, result: int) -> VulkanError:
     return VulkanError(f"{what} failed: {name}", name)
 
 
+class _Structs(list):
+    """Structs of one cffi array, which it keeps alive: an item of a cffi array is a reference into
+    the array's memory and does not (freed, its memory went to the next allocation of that size)."""
+
+    def __init__(self, array, count: int):
+        super().__init__(array[i] for i in range(count))
+        self.array = array
+
+
 def enumerate_structs(fn, args: tuple, ctype: str, stype: int, what: str) -> list:
     """The two-call enumeration fn(*args, count, out) of `ctype` structs, with sType set in every
-    output struct; a failing VkResult raises result_error(what)."""
+    output struct; a failing VkResult raises result_error(what). The list keeps the structs'
+    memory alive: hold it (not only its items) while they are read."""
     count = ffi.new("uint32_t*")
     result = fn(*args, count, ffi.NULL)
     if result != vk.VK_SUCCESS:
@@ -51,7 +61,7 @@ def enumerate_structs(fn, args: tuple, ctype: str, stype: int, what: str) -> lis
     result = fn(*args, count, out)
     if result != vk.VK_SUCCESS:
         raise result_error(what, result)
-    return [out[i] for i in range(count[0])]
+    return _Structs(out, count[0])
 
 
 def result_name(exc: BaseException) -> str:
