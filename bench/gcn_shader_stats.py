@@ -16,7 +16,8 @@ places that use it. --json prints one object with every statistic the driver rep
 --weights names the weight types of the matmul kernels (default Q4_0,Q4_K,Q6_K; `all`: every
 type with kernels); --kv builds only flash attention, at head 64, 128 and 256 for prefill and
 decode (F16 and F32 also with the q/k norm, RoPE and cache stores in its prologue), with K and V
-of each KV cache type named.
+of each KV cache type named. --loop adds each kernel's main loop from the compiler's assembly
+(bench/isa_loop.py: instructions, VALU, multiply-adds, conversions, moves; RADV only).
 
 `--any-device` reads another device (the kernels its own tuning picks) and prints the statistics
 its driver names: NVIDIA reports "Register Count" and "Shared Memory Size" (used for the decode
@@ -59,7 +60,9 @@ from vkrt.ops.norm_rope import norm_rope
 from vkrt.ops.quant import kernel_type, supported_types
 from vkrt.ops.rope import rope
 from vkrt.ops.ssm_conv import ssm_conv
-from vkrt.pipeline import kernel, pipeline_statistics
+from vkrt.pipeline import kernel, pipeline_representations, pipeline_statistics
+
+from isa_loop import loop_counts
 
 ENV_HINT = ("RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json "
             "selects Mesa's null Polaris device")
@@ -339,9 +342,15 @@ def variant(kern) -> str:
     return " ".join(parts + [f"wg {'x'.join(str(s) for s in kern.workgroup if s > 1) or 1}"])
 
 
+def loop_of(kern) -> dict | None:
+    """The main loop's counts (isa_loop.loop_counts) from the driver's "Assembly" (RADV), else None."""
+    asm = pipeline_representations(kern).get("Assembly")
+    return loop_counts(asm) if asm else None
+
+
 def collect(dev, weights=MODEL["weights"], kv_types=None) -> list[dict]:
     """One row per distinct pipeline, in order of first use, with every statistic (`kv_types`:
-    only the flash attention of kv_cases)."""
+    only the flash attention of kv_cases); with a device capturing disassembly, its main loop."""
     rows: dict[int, dict] = {}
     for where, kernels in (kv_cases(dev, kv_types) if kv_types else cases(dev, weights)):
         for kern in kernels:
@@ -350,16 +359,18 @@ def collect(dev, weights=MODEL["weights"], kv_types=None) -> list[dict]:
                 row = rows[id(kern)] = dict(kernel=kern.shader, variant=variant(kern), defines=kern.defines,
                                             workgroup=list(kern.workgroup), used_by=[],
                                             statistics=pipeline_statistics(kern))
+                if dev.capture_disassembly:
+                    row["loop"] = loop_of(kern)
             if where not in row["used_by"]:
                 row["used_by"].append(where)
     return list(rows.values())
 
 
-def open_device(any_device: bool = False) -> Device:
-    """The GCN device (`any_device`: the first device, whatever it is) with statistics capture and
-    no queues, or SystemExit saying why not."""
+def open_device(any_device: bool = False, disassembly: bool = False) -> Device:
+    """The GCN device (`any_device`: the first device, whatever it is) with statistics capture
+    (and `disassembly`: the compiler's representations) and no queues, or SystemExit saying why not."""
     try:
-        dev = Device(capture_statistics=True, queues=False)
+        dev = Device(capture_statistics=True, capture_disassembly=disassembly, queues=False)
     except VkrtError as exc:
         raise SystemExit(f"gcn_shader_stats: {exc} ({ENV_HINT})") from None
     p = dev.profile
@@ -389,8 +400,9 @@ def print_table(result: dict) -> None:
             cells = [r["kernel"], r["variant"], "; ".join(r["used_by"]), *(r["statistics"].get(n, "?") for n in names)]
             print("| " + " | ".join(str(c) for c in cells) + " |")
         return
+    loops = any("loop" in r for r in result["kernels"])
     columns = ["kernel", "variant", "used by", "VGPRs", "SGPRs", "spills S/V", "LDS bytes", "waves/SIMD",
-               "instructions", "code bytes"]
+               "instructions", "code bytes"] + (["loop: instructions / VALU / FMA / cvt / mov"] if loops else [])
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
     for r in result["kernels"]:
@@ -398,6 +410,9 @@ def print_table(result: dict) -> None:
         cells = [r["kernel"], r["variant"], "; ".join(r["used_by"]), s.get("VGPRs", "?"), s.get("SGPRs", "?"),
                  f"{s.get('Spilled SGPRs', '?')}/{s.get('Spilled VGPRs', '?')}", s.get("LDS size", "?"),
                  s.get("Subgroups per SIMD", "?"), s.get("Instructions", "?"), s.get("Code size", "?")]
+        if loops:
+            lp = r.get("loop")
+            cells.append(" / ".join(str(lp[k]) for k in ("instructions", "valu", "fma", "cvt", "mov")) if lp else "-")
         print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
@@ -413,6 +428,9 @@ def main(argv=None) -> int:
                     help="the first device whatever it is, with its own table's kernels and the statistics its "
                          "driver names (NVIDIA: Register Count; 65536 a SM over registers x invocations bounds "
                          "the workgroups an SM holds)")
+    ap.add_argument("--loop", action="store_true",
+                    help="also each kernel's main loop from the compiler's assembly: instructions, VALU, "
+                         "multiply-adds, conversions, moves (bench/isa_loop.py; RADV)")
     args = ap.parse_args(argv)
     kv_types = None
     if args.kv:
@@ -424,7 +442,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"gcn_shader_stats: {exc}") from None
     weights = ([t.name for t in supported_types()] if args.weights == "all"
                else [w.strip().upper() for w in args.weights.split(",") if w.strip()])
-    with open_device(args.any_device) as dev:
+    with open_device(args.any_device, args.loop) as dev:
         p = dev.profile
         fields = ("mm_bm", "mm_bn", "mm_bk", "mm_tm", "mm_tn", "mm_big_bm", "mm_big_bn", "mv_wg", "mv_rows", "fa_wg")
         try:

@@ -1,5 +1,6 @@
-"""Compiler statistics: Device(capture_statistics=True, queues=False), pipeline_statistics, and
-bench/gcn_shader_stats.py on Mesa's null Polaris device (RADV without hardware, ACO compiling)."""
+"""Compiler statistics: Device(capture_statistics=True, queues=False), pipeline_statistics,
+pipeline_representations, and bench/gcn_shader_stats.py (with its main-loop counts,
+bench/isa_loop.py) on Mesa's null Polaris device (RADV without hardware, ACO compiling)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from vkrt.device import Device
 from vkrt.errors import UnsupportedDevice, VkrtError
 from vkrt.ops.norm import ADD_RMS_PUSH, RMS_PUSH
-from vkrt.pipeline import kernel, pipeline_statistics
+from vkrt.pipeline import kernel, pipeline_representations, pipeline_statistics
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gcn_shader_stats.py"
@@ -52,6 +53,11 @@ def _null_polaris_env() -> dict:
 def test_statistics_need_capture(device):
     with pytest.raises(VkrtError, match="capture_statistics=True"):
         pipeline_statistics(rms_norm_kernel(device))
+
+
+def test_representations_need_capture(device):
+    with pytest.raises(VkrtError, match="capture_disassembly=True"):
+        pipeline_representations(rms_norm_kernel(device))
 
 
 def test_capture_statistics_needs_the_extension(device):
@@ -128,8 +134,8 @@ def test_gcn_shader_stats_on_null_polaris():
     env = _null_polaris_env()
     # the default weight types and two IQ types whose mat-vecs take the most registers (ACO: 64)
     weights = ["Q4_0", "Q4_K", "Q6_K", "IQ4_XS", "IQ1_S"]
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--json", "--weights", ",".join(weights)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--json", "--loop", "--weights", ",".join(weights)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["architecture"] == "AMD_GCN" and "POLARIS10" in result["device"]
@@ -166,3 +172,28 @@ def test_gcn_shader_stats_on_null_polaris():
     shared_kv = [r["statistics"] for r in rows if r["kernel"] == "flash_attn" and r["defines"].get("LOADS_FIRST") == 3]
     assert len(shared_kv) == 2 and all(s["Subgroups per SIMD"] >= 4 and s["Spilled VGPRs"] == 0 for s in shared_kv)
     assert any(r["kernel"] == "mul_mv" and r["defines"].get("NC", 1) > 1 for r in rows)
+    # --loop: the main loop of each kernel from ACO's assembly; the tiled GEMM's and prompt
+    # attention's are mostly multiply-adds, the f16 attention converts its K and V halves
+    for r in rows:
+        if r["kernel"] == "mul_mm" or (r["kernel"] == "flash_attn" and r["defines"]["LOADS_FIRST"] == 0):
+            lp = r["loop"]
+            assert 0 < lp["fma"] <= lp["valu"] <= lp["instructions"], r
+            if r["kernel"] == "flash_attn" and r["defines"].get("K_F16"):
+                assert lp["cvt"] > 0, r
+
+
+def test_isa_loop_counts_the_longest_backward_branch():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from isa_loop import loop_counts
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    asm = ("BB0:\n\ts_mov_b32 s0, 0 ; be800080\n"
+           "BB1:\n\tv_mov_b32_e32 v0, 0 ; 7e000280\n\ts_cbranch_scc0 BB1 ; bf84fffe\n"          # a short loop
+           "BB2:\n\tbuffer_load_dwordx2 v[0:1], v2, s[4:7], 0 offen ; e0541000\n\ts_waitcnt vmcnt(0) ; bf8c0f70\n"
+           "\tv_cvt_f32_f16_e32 v3, v0 ; 7e061700\n\tv_mac_f32_e32 v4, v3, v5 ; 2c080b03\n"
+           "\ts_cbranch_execz BB3 ; bf880001\n\tv_mul_f32_e32 v4, v4, v6 ; 0a080d04\n"
+           "BB3:\n\tds_swizzle_b32 v7, v4 offset:swizzle(SWAP,4) ; d87a8004\n\ts_branch BB2 ; bf82fff7\n"
+           "BB4:\n\ts_endpgm ; bf810000\n")
+    assert loop_counts(asm) == dict(instructions=8, valu=3, fma=1, cvt=1, mov=0, lds=1, vmem=1, waitcnt=1)
+    assert loop_counts("BB0:\n\ts_endpgm ; bf810000\n") is None

@@ -38,7 +38,9 @@ class Device(Owned):
     when the device closes; per-device helpers (kernel cache, staging) live in `service()`.
 
     capture_statistics: enable VK_KHR_pipeline_executable_properties so kernels record their
-    compiler statistics (vkrt.pipeline.pipeline_statistics). queues=False opens the device for
+    compiler statistics (vkrt.pipeline.pipeline_statistics); capture_disassembly: that and the
+    compiler's internal representations too (vkrt.pipeline.pipeline_representations: RADV's
+    include the GCN assembly). queues=False opens the device for
     building pipelines only: `compute` and `transfer` are None and nothing can be submitted
     (Mesa's null RADV device, RADV_FORCE_FAMILY, has no queue that runs work and no memory).
 
@@ -52,8 +54,10 @@ class Device(Owned):
 
     def __init__(self, spec: str | None = None, *, instance: Instance | None = None,
                  validate: bool | None = None, label: str | None = None, vram_budget: int | None = None,
-                 capture_statistics: bool = False, queues: bool = True, settings: Settings | None = None):
-        self.capture_statistics = capture_statistics
+                 capture_statistics: bool = False, capture_disassembly: bool = False, queues: bool = True,
+                 settings: Settings | None = None):
+        self.capture_statistics = capture_statistics or capture_disassembly
+        self.capture_disassembly = capture_disassembly
         self._open_queues = queues
         self._owns_instance = instance is None
         if settings is None:
@@ -65,7 +69,7 @@ class Device(Owned):
         try:
             self.profile: DeviceProfile = select_device(self.instance.profiles(),
                                                         settings.device if spec is None else spec)
-            if capture_statistics and STATISTICS_EXTENSION not in self.profile.extensions:
+            if self.capture_statistics and STATISTICS_EXTENSION not in self.profile.extensions:
                 raise UnsupportedDevice(f"{self.profile.name} lacks {STATISTICS_EXTENSION}: it cannot report "
                                         "compiler statistics")
             self.tuning: Tuning = tuning_for(self.profile, settings.coopmat, self.tuning_overrides)

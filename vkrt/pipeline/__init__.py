@@ -4,6 +4,6 @@ compiler statistics."""
 from .compiler import compile_shader
 from .kernel import Kernel, kernel
 from .push_constants import PushConstants
-from .statistics import pipeline_statistics
+from .statistics import pipeline_representations, pipeline_statistics
 
-__all__ = ["Kernel", "PushConstants", "compile_shader", "kernel", "pipeline_statistics"]
+__all__ = ["Kernel", "PushConstants", "compile_shader", "kernel", "pipeline_representations", "pipeline_statistics"]

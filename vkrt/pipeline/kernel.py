@@ -122,7 +122,8 @@ class Kernel(Owned):
                                                     dataSize=len(blob), pData=self._spec_blob)
             stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
                                                        pName="main", pSpecializationInfo=spec_info)
-            flags = vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if dev.capture_statistics else 0
+            flags = ((vk.VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR if dev.capture_statistics else 0)
+                     | (vk.VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR if dev.capture_disassembly else 0))
             info = vk.VkComputePipelineCreateInfo(flags=flags, stage=stage, layout=self.layout)
             t1 = time.perf_counter()
             self.pipeline = vk.vkCreateComputePipelines(d, ffi.NULL, 1, [info], None)[0]
