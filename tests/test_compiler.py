@@ -92,6 +92,7 @@ RUNTIME_OFFSETS = {
     ("subgroup.glsl", "o"): "sg_shuffle_xor itself: its callers pass the offsets",
     ("mv_reduce.glsl", "o"): "MV_XOR_LEVEL and MV_SC_LEVEL, macros spelled out with literals",
     ("flash_attn.comp", "o"): "SC_DOWN and SC_UP (dot_sums), macros spelled out with literals",
+    ("flash_attn_loop.glsl", "o"): "XOR_STEP_ALL_, the butterfly a level at a time, a macro spelled out with literals",
 }
 
 
