@@ -115,10 +115,13 @@
         }
 #if DOT_SUMS_AT_ONCE
         dot_sums(s, d_tid);
-#elif DS > 1 && LOADS_FIRST != 3
+#elif DS > 1
         // the butterfly a level at a time over all the tile's scores (XOR_SUM's adds in its
         // order): a level's shuffles go out together, where one score's three waited in turn
-        // (on GCN the offset-4 swizzle is an LDS round trip)
+        // (on GCN the offset-4 swizzle is an LDS round trip). With LOADS_FIRST 3 this replaced a
+        // rolled loop a score (unrolled, ACO read the shared tile's V ahead: 140 VGPRs at head
+        // 256), whose run-time offsets were ds_bpermute round trips and the score picked by
+        // selects: the same VGPRs or fewer (gcn_shader_stats.py --kv all)
 #define XOR_STEP_ALL_(o)                                                                \
         if (DS > (o)) {                                                                 \
             FA_UNROLL for (uint r = 0; r < RPT; ++r) {                                  \
@@ -133,13 +136,6 @@
 #endif
         FA_UNROLL for (uint r = 0; r < RPT; ++r) {
             FA_UNROLL for (uint c = 0; c < CPT; ++c) {
-#if DS > 1 && !DOT_SUMS_AT_ONCE && LOADS_FIRST == 3
-                // a loop ACO keeps (Mesa 22): unrolled, it reads the tile's V from shared memory
-                // ahead, head 256's quantised kernel at 140 VGPRs (1 wave) against 84 (2)
-                for (uint w = DS / 2u; w > 0u; w >>= 1u) {
-                    s[r][c] += subgroupShuffleXor(s[r][c], w);
-                }
-#endif
                 float x = s[r][c] * p.scale;
                 if (p.softcap != 0.0) {
                     x = p.softcap * tanh(clamp(x, -15.0, 15.0));

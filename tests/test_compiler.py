@@ -86,8 +86,6 @@ def test_cache_key_covers_includes(spirv_cache, tmp_path):
 
 # shuffles whose offsets stay run-time values, and why (common.glsl's XOR_SUM says what literals buy)
 RUNTIME_OFFSETS = {
-    ("flash_attn_loop.glsl", "w"): "LOADS_FIRST 3 keeps a loop: unrolled, ACO reads the tile's V ahead "
-                                    "(84 -> 128+ VGPRs)",
     ("flash_attn_cm.comp", "w"): "cooperative-matrix devices only (no RX 580 runs it)",
     ("subgroup.glsl", "o"): "sg_shuffle_xor itself: its callers pass the offsets",
     ("mv_reduce.glsl", "o"): "MV_XOR_LEVEL and MV_SC_LEVEL, macros spelled out with literals",
