@@ -16,8 +16,9 @@ places that use it. --json prints one object with every statistic the driver rep
 --weights names the weight types of the matmul kernels (default Q4_0,Q4_K,Q6_K; `all`: every
 type with kernels); --kv builds only flash attention, at head 64, 128 and 256 for prefill and
 decode (F16 and F32 also with the q/k norm, RoPE and cache stores in its prologue), with K and V
-of each KV cache type named. --loop adds each kernel's main loop from the compiler's assembly
-(bench/isa_loop.py: instructions, VALU, multiply-adds, conversions, moves; RADV only).
+of each KV cache type named. --loop adds each kernel's main (longest) loop from the compiler's
+assembly (bench/isa_loop.py: instructions, VALU, multiply-adds, conversions, moves; every loop
+in --json; RADV only).
 
 `--any-device` reads another device (the kernels its own tuning picks) and prints the statistics
 its driver names: NVIDIA reports "Register Count" and "Shared Memory Size" (used for the decode
@@ -62,7 +63,7 @@ from vkrt.ops.rope import rope
 from vkrt.ops.ssm_conv import ssm_conv
 from vkrt.pipeline import kernel, pipeline_representations, pipeline_statistics
 
-from isa_loop import loop_counts
+from isa_loop import loop_counts, loops
 
 ENV_HINT = ("RADV_FORCE_FAMILY=polaris10 VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/radeon_icd.x86_64.json "
             "selects Mesa's null Polaris device")
@@ -342,10 +343,11 @@ def variant(kern) -> str:
     return " ".join(parts + [f"wg {'x'.join(str(s) for s in kern.workgroup if s > 1) or 1}"])
 
 
-def loop_of(kern) -> dict | None:
-    """The main loop's counts (isa_loop.loop_counts) from the driver's "Assembly" (RADV), else None."""
+def loops_of(kern) -> tuple[dict | None, list[dict]]:
+    """The main loop's counts and every loop's (isa_loop.loop_counts, loops) from the driver's
+    "Assembly" (RADV); (None, []) where the driver gives none."""
     asm = pipeline_representations(kern).get("Assembly")
-    return loop_counts(asm) if asm else None
+    return (loop_counts(asm), loops(asm)) if asm else (None, [])
 
 
 def collect(dev, weights=MODEL["weights"], kv_types=None) -> list[dict]:
@@ -360,7 +362,7 @@ def collect(dev, weights=MODEL["weights"], kv_types=None) -> list[dict]:
                                             workgroup=list(kern.workgroup), used_by=[],
                                             statistics=pipeline_statistics(kern))
                 if dev.capture_disassembly:
-                    row["loop"] = loop_of(kern)
+                    row["loop"], row["loops"] = loops_of(kern)
             if where not in row["used_by"]:
                 row["used_by"].append(where)
     return list(rows.values())

@@ -1,10 +1,17 @@
-"""Static counts of a GCN kernel's main loop from RADV's "Assembly" representation (ACO's
-disassembly: labels `BBn:`, one instruction a tab-indented line).
+"""Static counts of a GCN kernel's loops from RADV's "Assembly" representation (ACO's disassembly:
+labels `BBn:`, one instruction a tab-indented line).
 
-The main loop is the longest span a backward branch closes (`s_branch` / `s_cbranch_*` to an
-earlier label). The counts are of the instructions in it, once each: one trip through every
-path, an upper bound of a trip through any one (branches past blocks inside it are counted too).
-bench/gcn_shader_stats.py --loop prints them beside the compiler's statistics.
+A loop is the span a backward branch closes (`s_branch` / `s_cbranch_*` to an earlier label); an
+inner loop's span lies inside its outer one's. The counts are of the instructions in a span, once
+each: one trip through every path, an upper bound of a trip through any one (branches past blocks
+inside it count too), and an inner loop's body once however often it runs.
+
+The main loop is the longest. That is the KV loop of an attention kernel, except where a
+quantised cache's decode does norm_rope's work: its prologue's rotation loop is longer. No rule
+tried picked the KV loop everywhere: the most multiply-adds picks the split merge's loop at head
+64, and weighing conversions in picks the prologue's loop again. `loops` lists every loop, for
+a reader who knows which one to look at. bench/gcn_shader_stats.py --loop prints them beside the
+compiler's statistics.
 """
 
 from __future__ import annotations
@@ -27,25 +34,28 @@ CLASSES = {
 }
 
 
-def main_loop(asm: str) -> list[str] | None:
-    """The mnemonics of the main loop's instructions, in order (None: the kernel has no loop)."""
+def counts(body: list[str]) -> dict[str, int]:
+    """{"instructions": n, and a count a CLASSES entry} of a list of mnemonics."""
+    return {"instructions": len(body), **{name: sum(1 for m in body if test(m)) for name, test in CLASSES.items()}}
+
+
+def loops(asm: str) -> list[dict]:
+    """Every loop, in the order its backward branch appears: {"label": its first block, and counts()}."""
     lines = asm.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
-    best = None
+    found = []
     for i, line in enumerate(lines):
         m = _BRANCH.search(line)
         if m and labels.get(m.group(1), i) < i:
-            span = (labels[m.group(1)], i)
-            if best is None or span[1] - span[0] > best[1] - best[0]:
-                best = span
-    if best is None:
-        return None
-    return [line.split()[0] for line in lines[best[0]:best[1] + 1] if line.startswith("\t") and line.strip()]
+            body = [x.split()[0] for x in lines[labels[m.group(1)]:i + 1] if x.startswith("\t") and x.strip()]
+            found.append({"label": m.group(1), **counts(body)})
+    return found
 
 
 def loop_counts(asm: str) -> dict[str, int] | None:
-    """{"instructions": n, and a count a CLASSES entry} of the main loop (None: no loop)."""
-    body = main_loop(asm)
-    if body is None:
+    """The main (longest) loop's counts() (None: the kernel has no loop)."""
+    found = loops(asm)
+    if not found:
         return None
-    return {"instructions": len(body), **{name: sum(1 for m in body if test(m)) for name, test in CLASSES.items()}}
+    main = max(found, key=lambda loop: loop["instructions"])
+    return {k: v for k, v in main.items() if k != "label"}

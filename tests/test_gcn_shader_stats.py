@@ -178,6 +178,7 @@ def test_gcn_shader_stats_on_null_polaris():
         if r["kernel"] == "mul_mm" or (r["kernel"] == "flash_attn" and r["defines"]["LOADS_FIRST"] == 0):
             lp = r["loop"]
             assert 0 < lp["fma"] <= lp["valu"] <= lp["instructions"], r
+            assert max(x["instructions"] for x in r["loops"]) == lp["instructions"], r
             if r["kernel"] == "flash_attn" and r["defines"].get("K_F16"):
                 assert lp["cvt"] > 0, r
 
@@ -185,7 +186,7 @@ def test_gcn_shader_stats_on_null_polaris():
 def test_isa_loop_counts_the_longest_backward_branch():
     sys.path.insert(0, str(SCRIPT.parent))
     try:
-        from isa_loop import loop_counts
+        from isa_loop import loop_counts, loops
     finally:
         sys.path.remove(str(SCRIPT.parent))
     asm = ("BB0:\n\ts_mov_b32 s0, 0 ; be800080\n"
@@ -196,4 +197,5 @@ def test_isa_loop_counts_the_longest_backward_branch():
            "BB3:\n\tds_swizzle_b32 v7, v4 offset:swizzle(SWAP,4) ; d87a8004\n\ts_branch BB2 ; bf82fff7\n"
            "BB4:\n\ts_endpgm ; bf810000\n")
     assert loop_counts(asm) == dict(instructions=8, valu=3, fma=1, cvt=1, mov=0, lds=1, vmem=1, waitcnt=1)
-    assert loop_counts("BB0:\n\ts_endpgm ; bf810000\n") is None
+    assert [(lp["label"], lp["instructions"]) for lp in loops(asm)] == [("BB1", 2), ("BB2", 8)]
+    assert loop_counts("BB0:\n\ts_endpgm ; bf810000\n") is None and loops("BB0:\n") == []
